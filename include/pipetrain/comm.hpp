@@ -1,0 +1,94 @@
+// All communication goes through Comm: it is the only code that calls MPI. It owns the world,
+// pipeline (the P stages of one replica), data (the D replicas of one stage) and tied-embedding
+// (first + last stage of one replica) communicators, and every wait: nonblocking calls completed by
+// polling MPI_Test, yielding the core when ranks outnumber cores (MPICH's blocking calls spin), and
+// giving up after comm.timeout_s with an error that names what was awaited.
+#pragma once
+#include <mpi.h>
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "pipetrain/topology.hpp"
+
+namespace pipetrain {
+
+// A wait exceeded comm.timeout_s (a stuck or dead peer): a fault, not bad input.
+struct CommTimeout : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+enum class WaitMode { spin, yield };
+
+// What a wait is for, so a timeout can say which stage, peer and micro-batch it was stuck on.
+struct WaitLabel {
+  const char* what;     // "recv activation", "send gradient", "all-reduce gradients", ...
+  int peer_stage = -1;  // -1: a collective
+  int micro_batch = -1;
+};
+
+class Comm {
+ public:
+  // MPI_Init / MPI_Finalize. init() is idempotent and returns the world size.
+  static int init(int* argc, char*** argv);
+  static void finalize();
+  static int world_rank();
+  static int world_size();
+  [[noreturn]] static void abort(int code);
+
+  // Agree across the world whether start-up failed: returns the lowest failing rank or -1.
+  // Lets every rank exit with code 2 together instead of some hanging in a later collective.
+  static int first_failure(bool failed);
+
+  // Builds the grid communicators. wait = "auto" | "spin" | "yield".
+  Comm(const Topology& topo, const std::string& wait, double timeout_s);
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  const Topology& topo() const { return topo_; }
+  WaitMode wait_mode() const { return mode_; }
+  int local_ranks() const { return local_ranks_; }
+
+  // Pipeline p2p with the neighbouring stage of the same replica. Buffers must stay alive until
+  // the request is waited on.
+  MPI_Request isend(const float* buf, size_t n, int peer_stage, int tag);
+  MPI_Request irecv(float* buf, size_t n, int peer_stage, int tag);
+  // Waits, adding the time spent to wait_seconds(). Throws CommTimeout.
+  void wait(MPI_Request& req, const WaitLabel& label);
+  void wait_all(std::vector<MPI_Request>& reqs, const WaitLabel& label);
+
+  // In-place sums. data: over the D replicas of this stage; pipe: over the P stages;
+  // tied: between first and last stage (no-op when P = 1).
+  MPI_Request iallreduce_data(float* buf, size_t n);
+  void allreduce_data(double* buf, size_t n);
+  void allreduce_pipe(double* buf, size_t n);
+  void allreduce_tied(float* buf, size_t n);
+
+  // Gathers `n` doubles from every rank to world rank 0 (out sized world*n there).
+  void gather_to_root(const double* mine, size_t n, std::vector<double>& out);
+  // Checks every rank holds the same value (e.g. spec hash); returns false otherwise.
+  bool all_equal(uint64_t value);
+  // Start-up handshake: each stage sends the description of the activation it will send (shape,
+  // element size) to the next stage, which compares it with what it expects to receive. Returns
+  // false on this rank if the previous stage announced something else, so a mismatch is an error
+  // at start-up rather than a hang or garbage mid-run.
+  bool boundary_agrees(const std::vector<int64_t>& send_desc, const std::vector<int64_t>& recv_desc);
+
+  // Seconds this rank has spent inside waits since the last reset.
+  double wait_seconds() const { return wait_s_; }
+  void reset_wait_seconds() { wait_s_ = 0; }
+
+ private:
+  void poll(MPI_Request& req, const WaitLabel& label);
+  Topology topo_;
+  MPI_Comm pipe_ = MPI_COMM_NULL, data_ = MPI_COMM_NULL, tied_ = MPI_COMM_NULL;
+  WaitMode mode_ = WaitMode::spin;
+  int local_ranks_ = 1;
+  double timeout_s_;
+  double wait_s_ = 0;
+};
+
+}  // namespace pipetrain

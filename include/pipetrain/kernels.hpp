@@ -1,0 +1,46 @@
+// CPU fp32 layer kernels, each forward beside its backward (llm.c style).
+// Layout: activations are row-major [N, C] with N = batch x time tokens; weights follow PyTorch's
+// nn.Linear layout [out_features, in_features]. Every backward ACCUMULATES (+=) into the input
+// gradient and the parameter gradients, so callers zero activation-gradient buffers and parameter
+// gradients accumulate over micro-batches for free.
+#pragma once
+#include <cstddef>
+
+namespace pipetrain {
+
+// out[N,C] = wte[token] + wpe[t]
+void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C);
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C);
+
+// LayerNorm over the last dim with eps 1e-5; mean/rstd [N] are kept for backward.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C);
+
+// out[N,OC] = inp[N,C] weight[OC,C]^T + bias[OC] (bias may be null), via cblas_sgemm.
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC);
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC);
+
+// Causal multi-head self-attention. qkv [B,T,3C] holds q, k, v packed in that order, heads as
+// contiguous slices of each; att [B,NH,T,T] keeps the softmax probabilities (zero above the
+// diagonal); out [B,T,C]. Scale 1/sqrt(C/NH).
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                        int NH);
+
+// GELU, tanh approximation.
+void gelu_forward(float* out, const float* inp, size_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+
+// out = a + b
+void residual_forward(float* out, const float* a, const float* b, size_t n);
+
+// probs = softmax(logits) row-wise; returns the summed token loss sum_i -log probs[i, target_i].
+double softmax_crossentropy_forward(float* probs, const float* logits, const int* targets, int N, int V);
+// dlogits = (probs - onehot(target)) * scale  (overwrites; scale = dLoss/dtoken-loss).
+void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float scale, int N,
+                                   int V);
+
+}  // namespace pipetrain

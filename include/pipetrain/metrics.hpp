@@ -1,0 +1,51 @@
+// Per-step figures: what each rank measured, combined on rank 0 into one metrics.jsonl line and
+// one progress line. Keys follow DESIGN.md ("Run directory").
+#pragma once
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace pipetrain {
+
+// What one rank contributes for one logged step (gathered to rank 0 as doubles).
+struct RankFigures {
+  double stage = 0, dp_rank = 0;
+  double compute_s = 0;       // forward/backward/recompute
+  double bubble_wait_s = 0;   // waiting for pipeline peers (p2p, tied sync, pipeline norm sync)
+  double comm_wait_s = 0;     // all waiting incl. the data-parallel all-reduce
+  double act_peak_bytes = 0;  // stashed activations, peak during the step
+  double mem_peak_bytes = 0;  // process peak RSS
+  double loss_sum = 0;        // summed token loss (last stage only)
+  static constexpr size_t kFields = 8;
+  void to(double* out) const;
+  static RankFigures from(const double* in);
+};
+
+struct StepLine {
+  int step = 0, steps = 0;
+  double loss = 0, lr = 0, grad_norm = 0, step_time_s = 0, tokens_per_s = 0, bubble_theory = 0;
+  std::vector<double> bubble_measured, act_peak_bytes, mem_peak_bytes, comm_wait_s, compute_s;
+};
+
+// Combines all ranks' figures (world order) into per-stage arrays: bubble and waits averaged over
+// the dp replicas of a stage, memory as the maximum; loss = summed loss / tokens per step.
+StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_per_step);
+
+std::string to_json(const StepLine& line);
+std::string progress_line(const StepLine& line);
+
+// Peak resident set size of this process in bytes.
+double peak_rss_bytes();
+
+// Appends JSON lines to RUN_DIR/metrics.jsonl, flushed per line so a killed run keeps its log.
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path);  // path empty: writes nothing
+  ~MetricsWriter();
+  void write(const std::string& json_line);
+
+ private:
+  std::FILE* f_ = nullptr;
+};
+
+}  // namespace pipetrain

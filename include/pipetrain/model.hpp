@@ -1,0 +1,109 @@
+// The GPT slice one rank owns: a contiguous range of blocks, plus the embeddings on the first stage
+// and the final LayerNorm + LM head + loss on the last. Parameters, gradients and optimizer state
+// live in flat buffers (one contiguous range per named tensor) so gradient buckets and checkpoints
+// are slices of one array. Names are global (h.{i} uses the global block index).
+//
+// Activations: forward(mb) computes one micro-batch and keeps what the recompute mode says until
+// backward(mb): none = everything backward needs; block = each block's input (blocks are re-run
+// one at a time in backward); stage = only the stage input (the whole stage is re-run).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pipetrain/config.hpp"
+
+namespace pipetrain {
+
+enum class Recompute { none, stage, block };
+Recompute parse_recompute(const std::string& s);
+
+struct ParamTensor {
+  std::string name;
+  std::vector<int> shape;
+  size_t offset = 0, size = 0;
+  bool decay = false;         // AdamW weight decay applies (2-D weights only)
+  bool in_grad_norm = true;   // false for the last stage's copy of a tied wte (counted on stage 0)
+};
+
+struct BlockActs {
+  std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
+};
+struct HeadActs {
+  std::vector<float> lnf, lnf_mean, lnf_rstd, probs;
+};
+// One micro-batch's activations. xs[l] is block l's input; on the last stage xs[L] is the head input.
+struct Acts {
+  std::vector<int> tokens, targets;
+  std::vector<std::vector<float>> xs;
+  std::vector<BlockActs> blocks;
+  HeadActs head;
+  size_t bytes() const;  // what is held right now, counted from the buffers themselves
+  void release();        // drop contents, keep capacity (no allocator churn between steps)
+};
+
+class Stage {
+ public:
+  // Owns global blocks [block_begin, block_end) of stage `stage` out of `n_stages`; `micro_batches`
+  // stash slots; `grad_scale` = dLoss/d(token loss) = 1 / (tokens per micro-batch x M x dp).
+  Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end, int micro_batches,
+        float grad_scale);
+
+  bool first() const { return stage_ == 0; }
+  bool last() const { return stage_ == n_stages_ - 1; }
+  int block_begin() const { return block_begin_; }
+  int block_end() const { return block_end_; }
+  size_t boundary_floats() const { return static_cast<size_t>(B_) * T_ * C_; }  // one activation
+
+  const std::vector<ParamTensor>& params() const { return params_; }
+  std::vector<float>& weights() { return weights_; }
+  std::vector<float>& grads() { return grads_; }
+  const ParamTensor* find(const std::string& name) const;
+  void init_params(uint64_t seed);  // deterministic per name: same weights on any layout
+  void zero_grads();
+
+  // Inputs of micro-batch mb: tokens (first stage), targets (last stage), or the buffer the
+  // previous stage's activation is received into (other stages; valid until backward(mb)).
+  void set_tokens(int mb, const int* tokens);
+  void set_targets(int mb, const int* targets);
+  float* input_buffer(int mb);
+
+  // Returns the summed token loss on the last stage (0 elsewhere); non-last stages write their
+  // output activation to `out` (boundary_floats()).
+  double forward(int mb, float* out);
+  // `dout`: gradient of this stage's output (non-last stages); writes the input gradient to `dinp`
+  // (non-first stages). Parameter gradients accumulate. Releases mb's stash.
+  void backward(int mb, const float* dout, float* dinp);
+  size_t stash_bytes(int mb) const { return stash_[mb].bytes(); }
+
+ private:
+  struct BlockPtrs {
+    float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+  };
+  BlockPtrs block_ptrs(std::vector<float>& base, int local_block);
+  void add_param(const std::string& name, std::vector<int> shape, bool decay, bool in_norm = true);
+  void size_acts(Acts& a);
+  void compute_forward(Acts& w, const Acts& s, float* out, double* loss);
+  void block_forward(int l, const float* x, BlockActs& a, float* out);
+  void block_backward(int l, const float* x, const BlockActs& a, const float* dout, float* dinp);
+  double head_forward(const float* x, HeadActs& a, const int* targets);
+  void head_backward(const float* x, const HeadActs& a, const int* targets, float* dinp);
+
+  int stage_, n_stages_, block_begin_, block_end_, L_;
+  int B_, T_, C_, NH_, V_, n_layer_;
+  bool tied_;
+  Recompute mode_;
+  float grad_scale_;
+  std::vector<ParamTensor> params_;
+  std::vector<float> weights_, grads_;
+  size_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0, head_ = 0;
+  std::vector<size_t> block_offset_;
+
+  std::vector<Acts> stash_;  // one per micro-batch
+  Acts work_;                // recompute target when mode != none
+  // scratch for one micro-batch
+  std::vector<float> attproj_, fcproj_, logits_, dres_, dx_, dln_, datty_, dqkv_, dfch_, dfch_gelu_, dlogits_;
+};
+
+}  // namespace pipetrain

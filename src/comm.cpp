@@ -1,0 +1,206 @@
+#include "pipetrain/comm.hpp"
+
+#include <sched.h>
+#include <time.h>
+
+#include <chrono>
+#include <climits>
+#include <thread>
+
+namespace pipetrain {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int cores_available() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// The one polling loop. Spinning on MPI_Test keeps latency lowest when every rank has a core;
+// when ranks outnumber cores the spinner steals the core its peer needs to produce the data,
+// so yield, and after a short while sleep briefly so the scheduler really runs someone else.
+bool poll_until_done(MPI_Request& req, WaitMode mode, double timeout_s, double& waited) {
+  int done = 0;
+  MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+  if (done) return true;
+  const double t0 = now_s();
+  for (unsigned iter = 1;; ++iter) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) break;
+    if (mode == WaitMode::yield) {
+      if (iter < 64) {
+        sched_yield();
+      } else {
+        timespec ts{0, 20000};
+        nanosleep(&ts, nullptr);
+      }
+    }
+    if ((iter & 255) == 0 && now_s() - t0 > timeout_s) {
+      waited += now_s() - t0;
+      return false;
+    }
+  }
+  waited += now_s() - t0;
+  return true;
+}
+
+// Start-up collectives run before a Comm exists: poll politely with a generous timeout.
+void wait_startup(MPI_Request& req) {
+  double waited = 0;
+  if (!poll_until_done(req, WaitMode::yield, 600.0, waited))
+    throw CommTimeout("start-up collective did not complete within 600 s (a rank died or hangs)");
+}
+
+}  // namespace
+
+int Comm::init(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) MPI_Init(argc, argv);
+  return world_size();
+}
+
+void Comm::finalize() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+int Comm::world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+int Comm::world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+void Comm::abort(int code) {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+int Comm::first_failure(bool failed) {
+  int mine = failed ? world_rank() : INT_MAX, first = INT_MAX;
+  MPI_Request req;
+  MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &req);
+  wait_startup(req);
+  return first == INT_MAX ? -1 : first;
+}
+
+Comm::Comm(const Topology& topo, const std::string& wait, double timeout_s) : topo_(topo), timeout_s_(timeout_s) {
+  MPI_Comm_split(MPI_COMM_WORLD, topo.dp_rank, topo.stage, &pipe_);
+  MPI_Comm_split(MPI_COMM_WORLD, topo.stage, topo.dp_rank, &data_);
+  bool tied_member = topo.pp > 1 && (topo.first_stage() || topo.last_stage());
+  MPI_Comm_split(MPI_COMM_WORLD, tied_member ? topo.dp_rank : MPI_UNDEFINED, topo.stage, &tied_);
+
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, topo.world_rank, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &local_ranks_);
+  MPI_Comm_free(&node);
+  if (wait == "spin") mode_ = WaitMode::spin;
+  else if (wait == "yield") mode_ = WaitMode::yield;
+  else mode_ = local_ranks_ > cores_available() ? WaitMode::yield : WaitMode::spin;
+}
+
+Comm::~Comm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  for (MPI_Comm* c : {&pipe_, &data_, &tied_})
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+}
+
+MPI_Request Comm::isend(const float* buf, size_t n, int peer_stage, int tag) {
+  MPI_Request r;
+  MPI_Isend(buf, static_cast<int>(n), MPI_FLOAT, peer_stage, tag, pipe_, &r);
+  return r;
+}
+
+MPI_Request Comm::irecv(float* buf, size_t n, int peer_stage, int tag) {
+  MPI_Request r;
+  MPI_Irecv(buf, static_cast<int>(n), MPI_FLOAT, peer_stage, tag, pipe_, &r);
+  return r;
+}
+
+void Comm::poll(MPI_Request& req, const WaitLabel& label) {
+  if (req == MPI_REQUEST_NULL) return;
+  if (poll_until_done(req, mode_, timeout_s_, wait_s_)) return;
+  std::string msg = "stage " + std::to_string(topo_.stage) + " (rank " + std::to_string(topo_.world_rank) +
+                    ", dp " + std::to_string(topo_.dp_rank) + ") waited more than " +
+                    std::to_string(timeout_s_) + " s (comm.timeout_s) for " + label.what;
+  if (label.peer_stage >= 0) msg += label.peer_stage < topo_.stage ? " from" : " to", msg += " stage " + std::to_string(label.peer_stage);
+  if (label.micro_batch >= 0) msg += ", micro-batch " + std::to_string(label.micro_batch);
+  throw CommTimeout(msg);
+}
+
+void Comm::wait(MPI_Request& req, const WaitLabel& label) { poll(req, label); }
+
+void Comm::wait_all(std::vector<MPI_Request>& reqs, const WaitLabel& label) {
+  for (auto& r : reqs) poll(r, label);
+  reqs.clear();
+}
+
+MPI_Request Comm::iallreduce_data(float* buf, size_t n) {
+  MPI_Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_FLOAT, MPI_SUM, data_, &r);
+  return r;
+}
+
+void Comm::allreduce_data(double* buf, size_t n) {
+  MPI_Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, data_, &r);
+  poll(r, {"all-reduce over the data group"});
+}
+
+void Comm::allreduce_pipe(double* buf, size_t n) {
+  MPI_Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, pipe_, &r);
+  poll(r, {"all-reduce over the pipeline group"});
+}
+
+void Comm::allreduce_tied(float* buf, size_t n) {
+  if (tied_ == MPI_COMM_NULL) return;
+  MPI_Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_FLOAT, MPI_SUM, tied_, &r);
+  poll(r, {"tied-embedding gradient sum between first and last stage"});
+}
+
+void Comm::gather_to_root(const double* mine, size_t n, std::vector<double>& out) {
+  out.assign(topo_.world_rank == 0 ? n * static_cast<size_t>(world_size()) : 0, 0.0);
+  MPI_Request r;
+  MPI_Igather(mine, static_cast<int>(n), MPI_DOUBLE, out.data(), static_cast<int>(n), MPI_DOUBLE, 0,
+              MPI_COMM_WORLD, &r);
+  poll(r, {"gather of step metrics to rank 0"});
+}
+
+bool Comm::all_equal(uint64_t value) {
+  uint64_t lo = value, hi = value;
+  MPI_Request r[2];
+  MPI_Iallreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD, &r[0]);
+  MPI_Iallreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD, &r[1]);
+  poll(r[0], {"start-up agreement"});
+  poll(r[1], {"start-up agreement"});
+  return lo == hi;
+}
+
+bool Comm::boundary_agrees(const std::vector<int64_t>& send_desc, const std::vector<int64_t>& recv_desc) {
+  const int n = static_cast<int>(recv_desc.size());
+  std::vector<int64_t> got(recv_desc.size(), -1);
+  MPI_Request r[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  if (!topo_.last_stage())
+    MPI_Isend(send_desc.data(), static_cast<int>(send_desc.size()), MPI_INT64_T, topo_.stage + 1, 0, pipe_, &r[0]);
+  if (!topo_.first_stage()) MPI_Irecv(got.data(), n, MPI_INT64_T, topo_.stage - 1, 0, pipe_, &r[1]);
+  poll(r[0], {"start-up shape handshake", topo_.stage + 1});
+  poll(r[1], {"start-up shape handshake", topo_.stage - 1});
+  return topo_.first_stage() || got == recv_desc;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,182 @@
+#include "pipetrain/config.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "spec_schema.hpp"
+
+namespace pipetrain {
+namespace {
+
+std::string where_in_file(const std::string& file, const toml::node& n) {
+  return file + ":" + std::to_string(n.source().begin.line);
+}
+
+// "section.key=value": the value is read as TOML (numbers, booleans, lists, quoted strings) and
+// falls back to a plain string, so `--set run.name=foo` works without quotes.
+void apply_override(toml::table& root, const std::string& text,
+                    std::vector<std::pair<std::string, std::string>>& set_by_cli) {
+  auto eq = text.find('=');
+  auto dot = text.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq || dot == 0 || dot + 1 == eq)
+    throw SpecError("--set " + text + ": expected section.key=value (e.g. --set parallel.pp=2)");
+  std::string section = text.substr(0, dot), key = text.substr(dot + 1, eq - dot - 1);
+  std::string value = text.substr(eq + 1);
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    parsed.insert_or_assign("v", value);
+  }
+  if (!root.contains(section) || !root[section].is_table()) root.insert_or_assign(section, toml::table{});
+  root[section].as_table()->insert_or_assign(key, *parsed.get("v"));
+  set_by_cli.emplace_back(section + "." + key, "--set " + text);
+}
+
+std::string origin_of(const std::vector<std::pair<std::string, std::string>>& origins, const std::string& key) {
+  for (auto it = origins.rbegin(); it != origins.rend(); ++it)
+    if (it->first == key) return it->second;
+  return "";
+}
+
+}  // namespace
+
+std::string RunSpec::origin(const std::string& dotted_key) const {
+  std::string o = origin_of(origins, dotted_key);
+  return o.empty() ? "(default)" : o;
+}
+
+RunSpec load_spec(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
+  toml::table root;
+  if (!path.empty()) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw SpecError(path + ": cannot open spec file");
+    std::stringstream text;
+    text << in.rdbuf();
+    try {
+      root = toml::parse(text.str(), path);
+    } catch (const toml::parse_error& e) {
+      throw SpecError(path + ":" + std::to_string(e.source().begin.line) + ": not valid TOML: " +
+                      std::string(e.description()));
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> set_by_cli;
+  for (auto& o : overrides) apply_override(root, o, set_by_cli);
+
+  const auto& schema = spec_schema();
+  std::vector<std::string> sections, dotted;
+  for (auto& k : schema) {
+    if (sections.empty() || sections.back() != k.section) sections.push_back(k.section);
+    dotted.push_back(k.dotted());
+  }
+
+  RunSpec spec;
+  for (auto& [sec_name, sec_node] : root) {
+    std::string sec(sec_name.str());
+    std::string where = origin_of(set_by_cli, sec);
+    if (!sec_node.is_table()) {
+      std::string at = path.empty() ? "--set" : where_in_file(path, sec_node);
+      std::string hint = closest_match(sec, dotted);
+      throw SpecError(at + ": '" + sec + "' must be a [section] (keys go inside sections" +
+                      (hint.empty() ? "" : ", did you mean " + hint) + ")");
+    }
+    if (std::find(sections.begin(), sections.end(), sec) == sections.end()) {
+      std::string at = path.empty() ? "--set" : path + ":" + std::to_string(sec_node.source().begin.line);
+      for (auto& [k, v] : *sec_node.as_table()) {
+        std::string cli = origin_of(set_by_cli, sec + "." + std::string(k.str()));
+        if (!cli.empty()) at = cli;
+        (void)v;
+      }
+      std::string hint = closest_match(sec, sections);
+      throw SpecError(at + ": unknown section [" + sec + "]" + (hint.empty() ? "" : " (did you mean [" + hint + "]?)"));
+    }
+    for (auto& [key_name, node] : *sec_node.as_table()) {
+      std::string full = sec + "." + std::string(key_name.str());
+      std::string at = origin_of(set_by_cli, full);
+      if (at.empty()) at = where_in_file(path, node);
+      auto it = std::find_if(schema.begin(), schema.end(), [&](const SpecKey& k) { return k.dotted() == full; });
+      if (it == schema.end()) {
+        // Suggest across sections too: `[train] micro_batches` should point at parallel.micro_batches.
+        std::string hint = closest_match(full, dotted);
+        for (auto& d : dotted)
+          if (d.substr(d.find('.') + 1) == key_name.str()) hint = d;
+        throw SpecError(at + ": unknown key " + full + (hint.empty() ? "" : " (did you mean " + hint + "?)"));
+      }
+      it->set(spec, node, at);
+      spec.origins.emplace_back(full, at);
+    }
+  }
+  validate_spec(spec, world_size);
+  return spec;
+}
+
+void validate_spec(const RunSpec& s, int world_size) {
+  auto fail = [&](const std::string& key, const std::string& msg) {
+    throw SpecError(s.origin(key) + ": " + key + ": " + msg);
+  };
+  const auto& m = s.model;
+  const auto& p = s.parallel;
+  if (m.d_model % m.n_head != 0)
+    fail("model.n_head", "n_head = " + std::to_string(m.n_head) + " does not divide model.d_model = " +
+                             std::to_string(m.d_model));
+  if (world_size > 0 && p.pp * p.dp != world_size)
+    fail("parallel.pp", "pp x dp = " + std::to_string(p.pp) + " x " + std::to_string(p.dp) + " = " +
+                            std::to_string(p.pp * p.dp) + " but " + std::to_string(world_size) +
+                            " MPI ranks were launched");
+  if (p.pp > m.n_layer)
+    fail("parallel.pp", std::to_string(p.pp) + " stages but model.n_layer = " + std::to_string(m.n_layer) +
+                            ": every stage needs at least one block");
+  if (s.train.global_batch % (p.dp * p.micro_batches) != 0)
+    fail("train.global_batch", "global_batch = " + std::to_string(s.train.global_batch) +
+                                   " is not divisible by parallel.dp x parallel.micro_batches = " +
+                                   std::to_string(p.dp * p.micro_batches));
+  if (p.partition == "explicit") {
+    long total = 0;
+    for (int b : p.blocks_per_stage) total += b;
+    if (static_cast<int>(p.blocks_per_stage.size()) != p.pp)
+      fail("parallel.partition", "lists " + std::to_string(p.blocks_per_stage.size()) +
+                                     " stages but parallel.pp = " + std::to_string(p.pp));
+    if (total != m.n_layer)
+      fail("parallel.partition", "assigns " + std::to_string(total) + " blocks but model.n_layer = " +
+                                     std::to_string(m.n_layer));
+  }
+  if (s.train.min_lr > s.train.lr) fail("train.min_lr", "min_lr must not exceed train.lr");
+  if (s.data.source == "text" && s.data.path.empty()) fail("data.path", "data.source = \"text\" needs data.path");
+  if (s.data.source == "text" && m.vocab < 256)
+    fail("model.vocab", "vocab = " + std::to_string(m.vocab) + " is too small for byte tokens of data.source = \"text\" (need >= 256)");
+  if (s.data.source == "synthetic" && m.vocab < 128)
+    fail("model.vocab", "vocab = " + std::to_string(m.vocab) + " is too small for the synthetic byte language (need >= 128)");
+  if (s.run.name.empty() || s.run.name.find('/') != std::string::npos)
+    fail("run.name", "must be a non-empty name without '/'");
+}
+
+std::string resolved_toml(const RunSpec& spec) {
+  std::ostringstream os;
+  os << "# resolved pipetrain run spec: every key, defaults filled in\n";
+  std::string section;
+  for (auto& k : spec_schema()) {
+    if (k.section != section) {
+      section = k.section;
+      os << "\n[" << section << "]\n";
+    }
+    os << k.key << " = " << k.show(spec) << "  # " << k.doc << "\n";
+  }
+  return os.str();
+}
+
+uint64_t spec_hash(const RunSpec& spec) {
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a over the resolved text
+  for (unsigned char c : resolved_toml(spec)) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
+std::string spec_reference_markdown() {
+  RunSpec defaults;
+  std::ostringstream os;
+  os << "| key | default | meaning |\n|---|---|---|\n";
+  for (auto& k : spec_schema()) os << "| `" << k.dotted() << "` | `" << k.show(defaults) << "` | " << k.doc << " |\n";
+  return os.str();
+}
+
+}  // namespace pipetrain

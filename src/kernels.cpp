@@ -1,0 +1,207 @@
+#include "pipetrain/kernels.hpp"
+
+#include <cblas.h>
+
+#include <cmath>
+#include <vector>
+
+namespace pipetrain {
+
+void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      float* o = out + (static_cast<size_t>(b) * T + t) * C;
+      const float* e = wte + static_cast<size_t>(tokens[b * T + t]) * C;
+      const float* p = wpe + static_cast<size_t>(t) * C;
+      for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+    }
+}
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C) {
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      const float* d = dout + (static_cast<size_t>(b) * T + t) * C;
+      float* de = dwte + static_cast<size_t>(tokens[b * T + t]) * C;
+      float* dp = dwpe + static_cast<size_t>(t) * C;
+      for (int c = 0; c < C; ++c) de[c] += d[c], dp[c] += d[c];
+    }
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+  const float eps = 1e-5f;
+  for (int i = 0; i < N; ++i) {
+    const float* x = inp + static_cast<size_t>(i) * C;
+    float m = 0.f;
+    for (int c = 0; c < C; ++c) m += x[c];
+    m /= C;
+    float v = 0.f;
+    for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    v /= C;
+    float s = 1.f / std::sqrt(v + eps);
+    float* o = out + static_cast<size_t>(i) * C;
+    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+    mean[i] = m;
+    rstd[i] = s;
+  }
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+  for (int i = 0; i < N; ++i) {
+    const float* d = dout + static_cast<size_t>(i) * C;
+    const float* x = inp + static_cast<size_t>(i) * C;
+    float* dx = dinp + static_cast<size_t>(i) * C;
+    const float m = mean[i], s = rstd[i];
+    // dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * weight
+    float dnorm_mean = 0.f, dnorm_norm_mean = 0.f;
+    for (int c = 0; c < C; ++c) {
+      float norm = (x[c] - m) * s;
+      float dnorm = weight[c] * d[c];
+      dnorm_mean += dnorm;
+      dnorm_norm_mean += dnorm * norm;
+    }
+    dnorm_mean /= C;
+    dnorm_norm_mean /= C;
+    for (int c = 0; c < C; ++c) {
+      float norm = (x[c] - m) * s;
+      float dnorm = weight[c] * d[c];
+      dbias[c] += d[c];
+      dweight[c] += norm * d[c];
+      dx[c] += s * (dnorm - dnorm_mean - norm * dnorm_norm_mean);
+    }
+  }
+}
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.f, inp, C, weight, C, 0.f, out, OC);
+  if (!bias) return;
+  for (int i = 0; i < N; ++i) {
+    float* o = out + static_cast<size_t>(i) * OC;
+    for (int j = 0; j < OC; ++j) o[j] += bias[j];
+  }
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC) {
+  // dinp[N,C] += dout[N,OC] weight[OC,C];  dweight[OC,C] += dout^T inp
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.f, dout, OC, weight, C, 1.f, dinp, C);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dweight, C);
+  if (!dbias) return;
+  for (int i = 0; i < N; ++i) {
+    const float* d = dout + static_cast<size_t>(i) * OC;
+    for (int j = 0; j < OC; ++j) dbias[j] += d[j];
+  }
+}
+
+// Per (batch, head) the products are GEMMs on strided views of qkv: Q, K and V of head h are the
+// hs-wide column slices at offsets h*hs, C + h*hs and 2C + h*hs of rows with stride 3C.
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH, C3 = 3 * C;
+  const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h) {
+      const float* q = qkv + static_cast<size_t>(b) * T * C3 + h * hs;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* a = att + (static_cast<size_t>(b) * NH + h) * T * T;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.f, a, T);
+      for (int t = 0; t < T; ++t) {
+        float* row = a + static_cast<size_t>(t) * T;
+        float mx = row[0];
+        for (int u = 1; u <= t; ++u) mx = std::max(mx, row[u]);
+        float sum = 0.f;
+        for (int u = 0; u <= t; ++u) sum += (row[u] = std::exp(row[u] - mx));
+        const float inv = 1.f / sum;
+        for (int u = 0; u <= t; ++u) row[u] *= inv;
+        for (int u = t + 1; u < T; ++u) row[u] = 0.f;
+      }
+      float* o = out + static_cast<size_t>(b) * T * C + h * hs;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.f, a, T, v, C3, 0.f, o, C);
+    }
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                        int NH) {
+  const int hs = C / NH, C3 = 3 * C;
+  const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+  std::vector<float> datt(static_cast<size_t>(T) * T);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h) {
+      const size_t row0 = static_cast<size_t>(b) * T * C3 + h * hs;
+      const float *q = qkv + row0, *k = q + C, *v = q + 2 * C;
+      float *dq = dqkv + row0, *dk = dq + C, *dv = dq + 2 * C;
+      const float* a = att + (static_cast<size_t>(b) * NH + h) * T * T;
+      const float* d = dout + static_cast<size_t>(b) * T * C + h * hs;
+      // out = a v  =>  datt = d v^T,  dv += a^T d
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.f, d, C, v, C3, 0.f, datt.data(), T);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.f, a, T, d, C, 1.f, dv, C3);
+      // softmax backward, in place: dpre = a * (datt - sum(a * datt)); zero above the diagonal.
+      for (int t = 0; t < T; ++t) {
+        const float* ar = a + static_cast<size_t>(t) * T;
+        float* dr = datt.data() + static_cast<size_t>(t) * T;
+        float dot = 0.f;
+        for (int u = 0; u <= t; ++u) dot += ar[u] * dr[u];
+        for (int u = 0; u <= t; ++u) dr[u] = ar[u] * (dr[u] - dot);
+        for (int u = t + 1; u < T; ++u) dr[u] = 0.f;
+      }
+      // pre = scale q k^T  =>  dq += scale dpre k,  dk += scale dpre^T q
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt.data(), T, k, C3, 1.f, dq, C3);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, datt.data(), T, q, C3, 1.f, dk, C3);
+    }
+}
+
+namespace {
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+}
+
+void gelu_forward(float* out, const float* inp, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    float x = inp[i];
+    out[i] = 0.5f * x * (1.f + std::tanh(kGeluScale * (x + 0.044715f * x * x * x)));
+  }
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    float x = inp[i];
+    float u = kGeluScale * (x + 0.044715f * x * x * x);
+    float th = std::tanh(u);
+    float sech2 = 1.f - th * th;
+    float grad = 0.5f * (1.f + th) + 0.5f * x * sech2 * kGeluScale * (1.f + 3.f * 0.044715f * x * x);
+    dinp[i] += grad * dout[i];
+  }
+}
+
+void residual_forward(float* out, const float* a, const float* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+double softmax_crossentropy_forward(float* probs, const float* logits, const int* targets, int N, int V) {
+  double loss = 0.0;
+  for (int i = 0; i < N; ++i) {
+    const float* l = logits + static_cast<size_t>(i) * V;
+    float* p = probs + static_cast<size_t>(i) * V;
+    float mx = l[0];
+    for (int j = 1; j < V; ++j) mx = std::max(mx, l[j]);
+    double sum = 0.0;
+    for (int j = 0; j < V; ++j) sum += (p[j] = std::exp(l[j] - mx));
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int j = 0; j < V; ++j) p[j] *= inv;
+    // log-sum-exp in double rather than log(p[target]) so tiny probabilities do not lose digits
+    loss += std::log(sum) + mx - l[targets[i]];
+  }
+  return loss;
+}
+
+void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float scale, int N,
+                                   int V) {
+  for (int i = 0; i < N; ++i) {
+    const float* p = probs + static_cast<size_t>(i) * V;
+    float* d = dlogits + static_cast<size_t>(i) * V;
+    for (int j = 0; j < V; ++j) d[j] = p[j] * scale;
+    d[targets[i]] -= scale;
+  }
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,90 @@
+// pipetrain: subcommand dispatch only.
+#include <boost/program_options.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "pipetrain/comm.hpp"
+#include "pipetrain/config.hpp"
+#include "pipetrain/train.hpp"
+
+namespace po = boost::program_options;
+using namespace pipetrain;
+
+namespace {
+
+const char* kUsage =
+    "usage: pipetrain <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  train   train a GPT with GPipe over pp x dp MPI ranks (launch with mpiexec / srun)\n"
+    "\n"
+    "pipetrain <command> --help shows the command's options.\n";
+
+int train_main(const std::vector<std::string>& args) {
+  TrainOptions opt;
+  po::options_description desc("pipetrain train [options]");
+  desc.add_options()("help,h", "show this help")(
+      "config", po::value<std::string>(&opt.config), "run spec (TOML); omitted: built-in defaults (tiny model)")(
+      "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(),
+      "override one key: --set section.key=value (repeatable)")(
+      "run-dir", po::value<std::string>(&opt.run_dir), "run directory (default: run.out_dir/run.name)")(
+      "print-spec", "print the resolved spec (all keys and defaults) and exit")(
+      "spec-reference", "print the run-spec key reference as a Markdown table and exit");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "pipetrain train: error: %s (see pipetrain train --help)\n", e.what());
+    return 2;
+  }
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+  if (vm.count("spec-reference")) {
+    std::cout << spec_reference_markdown();
+    return 0;
+  }
+  if (vm.count("print-spec")) {
+    try {
+      std::cout << resolved_toml(load_spec(opt.config, opt.overrides, 0));
+      return 0;
+    } catch (const SpecError& e) {
+      std::fprintf(stderr, "pipetrain: error: %s\n", e.what());
+      return 2;
+    }
+  }
+  Comm::init(nullptr, nullptr);
+  int code = 1;
+  try {
+    code = run_train(opt);
+  } catch (const CommTimeout& e) {
+    std::fprintf(stderr, "pipetrain: fault: %s\n", e.what());
+    std::fflush(stderr);
+    Comm::abort(1);  // tears the whole job down instead of leaving peers waiting
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pipetrain: fault on rank %d: %s\n", Comm::world_rank(), e.what());
+    std::fflush(stderr);
+    Comm::abort(1);
+  }
+  Comm::finalize();
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (cmd == "train") return train_main(args);
+  std::fprintf(stderr, "pipetrain: error: unknown command '%s'\n%s", cmd.c_str(), kUsage);
+  return 2;
+}

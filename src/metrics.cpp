@@ -1,0 +1,110 @@
+#include "pipetrain/metrics.hpp"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace pipetrain {
+
+void RankFigures::to(double* out) const {
+  const double v[kFields] = {stage, dp_rank, compute_s, bubble_wait_s, comm_wait_s, act_peak_bytes, mem_peak_bytes, loss_sum};
+  std::copy(v, v + kFields, out);
+}
+
+RankFigures RankFigures::from(const double* in) {
+  RankFigures r;
+  r.stage = in[0], r.dp_rank = in[1], r.compute_s = in[2], r.bubble_wait_s = in[3], r.comm_wait_s = in[4];
+  r.act_peak_bytes = in[5], r.mem_peak_bytes = in[6], r.loss_sum = in[7];
+  return r;
+}
+
+StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_per_step) {
+  StepLine line;
+  line.bubble_measured.assign(pp, 0);
+  line.act_peak_bytes.assign(pp, 0);
+  line.mem_peak_bytes.assign(pp, 0);
+  line.comm_wait_s.assign(pp, 0);
+  line.compute_s.assign(pp, 0);
+  std::vector<int> count(pp, 0);
+  double loss_sum = 0;
+  for (auto& r : ranks) {
+    const int s = static_cast<int>(r.stage);
+    // bubble: share of the pipelined part of the step this rank spent waiting for peers
+    const double busy = r.compute_s + r.bubble_wait_s;
+    line.bubble_measured[s] += busy > 0 ? r.bubble_wait_s / busy : 0;
+    line.comm_wait_s[s] += r.comm_wait_s;
+    line.compute_s[s] += r.compute_s;
+    line.act_peak_bytes[s] = std::max(line.act_peak_bytes[s], r.act_peak_bytes);
+    line.mem_peak_bytes[s] = std::max(line.mem_peak_bytes[s], r.mem_peak_bytes);
+    count[s] += 1;
+    loss_sum += r.loss_sum;
+  }
+  for (int s = 0; s < pp; ++s) {
+    line.bubble_measured[s] /= count[s];
+    line.comm_wait_s[s] /= count[s];
+    line.compute_s[s] /= count[s];
+  }
+  line.loss = loss_sum / tokens_per_step;
+  return line;
+}
+
+namespace {
+
+std::string num(double v, const char* fmt = "%.10g") {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, v);
+  return buf;
+}
+
+std::string array(const std::vector<double>& v, const char* fmt = "%.6g") {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + num(v[i], fmt);
+  return s + "]";
+}
+
+}  // namespace
+
+std::string to_json(const StepLine& l) {
+  return "{\"step\": " + std::to_string(l.step) + ", \"loss\": " + num(l.loss) + ", \"lr\": " + num(l.lr) +
+         ", \"grad_norm\": " + num(l.grad_norm) + ", \"step_time_s\": " + num(l.step_time_s, "%.6g") +
+         ", \"tokens_per_s\": " + num(l.tokens_per_s, "%.6g") + ", \"bubble_theory\": " + num(l.bubble_theory, "%.6g") +
+         ", \"bubble_measured\": " + array(l.bubble_measured) + ", \"act_peak_bytes\": " + array(l.act_peak_bytes, "%.0f") +
+         ", \"mem_peak_bytes\": " + array(l.mem_peak_bytes, "%.0f") + ", \"comm_wait_s\": " + array(l.comm_wait_s) +
+         ", \"compute_s\": " + array(l.compute_s) + "}";
+}
+
+std::string progress_line(const StepLine& l) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "step %*d/%d | loss %.4f | lr %.2e | gnorm %.3f | %8.0f tok/s | %7.1f ms | bubble",
+                static_cast<int>(std::to_string(l.steps).size()), l.step, l.steps, l.loss, l.lr, l.grad_norm,
+                l.tokens_per_s, 1e3 * l.step_time_s);
+  std::string s = buf;
+  for (double b : l.bubble_measured) s += " " + num(b, "%.2f");
+  return s + " (theory " + num(l.bubble_theory, "%.2f") + ")";
+}
+
+double peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) * 1024.0;
+}
+
+MetricsWriter::MetricsWriter(const std::string& path) {
+  if (path.empty()) return;
+  f_ = std::fopen(path.c_str(), "a");
+  if (!f_) throw std::runtime_error(path + ": cannot open for writing");
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (f_) std::fclose(f_);
+}
+
+void MetricsWriter::write(const std::string& json_line) {
+  if (!f_) return;
+  std::fputs(json_line.c_str(), f_);
+  std::fputc('\n', f_);
+  std::fflush(f_);
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,329 @@
+#include "pipetrain/model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "pipetrain/kernels.hpp"
+
+namespace pipetrain {
+namespace {
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// N(0, std) values for one named tensor from a stream seeded by (seed, name): a tensor gets the
+// same values whichever stage or layout owns it.
+void fill_normal(float* out, size_t n, float stddev, uint64_t seed, const std::string& name) {
+  uint64_t state = seed * 0x100000001b3ULL;
+  for (unsigned char c : name) state = (state ^ c) * 0x100000001b3ULL;
+  for (size_t i = 0; i < n; i += 2) {
+    double u1 = ((splitmix64(state) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    double u2 = (splitmix64(state) >> 11) * 0x1.0p-53;
+    double r = std::sqrt(-2.0 * std::log(u1)), th = 2.0 * M_PI * u2;
+    out[i] = static_cast<float>(stddev * r * std::cos(th));
+    if (i + 1 < n) out[i + 1] = static_cast<float>(stddev * r * std::sin(th));
+  }
+}
+
+template <class F>
+void for_each_buffer(BlockActs& a, F f) {
+  for (auto* v : {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.att, &a.atty, &a.res2, &a.ln2, &a.ln2_mean,
+                  &a.ln2_rstd, &a.fch, &a.fch_gelu})
+    f(*v);
+}
+template <class F>
+void for_each_buffer(HeadActs& a, F f) {
+  for (auto* v : {&a.lnf, &a.lnf_mean, &a.lnf_rstd, &a.probs}) f(*v);
+}
+
+}  // namespace
+
+Recompute parse_recompute(const std::string& s) {
+  if (s == "stage") return Recompute::stage;
+  if (s == "block") return Recompute::block;
+  return Recompute::none;
+}
+
+size_t Acts::bytes() const {
+  size_t n = (tokens.size() + targets.size()) * sizeof(int);
+  auto& self = const_cast<Acts&>(*this);
+  for (auto& x : xs) n += x.size() * sizeof(float);
+  for (auto& b : self.blocks) for_each_buffer(b, [&](std::vector<float>& v) { n += v.size() * sizeof(float); });
+  for_each_buffer(self.head, [&](std::vector<float>& v) { n += v.size() * sizeof(float); });
+  return n;
+}
+
+void Acts::release() {
+  tokens.clear();
+  targets.clear();
+  for (auto& x : xs) x.clear();
+  for (auto& b : blocks) for_each_buffer(b, [](std::vector<float>& v) { v.clear(); });
+  for_each_buffer(head, [](std::vector<float>& v) { v.clear(); });
+}
+
+Stage::Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end, int micro_batches,
+             float grad_scale)
+    : stage_(stage), n_stages_(n_stages), block_begin_(block_begin), block_end_(block_end),
+      L_(block_end - block_begin), B_(spec.samples_per_micro_batch()), T_(spec.model.seq_len),
+      C_(spec.model.d_model), NH_(spec.model.n_head), V_(spec.model.vocab), n_layer_(spec.model.n_layer),
+      tied_(spec.model.tie_embeddings), mode_(parse_recompute(spec.parallel.recompute)), grad_scale_(grad_scale) {
+  const int C = C_;
+  if (first()) {
+    add_param("wte.weight", {V_, C}, true);
+    add_param("wpe.weight", {T_, C}, true);
+  }
+  for (int i = block_begin; i < block_end; ++i) {
+    const std::string h = "h." + std::to_string(i) + ".";
+    add_param(h + "ln_1.weight", {C}, false);
+    add_param(h + "ln_1.bias", {C}, false);
+    add_param(h + "attn.c_attn.weight", {3 * C, C}, true);
+    add_param(h + "attn.c_attn.bias", {3 * C}, false);
+    add_param(h + "attn.c_proj.weight", {C, C}, true);
+    add_param(h + "attn.c_proj.bias", {C}, false);
+    add_param(h + "ln_2.weight", {C}, false);
+    add_param(h + "ln_2.bias", {C}, false);
+    add_param(h + "mlp.c_fc.weight", {4 * C, C}, true);
+    add_param(h + "mlp.c_fc.bias", {4 * C}, false);
+    add_param(h + "mlp.c_proj.weight", {C, 4 * C}, true);
+    add_param(h + "mlp.c_proj.bias", {C}, false);
+  }
+  if (last()) {
+    add_param("ln_f.weight", {C}, false);
+    add_param("ln_f.bias", {C}, false);
+    if (!tied_) add_param("lm_head.weight", {V_, C}, true);
+    else if (!first()) add_param("wte.weight", {V_, C}, true, /*in_norm=*/false);  // copy of stage 0's
+  }
+  size_t total = 0;
+  for (auto& p : params_) p.offset = total, total += p.size;
+  weights_.assign(total, 0.f);
+  grads_.assign(total, 0.f);
+  if (first()) wte_ = find("wte.weight")->offset, wpe_ = find("wpe.weight")->offset;
+  for (int i = block_begin; i < block_end; ++i)
+    block_offset_.push_back(find("h." + std::to_string(i) + ".ln_1.weight")->offset);
+  if (last()) {
+    lnfw_ = find("ln_f.weight")->offset;
+    lnfb_ = find("ln_f.bias")->offset;
+    head_ = find(tied_ ? "wte.weight" : "lm_head.weight")->offset;
+  }
+
+  stash_.resize(micro_batches);
+  const size_t N = static_cast<size_t>(B_) * T_;
+  attproj_.resize(N * C);
+  fcproj_.resize(N * C);
+  dres_.resize(N * C);
+  dx_.resize(N * C);
+  dln_.resize(N * C);
+  datty_.resize(N * C);
+  dqkv_.resize(3 * N * C);
+  dfch_.resize(4 * N * C);
+  dfch_gelu_.resize(4 * N * C);
+  if (last()) logits_.resize(N * V_), dlogits_.resize(N * V_);
+}
+
+void Stage::add_param(const std::string& name, std::vector<int> shape, bool decay, bool in_norm) {
+  ParamTensor p;
+  p.name = name;
+  p.size = 1;
+  for (int d : shape) p.size *= static_cast<size_t>(d);
+  p.shape = std::move(shape);
+  p.decay = decay;
+  p.in_grad_norm = in_norm;
+  params_.push_back(std::move(p));
+}
+
+const ParamTensor* Stage::find(const std::string& name) const {
+  for (auto& p : params_)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+void Stage::init_params(uint64_t seed) {
+  const float resid_std = 0.02f / std::sqrt(2.f * n_layer_);
+  for (auto& p : params_) {
+    float* w = weights_.data() + p.offset;
+    auto ends_with = [&](const char* s) {
+      size_t n = std::strlen(s);
+      return p.name.size() >= n && p.name.compare(p.name.size() - n, n, s) == 0;
+    };
+    if (ends_with(".bias")) std::fill(w, w + p.size, 0.f);
+    else if (p.name.find("ln_") != std::string::npos) std::fill(w, w + p.size, 1.f);
+    else if (ends_with("c_proj.weight")) fill_normal(w, p.size, resid_std, seed, p.name);
+    else fill_normal(w, p.size, 0.02f, seed, p.name);
+  }
+}
+
+void Stage::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.f); }
+
+Stage::BlockPtrs Stage::block_ptrs(std::vector<float>& base, int l) {
+  const size_t C = C_;
+  float* p = base.data() + block_offset_[l];
+  BlockPtrs b;
+  b.ln1w = p, p += C;
+  b.ln1b = p, p += C;
+  b.qkvw = p, p += 3 * C * C;
+  b.qkvb = p, p += 3 * C;
+  b.projw = p, p += C * C;
+  b.projb = p, p += C;
+  b.ln2w = p, p += C;
+  b.ln2b = p, p += C;
+  b.fcw = p, p += 4 * C * C;
+  b.fcb = p, p += 4 * C;
+  b.fcprojw = p, p += 4 * C * C;
+  b.fcprojb = p;
+  return b;
+}
+
+void Stage::set_tokens(int mb, const int* tokens) {
+  stash_[mb].tokens.assign(tokens, tokens + static_cast<size_t>(B_) * T_);
+}
+void Stage::set_targets(int mb, const int* targets) {
+  stash_[mb].targets.assign(targets, targets + static_cast<size_t>(B_) * T_);
+}
+float* Stage::input_buffer(int mb) {
+  auto& xs = stash_[mb].xs;
+  if (xs.empty()) xs.resize(1);
+  xs[0].resize(boundary_floats());
+  return xs[0].data();
+}
+
+void Stage::size_acts(Acts& a) {
+  const size_t N = static_cast<size_t>(B_) * T_, C = C_;
+  a.xs.resize(L_ + (last() ? 1 : 0));
+  for (auto& x : a.xs) x.resize(N * C);
+  a.blocks.resize(L_);
+  for (auto& b : a.blocks) {
+    b.ln1.resize(N * C), b.ln1_mean.resize(N), b.ln1_rstd.resize(N), b.qkv.resize(3 * N * C);
+    b.att.resize(static_cast<size_t>(B_) * NH_ * T_ * T_), b.atty.resize(N * C), b.res2.resize(N * C);
+    b.ln2.resize(N * C), b.ln2_mean.resize(N), b.ln2_rstd.resize(N), b.fch.resize(4 * N * C);
+    b.fch_gelu.resize(4 * N * C);
+  }
+  if (last()) {
+    a.head.lnf.resize(N * C), a.head.lnf_mean.resize(N), a.head.lnf_rstd.resize(N);
+    a.head.probs.resize(N * V_);
+  }
+}
+
+// Runs the whole stage for the micro-batch whose inputs are in `s` (tokens / received input /
+// targets), filling every activation of `w` (which may be `s` itself).
+void Stage::compute_forward(Acts& w, const Acts& s, float* out, double* loss) {
+  size_acts(w);
+  const size_t n_in = boundary_floats();
+  if (first()) encoder_forward(w.xs[0].data(), s.tokens.data(), &weights_[wte_], &weights_[wpe_], B_, T_, C_);
+  else if (&w != &s) std::copy(s.xs[0].begin(), s.xs[0].begin() + n_in, w.xs[0].begin());
+  for (int l = 0; l < L_; ++l) {
+    float* y = (l + 1 < L_ || last()) ? w.xs[l + 1].data() : out;
+    block_forward(l, w.xs[l].data(), w.blocks[l], y);
+  }
+  if (last()) *loss = head_forward(w.xs[L_].data(), w.head, s.targets.data());
+}
+
+double Stage::forward(int mb, float* out) {
+  Acts& s = stash_[mb];
+  double loss = 0;
+  if (mode_ == Recompute::none) {
+    compute_forward(s, s, out, &loss);
+    return loss;
+  }
+  compute_forward(work_, s, out, &loss);
+  if (mode_ == Recompute::block) {  // keep each block's input (and the head's)
+    s.xs.resize(work_.xs.size());
+    for (size_t i = 0; i < work_.xs.size(); ++i) s.xs[i].assign(work_.xs[i].begin(), work_.xs[i].end());
+  }
+  // Recompute::stage keeps only what set_tokens / input_buffer / set_targets put in s.
+  return loss;
+}
+
+void Stage::backward(int mb, const float* dout, float* dinp) {
+  Acts& s = stash_[mb];
+  Acts* a = &s;
+  if (mode_ == Recompute::stage) {
+    double unused;
+    compute_forward(work_, s, dx_.data(), &unused);  // dx_ is free scratch at this point
+    a = &work_;
+  } else if (mode_ == Recompute::block) {
+    size_acts(work_);
+    for (size_t i = 0; i < s.xs.size(); ++i) std::copy(s.xs[i].begin(), s.xs[i].end(), work_.xs[i].begin());
+    a = &work_;
+  }
+  const size_t n = boundary_floats();
+  if (last()) {
+    if (mode_ == Recompute::block) head_forward(a->xs[L_].data(), a->head, s.targets.data());
+    std::fill(dres_.begin(), dres_.end(), 0.f);
+    head_backward(a->xs[L_].data(), a->head, s.targets.data(), dres_.data());
+  } else {
+    std::copy(dout, dout + n, dres_.begin());
+  }
+  for (int l = L_ - 1; l >= 0; --l) {
+    if (mode_ == Recompute::block) block_forward(l, a->xs[l].data(), a->blocks[l], dx_.data());
+    block_backward(l, a->xs[l].data(), a->blocks[l], dres_.data(), dx_.data());
+    std::swap(dres_, dx_);  // dres_ now holds the gradient of block l's input
+  }
+  if (first()) encoder_backward(&grads_[wte_], &grads_[wpe_], dres_.data(), s.tokens.data(), B_, T_, C_);
+  else std::copy(dres_.begin(), dres_.begin() + n, dinp);
+  s.release();
+}
+
+void Stage::block_forward(int l, const float* x, BlockActs& a, float* out) {
+  const int N = B_ * T_, C = C_;
+  BlockPtrs w = block_ptrs(weights_, l);
+  layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1w, w.ln1b, N, C);
+  matmul_forward(a.qkv.data(), a.ln1.data(), w.qkvw, w.qkvb, N, C, 3 * C);
+  attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B_, T_, C, NH_);
+  matmul_forward(attproj_.data(), a.atty.data(), w.projw, w.projb, N, C, C);
+  residual_forward(a.res2.data(), x, attproj_.data(), static_cast<size_t>(N) * C);
+  layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), w.ln2w, w.ln2b, N, C);
+  matmul_forward(a.fch.data(), a.ln2.data(), w.fcw, w.fcb, N, C, 4 * C);
+  gelu_forward(a.fch_gelu.data(), a.fch.data(), static_cast<size_t>(N) * 4 * C);
+  matmul_forward(fcproj_.data(), a.fch_gelu.data(), w.fcprojw, w.fcprojb, N, 4 * C, C);
+  residual_forward(out, a.res2.data(), fcproj_.data(), static_cast<size_t>(N) * C);
+}
+
+// dout may not alias dinp. Both residual branches pass dout straight through to their input.
+void Stage::block_backward(int l, const float* x, const BlockActs& a, const float* dout, float* dinp) {
+  const int N = B_ * T_, C = C_;
+  const size_t NC = static_cast<size_t>(N) * C;
+  BlockPtrs w = block_ptrs(weights_, l);
+  BlockPtrs g = block_ptrs(grads_, l);
+  // out = res2 + mlp(ln2(res2))
+  std::fill(dfch_gelu_.begin(), dfch_gelu_.end(), 0.f);
+  matmul_backward(dfch_gelu_.data(), g.fcprojw, g.fcprojb, dout, a.fch_gelu.data(), w.fcprojw, N, 4 * C, C);
+  std::fill(dfch_.begin(), dfch_.end(), 0.f);
+  gelu_backward(dfch_.data(), a.fch.data(), dfch_gelu_.data(), 4 * NC);
+  std::fill(dln_.begin(), dln_.end(), 0.f);
+  matmul_backward(dln_.data(), g.fcw, g.fcb, dfch_.data(), a.ln2.data(), w.fcw, N, C, 4 * C);
+  float* dres2 = dinp;  // accumulate d(res2) in dinp, then continue through the attention branch
+  std::copy(dout, dout + NC, dres2);
+  layernorm_backward(dres2, g.ln2w, g.ln2b, dln_.data(), a.res2.data(), w.ln2w, a.ln2_mean.data(),
+                     a.ln2_rstd.data(), N, C);
+  // res2 = x + proj(attn(ln1(x)))
+  std::fill(datty_.begin(), datty_.end(), 0.f);
+  matmul_backward(datty_.data(), g.projw, g.projb, dres2, a.atty.data(), w.projw, N, C, C);
+  std::fill(dqkv_.begin(), dqkv_.end(), 0.f);
+  attention_backward(dqkv_.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, T_, C, NH_);
+  std::fill(dln_.begin(), dln_.end(), 0.f);
+  matmul_backward(dln_.data(), g.qkvw, g.qkvb, dqkv_.data(), a.ln1.data(), w.qkvw, N, C, 3 * C);
+  layernorm_backward(dinp, g.ln1w, g.ln1b, dln_.data(), x, w.ln1w, a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
+}
+
+double Stage::head_forward(const float* x, HeadActs& a, const int* targets) {
+  const int N = B_ * T_, C = C_;
+  layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, &weights_[lnfw_], &weights_[lnfb_], N, C);
+  matmul_forward(logits_.data(), a.lnf.data(), &weights_[head_], nullptr, N, C, V_);
+  return softmax_crossentropy_forward(a.probs.data(), logits_.data(), targets, N, V_);
+}
+
+void Stage::head_backward(const float* x, const HeadActs& a, const int* targets, float* dinp) {
+  const int N = B_ * T_, C = C_;
+  softmax_crossentropy_backward(dlogits_.data(), a.probs.data(), targets, grad_scale_, N, V_);
+  std::fill(dln_.begin(), dln_.end(), 0.f);
+  matmul_backward(dln_.data(), &grads_[head_], nullptr, dlogits_.data(), a.lnf.data(), &weights_[head_], N, C, V_);
+  layernorm_backward(dinp, &grads_[lnfw_], &grads_[lnfb_], dln_.data(), x, &weights_[lnfw_], a.lnf_mean.data(),
+                     a.lnf_rstd.data(), N, C);
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,249 @@
+#include "spec_schema.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+namespace pipetrain {
+namespace {
+
+std::string describe(const toml::node& n) {
+  std::ostringstream os;
+  switch (n.type()) {
+    case toml::node_type::string: os << "string "; break;
+    case toml::node_type::integer: os << "integer "; break;
+    case toml::node_type::floating_point: os << "float "; break;
+    case toml::node_type::boolean: os << "boolean "; break;
+    case toml::node_type::array: os << "array "; break;
+    case toml::node_type::table: return "a table";
+    default: os << "date/time "; break;
+  }
+  n.visit([&](auto&& v) { os << v; });
+  return os.str();
+}
+
+[[noreturn]] void type_error(const std::string& where, const std::string& key, const char* want,
+                             const toml::node& n) {
+  throw SpecError(where + ": " + key + " must be " + want + ", got " + describe(n));
+}
+
+std::string show_double(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  if (std::strtod(buf, nullptr) != v) std::snprintf(buf, sizeof buf, "%.17g", v);
+  std::string s = buf;
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // stays a TOML float
+  return s;
+}
+
+std::string show_string(const std::string& v) {
+  std::ostringstream os;
+  os << toml::value<std::string>(v);
+  return os.str();
+}
+
+using IntRef = std::function<int&(RunSpec&)>;
+using DoubleRef = std::function<double&(RunSpec&)>;
+using StringRef = std::function<std::string&(RunSpec&)>;
+using BoolRef = std::function<bool&(RunSpec&)>;
+
+SpecKey int_key(const char* sec, const char* key, IntRef ref, long long lo, long long hi, const char* doc) {
+  SpecKey k{sec, key, doc, nullptr, nullptr};
+  std::string dotted = k.dotted();
+  k.set = [=](RunSpec& s, const toml::node& n, const std::string& where) {
+    if (!n.is_integer()) type_error(where, dotted, "an integer", n);
+    long long v = n.as_integer()->get();
+    if (v < lo || v > hi)
+      throw SpecError(where + ": " + dotted + " = " + std::to_string(v) + " is out of range [" +
+                      std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    ref(s) = static_cast<int>(v);
+  };
+  k.show = [=](const RunSpec& s) { return std::to_string(ref(const_cast<RunSpec&>(s))); };
+  return k;
+}
+
+SpecKey seed_key() {
+  SpecKey k{"run", "seed", "seeds parameter init, synthetic data and shuffling", nullptr, nullptr};
+  k.set = [](RunSpec& s, const toml::node& n, const std::string& where) {
+    if (!n.is_integer()) type_error(where, "run.seed", "an integer", n);
+    long long v = n.as_integer()->get();
+    if (v < 0) throw SpecError(where + ": run.seed = " + std::to_string(v) + " must be >= 0");
+    s.run.seed = v;
+  };
+  k.show = [](const RunSpec& s) { return std::to_string(s.run.seed); };
+  return k;
+}
+
+SpecKey double_key(const char* sec, const char* key, DoubleRef ref, double lo, double hi, const char* doc) {
+  SpecKey k{sec, key, doc, nullptr, nullptr};
+  std::string dotted = k.dotted();
+  k.set = [=](RunSpec& s, const toml::node& n, const std::string& where) {
+    double v;
+    if (n.is_floating_point()) v = n.as_floating_point()->get();
+    else if (n.is_integer()) v = static_cast<double>(n.as_integer()->get());
+    else type_error(where, dotted, "a number", n);
+    if (!(v >= lo && v <= hi))
+      throw SpecError(where + ": " + dotted + " = " + show_double(v) + " is out of range [" +
+                      show_double(lo) + ", " + show_double(hi) + "]");
+    ref(s) = v;
+  };
+  k.show = [=](const RunSpec& s) { return show_double(ref(const_cast<RunSpec&>(s))); };
+  return k;
+}
+
+SpecKey bool_key(const char* sec, const char* key, BoolRef ref, const char* doc) {
+  SpecKey k{sec, key, doc, nullptr, nullptr};
+  std::string dotted = k.dotted();
+  k.set = [=](RunSpec& s, const toml::node& n, const std::string& where) {
+    if (!n.is_boolean()) type_error(where, dotted, "true or false", n);
+    ref(s) = n.as_boolean()->get();
+  };
+  k.show = [=](const RunSpec& s) { return ref(const_cast<RunSpec&>(s)) ? "true" : "false"; };
+  return k;
+}
+
+// A string; when `choices` is non-empty it must be one of them.
+SpecKey string_key(const char* sec, const char* key, StringRef ref, std::vector<std::string> choices,
+                   const char* doc) {
+  SpecKey k{sec, key, doc, nullptr, nullptr};
+  std::string dotted = k.dotted();
+  k.set = [=](RunSpec& s, const toml::node& n, const std::string& where) {
+    if (!n.is_string()) type_error(where, dotted, "a string", n);
+    std::string v = n.as_string()->get();
+    if (!choices.empty() && std::find(choices.begin(), choices.end(), v) == choices.end()) {
+      std::string all;
+      for (auto& c : choices) all += (all.empty() ? "" : " | ") + c;
+      std::string hint = closest_match(v, choices);
+      throw SpecError(where + ": " + dotted + " = \"" + v + "\" is not one of " + all +
+                      (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
+    }
+    ref(s) = v;
+  };
+  k.show = [=](const RunSpec& s) { return show_string(ref(const_cast<RunSpec&>(s))); };
+  return k;
+}
+
+SpecKey partition_key() {
+  SpecKey k{"parallel", "partition",
+            "\"uniform\", \"balanced\" (cost model incl. embedding and head) or a list of blocks per stage",
+            nullptr, nullptr};
+  k.set = [](RunSpec& s, const toml::node& n, const std::string& where) {
+    if (n.is_string()) {
+      std::string v = n.as_string()->get();
+      if (v != "uniform" && v != "balanced") {
+        std::string hint = closest_match(v, {"uniform", "balanced"});
+        throw SpecError(where + ": parallel.partition = \"" + v +
+                        "\" is not one of uniform | balanced | [blocks per stage]" +
+                        (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
+      }
+      s.parallel.partition = v;
+      s.parallel.blocks_per_stage.clear();
+      return;
+    }
+    if (!n.is_array()) type_error(where, "parallel.partition", "a string or a list of integers", n);
+    std::vector<int> blocks;
+    for (auto& e : *n.as_array()) {
+      if (!e.is_integer() || e.as_integer()->get() < 1 || e.as_integer()->get() > 1000000)
+        throw SpecError(where + ": parallel.partition entries must be integers >= 1 (blocks per stage), got " +
+                        describe(e));
+      blocks.push_back(static_cast<int>(e.as_integer()->get()));
+    }
+    if (blocks.empty()) throw SpecError(where + ": parallel.partition list is empty");
+    s.parallel.partition = "explicit";
+    s.parallel.blocks_per_stage = blocks;
+  };
+  k.show = [](const RunSpec& s) {
+    if (s.parallel.partition != "explicit") return show_string(s.parallel.partition);
+    std::string out = "[";
+    for (size_t i = 0; i < s.parallel.blocks_per_stage.size(); ++i)
+      out += (i ? ", " : "") + std::to_string(s.parallel.blocks_per_stage[i]);
+    return out + "]";
+  };
+  return k;
+}
+
+#define FIELD(T, expr) [](RunSpec& s) -> T& { return s.expr; }
+
+std::vector<SpecKey> build_schema() {
+  const long long big = 1LL << 30;
+  return {
+      string_key("run", "name", FIELD(std::string, run.name), {}, "run name; run dir is out_dir/name"),
+      string_key("run", "out_dir", FIELD(std::string, run.out_dir), {}, "parent folder of run directories"),
+      seed_key(),
+      int_key("run", "steps", FIELD(int, run.steps), 1, big, "optimizer steps to train"),
+      int_key("model", "n_layer", FIELD(int, model.n_layer), 1, 4096, "transformer blocks"),
+      int_key("model", "d_model", FIELD(int, model.d_model), 1, 1 << 16, "embedding width"),
+      int_key("model", "n_head", FIELD(int, model.n_head), 1, 1024, "attention heads (must divide d_model)"),
+      int_key("model", "seq_len", FIELD(int, model.seq_len), 1, 1 << 20, "tokens per sample (context length)"),
+      int_key("model", "vocab", FIELD(int, model.vocab), 2, 1 << 20, "vocabulary size (256 = bytes)"),
+      bool_key("model", "tie_embeddings", FIELD(bool, model.tie_embeddings),
+               "LM head shares wte.weight (gradient summed between first and last stage)"),
+      string_key("data", "source", FIELD(std::string, data.source), {"synthetic", "text"},
+                 "synthetic (built-in learnable byte language) or text (bytes of data.path)"),
+      string_key("data", "path", FIELD(std::string, data.path), {}, "input file for source = text"),
+      bool_key("data", "shuffle", FIELD(bool, data.shuffle), "seeded permutation of windows per epoch"),
+      int_key("parallel", "pp", FIELD(int, parallel.pp), 1, 65536, "pipeline stages"),
+      int_key("parallel", "dp", FIELD(int, parallel.dp), 1, 1 << 20, "data-parallel replicas"),
+      int_key("parallel", "micro_batches", FIELD(int, parallel.micro_batches), 1, 1 << 20,
+              "micro-batches per step (M)"),
+      string_key("parallel", "schedule", FIELD(std::string, parallel.schedule), {"gpipe"},
+                 "pipeline schedule"),
+      partition_key(),
+      string_key("parallel", "recompute", FIELD(std::string, parallel.recompute), {"none", "stage", "block"},
+                 "activation recompute: keep everything, only each stage's input, or each block's input"),
+      int_key("train", "global_batch", FIELD(int, train.global_batch), 1, big,
+              "samples per optimizer step (divisible by dp x micro_batches)"),
+      double_key("train", "lr", FIELD(double, train.lr), 0, 10, "peak learning rate"),
+      double_key("train", "min_lr", FIELD(double, train.min_lr), 0, 10, "learning rate at the end of cosine decay"),
+      int_key("train", "warmup_steps", FIELD(int, train.warmup_steps), 0, big, "linear warmup steps"),
+      double_key("train", "weight_decay", FIELD(double, train.weight_decay), 0, 10,
+                 "AdamW decoupled weight decay (2-D weights only)"),
+      double_key("train", "beta1", FIELD(double, train.beta1), 0, 0.999999, "AdamW beta1"),
+      double_key("train", "beta2", FIELD(double, train.beta2), 0, 0.999999999, "AdamW beta2"),
+      double_key("train", "eps", FIELD(double, train.eps), 1e-30, 1, "AdamW epsilon"),
+      double_key("train", "grad_clip", FIELD(double, train.grad_clip), 0, 1e30,
+                 "global gradient-norm clip over all stages (0 = off)"),
+      int_key("log", "every_steps", FIELD(int, log.every_steps), 1, big, "log a metrics line every N steps"),
+      string_key("comm", "backend", FIELD(std::string, comm.backend), {"mpi"}, "transport (nccl comes with the GPU build)"),
+      string_key("comm", "wait", FIELD(std::string, comm.wait), {"auto", "spin", "yield"},
+                 "how waits poll: auto yields when ranks outnumber cores"),
+      double_key("comm", "timeout_s", FIELD(double, comm.timeout_s), 0.001, 1e9,
+                 "a wait longer than this is an error naming stage, peer and micro-batch"),
+      double_key("comm", "bucket_mb", FIELD(double, comm.bucket_mb), 0.001, 1e6,
+                 "data-parallel gradient all-reduce bucket size (MiB)"),
+  };
+}
+
+#undef FIELD
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+}  // namespace
+
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;
+  for (auto& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  return best;
+}
+
+const std::vector<SpecKey>& spec_schema() {
+  static const std::vector<SpecKey> schema = build_schema();
+  return schema;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,193 @@
+#include "pipetrain/train.hpp"
+
+#include <cblas.h>
+#include <sched.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "pipetrain/comm.hpp"
+#include "pipetrain/config.hpp"
+#include "pipetrain/data.hpp"
+#include "pipetrain/executor.hpp"
+#include "pipetrain/metrics.hpp"
+#include "pipetrain/model.hpp"
+#include "pipetrain/optim.hpp"
+#include "pipetrain/partition.hpp"
+#include "pipetrain/schedule.hpp"
+
+namespace fs = std::filesystem;
+
+namespace pipetrain {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int cores_available() {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
+// Creates the run directory and writes the resolved spec (rank 0). A previous metrics.jsonl is
+// moved aside, never overwritten.
+std::string prepare_run_dir(const std::string& dir, const RunSpec& spec) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir)) throw SpecError("run dir " + dir + ": cannot create (" + ec.message() + ")");
+  const std::string tmp = dir + "/config.toml.tmp";
+  {
+    std::ofstream out(tmp);
+    out << resolved_toml(spec);
+    if (!out.flush()) throw SpecError("run dir " + dir + ": cannot write config.toml");
+  }
+  fs::rename(tmp, dir + "/config.toml", ec);
+  if (ec) throw SpecError("run dir " + dir + ": cannot write config.toml (" + ec.message() + ")");
+  std::string note;
+  const std::string metrics = dir + "/metrics.jsonl";
+  if (fs::exists(metrics)) {
+    int n = 1;
+    while (fs::exists(metrics + "." + std::to_string(n))) ++n;
+    fs::rename(metrics, metrics + "." + std::to_string(n), ec);
+    if (ec) throw SpecError(metrics + ": cannot move the previous log aside (" + ec.message() + ")");
+    note = "previous metrics.jsonl kept as metrics.jsonl." + std::to_string(n);
+  }
+  return note;
+}
+
+// Everything that can be wrong with the input, checked on every rank before anything large is
+// allocated; the ranks then agree so all exit 2 together.
+struct Setup {
+  RunSpec spec;
+  Topology topo;
+  std::vector<int> blocks;
+  std::unique_ptr<Dataset> data;
+  std::string run_dir, note;
+};
+
+}  // namespace
+
+int run_train(const TrainOptions& opt) {
+  const int world = Comm::world_size(), rank = Comm::world_rank();
+  Setup su;
+  std::string error;
+  try {
+    su.spec = load_spec(opt.config, opt.overrides, world);
+    su.topo = Topology::of(rank, su.spec.parallel.pp, su.spec.parallel.dp);
+    su.blocks = partition_blocks(su.spec);
+    if (su.topo.first_stage() || su.topo.last_stage()) su.data = std::make_unique<Dataset>(su.spec);
+    su.run_dir = opt.run_dir.empty() ? su.spec.run.out_dir + "/" + su.spec.run.name : opt.run_dir;
+    if (rank == 0) su.note = prepare_run_dir(su.run_dir, su.spec);
+  } catch (const SpecError& e) {
+    error = e.what();
+  }
+  int failed = Comm::first_failure(!error.empty());
+  if (failed >= 0) {
+    if (rank == failed) std::fprintf(stderr, "pipetrain: error: %s\n", error.c_str());
+    return 2;
+  }
+  RunSpec& spec = su.spec;
+  const Topology& topo = su.topo;
+  const int P = spec.parallel.pp, D = spec.parallel.dp, M = spec.parallel.micro_batches;
+  const int b = spec.samples_per_micro_batch(), T = spec.model.seq_len;
+
+  Comm comm(topo, spec.comm.wait, spec.comm.timeout_s);
+  const std::vector<int64_t> boundary = {b, T, spec.model.d_model, static_cast<int64_t>(sizeof(float))};
+  bool ok = comm.all_equal(spec_hash(spec)) && comm.boundary_agrees(boundary, boundary);
+  if ((failed = Comm::first_failure(!ok)) >= 0) {
+    if (rank == failed) std::fprintf(stderr, "pipetrain: error: ranks disagree on the run spec or stage shapes "
+                                             "(different files or --set on different ranks?)\n");
+    return 2;
+  }
+  // One BLAS thread per core this rank can have; more would fight the other ranks for cores.
+  openblas_set_num_threads(std::max(1, cores_available() / comm.local_ranks()));
+
+  int block_begin = 0;
+  for (int s = 0; s < topo.stage; ++s) block_begin += su.blocks[s];
+  const float grad_scale = 1.0f / (static_cast<float>(b) * T * M * D);
+  Stage stage(spec, topo.stage, P, block_begin, block_begin + su.blocks[topo.stage], M, grad_scale);
+  stage.init_params(static_cast<uint64_t>(spec.run.seed));
+  Executor executor(stage, comm);
+  AdamW adam(spec.train, stage.weights().size());
+  const ActionList actions = make_schedule(spec.parallel.schedule, topo.stage, P, M);
+  const double bubble_theory = static_cast<double>(P - 1) / (M + P - 1);
+  const double tokens_per_step = static_cast<double>(spec.train.global_batch) * T;
+
+  if (rank == 0) {
+    std::printf("pipetrain: %d ranks = pp %d x dp %d | M=%d micro-batches of %d | schedule %s | recompute %s | "
+                "wait %s\n",
+                world, P, D, M, b, spec.parallel.schedule.c_str(), spec.parallel.recompute.c_str(),
+                comm.wait_mode() == WaitMode::yield ? "yield" : "spin");
+    std::printf("partition (%s):\n%s", spec.parallel.partition.c_str(), describe_partition(spec, su.blocks).c_str());
+    std::printf("run dir: %s%s%s\n", su.run_dir.c_str(), su.note.empty() ? "" : " | ", su.note.c_str());
+    std::fflush(stdout);
+  }
+  MetricsWriter metrics(rank == 0 ? su.run_dir + "/metrics.jsonl" : "");
+
+  const size_t mb_tokens = static_cast<size_t>(b) * T;
+  std::vector<int> inputs(mb_tokens), targets(mb_tokens);
+  const size_t bucket = std::max<size_t>(1, static_cast<size_t>(spec.comm.bucket_mb * (1 << 20) / sizeof(float)));
+  const ParamTensor* wte = stage.find("wte.weight");
+  const bool tied_sync = spec.model.tie_embeddings && P > 1 && wte != nullptr;
+
+  for (int step = 0; step < spec.run.steps; ++step) {
+    const double t0 = now_s();
+    const double lr = lr_at(spec, step);
+    stage.zero_grads();
+    for (int mb = 0; mb < M; ++mb) {
+      if (!stage.first() && !stage.last()) break;
+      su.data->micro_batch(step, topo.dp_rank, mb, inputs.data(), targets.data());
+      if (stage.first()) stage.set_tokens(mb, inputs.data());
+      if (stage.last()) stage.set_targets(mb, targets.data());
+    }
+    comm.reset_wait_seconds();
+    const StepStats st = executor.run(actions, M);
+
+    // Data parallel: average gradients over replicas (1/D is already in the loss scale), in buckets.
+    const double dp_wait0 = comm.wait_seconds();
+    std::vector<MPI_Request> reqs;
+    if (D > 1)
+      for (size_t off = 0; off < stage.grads().size(); off += bucket)
+        reqs.push_back(comm.iallreduce_data(stage.grads().data() + off, std::min(bucket, stage.grads().size() - off)));
+    comm.wait_all(reqs, {"data-parallel gradient all-reduce"});
+    const double dp_wait = comm.wait_seconds() - dp_wait0;
+    // Tied embeddings: wte's gradient is the sum of the embedding's and the head's.
+    if (tied_sync) comm.allreduce_tied(stage.grads().data() + wte->offset, wte->size);
+    double sq = grad_sq_sum(stage.params(), stage.grads());
+    comm.allreduce_pipe(&sq, 1);
+    const double grad_norm = std::sqrt(sq);
+    adam.step(stage.params(), stage.weights(), stage.grads(), lr, clip_coefficient(grad_norm, spec.train.grad_clip));
+    const double step_time = now_s() - t0;
+
+    if ((step + 1) % spec.log.every_steps != 0 && step + 1 != spec.run.steps) continue;
+    RankFigures mine;
+    mine.stage = topo.stage, mine.dp_rank = topo.dp_rank, mine.compute_s = st.compute_s;
+    mine.comm_wait_s = comm.wait_seconds();
+    mine.bubble_wait_s = mine.comm_wait_s - dp_wait;
+    mine.act_peak_bytes = static_cast<double>(st.act_peak_bytes);
+    mine.mem_peak_bytes = peak_rss_bytes();
+    mine.loss_sum = st.loss_sum;
+    double packed[RankFigures::kFields];
+    mine.to(packed);
+    std::vector<double> all;
+    comm.gather_to_root(packed, RankFigures::kFields, all);
+    if (rank != 0) continue;
+    std::vector<RankFigures> figures;
+    for (int r = 0; r < world; ++r) figures.push_back(RankFigures::from(&all[r * RankFigures::kFields]));
+    StepLine line = combine(figures, P, tokens_per_step);
+    line.step = step + 1, line.steps = spec.run.steps, line.lr = lr, line.grad_norm = grad_norm;
+    line.step_time_s = step_time, line.tokens_per_s = tokens_per_step / step_time;
+    line.bubble_theory = bubble_theory;
+    metrics.write(to_json(line));
+    std::printf("%s\n", progress_line(line).c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace pipetrain
