@@ -38,9 +38,16 @@ std::string show_double(double v) {
 }
 
 std::string show_string(const std::string& v) {
-  std::ostringstream os;
-  os << toml::value<std::string>(v);
-  return os.str();
+  std::string out = "\"";
+  for (char c : v) {
+    if (c == '"' || c == '\\') out += '\\', out += c;
+    else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else out += c;
+  }
+  return out + "\"";
 }
 
 using IntRef = std::function<int&(RunSpec&)>;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -105,7 +106,9 @@ int run_train(const TrainOptions& opt) {
     return 2;
   }
   // One BLAS thread per core this rank can have; more would fight the other ranks for cores.
-  openblas_set_num_threads(std::max(1, cores_available() / comm.local_ranks()));
+  // An explicit OPENBLAS_NUM_THREADS is the user's deliberate choice and wins.
+  if (!std::getenv("OPENBLAS_NUM_THREADS"))
+    openblas_set_num_threads(std::max(1, cores_available() / comm.local_ranks()));
 
   int block_begin = 0;
   for (int s = 0; s < topo.stage; ++s) block_begin += su.blocks[s];

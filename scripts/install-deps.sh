@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages pipetrain builds, runs and tests with (only the missing ones).
+set -euo pipefail
+packages=(g++ cmake make pkg-config mpich libmpich-dev libhdf5-mpich-dev libtomlplusplus-dev
+          libboost-program-options-dev catch2 libopenblas-dev python3 python3-numpy python3-h5py procps)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "installing: ${missing[*]}"
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+$sudo apt-get update -q
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"

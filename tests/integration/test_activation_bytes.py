@@ -1,0 +1,41 @@
+"""Done-means 5: the stashed-activation peak per stage equals in-flight micro-batches x bytes per
+micro-batch, exactly, for each recompute mode. The formula is written out here independently of
+the C++ accounting: what each mode keeps between a micro-batch's forward and its backward."""
+import os
+from harness import parse_args, launch, expect, finish
+
+args = parse_args()
+tiny = os.path.join(args.configs, "tiny.toml")
+L, C, NH, T, V, B, M = 4, 64, 4, 32, 256, 16, 4  # tiny.toml
+
+
+def per_micro_batch(mode, stage, P, blocks, dp):
+    b = B // (dp * M)
+    n = b * T  # tokens per micro-batch
+    first, last = stage == 0, stage == P - 1
+    floats = 0
+    if mode == "none":
+        # per block: input, ln1, qkv, attention output, res2, ln2, fc, gelu (16C) + 2 LN mean/rstd
+        # pairs per token, plus the attention probabilities b x heads x T x T
+        floats = blocks * (n * (16 * C + 4) + b * NH * T * T)
+        if last:
+            floats += n * (2 * C + 2 + V)  # head input, ln_f output, mean/rstd, probabilities
+    elif mode == "block":
+        floats = n * C * (blocks + (1 if last else 0))  # each block's input (+ the head's)
+    elif mode == "stage":
+        floats = 0 if first else n * C  # the received stage input only
+    ints = n * ((1 if first else 0) + (1 if last else 0))  # tokens (first), targets (last)
+    return 4 * floats + 4 * ints
+
+
+for pp, dp in [(2, 1), (4, 1), (2, 2)]:
+    for mode in ["none", "stage", "block"]:
+        r = launch(args, pp * dp, os.path.join(args.work, f"{pp}x{dp}_{mode}"), tiny,
+                   ["run.steps=2", f"parallel.pp={pp}", f"parallel.dp={dp}", f"parallel.recompute={mode}"])
+        expect(r.rc == 0, f"{pp}x{dp} {mode}: exit 0 (got {r.rc})")
+        if r.rc != 0:
+            continue
+        got = r.metrics()[-1]["act_peak_bytes"]
+        want = [M * per_micro_batch(mode, s, pp, L // pp, dp) for s in range(pp)]
+        expect(got == want, f"{pp}x{dp} recompute={mode}: act_peak_bytes {got} == M x per-micro-batch {want}")
+finish()

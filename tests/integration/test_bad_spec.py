@@ -1,0 +1,63 @@
+"""Done-means 4: every bad-spec case exits with code 2 and one message naming the key (and the
+file:line where it was set), under 4 ranks, within 10 seconds, with no rank left running."""
+import os
+import subprocess
+import time
+from harness import parse_args, launch, expect, finish
+
+args = parse_args()
+tiny = os.path.join(args.configs, "tiny.toml")
+
+
+def spec_file(name, text):
+    path = os.path.join(args.work, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+good = "[run]\nsteps = 2\n[parallel]\npp = 2\ndp = 2\n"
+cases = [
+    # (name, config file text or None for tiny.toml, --set list, strings the message must contain)
+    ("unknown key", "[run]\nsteps = 2\n[parallel]\nmicro_batch = 4\npp = 2\ndp = 2\n", [],
+     ["bad.toml:4", "parallel.micro_batch", "did you mean parallel.micro_batches"]),
+    ("key in wrong section", "[train]\nmicro_batches = 4\n", [], ["bad.toml:2", "parallel.micro_batches"]),
+    ("unknown section", "[paralel]\npp = 2\n", [], ["bad.toml:1", "[paralel]", "did you mean [parallel]"]),
+    ("wrong type", good + "[model]\nn_layer = \"four\"\n", [], ["bad.toml:7", "model.n_layer", "integer"]),
+    ("out of range", good + "[train]\nlr = -1.0\n", [], ["bad.toml:7", "train.lr", "out of range"]),
+    ("enum typo", good, ["parallel.recompute=blok"], ["--set parallel.recompute=blok", "did you mean \"block\""]),
+    ("pp x dp != ranks", None, ["parallel.pp=2", "parallel.dp=1"], ["parallel.pp", "4 MPI ranks"]),
+    ("global_batch not divisible", None, ["parallel.pp=2", "parallel.dp=2", "train.global_batch=12"],
+     ["train.global_batch", "not divisible"]),
+    ("more stages than blocks", None, ["parallel.pp=4", "model.n_layer=3"], ["parallel.pp", "model.n_layer = 3"]),
+    ("n_head does not divide d_model", None, ["parallel.pp=2", "parallel.dp=2", "model.n_head=5"],
+     ["model.n_head", "d_model"]),
+    ("explicit partition wrong sum", None, ["parallel.pp=2", "parallel.dp=2", "parallel.partition=[1,2]"],
+     ["parallel.partition", "n_layer"]),
+    ("not TOML", "[run\nsteps = 2\n", [], ["bad.toml:1", "not valid TOML"]),
+    ("text data file missing", None, ["parallel.pp=2", "parallel.dp=2", "data.source=text", "data.path=/nonexistent/x.txt"],
+     ["data.path", "/nonexistent/x.txt"]),
+    ("malformed --set", None, ["parallel.pp"], ["--set parallel.pp", "section.key=value"]),
+]
+
+for i, (name, text, sets, needles) in enumerate(cases):
+    config = spec_file("bad.toml", text) if text is not None else tiny
+    if text is not None and "pp" not in "".join(sets) and "pp = 2" not in text:
+        sets = sets + ["parallel.pp=2", "parallel.dp=2"]
+    marker = os.path.join(args.work, f"case{i}_rundir_marker")
+    t0 = time.time()
+    try:
+        r = launch(args, 4, marker, config, sets, timeout=30)
+    except subprocess.TimeoutExpired:
+        expect(False, f"{name}: finished (hung past 30 s)")
+        continue
+    elapsed = time.time() - t0
+    msg = r.err.strip()
+    expect(r.rc == 2, f"{name}: exit code 2 (got {r.rc})")
+    expect(elapsed < 10, f"{name}: done in {elapsed:.1f} s (< 10 s)")
+    expect(all(n in msg for n in needles), f"{name}: message names {needles}: {msg!r}")
+    expect(msg.count("error:") == 1, f"{name}: exactly one message, not one per rank")
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    expect(not left, f"{name}: no rank left running ({left})")
+    expect(not os.path.exists(os.path.join(marker, "metrics.jsonl")), f"{name}: no half-started run left behind")
+finish()
