@@ -7,6 +7,7 @@ usage: scripts/bench-pipeline.py [--bin build/pipetrain] [--steps 20] [--micro-b
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -26,7 +27,7 @@ env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
 
 def run(pp, rep):
     d = os.path.join(work, f"{pp}x1_{rep}")
-    cmd = ["mpiexec", "-n", str(pp), a.bin, "train", "--run-dir", d, "--set", f"parallel.pp={pp}"]
+    cmd = [shutil.which("mpiexec.mpich") or "mpiexec", "-n", str(pp), a.bin, "train", "--run-dir", d, "--set", f"parallel.pp={pp}"]
     for s in spec:
         cmd += ["--set", s]
     subprocess.run(cmd, check=True, capture_output=True, env=env)

@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
-mpiexec -n 4 build/pipetrain train --config configs/tiny.toml --set parallel.pp=2 --set parallel.dp=2 \
+# MPICH's launcher by name: an OpenMPI install would otherwise own plain `mpiexec`.
+MPIEXEC=${MPIEXEC:-$(command -v mpiexec.mpich || echo mpiexec)}
+"$MPIEXEC" -n 4 build/pipetrain train --config configs/tiny.toml --set parallel.pp=2 --set parallel.dp=2 \
   --run-dir runs/quickstart "$@"
 echo "metrics: runs/quickstart/metrics.jsonl   resolved spec: runs/quickstart/config.toml"

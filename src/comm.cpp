@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <thread>
 
 namespace pipetrain {
@@ -18,6 +19,12 @@ int cores_available() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+std::string seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", s);
+  return buf;
 }
 
 // The one polling loop. Spinning on MPI_Test keeps latency lowest when every rank has a core;
@@ -83,6 +90,12 @@ int Comm::world_size() {
 }
 
 void Comm::abort(int code) {
+  // MPI_Abort kills the job at once; give the launcher's I/O forwarding a moment to deliver the
+  // message this rank just printed, or the user sees a bare "Abort(1)".
+  std::fflush(stdout);
+  std::fflush(stderr);
+  timespec ts{0, 300000000};
+  nanosleep(&ts, nullptr);
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }
@@ -134,8 +147,8 @@ void Comm::poll(MPI_Request& req, const WaitLabel& label) {
   if (req == MPI_REQUEST_NULL) return;
   if (poll_until_done(req, mode_, timeout_s_, wait_s_)) return;
   std::string msg = "stage " + std::to_string(topo_.stage) + " (rank " + std::to_string(topo_.world_rank) +
-                    ", dp " + std::to_string(topo_.dp_rank) + ") waited more than " +
-                    std::to_string(timeout_s_) + " s (comm.timeout_s) for " + label.what;
+                    ", dp " + std::to_string(topo_.dp_rank) + ") waited more than " + seconds(timeout_s_) +
+                    " (comm.timeout_s) for " + label.what;
   if (label.peer_stage >= 0) msg += label.peer_stage < topo_.stage ? " from" : " to", msg += " stage " + std::to_string(label.peer_stage);
   if (label.micro_batch >= 0) msg += ", micro-batch " + std::to_string(label.micro_batch);
   throw CommTimeout(msg);

@@ -24,8 +24,11 @@ void apply_override(toml::table& root, const std::string& text,
   std::string section = text.substr(0, dot), key = text.substr(dot + 1, eq - dot - 1);
   std::string value = text.substr(eq + 1);
   toml::table parsed;
+  const auto& schema = spec_schema();
+  auto known = std::find_if(schema.begin(), schema.end(), [&](const SpecKey& k) { return k.dotted() == section + "." + key; });
   try {
     parsed = toml::parse("v = " + value);
+    if (known != schema.end() && known->takes_string && !parsed.get("v")->is_string()) parsed.insert_or_assign("v", value);
   } catch (const toml::parse_error&) {
     parsed.insert_or_assign("v", value);
   }
@@ -38,6 +41,14 @@ std::string origin_of(const std::vector<std::pair<std::string, std::string>>& or
   for (auto it = origins.rbegin(); it != origins.rend(); ++it)
     if (it->first == key) return it->second;
   return "";
+}
+
+// Did-you-mean for an unknown key: the same key name in another section first (a key put under
+// the wrong header), else the nearest section.key by edit distance.
+std::string suggest_key(const std::string& full, const std::string& key_name, const std::vector<std::string>& dotted) {
+  for (auto& d : dotted)
+    if (d.substr(d.find('.') + 1) == key_name) return d;
+  return closest_match(full, dotted);
 }
 
 }  // namespace
@@ -77,7 +88,7 @@ RunSpec load_spec(const std::string& path, const std::vector<std::string>& overr
     std::string where = origin_of(set_by_cli, sec);
     if (!sec_node.is_table()) {
       std::string at = path.empty() ? "--set" : where_in_file(path, sec_node);
-      std::string hint = closest_match(sec, dotted);
+      std::string hint = suggest_key(sec, sec, dotted);
       throw SpecError(at + ": '" + sec + "' must be a [section] (keys go inside sections" +
                       (hint.empty() ? "" : ", did you mean " + hint) + ")");
     }
@@ -98,9 +109,7 @@ RunSpec load_spec(const std::string& path, const std::vector<std::string>& overr
       auto it = std::find_if(schema.begin(), schema.end(), [&](const SpecKey& k) { return k.dotted() == full; });
       if (it == schema.end()) {
         // Suggest across sections too: `[train] micro_batches` should point at parallel.micro_batches.
-        std::string hint = closest_match(full, dotted);
-        for (auto& d : dotted)
-          if (d.substr(d.find('.') + 1) == key_name.str()) hint = d;
+        std::string hint = suggest_key(full, std::string(key_name.str()), dotted);
         throw SpecError(at + ": unknown key " + full + (hint.empty() ? "" : " (did you mean " + hint + "?)"));
       }
       it->set(spec, node, at);
@@ -117,20 +126,22 @@ void validate_spec(const RunSpec& s, int world_size) {
   };
   const auto& m = s.model;
   const auto& p = s.parallel;
+  // 64-bit products: each factor is range-checked, their product may still exceed int.
+  const int64_t ranks = int64_t{p.pp} * p.dp, batch_divisor = int64_t{p.dp} * p.micro_batches;
   if (m.d_model % m.n_head != 0)
     fail("model.n_head", "n_head = " + std::to_string(m.n_head) + " does not divide model.d_model = " +
                              std::to_string(m.d_model));
-  if (world_size > 0 && p.pp * p.dp != world_size)
+  if (world_size > 0 && ranks != world_size)
     fail("parallel.pp", "pp x dp = " + std::to_string(p.pp) + " x " + std::to_string(p.dp) + " = " +
-                            std::to_string(p.pp * p.dp) + " but " + std::to_string(world_size) +
+                            std::to_string(ranks) + " but " + std::to_string(world_size) +
                             " MPI ranks were launched");
   if (p.pp > m.n_layer)
     fail("parallel.pp", std::to_string(p.pp) + " stages but model.n_layer = " + std::to_string(m.n_layer) +
                             ": every stage needs at least one block");
-  if (s.train.global_batch % (p.dp * p.micro_batches) != 0)
+  if (s.train.global_batch % batch_divisor != 0)
     fail("train.global_batch", "global_batch = " + std::to_string(s.train.global_batch) +
                                    " is not divisible by parallel.dp x parallel.micro_batches = " +
-                                   std::to_string(p.dp * p.micro_batches));
+                                   std::to_string(batch_divisor));
   if (p.partition == "explicit") {
     long total = 0;
     for (int b : p.blocks_per_stage) total += b;

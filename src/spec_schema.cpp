@@ -41,7 +41,7 @@ std::string show_string(const std::string& v) {
   std::string out = "\"";
   for (char c : v) {
     if (c == '"' || c == '\\') out += '\\', out += c;
-    else if (static_cast<unsigned char>(c) < 0x20) {
+    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {  // TOML forbids raw control chars
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\u%04x", c);
       out += buf;
@@ -114,6 +114,7 @@ SpecKey bool_key(const char* sec, const char* key, BoolRef ref, const char* doc)
 SpecKey string_key(const char* sec, const char* key, StringRef ref, std::vector<std::string> choices,
                    const char* doc) {
   SpecKey k{sec, key, doc, nullptr, nullptr};
+  k.takes_string = true;
   std::string dotted = k.dotted();
   k.set = [=](RunSpec& s, const toml::node& n, const std::string& where) {
     if (!n.is_string()) type_error(where, dotted, "a string", n);

@@ -16,6 +16,7 @@ struct SpecKey {
   std::function<void(RunSpec&, const toml::node&, const std::string& where)> set;
   // The current value as TOML text.
   std::function<std::string(const RunSpec&)> show;
+  bool takes_string = false;  // --set keeps the raw text for these (run.name=2024 is a name)
   std::string dotted() const { return section + "." + key; }
 };
 

@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 #include <sched.h>
+#include <csignal>
 
 #include <chrono>
 #include <cmath>
@@ -59,6 +60,16 @@ std::string prepare_run_dir(const std::string& dir, const RunSpec& spec) {
     note = "previous metrics.jsonl kept as metrics.jsonl." + std::to_string(n);
   }
   return note;
+}
+
+// Test-only fault hook: PIPETRAIN_TEST_STALL=RANK:STEP makes world rank RANK stop itself with
+// SIGSTOP at the start of step STEP (0-based), so tests can watch its peers time out. Returns
+// the step for this rank, or -1.
+int stall_step(int rank) {
+  const char* v = std::getenv("PIPETRAIN_TEST_STALL");
+  int r = -1, step = -1;
+  if (!v || std::sscanf(v, "%d:%d", &r, &step) != 2 || r != rank) return -1;
+  return step;
 }
 
 // Everything that can be wrong with the input, checked on every rank before anything large is
@@ -138,6 +149,7 @@ int run_train(const TrainOptions& opt) {
   const ParamTensor* wte = stage.find("wte.weight");
   const bool tied_sync = spec.model.tie_embeddings && P > 1 && wte != nullptr;
 
+  const int stall_at_step = stall_step(rank);
   for (int step = 0; step < spec.run.steps; ++step) {
     const double t0 = now_s();
     const double lr = lr_at(spec, step);
@@ -148,6 +160,7 @@ int run_train(const TrainOptions& opt) {
       if (stage.first()) stage.set_tokens(mb, inputs.data());
       if (stage.last()) stage.set_targets(mb, targets.data());
     }
+    if (step == stall_at_step) raise(SIGSTOP);  // test-only: this rank stops answering (see stall_step)
     comm.reset_wait_seconds();
     const StepStats st = executor.run(actions, M);
 

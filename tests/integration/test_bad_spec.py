@@ -60,4 +60,12 @@ for i, (name, text, sets, needles) in enumerate(cases):
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     expect(not left, f"{name}: no rank left running ({left})")
     expect(not os.path.exists(os.path.join(marker, "metrics.jsonl")), f"{name}: no half-started run left behind")
+# Ranks launched with different specs (MPMD): caught by the start-up agreement, not a hang or garbage.
+marker = os.path.join(args.work, "mpmd_rundir_marker")
+half = [args.bin, "train", "--config", tiny, "--run-dir", marker, "--set", "parallel.pp=2", "--set", "parallel.dp=2"]
+cmd = [args.mpiexec, "-n", "2", *half, "--set", "run.seed=1", ":", "-n", "2", *half, "--set", "run.seed=2"]
+t0 = time.time()
+p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+expect(p.returncode == 2 and "ranks disagree on the run spec" in p.stderr and time.time() - t0 < 10,
+       f"ranks with different specs: exit 2 with one clear message (got {p.returncode}: {p.stderr.strip()!r})")
 finish()

@@ -1,0 +1,38 @@
+"""A rank that stops answering (SIGSTOP via the test-only PIPETRAIN_TEST_STALL hook) makes its
+peers give up after comm.timeout_s with a message naming stage, peer and micro-batch, and the
+whole job is torn down (non-zero exit, no rank left running) instead of hanging."""
+import os
+import subprocess
+import time
+from harness import parse_args, expect, finish
+
+args = parse_args()
+tiny = os.path.join(args.configs, "tiny.toml")
+cases = [
+    # (stalled world rank, layout, what the waiting peer must report)
+    (0, (2, 1), ["stage 1", "recv activation from stage 0", "micro-batch 0", "comm.timeout_s"]),
+    # rank 2 (stage 0 of replica 1) is stuck on its stalled partner, sending or receiving
+    (3, (2, 2), ["stage 0 (rank 2, dp 1)", "stage 1, micro-batch"]),
+]
+for stalled, (pp, dp), needles in cases:
+    marker = os.path.join(args.work, f"stall_{stalled}_marker")
+    cmd = [args.mpiexec, "-n", str(pp * dp), args.bin, "train", "--config", tiny, "--run-dir", marker,
+           "--set", f"parallel.pp={pp}", "--set", f"parallel.dp={dp}", "--set", "comm.timeout_s=2"]
+    env = dict(os.environ, PIPETRAIN_TEST_STALL=f"{stalled}:3")
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    except subprocess.TimeoutExpired:
+        expect(False, f"stall rank {stalled}: job ended (hung past 60 s)")
+        subprocess.run(["pkill", "-9", "-f", marker])
+        continue
+    elapsed = time.time() - t0
+    expect(p.returncode != 0, f"stall rank {stalled}: non-zero exit (got {p.returncode})")
+    expect(elapsed < 30, f"stall rank {stalled}: torn down in {elapsed:.1f} s")
+    expect(any(all(n in line for n in needles) for line in p.stderr.splitlines()),
+           f"stall rank {stalled}: a peer reports {needles}: {p.stderr.strip()[:400]!r}")
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    expect(not left, f"stall rank {stalled}: no rank left running ({left})")
+    subprocess.run(["pkill", "-9", "-f", marker])
+finish()
