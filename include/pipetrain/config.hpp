@@ -19,7 +19,7 @@ struct RunSpec {
     std::string name = "tiny";
     std::string out_dir = "runs";
     int64_t seed = 1234;
-    int steps = 40;
+    int steps = 100;
   } run;
   struct Model {
     int n_layer = 4;
