@@ -100,12 +100,19 @@ void Comm::abort(int code) {
   std::_Exit(code);
 }
 
-int Comm::first_failure(bool failed) {
-  int mine = failed ? world_rank() : INT_MAX, first = INT_MAX;
+Comm::Failure Comm::first_failure(int code) {
+  int v[2] = {code != 0 ? world_rank() : INT_MAX, -code};  // MIN of both: lowest rank, highest code
   MPI_Request req;
-  MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &req);
+  MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &req);
   wait_startup(req);
-  return first == INT_MAX ? -1 : first;
+  return v[0] == INT_MAX ? Failure{-1, 0} : Failure{v[0], -v[1]};
+}
+
+int Comm::max_tag() {
+  int* ub = nullptr;
+  int flag = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+  return flag && ub ? *ub : 32767;
 }
 
 Comm::Comm(const Topology& topo, const std::string& wait, double timeout_s) : topo_(topo), timeout_s_(timeout_s) {
@@ -149,7 +156,9 @@ void Comm::poll(MPI_Request& req, const WaitLabel& label) {
   std::string msg = "stage " + std::to_string(topo_.stage) + " (rank " + std::to_string(topo_.world_rank) +
                     ", dp " + std::to_string(topo_.dp_rank) + ") waited more than " + seconds(timeout_s_) +
                     " (comm.timeout_s) for " + label.what;
-  if (label.peer_stage >= 0) msg += label.peer_stage < topo_.stage ? " from" : " to", msg += " stage " + std::to_string(label.peer_stage);
+  if (label.peer_stage >= 0)
+    msg += (std::string(label.what).rfind("recv", 0) == 0 ? " from" : " to") + std::string(" stage ") +
+           std::to_string(label.peer_stage);
   if (label.micro_batch >= 0) msg += ", micro-batch " + std::to_string(label.micro_batch);
   throw CommTimeout(msg);
 }

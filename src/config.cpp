@@ -1,7 +1,13 @@
 #include "pipetrain/config.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
-#include <fstream>
+#include <cerrno>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <sstream>
 
 #include "spec_schema.hpp"
@@ -53,6 +59,21 @@ std::string suggest_key(const std::string& full, const std::string& key_name, co
 
 }  // namespace
 
+std::string read_input_file(const std::string& path, const std::string& what) {
+  auto fail = [&](const std::string& why) { return SpecError(what + ": cannot read " + path + " (" + why + ")"); };
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) throw fail(std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw fail("not a regular file");
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw fail(std::strerror(errno));
+  std::string data(static_cast<size_t>(st.st_size), '\0');
+  size_t got = std::fread(data.data(), 1, data.size(), f);
+  bool bad = std::ferror(f) != 0;
+  std::fclose(f);
+  if (bad || got != data.size()) throw fail("read error");
+  return data;
+}
+
 std::string RunSpec::origin(const std::string& dotted_key) const {
   std::string o = origin_of(origins, dotted_key);
   return o.empty() ? "(default)" : o;
@@ -61,12 +82,9 @@ std::string RunSpec::origin(const std::string& dotted_key) const {
 RunSpec load_spec(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
   toml::table root;
   if (!path.empty()) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw SpecError(path + ": cannot open spec file");
-    std::stringstream text;
-    text << in.rdbuf();
+    const std::string text = read_input_file(path, "spec file");
     try {
-      root = toml::parse(text.str(), path);
+      root = toml::parse(text, path);
     } catch (const toml::parse_error& e) {
       throw SpecError(path + ":" + std::to_string(e.source().begin.line) + ": not valid TOML: " +
                       std::string(e.description()));
@@ -158,6 +176,14 @@ void validate_spec(const RunSpec& s, int world_size) {
     fail("model.vocab", "vocab = " + std::to_string(m.vocab) + " is too small for byte tokens of data.source = \"text\" (need >= 256)");
   if (s.data.source == "synthetic" && m.vocab < 128)
     fail("model.vocab", "vocab = " + std::to_string(m.vocab) + " is too small for the synthetic byte language (need >= 128)");
+  // Buffers are indexed with int in BLAS and MPI counts: keep every per-micro-batch tensor below 2^31.
+  const int64_t tokens = int64_t{s.train.global_batch} / batch_divisor * m.seq_len;
+  const int64_t largest = std::max({tokens * 4 * m.d_model, tokens * m.vocab,
+                                    int64_t{s.train.global_batch} / batch_divisor * m.n_head * m.seq_len * m.seq_len});
+  if (largest > INT32_MAX)
+    fail("model.seq_len", "a micro-batch tensor would hold " + std::to_string(largest) +
+                              " elements (limit 2^31-1): lower seq_len, d_model, vocab or the micro-batch size");
+  if (s.run.out_dir.empty()) fail("run.out_dir", "must not be empty (use \".\" for the current folder)");
   if (s.run.name.empty() || s.run.name.find('/') != std::string::npos)
     fail("run.name", "must be a non-empty name without '/'");
 }

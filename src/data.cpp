@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <numeric>
 
 namespace pipetrain {
@@ -60,16 +58,16 @@ Dataset::Dataset(const RunSpec& spec)
   if (spec.data.source == "synthetic") {
     tokens_ = synthetic_corpus(seed_, kSyntheticBytes);
   } else {
-    std::ifstream in(spec.data.path, std::ios::binary);
-    if (!in)
-      throw SpecError(spec.origin("data.path") + ": data.path = \"" + spec.data.path + "\": cannot read (" +
-                      std::strerror(errno) + ")");
-    tokens_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    const std::string bytes = read_input_file(spec.data.path, spec.origin("data.path") + ": data.path");
+    tokens_.assign(bytes.begin(), bytes.end());
   }
-  if (tokens_.size() < static_cast<size_t>(T_) + 2)
-    throw SpecError(spec.origin("data.path") + ": data.path = \"" + spec.data.path + "\" has " +
+  if (tokens_.size() < static_cast<size_t>(T_) + 2) {
+    const bool synthetic = spec.data.source == "synthetic";
+    throw SpecError(spec.origin(synthetic ? "model.seq_len" : "data.path") + ": " +
+                    (synthetic ? "the synthetic corpus" : "data.path = \"" + spec.data.path + "\"") + " has " +
                     std::to_string(tokens_.size()) + " bytes, fewer than model.seq_len + 2 = " +
                     std::to_string(T_ + 2));
+  }
 }
 
 const std::vector<uint32_t>& Dataset::epoch_permutation(int64_t epoch) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <stdexcept>
+#include <string>
 
 namespace pipetrain {
 namespace {
@@ -16,16 +18,30 @@ int grad_tag(int mb) { return 2 * mb + 1; }
 
 Executor::Executor(Stage& stage, Comm& comm) : stage_(stage), comm_(comm) {
   const size_t n = stage.boundary_floats();
-  for (auto* ring : {&act_out_, &grad_out_, &grad_in_}) ring->assign(kRing, std::vector<float>(n));
-  for (auto* reqs : {&act_out_req_, &grad_out_req_, &grad_in_req_}) reqs->assign(kRing, MPI_REQUEST_NULL);
+  for (SendRing* r : {&act_out_, &grad_out_}) {
+    r->bufs.assign(kRing, std::vector<float>(n));
+    r->reqs.assign(kRing, MPI_REQUEST_NULL);
+    r->mb.assign(kRing, -1);
+  }
+  grad_in_.assign(kRing, std::vector<float>(n));
+  grad_in_req_.assign(kRing, MPI_REQUEST_NULL);
 }
 
-// Next buffer of a send ring, once the send that last used it has completed.
-float* Executor::acquire(std::vector<std::vector<float>>& ring, std::vector<MPI_Request>& pending, size_t& next,
-                         const WaitLabel& label) {
-  size_t slot = next++ % kRing;
-  comm_.wait(pending[slot], label);
-  return ring[slot].data();
+float* Executor::SendRing::acquire(Comm& comm, int for_mb, const char* what, int peer) {
+  const size_t slot = next++ % kRing;
+  comm.wait(reqs[slot], {what, peer, mb[slot]});  // the earlier send from this buffer
+  mb[slot] = for_mb;
+  return bufs[slot].data();
+}
+
+size_t Executor::SendRing::slot_of(int for_mb) const {
+  for (size_t s = 0; s < kRing; ++s)
+    if (mb[s] == for_mb) return s;
+  throw std::logic_error("schedule sends micro-batch " + std::to_string(for_mb) + " before computing it");
+}
+
+void Executor::SendRing::drain(Comm& comm, const char* what, int peer) {
+  for (size_t s = 0; s < kRing; ++s) comm.wait(reqs[s], {what, peer, mb[s]}), mb[s] = -1;  // none stale next step
 }
 
 StepStats Executor::run(const ActionList& actions, int micro_batches) {
@@ -61,34 +77,40 @@ StepStats Executor::run(const ActionList& actions, int micro_batches) {
   };
   post_grad_recvs();
 
-  size_t act_next = 0, grad_next = 0;
   float* act_out = nullptr;
   float* grad_out = nullptr;
   const float* grad_in = nullptr;
+  int grad_in_mb = -1;
   for (const Action& a : actions) {
     switch (a.op) {
       case Op::recv_act:
         comm_.wait(act_in[a.mb], {"recv activation", prev, a.mb});
         break;
       case Op::forward: {
-        if (!stage_.last()) act_out = acquire(act_out_, act_out_req_, act_next, {"send activation", next, a.mb});
+        if (!stage_.last()) act_out = act_out_.acquire(comm_, a.mb, "send activation", next);
         double t0 = now_s();
         st.loss_sum += stage_.forward(a.mb, act_out);
         st.compute_s += now_s() - t0;
         update(a.mb);
         break;
       }
-      case Op::send_act:
-        act_out_req_[(act_next - 1) % kRing] = comm_.isend(act_out, n, next, act_tag(a.mb));
+      case Op::send_act: {
+        const size_t slot = act_out_.slot_of(a.mb);
+        act_out_.reqs[slot] = comm_.isend(act_out_.bufs[slot].data(), n, next, act_tag(a.mb));
         break;
+      }
       case Op::recv_grad: {
         size_t slot = grads_used % kRing;
         comm_.wait(grad_in_req_[slot], {"recv gradient", next, a.mb});
         grad_in = grad_in_[slot].data();
+        grad_in_mb = a.mb;
         break;
       }
       case Op::backward: {
-        if (!stage_.first()) grad_out = acquire(grad_out_, grad_out_req_, grad_next, {"send gradient", prev, a.mb});
+        if (!stage_.first()) grad_out = grad_out_.acquire(comm_, a.mb, "send gradient", prev);
+        if (!stage_.last() && grad_in_mb != a.mb)
+          throw std::logic_error("schedule runs backward of micro-batch " + std::to_string(a.mb) +
+                                 " without receiving its gradient first");
         double t0 = now_s();
         stage_.backward(a.mb, grad_in, grad_out);
         st.compute_s += now_s() - t0;
@@ -99,13 +121,15 @@ StepStats Executor::run(const ActionList& actions, int micro_batches) {
         }
         break;
       }
-      case Op::send_grad:
-        grad_out_req_[(grad_next - 1) % kRing] = comm_.isend(grad_out, n, prev, grad_tag(a.mb));
+      case Op::send_grad: {
+        const size_t slot = grad_out_.slot_of(a.mb);
+        grad_out_.reqs[slot] = comm_.isend(grad_out_.bufs[slot].data(), n, prev, grad_tag(a.mb));
         break;
+      }
     }
   }
-  for (auto& r : act_out_req_) comm_.wait(r, {"send activation (drain)", next});
-  for (auto& r : grad_out_req_) comm_.wait(r, {"send gradient (drain)", prev});
+  act_out_.drain(comm_, "send activation", next);
+  grad_out_.drain(comm_, "send gradient", prev);
   st.wait_s = comm_.wait_seconds() - wait0;
   return st;
 }

@@ -218,7 +218,7 @@ std::vector<SpecKey> build_schema() {
                  "how waits poll: auto yields when ranks outnumber cores"),
       double_key("comm", "timeout_s", FIELD(double, comm.timeout_s), 0.001, 1e9,
                  "a wait longer than this is an error naming stage, peer and micro-batch"),
-      double_key("comm", "bucket_mb", FIELD(double, comm.bucket_mb), 0.001, 1e6,
+      double_key("comm", "bucket_mb", FIELD(double, comm.bucket_mb), 0.0625, 1e6,
                  "data-parallel gradient all-reduce bucket size (MiB)"),
   };
 }

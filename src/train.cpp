@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <memory>
 
@@ -52,9 +53,9 @@ std::string prepare_run_dir(const std::string& dir, const RunSpec& spec) {
   if (ec) throw SpecError("run dir " + dir + ": cannot write config.toml (" + ec.message() + ")");
   std::string note;
   const std::string metrics = dir + "/metrics.jsonl";
-  if (fs::exists(metrics)) {
+  if (fs::exists(metrics, ec)) {
     int n = 1;
-    while (fs::exists(metrics + "." + std::to_string(n))) ++n;
+    while (fs::exists(metrics + "." + std::to_string(n), ec)) ++n;
     fs::rename(metrics, metrics + "." + std::to_string(n), ec);
     if (ec) throw SpecError(metrics + ": cannot move the previous log aside (" + ec.message() + ")");
     note = "previous metrics.jsonl kept as metrics.jsonl." + std::to_string(n);
@@ -82,40 +83,57 @@ struct Setup {
   std::string run_dir, note;
 };
 
+// Runs one start-up step on every rank and agrees on the outcome: if any rank threw, the lowest
+// failing rank prints its message once and every rank returns the same exit code (2 for bad input).
+int agreed_exit(int rank, const std::function<void()>& step) {
+  std::string message;
+  int code = 0;
+  try {
+    step();
+  } catch (const SpecError& e) {
+    message = e.what(), code = 2;
+  } catch (const std::exception& e) {
+    message = e.what(), code = 1;
+  }
+  const Comm::Failure f = Comm::first_failure(code);
+  if (f.rank == rank) std::fprintf(stderr, "pipetrain: %s: %s\n", code == 2 ? "error" : "fault", message.c_str());
+  return f.rank >= 0 ? f.code : 0;
+}
+
 }  // namespace
 
 int run_train(const TrainOptions& opt) {
   const int world = Comm::world_size(), rank = Comm::world_rank();
   Setup su;
-  std::string error;
-  try {
-    su.spec = load_spec(opt.config, opt.overrides, world);
-    su.topo = Topology::of(rank, su.spec.parallel.pp, su.spec.parallel.dp);
-    su.blocks = partition_blocks(su.spec);
-    if (su.topo.first_stage() || su.topo.last_stage()) su.data = std::make_unique<Dataset>(su.spec);
-    su.run_dir = opt.run_dir.empty() ? su.spec.run.out_dir + "/" + su.spec.run.name : opt.run_dir;
-    if (rank == 0) su.note = prepare_run_dir(su.run_dir, su.spec);
-  } catch (const SpecError& e) {
-    error = e.what();
-  }
-  int failed = Comm::first_failure(!error.empty());
-  if (failed >= 0) {
-    if (rank == failed) std::fprintf(stderr, "pipetrain: error: %s\n", error.c_str());
-    return 2;
-  }
+  if (int code = agreed_exit(rank, [&] {
+        su.spec = load_spec(opt.config, opt.overrides, world);
+        su.topo = Topology::of(rank, su.spec.parallel.pp, su.spec.parallel.dp);
+        su.blocks = partition_blocks(su.spec);
+        if (su.topo.first_stage() || su.topo.last_stage()) su.data = std::make_unique<Dataset>(su.spec);
+      }))
+    return code;
   RunSpec& spec = su.spec;
   const Topology& topo = su.topo;
   const int P = spec.parallel.pp, D = spec.parallel.dp, M = spec.parallel.micro_batches;
   const int b = spec.samples_per_micro_batch(), T = spec.model.seq_len;
 
   Comm comm(topo, spec.comm.wait, spec.comm.timeout_s);
-  const std::vector<int64_t> boundary = {b, T, spec.model.d_model, static_cast<int64_t>(sizeof(float))};
-  bool ok = comm.all_equal(spec_hash(spec)) && comm.boundary_agrees(boundary, boundary);
-  if ((failed = Comm::first_failure(!ok)) >= 0) {
-    if (rank == failed) std::fprintf(stderr, "pipetrain: error: ranks disagree on the run spec or stage shapes "
-                                             "(different files or --set on different ranks?)\n");
-    return 2;
-  }
+  if (int code = agreed_exit(rank, [&] {
+        const std::vector<int64_t> boundary = {b, T, spec.model.d_model, static_cast<int64_t>(sizeof(float))};
+        if (!comm.all_equal(spec_hash(spec)) || !comm.boundary_agrees(boundary, boundary))
+          throw SpecError("ranks disagree on the run spec or stage shapes (different files or --set on different ranks?)");
+        if (2 * static_cast<int64_t>(M) > Comm::max_tag())
+          throw SpecError(spec.origin("parallel.micro_batches") + ": parallel.micro_batches = " + std::to_string(M) +
+                          " needs message tags up to " + std::to_string(2 * M) + " but this MPI allows " +
+                          std::to_string(Comm::max_tag()));
+      }))
+    return code;
+  // Only now, with every rank agreeing the run can start, touch the run directory.
+  su.run_dir = opt.run_dir.empty() ? spec.run.out_dir + "/" + spec.run.name : opt.run_dir;
+  if (int code = agreed_exit(rank, [&] {
+        if (rank == 0) su.note = prepare_run_dir(su.run_dir, spec);
+      }))
+    return code;
   // One BLAS thread per core this rank can have; more would fight the other ranks for cores.
   // An explicit OPENBLAS_NUM_THREADS is the user's deliberate choice and wins.
   if (!std::getenv("OPENBLAS_NUM_THREADS"))

@@ -38,9 +38,15 @@ class Comm {
   static int world_size();
   [[noreturn]] static void abort(int code);
 
-  // Agree across the world whether start-up failed: returns the lowest failing rank or -1.
-  // Lets every rank exit with code 2 together instead of some hanging in a later collective.
-  static int first_failure(bool failed);
+  // Agree across the world whether a start-up step failed: `code` is this rank's exit code (0 =
+  // fine). Returns the lowest failing rank (-1 if none) and the highest code, so every rank exits
+  // together instead of some hanging in a later collective.
+  struct Failure {
+    int rank, code;
+  };
+  static Failure first_failure(int code);
+  // Largest message tag this MPI accepts (MPI_TAG_UB, at least 32767).
+  static int max_tag();
 
   // Builds the grid communicators. wait = "auto" | "spin" | "yield".
   Comm(const Topology& topo, const std::string& wait, double timeout_s);

@@ -28,13 +28,23 @@ class Executor {
   StepStats run(const ActionList& actions, int micro_batches);
 
  private:
-  float* acquire(std::vector<std::vector<float>>& ring, std::vector<MPI_Request>& pending, size_t& next,
-                 const WaitLabel& label);
+  static constexpr size_t kRing = 2;
+  // Buffers for outgoing messages, reused round-robin once their send completed; each remembers
+  // the micro-batch it holds so a send action finds its data whatever the action order.
+  struct SendRing {
+    std::vector<std::vector<float>> bufs;
+    std::vector<MPI_Request> reqs;
+    std::vector<int> mb;
+    size_t next = 0;
+    float* acquire(Comm& comm, int for_mb, const char* what, int peer);
+    size_t slot_of(int for_mb) const;
+    void drain(Comm& comm, const char* what, int peer);
+  };
   Stage& stage_;
   Comm& comm_;
-  static constexpr size_t kRing = 2;
-  std::vector<std::vector<float>> act_out_, grad_out_, grad_in_;
-  std::vector<MPI_Request> act_out_req_, grad_out_req_, grad_in_req_;
+  SendRing act_out_, grad_out_;
+  std::vector<std::vector<float>> grad_in_;
+  std::vector<MPI_Request> grad_in_req_;
 };
 
 }  // namespace pipetrain

@@ -38,6 +38,13 @@ cases = [
     ("text data file missing", None, ["parallel.pp=2", "parallel.dp=2", "data.source=text", "data.path=/nonexistent/x.txt"],
      ["data.path", "/nonexistent/x.txt"]),
     ("malformed --set", None, ["parallel.pp"], ["--set parallel.pp", "section.key=value"]),
+    ("data.path is a directory", None, ["parallel.pp=2", "parallel.dp=2", "data.source=text", "data.path=/tmp"],
+     ["data.path", "/tmp", "not a regular file"]),
+    ("text data shorter than seq_len+2", None, ["parallel.pp=2", "parallel.dp=2", "data.source=text",
+                                                 "data.path=" + spec_file("short.txt", "x" * 33)],
+     ["data.path", "33 bytes", "seq_len + 2 = 34"]),
+    ("tensor too large", None, ["parallel.pp=2", "parallel.dp=2", "model.seq_len=65536"], ["model.seq_len", "2^31"]),
+    ("empty out_dir", None, ["parallel.pp=2", "parallel.dp=2", "run.out_dir=\"\""], ["run.out_dir"]),
 ]
 
 for i, (name, text, sets, needles) in enumerate(cases):
@@ -60,6 +67,11 @@ for i, (name, text, sets, needles) in enumerate(cases):
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     expect(not left, f"{name}: no rank left running ({left})")
     expect(not os.path.exists(os.path.join(marker, "metrics.jsonl")), f"{name}: no half-started run left behind")
+# A directory given as the spec file is bad input, not an empty spec.
+r = launch(args, 4, os.path.join(args.work, "dir_config_marker"), args.work, ["parallel.pp=2", "parallel.dp=2"])
+expect(r.rc == 2 and "spec file: cannot read" in r.err and "not a regular file" in r.err,
+       f"--config DIRECTORY: exit 2 naming the file (got {r.rc}: {r.err.strip()!r})")
+
 # Ranks launched with different specs (MPMD): caught by the start-up agreement, not a hang or garbage.
 marker = os.path.join(args.work, "mpmd_rundir_marker")
 half = [args.bin, "train", "--config", tiny, "--run-dir", marker, "--set", "parallel.pp=2", "--set", "parallel.dp=2"]
