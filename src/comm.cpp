@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -137,6 +138,8 @@ Comm::~Comm() {
   for (MPI_Comm* c : {&pipe_, &data_, &tied_})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
+
+int Comm::cores_per_rank() const { return std::max(1, cores_available() / local_ranks_); }
 
 MPI_Request Comm::isend(const float* buf, size_t n, int peer_stage, int tag) {
   MPI_Request r;

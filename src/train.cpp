@@ -1,7 +1,6 @@
 #include "pipetrain/train.hpp"
 
 #include <cblas.h>
-#include <sched.h>
 #include <csignal>
 
 #include <chrono>
@@ -30,11 +29,6 @@ namespace {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-int cores_available() {
-  cpu_set_t set;
-  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
 }
 
 // Creates the run directory and writes the resolved spec (rank 0). A previous metrics.jsonl is
@@ -137,7 +131,7 @@ int run_train(const TrainOptions& opt) {
   // One BLAS thread per core this rank can have; more would fight the other ranks for cores.
   // An explicit OPENBLAS_NUM_THREADS is the user's deliberate choice and wins.
   if (!std::getenv("OPENBLAS_NUM_THREADS"))
-    openblas_set_num_threads(std::max(1, cores_available() / comm.local_ranks()));
+    openblas_set_num_threads(comm.cores_per_rank());
 
   int block_begin = 0;
   for (int s = 0; s < topo.stage; ++s) block_begin += su.blocks[s];

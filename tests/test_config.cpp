@@ -10,6 +10,7 @@
 #include <string>
 #include <unistd.h>
 
+#include "temp_dir.hpp"
 #include "pipetrain/config.hpp"
 
 using namespace pipetrain;
@@ -17,27 +18,6 @@ using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 
 namespace {
-
-// A fresh directory under the system temp dir, removed on destruction.
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    std::random_device rd;
-    dir = fs::temp_directory_path() / ("pipetrain_cfg_" + std::to_string(::getpid()) + "_" +
-                                       std::to_string(counter++) + "_" + std::to_string(rd()));
-    fs::create_directories(dir);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    fs::path p = dir / name;
-    std::ofstream(p, std::ios::binary) << text;
-    return p.string();
-  }
-};
 
 // The SpecError message thrown by f, or "<no SpecError>" when nothing (or something else) was thrown.
 std::string spec_error(const std::function<void()>& f) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <unistd.h>
 
+#include "temp_dir.hpp"
 #include "pipetrain/data.hpp"
 
 using namespace pipetrain;
@@ -17,21 +18,6 @@ using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct TempDir {
-  fs::path dir;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    std::random_device rd;
-    dir = fs::temp_directory_path() / ("pipetrain_data_" + std::to_string(::getpid()) + "_" +
-                                       std::to_string(counter++) + "_" + std::to_string(rd()));
-    fs::create_directories(dir);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-};
 
 // Random bytes (including values >= 128, to catch sign-extension) written to <dir>/corpus.bin.
 std::vector<uint8_t> write_corpus(const TempDir& tmp, size_t n, std::string* path) {

@@ -57,6 +57,8 @@ class Comm {
   const Topology& topo() const { return topo_; }
   WaitMode wait_mode() const { return mode_; }
   int local_ranks() const { return local_ranks_; }
+  // Cores this rank can use without taking them from the other ranks on its node (>= 1).
+  int cores_per_rank() const;
 
   // Pipeline p2p with the neighbouring stage of the same replica. Buffers must stay alive until
   // the request is waited on.
