@@ -30,14 +30,15 @@ void fill_normal(float* out, size_t n, float stddev, uint64_t seed, const std::s
   }
 }
 
-template <class F>
-void for_each_buffer(BlockActs& a, F f) {
+// Visits every activation buffer of a block / the head (const or not).
+template <class Block, class F>
+void for_each_block_buffer(Block& a, F f) {
   for (auto* v : {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.att, &a.atty, &a.res2, &a.ln2, &a.ln2_mean,
                   &a.ln2_rstd, &a.fch, &a.fch_gelu})
     f(*v);
 }
-template <class F>
-void for_each_buffer(HeadActs& a, F f) {
+template <class Head, class F>
+void for_each_head_buffer(Head& a, F f) {
   for (auto* v : {&a.lnf, &a.lnf_mean, &a.lnf_rstd, &a.probs}) f(*v);
 }
 
@@ -51,10 +52,10 @@ Recompute parse_recompute(const std::string& s) {
 
 size_t Acts::bytes() const {
   size_t n = (tokens.size() + targets.size()) * sizeof(int);
-  auto& self = const_cast<Acts&>(*this);
-  for (auto& x : xs) n += x.size() * sizeof(float);
-  for (auto& b : self.blocks) for_each_buffer(b, [&](std::vector<float>& v) { n += v.size() * sizeof(float); });
-  for_each_buffer(self.head, [&](std::vector<float>& v) { n += v.size() * sizeof(float); });
+  auto count = [&](const std::vector<float>& v) { n += v.size() * sizeof(float); };
+  for (auto& x : xs) count(x);
+  for (auto& b : blocks) for_each_block_buffer(b, count);
+  for_each_head_buffer(head, count);
   return n;
 }
 
@@ -62,8 +63,8 @@ void Acts::release() {
   tokens.clear();
   targets.clear();
   for (auto& x : xs) x.clear();
-  for (auto& b : blocks) for_each_buffer(b, [](std::vector<float>& v) { v.clear(); });
-  for_each_buffer(head, [](std::vector<float>& v) { v.clear(); });
+  for (auto& b : blocks) for_each_block_buffer(b, [](std::vector<float>& v) { v.clear(); });
+  for_each_head_buffer(head, [](std::vector<float>& v) { v.clear(); });
 }
 
 Stage::Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end, int micro_batches,

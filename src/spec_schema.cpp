@@ -50,6 +50,8 @@ std::string show_string(const std::string& v) {
   return out + "\"";
 }
 
+// Accessors to one spec field. `show` calls them on a const spec through const_cast: they only
+// return a reference, and show only reads through it.
 using IntRef = std::function<int&(RunSpec&)>;
 using DoubleRef = std::function<double&(RunSpec&)>;
 using StringRef = std::function<std::string&(RunSpec&)>;
