@@ -2,7 +2,8 @@
 # Installs the Debian 12 packages pipetrain builds, runs and tests with (only the missing ones).
 set -euo pipefail
 packages=(g++ cmake make pkg-config mpich libmpich-dev libhdf5-mpich-dev libtomlplusplus-dev
-          libboost-program-options-dev catch2 libopenblas-dev python3 python3-numpy python3-h5py procps)
+          libboost-program-options-dev catch2 libopenblas-dev nlohmann-json3-dev hdf5-tools
+          python3 python3-numpy python3-h5py procps)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,5 +1,7 @@
 #include "pipetrain/comm.hpp"
 
+#include "pipetrain/config.hpp"
+
 #include <sched.h>
 #include <time.h>
 
@@ -109,6 +111,25 @@ Comm::Failure Comm::first_failure(int code) {
   return v[0] == INT_MAX ? Failure{-1, 0} : Failure{v[0], -v[1]};
 }
 
+int Comm::run_agreed(const std::function<void()>& step) {
+  std::string message;
+  int code = 0;
+  try {
+    step();
+  } catch (const SpecError& e) {
+    message = e.what(), code = 2;
+  } catch (const std::exception& e) {
+    message = e.what(), code = 1;
+  }
+  const Failure f = first_failure(code);
+  if (f.rank == world_rank()) std::fprintf(stderr, "pipetrain: %s: %s\n", code == 2 ? "error" : "fault", message.c_str());
+  return f.rank >= 0 ? f.code : 0;
+}
+
+void Comm::require_agreed(const std::function<void()>& step) {
+  if (int code = run_agreed(step)) throw AgreedExit{code};
+}
+
 int Comm::max_tag() {
   int* ub = nullptr;
   int flag = 0;
@@ -204,6 +225,22 @@ void Comm::gather_to_root(const double* mine, size_t n, std::vector<double>& out
   MPI_Igather(mine, static_cast<int>(n), MPI_DOUBLE, out.data(), static_cast<int>(n), MPI_DOUBLE, 0,
               MPI_COMM_WORLD, &r);
   poll(r, {"gather of step metrics to rank 0"});
+}
+
+void Comm::gather_to_root(const uint64_t* mine, size_t n, std::vector<uint64_t>& out) {
+  out.assign(topo_.world_rank == 0 ? n * static_cast<size_t>(world_size()) : 0, 0);
+  MPI_Request r;
+  MPI_Igather(mine, static_cast<int>(n), MPI_UINT64_T, out.data(), static_cast<int>(n), MPI_UINT64_T, 0,
+              MPI_COMM_WORLD, &r);
+  poll(r, {"gather to rank 0"});
+}
+
+bool Comm::any(bool flag) {
+  int v = flag ? 1 : 0;
+  MPI_Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &r);
+  poll(r, {"step-boundary agreement"});
+  return v != 0;
 }
 
 bool Comm::all_equal(uint64_t value) {

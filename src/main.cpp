@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/checkpoint.hpp"
 #include "pipetrain/comm.hpp"
 #include "pipetrain/config.hpp"
 #include "pipetrain/train.hpp"
@@ -20,6 +21,7 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  train   train a GPT with GPipe over pp x dp MPI ranks (launch with mpiexec / srun)\n"
+    "  ckpt    inspect | verify PATH: what a checkpoint holds / whether its shards are intact\n"
     "\n"
     "pipetrain <command> --help shows the command's options.\n";
 
@@ -31,6 +33,8 @@ int train_main(const std::vector<std::string>& args) {
       "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(),
       "override one key: --set section.key=value (repeatable)")(
       "run-dir", po::value<std::string>(&opt.run_dir), "run directory (default: run.out_dir/run.name)")(
+      "resume", po::value<std::string>(&opt.resume)->default_value("auto"),
+      "auto (newest intact checkpoint of the run dir, else fresh) | never | PATH (a checkpoint directory)")(
       "print-spec", "print the resolved spec (all keys and defaults) and exit")(
       "spec-reference", "print the run-spec key reference as a Markdown table and exit");
   po::variables_map vm;
@@ -62,6 +66,8 @@ int train_main(const std::vector<std::string>& args) {
   int code = 1;
   try {
     code = run_train(opt);
+  } catch (const AgreedExit& e) {
+    code = e.code;  // every rank agreed; the message was printed once
   } catch (const CommTimeout& e) {
     std::fprintf(stderr, "pipetrain: fault: %s\n", e.what());
     std::fflush(stderr);
@@ -75,6 +81,16 @@ int train_main(const std::vector<std::string>& args) {
   return code;
 }
 
+int ckpt_main(const std::vector<std::string>& args) {
+  if (args.size() != 2 || (args[0] != "inspect" && args[0] != "verify")) {
+    std::fprintf(args.size() == 1 && (args[0] == "--help" || args[0] == "-h") ? stdout : stderr,
+                 "usage: pipetrain ckpt inspect|verify PATH   (PATH: a checkpoint directory, e.g. "
+                 "RUN_DIR/checkpoints/step_00000100)\n");
+    return args.size() == 1 && (args[0] == "--help" || args[0] == "-h") ? 0 : 2;
+  }
+  return args[0] == "inspect" ? ckpt_inspect(args[1]) : ckpt_verify(args[1]);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -85,6 +101,7 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (cmd == "train") return train_main(args);
+  if (cmd == "ckpt") return ckpt_main(args);
   std::fprintf(stderr, "pipetrain: error: unknown command '%s'\n%s", cmd.c_str(), kUsage);
   return 2;
 }

@@ -3,6 +3,8 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
 #include <stdexcept>
 
 namespace pipetrain {
@@ -66,8 +68,9 @@ std::string array(const std::vector<double>& v, const char* fmt = "%.6g") {
 }  // namespace
 
 std::string to_json(const StepLine& l) {
-  return "{\"step\": " + std::to_string(l.step) + ", \"loss\": " + num(l.loss) + ", \"lr\": " + num(l.lr) +
-         ", \"grad_norm\": " + num(l.grad_norm) + ", \"step_time_s\": " + num(l.step_time_s, "%.6g") +
+  // loss and grad_norm with all 17 digits: resumed runs are compared with uninterrupted ones bit for bit
+  return "{\"step\": " + std::to_string(l.step) + ", \"loss\": " + num(l.loss, "%.17g") + ", \"lr\": " + num(l.lr) +
+         ", \"grad_norm\": " + num(l.grad_norm, "%.17g") + ", \"step_time_s\": " + num(l.step_time_s, "%.6g") +
          ", \"tokens_per_s\": " + num(l.tokens_per_s, "%.6g") + ", \"bubble_theory\": " + num(l.bubble_theory, "%.6g") +
          ", \"bubble_measured\": " + array(l.bubble_measured) + ", \"act_peak_bytes\": " + array(l.act_peak_bytes, "%.0f") +
          ", \"mem_peak_bytes\": " + array(l.mem_peak_bytes, "%.0f") + ", \"comm_wait_s\": " + array(l.comm_wait_s) +
@@ -82,6 +85,24 @@ std::string progress_line(const StepLine& l) {
   std::string s = buf;
   for (double b : l.bubble_measured) s += " " + num(b, "%.2f");
   return s + " (theory " + num(l.bubble_theory, "%.2f") + ")";
+}
+
+void truncate_metrics(const std::string& path, int64_t step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    auto pos = line.find("\"step\": ");
+    if (pos != std::string::npos && std::atoll(line.c_str() + pos + 8) <= step) kept += line + "\n";
+  }
+  in.close();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kept;
+    if (!out.flush()) throw std::runtime_error(tmp + ": cannot write");
+  }
+  std::rename(tmp.c_str(), path.c_str());
 }
 
 double peak_rss_bytes() {

@@ -67,40 +67,59 @@ void Acts::release() {
   for_each_head_buffer(head, [](std::vector<float>& v) { v.clear(); });
 }
 
+std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end) {
+  const int C = spec.model.d_model, V = spec.model.vocab, T = spec.model.seq_len;
+  const bool first = stage == 0, last = stage == n_stages - 1;
+  std::vector<ParamTensor> params;
+  size_t offset = 0;
+  auto add = [&](const std::string& name, std::vector<int> shape, bool decay, bool tied_copy = false) {
+    ParamTensor p;
+    p.name = name;
+    p.size = 1;
+    for (int d : shape) p.size *= static_cast<size_t>(d);
+    p.shape = std::move(shape);
+    p.offset = offset;
+    p.decay = decay;
+    p.tied_copy = tied_copy;
+    offset += p.size;
+    params.push_back(std::move(p));
+  };
+  if (first) {
+    add("wte.weight", {V, C}, true);
+    add("wpe.weight", {T, C}, true);
+  }
+  for (int i = block_begin; i < block_end; ++i) {
+    const std::string h = "h." + std::to_string(i) + ".";
+    add(h + "ln_1.weight", {C}, false);
+    add(h + "ln_1.bias", {C}, false);
+    add(h + "attn.c_attn.weight", {3 * C, C}, true);
+    add(h + "attn.c_attn.bias", {3 * C}, false);
+    add(h + "attn.c_proj.weight", {C, C}, true);
+    add(h + "attn.c_proj.bias", {C}, false);
+    add(h + "ln_2.weight", {C}, false);
+    add(h + "ln_2.bias", {C}, false);
+    add(h + "mlp.c_fc.weight", {4 * C, C}, true);
+    add(h + "mlp.c_fc.bias", {4 * C}, false);
+    add(h + "mlp.c_proj.weight", {C, 4 * C}, true);
+    add(h + "mlp.c_proj.bias", {C}, false);
+  }
+  if (last) {
+    add("ln_f.weight", {C}, false);
+    add("ln_f.bias", {C}, false);
+    if (!spec.model.tie_embeddings) add("lm_head.weight", {V, C}, true);
+    else if (!first) add("wte.weight", {V, C}, true, /*tied_copy=*/true);  // copy of stage 0's
+  }
+  return params;
+}
+
 Stage::Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end, int micro_batches,
              float grad_scale)
     : stage_(stage), n_stages_(n_stages), block_begin_(block_begin), block_end_(block_end),
       L_(block_end - block_begin), B_(spec.samples_per_micro_batch()), T_(spec.model.seq_len),
       C_(spec.model.d_model), NH_(spec.model.n_head), V_(spec.model.vocab), n_layer_(spec.model.n_layer),
       tied_(spec.model.tie_embeddings), mode_(parse_recompute(spec.parallel.recompute)), grad_scale_(grad_scale) {
-  const int C = C_;
-  if (first()) {
-    add_param("wte.weight", {V_, C}, true);
-    add_param("wpe.weight", {T_, C}, true);
-  }
-  for (int i = block_begin; i < block_end; ++i) {
-    const std::string h = "h." + std::to_string(i) + ".";
-    add_param(h + "ln_1.weight", {C}, false);
-    add_param(h + "ln_1.bias", {C}, false);
-    add_param(h + "attn.c_attn.weight", {3 * C, C}, true);
-    add_param(h + "attn.c_attn.bias", {3 * C}, false);
-    add_param(h + "attn.c_proj.weight", {C, C}, true);
-    add_param(h + "attn.c_proj.bias", {C}, false);
-    add_param(h + "ln_2.weight", {C}, false);
-    add_param(h + "ln_2.bias", {C}, false);
-    add_param(h + "mlp.c_fc.weight", {4 * C, C}, true);
-    add_param(h + "mlp.c_fc.bias", {4 * C}, false);
-    add_param(h + "mlp.c_proj.weight", {C, 4 * C}, true);
-    add_param(h + "mlp.c_proj.bias", {C}, false);
-  }
-  if (last()) {
-    add_param("ln_f.weight", {C}, false);
-    add_param("ln_f.bias", {C}, false);
-    if (!tied_) add_param("lm_head.weight", {V_, C}, true);
-    else if (!first()) add_param("wte.weight", {V_, C}, true, /*in_norm=*/false);  // copy of stage 0's
-  }
-  size_t total = 0;
-  for (auto& p : params_) p.offset = total, total += p.size;
+  params_ = stage_params(spec, stage, n_stages, block_begin, block_end);
+  const size_t total = params_.empty() ? 0 : params_.back().offset + params_.back().size;
   weights_.assign(total, 0.f);
   grads_.assign(total, 0.f);
   if (first()) wte_ = find("wte.weight")->offset, wpe_ = find("wpe.weight")->offset;
@@ -113,7 +132,7 @@ Stage::Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int 
   }
 
   stash_.resize(micro_batches);
-  const size_t N = static_cast<size_t>(B_) * T_;
+  const size_t N = static_cast<size_t>(B_) * T_, C = C_;
   attproj_.resize(N * C);
   fcproj_.resize(N * C);
   dres_.resize(N * C);
@@ -124,17 +143,6 @@ Stage::Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int 
   dfch_.resize(4 * N * C);
   dfch_gelu_.resize(4 * N * C);
   if (last()) logits_.resize(N * V_), dlogits_.resize(N * V_);
-}
-
-void Stage::add_param(const std::string& name, std::vector<int> shape, bool decay, bool in_norm) {
-  ParamTensor p;
-  p.name = name;
-  p.size = 1;
-  for (int d : shape) p.size *= static_cast<size_t>(d);
-  p.shape = std::move(shape);
-  p.decay = decay;
-  p.in_grad_norm = in_norm;
-  params_.push_back(std::move(p));
 }
 
 const ParamTensor* Stage::find(const std::string& name) const {

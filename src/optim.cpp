@@ -16,7 +16,7 @@ double lr_at(const RunSpec& spec, int step) {
 double grad_sq_sum(const std::vector<ParamTensor>& params, const std::vector<float>& grads) {
   double sum = 0;
   for (auto& p : params) {
-    if (!p.in_grad_norm) continue;
+    if (p.tied_copy) continue;  // counted once, on the first stage
     for (size_t i = p.offset; i < p.offset + p.size; ++i) sum += static_cast<double>(grads[i]) * grads[i];
   }
   return sum;

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <memory>
 
+#include "pipetrain/checkpoint.hpp"
 #include "pipetrain/comm.hpp"
 #include "pipetrain/config.hpp"
 #include "pipetrain/data.hpp"
@@ -21,6 +22,7 @@
 #include "pipetrain/optim.hpp"
 #include "pipetrain/partition.hpp"
 #include "pipetrain/schedule.hpp"
+#include "pipetrain/signals.hpp"
 
 namespace fs = std::filesystem;
 
@@ -31,9 +33,21 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Creates the run directory and writes the resolved spec (rank 0). A previous metrics.jsonl is
-// moved aside, never overwritten.
-std::string prepare_run_dir(const std::string& dir, const RunSpec& spec) {
+// Moves `path` aside to path.N (first free N) and returns a note saying so.
+std::string move_aside(const std::string& path) {
+  std::error_code ec;
+  int n = 1;
+  while (fs::exists(path + "." + std::to_string(n), ec)) ++n;
+  const std::string to = path + "." + std::to_string(n);
+  fs::rename(path, to, ec);
+  if (ec) throw SpecError(path + ": cannot move the previous one aside (" + ec.message() + ")");
+  return "previous " + fs::path(path).filename().string() + " kept as " + fs::path(to).filename().string();
+}
+
+// Rank 0, once every rank agreed to start: creates the run directory and writes the resolved
+// spec. A fresh start moves an earlier run's log and checkpoints aside (never overwrites them);
+// a resumed run keeps its log up to the checkpoint's step (later lines are recomputed).
+std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t resumed_step) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir)) throw SpecError("run dir " + dir + ": cannot create (" + ec.message() + ")");
@@ -45,15 +59,15 @@ std::string prepare_run_dir(const std::string& dir, const RunSpec& spec) {
   }
   fs::rename(tmp, dir + "/config.toml", ec);
   if (ec) throw SpecError("run dir " + dir + ": cannot write config.toml (" + ec.message() + ")");
-  std::string note;
-  const std::string metrics = dir + "/metrics.jsonl";
-  if (fs::exists(metrics, ec)) {
-    int n = 1;
-    while (fs::exists(metrics + "." + std::to_string(n), ec)) ++n;
-    fs::rename(metrics, metrics + "." + std::to_string(n), ec);
-    if (ec) throw SpecError(metrics + ": cannot move the previous log aside (" + ec.message() + ")");
-    note = "previous metrics.jsonl kept as metrics.jsonl." + std::to_string(n);
+  const std::string metrics = dir + "/metrics.jsonl", checkpoints = dir + "/checkpoints";
+  if (resumed_step > 0) {
+    truncate_metrics(metrics, resumed_step);
+    return "resumed at step " + std::to_string(resumed_step);
   }
+  std::string note;
+  if (fs::exists(metrics, ec)) note = move_aside(metrics);
+  if (fs::exists(checkpoints, ec) && !fs::is_empty(checkpoints, ec))
+    note += (note.empty() ? "" : "; ") + move_aside(checkpoints);
   return note;
 }
 
@@ -77,29 +91,13 @@ struct Setup {
   std::string run_dir, note;
 };
 
-// Runs one start-up step on every rank and agrees on the outcome: if any rank threw, the lowest
-// failing rank prints its message once and every rank returns the same exit code (2 for bad input).
-int agreed_exit(int rank, const std::function<void()>& step) {
-  std::string message;
-  int code = 0;
-  try {
-    step();
-  } catch (const SpecError& e) {
-    message = e.what(), code = 2;
-  } catch (const std::exception& e) {
-    message = e.what(), code = 1;
-  }
-  const Comm::Failure f = Comm::first_failure(code);
-  if (f.rank == rank) std::fprintf(stderr, "pipetrain: %s: %s\n", code == 2 ? "error" : "fault", message.c_str());
-  return f.rank >= 0 ? f.code : 0;
-}
-
 }  // namespace
 
 int run_train(const TrainOptions& opt) {
   const int world = Comm::world_size(), rank = Comm::world_rank();
+  install_stop_handlers();
   Setup su;
-  if (int code = agreed_exit(rank, [&] {
+  if (int code = Comm::run_agreed([&] {
         su.spec = load_spec(opt.config, opt.overrides, world);
         su.topo = Topology::of(rank, su.spec.parallel.pp, su.spec.parallel.dp);
         su.blocks = partition_blocks(su.spec);
@@ -112,7 +110,7 @@ int run_train(const TrainOptions& opt) {
   const int b = spec.samples_per_micro_batch(), T = spec.model.seq_len;
 
   Comm comm(topo, spec.comm.wait, spec.comm.timeout_s);
-  if (int code = agreed_exit(rank, [&] {
+  if (int code = Comm::run_agreed([&] {
         const std::vector<int64_t> boundary = {b, T, spec.model.d_model, static_cast<int64_t>(sizeof(float))};
         if (!comm.all_equal(spec_hash(spec)) || !comm.boundary_agrees(boundary, boundary))
           throw SpecError("ranks disagree on the run spec or stage shapes (different files or --set on different ranks?)");
@@ -122,24 +120,29 @@ int run_train(const TrainOptions& opt) {
                           std::to_string(Comm::max_tag()));
       }))
     return code;
-  // Only now, with every rank agreeing the run can start, touch the run directory.
-  su.run_dir = opt.run_dir.empty() ? spec.run.out_dir + "/" + spec.run.name : opt.run_dir;
-  if (int code = agreed_exit(rank, [&] {
-        if (rank == 0) su.note = prepare_run_dir(su.run_dir, spec);
-      }))
-    return code;
   // One BLAS thread per core this rank can have; more would fight the other ranks for cores.
   // An explicit OPENBLAS_NUM_THREADS is the user's deliberate choice and wins.
   if (!std::getenv("OPENBLAS_NUM_THREADS"))
     openblas_set_num_threads(comm.cores_per_rank());
+
+  su.run_dir = opt.run_dir.empty() ? spec.run.out_dir + "/" + spec.run.name : opt.run_dir;
+  Checkpointer checkpointer(spec, su.run_dir, comm);
+  const std::string resume_from = checkpointer.select(opt.resume);
 
   int block_begin = 0;
   for (int s = 0; s < topo.stage; ++s) block_begin += su.blocks[s];
   const float grad_scale = 1.0f / (static_cast<float>(b) * T * M * D);
   Stage stage(spec, topo.stage, P, block_begin, block_begin + su.blocks[topo.stage], M, grad_scale);
   stage.init_params(static_cast<uint64_t>(spec.run.seed));
-  Executor executor(stage, comm);
   AdamW adam(spec.train, stage.weights().size());
+  const int64_t start_step = resume_from.empty() ? 0 : checkpointer.load(resume_from, stage, adam);
+  // Only now, with every rank agreeing the run can start, touch the run directory.
+  if (int code = Comm::run_agreed([&] {
+        if (rank == 0) su.note = prepare_run_dir(su.run_dir, spec, start_step);
+      }))
+    return code;
+
+  Executor executor(stage, comm);
   const ActionList actions = make_schedule(spec.parallel.schedule, topo.stage, P, M);
   const double bubble_theory = static_cast<double>(P - 1) / (M + P - 1);
   const double tokens_per_step = static_cast<double>(spec.train.global_batch) * T;
@@ -151,6 +154,8 @@ int run_train(const TrainOptions& opt) {
                 comm.wait_mode() == WaitMode::yield ? "yield" : "spin");
     std::printf("partition (%s):\n%s", spec.parallel.partition.c_str(), describe_partition(spec, su.blocks).c_str());
     std::printf("run dir: %s%s%s\n", su.run_dir.c_str(), su.note.empty() ? "" : " | ", su.note.c_str());
+    if (!resume_from.empty()) std::printf("resumed from %s\n", resume_from.c_str());
+    if (start_step >= spec.run.steps) std::printf("run already complete (%d steps)\n", spec.run.steps);
     std::fflush(stdout);
   }
   MetricsWriter metrics(rank == 0 ? su.run_dir + "/metrics.jsonl" : "");
@@ -162,7 +167,7 @@ int run_train(const TrainOptions& opt) {
   const bool tied_sync = spec.model.tie_embeddings && P > 1 && wte != nullptr;
 
   const int stall_at_step = stall_step(rank);
-  for (int step = 0; step < spec.run.steps; ++step) {
+  for (int step = static_cast<int>(start_step); step < spec.run.steps; ++step) {
     const double t0 = now_s();
     const double lr = lr_at(spec, step);
     stage.zero_grads();
@@ -192,28 +197,42 @@ int run_train(const TrainOptions& opt) {
     adam.step(stage.params(), stage.weights(), stage.grads(), lr, clip_coefficient(grad_norm, spec.train.grad_clip));
     const double step_time = now_s() - t0;
 
-    if ((step + 1) % spec.log.every_steps != 0 && step + 1 != spec.run.steps) continue;
-    RankFigures mine;
-    mine.stage = topo.stage, mine.dp_rank = topo.dp_rank, mine.compute_s = st.compute_s;
-    mine.comm_wait_s = comm.wait_seconds();
-    mine.bubble_wait_s = mine.comm_wait_s - dp_wait;
-    mine.act_peak_bytes = static_cast<double>(st.act_peak_bytes);
-    mine.mem_peak_bytes = peak_rss_bytes();
-    mine.loss_sum = st.loss_sum;
-    double packed[RankFigures::kFields];
-    mine.to(packed);
-    std::vector<double> all;
-    comm.gather_to_root(packed, RankFigures::kFields, all);
-    if (rank != 0) continue;
-    std::vector<RankFigures> figures;
-    for (int r = 0; r < world; ++r) figures.push_back(RankFigures::from(&all[r * RankFigures::kFields]));
-    StepLine line = combine(figures, P, tokens_per_step);
-    line.step = step + 1, line.steps = spec.run.steps, line.lr = lr, line.grad_norm = grad_norm;
-    line.step_time_s = step_time, line.tokens_per_s = tokens_per_step / step_time;
-    line.bubble_theory = bubble_theory;
-    metrics.write(to_json(line));
-    std::printf("%s\n", progress_line(line).c_str());
-    std::fflush(stdout);
+    // Step boundary: ranks agree on a stop signal any of them got, then save if due.
+    const int done = step + 1;
+    const bool stop = comm.any(stop_requested());
+    const int every = spec.checkpoint.every_steps;
+    if (stop || done == spec.run.steps || (every > 0 && done % every == 0)) {
+      const double secs = checkpointer.save(done, stage, adam, su.blocks);
+      if (rank == 0 && secs > 0) std::printf("checkpoint step %d saved in %.2f s\n", done, secs);
+    }
+    if ((done % spec.log.every_steps == 0 || done == spec.run.steps || stop)) {
+      RankFigures mine;
+      mine.stage = topo.stage, mine.dp_rank = topo.dp_rank, mine.compute_s = st.compute_s;
+      mine.comm_wait_s = comm.wait_seconds();
+      mine.bubble_wait_s = mine.comm_wait_s - dp_wait;
+      mine.act_peak_bytes = static_cast<double>(st.act_peak_bytes);
+      mine.mem_peak_bytes = peak_rss_bytes();
+      mine.loss_sum = st.loss_sum;
+      double packed[RankFigures::kFields];
+      mine.to(packed);
+      std::vector<double> all;
+      comm.gather_to_root(packed, RankFigures::kFields, all);
+      if (rank == 0) {
+        std::vector<RankFigures> figures;
+        for (int r = 0; r < world; ++r) figures.push_back(RankFigures::from(&all[r * RankFigures::kFields]));
+        StepLine line = combine(figures, P, tokens_per_step);
+        line.step = done, line.steps = spec.run.steps, line.lr = lr, line.grad_norm = grad_norm;
+        line.step_time_s = step_time, line.tokens_per_s = tokens_per_step / step_time;
+        line.bubble_theory = bubble_theory;
+        metrics.write(to_json(line));
+        std::printf("%s\n", progress_line(line).c_str());
+        std::fflush(stdout);
+      }
+    }
+    if (stop) {
+      if (rank == 0) std::printf("stopped by signal %d after step %d; checkpoint saved, exit 3\n", stop_signal(), done);
+      return 3;
+    }
   }
   return 0;
 }

@@ -157,6 +157,6 @@ TEST_CASE("parameter init is keyed by name, not by stage or layout", "[model]") 
                      second_half.weights().begin() + p.offset));
   }
   // the last stage's tied copy of wte is excluded from the global gradient norm
-  CHECK_FALSE(second_half.find("wte.weight")->in_grad_norm);
-  CHECK(whole.find("wte.weight")->in_grad_norm);
+  CHECK(second_half.find("wte.weight")->tied_copy);
+  CHECK_FALSE(whole.find("wte.weight")->tied_copy);
 }

@@ -7,6 +7,8 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -18,6 +20,11 @@ namespace pipetrain {
 // A wait exceeded comm.timeout_s (a stuck or dead peer): a fault, not bad input.
 struct CommTimeout : std::runtime_error {
   using std::runtime_error::runtime_error;
+};
+
+// Every rank agreed to stop with this exit code; the message (if any) was already printed once.
+struct AgreedExit {
+  int code;
 };
 
 enum class WaitMode { spin, yield };
@@ -47,6 +54,12 @@ class Comm {
   static Failure first_failure(int code);
   // Largest message tag this MPI accepts (MPI_TAG_UB, at least 32767).
   static int max_tag();
+  // Runs `step` on every rank and agrees on the outcome: if any rank threw, the lowest failing
+  // rank prints its message once and every rank gets the same exit code (2 for SpecError, 1 for
+  // any other exception); 0 when all succeeded. Also a barrier.
+  static int run_agreed(const std::function<void()>& step);
+  // The same, throwing AgreedExit{code} on failure.
+  static void require_agreed(const std::function<void()>& step);
 
   // Builds the grid communicators. wait = "auto" | "spin" | "yield".
   Comm(const Topology& topo, const std::string& wait, double timeout_s);
@@ -75,8 +88,14 @@ class Comm {
   void allreduce_pipe(double* buf, size_t n);
   void allreduce_tied(float* buf, size_t n);
 
-  // Gathers `n` doubles from every rank to world rank 0 (out sized world*n there).
+  // Gathers `n` values from every rank to world rank 0 (out sized world*n there).
   void gather_to_root(const double* mine, size_t n, std::vector<double>& out);
+  void gather_to_root(const uint64_t* mine, size_t n, std::vector<uint64_t>& out);
+  // True on every rank if `flag` is true on any rank (e.g. a stop signal seen by some ranks).
+  bool any(bool flag);
+  // The data-parallel communicator, for parallel HDF5's MPI-IO driver (which makes its own MPI
+  // calls on it); nothing else should use the raw handle.
+  MPI_Comm data_handle() const { return data_; }
   // Checks every rank holds the same value (e.g. spec hash); returns false otherwise.
   bool all_equal(uint64_t value);
   // Start-up handshake: each stage sends the description of the activation it will send (shape,

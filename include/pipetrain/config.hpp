@@ -54,6 +54,10 @@ struct RunSpec {
     double eps = 1e-8;
     double grad_clip = 1.0;
   } train;
+  struct Checkpoint {
+    int every_steps = 50;  // also saved at the end of the run and on a stop signal
+    int keep_last = 3;     // 0 keeps all
+  } checkpoint;
   struct Log {
     int every_steps = 1;
   } log;

@@ -1,6 +1,7 @@
 // Per-step figures: what each rank measured, combined on rank 0 into one metrics.jsonl line and
 // one progress line. Keys follow DESIGN.md ("Run directory").
 #pragma once
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -33,6 +34,10 @@ StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_pe
 
 std::string to_json(const StepLine& line);
 std::string progress_line(const StepLine& line);
+
+// Rewrites a metrics.jsonl keeping only the lines of steps <= `step` (a resumed run recomputes
+// the rest, so each step appears once). A missing file is fine.
+void truncate_metrics(const std::string& path, int64_t step);
 
 // Peak resident set size of this process in bytes.
 double peak_rss_bytes();

@@ -23,9 +23,13 @@ struct ParamTensor {
   std::string name;
   std::vector<int> shape;
   size_t offset = 0, size = 0;
-  bool decay = false;         // AdamW weight decay applies (2-D weights only)
-  bool in_grad_norm = true;   // false for the last stage's copy of a tied wte (counted on stage 0)
+  bool decay = false;      // AdamW weight decay applies (2-D weights only)
+  bool tied_copy = false;  // the last stage's copy of a tied wte: not in the grad norm, not saved
 };
+
+// The named tensors a stage owns, in buffer order with offsets (no allocation): embeddings on the
+// first stage, blocks [block_begin, block_end), final LayerNorm and head on the last.
+std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end);
 
 struct BlockActs {
   std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
@@ -82,7 +86,6 @@ class Stage {
     float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
   };
   BlockPtrs block_ptrs(std::vector<float>& base, int local_block);
-  void add_param(const std::string& name, std::vector<int> shape, bool decay, bool in_norm = true);
   void size_acts(Acts& a);
   void compute_forward(Acts& w, const Acts& s, float* out, double* loss);
   void block_forward(int l, const float* x, BlockActs& a, float* out);

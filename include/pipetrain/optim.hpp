@@ -25,8 +25,11 @@ class AdamW {
   void step(const std::vector<ParamTensor>& params, std::vector<float>& weights, const std::vector<float>& grads,
             double lr, float grad_mul);
   int steps_taken() const { return t_; }
+  void set_steps_taken(int t) { t_ = t; }  // when resuming: bias correction continues from t
   std::vector<float>& exp_avg() { return m_; }
   std::vector<float>& exp_avg_sq() { return v_; }
+  const std::vector<float>& exp_avg() const { return m_; }
+  const std::vector<float>& exp_avg_sq() const { return v_; }
 
  private:
   RunSpec::Train cfg_;

@@ -9,9 +9,11 @@ struct TrainOptions {
   std::string config;                 // empty: built-in defaults
   std::vector<std::string> overrides; // --set section.key=value
   std::string run_dir;                // empty: run.out_dir/run.name
+  std::string resume = "auto";        // auto | never | PATH of a checkpoint directory
 };
 
-// Returns the process exit code (0 ok, 2 bad input). MPI must be initialised.
+// Returns the process exit code (0 ok, 2 bad input, 3 stopped by a signal after a successful
+// checkpoint); may throw AgreedExit. MPI must be initialised.
 int run_train(const TrainOptions& opt);
 
 }  // namespace pipetrain

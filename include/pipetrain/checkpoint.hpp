@@ -1,0 +1,78 @@
+// Checkpoints: RUN_DIR/checkpoints/step_NNNNNNNN/{manifest.json, stage_SSS.h5, ...} plus
+// RUN_DIR/checkpoints/latest naming the newest complete one.
+//
+// Atomic: shards and manifest are written into .tmp_step_NNNNNNNN, fsynced, and the directory is
+// renamed into place; only then is `latest` replaced (write + fsync + rename). A step_* directory
+// therefore always holds a complete checkpoint, and a crash at any moment leaves the previous one
+// usable. Tensors are keyed by global names, so any pp x dp layout of the same model can load them.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "pipetrain/comm.hpp"
+#include "pipetrain/config.hpp"
+#include "pipetrain/model.hpp"
+#include "pipetrain/optim.hpp"
+
+namespace pipetrain {
+
+struct Manifest {
+  int format = 0;
+  int64_t step = 0;
+  std::string spec_hash;
+  std::map<std::string, std::string> spec;  // every spec key -> its value as TOML text
+  int pp = 0, dp = 0;
+  std::vector<int> partition;
+  int64_t samples_consumed = 0;  // data position: global samples step*global_batch done
+  struct Shard {
+    std::string file;
+    uint64_t bytes = 0, checksum = 0;
+    std::vector<std::string> tensors;
+  };
+  std::vector<Shard> shards;
+  double write_s = 0;
+
+  std::string to_json() const;
+  // Reads DIR/manifest.json; throws SpecError naming the file on anything malformed.
+  static Manifest read(const std::string& dir);
+};
+
+// Checks DIR against its manifest: every shard (those with index % parts == part) present, of the
+// recorded size and checksum. Returns "" when fine, else what is wrong (naming the file).
+std::string verify_checkpoint(const std::string& dir, int part = 0, int parts = 1);
+
+// The spec keys a checkpoint must agree on to be loaded (model shape, data stream, batch).
+// Returns "" or a message naming the first key that differs.
+std::string incompatibility(const Manifest& m, const RunSpec& spec);
+
+class Checkpointer {
+ public:
+  Checkpointer(const RunSpec& spec, const std::string& run_dir, Comm& comm);
+  std::string dir() const { return dir_; }
+
+  // Collective over all ranks: writes checkpoint `step` (skipped if it already exists). Returns
+  // the seconds it took. Throws if any rank failed; the previous checkpoint is untouched.
+  double save(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition);
+
+  // Collective: the verified checkpoint to resume from for --resume auto | never | PATH, or ""
+  // for a fresh start. With auto, a corrupt newest checkpoint falls back to the one before (and
+  // says so); none usable at all is a SpecError, as is a bad PATH.
+  std::string select(const std::string& resume);
+
+  // Loads this rank's tensors and optimizer state from a selected checkpoint; returns its step.
+  int64_t load(const std::string& dir, Stage& stage, AdamW& opt);
+
+ private:
+  void publish(const std::string& tmp, const std::string& final_dir, const std::string& name);
+  const RunSpec& spec_;
+  std::string dir_;
+  Comm& comm_;
+};
+
+// `pipetrain ckpt inspect|verify PATH` (no MPI): exit codes 0 / 2.
+int ckpt_inspect(const std::string& path);
+int ckpt_verify(const std::string& path);
+
+}  // namespace pipetrain

@@ -1,0 +1,64 @@
+// HDF5 shard files: one per pipeline stage, holding /params/<name>, /optim/exp_avg/<name> and
+// /optim/exp_avg_sq/<name> for the tensors that stage owns, with root attributes step and
+// format_version. Written collectively by the stage's data-parallel group through MPI-IO, each
+// replica writing its slab (a range of rows) of every tensor; read by any process, any layout.
+#pragma once
+#include <mpi.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pipetrain {
+
+constexpr int kCheckpointFormat = 1;
+
+// The three arrays of one named tensor as they sit in memory.
+struct ShardTensor {
+  std::string name;
+  std::vector<int> shape;
+  const float* param;
+  const float* exp_avg;
+  const float* exp_avg_sq;
+};
+
+// Collective over `group` (the stage's data communicator): every member passes the same tensor
+// list; member `rank` of `size` writes rows [rank*n0/size, (rank+1)*n0/size) of each tensor.
+// `crash_after` >= 0 (test hook) kills this process after that many tensors were written.
+// Throws std::runtime_error on any HDF5 failure.
+void write_shard(const std::string& path, const std::vector<ShardTensor>& tensors, int64_t step, MPI_Comm group,
+                 int rank, int size, int crash_after = -1);
+
+struct TensorInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// Reads a shard with the serial driver (any process; no MPI needed).
+class ShardReader {
+ public:
+  explicit ShardReader(const std::string& path);  // throws std::runtime_error naming the file
+  ~ShardReader();
+  ShardReader(const ShardReader&) = delete;
+  ShardReader& operator=(const ShardReader&) = delete;
+
+  int64_t step() const { return step_; }
+  int format_version() const { return format_; }
+  std::vector<TensorInfo> tensors() const;  // the /params datasets
+  bool has(const std::string& name) const;
+  // Reads group ("params", "optim/exp_avg", "optim/exp_avg_sq") / name into out, checking the
+  // stored shape equals `shape`.
+  void read(const std::string& group, const std::string& name, const std::vector<int>& shape, float* out) const;
+
+ private:
+  std::string path_;
+  int64_t file_ = -1;
+  int64_t step_ = -1;
+  int format_ = -1;
+};
+
+// Fast 64-bit content hash of a whole file (corruption detection, not security); also returns
+// its size. Throws std::runtime_error if unreadable.
+uint64_t file_checksum(const std::string& path, uint64_t* bytes);
+
+}  // namespace pipetrain

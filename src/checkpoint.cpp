@@ -1,0 +1,367 @@
+#include "pipetrain/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "pipetrain/shard_io.hpp"
+#include "spec_schema.hpp"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace pipetrain {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string shard_name(int stage) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "stage_%03d.h5", stage);
+  return buf;
+}
+
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// fsync a file or directory so a rename that follows cannot overtake its contents on a crash.
+void sync_path(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw std::runtime_error(path + ": cannot open to sync");
+  int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw std::runtime_error(path + ": fsync failed");
+}
+
+// Writes `text` to path via path.tmp + fsync + rename + fsync of the folder.
+void write_durably(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out.flush()) throw std::runtime_error(tmp + ": cannot write");
+  }
+  sync_path(tmp);
+  fs::rename(tmp, path);
+  sync_path(fs::path(path).parent_path().string());
+}
+
+// step_* directories of a checkpoints folder, newest first.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) != 0 || !e.is_directory()) continue;
+    char* end = nullptr;
+    long long step = std::strtoll(name.c_str() + 5, &end, 10);
+    if (end && *end == '\0') out.emplace_back(step, e.path().string());
+  }
+  std::sort(out.rbegin(), out.rend());
+  return out;
+}
+
+// Test-only hook: PIPETRAIN_TEST_KILL_IN_SAVE=RANK:STEP kills world rank RANK (SIGKILL) halfway
+// through writing its shard of checkpoint STEP. Returns the tensor count to die after, or -1.
+int kill_in_save(int rank, int64_t step, size_t n_tensors) {
+  const char* v = std::getenv("PIPETRAIN_TEST_KILL_IN_SAVE");
+  int r = -1;
+  long long s = -1;
+  if (!v || std::sscanf(v, "%d:%lld", &r, &s) != 2 || r != rank || s != step) return -1;
+  return static_cast<int>(std::max<size_t>(1, n_tensors / 2));
+}
+
+// The spec keys that must match to load a checkpoint: model shape, data stream, batch (the data
+// position is counted in global samples, so the global batch fixes which samples come next).
+bool must_match(const std::string& key) {
+  return key.rfind("model.", 0) == 0 || key == "run.seed" || key.rfind("data.", 0) == 0 ||
+         key == "train.global_batch";
+}
+
+}  // namespace
+
+std::string Manifest::to_json() const {
+  json j;
+  j["format"] = format;
+  j["step"] = step;
+  j["spec_hash"] = spec_hash;
+  j["spec"] = spec;
+  j["layout"] = {{"pp", pp}, {"dp", dp}, {"partition", partition}};
+  j["data"] = {{"samples_consumed", samples_consumed}};
+  // Nothing in a step draws random numbers at run time: init, synthetic data and shuffling are
+  // counter-based functions of the seed, so the seed and the data position are the whole state.
+  j["rng"] = {{"seed", std::stoll(spec.at("run.seed"))}, {"kind", "counter-based, keyed by seed and sample index"}};
+  json shards_json = json::array();
+  for (auto& s : shards)
+    shards_json.push_back({{"file", s.file}, {"bytes", s.bytes}, {"checksum", hex(s.checksum)}, {"tensors", s.tensors}});
+  j["shards"] = shards_json;
+  j["timing"] = {{"write_s", write_s}};
+  return j.dump(2) + "\n";
+}
+
+Manifest Manifest::read(const std::string& dir) {
+  const std::string path = dir + "/manifest.json";
+  Manifest m;
+  try {
+    json j = json::parse(read_input_file(path, "checkpoint manifest"));
+    m.format = j.at("format").get<int>();
+    m.step = j.at("step").get<int64_t>();
+    m.spec_hash = j.at("spec_hash").get<std::string>();
+    m.spec = j.at("spec").get<std::map<std::string, std::string>>();
+    m.pp = j.at("layout").at("pp").get<int>();
+    m.dp = j.at("layout").at("dp").get<int>();
+    m.partition = j.at("layout").at("partition").get<std::vector<int>>();
+    m.samples_consumed = j.at("data").at("samples_consumed").get<int64_t>();
+    for (auto& s : j.at("shards")) {
+      Shard sh;
+      sh.file = s.at("file").get<std::string>();
+      sh.bytes = s.at("bytes").get<uint64_t>();
+      sh.checksum = std::stoull(s.at("checksum").get<std::string>(), nullptr, 16);
+      sh.tensors = s.at("tensors").get<std::vector<std::string>>();
+      m.shards.push_back(std::move(sh));
+    }
+    m.write_s = j.at("timing").at("write_s").get<double>();
+  } catch (const json::exception& e) {
+    throw SpecError(path + ": not a valid pipetrain manifest (" + e.what() + ")");
+  } catch (const std::logic_error& e) {  // stoll / stoull
+    throw SpecError(path + ": not a valid pipetrain manifest (" + e.what() + ")");
+  }
+  if (m.format != kCheckpointFormat)
+    throw SpecError(path + ": checkpoint format " + std::to_string(m.format) + ", this pipetrain reads " +
+                    std::to_string(kCheckpointFormat));
+  return m;
+}
+
+std::string verify_checkpoint(const std::string& dir, int part, int parts) {
+  Manifest m;
+  try {
+    m = Manifest::read(dir);
+  } catch (const SpecError& e) {
+    return e.what();
+  }
+  for (size_t i = 0; i < m.shards.size(); ++i) {
+    if (static_cast<int>(i % parts) != part) continue;
+    const auto& s = m.shards[i];
+    const std::string path = dir + "/" + s.file;
+    uint64_t bytes = 0, sum = 0;
+    try {
+      sum = file_checksum(path, &bytes);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    if (bytes != s.bytes)
+      return path + ": " + std::to_string(bytes) + " bytes, the manifest says " + std::to_string(s.bytes) +
+             " (truncated or replaced)";
+    if (sum != s.checksum) return path + ": checksum " + hex(sum) + " differs from the manifest's " + hex(s.checksum) + " (corrupted)";
+  }
+  return "";
+}
+
+std::string incompatibility(const Manifest& m, const RunSpec& spec) {
+  for (auto& k : spec_schema()) {
+    const std::string key = k.dotted();
+    if (!must_match(key)) continue;
+    auto it = m.spec.find(key);
+    const std::string mine = k.show(spec);
+    if (it == m.spec.end()) return key + " is missing from the checkpoint's spec";
+    if (it->second != mine) return key + " differs: checkpoint has " + it->second + ", this run has " + mine;
+  }
+  return "";
+}
+
+Checkpointer::Checkpointer(const RunSpec& spec, const std::string& run_dir, Comm& comm)
+    : spec_(spec), dir_(run_dir + "/checkpoints"), comm_(comm) {}
+
+double Checkpointer::save(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition) {
+  const std::string name = step_name(step), final_dir = dir_ + "/" + name, tmp = dir_ + "/.tmp_" + name;
+  if (comm_.any(fs::exists(final_dir))) return 0;  // already saved (e.g. stop signal on a save step)
+  const double t0 = now_s();
+  const Topology& topo = comm_.topo();
+  Comm::require_agreed([&] {
+    if (topo.world_rank != 0) return;
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator(dir_, ec))  // leftovers of saves that died mid-way
+      if (e.path().filename().string().rfind(".tmp_", 0) == 0) fs::remove_all(e.path(), ec);
+    fs::create_directories(tmp, ec);
+    if (ec) throw std::runtime_error("checkpoint " + tmp + ": cannot create (" + ec.message() + ")");
+  });
+
+  // Each stage's replicas write its shard together; the first replica then checksums and syncs it.
+  std::vector<ShardTensor> tensors;
+  for (auto& p : stage.params())
+    if (!p.tied_copy)
+      tensors.push_back({p.name, p.shape, stage.weights().data() + p.offset, opt.exp_avg().data() + p.offset,
+                         opt.exp_avg_sq().data() + p.offset});
+  const std::string shard = tmp + "/" + shard_name(topo.stage);
+  uint64_t mine[3] = {static_cast<uint64_t>(topo.stage), 0, 0};
+  Comm::require_agreed([&] {
+    write_shard(shard, tensors, step, comm_.data_handle(), topo.dp_rank, topo.dp,
+                kill_in_save(topo.world_rank, step, tensors.size()));
+    if (topo.dp_rank != 0) return;
+    mine[1] = file_checksum(shard, &mine[2]);
+    sync_path(shard);
+  });
+  std::vector<uint64_t> all;
+  comm_.gather_to_root(mine, 3, all);
+
+  Comm::require_agreed([&] {
+    if (topo.world_rank != 0) return;
+    Manifest m;
+    m.format = kCheckpointFormat;
+    m.step = step;
+    m.spec_hash = hex(spec_hash(spec_));
+    for (auto& k : spec_schema()) m.spec[k.dotted()] = k.show(spec_);
+    m.pp = topo.pp, m.dp = topo.dp, m.partition = partition;
+    m.samples_consumed = step * spec_.train.global_batch;
+    m.shards.resize(topo.pp);
+    int block_begin = 0;
+    for (int s = 0; s < topo.pp; ++s) {
+      m.shards[s].file = shard_name(s);
+      for (auto& p : stage_params(spec_, s, topo.pp, block_begin, block_begin + partition[s]))
+        if (!p.tied_copy) m.shards[s].tensors.push_back(p.name);
+      block_begin += partition[s];
+    }
+    for (int r = 0; r < topo.pp; ++r) {  // world ranks 0..pp-1 are the first replica of each stage
+      m.shards[all[3 * r]].checksum = all[3 * r + 1];
+      m.shards[all[3 * r]].bytes = all[3 * r + 2];
+    }
+    m.write_s = now_s() - t0;
+    write_durably(tmp + "/manifest.json", m.to_json());
+    publish(tmp, final_dir, name);
+  });
+  return now_s() - t0;
+}
+
+// Rank 0: the rename that makes a checkpoint exist, then `latest`, then pruning of old ones.
+void Checkpointer::publish(const std::string& tmp, const std::string& final_dir, const std::string& name) {
+  sync_path(tmp);
+  fs::rename(tmp, final_dir);
+  sync_path(dir_);
+  write_durably(dir_ + "/latest", name + "\n");
+  if (spec_.checkpoint.keep_last <= 0) return;
+  auto all = list_checkpoints(dir_);
+  for (size_t i = spec_.checkpoint.keep_last; i < all.size(); ++i) fs::remove_all(all[i].second);
+}
+
+std::string Checkpointer::select(const std::string& resume) {
+  if (resume == "never") return "";
+  const bool explicit_path = resume != "auto";
+  std::vector<std::string> candidates;
+  if (explicit_path) candidates.push_back(resume);
+  else
+    for (auto& [step, path] : list_checkpoints(dir_)) candidates.push_back(path);
+  const int rank = Comm::world_rank(), world = Comm::world_size();
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const std::string& c = candidates[i];
+    std::string problem = verify_checkpoint(c, rank, world);  // each rank checks its share of shards
+    const Comm::Failure f = Comm::first_failure(problem.empty() ? 0 : 2);
+    if (f.rank < 0) {
+      const std::string why = incompatibility(Manifest::read(c), spec_);  // same verdict on every rank
+      if (why.empty()) return c;
+      if (rank == 0) std::fprintf(stderr, "pipetrain: error: cannot resume from %s: %s\n", c.c_str(), why.c_str());
+      throw AgreedExit{2};
+    }
+    if (f.rank == rank)
+      std::fprintf(stderr, "pipetrain: %s: checkpoint %s is unusable: %s%s\n", explicit_path ? "error" : "warning",
+                   c.c_str(), problem.c_str(),
+                   explicit_path ? "" : i + 1 < candidates.size() ? "; falling back to the previous one" : "");
+    if (explicit_path) throw AgreedExit{2};
+  }
+  if (!candidates.empty()) {
+    if (rank == 0)
+      std::fprintf(stderr, "pipetrain: error: no usable checkpoint in %s; --resume never starts afresh "
+                           "(the old checkpoints are kept aside)\n", dir_.c_str());
+    throw AgreedExit{2};
+  }
+  return "";
+}
+
+int64_t Checkpointer::load(const std::string& dir, Stage& stage, AdamW& opt) {
+  const Manifest m = Manifest::read(dir);
+  Comm::require_agreed([&] {
+    std::map<std::string, std::string> shard_of;
+    for (auto& s : m.shards)
+      for (auto& t : s.tensors) shard_of[t] = dir + "/" + s.file;
+    std::map<std::string, std::unique_ptr<ShardReader>> open;
+    for (auto& p : stage.params()) {
+      auto it = shard_of.find(p.name);
+      if (it == shard_of.end()) throw SpecError(dir + ": checkpoint has no tensor " + p.name);
+      auto& reader = open[it->second];
+      if (!reader) reader = std::make_unique<ShardReader>(it->second);
+      reader->read("params", p.name, p.shape, stage.weights().data() + p.offset);
+      reader->read("optim/exp_avg", p.name, p.shape, opt.exp_avg().data() + p.offset);
+      reader->read("optim/exp_avg_sq", p.name, p.shape, opt.exp_avg_sq().data() + p.offset);
+    }
+  });
+  opt.set_steps_taken(static_cast<int>(m.step));
+  return m.step;
+}
+
+int ckpt_verify(const std::string& path) {
+  const std::string problem = verify_checkpoint(path);
+  if (!problem.empty()) {
+    std::fprintf(stderr, "pipetrain: error: %s\n", problem.c_str());
+    return 2;
+  }
+  const Manifest m = Manifest::read(path);
+  std::printf("%s: ok (step %lld, %zu shards match their checksums)\n", path.c_str(), static_cast<long long>(m.step),
+              m.shards.size());
+  return 0;
+}
+
+int ckpt_inspect(const std::string& path) {
+  Manifest m;
+  try {
+    m = Manifest::read(path);
+  } catch (const SpecError& e) {
+    std::fprintf(stderr, "pipetrain: error: %s\n", e.what());
+    return 2;
+  }
+  std::ostringstream partition;
+  for (size_t i = 0; i < m.partition.size(); ++i) partition << (i ? "," : "") << m.partition[i];
+  std::printf("checkpoint %s\n  step %lld, %lld samples consumed, saved as pp %d x dp %d (blocks per stage %s) in %.2f s\n",
+              path.c_str(), static_cast<long long>(m.step), static_cast<long long>(m.samples_consumed), m.pp, m.dp,
+              partition.str().c_str(), m.write_s);
+  uint64_t total_bytes = 0, total_params = 0;
+  for (auto& s : m.shards) {
+    std::printf("  %s  %llu bytes  checksum %s\n", s.file.c_str(), static_cast<unsigned long long>(s.bytes),
+                hex(s.checksum).c_str());
+    total_bytes += s.bytes;
+    try {
+      ShardReader r(path + "/" + s.file);
+      for (auto& t : r.tensors()) {
+        uint64_t n = 1;
+        std::string shape;
+        for (size_t d = 0; d < t.shape.size(); ++d) n *= t.shape[d], shape += (d ? "x" : "") + std::to_string(t.shape[d]);
+        total_params += n;
+        std::printf("    %-28s %-12s %10llu params\n", t.name.c_str(), shape.c_str(), static_cast<unsigned long long>(n));
+      }
+    } catch (const std::exception& e) {
+      std::printf("    (cannot read: %s)\n", e.what());
+    }
+  }
+  std::printf("  total %llu parameters (+ 2 AdamW moments each), %llu bytes on disk\n",
+              static_cast<unsigned long long>(total_params), static_cast<unsigned long long>(total_bytes));
+  return 0;
+}
+
+}  // namespace pipetrain
