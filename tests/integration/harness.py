@@ -31,14 +31,14 @@ class Run:
             return [json.loads(line) for line in f if line.strip()]
 
 
-def launch(args, ranks, run_dir, config=None, sets=(), timeout=120, extra=()):
+def launch(args, ranks, run_dir, config=None, sets=(), timeout=120, extra=(), env=None):
     cmd = [args.mpiexec, "-n", str(ranks), args.bin, "train", "--run-dir", run_dir]
     if config:
         cmd += ["--config", config]
     for s in sets:
         cmd += ["--set", s]
     cmd += list(extra)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     return Run(p.returncode, p.stdout, p.stderr, time.time() - t0, run_dir)
