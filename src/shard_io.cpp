@@ -52,7 +52,13 @@ int64_t read_scalar_attr(hid_t obj, const char* name) {
 hid_t file_access(MPI_Comm group) {
   hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
   H5Pset_file_locking(fapl, false, true);
-  if (group != MPI_COMM_NULL) H5Pset_fapl_mpio(fapl, group, MPI_INFO_NULL);
+  if (group != MPI_COMM_NULL) {
+    H5Pset_fapl_mpio(fapl, group, MPI_INFO_NULL);
+    // Metadata (300+ dataset headers) written once, collectively, instead of rank 0 alone
+    // flushing it piecemeal while the others wait.
+    H5Pset_coll_metadata_write(fapl, true);
+    H5Pset_all_coll_metadata_ops(fapl, true);
+  }
   return fapl;
 }
 
@@ -68,7 +74,13 @@ void write_shard(const std::string& path, const std::vector<ShardTensor>& tensor
   Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(lcpl, 1);
   Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
-  H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
+  // Each replica's slab is one contiguous byte range of the file (row-major, contiguous layout),
+  // so independent writes reach the disk directly; two-phase collective buffering only adds a
+  // shuffle between ranks.
+  H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_INDEPENDENT);
+  // Parallel HDF5 allocates datasets early; without this it would first write fill values.
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
 
   int written = 0;
   for (const ShardTensor& t : tensors) {
@@ -89,14 +101,14 @@ void write_shard(const std::string& path, const std::vector<ShardTensor>& tensor
         {"params/", t.param}, {"optim/exp_avg/", t.exp_avg}, {"optim/exp_avg_sq/", t.exp_avg_sq}};
     for (auto& [group_name, data] : arrays) {
       const std::string dname = std::string(group_name) + t.name;
-      Handle ds(H5Dcreate2(file, dname.c_str(), H5T_IEEE_F32LE, filespace, lcpl, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+      Handle ds(H5Dcreate2(file, dname.c_str(), H5T_IEEE_F32LE, filespace, lcpl, dcpl, H5P_DEFAULT), H5Dclose);
       if (ds < 0) fail(path, "cannot create dataset " + dname);
       if (H5Dwrite(ds, H5T_NATIVE_FLOAT, memspace, filespace, dxpl, data + r0 * row) < 0)
         fail(path, "cannot write dataset " + dname);
     }
     if (++written == crash_after) raise(SIGKILL);  // test hook: die mid-write
   }
-  if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) fail(path, "cannot flush checkpoint shard");
+  // No H5Fflush: through MPI-IO it fsyncs on every rank; the caller fsyncs the closed file once.
 }
 
 ShardReader::ShardReader(const std::string& path) : path_(path) {
