@@ -91,6 +91,15 @@ for damage in ["truncate", "flip"]:
                 extra=["--resume", os.path.join(d, "checkpoints", "step_00000020")])
     expect(r2.rc == 2, f"{damage}: --resume of exactly the damaged checkpoint is refused (exit {r2.rc})")
 
+# --resume never starts afresh and keeps the earlier run's log and checkpoints aside.
+d = os.path.join(args.work, "never")
+shutil.copytree(run.run_dir, d)
+r = launch(args, 4, d, tiny, base, extra=["--resume", "never"])
+expect(r.rc == 0 and "resumed" not in r.out, f"--resume never: fresh start (exit {r.rc})")
+expect(sorted(os.listdir(os.path.join(d, "checkpoints.1"))) == sorted(os.listdir(ck)) and
+       os.path.exists(os.path.join(d, "metrics.jsonl.1")), "old checkpoints and log kept as checkpoints.1, metrics.jsonl.1")
+expect(os.path.isdir(os.path.join(d, "checkpoints", "step_00000020")), "new checkpoints written")
+
 # A checkpoint of another model shape is refused, naming the key.
 r = launch(args, 4, os.path.join(args.work, "other_model"), tiny, base + ["model.d_model=32"], extra=["--resume", step20])
 expect(r.rc == 2 and "model.d_model differs" in r.err, f"incompatible checkpoint refused naming the key: {r.err.strip()!r}")
