@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -12,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "pipetrain/clock.hpp"
 #include "pipetrain/shard_io.hpp"
 #include "spec_schema.hpp"
 
@@ -20,10 +20,6 @@ using json = nlohmann::json;
 
 namespace pipetrain {
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::string step_name(int64_t step) {
   char buf[32];

@@ -1,5 +1,6 @@
 #include "pipetrain/comm.hpp"
 
+#include "pipetrain/clock.hpp"
 #include "pipetrain/config.hpp"
 
 #include <sched.h>
@@ -13,10 +14,6 @@
 
 namespace pipetrain {
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 int cores_available() {
   cpu_set_t set;

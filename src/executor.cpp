@@ -1,16 +1,14 @@
 #include "pipetrain/executor.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <stdexcept>
 #include <string>
+
+#include "pipetrain/clock.hpp"
 
 namespace pipetrain {
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 int act_tag(int mb) { return 2 * mb; }
 int grad_tag(int mb) { return 2 * mb + 1; }
 
@@ -134,4 +132,5 @@ StepStats Executor::run(const ActionList& actions, int micro_batches) {
   return st;
 }
 
-}  // namespace pipetrain
+}  // namespace pipetrain#include "pipetrain/clock.hpp"
+

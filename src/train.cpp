@@ -3,15 +3,14 @@
 #include <cblas.h>
 #include <csignal>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <functional>
 #include <fstream>
 #include <memory>
 
+#include "pipetrain/clock.hpp"
 #include "pipetrain/checkpoint.hpp"
 #include "pipetrain/comm.hpp"
 #include "pipetrain/config.hpp"
@@ -28,10 +27,6 @@ namespace fs = std::filesystem;
 
 namespace pipetrain {
 namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Moves `path` aside to path.N (first free N) and returns a note saying so.
 std::string move_aside(const std::string& path) {
