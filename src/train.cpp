@@ -76,6 +76,29 @@ int stall_step(int rank) {
   return step;
 }
 
+struct GradSync {
+  double dp_wait_s;  // time in the data-parallel all-reduce (not pipeline bubble)
+  double norm;       // global gradient norm over all stages, before clipping
+};
+
+// After the schedule: average gradients over the replicas (1/D is already in the loss scale) in
+// buckets, sum the tied embedding's two halves (tied_wte: the stage's wte if it takes part), and
+// reduce the squared norm over the pipeline.
+GradSync sync_gradients(Stage& stage, Comm& comm, int dp, size_t bucket, const ParamTensor* tied_wte) {
+  const double wait0 = comm.wait_seconds();
+  std::vector<MPI_Request> reqs;
+  std::vector<float>& g = stage.grads();
+  if (dp > 1)
+    for (size_t off = 0; off < g.size(); off += bucket)
+      reqs.push_back(comm.iallreduce_data(g.data() + off, std::min(bucket, g.size() - off)));
+  comm.wait_all(reqs, {"data-parallel gradient all-reduce"});
+  const double dp_wait = comm.wait_seconds() - wait0;
+  if (tied_wte) comm.allreduce_tied(g.data() + tied_wte->offset, tied_wte->size);
+  double sq = grad_sq_sum(stage.params(), g);
+  comm.allreduce_pipe(&sq, 1);
+  return {dp_wait, std::sqrt(sq)};
+}
+
 // Everything that can be wrong with the input, checked on every rank before anything large is
 // allocated; the ranks then agree so all exit 2 together.
 struct Setup {
@@ -176,21 +199,10 @@ int run_train(const TrainOptions& opt) {
     comm.reset_wait_seconds();
     const StepStats st = executor.run(actions, M);
 
-    // Data parallel: average gradients over replicas (1/D is already in the loss scale), in buckets.
-    const double dp_wait0 = comm.wait_seconds();
-    std::vector<MPI_Request> reqs;
-    if (D > 1)
-      for (size_t off = 0; off < stage.grads().size(); off += bucket)
-        reqs.push_back(comm.iallreduce_data(stage.grads().data() + off, std::min(bucket, stage.grads().size() - off)));
-    comm.wait_all(reqs, {"data-parallel gradient all-reduce"});
-    const double dp_wait = comm.wait_seconds() - dp_wait0;
-    // Tied embeddings: wte's gradient is the sum of the embedding's and the head's.
-    if (tied_sync) comm.allreduce_tied(stage.grads().data() + wte->offset, wte->size);
-    double sq = grad_sq_sum(stage.params(), stage.grads());
-    comm.allreduce_pipe(&sq, 1);
-    const double grad_norm = std::sqrt(sq);
-    adam.step(stage.params(), stage.weights(), stage.grads(), lr, clip_coefficient(grad_norm, spec.train.grad_clip));
+    const GradSync sync = sync_gradients(stage, comm, D, bucket, tied_sync ? wte : nullptr);
+    adam.step(stage.params(), stage.weights(), stage.grads(), lr, clip_coefficient(sync.norm, spec.train.grad_clip));
     const double step_time = now_s() - t0;
+    const double waited = comm.wait_seconds();  // before the step-boundary agreement and any save
 
     // Step boundary: ranks agree on a stop signal any of them got, then save if due.
     const int done = step + 1;
@@ -203,8 +215,8 @@ int run_train(const TrainOptions& opt) {
     if ((done % spec.log.every_steps == 0 || done == spec.run.steps || stop)) {
       RankFigures mine;
       mine.stage = topo.stage, mine.dp_rank = topo.dp_rank, mine.compute_s = st.compute_s;
-      mine.comm_wait_s = comm.wait_seconds();
-      mine.bubble_wait_s = mine.comm_wait_s - dp_wait;
+      mine.comm_wait_s = waited;
+      mine.bubble_wait_s = waited - sync.dp_wait_s;
       mine.act_peak_bytes = static_cast<double>(st.act_peak_bytes);
       mine.mem_peak_bytes = peak_rss_bytes();
       mine.loss_sum = st.loss_sum;
@@ -216,7 +228,7 @@ int run_train(const TrainOptions& opt) {
         std::vector<RankFigures> figures;
         for (int r = 0; r < world; ++r) figures.push_back(RankFigures::from(&all[r * RankFigures::kFields]));
         StepLine line = combine(figures, P, tokens_per_step);
-        line.step = done, line.steps = spec.run.steps, line.lr = lr, line.grad_norm = grad_norm;
+        line.step = done, line.steps = spec.run.steps, line.lr = lr, line.grad_norm = sync.norm;
         line.step_time_s = step_time, line.tokens_per_s = tokens_per_step / step_time;
         line.bubble_theory = bubble_theory;
         metrics.write(to_json(line));
