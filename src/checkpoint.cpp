@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -154,6 +156,17 @@ std::string verify_checkpoint(const std::string& dir, int part, int parts) {
   } catch (const SpecError& e) {
     return e.what();
   }
+  const std::string mpath = dir + "/manifest.json: ";
+  const std::string dirname = fs::path(dir).filename().string();
+  if (m.step < 1 || m.step > INT32_MAX) return mpath + "step " + std::to_string(m.step) + " is out of range";
+  if (dirname.rfind("step_", 0) == 0 && dirname != step_name(m.step))
+    return mpath + "step " + std::to_string(m.step) + " does not match the directory name " + dirname;
+  int64_t blocks = 0;
+  for (int b : m.partition) blocks += b;
+  auto n_layer = m.spec.find("model.n_layer");
+  if (m.pp < 1 || m.shards.size() != static_cast<size_t>(m.pp) || m.partition.size() != static_cast<size_t>(m.pp) ||
+      n_layer == m.spec.end() || std::to_string(blocks) != n_layer->second)
+    return mpath + "layout, partition and shard list do not agree";
   for (size_t i = 0; i < m.shards.size(); ++i) {
     if (static_cast<int>(i % parts) != part) continue;
     const auto& s = m.shards[i];
@@ -161,15 +174,33 @@ std::string verify_checkpoint(const std::string& dir, int part, int parts) {
     uint64_t bytes = 0, sum = 0;
     try {
       sum = file_checksum(path, &bytes);
+      if (bytes != s.bytes)
+        return path + ": " + std::to_string(bytes) + " bytes, the manifest says " + std::to_string(s.bytes) +
+               " (truncated or replaced)";
+      if (sum != s.checksum)
+        return path + ": checksum " + hex(sum) + " differs from the manifest's " + hex(s.checksum) + " (corrupted)";
+      ShardReader r(path);
+      if (r.step() != m.step || r.format_version() != kCheckpointFormat)
+        return path + ": holds step " + std::to_string(r.step()) + " (format " + std::to_string(r.format_version()) +
+               "), the manifest says step " + std::to_string(m.step);
+      for (auto& t : s.tensors)
+        if (!r.has(t)) return path + ": lacks tensor " + t + " listed in the manifest";
     } catch (const std::exception& e) {
       return e.what();
     }
-    if (bytes != s.bytes)
-      return path + ": " + std::to_string(bytes) + " bytes, the manifest says " + std::to_string(s.bytes) +
-             " (truncated or replaced)";
-    if (sum != s.checksum) return path + ": checksum " + hex(sum) + " differs from the manifest's " + hex(s.checksum) + " (corrupted)";
   }
   return "";
+}
+
+std::vector<std::string> changed_training_keys(const Manifest& m, const RunSpec& spec) {
+  std::vector<std::string> out;
+  for (auto& k : spec_schema()) {
+    const std::string key = k.dotted();
+    if (key != "run.steps" && key.rfind("train.", 0) != 0) continue;
+    auto it = m.spec.find(key);
+    if (it != m.spec.end() && it->second != k.show(spec)) out.push_back(key + " " + it->second + " -> " + k.show(spec));
+  }
+  return out;
 }
 
 std::string incompatibility(const Manifest& m, const RunSpec& spec) {
@@ -189,7 +220,6 @@ Checkpointer::Checkpointer(const RunSpec& spec, const std::string& run_dir, Comm
 
 double Checkpointer::save(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition) {
   const std::string name = step_name(step), final_dir = dir_ + "/" + name, tmp = dir_ + "/.tmp_" + name;
-  if (comm_.any(fs::exists(final_dir))) return 0;  // already saved (e.g. stop signal on a save step)
   const double t0 = now_s();
   const Topology& topo = comm_.topo();
   Comm::require_agreed([&] {
@@ -210,11 +240,17 @@ double Checkpointer::save(int64_t step, Stage& stage, const AdamW& opt, const st
   const std::string shard = tmp + "/" + shard_name(topo.stage);
   uint64_t mine[3] = {static_cast<uint64_t>(topo.stage), 0, 0};
   Comm::require_agreed([&] {
-    write_shard(shard, tensors, step, comm_.data_handle(), topo.dp_rank, topo.dp,
-                kill_in_save(topo.world_rank, step, tensors.size()));
+    const std::string error = write_shard(shard, tensors, step, comm_.data_handle(), topo.dp_rank, topo.dp,
+                                          kill_in_save(topo.world_rank, step, tensors.size()));
+    if (!error.empty()) throw std::runtime_error("checkpoint not saved: " + error);
+    sync_path(shard);  // every writer: on network file systems one client's fsync covers only its writes
     if (topo.dp_rank != 0) return;
+    // Read the shard back before vouching for it with a checksum: a file HDF5 cannot open or that
+    // lacks a tensor must never be published.
+    ShardReader check(shard);
+    for (auto& t : tensors)
+      if (!check.has(t.name)) throw std::runtime_error("checkpoint not saved: " + shard + " lacks " + t.name);
     mine[1] = file_checksum(shard, &mine[2]);
-    sync_path(shard);
   });
   std::vector<uint64_t> all;
   comm_.gather_to_root(mine, 3, all);
@@ -250,12 +286,30 @@ double Checkpointer::save(int64_t step, Stage& stage, const AdamW& opt, const st
 // Rank 0: the rename that makes a checkpoint exist, then `latest`, then pruning of old ones.
 void Checkpointer::publish(const std::string& tmp, const std::string& final_dir, const std::string& name) {
   sync_path(tmp);
+  std::error_code ec;
+  if (fs::exists(final_dir, ec)) set_aside(final_dir);  // never overwrite what was saved before
   fs::rename(tmp, final_dir);
   sync_path(dir_);
   write_durably(dir_ + "/latest", name + "\n");
+  // keep_last counts complete checkpoints up to the new one; newer ones cannot exist here (a
+  // resume sets them aside) and the new one is never removed.
   if (spec_.checkpoint.keep_last <= 0) return;
-  auto all = list_checkpoints(dir_);
-  for (size_t i = spec_.checkpoint.keep_last; i < all.size(); ++i) fs::remove_all(all[i].second);
+  const int64_t newest = list_checkpoints(dir_).front().first;
+  int kept = 0;
+  for (auto& [step, path] : list_checkpoints(dir_))
+    if (step <= newest && ++kept > spec_.checkpoint.keep_last) fs::remove_all(path, ec);  // best effort
+}
+
+void Checkpointer::set_aside(const std::string& path) {
+  int n = 1;
+  std::error_code ec;
+  while (fs::exists(path + ".discarded" + std::to_string(n), ec)) ++n;
+  fs::rename(path, path + ".discarded" + std::to_string(n));
+}
+
+void Checkpointer::discard_newer_than(int64_t step) {
+  for (auto& [s, path] : list_checkpoints(dir_))
+    if (s > step) set_aside(path);
 }
 
 std::string Checkpointer::select(const std::string& resume) {
@@ -301,11 +355,15 @@ int64_t Checkpointer::load(const std::string& dir, Stage& stage, AdamW& opt) {
     for (auto& p : stage.params()) {
       auto it = shard_of.find(p.name);
       if (it == shard_of.end()) throw SpecError(dir + ": checkpoint has no tensor " + p.name);
-      auto& reader = open[it->second];
-      if (!reader) reader = std::make_unique<ShardReader>(it->second);
-      reader->read("params", p.name, p.shape, stage.weights().data() + p.offset);
-      reader->read("optim/exp_avg", p.name, p.shape, opt.exp_avg().data() + p.offset);
-      reader->read("optim/exp_avg_sq", p.name, p.shape, opt.exp_avg_sq().data() + p.offset);
+      try {
+        auto& reader = open[it->second];
+        if (!reader) reader = std::make_unique<ShardReader>(it->second);
+        reader->read("params", p.name, p.shape, stage.weights().data() + p.offset);
+        reader->read("optim/exp_avg", p.name, p.shape, opt.exp_avg().data() + p.offset);
+        reader->read("optim/exp_avg_sq", p.name, p.shape, opt.exp_avg_sq().data() + p.offset);
+      } catch (const std::runtime_error& e) {  // a checkpoint that does not fit is bad input
+        throw SpecError(std::string("cannot load checkpoint: ") + e.what());
+      }
     }
   });
   opt.set_steps_taken(static_cast<int>(m.step));
@@ -349,7 +407,8 @@ int ckpt_inspect(const std::string& path) {
         std::string shape;
         for (size_t d = 0; d < t.shape.size(); ++d) n *= t.shape[d], shape += (d ? "x" : "") + std::to_string(t.shape[d]);
         total_params += n;
-        std::printf("    %-28s %-12s %10llu params\n", t.name.c_str(), shape.c_str(), static_cast<unsigned long long>(n));
+        std::printf("    %-28s %-12s %10llu params %12llu bytes (x3 with the AdamW moments)\n", t.name.c_str(),
+                    shape.c_str(), static_cast<unsigned long long>(n), static_cast<unsigned long long>(4 * n));
       }
     } catch (const std::exception& e) {
       std::printf("    (cannot read: %s)\n", e.what());

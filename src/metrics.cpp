@@ -1,10 +1,12 @@
 #include "pipetrain/metrics.hpp"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 namespace pipetrain {
@@ -92,17 +94,18 @@ void truncate_metrics(const std::string& path, int64_t step) {
   if (!in) return;
   std::string kept, line;
   while (std::getline(in, line)) {
-    auto pos = line.find("\"step\": ");
-    if (pos != std::string::npos && std::atoll(line.c_str() + pos + 8) <= step) kept += line + "\n";
+    // Only whole records: a line cut short by a kill mid-write is dropped.
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= step)
+      kept += line + "\n";
   }
   in.close();
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << kept;
-    if (!out.flush()) throw std::runtime_error(tmp + ": cannot write");
-  }
-  std::rename(tmp.c_str(), path.c_str());
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) throw std::runtime_error(tmp + ": cannot write");
+  const bool ok = std::fwrite(kept.data(), 1, kept.size(), f) == kept.size() && std::fflush(f) == 0 && fsync(fileno(f)) == 0;
+  std::fclose(f);
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error(path + ": cannot rewrite the log");
 }
 
 double peak_rss_bytes() {

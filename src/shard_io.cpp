@@ -33,10 +33,10 @@ struct Handle {
   operator hid_t() const { return id; }
 };
 
-void write_scalar_attr(hid_t obj, const char* name, int64_t value) {
+herr_t write_scalar_attr(hid_t obj, const char* name, int64_t value) {
   Handle space(H5Screate(H5S_SCALAR), H5Sclose);
   Handle attr(H5Acreate2(obj, name, H5T_NATIVE_INT64, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  H5Awrite(attr, H5T_NATIVE_INT64, &value);
+  return attr < 0 ? attr : H5Awrite(attr, H5T_NATIVE_INT64, &value);
 }
 
 int64_t read_scalar_attr(hid_t obj, const char* name) {
@@ -64,13 +64,19 @@ hid_t file_access(MPI_Comm group) {
 
 }  // namespace
 
-void write_shard(const std::string& path, const std::vector<ShardTensor>& tensors, int64_t step, MPI_Comm group,
-                 int rank, int size, int crash_after) {
+std::string write_shard(const std::string& path, const std::vector<ShardTensor>& tensors, int64_t step,
+                        MPI_Comm group, int rank, int size, int crash_after) {
   Handle fapl(file_access(group), H5Pclose);
-  Handle file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), H5Fclose);
-  if (file < 0) fail(path, "cannot create checkpoint shard");
-  write_scalar_attr(file, "step", step);
-  write_scalar_attr(file, "format_version", kCheckpointFormat);
+  hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  if (file < 0) return path + ": cannot create checkpoint shard";
+  // Dataset creation is collective: after a local failure keep making the same calls (skipping
+  // this rank's writes) so the other replicas never wait on a rank that left; report at the end.
+  std::string error;
+  auto check = [&](bool ok, const std::string& what) {
+    if (!ok && error.empty()) error = path + ": " + what;
+  };
+  check(write_scalar_attr(file, "step", step) >= 0, "cannot write attribute step");
+  check(write_scalar_attr(file, "format_version", kCheckpointFormat) >= 0, "cannot write attribute format_version");
   Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(lcpl, 1);
   Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
@@ -102,13 +108,16 @@ void write_shard(const std::string& path, const std::vector<ShardTensor>& tensor
     for (auto& [group_name, data] : arrays) {
       const std::string dname = std::string(group_name) + t.name;
       Handle ds(H5Dcreate2(file, dname.c_str(), H5T_IEEE_F32LE, filespace, lcpl, dcpl, H5P_DEFAULT), H5Dclose);
-      if (ds < 0) fail(path, "cannot create dataset " + dname);
-      if (H5Dwrite(ds, H5T_NATIVE_FLOAT, memspace, filespace, dxpl, data + r0 * row) < 0)
-        fail(path, "cannot write dataset " + dname);
+      check(ds >= 0, "cannot create dataset " + dname);
+      if (ds >= 0 && error.empty())
+        check(H5Dwrite(ds, H5T_NATIVE_FLOAT, memspace, filespace, dxpl, data + r0 * row) >= 0,
+              "cannot write dataset " + dname);
     }
     if (++written == crash_after) raise(SIGKILL);  // test hook: die mid-write
   }
-  // No H5Fflush: through MPI-IO it fsyncs on every rank; the caller fsyncs the closed file once.
+  // No H5Fflush: through MPI-IO it fsyncs on every rank; the caller fsyncs the closed file.
+  check(H5Fclose(file) >= 0, "cannot close checkpoint shard (metadata not written)");
+  return error;
 }
 
 ShardReader::ShardReader(const std::string& path) : path_(path) {

@@ -40,9 +40,11 @@ std::string move_aside(const std::string& path) {
 }
 
 // Rank 0, once every rank agreed to start: creates the run directory and writes the resolved
-// spec. A fresh start moves an earlier run's log and checkpoints aside (never overwrites them);
-// a resumed run keeps its log up to the checkpoint's step (later lines are recomputed).
-std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t resumed_step) {
+// spec. Continuing this run's own history (resumed_step > 0 from its own checkpoints) keeps the
+// log up to that step and sets aside newer checkpoints, whose steps are recomputed; otherwise (a
+// fresh start, or a checkpoint of another run) an earlier log and checkpoints are moved aside.
+std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t resumed_step,
+                            Checkpointer& checkpointer) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir)) throw SpecError("run dir " + dir + ": cannot create (" + ec.message() + ")");
@@ -57,6 +59,7 @@ std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t
   const std::string metrics = dir + "/metrics.jsonl", checkpoints = dir + "/checkpoints";
   if (resumed_step > 0) {
     truncate_metrics(metrics, resumed_step);
+    checkpointer.discard_newer_than(resumed_step);
     return "resumed at step " + std::to_string(resumed_step);
   }
   std::string note;
@@ -154,9 +157,12 @@ int run_train(const TrainOptions& opt) {
   stage.init_params(static_cast<uint64_t>(spec.run.seed));
   AdamW adam(spec.train, stage.weights().size());
   const int64_t start_step = resume_from.empty() ? 0 : checkpointer.load(resume_from, stage, adam);
+  std::error_code ec;
+  const bool own_history = !resume_from.empty() && fs::equivalent(fs::path(resume_from).parent_path(),
+                                                                   checkpointer.dir(), ec);
   // Only now, with every rank agreeing the run can start, touch the run directory.
   if (int code = Comm::run_agreed([&] {
-        if (rank == 0) su.note = prepare_run_dir(su.run_dir, spec, start_step);
+        if (rank == 0) su.note = prepare_run_dir(su.run_dir, spec, own_history ? start_step : 0, checkpointer);
       }))
     return code;
 
@@ -172,7 +178,11 @@ int run_train(const TrainOptions& opt) {
                 comm.wait_mode() == WaitMode::yield ? "yield" : "spin");
     std::printf("partition (%s):\n%s", spec.parallel.partition.c_str(), describe_partition(spec, su.blocks).c_str());
     std::printf("run dir: %s%s%s\n", su.run_dir.c_str(), su.note.empty() ? "" : " | ", su.note.c_str());
-    if (!resume_from.empty()) std::printf("resumed from %s\n", resume_from.c_str());
+    if (!resume_from.empty()) {
+      std::printf("resumed from %s\n", resume_from.c_str());
+      for (auto& change : changed_training_keys(Manifest::read(resume_from), spec))
+        std::printf("note: %s since the checkpoint (LR schedule / optimizer change from here on)\n", change.c_str());
+    }
     if (start_step >= spec.run.steps) std::printf("run already complete (%d steps)\n", spec.run.steps);
     std::fflush(stdout);
   }
@@ -204,14 +214,10 @@ int run_train(const TrainOptions& opt) {
     const double step_time = now_s() - t0;
     const double waited = comm.wait_seconds();  // before the step-boundary agreement and any save
 
-    // Step boundary: ranks agree on a stop signal any of them got, then save if due.
+    // Step boundary: ranks agree on a stop signal any of them got, then log (before saving, so a
+    // checkpoint never covers a step missing from the log) and save if due.
     const int done = step + 1;
     const bool stop = comm.any(stop_requested());
-    const int every = spec.checkpoint.every_steps;
-    if (stop || done == spec.run.steps || (every > 0 && done % every == 0)) {
-      const double secs = checkpointer.save(done, stage, adam, su.blocks);
-      if (rank == 0 && secs > 0) std::printf("checkpoint step %d saved in %.2f s\n", done, secs);
-    }
     if ((done % spec.log.every_steps == 0 || done == spec.run.steps || stop)) {
       RankFigures mine;
       mine.stage = topo.stage, mine.dp_rank = topo.dp_rank, mine.compute_s = st.compute_s;
@@ -236,7 +242,12 @@ int run_train(const TrainOptions& opt) {
         std::fflush(stdout);
       }
     }
-    if (stop) {
+    const int every = spec.checkpoint.every_steps;
+    if (stop || done == spec.run.steps || (every > 0 && done % every == 0)) {
+      const double secs = checkpointer.save(done, stage, adam, su.blocks);
+      if (rank == 0 && secs > 0) std::printf("checkpoint step %d saved in %.2f s\n", done, secs);
+    }
+    if (stop && done < spec.run.steps) {  // on the last step the run is simply complete
       if (rank == 0) std::printf("stopped by signal %d after step %d; checkpoint saved, exit 3\n", stop_signal(), done);
       return 3;
     }

@@ -47,13 +47,16 @@ std::string verify_checkpoint(const std::string& dir, int part = 0, int parts = 
 // Returns "" or a message naming the first key that differs.
 std::string incompatibility(const Manifest& m, const RunSpec& spec);
 
+// Keys that may change on resume but change the run (LR schedule, optimizer): "key old -> new".
+std::vector<std::string> changed_training_keys(const Manifest& m, const RunSpec& spec);
+
 class Checkpointer {
  public:
   Checkpointer(const RunSpec& spec, const std::string& run_dir, Comm& comm);
   std::string dir() const { return dir_; }
 
-  // Collective over all ranks: writes checkpoint `step` (skipped if it already exists). Returns
-  // the seconds it took. Throws if any rank failed; the previous checkpoint is untouched.
+  // Collective over all ranks: writes checkpoint `step`. Returns the seconds it took. Throws
+  // AgreedExit on every rank if any rank failed; the previous checkpoints are untouched.
   double save(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition);
 
   // Collective: the verified checkpoint to resume from for --resume auto | never | PATH, or ""
@@ -64,8 +67,13 @@ class Checkpointer {
   // Loads this rank's tensors and optimizer state from a selected checkpoint; returns its step.
   int64_t load(const std::string& dir, Stage& stage, AdamW& opt);
 
+  // Rank 0, after resuming at `step`: checkpoints of this run newer than it belong to a future
+  // that will now be recomputed; they are renamed step_N.discardedK (kept, never loaded again).
+  void discard_newer_than(int64_t step);
+
  private:
   void publish(const std::string& tmp, const std::string& final_dir, const std::string& name);
+  void set_aside(const std::string& path);
   const RunSpec& spec_;
   std::string dir_;
   Comm& comm_;

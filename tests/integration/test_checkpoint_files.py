@@ -83,13 +83,47 @@ for damage in ["truncate", "flip"]:
             f.write(bytes([b[0] ^ 0x10]))
     v = ckpt("verify", os.path.join(d, "checkpoints", "step_00000020"))
     expect(v.returncode == 2 and "stage_001.h5" in v.stderr, f"{damage}: ckpt verify exits 2 naming the shard: {v.stderr.strip()!r}")
+    r2 = launch(args, 4, os.path.join(args.work, f"explicit_{damage}"), tiny, base,
+                extra=["--resume", os.path.join(d, "checkpoints", "step_00000020")])
+    expect(r2.rc == 2, f"{damage}: --resume of exactly the damaged checkpoint is refused (exit {r2.rc})")
     r = launch(args, 4, d, tiny, base[:-2] + ["run.steps=25", "parallel.pp=2", "parallel.dp=2"])
     expect(r.rc == 0, f"{damage}: resume auto completes (exit {r.rc})")
     expect("unusable" in r.err and "falling back" in r.err and "step_00000010" in r.out,
            f"{damage}: resume says it fell back to step 10: {r.err.strip()[:200]!r}")
-    r2 = launch(args, 4, os.path.join(args.work, f"explicit_{damage}"), tiny, base,
-                extra=["--resume", os.path.join(d, "checkpoints", "step_00000020")])
-    expect(r2.rc == 2, f"{damage}: --resume of exactly the damaged checkpoint is refused (exit {r2.rc})")
+    names = sorted(os.listdir(os.path.join(d, "checkpoints")))
+    expect("step_00000020.discarded1" in names and "step_00000025" in names and "step_00000020" in names,
+           f"{damage}: the damaged checkpoint is set aside (kept), step 20 recomputed and saved again: {names}")
+    expect(ckpt("verify", os.path.join(d, "checkpoints", "step_00000020")).returncode == 0,
+           f"{damage}: the new step-20 checkpoint verifies")
+
+# Falling back with keep_last=1 and a save every step must still end with a usable checkpoint
+# (the set-aside damaged step 20 must not count toward keep_last or block the new step 20).
+d = os.path.join(args.work, "fallback_keep1")
+shutil.copytree(run.run_dir, d)
+with open(os.path.join(d, "checkpoints", "step_00000020", "stage_000.h5"), "r+b") as f:
+    f.seek(4096)
+    b = f.read(1)
+    f.seek(4096)
+    f.write(bytes([b[0] ^ 1]))
+r = launch(args, 4, d, tiny, base + ["checkpoint.every_steps=1", "checkpoint.keep_last=1"])
+latest = open(os.path.join(d, "checkpoints", "latest")).read().strip()
+expect(r.rc == 0 and latest == "step_00000020" and ckpt("verify", os.path.join(d, "checkpoints", latest)).returncode == 0,
+       f"fallback + keep_last=1: ends with an intact step_00000020 named by latest (exit {r.rc}, latest {latest})")
+again = launch(args, 4, d, tiny, base)
+expect(again.rc == 0 and "run already complete" in again.out, "and the next start finds the run complete")
+
+# Hand-edited manifests are caught by verify (exit 2), never trained on.
+for field, value, needle in [("step", 7, "does not match the directory"), ("step", -3, "out of range")]:
+    d = os.path.join(args.work, f"edited_{field}_{value}", "step_00000010")
+    shutil.copytree(step10, d)
+    mpath = os.path.join(d, "manifest.json")
+    m = json.load(open(mpath))
+    m[field] = value
+    json.dump(m, open(mpath, "w"))
+    v = ckpt("verify", d)
+    expect(v.returncode == 2 and needle in v.stderr, f"manifest {field}={value}: verify exits 2 ({v.stderr.strip()!r})")
+    r = launch(args, 4, os.path.join(args.work, f"edited_run_{value}"), tiny, base, extra=["--resume", d])
+    expect(r.rc == 2, f"manifest {field}={value}: --resume refuses it (exit {r.rc})")
 
 # --resume never starts afresh and keeps the earlier run's log and checkpoints aside.
 d = os.path.join(args.work, "never")
