@@ -203,10 +203,10 @@ void Comm::allreduce_data(double* buf, size_t n) {
   poll(r, {"all-reduce over the data group"});
 }
 
-void Comm::allreduce_pipe(double* buf, size_t n) {
+void Comm::allreduce_world(double* buf, size_t n) {
   MPI_Request r;
-  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, pipe_, &r);
-  poll(r, {"all-reduce over the pipeline group"});
+  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &r);
+  poll(r, {"step-boundary all-reduce (gradient norm, stop signal)"});
 }
 
 void Comm::allreduce_tied(float* buf, size_t n) {
@@ -230,14 +230,6 @@ void Comm::gather_to_root(const uint64_t* mine, size_t n, std::vector<uint64_t>&
   MPI_Igather(mine, static_cast<int>(n), MPI_UINT64_T, out.data(), static_cast<int>(n), MPI_UINT64_T, 0,
               MPI_COMM_WORLD, &r);
   poll(r, {"gather to rank 0"});
-}
-
-bool Comm::any(bool flag) {
-  int v = flag ? 1 : 0;
-  MPI_Request r;
-  MPI_Iallreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &r);
-  poll(r, {"step-boundary agreement"});
-  return v != 0;
 }
 
 bool Comm::all_equal(uint64_t value) {

@@ -2,6 +2,8 @@
 
 #include <cblas.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <vector>
 
@@ -202,6 +204,19 @@ void softmax_crossentropy_backward(float* dlogits, const float* probs, const int
     for (int j = 0; j < V; ++j) d[j] = p[j] * scale;
     d[targets[i]] -= scale;
   }
+}
+
+double measure_sgemm_gflops(int n, double seconds) {
+  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a), c(a.size());
+  double best = 0, spent = 0;
+  while (spent < seconds) {
+    auto t0 = std::chrono::steady_clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    spent += dt;
+    best = std::max(best, 2.0 * n * n * n / dt / 1e9);
+  }
+  return best;
 }
 
 }  // namespace pipetrain

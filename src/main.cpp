@@ -9,6 +9,7 @@
 #include "pipetrain/checkpoint.hpp"
 #include "pipetrain/comm.hpp"
 #include "pipetrain/config.hpp"
+#include "pipetrain/plan.hpp"
 #include "pipetrain/train.hpp"
 
 namespace po = boost::program_options;
@@ -21,6 +22,7 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  train   train a GPT with GPipe over pp x dp MPI ranks (launch with mpiexec / srun)\n"
+    "  plan    predict a layout without launching it: partition, schedule chart, bubble, memory\n"
     "  ckpt    inspect | verify PATH: what a checkpoint holds / whether its shards are intact\n"
     "\n"
     "pipetrain <command> --help shows the command's options.\n";
@@ -81,6 +83,38 @@ int train_main(const std::vector<std::string>& args) {
   return code;
 }
 
+int plan_main(const std::vector<std::string>& args) {
+  std::string config;
+  std::vector<std::string> overrides;
+  int world = 0;
+  po::options_description desc("pipetrain plan [options]   (no MPI launch needed)");
+  desc.add_options()("help,h", "show this help")("config", po::value<std::string>(&config), "run spec (TOML)")(
+      "set", po::value<std::vector<std::string>>(&overrides)->composing(), "override one key (repeatable)")(
+      "world", po::value<int>(&world), "rank count to plan for (checked against pp x dp; default pp x dp)")(
+      "json", "print the prediction as JSON");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "pipetrain plan: error: %s (see pipetrain plan --help)\n", e.what());
+    return 2;
+  }
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+  try {
+    const RunSpec spec = load_spec(config, overrides, world);
+    const Plan plan = make_plan(spec);
+    std::cout << (vm.count("json") ? plan_json(spec, plan) : plan_text(spec, plan));
+    return 0;
+  } catch (const SpecError& e) {
+    std::fprintf(stderr, "pipetrain: error: %s\n", e.what());
+    return 2;
+  }
+}
+
 int ckpt_main(const std::vector<std::string>& args) {
   if (args.size() != 2 || (args[0] != "inspect" && args[0] != "verify")) {
     std::fprintf(args.size() == 1 && (args[0] == "--help" || args[0] == "-h") ? stdout : stderr,
@@ -102,6 +136,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   if (cmd == "train") return train_main(args);
   if (cmd == "ckpt") return ckpt_main(args);
+  if (cmd == "plan") return plan_main(args);
   std::fprintf(stderr, "pipetrain: error: unknown command '%s'\n%s", cmd.c_str(), kUsage);
   return 2;
 }

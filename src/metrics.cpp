@@ -12,14 +12,15 @@
 namespace pipetrain {
 
 void RankFigures::to(double* out) const {
-  const double v[kFields] = {stage, dp_rank, compute_s, bubble_wait_s, comm_wait_s, act_peak_bytes, mem_peak_bytes, loss_sum};
+  const double v[kFields] = {stage,          dp_rank,        compute_s,   bubble_wait_s, comm_wait_s, rank_step_s,
+                             act_peak_bytes, mem_peak_bytes, param_count, loss_sum};
   std::copy(v, v + kFields, out);
 }
 
 RankFigures RankFigures::from(const double* in) {
   RankFigures r;
   r.stage = in[0], r.dp_rank = in[1], r.compute_s = in[2], r.bubble_wait_s = in[3], r.comm_wait_s = in[4];
-  r.act_peak_bytes = in[5], r.mem_peak_bytes = in[6], r.loss_sum = in[7];
+  r.rank_step_s = in[5], r.act_peak_bytes = in[6], r.mem_peak_bytes = in[7], r.param_count = in[8], r.loss_sum = in[9];
   return r;
 }
 
@@ -30,6 +31,10 @@ StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_pe
   line.mem_peak_bytes.assign(pp, 0);
   line.comm_wait_s.assign(pp, 0);
   line.compute_s.assign(pp, 0);
+  line.rank_step_s.assign(pp, 0);
+  line.param_bytes.assign(pp, 0);
+  line.grad_bytes.assign(pp, 0);
+  line.optim_bytes.assign(pp, 0);
   std::vector<int> count(pp, 0);
   double loss_sum = 0;
   for (auto& r : ranks) {
@@ -39,6 +44,9 @@ StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_pe
     line.bubble_measured[s] += busy > 0 ? r.bubble_wait_s / busy : 0;
     line.comm_wait_s[s] += r.comm_wait_s;
     line.compute_s[s] += r.compute_s;
+    line.rank_step_s[s] += r.rank_step_s;
+    line.param_bytes[s] = line.grad_bytes[s] = 4 * r.param_count;
+    line.optim_bytes[s] = 8 * r.param_count;
     line.act_peak_bytes[s] = std::max(line.act_peak_bytes[s], r.act_peak_bytes);
     line.mem_peak_bytes[s] = std::max(line.mem_peak_bytes[s], r.mem_peak_bytes);
     count[s] += 1;
@@ -48,6 +56,7 @@ StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_pe
     line.bubble_measured[s] /= count[s];
     line.comm_wait_s[s] /= count[s];
     line.compute_s[s] /= count[s];
+    line.rank_step_s[s] /= count[s];
   }
   line.loss = loss_sum / tokens_per_step;
   return line;
@@ -76,14 +85,18 @@ std::string to_json(const StepLine& l) {
          ", \"tokens_per_s\": " + num(l.tokens_per_s, "%.6g") + ", \"bubble_theory\": " + num(l.bubble_theory, "%.6g") +
          ", \"bubble_measured\": " + array(l.bubble_measured) + ", \"act_peak_bytes\": " + array(l.act_peak_bytes, "%.0f") +
          ", \"mem_peak_bytes\": " + array(l.mem_peak_bytes, "%.0f") + ", \"comm_wait_s\": " + array(l.comm_wait_s) +
-         ", \"compute_s\": " + array(l.compute_s) + "}";
+         ", \"compute_s\": " + array(l.compute_s) + ", \"rank_step_s\": " + array(l.rank_step_s) +
+         ", \"param_bytes\": " + array(l.param_bytes, "%.0f") + ", \"grad_bytes\": " + array(l.grad_bytes, "%.0f") +
+         ", \"optim_bytes\": " + array(l.optim_bytes, "%.0f") + ", \"gflops\": " + num(l.gflops, "%.6g") +
+         ", \"peak_gflops\": " + num(l.peak_gflops, "%.6g") + ", \"mfu\": " + num(l.mfu, "%.6g") + "}";
 }
 
 std::string progress_line(const StepLine& l) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "step %*d/%d | loss %.4f | lr %.2e | gnorm %.3f | %8.0f tok/s | %7.1f ms | bubble",
+  std::snprintf(buf, sizeof buf,
+                "step %*d/%d | loss %.4f | lr %.2e | gnorm %.3f | %8.0f tok/s | %7.1f ms | %5.1f GFLOP/s MFU %4.1f%% | bubble",
                 static_cast<int>(std::to_string(l.steps).size()), l.step, l.steps, l.loss, l.lr, l.grad_norm,
-                l.tokens_per_s, 1e3 * l.step_time_s);
+                l.tokens_per_s, 1e3 * l.step_time_s, l.gflops, 100 * l.mfu);
   std::string s = buf;
   for (double b : l.bubble_measured) s += " " + num(b, "%.2f");
   return s + " (theory " + num(l.bubble_theory, "%.2f") + ")";

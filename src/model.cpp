@@ -44,6 +44,18 @@ void for_each_head_buffer(Head& a, F f) {
 
 }  // namespace
 
+size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks, Recompute mode) {
+  const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, C = spec.model.d_model;
+  const size_t NH = spec.model.n_head, V = spec.model.vocab, n = b * T, L = blocks;
+  const bool first = stage == 0, last = stage == n_stages - 1;
+  size_t floats = 0;
+  if (mode == Recompute::none) floats = L * (n * (16 * C + 4) + b * NH * T * T) + (last ? n * (2 * C + 2 + V) : 0);
+  if (mode == Recompute::block) floats = n * C * (L + (last ? 1 : 0));
+  if (mode == Recompute::stage) floats = first ? 0 : n * C;
+  const size_t ints = n * ((first ? 1 : 0) + (last ? 1 : 0));
+  return sizeof(float) * floats + sizeof(int) * ints;
+}
+
 Recompute parse_recompute(const std::string& s) {
   if (s == "stage") return Recompute::stage;
   if (s == "block") return Recompute::block;

@@ -19,6 +19,13 @@ CostModel CostModel::of(const RunSpec& spec) {
   return m;
 }
 
+double training_flops_per_token(const RunSpec& spec) {
+  const double C = spec.model.d_model, T = spec.model.seq_len, V = spec.model.vocab, L = spec.model.n_layer;
+  // forward per token: qkv, proj, fc, fc-proj (2 x 12 C^2), scores and weighted sum over the full
+  // T x T attention matrix (2 x 2 T C), LM head (2 C V); backward doubles it.
+  return 3 * (L * (24 * C * C + 4 * T * C) + 2 * C * V);
+}
+
 std::vector<double> stage_costs(const RunSpec& spec, const std::vector<int>& blocks) {
   const CostModel m = CostModel::of(spec);
   std::vector<double> costs;

@@ -1,5 +1,8 @@
 #include "pipetrain/schedule.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <map>
 #include <stdexcept>
 
 namespace pipetrain {
@@ -23,6 +26,78 @@ ActionList gpipe_schedule(int stage, int n_stages, int micro_batches) {
 ActionList make_schedule(const std::string& name, int stage, int n_stages, int micro_batches) {
   if (name == "gpipe") return gpipe_schedule(stage, n_stages, micro_batches);
   throw std::invalid_argument("unknown schedule " + name);
+}
+
+double SimResult::mean_bubble() const {
+  double sum = 0;
+  for (double b : bubble) sum += b;
+  return bubble.empty() ? 0 : sum / bubble.size();
+}
+
+SimResult simulate(const std::vector<ActionList>& lists, const std::vector<double>& fwd, const std::vector<double>& bwd) {
+  const int P = static_cast<int>(lists.size());
+  SimResult r;
+  r.busy.assign(P, 0);
+  r.spans.resize(P);
+  std::vector<size_t> next(P, 0);
+  std::vector<double> clock(P, 0);
+  // sent[s][mb]: when stage s sent micro-batch mb's activation (first) / gradient (second)
+  std::vector<std::map<int, double>> act_sent(P), grad_sent(P);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < P; ++s) {
+      for (; next[s] < lists[s].size(); ++next[s], progress = true) {
+        const Action& a = lists[s][next[s]];
+        if (a.op == Op::recv_act || a.op == Op::recv_grad) {
+          const auto& from = a.op == Op::recv_act ? act_sent[s - 1] : grad_sent[s + 1];
+          auto it = from.find(a.mb);
+          if (it == from.end()) break;  // blocked until the peer sends
+          clock[s] = std::max(clock[s], it->second);
+        } else if (a.op == Op::send_act) {
+          act_sent[s][a.mb] = clock[s];
+        } else if (a.op == Op::send_grad) {
+          grad_sent[s][a.mb] = clock[s];
+        } else {
+          const double cost = a.op == Op::forward ? fwd[s] : bwd[s];
+          r.spans[s].push_back({clock[s], clock[s] + cost, a});
+          clock[s] += cost;
+          r.busy[s] += cost;
+        }
+      }
+    }
+  }
+  for (int s = 0; s < P; ++s) {
+    if (next[s] < lists[s].size())
+      throw std::logic_error("schedule deadlocks: stage " + std::to_string(s) + " waits forever at " +
+                             to_string(lists[s][next[s]]));
+    r.makespan = std::max(r.makespan, clock[s]);
+  }
+  for (int s = 0; s < P; ++s) r.bubble.push_back(r.makespan > 0 ? 1 - r.busy[s] / r.makespan : 0);
+  return r;
+}
+
+std::string render_chart(const SimResult& sim, int max_slots) {
+  const int slots = static_cast<int>(std::lround(sim.makespan));
+  if (slots > max_slots) return "";
+  const int P = static_cast<int>(sim.spans.size());
+  const std::string last_label = "Stage " + std::to_string(P - 1) + ":";
+  const size_t label_width = std::max<size_t>(10, last_label.size() + 2);
+  auto pad = [](std::string s, size_t width, size_t display) { return s + std::string(width > display ? width - display : 1, ' '); };
+  auto trim = [](std::string s) { return s.erase(s.find_last_not_of(' ') + 1); };
+  std::string out = pad("t:", label_width, 2);
+  for (int t = 0; t < slots; ++t) out += pad(std::to_string(t), 4, std::to_string(t).size());
+  out = trim(out) + "\n";
+  for (int s = 0; s < P; ++s) {
+    std::vector<std::string> cells(slots, "\u00b7");  // '·', one column wide, two bytes
+    for (const SimSpan& sp : sim.spans[s])
+      for (long t = std::lround(sp.start); t < std::lround(sp.end) && t < slots; ++t)
+        cells[t] = (sp.action.op == Op::forward ? "F" : "B") + std::to_string(sp.action.mb);
+    const std::string label = "Stage " + std::to_string(s) + ":";
+    std::string row = pad(label, label_width, label.size());
+    for (auto& c : cells) row += pad(c, 4, c == "\u00b7" ? 1 : c.size());
+    out += trim(row) + "\n";
+  }
+  return out;
 }
 
 std::string to_string(const Action& a) {

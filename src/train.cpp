@@ -16,6 +16,7 @@
 #include "pipetrain/config.hpp"
 #include "pipetrain/data.hpp"
 #include "pipetrain/executor.hpp"
+#include "pipetrain/kernels.hpp"
 #include "pipetrain/metrics.hpp"
 #include "pipetrain/model.hpp"
 #include "pipetrain/optim.hpp"
@@ -79,15 +80,18 @@ int stall_step(int rank) {
   return step;
 }
 
-struct GradSync {
+struct StepSync {
   double dp_wait_s;  // time in the data-parallel all-reduce (not pipeline bubble)
   double norm;       // global gradient norm over all stages, before clipping
+  bool stop;         // some rank received a stop signal
 };
 
 // After the schedule: average gradients over the replicas (1/D is already in the loss scale) in
-// buckets, sum the tied embedding's two halves (tied_wte: the stage's wte if it takes part), and
-// reduce the squared norm over the pipeline.
-GradSync sync_gradients(Stage& stage, Comm& comm, int dp, size_t bucket, const ParamTensor* tied_wte) {
+// buckets, sum the tied embedding's two halves (tied_wte: the stage's wte if it takes part), then
+// one small all-reduce over all ranks carries both the squared norm (from the first replica of
+// each stage) and the stop flag: the step's only world-wide synchronisation.
+StepSync sync_step(Stage& stage, Comm& comm, size_t bucket, const ParamTensor* tied_wte) {
+  const int dp = comm.topo().dp;
   const double wait0 = comm.wait_seconds();
   std::vector<MPI_Request> reqs;
   std::vector<float>& g = stage.grads();
@@ -97,9 +101,9 @@ GradSync sync_gradients(Stage& stage, Comm& comm, int dp, size_t bucket, const P
   comm.wait_all(reqs, {"data-parallel gradient all-reduce"});
   const double dp_wait = comm.wait_seconds() - wait0;
   if (tied_wte) comm.allreduce_tied(g.data() + tied_wte->offset, tied_wte->size);
-  double sq = grad_sq_sum(stage.params(), g);
-  comm.allreduce_pipe(&sq, 1);
-  return {dp_wait, std::sqrt(sq)};
+  double sums[2] = {comm.topo().dp_rank == 0 ? grad_sq_sum(stage.params(), g) : 0.0, stop_requested() ? 1.0 : 0.0};
+  comm.allreduce_world(sums, 2);
+  return {dp_wait, std::sqrt(sums[0]), sums[1] > 0};
 }
 
 // Everything that can be wrong with the input, checked on every rank before anything large is
@@ -168,6 +172,10 @@ int run_train(const TrainOptions& opt) {
 
   Executor executor(stage, comm);
   const ActionList actions = make_schedule(spec.parallel.schedule, topo.stage, P, M);
+  // MFU denominator: the job's peak, measured (all ranks at once, as they will run) or given.
+  double peak_gflops = spec.log.peak_gflops > 0 ? spec.log.peak_gflops : measure_sgemm_gflops();
+  comm.allreduce_world(&peak_gflops, 1);
+  const double flops_per_step = training_flops_per_token(spec) * spec.train.global_batch * T;
   const double bubble_theory = static_cast<double>(P - 1) / (M + P - 1);
   const double tokens_per_step = static_cast<double>(spec.train.global_batch) * T;
 
@@ -178,6 +186,8 @@ int run_train(const TrainOptions& opt) {
                 comm.wait_mode() == WaitMode::yield ? "yield" : "spin");
     std::printf("partition (%s):\n%s", spec.parallel.partition.c_str(), describe_partition(spec, su.blocks).c_str());
     std::printf("run dir: %s%s%s\n", su.run_dir.c_str(), su.note.empty() ? "" : " | ", su.note.c_str());
+    std::printf("peak %.1f GFLOP/s (%s), %.3g GFLOP per step\n", peak_gflops,
+                spec.log.peak_gflops > 0 ? "log.peak_gflops x ranks" : "measured sgemm, all ranks", flops_per_step / 1e9);
     if (!resume_from.empty()) {
       std::printf("resumed from %s\n", resume_from.c_str());
       for (auto& change : changed_training_keys(Manifest::read(resume_from), spec))
@@ -198,6 +208,7 @@ int run_train(const TrainOptions& opt) {
   for (int step = static_cast<int>(start_step); step < spec.run.steps; ++step) {
     const double t0 = now_s();
     const double lr = lr_at(spec, step);
+    double local_s = -now_s();  // compute outside the executor: data, zeroing, optimizer
     stage.zero_grads();
     for (int mb = 0; mb < M; ++mb) {
       if (!stage.first() && !stage.last()) break;
@@ -205,22 +216,27 @@ int run_train(const TrainOptions& opt) {
       if (stage.first()) stage.set_tokens(mb, inputs.data());
       if (stage.last()) stage.set_targets(mb, targets.data());
     }
+    local_s += now_s();
     if (step == stall_at_step) raise(SIGSTOP);  // test-only: this rank stops answering (see stall_step)
     comm.reset_wait_seconds();
     const StepStats st = executor.run(actions, M);
 
-    const GradSync sync = sync_gradients(stage, comm, D, bucket, tied_sync ? wte : nullptr);
+    const StepSync sync = sync_step(stage, comm, bucket, tied_sync ? wte : nullptr);
+    local_s -= now_s();
     adam.step(stage.params(), stage.weights(), stage.grads(), lr, clip_coefficient(sync.norm, spec.train.grad_clip));
+    local_s += now_s();
     const double step_time = now_s() - t0;
     const double waited = comm.wait_seconds();  // before the step-boundary agreement and any save
 
-    // Step boundary: ranks agree on a stop signal any of them got, then log (before saving, so a
+    // Step boundary: ranks agreed on a stop signal in sync_step; log (before saving, so a
     // checkpoint never covers a step missing from the log) and save if due.
     const int done = step + 1;
-    const bool stop = comm.any(stop_requested());
+    const bool stop = sync.stop;
     if ((done % spec.log.every_steps == 0 || done == spec.run.steps || stop)) {
       RankFigures mine;
-      mine.stage = topo.stage, mine.dp_rank = topo.dp_rank, mine.compute_s = st.compute_s;
+      mine.stage = topo.stage, mine.dp_rank = topo.dp_rank, mine.compute_s = st.compute_s + local_s;
+      mine.rank_step_s = step_time;
+      mine.param_count = static_cast<double>(stage.weights().size());
       mine.comm_wait_s = waited;
       mine.bubble_wait_s = waited - sync.dp_wait_s;
       mine.act_peak_bytes = static_cast<double>(st.act_peak_bytes);
@@ -237,6 +253,9 @@ int run_train(const TrainOptions& opt) {
         line.step = done, line.steps = spec.run.steps, line.lr = lr, line.grad_norm = sync.norm;
         line.step_time_s = step_time, line.tokens_per_s = tokens_per_step / step_time;
         line.bubble_theory = bubble_theory;
+        line.gflops = flops_per_step / step_time / 1e9;
+        line.peak_gflops = peak_gflops;
+        line.mfu = line.gflops / peak_gflops;
         metrics.write(to_json(line));
         std::printf("%s\n", progress_line(line).c_str());
         std::fflush(stdout);

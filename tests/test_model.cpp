@@ -123,6 +123,7 @@ TEST_CASE("recompute none, stage and block give identical gradients; stash holds
         if (m == "stage" && !st.first()) expect += 4 * N * C;
         INFO("stage " << stage_id << " mode " << m);
         CHECK(st.stash_bytes(mb) == expect);
+        CHECK(stash_bytes_per_micro_batch(spec, stage_id, 3, 2, parse_recompute(m)) == expect);
       }
       for (int mb = M - 1; mb >= 0; --mb) {
         auto r = randn(N * C, 1.f, 40 + mb);

@@ -36,57 +36,10 @@ std::vector<int> range(int from, int to, int step) {  // [from, to) with step, o
   return out;
 }
 
-// Discrete-event run of all stages' lists: forward/backward take 1 time unit, send/recv take 0, a
-// receive completes no earlier than its matching send (same op pair and micro-batch, from the
-// neighbour). Sends are buffered (never block).
-struct SimResult {
-  bool deadlock = false;
-  double makespan = 0;
-  std::vector<double> busy, clock;
-};
-
-SimResult simulate(const std::vector<ActionList>& lists) {
-  const int P = static_cast<int>(lists.size());
-  // sent[s][mb]: time stage s sent activation (acts) or gradient (grads) of mb, -1 if not yet.
-  std::vector<std::vector<double>> sent_act(P), sent_grad(P);
-  for (int s = 0; s < P; ++s) {
-    int max_mb = 0;
-    for (auto& a : lists[s]) max_mb = std::max(max_mb, a.mb);
-    sent_act[s].assign(max_mb + 1, -1);
-    sent_grad[s].assign(max_mb + 1, -1);
-  }
-  auto sent_time = [&](std::vector<std::vector<double>>& table, int stage, int mb) {
-    if (stage < 0 || stage >= P || mb >= static_cast<int>(table[stage].size())) return -1.0;
-    return table[stage][mb];
-  };
-  SimResult r;
-  r.busy.assign(P, 0);
-  r.clock.assign(P, 0);
-  std::vector<size_t> pc(P, 0);
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int s = 0; s < P; ++s)
-      while (pc[s] < lists[s].size()) {
-        const Action a = lists[s][pc[s]];
-        if (a.op == Op::forward || a.op == Op::backward) {
-          r.clock[s] += 1;
-          r.busy[s] += 1;
-        } else if (a.op == Op::send_act) {
-          sent_act[s][a.mb] = r.clock[s];
-        } else if (a.op == Op::send_grad) {
-          sent_grad[s][a.mb] = r.clock[s];
-        } else {
-          double t = a.op == Op::recv_act ? sent_time(sent_act, s - 1, a.mb) : sent_time(sent_grad, s + 1, a.mb);
-          if (t < 0) break;  // blocked until the neighbour sends
-          r.clock[s] = std::max(r.clock[s], t);
-        }
-        ++pc[s];
-        progress = true;
-      }
-  }
-  for (int s = 0; s < P; ++s) r.deadlock |= pc[s] != lists[s].size();
-  r.makespan = *std::max_element(r.clock.begin(), r.clock.end());
-  return r;
+// Unit costs: every forward and backward takes one time slot, as in the seed's diagrams.
+SimResult simulate_unit(const std::vector<ActionList>& lists) {
+  const std::vector<double> one(lists.size(), 1.0);
+  return simulate(lists, one, one);
 }
 
 const std::pair<int, int> kShapes[] = {{1, 1}, {1, 4}, {2, 1}, {2, 3}, {3, 5}, {4, 4},
@@ -166,25 +119,53 @@ TEST_CASE("simulator detects a deadlock", "[schedule]") {
   std::vector<ActionList> lists = {
       {{Op::forward, 0}, {Op::recv_grad, 0}, {Op::send_act, 0}, {Op::backward, 0}},
       {{Op::recv_act, 0}, {Op::forward, 0}, {Op::backward, 0}, {Op::send_grad, 0}}};
-  CHECK(simulate(lists).deadlock);
+  CHECK_THROWS_AS(simulate_unit(lists), std::logic_error);
   std::swap(lists[0][1], lists[0][2]);
-  CHECK_FALSE(simulate(lists).deadlock);
+  CHECK_NOTHROW(simulate_unit(lists));
 }
 
 TEST_CASE("gpipe: simulated makespan and bubble match the seed's formula", "[schedule]") {
   for (auto [P, M] : kShapes) {
     INFO("P=" << P << " M=" << M);
-    SimResult r = simulate(all_stages(P, M));
-    REQUIRE_FALSE(r.deadlock);
+    SimResult r = simulate_unit(all_stages(P, M));
     CHECK(r.makespan == 2.0 * (M + P - 1));
     const double bubble = double(P - 1) / (M + P - 1);
     for (int s = 0; s < P; ++s) {
       INFO("stage " << s);
       CHECK(r.busy[s] == 2.0 * M);
       CHECK((r.makespan - r.busy[s]) / r.makespan == Approx(bubble).margin(1e-12));
-      CHECK(r.clock[s] == 2.0 * (M + P - 1) - s);  // stage s finishes its last backward s units early
+      CHECK(r.bubble[s] == Approx(bubble).margin(1e-12));
+      CHECK(r.spans[s].back().end == 2.0 * (M + P - 1) - s);  // stage s finishes its last backward s units early
     }
   }
+}
+
+TEST_CASE("bubble equals (P-1)/(M+P-1) exactly on a grid of P and M", "[schedule]") {
+  for (int P = 1; P <= 8; ++P)
+    for (int M : {1, 2, 3, 4, 8, 16, 32, 64}) {
+      INFO("P=" << P << " M=" << M);
+      CHECK(simulate_unit(all_stages(P, M)).mean_bubble() * (M + P - 1) == Approx(P - 1).margin(1e-9));
+    }
+}
+
+TEST_CASE("the text chart for P=4, M=4 is the seed's GPipe diagram, slot for slot", "[schedule]") {
+  // Copied from the seed chapter, section 3.2.
+  const std::string seed =
+      "t:        0   1   2   3   4   5   6   7   8   9   10  11  12  13\n"
+      "Stage 0:  F0  F1  F2  F3  \u00b7   \u00b7   \u00b7   \u00b7   \u00b7   \u00b7   B3  B2  B1  B0\n"
+      "Stage 1:  \u00b7   F0  F1  F2  F3  \u00b7   \u00b7   \u00b7   \u00b7   B3  B2  B1  B0  \u00b7\n"
+      "Stage 2:  \u00b7   \u00b7   F0  F1  F2  F3  \u00b7   \u00b7   B3  B2  B1  B0  \u00b7   \u00b7\n"
+      "Stage 3:  \u00b7   \u00b7   \u00b7   F0  F1  F2  F3  B3  B2  B1  B0  \u00b7   \u00b7   \u00b7\n";
+  CHECK(render_chart(simulate_unit(all_stages(4, 4))) == seed);
+  // The naive pipeline of section 2.1 (M = 1), with the micro-batch index the seed leaves out there.
+  const std::string naive =
+      "t:        0   1   2   3   4   5   6   7\n"
+      "Stage 0:  F0  \u00b7   \u00b7   \u00b7   \u00b7   \u00b7   \u00b7   B0\n"
+      "Stage 1:  \u00b7   F0  \u00b7   \u00b7   \u00b7   \u00b7   B0  \u00b7\n"
+      "Stage 2:  \u00b7   \u00b7   F0  \u00b7   \u00b7   B0  \u00b7   \u00b7\n"
+      "Stage 3:  \u00b7   \u00b7   \u00b7   F0  B0  \u00b7   \u00b7   \u00b7\n";
+  CHECK(render_chart(simulate_unit(all_stages(4, 1))) == naive);
+  CHECK(render_chart(simulate_unit(all_stages(4, 64)), 64).empty());  // too wide: omitted
 }
 
 TEST_CASE("make_schedule dispatches by name and actions print compactly", "[schedule]") {

@@ -81,18 +81,16 @@ class Comm {
   void wait(MPI_Request& req, const WaitLabel& label);
   void wait_all(std::vector<MPI_Request>& reqs, const WaitLabel& label);
 
-  // In-place sums. data: over the D replicas of this stage; pipe: over the P stages;
+  // In-place sums. data: over the D replicas of this stage; world: over all ranks;
   // tied: between first and last stage (no-op when P = 1).
   MPI_Request iallreduce_data(float* buf, size_t n);
   void allreduce_data(double* buf, size_t n);
-  void allreduce_pipe(double* buf, size_t n);
+  void allreduce_world(double* buf, size_t n);
   void allreduce_tied(float* buf, size_t n);
 
   // Gathers `n` values from every rank to world rank 0 (out sized world*n there).
   void gather_to_root(const double* mine, size_t n, std::vector<double>& out);
   void gather_to_root(const uint64_t* mine, size_t n, std::vector<uint64_t>& out);
-  // True on every rank if `flag` is true on any rank (e.g. a stop signal seen by some ranks).
-  bool any(bool flag);
   // The data-parallel communicator, for parallel HDF5's MPI-IO driver (which makes its own MPI
   // calls on it); nothing else should use the raw handle.
   MPI_Comm data_handle() const { return data_; }

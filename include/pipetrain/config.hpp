@@ -60,6 +60,7 @@ struct RunSpec {
   } checkpoint;
   struct Log {
     int every_steps = 1;
+    double peak_gflops = 0;  // per rank, for MFU; 0 = measure sgemm at start
   } log;
   struct Comm {
     std::string backend = "mpi";

@@ -43,4 +43,8 @@ double softmax_crossentropy_forward(float* probs, const float* logits, const int
 void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float scale, int N,
                                    int V);
 
+// sgemm rate this process reaches on n x n x n products (best of repeats for ~`seconds`), in
+// GFLOP/s: the peak MFU is measured against when log.peak_gflops is 0.
+double measure_sgemm_gflops(int n = 256, double seconds = 0.05);
+
 }  // namespace pipetrain

@@ -11,13 +11,15 @@ namespace pipetrain {
 // What one rank contributes for one logged step (gathered to rank 0 as doubles).
 struct RankFigures {
   double stage = 0, dp_rank = 0;
-  double compute_s = 0;       // forward/backward/recompute
-  double bubble_wait_s = 0;   // waiting for pipeline peers (p2p, tied sync, pipeline norm sync)
+  double compute_s = 0;       // forward/backward/recompute, optimizer, data: all local work
+  double bubble_wait_s = 0;   // waiting for pipeline peers (p2p, tied sync, step-boundary sync)
   double comm_wait_s = 0;     // all waiting incl. the data-parallel all-reduce
+  double rank_step_s = 0;     // this rank's own step wall time (compute + waits + overheads)
   double act_peak_bytes = 0;  // stashed activations, peak during the step
   double mem_peak_bytes = 0;  // process peak RSS
+  double param_count = 0;     // parameters this rank holds (params, grads: 4 B each; AdamW: 8 B)
   double loss_sum = 0;        // summed token loss (last stage only)
-  static constexpr size_t kFields = 8;
+  static constexpr size_t kFields = 10;
   void to(double* out) const;
   static RankFigures from(const double* in);
 };
@@ -25,7 +27,9 @@ struct RankFigures {
 struct StepLine {
   int step = 0, steps = 0;
   double loss = 0, lr = 0, grad_norm = 0, step_time_s = 0, tokens_per_s = 0, bubble_theory = 0;
-  std::vector<double> bubble_measured, act_peak_bytes, mem_peak_bytes, comm_wait_s, compute_s;
+  double gflops = 0, peak_gflops = 0, mfu = 0;  // achieved model FLOP rate of the job, its peak, ratio
+  std::vector<double> bubble_measured, act_peak_bytes, mem_peak_bytes, comm_wait_s, compute_s, rank_step_s;
+  std::vector<double> param_bytes, grad_bytes, optim_bytes;
 };
 
 // Combines all ranks' figures (world order) into per-stage arrays: bubble and waits averaged over

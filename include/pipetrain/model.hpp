@@ -31,6 +31,14 @@ struct ParamTensor {
 // first stage, blocks [block_begin, block_end), final LayerNorm and head on the last.
 std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end);
 
+// Bytes one micro-batch keeps between its forward and its backward on a stage of `blocks` blocks,
+// by recompute mode (the formula Stage's buffers realise; plan predicts memory with it):
+// none: per block 16C+4 floats per token (input, ln1, qkv, attention output, res2, ln2, fc, gelu,
+// two mean/rstd pairs) plus b·heads·T² attention probabilities, and on the last stage the head's
+// input, ln_f output, mean/rstd and V probabilities per token; block: each block's input (+ the
+// head's); stage: the received input only. Plus tokens (first stage) and targets (last), 4 B each.
+size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks, Recompute mode);
+
 struct BlockActs {
   std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
 };

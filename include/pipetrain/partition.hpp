@@ -14,6 +14,10 @@ struct CostModel {
   static CostModel of(const RunSpec& spec);
 };
 
+// Model FLOPs of one training token (forward + backward of every matrix product as our kernels
+// run them, recompute not counted): the numerator of MFU.
+double training_flops_per_token(const RunSpec& spec);
+
 // Blocks per stage (size pp, each >= 1, sum n_layer) for parallel.partition.
 std::vector<int> partition_blocks(const RunSpec& spec);
 

@@ -24,4 +24,25 @@ ActionList make_schedule(const std::string& name, int stage, int n_stages, int m
 
 std::string to_string(const Action& a);  // "F3", "B0", "recvA2", ...
 
+// One step of every stage's action list, simulated: stage s spends fwd[s] per forward and bwd[s]
+// per backward, messages take no time, a receive waits for its matching send. This is the
+// prediction `plan` prints; with unit costs it is the seed's slot diagram.
+struct SimSpan {
+  double start, end;
+  Action action;  // forward or backward
+};
+struct SimResult {
+  double makespan = 0;
+  std::vector<double> busy;                  // compute time per stage
+  std::vector<double> bubble;                // 1 - busy / makespan, per stage
+  std::vector<std::vector<SimSpan>> spans;   // per stage, in time order
+  double mean_bubble() const;
+};
+// Throws std::logic_error if the lists deadlock (a receive whose send never happens).
+SimResult simulate(const std::vector<ActionList>& lists, const std::vector<double>& fwd, const std::vector<double>& bwd);
+
+// The seed's chart: a header of time slots, then one row per stage with F<mb>/B<mb> or '·' per
+// unit slot. Needs a simulation with unit-multiple costs; returns "" if wider than max_slots.
+std::string render_chart(const SimResult& sim, int max_slots = 64);
+
 }  // namespace pipetrain

@@ -1,0 +1,31 @@
+// `pipetrain plan`: what a layout will do, predicted without launching it (no MPI): partition,
+// the schedule chart of the seed, bubble from simulating the actual action lists with per-stage
+// costs next to (P-1)/(M+P-1), and per-stage memory for every recompute mode.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "pipetrain/config.hpp"
+
+namespace pipetrain {
+
+struct StagePlan {
+  int blocks = 0;
+  size_t params = 0;
+  double cost_share = 0;      // of the summed stage costs
+  double bubble = 0;          // simulated with the cost model
+  size_t act_peak_bytes[3];   // by recompute mode: none, stage, block (M in flight under GPipe)
+};
+
+struct Plan {
+  int world = 0;
+  std::vector<StagePlan> stages;
+  double bubble_theory = 0, bubble_sim = 0;
+  std::string chart;  // unit-slot diagram, "" when too wide to draw
+};
+
+Plan make_plan(const RunSpec& spec);
+std::string plan_text(const RunSpec& spec, const Plan& plan);
+std::string plan_json(const RunSpec& spec, const Plan& plan);
+
+}  // namespace pipetrain

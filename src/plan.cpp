@@ -1,0 +1,116 @@
+#include "pipetrain/plan.hpp"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "pipetrain/model.hpp"
+#include "pipetrain/partition.hpp"
+#include "pipetrain/schedule.hpp"
+
+namespace pipetrain {
+namespace {
+
+constexpr Recompute kModes[3] = {Recompute::none, Recompute::stage, Recompute::block};
+constexpr const char* kModeNames[3] = {"none", "stage", "block"};
+
+std::string bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  for (; b >= 1024 && u < 4; ++u) b /= 1024;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", b, units[u]);
+  return buf;
+}
+
+}  // namespace
+
+Plan make_plan(const RunSpec& spec) {
+  const int P = spec.parallel.pp, M = spec.parallel.micro_batches;
+  const std::vector<int> blocks = partition_blocks(spec);
+  const std::vector<double> costs = stage_costs(spec, blocks);  // forward + backward per token
+  double total = 0;
+  for (double c : costs) total += c;
+  std::vector<ActionList> lists;
+  for (int s = 0; s < P; ++s) lists.push_back(make_schedule(spec.parallel.schedule, s, P, M));
+
+  // Backward costs twice the forward; recompute re-runs the forward inside the backward.
+  const bool recompute = parse_recompute(spec.parallel.recompute) != Recompute::none;
+  std::vector<double> fwd, bwd;
+  for (double c : costs) fwd.push_back(c / 3), bwd.push_back(2 * c / 3 + (recompute ? c / 3 : 0));
+  const SimResult sim = simulate(lists, fwd, bwd);
+  const std::vector<double> unit(P, 1.0);
+
+  Plan plan;
+  plan.world = P * spec.parallel.dp;
+  plan.bubble_theory = static_cast<double>(P - 1) / (M + P - 1);
+  plan.bubble_sim = sim.mean_bubble();
+  plan.chart = render_chart(simulate(lists, unit, unit));
+  int begin = 0;
+  for (int s = 0; s < P; ++s) {
+    StagePlan sp;
+    sp.blocks = blocks[s];
+    for (auto& t : stage_params(spec, s, P, begin, begin + blocks[s])) sp.params += t.size;
+    sp.cost_share = costs[s] / total;
+    sp.bubble = sim.bubble[s];
+    for (int m = 0; m < 3; ++m) sp.act_peak_bytes[m] = M * stash_bytes_per_micro_batch(spec, s, P, blocks[s], kModes[m]);
+    plan.stages.push_back(sp);
+    begin += blocks[s];
+  }
+  return plan;
+}
+
+std::string plan_text(const RunSpec& spec, const Plan& plan) {
+  const auto& p = spec.parallel;
+  std::ostringstream os;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "plan: %d ranks = pp %d x dp %d | M=%d micro-batches of %d samples x %d tokens | schedule %s | "
+                "recompute %s\n",
+                plan.world, p.pp, p.dp, p.micro_batches, spec.samples_per_micro_batch(), spec.model.seq_len,
+                p.schedule.c_str(), p.recompute.c_str());
+  os << line << "\npartition (" << p.partition << "):\n" << describe_partition(spec, partition_blocks(spec));
+  os << "\nschedule, one slot per forward or backward (T_f = T_b, as in the seed's diagrams):\n";
+  if (plan.chart.empty()) os << "  (" << 2 * (p.micro_batches + p.pp - 1) << " slots: too wide to draw; lower M to see it)\n";
+  else os << plan.chart;
+  std::snprintf(line, sizeof line,
+                "\nbubble: closed form (P-1)/(M+P-1) = %.4f | simulated with per-stage costs (backward = 2 x forward%s) "
+                "= %.4f\n",
+                plan.bubble_theory, p.recompute == "none" ? "" : " + recompute", plan.bubble_sim);
+  os << line << "  per stage:";
+  for (auto& s : plan.stages) std::snprintf(line, sizeof line, " %.4f", s.bubble), os << line;
+  os << "\n\nmemory per stage (GPipe keeps all M micro-batches in flight; activations by recompute mode):\n";
+  std::snprintf(line, sizeof line, "  %-8s %12s %12s %12s | %12s %12s %12s\n", "stage", "params", "grads", "AdamW",
+                "act none", "act stage", "act block");
+  os << line;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const auto& sp = plan.stages[s];
+    std::snprintf(line, sizeof line, "  %-8zu %12s %12s %12s | %12s %12s %12s\n", s, bytes(4.0 * sp.params).c_str(),
+                  bytes(4.0 * sp.params).c_str(), bytes(8.0 * sp.params).c_str(), bytes(sp.act_peak_bytes[0]).c_str(),
+                  bytes(sp.act_peak_bytes[1]).c_str(), bytes(sp.act_peak_bytes[2]).c_str());
+    os << line;
+  }
+  return os.str();
+}
+
+std::string plan_json(const RunSpec& spec, const Plan& plan) {
+  nlohmann::json j;
+  j["world"] = plan.world;
+  j["pp"] = spec.parallel.pp;
+  j["dp"] = spec.parallel.dp;
+  j["micro_batches"] = spec.parallel.micro_batches;
+  j["partition"] = partition_blocks(spec);
+  j["bubble_theory"] = plan.bubble_theory;
+  j["bubble_sim"] = plan.bubble_sim;
+  j["stages"] = nlohmann::json::array();
+  for (auto& s : plan.stages) {
+    nlohmann::json act;
+    for (int m = 0; m < 3; ++m) act[kModeNames[m]] = s.act_peak_bytes[m];
+    j["stages"].push_back({{"blocks", s.blocks}, {"params", s.params}, {"param_bytes", 4 * s.params},
+                           {"grad_bytes", 4 * s.params}, {"optim_bytes", 8 * s.params}, {"cost_share", s.cost_share},
+                           {"bubble_sim", s.bubble}, {"act_peak_bytes", act}});
+  }
+  return j.dump(2) + "\n";
+}
+
+}  // namespace pipetrain
