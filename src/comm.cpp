@@ -232,6 +232,25 @@ void Comm::gather_to_root(const uint64_t* mine, size_t n, std::vector<uint64_t>&
   poll(r, {"gather to rank 0"});
 }
 
+void Comm::gather_to_root(const std::string& mine, std::vector<std::string>& out) {
+  const int n = world_size();
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(topo_.world_rank == 0 ? n : 0), offsets;
+  MPI_Request r;
+  MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD, &r);
+  poll(r, {"gather of trace sizes to rank 0"});
+  std::string all;
+  if (topo_.world_rank == 0) {
+    int total = 0;
+    for (int l : lens) offsets.push_back(total), total += l;
+    all.resize(total);
+  }
+  MPI_Igatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, 0, MPI_COMM_WORLD, &r);
+  poll(r, {"gather of traces to rank 0"});
+  out.clear();
+  for (int i = 0; i < static_cast<int>(lens.size()); ++i) out.push_back(all.substr(offsets[i], lens[i]));
+}
+
 bool Comm::all_equal(uint64_t value) {
   uint64_t lo = value, hi = value;
   MPI_Request r[2];

@@ -25,9 +25,11 @@ Executor::Executor(Stage& stage, Comm& comm) : stage_(stage), comm_(comm) {
   grad_in_req_.assign(kRing, MPI_REQUEST_NULL);
 }
 
-float* Executor::SendRing::acquire(Comm& comm, int for_mb, const char* what, int peer) {
+float* Executor::SendRing::acquire(Comm& comm, int for_mb, const char* what, int peer, Trace& trace) {
   const size_t slot = next++ % kRing;
+  const double t0 = now_s();
   comm.wait(reqs[slot], {what, peer, mb[slot]});  // the earlier send from this buffer
+  if (mb[slot] >= 0) trace.span(std::string("wait ") + what + " " + std::to_string(mb[slot]), "wait", t0, now_s(), mb[slot]);
   mb[slot] = for_mb;
   return bufs[slot].data();
 }
@@ -42,7 +44,7 @@ void Executor::SendRing::drain(Comm& comm, const char* what, int peer) {
   for (size_t s = 0; s < kRing; ++s) comm.wait(reqs[s], {what, peer, mb[s]}), mb[s] = -1;  // none stale next step
 }
 
-StepStats Executor::run(const ActionList& actions, int micro_batches) {
+StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& trace) {
   StepStats st;
   const double wait0 = comm_.wait_seconds();
   const size_t n = stage_.boundary_floats();
@@ -81,14 +83,19 @@ StepStats Executor::run(const ActionList& actions, int micro_batches) {
   int grad_in_mb = -1;
   for (const Action& a : actions) {
     switch (a.op) {
-      case Op::recv_act:
+      case Op::recv_act: {
+        const double t0 = now_s();
         comm_.wait(act_in[a.mb], {"recv activation", prev, a.mb});
+        trace.span("wait " + to_string(a), "wait", t0, now_s(), a.mb);
         break;
+      }
       case Op::forward: {
-        if (!stage_.last()) act_out = act_out_.acquire(comm_, a.mb, "send activation", next);
-        double t0 = now_s();
+        if (!stage_.last()) act_out = act_out_.acquire(comm_, a.mb, "send activation", next, trace);
+        const double t0 = now_s();
         st.loss_sum += stage_.forward(a.mb, act_out);
-        st.compute_s += now_s() - t0;
+        const double t1 = now_s();
+        st.compute_s += t1 - t0;
+        trace.span(to_string(a), "forward", t0, t1, a.mb);
         update(a.mb);
         break;
       }
@@ -99,19 +106,25 @@ StepStats Executor::run(const ActionList& actions, int micro_batches) {
       }
       case Op::recv_grad: {
         size_t slot = grads_used % kRing;
+        const double t0 = now_s();
         comm_.wait(grad_in_req_[slot], {"recv gradient", next, a.mb});
+        trace.span("wait " + to_string(a), "wait", t0, now_s(), a.mb);
         grad_in = grad_in_[slot].data();
         grad_in_mb = a.mb;
         break;
       }
       case Op::backward: {
-        if (!stage_.first()) grad_out = grad_out_.acquire(comm_, a.mb, "send gradient", prev);
+        if (!stage_.first()) grad_out = grad_out_.acquire(comm_, a.mb, "send gradient", prev, trace);
         if (!stage_.last() && grad_in_mb != a.mb)
           throw std::logic_error("schedule runs backward of micro-batch " + std::to_string(a.mb) +
                                  " without receiving its gradient first");
-        double t0 = now_s();
+        const double t0 = now_s();
         stage_.backward(a.mb, grad_in, grad_out);
-        st.compute_s += now_s() - t0;
+        const double t1 = now_s(), rs = stage_.last_recompute_s();
+        st.compute_s += t1 - t0;
+        // Recompute shown first; under recompute = block it is really interleaved block by block.
+        if (rs > 0) trace.span("R" + std::to_string(a.mb), "recompute", t0, t0 + rs, a.mb);
+        trace.span(to_string(a), "backward", t0 + rs, t1, a.mb);
         update(a.mb);
         if (!stage_.last()) {
           ++grads_used;  // its receive buffer is free again
@@ -126,8 +139,10 @@ StepStats Executor::run(const ActionList& actions, int micro_batches) {
       }
     }
   }
+  const double t0 = now_s();
   act_out_.drain(comm_, "send activation", next);
   grad_out_.drain(comm_, "send gradient", prev);
+  trace.span("wait sends", "wait", t0, now_s());
   st.wait_s = comm_.wait_seconds() - wait0;
   return st;
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "pipetrain/clock.hpp"
 #include "pipetrain/kernels.hpp"
 
 namespace pipetrain {
@@ -262,9 +263,12 @@ double Stage::forward(int mb, float* out) {
 void Stage::backward(int mb, const float* dout, float* dinp) {
   Acts& s = stash_[mb];
   Acts* a = &s;
+  recompute_s_ = 0;
   if (mode_ == Recompute::stage) {
     double unused;
+    recompute_s_ -= now_s();
     compute_forward(work_, s, dx_.data(), &unused);  // dx_ is free scratch at this point
+    recompute_s_ += now_s();
     a = &work_;
   } else if (mode_ == Recompute::block) {
     size_acts(work_);
@@ -273,14 +277,22 @@ void Stage::backward(int mb, const float* dout, float* dinp) {
   }
   const size_t n = boundary_floats();
   if (last()) {
-    if (mode_ == Recompute::block) head_forward(a->xs[L_].data(), a->head, s.targets.data());
+    if (mode_ == Recompute::block) {
+      recompute_s_ -= now_s();
+      head_forward(a->xs[L_].data(), a->head, s.targets.data());
+      recompute_s_ += now_s();
+    }
     std::fill(dres_.begin(), dres_.end(), 0.f);
     head_backward(a->xs[L_].data(), a->head, s.targets.data(), dres_.data());
   } else {
     std::copy(dout, dout + n, dres_.begin());
   }
   for (int l = L_ - 1; l >= 0; --l) {
-    if (mode_ == Recompute::block) block_forward(l, a->xs[l].data(), a->blocks[l], dx_.data());
+    if (mode_ == Recompute::block) {
+      recompute_s_ -= now_s();
+      block_forward(l, a->xs[l].data(), a->blocks[l], dx_.data());
+      recompute_s_ += now_s();
+    }
     block_backward(l, a->xs[l].data(), a->blocks[l], dres_.data(), dx_.data());
     std::swap(dres_, dx_);  // dres_ now holds the gradient of block l's input
   }

@@ -219,6 +219,8 @@ std::vector<SpecKey> build_schema() {
       int_key("checkpoint", "keep_last", FIELD(int, checkpoint.keep_last), 0, big,
               "complete checkpoints to keep, oldest removed first (0 = keep all)"),
       int_key("log", "every_steps", FIELD(int, log.every_steps), 1, big, "log a metrics line every N steps"),
+      int_key("log", "trace_steps", FIELD(int, log.trace_steps), 0, 1000,
+              "first steps of each launch recorded in trace.json (Chrome/Perfetto; 0 = no trace)"),
       double_key("log", "peak_gflops", FIELD(double, log.peak_gflops), 0, 1e9,
                  "peak GFLOP/s of one rank for MFU (0 = measure OpenBLAS sgemm at start)"),
       string_key("comm", "backend", FIELD(std::string, comm.backend), {"mpi"}, "transport (nccl comes with the GPU build)"),

@@ -23,6 +23,7 @@
 #include "pipetrain/partition.hpp"
 #include "pipetrain/schedule.hpp"
 #include "pipetrain/signals.hpp"
+#include "pipetrain/trace.hpp"
 
 namespace fs = std::filesystem;
 
@@ -78,6 +79,16 @@ int stall_step(int rank) {
   int r = -1, step = -1;
   if (!v || std::sscanf(v, "%d:%d", &r, &step) != 2 || r != rank) return -1;
   return step;
+}
+
+// Gathers every rank's trace spans and rank 0 writes RUN_DIR/trace.json (collective).
+void write_trace(const Trace& trace, Comm& comm, const std::string& run_dir) {
+  std::vector<std::string> all;
+  comm.gather_to_root(trace.events_json(comm.topo().stage, comm.topo().dp_rank), all);
+  if (comm.topo().world_rank != 0) return;
+  const std::string path = run_dir + "/trace.json", tmp = path + ".tmp";
+  std::ofstream(tmp) << Trace::file_json(all, comm.topo().pp, comm.topo().dp);
+  fs::rename(tmp, path);
 }
 
 struct StepSync {
@@ -175,6 +186,8 @@ int run_train(const TrainOptions& opt) {
   // MFU denominator: the job's peak, measured (all ranks at once, as they will run) or given.
   double peak_gflops = spec.log.peak_gflops > 0 ? spec.log.peak_gflops : measure_sgemm_gflops();
   comm.allreduce_world(&peak_gflops, 1);
+  Trace trace(spec.log.trace_steps, now_s());  // right after a world-wide reduction: a common start
+  const int trace_last = static_cast<int>(start_step) + std::min(spec.log.trace_steps, spec.run.steps - static_cast<int>(start_step));
   const double flops_per_step = training_flops_per_token(spec) * spec.train.global_batch * T;
   const double bubble_theory = static_cast<double>(P - 1) / (M + P - 1);
   const double tokens_per_step = static_cast<double>(spec.train.global_batch) * T;
@@ -207,6 +220,7 @@ int run_train(const TrainOptions& opt) {
   const int stall_at_step = stall_step(rank);
   for (int step = static_cast<int>(start_step); step < spec.run.steps; ++step) {
     const double t0 = now_s();
+    trace.set_step(step, step - static_cast<int>(start_step));
     const double lr = lr_at(spec, step);
     double local_s = -now_s();  // compute outside the executor: data, zeroing, optimizer
     stage.zero_grads();
@@ -219,12 +233,16 @@ int run_train(const TrainOptions& opt) {
     local_s += now_s();
     if (step == stall_at_step) raise(SIGSTOP);  // test-only: this rank stops answering (see stall_step)
     comm.reset_wait_seconds();
-    const StepStats st = executor.run(actions, M);
+    trace.span("data + zero grads", "compute", t0, now_s());
+    const StepStats st = executor.run(actions, M, trace);
+    const double sync_t0 = now_s();
 
     const StepSync sync = sync_step(stage, comm, bucket, tied_sync ? wte : nullptr);
-    local_s -= now_s();
+    const double opt_t0 = now_s();
+    trace.span(topo.dp > 1 ? "gradient all-reduce + norm" : "gradient norm", "comm", sync_t0, opt_t0);
     adam.step(stage.params(), stage.weights(), stage.grads(), lr, clip_coefficient(sync.norm, spec.train.grad_clip));
-    local_s += now_s();
+    trace.span("optimizer", "optimizer", opt_t0, now_s());
+    local_s += now_s() - opt_t0;
     const double step_time = now_s() - t0;
     const double waited = comm.wait_seconds();  // before the step-boundary agreement and any save
 
@@ -263,9 +281,12 @@ int run_train(const TrainOptions& opt) {
     }
     const int every = spec.checkpoint.every_steps;
     if (stop || done == spec.run.steps || (every > 0 && done % every == 0)) {
+      const double save_t0 = now_s();
       const double secs = checkpointer.save(done, stage, adam, su.blocks);
+      trace.span("checkpoint", "checkpoint", save_t0, now_s());
       if (rank == 0 && secs > 0) std::printf("checkpoint step %d saved in %.2f s\n", done, secs);
     }
+    if (done == trace_last || (stop && done < trace_last)) write_trace(trace, comm, su.run_dir);
     if (stop && done < spec.run.steps) {  // on the last step the run is simply complete
       if (rank == 0) std::printf("stopped by signal %d after step %d; checkpoint saved, exit 3\n", stop_signal(), done);
       return 3;

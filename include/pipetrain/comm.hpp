@@ -91,6 +91,8 @@ class Comm {
   // Gathers `n` values from every rank to world rank 0 (out sized world*n there).
   void gather_to_root(const double* mine, size_t n, std::vector<double>& out);
   void gather_to_root(const uint64_t* mine, size_t n, std::vector<uint64_t>& out);
+  // Gathers one string of any length from every rank to world rank 0 (out has world entries there).
+  void gather_to_root(const std::string& mine, std::vector<std::string>& out);
   // The data-parallel communicator, for parallel HDF5's MPI-IO driver (which makes its own MPI
   // calls on it); nothing else should use the raw handle.
   MPI_Comm data_handle() const { return data_; }

@@ -61,6 +61,7 @@ struct RunSpec {
   struct Log {
     int every_steps = 1;
     double peak_gflops = 0;  // per rank, for MFU; 0 = measure sgemm at start
+    int trace_steps = 3;     // steps of each launch recorded in trace.json (0 = none)
   } log;
   struct Comm {
     std::string backend = "mpi";

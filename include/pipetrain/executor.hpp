@@ -11,6 +11,7 @@
 #include "pipetrain/comm.hpp"
 #include "pipetrain/model.hpp"
 #include "pipetrain/schedule.hpp"
+#include "pipetrain/trace.hpp"
 
 namespace pipetrain {
 
@@ -24,8 +25,9 @@ struct StepStats {
 class Executor {
  public:
   Executor(Stage& stage, Comm& comm);
-  // Inputs (tokens/targets) must already be set on the stage for every micro-batch.
-  StepStats run(const ActionList& actions, int micro_batches);
+  // Inputs (tokens/targets) must already be set on the stage for every micro-batch. Spans go to
+  // `trace` while it is recording.
+  StepStats run(const ActionList& actions, int micro_batches, Trace& trace);
 
  private:
   static constexpr size_t kRing = 2;
@@ -36,7 +38,7 @@ class Executor {
     std::vector<MPI_Request> reqs;
     std::vector<int> mb;
     size_t next = 0;
-    float* acquire(Comm& comm, int for_mb, const char* what, int peer);
+    float* acquire(Comm& comm, int for_mb, const char* what, int peer, Trace& trace);
     size_t slot_of(int for_mb) const;
     void drain(Comm& comm, const char* what, int peer);
   };

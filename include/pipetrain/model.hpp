@@ -88,6 +88,8 @@ class Stage {
   // (non-first stages). Parameter gradients accumulate. Releases mb's stash.
   void backward(int mb, const float* dout, float* dinp);
   size_t stash_bytes(int mb) const { return stash_[mb].bytes(); }
+  // Seconds the last backward() spent re-running forwards (recompute modes), for the trace.
+  double last_recompute_s() const { return recompute_s_; }
 
  private:
   struct BlockPtrs {
@@ -106,6 +108,7 @@ class Stage {
   bool tied_;
   Recompute mode_;
   float grad_scale_;
+  double recompute_s_ = 0;
   std::vector<ParamTensor> params_;
   std::vector<float> weights_, grads_;
   size_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0, head_ = 0;
