@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages pipetrain builds, runs and tests with (only the missing ones).
 set -euo pipefail
 packages=(g++ cmake make pkg-config mpich libmpich-dev libhdf5-mpich-dev libtomlplusplus-dev
-          libboost-program-options-dev catch2 libopenblas-dev nlohmann-json3-dev hdf5-tools
+          libboost-program-options-dev catch2 libopenblas-dev nlohmann-json3-dev hdf5-tools python3-matplotlib
           python3 python3-numpy python3-h5py procps)
 missing=()
 for p in "${packages[@]}"; do

@@ -10,6 +10,7 @@
 #include "pipetrain/comm.hpp"
 #include "pipetrain/config.hpp"
 #include "pipetrain/plan.hpp"
+#include "pipetrain/report.hpp"
 #include "pipetrain/train.hpp"
 
 namespace po = boost::program_options;
@@ -24,6 +25,7 @@ const char* kUsage =
     "  train   train a GPT with GPipe over pp x dp MPI ranks (launch with mpiexec / srun)\n"
     "  plan    predict a layout without launching it: partition, schedule chart, bubble, memory\n"
     "  ckpt    inspect | verify PATH: what a checkpoint holds / whether its shards are intact\n"
+    "  report  RUN_DIR [--plots DIR]: summary of a finished or killed run, measured vs predicted\n"
     "\n"
     "pipetrain <command> --help shows the command's options.\n";
 
@@ -115,6 +117,28 @@ int plan_main(const std::vector<std::string>& args) {
   }
 }
 
+int report_main(const std::vector<std::string>& args) {
+  std::string run_dir, plots;
+  po::options_description desc("pipetrain report RUN_DIR [options]");
+  desc.add_options()("help,h", "show this help")("run-dir", po::value<std::string>(&run_dir), "run directory")(
+      "plots", po::value<std::string>(&plots), "also write PNG plots there (needs /usr/bin/python3 + matplotlib)");
+  po::positional_options_description pos;
+  pos.add("run-dir", 1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "pipetrain report: error: %s\n", e.what());
+    return 2;
+  }
+  if (vm.count("help") || run_dir.empty()) {
+    std::cout << desc << "\n";
+    return run_dir.empty() && !vm.count("help") ? 2 : 0;
+  }
+  return run_report(run_dir, plots);
+}
+
 int ckpt_main(const std::vector<std::string>& args) {
   if (args.size() != 2 || (args[0] != "inspect" && args[0] != "verify")) {
     std::fprintf(args.size() == 1 && (args[0] == "--help" || args[0] == "-h") ? stdout : stderr,
@@ -137,6 +161,7 @@ int main(int argc, char** argv) {
   if (cmd == "train") return train_main(args);
   if (cmd == "ckpt") return ckpt_main(args);
   if (cmd == "plan") return plan_main(args);
+  if (cmd == "report") return report_main(args);
   std::fprintf(stderr, "pipetrain: error: unknown command '%s'\n%s", cmd.c_str(), kUsage);
   return 2;
 }

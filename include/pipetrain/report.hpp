@@ -1,0 +1,13 @@
+// `pipetrain report RUN_DIR [--plots DIR]`: what a finished or killed run did, from its files
+// alone (config.toml, metrics.jsonl, checkpoints/, trace.json), next to what plan predicts; says
+// what is missing instead of failing. Plots are drawn by scripts/plots.py (matplotlib) only when
+// asked for, so the C++ side never needs Python.
+#pragma once
+#include <string>
+
+namespace pipetrain {
+
+// Returns the exit code: 0 when a report was printed, 2 when RUN_DIR holds nothing to report on.
+int run_report(const std::string& run_dir, const std::string& plots_dir);
+
+}  // namespace pipetrain

@@ -1,0 +1,81 @@
+"""Observability, done-means 2-4: on a real 2x1 run the per-stage numbers in metrics.jsonl are
+present and finite, compute + waits account for the step time (within 5%), the activation peak
+equals plan's prediction exactly; trace.json is valid Chrome trace JSON with one F and one B
+span per micro-batch and stage in GPipe order; report handles a killed run and says what is
+missing, and draws its plots."""
+import json
+import math
+import os
+import statistics
+import subprocess
+from harness import parse_args, launch, expect, finish
+
+args = parse_args()
+tiny = os.path.join(args.configs, "tiny.toml")
+M, TRACED = 4, 3
+
+
+def plan(sets):
+    cmd = [args.bin, "plan", "--config", tiny, "--json"]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    expect(p.returncode == 0, f"plan {sets}: exit 0 ({p.stderr.strip()})")
+    return json.loads(p.stdout)
+
+
+for mode in ["none", "block"]:
+    sets = ["parallel.pp=2", "run.steps=12", f"log.trace_steps={TRACED}", f"parallel.recompute={mode}"]
+    r = launch(args, 2, os.path.join(args.work, f"run_{mode}"), tiny, sets)
+    expect(r.rc == 0, f"2x1 recompute={mode}: exit 0 ({r.err[-200:]})")
+    lines = r.metrics()
+    per_stage = ["bubble_measured", "act_peak_bytes", "mem_peak_bytes", "comm_wait_s", "compute_s", "rank_step_s",
+                 "param_bytes", "grad_bytes", "optim_bytes"]
+    ok = all(len(l[k]) == 2 and all(math.isfinite(v) and v >= 0 for v in l[k]) for l in lines for k in per_stage)
+    ok = ok and all(math.isfinite(l[k]) and l[k] > 0 for l in lines for k in ["gflops", "peak_gflops", "mfu", "tokens_per_s"])
+    expect(ok, f"{mode}: per-stage arrays and GFLOP/s, MFU present, finite, non-negative in every line")
+    # After the first step (page faults, first allocations): compute + waits = the step, per stage.
+    gaps = [abs(l["compute_s"][s] + l["comm_wait_s"][s] - l["step_time_s"]) / l["step_time_s"]
+            for l in lines[1:] for s in range(2)]
+    expect(statistics.median(gaps) <= 0.05, f"{mode}: compute + wait within 5% of step time (median gap {statistics.median(gaps):.3f})")
+    predicted = plan(sets)
+    want = [st["act_peak_bytes"][mode] for st in predicted["stages"]]
+    expect(lines[-1]["act_peak_bytes"] == want, f"{mode}: act_peak_bytes {lines[-1]['act_peak_bytes']} == plan {want}")
+    expect(lines[-1]["param_bytes"] == [st["param_bytes"] for st in predicted["stages"]], f"{mode}: param_bytes == plan")
+    expect(abs(predicted["bubble_theory"] - 1 / (M + 1)) < 1e-12, "plan's closed form is (P-1)/(M+P-1)")
+
+    trace = json.load(open(os.path.join(r.run_dir, "trace.json")))
+    spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    expect(all({"name", "ts", "dur", "pid", "tid"} <= set(e) and e["dur"] >= 0 for e in spans), f"{mode}: trace spans well formed")
+    gpipe = [f"F{i}" for i in range(M)] + [f"B{i}" for i in reversed(range(M))]
+    for stage in range(2):
+        for step in range(1, TRACED + 1):
+            fb = [e for e in spans if e["pid"] == stage and e["tid"] == 0 and e["args"]["step"] == step
+                  and e["cat"] in ("forward", "backward")]
+            fb.sort(key=lambda e: e["ts"])
+            expect([e["name"] for e in fb] == gpipe, f"{mode}: stage {stage} step {step}: one F and one B per micro-batch in GPipe order")
+    recomputes = [e for e in spans if e["cat"] == "recompute"]
+    expect((len(recomputes) > 0) == (mode != "none"), f"{mode}: recompute spans only when recomputing ({len(recomputes)})")
+    expect(not any(e["args"]["step"] > TRACED for e in spans), f"{mode}: only the first {TRACED} steps traced")
+
+# A killed run: rank 0 dies while writing the step-5 checkpoint (test-only hook), and the last
+# log line is cut short as a kill mid-write would leave it.
+killed = os.path.join(args.work, "killed")
+r = launch(args, 2, killed, tiny, ["parallel.pp=2", "run.steps=50", "checkpoint.every_steps=5", "log.trace_steps=2"],
+           env={"PIPETRAIN_TEST_KILL_IN_SAVE": "0:5"})
+expect(r.rc != 0, f"killed run died (exit {r.rc})")
+with open(os.path.join(killed, "metrics.jsonl"), "a") as f:
+    f.write('{"step": 6, "loss": 4.1')
+rep = subprocess.run([args.bin, "report", killed, "--plots", os.path.join(args.work, "plots")], capture_output=True, text=True)
+expect(rep.returncode == 0, f"report on a killed run: exit 0 ({rep.stderr.strip()[-300:]})")
+expect("5 of 50 steps (incomplete" in rep.stdout, "report: says the run stopped at step 5 of 50")
+expect("missing: checkpoints: none saved" in rep.stdout, "report: says no checkpoint survived")
+expect("unreadable line" in rep.stdout, "report: says a log line was cut short")
+expect("plan" in rep.stdout and "sim" in rep.stdout, "report: measured next to predicted")
+pngs = sorted(os.listdir(os.path.join(args.work, "plots")))
+expect(pngs == ["bubble.png", "gantt.png", "loss.png", "memory.png"], f"report --plots wrote the four plots: {pngs}")
+empty = os.path.join(args.work, "empty")
+os.makedirs(empty)
+rep = subprocess.run([args.bin, "report", empty], capture_output=True, text=True)
+expect(rep.returncode == 2 and "neither config.toml nor metrics.jsonl" in rep.stderr, "report on an empty dir: exit 2, says why")
+finish()
