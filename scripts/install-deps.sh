@@ -3,6 +3,7 @@
 set -euo pipefail
 packages=(g++ cmake make pkg-config mpich libmpich-dev libhdf5-mpich-dev libtomlplusplus-dev
           libboost-program-options-dev catch2 libopenblas-dev nlohmann-json3-dev hdf5-tools python3-matplotlib
+          slurmctld slurmd slurm-client
           python3 python3-numpy python3-h5py procps)
 missing=()
 for p in "${packages[@]}"; do

@@ -234,7 +234,10 @@ void Comm::gather_to_root(const uint64_t* mine, size_t n, std::vector<uint64_t>&
 
 void Comm::gather_to_root(const std::string& mine, std::vector<std::string>& out) {
   const int n = world_size();
-  int len = static_cast<int>(mine.size());
+  // Each rank sends its string plus a terminator: MPICH (ch4) was seen to lose track of later
+  // collectives on the communicator after an MPI_Igatherv in which every count was zero.
+  const std::string padded = mine + '\0';
+  int len = static_cast<int>(padded.size());
   std::vector<int> lens(topo_.world_rank == 0 ? n : 0), offsets;
   MPI_Request r;
   MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD, &r);
@@ -245,10 +248,30 @@ void Comm::gather_to_root(const std::string& mine, std::vector<std::string>& out
     for (int l : lens) offsets.push_back(total), total += l;
     all.resize(total);
   }
-  MPI_Igatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, 0, MPI_COMM_WORLD, &r);
+  MPI_Igatherv(padded.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, 0, MPI_COMM_WORLD, &r);
   poll(r, {"gather of traces to rank 0"});
   out.clear();
-  for (int i = 0; i < static_cast<int>(lens.size()); ++i) out.push_back(all.substr(offsets[i], lens[i]));
+  for (int i = 0; i < static_cast<int>(lens.size()); ++i) out.push_back(all.substr(offsets[i], lens[i] - 1));
+}
+
+double Comm::ping_pong(int peer, bool initiator, std::vector<char>& buf, int reps) {
+  const int n = static_cast<int>(buf.size()), tag = 77;
+  const double t0 = now_s();
+  for (int i = 0; i < reps; ++i) {
+    MPI_Request r;
+    for (int leg = 0; leg < 2; ++leg) {
+      if ((leg == 0) == initiator) MPI_Isend(buf.data(), n, MPI_CHAR, peer, tag, MPI_COMM_WORLD, &r);
+      else MPI_Irecv(buf.data(), n, MPI_CHAR, peer, tag, MPI_COMM_WORLD, &r);
+      poll(r, {"smoke-test ping-pong", -1});
+    }
+  }
+  return (now_s() - t0) / reps;
+}
+
+void Comm::barrier() {
+  MPI_Request r;
+  MPI_Ibarrier(MPI_COMM_WORLD, &r);
+  poll(r, {"barrier"});
 }
 
 bool Comm::all_equal(uint64_t value) {

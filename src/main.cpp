@@ -2,6 +2,7 @@
 #include <boost/program_options.hpp>
 
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "pipetrain/config.hpp"
 #include "pipetrain/plan.hpp"
 #include "pipetrain/report.hpp"
+#include "pipetrain/smoke.hpp"
 #include "pipetrain/train.hpp"
 
 namespace po = boost::program_options;
@@ -26,8 +28,28 @@ const char* kUsage =
     "  plan    predict a layout without launching it: partition, schedule chart, bubble, memory\n"
     "  ckpt    inspect | verify PATH: what a checkpoint holds / whether its shards are intact\n"
     "  report  RUN_DIR [--plots DIR]: summary of a finished or killed run, measured vs predicted\n"
+    "  smoke   cluster health check under srun/mpiexec: links, all-reduce, checkpoint I/O, training\n"
     "\n"
     "pipetrain <command> --help shows the command's options.\n";
+
+// Runs an MPI command: init, run, finalize; a fault tears the job down instead of leaving peers waiting.
+int run_mpi(const std::function<int()>& body) {
+  Comm::init(nullptr, nullptr);
+  int code = 1;
+  try {
+    code = body();
+  } catch (const AgreedExit& e) {
+    code = e.code;  // every rank agreed; the message was printed once
+  } catch (const CommTimeout& e) {
+    std::fprintf(stderr, "pipetrain: fault: %s\n", e.what());
+    Comm::abort(1);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pipetrain: fault on rank %d: %s\n", Comm::world_rank(), e.what());
+    Comm::abort(1);
+  }
+  Comm::finalize();
+  return code;
+}
 
 int train_main(const std::vector<std::string>& args) {
   TrainOptions opt;
@@ -66,23 +88,28 @@ int train_main(const std::vector<std::string>& args) {
       return 2;
     }
   }
-  Comm::init(nullptr, nullptr);
-  int code = 1;
+  return run_mpi([&] { return run_train(opt); });
+}
+
+int smoke_main(const std::vector<std::string>& args) {
+  SmokeOptions opt;
+  po::options_description desc("pipetrain smoke [options]   (launch like a job: srun --mpi=pmi2 / mpiexec)");
+  desc.add_options()("help,h", "show this help")("config", po::value<std::string>(&opt.config), "run spec (TOML)")(
+      "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(), "override one key (repeatable)")(
+      "run-dir", po::value<std::string>(&opt.run_dir), "where checkpoint I/O and training are tried (default run.out_dir/smoke)");
+  po::variables_map vm;
   try {
-    code = run_train(opt);
-  } catch (const AgreedExit& e) {
-    code = e.code;  // every rank agreed; the message was printed once
-  } catch (const CommTimeout& e) {
-    std::fprintf(stderr, "pipetrain: fault: %s\n", e.what());
-    std::fflush(stderr);
-    Comm::abort(1);  // tears the whole job down instead of leaving peers waiting
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "pipetrain: fault on rank %d: %s\n", Comm::world_rank(), e.what());
-    std::fflush(stderr);
-    Comm::abort(1);
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "pipetrain smoke: error: %s\n", e.what());
+    return 2;
   }
-  Comm::finalize();
-  return code;
+  if (vm.count("help")) {
+    std::cout << desc << "\n";
+    return 0;
+  }
+  return run_mpi([&] { return run_smoke(opt); });
 }
 
 int plan_main(const std::vector<std::string>& args) {
@@ -162,6 +189,7 @@ int main(int argc, char** argv) {
   if (cmd == "ckpt") return ckpt_main(args);
   if (cmd == "plan") return plan_main(args);
   if (cmd == "report") return report_main(args);
+  if (cmd == "smoke") return smoke_main(args);
   std::fprintf(stderr, "pipetrain: error: unknown command '%s'\n%s", cmd.c_str(), kUsage);
   return 2;
 }

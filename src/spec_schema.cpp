@@ -182,6 +182,8 @@ std::vector<SpecKey> build_schema() {
       string_key("run", "out_dir", FIELD(std::string, run.out_dir), {}, "parent folder of run directories"),
       seed_key(),
       int_key("run", "steps", FIELD(int, run.steps), 1, big, "optimizer steps to train"),
+      double_key("run", "time_limit", FIELD(double, run.time_limit), 0, 1e9,
+                 "wall-clock seconds for this launch; checkpoint and exit 3 before it runs out (0 = none)"),
       int_key("model", "n_layer", FIELD(int, model.n_layer), 1, 4096, "transformer blocks"),
       int_key("model", "d_model", FIELD(int, model.d_model), 1, 1 << 16, "embedding width"),
       int_key("model", "n_head", FIELD(int, model.n_head), 1, 1024, "attention heads (must divide d_model)"),

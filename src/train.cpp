@@ -17,6 +17,7 @@
 #include "pipetrain/data.hpp"
 #include "pipetrain/executor.hpp"
 #include "pipetrain/kernels.hpp"
+#include "pipetrain/launch.hpp"
 #include "pipetrain/metrics.hpp"
 #include "pipetrain/model.hpp"
 #include "pipetrain/optim.hpp"
@@ -101,7 +102,7 @@ struct StepSync {
 // buckets, sum the tied embedding's two halves (tied_wte: the stage's wte if it takes part), then
 // one small all-reduce over all ranks carries both the squared norm (from the first replica of
 // each stage) and the stop flag: the step's only world-wide synchronisation.
-StepSync sync_step(Stage& stage, Comm& comm, size_t bucket, const ParamTensor* tied_wte) {
+StepSync sync_step(Stage& stage, Comm& comm, size_t bucket, const ParamTensor* tied_wte, bool out_of_time) {
   const int dp = comm.topo().dp;
   const double wait0 = comm.wait_seconds();
   std::vector<MPI_Request> reqs;
@@ -112,7 +113,7 @@ StepSync sync_step(Stage& stage, Comm& comm, size_t bucket, const ParamTensor* t
   comm.wait_all(reqs, {"data-parallel gradient all-reduce"});
   const double dp_wait = comm.wait_seconds() - wait0;
   if (tied_wte) comm.allreduce_tied(g.data() + tied_wte->offset, tied_wte->size);
-  double sums[2] = {comm.topo().dp_rank == 0 ? grad_sq_sum(stage.params(), g) : 0.0, stop_requested() ? 1.0 : 0.0};
+  double sums[2] = {comm.topo().dp_rank == 0 ? grad_sq_sum(stage.params(), g) : 0.0, stop_requested() || out_of_time ? 1.0 : 0.0};
   comm.allreduce_world(sums, 2);
   return {dp_wait, std::sqrt(sums[0]), sums[1] > 0};
 }
@@ -130,10 +131,16 @@ struct Setup {
 }  // namespace
 
 int run_train(const TrainOptions& opt) {
+  const double launched = now_s();
   const int world = Comm::world_size(), rank = Comm::world_rank();
   install_stop_handlers();
+  const LaunchInfo launch = LaunchInfo::from_environment();
   Setup su;
   if (int code = Comm::run_agreed([&] {
+        // srun without an MPI plugin starts N singletons that each see one rank: say so.
+        if (launch.in_step && launch.ntasks > 1 && world == 1)
+          throw SpecError("srun started " + std::to_string(launch.ntasks) +
+                          " tasks but MPI sees 1 rank: launch with srun --mpi=pmi2 (MPICH)");
         su.spec = load_spec(opt.config, opt.overrides, world);
         su.topo = Topology::of(rank, su.spec.parallel.pp, su.spec.parallel.dp);
         su.blocks = partition_blocks(su.spec);
@@ -197,6 +204,7 @@ int run_train(const TrainOptions& opt) {
                 "wait %s\n",
                 world, P, D, M, b, spec.parallel.schedule.c_str(), spec.parallel.recompute.c_str(),
                 comm.wait_mode() == WaitMode::yield ? "yield" : "spin");
+    std::printf("%s\n", launch.describe().c_str());
     std::printf("partition (%s):\n%s", spec.parallel.partition.c_str(), describe_partition(spec, su.blocks).c_str());
     std::printf("run dir: %s%s%s\n", su.run_dir.c_str(), su.note.empty() ? "" : " | ", su.note.c_str());
     std::printf("peak %.1f GFLOP/s (%s), %.3g GFLOP per step\n", peak_gflops,
@@ -218,6 +226,7 @@ int run_train(const TrainOptions& opt) {
   const bool tied_sync = spec.model.tie_embeddings && P > 1 && wte != nullptr;
 
   const int stall_at_step = stall_step(rank);
+  double max_step_s = 0, max_save_s = 1.0;  // for the time budget (1 s: a save not yet seen)
   for (int step = static_cast<int>(start_step); step < spec.run.steps; ++step) {
     const double t0 = now_s();
     trace.set_step(step, step - static_cast<int>(start_step));
@@ -237,13 +246,18 @@ int run_train(const TrainOptions& opt) {
     const StepStats st = executor.run(actions, M, trace);
     const double sync_t0 = now_s();
 
-    const StepSync sync = sync_step(stage, comm, bucket, tied_sync ? wte : nullptr);
+    // run.time_limit: stop while one more step and a checkpoint still fit in the budget.
+    const double worst_step = std::max(max_step_s, now_s() - t0);
+    const bool out_of_time = spec.run.time_limit > 0 &&
+                             now_s() - launched + 1.5 * worst_step + 1.5 * max_save_s >= spec.run.time_limit;
+    const StepSync sync = sync_step(stage, comm, bucket, tied_sync ? wte : nullptr, out_of_time);
     const double opt_t0 = now_s();
     trace.span(topo.dp > 1 ? "gradient all-reduce + norm" : "gradient norm", "comm", sync_t0, opt_t0);
     adam.step(stage.params(), stage.weights(), stage.grads(), lr, clip_coefficient(sync.norm, spec.train.grad_clip));
     trace.span("optimizer", "optimizer", opt_t0, now_s());
     local_s += now_s() - opt_t0;
     const double step_time = now_s() - t0;
+    max_step_s = std::max(max_step_s, step_time);
     const double waited = comm.wait_seconds();  // before the step-boundary agreement and any save
 
     // Step boundary: ranks agreed on a stop signal in sync_step; log (before saving, so a
@@ -284,11 +298,16 @@ int run_train(const TrainOptions& opt) {
       const double save_t0 = now_s();
       const double secs = checkpointer.save(done, stage, adam, su.blocks);
       trace.span("checkpoint", "checkpoint", save_t0, now_s());
+      max_save_s = std::max(max_save_s, now_s() - save_t0);
       if (rank == 0 && secs > 0) std::printf("checkpoint step %d saved in %.2f s\n", done, secs);
     }
     if (done == trace_last || (stop && done < trace_last)) write_trace(trace, comm, su.run_dir);
     if (stop && done < spec.run.steps) {  // on the last step the run is simply complete
-      if (rank == 0) std::printf("stopped by signal %d after step %d; checkpoint saved, exit 3\n", stop_signal(), done);
+      if (rank == 0) {
+        if (stop_signal()) std::printf("stopped by signal %d after step %d; checkpoint saved, exit 3\n", stop_signal(), done);
+        else std::printf("time budget run.time_limit = %g s nearly used after step %d; checkpoint saved, exit 3\n",
+                         spec.run.time_limit, done);
+      }
       return 3;
     }
   }

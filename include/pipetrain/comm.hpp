@@ -96,6 +96,11 @@ class Comm {
   // The data-parallel communicator, for parallel HDF5's MPI-IO driver (which makes its own MPI
   // calls on it); nothing else should use the raw handle.
   MPI_Comm data_handle() const { return data_; }
+  // Smoke test: `reps` round trips of n bytes with world rank `peer` (this rank starts when
+  // `initiator`); returns seconds per round trip. A barrier lets the other ranks wait politely.
+  double ping_pong(int peer, bool initiator, std::vector<char>& buf, int reps);
+  void barrier();
+
   // Checks every rank holds the same value (e.g. spec hash); returns false otherwise.
   bool all_equal(uint64_t value);
   // Start-up handshake: each stage sends the description of the activation it will send (shape,

@@ -20,6 +20,7 @@ struct RunSpec {
     std::string out_dir = "runs";
     int64_t seed = 1234;
     int steps = 100;
+    double time_limit = 0;  // seconds this launch may run; stops with a checkpoint before (0 = none)
   } run;
   struct Model {
     int n_layer = 4;

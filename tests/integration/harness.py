@@ -17,6 +17,7 @@ def parse_args():
     p.add_argument("--configs", required=True)
     p.add_argument("--work", required=True)
     a = p.parse_args()
+    a.bin, a.configs, a.work = os.path.abspath(a.bin), os.path.abspath(a.configs), os.path.abspath(a.work)
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
     return a
