@@ -32,6 +32,22 @@ const char* kUsage =
     "\n"
     "pipetrain <command> --help shows the command's options.\n";
 
+// Parses a subcommand's arguments. Returns -1 to go on, else the exit code: 0 after --help,
+// 2 (with one message) for bad arguments.
+int parse(const char* cmd, const po::options_description& desc, const std::vector<std::string>& args,
+          po::variables_map& vm, const po::positional_options_description& pos = {}) {
+  try {
+    po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "pipetrain %s: error: %s (see pipetrain %s --help)\n", cmd, e.what(), cmd);
+    return 2;
+  }
+  if (!vm.count("help")) return -1;
+  std::cout << desc << "\n";
+  return 0;
+}
+
 // Runs an MPI command: init, run, finalize; a fault tears the job down instead of leaving peers waiting.
 int run_mpi(const std::function<int()>& body) {
   Comm::init(nullptr, nullptr);
@@ -64,17 +80,7 @@ int train_main(const std::vector<std::string>& args) {
       "print-spec", "print the resolved spec (all keys and defaults) and exit")(
       "spec-reference", "print the run-spec key reference as a Markdown table and exit");
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "pipetrain train: error: %s (see pipetrain train --help)\n", e.what());
-    return 2;
-  }
-  if (vm.count("help")) {
-    std::cout << desc << "\n";
-    return 0;
-  }
+  if (int code = parse("train", desc, args, vm); code >= 0) return code;
   if (vm.count("spec-reference")) {
     std::cout << spec_reference_markdown();
     return 0;
@@ -98,17 +104,7 @@ int smoke_main(const std::vector<std::string>& args) {
       "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(), "override one key (repeatable)")(
       "run-dir", po::value<std::string>(&opt.run_dir), "where checkpoint I/O and training are tried (default run.out_dir/smoke)");
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "pipetrain smoke: error: %s\n", e.what());
-    return 2;
-  }
-  if (vm.count("help")) {
-    std::cout << desc << "\n";
-    return 0;
-  }
+  if (int code = parse("smoke", desc, args, vm); code >= 0) return code;
   return run_mpi([&] { return run_smoke(opt); });
 }
 
@@ -122,17 +118,7 @@ int plan_main(const std::vector<std::string>& args) {
       "world", po::value<int>(&world), "rank count to plan for (checked against pp x dp; default pp x dp)")(
       "json", "print the prediction as JSON");
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "pipetrain plan: error: %s (see pipetrain plan --help)\n", e.what());
-    return 2;
-  }
-  if (vm.count("help")) {
-    std::cout << desc << "\n";
-    return 0;
-  }
+  if (int code = parse("plan", desc, args, vm); code >= 0) return code;
   try {
     const RunSpec spec = load_spec(config, overrides, world);
     const Plan plan = make_plan(spec);
@@ -152,16 +138,10 @@ int report_main(const std::vector<std::string>& args) {
   po::positional_options_description pos;
   pos.add("run-dir", 1);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "pipetrain report: error: %s\n", e.what());
+  if (int code = parse("report", desc, args, vm, pos); code >= 0) return code;
+  if (run_dir.empty()) {
+    std::fprintf(stderr, "pipetrain report: error: which run directory? (pipetrain report RUN_DIR)\n");
     return 2;
-  }
-  if (vm.count("help") || run_dir.empty()) {
-    std::cout << desc << "\n";
-    return run_dir.empty() && !vm.count("help") ? 2 : 0;
   }
   return run_report(run_dir, plots);
 }
