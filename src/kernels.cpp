@@ -157,10 +157,29 @@ namespace {
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 }
 
+// tanh as a 13/6 rational function on [-7.9, 7.9] (beyond, tanh is +-1 in float): within a few
+// float ulps of std::tanh, branch-free so the GELU loops vectorise. A profile of the small config
+// had libm's tanhf/expm1f at a quarter of the step.
+float fast_tanh(float x) {
+  x = std::min(7.90531110763549805f, std::max(-7.90531110763549805f, x));
+  const float x2 = x * x;
+  float p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
+  p = x2 * p + -8.60467152213735e-11f;
+  p = x2 * p + 5.12229709037114e-08f;
+  p = x2 * p + 1.48572235717979e-05f;
+  p = x2 * p + 6.37261928875436e-04f;
+  p = x2 * p + 4.89352455891786e-03f;
+  p = x * p;
+  float q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
+  q = x2 * q + 2.26843463243900e-03f;
+  q = x2 * q + 4.89352518554385e-03f;
+  return p / q;
+}
+
 void gelu_forward(float* out, const float* inp, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     float x = inp[i];
-    out[i] = 0.5f * x * (1.f + std::tanh(kGeluScale * (x + 0.044715f * x * x * x)));
+    out[i] = 0.5f * x * (1.f + fast_tanh(kGeluScale * (x + 0.044715f * x * x * x)));
   }
 }
 
@@ -168,7 +187,7 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     float x = inp[i];
     float u = kGeluScale * (x + 0.044715f * x * x * x);
-    float th = std::tanh(u);
+    float th = fast_tanh(u);
     float sech2 = 1.f - th * th;
     float grad = 0.5f * (1.f + th) + 0.5f * x * sech2 * kGeluScale * (1.f + 3.f * 0.044715f * x * x);
     dinp[i] += grad * dout[i];

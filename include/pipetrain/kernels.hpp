@@ -30,6 +30,9 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                         int NH);
 
+// tanh for the GELU: a rational approximation within a few ulps of std::tanh, vectorisable.
+float fast_tanh(float x);
+
 // GELU, tanh approximation.
 void gelu_forward(float* out, const float* inp, size_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);

@@ -1,0 +1,92 @@
+#!/usr/bin/python3
+"""Kernel benchmark (not a test): one training step of the configs/small.toml-shaped GPT (6 blocks,
+d_model 256, 4 heads, seq 64, batch 32, vocab 256, fp32, AdamW) in pipetrain (one process) and in
+PyTorch (Debian's python3-torch, torch.set_num_threads(1)), side by side, repeated. Both start
+from the same weights (pipetrain's step-1 checkpoint, loaded by name) and the same batches, and
+their losses must agree (relative 1e-4) before any time is compared.
+
+usage: scripts/bench-kernels.py [--bin build/pipetrain] [--steps 10] [--repeats 5]"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, here)
+import torch  # noqa: E402
+import torch_gpt  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--bin", default=os.path.join(here, "..", "build", "pipetrain"))
+ap.add_argument("--steps", type=int, default=10)
+ap.add_argument("--repeats", type=int, default=5)
+a = ap.parse_args()
+torch.set_num_threads(1)
+L, C, H, T, V, B = 6, 256, 4, 64, 256, 32
+work = tempfile.mkdtemp(prefix="bench-kernels-")
+corpus = os.path.join(work, "corpus.txt")
+with open(corpus, "wb") as f:
+    f.write(bytes((i * 7919 + (i >> 5) * 31) % 97 + 32 for i in range(1 << 20)))
+data = open(corpus, "rb").read()
+spec = [f"model.n_layer={L}", f"model.d_model={C}", f"model.n_head={H}", f"model.seq_len={T}",
+        f"train.global_batch={B}", "parallel.micro_batches=1", "data.source=text", f"data.path={corpus}",
+        "data.shuffle=false", "log.trace_steps=0", "train.warmup_steps=2"]
+
+
+def pipetrain(steps, extra=(), threads=None):
+    d = tempfile.mkdtemp(dir=work)
+    cmd = [a.bin, "train", "--run-dir", d, "--set", f"run.steps={steps}"]
+    for s in spec + list(extra):
+        cmd += ["--set", s]
+    env = dict(os.environ, **({"OPENBLAS_NUM_THREADS": str(threads)} if threads else {}))
+    subprocess.run(cmd, check=True, capture_output=True, env=env)
+    return d, [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))]
+
+
+# Same start: pipetrain's weights after step 1; same batches: DESIGN.md's text order.
+d, m = pipetrain(2, ["checkpoint.every_steps=1", "checkpoint.keep_last=0"])
+model = torch_gpt.from_checkpoint(os.path.join(d, "checkpoints", "step_00000001"),
+                                  dict(n_layer=L, d_model=C, n_head=H, seq_len=T, vocab=V, tie=True))
+x, y = torch_gpt.text_batch(data, 1, B, T)
+loss = model(x, y).item()
+rel = abs(loss - m[1]["loss"]) / m[1]["loss"]
+print(f"same weights, same batch: pipetrain loss {m[1]['loss']:.6f}, PyTorch {loss:.6f} (relative {rel:.1e})")
+if rel > 1e-4:
+    sys.exit("losses differ: not comparing speed")
+
+params = dict(model.named_parameters())
+opt = torch.optim.AdamW([{"params": [p for p in params.values() if p.dim() == 2], "weight_decay": 0.1},
+                         {"params": [p for p in params.values() if p.dim() != 2], "weight_decay": 0.0}],
+                        lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+
+
+def torch_steps(n):
+    times = []
+    for s in range(n):
+        x, y = torch_gpt.text_batch(data, s, B, T)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        model(x, y).backward()
+        torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[2:])
+
+
+rows = {"pipetrain (OpenBLAS default threads)": [], "pipetrain (1 thread)": [], "PyTorch (1 thread)": []}
+for rep in range(a.repeats):  # interleaved so machine noise hits all alike
+    rows["pipetrain (OpenBLAS default threads)"].append(statistics.median(l["step_time_s"] for l in pipetrain(a.steps)[1][2:]))
+    rows["pipetrain (1 thread)"].append(statistics.median(l["step_time_s"] for l in pipetrain(a.steps, threads=1)[1][2:]))
+    rows["PyTorch (1 thread)"].append(torch_steps(a.steps))
+shutil.rmtree(work)
+ref = rows["PyTorch (1 thread)"]
+print(f"step time of a {L}-block d_model {C} GPT, batch {B} x {T}, {a.repeats} repeats (min / median / max):")
+for name, t in rows.items():
+    ratios = sorted(x / r for x, r in zip(t, ref))
+    print(f"  {name:38s} {1e3 * min(t):7.1f} / {1e3 * statistics.median(t):7.1f} / {1e3 * max(t):7.1f} ms"
+          f"   ratio to PyTorch {ratios[0]:.2f} / {statistics.median(ratios):.2f} / {ratios[-1]:.2f}")
