@@ -44,7 +44,11 @@ void Executor::SendRing::drain(Comm& comm, const char* what, int peer) {
   for (size_t s = 0; s < kRing; ++s) comm.wait(reqs[s], {what, peer, mb[s]}), mb[s] = -1;  // none stale next step
 }
 
-StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& trace) {
+StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& trace,
+                        const std::function<void(size_t)>& grads_done_from) {
+  const Action* last_backward = nullptr;
+  for (const Action& a : actions)
+    if (a.op == Op::backward) last_backward = &a;
   StepStats st;
   const double wait0 = comm_.wait_seconds();
   const size_t n = stage_.boundary_floats();
@@ -119,7 +123,7 @@ StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& tra
           throw std::logic_error("schedule runs backward of micro-batch " + std::to_string(a.mb) +
                                  " without receiving its gradient first");
         const double t0 = now_s();
-        stage_.backward(a.mb, grad_in, grad_out);
+        stage_.backward(a.mb, grad_in, grad_out, &a == last_backward ? grads_done_from : nullptr);
         const double t1 = now_s(), rs = stage_.last_recompute_s();
         st.compute_s += t1 - t0;
         // Recompute shown first; under recompute = block it is really interleaved block by block.

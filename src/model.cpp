@@ -260,7 +260,7 @@ double Stage::forward(int mb, float* out) {
   return loss;
 }
 
-void Stage::backward(int mb, const float* dout, float* dinp) {
+void Stage::backward(int mb, const float* dout, float* dinp, const std::function<void(size_t)>& done_from) {
   Acts& s = stash_[mb];
   Acts* a = &s;
   recompute_s_ = 0;
@@ -284,6 +284,7 @@ void Stage::backward(int mb, const float* dout, float* dinp) {
     }
     std::fill(dres_.begin(), dres_.end(), 0.f);
     head_backward(a->xs[L_].data(), a->head, s.targets.data(), dres_.data());
+    if (done_from) done_from(lnfw_);
   } else {
     std::copy(dout, dout + n, dres_.begin());
   }
@@ -295,9 +296,11 @@ void Stage::backward(int mb, const float* dout, float* dinp) {
     }
     block_backward(l, a->xs[l].data(), a->blocks[l], dres_.data(), dx_.data());
     std::swap(dres_, dx_);  // dres_ now holds the gradient of block l's input
+    if (done_from && (l > 0 || !first())) done_from(block_offset_[l]);
   }
   if (first()) encoder_backward(&grads_[wte_], &grads_[wpe_], dres_.data(), s.tokens.data(), B_, T_, C_);
   else std::copy(dres_.begin(), dres_.begin() + n, dinp);
+  if (done_from && first()) done_from(0);
   s.release();
 }
 

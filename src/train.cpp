@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 
 #include "pipetrain/clock.hpp"
@@ -92,25 +93,49 @@ void write_trace(const Trace& trace, Comm& comm, const std::string& run_dir) {
   fs::rename(tmp, path);
 }
 
+// The data-parallel gradient all-reduce, in buckets started as soon as their gradients are
+// complete: the step's last backward reports, block by block, the offset from which the buffer
+// is final (it falls from the head to the embeddings), so buckets are cut from the end of the
+// buffer and overlap the rest of that backward. Bucket bounds depend only on the layout, so
+// every replica posts the same sequence.
+class GradReducer {
+ public:
+  GradReducer(Comm& comm, std::vector<float>& grads, size_t bucket) : comm_(comm), grads_(grads), bucket_(bucket) {}
+  void begin_step() { posted_from_ = grads_.size(); }
+  void done_from(size_t offset) {
+    while (posted_from_ > offset) {
+      const size_t start = posted_from_ - std::min(bucket_, posted_from_);
+      if (start < offset) break;  // the rest of this bucket is not final yet
+      reqs_.push_back(comm_.iallreduce_data(grads_.data() + start, posted_from_ - start));
+      posted_from_ = start;
+    }
+  }
+  void finish() {
+    done_from(0);
+    comm_.wait_all(reqs_, {"data-parallel gradient all-reduce"});
+  }
+
+ private:
+  Comm& comm_;
+  std::vector<float>& grads_;
+  size_t bucket_, posted_from_ = 0;
+  std::vector<MPI_Request> reqs_;
+};
+
 struct StepSync {
   double dp_wait_s;  // time in the data-parallel all-reduce (not pipeline bubble)
   double norm;       // global gradient norm over all stages, before clipping
   bool stop;         // some rank received a stop signal
 };
 
-// After the schedule: average gradients over the replicas (1/D is already in the loss scale) in
-// buckets, sum the tied embedding's two halves (tied_wte: the stage's wte if it takes part), then
+// After the schedule: finish averaging gradients over the replicas (1/D is already in the loss
+// scale), sum the tied embedding's two halves (tied_wte: the stage's wte if it takes part), then
 // one small all-reduce over all ranks carries both the squared norm (from the first replica of
 // each stage) and the stop flag: the step's only world-wide synchronisation.
-StepSync sync_step(Stage& stage, Comm& comm, size_t bucket, const ParamTensor* tied_wte, bool out_of_time) {
-  const int dp = comm.topo().dp;
-  const double wait0 = comm.wait_seconds();
-  std::vector<MPI_Request> reqs;
+StepSync sync_step(Stage& stage, Comm& comm, GradReducer* reducer, const ParamTensor* tied_wte, bool out_of_time) {
   std::vector<float>& g = stage.grads();
-  if (dp > 1)
-    for (size_t off = 0; off < g.size(); off += bucket)
-      reqs.push_back(comm.iallreduce_data(g.data() + off, std::min(bucket, g.size() - off)));
-  comm.wait_all(reqs, {"data-parallel gradient all-reduce"});
+  const double wait0 = comm.wait_seconds();
+  if (reducer) reducer->finish();
   const double dp_wait = comm.wait_seconds() - wait0;
   if (tied_wte) comm.allreduce_tied(g.data() + tied_wte->offset, tied_wte->size);
   double sums[2] = {comm.topo().dp_rank == 0 ? grad_sq_sum(stage.params(), g) : 0.0, stop_requested() || out_of_time ? 1.0 : 0.0};
@@ -222,6 +247,8 @@ int run_train(const TrainOptions& opt) {
   const size_t mb_tokens = static_cast<size_t>(b) * T;
   std::vector<int> inputs(mb_tokens), targets(mb_tokens);
   const size_t bucket = std::max<size_t>(1, static_cast<size_t>(spec.comm.bucket_mb * (1 << 20) / sizeof(float)));
+  GradReducer reducer(comm, stage.grads(), bucket);
+  const std::function<void(size_t)> grads_done = [&](size_t offset) { reducer.done_from(offset); };
   const ParamTensor* wte = stage.find("wte.weight");
   const bool tied_sync = spec.model.tie_embeddings && P > 1 && wte != nullptr;
 
@@ -243,14 +270,15 @@ int run_train(const TrainOptions& opt) {
     if (step == stall_at_step) raise(SIGSTOP);  // test-only: this rank stops answering (see stall_step)
     comm.reset_wait_seconds();
     trace.span("data + zero grads", "compute", t0, now_s());
-    const StepStats st = executor.run(actions, M, trace);
+    reducer.begin_step();
+    const StepStats st = executor.run(actions, M, trace, D > 1 ? grads_done : std::function<void(size_t)>());
     const double sync_t0 = now_s();
 
     // run.time_limit: stop while one more step and a checkpoint still fit in the budget.
     const double worst_step = std::max(max_step_s, now_s() - t0);
     const bool out_of_time = spec.run.time_limit > 0 &&
                              now_s() - launched + 1.5 * worst_step + 1.5 * max_save_s >= spec.run.time_limit;
-    const StepSync sync = sync_step(stage, comm, bucket, tied_sync ? wte : nullptr, out_of_time);
+    const StepSync sync = sync_step(stage, comm, D > 1 ? &reducer : nullptr, tied_sync ? wte : nullptr, out_of_time);
     const double opt_t0 = now_s();
     trace.span(topo.dp > 1 ? "gradient all-reduce + norm" : "gradient norm", "comm", sync_t0, opt_t0);
     adam.step(stage.params(), stage.weights(), stage.grads(), lr, clip_coefficient(sync.norm, spec.train.grad_clip));

@@ -6,6 +6,7 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "pipetrain/comm.hpp"
@@ -26,8 +27,10 @@ class Executor {
  public:
   Executor(Stage& stage, Comm& comm);
   // Inputs (tokens/targets) must already be set on the stage for every micro-batch. Spans go to
-  // `trace` while it is recording.
-  StepStats run(const ActionList& actions, int micro_batches, Trace& trace);
+  // `trace` while it is recording. `grads_done_from` is handed to the step's last backward, so
+  // gradient all-reduces can start while it still runs (see Stage::backward).
+  StepStats run(const ActionList& actions, int micro_batches, Trace& trace,
+                const std::function<void(size_t)>& grads_done_from = nullptr);
 
  private:
   static constexpr size_t kRing = 2;

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -85,8 +86,11 @@ class Stage {
   // output activation to `out` (boundary_floats()).
   double forward(int mb, float* out);
   // `dout`: gradient of this stage's output (non-last stages); writes the input gradient to `dinp`
-  // (non-first stages). Parameter gradients accumulate. Releases mb's stash.
-  void backward(int mb, const float* dout, float* dinp);
+  // (non-first stages). Parameter gradients accumulate. Releases mb's stash. `done_from`, if
+  // given, is called as parameters' gradients receive their last contribution of this backward,
+  // with the buffer offset from which all gradients are now complete (it only falls: the layout
+  // runs embeddings, blocks, head, and backward visits them in reverse).
+  void backward(int mb, const float* dout, float* dinp, const std::function<void(size_t)>& done_from = nullptr);
   size_t stash_bytes(int mb) const { return stash_[mb].bytes(); }
   // Seconds the last backward() spent re-running forwards (recompute modes), for the trace.
   double last_recompute_s() const { return recompute_s_; }

@@ -28,6 +28,10 @@ ref = run("1x1", 1, 1)
 expect(ref and ref[-1]["loss"] < ref[0]["loss"], "1x1: loss falls over the first steps")
 for pp, dp in [(2, 1), (4, 1), (1, 2), (2, 2)]:
     same(f"{pp}x{dp} vs 1x1", run(f"{pp}x{dp}", pp, dp), ref)
+# Small buckets: the gradient all-reduce starts in many pieces during the last backward.
+same("2x2 with 64 KiB buckets vs 1x1", run("2x2_buckets", 2, 2, "comm.bucket_mb=0.0625"), ref)
+same("1x2 with 64 KiB buckets, recompute=block vs 1x1", run("1x2_buckets", 1, 2, "comm.bucket_mb=0.0625",
+                                                        "parallel.recompute=block"), ref)
 for mode in ["stage", "block"]:
     same(f"recompute={mode} 1x1 vs none", run(f"1x1_{mode}", 1, 1, f"parallel.recompute={mode}"), ref)
     same(f"recompute={mode} 2x2 vs none 1x1", run(f"2x2_{mode}", 2, 2, f"parallel.recompute={mode}"), ref)
