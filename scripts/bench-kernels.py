@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Kernel benchmark (not a test): one training step of the configs/small.toml-shaped GPT (6 blocks,
 d_model 256, 4 heads, seq 64, batch 32, vocab 256, fp32, AdamW) in pipetrain (one process) and in
-PyTorch (Debian's python3-torch, torch.set_num_threads(1)), side by side, repeated. Both start
+PyTorch (Debian's python3-torch with torch.set_num_threads(1); its OpenBLAS keeps its default
+threads, PyTorch's fastest setting here), side by side, repeated. Both start
 from the same weights (pipetrain's step-1 checkpoint, loaded by name) and the same batches, and
 their losses must agree (relative 1e-4) before any time is compared.
 
@@ -78,13 +79,13 @@ def torch_steps(n):
     return statistics.median(times[2:])
 
 
-rows = {"pipetrain (OpenBLAS default threads)": [], "pipetrain (1 thread)": [], "PyTorch (1 thread)": []}
+rows = {"pipetrain (OpenBLAS default threads)": [], "pipetrain (1 thread)": [], "PyTorch (torch 1 thread, OpenBLAS default)": []}
 for rep in range(a.repeats):  # interleaved so machine noise hits all alike
     rows["pipetrain (OpenBLAS default threads)"].append(statistics.median(l["step_time_s"] for l in pipetrain(a.steps)[1][2:]))
     rows["pipetrain (1 thread)"].append(statistics.median(l["step_time_s"] for l in pipetrain(a.steps, threads=1)[1][2:]))
-    rows["PyTorch (1 thread)"].append(torch_steps(a.steps))
+    rows["PyTorch (torch 1 thread, OpenBLAS default)"].append(torch_steps(a.steps))
 shutil.rmtree(work)
-ref = rows["PyTorch (1 thread)"]
+ref = rows["PyTorch (torch 1 thread, OpenBLAS default)"]
 print(f"step time of a {L}-block d_model {C} GPT, batch {B} x {T}, {a.repeats} repeats (min / median / max):")
 for name, t in rows.items():
     ratios = sorted(x / r for x, r in zip(t, ref))
