@@ -188,10 +188,13 @@ int run_train(const TrainOptions& opt) {
                           std::to_string(Comm::max_tag()));
       }))
     return code;
-  // One BLAS thread per core this rank can have; more would fight the other ranks for cores.
-  // An explicit OPENBLAS_NUM_THREADS is the user's deliberate choice and wins.
-  if (!std::getenv("OPENBLAS_NUM_THREADS"))
-    openblas_set_num_threads(comm.cores_per_rank());
+  // One BLAS thread per core this rank can have (more would fight the other ranks for cores),
+  // unless the spec or an explicit OPENBLAS_NUM_THREADS says otherwise.
+  const char* env_threads = std::getenv("OPENBLAS_NUM_THREADS");
+  const int blas_threads = spec.parallel.threads_per_rank > 0 ? spec.parallel.threads_per_rank
+                           : env_threads                       ? std::max(1, std::atoi(env_threads))
+                                                               : comm.cores_per_rank();
+  openblas_set_num_threads(blas_threads);
 
   su.run_dir = opt.run_dir.empty() ? spec.run.out_dir + "/" + spec.run.name : opt.run_dir;
   Checkpointer checkpointer(spec, su.run_dir, comm);
@@ -226,9 +229,9 @@ int run_train(const TrainOptions& opt) {
 
   if (rank == 0) {
     std::printf("pipetrain: %d ranks = pp %d x dp %d | M=%d micro-batches of %d | schedule %s | recompute %s | "
-                "wait %s\n",
+                "wait %s | %d BLAS thread%s per rank\n",
                 world, P, D, M, b, spec.parallel.schedule.c_str(), spec.parallel.recompute.c_str(),
-                comm.wait_mode() == WaitMode::yield ? "yield" : "spin");
+                comm.wait_mode() == WaitMode::yield ? "yield" : "spin", blas_threads, blas_threads == 1 ? "" : "s");
     std::printf("%s\n", launch.describe().c_str());
     std::printf("partition (%s):\n%s", spec.parallel.partition.c_str(), describe_partition(spec, su.blocks).c_str());
     std::printf("run dir: %s%s%s\n", su.run_dir.c_str(), su.note.empty() ? "" : " | ", su.note.c_str());

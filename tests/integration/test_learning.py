@@ -20,4 +20,12 @@ for pp, dp in [(2, 1), (2, 2)]:
            f"{pp}x{dp}: per-stage arrays have pp entries")
     expect(abs(m[0]["bubble_theory"] - (pp - 1) / (4 + pp - 1)) < 1e-9, f"{pp}x{dp}: bubble_theory = (P-1)/(M+P-1)")
     expect("step" in r.out and "loss" in r.out and "bubble" in r.out, f"{pp}x{dp}: progress lines printed")
+
+# BLAS threads per rank: cores / ranks on the node by default, parallel.threads_per_rank when set.
+cores = len(os.sched_getaffinity(0))
+for ranks, sets, want in [(1, [], max(1, cores)), (2, ["parallel.pp=2"], max(1, cores // 2)),
+                          (1, ["parallel.threads_per_rank=3"], 3)]:
+    r = launch(args, ranks, os.path.join(args.work, f"threads_{ranks}_{len(sets)}"), tiny, ["run.steps=1"] + sets)
+    line = r.out.splitlines()[0] if r.out else ""
+    expect(f"| {want} BLAS thread" in line, f"{ranks} rank(s) {sets}: {want} BLAS thread(s) per rank: {line!r}")
 finish()
