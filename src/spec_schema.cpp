@@ -203,7 +203,7 @@ std::vector<SpecKey> build_schema() {
                  "pipeline schedule"),
       partition_key(),
       int_key("parallel", "threads_per_rank", FIELD(int, parallel.threads_per_rank), 0, 1024,
-              "BLAS threads per rank (0 = cores of the node / ranks on it; OPENBLAS_NUM_THREADS also wins)"),
+              "BLAS threads per rank (0 = OPENBLAS_NUM_THREADS if set, else cores of the node / ranks on it)"),
       string_key("parallel", "recompute", FIELD(std::string, parallel.recompute), {"none", "stage", "block"},
                  "activation recompute: keep everything, only each stage's input, or each block's input"),
       int_key("train", "global_batch", FIELD(int, train.global_batch), 1, big,

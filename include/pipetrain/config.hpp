@@ -43,7 +43,7 @@ struct RunSpec {
     std::string partition = "uniform";  // uniform | balanced | explicit (blocks_per_stage set)
     std::vector<int> blocks_per_stage;  // explicit partition, one entry per stage
     std::string recompute = "none";     // none | stage | block
-    int threads_per_rank = 0;           // BLAS threads per rank; 0 = cores per node / ranks per node
+    int threads_per_rank = 0;           // BLAS threads per rank; 0 = OPENBLAS_NUM_THREADS or cores / ranks per node
   } parallel;
   struct Train {
     int global_batch = 16;
