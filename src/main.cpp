@@ -12,6 +12,7 @@
 #include "pipetrain/config.hpp"
 #include "pipetrain/plan.hpp"
 #include "pipetrain/report.hpp"
+#include "pipetrain/signals.hpp"
 #include "pipetrain/smoke.hpp"
 #include "pipetrain/train.hpp"
 
@@ -50,6 +51,7 @@ int parse(const char* cmd, const po::options_description& desc, const std::vecto
 
 // Runs an MPI command: init, run, finalize; a fault tears the job down instead of leaving peers waiting.
 int run_mpi(const std::function<int()>& body) {
+  install_stop_handlers();  // before MPI_Init: a USR1/TERM during start-up must not kill the rank
   Comm::init(nullptr, nullptr);
   int code = 1;
   try {

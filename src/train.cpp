@@ -158,7 +158,7 @@ struct Setup {
 int run_train(const TrainOptions& opt) {
   const double launched = now_s();
   const int world = Comm::world_size(), rank = Comm::world_rank();
-  install_stop_handlers();
+  install_stop_handlers();  // idempotent; main installs them before MPI_Init already
   const LaunchInfo launch = LaunchInfo::from_environment();
   Setup su;
   if (int code = Comm::run_agreed([&] {
