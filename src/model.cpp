@@ -57,6 +57,22 @@ size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages,
   return sizeof(float) * floats + sizeof(int) * ints;
 }
 
+size_t working_bytes(const RunSpec& spec, int stage, int n_stages, int blocks) {
+  const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, C = spec.model.d_model;
+  const size_t n = b * T, V = spec.model.vocab;
+  const bool last = stage == n_stages - 1;
+  size_t floats = n * C * (6 + 3 + 8)  // attproj, fcproj, dres, dx, dln, datty; dqkv; dfch, dfch_gelu
+                  + (last ? 2 * n * V : 0)  // logits, dlogits
+                  + 6 * n * C                // executor rings: 2 activation sends, 2 gradient sends, 2 receives
+                  + T * T;                   // attention backward's score gradients
+  size_t bytes = sizeof(float) * floats;
+  const Recompute mode = parse_recompute(spec.parallel.recompute);
+  if (mode != Recompute::none)  // Stage::work_: one micro-batch's activations, without its inputs
+    bytes += stash_bytes_per_micro_batch(spec, stage, n_stages, blocks, Recompute::none) -
+             sizeof(int) * n * ((stage == 0 ? 1 : 0) + (last ? 1 : 0));
+  return bytes;
+}
+
 Recompute parse_recompute(const std::string& s) {
   if (s == "stage") return Recompute::stage;
   if (s == "block") return Recompute::block;

@@ -54,6 +54,7 @@ Plan make_plan(const RunSpec& spec) {
     sp.cost_share = costs[s] / total;
     sp.bubble = sim.bubble[s];
     for (int m = 0; m < 3; ++m) sp.act_peak_bytes[m] = M * stash_bytes_per_micro_batch(spec, s, P, blocks[s], kModes[m]);
+    sp.working_bytes = working_bytes(spec, s, P, blocks[s]);
     plan.stages.push_back(sp);
     begin += blocks[s];
   }
@@ -79,15 +80,17 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
                 plan.bubble_theory, p.recompute == "none" ? "" : " + recompute", plan.bubble_sim);
   os << line << "  per stage:";
   for (auto& s : plan.stages) std::snprintf(line, sizeof line, " %.4f", s.bubble), os << line;
-  os << "\n\nmemory per stage (GPipe keeps all M micro-batches in flight; activations by recompute mode):\n";
-  std::snprintf(line, sizeof line, "  %-8s %12s %12s %12s | %12s %12s %12s\n", "stage", "params", "grads", "AdamW",
-                "act none", "act stage", "act block");
+  os << "\n\nmemory per stage (GPipe keeps all M micro-batches in flight; activations by recompute mode;\n"
+        "working: scratch and buffers under recompute = " << p.recompute << "):\n";
+  std::snprintf(line, sizeof line, "  %-8s %12s %12s %12s | %12s %12s %12s | %12s\n", "stage", "params", "grads",
+                "AdamW", "act none", "act stage", "act block", "working");
   os << line;
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const auto& sp = plan.stages[s];
-    std::snprintf(line, sizeof line, "  %-8zu %12s %12s %12s | %12s %12s %12s\n", s, bytes(4.0 * sp.params).c_str(),
-                  bytes(4.0 * sp.params).c_str(), bytes(8.0 * sp.params).c_str(), bytes(sp.act_peak_bytes[0]).c_str(),
-                  bytes(sp.act_peak_bytes[1]).c_str(), bytes(sp.act_peak_bytes[2]).c_str());
+    std::snprintf(line, sizeof line, "  %-8zu %12s %12s %12s | %12s %12s %12s | %12s\n", s,
+                  bytes(4.0 * sp.params).c_str(), bytes(4.0 * sp.params).c_str(), bytes(8.0 * sp.params).c_str(),
+                  bytes(sp.act_peak_bytes[0]).c_str(), bytes(sp.act_peak_bytes[1]).c_str(),
+                  bytes(sp.act_peak_bytes[2]).c_str(), bytes(sp.working_bytes).c_str());
     os << line;
   }
   return os.str();
@@ -108,7 +111,7 @@ std::string plan_json(const RunSpec& spec, const Plan& plan) {
     for (int m = 0; m < 3; ++m) act[kModeNames[m]] = s.act_peak_bytes[m];
     j["stages"].push_back({{"blocks", s.blocks}, {"params", s.params}, {"param_bytes", 4 * s.params},
                            {"grad_bytes", 4 * s.params}, {"optim_bytes", 8 * s.params}, {"cost_share", s.cost_share},
-                           {"bubble_sim", s.bubble}, {"act_peak_bytes", act}});
+                           {"bubble_sim", s.bubble}, {"act_peak_bytes", act}, {"working_bytes", s.working_bytes}});
   }
   return j.dump(2) + "\n";
 }

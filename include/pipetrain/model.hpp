@@ -40,6 +40,12 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
 // head's); stage: the received input only. Plus tokens (first stage) and targets (last), 4 B each.
 size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks, Recompute mode);
 
+// Bytes a stage uses besides parameters, gradients, AdamW state and stashed activations: the
+// per-micro-batch scratch of forward/backward (projections, activation gradients, logits), the
+// executor's send/receive rings, and under recompute one micro-batch's full activations that
+// backward re-runs into.
+size_t working_bytes(const RunSpec& spec, int stage, int n_stages, int blocks);
+
 struct BlockActs {
   std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
 };

@@ -15,6 +15,7 @@ struct StagePlan {
   double cost_share = 0;      // of the summed stage costs
   double bubble = 0;          // simulated with the cost model
   size_t act_peak_bytes[3];   // by recompute mode: none, stage, block (M in flight under GPipe)
+  size_t working_bytes = 0;   // scratch and buffers for the spec's recompute mode
 };
 
 struct Plan {
