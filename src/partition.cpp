@@ -1,5 +1,7 @@
 #include "pipetrain/partition.hpp"
 
+#include "pipetrain/model.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <limits>
@@ -90,20 +92,17 @@ std::string describe_partition(const RunSpec& spec, const std::vector<int>& bloc
   const auto costs = stage_costs(spec, blocks);
   double total = 0;
   for (double c : costs) total += c;
-  const long C = spec.model.d_model, V = spec.model.vocab, T = spec.model.seq_len;
-  const long block_params = 12 * C * C + 13 * C;
+  const int P = static_cast<int>(blocks.size());
   std::ostringstream os;
   int begin = 0;
-  for (size_t s = 0; s < blocks.size(); ++s) {
-    long params = blocks[s] * block_params;
+  for (int s = 0; s < P; ++s) {
+    size_t params = 0;  // counted from the stage's actual tensor list (tied copy included)
+    for (auto& t : stage_params(spec, s, P, begin, begin + blocks[s])) params += t.size;
     std::string extra;
-    if (s == 0) params += V * C + T * C, extra += " +embeddings";
-    if (s + 1 == blocks.size()) {
-      params += 2 * C + ((spec.model.tie_embeddings && s > 0) || !spec.model.tie_embeddings ? V * C : 0);
-      extra += " +head";
-    }
+    if (s == 0) extra += " +embeddings";
+    if (s + 1 == P) extra += " +head";
     char line[200];
-    std::snprintf(line, sizeof line, "  stage %zu: blocks %d-%d (%d)%s, %ld params, cost %.1f%%\n", s, begin,
+    std::snprintf(line, sizeof line, "  stage %d: blocks %d-%d (%d)%s, %zu params, cost %.1f%%\n", s, begin,
                   begin + blocks[s] - 1, blocks[s], extra.c_str(), params, 100.0 * costs[s] / total);
     os << line;
     begin += blocks[s];
