@@ -1,19 +1,16 @@
 #include "pipetrain/checkpoint.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "pipetrain/clock.hpp"
+#include "pipetrain/files.hpp"
 #include "pipetrain/shard_io.hpp"
 #include "spec_schema.hpp"
 
@@ -39,28 +36,6 @@ std::string hex(uint64_t v) {
   char buf[24];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
   return buf;
-}
-
-// fsync a file or directory so a rename that follows cannot overtake its contents on a crash.
-void sync_path(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw std::runtime_error(path + ": cannot open to sync");
-  int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw std::runtime_error(path + ": fsync failed");
-}
-
-// Writes `text` to path via path.tmp + fsync + rename + fsync of the folder.
-void write_durably(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out.flush()) throw std::runtime_error(tmp + ": cannot write");
-  }
-  sync_path(tmp);
-  fs::rename(tmp, path);
-  sync_path(fs::path(path).parent_path().string());
 }
 
 // step_* directories of a checkpoints folder, newest first.
@@ -277,7 +252,7 @@ double Checkpointer::save(int64_t step, Stage& stage, const AdamW& opt, const st
       m.shards[all[3 * r]].bytes = all[3 * r + 2];
     }
     m.write_s = now_s() - t0;
-    write_durably(tmp + "/manifest.json", m.to_json());
+    write_file_atomically(tmp + "/manifest.json", m.to_json());
     publish(tmp, final_dir, name);
   });
   return now_s() - t0;
@@ -290,7 +265,7 @@ void Checkpointer::publish(const std::string& tmp, const std::string& final_dir,
   if (fs::exists(final_dir, ec)) set_aside(final_dir);  // never overwrite what was saved before
   fs::rename(tmp, final_dir);
   sync_path(dir_);
-  write_durably(dir_ + "/latest", name + "\n");
+  write_file_atomically(dir_ + "/latest", name + "\n");
   // keep_last counts complete checkpoints up to the new one; newer ones cannot exist here (a
   // resume sets them aside) and the new one is never removed.
   if (spec_.checkpoint.keep_last <= 0) return;

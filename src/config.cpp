@@ -1,15 +1,12 @@
 #include "pipetrain/config.hpp"
 
-#include <sys/stat.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <sstream>
 
+#include "pipetrain/files.hpp"
 #include "spec_schema.hpp"
 
 namespace pipetrain {
@@ -59,20 +56,6 @@ std::string suggest_key(const std::string& full, const std::string& key_name, co
 
 }  // namespace
 
-std::string read_input_file(const std::string& path, const std::string& what) {
-  auto fail = [&](const std::string& why) { return SpecError(what + ": cannot read " + path + " (" + why + ")"); };
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0) throw fail(std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) throw fail("not a regular file");
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) throw fail(std::strerror(errno));
-  std::string data(static_cast<size_t>(st.st_size), '\0');
-  size_t got = std::fread(data.data(), 1, data.size(), f);
-  bool bad = std::ferror(f) != 0;
-  std::fclose(f);
-  if (bad || got != data.size()) throw fail("read error");
-  return data;
-}
 
 std::string RunSpec::origin(const std::string& dotted_key) const {
   std::string o = origin_of(origins, dotted_key);

@@ -1,5 +1,7 @@
 #include "pipetrain/data.hpp"
 
+#include "pipetrain/files.hpp"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>

@@ -1,5 +1,7 @@
 #include "pipetrain/metrics.hpp"
 
+#include "pipetrain/files.hpp"
+
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -113,12 +115,7 @@ void truncate_metrics(const std::string& path, int64_t step) {
       kept += line + "\n";
   }
   in.close();
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (!f) throw std::runtime_error(tmp + ": cannot write");
-  const bool ok = std::fwrite(kept.data(), 1, kept.size(), f) == kept.size() && std::fflush(f) == 0 && fsync(fileno(f)) == 0;
-  std::fclose(f);
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error(path + ": cannot rewrite the log");
+  write_file_atomically(path, kept);
 }
 
 double peak_rss_bytes() {

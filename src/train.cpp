@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <memory>
 
@@ -17,6 +16,7 @@
 #include "pipetrain/config.hpp"
 #include "pipetrain/data.hpp"
 #include "pipetrain/executor.hpp"
+#include "pipetrain/files.hpp"
 #include "pipetrain/kernels.hpp"
 #include "pipetrain/launch.hpp"
 #include "pipetrain/metrics.hpp"
@@ -52,14 +52,11 @@ std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir)) throw SpecError("run dir " + dir + ": cannot create (" + ec.message() + ")");
-  const std::string tmp = dir + "/config.toml.tmp";
-  {
-    std::ofstream out(tmp);
-    out << resolved_toml(spec);
-    if (!out.flush()) throw SpecError("run dir " + dir + ": cannot write config.toml");
+  try {
+    write_file_atomically(dir + "/config.toml", resolved_toml(spec));
+  } catch (const std::runtime_error& e) {
+    throw SpecError("run dir " + dir + ": cannot write config.toml (" + e.what() + ")");
   }
-  fs::rename(tmp, dir + "/config.toml", ec);
-  if (ec) throw SpecError("run dir " + dir + ": cannot write config.toml (" + ec.message() + ")");
   const std::string metrics = dir + "/metrics.jsonl", checkpoints = dir + "/checkpoints";
   if (resumed_step > 0) {
     truncate_metrics(metrics, resumed_step);
@@ -88,9 +85,7 @@ void write_trace(const Trace& trace, Comm& comm, const std::string& run_dir) {
   std::vector<std::string> all;
   comm.gather_to_root(trace.events_json(comm.topo().stage, comm.topo().dp_rank), all);
   if (comm.topo().world_rank != 0) return;
-  const std::string path = run_dir + "/trace.json", tmp = path + ".tmp";
-  std::ofstream(tmp) << Trace::file_json(all, comm.topo().pp, comm.topo().dp);
-  fs::rename(tmp, path);
+  write_file_atomically(run_dir + "/trace.json", Trace::file_json(all, comm.topo().pp, comm.topo().dp));
 }
 
 // The data-parallel gradient all-reduce, in buckets started as soon as their gradients are

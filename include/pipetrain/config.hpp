@@ -81,10 +81,6 @@ struct RunSpec {
   int samples_per_micro_batch() const { return train.global_batch / (parallel.dp * parallel.micro_batches); }
 };
 
-// The whole content of a regular file; anything else (missing, a directory, unreadable) is a
-// SpecError "<what>: cannot read <path> (<reason>)".
-std::string read_input_file(const std::string& path, const std::string& what);
-
 // Reads `path` (empty: built-in defaults), applies "section.key=value" overrides, validates.
 // world_size > 0 also checks pp × dp against it. Throws SpecError naming key and file:line.
 RunSpec load_spec(const std::string& path, const std::vector<std::string>& overrides, int world_size);

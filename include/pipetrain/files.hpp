@@ -1,0 +1,19 @@
+// Whole-file reads of user inputs and crash-safe whole-file writes, shared by the spec, data,
+// checkpoint, metrics and trace code.
+#pragma once
+#include <string>
+
+namespace pipetrain {
+
+// The whole content of a regular file; anything else (missing, a directory, unreadable) is a
+// SpecError "<what>: cannot read <path> (<reason>)".
+std::string read_input_file(const std::string& path, const std::string& what);
+
+// Replaces `path` with `text` atomically: path.tmp, fsync, rename, fsync of the folder, so a crash
+// leaves either the old or the new file, never a half-written one. Throws std::runtime_error.
+void write_file_atomically(const std::string& path, const std::string& text);
+
+// fsync a file or directory (so a rename that follows cannot overtake its contents on a crash).
+void sync_path(const std::string& path);
+
+}  // namespace pipetrain
