@@ -7,16 +7,38 @@
 #include <cmath>
 #include <vector>
 
+#include "pipetrain/parallel_for.hpp"
+
 namespace pipetrain {
+namespace {
+
+// About 16K floats of work per chunk: big enough that waking a thread pays, small enough to balance.
+size_t rows_per_chunk(int C) { return std::max<size_t>(1, 16384 / static_cast<size_t>(C)); }
+constexpr size_t kElementsPerChunk = 16384;
+
+// Row-parallel reduction: fn(begin, end, partial) adds rows [begin, end) into its chunk's zeroed
+// partial[width]; the partials are then added into out in chunk order, so the sums do not depend on
+// the thread count.
+template <class Fn>
+void reduce_row_chunks(int N, size_t rows, size_t width, float* out, Fn fn) {
+  const size_t chunks = chunk_count(N, rows);
+  std::vector<float> partial(chunks * width, 0.f);
+  parallel_for(N, rows, [&](size_t begin, size_t end) { fn(begin, end, &partial[begin / rows * width]); });
+  for (size_t c = 0; c < chunks; ++c)
+    for (size_t j = 0; j < width; ++j) out[j] += partial[c * width + j];
+}
+
+}  // namespace
 
 void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
-  for (int b = 0; b < B; ++b)
-    for (int t = 0; t < T; ++t) {
-      float* o = out + (static_cast<size_t>(b) * T + t) * C;
-      const float* e = wte + static_cast<size_t>(tokens[b * T + t]) * C;
-      const float* p = wpe + static_cast<size_t>(t) * C;
+  parallel_for(static_cast<size_t>(B) * T, rows_per_chunk(C), [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      float* o = out + i * C;
+      const float* e = wte + static_cast<size_t>(tokens[i]) * C;
+      const float* p = wpe + (i % T) * C;
       for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
     }
+  });
 }
 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C) {
@@ -32,68 +54,82 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* to
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C) {
   const float eps = 1e-5f;
-  for (int i = 0; i < N; ++i) {
-    const float* x = inp + static_cast<size_t>(i) * C;
-    float m = 0.f;
-    for (int c = 0; c < C; ++c) m += x[c];
-    m /= C;
-    float v = 0.f;
-    for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
-    v /= C;
-    float s = 1.f / std::sqrt(v + eps);
-    float* o = out + static_cast<size_t>(i) * C;
-    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
-    mean[i] = m;
-    rstd[i] = s;
-  }
+  parallel_for(N, rows_per_chunk(C), [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      const float* x = inp + i * C;
+      float m = 0.f;
+#pragma omp simd reduction(+ : m)
+      for (int c = 0; c < C; ++c) m += x[c];
+      m /= C;
+      float v = 0.f;
+#pragma omp simd reduction(+ : v)
+      for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+      v /= C;
+      float s = 1.f / std::sqrt(v + eps);
+      float* o = out + i * C;
+      for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+      mean[i] = m;
+      rstd[i] = s;
+    }
+  });
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C) {
-  for (int i = 0; i < N; ++i) {
-    const float* d = dout + static_cast<size_t>(i) * C;
-    const float* x = inp + static_cast<size_t>(i) * C;
-    float* dx = dinp + static_cast<size_t>(i) * C;
-    const float m = mean[i], s = rstd[i];
-    // dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * weight
-    float dnorm_mean = 0.f, dnorm_norm_mean = 0.f;
-    for (int c = 0; c < C; ++c) {
-      float norm = (x[c] - m) * s;
-      float dnorm = weight[c] * d[c];
-      dnorm_mean += dnorm;
-      dnorm_norm_mean += dnorm * norm;
+  // partial = [dweight | dbias] of a chunk of rows
+  std::vector<float> sums(2 * static_cast<size_t>(C), 0.f);
+  reduce_row_chunks(N, rows_per_chunk(C), 2 * C, sums.data(), [&](size_t begin, size_t end, float* partial) {
+    float* pw = partial;
+    float* pb = partial + C;
+    for (size_t i = begin; i < end; ++i) {
+      const float* d = dout + i * C;
+      const float* x = inp + i * C;
+      float* dx = dinp + i * C;
+      const float m = mean[i], s = rstd[i];
+      // dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * weight
+      float dnorm_mean = 0.f, dnorm_norm_mean = 0.f;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
+      for (int c = 0; c < C; ++c) {
+        float norm = (x[c] - m) * s;
+        float dnorm = weight[c] * d[c];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * norm;
+      }
+      dnorm_mean /= C;
+      dnorm_norm_mean /= C;
+      for (int c = 0; c < C; ++c) {
+        float norm = (x[c] - m) * s;
+        float dnorm = weight[c] * d[c];
+        pb[c] += d[c];
+        pw[c] += norm * d[c];
+        dx[c] += s * (dnorm - dnorm_mean - norm * dnorm_norm_mean);
+      }
     }
-    dnorm_mean /= C;
-    dnorm_norm_mean /= C;
-    for (int c = 0; c < C; ++c) {
-      float norm = (x[c] - m) * s;
-      float dnorm = weight[c] * d[c];
-      dbias[c] += d[c];
-      dweight[c] += norm * d[c];
-      dx[c] += s * (dnorm - dnorm_mean - norm * dnorm_norm_mean);
-    }
-  }
+  });
+  for (int c = 0; c < C; ++c) dweight[c] += sums[c], dbias[c] += sums[C + c];
 }
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.f, inp, C, weight, C, 0.f, out, OC);
   if (!bias) return;
-  for (int i = 0; i < N; ++i) {
-    float* o = out + static_cast<size_t>(i) * OC;
-    for (int j = 0; j < OC; ++j) o[j] += bias[j];
-  }
+  parallel_for(N, rows_per_chunk(OC), [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      float* o = out + i * OC;
+      for (int j = 0; j < OC; ++j) o[j] += bias[j];
+    }
+  });
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC) {
-  // dinp[N,C] += dout[N,OC] weight[OC,C];  dweight[OC,C] += dout^T inp
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.f, dout, OC, weight, C, 1.f, dinp, C);
+  // dinp[N,C] = dout[N,OC] weight[OC,C];  dweight[OC,C] += dout^T inp
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.f, dout, OC, weight, C, 0.f, dinp, C);
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dweight, C);
   if (!dbias) return;
-  for (int i = 0; i < N; ++i) {
-    const float* d = dout + static_cast<size_t>(i) * OC;
-    for (int j = 0; j < OC; ++j) dbias[j] += d[j];
-  }
+  reduce_row_chunks(N, rows_per_chunk(OC), OC, dbias, [&](size_t begin, size_t end, float* partial) {
+    for (size_t i = begin; i < end; ++i)
+      for (int j = 0; j < OC; ++j) partial[j] += dout[i * OC + j];
+  });
 }
 
 // Per (batch, head) the products are GEMMs on strided views of qkv: Q, K and V of head h are the
@@ -101,8 +137,9 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   const int hs = C / NH, C3 = 3 * C;
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h) {
+  // (batch, head) pairs are independent: one per chunk, the GEMMs single-threaded inside
+  parallel_for(static_cast<size_t>(B) * NH, 1, [&](size_t bh, size_t) {
+      const int b = static_cast<int>(bh / NH), h = static_cast<int>(bh % NH);
       const float* q = qkv + static_cast<size_t>(b) * T * C3 + h * hs;
       const float* k = q + C;
       const float* v = q + 2 * C;
@@ -120,24 +157,25 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
       }
       float* o = out + static_cast<size_t>(b) * T * C + h * hs;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.f, a, T, v, C3, 0.f, o, C);
-    }
+  });
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                         int NH) {
   const int hs = C / NH, C3 = 3 * C;
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
-  std::vector<float> datt(static_cast<size_t>(T) * T);
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < NH; ++h) {
+  parallel_for(static_cast<size_t>(B) * NH, 1, [&](size_t bh, size_t) {
+      thread_local std::vector<float> datt;
+      datt.resize(static_cast<size_t>(T) * T);
+      const int b = static_cast<int>(bh / NH), h = static_cast<int>(bh % NH);
       const size_t row0 = static_cast<size_t>(b) * T * C3 + h * hs;
       const float *q = qkv + row0, *k = q + C, *v = q + 2 * C;
       float *dq = dqkv + row0, *dk = dq + C, *dv = dq + 2 * C;
       const float* a = att + (static_cast<size_t>(b) * NH + h) * T * T;
       const float* d = dout + static_cast<size_t>(b) * T * C + h * hs;
-      // out = a v  =>  datt = d v^T,  dv += a^T d
+      // out = a v  =>  datt = d v^T,  dv = a^T d
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.f, d, C, v, C3, 0.f, datt.data(), T);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.f, a, T, d, C, 1.f, dv, C3);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.f, a, T, d, C, 0.f, dv, C3);
       // softmax backward, in place: dpre = a * (datt - sum(a * datt)); zero above the diagonal.
       for (int t = 0; t < T; ++t) {
         const float* ar = a + static_cast<size_t>(t) * T;
@@ -147,10 +185,10 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         for (int u = 0; u <= t; ++u) dr[u] = ar[u] * (dr[u] - dot);
         for (int u = t + 1; u < T; ++u) dr[u] = 0.f;
       }
-      // pre = scale q k^T  =>  dq += scale dpre k,  dk += scale dpre^T q
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt.data(), T, k, C3, 1.f, dq, C3);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, datt.data(), T, q, C3, 1.f, dk, C3);
-    }
+      // pre = scale q k^T  =>  dq = scale dpre k,  dk = scale dpre^T q
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt.data(), T, k, C3, 0.f, dq, C3);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, datt.data(), T, q, C3, 0.f, dk, C3);
+  });
 }
 
 namespace {
@@ -177,52 +215,65 @@ float fast_tanh(float x) {
 }
 
 void gelu_forward(float* out, const float* inp, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    float x = inp[i];
-    out[i] = 0.5f * x * (1.f + fast_tanh(kGeluScale * (x + 0.044715f * x * x * x)));
-  }
+  parallel_for(n, kElementsPerChunk, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      float x = inp[i];
+      out[i] = 0.5f * x * (1.f + fast_tanh(kGeluScale * (x + 0.044715f * x * x * x)));
+    }
+  });
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    float x = inp[i];
-    float u = kGeluScale * (x + 0.044715f * x * x * x);
-    float th = fast_tanh(u);
-    float sech2 = 1.f - th * th;
-    float grad = 0.5f * (1.f + th) + 0.5f * x * sech2 * kGeluScale * (1.f + 3.f * 0.044715f * x * x);
-    dinp[i] += grad * dout[i];
-  }
+  parallel_for(n, kElementsPerChunk, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      float x = inp[i];
+      float u = kGeluScale * (x + 0.044715f * x * x * x);
+      float th = fast_tanh(u);
+      float sech2 = 1.f - th * th;
+      float grad = 0.5f * (1.f + th) + 0.5f * x * sech2 * kGeluScale * (1.f + 3.f * 0.044715f * x * x);
+      dinp[i] = grad * dout[i];
+    }
+  });
 }
 
 void residual_forward(float* out, const float* a, const float* b, size_t n) {
-  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  parallel_for(n, kElementsPerChunk, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
+  });
 }
 
 double softmax_crossentropy_forward(float* probs, const float* logits, const int* targets, int N, int V) {
+  // one loss per row, summed in row order afterwards: the same total on any thread count
+  std::vector<double> row_loss(N);
+  parallel_for(N, rows_per_chunk(V), [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      const float* l = logits + i * V;
+      float* p = probs + i * V;
+      float mx = l[0];
+      for (int j = 1; j < V; ++j) mx = std::max(mx, l[j]);
+      double sum = 0.0;
+      for (int j = 0; j < V; ++j) sum += (p[j] = std::exp(l[j] - mx));
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int j = 0; j < V; ++j) p[j] *= inv;
+      // log-sum-exp in double rather than log(p[target]) so tiny probabilities do not lose digits
+      row_loss[i] = std::log(sum) + mx - l[targets[i]];
+    }
+  });
   double loss = 0.0;
-  for (int i = 0; i < N; ++i) {
-    const float* l = logits + static_cast<size_t>(i) * V;
-    float* p = probs + static_cast<size_t>(i) * V;
-    float mx = l[0];
-    for (int j = 1; j < V; ++j) mx = std::max(mx, l[j]);
-    double sum = 0.0;
-    for (int j = 0; j < V; ++j) sum += (p[j] = std::exp(l[j] - mx));
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int j = 0; j < V; ++j) p[j] *= inv;
-    // log-sum-exp in double rather than log(p[target]) so tiny probabilities do not lose digits
-    loss += std::log(sum) + mx - l[targets[i]];
-  }
+  for (double l : row_loss) loss += l;
   return loss;
 }
 
 void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float scale, int N,
                                    int V) {
-  for (int i = 0; i < N; ++i) {
-    const float* p = probs + static_cast<size_t>(i) * V;
-    float* d = dlogits + static_cast<size_t>(i) * V;
-    for (int j = 0; j < V; ++j) d[j] = p[j] * scale;
-    d[targets[i]] -= scale;
-  }
+  parallel_for(N, rows_per_chunk(V), [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      const float* p = probs + i * V;
+      float* d = dlogits + i * V;
+      for (int j = 0; j < V; ++j) d[j] = p[j] * scale;
+      d[targets[i]] -= scale;
+    }
+  });
 }
 
 double measure_sgemm_gflops(int n, double seconds) {

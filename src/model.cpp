@@ -342,22 +342,16 @@ void Stage::block_backward(int l, const float* x, const BlockActs& a, const floa
   BlockPtrs w = block_ptrs(weights_, l);
   BlockPtrs g = block_ptrs(grads_, l);
   // out = res2 + mlp(ln2(res2))
-  std::fill(dfch_gelu_.begin(), dfch_gelu_.end(), 0.f);
   matmul_backward(dfch_gelu_.data(), g.fcprojw, g.fcprojb, dout, a.fch_gelu.data(), w.fcprojw, N, 4 * C, C);
-  std::fill(dfch_.begin(), dfch_.end(), 0.f);
   gelu_backward(dfch_.data(), a.fch.data(), dfch_gelu_.data(), 4 * NC);
-  std::fill(dln_.begin(), dln_.end(), 0.f);
   matmul_backward(dln_.data(), g.fcw, g.fcb, dfch_.data(), a.ln2.data(), w.fcw, N, C, 4 * C);
   float* dres2 = dinp;  // accumulate d(res2) in dinp, then continue through the attention branch
   std::copy(dout, dout + NC, dres2);
   layernorm_backward(dres2, g.ln2w, g.ln2b, dln_.data(), a.res2.data(), w.ln2w, a.ln2_mean.data(),
                      a.ln2_rstd.data(), N, C);
   // res2 = x + proj(attn(ln1(x)))
-  std::fill(datty_.begin(), datty_.end(), 0.f);
   matmul_backward(datty_.data(), g.projw, g.projb, dres2, a.atty.data(), w.projw, N, C, C);
-  std::fill(dqkv_.begin(), dqkv_.end(), 0.f);
   attention_backward(dqkv_.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, T_, C, NH_);
-  std::fill(dln_.begin(), dln_.end(), 0.f);
   matmul_backward(dln_.data(), g.qkvw, g.qkvb, dqkv_.data(), a.ln1.data(), w.qkvw, N, C, 3 * C);
   layernorm_backward(dinp, g.ln1w, g.ln1b, dln_.data(), x, w.ln1w, a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
 }
@@ -372,7 +366,6 @@ double Stage::head_forward(const float* x, HeadActs& a, const int* targets) {
 void Stage::head_backward(const float* x, const HeadActs& a, const int* targets, float* dinp) {
   const int N = B_ * T_, C = C_;
   softmax_crossentropy_backward(dlogits_.data(), a.probs.data(), targets, grad_scale_, N, V_);
-  std::fill(dln_.begin(), dln_.end(), 0.f);
   matmul_backward(dln_.data(), &grads_[head_], nullptr, dlogits_.data(), a.lnf.data(), &weights_[head_], N, C, V_);
   layernorm_backward(dinp, &grads_[lnfw_], &grads_[lnfb_], dln_.data(), x, &weights_[lnfw_], a.lnf_mean.data(),
                      a.lnf_rstd.data(), N, C);

@@ -2,7 +2,12 @@
 
 #include <cmath>
 
+#include "pipetrain/parallel_for.hpp"
+
 namespace pipetrain {
+namespace {
+constexpr size_t kAdamChunk = 16384;  // elements per parallel_for chunk
+}  // namespace
 
 double lr_at(const RunSpec& spec, int step) {
   const auto& t = spec.train;
@@ -17,7 +22,14 @@ double grad_sq_sum(const std::vector<ParamTensor>& params, const std::vector<flo
   double sum = 0;
   for (auto& p : params) {
     if (p.tied_copy) continue;  // counted once, on the first stage
-    for (size_t i = p.offset; i < p.offset + p.size; ++i) sum += static_cast<double>(grads[i]) * grads[i];
+    // per-chunk partials added in chunk order: the same sum on any thread count
+    std::vector<double> partial(chunk_count(p.size, kAdamChunk), 0.0);
+    parallel_for(p.size, kAdamChunk, [&](size_t begin, size_t end) {
+      double s = 0;
+      for (size_t i = p.offset + begin; i < p.offset + end; ++i) s += static_cast<double>(grads[i]) * grads[i];
+      partial[begin / kAdamChunk] = s;
+    });
+    for (double s : partial) sum += s;
   }
   return sum;
 }
@@ -40,13 +52,17 @@ void AdamW::step(const std::vector<ParamTensor>& params, std::vector<float>& wei
   const float eps = static_cast<float>(cfg_.eps);
   for (auto& p : params) {
     const float decay = p.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.f;
-    for (size_t i = p.offset; i < p.offset + p.size; ++i) {
-      const float g = grads[i] * grad_mul;
-      m_[i] = b1 * m_[i] + (1.f - b1) * g;
-      v_[i] = b2 * v_[i] + (1.f - b2) * g * g;
-      weights[i] *= decay;
-      weights[i] -= step_size * m_[i] / (std::sqrt(v_[i]) * inv_sqrt_bc2 + eps);
-    }
+    float *w = weights.data(), *m = m_.data(), *v = v_.data();
+    const float* gr = grads.data();
+    parallel_for(p.size, kAdamChunk, [&](size_t begin, size_t end) {
+      for (size_t i = p.offset + begin; i < p.offset + end; ++i) {
+        const float g = gr[i] * grad_mul;
+        m[i] = b1 * m[i] + (1.f - b1) * g;
+        v[i] = b2 * v[i] + (1.f - b2) * g * g;
+        w[i] *= decay;
+        w[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
+      }
+    });
   }
 }
 

@@ -1,6 +1,5 @@
 #include "pipetrain/train.hpp"
 
-#include <cblas.h>
 #include <csignal>
 
 #include <cmath>
@@ -10,6 +9,7 @@
 #include <functional>
 #include <memory>
 
+#include "pipetrain/blas.hpp"
 #include "pipetrain/clock.hpp"
 #include "pipetrain/checkpoint.hpp"
 #include "pipetrain/comm.hpp"
@@ -22,6 +22,7 @@
 #include "pipetrain/metrics.hpp"
 #include "pipetrain/model.hpp"
 #include "pipetrain/optim.hpp"
+#include "pipetrain/parallel_for.hpp"
 #include "pipetrain/partition.hpp"
 #include "pipetrain/schedule.hpp"
 #include "pipetrain/signals.hpp"
@@ -189,7 +190,8 @@ int run_train(const TrainOptions& opt) {
   const int blas_threads = spec.parallel.threads_per_rank > 0 ? spec.parallel.threads_per_rank
                            : env_threads                       ? std::max(1, std::atoi(env_threads))
                                                                : comm.cores_per_rank();
-  openblas_set_num_threads(blas_threads);
+  set_blas_threads(blas_threads);
+  set_parallel_threads(blas_threads);  // the element-wise kernels use the same cores
 
   su.run_dir = opt.run_dir.empty() ? spec.run.out_dir + "/" + spec.run.name : opt.run_dir;
   Checkpointer checkpointer(spec, su.run_dir, comm);
@@ -230,8 +232,9 @@ int run_train(const TrainOptions& opt) {
     std::printf("%s\n", launch.describe().c_str());
     std::printf("partition (%s):\n%s", spec.parallel.partition.c_str(), describe_partition(spec, su.blocks).c_str());
     std::printf("run dir: %s%s%s\n", su.run_dir.c_str(), su.note.empty() ? "" : " | ", su.note.c_str());
-    std::printf("peak %.1f GFLOP/s (%s), %.3g GFLOP per step\n", peak_gflops,
-                spec.log.peak_gflops > 0 ? "log.peak_gflops x ranks" : "measured sgemm, all ranks", flops_per_step / 1e9);
+    std::printf("peak %.1f GFLOP/s (%s), %.3g GFLOP per step | %s\n", peak_gflops,
+                spec.log.peak_gflops > 0 ? "log.peak_gflops x ranks" : "measured sgemm, all ranks", flops_per_step / 1e9,
+                blas_description().c_str());
     if (!resume_from.empty()) {
       std::printf("resumed from %s\n", resume_from.c_str());
       for (auto& change : changed_training_keys(Manifest::read(resume_from), spec))

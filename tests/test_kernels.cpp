@@ -35,10 +35,10 @@ TEST_CASE("matmul backward matches finite differences", "[kernels]") {
     return dot(out, r);
   };
   loss();
-  // Pre-filled gradients check that backward accumulates (+=) rather than overwrites.
+  // Pre-filled: parameter gradients must accumulate (+=), the input gradient be overwritten.
   std::vector<float> dx(N * C, 0.5f), dw(OC * C, 0.5f), db(OC, 0.5f);
   matmul_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), N, C, OC);
-  for (auto* g : {&dx, &dw, &db})
+  for (auto* g : {&dw, &db})
     for (auto& v : *g) v -= 0.5f;
   check("dinp", loss, x.data(), dx.data(), x.size());
   check("dweight", loss, w.data(), dw.data(), w.size());
@@ -66,7 +66,7 @@ TEST_CASE("attention backward matches finite differences", "[kernels]") {
     return dot(out, r);
   };
   loss();
-  std::vector<float> dqkv(qkv.size(), 0.f);
+  std::vector<float> dqkv(qkv.size(), 0.5f);  // overwritten, not added to
   attention_backward(dqkv.data(), r.data(), qkv.data(), att.data(), B, T, C, NH);
   check("dqkv", loss, qkv.data(), dqkv.data(), qkv.size(), 40);
 }
@@ -105,7 +105,7 @@ TEST_CASE("gelu backward matches finite differences and the tanh formula", "[ker
     return dot(out, r);
   };
   loss();
-  std::vector<float> dx(50, 0.f);
+  std::vector<float> dx(50, 0.5f);  // overwritten, not added to
   gelu_backward(dx.data(), x.data(), r.data(), x.size());
   check("dinp", loss, x.data(), dx.data(), x.size(), 50);
   const double x0 = 1.3;

@@ -1,8 +1,9 @@
 // CPU fp32 layer kernels, each forward beside its backward (llm.c style).
 // Layout: activations are row-major [N, C] with N = batch x time tokens; weights follow PyTorch's
-// nn.Linear layout [out_features, in_features]. Every backward ACCUMULATES (+=) into the input
-// gradient and the parameter gradients, so callers zero activation-gradient buffers and parameter
-// gradients accumulate over micro-batches for free.
+// nn.Linear layout [out_features, in_features]. Every backward ACCUMULATES (+=) into the parameter
+// gradients, so they sum over micro-batches for free. Input gradients are OVERWRITTEN (no zeroing
+// pass over the activation-gradient buffers), except LayerNorm's, which adds to its dinp: that is
+// where the residual branch's gradient already waits.
 #pragma once
 #include <cstddef>
 

@@ -1,0 +1,12 @@
+#pragma once
+// OpenBLAS set-up: which kernels it runs and with how many threads.
+#include <string>
+
+namespace pipetrain {
+
+void set_blas_threads(int threads);
+
+// e.g. "OpenBLAS SkylakeX kernels, 2 threads per rank"
+std::string blas_description();
+
+}  // namespace pipetrain
