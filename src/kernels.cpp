@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "pipetrain/parallel_for.hpp"
@@ -97,6 +99,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       }
       dnorm_mean /= C;
       dnorm_norm_mean /= C;
+#pragma omp simd  // the five arrays never overlap; too many pointers for GCC to version the loop itself
       for (int c = 0; c < C; ++c) {
         float norm = (x[c] - m) * s;
         float dnorm = weight[c] * d[c];
@@ -148,9 +151,11 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
       for (int t = 0; t < T; ++t) {
         float* row = a + static_cast<size_t>(t) * T;
         float mx = row[0];
-        for (int u = 1; u <= t; ++u) mx = std::max(mx, row[u]);
+#pragma omp simd reduction(max : mx)
+        for (int u = 1; u <= t; ++u) mx = row[u] > mx ? row[u] : mx;
         float sum = 0.f;
-        for (int u = 0; u <= t; ++u) sum += (row[u] = std::exp(row[u] - mx));
+#pragma omp simd reduction(+ : sum)
+        for (int u = 0; u <= t; ++u) sum += (row[u] = fast_exp(row[u] - mx));
         const float inv = 1.f / sum;
         for (int u = 0; u <= t; ++u) row[u] *= inv;
         for (int u = t + 1; u < T; ++u) row[u] = 0.f;
@@ -214,6 +219,26 @@ float fast_tanh(float x) {
   return p / q;
 }
 
+// exp as 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p a degree-6 polynomial (Cephes expf):
+// within 2 float ulps of std::exp, branch-free so the softmax loops vectorise. Inputs below -87.3
+// give ~1e-38 instead of a denormal, which no softmax sum can notice.
+float fast_exp(float x) {
+  x = x > 88.3762626647949f ? 88.3762626647949f : (x < -87.3365447504f ? -87.3365447504f : x);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln2 split in two for exactness
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
 void gelu_forward(float* out, const float* inp, size_t n) {
   parallel_for(n, kElementsPerChunk, [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
@@ -250,9 +275,11 @@ double softmax_crossentropy_forward(float* probs, const float* logits, const int
       const float* l = logits + i * V;
       float* p = probs + i * V;
       float mx = l[0];
-      for (int j = 1; j < V; ++j) mx = std::max(mx, l[j]);
+#pragma omp simd reduction(max : mx)
+      for (int j = 1; j < V; ++j) mx = l[j] > mx ? l[j] : mx;
       double sum = 0.0;
-      for (int j = 0; j < V; ++j) sum += (p[j] = std::exp(l[j] - mx));
+#pragma omp simd reduction(+ : sum)
+      for (int j = 0; j < V; ++j) sum += (p[j] = fast_exp(l[j] - mx));
       const float inv = static_cast<float>(1.0 / sum);
       for (int j = 0; j < V; ++j) p[j] *= inv;
       // log-sum-exp in double rather than log(p[target]) so tiny probabilities do not lose digits

@@ -123,6 +123,16 @@ TEST_CASE("fast_tanh stays within 1e-6 of std::tanh everywhere", "[kernels]") {
   CHECK(fast_tanh(100.f) == Approx(1.0).margin(1e-7));
 }
 
+TEST_CASE("fast_exp stays within 3 ulps of std::exp over the softmax range", "[kernels]") {
+  double worst = 0;
+  for (float x = -87.f; x <= 88.f; x += 1e-3f)
+    worst = std::max(worst, std::abs(double(fast_exp(x)) - std::exp(double(x))) / std::exp(double(x)));
+  CHECK(worst < 3 * 6e-8);  // 3 ulps of float's 2^-24 relative spacing, roughly
+  CHECK(fast_exp(0.f) == 1.f);
+  CHECK(fast_exp(-1000.f) < 1e-37f);
+  CHECK(fast_exp(-1000.f) >= 0.f);
+}
+
 TEST_CASE("encoder backward scatters into the rows of the tokens used", "[kernels]") {
   const int B = 2, T = 3, C = 4, V = 5;
   const int tokens[B * T] = {1, 3, 1, 4, 0, 1};

@@ -33,6 +33,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 
 // tanh for the GELU: a rational approximation within a few ulps of std::tanh, vectorisable.
 float fast_tanh(float x);
+// exp for the softmaxes: within 2 ulps of std::exp, vectorisable; clamps below at ~1e-38.
+float fast_exp(float x);
 
 // GELU, tanh approximation.
 void gelu_forward(float* out, const float* inp, size_t n);
