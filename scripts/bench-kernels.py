@@ -6,8 +6,14 @@ threads, PyTorch's fastest setting here), side by side, repeated. Both start
 from the same weights (pipetrain's step-1 checkpoint, loaded by name) and the same batches, and
 their losses must agree (relative 1e-4) before any time is compared.
 
+Also, from pipetrain's own per-kernel timings (metrics.jsonl kernel_s): the GEMM efficiency (the
+step's dense products timed inside the step against the same OpenBLAS cblas_sgemm calls, same
+shapes and threads, timed alone in this process) and the non-GEMM share of the step.
+The last line is a JSON summary for scripts/bench.sh.
+
 usage: scripts/bench-kernels.py [--bin build/pipetrain] [--steps 10] [--repeats 5]"""
 import argparse
+import ctypes
 import json
 import os
 import shutil
@@ -16,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import numpy as np
 
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
@@ -49,6 +57,30 @@ def pipetrain(steps, extra=(), threads=None):
     return d, [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))]
 
 
+# The step's dense products (1 micro-batch of N tokens): per block the four linears (out, in),
+# then the tied LM head; forward NT, input gradient NN, weight gradient TN, as in kernels.cpp.
+blas = ctypes.CDLL("libopenblas.so.0")
+_i, _f, _p = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+blas.cblas_sgemm.argtypes = [_i, _i, _i, _i, _i, _i, _f, _p, _i, _p, _i, _f, _p, _i]
+N = B * T
+linears = [(3 * C, C), (C, C), (4 * C, C), (C, 4 * C)] * L + [(V, C)]
+shapes = [s for oc, ic in linears for s in (("N", "T", N, oc, ic), ("N", "N", N, ic, oc), ("T", "N", oc, ic, N))]
+bufs = [np.random.default_rng(i).standard_normal(1 << 22).astype(np.float32) for i in range(3)]
+
+
+def sgemm_step_seconds():
+    """One pass over the step's GEMM shapes with OpenBLAS alone (its default threads)."""
+    total = 0.0
+    for ta, tb, m, n, k in shapes:
+        lda, ldb = (m if ta == "T" else k), (k if tb == "T" else n)
+        args = [101, 112 if ta == "T" else 111, 112 if tb == "T" else 111, m, n, k, 1.0,
+                bufs[0].ctypes.data, lda, bufs[1].ctypes.data, ldb, 1.0, bufs[2].ctypes.data, n]
+        t0 = time.perf_counter()
+        blas.cblas_sgemm(*args)
+        total += time.perf_counter() - t0
+    return total
+
+
 # Same start: pipetrain's weights after step 1; same batches: DESIGN.md's text order.
 d, m = pipetrain(2, ["checkpoint.every_steps=1", "checkpoint.keep_last=0"])
 model = torch_gpt.from_checkpoint(os.path.join(d, "checkpoints", "step_00000001"),
@@ -80,14 +112,37 @@ def torch_steps(n):
 
 
 rows = {"pipetrain (OpenBLAS default threads)": [], "pipetrain (1 thread)": [], "PyTorch (torch 1 thread, OpenBLAS default)": []}
+gemm_eff, non_gemm = [], []
 for rep in range(a.repeats):  # interleaved so machine noise hits all alike
-    rows["pipetrain (OpenBLAS default threads)"].append(statistics.median(l["step_time_s"] for l in pipetrain(a.steps)[1][2:]))
+    lines = pipetrain(a.steps)[1][2:]
+    rows["pipetrain (OpenBLAS default threads)"].append(statistics.median(l["step_time_s"] for l in lines))
+    in_step = statistics.median(l["kernel_s"]["gemm"][0] for l in lines)
+    alone = statistics.median(sgemm_step_seconds() for _ in range(a.steps))
+    gemm_eff.append(alone / in_step)
+    non_gemm.append(statistics.median(1 - l["kernel_s"]["gemm"][0] / l["step_time_s"] for l in lines))
+    kernel_share = {k: statistics.median(l["kernel_s"][k][0] / l["step_time_s"] for l in lines) for k in lines[0]["kernel_s"]}
     rows["pipetrain (1 thread)"].append(statistics.median(l["step_time_s"] for l in pipetrain(a.steps, threads=1)[1][2:]))
     rows["PyTorch (torch 1 thread, OpenBLAS default)"].append(torch_steps(a.steps))
 shutil.rmtree(work)
 ref = rows["PyTorch (torch 1 thread, OpenBLAS default)"]
+summary = {}
+
+
+def mmm(v):
+    v = sorted(v)
+    return v[0], statistics.median(v), v[-1]
+
+
 print(f"step time of a {L}-block d_model {C} GPT, batch {B} x {T}, {a.repeats} repeats (min / median / max):")
 for name, t in rows.items():
-    ratios = sorted(x / r for x, r in zip(t, ref))
-    print(f"  {name:38s} {1e3 * min(t):7.1f} / {1e3 * statistics.median(t):7.1f} / {1e3 * max(t):7.1f} ms"
-          f"   ratio to PyTorch {ratios[0]:.2f} / {statistics.median(ratios):.2f} / {ratios[-1]:.2f}")
+    ratios = [x / r for x, r in zip(t, ref)]
+    lo, med, hi = mmm(ratios)
+    print(f"  {name:44s} {1e3 * min(t):7.1f} / {1e3 * statistics.median(t):7.1f} / {1e3 * max(t):7.1f} ms"
+          f"   ratio to PyTorch {lo:.2f} / {med:.2f} / {hi:.2f}")
+    summary[name] = [lo, med, hi]
+print("GEMM efficiency (same shapes, sgemm alone / inside the step): %.2f / %.2f / %.2f" % mmm(gemm_eff))
+print("non-GEMM share of the step:                                  %.2f / %.2f / %.2f" % mmm(non_gemm))
+print("share of the step by kernel class (last repeat): " +
+      ", ".join(f"{k} {100 * v:.1f}%" for k, v in kernel_share.items()))
+summary["gemm_efficiency"], summary["non_gemm_share"] = mmm(gemm_eff), mmm(non_gemm)
+print(json.dumps({"bench": "kernels", **summary}))

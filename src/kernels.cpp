@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "pipetrain/parallel_for.hpp"
+#include "pipetrain/profile.hpp"
 
 namespace pipetrain {
 namespace {
@@ -33,6 +34,7 @@ void reduce_row_chunks(int N, size_t rows, size_t width, float* out, Fn fn) {
 }  // namespace
 
 void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+  KernelTimer timer(Kernel::elementwise);
   parallel_for(static_cast<size_t>(B) * T, rows_per_chunk(C), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       float* o = out + i * C;
@@ -44,6 +46,7 @@ void encoder_forward(float* out, const int* tokens, const float* wte, const floa
 }
 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C) {
+  KernelTimer timer(Kernel::elementwise);
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       const float* d = dout + (static_cast<size_t>(b) * T + t) * C;
@@ -55,6 +58,7 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* to
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C) {
+  KernelTimer timer(Kernel::layernorm);
   const float eps = 1e-5f;
   parallel_for(N, rows_per_chunk(C), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
@@ -78,6 +82,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C) {
+  KernelTimer timer(Kernel::layernorm);
   // partial = [dweight | dbias] of a chunk of rows
   std::vector<float> sums(2 * static_cast<size_t>(C), 0.f);
   reduce_row_chunks(N, rows_per_chunk(C), 2 * C, sums.data(), [&](size_t begin, size_t end, float* partial) {
@@ -113,8 +118,13 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 }
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.f, inp, C, weight, C, 0.f, out, OC);
+  {
+    KernelTimer timer(Kernel::gemm);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.f, inp, C, weight, C, 0.f, out, OC);
+    count_gemm_flops(2.0 * N * OC * C);
+  }
   if (!bias) return;
+  KernelTimer timer(Kernel::elementwise);
   parallel_for(N, rows_per_chunk(OC), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       float* o = out + i * OC;
@@ -125,10 +135,15 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC) {
-  // dinp[N,C] = dout[N,OC] weight[OC,C];  dweight[OC,C] += dout^T inp
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.f, dout, OC, weight, C, 0.f, dinp, C);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dweight, C);
+  {
+    KernelTimer timer(Kernel::gemm);
+    // dinp[N,C] = dout[N,OC] weight[OC,C];  dweight[OC,C] += dout^T inp
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.f, dout, OC, weight, C, 0.f, dinp, C);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dweight, C);
+    count_gemm_flops(4.0 * N * OC * C);
+  }
   if (!dbias) return;
+  KernelTimer timer(Kernel::elementwise);
   reduce_row_chunks(N, rows_per_chunk(OC), OC, dbias, [&](size_t begin, size_t end, float* partial) {
     for (size_t i = begin; i < end; ++i)
       for (int j = 0; j < OC; ++j) partial[j] += dout[i * OC + j];
@@ -138,6 +153,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // Per (batch, head) the products are GEMMs on strided views of qkv: Q, K and V of head h are the
 // hs-wide column slices at offsets h*hs, C + h*hs and 2C + h*hs of rows with stride 3C.
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  KernelTimer timer(Kernel::attention);
   const int hs = C / NH, C3 = 3 * C;
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
   // (batch, head) pairs are independent: one per chunk, the GEMMs single-threaded inside
@@ -167,6 +183,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                         int NH) {
+  KernelTimer timer(Kernel::attention);
   const int hs = C / NH, C3 = 3 * C;
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
   parallel_for(static_cast<size_t>(B) * NH, 1, [&](size_t bh, size_t) {
@@ -239,16 +256,30 @@ float fast_exp(float x) {
   return p * scale;
 }
 
+namespace {
+inline float gelu(float x) { return 0.5f * x * (1.f + fast_tanh(kGeluScale * (x + 0.044715f * x * x * x))); }
+}  // namespace
+
 void gelu_forward(float* out, const float* inp, size_t n) {
+  KernelTimer timer(Kernel::gelu);
   parallel_for(n, kElementsPerChunk, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) out[i] = gelu(inp[i]);
+  });
+}
+
+void bias_gelu_forward(float* pre, float* out, const float* bias, int N, int C) {
+  KernelTimer timer(Kernel::gelu);
+  parallel_for(N, rows_per_chunk(C), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
-      float x = inp[i];
-      out[i] = 0.5f * x * (1.f + fast_tanh(kGeluScale * (x + 0.044715f * x * x * x)));
+      float* p = pre + i * C;
+      float* o = out + i * C;
+      for (int c = 0; c < C; ++c) o[c] = gelu(p[c] += bias[c]);
     }
   });
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+  KernelTimer timer(Kernel::gelu);
   parallel_for(n, kElementsPerChunk, [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       float x = inp[i];
@@ -261,13 +292,20 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
   });
 }
 
-void residual_forward(float* out, const float* a, const float* b, size_t n) {
-  parallel_for(n, kElementsPerChunk, [&](size_t begin, size_t end) {
-    for (size_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
+void residual_forward(float* out, const float* a, const float* b, const float* bias, int N, int C) {
+  KernelTimer timer(Kernel::elementwise);
+  parallel_for(N, rows_per_chunk(C), [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      const float *x = a + i * C, *y = b + i * C;
+      float* o = out + i * C;
+#pragma omp simd
+      for (int c = 0; c < C; ++c) o[c] = x[c] + y[c] + bias[c];
+    }
   });
 }
 
 double softmax_crossentropy_forward(float* probs, const float* logits, const int* targets, int N, int V) {
+  KernelTimer timer(Kernel::softmax);
   // one loss per row, summed in row order afterwards: the same total on any thread count
   std::vector<double> row_loss(N);
   parallel_for(N, rows_per_chunk(V), [&](size_t begin, size_t end) {
@@ -293,6 +331,7 @@ double softmax_crossentropy_forward(float* probs, const float* logits, const int
 
 void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float scale, int N,
                                    int V) {
+  KernelTimer timer(Kernel::softmax);
   parallel_for(N, rows_per_chunk(V), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       const float* p = probs + i * V;

@@ -14,15 +14,19 @@
 namespace pipetrain {
 
 void RankFigures::to(double* out) const {
-  const double v[kFields] = {stage,          dp_rank,        compute_s,   bubble_wait_s, comm_wait_s, rank_step_s,
-                             act_peak_bytes, mem_peak_bytes, param_count, loss_sum};
-  std::copy(v, v + kFields, out);
+  const double v[10] = {stage,          dp_rank,        compute_s,   bubble_wait_s, comm_wait_s, rank_step_s,
+                        act_peak_bytes, mem_peak_bytes, param_count, loss_sum};
+  out = std::copy(v, v + 10, out);
+  out = std::copy(kernels.seconds.begin(), kernels.seconds.end(), out);
+  *out = kernels.gemm_flops;
 }
 
 RankFigures RankFigures::from(const double* in) {
   RankFigures r;
   r.stage = in[0], r.dp_rank = in[1], r.compute_s = in[2], r.bubble_wait_s = in[3], r.comm_wait_s = in[4];
   r.rank_step_s = in[5], r.act_peak_bytes = in[6], r.mem_peak_bytes = in[7], r.param_count = in[8], r.loss_sum = in[9];
+  std::copy(in + 10, in + 10 + kKernelClasses, r.kernels.seconds.begin());
+  r.kernels.gemm_flops = in[10 + kKernelClasses];
   return r;
 }
 
@@ -37,6 +41,9 @@ StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_pe
   line.param_bytes.assign(pp, 0);
   line.grad_bytes.assign(pp, 0);
   line.optim_bytes.assign(pp, 0);
+  line.kernel_s.assign(kKernelClasses, std::vector<double>(pp, 0));
+  line.gemm_gflops.assign(pp, 0);
+  std::vector<double> gemm_flops(pp, 0);
   std::vector<int> count(pp, 0);
   double loss_sum = 0;
   for (auto& r : ranks) {
@@ -51,6 +58,8 @@ StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_pe
     line.optim_bytes[s] = 8 * r.param_count;
     line.act_peak_bytes[s] = std::max(line.act_peak_bytes[s], r.act_peak_bytes);
     line.mem_peak_bytes[s] = std::max(line.mem_peak_bytes[s], r.mem_peak_bytes);
+    for (int k = 0; k < kKernelClasses; ++k) line.kernel_s[k][s] += r.kernels.seconds[k];
+    gemm_flops[s] += r.kernels.gemm_flops;
     count[s] += 1;
     loss_sum += r.loss_sum;
   }
@@ -59,6 +68,9 @@ StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_pe
     line.comm_wait_s[s] /= count[s];
     line.compute_s[s] /= count[s];
     line.rank_step_s[s] /= count[s];
+    const double gemm_s = line.kernel_s[static_cast<int>(Kernel::gemm)][s];
+    line.gemm_gflops[s] = gemm_s > 0 ? gemm_flops[s] / gemm_s / 1e9 : 0;  // summed over replicas, like the time
+    for (int k = 0; k < kKernelClasses; ++k) line.kernel_s[k][s] /= count[s];
   }
   line.loss = loss_sum / tokens_per_step;
   return line;
@@ -78,6 +90,13 @@ std::string array(const std::vector<double>& v, const char* fmt = "%.6g") {
   return s + "]";
 }
 
+std::string kernel_object(const std::vector<std::vector<double>>& kernel_s) {
+  std::string s = "{";
+  for (size_t k = 0; k < kernel_s.size(); ++k)
+    s += (k ? ", \"" : "\"") + std::string(kernel_name(static_cast<Kernel>(k))) + "\": " + array(kernel_s[k]);
+  return s + "}";
+}
+
 }  // namespace
 
 std::string to_json(const StepLine& l) {
@@ -90,7 +109,8 @@ std::string to_json(const StepLine& l) {
          ", \"compute_s\": " + array(l.compute_s) + ", \"rank_step_s\": " + array(l.rank_step_s) +
          ", \"param_bytes\": " + array(l.param_bytes, "%.0f") + ", \"grad_bytes\": " + array(l.grad_bytes, "%.0f") +
          ", \"optim_bytes\": " + array(l.optim_bytes, "%.0f") + ", \"gflops\": " + num(l.gflops, "%.6g") +
-         ", \"peak_gflops\": " + num(l.peak_gflops, "%.6g") + ", \"mfu\": " + num(l.mfu, "%.6g") + "}";
+         ", \"peak_gflops\": " + num(l.peak_gflops, "%.6g") + ", \"mfu\": " + num(l.mfu, "%.6g") +
+         ", \"kernel_s\": " + kernel_object(l.kernel_s) + ", \"gemm_gflops\": " + array(l.gemm_gflops) + "}";
 }
 
 std::string progress_line(const StepLine& l) {

@@ -6,6 +6,7 @@
 
 #include "pipetrain/clock.hpp"
 #include "pipetrain/kernels.hpp"
+#include "pipetrain/profile.hpp"
 
 namespace pipetrain {
 namespace {
@@ -195,7 +196,10 @@ void Stage::init_params(uint64_t seed) {
   }
 }
 
-void Stage::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.f); }
+void Stage::zero_grads() {
+  KernelTimer timer(Kernel::elementwise);
+  std::fill(grads_.begin(), grads_.end(), 0.f);
+}
 
 Stage::BlockPtrs Stage::block_ptrs(std::vector<float>& base, int l) {
   const size_t C = C_;
@@ -326,13 +330,13 @@ void Stage::block_forward(int l, const float* x, BlockActs& a, float* out) {
   layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1w, w.ln1b, N, C);
   matmul_forward(a.qkv.data(), a.ln1.data(), w.qkvw, w.qkvb, N, C, 3 * C);
   attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B_, T_, C, NH_);
-  matmul_forward(attproj_.data(), a.atty.data(), w.projw, w.projb, N, C, C);
-  residual_forward(a.res2.data(), x, attproj_.data(), static_cast<size_t>(N) * C);
+  matmul_forward(attproj_.data(), a.atty.data(), w.projw, nullptr, N, C, C);
+  residual_forward(a.res2.data(), x, attproj_.data(), w.projb, N, C);
   layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), w.ln2w, w.ln2b, N, C);
-  matmul_forward(a.fch.data(), a.ln2.data(), w.fcw, w.fcb, N, C, 4 * C);
-  gelu_forward(a.fch_gelu.data(), a.fch.data(), static_cast<size_t>(N) * 4 * C);
-  matmul_forward(fcproj_.data(), a.fch_gelu.data(), w.fcprojw, w.fcprojb, N, 4 * C, C);
-  residual_forward(out, a.res2.data(), fcproj_.data(), static_cast<size_t>(N) * C);
+  matmul_forward(a.fch.data(), a.ln2.data(), w.fcw, nullptr, N, C, 4 * C);
+  bias_gelu_forward(a.fch.data(), a.fch_gelu.data(), w.fcb, N, 4 * C);
+  matmul_forward(fcproj_.data(), a.fch_gelu.data(), w.fcprojw, nullptr, N, 4 * C, C);
+  residual_forward(out, a.res2.data(), fcproj_.data(), w.fcprojb, N, C);
 }
 
 // dout may not alias dinp. Both residual branches pass dout straight through to their input.

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "pipetrain/parallel_for.hpp"
+#include "pipetrain/profile.hpp"
 
 namespace pipetrain {
 namespace {
@@ -19,14 +20,17 @@ double lr_at(const RunSpec& spec, int step) {
 }
 
 double grad_sq_sum(const std::vector<ParamTensor>& params, const std::vector<float>& grads) {
+  KernelTimer timer(Kernel::optimizer);
   double sum = 0;
   for (auto& p : params) {
     if (p.tied_copy) continue;  // counted once, on the first stage
     // per-chunk partials added in chunk order: the same sum on any thread count
     std::vector<double> partial(chunk_count(p.size, kAdamChunk), 0.0);
     parallel_for(p.size, kAdamChunk, [&](size_t begin, size_t end) {
+      const float* g = grads.data() + p.offset;
       double s = 0;
-      for (size_t i = p.offset + begin; i < p.offset + end; ++i) s += static_cast<double>(grads[i]) * grads[i];
+#pragma omp simd reduction(+ : s)
+      for (size_t i = begin; i < end; ++i) s += static_cast<double>(g[i]) * g[i];
       partial[begin / kAdamChunk] = s;
     });
     for (double s : partial) sum += s;
@@ -44,6 +48,7 @@ AdamW::AdamW(const RunSpec::Train& cfg, size_t n_weights) : cfg_(cfg), m_(n_weig
 
 void AdamW::step(const std::vector<ParamTensor>& params, std::vector<float>& weights, const std::vector<float>& grads,
                  double lr, float grad_mul) {
+  KernelTimer timer(Kernel::optimizer);
   ++t_;
   const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
   const double bc1 = 1.0 - std::pow(cfg_.beta1, t_), bc2 = 1.0 - std::pow(cfg_.beta2, t_);
@@ -52,10 +57,12 @@ void AdamW::step(const std::vector<ParamTensor>& params, std::vector<float>& wei
   const float eps = static_cast<float>(cfg_.eps);
   for (auto& p : params) {
     const float decay = p.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.f;
-    float *w = weights.data(), *m = m_.data(), *v = v_.data();
-    const float* gr = grads.data();
     parallel_for(p.size, kAdamChunk, [&](size_t begin, size_t end) {
-      for (size_t i = p.offset + begin; i < p.offset + end; ++i) {
+      // local pointers: through the lambda's captures GCC reloads them after every store
+      float *w = weights.data() + p.offset, *m = m_.data() + p.offset, *v = v_.data() + p.offset;
+      const float* gr = grads.data() + p.offset;
+#pragma omp simd
+      for (size_t i = begin; i < end; ++i) {
         const float g = gr[i] * grad_mul;
         m[i] = b1 * m[i] + (1.f - b1) * g;
         v[i] = b2 * v[i] + (1.f - b2) * g * g;

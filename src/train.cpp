@@ -24,6 +24,7 @@
 #include "pipetrain/optim.hpp"
 #include "pipetrain/parallel_for.hpp"
 #include "pipetrain/partition.hpp"
+#include "pipetrain/profile.hpp"
 #include "pipetrain/schedule.hpp"
 #include "pipetrain/signals.hpp"
 #include "pipetrain/trace.hpp"
@@ -257,6 +258,7 @@ int run_train(const TrainOptions& opt) {
   double max_step_s = 0, max_save_s = 1.0;  // for the time budget (1 s: a save not yet seen)
   for (int step = static_cast<int>(start_step); step < spec.run.steps; ++step) {
     const double t0 = now_s();
+    take_kernel_totals();  // count this step's kernels only
     trace.set_step(step, step - static_cast<int>(start_step));
     const double lr = lr_at(spec, step);
     double local_s = -now_s();  // compute outside the executor: data, zeroing, optimizer
@@ -303,6 +305,7 @@ int run_train(const TrainOptions& opt) {
       mine.act_peak_bytes = static_cast<double>(st.act_peak_bytes);
       mine.mem_peak_bytes = peak_rss_bytes();
       mine.loss_sum = st.loss_sum;
+      mine.kernels = take_kernel_totals();
       double packed[RankFigures::kFields];
       mine.to(packed);
       std::vector<double> all;

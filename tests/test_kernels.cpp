@@ -123,6 +123,21 @@ TEST_CASE("fast_tanh stays within 1e-6 of std::tanh everywhere", "[kernels]") {
   CHECK(fast_tanh(100.f) == Approx(1.0).margin(1e-7));
 }
 
+TEST_CASE("fused bias + GELU and bias + residual equal the unfused kernels", "[kernels]") {
+  const int N = 9, C = 5;
+  auto pre = randn(N * C, 1.f, 1), bias = randn(C, 1.f, 2), a = randn(N * C, 1.f, 3), b = randn(N * C, 1.f, 4);
+  std::vector<float> with_bias(pre), expected(N * C), out(N * C);
+  for (int i = 0; i < N; ++i)
+    for (int c = 0; c < C; ++c) with_bias[i * C + c] += bias[c];
+  gelu_forward(expected.data(), with_bias.data(), expected.size());
+  bias_gelu_forward(pre.data(), out.data(), bias.data(), N, C);
+  CHECK(pre == with_bias);  // the biased pre-activation is kept for backward
+  CHECK(out == expected);
+  residual_forward(out.data(), a.data(), b.data(), bias.data(), N, C);
+  for (int i = 0; i < N; ++i)
+    for (int c = 0; c < C; ++c) CHECK(out[i * C + c] == a[i * C + c] + b[i * C + c] + bias[c]);
+}
+
 TEST_CASE("fast_exp stays within 3 ulps of std::exp over the softmax range", "[kernels]") {
   double worst = 0;
   for (float x = -87.f; x <= 88.f; x += 1e-3f)

@@ -38,10 +38,12 @@ float fast_exp(float x);
 
 // GELU, tanh approximation.
 void gelu_forward(float* out, const float* inp, size_t n);
+// The MLP's bias and GELU in one pass: pre[N,C] += bias (kept: backward needs it), out = gelu(pre).
+void bias_gelu_forward(float* pre, float* out, const float* bias, int N, int C);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
 
-// out = a + b
-void residual_forward(float* out, const float* a, const float* b, size_t n);
+// out[N,C] = a + b + bias: a residual add with the branch's output-projection bias folded in.
+void residual_forward(float* out, const float* a, const float* b, const float* bias, int N, int C);
 
 // probs = softmax(logits) row-wise; returns the summed token loss sum_i -log probs[i, target_i].
 double softmax_crossentropy_forward(float* probs, const float* logits, const int* targets, int N, int V);

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/profile.hpp"
+
 namespace pipetrain {
 
 // What one rank contributes for one logged step (gathered to rank 0 as doubles).
@@ -19,7 +21,8 @@ struct RankFigures {
   double mem_peak_bytes = 0;  // process peak RSS
   double param_count = 0;     // parameters this rank holds (params, grads: 4 B each; AdamW: 8 B)
   double loss_sum = 0;        // summed token loss (last stage only)
-  static constexpr size_t kFields = 10;
+  KernelTotals kernels;       // this step's compute by kernel class (profile.hpp)
+  static constexpr size_t kFields = 10 + kKernelClasses + 1;
   void to(double* out) const;
   static RankFigures from(const double* in);
 };
@@ -30,6 +33,8 @@ struct StepLine {
   double gflops = 0, peak_gflops = 0, mfu = 0;  // achieved model FLOP rate of the job, its peak, ratio
   std::vector<double> bubble_measured, act_peak_bytes, mem_peak_bytes, comm_wait_s, compute_s, rank_step_s;
   std::vector<double> param_bytes, grad_bytes, optim_bytes;
+  std::vector<std::vector<double>> kernel_s;  // [kernel class][stage] seconds, averaged over dp
+  std::vector<double> gemm_gflops;            // per stage: rate of the dense products inside the step
 };
 
 // Combines all ranks' figures (world order) into per-stage arrays: bubble and waits averaged over

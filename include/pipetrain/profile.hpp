@@ -1,0 +1,35 @@
+#pragma once
+// Where a rank's compute time goes, by kernel class. Always on: two clock reads per kernel call,
+// microseconds per step. Timers run on the rank's main thread only (parallel_for chunks inside a
+// timed kernel count toward that kernel). Reported per step in metrics.jsonl as kernel_s.
+#include <array>
+
+namespace pipetrain {
+
+enum class Kernel { gemm, attention, layernorm, gelu, softmax, elementwise, optimizer };
+constexpr int kKernelClasses = 7;
+const char* kernel_name(Kernel k);  // "gemm", "attention", ...
+
+struct KernelTotals {
+  std::array<double, kKernelClasses> seconds{};
+  double gemm_flops = 0;  // dense matrix products only (attention's small GEMMs count as attention)
+};
+
+// Returns the totals since the last call and starts counting again.
+KernelTotals take_kernel_totals();
+
+void count_gemm_flops(double flops);
+
+class KernelTimer {
+ public:
+  explicit KernelTimer(Kernel k);
+  ~KernelTimer();
+  KernelTimer(const KernelTimer&) = delete;
+  KernelTimer& operator=(const KernelTimer&) = delete;
+
+ private:
+  Kernel kernel_;
+  double start_;
+};
+
+}  // namespace pipetrain
