@@ -2,7 +2,7 @@
 """Memory benchmark (not a test): peak RSS per rank against what plan predicts for it
 (parameters + gradients + AdamW + stashed activations + working buffers) plus a fixed overhead
 (the RSS of a minimal model's process beyond its own prediction: MPI, BLAS, libraries, data),
-and RSS growth from step 100 to step 1000.
+and RSS growth from step 100 to step 1000. The last line is a JSON summary for scripts/bench.sh.
 
 usage: scripts/bench-memory.py [--bin build/pipetrain] [--steps 1000]"""
 import argparse
@@ -46,6 +46,7 @@ cases = [("6 blocks d256 1x1", 1, ["model.n_layer=6", "model.d_model=256", "mode
                                                    "train.global_batch=32", "parallel.micro_batches=8", "parallel.pp=2",
                                                    "parallel.recompute=stage"], 60),
          ("tiny 2x1", 2, ["parallel.pp=2"], a.steps)]
+ratios, growths = [], []
 for name, ranks, sets, steps in cases:
     lines, pred = run(name.replace(" ", "_"), ranks, sets, steps)
     for s, p in enumerate(pred):
@@ -55,4 +56,8 @@ for name, ranks, sets, steps in cases:
               f" = {(p + overhead) / mib:6.1f} MiB -> ratio {rss / (p + overhead):.3f};"
               f" growth from step {lines[min(99, len(lines) - 1) if steps > 100 else len(lines) // 3]['step']} to"
               f" {lines[-1]['step']}: {100 * (rss - early) / early:+.2f}%")
+        ratios.append(rss / (p + overhead))
+        growths.append((rss - early) / early)
 shutil.rmtree(work)
+print(json.dumps({"bench": "memory", "overhead_mib": overhead / mib, "ratio": [min(ratios), max(ratios)],
+                  "growth": max(growths)}))

@@ -4,9 +4,11 @@ the step time compared with the pure compute the step needs spread over the core
 ratio = step_time / (compute / cores), where compute is the whole model's step computed by one
 rank on one thread with no peers (1x1, same batch, measured side by side in this run: the ranks'
 own compute timers include time the OS gave their core to another rank). 1.0 means waiting and
-sharing cost nothing; the target is <= 1.5. Medians over steps after warm-up.
+sharing cost nothing; the target is <= 1.5. Each run gives the median over its steps after
+warm-up; the runs repeat `--repeats` times, interleaved, and the script prints min / median / max
+over the repeats. The last line is a JSON summary for scripts/bench.sh.
 
-usage: scripts/bench-oversubscribed.py [--bin build/pipetrain] [--steps 30]"""
+usage: scripts/bench-oversubscribed.py [--bin build/pipetrain] [--steps 30] [--repeats 5]"""
 import argparse
 import json
 import os
@@ -19,6 +21,7 @@ here = os.path.dirname(os.path.abspath(__file__))
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(here, "..", "build", "pipetrain"))
 ap.add_argument("--steps", type=int, default=30)
+ap.add_argument("--repeats", type=int, default=5)
 a = ap.parse_args()
 cores = len(os.sched_getaffinity(0))
 mpiexec = shutil.which("mpiexec.mpich") or "mpiexec"
@@ -34,13 +37,25 @@ def run(name, ranks, sets, env=None):
     return [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))][3:]
 
 
-alone = statistics.median(l["compute_s"][0] for l in run("1x1", 1, ["parallel.threads_per_rank=1"]))
-print(f"{cores} cores, 4 ranks; one rank alone computes a step in {1e3 * alone:.1f} ms;"
-      f" ratio = step time / (that / {cores} cores)")
-for pp, dp in [(4, 1), (2, 2)]:
-    for wait in ["auto", "spin"]:
-        lines = run(f"{pp}x{dp}_{wait}", 4, [f"parallel.pp={pp}", f"parallel.dp={dp}", f"comm.wait={wait}"])
-        ratios = [l["step_time_s"] / (alone / cores) for l in lines]
-        print(f"  {pp}x{dp} comm.wait={wait:5s}: step {1e3 * statistics.median(l['step_time_s'] for l in lines):6.1f} ms,"
-              f" ratio min {min(ratios):.2f} median {statistics.median(ratios):.2f} max {max(ratios):.2f}")
+layouts = [(pp, dp, wait) for pp, dp in [(4, 1), (2, 2)] for wait in ["auto", "spin"]]
+ratios = {k: [] for k in layouts}
+alones = []
+for rep in range(a.repeats):
+    alone = statistics.median(l["compute_s"][0] for l in run(f"1x1_{rep}", 1, ["parallel.threads_per_rank=1"]))
+    alones.append(alone)
+    for pp, dp, wait in layouts:
+        lines = run(f"{pp}x{dp}_{wait}_{rep}", 4, [f"parallel.pp={pp}", f"parallel.dp={dp}", f"comm.wait={wait}"])
+        ratios[(pp, dp, wait)].append(statistics.median(l["step_time_s"] for l in lines) / (alone / cores))
 shutil.rmtree(work)
+
+
+def mmm(v):
+    v = sorted(v)
+    return v[0], statistics.median(v), v[-1]
+
+
+print(f"{cores} cores, 4 ranks; one rank alone computes a step in {1e3 * statistics.median(alones):.1f} ms (median);"
+      f" ratio = step time / (that / {cores} cores), {a.repeats} repeats (min / median / max); target <= 1.5")
+for (pp, dp, wait), r in ratios.items():
+    print(f"  {pp}x{dp} comm.wait={wait:5s}: %.2f / %.2f / %.2f" % mmm(r))
+print(json.dumps({"bench": "oversubscribed", **{f"{pp}x{dp} {wait}": mmm(r) for (pp, dp, wait), r in ratios.items()}}))

@@ -12,6 +12,7 @@
 #include "pipetrain/checkpoint.hpp"
 #include "pipetrain/config.hpp"
 #include "pipetrain/plan.hpp"
+#include "pipetrain/profile.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -46,6 +47,25 @@ std::string fmt(const char* format, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, format, v);
   return buf;
+}
+
+// "gemm 78% (201 GFLOP/s), attention 10%, ...": median share of the step per kernel class of
+// stage s; empty for logs written before kernel_s existed.
+std::string kernel_shares(const std::vector<json>& lines, size_t s) {
+  std::string out;
+  for (int k = 0; k < kKernelClasses; ++k) {
+    const char* name = kernel_name(static_cast<Kernel>(k));
+    std::vector<double> share;
+    for (auto& l : lines) {
+      const json* v = l.contains("kernel_s") && l["kernel_s"].is_object() && l["kernel_s"].contains(name) ? &l["kernel_s"][name] : nullptr;
+      if (v && v->is_array() && s < v->size() && (*v)[s].is_number() && l.value("step_time_s", 0.0) > 0)
+        share.push_back((*v)[s].get<double>() / l["step_time_s"].get<double>());
+    }
+    if (share.empty()) return "";
+    out += (k ? ", " : "") + std::string(name) + " " + fmt("%.1f%%", 100 * median(share));
+    if (k == static_cast<int>(Kernel::gemm)) out += " (" + fmt("%.0f", stage_median(lines, "gemm_gflops", s)) + " GFLOP/s)";
+  }
+  return out;
 }
 
 std::string mib(double b) { return fmt("%.2f MiB", b / (1 << 20)); }
@@ -121,6 +141,8 @@ int run_report(const std::string& run_dir, const std::string& plots_dir) {
       if (have_spec) std::printf(" (plan %s)", mib(plan.stages[s].act_peak_bytes[mode]).c_str());
       std::printf(" | RSS %s | params+grads+AdamW %s\n", mib(stage_median(lines, "mem_peak_bytes", s)).c_str(),
                   mib(stage_median(lines, "param_bytes", s) * 4).c_str());
+      const std::string kernels = kernel_shares(lines, s);
+      if (!kernels.empty()) std::printf("      step by kernel: %s\n", kernels.c_str());
     }
   }
 

@@ -34,6 +34,16 @@ for mode in ["none", "block"]:
     ok = all(len(l[k]) == 2 and all(math.isfinite(v) and v >= 0 for v in l[k]) for l in lines for k in per_stage)
     ok = ok and all(math.isfinite(l[k]) and l[k] > 0 for l in lines for k in ["gflops", "peak_gflops", "mfu", "tokens_per_s"])
     expect(ok, f"{mode}: per-stage arrays and GFLOP/s, MFU present, finite, non-negative in every line")
+    classes = ["gemm", "attention", "layernorm", "gelu", "softmax", "elementwise", "optimizer"]
+    ok = all(sorted(l["kernel_s"]) == sorted(classes) and all(len(l["kernel_s"][k]) == 2 for k in classes) for l in lines)
+    expect(ok, f"{mode}: kernel_s has every kernel class for both stages")
+    # the kernel timers sit inside the compute timer, and the matrix products are most of it
+    inside = all(sum(l["kernel_s"][k][s] for k in classes) <= l["compute_s"][s] * 1.001 + 1e-4 for l in lines for s in range(2))
+    expect(inside, f"{mode}: kernel seconds sum to no more than compute_s")
+    expect(all(l["kernel_s"]["gemm"][s] > 0 and l["gemm_gflops"][s] > 0 for l in lines for s in range(2)),
+           f"{mode}: GEMM time and rate recorded on both stages")
+    expect(all(l["kernel_s"]["softmax"][0] == 0 and l["kernel_s"]["softmax"][1] > 0 for l in lines),
+           f"{mode}: the cross-entropy softmax runs on the last stage only")
     # After the first step (page faults, first allocations): compute + waits = the step, per stage.
     gaps = [abs(l["compute_s"][s] + l["comm_wait_s"][s] - l["step_time_s"]) / l["step_time_s"]
             for l in lines[1:] for s in range(2)]
@@ -72,6 +82,7 @@ expect("5 of 50 steps (incomplete" in rep.stdout, "report: says the run stopped 
 expect("missing: checkpoints: none saved" in rep.stdout, "report: says no checkpoint survived")
 expect("unreadable line" in rep.stdout, "report: says a log line was cut short")
 expect("plan" in rep.stdout and "sim" in rep.stdout, "report: measured next to predicted")
+expect("step by kernel: gemm" in rep.stdout, "report: shows where the step goes, by kernel class")
 pngs = sorted(os.listdir(os.path.join(args.work, "plots")))
 expect(pngs == ["bubble.png", "gantt.png", "loss.png", "memory.png"], f"report --plots wrote the four plots: {pngs}")
 empty = os.path.join(args.work, "empty")

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Performance benchmarks, side by side in one run (never timed tests: these machines are shared).
+# Builds Release, runs each comparison with --repeats repetitions (default 5), keeps every
+# script's own report in bench-results/, and ends with one table of min / median / max.
+#
+# usage: scripts/bench.sh [--repeats N] [--memory-steps N]     (about 15 minutes on 2 cores)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repeats=5 memory_steps=1000
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --repeats) repeats="$2"; shift 2 ;;
+    --memory-steps) memory_steps="$2"; shift 2 ;;
+    *) echo "usage: scripts/bench.sh [--repeats N] [--memory-steps N]" >&2; exit 2 ;;
+  esac
+done
+scripts/build.sh
+out=bench-results
+mkdir -p "$out"
+run() {  # name, script, args...: the script's report goes to the screen and to $out/name.txt
+  local name=$1; shift
+  echo "== $name: $*"
+  /usr/bin/python3 "$@" | tee "$out/$name.txt"
+}
+run kernels scripts/bench-kernels.py --repeats "$repeats"
+run pipeline scripts/bench-pipeline.py --repeats "$repeats"
+run oversubscribed scripts/bench-oversubscribed.py --repeats "$repeats"
+run memory scripts/bench-memory.py --steps "$memory_steps"
+/usr/bin/python3 - "$out" <<'PY'
+import json, os, sys
+r = {}
+for name in ("kernels", "pipeline", "oversubscribed", "memory"):
+    with open(os.path.join(sys.argv[1], name + ".txt")) as f:
+        r[name] = json.loads(f.read().strip().splitlines()[-1])
+k, p, o, m = r["kernels"], r["pipeline"], r["oversubscribed"], r["memory"]
+f = lambda t: " / ".join(f"{x:.2f}" for x in t)
+rows = [
+    ("step time, pipetrain / PyTorch (small GPT)", f(k["pipetrain (OpenBLAS default threads)"]), "<= 0.80"),
+    ("GEMM efficiency, in step / sgemm alone", f(k["gemm_efficiency"]), ">= 0.80"),
+    ("non-GEMM share of the step", f(k["non_gemm_share"]), "<= 0.25"),
+    ("pipeline 2x1 / 1x1 throughput, share of 2M/(M+1)", " / ".join(f"{x:.3f}" for x in p["efficiency"]), ">= 0.97"),
+    ("  schedule alone: GPipe bound / 2x1 step", " / ".join(f"{x:.3f}" for x in p["schedule_efficiency"]), ""),
+    *[(f"bubble stage {s} (theory {p['bubble_theory']:.3f})", " / ".join(f"{x:.3f}" for x in b), "+-10%")
+      for s, b in enumerate(p["bubble"])],
+    *[(f"oversubscribed {key}: step / (compute / cores)", f(v), "<= 1.5" if "auto" in key else "")
+      for key, v in o.items() if key != "bench"],
+    ("memory: peak RSS / (predicted + %.0f MiB)" % m["overhead_mib"], " - ".join(f"{x:.3f}" for x in m["ratio"]), "within 10%"),
+    ("memory growth, step 100 to the end", f"{100 * m['growth']:+.2f}%", "none"),
+]
+w = max(len(r[0]) for r in rows)
+print(f"\n{'benchmark':{w}s}  {'min / median / max':22s}  target")
+for name, value, target in rows:
+    print(f"{name:{w}s}  {value:22s}  {target}")
+PY
