@@ -39,6 +39,7 @@ rows = [
     ("GEMM efficiency, in step / sgemm alone", f(k["gemm_efficiency"]), ">= 0.80"),
     ("non-GEMM share of the step", f(k["non_gemm_share"]), "<= 0.25"),
     ("pipeline 2x1 / 1x1 throughput, share of 2M/(M+1)", " / ".join(f"{x:.3f}" for x in p["efficiency"]), ">= 0.97"),
+    ("  against a 1x1 sharing the machine with a twin", " / ".join(f"{x:.3f}" for x in p["loaded_efficiency"]), ""),
     ("  schedule alone: GPipe bound / 2x1 step", " / ".join(f"{x:.3f}" for x in p["schedule_efficiency"]), ""),
     *[(f"bubble stage {s} (theory {p['bubble_theory']:.3f})", " / ".join(f"{x:.3f}" for x in b), "+-10%")
       for s, b in enumerate(p["bubble"])],
