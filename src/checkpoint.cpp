@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -80,6 +81,7 @@ std::string Manifest::to_json() const {
   j["spec"] = spec;
   j["layout"] = {{"pp", pp}, {"dp", dp}, {"partition", partition}};
   j["data"] = {{"samples_consumed", samples_consumed}};
+  j["optimizer"] = {{"steps", optimizer_steps}};
   // Nothing in a step draws random numbers at run time: init, synthetic data and shuffling are
   // counter-based functions of the seed, so the seed and the data position are the whole state.
   j["rng"] = {{"seed", std::stoll(spec.at("run.seed"))}, {"kind", "counter-based, keyed by seed and sample index"}};
@@ -104,6 +106,8 @@ Manifest Manifest::read(const std::string& dir) {
     m.dp = j.at("layout").at("dp").get<int>();
     m.partition = j.at("layout").at("partition").get<std::vector<int>>();
     m.samples_consumed = j.at("data").at("samples_consumed").get<int64_t>();
+    // absent in checkpoints from before steps could be skipped: every step was an update then
+    m.optimizer_steps = j.contains("optimizer") ? j.at("optimizer").at("steps").get<int64_t>() : m.step;
     for (auto& s : j.at("shards")) {
       Shard sh;
       sh.file = s.at("file").get<std::string>();
@@ -215,6 +219,15 @@ double Checkpointer::save(int64_t step, Stage& stage, const AdamW& opt, const st
   const std::string shard = tmp + "/" + shard_name(topo.stage);
   uint64_t mine[3] = {static_cast<uint64_t>(topo.stage), 0, 0};
   Comm::require_agreed([&] {
+    // Training skips non-finite steps, so this never fires; it keeps the promise that no
+    // checkpoint holds a NaN even if some future path lets one through.
+    for (auto& t : tensors) {
+      size_t n = 1;
+      for (int d : t.shape) n *= static_cast<size_t>(d);
+      for (const float* v : {t.param, t.exp_avg, t.exp_avg_sq})
+        if (!std::all_of(v, v + n, [](float x) { return std::isfinite(x); }))
+          throw std::runtime_error("checkpoint not saved: " + t.name + " holds NaN or Inf");
+    }
     const std::string error = write_shard(shard, tensors, step, comm_.data_handle(), topo.dp_rank, topo.dp,
                                           kill_in_save(topo.world_rank, step, tensors.size()));
     if (!error.empty()) throw std::runtime_error("checkpoint not saved: " + error);
@@ -239,6 +252,7 @@ double Checkpointer::save(int64_t step, Stage& stage, const AdamW& opt, const st
     for (auto& k : spec_schema()) m.spec[k.dotted()] = k.show(spec_);
     m.pp = topo.pp, m.dp = topo.dp, m.partition = partition;
     m.samples_consumed = step * spec_.train.global_batch;
+    m.optimizer_steps = opt.steps_taken();
     m.shards.resize(topo.pp);
     int block_begin = 0;
     for (int s = 0; s < topo.pp; ++s) {
@@ -341,7 +355,7 @@ int64_t Checkpointer::load(const std::string& dir, Stage& stage, AdamW& opt) {
       }
     }
   });
-  opt.set_steps_taken(static_cast<int>(m.step));
+  opt.set_steps_taken(static_cast<int>(m.optimizer_steps));
   return m.step;
 }
 

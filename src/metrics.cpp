@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -79,6 +80,7 @@ StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_pe
 namespace {
 
 std::string num(double v, const char* fmt = "%.10g") {
+  if (!std::isfinite(v)) return "null";  // JSON has no NaN or Inf (a skipped step's loss)
   char buf[64];
   std::snprintf(buf, sizeof buf, fmt, v);
   return buf;
@@ -102,7 +104,8 @@ std::string kernel_object(const std::vector<std::vector<double>>& kernel_s) {
 std::string to_json(const StepLine& l) {
   // loss and grad_norm with all 17 digits: resumed runs are compared with uninterrupted ones bit for bit
   return "{\"step\": " + std::to_string(l.step) + ", \"loss\": " + num(l.loss, "%.17g") + ", \"lr\": " + num(l.lr) +
-         ", \"grad_norm\": " + num(l.grad_norm, "%.17g") + ", \"step_time_s\": " + num(l.step_time_s, "%.6g") +
+         ", \"grad_norm\": " + num(l.grad_norm, "%.17g") + ", \"skipped\": " + (l.skipped ? "true" : "false") +
+         ", \"bad_steps\": " + std::to_string(l.bad_steps) + ", \"step_time_s\": " + num(l.step_time_s, "%.6g") +
          ", \"tokens_per_s\": " + num(l.tokens_per_s, "%.6g") + ", \"bubble_theory\": " + num(l.bubble_theory, "%.6g") +
          ", \"bubble_measured\": " + array(l.bubble_measured) + ", \"act_peak_bytes\": " + array(l.act_peak_bytes, "%.0f") +
          ", \"mem_peak_bytes\": " + array(l.mem_peak_bytes, "%.0f") + ", \"comm_wait_s\": " + array(l.comm_wait_s) +

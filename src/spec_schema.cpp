@@ -218,6 +218,8 @@ std::vector<SpecKey> build_schema() {
       double_key("train", "eps", FIELD(double, train.eps), 1e-30, 1, "AdamW epsilon"),
       double_key("train", "grad_clip", FIELD(double, train.grad_clip), 0, 1e30,
                  "global gradient-norm clip over all stages (0 = off)"),
+      int_key("train", "max_bad_steps", FIELD(int, train.max_bad_steps), 1, big,
+              "consecutive steps with a NaN/Inf loss or gradient (each skipped) before the run stops"),
       int_key("checkpoint", "every_steps", FIELD(int, checkpoint.every_steps), 0, big,
               "save every N steps (0 = only at the end and on a stop signal)"),
       int_key("checkpoint", "keep_last", FIELD(int, checkpoint.keep_last), 0, big,

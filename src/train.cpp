@@ -82,6 +82,16 @@ int stall_step(int rank) {
   return step;
 }
 
+// Test-only fault hook: PIPETRAIN_TEST_NAN=RANK:STEP puts a NaN into world rank RANK's gradient
+// in step STEP (0-based); RANK:STEP+ does it on every step from STEP on.
+bool nan_at_step(int rank, int step) {
+  const char* v = std::getenv("PIPETRAIN_TEST_NAN");
+  int r = -1, from = -1;
+  char plus = 0;
+  if (!v || std::sscanf(v, "%d:%d%c", &r, &from, &plus) < 2 || r != rank) return false;
+  return plus == '+' ? step >= from : step == from;
+}
+
 // Gathers every rank's trace spans and rank 0 writes RUN_DIR/trace.json (collective).
 void write_trace(const Trace& trace, Comm& comm, const std::string& run_dir) {
   std::vector<std::string> all;
@@ -123,21 +133,30 @@ struct StepSync {
   double dp_wait_s;  // time in the data-parallel all-reduce (not pipeline bubble)
   double norm;       // global gradient norm over all stages, before clipping
   bool stop;         // some rank received a stop signal
+  bool finite;       // every rank's loss and gradients are finite: the update may be applied
 };
 
 // After the schedule: finish averaging gradients over the replicas (1/D is already in the loss
 // scale), sum the tied embedding's two halves (tied_wte: the stage's wte if it takes part), then
-// one small all-reduce over all ranks carries both the squared norm (from the first replica of
-// each stage) and the stop flag: the step's only world-wide synchronisation.
-StepSync sync_step(Stage& stage, Comm& comm, GradReducer* reducer, const ParamTensor* tied_wte, bool out_of_time) {
+// one small all-reduce over all ranks carries the squared norm (from the first replica of each
+// stage), the stop flag and a non-finite flag: the step's only world-wide synchronisation, so
+// every rank decides alike whether to stop and whether to apply the update.
+StepSync sync_step(Stage& stage, Comm& comm, GradReducer* reducer, const ParamTensor* tied_wte, bool out_of_time,
+                   double loss_sum) {
   std::vector<float>& g = stage.grads();
   const double wait0 = comm.wait_seconds();
   if (reducer) reducer->finish();
   const double dp_wait = comm.wait_seconds() - wait0;
   if (tied_wte) comm.allreduce_tied(g.data() + tied_wte->offset, tied_wte->size);
-  double sums[2] = {comm.topo().dp_rank == 0 ? grad_sq_sum(stage.params(), g) : 0.0, stop_requested() || out_of_time ? 1.0 : 0.0};
-  comm.allreduce_world(sums, 2);
-  return {dp_wait, std::sqrt(sums[0]), sums[1] > 0};
+  // Every replica checks its own gradient: after the all-reduce a NaN anywhere is everywhere, but
+  // a rank must not rely on the first replica to notice for it.
+  const double sq = grad_sq_sum(stage.params(), g);
+  const bool bad = !std::isfinite(sq) || !std::isfinite(loss_sum);
+  double sums[3] = {comm.topo().dp_rank == 0 && !bad ? sq : 0.0, stop_requested() || out_of_time ? 1.0 : 0.0,
+                    bad ? 1.0 : 0.0};
+  comm.allreduce_world(sums, 3);
+  const bool finite = sums[2] == 0;
+  return {dp_wait, finite ? std::sqrt(sums[0]) : NAN, sums[1] > 0, finite};
 }
 
 // Everything that can be wrong with the input, checked on every rank before anything large is
@@ -256,6 +275,8 @@ int run_train(const TrainOptions& opt) {
 
   const int stall_at_step = stall_step(rank);
   double max_step_s = 0, max_save_s = 1.0;  // for the time budget (1 s: a save not yet seen)
+  int bad_steps = 0, bad_in_a_row = 0;      // steps skipped for a NaN/Inf loss or gradient
+  int64_t last_saved = resume_from.empty() ? -1 : start_step;
   for (int step = static_cast<int>(start_step); step < spec.run.steps; ++step) {
     const double t0 = now_s();
     take_kernel_totals();  // count this step's kernels only
@@ -263,6 +284,9 @@ int run_train(const TrainOptions& opt) {
     const double lr = lr_at(spec, step);
     double local_s = -now_s();  // compute outside the executor: data, zeroing, optimizer
     stage.zero_grads();
+    // test-only (see nan_at_step): backward accumulates into the gradient and the data-parallel
+    // all-reduce carries it, as a NaN arising in this rank's backward would be
+    if (nan_at_step(rank, step)) stage.grads().back() = NAN;
     for (int mb = 0; mb < M; ++mb) {
       if (!stage.first() && !stage.last()) break;
       su.data->micro_batch(step, topo.dp_rank, mb, inputs.data(), targets.data());
@@ -281,11 +305,22 @@ int run_train(const TrainOptions& opt) {
     const double worst_step = std::max(max_step_s, now_s() - t0);
     const bool out_of_time = spec.run.time_limit > 0 &&
                              now_s() - launched + 1.5 * worst_step + 1.5 * max_save_s >= spec.run.time_limit;
-    const StepSync sync = sync_step(stage, comm, D > 1 ? &reducer : nullptr, tied_sync ? wte : nullptr, out_of_time);
+    const StepSync sync =
+        sync_step(stage, comm, D > 1 ? &reducer : nullptr, tied_sync ? wte : nullptr, out_of_time, st.loss_sum);
     const double opt_t0 = now_s();
     trace.span(topo.dp > 1 ? "gradient all-reduce + norm" : "gradient norm", "comm", sync_t0, opt_t0);
-    adam.step(stage.params(), stage.weights(), stage.grads(), lr, clip_coefficient(sync.norm, spec.train.grad_clip));
-    trace.span("optimizer", "optimizer", opt_t0, now_s());
+    // A NaN/Inf anywhere skips the update on every rank alike: parameters and AdamW state stay as
+    // they were, and the step's batch is simply not learned from.
+    if (sync.finite) {
+      adam.step(stage.params(), stage.weights(), stage.grads(), lr, clip_coefficient(sync.norm, spec.train.grad_clip));
+      bad_in_a_row = 0;
+    } else {
+      ++bad_steps, ++bad_in_a_row;
+      if (rank == 0)
+        std::printf("step %d: NaN or Inf in the loss or gradients; update skipped (%d in a row, %d this launch)\n",
+                    step + 1, bad_in_a_row, bad_steps);
+    }
+    trace.span(sync.finite ? "optimizer" : "update skipped (non-finite)", "optimizer", opt_t0, now_s());
     local_s += now_s() - opt_t0;
     const double step_time = now_s() - t0;
     max_step_s = std::max(max_step_s, step_time);
@@ -316,6 +351,7 @@ int run_train(const TrainOptions& opt) {
         StepLine line = combine(figures, P, tokens_per_step);
         line.step = done, line.steps = spec.run.steps, line.lr = lr, line.grad_norm = sync.norm;
         line.step_time_s = step_time, line.tokens_per_s = tokens_per_step / step_time;
+        line.skipped = !sync.finite, line.bad_steps = bad_steps;
         line.bubble_theory = bubble_theory;
         line.gflops = flops_per_step / step_time / 1e9;
         line.peak_gflops = peak_gflops;
@@ -329,11 +365,21 @@ int run_train(const TrainOptions& opt) {
     if (stop || done == spec.run.steps || (every > 0 && done % every == 0)) {
       const double save_t0 = now_s();
       const double secs = checkpointer.save(done, stage, adam, su.blocks);
+      last_saved = done;
       trace.span("checkpoint", "checkpoint", save_t0, now_s());
       max_save_s = std::max(max_save_s, now_s() - save_t0);
       if (rank == 0 && secs > 0) std::printf("checkpoint step %d saved in %.2f s\n", done, secs);
     }
     if (done == trace_last || (stop && done < trace_last)) write_trace(trace, comm, su.run_dir);
+    if (bad_in_a_row >= spec.train.max_bad_steps) {  // every rank counts alike: all leave together
+      if (rank == 0)
+        std::fprintf(stderr,
+                     "pipetrain: error: %d consecutive steps (%d to %d) had NaN or Inf in the loss or gradients "
+                     "(train.max_bad_steps = %d); stopping. Parameters are those from before step %d%s\n",
+                     bad_in_a_row, done - bad_in_a_row + 1, done, spec.train.max_bad_steps, done - bad_in_a_row + 1,
+                     last_saved >= 0 ? ("; the latest checkpoint is step " + std::to_string(last_saved)).c_str() : "");
+      return 1;
+    }
     if (stop && done < spec.run.steps) {  // on the last step the run is simply complete
       if (rank == 0) {
         if (stop_signal()) std::printf("stopped by signal %d after step %d; checkpoint saved, exit 3\n", stop_signal(), done);

@@ -26,6 +26,7 @@ struct Manifest {
   int pp = 0, dp = 0;
   std::vector<int> partition;
   int64_t samples_consumed = 0;  // data position: global samples step*global_batch done
+  int64_t optimizer_steps = 0;   // AdamW updates applied: step minus the steps skipped as non-finite
   struct Shard {
     std::string file;
     uint64_t bytes = 0, checksum = 0;

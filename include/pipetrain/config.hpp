@@ -55,6 +55,7 @@ struct RunSpec {
     double beta2 = 0.95;
     double eps = 1e-8;
     double grad_clip = 1.0;
+    int max_bad_steps = 5;  // consecutive steps with a non-finite loss or gradient before the run stops
   } train;
   struct Checkpoint {
     int every_steps = 50;  // also saved at the end of the run and on a stop signal

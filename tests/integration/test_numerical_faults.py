@@ -1,0 +1,71 @@
+"""Numerical faults: a NaN in one rank's gradient (test-only hook PIPETRAIN_TEST_NAN) is seen by
+every rank at the step boundary, the update is skipped everywhere and counted, the parameters and
+AdamW state stay exactly as before the step, and training continues as if that batch had never
+been seen. Too many bad steps in a row stop the run with a message; no checkpoint ever holds a
+NaN."""
+import os
+
+import h5py
+import numpy as np
+from harness import parse_args, launch, expect, finish
+
+args = parse_args()
+tiny = os.path.join(args.configs, "tiny.toml")
+common = ["parallel.pp=2", "parallel.dp=2", "run.steps=8", "checkpoint.every_steps=1", "checkpoint.keep_last=0",
+          "log.trace_steps=0"]
+
+
+def state(ckpt):
+    """Every tensor of every shard: params and both AdamW moments, by name."""
+    out = {}
+    for f in sorted(os.listdir(ckpt)):
+        if f.endswith(".h5"):
+            with h5py.File(os.path.join(ckpt, f), "r") as h:
+                h.visititems(lambda name, obj: out.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+    return out
+
+
+def ckpt(run, step):
+    return os.path.join(run.run_dir, "checkpoints", f"step_{step:08d}")
+
+
+clean = launch(args, 4, os.path.join(args.work, "clean"), tiny, common)
+expect(clean.rc == 0, f"clean 2x2 run: exit 0 ({clean.err[-200:]})")
+# World rank 3 is stage 1 of replica 1: its gradient gets a NaN after step 5's backward.
+bad = launch(args, 4, os.path.join(args.work, "nan"), tiny, common, env={"PIPETRAIN_TEST_NAN": "3:4"})
+expect(bad.rc == 0, f"run with a NaN at step 5: exit 0 ({bad.err[-200:]})")
+c, b = clean.metrics(), bad.metrics()
+expect([l["loss"] for l in b[:4]] == [l["loss"] for l in c[:4]], "steps 1-4 identical to the clean run")
+expect(b[4]["skipped"] is True and b[4]["bad_steps"] == 1 and b[4]["grad_norm"] is None,
+       f"step 5 logged as skipped, counted, norm null: {b[4]['skipped']}, {b[4]['bad_steps']}, {b[4]['grad_norm']}")
+expect(all(l["skipped"] is False for l in b[:4] + b[5:]) and b[-1]["bad_steps"] == 1, "no other step skipped")
+expect(bad.out.count("step 5: NaN or Inf in the loss or gradients; update skipped") == 1,
+       "one message, from rank 0, names the step")
+
+# Skipping step 5 left exactly the state after step 4 (parameters and both AdamW moments).
+after_skip, before = state(ckpt(bad, 5)), state(ckpt(clean, 4))
+expect(sorted(after_skip) == sorted(before) and all(np.array_equal(after_skip[k], before[k]) for k in before),
+       f"checkpoint after the skipped step 5 equals the clean run's step 4 bit for bit ({len(before)} tensors)")
+# ... and later steps continue from it as a run that never saw batch 5: resuming that checkpoint
+# elsewhere reproduces steps 6-8 exactly (this also checks AdamW's step count was not advanced).
+again = launch(args, 4, os.path.join(args.work, "resumed"), tiny, common, extra=["--resume", ckpt(bad, 5)])
+expect(again.rc == 0, f"resume from the skipped step's checkpoint: exit 0 ({again.err[-200:]})")
+expect([l["loss"] for l in again.metrics()[-3:]] == [l["loss"] for l in b[5:]],
+       "resumed steps 6-8 equal the uninterrupted run's after the skip")
+expect(b[5]["loss"] != c[5]["loss"], "and they differ from the clean run's (batch 5 really was not learned)")
+
+# Every step bad from step 4 on: the run stops after max_bad_steps of them, exit 1, one message.
+stop = launch(args, 4, os.path.join(args.work, "diverged"), tiny,
+              common + ["run.steps=20", "train.max_bad_steps=3", "checkpoint.every_steps=2"],
+              env={"PIPETRAIN_TEST_NAN": "0:3+"})
+expect(stop.rc == 1, f"3 bad steps in a row: exit 1 (got {stop.rc})")
+expect(stop.err.count("3 consecutive steps (4 to 6) had NaN or Inf") == 1 and "train.max_bad_steps = 3" in stop.err,
+       f"one message naming the steps and the key: {stop.err.strip()[-300:]}")
+lines = stop.metrics()
+expect([l["step"] for l in lines] == list(range(1, 7)) and [l["skipped"] for l in lines] == [False] * 3 + [True] * 3,
+       "log ends at step 6 with steps 4-6 skipped")
+saved = sorted(d for d in os.listdir(os.path.join(stop.run_dir, "checkpoints")) if d.startswith("step_"))
+expect(saved == ["step_00000002", "step_00000004", "step_00000006"], f"checkpoints kept on schedule: {saved}")
+finite = all(np.isfinite(v).all() for d in saved for v in state(os.path.join(stop.run_dir, "checkpoints", d)).values())
+expect(finite, "no checkpoint holds a NaN or Inf")
+finish()
