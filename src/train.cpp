@@ -92,6 +92,14 @@ bool nan_at_step(int rank, int step) {
   return plus == '+' ? step >= from : step == from;
 }
 
+// Test-only fault hook: PIPETRAIN_TEST_KILL_IN_OPTIMIZER=RANK:STEP kills world rank RANK
+// (SIGKILL) halfway through its AdamW update of step STEP (0-based): half its tensors updated.
+bool kill_in_optimizer(int rank, int step) {
+  const char* v = std::getenv("PIPETRAIN_TEST_KILL_IN_OPTIMIZER");
+  int r = -1, s = -1;
+  return v && std::sscanf(v, "%d:%d", &r, &s) == 2 && r == rank && s == step;
+}
+
 // Gathers every rank's trace spans and rank 0 writes RUN_DIR/trace.json (collective).
 void write_trace(const Trace& trace, Comm& comm, const std::string& run_dir) {
   std::vector<std::string> all;
@@ -311,6 +319,11 @@ int run_train(const TrainOptions& opt) {
     trace.span(topo.dp > 1 ? "gradient all-reduce + norm" : "gradient norm", "comm", sync_t0, opt_t0);
     // A NaN/Inf anywhere skips the update on every rank alike: parameters and AdamW state stay as
     // they were, and the step's batch is simply not learned from.
+    if (sync.finite && kill_in_optimizer(rank, step)) {  // test-only: die with half the tensors updated
+      const std::vector<ParamTensor> half(stage.params().begin(), stage.params().begin() + stage.params().size() / 2);
+      adam.step(half, stage.weights(), stage.grads(), lr, 1.f);
+      raise(SIGKILL);
+    }
     if (sync.finite) {
       adam.step(stage.params(), stage.weights(), stage.grads(), lr, clip_coefficient(sync.norm, spec.train.grad_clip));
       bad_in_a_row = 0;

@@ -28,7 +28,7 @@ for stalled, (pp, dp), needles in cases:
         continue
     elapsed = time.time() - t0
     expect(p.returncode != 0, f"stall rank {stalled}: non-zero exit (got {p.returncode})")
-    expect(elapsed < 30, f"stall rank {stalled}: torn down in {elapsed:.1f} s")
+    expect(elapsed < 2 + 10, f"stall rank {stalled}: torn down within comm.timeout_s + 10 s ({elapsed:.1f} s)")
     expect(any(all(n in line for n in needles) for line in p.stderr.splitlines()),
            f"stall rank {stalled}: a peer reports {needles}: {p.stderr.strip()[:400]!r}")
     time.sleep(0.5)
