@@ -198,7 +198,21 @@ Checkpointer::Checkpointer(const RunSpec& spec, const std::string& run_dir, Comm
     : spec_(spec), dir_(run_dir + "/checkpoints"), comm_(comm) {}
 
 double Checkpointer::save(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition) {
-  const std::string name = step_name(step), final_dir = dir_ + "/" + name, tmp = dir_ + "/.tmp_" + name;
+  const std::string tmp = dir_ + "/.tmp_" + step_name(step);
+  try {
+    return write(step, stage, opt, partition, tmp);
+  } catch (const AgreedExit&) {
+    // Free what the failed attempt wrote (a full disk must not stay full because of it); what
+    // was published before is not touched.
+    std::error_code ec;
+    if (comm_.topo().world_rank == 0) fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition,
+                           const std::string& tmp) {
+  const std::string name = step_name(step), final_dir = dir_ + "/" + name;
   const double t0 = now_s();
   const Topology& topo = comm_.topo();
   Comm::require_agreed([&] {
@@ -230,7 +244,7 @@ double Checkpointer::save(int64_t step, Stage& stage, const AdamW& opt, const st
     }
     const std::string error = write_shard(shard, tensors, step, comm_.data_handle(), topo.dp_rank, topo.dp,
                                           kill_in_save(topo.world_rank, step, tensors.size()));
-    if (!error.empty()) throw std::runtime_error("checkpoint not saved: " + error);
+    if (!error.empty()) throw std::runtime_error("checkpoint not saved: " + error + " (" + free_space_note(dir_) + ")");
     sync_path(shard);  // every writer: on network file systems one client's fsync covers only its writes
     if (topo.dp_rank != 0) return;
     // Read the shard back before vouching for it with a checksum: a file HDF5 cannot open or that

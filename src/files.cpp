@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -29,6 +30,21 @@ std::string read_input_file(const std::string& path, const std::string& what) {
   std::fclose(f);
   if (bad || got != data.size()) throw fail("read error");
   return data;
+}
+
+std::string free_space_note(const std::string& path) {
+  struct statvfs st {};
+  if (statvfs(path.c_str(), &st) != 0) return "free space unknown";
+  auto human = [](double b) {
+    char buf[32];
+    const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) b /= 1024, ++u;
+    std::snprintf(buf, sizeof buf, "%.1f %s", b, unit[u]);
+    return std::string(buf);
+  };
+  return human(static_cast<double>(st.f_bavail) * st.f_frsize) + " free of " +
+         human(static_cast<double>(st.f_blocks) * st.f_frsize);
 }
 
 void sync_path(const std::string& path) {

@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -161,7 +163,12 @@ void MetricsWriter::write(const std::string& json_line) {
   if (!f_) return;
   std::fputs(json_line.c_str(), f_);
   std::fputc('\n', f_);
-  std::fflush(f_);
+  if (std::fflush(f_) != 0 && !warned_) {  // e.g. disk full: say so once, keep training
+    std::fprintf(stderr, "pipetrain: warning: metrics.jsonl: cannot write (%s); the log has gaps from here\n",
+                 std::strerror(errno));
+    warned_ = true;
+  }
+  if (warned_) std::clearerr(f_);
 }
 
 }  // namespace pipetrain

@@ -11,8 +11,14 @@ namespace pipetrain {
 namespace {
 
 // HDF5 prints its own error stacks by default; we report errors ourselves, naming the file.
+// And no HDF5 clean-up at exit: after a failed H5Fclose (disk full while flushing metadata) the
+// file stays half-closed in HDF5's tables, and closing it again at exit, after MPI_Finalize,
+// crashed every rank. Every file we open is closed by its owner; the OS frees the rest.
 struct QuietHdf5 {
-  QuietHdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+  QuietHdf5() {
+    H5dont_atexit();  // must come before anything initialises the library
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
 };
 const QuietHdf5 quiet_hdf5;
 

@@ -224,6 +224,9 @@ std::vector<SpecKey> build_schema() {
               "save every N steps (0 = only at the end and on a stop signal)"),
       int_key("checkpoint", "keep_last", FIELD(int, checkpoint.keep_last), 0, big,
               "complete checkpoints to keep, oldest removed first (0 = keep all)"),
+      string_key("checkpoint", "on_error", FIELD(std::string, checkpoint.on_error), {"warn", "stop"},
+                 "a failed save (disk full, read-only, ...): warn and train on, or stop with exit 1; the "
+                 "previous checkpoint stays intact either way, and a failed final save always exits 1"),
       int_key("log", "every_steps", FIELD(int, log.every_steps), 1, big, "log a metrics line every N steps"),
       int_key("log", "trace_steps", FIELD(int, log.trace_steps), 0, 1000,
               "first steps of each launch recorded in trace.json (Chrome/Perfetto; 0 = no trace)"),

@@ -69,6 +69,18 @@ std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t
   if (fs::exists(metrics, ec)) note = move_aside(metrics);
   if (fs::exists(checkpoints, ec) && !fs::is_empty(checkpoints, ec))
     note += (note.empty() ? "" : "; ") + move_aside(checkpoints);
+  // Find out now, not after the first hour of training, that checkpoints cannot be written.
+  fs::create_directories(checkpoints, ec);
+  if (!fs::is_directory(checkpoints))
+    throw SpecError("checkpoint dir " + checkpoints + ": cannot create (" +
+                    (fs::exists(checkpoints) ? std::string("a file of that name is in the way") : ec.message()) + ")");
+  try {
+    const std::string probe = checkpoints + "/.probe";
+    write_file_atomically(probe, "");
+    fs::remove(probe, ec);
+  } catch (const std::runtime_error& e) {
+    throw SpecError("checkpoint dir " + checkpoints + ": not writable (" + e.what() + ")");
+  }
   return note;
 }
 
@@ -105,7 +117,11 @@ void write_trace(const Trace& trace, Comm& comm, const std::string& run_dir) {
   std::vector<std::string> all;
   comm.gather_to_root(trace.events_json(comm.topo().stage, comm.topo().dp_rank), all);
   if (comm.topo().world_rank != 0) return;
-  write_file_atomically(run_dir + "/trace.json", Trace::file_json(all, comm.topo().pp, comm.topo().dp));
+  try {
+    write_file_atomically(run_dir + "/trace.json", Trace::file_json(all, comm.topo().pp, comm.topo().dp));
+  } catch (const std::runtime_error& e) {  // a trace is not worth stopping training for
+    std::fprintf(stderr, "pipetrain: warning: trace.json not written: %s\n", e.what());
+  }
 }
 
 // The data-parallel gradient all-reduce, in buckets started as soon as their gradients are
@@ -377,11 +393,26 @@ int run_train(const TrainOptions& opt) {
     const int every = spec.checkpoint.every_steps;
     if (stop || done == spec.run.steps || (every > 0 && done % every == 0)) {
       const double save_t0 = now_s();
-      const double secs = checkpointer.save(done, stage, adam, su.blocks);
-      last_saved = done;
+      try {
+        const double secs = checkpointer.save(done, stage, adam, su.blocks);
+        last_saved = done;
+        if (rank == 0 && secs > 0) std::printf("checkpoint step %d saved in %.2f s\n", done, secs);
+      } catch (const AgreedExit&) {  // every rank is here; the failing rank said why
+        const bool last_chance = stop || done == spec.run.steps;
+        const std::string kept = last_saved >= 0 ? "the latest checkpoint, step " + std::to_string(last_saved) + ", is intact"
+                                                 : "no checkpoint of this run exists yet";
+        if (last_chance || spec.checkpoint.on_error == "stop") {
+          if (rank == 0)
+            std::fprintf(stderr, "pipetrain: error: checkpoint step %d not saved; %s; stopping (%s)\n", done,
+                         kept.c_str(), last_chance ? "it was the run's last save" : "checkpoint.on_error = stop");
+          return 1;
+        }
+        if (rank == 0)
+          std::fprintf(stderr, "pipetrain: warning: checkpoint step %d not saved; %s; training continues "
+                       "(checkpoint.on_error = warn)\n", done, kept.c_str());
+      }
       trace.span("checkpoint", "checkpoint", save_t0, now_s());
       max_save_s = std::max(max_save_s, now_s() - save_t0);
-      if (rank == 0 && secs > 0) std::printf("checkpoint step %d saved in %.2f s\n", done, secs);
     }
     if (done == trace_last || (stop && done < trace_last)) write_trace(trace, comm, su.run_dir);
     if (bad_in_a_row >= spec.train.max_bad_steps) {  // every rank counts alike: all leave together

@@ -57,7 +57,8 @@ class Checkpointer {
   std::string dir() const { return dir_; }
 
   // Collective over all ranks: writes checkpoint `step`. Returns the seconds it took. Throws
-  // AgreedExit on every rank if any rank failed; the previous checkpoints are untouched.
+  // AgreedExit on every rank if any rank failed (the failing rank has said why); what it wrote
+  // is removed and the previous checkpoints are untouched.
   double save(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition);
 
   // Collective: the verified checkpoint to resume from for --resume auto | never | PATH, or ""
@@ -73,6 +74,7 @@ class Checkpointer {
   void discard_newer_than(int64_t step);
 
  private:
+  double write(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition, const std::string& tmp);
   void publish(const std::string& tmp, const std::string& final_dir, const std::string& name);
   void set_aside(const std::string& path);
   const RunSpec& spec_;

@@ -60,6 +60,7 @@ struct RunSpec {
   struct Checkpoint {
     int every_steps = 50;  // also saved at the end of the run and on a stop signal
     int keep_last = 3;     // 0 keeps all
+    std::string on_error = "warn";  // a failed save: warn and train on | stop (exit 1)
   } checkpoint;
   struct Log {
     int every_steps = 1;

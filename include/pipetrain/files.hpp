@@ -13,6 +13,10 @@ std::string read_input_file(const std::string& path, const std::string& what);
 // leaves either the old or the new file, never a half-written one. Throws std::runtime_error.
 void write_file_atomically(const std::string& path, const std::string& text);
 
+// "12.0 MiB free of 3.0 GiB" for the file system holding `path` (for error messages: HDF5
+// reports a failed write without the errno, and a full disk or quota is the usual cause).
+std::string free_space_note(const std::string& path);
+
 // fsync a file or directory (so a rename that follows cannot overtake its contents on a crash).
 void sync_path(const std::string& path);
 

@@ -62,6 +62,7 @@ class MetricsWriter {
 
  private:
   std::FILE* f_ = nullptr;
+  bool warned_ = false;
 };
 
 }  // namespace pipetrain
