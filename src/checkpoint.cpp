@@ -97,7 +97,7 @@ Manifest Manifest::read(const std::string& dir) {
   const std::string path = dir + "/manifest.json";
   Manifest m;
   try {
-    json j = json::parse(read_input_file(path, "checkpoint manifest"));
+    json j = json::parse(read_input_file(path, "checkpoint manifest", 64 << 20));
     m.format = j.at("format").get<int>();
     m.step = j.at("step").get<int64_t>();
     m.spec_hash = j.at("spec_hash").get<std::string>();

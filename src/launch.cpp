@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <string>
 
 namespace pipetrain {
 namespace {
@@ -17,7 +19,23 @@ int env_int(const char* name, int fallback) {
   return v.empty() ? fallback : std::atoi(v.c_str());
 }
 
+// A cgroup memory limit in bytes (v2 memory.max, v1 memory.limit_in_bytes), or 0 for none.
+double cgroup_memory_limit() {
+  for (const char* path : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream f(path);
+    std::string v;
+    if (f >> v && v != "max") return std::strtod(v.c_str(), nullptr);
+  }
+  return 0;
+}
+
 }  // namespace
+
+double node_memory_bytes() {
+  const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  const double limit = cgroup_memory_limit();
+  return limit > 0 && limit < physical ? limit : physical;
+}
 
 LaunchInfo LaunchInfo::from_environment() {
   LaunchInfo l;

@@ -24,6 +24,7 @@
 #include "pipetrain/optim.hpp"
 #include "pipetrain/parallel_for.hpp"
 #include "pipetrain/partition.hpp"
+#include "pipetrain/plan.hpp"
 #include "pipetrain/profile.hpp"
 #include "pipetrain/schedule.hpp"
 #include "pipetrain/signals.hpp"
@@ -82,6 +83,27 @@ std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t
     throw SpecError("checkpoint dir " + checkpoints + ": not writable (" + e.what() + ")");
   }
   return note;
+}
+
+// Refuses, before anything large is allocated, a model whose stage cannot fit in this rank's share
+// of the node's memory (plan's prediction: parameters, gradients, AdamW, stashed activations,
+// working buffers).
+void check_memory_fits(const RunSpec& spec, int stage, int local_ranks) {
+  const Plan plan = make_plan(spec);
+  const StagePlan& s = plan.stages[stage];
+  const int mode = static_cast<int>(parse_recompute(spec.parallel.recompute));
+  const double gib = 1024.0 * 1024 * 1024, state = 16.0 * s.params;  // 4 B weights + 4 B grads + 8 B AdamW
+  const double need = state + s.act_peak_bytes[mode] + s.working_bytes;
+  const double share = node_memory_bytes() / local_ranks;
+  if (need <= share) return;
+  char msg[512];
+  std::snprintf(msg, sizeof msg,
+                "the model does not fit: stage %d needs about %.1f GiB (parameters, gradients and AdamW %.1f GiB, "
+                "activations under recompute = %s %.1f GiB), but each of the %d ranks on this node has %.1f GiB; "
+                "use more stages (parallel.pp), parallel.recompute, fewer or smaller micro-batches, or a smaller model",
+                stage, need / gib, state / gib, spec.parallel.recompute.c_str(),
+                (s.act_peak_bytes[mode] + s.working_bytes) / gib, local_ranks, share / gib);
+  throw SpecError(msg);
 }
 
 // Test-only fault hook: PIPETRAIN_TEST_STALL=RANK:STEP makes world rank RANK stop itself with
@@ -226,6 +248,7 @@ int run_train(const TrainOptions& opt) {
           throw SpecError(spec.origin("parallel.micro_batches") + ": parallel.micro_batches = " + std::to_string(M) +
                           " needs message tags up to " + std::to_string(2 * M) + " but this MPI allows " +
                           std::to_string(Comm::max_tag()));
+        check_memory_fits(spec, topo.stage, comm.local_ranks());
       }))
     return code;
   // One BLAS thread per core this rank can have (more would fight the other ranks for cores),
@@ -238,6 +261,11 @@ int run_train(const TrainOptions& opt) {
   set_parallel_threads(blas_threads);  // the element-wise kernels use the same cores
 
   su.run_dir = opt.run_dir.empty() ? spec.run.out_dir + "/" + spec.run.name : opt.run_dir;
+  std::unique_ptr<RunDirLock> run_dir_lock;  // rank 0 holds it until the run ends
+  if (int code = Comm::run_agreed([&] {
+        if (rank == 0) run_dir_lock = std::make_unique<RunDirLock>(su.run_dir);
+      }))
+    return code;
   Checkpointer checkpointer(spec, su.run_dir, comm);
   const std::string resume_from = checkpointer.select(opt.resume);
 

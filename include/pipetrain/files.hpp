@@ -1,13 +1,29 @@
 // Whole-file reads of user inputs and crash-safe whole-file writes, shared by the spec, data,
 // checkpoint, metrics and trace code.
 #pragma once
+#include <cstdint>
 #include <string>
 
 namespace pipetrain {
 
-// The whole content of a regular file; anything else (missing, a directory, unreadable) is a
-// SpecError "<what>: cannot read <path> (<reason>)".
-std::string read_input_file(const std::string& path, const std::string& what);
+// The whole content of a regular file; anything else (missing, a directory, unreadable, larger
+// than max_bytes) is a SpecError "<what>: cannot read <path> (<reason>)".
+std::string read_input_file(const std::string& path, const std::string& what, size_t max_bytes = SIZE_MAX);
+
+// Marks a run directory (created if missing) as in use while this object lives: an fcntl write
+// lock on DIR/.lock, which the kernel drops when the process ends however it ends (SIGKILL, OOM),
+// so a stale file never blocks a resume. The file says who holds it, for the message a second
+// run gets (a SpecError). On file systems without locks it warns and does not lock.
+class RunDirLock {
+ public:
+  explicit RunDirLock(const std::string& dir);
+  ~RunDirLock();
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 // Replaces `path` with `text` atomically: path.tmp, fsync, rename, fsync of the folder, so a crash
 // leaves either the old or the new file, never a half-written one. Throws std::runtime_error.

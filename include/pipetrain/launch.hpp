@@ -16,4 +16,8 @@ struct LaunchInfo {
   std::string describe() const;  // one line for the log
 };
 
+// Memory this process's node lets it use: physical memory, or less where a cgroup limit
+// (Slurm's --mem, a container) says so.
+double node_memory_bytes();
+
 }  // namespace pipetrain

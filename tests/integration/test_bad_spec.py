@@ -1,6 +1,10 @@
-"""Done-means 4: every bad-spec case exits with code 2 and one message naming the key (and the
-file:line where it was set), under 4 ranks, within 10 seconds, with no rank left running."""
+"""Bad input: every case exits with code 2 and one message naming the key or file (and the
+file:line where it was set), under 4 ranks, within 10 seconds, with no rank left running and no
+half-started run: wrong keys, types and values, files that are not TOML (binary, too deep, too
+large, duplicate keys), data files missing, empty, too short or unreadable, a model too big for
+the node's memory, and a run directory another live run holds."""
 import os
+import signal
 import subprocess
 import time
 from harness import parse_args, launch, expect, finish
@@ -44,6 +48,15 @@ cases = [
                                                  "data.path=" + spec_file("short.txt", "x" * 33)],
      ["data.path", "33 bytes", "seq_len + 2 = 34"]),
     ("tensor too large", None, ["parallel.pp=2", "parallel.dp=2", "model.seq_len=65536"], ["model.seq_len", "2^31"]),
+    ("binary spec file", "".join(chr(c) for c in range(1, 128)) * 4, [], ["bad.toml:1", "not valid TOML"]),
+    ("spec nested 100000 deep", "[run]\nsteps = " + "[" * 100000 + "]" * 100000 + "\n", [],
+     ["bad.toml:2", "maximum nested value depth"]),
+    ("spec file of 2 MiB", "# padding\n" * 210000, [], ["spec file: cannot read", "bad.toml", "is it the right file"]),
+    ("duplicate key", good + "[train]\nlr = 0.1\nlr = 0.2\n", [], ["bad.toml:8", "redefine", "lr"]),
+    ("text data file empty", None, ["parallel.pp=2", "parallel.dp=2", "data.source=text",
+                                    "data.path=" + spec_file("empty.txt", "")], ["data.path", "empty.txt"]),
+    ("model too big for the node", None, ["parallel.pp=2", "parallel.dp=2", "model.d_model=8192", "model.n_layer=48",
+                                          "model.n_head=64"], ["the model does not fit", "GiB", "parallel.pp"]),
     ("empty out_dir", None, ["parallel.pp=2", "parallel.dp=2", "run.out_dir=\"\""], ["run.out_dir"]),
 ]
 
@@ -67,6 +80,36 @@ for i, (name, text, sets, needles) in enumerate(cases):
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     expect(not left, f"{name}: no rank left running ({left})")
     expect(not os.path.exists(os.path.join(marker, "metrics.jsonl")), f"{name}: no half-started run left behind")
+# A data file this user may not read (as root: run the job as nobody, for whom mode 000 means no).
+secret = spec_file("secret.txt", "x" * 4096)
+os.chmod(secret, 0)
+as_user = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"] if os.geteuid() == 0 else []
+p = subprocess.run(as_user + [args.mpiexec, "-n", "2", args.bin, "train", "--config", tiny, "--run-dir",
+                               "/tmp/pipetrain-unreadable-marker", "--set", "parallel.pp=2", "--set", "data.source=text",
+                               "--set", f"data.path={secret}"], capture_output=True, text=True, timeout=30)
+expect(p.returncode == 2 and f"cannot read {secret} (Permission denied)" in p.stderr and p.stderr.count("error:") == 1,
+       f"unreadable data file: exit 2 naming the file and the reason (got {p.returncode}: {p.stderr.strip()!r})")
+
+# A run directory in use by a live run: the second run is refused naming the holder; the first
+# is not disturbed. A lock left by a dead run (the file stays) does not block.
+busy = os.path.join(args.work, "busy")
+first = subprocess.Popen([args.mpiexec, "-n", "2", args.bin, "train", "--config", tiny, "--run-dir", busy,
+                          "--set", "parallel.pp=2", "--set", "run.steps=100000", "--set", "log.trace_steps=0"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+metrics = os.path.join(busy, "metrics.jsonl")
+while first.poll() is None and not (os.path.exists(metrics) and os.path.getsize(metrics) > 0):
+    time.sleep(0.05)
+second = launch(args, 2, busy, tiny, ["parallel.pp=2", "run.steps=100000"])
+holder = open(os.path.join(busy, ".lock")).read().strip()
+expect(second.rc == 2 and f"run dir {busy} is in use by pipetrain pid" in second.err and holder in second.err,
+       f"run dir in use: exit 2 naming the holder ({second.rc}: {second.err.strip()!r})")
+first.send_signal(signal.SIGUSR1)  # stop the first run the normal way: checkpoint, exit 3
+_, err = first.communicate(timeout=60)
+expect(first.returncode == 3, f"the first run was not disturbed and stops cleanly (exit {first.returncode}) {err[-200:]}")
+after = launch(args, 2, busy, tiny, ["parallel.pp=2", "run.steps=100000", "run.time_limit=3"])
+expect(after.rc == 3 and "resumed from" in after.out and os.path.exists(os.path.join(busy, ".lock")),
+       f"once it ended, its lock file does not block the next start (exit {after.rc}) {after.err[-200:]}")
+
 # A directory given as the spec file is bad input, not an empty spec.
 r = launch(args, 4, os.path.join(args.work, "dir_config_marker"), args.work, ["parallel.pp=2", "parallel.dp=2"])
 expect(r.rc == 2 and "spec file: cannot read" in r.err and "not a regular file" in r.err,
