@@ -95,9 +95,13 @@ std::string Manifest::to_json() const {
 
 Manifest Manifest::read(const std::string& dir) {
   const std::string path = dir + "/manifest.json";
+  return parse(read_input_file(path, "checkpoint manifest", 64 << 20), path);
+}
+
+Manifest Manifest::parse(const std::string& text, const std::string& path) {
   Manifest m;
   try {
-    json j = json::parse(read_input_file(path, "checkpoint manifest", 64 << 20));
+    json j = json::parse(text);
     m.format = j.at("format").get<int>();
     m.step = j.at("step").get<int64_t>();
     m.spec_hash = j.at("spec_hash").get<std::string>();
@@ -125,6 +129,19 @@ Manifest Manifest::read(const std::string& dir) {
   if (m.format != kCheckpointFormat)
     throw SpecError(path + ": checkpoint format " + std::to_string(m.format) + ", this pipetrain reads " +
                     std::to_string(kCheckpointFormat));
+  // What loading relies on; a hand-edited or damaged manifest must not send it elsewhere.
+  auto require = [&](bool ok, const std::string& what) {
+    if (!ok) throw SpecError(path + ": not a valid pipetrain manifest (" + what + ")");
+  };
+  require(m.step >= 0 && m.samples_consumed >= 0, "negative step or data position");
+  require(m.optimizer_steps >= 0 && m.optimizer_steps <= m.step, "optimizer.steps outside 0..step");
+  require(m.pp >= 1 && m.dp >= 1, "layout pp and dp must be at least 1");
+  require(m.partition.size() == static_cast<size_t>(m.pp) && m.shards.size() == static_cast<size_t>(m.pp),
+          "layout.partition and shards need one entry per stage");
+  for (int b : m.partition) require(b >= 0, "negative block count in layout.partition");
+  for (auto& s : m.shards)
+    require(!s.file.empty() && s.file.find('/') == std::string::npos && s.file != "." && s.file != "..",
+            "shard file '" + s.file + "' is not a plain file name");
   return m;
 }
 

@@ -63,9 +63,14 @@ std::string RunSpec::origin(const std::string& dotted_key) const {
 }
 
 RunSpec load_spec(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
+  // a run spec is a few KiB
+  return parse_spec(path.empty() ? "" : read_input_file(path, "spec file", 1 << 20), path, overrides, world_size);
+}
+
+RunSpec parse_spec(const std::string& text, const std::string& path, const std::vector<std::string>& overrides,
+                   int world_size) {
   toml::table root;
   if (!path.empty()) {
-    const std::string text = read_input_file(path, "spec file", 1 << 20);  // a run spec is a few KiB
     try {
       root = toml::parse(text, path);
     } catch (const toml::parse_error& e) {

@@ -38,6 +38,7 @@ struct Manifest {
   std::string to_json() const;
   // Reads DIR/manifest.json; throws SpecError naming the file on anything malformed.
   static Manifest read(const std::string& dir);
+  static Manifest parse(const std::string& text, const std::string& path);
 };
 
 // Checks DIR against its manifest: every shard (those with index % parts == part) present, of the

@@ -86,6 +86,9 @@ struct RunSpec {
 // Reads `path` (empty: built-in defaults), applies "section.key=value" overrides, validates.
 // world_size > 0 also checks pp × dp against it. Throws SpecError naming key and file:line.
 RunSpec load_spec(const std::string& path, const std::vector<std::string>& overrides, int world_size);
+// The same for spec text already read; `path` names it in messages (empty: defaults, text unused).
+RunSpec parse_spec(const std::string& text, const std::string& path, const std::vector<std::string>& overrides,
+                   int world_size);
 
 // Checks ranges and combinations; called by load_spec, exposed for tests.
 void validate_spec(const RunSpec& spec, int world_size);

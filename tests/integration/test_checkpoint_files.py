@@ -113,16 +113,29 @@ again = launch(args, 4, d, tiny, base)
 expect(again.rc == 0 and "run already complete" in again.out, "and the next start finds the run complete")
 
 # Hand-edited manifests are caught by verify (exit 2), never trained on.
-for field, value, needle in [("step", 7, "does not match the directory"), ("step", -3, "out of range")]:
-    d = os.path.join(args.work, f"edited_{field}_{value}", "step_00000010")
+def set_path(m, keys, value):
+    for k in keys[:-1]:
+        m = m[k]
+    m[keys[-1]] = value
+
+
+edits = [(("step",), 7, "optimizer.steps outside 0..step"), (("step",), -3, "negative step"),
+         (("optimizer", "steps"), 7, "does not match the directory"),
+         (("shards", 0, "file"), "../../etc/passwd", "is not a plain file name"),
+         (("layout", "partition"), [4], "one entry per stage")]
+for keys, value, needle in edits:
+    field = ".".join(map(str, keys))
+    d = os.path.join(args.work, f"edited_{field}_{value}".replace("/", "_"), "step_00000010")
     shutil.copytree(step10, d)
     mpath = os.path.join(d, "manifest.json")
     m = json.load(open(mpath))
-    m[field] = value
+    if field == "optimizer.steps":  # step and optimizer steps consistent, but not the directory's step
+        m["step"] = 7
+    set_path(m, keys, value)
     json.dump(m, open(mpath, "w"))
     v = ckpt("verify", d)
     expect(v.returncode == 2 and needle in v.stderr, f"manifest {field}={value}: verify exits 2 ({v.stderr.strip()!r})")
-    r = launch(args, 4, os.path.join(args.work, f"edited_run_{value}"), tiny, base, extra=["--resume", d])
+    r = launch(args, 4, os.path.join(args.work, f"edited_run_{field}"), tiny, base, extra=["--resume", d])
     expect(r.rc == 2, f"manifest {field}={value}: --resume refuses it (exit {r.rc})")
 
 # --resume never starts afresh and keeps the earlier run's log and checkpoints aside.
