@@ -4,7 +4,8 @@ set -euo pipefail
 packages=(g++ cmake make pkg-config mpich libmpich-dev libhdf5-mpich-dev libtomlplusplus-dev
           libboost-program-options-dev catch2 libopenblas-dev nlohmann-json3-dev hdf5-tools python3-matplotlib
           slurmctld slurmd slurm-client
-          python3 python3-numpy python3-h5py python3-torch procps)
+          python3 python3-numpy python3-h5py python3-torch procps
+          clang libclang-rt-14-dev util-linux)  # clang + libFuzzer: scripts/fuzz.sh; unshare/setpriv: tests
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
