@@ -156,28 +156,29 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
   KernelTimer timer(Kernel::attention);
   const int hs = C / NH, C3 = 3 * C;
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
-  // (batch, head) pairs are independent: one per chunk, the GEMMs single-threaded inside
+  // (batch, head) pairs are independent: one per chunk. OpenBLAS keeps products this small on the
+  // calling thread (larger ones it may thread, serialising concurrent callers).
   parallel_for(static_cast<size_t>(B) * NH, 1, [&](size_t bh, size_t) {
-      const int b = static_cast<int>(bh / NH), h = static_cast<int>(bh % NH);
-      const float* q = qkv + static_cast<size_t>(b) * T * C3 + h * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
-      float* a = att + (static_cast<size_t>(b) * NH + h) * T * T;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.f, a, T);
-      for (int t = 0; t < T; ++t) {
-        float* row = a + static_cast<size_t>(t) * T;
-        float mx = row[0];
+    const int b = static_cast<int>(bh / NH), h = static_cast<int>(bh % NH);
+    const float* q = qkv + static_cast<size_t>(b) * T * C3 + h * hs;
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* a = att + (static_cast<size_t>(b) * NH + h) * T * T;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.f, a, T);
+    for (int t = 0; t < T; ++t) {
+      float* row = a + static_cast<size_t>(t) * T;
+      float mx = row[0];
 #pragma omp simd reduction(max : mx)
-        for (int u = 1; u <= t; ++u) mx = row[u] > mx ? row[u] : mx;
-        float sum = 0.f;
+      for (int u = 1; u <= t; ++u) mx = row[u] > mx ? row[u] : mx;
+      float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-        for (int u = 0; u <= t; ++u) sum += (row[u] = fast_exp(row[u] - mx));
-        const float inv = 1.f / sum;
-        for (int u = 0; u <= t; ++u) row[u] *= inv;
-        for (int u = t + 1; u < T; ++u) row[u] = 0.f;
-      }
-      float* o = out + static_cast<size_t>(b) * T * C + h * hs;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.f, a, T, v, C3, 0.f, o, C);
+      for (int u = 0; u <= t; ++u) sum += (row[u] = fast_exp(row[u] - mx));
+      const float inv = 1.f / sum;
+      for (int u = 0; u <= t; ++u) row[u] *= inv;
+      for (int u = t + 1; u < T; ++u) row[u] = 0.f;
+    }
+    float* o = out + static_cast<size_t>(b) * T * C + h * hs;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.f, a, T, v, C3, 0.f, o, C);
   });
 }
 
@@ -187,29 +188,29 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   const int hs = C / NH, C3 = 3 * C;
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
   parallel_for(static_cast<size_t>(B) * NH, 1, [&](size_t bh, size_t) {
-      thread_local std::vector<float> datt;
-      datt.resize(static_cast<size_t>(T) * T);
-      const int b = static_cast<int>(bh / NH), h = static_cast<int>(bh % NH);
-      const size_t row0 = static_cast<size_t>(b) * T * C3 + h * hs;
-      const float *q = qkv + row0, *k = q + C, *v = q + 2 * C;
-      float *dq = dqkv + row0, *dk = dq + C, *dv = dq + 2 * C;
-      const float* a = att + (static_cast<size_t>(b) * NH + h) * T * T;
-      const float* d = dout + static_cast<size_t>(b) * T * C + h * hs;
-      // out = a v  =>  datt = d v^T,  dv = a^T d
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.f, d, C, v, C3, 0.f, datt.data(), T);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.f, a, T, d, C, 0.f, dv, C3);
-      // softmax backward, in place: dpre = a * (datt - sum(a * datt)); zero above the diagonal.
-      for (int t = 0; t < T; ++t) {
-        const float* ar = a + static_cast<size_t>(t) * T;
-        float* dr = datt.data() + static_cast<size_t>(t) * T;
-        float dot = 0.f;
-        for (int u = 0; u <= t; ++u) dot += ar[u] * dr[u];
-        for (int u = 0; u <= t; ++u) dr[u] = ar[u] * (dr[u] - dot);
-        for (int u = t + 1; u < T; ++u) dr[u] = 0.f;
-      }
-      // pre = scale q k^T  =>  dq = scale dpre k,  dk = scale dpre^T q
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt.data(), T, k, C3, 0.f, dq, C3);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, datt.data(), T, q, C3, 0.f, dk, C3);
+    thread_local std::vector<float> datt;
+    datt.resize(static_cast<size_t>(T) * T);
+    const int b = static_cast<int>(bh / NH), h = static_cast<int>(bh % NH);
+    const size_t row0 = static_cast<size_t>(b) * T * C3 + h * hs;
+    const float *q = qkv + row0, *k = q + C, *v = q + 2 * C;
+    float *dq = dqkv + row0, *dk = dq + C, *dv = dq + 2 * C;
+    const float* a = att + (static_cast<size_t>(b) * NH + h) * T * T;
+    const float* d = dout + static_cast<size_t>(b) * T * C + h * hs;
+    // out = a v  =>  datt = d v^T,  dv = a^T d
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.f, d, C, v, C3, 0.f, datt.data(), T);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.f, a, T, d, C, 0.f, dv, C3);
+    // softmax backward, in place: dpre = a * (datt - sum(a * datt)); zero above the diagonal.
+    for (int t = 0; t < T; ++t) {
+      const float* ar = a + static_cast<size_t>(t) * T;
+      float* dr = datt.data() + static_cast<size_t>(t) * T;
+      float dot = 0.f;
+      for (int u = 0; u <= t; ++u) dot += ar[u] * dr[u];
+      for (int u = 0; u <= t; ++u) dr[u] = ar[u] * (dr[u] - dot);
+      for (int u = t + 1; u < T; ++u) dr[u] = 0.f;
+    }
+    // pre = scale q k^T  =>  dq = scale dpre k,  dk = scale dpre^T q
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt.data(), T, k, C3, 0.f, dq, C3);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, datt.data(), T, q, C3, 0.f, dk, C3);
   });
 }
 
