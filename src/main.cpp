@@ -1,6 +1,9 @@
 // pipetrain: subcommand dispatch only.
 #include <boost/program_options.hpp>
 
+#include <chrono>
+#include <thread>
+
 #include <cstdio>
 #include <functional>
 #include <iostream>
@@ -60,6 +63,10 @@ int run_mpi(const std::function<int()>& body) {
     code = e.code;  // every rank agreed; the message was printed once
   } catch (const CommTimeout& e) {
     std::fprintf(stderr, "pipetrain: fault: %s\n", e.what());
+    std::fflush(stderr);
+    // The other ranks waiting on the same lost peer time out within moments of this one: give
+    // them 2 s to say what they waited for before MPI_Abort tears them down.
+    std::this_thread::sleep_for(std::chrono::seconds(2));
     Comm::abort(1);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pipetrain: fault on rank %d: %s\n", Comm::world_rank(), e.what());

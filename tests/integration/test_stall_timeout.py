@@ -1,6 +1,7 @@
 """A rank that stops answering (SIGSTOP via the test-only PIPETRAIN_TEST_STALL hook) makes its
-peers give up after comm.timeout_s with a message naming stage, peer and micro-batch, and the
-whole job is torn down (non-zero exit, no rank left running) instead of hanging."""
+peers give up after comm.timeout_s, every surviving rank with a message naming what it waited for
+(stage, peer, micro-batch), and the whole job is torn down within timeout + 10 s (non-zero exit,
+no rank left running) instead of hanging."""
 import os
 import subprocess
 import time
@@ -31,6 +32,10 @@ for stalled, (pp, dp), needles in cases:
     expect(elapsed < 2 + 10, f"stall rank {stalled}: torn down within comm.timeout_s + 10 s ({elapsed:.1f} s)")
     expect(any(all(n in line for n in needles) for line in p.stderr.splitlines()),
            f"stall rank {stalled}: a peer reports {needles}: {p.stderr.strip()[:400]!r}")
+    survivors = [r for r in range(pp * dp) if r != stalled]
+    reported = [r for r in survivors if f"(rank {r}, " in p.stderr]
+    expect(reported == survivors and p.stderr.count("waited more than 2 s (comm.timeout_s)") == len(survivors),
+           f"stall rank {stalled}: every surviving rank says what it waited for ({reported} of {survivors})")
     time.sleep(0.5)
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     expect(not left, f"stall rank {stalled}: no rank left running ({left})")
