@@ -21,8 +21,23 @@ Executor::Executor(Stage& stage, Comm& comm) : stage_(stage), comm_(comm) {
     r->reqs.assign(kRing, MPI_REQUEST_NULL);
     r->mb.assign(kRing, -1);
   }
-  grad_in_.assign(kRing, std::vector<float>(n));
-  grad_in_req_.assign(kRing, MPI_REQUEST_NULL);
+  for (RecvRing* r : {&act_in_, &grad_in_}) {
+    r->bufs.assign(kRing, std::vector<float>(n));
+    r->reqs.assign(kRing, MPI_REQUEST_NULL);
+  }
+}
+
+void Executor::RecvRing::post(Comm& comm, int peer, int (*tag)(int)) {
+  for (; posted < order.size() && posted < used + kRing; ++posted) {
+    const size_t slot = posted % kRing;
+    reqs[slot] = comm.irecv(bufs[slot].data(), bufs[slot].size(), peer, tag(order[posted]));
+  }
+}
+
+float* Executor::RecvRing::wait(Comm& comm, const WaitLabel& label) {
+  const size_t slot = used++ % kRing;
+  comm.wait(reqs[slot], label);
+  return bufs[slot].data();
 }
 
 float* Executor::SendRing::acquire(Comm& comm, int for_mb, const char* what, int peer, Trace& trace) {
@@ -45,7 +60,7 @@ void Executor::SendRing::drain(Comm& comm, const char* what, int peer) {
 }
 
 StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& trace,
-                        const std::function<void(size_t)>& grads_done_from) {
+                        const std::function<void(int)>& load_inputs, const std::function<void(size_t)>& grads_done_from) {
   const Action* last_backward = nullptr;
   for (const Action& a : actions)
     if (a.op == Op::backward) last_backward = &a;
@@ -64,22 +79,14 @@ StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& tra
     st.act_peak_bytes = std::max(st.act_peak_bytes, total);
   };
 
-  std::vector<MPI_Request> act_in(micro_batches, MPI_REQUEST_NULL);
-  std::vector<int> grad_order;
+  act_in_.order.clear(), grad_in_.order.clear();
+  act_in_.posted = act_in_.used = grad_in_.posted = grad_in_.used = 0;
   for (const Action& a : actions) {
-    if (a.op == Op::recv_act) act_in[a.mb] = comm_.irecv(stage_.input_buffer(a.mb), n, prev, act_tag(a.mb));
-    if (a.op == Op::recv_grad) grad_order.push_back(a.mb);
+    if (a.op == Op::recv_act) act_in_.order.push_back(a.mb);
+    if (a.op == Op::recv_grad) grad_in_.order.push_back(a.mb);
   }
-  for (int mb = 0; mb < micro_batches; ++mb) update(mb);
-
-  size_t grads_posted = 0, grads_used = 0;
-  auto post_grad_recvs = [&] {
-    for (; grads_posted < grad_order.size() && grads_posted < grads_used + kRing; ++grads_posted) {
-      size_t slot = grads_posted % kRing;
-      grad_in_req_[slot] = comm_.irecv(grad_in_[slot].data(), n, next, grad_tag(grad_order[grads_posted]));
-    }
-  };
-  post_grad_recvs();
+  act_in_.post(comm_, prev, act_tag);
+  grad_in_.post(comm_, next, grad_tag);
 
   float* act_out = nullptr;
   float* grad_out = nullptr;
@@ -89,11 +96,15 @@ StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& tra
     switch (a.op) {
       case Op::recv_act: {
         const double t0 = now_s();
-        comm_.wait(act_in[a.mb], {"recv activation", prev, a.mb});
+        const float* in = act_in_.wait(comm_, {"recv activation", prev, a.mb});
         trace.span("wait " + to_string(a), "wait", t0, now_s(), a.mb);
+        std::copy(in, in + n, stage_.input_buffer(a.mb));  // stashed from here until its backward
+        act_in_.post(comm_, prev, act_tag);
+        update(a.mb);
         break;
       }
       case Op::forward: {
+        if (stage_.first() || stage_.last()) load_inputs(a.mb), update(a.mb);
         if (!stage_.last()) act_out = act_out_.acquire(comm_, a.mb, "send activation", next, trace);
         const double t0 = now_s();
         st.loss_sum += stage_.forward(a.mb, act_out);
@@ -109,11 +120,9 @@ StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& tra
         break;
       }
       case Op::recv_grad: {
-        size_t slot = grads_used % kRing;
         const double t0 = now_s();
-        comm_.wait(grad_in_req_[slot], {"recv gradient", next, a.mb});
+        grad_in = grad_in_.wait(comm_, {"recv gradient", next, a.mb});
         trace.span("wait " + to_string(a), "wait", t0, now_s(), a.mb);
-        grad_in = grad_in_[slot].data();
         grad_in_mb = a.mb;
         break;
       }
@@ -130,10 +139,7 @@ StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& tra
         if (rs > 0) trace.span("R" + std::to_string(a.mb), "recompute", t0, t0 + rs, a.mb);
         trace.span(to_string(a), "backward", t0 + rs, t1, a.mb);
         update(a.mb);
-        if (!stage_.last()) {
-          ++grads_used;  // its receive buffer is free again
-          post_grad_recvs();
-        }
+        if (!stage_.last()) grad_in_.post(comm_, next, grad_tag);  // its receive buffer is free again
         break;
       }
       case Op::send_grad: {

@@ -64,7 +64,7 @@ size_t working_bytes(const RunSpec& spec, int stage, int n_stages, int blocks) {
   const bool last = stage == n_stages - 1;
   size_t floats = n * C * (6 + 3 + 8)  // attproj, fcproj, dres, dx, dln, datty; dqkv; dfch, dfch_gelu
                   + (last ? 2 * n * V : 0)  // logits, dlogits
-                  + 6 * n * C                // executor rings: 2 activation sends, 2 gradient sends, 2 receives
+                  + 8 * n * C                // executor rings: 2 each for activations and gradients, in and out
                   + T * T;                   // attention backward's score gradients
   size_t bytes = sizeof(float) * floats;
   const Recompute mode = parse_recompute(spec.parallel.recompute);

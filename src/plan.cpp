@@ -53,7 +53,9 @@ Plan make_plan(const RunSpec& spec) {
     for (auto& t : stage_params(spec, s, P, begin, begin + blocks[s])) sp.params += t.size;
     sp.cost_share = costs[s] / total;
     sp.bubble = sim.bubble[s];
-    for (int m = 0; m < 3; ++m) sp.act_peak_bytes[m] = M * stash_bytes_per_micro_batch(spec, s, P, blocks[s], kModes[m]);
+    sp.in_flight = max_in_flight(lists[s]);
+    for (int m = 0; m < 3; ++m)
+      sp.act_peak_bytes[m] = sp.in_flight * stash_bytes_per_micro_batch(spec, s, P, blocks[s], kModes[m]);
     sp.working_bytes = working_bytes(spec, s, P, blocks[s]);
     plan.stages.push_back(sp);
     begin += blocks[s];
@@ -80,8 +82,10 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
                 plan.bubble_theory, p.recompute == "none" ? "" : " + recompute", plan.bubble_sim);
   os << line << "  per stage:";
   for (auto& s : plan.stages) std::snprintf(line, sizeof line, " %.4f", s.bubble), os << line;
-  os << "\n\nmemory per stage (GPipe keeps all M micro-batches in flight; activations by recompute mode;\n"
-        "working: scratch and buffers under recompute = " << p.recompute << "):\n";
+  os << "\n\nmemory per stage (activations of the micro-batches in flight at the schedule's peak, by recompute\n"
+        "mode; " << p.schedule << " keeps";
+  for (size_t s = 0; s < plan.stages.size(); ++s) os << (s ? ", " : " ") << plan.stages[s].in_flight;
+  os << "; working: scratch and buffers under recompute = " << p.recompute << "):\n";
   std::snprintf(line, sizeof line, "  %-8s %12s %12s %12s | %12s %12s %12s | %12s\n", "stage", "params", "grads",
                 "AdamW", "act none", "act stage", "act block", "working");
   os << line;

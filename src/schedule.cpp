@@ -23,9 +23,40 @@ ActionList gpipe_schedule(int stage, int n_stages, int micro_batches) {
   return list;
 }
 
+ActionList one_f_one_b_schedule(int stage, int n_stages, int micro_batches) {
+  const bool first = stage == 0, last = stage == n_stages - 1;
+  ActionList list;
+  auto forward = [&](int i) {
+    if (!first) list.push_back({Op::recv_act, i});
+    list.push_back({Op::forward, i});
+    if (!last) list.push_back({Op::send_act, i});
+  };
+  auto backward = [&](int i) {
+    if (!last) list.push_back({Op::recv_grad, i});
+    list.push_back({Op::backward, i});
+    if (!first) list.push_back({Op::send_grad, i});
+  };
+  // Stage s must run P-1-s forwards before the first gradient can come back to it.
+  const int warmup = std::min(n_stages - 1 - stage, micro_batches);
+  for (int i = 0; i < warmup; ++i) forward(i);
+  for (int i = 0; i + warmup < micro_batches; ++i) forward(i + warmup), backward(i);
+  for (int i = std::max(0, micro_batches - warmup); i < micro_batches; ++i) backward(i);
+  return list;
+}
+
 ActionList make_schedule(const std::string& name, int stage, int n_stages, int micro_batches) {
   if (name == "gpipe") return gpipe_schedule(stage, n_stages, micro_batches);
+  if (name == "1f1b") return one_f_one_b_schedule(stage, n_stages, micro_batches);
   throw std::invalid_argument("unknown schedule " + name);
+}
+
+int max_in_flight(const ActionList& list) {
+  int now = 0, peak = 0;
+  for (const Action& a : list) {
+    if (a.op == Op::forward) peak = std::max(peak, ++now);
+    if (a.op == Op::backward) --now;
+  }
+  return peak;
 }
 
 double SimResult::mean_bubble() const {

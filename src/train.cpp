@@ -334,23 +334,25 @@ int run_train(const TrainOptions& opt) {
     take_kernel_totals();  // count this step's kernels only
     trace.set_step(step, step - static_cast<int>(start_step));
     const double lr = lr_at(spec, step);
-    double local_s = -now_s();  // compute outside the executor: data, zeroing, optimizer
+    double local_s = -now_s();  // compute outside the executor: zeroing, optimizer
     stage.zero_grads();
     // test-only (see nan_at_step): backward accumulates into the gradient and the data-parallel
     // all-reduce carries it, as a NaN arising in this rank's backward would be
     if (nan_at_step(rank, step)) stage.grads().back() = NAN;
-    for (int mb = 0; mb < M; ++mb) {
-      if (!stage.first() && !stage.last()) break;
-      su.data->micro_batch(step, topo.dp_rank, mb, inputs.data(), targets.data());
-      if (stage.first()) stage.set_tokens(mb, inputs.data());
-      if (stage.last()) stage.set_targets(mb, targets.data());
-    }
     local_s += now_s();
     if (step == stall_at_step) raise(SIGSTOP);  // test-only: this rank stops answering (see stall_step)
     comm.reset_wait_seconds();
-    trace.span("data + zero grads", "compute", t0, now_s());
+    trace.span("zero grads", "compute", t0, now_s());
     reducer.begin_step();
-    const StepStats st = executor.run(actions, M, trace, D > 1 ? grads_done : std::function<void(size_t)>());
+    // Tokens and targets of a micro-batch are read just before its forward (the executor calls
+    // this), so they live only as long as its other activations.
+    const auto load_inputs = [&](int mb) {
+      su.data->micro_batch(step, topo.dp_rank, mb, inputs.data(), targets.data());
+      if (stage.first()) stage.set_tokens(mb, inputs.data());
+      if (stage.last()) stage.set_targets(mb, targets.data());
+    };
+    const StepStats st =
+        executor.run(actions, M, trace, load_inputs, D > 1 ? grads_done : std::function<void(size_t)>());
     const double sync_t0 = now_s();
 
     // run.time_limit: stop while one more step and a checkpoint still fit in the budget.

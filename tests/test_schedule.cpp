@@ -1,4 +1,4 @@
-// GPipe schedule as data: per-stage order, matching sends/receives between neighbours, and a
+// Schedules as data (GPipe, 1F1B): per-stage order, matching sends/receives between neighbours, and a
 // small discrete-event simulation that checks the bubble formula (P-1)/(M+P-1).
 #include <catch2/catch.hpp>
 
@@ -170,9 +170,71 @@ TEST_CASE("the text chart for P=4, M=4 is the seed's GPipe diagram, slot for slo
 
 TEST_CASE("make_schedule dispatches by name and actions print compactly", "[schedule]") {
   CHECK(make_schedule("gpipe", 1, 3, 4) == gpipe_schedule(1, 3, 4));
+  CHECK(make_schedule("1f1b", 1, 3, 4) == one_f_one_b_schedule(1, 3, 4));
   CHECK_THROWS_AS(make_schedule("1f1b-typo", 0, 2, 2), std::invalid_argument);
   CHECK(to_string({Op::forward, 3}) == "F3");
   CHECK(to_string({Op::backward, 0}) == "B0");
   CHECK(to_string({Op::recv_act, 2}) == "recvA2");
   CHECK(to_string({Op::send_grad, 1}) == "sendG1");
+}
+
+// ---- 1F1B and properties every generator must have ----
+
+namespace {
+
+std::vector<ActionList> lists_of(const std::string& name, int P, int M) {
+  std::vector<ActionList> lists;
+  for (int s = 0; s < P; ++s) lists.push_back(make_schedule(name, s, P, M));
+  return lists;
+}
+
+}  // namespace
+
+TEST_CASE("every schedule: each micro-batch's F and B once per stage, F before B, sends match receives, no deadlock",
+          "[schedule]") {
+  for (const char* name : {"gpipe", "1f1b"})
+    for (int P = 1; P <= 6; ++P)
+      for (int M = 1; M <= 12; ++M) {
+        INFO(name << " P=" << P << " M=" << M);
+        const auto lists = lists_of(name, P, M);
+        for (int s = 0; s < P; ++s) {
+          auto f = mbs(only(lists[s], Op::forward)), b = mbs(only(lists[s], Op::backward));
+          std::sort(f.begin(), f.end()), std::sort(b.begin(), b.end());
+          REQUIRE(f == range(0, M, 1));
+          REQUIRE(b == range(0, M, 1));
+          for (int mb = 0; mb < M; ++mb) {
+            auto at = [&](Op op) {
+              return std::find(lists[s].begin(), lists[s].end(), Action{op, mb}) - lists[s].begin();
+            };
+            REQUIRE(at(Op::forward) < at(Op::backward));
+          }
+          if (s + 1 < P) {  // what s sends, s+1 receives, in the same order (tags cannot cross)
+            REQUIRE(mbs(only(lists[s], Op::send_act)) == mbs(only(lists[s + 1], Op::recv_act)));
+            REQUIRE(mbs(only(lists[s + 1], Op::send_grad)) == mbs(only(lists[s], Op::recv_grad)));
+          }
+        }
+        const SimResult sim = simulate_unit(lists);  // throws on a deadlock
+        CHECK(sim.makespan == Approx(2.0 * (M + P - 1)));
+      }
+}
+
+TEST_CASE("1f1b: a stage holds at most P - stage micro-batches, GPipe all M", "[schedule]") {
+  for (int P = 1; P <= 6; ++P)
+    for (int M = 1; M <= 12; ++M)
+      for (int s = 0; s < P; ++s) {
+        INFO("P=" << P << " M=" << M << " stage " << s);
+        CHECK(max_in_flight(one_f_one_b_schedule(s, P, M)) == std::min(M, P - s));
+        CHECK(max_in_flight(gpipe_schedule(s, P, M)) == M);
+      }
+}
+
+TEST_CASE("1f1b: P=4, M=8 chart is the PipeDream-Flush diagram", "[schedule]") {
+  // Warm-up of P-1-s forwards, then forward/backward pairs, then the last backwards.
+  const std::string want =
+      "t:        0   1   2   3   4   5   6   7   8   9   10  11  12  13  14  15  16  17  18  19  20  21\n"
+      "Stage 0:  F0  F1  F2  F3  ·   ·   ·   B0  F4  B1  F5  B2  F6  B3  F7  B4  ·   B5  ·   B6  ·   B7\n"
+      "Stage 1:  ·   F0  F1  F2  ·   ·   B0  F3  B1  F4  B2  F5  B3  F6  B4  F7  B5  ·   B6  ·   B7  ·\n"
+      "Stage 2:  ·   ·   F0  F1  ·   B0  F2  B1  F3  B2  F4  B3  F5  B4  F6  B5  F7  B6  ·   B7  ·   ·\n"
+      "Stage 3:  ·   ·   ·   F0  B0  F1  B1  F2  B2  F3  B3  F4  B4  F5  B5  F6  B6  F7  B7  ·   ·   ·\n";
+  CHECK(render_chart(simulate_unit(lists_of("1f1b", 4, 8))) == want);
 }

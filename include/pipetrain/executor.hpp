@@ -1,7 +1,8 @@
 // Runs one stage's action list for one step: forwards and backwards on the Stage, activations and
-// gradients to and from the neighbouring stages through Comm. Receives are posted as early as
-// their buffers allow (all activation receives at step start, gradient receives two ahead) so data
-// arrives while this rank computes; sends are nonblocking from a small ring of buffers.
+// gradients to and from the neighbouring stages through Comm. Receives are posted two ahead into a
+// small ring of buffers, so data arrives while this rank computes and a micro-batch's activations
+// exist only from its forward to its backward, whatever the schedule; sends are nonblocking from a
+// ring of buffers too.
 #pragma once
 #include <mpi.h>
 
@@ -26,14 +27,25 @@ struct StepStats {
 class Executor {
  public:
   Executor(Stage& stage, Comm& comm);
-  // Inputs (tokens/targets) must already be set on the stage for every micro-batch. Spans go to
-  // `trace` while it is recording. `grads_done_from` is handed to the step's last backward, so
-  // gradient all-reduces can start while it still runs (see Stage::backward).
-  StepStats run(const ActionList& actions, int micro_batches, Trace& trace,
+  // `load_inputs(mb)` sets tokens (first stage) / targets (last stage) of micro-batch mb on the
+  // stage; it is called just before that micro-batch's forward. Spans go to `trace` while it is
+  // recording. `grads_done_from` is handed to the step's last backward, so gradient all-reduces
+  // can start while it still runs (see Stage::backward).
+  StepStats run(const ActionList& actions, int micro_batches, Trace& trace, const std::function<void(int)>& load_inputs,
                 const std::function<void(size_t)>& grads_done_from = nullptr);
 
  private:
   static constexpr size_t kRing = 2;
+  // Receives posted in the order the list consumes them, at most kRing ahead, round-robin over
+  // kRing buffers.
+  struct RecvRing {
+    std::vector<std::vector<float>> bufs;
+    std::vector<MPI_Request> reqs;
+    std::vector<int> order;  // micro-batches in the order the list receives them
+    size_t posted = 0, used = 0;
+    void post(Comm& comm, int peer, int (*tag)(int));
+    float* wait(Comm& comm, const WaitLabel& label);  // the next one, in order
+  };
   // Buffers for outgoing messages, reused round-robin once their send completed; each remembers
   // the micro-batch it holds so a send action finds its data whatever the action order.
   struct SendRing {
@@ -48,8 +60,7 @@ class Executor {
   Stage& stage_;
   Comm& comm_;
   SendRing act_out_, grad_out_;
-  std::vector<std::vector<float>> grad_in_;
-  std::vector<MPI_Request> grad_in_req_;
+  RecvRing act_in_, grad_in_;
 };
 
 }  // namespace pipetrain

@@ -14,7 +14,8 @@ struct StagePlan {
   size_t params = 0;
   double cost_share = 0;      // of the summed stage costs
   double bubble = 0;          // simulated with the cost model
-  size_t act_peak_bytes[3];   // by recompute mode: none, stage, block (M in flight under GPipe)
+  int in_flight = 0;          // micro-batches whose activations the schedule holds at its peak
+  size_t act_peak_bytes[3];   // by recompute mode: none, stage, block
   size_t working_bytes = 0;   // scratch and buffers for the spec's recompute mode
 };
 

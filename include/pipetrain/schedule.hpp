@@ -1,5 +1,5 @@
 // A schedule is data: for each stage, the ordered list of actions it performs in one step.
-// Generators (GPipe now; 1F1B and friends later) only build lists; one executor runs any list.
+// Generators (GPipe, 1F1B) only build lists; one executor runs any list.
 #pragma once
 #include <string>
 #include <vector>
@@ -19,8 +19,17 @@ using ActionList = std::vector<Action>;
 // backwards in reverse micro-batch order, as in the seed's diagram (F0..F3 then B3..B0).
 ActionList gpipe_schedule(int stage, int n_stages, int micro_batches);
 
-// The schedule named by parallel.schedule.
+// 1F1B (PipeDream-Flush): P-1-stage forwards to fill the pipeline, then one forward and one
+// backward alternately, then the remaining backwards. Same bubble as GPipe, but a stage holds
+// the activations of at most P - stage micro-batches instead of M.
+ActionList one_f_one_b_schedule(int stage, int n_stages, int micro_batches);
+
+// The schedule named by parallel.schedule: "gpipe" or "1f1b".
 ActionList make_schedule(const std::string& name, int stage, int n_stages, int micro_batches);
+
+// Most micro-batches whose forward has run and backward not yet: the activations a stage holds
+// at its peak under this list (M for GPipe, min(M, P - stage) for 1F1B).
+int max_in_flight(const ActionList& list);
 
 std::string to_string(const Action& a);  // "F3", "B0", "recvA2", ...
 

@@ -1,6 +1,7 @@
 """Done-means 5: the stashed-activation peak per stage equals in-flight micro-batches x bytes per
-micro-batch, exactly, for each recompute mode. The formula is written out here independently of
-the C++ accounting: what each mode keeps between a micro-batch's forward and its backward."""
+micro-batch, exactly, for each recompute mode and schedule: GPipe holds all M micro-batches,
+1F1B at most P - stage. The formula is written out here independently of the C++ accounting:
+what each mode keeps between a micro-batch's forward and its backward."""
 import os
 from harness import parse_args, launch, expect, finish
 
@@ -28,14 +29,17 @@ def per_micro_batch(mode, stage, P, blocks, dp):
     return 4 * floats + 4 * ints
 
 
-for pp, dp in [(2, 1), (4, 1), (2, 2)]:
+for schedule, pp, dp in [("gpipe", 2, 1), ("gpipe", 4, 1), ("gpipe", 2, 2), ("1f1b", 2, 1), ("1f1b", 4, 1)]:
     for mode in ["none", "stage", "block"]:
-        r = launch(args, pp * dp, os.path.join(args.work, f"{pp}x{dp}_{mode}"), tiny,
-                   ["run.steps=2", f"parallel.pp={pp}", f"parallel.dp={dp}", f"parallel.recompute={mode}"])
-        expect(r.rc == 0, f"{pp}x{dp} {mode}: exit 0 (got {r.rc})")
+        r = launch(args, pp * dp, os.path.join(args.work, f"{schedule}_{pp}x{dp}_{mode}"), tiny,
+                   ["run.steps=2", f"parallel.pp={pp}", f"parallel.dp={dp}", f"parallel.recompute={mode}",
+                    f"parallel.schedule={schedule}"])
+        expect(r.rc == 0, f"{schedule} {pp}x{dp} {mode}: exit 0 (got {r.rc})")
         if r.rc != 0:
             continue
         got = r.metrics()[-1]["act_peak_bytes"]
-        want = [M * per_micro_batch(mode, s, pp, L // pp, dp) for s in range(pp)]
-        expect(got == want, f"{pp}x{dp} recompute={mode}: act_peak_bytes {got} == M x per-micro-batch {want}")
+        in_flight = [M if schedule == "gpipe" else min(M, pp - s) for s in range(pp)]
+        want = [in_flight[s] * per_micro_batch(mode, s, pp, L // pp, dp) for s in range(pp)]
+        expect(got == want, f"{schedule} {pp}x{dp} recompute={mode}: act_peak_bytes {got} == "
+                            f"{in_flight} in flight x per-micro-batch = {want}")
 finish()

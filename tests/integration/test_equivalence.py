@@ -1,5 +1,5 @@
 """Done-means 2: the same spec and global batch gives the same loss and grad norm (relative 1e-5)
-on every layout, recompute mode, micro-batch count, and with tied or untied heads."""
+on every layout, schedule, recompute mode, micro-batch count, and with tied or untied heads."""
 import os
 from harness import parse_args, launch, expect, rel_diff, finish
 
@@ -35,6 +35,11 @@ same("1x2 with 64 KiB buckets, recompute=block vs 1x1", run("1x2_buckets", 1, 2,
 for mode in ["stage", "block"]:
     same(f"recompute={mode} 1x1 vs none", run(f"1x1_{mode}", 1, 1, f"parallel.recompute={mode}"), ref)
     same(f"recompute={mode} 2x2 vs none 1x1", run(f"2x2_{mode}", 2, 2, f"parallel.recompute={mode}"), ref)
+for pp, dp, m in [(2, 1, 4), (4, 1, 8), (2, 2, 2), (4, 1, 2)]:  # 1F1B, incl. M < P (all warm-up)
+    same(f"1f1b {pp}x{dp} M={m} vs gpipe 1x1", run(f"1f1b_{pp}x{dp}_m{m}", pp, dp, "parallel.schedule=1f1b",
+                                                     f"parallel.micro_batches={m}"), ref)
+same("1f1b 2x2 recompute=block vs gpipe 1x1", run("1f1b_2x2_block", 2, 2, "parallel.schedule=1f1b",
+                                                  "parallel.recompute=block"), ref)
 same("micro_batches=1 1x1 vs 4", run("1x1_m1", 1, 1, "parallel.micro_batches=1"), ref)
 same("micro_batches=1 2x1 vs 4 1x1", run("2x1_m1", 2, 1, "parallel.micro_batches=1"), ref)
 untied = run("1x1_untied", 1, 1, "model.tie_embeddings=false")
