@@ -84,15 +84,22 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* weight, const float* mean, const float* rstd, int N, int C) {
   KernelTimer timer(Kernel::layernorm);
   // partial = [dweight | dbias] of a chunk of rows
-  std::vector<float> sums(2 * static_cast<size_t>(C), 0.f);
-  reduce_row_chunks(N, rows_per_chunk(C), 2 * C, sums.data(), [&](size_t begin, size_t end, float* partial) {
+  std::vector<float> sums(dweight ? 2 * static_cast<size_t>(C) : 0, 0.f);
+  reduce_row_chunks(N, rows_per_chunk(C), sums.size(), sums.data(), [&](size_t begin, size_t end, float* partial) {
     float* pw = partial;
     float* pb = partial + C;
     for (size_t i = begin; i < end; ++i) {
       const float* d = dout + i * C;
       const float* x = inp + i * C;
-      float* dx = dinp + i * C;
       const float m = mean[i], s = rstd[i];
+      if (dweight) {
+#pragma omp simd
+        for (int c = 0; c < C; ++c) {
+          pb[c] += d[c];
+          pw[c] += (x[c] - m) * s * d[c];
+        }
+      }
+      if (!dinp) continue;
       // dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * weight
       float dnorm_mean = 0.f, dnorm_norm_mean = 0.f;
 #pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
@@ -104,17 +111,15 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       }
       dnorm_mean /= C;
       dnorm_norm_mean /= C;
-#pragma omp simd  // the five arrays never overlap; too many pointers for GCC to version the loop itself
+      float* dx = dinp + i * C;
+#pragma omp simd  // the arrays never overlap; too many pointers for GCC to version the loop itself
       for (int c = 0; c < C; ++c) {
         float norm = (x[c] - m) * s;
-        float dnorm = weight[c] * d[c];
-        pb[c] += d[c];
-        pw[c] += norm * d[c];
-        dx[c] += s * (dnorm - dnorm_mean - norm * dnorm_norm_mean);
+        dx[c] += s * (weight[c] * d[c] - dnorm_mean - norm * dnorm_norm_mean);
       }
     }
   });
-  for (int c = 0; c < C; ++c) dweight[c] += sums[c], dbias[c] += sums[C + c];
+  for (int c = 0; c < C && dweight; ++c) dweight[c] += sums[c], dbias[c] += sums[C + c];
 }
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
@@ -138,11 +143,16 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   {
     KernelTimer timer(Kernel::gemm);
     // dinp[N,C] = dout[N,OC] weight[OC,C];  dweight[OC,C] += dout^T inp
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.f, dout, OC, weight, C, 0.f, dinp, C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dweight, C);
-    count_gemm_flops(4.0 * N * OC * C);
+    if (dinp) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.f, dout, OC, weight, C, 0.f, dinp, C);
+      count_gemm_flops(2.0 * N * OC * C);
+    }
+    if (dweight) {
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dweight, C);
+      count_gemm_flops(2.0 * N * OC * C);
+    }
   }
-  if (!dbias) return;
+  if (!dweight || !dbias) return;
   KernelTimer timer(Kernel::elementwise);
   reduce_row_chunks(N, rows_per_chunk(OC), OC, dbias, [&](size_t begin, size_t end, float* partial) {
     for (size_t i = begin; i < end; ++i)

@@ -43,6 +43,18 @@ template <class Head, class F>
 void for_each_head_buffer(Head& a, F f) {
   for (auto* v : {&a.lnf, &a.lnf_mean, &a.lnf_rstd, &a.probs}) f(*v);
 }
+template <class W, class F>
+void for_each_wgrad_buffer(W& w, F f) {
+  for (auto* v : {&w.dout, &w.dfch, &w.dln2, &w.dres2, &w.dqkv, &w.dln1}) f(*v);
+}
+template <class W, class F>
+void for_each_head_wgrad_buffer(W& w, F f) {
+  for (auto* v : {&w.dlogits, &w.dlnf, &w.dembed}) f(*v);
+}
+void size_wgrads(BlockWGrads& w, size_t NC) {
+  w.dout.resize(NC), w.dfch.resize(4 * NC), w.dln2.resize(NC), w.dres2.resize(NC), w.dqkv.resize(3 * NC);
+  w.dln1.resize(NC);
+}
 
 }  // namespace
 
@@ -62,8 +74,10 @@ size_t working_bytes(const RunSpec& spec, int stage, int n_stages, int blocks) {
   const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, C = spec.model.d_model;
   const size_t n = b * T, V = spec.model.vocab;
   const bool last = stage == n_stages - 1;
-  size_t floats = n * C * (6 + 3 + 8)  // attproj, fcproj, dres, dx, dln, datty; dqkv; dfch, dfch_gelu
-                  + (last ? 2 * n * V : 0)  // logits, dlogits
+  const bool first = stage == 0;
+  size_t floats = n * C * (5 + 4 + 11)  // attproj, fcproj, dres, dx, datty; dfch_gelu; one block's output gradients
+                  + (last ? 2 * n * V + n * C : 0)  // logits; the head's output gradients
+                  + (first ? n * C : 0)             // the embedding's output gradient
                   + 8 * n * C                // executor rings: 2 each for activations and gradients, in and out
                   + T * T;                   // attention backward's score gradients
   size_t bytes = sizeof(float) * floats;
@@ -86,6 +100,8 @@ size_t Acts::bytes() const {
   for (auto& x : xs) count(x);
   for (auto& b : blocks) for_each_block_buffer(b, count);
   for_each_head_buffer(head, count);
+  for (auto& w : wblocks) for_each_wgrad_buffer(w, count);
+  for_each_head_wgrad_buffer(whead, count);
   return n;
 }
 
@@ -95,6 +111,8 @@ void Acts::release() {
   for (auto& x : xs) x.clear();
   for (auto& b : blocks) for_each_block_buffer(b, [](std::vector<float>& v) { v.clear(); });
   for_each_head_buffer(head, [](std::vector<float>& v) { v.clear(); });
+  for (auto& w : wblocks) for_each_wgrad_buffer(w, [](std::vector<float>& v) { v.clear(); });
+  for_each_head_wgrad_buffer(whead, [](std::vector<float>& v) { v.clear(); });
 }
 
 std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end) {
@@ -161,18 +179,17 @@ Stage::Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int 
     head_ = find(tied_ ? "wte.weight" : "lm_head.weight")->offset;
   }
 
-  stash_.resize(micro_batches);
+  slot_of_.assign(micro_batches, -1);
   const size_t N = static_cast<size_t>(B_) * T_, C = C_;
   attproj_.resize(N * C);
   fcproj_.resize(N * C);
   dres_.resize(N * C);
   dx_.resize(N * C);
-  dln_.resize(N * C);
   datty_.resize(N * C);
-  dqkv_.resize(3 * N * C);
-  dfch_.resize(4 * N * C);
   dfch_gelu_.resize(4 * N * C);
-  if (last()) logits_.resize(N * V_), dlogits_.resize(N * V_);
+  size_wgrads(wscratch_, N * C);
+  if (last()) logits_.resize(N * V_), hscratch_.dlogits.resize(N * V_), hscratch_.dlnf.resize(N * C);
+  if (first()) hscratch_.dembed.resize(N * C);
 }
 
 const ParamTensor* Stage::find(const std::string& name) const {
@@ -221,13 +238,13 @@ Stage::BlockPtrs Stage::block_ptrs(std::vector<float>& base, int l) {
 }
 
 void Stage::set_tokens(int mb, const int* tokens) {
-  stash_[mb].tokens.assign(tokens, tokens + static_cast<size_t>(B_) * T_);
+  stash(mb).tokens.assign(tokens, tokens + static_cast<size_t>(B_) * T_);
 }
 void Stage::set_targets(int mb, const int* targets) {
-  stash_[mb].targets.assign(targets, targets + static_cast<size_t>(B_) * T_);
+  stash(mb).targets.assign(targets, targets + static_cast<size_t>(B_) * T_);
 }
 float* Stage::input_buffer(int mb) {
-  auto& xs = stash_[mb].xs;
+  auto& xs = stash(mb).xs;
   if (xs.empty()) xs.resize(1);
   xs[0].resize(boundary_floats());
   return xs[0].data();
@@ -265,7 +282,7 @@ void Stage::compute_forward(Acts& w, const Acts& s, float* out, double* loss) {
 }
 
 double Stage::forward(int mb, float* out) {
-  Acts& s = stash_[mb];
+  Acts& s = stash(mb);
   double loss = 0;
   if (mode_ == Recompute::none) {
     compute_forward(s, s, out, &loss);
@@ -281,8 +298,22 @@ double Stage::forward(int mb, float* out) {
 }
 
 void Stage::backward(int mb, const float* dout, float* dinp, const std::function<void(size_t)>& done_from) {
-  Acts& s = stash_[mb];
+  backward_pass(mb, dout, dinp, true, true, done_from);
+}
+void Stage::backward_input(int mb, const float* dout, float* dinp) { backward_pass(mb, dout, dinp, true, false, {}); }
+void Stage::backward_weight(int mb, const std::function<void(size_t)>& done_from) {
+  backward_pass(mb, nullptr, nullptr, false, true, done_from);
+}
+
+// input: the input-gradient half (B); weight: the parameter-gradient half (W). Both at once is a
+// fused backward, block by block through one scratch set of output gradients; one at a time
+// (recompute = none only) keeps them in mb's stash between the halves.
+void Stage::backward_pass(int mb, const float* dout, float* dinp, bool input, bool weight,
+                          const std::function<void(size_t)>& done_from) {
+  Acts& s = stash(mb);
   Acts* a = &s;
+  const bool split = input != weight;
+  if (split && mode_ != Recompute::none) throw std::logic_error("a split backward needs recompute = none");
   recompute_s_ = 0;
   if (mode_ == Recompute::stage) {
     double unused;
@@ -296,32 +327,71 @@ void Stage::backward(int mb, const float* dout, float* dinp, const std::function
     a = &work_;
   }
   const size_t n = boundary_floats();
+  if (split && input) {
+    s.wblocks.resize(L_);
+    for (auto& w : s.wblocks) size_wgrads(w, n);
+    if (last()) s.whead.dlogits.resize(static_cast<size_t>(B_) * T_ * V_), s.whead.dlnf.resize(n);
+    if (first()) s.whead.dembed.resize(n);
+  }
+  HeadWGrads& hw = split ? s.whead : hscratch_;
   if (last()) {
-    if (mode_ == Recompute::block) {
-      recompute_s_ -= now_s();
-      head_forward(a->xs[L_].data(), a->head, s.targets.data());
-      recompute_s_ += now_s();
+    if (input) {
+      if (mode_ == Recompute::block) {
+        recompute_s_ -= now_s();
+        head_forward(a->xs[L_].data(), a->head, s.targets.data());
+        recompute_s_ += now_s();
+      }
+      std::fill(dres_.begin(), dres_.end(), 0.f);
+      head_backward_input(a->xs[L_].data(), a->head, s.targets.data(), dres_.data(), hw);
     }
-    std::fill(dres_.begin(), dres_.end(), 0.f);
-    head_backward(a->xs[L_].data(), a->head, s.targets.data(), dres_.data());
-    if (done_from) done_from(lnfw_);
-  } else {
+    if (weight) {
+      head_backward_weight(a->xs[L_].data(), a->head, hw);
+      if (done_from) done_from(lnfw_);
+    }
+  } else if (input) {
     std::copy(dout, dout + n, dres_.begin());
   }
   for (int l = L_ - 1; l >= 0; --l) {
-    if (mode_ == Recompute::block) {
-      recompute_s_ -= now_s();
-      block_forward(l, a->xs[l].data(), a->blocks[l], dx_.data());
-      recompute_s_ += now_s();
+    BlockWGrads& w = split ? s.wblocks[l] : wscratch_;
+    if (input) {
+      if (mode_ == Recompute::block) {
+        recompute_s_ -= now_s();
+        block_forward(l, a->xs[l].data(), a->blocks[l], dx_.data());
+        recompute_s_ += now_s();
+      }
+      block_backward_input(l, a->xs[l].data(), a->blocks[l], dres_.data(), dx_.data(), w);
+      std::swap(dres_, dx_);  // dres_ now holds the gradient of block l's input
     }
-    block_backward(l, a->xs[l].data(), a->blocks[l], dres_.data(), dx_.data());
-    std::swap(dres_, dx_);  // dres_ now holds the gradient of block l's input
-    if (done_from && (l > 0 || !first())) done_from(block_offset_[l]);
+    if (weight) {
+      block_backward_weight(l, a->xs[l].data(), a->blocks[l], w);
+      if (done_from && (l > 0 || !first())) done_from(block_offset_[l]);
+    }
   }
-  if (first()) encoder_backward(&grads_[wte_], &grads_[wpe_], dres_.data(), s.tokens.data(), B_, T_, C_);
-  else std::copy(dres_.begin(), dres_.begin() + n, dinp);
-  if (done_from && first()) done_from(0);
-  s.release();
+  if (first()) {
+    if (input) std::copy(dres_.begin(), dres_.begin() + n, hw.dembed.begin());
+    if (weight) encoder_backward(&grads_[wte_], &grads_[wpe_], hw.dembed.data(), s.tokens.data(), B_, T_, C_);
+  } else if (input) {
+    std::copy(dres_.begin(), dres_.begin() + n, dinp);
+  }
+  if (weight) {
+    if (done_from && first()) done_from(0);
+    release(mb);
+  }
+}
+
+Acts& Stage::stash(int mb) {
+  if (slot_of_[mb] < 0) {
+    if (free_.empty()) free_.push_back(static_cast<int>(pool_.size())), pool_.emplace_back();
+    slot_of_[mb] = free_.back();
+    free_.pop_back();
+  }
+  return pool_[slot_of_[mb]];
+}
+
+void Stage::release(int mb) {
+  pool_[slot_of_[mb]].release();
+  free_.push_back(slot_of_[mb]);
+  slot_of_[mb] = -1;
 }
 
 void Stage::block_forward(int l, const float* x, BlockActs& a, float* out) {
@@ -340,24 +410,39 @@ void Stage::block_forward(int l, const float* x, BlockActs& a, float* out) {
 }
 
 // dout may not alias dinp. Both residual branches pass dout straight through to their input.
-void Stage::block_backward(int l, const float* x, const BlockActs& a, const float* dout, float* dinp) {
+// Leaves in w every output gradient the block's parameters need (block_backward_weight).
+void Stage::block_backward_input(int l, const float* x, const BlockActs& a, const float* dout, float* dinp,
+                                 BlockWGrads& w) {
   const int N = B_ * T_, C = C_;
   const size_t NC = static_cast<size_t>(N) * C;
-  BlockPtrs w = block_ptrs(weights_, l);
-  BlockPtrs g = block_ptrs(grads_, l);
+  BlockPtrs p = block_ptrs(weights_, l);
   // out = res2 + mlp(ln2(res2))
-  matmul_backward(dfch_gelu_.data(), g.fcprojw, g.fcprojb, dout, a.fch_gelu.data(), w.fcprojw, N, 4 * C, C);
-  gelu_backward(dfch_.data(), a.fch.data(), dfch_gelu_.data(), 4 * NC);
-  matmul_backward(dln_.data(), g.fcw, g.fcb, dfch_.data(), a.ln2.data(), w.fcw, N, C, 4 * C);
+  std::copy(dout, dout + NC, w.dout.begin());
+  matmul_backward(dfch_gelu_.data(), nullptr, nullptr, dout, nullptr, p.fcprojw, N, 4 * C, C);
+  gelu_backward(w.dfch.data(), a.fch.data(), dfch_gelu_.data(), 4 * NC);
+  matmul_backward(w.dln2.data(), nullptr, nullptr, w.dfch.data(), nullptr, p.fcw, N, C, 4 * C);
   float* dres2 = dinp;  // accumulate d(res2) in dinp, then continue through the attention branch
   std::copy(dout, dout + NC, dres2);
-  layernorm_backward(dres2, g.ln2w, g.ln2b, dln_.data(), a.res2.data(), w.ln2w, a.ln2_mean.data(),
+  layernorm_backward(dres2, nullptr, nullptr, w.dln2.data(), a.res2.data(), p.ln2w, a.ln2_mean.data(),
                      a.ln2_rstd.data(), N, C);
+  std::copy(dres2, dres2 + NC, w.dres2.begin());
   // res2 = x + proj(attn(ln1(x)))
-  matmul_backward(datty_.data(), g.projw, g.projb, dres2, a.atty.data(), w.projw, N, C, C);
-  attention_backward(dqkv_.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, T_, C, NH_);
-  matmul_backward(dln_.data(), g.qkvw, g.qkvb, dqkv_.data(), a.ln1.data(), w.qkvw, N, C, 3 * C);
-  layernorm_backward(dinp, g.ln1w, g.ln1b, dln_.data(), x, w.ln1w, a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
+  matmul_backward(datty_.data(), nullptr, nullptr, dres2, nullptr, p.projw, N, C, C);
+  attention_backward(w.dqkv.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, T_, C, NH_);
+  matmul_backward(w.dln1.data(), nullptr, nullptr, w.dqkv.data(), nullptr, p.qkvw, N, C, 3 * C);
+  layernorm_backward(dinp, nullptr, nullptr, w.dln1.data(), x, p.ln1w, a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
+}
+
+void Stage::block_backward_weight(int l, const float* x, const BlockActs& a, const BlockWGrads& w) {
+  const int N = B_ * T_, C = C_;
+  BlockPtrs g = block_ptrs(grads_, l);
+  matmul_backward(nullptr, g.fcprojw, g.fcprojb, w.dout.data(), a.fch_gelu.data(), nullptr, N, 4 * C, C);
+  matmul_backward(nullptr, g.fcw, g.fcb, w.dfch.data(), a.ln2.data(), nullptr, N, C, 4 * C);
+  layernorm_backward(nullptr, g.ln2w, g.ln2b, w.dln2.data(), a.res2.data(), nullptr, a.ln2_mean.data(),
+                     a.ln2_rstd.data(), N, C);
+  matmul_backward(nullptr, g.projw, g.projb, w.dres2.data(), a.atty.data(), nullptr, N, C, C);
+  matmul_backward(nullptr, g.qkvw, g.qkvb, w.dqkv.data(), a.ln1.data(), nullptr, N, C, 3 * C);
+  layernorm_backward(nullptr, g.ln1w, g.ln1b, w.dln1.data(), x, nullptr, a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
 }
 
 double Stage::head_forward(const float* x, HeadActs& a, const int* targets) {
@@ -367,11 +452,18 @@ double Stage::head_forward(const float* x, HeadActs& a, const int* targets) {
   return softmax_crossentropy_forward(a.probs.data(), logits_.data(), targets, N, V_);
 }
 
-void Stage::head_backward(const float* x, const HeadActs& a, const int* targets, float* dinp) {
+void Stage::head_backward_input(const float* x, const HeadActs& a, const int* targets, float* dinp, HeadWGrads& w) {
   const int N = B_ * T_, C = C_;
-  softmax_crossentropy_backward(dlogits_.data(), a.probs.data(), targets, grad_scale_, N, V_);
-  matmul_backward(dln_.data(), &grads_[head_], nullptr, dlogits_.data(), a.lnf.data(), &weights_[head_], N, C, V_);
-  layernorm_backward(dinp, &grads_[lnfw_], &grads_[lnfb_], dln_.data(), x, &weights_[lnfw_], a.lnf_mean.data(),
+  softmax_crossentropy_backward(w.dlogits.data(), a.probs.data(), targets, grad_scale_, N, V_);
+  matmul_backward(w.dlnf.data(), nullptr, nullptr, w.dlogits.data(), nullptr, &weights_[head_], N, C, V_);
+  layernorm_backward(dinp, nullptr, nullptr, w.dlnf.data(), x, &weights_[lnfw_], a.lnf_mean.data(),
+                     a.lnf_rstd.data(), N, C);
+}
+
+void Stage::head_backward_weight(const float* x, const HeadActs& a, const HeadWGrads& w) {
+  const int N = B_ * T_, C = C_;
+  matmul_backward(nullptr, &grads_[head_], nullptr, w.dlogits.data(), a.lnf.data(), nullptr, N, C, V_);
+  layernorm_backward(nullptr, &grads_[lnfw_], &grads_[lnfb_], w.dlnf.data(), x, nullptr, a.lnf_mean.data(),
                      a.lnf_rstd.data(), N, C);
 }
 

@@ -115,7 +115,8 @@ std::string plan_json(const RunSpec& spec, const Plan& plan) {
     for (int m = 0; m < 3; ++m) act[kModeNames[m]] = s.act_peak_bytes[m];
     j["stages"].push_back({{"blocks", s.blocks}, {"params", s.params}, {"param_bytes", 4 * s.params},
                            {"grad_bytes", 4 * s.params}, {"optim_bytes", 8 * s.params}, {"cost_share", s.cost_share},
-                           {"bubble_sim", s.bubble}, {"act_peak_bytes", act}, {"working_bytes", s.working_bytes}});
+                           {"bubble_sim", s.bubble}, {"in_flight", s.in_flight}, {"act_peak_bytes", act},
+                           {"working_bytes", s.working_bytes}});
   }
   return j.dump(2) + "\n";
 }

@@ -161,3 +161,100 @@ TEST_CASE("parameter init is keyed by name, not by stage or layout", "[model]") 
   CHECK(second_half.find("wte.weight")->tied_copy);
   CHECK_FALSE(whole.find("wte.weight")->tied_copy);
 }
+
+TEST_CASE("split backward (input half, later weight half) gives the fused backward's bits; W-grads held in between",
+          "[model]") {
+  const int M = 3, T = 4, C = 8, V = 11, L = 2;
+  const size_t N = static_cast<size_t>(T);  // one sample per micro-batch
+  for (int stage_id : {0, 1, 2}) {  // first, middle, last of 3 stages
+    std::vector<std::vector<float>> grads, dinps;
+    for (bool split : {false, true}) {
+      RunSpec spec = small_spec(6, true);
+      spec.train.global_batch = M;
+      spec.parallel.micro_batches = M;
+      Stage st(spec, stage_id, 3, 2 * stage_id, 2 * stage_id + 2, M, 0.1f);
+      st.init_params(9);
+      perturb(st, 5);
+      st.zero_grads();
+      std::vector<float> out(N * C), dinp(N * C), all_dinp;
+      for (int mb = 0; mb < M; ++mb) {
+        auto tokens = random_tokens(N, V, 10 + mb), targets = random_tokens(N, V, 20 + mb);
+        if (st.first()) st.set_tokens(mb, tokens.data());
+        if (st.last()) st.set_targets(mb, targets.data());
+        if (!st.first()) {
+          auto x = randn(N * C, 1.f, 30 + mb);
+          std::copy(x.begin(), x.end(), st.input_buffer(mb));
+        }
+        st.forward(mb, out.data());
+      }
+      // zero-bubble order: all input halves first, then the weight halves in another order
+      for (int mb = 0; mb < M; ++mb) {
+        auto r = randn(N * C, 1.f, 40 + mb);
+        const size_t before = st.stash_bytes(mb);
+        if (!split) {
+          st.backward(mb, r.data(), dinp.data());
+        } else {
+          st.backward_input(mb, r.data(), dinp.data());
+          // it keeps every layer's output gradient: 11 C per token per block, plus the head's / embedding's
+          const size_t wgrads = 4 * (L * 11 * N * C + (st.last() ? N * (V + C) : 0) + (st.first() ? N * C : 0));
+          CHECK(st.stash_bytes(mb) == before + wgrads);
+        }
+        all_dinp.insert(all_dinp.end(), dinp.begin(), dinp.end());
+      }
+      if (split)
+        for (int mb : {2, 0, 1}) {
+          st.backward_weight(mb);
+          CHECK(st.stash_bytes(mb) == 0);
+        }
+      grads.push_back(st.grads());
+      dinps.push_back(all_dinp);
+    }
+    INFO("stage " << stage_id);
+    if (stage_id > 0) CHECK(dinps[1] == dinps[0]);
+    // The weight halves ran in another micro-batch order, so sums differ by float rounding only:
+    // a few ulps of the largest gradient (a wrong or missing term would be O(1) of it).
+    REQUIRE(grads[1].size() == grads[0].size());
+    double worst = 0, largest = 0;
+    for (size_t i = 0; i < grads[0].size(); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(grads[1][i]) - grads[0][i]));
+      largest = std::max(largest, std::abs(static_cast<double>(grads[0][i])));
+    }
+    CHECK(worst <= 1e-6 * largest);
+  }
+}
+
+TEST_CASE("split backward in the fused order is bit-identical to the fused backward", "[model]") {
+  const int M = 2, T = 4, C = 8, V = 11;
+  const size_t N = static_cast<size_t>(T);
+  for (int stage_id : {0, 1, 2}) {
+    std::vector<std::vector<float>> grads;
+    for (bool split : {false, true}) {
+      RunSpec spec = small_spec(6, false);
+      spec.train.global_batch = M;
+      spec.parallel.micro_batches = M;
+      Stage st(spec, stage_id, 3, 2 * stage_id, 2 * stage_id + 2, M, 0.1f);
+      st.init_params(3);
+      perturb(st, 4);
+      st.zero_grads();
+      std::vector<float> out(N * C), dinp(N * C);
+      for (int mb = 0; mb < M; ++mb) {
+        auto tokens = random_tokens(N, V, 1 + mb), targets = random_tokens(N, V, 2 + mb);
+        if (st.first()) st.set_tokens(mb, tokens.data());
+        if (st.last()) st.set_targets(mb, targets.data());
+        if (!st.first()) {
+          auto x = randn(N * C, 1.f, 3 + mb);
+          std::copy(x.begin(), x.end(), st.input_buffer(mb));
+        }
+        st.forward(mb, out.data());
+      }
+      for (int mb = 0; mb < M; ++mb) {
+        auto r = randn(N * C, 1.f, 7 + mb);
+        if (split) st.backward_input(mb, r.data(), dinp.data()), st.backward_weight(mb);
+        else st.backward(mb, r.data(), dinp.data());
+      }
+      grads.push_back(st.grads());
+    }
+    INFO("stage " << stage_id);
+    CHECK(grads[1] == grads[0]);
+  }
+}

@@ -16,11 +16,14 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* to
 // LayerNorm over the last dim with eps 1e-5; mean/rstd [N] are kept for backward.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C);
+// dinp null: parameter gradients only; dweight null: input gradient only (dbias then unused). The
+// two halves give the same bits alone as together (zero-bubble schedules run them apart).
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C);
 
 // out[N,OC] = inp[N,C] weight[OC,C]^T + bias[OC] (bias may be null), via cblas_sgemm.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC);
+// dinp null: weight (and bias) gradients only; dweight null: input gradient only.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC);
 

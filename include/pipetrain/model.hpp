@@ -9,6 +9,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
@@ -52,12 +53,23 @@ struct BlockActs {
 struct HeadActs {
   std::vector<float> lnf, lnf_mean, lnf_rstd, probs;
 };
+// What the parameter gradients need besides the activations: each layer's output gradient,
+// produced by the input-gradient pass (B) and consumed by the weight-gradient pass (W). A split
+// backward keeps them between the two; a fused one uses one scratch set.
+struct BlockWGrads {
+  std::vector<float> dout, dfch, dln2, dres2, dqkv, dln1;  // 11 C floats per token
+};
+struct HeadWGrads {
+  std::vector<float> dlogits, dlnf, dembed;  // dembed: the stage input's gradient (first stage)
+};
 // One micro-batch's activations. xs[l] is block l's input; on the last stage xs[L] is the head input.
 struct Acts {
   std::vector<int> tokens, targets;
   std::vector<std::vector<float>> xs;
   std::vector<BlockActs> blocks;
   HeadActs head;
+  std::vector<BlockWGrads> wblocks;  // between backward_input and backward_weight only
+  HeadWGrads whead;
   size_t bytes() const;  // what is held right now, counted from the buffers themselves
   void release();        // drop contents, keep capacity (no allocator churn between steps)
 };
@@ -97,7 +109,13 @@ class Stage {
   // with the buffer offset from which all gradients are now complete (it only falls: the layout
   // runs embeddings, blocks, head, and backward visits them in reverse).
   void backward(int mb, const float* dout, float* dinp, const std::function<void(size_t)>& done_from = nullptr);
-  size_t stash_bytes(int mb) const { return stash_[mb].bytes(); }
+  // The same backward in two halves (recompute = none only): backward_input computes the input
+  // gradient (sent on at once) and keeps the output gradients the parameters need; backward_weight,
+  // possibly much later, adds the parameter gradients and releases mb. Together they give the same
+  // bits as backward().
+  void backward_input(int mb, const float* dout, float* dinp);
+  void backward_weight(int mb, const std::function<void(size_t)>& done_from = nullptr);
+  size_t stash_bytes(int mb) const { return slot_of_[mb] < 0 ? 0 : pool_[slot_of_[mb]].bytes(); }
   // Seconds the last backward() spent re-running forwards (recompute modes), for the trace.
   double last_recompute_s() const { return recompute_s_; }
 
@@ -109,9 +127,13 @@ class Stage {
   void size_acts(Acts& a);
   void compute_forward(Acts& w, const Acts& s, float* out, double* loss);
   void block_forward(int l, const float* x, BlockActs& a, float* out);
-  void block_backward(int l, const float* x, const BlockActs& a, const float* dout, float* dinp);
+  void backward_pass(int mb, const float* dout, float* dinp, bool input, bool weight,
+                     const std::function<void(size_t)>& done_from);
+  void block_backward_input(int l, const float* x, const BlockActs& a, const float* dout, float* dinp, BlockWGrads& w);
+  void block_backward_weight(int l, const float* x, const BlockActs& a, const BlockWGrads& w);
   double head_forward(const float* x, HeadActs& a, const int* targets);
-  void head_backward(const float* x, const HeadActs& a, const int* targets, float* dinp);
+  void head_backward_input(const float* x, const HeadActs& a, const int* targets, float* dinp, HeadWGrads& w);
+  void head_backward_weight(const float* x, const HeadActs& a, const HeadWGrads& w);
 
   int stage_, n_stages_, block_begin_, block_end_, L_;
   int B_, T_, C_, NH_, V_, n_layer_;
@@ -124,10 +146,19 @@ class Stage {
   size_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0, head_ = 0;
   std::vector<size_t> block_offset_;
 
-  std::vector<Acts> stash_;  // one per micro-batch
+  // Activations of the micro-batches in flight. Slots are reused once a backward releases them
+  // (keeping their capacity), so the memory held grows to the schedule's peak in flight (M for
+  // GPipe, P - stage for 1F1B), not to M.
+  Acts& stash(int mb);  // the slot of mb, taken from the free ones on first use
+  void release(int mb);
+  std::deque<Acts> pool_;  // a deque: growing it never moves the slots in use
+  std::vector<int> slot_of_;  // per micro-batch: its slot in pool_, or -1
+  std::vector<int> free_;
   Acts work_;                // recompute target when mode != none
   // scratch for one micro-batch
-  std::vector<float> attproj_, fcproj_, logits_, dres_, dx_, dln_, datty_, dqkv_, dfch_, dfch_gelu_, dlogits_;
+  std::vector<float> attproj_, fcproj_, logits_, dres_, dx_, datty_, dfch_gelu_;
+  BlockWGrads wscratch_;  // a fused backward's output gradients, one block at a time
+  HeadWGrads hscratch_;
 };
 
 }  // namespace pipetrain
