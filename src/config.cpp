@@ -134,6 +134,9 @@ void validate_spec(const RunSpec& s, int world_size) {
   const auto& p = s.parallel;
   // 64-bit products: each factor is range-checked, their product may still exceed int.
   const int64_t ranks = int64_t{p.pp} * p.dp, batch_divisor = int64_t{p.dp} * p.micro_batches;
+  if (p.schedule == "zb-h1" && p.recompute != "none")
+    fail("parallel.recompute", "recompute = " + p.recompute + " cannot be used with parallel.schedule = zb-h1 "
+                               "(its weight-gradient passes need the activations kept; use recompute = none)");
   if (m.d_model % m.n_head != 0)
     fail("model.n_head", "n_head = " + std::to_string(m.n_head) + " does not divide model.d_model = " +
                              std::to_string(m.d_model));

@@ -61,9 +61,11 @@ void Executor::SendRing::drain(Comm& comm, const char* what, int peer) {
 
 StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& trace,
                         const std::function<void(int)>& load_inputs, const std::function<void(size_t)>& grads_done_from) {
+  // The action after which every parameter gradient is final: the data-parallel all-reduce may
+  // start during it.
   const Action* last_backward = nullptr;
   for (const Action& a : actions)
-    if (a.op == Op::backward) last_backward = &a;
+    if (a.op == Op::backward || a.op == Op::backward_weight) last_backward = &a;
   StepStats st;
   const double wait0 = comm_.wait_seconds();
   const size_t n = stage_.boundary_floats();
@@ -126,13 +128,15 @@ StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& tra
         grad_in_mb = a.mb;
         break;
       }
-      case Op::backward: {
+      case Op::backward:
+      case Op::backward_input: {
         if (!stage_.first()) grad_out = grad_out_.acquire(comm_, a.mb, "send gradient", prev, trace);
         if (!stage_.last() && grad_in_mb != a.mb)
           throw std::logic_error("schedule runs backward of micro-batch " + std::to_string(a.mb) +
                                  " without receiving its gradient first");
         const double t0 = now_s();
-        stage_.backward(a.mb, grad_in, grad_out, &a == last_backward ? grads_done_from : nullptr);
+        if (a.op == Op::backward) stage_.backward(a.mb, grad_in, grad_out, &a == last_backward ? grads_done_from : nullptr);
+        else stage_.backward_input(a.mb, grad_in, grad_out);
         const double t1 = now_s(), rs = stage_.last_recompute_s();
         st.compute_s += t1 - t0;
         // Recompute shown first; under recompute = block it is really interleaved block by block.
@@ -140,6 +144,15 @@ StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& tra
         trace.span(to_string(a), "backward", t0 + rs, t1, a.mb);
         update(a.mb);
         if (!stage_.last()) grad_in_.post(comm_, next, grad_tag);  // its receive buffer is free again
+        break;
+      }
+      case Op::backward_weight: {
+        const double t0 = now_s();
+        stage_.backward_weight(a.mb, &a == last_backward ? grads_done_from : nullptr);
+        const double t1 = now_s();
+        st.compute_s += t1 - t0;
+        trace.span(to_string(a), "backward", t0, t1, a.mb);
+        update(a.mb);
         break;
       }
       case Op::send_grad: {

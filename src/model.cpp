@@ -70,6 +70,12 @@ size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages,
   return sizeof(float) * floats + sizeof(int) * ints;
 }
 
+size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks) {
+  const size_t n = static_cast<size_t>(spec.samples_per_micro_batch()) * spec.model.seq_len, C = spec.model.d_model;
+  const bool first = stage == 0, last = stage == n_stages - 1;
+  return sizeof(float) * n * (11 * C * blocks + (last ? spec.model.vocab + C : 0) + (first ? C : 0));
+}
+
 size_t working_bytes(const RunSpec& spec, int stage, int n_stages, int blocks) {
   const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, C = spec.model.d_model;
   const size_t n = b * T, V = spec.model.vocab;

@@ -39,13 +39,16 @@ Plan make_plan(const RunSpec& spec) {
   std::vector<double> fwd, bwd;
   for (double c : costs) fwd.push_back(c / 3), bwd.push_back(2 * c / 3 + (recompute ? c / 3 : 0));
   const SimResult sim = simulate(lists, fwd, bwd);
-  const std::vector<double> unit(P, 1.0);
+  // The seed's charts give a forward and a backward one slot each; zero-bubble charts give B and
+  // W one slot each.
+  const bool split = spec.parallel.schedule == "zb-h1";
+  const std::vector<double> unit(P, 1.0), unit_bwd(P, split ? 2.0 : 1.0);
 
   Plan plan;
   plan.world = P * spec.parallel.dp;
   plan.bubble_theory = static_cast<double>(P - 1) / (M + P - 1);
   plan.bubble_sim = sim.mean_bubble();
-  plan.chart = render_chart(simulate(lists, unit, unit));
+  plan.chart = render_chart(simulate(lists, unit, unit_bwd));
   int begin = 0;
   for (int s = 0; s < P; ++s) {
     StagePlan sp;
@@ -55,7 +58,8 @@ Plan make_plan(const RunSpec& spec) {
     sp.bubble = sim.bubble[s];
     sp.in_flight = max_in_flight(lists[s]);
     for (int m = 0; m < 3; ++m)
-      sp.act_peak_bytes[m] = sp.in_flight * stash_bytes_per_micro_batch(spec, s, P, blocks[s], kModes[m]);
+      sp.act_peak_bytes[m] = peak_activation_bytes(lists[s], stash_bytes_per_micro_batch(spec, s, P, blocks[s], kModes[m]),
+                                                   wgrad_bytes_per_micro_batch(spec, s, P, blocks[s]));
     sp.working_bytes = working_bytes(spec, s, P, blocks[s]);
     plan.stages.push_back(sp);
     begin += blocks[s];
@@ -73,7 +77,8 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
                 plan.world, p.pp, p.dp, p.micro_batches, spec.samples_per_micro_batch(), spec.model.seq_len,
                 p.schedule.c_str(), p.recompute.c_str());
   os << line << "\npartition (" << p.partition << "):\n" << describe_partition(spec, partition_blocks(spec));
-  os << "\nschedule, one slot per forward or backward (T_f = T_b, as in the seed's diagrams):\n";
+  os << (p.schedule == "zb-h1" ? "\nschedule, one slot per forward, input-gradient (B) or weight-gradient (W) pass:\n"
+                                : "\nschedule, one slot per forward or backward (T_f = T_b, as in the seed's diagrams):\n");
   if (plan.chart.empty()) os << "  (" << 2 * (p.micro_batches + p.pp - 1) << " slots: too wide to draw; lower M to see it)\n";
   else os << plan.chart;
   std::snprintf(line, sizeof line,

@@ -44,9 +44,48 @@ ActionList one_f_one_b_schedule(int stage, int n_stages, int micro_batches) {
   return list;
 }
 
+ActionList zb_h1_schedule(int stage, int n_stages, int micro_batches) {
+  const int P = n_stages, M = micro_batches;
+  // Unit-time list scheduling of all stages together: done_f[s][mb] / done_b[s][mb] is when that
+  // action finished (-1: not yet), so readiness follows the pipeline's data dependencies.
+  std::vector<std::vector<int>> done_f(P, std::vector<int>(M, -1)), done_b(P, std::vector<int>(M, -1));
+  std::vector<int> next_f(P, 0), next_b(P, 0), next_w(P, 0), held(P, 0);
+  std::vector<std::vector<Action>> order(P);
+  int finished = 0;
+  for (int t = 0; finished < P * 3 * M; ++t) {
+    for (int s = 0; s < P; ++s) {
+      const int b = next_b[s], f = next_f[s];
+      const bool b_ready = b < M && done_f[s][b] >= 0 && done_f[s][b] <= t &&
+                           (s == P - 1 || (done_b[s + 1][b] >= 0 && done_b[s + 1][b] <= t));
+      const bool f_ready = f < M && held[s] < P && (s == 0 || (done_f[s - 1][f] >= 0 && done_f[s - 1][f] <= t));
+      if (b_ready) {
+        done_b[s][b] = t + 1, order[s].push_back({Op::backward_input, b}), ++next_b[s];
+      } else if (f_ready) {
+        done_f[s][f] = t + 1, order[s].push_back({Op::forward, f}), ++next_f[s], ++held[s];
+      } else if (next_w[s] < next_b[s]) {
+        order[s].push_back({Op::backward_weight, next_w[s]++}), --held[s];
+      } else {
+        continue;  // idle this slot
+      }
+      ++finished;
+    }
+  }
+  const bool first = stage == 0, last = stage == P - 1;
+  ActionList list;
+  for (const Action& a : order[stage]) {
+    if (a.op == Op::forward && !first) list.push_back({Op::recv_act, a.mb});
+    if (a.op == Op::backward_input && !last) list.push_back({Op::recv_grad, a.mb});
+    list.push_back(a);
+    if (a.op == Op::forward && !last) list.push_back({Op::send_act, a.mb});
+    if (a.op == Op::backward_input && !first) list.push_back({Op::send_grad, a.mb});
+  }
+  return list;
+}
+
 ActionList make_schedule(const std::string& name, int stage, int n_stages, int micro_batches) {
   if (name == "gpipe") return gpipe_schedule(stage, n_stages, micro_batches);
   if (name == "1f1b") return one_f_one_b_schedule(stage, n_stages, micro_batches);
+  if (name == "zb-h1") return zb_h1_schedule(stage, n_stages, micro_batches);
   throw std::invalid_argument("unknown schedule " + name);
 }
 
@@ -54,7 +93,19 @@ int max_in_flight(const ActionList& list) {
   int now = 0, peak = 0;
   for (const Action& a : list) {
     if (a.op == Op::forward) peak = std::max(peak, ++now);
-    if (a.op == Op::backward) --now;
+    if (a.op == Op::backward || a.op == Op::backward_weight) --now;
+  }
+  return peak;
+}
+
+size_t peak_activation_bytes(const ActionList& list, size_t stash, size_t wgrads) {
+  size_t now = 0, peak = 0;
+  for (const Action& a : list) {
+    if (a.op == Op::forward) now += stash;
+    if (a.op == Op::backward_input) now += wgrads;
+    if (a.op == Op::backward) now -= stash;
+    if (a.op == Op::backward_weight) now -= stash + wgrads;
+    peak = std::max(peak, now);
   }
   return peak;
 }
@@ -65,7 +116,8 @@ double SimResult::mean_bubble() const {
   return bubble.empty() ? 0 : sum / bubble.size();
 }
 
-SimResult simulate(const std::vector<ActionList>& lists, const std::vector<double>& fwd, const std::vector<double>& bwd) {
+SimResult simulate(const std::vector<ActionList>& lists, const std::vector<double>& fwd, const std::vector<double>& bwd,
+                   const std::vector<double>& wgt) {
   const int P = static_cast<int>(lists.size());
   SimResult r;
   r.busy.assign(P, 0);
@@ -89,7 +141,11 @@ SimResult simulate(const std::vector<ActionList>& lists, const std::vector<doubl
         } else if (a.op == Op::send_grad) {
           grad_sent[s][a.mb] = clock[s];
         } else {
-          const double cost = a.op == Op::forward ? fwd[s] : bwd[s];
+          const double w = wgt.empty() ? bwd[s] / 2 : wgt[s];
+          const double cost = a.op == Op::forward            ? fwd[s]
+                              : a.op == Op::backward_weight ? w
+                              : a.op == Op::backward_input  ? bwd[s] - w
+                                                            : bwd[s];
           r.spans[s].push_back({clock[s], clock[s] + cost, a});
           clock[s] += cost;
           r.busy[s] += cost;
@@ -122,7 +178,8 @@ std::string render_chart(const SimResult& sim, int max_slots) {
     std::vector<std::string> cells(slots, "\u00b7");  // '·', one column wide, two bytes
     for (const SimSpan& sp : sim.spans[s])
       for (long t = std::lround(sp.start); t < std::lround(sp.end) && t < slots; ++t)
-        cells[t] = (sp.action.op == Op::forward ? "F" : "B") + std::to_string(sp.action.mb);
+        cells[t] = (sp.action.op == Op::forward ? "F" : sp.action.op == Op::backward_weight ? "W" : "B") +
+                   std::to_string(sp.action.mb);
     const std::string label = "Stage " + std::to_string(s) + ":";
     std::string row = pad(label, label_width, label.size());
     for (auto& c : cells) row += pad(c, 4, c == "\u00b7" ? 1 : c.size());
@@ -132,7 +189,7 @@ std::string render_chart(const SimResult& sim, int max_slots) {
 }
 
 std::string to_string(const Action& a) {
-  static const char* names[] = {"recvA", "F", "sendA", "recvG", "B", "sendG"};
+  static const char* names[] = {"recvA", "F", "sendA", "recvG", "B", "sendG", "B", "W"};
   return names[static_cast<int>(a.op)] + std::to_string(a.mb);
 }
 

@@ -199,9 +199,10 @@ std::vector<SpecKey> build_schema() {
       int_key("parallel", "dp", FIELD(int, parallel.dp), 1, 1 << 20, "data-parallel replicas"),
       int_key("parallel", "micro_batches", FIELD(int, parallel.micro_batches), 1, 1 << 20,
               "micro-batches per step (M)"),
-      string_key("parallel", "schedule", FIELD(std::string, parallel.schedule), {"gpipe", "1f1b"},
-                 "pipeline schedule: gpipe (all forwards, then all backwards; M micro-batches in flight) "
-                 "or 1f1b (one forward, one backward; at most P - stage in flight)"),
+      string_key("parallel", "schedule", FIELD(std::string, parallel.schedule), {"gpipe", "1f1b", "zb-h1"},
+                 "pipeline schedule: gpipe (all forwards, then all backwards; M micro-batches in flight), "
+                 "1f1b (one forward, one backward; at most P - stage in flight) or zb-h1 (1f1b's memory, "
+                 "weight gradients deferred into the bubbles; needs recompute = none)"),
       partition_key(),
       int_key("parallel", "threads_per_rank", FIELD(int, parallel.threads_per_rank), 0, 1024,
               "BLAS threads per rank (0 = OPENBLAS_NUM_THREADS if set, else cores of the node / ranks on it)"),

@@ -171,6 +171,9 @@ TEST_CASE("the text chart for P=4, M=4 is the seed's GPipe diagram, slot for slo
 TEST_CASE("make_schedule dispatches by name and actions print compactly", "[schedule]") {
   CHECK(make_schedule("gpipe", 1, 3, 4) == gpipe_schedule(1, 3, 4));
   CHECK(make_schedule("1f1b", 1, 3, 4) == one_f_one_b_schedule(1, 3, 4));
+  CHECK(make_schedule("zb-h1", 1, 3, 4) == zb_h1_schedule(1, 3, 4));
+  CHECK(to_string({Op::backward_input, 2}) == "B2");
+  CHECK(to_string({Op::backward_weight, 2}) == "W2");
   CHECK_THROWS_AS(make_schedule("1f1b-typo", 0, 2, 2), std::invalid_argument);
   CHECK(to_string({Op::forward, 3}) == "F3");
   CHECK(to_string({Op::backward, 0}) == "B0");
@@ -192,21 +195,27 @@ std::vector<ActionList> lists_of(const std::string& name, int P, int M) {
 
 TEST_CASE("every schedule: each micro-batch's F and B once per stage, F before B, sends match receives, no deadlock",
           "[schedule]") {
-  for (const char* name : {"gpipe", "1f1b"})
+  for (const std::string name : {"gpipe", "1f1b", "zb-h1"})
     for (int P = 1; P <= 6; ++P)
       for (int M = 1; M <= 12; ++M) {
         INFO(name << " P=" << P << " M=" << M);
         const auto lists = lists_of(name, P, M);
+        const bool split = name == "zb-h1";
+        const Op backward = split ? Op::backward_input : Op::backward;
         for (int s = 0; s < P; ++s) {
-          auto f = mbs(only(lists[s], Op::forward)), b = mbs(only(lists[s], Op::backward));
-          std::sort(f.begin(), f.end()), std::sort(b.begin(), b.end());
+          auto f = mbs(only(lists[s], Op::forward)), b = mbs(only(lists[s], backward));
+          auto w = mbs(only(lists[s], Op::backward_weight));
+          std::sort(f.begin(), f.end()), std::sort(b.begin(), b.end()), std::sort(w.begin(), w.end());
           REQUIRE(f == range(0, M, 1));
           REQUIRE(b == range(0, M, 1));
+          REQUIRE(w == (split ? range(0, M, 1) : std::vector<int>{}));
+          REQUIRE(only(lists[s], split ? Op::backward : Op::backward_input).empty());  // fused xor split
           for (int mb = 0; mb < M; ++mb) {
             auto at = [&](Op op) {
               return std::find(lists[s].begin(), lists[s].end(), Action{op, mb}) - lists[s].begin();
             };
-            REQUIRE(at(Op::forward) < at(Op::backward));
+            REQUIRE(at(Op::forward) < at(backward));
+            if (split) REQUIRE(at(backward) < at(Op::backward_weight));
           }
           if (s + 1 < P) {  // what s sends, s+1 receives, in the same order (tags cannot cross)
             REQUIRE(mbs(only(lists[s], Op::send_act)) == mbs(only(lists[s + 1], Op::recv_act)));
@@ -214,8 +223,28 @@ TEST_CASE("every schedule: each micro-batch's F and B once per stage, F before B
           }
         }
         const SimResult sim = simulate_unit(lists);  // throws on a deadlock
-        CHECK(sim.makespan == Approx(2.0 * (M + P - 1)));
+        if (!split) CHECK(sim.makespan == Approx(2.0 * (M + P - 1)));
       }
+}
+
+TEST_CASE("zb-h1: shorter than 1f1b with F = B = W, same peak memory (P micro-batches)", "[schedule]") {
+  for (int P = 2; P <= 6; ++P)
+    for (int M = P; M <= 12; ++M) {
+      INFO("P=" << P << " M=" << M);
+      const std::vector<double> one(P, 1.0), two(P, 2.0);
+      const auto zb = lists_of("zb-h1", P, M), ofob = lists_of("1f1b", P, M);
+      const double zb_time = simulate(zb, one, two, one).makespan, ofob_time = simulate(ofob, one, two).makespan;
+      CHECK(ofob_time == Approx(3.0 * (M + P - 1)));
+      CHECK(zb_time < ofob_time);
+      CHECK(zb_time >= 3.0 * M + P - 1);  // the zero-bubble bound: (P-1) F+B-W slots of ramp
+      int zb_peak = 0, ofob_peak = 0;
+      for (int s = 0; s < P; ++s)
+        zb_peak = std::max(zb_peak, max_in_flight(zb[s])), ofob_peak = std::max(ofob_peak, max_in_flight(ofob[s]));
+      CHECK(zb_peak == ofob_peak);
+      CHECK(zb_peak == P);
+    }
+  const std::vector<double> one(4, 1.0), two(4, 2.0);
+  CHECK(simulate(lists_of("zb-h1", 4, 8), one, two, one).makespan == Approx(29));
 }
 
 TEST_CASE("1f1b: a stage holds at most P - stage micro-batches, GPipe all M", "[schedule]") {

@@ -41,6 +41,10 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
 // head's); stage: the received input only. Plus tokens (first stage) and targets (last), 4 B each.
 size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks, Recompute mode);
 
+// Bytes a split backward keeps from a micro-batch's input half (B) to its weight half (W): every
+// layer's output gradient (11 C floats per token per block, the head's V + C, the embedding's C).
+size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks);
+
 // Bytes a stage uses besides parameters, gradients, AdamW state and stashed activations: the
 // per-micro-batch scratch of forward/backward (projections, activation gradients, logits), the
 // executor's send/receive rings, and under recompute one micro-batch's full activations that

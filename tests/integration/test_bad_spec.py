@@ -4,7 +4,6 @@ half-started run: wrong keys, types and values, files that are not TOML (binary,
 large, duplicate keys), data files missing, empty, too short or unreadable, a model too big for
 the node's memory, and a run directory another live run holds."""
 import os
-import signal
 import subprocess
 import time
 from harness import parse_args, launch, expect, finish
@@ -55,6 +54,8 @@ cases = [
     ("duplicate key", good + "[train]\nlr = 0.1\nlr = 0.2\n", [], ["bad.toml:8", "redefine", "lr"]),
     ("text data file empty", None, ["parallel.pp=2", "parallel.dp=2", "data.source=text",
                                     "data.path=" + spec_file("empty.txt", "")], ["data.path", "empty.txt"]),
+    ("zb-h1 with recompute", None, ["parallel.pp=2", "parallel.dp=2", "parallel.schedule=zb-h1",
+                                    "parallel.recompute=block"], ["parallel.recompute", "zb-h1"]),
     ("model too big for the node", None, ["parallel.pp=2", "parallel.dp=2", "model.d_model=8192", "model.n_layer=48",
                                           "model.n_head=64"], ["the model does not fit", "GiB", "parallel.pp"]),
     ("empty out_dir", None, ["parallel.pp=2", "parallel.dp=2", "run.out_dir=\"\""], ["run.out_dir"]),
@@ -94,7 +95,8 @@ expect(p.returncode == 2 and f"cannot read {secret} (Permission denied)" in p.st
 # is not disturbed. A lock left by a dead run (the file stays) does not block.
 busy = os.path.join(args.work, "busy")
 first = subprocess.Popen([args.mpiexec, "-n", "2", args.bin, "train", "--config", tiny, "--run-dir", busy,
-                          "--set", "parallel.pp=2", "--set", "run.steps=100000", "--set", "log.trace_steps=0"],
+                          "--set", "parallel.pp=2", "--set", "run.steps=100000", "--set", "log.trace_steps=0",
+                          "--set", "run.time_limit=6"],  # ends itself: checkpoint, exit 3
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 metrics = os.path.join(busy, "metrics.jsonl")
 while first.poll() is None and not (os.path.exists(metrics) and os.path.getsize(metrics) > 0):
@@ -103,7 +105,6 @@ second = launch(args, 2, busy, tiny, ["parallel.pp=2", "run.steps=100000"])
 holder = open(os.path.join(busy, ".lock")).read().strip()
 expect(second.rc == 2 and f"run dir {busy} is in use by pipetrain pid" in second.err and holder in second.err,
        f"run dir in use: exit 2 naming the holder ({second.rc}: {second.err.strip()!r})")
-first.send_signal(signal.SIGUSR1)  # stop the first run the normal way: checkpoint, exit 3
 _, err = first.communicate(timeout=60)
 expect(first.returncode == 3, f"the first run was not disturbed and stops cleanly (exit {first.returncode}) {err[-200:]}")
 after = launch(args, 2, busy, tiny, ["parallel.pp=2", "run.steps=100000", "run.time_limit=3"])

@@ -38,6 +38,9 @@ for mode in ["stage", "block"]:
 for pp, dp, m in [(2, 1, 4), (4, 1, 8), (2, 2, 2), (4, 1, 2)]:  # 1F1B, incl. M < P (all warm-up)
     same(f"1f1b {pp}x{dp} M={m} vs gpipe 1x1", run(f"1f1b_{pp}x{dp}_m{m}", pp, dp, "parallel.schedule=1f1b",
                                                      f"parallel.micro_batches={m}"), ref)
+for pp, dp, m in [(2, 1, 4), (4, 1, 8), (2, 2, 2), (4, 1, 2)]:  # zero bubble: B and W apart
+    same(f"zb-h1 {pp}x{dp} M={m} vs gpipe 1x1", run(f"zb_{pp}x{dp}_m{m}", pp, dp, "parallel.schedule=zb-h1",
+                                                      f"parallel.micro_batches={m}"), ref)
 same("1f1b 2x2 recompute=block vs gpipe 1x1", run("1f1b_2x2_block", 2, 2, "parallel.schedule=1f1b",
                                                   "parallel.recompute=block"), ref)
 same("micro_batches=1 1x1 vs 4", run("1x1_m1", 1, 1, "parallel.micro_batches=1"), ref)
