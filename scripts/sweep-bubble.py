@@ -3,10 +3,11 @@
 one config for each schedule, P in {1, 2, 4} stages and M in {1, 2, 4, 8, 16} micro-batches (one
 OpenBLAS thread per rank; P = 4 runs oversubscribed on a 2-core machine), and prints the measured
 bubble (median over steps, mean over stages) next to (P-1)/(M+P-1) and plan's simulation with the
-cost model, and the measured activation peak of stage 0 in micro-batches (GPipe M, 1F1B min(M, P)).
+cost model, and the measured activation peak of stage 0 in micro-batches (GPipe M, 1F1B min(M, P);
+zb-h1 also holds output gradients between B and W, so its figure can exceed its micro-batch count).
 Writes bubble_sweep.png and bubble_sweep.json to --out.
 
-usage: scripts/sweep-bubble.py [--bin build/pipetrain] [--out runs/sweep] [--steps 8] [--schedules gpipe,1f1b]"""
+usage: scripts/sweep-bubble.py [--bin build/pipetrain] [--out runs/sweep] [--steps 8] [--schedules gpipe,1f1b,zb-h1]"""
 import argparse
 import json
 import os
@@ -19,7 +20,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(here, "..", "build", "pipetrain"))
 ap.add_argument("--out", default=os.path.join(here, "..", "runs", "sweep"))
 ap.add_argument("--steps", type=int, default=8)
-ap.add_argument("--schedules", default="gpipe,1f1b")
+ap.add_argument("--schedules", default="gpipe,1f1b,zb-h1")
 a = ap.parse_args()
 os.makedirs(a.out, exist_ok=True)
 mpiexec = shutil.which("mpiexec.mpich") or "mpiexec"
@@ -67,7 +68,7 @@ for P, color in ((1, "tab:green"), (2, "tab:blue"), (4, "tab:orange")):
     mine = [r for r in rows if r["P"] == P and r["schedule"] == "gpipe"]
     Ms = [r["M"] for r in mine]
     ax.plot(Ms, [r["theory"] for r in mine], "--", color=color, label=f"P={P} (P-1)/(M+P-1)")
-    for schedule, marker in (("gpipe", "o-"), ("1f1b", "s:")):
+    for schedule, marker in (("gpipe", "o-"), ("1f1b", "s:"), ("zb-h1", "^-.")):
         sched = [r for r in rows if r["P"] == P and r["schedule"] == schedule]
         if sched:
             ax.plot([r["M"] for r in sched], [r["measured"] for r in sched], marker, color=color,
