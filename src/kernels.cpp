@@ -26,7 +26,7 @@ template <class Fn>
 void reduce_row_chunks(int N, size_t rows, size_t width, float* out, Fn fn) {
   const size_t chunks = chunk_count(N, rows);
   std::vector<float> partial(chunks * width, 0.f);
-  parallel_for(N, rows, [&](size_t begin, size_t end) { fn(begin, end, &partial[begin / rows * width]); });
+  parallel_for(N, rows, [&](size_t begin, size_t end) { fn(begin, end, partial.data() + begin / rows * width); });
   for (size_t c = 0; c < chunks; ++c)
     for (size_t j = 0; j < width; ++j) out[j] += partial[c * width + j];
 }
