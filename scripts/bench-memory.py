@@ -45,6 +45,9 @@ cases = [("6 blocks d256 1x1", 1, ["model.n_layer=6", "model.d_model=256", "mode
          ("6 blocks d256 2x1 recompute=stage", 2, ["model.n_layer=6", "model.d_model=256", "model.seq_len=64",
                                                    "train.global_batch=32", "parallel.micro_batches=8", "parallel.pp=2",
                                                    "parallel.recompute=stage"], 60),
+         ("6 blocks d256 2x1 1f1b M=8", 2, ["model.n_layer=6", "model.d_model=256", "model.seq_len=64",
+                                            "train.global_batch=32", "parallel.micro_batches=8", "parallel.pp=2",
+                                            "parallel.schedule=1f1b"], 60),
          ("tiny 2x1", 2, ["parallel.pp=2"], a.steps)]
 ratios, growths = [], []
 for name, ranks, sets, steps in cases:
