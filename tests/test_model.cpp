@@ -38,6 +38,33 @@ std::vector<int> random_tokens(size_t n, int vocab, uint32_t seed) {
   return t;
 }
 
+// Stage `stage_id` of a 6-block model cut in three, weights spread, gradients zeroed.
+Stage third_of_six(int stage_id, int M, bool tied, uint32_t seed) {
+  RunSpec spec = small_spec(6, tied);
+  spec.train.global_batch = M;
+  spec.parallel.micro_batches = M;
+  Stage st(spec, stage_id, 3, 2 * stage_id, 2 * stage_id + 2, M, 0.1f);
+  st.init_params(seed);
+  perturb(st, seed + 1);
+  st.zero_grads();
+  return st;
+}
+
+// Random inputs (tokens, targets or a received activation) and the forward of micro-batches 0..M-1.
+void forward_all(Stage& st, int M, size_t N, int C, int V, uint32_t seed) {
+  std::vector<float> out(N * C);
+  for (int mb = 0; mb < M; ++mb) {
+    auto tokens = random_tokens(N, V, seed + mb), targets = random_tokens(N, V, seed + 10 + mb);
+    if (st.first()) st.set_tokens(mb, tokens.data());
+    if (st.last()) st.set_targets(mb, targets.data());
+    if (!st.first()) {
+      auto x = randn(N * C, 1.f, seed + 20 + mb);
+      std::copy(x.begin(), x.end(), st.input_buffer(mb));
+    }
+    st.forward(mb, out.data());
+  }
+}
+
 }  // namespace
 
 TEST_CASE("full model on one stage: every parameter's gradient matches finite differences", "[model]") {
@@ -169,24 +196,9 @@ TEST_CASE("split backward (input half, later weight half) gives the fused backwa
   for (int stage_id : {0, 1, 2}) {  // first, middle, last of 3 stages
     std::vector<std::vector<float>> grads, dinps;
     for (bool split : {false, true}) {
-      RunSpec spec = small_spec(6, true);
-      spec.train.global_batch = M;
-      spec.parallel.micro_batches = M;
-      Stage st(spec, stage_id, 3, 2 * stage_id, 2 * stage_id + 2, M, 0.1f);
-      st.init_params(9);
-      perturb(st, 5);
-      st.zero_grads();
-      std::vector<float> out(N * C), dinp(N * C), all_dinp;
-      for (int mb = 0; mb < M; ++mb) {
-        auto tokens = random_tokens(N, V, 10 + mb), targets = random_tokens(N, V, 20 + mb);
-        if (st.first()) st.set_tokens(mb, tokens.data());
-        if (st.last()) st.set_targets(mb, targets.data());
-        if (!st.first()) {
-          auto x = randn(N * C, 1.f, 30 + mb);
-          std::copy(x.begin(), x.end(), st.input_buffer(mb));
-        }
-        st.forward(mb, out.data());
-      }
+      Stage st = third_of_six(stage_id, M, true, 9);
+      std::vector<float> dinp(N * C), all_dinp;
+      forward_all(st, M, N, C, V, 10);
       // zero-bubble order: all input halves first, then the weight halves in another order
       for (int mb = 0; mb < M; ++mb) {
         auto r = randn(N * C, 1.f, 40 + mb);
@@ -229,24 +241,9 @@ TEST_CASE("split backward in the fused order is bit-identical to the fused backw
   for (int stage_id : {0, 1, 2}) {
     std::vector<std::vector<float>> grads;
     for (bool split : {false, true}) {
-      RunSpec spec = small_spec(6, false);
-      spec.train.global_batch = M;
-      spec.parallel.micro_batches = M;
-      Stage st(spec, stage_id, 3, 2 * stage_id, 2 * stage_id + 2, M, 0.1f);
-      st.init_params(3);
-      perturb(st, 4);
-      st.zero_grads();
-      std::vector<float> out(N * C), dinp(N * C);
-      for (int mb = 0; mb < M; ++mb) {
-        auto tokens = random_tokens(N, V, 1 + mb), targets = random_tokens(N, V, 2 + mb);
-        if (st.first()) st.set_tokens(mb, tokens.data());
-        if (st.last()) st.set_targets(mb, targets.data());
-        if (!st.first()) {
-          auto x = randn(N * C, 1.f, 3 + mb);
-          std::copy(x.begin(), x.end(), st.input_buffer(mb));
-        }
-        st.forward(mb, out.data());
-      }
+      Stage st = third_of_six(stage_id, M, false, 3);
+      std::vector<float> dinp(N * C);
+      forward_all(st, M, N, C, V, 1);
       for (int mb = 0; mb < M; ++mb) {
         auto r = randn(N * C, 1.f, 7 + mb);
         if (split) st.backward_input(mb, r.data(), dinp.data()), st.backward_weight(mb);
