@@ -13,6 +13,7 @@
 #include "pipetrain/clock.hpp"
 #include "pipetrain/files.hpp"
 #include "pipetrain/shard_io.hpp"
+#include "pipetrain/test_hooks.hpp"
 #include "spec_schema.hpp"
 
 namespace fs = std::filesystem;
@@ -52,16 +53,6 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   }
   std::sort(out.rbegin(), out.rend());
   return out;
-}
-
-// Test-only hook: PIPETRAIN_TEST_KILL_IN_SAVE=RANK:STEP kills world rank RANK (SIGKILL) halfway
-// through writing its shard of checkpoint STEP. Returns the tensor count to die after, or -1.
-int kill_in_save(int rank, int64_t step, size_t n_tensors) {
-  const char* v = std::getenv("PIPETRAIN_TEST_KILL_IN_SAVE");
-  int r = -1;
-  long long s = -1;
-  if (!v || std::sscanf(v, "%d:%lld", &r, &s) != 2 || r != rank || s != step) return -1;
-  return static_cast<int>(std::max<size_t>(1, n_tensors / 2));
 }
 
 // The spec keys that must match to load a checkpoint: model shape, data stream, batch (the data
@@ -260,8 +251,10 @@ double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const s
         if (!std::all_of(v, v + n, [](float x) { return std::isfinite(x); }))
           throw std::runtime_error("checkpoint not saved: " + t.name + " holds NaN or Inf");
     }
-    const std::string error = write_shard(shard, tensors, step, comm_.data_handle(), topo.dp_rank, topo.dp,
-                                          kill_in_save(topo.world_rank, step, tensors.size()));
+    // test-only: die halfway through this rank's tensors
+    const int crash_after = test_kill_in_save(topo.world_rank, step) ? static_cast<int>(tensors.size() + 1) / 2 : -1;
+    const std::string error =
+        write_shard(shard, tensors, step, comm_.data_handle(), topo.dp_rank, topo.dp, crash_after);
     if (!error.empty()) throw std::runtime_error("checkpoint not saved: " + error + " (" + free_space_note(dir_) + ")");
     sync_path(shard);  // every writer: on network file systems one client's fsync covers only its writes
     if (topo.dp_rank != 0) return;

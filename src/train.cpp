@@ -28,6 +28,7 @@
 #include "pipetrain/profile.hpp"
 #include "pipetrain/schedule.hpp"
 #include "pipetrain/signals.hpp"
+#include "pipetrain/test_hooks.hpp"
 #include "pipetrain/trace.hpp"
 
 namespace fs = std::filesystem;
@@ -104,34 +105,6 @@ void check_memory_fits(const RunSpec& spec, int stage, int local_ranks) {
                 stage, need / gib, state / gib, spec.parallel.recompute.c_str(),
                 (s.act_peak_bytes[mode] + s.working_bytes) / gib, local_ranks, share / gib);
   throw SpecError(msg);
-}
-
-// Test-only fault hook: PIPETRAIN_TEST_STALL=RANK:STEP makes world rank RANK stop itself with
-// SIGSTOP at the start of step STEP (0-based), so tests can watch its peers time out. Returns
-// the step for this rank, or -1.
-int stall_step(int rank) {
-  const char* v = std::getenv("PIPETRAIN_TEST_STALL");
-  int r = -1, step = -1;
-  if (!v || std::sscanf(v, "%d:%d", &r, &step) != 2 || r != rank) return -1;
-  return step;
-}
-
-// Test-only fault hook: PIPETRAIN_TEST_NAN=RANK:STEP puts a NaN into world rank RANK's gradient
-// in step STEP (0-based); RANK:STEP+ does it on every step from STEP on.
-bool nan_at_step(int rank, int step) {
-  const char* v = std::getenv("PIPETRAIN_TEST_NAN");
-  int r = -1, from = -1;
-  char plus = 0;
-  if (!v || std::sscanf(v, "%d:%d%c", &r, &from, &plus) < 2 || r != rank) return false;
-  return plus == '+' ? step >= from : step == from;
-}
-
-// Test-only fault hook: PIPETRAIN_TEST_KILL_IN_OPTIMIZER=RANK:STEP kills world rank RANK
-// (SIGKILL) halfway through its AdamW update of step STEP (0-based): half its tensors updated.
-bool kill_in_optimizer(int rank, int step) {
-  const char* v = std::getenv("PIPETRAIN_TEST_KILL_IN_OPTIMIZER");
-  int r = -1, s = -1;
-  return v && std::sscanf(v, "%d:%d", &r, &s) == 2 && r == rank && s == step;
 }
 
 // Gathers every rank's trace spans and rank 0 writes RUN_DIR/trace.json (collective).
@@ -325,7 +298,7 @@ int run_train(const TrainOptions& opt) {
   const ParamTensor* wte = stage.find("wte.weight");
   const bool tied_sync = spec.model.tie_embeddings && P > 1 && wte != nullptr;
 
-  const int stall_at_step = stall_step(rank);
+  const int stall_at_step = test_stall_step(rank);
   double max_step_s = 0, max_save_s = 1.0;  // for the time budget (1 s: a save not yet seen)
   int bad_steps = 0, bad_in_a_row = 0;      // steps skipped for a NaN/Inf loss or gradient
   int64_t last_saved = resume_from.empty() ? -1 : start_step;
@@ -336,11 +309,11 @@ int run_train(const TrainOptions& opt) {
     const double lr = lr_at(spec, step);
     double local_s = -now_s();  // compute outside the executor: zeroing, optimizer
     stage.zero_grads();
-    // test-only (see nan_at_step): backward accumulates into the gradient and the data-parallel
-    // all-reduce carries it, as a NaN arising in this rank's backward would be
-    if (nan_at_step(rank, step)) stage.grads().back() = NAN;
+    // test-only: backward accumulates into the gradient and the data-parallel all-reduce carries
+    // it, as a NaN arising in this rank's backward would be
+    if (test_nan_at(rank, step)) stage.grads().back() = NAN;
     local_s += now_s();
-    if (step == stall_at_step) raise(SIGSTOP);  // test-only: this rank stops answering (see stall_step)
+    if (step == stall_at_step) raise(SIGSTOP);  // test-only: this rank stops answering
     comm.reset_wait_seconds();
     trace.span("zero grads", "compute", t0, now_s());
     reducer.begin_step();
@@ -365,7 +338,7 @@ int run_train(const TrainOptions& opt) {
     trace.span(topo.dp > 1 ? "gradient all-reduce + norm" : "gradient norm", "comm", sync_t0, opt_t0);
     // A NaN/Inf anywhere skips the update on every rank alike: parameters and AdamW state stay as
     // they were, and the step's batch is simply not learned from.
-    if (sync.finite && kill_in_optimizer(rank, step)) {  // test-only: die with half the tensors updated
+    if (sync.finite && test_kill_in_optimizer(rank, step)) {  // test-only: die with half the tensors updated
       const std::vector<ParamTensor> half(stage.params().begin(), stage.params().begin() + stage.params().size() / 2);
       adam.step(half, stage.weights(), stage.grads(), lr, 1.f);
       raise(SIGKILL);
