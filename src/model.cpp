@@ -80,12 +80,11 @@ size_t working_bytes(const RunSpec& spec, int stage, int n_stages, int blocks) {
   const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, C = spec.model.d_model;
   const size_t n = b * T, V = spec.model.vocab;
   const bool last = stage == n_stages - 1;
-  const bool first = stage == 0;
-  size_t floats = n * C * (5 + 4 + 11)  // attproj, fcproj, dres, dx, datty; dfch_gelu; one block's output gradients
+  size_t floats = n * C * (5 + 4 + 11)             // attproj, fcproj, dres, dx, datty; dfch_gelu; one block's
+                                                    // output gradients
                   + (last ? 2 * n * V + n * C : 0)  // logits; the head's output gradients
-                  + (first ? n * C : 0)             // the embedding's output gradient
-                  + 8 * n * C                // executor rings: 2 each for activations and gradients, in and out
-                  + T * T;                   // attention backward's score gradients
+                  + 8 * n * C                       // executor rings: 2 each for activations and gradients, in and out
+                  + T * T;                          // attention backward's score gradients
   size_t bytes = sizeof(float) * floats;
   const Recompute mode = parse_recompute(spec.parallel.recompute);
   if (mode != Recompute::none)  // Stage::work_: one micro-batch's activations, without its inputs
@@ -195,7 +194,6 @@ Stage::Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int 
   dfch_gelu_.resize(4 * N * C);
   size_wgrads(wscratch_, N * C);
   if (last()) logits_.resize(N * V_), hscratch_.dlogits.resize(N * V_), hscratch_.dlnf.resize(N * C);
-  if (first()) hscratch_.dembed.resize(N * C);
 }
 
 const ParamTensor* Stage::find(const std::string& name) const {
@@ -312,8 +310,8 @@ void Stage::backward_weight(int mb, const std::function<void(size_t)>& done_from
 }
 
 // input: the input-gradient half (B); weight: the parameter-gradient half (W). Both at once is a
-// fused backward, block by block through one scratch set of output gradients; one at a time
-// (recompute = none only) keeps them in mb's stash between the halves.
+// fused backward, each kernel doing both halves in one pass, with one scratch set of output
+// gradients; one at a time (recompute = none only) keeps those in mb's stash between the halves.
 void Stage::backward_pass(int mb, const float* dout, float* dinp, bool input, bool weight,
                           const std::function<void(size_t)>& done_from) {
   Acts& s = stash(mb);
@@ -348,10 +346,10 @@ void Stage::backward_pass(int mb, const float* dout, float* dinp, bool input, bo
         recompute_s_ += now_s();
       }
       std::fill(dres_.begin(), dres_.end(), 0.f);
-      head_backward_input(a->xs[L_].data(), a->head, s.targets.data(), dres_.data(), hw);
+      head_backward_input(a->xs[L_].data(), a->head, s.targets.data(), dres_.data(), hw, !split);
     }
     if (weight) {
-      head_backward_weight(a->xs[L_].data(), a->head, hw);
+      if (split) head_backward_weight(a->xs[L_].data(), a->head, hw);
       if (done_from) done_from(lnfw_);
     }
   } else if (input) {
@@ -365,17 +363,19 @@ void Stage::backward_pass(int mb, const float* dout, float* dinp, bool input, bo
         block_forward(l, a->xs[l].data(), a->blocks[l], dx_.data());
         recompute_s_ += now_s();
       }
-      block_backward_input(l, a->xs[l].data(), a->blocks[l], dres_.data(), dx_.data(), w);
+      const BlockPtrs g = block_ptrs(grads_, l);
+      block_backward_input(l, a->xs[l].data(), a->blocks[l], dres_.data(), dx_.data(), w, split ? nullptr : &g);
       std::swap(dres_, dx_);  // dres_ now holds the gradient of block l's input
     }
     if (weight) {
-      block_backward_weight(l, a->xs[l].data(), a->blocks[l], w);
+      if (split) block_backward_weight(l, a->xs[l].data(), a->blocks[l], w);
       if (done_from && (l > 0 || !first())) done_from(block_offset_[l]);
     }
   }
   if (first()) {
-    if (input) std::copy(dres_.begin(), dres_.begin() + n, hw.dembed.begin());
-    if (weight) encoder_backward(&grads_[wte_], &grads_[wpe_], hw.dembed.data(), s.tokens.data(), B_, T_, C_);
+    if (split && input) std::copy(dres_.begin(), dres_.begin() + n, hw.dembed.begin());
+    if (weight)
+      encoder_backward(&grads_[wte_], &grads_[wpe_], split ? hw.dembed.data() : dres_.data(), s.tokens.data(), B_, T_, C_);
   } else if (input) {
     std::copy(dres_.begin(), dres_.begin() + n, dinp);
   }
@@ -416,27 +416,35 @@ void Stage::block_forward(int l, const float* x, BlockActs& a, float* out) {
 }
 
 // dout may not alias dinp. Both residual branches pass dout straight through to their input.
-// Leaves in w every output gradient the block's parameters need (block_backward_weight).
+// With `g` (a fused backward) each kernel also adds its parameter gradients in the same pass;
+// without (the input half of a split backward) the output gradients the parameters need are left
+// in w for block_backward_weight. Either way the bits come out the same.
 void Stage::block_backward_input(int l, const float* x, const BlockActs& a, const float* dout, float* dinp,
-                                 BlockWGrads& w) {
+                                 BlockWGrads& w, const BlockPtrs* g) {
   const int N = B_ * T_, C = C_;
   const size_t NC = static_cast<size_t>(N) * C;
   BlockPtrs p = block_ptrs(weights_, l);
+  auto grad = [&](float* BlockPtrs::*field) { return g ? g->*field : nullptr; };
   // out = res2 + mlp(ln2(res2))
-  std::copy(dout, dout + NC, w.dout.begin());
-  matmul_backward(dfch_gelu_.data(), nullptr, nullptr, dout, nullptr, p.fcprojw, N, 4 * C, C);
+  if (!g) std::copy(dout, dout + NC, w.dout.begin());
+  matmul_backward(dfch_gelu_.data(), grad(&BlockPtrs::fcprojw), grad(&BlockPtrs::fcprojb), dout, a.fch_gelu.data(),
+                  p.fcprojw, N, 4 * C, C);
   gelu_backward(w.dfch.data(), a.fch.data(), dfch_gelu_.data(), 4 * NC);
-  matmul_backward(w.dln2.data(), nullptr, nullptr, w.dfch.data(), nullptr, p.fcw, N, C, 4 * C);
+  matmul_backward(w.dln2.data(), grad(&BlockPtrs::fcw), grad(&BlockPtrs::fcb), w.dfch.data(), a.ln2.data(), p.fcw, N,
+                  C, 4 * C);
   float* dres2 = dinp;  // accumulate d(res2) in dinp, then continue through the attention branch
   std::copy(dout, dout + NC, dres2);
-  layernorm_backward(dres2, nullptr, nullptr, w.dln2.data(), a.res2.data(), p.ln2w, a.ln2_mean.data(),
-                     a.ln2_rstd.data(), N, C);
-  std::copy(dres2, dres2 + NC, w.dres2.begin());
+  layernorm_backward(dres2, grad(&BlockPtrs::ln2w), grad(&BlockPtrs::ln2b), w.dln2.data(), a.res2.data(), p.ln2w,
+                     a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
+  if (!g) std::copy(dres2, dres2 + NC, w.dres2.begin());
   // res2 = x + proj(attn(ln1(x)))
-  matmul_backward(datty_.data(), nullptr, nullptr, dres2, nullptr, p.projw, N, C, C);
+  matmul_backward(datty_.data(), grad(&BlockPtrs::projw), grad(&BlockPtrs::projb), dres2, a.atty.data(), p.projw, N,
+                  C, C);
   attention_backward(w.dqkv.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, T_, C, NH_);
-  matmul_backward(w.dln1.data(), nullptr, nullptr, w.dqkv.data(), nullptr, p.qkvw, N, C, 3 * C);
-  layernorm_backward(dinp, nullptr, nullptr, w.dln1.data(), x, p.ln1w, a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
+  matmul_backward(w.dln1.data(), grad(&BlockPtrs::qkvw), grad(&BlockPtrs::qkvb), w.dqkv.data(), a.ln1.data(), p.qkvw,
+                  N, C, 3 * C);
+  layernorm_backward(dinp, grad(&BlockPtrs::ln1w), grad(&BlockPtrs::ln1b), w.dln1.data(), x, p.ln1w,
+                     a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
 }
 
 void Stage::block_backward_weight(int l, const float* x, const BlockActs& a, const BlockWGrads& w) {
@@ -458,12 +466,14 @@ double Stage::head_forward(const float* x, HeadActs& a, const int* targets) {
   return softmax_crossentropy_forward(a.probs.data(), logits_.data(), targets, N, V_);
 }
 
-void Stage::head_backward_input(const float* x, const HeadActs& a, const int* targets, float* dinp, HeadWGrads& w) {
+void Stage::head_backward_input(const float* x, const HeadActs& a, const int* targets, float* dinp, HeadWGrads& w,
+                                bool fused) {
   const int N = B_ * T_, C = C_;
   softmax_crossentropy_backward(w.dlogits.data(), a.probs.data(), targets, grad_scale_, N, V_);
-  matmul_backward(w.dlnf.data(), nullptr, nullptr, w.dlogits.data(), nullptr, &weights_[head_], N, C, V_);
-  layernorm_backward(dinp, nullptr, nullptr, w.dlnf.data(), x, &weights_[lnfw_], a.lnf_mean.data(),
-                     a.lnf_rstd.data(), N, C);
+  matmul_backward(w.dlnf.data(), fused ? &grads_[head_] : nullptr, nullptr, w.dlogits.data(), a.lnf.data(),
+                  &weights_[head_], N, C, V_);
+  layernorm_backward(dinp, fused ? &grads_[lnfw_] : nullptr, fused ? &grads_[lnfb_] : nullptr, w.dlnf.data(), x,
+                     &weights_[lnfw_], a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
 }
 
 void Stage::head_backward_weight(const float* x, const HeadActs& a, const HeadWGrads& w) {

@@ -133,10 +133,12 @@ class Stage {
   void block_forward(int l, const float* x, BlockActs& a, float* out);
   void backward_pass(int mb, const float* dout, float* dinp, bool input, bool weight,
                      const std::function<void(size_t)>& done_from);
-  void block_backward_input(int l, const float* x, const BlockActs& a, const float* dout, float* dinp, BlockWGrads& w);
+  void block_backward_input(int l, const float* x, const BlockActs& a, const float* dout, float* dinp, BlockWGrads& w,
+                            const BlockPtrs* fused_grads);
   void block_backward_weight(int l, const float* x, const BlockActs& a, const BlockWGrads& w);
   double head_forward(const float* x, HeadActs& a, const int* targets);
-  void head_backward_input(const float* x, const HeadActs& a, const int* targets, float* dinp, HeadWGrads& w);
+  void head_backward_input(const float* x, const HeadActs& a, const int* targets, float* dinp, HeadWGrads& w,
+                           bool fused);
   void head_backward_weight(const float* x, const HeadActs& a, const HeadWGrads& w);
 
   int stage_, n_stages_, block_begin_, block_end_, L_;
