@@ -46,7 +46,7 @@ Plan make_plan(const RunSpec& spec) {
 
   Plan plan;
   plan.world = P * spec.parallel.dp;
-  plan.bubble_theory = static_cast<double>(P - 1) / (M + P - 1);
+  plan.bubble_theory = schedule_bubble(spec.parallel.schedule, P, M);
   plan.bubble_sim = sim.mean_bubble();
   plan.chart = render_chart(simulate(lists, unit, unit_bwd));
   int begin = 0;
@@ -79,12 +79,12 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
   os << line << "\npartition (" << p.partition << "):\n" << describe_partition(spec, partition_blocks(spec));
   os << (p.schedule == "zb-h1" ? "\nschedule, one slot per forward, input-gradient (B) or weight-gradient (W) pass:\n"
                                 : "\nschedule, one slot per forward or backward (T_f = T_b, as in the seed's diagrams):\n");
-  if (plan.chart.empty()) os << "  (" << 2 * (p.micro_batches + p.pp - 1) << " slots: too wide to draw; lower M to see it)\n";
+  if (plan.chart.empty()) os << "  (too wide to draw; lower M to see it)\n";
   else os << plan.chart;
   std::snprintf(line, sizeof line,
-                "\nbubble: closed form (P-1)/(M+P-1) = %.4f | simulated with per-stage costs (backward = 2 x forward%s) "
-                "= %.4f\n",
-                plan.bubble_theory, p.recompute == "none" ? "" : " + recompute", plan.bubble_sim);
+                "\nbubble: %s = %.4f | simulated with per-stage costs (backward = 2 x forward%s) = %.4f\n",
+                p.schedule == "zb-h1" ? "with F = B = W" : "closed form (P-1)/(M+P-1)", plan.bubble_theory,
+                p.recompute == "none" ? "" : " + recompute", plan.bubble_sim);
   os << line << "  per stage:";
   for (auto& s : plan.stages) std::snprintf(line, sizeof line, " %.4f", s.bubble), os << line;
   os << "\n\nmemory per stage (activations of the micro-batches in flight at the schedule's peak, by recompute\n"

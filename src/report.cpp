@@ -133,7 +133,9 @@ int run_report(const std::string& run_dir, const std::string& plots_dir) {
   if (have_spec) plan = make_plan(spec);
   const int mode = !have_spec ? 0 : spec.parallel.recompute == "none" ? 0 : spec.parallel.recompute == "stage" ? 1 : 2;
   if (P > 0) {
-    if (have_spec) std::printf("  bubble (P-1)/(M+P-1) = %.3f; per stage: measured median vs simulated\n", plan.bubble_theory);
+    if (have_spec)
+      std::printf("  bubble of the %s schedule with even stages = %.3f; per stage: measured median vs simulated\n",
+                  spec.parallel.schedule.c_str(), plan.bubble_theory);
     for (size_t s = 0; s < P; ++s) {
       std::printf("    stage %zu: bubble %s", s, fmt("%.3f", stage_median(lines, "bubble_measured", s)).c_str());
       if (have_spec) std::printf(" (sim %.3f)", plan.stages[s].bubble);

@@ -89,6 +89,15 @@ ActionList make_schedule(const std::string& name, int stage, int n_stages, int m
   throw std::invalid_argument("unknown schedule " + name);
 }
 
+double schedule_bubble(const std::string& name, int n_stages, int micro_batches) {
+  const int P = n_stages, M = micro_batches;
+  if (name != "zb-h1") return static_cast<double>(P - 1) / (M + P - 1);
+  std::vector<ActionList> lists;
+  for (int s = 0; s < P; ++s) lists.push_back(zb_h1_schedule(s, P, M));
+  const std::vector<double> one(P, 1.0), two(P, 2.0);
+  return 1.0 - 3.0 * M / simulate(lists, one, two, one).makespan;
+}
+
 int max_in_flight(const ActionList& list) {
   int now = 0, peak = 0;
   for (const Action& a : list) {

@@ -266,7 +266,7 @@ int run_train(const TrainOptions& opt) {
   Trace trace(spec.log.trace_steps, now_s());  // right after a world-wide reduction: a common start
   const int trace_last = static_cast<int>(start_step) + std::min(spec.log.trace_steps, spec.run.steps - static_cast<int>(start_step));
   const double flops_per_step = training_flops_per_token(spec) * spec.train.global_batch * T;
-  const double bubble_theory = static_cast<double>(P - 1) / (M + P - 1);
+  const double bubble_theory = schedule_bubble(spec.parallel.schedule, P, M);
   const double tokens_per_step = static_cast<double>(spec.train.global_batch) * T;
 
   if (rank == 0) {

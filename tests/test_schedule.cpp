@@ -267,3 +267,12 @@ TEST_CASE("1f1b: P=4, M=8 chart is the PipeDream-Flush diagram", "[schedule]") {
       "Stage 3:  ·   ·   ·   F0  B0  F1  B1  F2  B2  F3  B3  F4  B4  F5  B5  F6  B6  F7  B7  ·   ·   ·\n";
   CHECK(render_chart(simulate_unit(lists_of("1f1b", 4, 8))) == want);
 }
+
+TEST_CASE("schedule_bubble: the closed form for gpipe and 1f1b, zb-h1's own with F = B = W", "[schedule]") {
+  CHECK(schedule_bubble("gpipe", 4, 8) == Approx(3.0 / 11));
+  CHECK(schedule_bubble("1f1b", 4, 8) == Approx(3.0 / 11));
+  CHECK(schedule_bubble("zb-h1", 4, 8) == Approx(1.0 - 24.0 / 29));  // 29 slots for 24 of work
+  CHECK(schedule_bubble("zb-h1", 1, 8) == Approx(0.0));
+  for (int P = 2; P <= 6; ++P)
+    for (int M = P; M <= 12; ++M) CHECK(schedule_bubble("zb-h1", P, M) < schedule_bubble("1f1b", P, M));
+}

@@ -38,6 +38,10 @@ ActionList zb_h1_schedule(int stage, int n_stages, int micro_batches);
 // The schedule named by parallel.schedule: "gpipe", "1f1b" or "zb-h1".
 ActionList make_schedule(const std::string& name, int stage, int n_stages, int micro_batches);
 
+// The bubble a schedule has when every stage's forward and backward cost the same: GPipe's and
+// 1F1B's closed form (P-1)/(M+P-1); zb-h1's from its lists with F = B = W (its paper's unit).
+double schedule_bubble(const std::string& name, int n_stages, int micro_batches);
+
 // Most micro-batches whose forward has run and whose parameter gradients are not yet done: the
 // activations a stage holds at its peak under this list (M for GPipe, min(M, P - stage) for 1F1B).
 int max_in_flight(const ActionList& list);
