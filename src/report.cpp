@@ -132,18 +132,28 @@ int run_report(const std::string& run_dir, const std::string& plots_dir) {
   Plan plan;
   if (have_spec) plan = make_plan(spec);
   const int mode = !have_spec ? 0 : spec.parallel.recompute == "none" ? 0 : spec.parallel.recompute == "stage" ? 1 : 2;
+  // A run resumed on another layout logged its earlier steps with another number of stages: the
+  // per-stage figures come from the steps of the current layout only.
+  std::vector<json> layout_lines;
+  for (auto& l : lines)
+    if (l.contains("bubble_measured") && l["bubble_measured"].is_array() && l["bubble_measured"].size() == P)
+      layout_lines.push_back(l);
+  const std::vector<json>& per_stage = layout_lines;
   if (P > 0) {
     if (have_spec)
       std::printf("  bubble of the %s schedule with even stages = %.3f; per stage: measured median vs simulated\n",
                   spec.parallel.schedule.c_str(), plan.bubble_theory);
+    if (layout_lines.size() < lines.size())
+      std::printf("    (%zu logged steps of an earlier layout left out of the per-stage figures)\n",
+                  lines.size() - layout_lines.size());
     for (size_t s = 0; s < P; ++s) {
-      std::printf("    stage %zu: bubble %s", s, fmt("%.3f", stage_median(lines, "bubble_measured", s)).c_str());
+      std::printf("    stage %zu: bubble %s", s, fmt("%.3f", stage_median(per_stage, "bubble_measured", s)).c_str());
       if (have_spec) std::printf(" (sim %.3f)", plan.stages[s].bubble);
-      std::printf(" | activations %s", mib(stage_median(lines, "act_peak_bytes", s)).c_str());
+      std::printf(" | activations %s", mib(stage_median(per_stage, "act_peak_bytes", s)).c_str());
       if (have_spec) std::printf(" (plan %s)", mib(plan.stages[s].act_peak_bytes[mode]).c_str());
-      std::printf(" | RSS %s | params+grads+AdamW %s\n", mib(stage_median(lines, "mem_peak_bytes", s)).c_str(),
-                  mib(stage_median(lines, "param_bytes", s) * 4).c_str());
-      const std::string kernels = kernel_shares(lines, s);
+      std::printf(" | RSS %s | params+grads+AdamW %s\n", mib(stage_median(per_stage, "mem_peak_bytes", s)).c_str(),
+                  mib(stage_median(per_stage, "param_bytes", s) * 4).c_str());
+      const std::string kernels = kernel_shares(per_stage, s);
       if (!kernels.empty()) std::printf("      step by kernel: %s\n", kernels.c_str());
     }
   }

@@ -85,6 +85,15 @@ expect("plan" in rep.stdout and "sim" in rep.stdout, "report: measured next to p
 expect("step by kernel: gemm" in rep.stdout, "report: shows where the step goes, by kernel class")
 pngs = sorted(os.listdir(os.path.join(args.work, "plots")))
 expect(pngs == ["bubble.png", "gantt.png", "loss.png", "memory.png"], f"report --plots wrote the four plots: {pngs}")
+# A run resumed on another layout: per-stage figures come from the current layout's steps only.
+moved = os.path.join(args.work, "relayout")
+r1 = launch(args, 2, moved, tiny, ["parallel.pp=2", "run.steps=6", "log.trace_steps=0"])
+r2 = launch(args, 1, moved, tiny, ["run.steps=12", "log.trace_steps=0"])
+rep = subprocess.run([args.bin, "report", moved], capture_output=True, text=True)
+plan1 = plan(["run.steps=12"])
+want = f"activations {plan1['stages'][0]['act_peak_bytes']['none'] / 2**20:.2f} MiB (plan"
+expect(r1.rc == 0 and r2.rc == 0 and "(6 logged steps of an earlier layout left out" in rep.stdout and want in rep.stdout,
+       f"report after a resume on another layout: per-stage figures of the new layout only ({rep.stdout[-600:]!r})")
 empty = os.path.join(args.work, "empty")
 os.makedirs(empty)
 rep = subprocess.run([args.bin, "report", empty], capture_output=True, text=True)
