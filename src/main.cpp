@@ -125,11 +125,16 @@ int plan_main(const std::vector<std::string>& args) {
   desc.add_options()("help,h", "show this help")("config", po::value<std::string>(&config), "run spec (TOML)")(
       "set", po::value<std::vector<std::string>>(&overrides)->composing(), "override one key (repeatable)")(
       "world", po::value<int>(&world), "rank count to plan for (checked against pp x dp; default pp x dp)")(
-      "json", "print the prediction as JSON");
+      "json", "print the prediction as JSON")(
+      "compare-schedules", "one line per pipeline schedule for this layout: bubble and activation peak");
   po::variables_map vm;
   if (int code = parse("plan", desc, args, vm); code >= 0) return code;
   try {
     const RunSpec spec = load_spec(config, overrides, world);
+    if (vm.count("compare-schedules")) {
+      std::cout << schedule_comparison(spec);
+      return 0;
+    }
     const Plan plan = make_plan(spec);
     std::cout << (vm.count("json") ? plan_json(spec, plan) : plan_text(spec, plan));
     return 0;

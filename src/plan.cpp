@@ -105,6 +105,34 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
   return os.str();
 }
 
+std::string schedule_comparison(const RunSpec& spec) {
+  std::ostringstream os;
+  const int mode = static_cast<int>(parse_recompute(spec.parallel.recompute));
+  os << "schedules for pp " << spec.parallel.pp << ", M=" << spec.parallel.micro_batches << ", recompute "
+     << spec.parallel.recompute << " (bubble with even stages | simulated with the cost model):\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "  %-7s %8s %10s   %-24s %s\n", "", "bubble", "simulated", "held per stage",
+                "activation peak (largest stage)");
+  os << line;
+  for (const char* name : {"gpipe", "1f1b", "zb-h1"}) {
+    RunSpec s = spec;
+    s.parallel.schedule = name;
+    if (std::string(name) == "zb-h1" && mode != 0) {
+      std::snprintf(line, sizeof line, "  %-7s (needs recompute = none)\n", name);
+      os << line;
+      continue;
+    }
+    const Plan p = make_plan(s);
+    std::string held;
+    size_t peak = 0;
+    for (auto& st : p.stages) held += (held.empty() ? "" : " ") + std::to_string(st.in_flight), peak = std::max(peak, st.act_peak_bytes[mode]);
+    std::snprintf(line, sizeof line, "  %-7s %8.4f %10.4f   %-24s %s\n", name, p.bubble_theory, p.bubble_sim,
+                  held.c_str(), bytes(peak).c_str());
+    os << line;
+  }
+  return os.str();
+}
+
 std::string plan_json(const RunSpec& spec, const Plan& plan) {
   nlohmann::json j;
   j["world"] = plan.world;

@@ -57,7 +57,7 @@ ActionList zb_h1_schedule(int stage, int n_stages, int micro_batches) {
       const int b = next_b[s], f = next_f[s];
       const bool b_ready = b < M && done_f[s][b] >= 0 && done_f[s][b] <= t &&
                            (s == P - 1 || (done_b[s + 1][b] >= 0 && done_b[s + 1][b] <= t));
-      const bool f_ready = f < M && held[s] < P && (s == 0 || (done_f[s - 1][f] >= 0 && done_f[s - 1][f] <= t));
+      const bool f_ready = f < M && held[s] < P - s && (s == 0 || (done_f[s - 1][f] >= 0 && done_f[s - 1][f] <= t));
       if (b_ready) {
         done_b[s][b] = t + 1, order[s].push_back({Op::backward_input, b}), ++next_b[s];
       } else if (f_ready) {

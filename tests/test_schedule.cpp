@@ -227,7 +227,7 @@ TEST_CASE("every schedule: each micro-batch's F and B once per stage, F before B
       }
 }
 
-TEST_CASE("zb-h1: shorter than 1f1b with F = B = W, same peak memory (P micro-batches)", "[schedule]") {
+TEST_CASE("zb-h1: shorter than 1f1b with F = B = W, holding the same micro-batches per stage", "[schedule]") {
   for (int P = 2; P <= 6; ++P)
     for (int M = P; M <= 12; ++M) {
       INFO("P=" << P << " M=" << M);
@@ -237,14 +237,10 @@ TEST_CASE("zb-h1: shorter than 1f1b with F = B = W, same peak memory (P micro-ba
       CHECK(ofob_time == Approx(3.0 * (M + P - 1)));
       CHECK(zb_time < ofob_time);
       CHECK(zb_time >= 3.0 * M + P - 1);  // the zero-bubble bound: (P-1) F+B-W slots of ramp
-      int zb_peak = 0, ofob_peak = 0;
-      for (int s = 0; s < P; ++s)
-        zb_peak = std::max(zb_peak, max_in_flight(zb[s])), ofob_peak = std::max(ofob_peak, max_in_flight(ofob[s]));
-      CHECK(zb_peak == ofob_peak);
-      CHECK(zb_peak == P);
+      for (int s = 0; s < P; ++s) CHECK(max_in_flight(zb[s]) == max_in_flight(ofob[s]));
     }
   const std::vector<double> one(4, 1.0), two(4, 2.0);
-  CHECK(simulate(lists_of("zb-h1", 4, 8), one, two, one).makespan == Approx(29));
+  CHECK(simulate(lists_of("zb-h1", 4, 8), one, two, one).makespan == Approx(30));
 }
 
 TEST_CASE("1f1b: a stage holds at most P - stage micro-batches, GPipe all M", "[schedule]") {
@@ -271,7 +267,7 @@ TEST_CASE("1f1b: P=4, M=8 chart is the PipeDream-Flush diagram", "[schedule]") {
 TEST_CASE("schedule_bubble: the closed form for gpipe and 1f1b, zb-h1's own with F = B = W", "[schedule]") {
   CHECK(schedule_bubble("gpipe", 4, 8) == Approx(3.0 / 11));
   CHECK(schedule_bubble("1f1b", 4, 8) == Approx(3.0 / 11));
-  CHECK(schedule_bubble("zb-h1", 4, 8) == Approx(1.0 - 24.0 / 29));  // 29 slots for 24 of work
+  CHECK(schedule_bubble("zb-h1", 4, 8) == Approx(1.0 - 24.0 / 30));  // 30 slots for 24 of work
   CHECK(schedule_bubble("zb-h1", 1, 8) == Approx(0.0));
   for (int P = 2; P <= 6; ++P)
     for (int M = P; M <= 12; ++M) CHECK(schedule_bubble("zb-h1", P, M) < schedule_bubble("1f1b", P, M));

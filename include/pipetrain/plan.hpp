@@ -29,5 +29,8 @@ struct Plan {
 Plan make_plan(const RunSpec& spec);
 std::string plan_text(const RunSpec& spec, const Plan& plan);
 std::string plan_json(const RunSpec& spec, const Plan& plan);
+// Every schedule on this spec's layout side by side: bubble with even stages and with the cost
+// model, micro-batches held per stage, activation peak (the spec's recompute mode).
+std::string schedule_comparison(const RunSpec& spec);
 
 }  // namespace pipetrain

@@ -30,9 +30,9 @@ ActionList one_f_one_b_schedule(int stage, int n_stages, int micro_batches);
 // ZB-H1-style zero bubble ("Zero Bubble Pipeline Parallelism", Qi et al. 2023): backward split
 // into B (input gradient, sent upstream at once) and W (parameter gradient), listed by scheduling
 // unit costs F = B = W greedily on all stages together: B first, then F while the stage holds
-// fewer than P micro-batches (1F1B's peak, that of its first stage), then a pending W where the
-// stage would otherwise wait. With unit costs at P = 4, M = 8 the step takes 29 slots against
-// 1F1B's 33 (the paper's hand-made H1: 27).
+// fewer than P - stage micro-batches (1F1B's count; a micro-batch is held until its W), then a
+// pending W where the stage would otherwise wait. With unit costs at P = 4, M = 8 the step takes
+// 30 slots against 1F1B's 33 (the paper's hand-made H1, counting memory differently: 27).
 ActionList zb_h1_schedule(int stage, int n_stages, int micro_batches);
 
 // The schedule named by parallel.schedule: "gpipe", "1f1b" or "zb-h1".
