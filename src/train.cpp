@@ -167,12 +167,12 @@ StepSync sync_step(Stage& stage, Comm& comm, GradReducer* reducer, const ParamTe
   if (reducer) reducer->finish();
   const double dp_wait = comm.wait_seconds() - wait0;
   if (tied_wte) comm.allreduce_tied(g.data() + tied_wte->offset, tied_wte->size);
-  // Every replica checks its own gradient: after the all-reduce a NaN anywhere is everywhere, but
-  // a rank must not rely on the first replica to notice for it.
-  const double sq = grad_sq_sum(stage.params(), g);
+  // The gradient is checked where its norm is taken, on the first replica: the all-reduce has
+  // summed every replica's part into it, so a NaN anywhere is there too. Each rank checks its own
+  // loss; the world all-reduce of the flag makes every rank decide alike.
+  const double sq = comm.topo().dp_rank == 0 ? grad_sq_sum(stage.params(), g) : 0.0;
   const bool bad = !std::isfinite(sq) || !std::isfinite(loss_sum);
-  double sums[3] = {comm.topo().dp_rank == 0 && !bad ? sq : 0.0, stop_requested() || out_of_time ? 1.0 : 0.0,
-                    bad ? 1.0 : 0.0};
+  double sums[3] = {bad ? 0.0 : sq, stop_requested() || out_of_time ? 1.0 : 0.0, bad ? 1.0 : 0.0};
   comm.allreduce_world(sums, 3);
   const bool finite = sums[2] == 0;
   return {dp_wait, finite ? std::sqrt(sums[0]) : NAN, sums[1] > 0, finite};
