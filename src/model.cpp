@@ -51,9 +51,11 @@ template <class W, class F>
 void for_each_head_wgrad_buffer(W& w, F f) {
   for (auto* v : {&w.dlogits, &w.dlnf, &w.dembed}) f(*v);
 }
-void size_wgrads(BlockWGrads& w, size_t NC) {
-  w.dout.resize(NC), w.dfch.resize(4 * NC), w.dln2.resize(NC), w.dres2.resize(NC), w.dqkv.resize(3 * NC);
-  w.dln1.resize(NC);
+// keep_copies: also the block's output and d(res2), which only a split backward keeps (a fused one
+// reads them where they already are).
+void size_wgrads(BlockWGrads& w, size_t NC, bool keep_copies) {
+  w.dfch.resize(4 * NC), w.dln2.resize(NC), w.dqkv.resize(3 * NC), w.dln1.resize(NC);
+  if (keep_copies) w.dout.resize(NC), w.dres2.resize(NC);
 }
 
 }  // namespace
@@ -80,8 +82,8 @@ size_t working_bytes(const RunSpec& spec, int stage, int n_stages, int blocks) {
   const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, C = spec.model.d_model;
   const size_t n = b * T, V = spec.model.vocab;
   const bool last = stage == n_stages - 1;
-  size_t floats = n * C * (5 + 4 + 11)             // attproj, fcproj, dres, dx, datty; dfch_gelu; one block's
-                                                    // output gradients
+  size_t floats = n * C * (5 + 4 + 9)              // attproj, fcproj, dres, dx, datty; dfch_gelu; the output
+                                                    // gradients a fused block backward passes on
                   + (last ? 2 * n * V + n * C : 0)  // logits; the head's output gradients
                   + 8 * n * C                       // executor rings: 2 each for activations and gradients, in and out
                   + T * T;                          // attention backward's score gradients
@@ -192,7 +194,7 @@ Stage::Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int 
   dx_.resize(N * C);
   datty_.resize(N * C);
   dfch_gelu_.resize(4 * N * C);
-  size_wgrads(wscratch_, N * C);
+  size_wgrads(wscratch_, N * C, false);
   if (last()) logits_.resize(N * V_), hscratch_.dlogits.resize(N * V_), hscratch_.dlnf.resize(N * C);
 }
 
@@ -333,7 +335,7 @@ void Stage::backward_pass(int mb, const float* dout, float* dinp, bool input, bo
   const size_t n = boundary_floats();
   if (split && input) {
     s.wblocks.resize(L_);
-    for (auto& w : s.wblocks) size_wgrads(w, n);
+    for (auto& w : s.wblocks) size_wgrads(w, n, true);
     if (last()) s.whead.dlogits.resize(static_cast<size_t>(B_) * T_ * V_), s.whead.dlnf.resize(n);
     if (first()) s.whead.dembed.resize(n);
   }
