@@ -3,12 +3,12 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "pipetrain/clock.hpp"
 #include "pipetrain/parallel_for.hpp"
 #include "pipetrain/profile.hpp"
 
@@ -357,9 +357,9 @@ double measure_sgemm_gflops(int n, double seconds) {
   std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a), c(a.size());
   double best = 0, spent = 0;
   while (spent < seconds) {
-    auto t0 = std::chrono::steady_clock::now();
+    const double t0 = now_s();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
-    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double dt = now_s() - t0;
     spent += dt;
     best = std::max(best, 2.0 * n * n * n / dt / 1e9);
   }
