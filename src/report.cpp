@@ -134,18 +134,17 @@ int run_report(const std::string& run_dir, const std::string& plots_dir) {
   const int mode = !have_spec ? 0 : spec.parallel.recompute == "none" ? 0 : spec.parallel.recompute == "stage" ? 1 : 2;
   // A run resumed on another layout logged its earlier steps with another number of stages: the
   // per-stage figures come from the steps of the current layout only.
-  std::vector<json> layout_lines;
+  std::vector<json> per_stage;
   for (auto& l : lines)
     if (l.contains("bubble_measured") && l["bubble_measured"].is_array() && l["bubble_measured"].size() == P)
-      layout_lines.push_back(l);
-  const std::vector<json>& per_stage = layout_lines;
+      per_stage.push_back(l);
   if (P > 0) {
     if (have_spec)
       std::printf("  bubble of the %s schedule with even stages = %.3f; per stage: measured median vs simulated\n",
                   spec.parallel.schedule.c_str(), plan.bubble_theory);
-    if (layout_lines.size() < lines.size())
+    if (per_stage.size() < lines.size())
       std::printf("    (%zu logged steps of an earlier layout left out of the per-stage figures)\n",
-                  lines.size() - layout_lines.size());
+                  lines.size() - per_stage.size());
     for (size_t s = 0; s < P; ++s) {
       std::printf("    stage %zu: bubble %s", s, fmt("%.3f", stage_median(per_stage, "bubble_measured", s)).c_str());
       if (have_spec) std::printf(" (sim %.3f)", plan.stages[s].bubble);
