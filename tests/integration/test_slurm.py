@@ -7,7 +7,6 @@ directory."""
 import os
 import re
 import subprocess
-import sys
 import time
 from harness import parse_args, launch, expect, finish
 
