@@ -2,7 +2,9 @@
 micro-batch, exactly, for each recompute mode and schedule: GPipe holds all M micro-batches,
 1F1B at most P - stage. The formula is written out here independently of the C++ accounting:
 what each mode keeps between a micro-batch's forward and its backward."""
+import json
 import os
+import subprocess
 from harness import parse_args, launch, expect, finish
 
 args = parse_args()
@@ -44,7 +46,6 @@ for schedule, pp, dp in [("gpipe", 2, 1), ("gpipe", 4, 1), ("gpipe", 2, 2), ("1f
                             f"{in_flight} in flight x per-micro-batch = {want}")
 # Zero bubble: a micro-batch also holds its layers' output gradients from B to W; the measured
 # peak (counted from the buffers) equals plan's walk over the same action lists.
-import json, subprocess  # noqa: E402
 for pp, dp in [(2, 1), (4, 1), (2, 2)]:
     sets = ["run.steps=2", f"parallel.pp={pp}", f"parallel.dp={dp}", "parallel.schedule=zb-h1"]
     r = launch(args, pp * dp, os.path.join(args.work, f"zb_{pp}x{dp}"), tiny, sets)
