@@ -70,7 +70,7 @@ std::string Manifest::to_json() const {
   j["step"] = step;
   j["spec_hash"] = spec_hash;
   j["spec"] = spec;
-  j["layout"] = {{"pp", pp}, {"dp", dp}, {"partition", partition}};
+  j["layout"] = {{"pp", pp}, {"dp", dp}, {"virtual_stages", virtual_stages}, {"partition", partition}};
   j["data"] = {{"samples_consumed", samples_consumed}};
   j["optimizer"] = {{"steps", optimizer_steps}};
   // Nothing in a step draws random numbers at run time: init, synthetic data and shuffling are
@@ -101,6 +101,8 @@ Manifest Manifest::parse(const std::string& text, const std::string& path) {
     m.pp = j.at("layout").at("pp").get<int>();
     m.dp = j.at("layout").at("dp").get<int>();
     m.partition = j.at("layout").at("partition").get<std::vector<int>>();
+    // absent in checkpoints from before the interleaved schedule: one chunk per stage
+    m.virtual_stages = j.at("layout").value("virtual_stages", 1);
     m.samples_consumed = j.at("data").at("samples_consumed").get<int64_t>();
     // absent in checkpoints from before steps could be skipped: every step was an update then
     m.optimizer_steps = j.contains("optimizer") ? j.at("optimizer").at("steps").get<int64_t>() : m.step;
@@ -127,9 +129,10 @@ Manifest Manifest::parse(const std::string& text, const std::string& path) {
   };
   require(m.step >= 0 && m.samples_consumed >= 0, "negative step or data position");
   require(m.optimizer_steps >= 0 && m.optimizer_steps <= m.step, "optimizer.steps outside 0..step");
-  require(m.pp >= 1 && m.dp >= 1, "layout pp and dp must be at least 1");
-  require(m.partition.size() == static_cast<size_t>(m.pp) && m.shards.size() == static_cast<size_t>(m.pp),
-          "layout.partition and shards need one entry per stage");
+  require(m.pp >= 1 && m.dp >= 1 && m.virtual_stages >= 1, "layout pp, dp and virtual_stages must be at least 1");
+  require(m.partition.size() == static_cast<size_t>(m.pp) * m.virtual_stages,
+          "layout.partition needs one entry per virtual stage (pp x virtual_stages)");
+  require(m.shards.size() == static_cast<size_t>(m.pp), "shards need one entry per stage");
   for (int b : m.partition) require(b >= 0, "negative block count in layout.partition");
   for (auto& s : m.shards)
     require(!s.file.empty() && s.file.find('/') == std::string::npos && s.file != "." && s.file != "..",
@@ -152,8 +155,9 @@ std::string verify_checkpoint(const std::string& dir, int part, int parts) {
   int64_t blocks = 0;
   for (int b : m.partition) blocks += b;
   auto n_layer = m.spec.find("model.n_layer");
-  if (m.pp < 1 || m.shards.size() != static_cast<size_t>(m.pp) || m.partition.size() != static_cast<size_t>(m.pp) ||
-      n_layer == m.spec.end() || std::to_string(blocks) != n_layer->second)
+  if (m.pp < 1 || m.shards.size() != static_cast<size_t>(m.pp) ||
+      m.partition.size() != static_cast<size_t>(m.pp) * m.virtual_stages || n_layer == m.spec.end() ||
+      std::to_string(blocks) != n_layer->second)
     return mpath + "layout, partition and shard list do not agree";
   for (size_t i = 0; i < m.shards.size(); ++i) {
     if (static_cast<int>(i % parts) != part) continue;
@@ -276,15 +280,14 @@ double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const s
     m.spec_hash = hex(spec_hash(spec_));
     for (auto& k : spec_schema()) m.spec[k.dotted()] = k.show(spec_);
     m.pp = topo.pp, m.dp = topo.dp, m.partition = partition;
+    m.virtual_stages = static_cast<int>(partition.size()) / topo.pp;
     m.samples_consumed = step * spec_.train.global_batch;
     m.optimizer_steps = opt.steps_taken();
     m.shards.resize(topo.pp);
-    int block_begin = 0;
     for (int s = 0; s < topo.pp; ++s) {
       m.shards[s].file = shard_name(s);
-      for (auto& p : stage_params(spec_, s, topo.pp, block_begin, block_begin + partition[s]))
+      for (auto& p : rank_params(spec_, chunks_of(partition, topo.pp, s), static_cast<int>(partition.size())))
         if (!p.tied_copy) m.shards[s].tensors.push_back(p.name);
-      block_begin += partition[s];
     }
     for (int r = 0; r < topo.pp; ++r) {  // world ranks 0..pp-1 are the first replica of each stage
       m.shards[all[3 * r]].checksum = all[3 * r + 1];
@@ -406,9 +409,10 @@ int ckpt_inspect(const std::string& path) {
   }
   std::ostringstream partition;
   for (size_t i = 0; i < m.partition.size(); ++i) partition << (i ? "," : "") << m.partition[i];
-  std::printf("checkpoint %s\n  step %lld, %lld samples consumed, saved as pp %d x dp %d (blocks per stage %s) in %.2f s\n",
+  const std::string chunks = m.virtual_stages > 1 ? ", " + std::to_string(m.virtual_stages) + " chunks per stage" : "";
+  std::printf("checkpoint %s\n  step %lld, %lld samples consumed, saved as pp %d x dp %d%s (blocks per %sstage %s) in %.2f s\n",
               path.c_str(), static_cast<long long>(m.step), static_cast<long long>(m.samples_consumed), m.pp, m.dp,
-              partition.str().c_str(), m.write_s);
+              chunks.c_str(), m.virtual_stages > 1 ? "virtual " : "", partition.str().c_str(), m.write_s);
   uint64_t total_bytes = 0, total_params = 0;
   for (auto& s : m.shards) {
     std::printf("  %s  %llu bytes  checksum %s\n", s.file.c_str(), static_cast<unsigned long long>(s.bytes),

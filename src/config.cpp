@@ -144,9 +144,23 @@ void validate_spec(const RunSpec& s, int world_size) {
     fail("parallel.pp", "pp x dp = " + std::to_string(p.pp) + " x " + std::to_string(p.dp) + " = " +
                             std::to_string(ranks) + " but " + std::to_string(world_size) +
                             " MPI ranks were launched");
-  if (p.pp > m.n_layer)
-    fail("parallel.pp", std::to_string(p.pp) + " stages but model.n_layer = " + std::to_string(m.n_layer) +
-                            ": every stage needs at least one block");
+  const bool interleaved = p.schedule == "interleaved";
+  if (p.virtual_stages > 1 && !interleaved)
+    fail("parallel.virtual_stages", "virtual_stages = " + std::to_string(p.virtual_stages) +
+                                        " needs parallel.schedule = \"interleaved\" (schedule is " + p.schedule + ")");
+  if (interleaved && p.virtual_stages < 2)
+    fail("parallel.virtual_stages", "schedule = interleaved needs virtual_stages >= 2 (with 1 it is plain 1f1b)");
+  if (interleaved && p.pp < 2) fail("parallel.pp", "schedule = interleaved needs pp >= 2 (chunks go round the ring of stages)");
+  if (interleaved && p.micro_batches % p.pp != 0)
+    fail("parallel.micro_batches", "micro_batches = " + std::to_string(p.micro_batches) +
+                                       " must be a multiple of parallel.pp = " + std::to_string(p.pp) +
+                                       " for schedule = interleaved (micro-batches go through the chunks in groups of pp)");
+  const int64_t chunks = int64_t{p.pp} * p.virtual_stages;
+  if (chunks > m.n_layer)
+    fail("parallel.pp", (p.virtual_stages > 1 ? "pp x virtual_stages = " + std::to_string(chunks) + " chunks"
+                                              : std::to_string(p.pp) + " stages") +
+                            " but model.n_layer = " + std::to_string(m.n_layer) + ": every " +
+                            (p.virtual_stages > 1 ? "chunk" : "stage") + " needs at least one block");
   if (s.train.global_batch % batch_divisor != 0)
     fail("train.global_batch", "global_batch = " + std::to_string(s.train.global_batch) +
                                    " is not divisible by parallel.dp x parallel.micro_batches = " +
@@ -154,9 +168,10 @@ void validate_spec(const RunSpec& s, int world_size) {
   if (p.partition == "explicit") {
     long total = 0;
     for (int b : p.blocks_per_stage) total += b;
-    if (static_cast<int>(p.blocks_per_stage.size()) != p.pp)
-      fail("parallel.partition", "lists " + std::to_string(p.blocks_per_stage.size()) +
-                                     " stages but parallel.pp = " + std::to_string(p.pp));
+    if (static_cast<int64_t>(p.blocks_per_stage.size()) != chunks)
+      fail("parallel.partition", "lists " + std::to_string(p.blocks_per_stage.size()) + " stages but parallel.pp = " +
+                                     std::to_string(p.pp) +
+                                     (p.virtual_stages > 1 ? " x virtual_stages = " + std::to_string(chunks) : ""));
     if (total != m.n_layer)
       fail("parallel.partition", "assigns " + std::to_string(total) + " blocks but model.n_layer = " +
                                      std::to_string(m.n_layer));

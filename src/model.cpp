@@ -78,21 +78,23 @@ size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages,
   return sizeof(float) * n * (11 * C * blocks + (last ? spec.model.vocab + C : 0) + (first ? C : 0));
 }
 
-size_t working_bytes(const RunSpec& spec, int stage, int n_stages, int blocks) {
+size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual) {
   const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, C = spec.model.d_model;
   const size_t n = b * T, V = spec.model.vocab;
-  const bool last = stage == n_stages - 1;
+  const bool last = chunks.back().vstage == n_virtual - 1;
   size_t floats = n * C * (5 + 4 + 9)              // attproj, fcproj, dres, dx, datty; dfch_gelu; the output
                                                     // gradients a fused block backward passes on
                   + (last ? 2 * n * V + n * C : 0)  // logits; the head's output gradients
                   + 8 * n * C                       // executor rings: 2 each for activations and gradients, in and out
                   + T * T;                          // attention backward's score gradients
-  size_t bytes = sizeof(float) * floats;
-  const Recompute mode = parse_recompute(spec.parallel.recompute);
-  if (mode != Recompute::none)  // Stage::work_: one micro-batch's activations, without its inputs
-    bytes += stash_bytes_per_micro_batch(spec, stage, n_stages, blocks, Recompute::none) -
-             sizeof(int) * n * ((stage == 0 ? 1 : 0) + (last ? 1 : 0));
-  return bytes;
+  size_t bytes = sizeof(float) * floats, work = 0;
+  if (parse_recompute(spec.parallel.recompute) != Recompute::none)  // Stage::work_: one micro-batch's
+    for (const ChunkRange& c : chunks) {                             // activations, without its inputs
+      const int ints = (c.vstage == 0 ? 1 : 0) + (c.vstage == n_virtual - 1 ? 1 : 0);
+      work = std::max(work, stash_bytes_per_micro_batch(spec, c.vstage, n_virtual, c.block_end - c.block_begin,
+                                                        Recompute::none) - sizeof(int) * n * ints);
+    }
+  return bytes + work;
 }
 
 Recompute parse_recompute(const std::string& s) {
@@ -167,26 +169,46 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
   return params;
 }
 
+std::vector<ParamTensor> rank_params(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual) {
+  std::vector<ParamTensor> params;
+  for (const ChunkRange& c : chunks) {
+    const size_t offset = params.empty() ? 0 : params.back().offset + params.back().size;
+    for (ParamTensor& p : stage_params(spec, c.vstage, n_virtual, c.block_begin, c.block_end)) {
+      p.offset += offset;
+      params.push_back(std::move(p));
+    }
+  }
+  return params;
+}
+
 Stage::Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end, int micro_batches,
              float grad_scale)
-    : stage_(stage), n_stages_(n_stages), block_begin_(block_begin), block_end_(block_end),
-      L_(block_end - block_begin), B_(spec.samples_per_micro_batch()), T_(spec.model.seq_len),
-      C_(spec.model.d_model), NH_(spec.model.n_head), V_(spec.model.vocab), n_layer_(spec.model.n_layer),
-      tied_(spec.model.tie_embeddings), mode_(parse_recompute(spec.parallel.recompute)), grad_scale_(grad_scale) {
-  params_ = stage_params(spec, stage, n_stages, block_begin, block_end);
+    : Stage(spec, {{stage, block_begin, block_end}}, n_stages, micro_batches, grad_scale) {}
+
+Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual, int micro_batches,
+             float grad_scale)
+    : M_(micro_batches), B_(spec.samples_per_micro_batch()), T_(spec.model.seq_len), C_(spec.model.d_model),
+      NH_(spec.model.n_head), V_(spec.model.vocab), n_layer_(spec.model.n_layer), tied_(spec.model.tie_embeddings),
+      mode_(parse_recompute(spec.parallel.recompute)), grad_scale_(grad_scale) {
+  params_ = rank_params(spec, chunks, n_virtual);
   const size_t total = params_.empty() ? 0 : params_.back().offset + params_.back().size;
   weights_.assign(total, 0.f);
   grads_.assign(total, 0.f);
-  if (first()) wte_ = find("wte.weight")->offset, wpe_ = find("wpe.weight")->offset;
-  for (int i = block_begin; i < block_end; ++i)
-    block_offset_.push_back(find("h." + std::to_string(i) + ".ln_1.weight")->offset);
-  if (last()) {
+  for (const ChunkRange& r : chunks) {
+    Chunk c{r.block_end - r.block_begin, r.vstage == 0, r.vstage == n_virtual - 1, 0, {}};
+    for (int i = r.block_begin; i < r.block_end; ++i)
+      c.block_offset.push_back(find("h." + std::to_string(i) + ".ln_1.weight")->offset);
+    c.offset = c.first ? 0 : c.block_offset.front();
+    chunks_.push_back(std::move(c));
+  }
+  if (has_embedding()) wte_ = find("wte.weight")->offset, wpe_ = find("wpe.weight")->offset;
+  if (has_head()) {
     lnfw_ = find("ln_f.weight")->offset;
     lnfb_ = find("ln_f.bias")->offset;
     head_ = find(tied_ ? "wte.weight" : "lm_head.weight")->offset;
   }
 
-  slot_of_.assign(micro_batches, -1);
+  slot_of_.assign(static_cast<size_t>(micro_batches) * chunks.size(), -1);
   const size_t N = static_cast<size_t>(B_) * T_, C = C_;
   attproj_.resize(N * C);
   fcproj_.resize(N * C);
@@ -195,7 +217,7 @@ Stage::Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int 
   datty_.resize(N * C);
   dfch_gelu_.resize(4 * N * C);
   size_wgrads(wscratch_, N * C, false);
-  if (last()) logits_.resize(N * V_), hscratch_.dlogits.resize(N * V_), hscratch_.dlnf.resize(N * C);
+  if (has_head()) logits_.resize(N * V_), hscratch_.dlogits.resize(N * V_), hscratch_.dlnf.resize(N * C);
 }
 
 const ParamTensor* Stage::find(const std::string& name) const {
@@ -224,9 +246,9 @@ void Stage::zero_grads() {
   std::fill(grads_.begin(), grads_.end(), 0.f);
 }
 
-Stage::BlockPtrs Stage::block_ptrs(std::vector<float>& base, int l) {
+Stage::BlockPtrs Stage::block_ptrs(std::vector<float>& base, const Chunk& c, int l) {
   const size_t C = C_;
-  float* p = base.data() + block_offset_[l];
+  float* p = base.data() + c.block_offset[l];
   BlockPtrs b;
   b.ln1w = p, p += C;
   b.ln1b = p, p += C;
@@ -244,57 +266,58 @@ Stage::BlockPtrs Stage::block_ptrs(std::vector<float>& base, int l) {
 }
 
 void Stage::set_tokens(int mb, const int* tokens) {
-  stash(mb).tokens.assign(tokens, tokens + static_cast<size_t>(B_) * T_);
+  stash(0, mb).tokens.assign(tokens, tokens + static_cast<size_t>(B_) * T_);
 }
 void Stage::set_targets(int mb, const int* targets) {
-  stash(mb).targets.assign(targets, targets + static_cast<size_t>(B_) * T_);
+  stash(chunks() - 1, mb).targets.assign(targets, targets + static_cast<size_t>(B_) * T_);
 }
-float* Stage::input_buffer(int mb) {
-  auto& xs = stash(mb).xs;
+float* Stage::input_buffer(int chunk, int mb) {
+  auto& xs = stash(chunk, mb).xs;
   if (xs.empty()) xs.resize(1);
   xs[0].resize(boundary_floats());
   return xs[0].data();
 }
 
-void Stage::size_acts(Acts& a) {
+void Stage::size_acts(const Chunk& c, Acts& a) {
   const size_t N = static_cast<size_t>(B_) * T_, C = C_;
-  a.xs.resize(L_ + (last() ? 1 : 0));
+  a.xs.resize(c.L + (c.last ? 1 : 0));
   for (auto& x : a.xs) x.resize(N * C);
-  a.blocks.resize(L_);
+  a.blocks.resize(c.L);
   for (auto& b : a.blocks) {
     b.ln1.resize(N * C), b.ln1_mean.resize(N), b.ln1_rstd.resize(N), b.qkv.resize(3 * N * C);
     b.att.resize(static_cast<size_t>(B_) * NH_ * T_ * T_), b.atty.resize(N * C), b.res2.resize(N * C);
     b.ln2.resize(N * C), b.ln2_mean.resize(N), b.ln2_rstd.resize(N), b.fch.resize(4 * N * C);
     b.fch_gelu.resize(4 * N * C);
   }
-  if (last()) {
+  if (c.last) {
     a.head.lnf.resize(N * C), a.head.lnf_mean.resize(N), a.head.lnf_rstd.resize(N);
     a.head.probs.resize(N * V_);
   }
 }
 
-// Runs the whole stage for the micro-batch whose inputs are in `s` (tokens / received input /
+// Runs a whole chunk for the micro-batch whose inputs are in `s` (tokens / received input /
 // targets), filling every activation of `w` (which may be `s` itself).
-void Stage::compute_forward(Acts& w, const Acts& s, float* out, double* loss) {
-  size_acts(w);
+void Stage::compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, double* loss) {
+  size_acts(c, w);
   const size_t n_in = boundary_floats();
-  if (first()) encoder_forward(w.xs[0].data(), s.tokens.data(), &weights_[wte_], &weights_[wpe_], B_, T_, C_);
+  if (c.first) encoder_forward(w.xs[0].data(), s.tokens.data(), &weights_[wte_], &weights_[wpe_], B_, T_, C_);
   else if (&w != &s) std::copy(s.xs[0].begin(), s.xs[0].begin() + n_in, w.xs[0].begin());
-  for (int l = 0; l < L_; ++l) {
-    float* y = (l + 1 < L_ || last()) ? w.xs[l + 1].data() : out;
-    block_forward(l, w.xs[l].data(), w.blocks[l], y);
+  for (int l = 0; l < c.L; ++l) {
+    float* y = (l + 1 < c.L || c.last) ? w.xs[l + 1].data() : out;
+    block_forward(c, l, w.xs[l].data(), w.blocks[l], y);
   }
-  if (last()) *loss = head_forward(w.xs[L_].data(), w.head, s.targets.data());
+  if (c.last) *loss = head_forward(w.xs[c.L].data(), w.head, s.targets.data());
 }
 
-double Stage::forward(int mb, float* out) {
-  Acts& s = stash(mb);
+double Stage::forward(int chunk, int mb, float* out) {
+  const Chunk& c = chunks_[chunk];
+  Acts& s = stash(chunk, mb);
   double loss = 0;
   if (mode_ == Recompute::none) {
-    compute_forward(s, s, out, &loss);
+    compute_forward(c, s, s, out, &loss);
     return loss;
   }
-  compute_forward(work_, s, out, &loss);
+  compute_forward(c, work_, s, out, &loss);
   if (mode_ == Recompute::block) {  // keep each block's input (and the head's)
     s.xs.resize(work_.xs.size());
     for (size_t i = 0; i < work_.xs.size(); ++i) s.xs[i].assign(work_.xs[i].begin(), work_.xs[i].end());
@@ -303,20 +326,24 @@ double Stage::forward(int mb, float* out) {
   return loss;
 }
 
-void Stage::backward(int mb, const float* dout, float* dinp, const std::function<void(size_t)>& done_from) {
-  backward_pass(mb, dout, dinp, true, true, done_from);
+void Stage::backward(int chunk, int mb, const float* dout, float* dinp, const std::function<void(size_t)>& done_from) {
+  backward_pass(chunk, mb, dout, dinp, true, true, done_from);
 }
-void Stage::backward_input(int mb, const float* dout, float* dinp) { backward_pass(mb, dout, dinp, true, false, {}); }
-void Stage::backward_weight(int mb, const std::function<void(size_t)>& done_from) {
-  backward_pass(mb, nullptr, nullptr, false, true, done_from);
+void Stage::backward_input(int chunk, int mb, const float* dout, float* dinp) {
+  backward_pass(chunk, mb, dout, dinp, true, false, {});
+}
+void Stage::backward_weight(int chunk, int mb, const std::function<void(size_t)>& done_from) {
+  backward_pass(chunk, mb, nullptr, nullptr, false, true, done_from);
 }
 
 // input: the input-gradient half (B); weight: the parameter-gradient half (W). Both at once is a
 // fused backward, each kernel doing both halves in one pass, with one scratch set of output
 // gradients; one at a time (recompute = none only) keeps those in mb's stash between the halves.
-void Stage::backward_pass(int mb, const float* dout, float* dinp, bool input, bool weight,
+void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, bool input, bool weight,
                           const std::function<void(size_t)>& done_from) {
-  Acts& s = stash(mb);
+  const Chunk& c = chunks_[chunk];
+  const int L = c.L;
+  Acts& s = stash(chunk, mb);
   Acts* a = &s;
   const bool split = input != weight;
   if (split && mode_ != Recompute::none) throw std::logic_error("a split backward needs recompute = none");
@@ -324,57 +351,57 @@ void Stage::backward_pass(int mb, const float* dout, float* dinp, bool input, bo
   if (mode_ == Recompute::stage) {
     double unused;
     recompute_s_ -= now_s();
-    compute_forward(work_, s, dx_.data(), &unused);  // dx_ is free scratch at this point
+    compute_forward(c, work_, s, dx_.data(), &unused);  // dx_ is free scratch at this point
     recompute_s_ += now_s();
     a = &work_;
   } else if (mode_ == Recompute::block) {
-    size_acts(work_);
+    size_acts(c, work_);
     for (size_t i = 0; i < s.xs.size(); ++i) std::copy(s.xs[i].begin(), s.xs[i].end(), work_.xs[i].begin());
     a = &work_;
   }
   const size_t n = boundary_floats();
   if (split && input) {
-    s.wblocks.resize(L_);
+    s.wblocks.resize(L);
     for (auto& w : s.wblocks) size_wgrads(w, n, true);
-    if (last()) s.whead.dlogits.resize(static_cast<size_t>(B_) * T_ * V_), s.whead.dlnf.resize(n);
-    if (first()) s.whead.dembed.resize(n);
+    if (c.last) s.whead.dlogits.resize(static_cast<size_t>(B_) * T_ * V_), s.whead.dlnf.resize(n);
+    if (c.first) s.whead.dembed.resize(n);
   }
   HeadWGrads& hw = split ? s.whead : hscratch_;
-  if (last()) {
+  if (c.last) {
     if (input) {
       if (mode_ == Recompute::block) {
         recompute_s_ -= now_s();
-        head_forward(a->xs[L_].data(), a->head, s.targets.data());
+        head_forward(a->xs[L].data(), a->head, s.targets.data());
         recompute_s_ += now_s();
       }
       std::fill(dres_.begin(), dres_.end(), 0.f);
-      head_backward_input(a->xs[L_].data(), a->head, s.targets.data(), dres_.data(), hw, !split);
+      head_backward_input(a->xs[L].data(), a->head, s.targets.data(), dres_.data(), hw, !split);
     }
     if (weight) {
-      if (split) head_backward_weight(a->xs[L_].data(), a->head, hw);
+      if (split) head_backward_weight(a->xs[L].data(), a->head, hw);
       if (done_from) done_from(lnfw_);
     }
   } else if (input) {
     std::copy(dout, dout + n, dres_.begin());
   }
-  for (int l = L_ - 1; l >= 0; --l) {
+  for (int l = L - 1; l >= 0; --l) {
     BlockWGrads& w = split ? s.wblocks[l] : wscratch_;
     if (input) {
       if (mode_ == Recompute::block) {
         recompute_s_ -= now_s();
-        block_forward(l, a->xs[l].data(), a->blocks[l], dx_.data());
+        block_forward(c, l, a->xs[l].data(), a->blocks[l], dx_.data());
         recompute_s_ += now_s();
       }
-      const BlockPtrs g = block_ptrs(grads_, l);
-      block_backward_input(l, a->xs[l].data(), a->blocks[l], dres_.data(), dx_.data(), w, split ? nullptr : &g);
+      const BlockPtrs g = block_ptrs(grads_, c, l);
+      block_backward_input(c, l, a->xs[l].data(), a->blocks[l], dres_.data(), dx_.data(), w, split ? nullptr : &g);
       std::swap(dres_, dx_);  // dres_ now holds the gradient of block l's input
     }
     if (weight) {
-      if (split) block_backward_weight(l, a->xs[l].data(), a->blocks[l], w);
-      if (done_from && (l > 0 || !first())) done_from(block_offset_[l]);
+      if (split) block_backward_weight(c, l, a->xs[l].data(), a->blocks[l], w);
+      if (done_from && l > 0) done_from(c.block_offset[l]);
     }
   }
-  if (first()) {
+  if (c.first) {
     if (split && input) std::copy(dres_.begin(), dres_.begin() + n, hw.dembed.begin());
     if (weight)
       encoder_backward(&grads_[wte_], &grads_[wpe_], split ? hw.dembed.data() : dres_.data(), s.tokens.data(), B_, T_, C_);
@@ -382,29 +409,31 @@ void Stage::backward_pass(int mb, const float* dout, float* dinp, bool input, bo
     std::copy(dres_.begin(), dres_.begin() + n, dinp);
   }
   if (weight) {
-    if (done_from && first()) done_from(0);
-    release(mb);
+    if (done_from) done_from(c.offset);
+    release(chunk, mb);
   }
 }
 
-Acts& Stage::stash(int mb) {
-  if (slot_of_[mb] < 0) {
+Acts& Stage::stash(int chunk, int mb) {
+  int& slot = slot_of_[key(chunk, mb)];
+  if (slot < 0) {
     if (free_.empty()) free_.push_back(static_cast<int>(pool_.size())), pool_.emplace_back();
-    slot_of_[mb] = free_.back();
+    slot = free_.back();
     free_.pop_back();
   }
-  return pool_[slot_of_[mb]];
+  return pool_[slot];
 }
 
-void Stage::release(int mb) {
-  pool_[slot_of_[mb]].release();
-  free_.push_back(slot_of_[mb]);
-  slot_of_[mb] = -1;
+void Stage::release(int chunk, int mb) {
+  int& slot = slot_of_[key(chunk, mb)];
+  pool_[slot].release();
+  free_.push_back(slot);
+  slot = -1;
 }
 
-void Stage::block_forward(int l, const float* x, BlockActs& a, float* out) {
+void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out) {
   const int N = B_ * T_, C = C_;
-  BlockPtrs w = block_ptrs(weights_, l);
+  BlockPtrs w = block_ptrs(weights_, c, l);
   layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1w, w.ln1b, N, C);
   matmul_forward(a.qkv.data(), a.ln1.data(), w.qkvw, w.qkvb, N, C, 3 * C);
   attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B_, T_, C, NH_);
@@ -421,11 +450,11 @@ void Stage::block_forward(int l, const float* x, BlockActs& a, float* out) {
 // With `g` (a fused backward) each kernel also adds its parameter gradients in the same pass;
 // without (the input half of a split backward) the output gradients the parameters need are left
 // in w for block_backward_weight. Either way the bits come out the same.
-void Stage::block_backward_input(int l, const float* x, const BlockActs& a, const float* dout, float* dinp,
-                                 BlockWGrads& w, const BlockPtrs* g) {
+void Stage::block_backward_input(const Chunk& c, int l, const float* x, const BlockActs& a, const float* dout,
+                                 float* dinp, BlockWGrads& w, const BlockPtrs* g) {
   const int N = B_ * T_, C = C_;
   const size_t NC = static_cast<size_t>(N) * C;
-  BlockPtrs p = block_ptrs(weights_, l);
+  BlockPtrs p = block_ptrs(weights_, c, l);
   auto grad = [&](float* BlockPtrs::*field) { return g ? g->*field : nullptr; };
   // out = res2 + mlp(ln2(res2))
   if (!g) std::copy(dout, dout + NC, w.dout.begin());
@@ -449,9 +478,9 @@ void Stage::block_backward_input(int l, const float* x, const BlockActs& a, cons
                      a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
 }
 
-void Stage::block_backward_weight(int l, const float* x, const BlockActs& a, const BlockWGrads& w) {
+void Stage::block_backward_weight(const Chunk& c, int l, const float* x, const BlockActs& a, const BlockWGrads& w) {
   const int N = B_ * T_, C = C_;
-  BlockPtrs g = block_ptrs(grads_, l);
+  BlockPtrs g = block_ptrs(grads_, c, l);
   matmul_backward(nullptr, g.fcprojw, g.fcprojb, w.dout.data(), a.fch_gelu.data(), nullptr, N, 4 * C, C);
   matmul_backward(nullptr, g.fcw, g.fcb, w.dfch.data(), a.ln2.data(), nullptr, N, C, 4 * C);
   layernorm_backward(nullptr, g.ln2w, g.ln2b, w.dln2.data(), a.res2.data(), nullptr, a.ln2_mean.data(),

@@ -51,7 +51,7 @@ std::vector<int> uniform(int n_layer, int pp) {
 // Contiguous split minimising the most expensive stage (exact dynamic programme over split points;
 // ties broken toward the uniform split so balanced == uniform when costs are even).
 std::vector<int> balanced(const RunSpec& spec) {
-  const int L = spec.model.n_layer, P = spec.parallel.pp;
+  const int L = spec.model.n_layer, P = spec.parallel.pp * spec.parallel.virtual_stages;
   const CostModel m = CostModel::of(spec);
   auto cost = [&](int s, int begin, int end) {
     double c = (end - begin) * m.block;
@@ -85,14 +85,22 @@ std::vector<int> partition_blocks(const RunSpec& spec) {
   const auto& p = spec.parallel;
   if (p.partition == "explicit") return p.blocks_per_stage;
   if (p.partition == "balanced") return balanced(spec);
-  return uniform(spec.model.n_layer, p.pp);
+  return uniform(spec.model.n_layer, p.pp * p.virtual_stages);
+}
+
+std::vector<ChunkRange> chunks_of(const std::vector<int>& blocks, int pp, int stage) {
+  std::vector<ChunkRange> chunks;
+  int begin = 0;
+  for (int v = 0; v < static_cast<int>(blocks.size()); begin += blocks[v++])
+    if (v % pp == stage) chunks.push_back({v, begin, begin + blocks[v]});
+  return chunks;
 }
 
 std::string describe_partition(const RunSpec& spec, const std::vector<int>& blocks) {
   const auto costs = stage_costs(spec, blocks);
   double total = 0;
   for (double c : costs) total += c;
-  const int P = static_cast<int>(blocks.size());
+  const int P = static_cast<int>(blocks.size()), pp = spec.parallel.pp;
   std::ostringstream os;
   int begin = 0;
   for (int s = 0; s < P; ++s) {
@@ -101,8 +109,11 @@ std::string describe_partition(const RunSpec& spec, const std::vector<int>& bloc
     std::string extra;
     if (s == 0) extra += " +embeddings";
     if (s + 1 == P) extra += " +head";
-    char line[200];
-    std::snprintf(line, sizeof line, "  stage %d: blocks %d-%d (%d)%s, %zu params, cost %.1f%%\n", s, begin,
+    char name[64];  // with chunks: which rank runs this virtual stage
+    if (P == pp) std::snprintf(name, sizeof name, "stage %d", s);
+    else std::snprintf(name, sizeof name, "stage %d chunk %d", s % pp, s / pp);
+    char line[240];
+    std::snprintf(line, sizeof line, "  %s: blocks %d-%d (%d)%s, %zu params, cost %.1f%%\n", name, begin,
                   begin + blocks[s] - 1, blocks[s], extra.c_str(), params, 100.0 * costs[s] / total);
     os << line;
     begin += blocks[s];

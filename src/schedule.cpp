@@ -82,15 +82,51 @@ ActionList zb_h1_schedule(int stage, int n_stages, int micro_batches) {
   return list;
 }
 
-ActionList make_schedule(const std::string& name, int stage, int n_stages, int micro_batches) {
+ActionList interleaved_schedule(int stage, int n_stages, int micro_batches, int chunks) {
+  const int P = n_stages, M = micro_batches, V = chunks, total = M * V, last_v = P * V - 1;
+  if (M % P != 0) throw std::invalid_argument("the interleaved schedule needs micro_batches a multiple of pp");
+  // This rank's k-th chunk-forward (chunk-backward): groups of P micro-batches go through chunk 0,
+  // then chunk 1, ...; backwards take the chunks in reverse, so gradients flow back the same way.
+  auto unit = [&](int k, Op op) {
+    const int in_group = k % (P * V), chunk = in_group / P;
+    return Action{op, k / (P * V) * P + in_group % P, op == Op::forward ? chunk : V - 1 - chunk};
+  };
+  ActionList list;
+  auto forward = [&](int k) {
+    const Action a = unit(k, Op::forward);
+    const int v = a.chunk * P + stage;
+    if (v > 0) list.push_back({Op::recv_act, a.mb, a.chunk});
+    list.push_back(a);
+    if (v < last_v) list.push_back({Op::send_act, a.mb, a.chunk});
+  };
+  auto backward = [&](int k) {
+    const Action a = unit(k, Op::backward);
+    const int v = a.chunk * P + stage;
+    if (v < last_v) list.push_back({Op::recv_grad, a.mb, a.chunk});
+    list.push_back(a);
+    if (v > 0) list.push_back({Op::send_grad, a.mb, a.chunk});
+  };
+  // Stage s needs 2(P-1-s) chunk-forwards more than the last stage before its first gradient can
+  // come back, and every stage runs the first group through all but its last chunk first.
+  const int warmup = M == P ? total : std::min(total, 2 * (P - 1 - stage) + (V - 1) * P);
+  for (int k = 0; k < warmup; ++k) forward(k);
+  for (int k = 0; k + warmup < total; ++k) forward(k + warmup), backward(k);
+  for (int k = std::max(0, total - warmup); k < total; ++k) backward(k);
+  return list;
+}
+
+ActionList make_schedule(const std::string& name, int stage, int n_stages, int micro_batches, int chunks) {
+  if (name == "interleaved") return interleaved_schedule(stage, n_stages, micro_batches, chunks);
+  if (chunks != 1) throw std::invalid_argument("schedule " + name + " runs one chunk per stage");
   if (name == "gpipe") return gpipe_schedule(stage, n_stages, micro_batches);
   if (name == "1f1b") return one_f_one_b_schedule(stage, n_stages, micro_batches);
   if (name == "zb-h1") return zb_h1_schedule(stage, n_stages, micro_batches);
   throw std::invalid_argument("unknown schedule " + name);
 }
 
-double schedule_bubble(const std::string& name, int n_stages, int micro_batches) {
+double schedule_bubble(const std::string& name, int n_stages, int micro_batches, int chunks) {
   const int P = n_stages, M = micro_batches;
+  if (name == "interleaved") return static_cast<double>(P - 1) / (chunks * M + P - 1);
   if (name != "zb-h1") return static_cast<double>(P - 1) / (M + P - 1);
   std::vector<ActionList> lists;
   for (int s = 0; s < P; ++s) lists.push_back(zb_h1_schedule(s, P, M));
@@ -107,13 +143,14 @@ int max_in_flight(const ActionList& list) {
   return peak;
 }
 
-size_t peak_activation_bytes(const ActionList& list, size_t stash, size_t wgrads) {
+size_t peak_activation_bytes(const ActionList& list, const std::vector<size_t>& stash, const std::vector<size_t>& wgrads) {
   size_t now = 0, peak = 0;
   for (const Action& a : list) {
-    if (a.op == Op::forward) now += stash;
-    if (a.op == Op::backward_input) now += wgrads;
-    if (a.op == Op::backward) now -= stash;
-    if (a.op == Op::backward_weight) now -= stash + wgrads;
+    const size_t held = stash.at(a.chunk), split = wgrads.at(a.chunk);
+    if (a.op == Op::forward) now += held;
+    if (a.op == Op::backward_input) now += split;
+    if (a.op == Op::backward) now -= held;
+    if (a.op == Op::backward_weight) now -= held + split;
     peak = std::max(peak, now);
   }
   return peak;
@@ -127,37 +164,62 @@ double SimResult::mean_bubble() const {
 
 SimResult simulate(const std::vector<ActionList>& lists, const std::vector<double>& fwd, const std::vector<double>& bwd,
                    const std::vector<double>& wgt) {
-  const int P = static_cast<int>(lists.size());
+  const int P = static_cast<int>(lists.size()), n_virtual = static_cast<int>(fwd.size());
   SimResult r;
   r.busy.assign(P, 0);
   r.spans.resize(P);
   std::vector<size_t> next(P, 0);
   std::vector<double> clock(P, 0);
-  // sent[s][mb]: when stage s sent micro-batch mb's activation (first) / gradient (second)
-  std::vector<std::map<int, double>> act_sent(P), grad_sent(P);
+  // When the activation from virtual stage v to v+1 (the gradient from v+1 to v) of a micro-batch
+  // was sent, keyed by (v, mb).
+  std::map<std::pair<int, int>, double> act_sent, grad_sent;
+  // Per rank: messages it has produced towards its next / previous rank, and when it took each
+  // message from its previous / next rank (a receive frees a ring slot in the executor).
+  std::vector<int> acts_made(P, 0), grads_made(P, 0);
+  std::vector<std::vector<double>> acts_taken(P), grads_taken(P);
+  // A compute whose result goes to rank `to` waits until `to` has taken enough earlier messages.
+  auto room = [&](int made, const std::vector<double>& taken, double& at) {
+    const int need = made - kMessageRing - 1;  // messages the receiver must have taken
+    if (need <= 0) return true;
+    if (static_cast<int>(taken.size()) < need) return false;
+    at = std::max(at, taken[need - 1]);
+    return true;
+  };
   for (bool progress = true; progress;) {
     progress = false;
     for (int s = 0; s < P; ++s) {
       for (; next[s] < lists[s].size(); ++next[s], progress = true) {
         const Action& a = lists[s][next[s]];
+        const int v = a.chunk * P + s;
+        if (v >= n_virtual) throw std::logic_error("no costs for virtual stage " + std::to_string(v));
         if (a.op == Op::recv_act || a.op == Op::recv_grad) {
-          const auto& from = a.op == Op::recv_act ? act_sent[s - 1] : grad_sent[s + 1];
-          auto it = from.find(a.mb);
-          if (it == from.end()) break;  // blocked until the peer sends
+          const auto& sent = a.op == Op::recv_act ? act_sent : grad_sent;
+          auto it = sent.find({a.op == Op::recv_act ? v - 1 : v, a.mb});
+          if (it == sent.end()) break;  // blocked until the peer sends
           clock[s] = std::max(clock[s], it->second);
+          if (a.op == Op::recv_act) acts_taken[s].push_back(clock[s]);
         } else if (a.op == Op::send_act) {
-          act_sent[s][a.mb] = clock[s];
+          act_sent[{v, a.mb}] = clock[s];
         } else if (a.op == Op::send_grad) {
-          grad_sent[s][a.mb] = clock[s];
+          grad_sent[{v - 1, a.mb}] = clock[s];
         } else {
-          const double w = wgt.empty() ? bwd[s] / 2 : wgt[s];
-          const double cost = a.op == Op::forward            ? fwd[s]
+          double start = clock[s];
+          const bool makes_act = a.op == Op::forward && v + 1 < n_virtual;
+          const bool makes_grad = (a.op == Op::backward || a.op == Op::backward_input) && v > 0;
+          if (makes_act && !room(acts_made[s], acts_taken[(s + 1) % P], start)) break;
+          if (makes_grad && !room(grads_made[s], grads_taken[(s + P - 1) % P], start)) break;
+          acts_made[s] += makes_act, grads_made[s] += makes_grad;
+          // the gradient received for this backward: its buffer is free once the backward has run
+          const bool took_grad = (a.op == Op::backward || a.op == Op::backward_input) && v + 1 < n_virtual;
+          const double w = wgt.empty() ? bwd[v] / 2 : wgt[v];
+          const double cost = a.op == Op::forward            ? fwd[v]
                               : a.op == Op::backward_weight ? w
-                              : a.op == Op::backward_input  ? bwd[s] - w
-                                                            : bwd[s];
-          r.spans[s].push_back({clock[s], clock[s] + cost, a});
-          clock[s] += cost;
+                              : a.op == Op::backward_input  ? bwd[v] - w
+                                                            : bwd[v];
+          r.spans[s].push_back({start, start + cost, a});
+          clock[s] = start + cost;
           r.busy[s] += cost;
+          if (took_grad) grads_taken[s].push_back(clock[s]);
         }
       }
     }
@@ -176,22 +238,24 @@ std::string render_chart(const SimResult& sim, int max_slots) {
   const int slots = static_cast<int>(std::lround(sim.makespan));
   if (slots > max_slots) return "";
   const int P = static_cast<int>(sim.spans.size());
+  const std::string dot = "\u00b7";  // '·', one column wide, two bytes
+  std::vector<std::vector<std::string>> cells(P, std::vector<std::string>(slots, dot));
+  size_t width = 4;  // the seed's columns; wider for chunk labels such as "B12.1"
+  for (int s = 0; s < P; ++s)
+    for (const SimSpan& sp : sim.spans[s])
+      for (long t = std::lround(sp.start); t < std::lround(sp.end) && t < slots; ++t)
+        cells[s][t] = to_string(sp.action), width = std::max(width, cells[s][t].size() + 1);
   const std::string last_label = "Stage " + std::to_string(P - 1) + ":";
   const size_t label_width = std::max<size_t>(10, last_label.size() + 2);
   auto pad = [](std::string s, size_t width, size_t display) { return s + std::string(width > display ? width - display : 1, ' '); };
   auto trim = [](std::string s) { return s.erase(s.find_last_not_of(' ') + 1); };
   std::string out = pad("t:", label_width, 2);
-  for (int t = 0; t < slots; ++t) out += pad(std::to_string(t), 4, std::to_string(t).size());
+  for (int t = 0; t < slots; ++t) out += pad(std::to_string(t), width, std::to_string(t).size());
   out = trim(out) + "\n";
   for (int s = 0; s < P; ++s) {
-    std::vector<std::string> cells(slots, "\u00b7");  // '·', one column wide, two bytes
-    for (const SimSpan& sp : sim.spans[s])
-      for (long t = std::lround(sp.start); t < std::lround(sp.end) && t < slots; ++t)
-        cells[t] = (sp.action.op == Op::forward ? "F" : sp.action.op == Op::backward_weight ? "W" : "B") +
-                   std::to_string(sp.action.mb);
     const std::string label = "Stage " + std::to_string(s) + ":";
     std::string row = pad(label, label_width, label.size());
-    for (auto& c : cells) row += pad(c, 4, c == "\u00b7" ? 1 : c.size());
+    for (auto& c : cells[s]) row += pad(c, width, c == dot ? 1 : c.size());
     out += trim(row) + "\n";
   }
   return out;
@@ -199,7 +263,7 @@ std::string render_chart(const SimResult& sim, int max_slots) {
 
 std::string to_string(const Action& a) {
   static const char* names[] = {"recvA", "F", "sendA", "recvG", "B", "sendG", "B", "W"};
-  return names[static_cast<int>(a.op)] + std::to_string(a.mb);
+  return names[static_cast<int>(a.op)] + std::to_string(a.mb) + (a.chunk ? "." + std::to_string(a.chunk) : "");
 }
 
 }  // namespace pipetrain

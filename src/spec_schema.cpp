@@ -199,10 +199,13 @@ std::vector<SpecKey> build_schema() {
       int_key("parallel", "dp", FIELD(int, parallel.dp), 1, 1 << 20, "data-parallel replicas"),
       int_key("parallel", "micro_batches", FIELD(int, parallel.micro_batches), 1, 1 << 20,
               "micro-batches per step (M)"),
-      string_key("parallel", "schedule", FIELD(std::string, parallel.schedule), {"gpipe", "1f1b", "zb-h1"},
+      string_key("parallel", "schedule", FIELD(std::string, parallel.schedule), {"gpipe", "1f1b", "interleaved", "zb-h1"},
                  "pipeline schedule: gpipe (all forwards, then all backwards; M micro-batches in flight), "
-                 "1f1b (one forward, one backward; at most P - stage in flight) or zb-h1 (1f1b's memory, "
+                 "1f1b (one forward, one backward; at most P - stage in flight), interleaved (1f1b over "
+                 "virtual_stages chunks per rank: bubble / V; M a multiple of pp) or zb-h1 (1f1b's memory, "
                  "weight gradients deferred into the bubbles; needs recompute = none)"),
+      int_key("parallel", "virtual_stages", FIELD(int, parallel.virtual_stages), 1, 1024,
+              "model chunks per rank under schedule = interleaved (rank s runs virtual stages s, s+pp, ...)"),
       partition_key(),
       int_key("parallel", "threads_per_rank", FIELD(int, parallel.threads_per_rank), 0, 1024,
               "BLAS threads per rank (0 = OPENBLAS_NUM_THREADS if set, else cores of the node / ranks on it)"),

@@ -210,6 +210,7 @@ int run_train(const TrainOptions& opt) {
   RunSpec& spec = su.spec;
   const Topology& topo = su.topo;
   const int P = spec.parallel.pp, D = spec.parallel.dp, M = spec.parallel.micro_batches;
+  const int V = spec.parallel.virtual_stages;
   const int b = spec.samples_per_micro_batch(), T = spec.model.seq_len;
 
   Comm comm(topo, spec.comm.wait, spec.comm.timeout_s);
@@ -217,9 +218,10 @@ int run_train(const TrainOptions& opt) {
         const std::vector<int64_t> boundary = {b, T, spec.model.d_model, static_cast<int64_t>(sizeof(float))};
         if (!comm.all_equal(spec_hash(spec)) || !comm.boundary_agrees(boundary, boundary))
           throw SpecError("ranks disagree on the run spec or stage shapes (different files or --set on different ranks?)");
-        if (2 * static_cast<int64_t>(M) > Comm::max_tag())
+        const int64_t tags = Executor::max_tag(P * V, M);
+        if (tags > Comm::max_tag())
           throw SpecError(spec.origin("parallel.micro_batches") + ": parallel.micro_batches = " + std::to_string(M) +
-                          " needs message tags up to " + std::to_string(2 * M) + " but this MPI allows " +
+                          " needs message tags up to " + std::to_string(tags) + " but this MPI allows " +
                           std::to_string(Comm::max_tag()));
         check_memory_fits(spec, topo.stage, comm.local_ranks());
       }))
@@ -242,10 +244,8 @@ int run_train(const TrainOptions& opt) {
   Checkpointer checkpointer(spec, su.run_dir, comm);
   const std::string resume_from = checkpointer.select(opt.resume);
 
-  int block_begin = 0;
-  for (int s = 0; s < topo.stage; ++s) block_begin += su.blocks[s];
   const float grad_scale = 1.0f / (static_cast<float>(b) * T * M * D);
-  Stage stage(spec, topo.stage, P, block_begin, block_begin + su.blocks[topo.stage], M, grad_scale);
+  Stage stage(spec, chunks_of(su.blocks, P, topo.stage), P * V, M, grad_scale);
   stage.init_params(static_cast<uint64_t>(spec.run.seed));
   AdamW adam(spec.train, stage.weights().size());
   const int64_t start_step = resume_from.empty() ? 0 : checkpointer.load(resume_from, stage, adam);
@@ -259,20 +259,21 @@ int run_train(const TrainOptions& opt) {
     return code;
 
   Executor executor(stage, comm);
-  const ActionList actions = make_schedule(spec.parallel.schedule, topo.stage, P, M);
+  const ActionList actions = make_schedule(spec.parallel.schedule, topo.stage, P, M, V);
   // MFU denominator: the job's peak, measured (all ranks at once, as they will run) or given.
   double peak_gflops = spec.log.peak_gflops > 0 ? spec.log.peak_gflops : measure_sgemm_gflops();
   comm.allreduce_world(&peak_gflops, 1);
   Trace trace(spec.log.trace_steps, now_s());  // right after a world-wide reduction: a common start
   const int trace_last = static_cast<int>(start_step) + std::min(spec.log.trace_steps, spec.run.steps - static_cast<int>(start_step));
   const double flops_per_step = training_flops_per_token(spec) * spec.train.global_batch * T;
-  const double bubble_theory = schedule_bubble(spec.parallel.schedule, P, M);
+  const double bubble_theory = schedule_bubble(spec.parallel.schedule, P, M, V);
   const double tokens_per_step = static_cast<double>(spec.train.global_batch) * T;
 
   if (rank == 0) {
+    const std::string schedule = spec.parallel.schedule + (V > 1 ? " (" + std::to_string(V) + " chunks per stage)" : "");
     std::printf("pipetrain: %d ranks = pp %d x dp %d | M=%d micro-batches of %d | schedule %s | recompute %s | "
                 "wait %s | %d BLAS thread%s per rank\n",
-                world, P, D, M, b, spec.parallel.schedule.c_str(), spec.parallel.recompute.c_str(),
+                world, P, D, M, b, schedule.c_str(), spec.parallel.recompute.c_str(),
                 comm.wait_mode() == WaitMode::yield ? "yield" : "spin", blas_threads, blas_threads == 1 ? "" : "s");
     std::printf("%s\n", launch.describe().c_str());
     std::printf("partition (%s):\n%s", spec.parallel.partition.c_str(), describe_partition(spec, su.blocks).c_str());
@@ -321,8 +322,8 @@ int run_train(const TrainOptions& opt) {
     // this), so they live only as long as its other activations.
     const auto load_inputs = [&](int mb) {
       su.data->micro_batch(step, topo.dp_rank, mb, inputs.data(), targets.data());
-      if (stage.first()) stage.set_tokens(mb, inputs.data());
-      if (stage.last()) stage.set_targets(mb, targets.data());
+      if (stage.has_embedding()) stage.set_tokens(mb, inputs.data());
+      if (stage.has_head()) stage.set_targets(mb, targets.data());
     };
     const StepStats st =
         executor.run(actions, M, trace, load_inputs, D > 1 ? grads_done : std::function<void(size_t)>());

@@ -55,13 +55,13 @@ void forward_all(Stage& st, int M, size_t N, int C, int V, uint32_t seed) {
   std::vector<float> out(N * C);
   for (int mb = 0; mb < M; ++mb) {
     auto tokens = random_tokens(N, V, seed + mb), targets = random_tokens(N, V, seed + 10 + mb);
-    if (st.first()) st.set_tokens(mb, tokens.data());
-    if (st.last()) st.set_targets(mb, targets.data());
-    if (!st.first()) {
+    if (st.has_embedding()) st.set_tokens(mb, tokens.data());
+    if (st.has_head()) st.set_targets(mb, targets.data());
+    if (!st.has_embedding()) {
       auto x = randn(N * C, 1.f, seed + 20 + mb);
-      std::copy(x.begin(), x.end(), st.input_buffer(mb));
+      std::copy(x.begin(), x.end(), st.input_buffer(0, mb));
     }
-    st.forward(mb, out.data());
+    st.forward(0, mb, out.data());
   }
 }
 
@@ -78,11 +78,11 @@ TEST_CASE("full model on one stage: every parameter's gradient matches finite di
     auto loss = [&] {
       st.set_tokens(0, tokens.data());
       st.set_targets(0, targets.data());
-      return st.forward(0, nullptr) / N;
+      return st.forward(0, 0, nullptr) / N;
     };
     st.zero_grads();
     loss();
-    st.backward(0, nullptr, nullptr);
+    st.backward(0, 0, nullptr, nullptr);
     std::vector<float> grads = st.grads();
     CHECK((st.find("lm_head.weight") != nullptr) == !tied);
     for (auto& p : st.params())
@@ -101,14 +101,14 @@ TEST_CASE("middle stage: input and parameter gradients match finite differences"
   auto x = randn(N * C, 1.f, 5), r = randn(N * C, 1.f, 6);
   std::vector<float> out(N * C);
   auto loss = [&] {
-    std::copy(x.begin(), x.end(), st.input_buffer(0));
-    st.forward(0, out.data());
+    std::copy(x.begin(), x.end(), st.input_buffer(0, 0));
+    st.forward(0, 0, out.data());
     return gradcheck::dot(out, r);
   };
   st.zero_grads();
   loss();
   std::vector<float> dx(N * C);
-  st.backward(0, r.data(), dx.data());
+  st.backward(0, 0, r.data(), dx.data());
   std::vector<float> grads = st.grads();
   gradcheck::check("stage input", loss, x.data(), dx.data(), x.size(), 12);
   for (auto& p : st.params())
@@ -133,29 +133,29 @@ TEST_CASE("recompute none, stage and block give identical gradients; stash holds
       double loss = 0;
       for (int mb = 0; mb < M; ++mb) {
         auto tokens = random_tokens(N, V, 10 + mb), targets = random_tokens(N, V, 20 + mb);
-        if (st.first()) st.set_tokens(mb, tokens.data());
-        if (st.last()) st.set_targets(mb, targets.data());
-        if (!st.first()) {
+        if (st.has_embedding()) st.set_tokens(mb, tokens.data());
+        if (st.has_head()) st.set_targets(mb, targets.data());
+        if (!st.has_embedding()) {
           auto x = randn(N * C, 1.f, 30 + mb);
-          std::copy(x.begin(), x.end(), st.input_buffer(mb));
+          std::copy(x.begin(), x.end(), st.input_buffer(0, mb));
         }
-        loss += st.forward(mb, out.data());
+        loss += st.forward(0, mb, out.data());
         // bytes kept between forward and backward, by the formula of the recompute mode
-        size_t expect = 4 * N * ((st.first() ? 1 : 0) + (st.last() ? 1 : 0));
+        size_t expect = 4 * N * ((st.has_embedding() ? 1 : 0) + (st.has_head() ? 1 : 0));
         const std::string m = mode;
         if (m == "none")
           expect += 4 * (L * (N * (16 * C + 4) + static_cast<size_t>(b) * NH * T * T) +
-                         (st.last() ? N * (2 * C + 2 + V) : 0));
-        if (m == "block") expect += 4 * N * C * (L + (st.last() ? 1 : 0));
-        if (m == "stage" && !st.first()) expect += 4 * N * C;
+                         (st.has_head() ? N * (2 * C + 2 + V) : 0));
+        if (m == "block") expect += 4 * N * C * (L + (st.has_head() ? 1 : 0));
+        if (m == "stage" && !st.has_embedding()) expect += 4 * N * C;
         INFO("stage " << stage_id << " mode " << m);
-        CHECK(st.stash_bytes(mb) == expect);
+        CHECK(st.stash_bytes(0, mb) == expect);
         CHECK(stash_bytes_per_micro_batch(spec, stage_id, 3, 2, parse_recompute(m)) == expect);
       }
       for (int mb = M - 1; mb >= 0; --mb) {
         auto r = randn(N * C, 1.f, 40 + mb);
-        st.backward(mb, r.data(), dinp.data());
-        CHECK(st.stash_bytes(mb) == 0);
+        st.backward(0, mb, r.data(), dinp.data());
+        CHECK(st.stash_bytes(0, mb) == 0);
         accumulated_dinp.insert(accumulated_dinp.end(), dinp.begin(), dinp.end());
       }
       grads.push_back(st.grads());
@@ -202,21 +202,21 @@ TEST_CASE("split backward (input half, later weight half) gives the fused backwa
       // zero-bubble order: all input halves first, then the weight halves in another order
       for (int mb = 0; mb < M; ++mb) {
         auto r = randn(N * C, 1.f, 40 + mb);
-        const size_t before = st.stash_bytes(mb);
+        const size_t before = st.stash_bytes(0, mb);
         if (!split) {
-          st.backward(mb, r.data(), dinp.data());
+          st.backward(0, mb, r.data(), dinp.data());
         } else {
-          st.backward_input(mb, r.data(), dinp.data());
+          st.backward_input(0, mb, r.data(), dinp.data());
           // it keeps every layer's output gradient: 11 C per token per block, plus the head's / embedding's
-          const size_t wgrads = 4 * (L * 11 * N * C + (st.last() ? N * (V + C) : 0) + (st.first() ? N * C : 0));
-          CHECK(st.stash_bytes(mb) == before + wgrads);
+          const size_t wgrads = 4 * (L * 11 * N * C + (st.has_head() ? N * (V + C) : 0) + (st.has_embedding() ? N * C : 0));
+          CHECK(st.stash_bytes(0, mb) == before + wgrads);
         }
         all_dinp.insert(all_dinp.end(), dinp.begin(), dinp.end());
       }
       if (split)
         for (int mb : {2, 0, 1}) {
-          st.backward_weight(mb);
-          CHECK(st.stash_bytes(mb) == 0);
+          st.backward_weight(0, mb);
+          CHECK(st.stash_bytes(0, mb) == 0);
         }
       grads.push_back(st.grads());
       dinps.push_back(all_dinp);
@@ -246,8 +246,8 @@ TEST_CASE("split backward in the fused order is bit-identical to the fused backw
       forward_all(st, M, N, C, V, 1);
       for (int mb = 0; mb < M; ++mb) {
         auto r = randn(N * C, 1.f, 7 + mb);
-        if (split) st.backward_input(mb, r.data(), dinp.data()), st.backward_weight(mb);
-        else st.backward(mb, r.data(), dinp.data());
+        if (split) st.backward_input(0, mb, r.data(), dinp.data()), st.backward_weight(0, mb);
+        else st.backward(0, mb, r.data(), dinp.data());
       }
       grads.push_back(st.grads());
     }

@@ -1,5 +1,5 @@
-// Schedules as data (GPipe, 1F1B): per-stage order, matching sends/receives between neighbours, and a
-// small discrete-event simulation that checks the bubble formula (P-1)/(M+P-1).
+// Schedules as data (GPipe, 1F1B, interleaved, ZB-H1): per-stage order, matching sends/receives
+// between neighbours, and a small discrete-event simulation that checks the bubble formulas.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -271,4 +271,106 @@ TEST_CASE("schedule_bubble: the closed form for gpipe and 1f1b, zb-h1's own with
   CHECK(schedule_bubble("zb-h1", 1, 8) == Approx(0.0));
   for (int P = 2; P <= 6; ++P)
     for (int M = P; M <= 12; ++M) CHECK(schedule_bubble("zb-h1", P, M) < schedule_bubble("1f1b", P, M));
+}
+
+// ---- interleaved 1F1B: V chunks per rank, virtual stage v = chunk * P + stage ----
+
+namespace {
+
+std::vector<ActionList> interleaved(int P, int M, int V) {
+  std::vector<ActionList> lists;
+  for (int s = 0; s < P; ++s) lists.push_back(make_schedule("interleaved", s, P, M, V));
+  return lists;
+}
+
+// (virtual stage, micro-batch) of each action of one kind on rank s, in list order.
+std::vector<std::pair<int, int>> units(const ActionList& list, Op op, int P, int s) {
+  std::vector<std::pair<int, int>> out;
+  for (auto& a : list)
+    if (a.op == op) out.push_back({a.chunk * P + s, a.mb});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("interleaved: every chunk runs each micro-batch once, sends match receives round the ring, no deadlock",
+          "[schedule]") {
+  for (int V = 2; V <= 4; ++V)
+    for (int P = 2; P <= 6; ++P)
+      for (int M = P; M <= 3 * P; M += P) {
+        INFO("P=" << P << " M=" << M << " V=" << V);
+        const auto lists = interleaved(P, M, V);
+        for (int s = 0; s < P; ++s) {
+          auto f = units(lists[s], Op::forward, P, s), b = units(lists[s], Op::backward, P, s);
+          std::sort(f.begin(), f.end()), std::sort(b.begin(), b.end());
+          std::vector<std::pair<int, int>> all;
+          for (int c = 0; c < V; ++c)
+            for (int mb = 0; mb < M; ++mb) all.push_back({c * P + s, mb});
+          REQUIRE(f == all);
+          REQUIRE(b == all);
+          for (auto& a : lists[s])
+            if (a.op == Op::forward) {
+              auto at = [&](Op op) {
+                return std::find(lists[s].begin(), lists[s].end(), Action{op, a.mb, a.chunk}) - lists[s].begin();
+              };
+              REQUIRE(at(Op::forward) < at(Op::backward));
+            }
+          // What rank s sends from virtual stage v, rank s+1 (rank 0 after the last) receives into
+          // v+1, in the same order; gradients the other way.
+          const int to = (s + 1) % P;
+          auto shifted = [&](std::vector<std::pair<int, int>> u, int by) {
+            for (auto& x : u) x.first += by;
+            return u;
+          };
+          REQUIRE(shifted(units(lists[s], Op::send_act, P, s), 1) == units(lists[to], Op::recv_act, P, to));
+          REQUIRE(units(lists[to], Op::send_grad, P, to) == shifted(units(lists[s], Op::recv_grad, P, s), 1));
+        }
+        CHECK(units(lists[0], Op::recv_act, P, 0).size() == static_cast<size_t>((V - 1) * M));  // chunk 0 of rank 0 reads tokens
+        CHECK(units(lists[P - 1], Op::send_act, P, P - 1).size() == static_cast<size_t>((V - 1) * M));
+        const std::vector<double> f(P * V, 1.0), b(P * V, 2.0);
+        const SimResult sim = simulate(lists, f, b);  // throws on a deadlock
+        // With every chunk-forward 1 and chunk-backward 2 the idle time is (P-1)(F+B) of chunks:
+        // 1F1B's (P-1)(F+B) of whole stages divided by V.
+        for (int s = 0; s < P; ++s) CHECK(sim.makespan - sim.busy[s] == Approx(3.0 * (P - 1)));
+        CHECK(sim.mean_bubble() == Approx(schedule_bubble("interleaved", P, M, V)));
+        CHECK(schedule_bubble("interleaved", P, M, V) < schedule_bubble("1f1b", P, M));
+      }
+}
+
+TEST_CASE("interleaved: stage s holds 2(P-1-s) + (V-1)P + 1 chunk-micro-batches, all of them when M = P",
+          "[schedule]") {
+  for (int V = 2; V <= 4; ++V)
+    for (int P = 2; P <= 6; ++P)
+      for (int M = P; M <= 3 * P; M += P)
+        for (int s = 0; s < P; ++s) {
+          INFO("P=" << P << " M=" << M << " V=" << V << " stage " << s);
+          const int want = M == P ? M * V : std::min(M * V, 2 * (P - 1 - s) + (V - 1) * P + 1);
+          CHECK(max_in_flight(make_schedule("interleaved", s, P, M, V)) == want);
+        }
+  // In micro-batches of the whole stage (V chunks each): P + (P-1)/V on stage 0 against 1F1B's P.
+  CHECK(max_in_flight(make_schedule("interleaved", 0, 4, 8, 2)) / 2.0 == Approx(4 + 3.0 / 2));
+}
+
+TEST_CASE("interleaved: P=2, M=4, V=2 chart, chunk 1 marked .1", "[schedule]") {
+  // Stage 1 warms up with chunk 0 of the first group, then alternates; stage 0 warms up with two
+  // more chunk-forwards. 18 slots against 1F1B's 2 x (4 + 2 - 1) x 2 = 20 for the same work.
+  const std::vector<double> one(4, 1.0);
+  const std::string want =
+      "t:        0    1    2    3    4    5    6    7    8    9    10   11   12   13   14   15   16   17\n"
+      "Stage 0:  F0   F1   F0.1 F1.1 F2   B0.1 F3   B1.1 F2.1 B0   F3.1 B1   ·    B2.1 ·    B3.1 B2   B3\n"
+      "Stage 1:  ·    F0   F1   F0.1 B0.1 F1.1 B1.1 F2   B0   F3   B1   F2.1 B2.1 F3.1 B3.1 B2   B3   ·\n";
+  CHECK(render_chart(simulate(interleaved(2, 4, 2), one, one)) == want);
+  CHECK(to_string({Op::forward, 3, 1}) == "F3.1");
+  CHECK(to_string({Op::recv_grad, 0, 2}) == "recvG0.2");
+  CHECK_THROWS_AS(make_schedule("interleaved", 0, 2, 3, 2), std::invalid_argument);  // M not a multiple of P
+  CHECK_THROWS_AS(make_schedule("1f1b", 0, 2, 4, 2), std::invalid_argument);         // one chunk only
+}
+
+TEST_CASE("simulator: a sender waits for the receiver's ring buffers, as the executor does", "[schedule]") {
+  // Stage 1 takes 10 per forward: stage 0's k-th send needs stage 1 to have taken message
+  // k - kMessageRing - 1, so F5 starts when stage 1 took message 1 (t = 11), not at t = 5.
+  const SimResult r = simulate(all_stages(2, 6), {1.0, 10.0}, {1.0, 1.0});
+  REQUIRE(kMessageRing == 2);
+  CHECK(r.spans[0][4].start == 4);
+  CHECK(r.spans[0][5].start == 11);
 }

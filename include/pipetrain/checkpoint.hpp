@@ -24,7 +24,8 @@ struct Manifest {
   std::string spec_hash;
   std::map<std::string, std::string> spec;  // every spec key -> its value as TOML text
   int pp = 0, dp = 0;
-  std::vector<int> partition;
+  int virtual_stages = 1;      // chunks per stage (interleaved schedule); shard s holds all of stage s's
+  std::vector<int> partition;  // blocks per virtual stage (pp x virtual_stages entries)
   int64_t samples_consumed = 0;  // data position: global samples step*global_batch done
   int64_t optimizer_steps = 0;   // AdamW updates applied: step minus the steps skipped as non-finite
   struct Shard {

@@ -40,8 +40,9 @@ struct RunSpec {
     int dp = 1;
     int micro_batches = 4;
     std::string schedule = "gpipe";
+    int virtual_stages = 1;             // model chunks per rank (interleaved schedule)
     std::string partition = "uniform";  // uniform | balanced | explicit (blocks_per_stage set)
-    std::vector<int> blocks_per_stage;  // explicit partition, one entry per stage
+    std::vector<int> blocks_per_stage;  // explicit partition, one entry per (virtual) stage
     std::string recompute = "none";     // none | stage | block
     int threads_per_rank = 0;           // BLAS threads per rank; 0 = OPENBLAS_NUM_THREADS or cores / ranks per node
   } parallel;

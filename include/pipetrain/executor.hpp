@@ -1,5 +1,6 @@
-// Runs one stage's action list for one step: forwards and backwards on the Stage, activations and
-// gradients to and from the neighbouring stages through Comm. Receives are posted two ahead into a
+// Runs one stage's action list for one step: forwards and backwards on the Stage's chunks,
+// activations and gradients to and from the neighbouring stages through Comm (round the ring of
+// stages under the interleaved schedule: the last stage's chunk c feeds the first stage's c+1). Receives are posted two ahead into a
 // small ring of buffers, so data arrives while this rank computes and a micro-batch's activations
 // exist only from its forward to its backward, whatever the schedule; sends are nonblocking from a
 // ring of buffers too.
@@ -7,6 +8,7 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -27,34 +29,38 @@ struct StepStats {
 class Executor {
  public:
   Executor(Stage& stage, Comm& comm);
-  // `load_inputs(mb)` sets tokens (first stage) / targets (last stage) of micro-batch mb on the
-  // stage; it is called just before that micro-batch's forward. Spans go to `trace` while it is
-  // recording. `grads_done_from` is handed to the step's last backward, so gradient all-reduces
-  // can start while it still runs (see Stage::backward).
+  // `load_inputs(mb)` sets tokens (first virtual stage) / targets (last) of micro-batch mb on the
+  // stage; it is called just before that micro-batch's forward there. Spans go to `trace` while it
+  // is recording. `grads_done_from` is handed to each chunk's last backward (when the chunks finish
+  // from the last to the first, as the buffers are laid out), so gradient all-reduces can start
+  // while the step still runs (see Stage::backward).
   StepStats run(const ActionList& actions, int micro_batches, Trace& trace, const std::function<void(int)>& load_inputs,
                 const std::function<void(size_t)>& grads_done_from = nullptr);
 
+  // The largest message tag a step uses (every tag fits below Comm::max_tag()).
+  static int64_t max_tag(int n_virtual, int micro_batches);
+
  private:
-  static constexpr size_t kRing = 2;
+  static constexpr size_t kRing = kMessageRing;
   // Receives posted in the order the list consumes them, at most kRing ahead, round-robin over
   // kRing buffers.
   struct RecvRing {
     std::vector<std::vector<float>> bufs;
     std::vector<MPI_Request> reqs;
-    std::vector<int> order;  // micro-batches in the order the list receives them
+    std::vector<int> order;  // message tags in the order the list receives them
     size_t posted = 0, used = 0;
-    void post(Comm& comm, int peer, int (*tag)(int));
+    void post(Comm& comm, int peer);
     float* wait(Comm& comm, const WaitLabel& label);  // the next one, in order
   };
   // Buffers for outgoing messages, reused round-robin once their send completed; each remembers
-  // the micro-batch it holds so a send action finds its data whatever the action order.
+  // the message (tag) it holds so a send action finds its data whatever the action order.
   struct SendRing {
     std::vector<std::vector<float>> bufs;
     std::vector<MPI_Request> reqs;
-    std::vector<int> mb;
+    std::vector<int> tag, mb;
     size_t next = 0;
-    float* acquire(Comm& comm, int for_mb, const char* what, int peer, Trace& trace);
-    size_t slot_of(int for_mb) const;
+    float* acquire(Comm& comm, int for_tag, int for_mb, const char* what, int peer, Trace& trace);
+    size_t slot_of(int for_tag, const Action& a) const;
     void drain(Comm& comm, const char* what, int peer);
   };
   Stage& stage_;

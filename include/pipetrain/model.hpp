@@ -1,7 +1,9 @@
-// The GPT slice one rank owns: a contiguous range of blocks, plus the embeddings on the first stage
-// and the final LayerNorm + LM head + loss on the last. Parameters, gradients and optimizer state
-// live in flat buffers (one contiguous range per named tensor) so gradient buckets and checkpoints
-// are slices of one array. Names are global (h.{i} uses the global block index).
+// The GPT slice one rank owns: one chunk of contiguous blocks (several under the interleaved
+// schedule, see partition.hpp), plus the embeddings on the first virtual stage and the final
+// LayerNorm + LM head + loss on the last. Parameters, gradients and optimizer state of all the
+// rank's chunks live in one set of flat buffers (one contiguous range per named tensor, chunk after
+// chunk) so gradient buckets and checkpoints are slices of one array. Names are global (h.{i} uses
+// the global block index).
 //
 // Activations: forward(mb) computes one micro-batch and keeps what the recompute mode says until
 // backward(mb): none = everything backward needs; block = each block's input (blocks are re-run
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "pipetrain/config.hpp"
+#include "pipetrain/partition.hpp"
 
 namespace pipetrain {
 
@@ -32,6 +35,8 @@ struct ParamTensor {
 // The named tensors a stage owns, in buffer order with offsets (no allocation): embeddings on the
 // first stage, blocks [block_begin, block_end), final LayerNorm and head on the last.
 std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end);
+// The tensors of all of a rank's chunks (virtual stages of n_virtual), chunk after chunk.
+std::vector<ParamTensor> rank_params(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual);
 
 // Bytes one micro-batch keeps between its forward and its backward on a stage of `blocks` blocks,
 // by recompute mode (the formula Stage's buffers realise; plan predicts memory with it):
@@ -45,11 +50,11 @@ size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages,
 // layer's output gradient (11 C floats per token per block, the head's V + C, the embedding's C).
 size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks);
 
-// Bytes a stage uses besides parameters, gradients, AdamW state and stashed activations: the
+// Bytes a rank uses besides parameters, gradients, AdamW state and stashed activations: the
 // per-micro-batch scratch of forward/backward (projections, activation gradients, logits), the
-// executor's send/receive rings, and under recompute one micro-batch's full activations that
-// backward re-runs into.
-size_t working_bytes(const RunSpec& spec, int stage, int n_stages, int blocks);
+// executor's send/receive rings, and under recompute one micro-batch's full activations of its
+// largest chunk that backward re-runs into. Its chunks share all of these.
+size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual);
 
 struct BlockActs {
   std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
@@ -80,15 +85,18 @@ struct Acts {
 
 class Stage {
  public:
-  // Owns global blocks [block_begin, block_end) of stage `stage` out of `n_stages`; `micro_batches`
-  // stash slots; `grad_scale` = dLoss/d(token loss) = 1 / (tokens per micro-batch x M x dp).
+  // Owns `chunks`, virtual stages out of `n_virtual`, for `micro_batches` micro-batches;
+  // `grad_scale` = dLoss/d(token loss) = 1 / (tokens per micro-batch x M x dp).
+  Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual, int micro_batches, float grad_scale);
+  // One chunk: global blocks [block_begin, block_end) as stage `stage` out of `n_stages`.
   Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end, int micro_batches,
         float grad_scale);
 
-  bool first() const { return stage_ == 0; }
-  bool last() const { return stage_ == n_stages_ - 1; }
-  int block_begin() const { return block_begin_; }
-  int block_end() const { return block_end_; }
+  int chunks() const { return static_cast<int>(chunks_.size()); }
+  bool first(int chunk) const { return chunks_[chunk].first; }  // virtual stage 0: embeddings
+  bool last(int chunk) const { return chunks_[chunk].last; }    // the last virtual stage: head and loss
+  bool has_embedding() const { return chunks_.front().first; }
+  bool has_head() const { return chunks_.back().last; }
   size_t boundary_floats() const { return static_cast<size_t>(B_) * T_ * C_; }  // one activation
 
   const std::vector<ParamTensor>& params() const { return params_; }
@@ -98,28 +106,32 @@ class Stage {
   void init_params(uint64_t seed);  // deterministic per name: same weights on any layout
   void zero_grads();
 
-  // Inputs of micro-batch mb: tokens (first stage), targets (last stage), or the buffer the
-  // previous stage's activation is received into (other stages; valid until backward(mb)).
+  // Inputs of micro-batch mb: tokens (first virtual stage), targets (last), or the buffer the
+  // previous virtual stage's activation is received into (other chunks; valid until backward).
   void set_tokens(int mb, const int* tokens);
   void set_targets(int mb, const int* targets);
-  float* input_buffer(int mb);
+  float* input_buffer(int chunk, int mb);
 
-  // Returns the summed token loss on the last stage (0 elsewhere); non-last stages write their
-  // output activation to `out` (boundary_floats()).
-  double forward(int mb, float* out);
-  // `dout`: gradient of this stage's output (non-last stages); writes the input gradient to `dinp`
-  // (non-first stages). Parameter gradients accumulate. Releases mb's stash. `done_from`, if
-  // given, is called as parameters' gradients receive their last contribution of this backward,
-  // with the buffer offset from which all gradients are now complete (it only falls: the layout
-  // runs embeddings, blocks, head, and backward visits them in reverse).
-  void backward(int mb, const float* dout, float* dinp, const std::function<void(size_t)>& done_from = nullptr);
+  // Runs micro-batch mb through one chunk. Returns the summed token loss on the last virtual stage
+  // (0 elsewhere); other chunks write their output activation to `out` (boundary_floats()).
+  double forward(int chunk, int mb, float* out);
+  // `dout`: gradient of the chunk's output (not on the last virtual stage); writes the input
+  // gradient to `dinp` (not on the first). Parameter gradients accumulate. Releases the stash.
+  // `done_from`, if given, is called as parameters' gradients receive their last contribution of
+  // this backward, with the buffer offset from which all gradients are now complete (it only
+  // falls: the layout runs embeddings, blocks, head, and backward visits them in reverse).
+  void backward(int chunk, int mb, const float* dout, float* dinp,
+                const std::function<void(size_t)>& done_from = nullptr);
   // The same backward in two halves (recompute = none only): backward_input computes the input
   // gradient (sent on at once) and keeps the output gradients the parameters need; backward_weight,
-  // possibly much later, adds the parameter gradients and releases mb. Together they give the same
-  // bits as backward().
-  void backward_input(int mb, const float* dout, float* dinp);
-  void backward_weight(int mb, const std::function<void(size_t)>& done_from = nullptr);
-  size_t stash_bytes(int mb) const { return slot_of_[mb] < 0 ? 0 : pool_[slot_of_[mb]].bytes(); }
+  // possibly much later, adds the parameter gradients and releases the stash. Together they give
+  // the same bits as backward().
+  void backward_input(int chunk, int mb, const float* dout, float* dinp);
+  void backward_weight(int chunk, int mb, const std::function<void(size_t)>& done_from = nullptr);
+  size_t stash_bytes(int chunk, int mb) const {
+    const int slot = slot_of_[key(chunk, mb)];
+    return slot < 0 ? 0 : pool_[slot].bytes();
+  }
   // Seconds the last backward() spent re-running forwards (recompute modes), for the trace.
   double last_recompute_s() const { return recompute_s_; }
 
@@ -127,22 +139,28 @@ class Stage {
   struct BlockPtrs {
     float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
   };
-  BlockPtrs block_ptrs(std::vector<float>& base, int local_block);
-  void size_acts(Acts& a);
-  void compute_forward(Acts& w, const Acts& s, float* out, double* loss);
-  void block_forward(int l, const float* x, BlockActs& a, float* out);
-  void backward_pass(int mb, const float* dout, float* dinp, bool input, bool weight,
+  struct Chunk {
+    int L;              // blocks
+    bool first, last;   // virtual stage 0 / the last one
+    size_t offset;      // of its first tensor in the flat buffers
+    std::vector<size_t> block_offset;
+  };
+  BlockPtrs block_ptrs(std::vector<float>& base, const Chunk& c, int local_block);
+  void size_acts(const Chunk& c, Acts& a);
+  void compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, double* loss);
+  void block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out);
+  void backward_pass(int chunk, int mb, const float* dout, float* dinp, bool input, bool weight,
                      const std::function<void(size_t)>& done_from);
-  void block_backward_input(int l, const float* x, const BlockActs& a, const float* dout, float* dinp, BlockWGrads& w,
-                            const BlockPtrs* fused_grads);
-  void block_backward_weight(int l, const float* x, const BlockActs& a, const BlockWGrads& w);
+  void block_backward_input(const Chunk& c, int l, const float* x, const BlockActs& a, const float* dout, float* dinp,
+                            BlockWGrads& w, const BlockPtrs* fused_grads);
+  void block_backward_weight(const Chunk& c, int l, const float* x, const BlockActs& a, const BlockWGrads& w);
   double head_forward(const float* x, HeadActs& a, const int* targets);
   void head_backward_input(const float* x, const HeadActs& a, const int* targets, float* dinp, HeadWGrads& w,
                            bool fused);
   void head_backward_weight(const float* x, const HeadActs& a, const HeadWGrads& w);
 
-  int stage_, n_stages_, block_begin_, block_end_, L_;
-  int B_, T_, C_, NH_, V_, n_layer_;
+  std::vector<Chunk> chunks_;
+  int M_, B_, T_, C_, NH_, V_, n_layer_;
   bool tied_;
   Recompute mode_;
   float grad_scale_;
@@ -150,15 +168,15 @@ class Stage {
   std::vector<ParamTensor> params_;
   std::vector<float> weights_, grads_;
   size_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0, head_ = 0;
-  std::vector<size_t> block_offset_;
 
-  // Activations of the micro-batches in flight. Slots are reused once a backward releases them
-  // (keeping their capacity), so the memory held grows to the schedule's peak in flight (M for
-  // GPipe, P - stage for 1F1B), not to M.
-  Acts& stash(int mb);  // the slot of mb, taken from the free ones on first use
-  void release(int mb);
+  // Activations of the (chunk, micro-batch) pairs in flight. Slots are reused once a backward
+  // releases them (keeping their capacity), so the memory held grows to the schedule's peak in
+  // flight (M for GPipe, P - stage for 1F1B), not to M.
+  int key(int chunk, int mb) const { return chunk * M_ + mb; }
+  Acts& stash(int chunk, int mb);  // its slot, taken from the free ones on first use
+  void release(int chunk, int mb);
   std::deque<Acts> pool_;  // a deque: growing it never moves the slots in use
-  std::vector<int> slot_of_;  // per micro-batch: its slot in pool_, or -1
+  std::vector<int> slot_of_;  // per key(chunk, mb): its slot in pool_, or -1
   std::vector<int> free_;
   Acts work_;                // recompute target when mode != none
   // scratch for one micro-batch

@@ -1,5 +1,7 @@
-// Which blocks each pipeline stage owns. Stages own contiguous ranges; the first stage also holds
-// the embeddings and the last the final LayerNorm, LM head and loss, which the cost model counts.
+// Which blocks each pipeline stage owns. The model is cut into pp x V contiguous chunks, one per
+// virtual stage (V = parallel.virtual_stages, 1 unless the schedule is interleaved); rank `stage`
+// owns virtual stages stage, stage + pp, ... The first virtual stage also holds the embeddings and
+// the last the final LayerNorm, LM head and loss, which the cost model counts.
 #pragma once
 #include <string>
 #include <vector>
@@ -18,13 +20,19 @@ struct CostModel {
 // run them, recompute not counted): the numerator of MFU.
 double training_flops_per_token(const RunSpec& spec);
 
-// Blocks per stage (size pp, each >= 1, sum n_layer) for parallel.partition.
+// Blocks per virtual stage (size pp x V, each >= 1, sum n_layer) for parallel.partition.
 std::vector<int> partition_blocks(const RunSpec& spec);
 
-// Estimated cost of each stage of a partition.
+// The chunks a rank owns, in chunk order: virtual stage, blocks [block_begin, block_end).
+struct ChunkRange {
+  int vstage, block_begin, block_end;
+};
+std::vector<ChunkRange> chunks_of(const std::vector<int>& blocks, int pp, int stage);
+
+// Estimated cost of each (virtual) stage of a partition.
 std::vector<double> stage_costs(const RunSpec& spec, const std::vector<int>& blocks);
 
-// One line per stage: blocks, parameter count, estimated cost share.
+// One line per (virtual) stage: blocks, parameter count, estimated cost share.
 std::string describe_partition(const RunSpec& spec, const std::vector<int>& blocks);
 
 }  // namespace pipetrain

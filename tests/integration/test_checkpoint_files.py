@@ -65,7 +65,7 @@ expect(r.returncode == 0 and "h.3.mlp.c_fc.weight" in r.stdout and "256x64" in r
        "ckpt inspect lists layout and tensors")
 expect(ckpt("verify", step20).returncode == 0, "ckpt verify: intact checkpoint passes")
 manifest = json.load(open(os.path.join(step20, "manifest.json")))
-expect(manifest["layout"] == {"pp": 2, "dp": 2, "partition": [2, 2]} and manifest["data"]["samples_consumed"] == 20 * 16,
+expect(manifest["layout"] == {"pp": 2, "dp": 2, "virtual_stages": 1, "partition": [2, 2]} and manifest["data"]["samples_consumed"] == 20 * 16,
        "manifest records layout and data position")
 
 # Damage the newest checkpoint two ways; each time verify fails and resume falls back to step 10.
@@ -122,7 +122,7 @@ def set_path(m, keys, value):
 edits = [(("step",), 7, "optimizer.steps outside 0..step"), (("step",), -3, "negative step"),
          (("optimizer", "steps"), 7, "does not match the directory"),
          (("shards", 0, "file"), "../../etc/passwd", "is not a plain file name"),
-         (("layout", "partition"), [4], "one entry per stage")]
+         (("layout", "partition"), [4], "one entry per virtual stage")]
 for keys, value, needle in edits:
     field = ".".join(map(str, keys))
     d = os.path.join(args.work, f"edited_{field}_{value}".replace("/", "_"), "step_00000010")

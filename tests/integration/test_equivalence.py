@@ -41,6 +41,16 @@ for pp, dp, m in [(2, 1, 4), (4, 1, 8), (2, 2, 2), (4, 1, 2)]:  # 1F1B, incl. M 
 for pp, dp, m in [(2, 1, 4), (4, 1, 8), (2, 2, 2), (4, 1, 2)]:  # zero bubble: B and W apart
     same(f"zb-h1 {pp}x{dp} M={m} vs gpipe 1x1", run(f"zb_{pp}x{dp}_m{m}", pp, dp, "parallel.schedule=zb-h1",
                                                       f"parallel.micro_batches={m}"), ref)
+# Interleaved 1F1B: V chunks per rank, activations round the ring of stages; incl. M = P (all warm-up).
+for pp, dp, v, m, extra in [(2, 1, 2, 4, []), (2, 2, 2, 2, []), (2, 1, 2, 4, ["parallel.recompute=block"])]:
+    same(f"interleaved {pp}x{dp} V={v} M={m} {' '.join(extra)} vs gpipe 1x1",
+         run(f"il_{pp}x{dp}_v{v}_m{m}{'_rc' if extra else ''}", pp, dp, "parallel.schedule=interleaved",
+             f"parallel.virtual_stages={v}", f"parallel.micro_batches={m}", *extra), ref)
+deep = run("1x1_deep", 1, 1, "model.n_layer=8")
+for pp, v, m in [(4, 2, 4), (2, 4, 8), (2, 3, 8)]:  # 2 x 3 chunks of 8 blocks: uneven chunks
+    same(f"interleaved {pp}x1 V={v} M={m} vs gpipe 1x1 (8 blocks)",
+         run(f"il_deep_{pp}_v{v}_m{m}", pp, 1, "model.n_layer=8", "parallel.schedule=interleaved",
+             f"parallel.virtual_stages={v}", f"parallel.micro_batches={m}"), deep)
 same("1f1b 2x2 recompute=block vs gpipe 1x1", run("1f1b_2x2_block", 2, 2, "parallel.schedule=1f1b",
                                                   "parallel.recompute=block"), ref)
 same("micro_batches=1 1x1 vs 4", run("1x1_m1", 1, 1, "parallel.micro_batches=1"), ref)
@@ -48,5 +58,7 @@ same("micro_batches=1 2x1 vs 4 1x1", run("2x1_m1", 2, 1, "parallel.micro_batches
 untied = run("1x1_untied", 1, 1, "model.tie_embeddings=false")
 same("untied 2x1 vs untied 1x1", run("2x1_untied", 2, 1, "model.tie_embeddings=false"), untied)
 same("untied 4x1 vs untied 1x1", run("4x1_untied", 4, 1, "model.tie_embeddings=false"), untied)
+same("untied interleaved 2x1 V=2 vs untied 1x1", run("il_untied", 2, 1, "model.tie_embeddings=false",
+                                                     "parallel.schedule=interleaved", "parallel.virtual_stages=2"), untied)
 expect(untied and rel_diff(untied[0]["loss"], ref[0]["loss"]) > 1e-6, "untied head is a different model than tied")
 finish()

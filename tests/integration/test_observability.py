@@ -85,16 +85,20 @@ expect("plan" in rep.stdout and "sim" in rep.stdout, "report: measured next to p
 expect("step by kernel: gemm" in rep.stdout, "report: shows where the step goes, by kernel class")
 pngs = sorted(os.listdir(os.path.join(args.work, "plots")))
 expect(pngs == ["bubble.png", "gantt.png", "loss.png", "memory.png"], f"report --plots wrote the four plots: {pngs}")
-# plan --compare-schedules: one line per schedule; zb-h1 holds what 1f1b holds, with less bubble.
+# plan --compare-schedules: one line per schedule; zb-h1 holds what 1f1b holds, with less bubble;
+# interleaved (2 chunks per stage) holds 2(P-1-s) + P + 1 chunk-micro-batches for a bubble / V.
 cmp = subprocess.run([args.bin, "plan", "--config", tiny, "--set", "parallel.pp=4", "--set", "parallel.micro_batches=8",
-                      "--compare-schedules"], capture_output=True, text=True)
+                      "--set", "model.n_layer=8", "--compare-schedules"], capture_output=True, text=True)
 rows = {l.split()[0]: l.split() for l in cmp.stdout.splitlines()[2:]}
-expect(cmp.returncode == 0 and sorted(rows) == ["1f1b", "gpipe", "zb-h1"], f"compare-schedules: three rows ({cmp.stdout!r})")
-if sorted(rows) == ["1f1b", "gpipe", "zb-h1"]:
-    expect(rows["gpipe"][3:7] == ["8"] * 4 and rows["1f1b"][3:7] == ["4", "3", "2", "1"] == rows["zb-h1"][3:7],
-           "compare-schedules: micro-batches held per stage, gpipe M, 1f1b and zb-h1 P - stage")
+names = ["1f1b", "gpipe", "interleaved", "zb-h1"]
+expect(cmp.returncode == 0 and sorted(rows) == names, f"compare-schedules: four rows ({cmp.stdout!r})")
+if sorted(rows) == names:
+    expect(rows["gpipe"][3:7] == ["8"] * 4 and rows["1f1b"][3:7] == ["4", "3", "2", "1"] == rows["zb-h1"][3:7]
+           and rows["interleaved"][3:7] == ["11", "9", "7", "5"],
+           "compare-schedules: micro-batches held per stage, gpipe M, 1f1b and zb-h1 P - stage, interleaved in chunks")
     expect(float(rows["zb-h1"][1]) < float(rows["1f1b"][1]) == float(rows["gpipe"][1]),
            "compare-schedules: zb-h1's bubble below 1f1b's, which equals gpipe's")
+    expect(abs(float(rows["interleaved"][1]) - 3 / (2 * 8 + 3)) < 1e-4, "compare-schedules: interleaved (P-1)/(VM+P-1)")
 
 # A run resumed on another layout: per-stage figures come from the current layout's steps only.
 moved = os.path.join(args.work, "relayout")
