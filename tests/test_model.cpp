@@ -255,3 +255,60 @@ TEST_CASE("split backward in the fused order is bit-identical to the fused backw
     CHECK(grads[1] == grads[0]);
   }
 }
+
+TEST_CASE("a stage of two chunks lays them out one after the other and computes each as a one-chunk stage, bit for bit",
+          "[model]") {
+  // Rank 1 of pp = 2 with 2 chunks of a 6-block model cut {2, 1, 1, 2}: virtual stages 1 and 3
+  // (blocks 2 and 4-5, the head), against one-chunk stages of the same virtual stages.
+  const int M = 2;
+  RunSpec spec = small_spec(6, false);
+  spec.train.global_batch = M;
+  spec.parallel.micro_batches = M;
+  Stage both(spec, chunks_of({2, 1, 1, 2}, 2, 1), 4, M, 0.1f);
+  Stage v1(spec, 1, 4, 2, 3, M, 0.1f), v3(spec, 3, 4, 4, 6, M, 0.1f);
+  for (Stage* st : {&both, &v1, &v3}) st->init_params(5), st->zero_grads();
+  REQUIRE(both.chunks() == 2);
+  CHECK(!both.has_embedding());
+  CHECK(both.has_head());
+  CHECK((!both.first(0) && !both.last(0) && both.last(1)));
+  // Parameters: v1's tensors, then v3's, offsets running on.
+  std::vector<std::string> names;
+  for (const Stage* st : {&v1, &v3})
+    for (auto& p : st->params()) names.push_back(p.name);
+  REQUIRE(both.params().size() == names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    CHECK(both.params()[i].name == names[i]);
+    if (i > 0) CHECK(both.params()[i].offset == both.params()[i - 1].offset + both.params()[i - 1].size);
+  }
+  REQUIRE(both.weights().size() == v1.weights().size() + v3.weights().size());
+
+  const size_t N = 4, C = 8, NC = N * C;
+  std::vector<float> out(NC), out1(NC), g_in(NC), dinp(NC), dinp1(NC);
+  for (int mb = 0; mb < M; ++mb) {  // interleaved: chunk 0 of mb, then chunk 1 of mb
+    auto x = randn(NC, 1.f, 30 + mb);
+    std::copy(x.begin(), x.end(), both.input_buffer(0, mb));
+    std::copy(x.begin(), x.end(), v1.input_buffer(0, mb));
+    both.forward(0, mb, out.data());
+    v1.forward(0, mb, out1.data());
+    CHECK(out == out1);
+    auto targets = random_tokens(N, 11, 40 + mb);
+    both.set_targets(mb, targets.data());
+    v3.set_targets(mb, targets.data());
+    std::copy(out.begin(), out.end(), both.input_buffer(1, mb));
+    std::copy(out.begin(), out.end(), v3.input_buffer(0, mb));
+    CHECK(both.forward(1, mb, nullptr) == v3.forward(0, mb, nullptr));
+  }
+  for (int mb = M - 1; mb >= 0; --mb) {
+    both.backward(1, mb, nullptr, g_in.data());
+    v3.backward(0, mb, nullptr, dinp1.data());
+    CHECK(g_in == dinp1);
+    both.backward(0, mb, g_in.data(), dinp.data());
+    v1.backward(0, mb, dinp1.data(), out1.data());  // out1 now holds v1's input gradient
+    CHECK(dinp == out1);
+    CHECK(both.stash_bytes(0, mb) == 0);
+    CHECK(both.stash_bytes(1, mb) == 0);
+  }
+  std::vector<float> grads = v1.grads();
+  grads.insert(grads.end(), v3.grads().begin(), v3.grads().end());
+  CHECK(both.grads() == grads);
+}

@@ -35,8 +35,8 @@ ActionList one_f_one_b_schedule(int stage, int n_stages, int micro_batches);
 // Interleaved 1F1B (Narayanan et al. 2021, as in Megatron-LM): each rank runs its V chunks on
 // groups of P micro-batches (chunk 0 on micro-batches 0..P-1, chunk 1 on the same, ..., then the
 // next group), 1F1B after a warm-up of 2(P-1-stage) + (V-1)P chunk-forwards; backwards visit the
-// chunks in reverse. Needs M a multiple of P. Bubble (P-1)/(VM+P-1): V times smaller than 1F1B's
-// in units of the whole model, for about 1 + (P-1)/(VP)... more activations held (see plan).
+// chunks in reverse. Needs M a multiple of P. Bubble (P-1)/(VM+P-1), V times less idle time than
+// 1F1B's, for more activations: stage 0 holds P + (P-1)/V stages' worth (1F1B: P).
 ActionList interleaved_schedule(int stage, int n_stages, int micro_batches, int chunks);
 
 // ZB-H1-style zero bubble ("Zero Bubble Pipeline Parallelism", Qi et al. 2023): backward split

@@ -1,7 +1,8 @@
 """Done-means 5: the stashed-activation peak per stage equals in-flight micro-batches x bytes per
 micro-batch, exactly, for each recompute mode and schedule: GPipe holds all M micro-batches,
 1F1B at most P - stage. The formula is written out here independently of the C++ accounting:
-what each mode keeps between a micro-batch's forward and its backward."""
+what each mode keeps between a micro-batch's forward and its backward. zb-h1 and interleaved are
+checked against plan's prediction from the same per-micro-batch sizes."""
 import json
 import os
 import subprocess
@@ -44,18 +45,26 @@ for schedule, pp, dp in [("gpipe", 2, 1), ("gpipe", 4, 1), ("gpipe", 2, 2), ("1f
         want = [in_flight[s] * per_micro_batch(mode, s, pp, L // pp, dp) for s in range(pp)]
         expect(got == want, f"{schedule} {pp}x{dp} recompute={mode}: act_peak_bytes {got} == "
                             f"{in_flight} in flight x per-micro-batch = {want}")
-# Zero bubble: a micro-batch also holds its layers' output gradients from B to W; the measured
-# peak (counted from the buffers) equals plan's walk over the same action lists.
-for pp, dp in [(2, 1), (4, 1), (2, 2)]:
-    sets = ["run.steps=2", f"parallel.pp={pp}", f"parallel.dp={dp}", "parallel.schedule=zb-h1"]
-    r = launch(args, pp * dp, os.path.join(args.work, f"zb_{pp}x{dp}"), tiny, sets)
-    expect(r.rc == 0, f"zb-h1 {pp}x{dp}: exit 0 (got {r.rc}) {r.err[-200:]}")
+# Zero bubble: a micro-batch also holds its layers' output gradients from B to W. Interleaved: a
+# stage holds chunks of different sizes (embedding, head). The measured peak (counted from the
+# buffers) equals plan's walk over the same action lists with the per-chunk sizes above.
+for name, pp, dp, extra in [("zb-h1", 2, 1, []), ("zb-h1", 4, 1, []), ("zb-h1", 2, 2, []),
+                            ("interleaved", 2, 1, ["parallel.virtual_stages=2"]),
+                            ("interleaved", 2, 1, ["parallel.virtual_stages=2", "parallel.recompute=block"]),
+                            ("interleaved", 2, 2, ["parallel.virtual_stages=2", "parallel.recompute=stage",
+                                                   "parallel.micro_batches=2"]),
+                            ("interleaved", 4, 1, ["parallel.virtual_stages=2", "model.n_layer=8"])]:
+    sets = ["run.steps=2", f"parallel.pp={pp}", f"parallel.dp={dp}", f"parallel.schedule={name}", *extra]
+    r = launch(args, pp * dp, os.path.join(args.work, f"{name}_{pp}x{dp}_{len(extra)}_{extra[-1][-5:] if extra else ''}"),
+               tiny, sets)
+    expect(r.rc == 0, f"{name} {pp}x{dp} {extra}: exit 0 (got {r.rc}) {r.err[-200:]}")
     if r.rc != 0:
         continue
     flags = [x for s in sets for x in ("--set", s)]
     plan = json.loads(subprocess.run([args.bin, "plan", "--config", tiny, "--json", *flags], check=True,
                                      capture_output=True, text=True).stdout)
-    want = [st["act_peak_bytes"]["none"] for st in plan["stages"]]
+    mode = next((x.split("=")[1] for x in extra if x.startswith("parallel.recompute")), "none")
+    want = [st["act_peak_bytes"][mode] for st in plan["stages"]]
     got = r.metrics()[-1]["act_peak_bytes"]
-    expect(got == want, f"zb-h1 {pp}x{dp}: act_peak_bytes {got} == plan {want}")
+    expect(got == want, f"{name} {pp}x{dp} {extra}: act_peak_bytes {got} == plan {want}")
 finish()

@@ -1,5 +1,6 @@
 """Checkpoints, done-means 1-3: a 2x2 run stopped by a real SIGUSR1 and resumed reproduces every
-loss bit for bit; a 2x2 checkpoint resumes as 4x1, 1x2 and 1x1 within 1e-5; a rank SIGKILLed
+loss bit for bit; a 2x2 checkpoint resumes as 4x1, 1x2, 1x1 and interleaved 2x1 within 1e-5 (and
+the interleaved run's checkpoint as 1x1); a rank SIGKILLed
 in the middle of a checkpoint write leaves the previous checkpoint, from which the next start
 resumes and completes with the same losses."""
 import os
@@ -55,18 +56,26 @@ expect(got == ref_losses, f"stopped + resumed losses and grad norms identical to
 again = launch(args, 4, run_dir, tiny, base)
 expect(again.rc == 0 and "run already complete" in again.out, "starting a finished run again does nothing")
 
-# 2. Reshard: the 2x2 checkpoint of step 30 resumed on other layouts.
+# 2. Reshard: the 2x2 checkpoint of step 30 resumed on other layouts, including interleaved 2x1
+#    (each rank's two chunks read from both shards) whose own step-40 checkpoint then resumes as 1x1.
 ckpt30 = os.path.join(ref.run_dir, "checkpoints", "step_00000030")
-for pp, dp in [(4, 1), (1, 2), (1, 1)]:
-    sets = base[:-2] + [f"parallel.pp={pp}", f"parallel.dp={dp}"]
-    r = launch(args, pp * dp, os.path.join(args.work, f"reshard_{pp}x{dp}"), tiny, sets, extra=["--resume", ckpt30])
-    expect(r.rc == 0, f"resume 2x2 -> {pp}x{dp}: exit 0 (got {r.rc}) {r.err[-300:]}")
+interleaved = ["parallel.schedule=interleaved", "parallel.virtual_stages=2"]
+resumes = [(4, 1, [], ckpt30), (1, 2, [], ckpt30), (1, 1, [], ckpt30), (2, 1, interleaved, ckpt30),
+           (1, 1, [], os.path.join(args.work, "reshard_2x1_interleaved", "checkpoints", "step_00000040"))]
+for pp, dp, extra, ckpt in resumes:
+    name = f"{pp}x{dp}{'_interleaved' if extra else ''}"
+    origin = "2x2" if ckpt == ckpt30 else "interleaved 2x1"
+    at = int(os.path.basename(ckpt)[5:])
+    sets = base[:-2] + [f"parallel.pp={pp}", f"parallel.dp={dp}", *extra]
+    r = launch(args, pp * dp, os.path.join(args.work, f"reshard_{name}" + ("" if ckpt == ckpt30 else "_again")), tiny,
+               sets, extra=["--resume", ckpt])
+    expect(r.rc == 0, f"resume {origin} -> {name}: exit 0 (got {r.rc}) {r.err[-300:]}")
     if r.rc == 0:
         m = r.metrics()
         worst = max(rel_diff(x["loss"], ref_losses[x["step"] - 1][0]) for x in m)
-        expect(m[0]["step"] == 31, f"2x2 -> {pp}x{dp}: continues at step 31 (got {m[0]['step']})")
-        expect(rel_diff(m[0]["loss"], ref_losses[30][0]) <= 1e-5,
-               f"2x2 -> {pp}x{dp}: first resumed loss within 1e-5 ({rel_diff(m[0]['loss'], ref_losses[30][0]):.1e}); "
+        expect(m[0]["step"] == at + 1, f"{origin} -> {name}: continues at step {at + 1} (got {m[0]['step']})")
+        expect(rel_diff(m[0]["loss"], ref_losses[at][0]) <= 1e-5,
+               f"{origin} -> {name}: first resumed loss within 1e-5 ({rel_diff(m[0]['loss'], ref_losses[at][0]):.1e}); "
                f"worst over the remaining steps {worst:.1e}")
 
 # 3. SIGKILL of rank 3 halfway through writing its shard of checkpoint 40 (test-only hook).
