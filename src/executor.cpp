@@ -77,7 +77,7 @@ StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& tra
   for (const Action& a : actions)
     if (a.op == Op::backward || a.op == Op::backward_weight) last_backward[a.chunk] = &a;
   for (int c = 0; c < chunks; ++c)
-    for (int later = c + 1; later < chunks; ++later)
+    for (int later = c + 1; later < chunks && last_backward[c]; ++later)
       if (last_backward[later] > last_backward[c]) last_backward[c] = nullptr;
   auto done_hook = [&](const Action& a) {
     return &a == last_backward[a.chunk] ? grads_done_from : std::function<void(size_t)>();

@@ -79,7 +79,9 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
                 "plan: %d ranks = pp %d x dp %d | M=%d micro-batches of %d samples x %d tokens | schedule %s | "
                 "recompute %s\n",
                 plan.world, p.pp, p.dp, p.micro_batches, spec.samples_per_micro_batch(), spec.model.seq_len,
-                p.schedule.c_str(), p.recompute.c_str());
+                (p.schedule + (p.virtual_stages > 1 ? " (" + std::to_string(p.virtual_stages) + " chunks per stage)" : ""))
+                    .c_str(),
+                p.recompute.c_str());
   os << line << "\npartition (" << p.partition << "):\n" << describe_partition(spec, partition_blocks(spec));
   os << (p.schedule == "zb-h1"         ? "\nschedule, one slot per forward, input-gradient (B) or weight-gradient (W) pass:\n"
          : p.schedule == "interleaved" ? "\nschedule, one slot per chunk's forward or backward (F3.1: micro-batch 3 through the "

@@ -136,7 +136,8 @@ SpecKey string_key(const char* sec, const char* key, StringRef ref, std::vector<
 
 SpecKey partition_key() {
   SpecKey k{"parallel", "partition",
-            "\"uniform\", \"balanced\" (cost model incl. embedding and head) or a list of blocks per stage",
+            "\"uniform\", \"balanced\" (cost model incl. embedding and head) or a list of blocks per stage "
+            "(per chunk under interleaved: pp x virtual_stages entries)",
             nullptr, nullptr};
   k.set = [](RunSpec& s, const toml::node& n, const std::string& where) {
     if (n.is_string()) {

@@ -42,9 +42,11 @@ for pp, dp, m in [(2, 1, 4), (4, 1, 8), (2, 2, 2), (4, 1, 2)]:  # zero bubble: B
     same(f"zb-h1 {pp}x{dp} M={m} vs gpipe 1x1", run(f"zb_{pp}x{dp}_m{m}", pp, dp, "parallel.schedule=zb-h1",
                                                       f"parallel.micro_batches={m}"), ref)
 # Interleaved 1F1B: V chunks per rank, activations round the ring of stages; incl. M = P (all warm-up).
-for pp, dp, v, m, extra in [(2, 1, 2, 4, []), (2, 2, 2, 2, []), (2, 1, 2, 4, ["parallel.recompute=block"])]:
+# With 64 KiB buckets the gradient all-reduce starts in pieces at each chunk's last backward.
+for pp, dp, v, m, extra in [(2, 1, 2, 4, []), (2, 2, 2, 2, []), (2, 1, 2, 4, ["parallel.recompute=block"]),
+                            (2, 2, 2, 2, ["comm.bucket_mb=0.0625"])]:
     same(f"interleaved {pp}x{dp} V={v} M={m} {' '.join(extra)} vs gpipe 1x1",
-         run(f"il_{pp}x{dp}_v{v}_m{m}{'_rc' if extra else ''}", pp, dp, "parallel.schedule=interleaved",
+         run(f"il_{pp}x{dp}_v{v}_m{m}" + "".join("_" + x.split("=")[0].split(".")[1] for x in extra), pp, dp, "parallel.schedule=interleaved",
              f"parallel.virtual_stages={v}", f"parallel.micro_batches={m}", *extra), ref)
 deep = run("1x1_deep", 1, 1, "model.n_layer=8")
 for pp, v, m in [(4, 2, 4), (2, 4, 8), (2, 3, 8)]:  # 2 x 3 chunks of 8 blocks: uneven chunks
