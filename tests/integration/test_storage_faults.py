@@ -94,7 +94,7 @@ os.makedirs(ck)
 sets = base + ["run.steps=600", "checkpoint.every_steps=100"]
 rc, out, err = in_namespace(
     f"mount -t tmpfs -o size=64m tmpfs {ck} || exit 99\n"
-    f"{train_cmd(run, sets)} & pid=$!\n"
+    f"{train_cmd(run, sets)} > {run}/train.out & pid=$!\n"  # its progress lines must not split the sections
     f"while [ ! -e {ck}/latest ] && kill -0 $pid 2>/dev/null; do sleep 0.01; done\n"
     f"mount -o remount,ro {ck}; echo '== remounted'; cat {ck}/latest\n"
     f"wait $pid; echo \"== rc $?\"\n"
