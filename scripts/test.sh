@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds, and runs every test (Catch2 unit tests + MPI integration tests),
-# then the unit tests and one MPI test under ASan + UBSan, and each fuzzer for 60 s.
+# then builds the CUDA variant (GPU tests run where a GPU is), the unit tests and one MPI test under
+# ASan + UBSan, and each fuzzer for 60 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
 (cd build && ctest --output-on-failure "$@")
-# Only for the full run (no ctest arguments such as -R): sanitizers and the fuzzers, CI-sized.
+# Only for the full run (no ctest arguments such as -R): the CUDA build (its GPU tests skip without
+# a GPU), sanitizers and the fuzzers, CI-sized.
 if [ $# -eq 0 ]; then
+  scripts/build-cuda.sh
   scripts/sanitize.sh
   scripts/fuzz.sh 60
 fi

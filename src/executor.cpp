@@ -119,7 +119,7 @@ StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& tra
         const double t0 = now_s();
         const float* in = act_in_.wait(comm_, {"recv activation", prev, a.mb});
         trace.span("wait " + to_string(a), "wait", t0, now_s(), a.mb);
-        std::copy(in, in + n, stage_.input_buffer(a.chunk, a.mb));  // stashed from here until its backward
+        upload(stage_.input_buffer(a.chunk, a.mb), in, n * sizeof(float));  // stashed until its backward
         act_in_.post(comm_, prev);
         update(a);
         break;

@@ -105,7 +105,7 @@ Recompute parse_recompute(const std::string& s) {
 
 size_t Acts::bytes() const {
   size_t n = (tokens.size() + targets.size()) * sizeof(int);
-  auto count = [&](const std::vector<float>& v) { n += v.size() * sizeof(float); };
+  auto count = [&](const Floats& v) { n += v.size() * sizeof(float); };
   for (auto& x : xs) count(x);
   for (auto& b : blocks) for_each_block_buffer(b, count);
   for_each_head_buffer(head, count);
@@ -118,10 +118,10 @@ void Acts::release() {
   tokens.clear();
   targets.clear();
   for (auto& x : xs) x.clear();
-  for (auto& b : blocks) for_each_block_buffer(b, [](std::vector<float>& v) { v.clear(); });
-  for_each_head_buffer(head, [](std::vector<float>& v) { v.clear(); });
-  for (auto& w : wblocks) for_each_wgrad_buffer(w, [](std::vector<float>& v) { v.clear(); });
-  for_each_head_wgrad_buffer(whead, [](std::vector<float>& v) { v.clear(); });
+  for (auto& b : blocks) for_each_block_buffer(b, [](Floats& v) { v.clear(); });
+  for_each_head_buffer(head, [](Floats& v) { v.clear(); });
+  for (auto& w : wblocks) for_each_wgrad_buffer(w, [](Floats& v) { v.clear(); });
+  for_each_head_wgrad_buffer(whead, [](Floats& v) { v.clear(); });
 }
 
 std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end) {
@@ -189,11 +189,11 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
              float grad_scale)
     : M_(micro_batches), B_(spec.samples_per_micro_batch()), T_(spec.model.seq_len), C_(spec.model.d_model),
       NH_(spec.model.n_head), V_(spec.model.vocab), n_layer_(spec.model.n_layer), tied_(spec.model.tie_embeddings),
-      mode_(parse_recompute(spec.parallel.recompute)), grad_scale_(grad_scale) {
+      mode_(parse_recompute(spec.parallel.recompute)), grad_scale_(grad_scale), k_(kernels(compute_device())) {
   params_ = rank_params(spec, chunks, n_virtual);
   const size_t total = params_.empty() ? 0 : params_.back().offset + params_.back().size;
-  weights_.assign(total, 0.f);
-  grads_.assign(total, 0.f);
+  weights_.resize(total);
+  grads_.resize(total);
   for (const ChunkRange& r : chunks) {
     Chunk c{r.block_end - r.block_begin, r.vstage == 0, r.vstage == n_virtual - 1, 0, {}};
     for (int i = r.block_begin; i < r.block_end; ++i)
@@ -228,8 +228,9 @@ const ParamTensor* Stage::find(const std::string& name) const {
 
 void Stage::init_params(uint64_t seed) {
   const float resid_std = 0.02f / std::sqrt(2.f * n_layer_);
+  std::vector<float> host(weights_.size());
   for (auto& p : params_) {
-    float* w = weights_.data() + p.offset;
+    float* w = host.data() + p.offset;
     auto ends_with = [&](const char* s) {
       size_t n = std::strlen(s);
       return p.name.size() >= n && p.name.compare(p.name.size() - n, n, s) == 0;
@@ -239,14 +240,15 @@ void Stage::init_params(uint64_t seed) {
     else if (ends_with("c_proj.weight")) fill_normal(w, p.size, resid_std, seed, p.name);
     else fill_normal(w, p.size, 0.02f, seed, p.name);
   }
+  weights_.assign(host.data(), host.size());
 }
 
 void Stage::zero_grads() {
   KernelTimer timer(Kernel::elementwise);
-  std::fill(grads_.begin(), grads_.end(), 0.f);
+  zero_values(grads_.data(), grads_.size());
 }
 
-Stage::BlockPtrs Stage::block_ptrs(std::vector<float>& base, const Chunk& c, int l) {
+Stage::BlockPtrs Stage::block_ptrs(Floats& base, const Chunk& c, int l) {
   const size_t C = C_;
   float* p = base.data() + c.block_offset[l];
   BlockPtrs b;
@@ -266,10 +268,10 @@ Stage::BlockPtrs Stage::block_ptrs(std::vector<float>& base, const Chunk& c, int
 }
 
 void Stage::set_tokens(int mb, const int* tokens) {
-  stash(0, mb).tokens.assign(tokens, tokens + static_cast<size_t>(B_) * T_);
+  stash(0, mb).tokens.assign(tokens, static_cast<size_t>(B_) * T_);
 }
 void Stage::set_targets(int mb, const int* targets) {
-  stash(chunks() - 1, mb).targets.assign(targets, targets + static_cast<size_t>(B_) * T_);
+  stash(chunks() - 1, mb).targets.assign(targets, static_cast<size_t>(B_) * T_);
 }
 float* Stage::input_buffer(int chunk, int mb) {
   auto& xs = stash(chunk, mb).xs;
@@ -300,8 +302,8 @@ void Stage::size_acts(const Chunk& c, Acts& a) {
 void Stage::compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, double* loss) {
   size_acts(c, w);
   const size_t n_in = boundary_floats();
-  if (c.first) encoder_forward(w.xs[0].data(), s.tokens.data(), &weights_[wte_], &weights_[wpe_], B_, T_, C_);
-  else if (&w != &s) std::copy(s.xs[0].begin(), s.xs[0].begin() + n_in, w.xs[0].begin());
+  if (c.first) k_.encoder_forward(w.xs[0].data(), s.tokens.data(), weights_.data() + wte_, weights_.data() + wpe_, B_, T_, C_);
+  else if (&w != &s) copy_values(w.xs[0].data(), s.xs[0].data(), n_in);
   for (int l = 0; l < c.L; ++l) {
     float* y = (l + 1 < c.L || c.last) ? w.xs[l + 1].data() : out;
     block_forward(c, l, w.xs[l].data(), w.blocks[l], y);
@@ -320,7 +322,8 @@ double Stage::forward(int chunk, int mb, float* out) {
   compute_forward(c, work_, s, out, &loss);
   if (mode_ == Recompute::block) {  // keep each block's input (and the head's)
     s.xs.resize(work_.xs.size());
-    for (size_t i = 0; i < work_.xs.size(); ++i) s.xs[i].assign(work_.xs[i].begin(), work_.xs[i].end());
+    for (size_t i = 0; i < work_.xs.size(); ++i)
+      s.xs[i].resize(work_.xs[i].size()), copy_values(s.xs[i].data(), work_.xs[i].data(), work_.xs[i].size());
   }
   // Recompute::stage keeps only what set_tokens / input_buffer / set_targets put in s.
   return loss;
@@ -356,7 +359,7 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
     a = &work_;
   } else if (mode_ == Recompute::block) {
     size_acts(c, work_);
-    for (size_t i = 0; i < s.xs.size(); ++i) std::copy(s.xs[i].begin(), s.xs[i].end(), work_.xs[i].begin());
+    for (size_t i = 0; i < s.xs.size(); ++i) copy_values(work_.xs[i].data(), s.xs[i].data(), s.xs[i].size());
     a = &work_;
   }
   const size_t n = boundary_floats();
@@ -374,7 +377,7 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
         head_forward(a->xs[L].data(), a->head, s.targets.data());
         recompute_s_ += now_s();
       }
-      std::fill(dres_.begin(), dres_.end(), 0.f);
+      zero_values(dres_.data(), dres_.size());
       head_backward_input(a->xs[L].data(), a->head, s.targets.data(), dres_.data(), hw, !split);
     }
     if (weight) {
@@ -382,7 +385,7 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
       if (done_from) done_from(lnfw_);
     }
   } else if (input) {
-    std::copy(dout, dout + n, dres_.begin());
+    copy_values(dres_.data(), dout, n);
   }
   for (int l = L - 1; l >= 0; --l) {
     BlockWGrads& w = split ? s.wblocks[l] : wscratch_;
@@ -402,11 +405,12 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
     }
   }
   if (c.first) {
-    if (split && input) std::copy(dres_.begin(), dres_.begin() + n, hw.dembed.begin());
+    if (split && input) copy_values(hw.dembed.data(), dres_.data(), n);
     if (weight)
-      encoder_backward(&grads_[wte_], &grads_[wpe_], split ? hw.dembed.data() : dres_.data(), s.tokens.data(), B_, T_, C_);
+      k_.encoder_backward(grads_.data() + wte_, grads_.data() + wpe_, split ? hw.dembed.data() : dres_.data(),
+                          s.tokens.data(), B_, T_, C_);
   } else if (input) {
-    std::copy(dres_.begin(), dres_.begin() + n, dinp);
+    copy_values(dinp, dres_.data(), n);
   }
   if (weight) {
     if (done_from) done_from(c.offset);
@@ -434,16 +438,16 @@ void Stage::release(int chunk, int mb) {
 void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out) {
   const int N = B_ * T_, C = C_;
   BlockPtrs w = block_ptrs(weights_, c, l);
-  layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1w, w.ln1b, N, C);
-  matmul_forward(a.qkv.data(), a.ln1.data(), w.qkvw, w.qkvb, N, C, 3 * C);
-  attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B_, T_, C, NH_);
-  matmul_forward(attproj_.data(), a.atty.data(), w.projw, nullptr, N, C, C);
-  residual_forward(a.res2.data(), x, attproj_.data(), w.projb, N, C);
-  layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), w.ln2w, w.ln2b, N, C);
-  matmul_forward(a.fch.data(), a.ln2.data(), w.fcw, nullptr, N, C, 4 * C);
-  bias_gelu_forward(a.fch.data(), a.fch_gelu.data(), w.fcb, N, 4 * C);
-  matmul_forward(fcproj_.data(), a.fch_gelu.data(), w.fcprojw, nullptr, N, 4 * C, C);
-  residual_forward(out, a.res2.data(), fcproj_.data(), w.fcprojb, N, C);
+  k_.layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1w, w.ln1b, N, C);
+  k_.matmul_forward(a.qkv.data(), a.ln1.data(), w.qkvw, w.qkvb, N, C, 3 * C);
+  k_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B_, T_, C, NH_);
+  k_.matmul_forward(attproj_.data(), a.atty.data(), w.projw, nullptr, N, C, C);
+  k_.residual_forward(a.res2.data(), x, attproj_.data(), w.projb, N, C);
+  k_.layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), w.ln2w, w.ln2b, N, C);
+  k_.matmul_forward(a.fch.data(), a.ln2.data(), w.fcw, nullptr, N, C, 4 * C);
+  k_.bias_gelu_forward(a.fch.data(), a.fch_gelu.data(), w.fcb, N, 4 * C);
+  k_.matmul_forward(fcproj_.data(), a.fch_gelu.data(), w.fcprojw, nullptr, N, 4 * C, C);
+  k_.residual_forward(out, a.res2.data(), fcproj_.data(), w.fcprojb, N, C);
 }
 
 // dout may not alias dinp. Both residual branches pass dout straight through to their input.
@@ -457,60 +461,60 @@ void Stage::block_backward_input(const Chunk& c, int l, const float* x, const Bl
   BlockPtrs p = block_ptrs(weights_, c, l);
   auto grad = [&](float* BlockPtrs::*field) { return g ? g->*field : nullptr; };
   // out = res2 + mlp(ln2(res2))
-  if (!g) std::copy(dout, dout + NC, w.dout.begin());
-  matmul_backward(dfch_gelu_.data(), grad(&BlockPtrs::fcprojw), grad(&BlockPtrs::fcprojb), dout, a.fch_gelu.data(),
+  if (!g) copy_values(w.dout.data(), dout, NC);
+  k_.matmul_backward(dfch_gelu_.data(), grad(&BlockPtrs::fcprojw), grad(&BlockPtrs::fcprojb), dout, a.fch_gelu.data(),
                   p.fcprojw, N, 4 * C, C);
-  gelu_backward(w.dfch.data(), a.fch.data(), dfch_gelu_.data(), 4 * NC);
-  matmul_backward(w.dln2.data(), grad(&BlockPtrs::fcw), grad(&BlockPtrs::fcb), w.dfch.data(), a.ln2.data(), p.fcw, N,
+  k_.gelu_backward(w.dfch.data(), a.fch.data(), dfch_gelu_.data(), 4 * NC);
+  k_.matmul_backward(w.dln2.data(), grad(&BlockPtrs::fcw), grad(&BlockPtrs::fcb), w.dfch.data(), a.ln2.data(), p.fcw, N,
                   C, 4 * C);
   float* dres2 = dinp;  // accumulate d(res2) in dinp, then continue through the attention branch
-  std::copy(dout, dout + NC, dres2);
-  layernorm_backward(dres2, grad(&BlockPtrs::ln2w), grad(&BlockPtrs::ln2b), w.dln2.data(), a.res2.data(), p.ln2w,
+  copy_values(dres2, dout, NC);
+  k_.layernorm_backward(dres2, grad(&BlockPtrs::ln2w), grad(&BlockPtrs::ln2b), w.dln2.data(), a.res2.data(), p.ln2w,
                      a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
-  if (!g) std::copy(dres2, dres2 + NC, w.dres2.begin());
+  if (!g) copy_values(w.dres2.data(), dres2, NC);
   // res2 = x + proj(attn(ln1(x)))
-  matmul_backward(datty_.data(), grad(&BlockPtrs::projw), grad(&BlockPtrs::projb), dres2, a.atty.data(), p.projw, N,
+  k_.matmul_backward(datty_.data(), grad(&BlockPtrs::projw), grad(&BlockPtrs::projb), dres2, a.atty.data(), p.projw, N,
                   C, C);
-  attention_backward(w.dqkv.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, T_, C, NH_);
-  matmul_backward(w.dln1.data(), grad(&BlockPtrs::qkvw), grad(&BlockPtrs::qkvb), w.dqkv.data(), a.ln1.data(), p.qkvw,
+  k_.attention_backward(w.dqkv.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, T_, C, NH_);
+  k_.matmul_backward(w.dln1.data(), grad(&BlockPtrs::qkvw), grad(&BlockPtrs::qkvb), w.dqkv.data(), a.ln1.data(), p.qkvw,
                   N, C, 3 * C);
-  layernorm_backward(dinp, grad(&BlockPtrs::ln1w), grad(&BlockPtrs::ln1b), w.dln1.data(), x, p.ln1w,
+  k_.layernorm_backward(dinp, grad(&BlockPtrs::ln1w), grad(&BlockPtrs::ln1b), w.dln1.data(), x, p.ln1w,
                      a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
 }
 
 void Stage::block_backward_weight(const Chunk& c, int l, const float* x, const BlockActs& a, const BlockWGrads& w) {
   const int N = B_ * T_, C = C_;
   BlockPtrs g = block_ptrs(grads_, c, l);
-  matmul_backward(nullptr, g.fcprojw, g.fcprojb, w.dout.data(), a.fch_gelu.data(), nullptr, N, 4 * C, C);
-  matmul_backward(nullptr, g.fcw, g.fcb, w.dfch.data(), a.ln2.data(), nullptr, N, C, 4 * C);
-  layernorm_backward(nullptr, g.ln2w, g.ln2b, w.dln2.data(), a.res2.data(), nullptr, a.ln2_mean.data(),
+  k_.matmul_backward(nullptr, g.fcprojw, g.fcprojb, w.dout.data(), a.fch_gelu.data(), nullptr, N, 4 * C, C);
+  k_.matmul_backward(nullptr, g.fcw, g.fcb, w.dfch.data(), a.ln2.data(), nullptr, N, C, 4 * C);
+  k_.layernorm_backward(nullptr, g.ln2w, g.ln2b, w.dln2.data(), a.res2.data(), nullptr, a.ln2_mean.data(),
                      a.ln2_rstd.data(), N, C);
-  matmul_backward(nullptr, g.projw, g.projb, w.dres2.data(), a.atty.data(), nullptr, N, C, C);
-  matmul_backward(nullptr, g.qkvw, g.qkvb, w.dqkv.data(), a.ln1.data(), nullptr, N, C, 3 * C);
-  layernorm_backward(nullptr, g.ln1w, g.ln1b, w.dln1.data(), x, nullptr, a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
+  k_.matmul_backward(nullptr, g.projw, g.projb, w.dres2.data(), a.atty.data(), nullptr, N, C, C);
+  k_.matmul_backward(nullptr, g.qkvw, g.qkvb, w.dqkv.data(), a.ln1.data(), nullptr, N, C, 3 * C);
+  k_.layernorm_backward(nullptr, g.ln1w, g.ln1b, w.dln1.data(), x, nullptr, a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
 }
 
 double Stage::head_forward(const float* x, HeadActs& a, const int* targets) {
   const int N = B_ * T_, C = C_;
-  layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, &weights_[lnfw_], &weights_[lnfb_], N, C);
-  matmul_forward(logits_.data(), a.lnf.data(), &weights_[head_], nullptr, N, C, V_);
-  return softmax_crossentropy_forward(a.probs.data(), logits_.data(), targets, N, V_);
+  k_.layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, weights_.data() + lnfw_, weights_.data() + lnfb_, N, C);
+  k_.matmul_forward(logits_.data(), a.lnf.data(), weights_.data() + head_, nullptr, N, C, V_);
+  return k_.softmax_crossentropy_forward(a.probs.data(), logits_.data(), targets, N, V_);
 }
 
 void Stage::head_backward_input(const float* x, const HeadActs& a, const int* targets, float* dinp, HeadWGrads& w,
                                 bool fused) {
   const int N = B_ * T_, C = C_;
-  softmax_crossentropy_backward(w.dlogits.data(), a.probs.data(), targets, grad_scale_, N, V_);
-  matmul_backward(w.dlnf.data(), fused ? &grads_[head_] : nullptr, nullptr, w.dlogits.data(), a.lnf.data(),
-                  &weights_[head_], N, C, V_);
-  layernorm_backward(dinp, fused ? &grads_[lnfw_] : nullptr, fused ? &grads_[lnfb_] : nullptr, w.dlnf.data(), x,
-                     &weights_[lnfw_], a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
+  k_.softmax_crossentropy_backward(w.dlogits.data(), a.probs.data(), targets, grad_scale_, N, V_);
+  k_.matmul_backward(w.dlnf.data(), fused ? grads_.data() + head_ : nullptr, nullptr, w.dlogits.data(), a.lnf.data(),
+                  weights_.data() + head_, N, C, V_);
+  k_.layernorm_backward(dinp, fused ? grads_.data() + lnfw_ : nullptr, fused ? grads_.data() + lnfb_ : nullptr, w.dlnf.data(), x,
+                     weights_.data() + lnfw_, a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
 }
 
 void Stage::head_backward_weight(const float* x, const HeadActs& a, const HeadWGrads& w) {
   const int N = B_ * T_, C = C_;
-  matmul_backward(nullptr, &grads_[head_], nullptr, w.dlogits.data(), a.lnf.data(), nullptr, N, C, V_);
-  layernorm_backward(nullptr, &grads_[lnfw_], &grads_[lnfb_], w.dlnf.data(), x, nullptr, a.lnf_mean.data(),
+  k_.matmul_backward(nullptr, grads_.data() + head_, nullptr, w.dlogits.data(), a.lnf.data(), nullptr, N, C, V_);
+  k_.layernorm_backward(nullptr, grads_.data() + lnfw_, grads_.data() + lnfb_, w.dlnf.data(), x, nullptr, a.lnf_mean.data(),
                      a.lnf_rstd.data(), N, C);
 }
 

@@ -162,7 +162,7 @@ struct StepSync {
 // every rank decides alike whether to stop and whether to apply the update.
 StepSync sync_step(Stage& stage, Comm& comm, GradReducer* reducer, const ParamTensor* tied_wte, bool out_of_time,
                    double loss_sum) {
-  std::vector<float>& g = stage.grads();
+  std::vector<float>& g = stage.grads().host();
   const double wait0 = comm.wait_seconds();
   if (reducer) reducer->finish();
   const double dp_wait = comm.wait_seconds() - wait0;
@@ -294,7 +294,7 @@ int run_train(const TrainOptions& opt) {
   const size_t mb_tokens = static_cast<size_t>(b) * T;
   std::vector<int> inputs(mb_tokens), targets(mb_tokens);
   const size_t bucket = std::max<size_t>(1, static_cast<size_t>(spec.comm.bucket_mb * (1 << 20) / sizeof(float)));
-  GradReducer reducer(comm, stage.grads(), bucket);
+  GradReducer reducer(comm, stage.grads().host(), bucket);
   const std::function<void(size_t)> grads_done = [&](size_t offset) { reducer.done_from(offset); };
   const ParamTensor* wte = stage.find("wte.weight");
   const bool tied_sync = spec.model.tie_embeddings && P > 1 && wte != nullptr;
@@ -312,7 +312,7 @@ int run_train(const TrainOptions& opt) {
     stage.zero_grads();
     // test-only: backward accumulates into the gradient and the data-parallel all-reduce carries
     // it, as a NaN arising in this rank's backward would be
-    if (test_nan_at(rank, step)) stage.grads().back() = NAN;
+    if (test_nan_at(rank, step)) stage.grads().host().back() = NAN;
     local_s += now_s();
     if (step == stall_at_step) raise(SIGSTOP);  // test-only: this rank stops answering
     comm.reset_wait_seconds();
@@ -341,11 +341,11 @@ int run_train(const TrainOptions& opt) {
     // they were, and the step's batch is simply not learned from.
     if (sync.finite && test_kill_in_optimizer(rank, step)) {  // test-only: die with half the tensors updated
       const std::vector<ParamTensor> half(stage.params().begin(), stage.params().begin() + stage.params().size() / 2);
-      adam.step(half, stage.weights(), stage.grads(), lr, 1.f);
+      adam.step(half, stage.weights().host(), stage.grads().host(), lr, 1.f);
       raise(SIGKILL);
     }
     if (sync.finite) {
-      adam.step(stage.params(), stage.weights(), stage.grads(), lr, clip_coefficient(sync.norm, spec.train.grad_clip));
+      adam.step(stage.params(), stage.weights().host(), stage.grads().host(), lr, clip_coefficient(sync.norm, spec.train.grad_clip));
       bad_in_a_row = 0;
     } else {
       ++bad_steps, ++bad_in_a_row;

@@ -27,8 +27,8 @@ RunSpec small_spec(int n_layer, bool tied, const char* recompute = "none") {
 // GPT init has tiny weights (std 0.02) and so tiny gradients; spread them so differences are
 // well above fp32 noise.
 void perturb(Stage& st, uint32_t seed) {
-  auto noise = randn(st.weights().size(), 0.3f, seed);
-  for (size_t i = 0; i < noise.size(); ++i) st.weights()[i] += noise[i];
+  auto noise = randn(st.weights().host().size(), 0.3f, seed);
+  for (size_t i = 0; i < noise.size(); ++i) st.weights().host()[i] += noise[i];
 }
 
 std::vector<int> random_tokens(size_t n, int vocab, uint32_t seed) {
@@ -83,10 +83,10 @@ TEST_CASE("full model on one stage: every parameter's gradient matches finite di
     st.zero_grads();
     loss();
     st.backward(0, 0, nullptr, nullptr);
-    std::vector<float> grads = st.grads();
+    std::vector<float> grads = st.grads().host();
     CHECK((st.find("lm_head.weight") != nullptr) == !tied);
     for (auto& p : st.params())
-      gradcheck::check((tied ? "tied " : "untied ") + p.name, loss, &st.weights()[p.offset], &grads[p.offset], p.size, 6);
+      gradcheck::check((tied ? "tied " : "untied ") + p.name, loss, &st.weights().host()[p.offset], &grads[p.offset], p.size, 6);
   }
 }
 
@@ -109,10 +109,10 @@ TEST_CASE("middle stage: input and parameter gradients match finite differences"
   loss();
   std::vector<float> dx(N * C);
   st.backward(0, 0, r.data(), dx.data());
-  std::vector<float> grads = st.grads();
+  std::vector<float> grads = st.grads().host();
   gradcheck::check("stage input", loss, x.data(), dx.data(), x.size(), 12);
   for (auto& p : st.params())
-    gradcheck::check(p.name, loss, &st.weights()[p.offset], &grads[p.offset], p.size, 4);
+    gradcheck::check(p.name, loss, &st.weights().host()[p.offset], &grads[p.offset], p.size, 4);
 }
 
 TEST_CASE("recompute none, stage and block give identical gradients; stash holds what each mode says",
@@ -158,7 +158,7 @@ TEST_CASE("recompute none, stage and block give identical gradients; stash holds
         CHECK(st.stash_bytes(0, mb) == 0);
         accumulated_dinp.insert(accumulated_dinp.end(), dinp.begin(), dinp.end());
       }
-      grads.push_back(st.grads());
+      grads.push_back(st.grads().host());
       dinps.push_back(accumulated_dinp);
       losses.push_back(loss);
     }
@@ -181,8 +181,8 @@ TEST_CASE("parameter init is keyed by name, not by stage or layout", "[model]") 
     const ParamTensor* q = whole.find(p.name);
     REQUIRE(q != nullptr);
     INFO(p.name);
-    CHECK(std::equal(whole.weights().begin() + q->offset, whole.weights().begin() + q->offset + q->size,
-                     second_half.weights().begin() + p.offset));
+    CHECK(std::equal(whole.weights().host().begin() + q->offset, whole.weights().host().begin() + q->offset + q->size,
+                     second_half.weights().host().begin() + p.offset));
   }
   // the last stage's tied copy of wte is excluded from the global gradient norm
   CHECK(second_half.find("wte.weight")->tied_copy);
@@ -218,7 +218,7 @@ TEST_CASE("split backward (input half, later weight half) gives the fused backwa
           st.backward_weight(0, mb);
           CHECK(st.stash_bytes(0, mb) == 0);
         }
-      grads.push_back(st.grads());
+      grads.push_back(st.grads().host());
       dinps.push_back(all_dinp);
     }
     INFO("stage " << stage_id);
@@ -249,7 +249,7 @@ TEST_CASE("split backward in the fused order is bit-identical to the fused backw
         if (split) st.backward_input(0, mb, r.data(), dinp.data()), st.backward_weight(0, mb);
         else st.backward(0, mb, r.data(), dinp.data());
       }
-      grads.push_back(st.grads());
+      grads.push_back(st.grads().host());
     }
     INFO("stage " << stage_id);
     CHECK(grads[1] == grads[0]);
@@ -280,7 +280,7 @@ TEST_CASE("a stage of two chunks lays them out one after the other and computes 
     CHECK(both.params()[i].name == names[i]);
     if (i > 0) CHECK(both.params()[i].offset == both.params()[i - 1].offset + both.params()[i - 1].size);
   }
-  REQUIRE(both.weights().size() == v1.weights().size() + v3.weights().size());
+  REQUIRE(both.weights().host().size() == v1.weights().host().size() + v3.weights().host().size());
 
   const size_t N = 4, C = 8, NC = N * C;
   std::vector<float> out(NC), out1(NC), g_in(NC), dinp(NC), dinp1(NC);
@@ -308,7 +308,7 @@ TEST_CASE("a stage of two chunks lays them out one after the other and computes 
     CHECK(both.stash_bytes(0, mb) == 0);
     CHECK(both.stash_bytes(1, mb) == 0);
   }
-  std::vector<float> grads = v1.grads();
-  grads.insert(grads.end(), v3.grads().begin(), v3.grads().end());
-  CHECK(both.grads() == grads);
+  std::vector<float> grads = v1.grads().host();
+  grads.insert(grads.end(), v3.grads().host().begin(), v3.grads().host().end());
+  CHECK(both.grads().host() == grads);
 }

@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/array.hpp"
 #include "pipetrain/config.hpp"
+#include "pipetrain/ops.hpp"
 #include "pipetrain/partition.hpp"
 
 namespace pipetrain {
@@ -56,25 +58,27 @@ size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages,
 // largest chunk that backward re-runs into. Its chunks share all of these.
 size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual);
 
+using Floats = Array<float>;  // on the rank's compute device
+
 struct BlockActs {
-  std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
+  Floats ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
 };
 struct HeadActs {
-  std::vector<float> lnf, lnf_mean, lnf_rstd, probs;
+  Floats lnf, lnf_mean, lnf_rstd, probs;
 };
 // What the parameter gradients need besides the activations: each layer's output gradient,
 // produced by the input-gradient pass (B) and consumed by the weight-gradient pass (W). A split
 // backward keeps them between the two; a fused one uses one scratch set.
 struct BlockWGrads {
-  std::vector<float> dout, dfch, dln2, dres2, dqkv, dln1;  // 11 C floats per token
+  Floats dout, dfch, dln2, dres2, dqkv, dln1;  // 11 C floats per token
 };
 struct HeadWGrads {
-  std::vector<float> dlogits, dlnf, dembed;  // dembed: the stage input's gradient (first stage)
+  Floats dlogits, dlnf, dembed;  // dembed: the stage input's gradient (first stage)
 };
 // One micro-batch's activations. xs[l] is block l's input; on the last stage xs[L] is the head input.
 struct Acts {
-  std::vector<int> tokens, targets;
-  std::vector<std::vector<float>> xs;
+  Array<int> tokens, targets;
+  std::vector<Floats> xs;
   std::vector<BlockActs> blocks;
   HeadActs head;
   std::vector<BlockWGrads> wblocks;  // between backward_input and backward_weight only
@@ -100,8 +104,8 @@ class Stage {
   size_t boundary_floats() const { return static_cast<size_t>(B_) * T_ * C_; }  // one activation
 
   const std::vector<ParamTensor>& params() const { return params_; }
-  std::vector<float>& weights() { return weights_; }
-  std::vector<float>& grads() { return grads_; }
+  Floats& weights() { return weights_; }
+  Floats& grads() { return grads_; }
   const ParamTensor* find(const std::string& name) const;
   void init_params(uint64_t seed);  // deterministic per name: same weights on any layout
   void zero_grads();
@@ -145,7 +149,7 @@ class Stage {
     size_t offset;      // of its first tensor in the flat buffers
     std::vector<size_t> block_offset;
   };
-  BlockPtrs block_ptrs(std::vector<float>& base, const Chunk& c, int local_block);
+  BlockPtrs block_ptrs(Floats& base, const Chunk& c, int local_block);
   void size_acts(const Chunk& c, Acts& a);
   void compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, double* loss);
   void block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out);
@@ -166,7 +170,8 @@ class Stage {
   float grad_scale_;
   double recompute_s_ = 0;
   std::vector<ParamTensor> params_;
-  std::vector<float> weights_, grads_;
+  const Kernels& k_;  // the compute device's kernels
+  Floats weights_, grads_;
   size_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0, head_ = 0;
 
   // Activations of the (chunk, micro-batch) pairs in flight. Slots are reused once a backward
@@ -180,7 +185,7 @@ class Stage {
   std::vector<int> free_;
   Acts work_;                // recompute target when mode != none
   // scratch for one micro-batch
-  std::vector<float> attproj_, fcproj_, logits_, dres_, dx_, datty_, dfch_gelu_;
+  Floats attproj_, fcproj_, logits_, dres_, dx_, datty_, dfch_gelu_;
   BlockWGrads wscratch_;  // a fused backward's output gradients, one block at a time
   HeadWGrads hscratch_;
 };

@@ -1,0 +1,22 @@
+// Where this rank computes: the CPU, or its GPU in a CUDA build (PIPETRAIN_CUDA=ON). Chosen once at
+// start-up, before any Stage exists; Arrays and ops follow it.
+#pragma once
+#include <cstddef>
+
+namespace pipetrain {
+
+enum class Device { cpu, gpu };
+Device compute_device();
+// gpu: selects GPU local_rank % (GPUs on the node); throws std::runtime_error naming the reason
+// when this build has no CUDA or the node has no GPU.
+void set_compute_device(Device d, int local_rank = 0);
+bool cuda_built();  // this binary contains the CUDA kernels
+
+// Copies and zeroing within the compute device's memory.
+void copy_values(float* dst, const float* src, size_t n);
+void zero_values(float* dst, size_t n);
+// Between the host and the compute device (plain copies on the CPU).
+void upload(void* dst, const void* host_src, size_t bytes);
+void download(void* host_dst, const void* src, size_t bytes);
+
+}  // namespace pipetrain

@@ -1,0 +1,109 @@
+#include <array>
+
+#include "check.cuh"
+#include "pipetrain/gpu.hpp"
+
+namespace pipetrain::gpu {
+namespace {
+
+struct Runtime {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  std::array<void*, 8> scratch{};
+  std::array<size_t, 8> scratch_bytes{};
+};
+Runtime& runtime() {
+  static Runtime r;  // lives until exit: freeing after the driver shut down would fail
+  return r;
+}
+
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device / no driver" error
+    return 0;
+  }
+  return n;
+}
+
+int select_device(int local_rank) {
+  const int n = device_count();
+  if (n == 0) throw std::runtime_error("CUDA: no GPU visible to this process (CUDA_VISIBLE_DEVICES, driver?)");
+  const int device = local_rank % n;
+  PT_CUDA(cudaSetDevice(device));
+  return device;
+}
+
+std::string device_name() {
+  int device = 0;
+  PT_CUDA(cudaGetDevice(&device));
+  cudaDeviceProp prop;
+  PT_CUDA(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
+cudaStream_t stream() {
+  Runtime& r = runtime();
+  if (!r.stream) PT_CUDA(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+  return r.stream;
+}
+
+cublasHandle_t cublas() {
+  Runtime& r = runtime();
+  if (!r.cublas) {
+    PT_CUDA(cublasCreate(&r.cublas));
+    PT_CUDA(cublasSetStream(r.cublas, stream()));
+    // The default math mode never lowers fp32 products to TF32 (that takes CUBLAS_TF32_TENSOR_OP_MATH),
+    // so fp32 results match the CPU's to float rounding; bf16 inputs use the tensor cores.
+  }
+  return r.cublas;
+}
+
+void* scratch(int slot, size_t bytes) {
+  Runtime& r = runtime();
+  if (r.scratch_bytes.at(slot) < bytes) {
+    PT_CUDA(cudaStreamSynchronize(stream()));  // the old buffer may still be in use
+    if (r.scratch[slot]) PT_CUDA(cudaFree(r.scratch[slot]));
+    r.scratch[slot] = nullptr, r.scratch_bytes[slot] = 0;
+    PT_CUDA(cudaMalloc(&r.scratch[slot], bytes));
+    r.scratch_bytes[slot] = bytes;
+  }
+  return r.scratch[slot];
+}
+
+void* device_alloc(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess)
+    throw std::runtime_error("CUDA: cannot allocate " + std::to_string(bytes) + " bytes on the GPU (" +
+                             cudaGetErrorString(e) + ")");
+  return p;
+}
+
+void device_free(void* p) {
+  if (p) cudaFree(p);  // no throw: called from destructors
+}
+
+void copy_to_device(void* dst, const void* src, size_t bytes) {
+  PT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
+  PT_CUDA(cudaStreamSynchronize(stream()));  // pageable host memory: the source may be reused at once
+}
+void copy_to_host(void* dst, const void* src, size_t bytes) {
+  PT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
+  PT_CUDA(cudaStreamSynchronize(stream()));
+}
+void copy_on_device(void* dst, const void* src, size_t bytes) {
+  PT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+}
+void zero(void* dst, size_t bytes) { PT_CUDA(cudaMemsetAsync(dst, 0, bytes, stream())); }
+void synchronize() { PT_CUDA(cudaStreamSynchronize(stream())); }
+
+size_t memory_allocated() {
+  size_t free = 0, total = 0;
+  PT_CUDA(cudaMemGetInfo(&free, &total));
+  return total - free;
+}
+
+}  // namespace pipetrain::gpu

@@ -1,0 +1,268 @@
+// Every GPU kernel against its CPU twin on the same random inputs (shapes not multiples of the
+// warp size), both halves of each backward apart and together, bf16 products against the CPU on
+// bf16-rounded inputs, and bit-for-bit repeatability. Exits 77 (CTest: skipped) without a GPU.
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "pipetrain/gpu.hpp"
+#include "pipetrain/gpu_kernels.hpp"
+#include "pipetrain/kernels.hpp"
+#include "pipetrain/optim.hpp"
+
+using namespace pipetrain;
+using Vec = std::vector<float>;
+
+namespace {
+
+Vec randn(size_t n, float scale, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.f, scale);
+  Vec v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+std::vector<int> tokens(size_t n, int vocab, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int> t(n);
+  for (auto& x : t) x = static_cast<int>(gen() % vocab);
+  return t;
+}
+
+template <class T>
+gpu::Buffer<T> up(const std::vector<T>& host) {
+  gpu::Buffer<T> d(host.size());
+  gpu::copy_to_device(d.data(), host.data(), sizeof(T) * host.size());
+  return d;
+}
+template <class T>
+std::vector<T> down(const gpu::Buffer<T>& d) {
+  std::vector<T> host(d.size());
+  gpu::copy_to_host(host.data(), d.data(), sizeof(T) * d.size());
+  return host;
+}
+
+// Largest |got - want| relative to the largest |want| (fp32 kernels differ from the CPU only in
+// summation order and libm: ~1e-6 of the magnitude).
+double rel_err(const Vec& got, const Vec& want) {
+  REQUIRE(got.size() == want.size());
+  double diff = 0, mag = 1e-30;
+  for (size_t i = 0; i < got.size(); ++i)
+    diff = std::max(diff, std::fabs(double(got[i]) - want[i])), mag = std::max(mag, std::fabs(double(want[i])));
+  return diff / mag;
+}
+constexpr double kFp32 = 2e-5;
+
+float to_bf16(float x) {  // round to nearest even, as __float2bfloat16_rn
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+Vec rounded(Vec v) {
+  for (auto& x : v) x = to_bf16(x);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("encoder forward and backward match the CPU", "[gpu]") {
+  const int B = 2, T = 5, C = 37, V = 11;
+  auto tok = tokens(B * T, V, 1);
+  Vec wte = randn(V * C, 1, 2), wpe = randn(T * C, 1, 3), dout = randn(B * T * C, 1, 4);
+  Vec out(B * T * C), dwte = randn(V * C, 1, 5), dwpe = randn(T * C, 1, 6);
+  auto d_tok = up(tok);
+  auto d_wte = up(wte), d_wpe = up(wpe), d_out = up(out), d_dout = up(dout), d_dwte = up(dwte), d_dwpe = up(dwpe);
+  encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+  gpu::encoder_forward(d_out.data(), d_tok.data(), d_wte.data(), d_wpe.data(), B, T, C);
+  CHECK(rel_err(down(d_out), out) == 0);
+  encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
+  gpu::encoder_backward(d_dwte.data(), d_dwpe.data(), d_dout.data(), d_tok.data(), B, T, C);
+  CHECK(rel_err(down(d_dwte), dwte) < kFp32);
+  CHECK(rel_err(down(d_dwpe), dwpe) < kFp32);
+}
+
+TEST_CASE("layernorm forward and both halves of its backward match the CPU", "[gpu]") {
+  const int N = 263, C = 77;  // N > 256: two column partials; N % 8 != 0: a part-filled block
+  Vec x = randn(N * C, 2, 1), w = randn(C, 1, 2), b = randn(C, 1, 3), dout = randn(N * C, 1, 4);
+  Vec out(N * C), mean(N), rstd(N);
+  auto d_x = up(x), d_w = up(w), d_b = up(b), d_dout = up(dout), d_out = up(out), d_mean = up(mean), d_rstd = up(rstd);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  gpu::layernorm_forward(d_out.data(), d_mean.data(), d_rstd.data(), d_x.data(), d_w.data(), d_b.data(), N, C);
+  CHECK(rel_err(down(d_out), out) < kFp32);
+  CHECK(rel_err(down(d_mean), mean) < kFp32);
+  CHECK(rel_err(down(d_rstd), rstd) < kFp32);
+  for (int half = 0; half < 3; ++half) {  // 0: both, 1: input only, 2: parameters only
+    INFO("half " << half);
+    Vec dx = randn(N * C, 1, 5), dw = randn(C, 1, 6), db = randn(C, 1, 7);  // dinp accumulates too
+    auto d_dx = up(dx), d_dw = up(dw), d_db = up(db);
+    const bool input = half != 2, params = half != 1;
+    layernorm_backward(input ? dx.data() : nullptr, params ? dw.data() : nullptr, params ? db.data() : nullptr,
+                       dout.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
+    gpu::layernorm_backward(input ? d_dx.data() : nullptr, params ? d_dw.data() : nullptr,
+                            params ? d_db.data() : nullptr, d_dout.data(), d_x.data(), d_w.data(), d_mean.data(),
+                            d_rstd.data(), N, C);
+    CHECK(rel_err(down(d_dx), dx) < kFp32);
+    CHECK(rel_err(down(d_dw), dw) < kFp32);
+    CHECK(rel_err(down(d_db), db) < kFp32);
+  }
+}
+
+TEST_CASE("matmul forward and backward match the CPU in fp32, and in bf16 on bf16-rounded inputs", "[gpu]") {
+  const int N = 13, C = 35, OC = 29;
+  Vec x = randn(N * C, 1, 1), w = randn(OC * C, 0.2f, 2), bias = randn(OC, 1, 3), dout = randn(N * OC, 1, 4);
+  for (auto dtype : {gpu::MatmulDtype::fp32, gpu::MatmulDtype::bf16}) {
+    const bool bf16 = dtype == gpu::MatmulDtype::bf16;
+    INFO((bf16 ? "bf16" : "fp32"));
+    gpu::set_matmul_dtype(dtype);
+    // The CPU reference sees the inputs the tensor cores see; what remains is accumulation order.
+    Vec rx = bf16 ? rounded(x) : x, rw = bf16 ? rounded(w) : w, rd = bf16 ? rounded(dout) : dout;
+    Vec out(N * OC);
+    auto d_x = up(x), d_w = up(w), d_bias = up(bias), d_dout = up(dout), d_out = up(out);
+    matmul_forward(out.data(), rx.data(), rw.data(), bias.data(), N, C, OC);
+    gpu::matmul_forward(d_out.data(), d_x.data(), d_w.data(), d_bias.data(), N, C, OC);
+    CHECK(rel_err(down(d_out), out) < kFp32);
+    for (int half = 0; half < 3; ++half) {
+      INFO("half " << half);
+      const bool input = half != 2, params = half != 1;
+      Vec dx = randn(N * C, 1, 7), dw = randn(OC * C, 1, 5), db = randn(OC, 1, 6);  // dx: overwritten
+      auto d_dx = up(dx), d_dw = up(dw), d_db = up(db);
+      matmul_backward(input ? dx.data() : nullptr, params ? dw.data() : nullptr, params ? db.data() : nullptr,
+                      rd.data(), rx.data(), rw.data(), N, C, OC);
+      // the bias gradient sums the fp32 dout, not its rounding
+      if (params && bf16)
+        for (int o = 0; o < OC; ++o)
+          for (int n = 0; n < N; ++n) db[o] += dout[n * OC + o] - rd[n * OC + o];
+      gpu::matmul_backward(input ? d_dx.data() : nullptr, params ? d_dw.data() : nullptr,
+                           params ? d_db.data() : nullptr, d_dout.data(), d_x.data(), d_w.data(), N, C, OC);
+      CHECK(rel_err(down(d_dx), dx) < kFp32);
+      CHECK(rel_err(down(d_dw), dw) < kFp32);
+      CHECK(rel_err(down(d_db), db) < kFp32);
+    }
+    // Against the unrounded fp32 product: bf16 keeps 8 significant bits, so each input is off by
+    // at most 2^-9 relative and the product by about 2^-8 of the magnitude.
+    Vec exact(N * OC);
+    matmul_forward(exact.data(), x.data(), w.data(), bias.data(), N, C, OC);
+    CHECK(rel_err(down(d_out), exact) < (bf16 ? 1.0 / 128 : kFp32));
+  }
+  gpu::set_matmul_dtype(gpu::MatmulDtype::fp32);
+}
+
+TEST_CASE("causal attention forward and backward match the CPU", "[gpu]") {
+  struct Shape {
+    int B, T, C, NH;
+  };
+  // the second has more rows than the kernels' 128 threads and a head size over a warp
+  for (Shape s : {Shape{2, 9, 16, 4}, Shape{1, 150, 96, 2}}) {
+    const int B = s.B, T = s.T, C = s.C, NH = s.NH;
+    INFO("T " << T);
+    Vec qkv = randn(B * T * 3 * C, 1, 1), dout = randn(B * T * C, 1, 2);
+    Vec out(B * T * C), att(B * NH * T * T), dqkv = randn(B * T * 3 * C, 1, 3);  // dqkv: overwritten
+    auto d_qkv = up(qkv), d_dout = up(dout), d_out = up(out), d_att = up(Vec(att.size(), -1.f)), d_dqkv = up(dqkv);
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    gpu::attention_forward(d_out.data(), d_att.data(), d_qkv.data(), B, T, C, NH);
+    CHECK(rel_err(down(d_out), out) < kFp32);
+    CHECK(rel_err(down(d_att), att) < kFp32);  // incl. the zeros above the diagonal
+    attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+    gpu::attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_att.data(), B, T, C, NH);
+    CHECK(rel_err(down(d_dqkv), dqkv) < kFp32);
+  }
+}
+
+TEST_CASE("GELU, bias + GELU, residual, softmax cross-entropy match the CPU", "[gpu]") {
+  const int N = 11, C = 45, V = 301;  // V > the 256 threads of a row
+  Vec x = randn(N * C, 2, 1), bias = randn(C, 1, 2), dout = randn(N * C, 1, 3), y = randn(N * C, 1, 4);
+  Vec out(N * C), pre = x, dinp = randn(N * C, 1, 7);  // dinp: overwritten
+  auto d_x = up(x), d_bias = up(bias), d_dout = up(dout), d_y = up(y), d_out = up(out), d_pre = up(pre),
+       d_dinp = up(dinp);
+  gelu_forward(out.data(), x.data(), x.size());
+  gpu::gelu_forward(d_out.data(), d_x.data(), x.size());
+  CHECK(rel_err(down(d_out), out) < kFp32);
+  gelu_backward(dinp.data(), x.data(), dout.data(), x.size());
+  gpu::gelu_backward(d_dinp.data(), d_x.data(), d_dout.data(), x.size());
+  CHECK(rel_err(down(d_dinp), dinp) < kFp32);
+  bias_gelu_forward(pre.data(), out.data(), bias.data(), N, C);
+  gpu::bias_gelu_forward(d_pre.data(), d_out.data(), d_bias.data(), N, C);
+  CHECK(rel_err(down(d_pre), pre) < kFp32);
+  CHECK(rel_err(down(d_out), out) < kFp32);
+  residual_forward(out.data(), x.data(), y.data(), bias.data(), N, C);
+  gpu::residual_forward(d_out.data(), d_x.data(), d_y.data(), d_bias.data(), N, C);
+  CHECK(rel_err(down(d_out), out) < kFp32);
+
+  Vec logits = randn(N * V, 3, 5), probs(N * V), dlogits = randn(N * V, 1, 8);
+  auto tgt = tokens(N, V, 6);
+  auto d_logits = up(logits), d_probs = up(probs), d_dlogits = up(dlogits);
+  auto d_tgt = up(tgt);
+  const double loss = softmax_crossentropy_forward(probs.data(), logits.data(), tgt.data(), N, V);
+  CHECK(gpu::softmax_crossentropy_forward(d_probs.data(), d_logits.data(), d_tgt.data(), N, V) ==
+        Approx(loss).epsilon(1e-6));
+  CHECK(rel_err(down(d_probs), probs) < kFp32);
+  softmax_crossentropy_backward(dlogits.data(), probs.data(), tgt.data(), 0.25f, N, V);
+  gpu::softmax_crossentropy_backward(d_dlogits.data(), d_probs.data(), d_tgt.data(), 0.25f, N, V);
+  CHECK(rel_err(down(d_dlogits), dlogits) < kFp32);
+}
+
+TEST_CASE("AdamW update and the squared gradient norm match the CPU", "[gpu]") {
+  RunSpec::Train cfg;
+  cfg.weight_decay = 0.1;
+  const size_t n = 1000;
+  ParamTensor p;
+  p.name = "h.0.mlp.c_fc.weight", p.shape = {40, 25}, p.size = n, p.decay = true;
+  Vec w = randn(n, 1, 1), g = randn(n, 1, 2);
+  AdamW adam(cfg, n);
+  auto d_w = up(w), d_g = up(g), d_m = up(Vec(n)), d_v = up(Vec(n));
+  const double lr = 1e-3;
+  for (int t = 1; t <= 3; ++t) {  // three steps: the bias corrections change
+    adam.step({p}, w, g, lr, 0.5f);
+    const double bc1 = 1 - std::pow(cfg.beta1, t), bc2 = 1 - std::pow(cfg.beta2, t);
+    gpu::adamw_update(d_w.data(), d_g.data(), d_m.data(), d_v.data(), n, float(cfg.beta1), float(cfg.beta2),
+                      float(lr / bc1), float(1 / std::sqrt(bc2)), float(cfg.eps), float(1 - lr * cfg.weight_decay),
+                      0.5f);
+  }
+  CHECK(rel_err(down(d_w), w) < kFp32);
+  CHECK(rel_err(down(d_m), adam.exp_avg()) < kFp32);
+  CHECK(rel_err(down(d_v), adam.exp_avg_sq()) < kFp32);
+  double sq = 0;
+  for (float x : g) sq += double(x) * x;
+  CHECK(gpu::sum_of_squares(d_g.data(), n) == Approx(sq).epsilon(1e-12));
+}
+
+TEST_CASE("a backward run twice gives the same bits (fixed-order reductions)", "[gpu]") {
+  const int N = 300, C = 70, OC = 50;  // more rows than one partial sum takes
+  Vec x = randn(N * C, 1, 1), w = randn(OC * C, 1, 2), dout = randn(N * OC, 1, 3);
+  auto d_x = up(x), d_w = up(w), d_dout = up(dout);
+  std::vector<Vec> runs;
+  for (int r = 0; r < 2; ++r) {
+    auto d_dw = up(Vec(OC * C)), d_db = up(Vec(OC)), d_dx = up(Vec(N * C));
+    gpu::matmul_backward(d_dx.data(), d_dw.data(), d_db.data(), d_dout.data(), d_x.data(), d_w.data(), N, C, OC);
+    Vec all = down(d_dw), db = down(d_db), dx = down(d_dx);
+    all.insert(all.end(), db.begin(), db.end());
+    all.insert(all.end(), dx.begin(), dx.end());
+    runs.push_back(all);
+  }
+  CHECK(runs[0] == runs[1]);
+  // and against the CPU: the column sums over several partials, a long inner dimension
+  Vec dw(OC * C), db(OC), dx(N * C);
+  matmul_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), N, C, OC);
+  Vec all = dw;
+  all.insert(all.end(), db.begin(), db.end());
+  CHECK(rel_err(Vec(runs[0].begin(), runs[0].begin() + all.size()), all) < kFp32);
+  CHECK(rel_err(Vec(runs[0].begin() + all.size(), runs[0].end()), dx) < kFp32);
+}
+
+int main(int argc, char** argv) {
+  if (gpu::device_count() == 0) {
+    std::printf("no GPU visible: GPU kernel tests skipped\n");
+    return 77;  // SKIP_RETURN_CODE in tests/CMakeLists.txt
+  }
+  gpu::select_device(0);
+  std::printf("GPU: %s\n", gpu::device_name().c_str());
+  return Catch::Session().run(argc, argv);
+}
