@@ -57,10 +57,28 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
 
 // The spec keys that must match to load a checkpoint: model shape, data stream, batch (the data
 // position is counted in global samples, so the global batch fixes which samples come next).
-bool must_match(const std::string& key) {
-  return key.rfind("model.", 0) == 0 || key == "run.seed" || key.rfind("data.", 0) == 0 ||
+bool must_match(const std::string& key) {  // model.dtype only changes how products round
+  return (key.rfind("model.", 0) == 0 && key != "model.dtype") || key == "run.seed" || key.rfind("data.", 0) == 0 ||
          key == "train.global_batch";
 }
+
+// What a save reads: the array itself on the CPU, a host copy of a GPU's.
+const float* host_view(const Floats& a, std::vector<float>& copy) {
+  if (!a.on_gpu()) return a.data();
+  copy = a.to_host();
+  return copy.data();
+}
+
+// What a load writes into: the array itself on the CPU, host staging for a GPU's (then upload()).
+struct LoadTarget {
+  Floats& array;
+  std::vector<float> staging;
+  explicit LoadTarget(Floats& a) : array(a), staging(a.on_gpu() ? a.size() : 0) {}
+  float* data() { return array.on_gpu() ? staging.data() : array.data(); }
+  void upload() {
+    if (array.on_gpu()) array.assign(staging.data(), staging.size());
+  }
+};
 
 }  // namespace
 
@@ -238,11 +256,13 @@ double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const s
   });
 
   // Each stage's replicas write its shard together; the first replica then checksums and syncs it.
+  std::vector<float> w_copy, m_copy, v_copy;
+  const float* w = host_view(stage.weights(), w_copy);
+  const float* m = host_view(opt.exp_avg(), m_copy);
+  const float* v = host_view(opt.exp_avg_sq(), v_copy);
   std::vector<ShardTensor> tensors;
   for (auto& p : stage.params())
-    if (!p.tied_copy)
-      tensors.push_back({p.name, p.shape, stage.weights().data() + p.offset, opt.exp_avg().data() + p.offset,
-                         opt.exp_avg_sq().data() + p.offset});
+    if (!p.tied_copy) tensors.push_back({p.name, p.shape, w + p.offset, m + p.offset, v + p.offset});
   const std::string shard = tmp + "/" + shard_name(topo.stage);
   uint64_t mine[3] = {static_cast<uint64_t>(topo.stage), 0, 0};
   Comm::require_agreed([&] {
@@ -369,19 +389,21 @@ int64_t Checkpointer::load(const std::string& dir, Stage& stage, AdamW& opt) {
     for (auto& s : m.shards)
       for (auto& t : s.tensors) shard_of[t] = dir + "/" + s.file;
     std::map<std::string, std::unique_ptr<ShardReader>> open;
+    LoadTarget w(stage.weights()), m(opt.exp_avg()), v(opt.exp_avg_sq());
     for (auto& p : stage.params()) {
       auto it = shard_of.find(p.name);
       if (it == shard_of.end()) throw SpecError(dir + ": checkpoint has no tensor " + p.name);
       try {
         auto& reader = open[it->second];
         if (!reader) reader = std::make_unique<ShardReader>(it->second);
-        reader->read("params", p.name, p.shape, stage.weights().data() + p.offset);
-        reader->read("optim/exp_avg", p.name, p.shape, opt.exp_avg().data() + p.offset);
-        reader->read("optim/exp_avg_sq", p.name, p.shape, opt.exp_avg_sq().data() + p.offset);
+        reader->read("params", p.name, p.shape, w.data() + p.offset);
+        reader->read("optim/exp_avg", p.name, p.shape, m.data() + p.offset);
+        reader->read("optim/exp_avg_sq", p.name, p.shape, v.data() + p.offset);
       } catch (const std::runtime_error& e) {  // a checkpoint that does not fit is bad input
         throw SpecError(std::string("cannot load checkpoint: ") + e.what());
       }
     }
+    for (LoadTarget* t : {&w, &m, &v}) t->upload();
   });
   opt.set_steps_taken(static_cast<int>(m.optimizer_steps));
   return m.step;

@@ -143,6 +143,7 @@ Comm::Comm(const Topology& topo, const std::string& wait, double timeout_s) : to
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, topo.world_rank, MPI_INFO_NULL, &node);
   MPI_Comm_size(node, &local_ranks_);
+  MPI_Comm_rank(node, &local_rank_);
   MPI_Comm_free(&node);
   if (wait == "spin") mode_ = WaitMode::spin;
   else if (wait == "yield") mode_ = WaitMode::yield;

@@ -144,6 +144,8 @@ void validate_spec(const RunSpec& s, int world_size) {
     fail("parallel.pp", "pp x dp = " + std::to_string(p.pp) + " x " + std::to_string(p.dp) + " = " +
                             std::to_string(ranks) + " but " + std::to_string(world_size) +
                             " MPI ranks were launched");
+  if (m.dtype == "bf16" && s.run.device != "gpu")
+    fail("model.dtype", "dtype = bf16 needs run.device = \"gpu\" (the CPU kernels are fp32)");
   const bool interleaved = p.schedule == "interleaved";
   if (p.virtual_stages > 1 && !interleaved)
     fail("parallel.virtual_stages", "virtual_stages = " + std::to_string(p.virtual_stages) +

@@ -34,6 +34,9 @@ void zero_values(float* dst, size_t n) {
   if (g_device == Device::gpu) gpu::zero(dst, n * sizeof(float));
   else std::fill(dst, dst + n, 0.f);
 }
+void finish_compute() {
+  if (g_device == Device::gpu) gpu::synchronize();
+}
 void upload(void* dst, const void* host_src, size_t bytes) {
   if (g_device == Device::gpu) gpu::copy_to_device(dst, host_src, bytes);
   else if (bytes) std::memmove(dst, host_src, bytes);

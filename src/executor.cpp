@@ -32,6 +32,8 @@ Executor::Executor(Stage& stage, Comm& comm) : stage_(stage), comm_(comm) {
     r->bufs.assign(kRing, std::vector<float>(n));
     r->reqs.assign(kRing, MPI_REQUEST_NULL);
   }
+  if (compute_device() == Device::gpu)
+    for (Floats* f : {&dev_out_, &dev_grad_in_, &dev_grad_out_}) f->resize(n);
 }
 
 void Executor::RecvRing::post(Comm& comm, int peer) {
@@ -85,7 +87,8 @@ StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& tra
 
   StepStats st;
   const double wait0 = comm_.wait_seconds();
-  const size_t n = stage_.boundary_floats();
+  const size_t n = stage_.boundary_floats(), bytes = n * sizeof(float);
+  const bool staged = compute_device() == Device::gpu;
 
   // Activation bytes held, counted from the stage's buffers after every change.
   std::vector<size_t> held(static_cast<size_t>(M) * chunks, 0);
@@ -128,7 +131,9 @@ StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& tra
         if (first || last) load_inputs(a.mb), update(a);
         if (!last) act_out = act_out_.acquire(comm_, act_tag(v, a.mb, M), a.mb, "send activation", next, trace);
         const double t0 = now_s();
-        st.loss_sum += stage_.forward(a.chunk, a.mb, act_out);
+        st.loss_sum += stage_.forward(a.chunk, a.mb, staged && !last ? dev_out_.data() : act_out);
+        if (staged && !last) download(act_out, dev_out_.data(), bytes);
+        finish_compute();
         const double t1 = now_s();
         st.compute_s += t1 - t0;
         trace.span(to_string(a), "forward", t0, t1, a.mb);
@@ -154,8 +159,16 @@ StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& tra
         if (!last && (grad_in_for.mb != a.mb || grad_in_for.chunk != a.chunk))
           throw std::logic_error("schedule runs backward " + to_string(a) + " without receiving its gradient first");
         const double t0 = now_s();
-        if (a.op == Op::backward) stage_.backward(a.chunk, a.mb, grad_in, grad_out, done_hook(a));
-        else stage_.backward_input(a.chunk, a.mb, grad_in, grad_out);
+        const float* dout = grad_in;
+        float* dinp = grad_out;
+        if (staged) {
+          if (!last) upload(dev_grad_in_.data(), grad_in, bytes), dout = dev_grad_in_.data();
+          if (!first) dinp = dev_grad_out_.data();
+        }
+        if (a.op == Op::backward) stage_.backward(a.chunk, a.mb, dout, dinp, done_hook(a));
+        else stage_.backward_input(a.chunk, a.mb, dout, dinp);
+        if (staged && !first) download(grad_out, dinp, bytes);
+        finish_compute();
         const double t1 = now_s(), rs = stage_.last_recompute_s();
         st.compute_s += t1 - t0;
         // Recompute shown first; under recompute = block it is really interleaved block by block.
@@ -168,6 +181,7 @@ StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& tra
       case Op::backward_weight: {
         const double t0 = now_s();
         stage_.backward_weight(a.chunk, a.mb, done_hook(a));
+        finish_compute();
         const double t1 = now_s();
         st.compute_s += t1 - t0;
         trace.span(to_string(a), "backward", t0, t1, a.mb);

@@ -17,9 +17,9 @@
 namespace pipetrain {
 
 void RankFigures::to(double* out) const {
-  const double v[10] = {stage,          dp_rank,        compute_s,   bubble_wait_s, comm_wait_s, rank_step_s,
-                        act_peak_bytes, mem_peak_bytes, param_count, loss_sum};
-  out = std::copy(v, v + 10, out);
+  const double v[12] = {stage,          dp_rank,        compute_s,   bubble_wait_s, comm_wait_s,   rank_step_s,
+                        act_peak_bytes, mem_peak_bytes, param_count, loss_sum,      gpu_mem_bytes, gpu_mem_peak_bytes};
+  out = std::copy(v, v + 12, out);
   out = std::copy(kernels.seconds.begin(), kernels.seconds.end(), out);
   *out = kernels.gemm_flops;
 }
@@ -28,8 +28,9 @@ RankFigures RankFigures::from(const double* in) {
   RankFigures r;
   r.stage = in[0], r.dp_rank = in[1], r.compute_s = in[2], r.bubble_wait_s = in[3], r.comm_wait_s = in[4];
   r.rank_step_s = in[5], r.act_peak_bytes = in[6], r.mem_peak_bytes = in[7], r.param_count = in[8], r.loss_sum = in[9];
-  std::copy(in + 10, in + 10 + kKernelClasses, r.kernels.seconds.begin());
-  r.kernels.gemm_flops = in[10 + kKernelClasses];
+  r.gpu_mem_bytes = in[10], r.gpu_mem_peak_bytes = in[11];
+  std::copy(in + 12, in + 12 + kKernelClasses, r.kernels.seconds.begin());
+  r.kernels.gemm_flops = in[12 + kKernelClasses];
   return r;
 }
 
@@ -61,6 +62,11 @@ StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_pe
     line.optim_bytes[s] = 8 * r.param_count;
     line.act_peak_bytes[s] = std::max(line.act_peak_bytes[s], r.act_peak_bytes);
     line.mem_peak_bytes[s] = std::max(line.mem_peak_bytes[s], r.mem_peak_bytes);
+    if (r.gpu_mem_peak_bytes > 0) {
+      line.gpu_mem_bytes.resize(pp, 0), line.gpu_mem_peak_bytes.resize(pp, 0);
+      line.gpu_mem_bytes[s] = std::max(line.gpu_mem_bytes[s], r.gpu_mem_bytes);
+      line.gpu_mem_peak_bytes[s] = std::max(line.gpu_mem_peak_bytes[s], r.gpu_mem_peak_bytes);
+    }
     for (int k = 0; k < kKernelClasses; ++k) line.kernel_s[k][s] += r.kernels.seconds[k];
     gemm_flops[s] += r.kernels.gemm_flops;
     count[s] += 1;
@@ -115,7 +121,11 @@ std::string to_json(const StepLine& l) {
          ", \"param_bytes\": " + array(l.param_bytes, "%.0f") + ", \"grad_bytes\": " + array(l.grad_bytes, "%.0f") +
          ", \"optim_bytes\": " + array(l.optim_bytes, "%.0f") + ", \"gflops\": " + num(l.gflops, "%.6g") +
          ", \"peak_gflops\": " + num(l.peak_gflops, "%.6g") + ", \"mfu\": " + num(l.mfu, "%.6g") +
-         ", \"kernel_s\": " + kernel_object(l.kernel_s) + ", \"gemm_gflops\": " + array(l.gemm_gflops) + "}";
+         ", \"kernel_s\": " + kernel_object(l.kernel_s) + ", \"gemm_gflops\": " + array(l.gemm_gflops) +
+         (l.gpu_mem_bytes.empty() ? ""
+                                  : ", \"gpu_mem_bytes\": " + array(l.gpu_mem_bytes, "%.0f") +
+                                        ", \"gpu_mem_peak_bytes\": " + array(l.gpu_mem_peak_bytes, "%.0f")) +
+         "}";
 }
 
 std::string progress_line(const StepLine& l) {

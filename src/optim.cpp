@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "pipetrain/gpu_kernels.hpp"
 #include "pipetrain/parallel_for.hpp"
 #include "pipetrain/profile.hpp"
 
@@ -19,11 +20,15 @@ double lr_at(const RunSpec& spec, int step) {
   return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-double grad_sq_sum(const std::vector<ParamTensor>& params, const std::vector<float>& grads) {
+double grad_sq_sum(const std::vector<ParamTensor>& params, const Floats& grads) {
   KernelTimer timer(Kernel::optimizer);
   double sum = 0;
   for (auto& p : params) {
     if (p.tied_copy) continue;  // counted once, on the first stage
+    if (grads.on_gpu()) {
+      sum += gpu::sum_of_squares(grads.data() + p.offset, p.size);
+      continue;
+    }
     // per-chunk partials added in chunk order: the same sum on any thread count
     std::vector<double> partial(chunk_count(p.size, kAdamChunk), 0.0);
     parallel_for(p.size, kAdamChunk, [&](size_t begin, size_t end) {
@@ -44,10 +49,10 @@ float clip_coefficient(double global_norm, double grad_clip) {
   return coef < 1.0 ? static_cast<float>(coef) : 1.f;
 }
 
-AdamW::AdamW(const RunSpec::Train& cfg, size_t n_weights) : cfg_(cfg), m_(n_weights, 0.f), v_(n_weights, 0.f) {}
+AdamW::AdamW(const RunSpec::Train& cfg, size_t n_weights) : cfg_(cfg), m_(n_weights), v_(n_weights) {}
 
-void AdamW::step(const std::vector<ParamTensor>& params, std::vector<float>& weights, const std::vector<float>& grads,
-                 double lr, float grad_mul) {
+void AdamW::step(const std::vector<ParamTensor>& params, Floats& weights, const Floats& grads, double lr,
+                 float grad_mul) {
   KernelTimer timer(Kernel::optimizer);
   ++t_;
   const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
@@ -57,6 +62,11 @@ void AdamW::step(const std::vector<ParamTensor>& params, std::vector<float>& wei
   const float eps = static_cast<float>(cfg_.eps);
   for (auto& p : params) {
     const float decay = p.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.f;
+    if (weights.on_gpu()) {
+      gpu::adamw_update(weights.data() + p.offset, grads.data() + p.offset, m_.data() + p.offset,
+                        v_.data() + p.offset, p.size, b1, b2, step_size, inv_sqrt_bc2, eps, decay, grad_mul);
+      continue;
+    }
     parallel_for(p.size, kAdamChunk, [&](size_t begin, size_t end) {
       // local pointers: through the lambda's captures GCC reloads them after every store
       float *w = weights.data() + p.offset, *m = m_.data() + p.offset, *v = v_.data() + p.offset;

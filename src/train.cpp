@@ -17,6 +17,7 @@
 #include "pipetrain/data.hpp"
 #include "pipetrain/executor.hpp"
 #include "pipetrain/files.hpp"
+#include "pipetrain/gpu_kernels.hpp"
 #include "pipetrain/kernels.hpp"
 #include "pipetrain/launch.hpp"
 #include "pipetrain/metrics.hpp"
@@ -160,13 +161,19 @@ struct StepSync {
 // one small all-reduce over all ranks carries the squared norm (from the first replica of each
 // stage), the stop flag and a non-finite flag: the step's only world-wide synchronisation, so
 // every rank decides alike whether to stop and whether to apply the update.
-StepSync sync_step(Stage& stage, Comm& comm, GradReducer* reducer, const ParamTensor* tied_wte, bool out_of_time,
-                   double loss_sum) {
-  std::vector<float>& g = stage.grads().host();
+// On the GPU (comm.backend = mpi) the sums over replicas and tied halves run on `staging`, a host
+// copy of the gradients the reducer was built on.
+StepSync sync_step(Stage& stage, Comm& comm, GradReducer* reducer, std::vector<float>* staging,
+                   const ParamTensor* tied_wte, bool out_of_time, double loss_sum) {
+  Floats& g = stage.grads();
+  const bool through_host = staging && (reducer || tied_wte);
+  if (through_host) download(staging->data(), g.data(), g.size() * sizeof(float));
+  float* summed = staging ? staging->data() : g.data();
   const double wait0 = comm.wait_seconds();
   if (reducer) reducer->finish();
   const double dp_wait = comm.wait_seconds() - wait0;
-  if (tied_wte) comm.allreduce_tied(g.data() + tied_wte->offset, tied_wte->size);
+  if (tied_wte) comm.allreduce_tied(summed + tied_wte->offset, tied_wte->size);
+  if (through_host) upload(g.data(), staging->data(), g.size() * sizeof(float));
   // The gradient is checked where its norm is taken, on the first replica: the all-reduce has
   // summed every replica's part into it, so a NaN anywhere is there too. Each rank checks its own
   // loss; the world all-reduce of the flag makes every rank decide alike.
@@ -224,8 +231,17 @@ int run_train(const TrainOptions& opt) {
                           " needs message tags up to " + std::to_string(tags) + " but this MPI allows " +
                           std::to_string(Comm::max_tag()));
         check_memory_fits(spec, topo.stage, comm.local_ranks());
+        if (spec.run.device == "gpu") {
+          try {
+            set_compute_device(Device::gpu, comm.local_rank());
+          } catch (const std::runtime_error& e) {
+            throw SpecError(spec.origin("run.device") + ": run.device = gpu: " + e.what());
+          }
+          gpu::set_matmul_dtype(spec.model.dtype == "bf16" ? gpu::MatmulDtype::bf16 : gpu::MatmulDtype::fp32);
+        }
       }))
     return code;
+  const bool on_gpu = compute_device() == Device::gpu;
   // One BLAS thread per core this rank can have (more would fight the other ranks for cores),
   // unless the spec or an explicit OPENBLAS_NUM_THREADS says otherwise.
   const char* env_threads = std::getenv("OPENBLAS_NUM_THREADS");
@@ -261,7 +277,9 @@ int run_train(const TrainOptions& opt) {
   Executor executor(stage, comm);
   const ActionList actions = make_schedule(spec.parallel.schedule, topo.stage, P, M, V);
   // MFU denominator: the job's peak, measured (all ranks at once, as they will run) or given.
-  double peak_gflops = spec.log.peak_gflops > 0 ? spec.log.peak_gflops : measure_sgemm_gflops();
+  double peak_gflops = spec.log.peak_gflops > 0 ? spec.log.peak_gflops
+                       : on_gpu                   ? gpu::measure_gemm_gflops()
+                                                  : measure_sgemm_gflops();
   comm.allreduce_world(&peak_gflops, 1);
   Trace trace(spec.log.trace_steps, now_s());  // right after a world-wide reduction: a common start
   const int trace_last = static_cast<int>(start_step) + std::min(spec.log.trace_steps, spec.run.steps - static_cast<int>(start_step));
@@ -294,10 +312,12 @@ int run_train(const TrainOptions& opt) {
   const size_t mb_tokens = static_cast<size_t>(b) * T;
   std::vector<int> inputs(mb_tokens), targets(mb_tokens);
   const size_t bucket = std::max<size_t>(1, static_cast<size_t>(spec.comm.bucket_mb * (1 << 20) / sizeof(float)));
-  GradReducer reducer(comm, stage.grads().host(), bucket);
-  const std::function<void(size_t)> grads_done = [&](size_t offset) { reducer.done_from(offset); };
   const ParamTensor* wte = stage.find("wte.weight");
   const bool tied_sync = spec.model.tie_embeddings && P > 1 && wte != nullptr;
+  // GPU: gradients are summed over replicas through a host copy after the step (no overlap yet).
+  std::vector<float> grad_staging(on_gpu && (D > 1 || tied_sync) ? stage.grads().size() : 0);
+  GradReducer reducer(comm, on_gpu ? grad_staging : stage.grads().host(), bucket);
+  const std::function<void(size_t)> grads_done = [&](size_t offset) { reducer.done_from(offset); };
 
   const int stall_at_step = test_stall_step(rank);
   double max_step_s = 0, max_save_s = 1.0;  // for the time budget (1 s: a save not yet seen)
@@ -312,7 +332,10 @@ int run_train(const TrainOptions& opt) {
     stage.zero_grads();
     // test-only: backward accumulates into the gradient and the data-parallel all-reduce carries
     // it, as a NaN arising in this rank's backward would be
-    if (test_nan_at(rank, step)) stage.grads().host().back() = NAN;
+    if (test_nan_at(rank, step)) {
+      const float nan = NAN;
+      upload(stage.grads().data() + stage.grads().size() - 1, &nan, sizeof nan);
+    }
     local_s += now_s();
     if (step == stall_at_step) raise(SIGSTOP);  // test-only: this rank stops answering
     comm.reset_wait_seconds();
@@ -326,7 +349,7 @@ int run_train(const TrainOptions& opt) {
       if (stage.has_head()) stage.set_targets(mb, targets.data());
     };
     const StepStats st =
-        executor.run(actions, M, trace, load_inputs, D > 1 ? grads_done : std::function<void(size_t)>());
+        executor.run(actions, M, trace, load_inputs, D > 1 && !on_gpu ? grads_done : std::function<void(size_t)>());
     const double sync_t0 = now_s();
 
     // run.time_limit: stop while one more step and a checkpoint still fit in the budget.
@@ -334,18 +357,19 @@ int run_train(const TrainOptions& opt) {
     const bool out_of_time = spec.run.time_limit > 0 &&
                              now_s() - launched + 1.5 * worst_step + 1.5 * max_save_s >= spec.run.time_limit;
     const StepSync sync =
-        sync_step(stage, comm, D > 1 ? &reducer : nullptr, tied_sync ? wte : nullptr, out_of_time, st.loss_sum);
+        sync_step(stage, comm, D > 1 ? &reducer : nullptr, on_gpu ? &grad_staging : nullptr, tied_sync ? wte : nullptr,
+                  out_of_time, st.loss_sum);
     const double opt_t0 = now_s();
     trace.span(topo.dp > 1 ? "gradient all-reduce + norm" : "gradient norm", "comm", sync_t0, opt_t0);
     // A NaN/Inf anywhere skips the update on every rank alike: parameters and AdamW state stay as
     // they were, and the step's batch is simply not learned from.
     if (sync.finite && test_kill_in_optimizer(rank, step)) {  // test-only: die with half the tensors updated
       const std::vector<ParamTensor> half(stage.params().begin(), stage.params().begin() + stage.params().size() / 2);
-      adam.step(half, stage.weights().host(), stage.grads().host(), lr, 1.f);
+      adam.step(half, stage.weights(), stage.grads(), lr, 1.f);
       raise(SIGKILL);
     }
     if (sync.finite) {
-      adam.step(stage.params(), stage.weights().host(), stage.grads().host(), lr, clip_coefficient(sync.norm, spec.train.grad_clip));
+      adam.step(stage.params(), stage.weights(), stage.grads(), lr, clip_coefficient(sync.norm, spec.train.grad_clip));
       bad_in_a_row = 0;
     } else {
       ++bad_steps, ++bad_in_a_row;
@@ -373,6 +397,8 @@ int run_train(const TrainOptions& opt) {
       mine.act_peak_bytes = static_cast<double>(st.act_peak_bytes);
       mine.mem_peak_bytes = peak_rss_bytes();
       mine.loss_sum = st.loss_sum;
+      mine.gpu_mem_bytes = static_cast<double>(gpu::memory_allocated());
+      mine.gpu_mem_peak_bytes = static_cast<double>(gpu::memory_peak());
       mine.kernels = take_kernel_totals();
       double packed[RankFigures::kFields];
       mine.to(packed);

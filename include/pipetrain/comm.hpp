@@ -70,6 +70,7 @@ class Comm {
   const Topology& topo() const { return topo_; }
   WaitMode wait_mode() const { return mode_; }
   int local_ranks() const { return local_ranks_; }
+  int local_rank() const { return local_rank_; }  // this rank's index among those on its node
   // Cores this rank can use without taking them from the other ranks on its node (>= 1).
   int cores_per_rank() const;
 
@@ -118,7 +119,7 @@ class Comm {
   Topology topo_;
   MPI_Comm pipe_ = MPI_COMM_NULL, data_ = MPI_COMM_NULL, tied_ = MPI_COMM_NULL;
   WaitMode mode_ = WaitMode::spin;
-  int local_ranks_ = 1;
+  int local_ranks_ = 1, local_rank_ = 0;
   double timeout_s_;
   double wait_s_ = 0;
 };

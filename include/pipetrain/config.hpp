@@ -21,6 +21,7 @@ struct RunSpec {
     int64_t seed = 1234;
     int steps = 100;
     double time_limit = 0;  // seconds this launch may run; stops with a checkpoint before (0 = none)
+    std::string device = "cpu";  // cpu | gpu
   } run;
   struct Model {
     int n_layer = 4;
@@ -28,6 +29,7 @@ struct RunSpec {
     int n_head = 4;
     int seq_len = 32;
     int vocab = 256;
+    std::string dtype = "fp32";  // fp32 | bf16 (matrix-product inputs on the GPU)
     bool tie_embeddings = true;
   } model;
   struct Data {

@@ -15,6 +15,9 @@ bool cuda_built();  // this binary contains the CUDA kernels
 // Copies and zeroing within the compute device's memory.
 void copy_values(float* dst, const float* src, size_t n);
 void zero_values(float* dst, size_t n);
+// Waits until the compute device has finished what was queued (GPU kernels run asynchronously;
+// timings must not stop before them). No-op on the CPU.
+void finish_compute();
 // Between the host and the compute device (plain copies on the CPU).
 void upload(void* dst, const void* host_src, size_t bytes);
 void download(void* host_dst, const void* src, size_t bytes);

@@ -65,6 +65,9 @@ class Executor {
   };
   Stage& stage_;
   Comm& comm_;
+  // On the GPU the stage reads and writes device memory while messages travel through the host
+  // rings (comm.backend = mpi): its output, incoming and outgoing gradient are staged here.
+  Floats dev_out_, dev_grad_in_, dev_grad_out_;
   SendRing act_out_, grad_out_;
   RecvRing act_in_, grad_in_;
 };

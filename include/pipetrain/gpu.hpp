@@ -23,7 +23,10 @@ void copy_to_host(void* dst, const void* src, size_t bytes);
 void copy_on_device(void* dst, const void* src, size_t bytes);
 void zero(void* dst, size_t bytes);
 void synchronize();  // waits for the compute stream
-size_t memory_allocated();  // bytes in use on the device (cudaMemGetInfo: total - free)
+// Device memory this process allocated through this module (buffers and scratch), now and at its
+// peak since start-up; as torch.cuda.memory_allocated, not counting the CUDA context.
+size_t memory_allocated();
+size_t memory_peak();
 
 // Device memory for n values of T, freed with the object (move-only).
 template <class T>

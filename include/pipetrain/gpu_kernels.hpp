@@ -50,4 +50,8 @@ void adamw_update(float* w, const float* grad, float* m, float* v, size_t n, flo
 // Sum of squares of n values, accumulated in double in a fixed order (the gradient norm).
 double sum_of_squares(const float* x, size_t n);
 
+// GEMM rate of this GPU on n x n x n products in the current matmul dtype (GFLOP/s, best of
+// repeats for ~`seconds`): MFU's denominator when log.peak_gflops is 0.
+double measure_gemm_gflops(int n = 4096, double seconds = 0.2);
+
 }  // namespace pipetrain::gpu

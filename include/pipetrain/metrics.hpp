@@ -21,8 +21,9 @@ struct RankFigures {
   double mem_peak_bytes = 0;  // process peak RSS
   double param_count = 0;     // parameters this rank holds (params, grads: 4 B each; AdamW: 8 B)
   double loss_sum = 0;        // summed token loss (last stage only)
+  double gpu_mem_bytes = 0, gpu_mem_peak_bytes = 0;  // device memory allocated now / at peak (GPU runs)
   KernelTotals kernels;       // this step's compute by kernel class (profile.hpp)
-  static constexpr size_t kFields = 10 + kKernelClasses + 1;
+  static constexpr size_t kFields = 12 + kKernelClasses + 1;
   void to(double* out) const;
   static RankFigures from(const double* in);
 };
@@ -35,6 +36,7 @@ struct StepLine {
   int bad_steps = 0;                            // steps skipped so far in this launch
   std::vector<double> bubble_measured, act_peak_bytes, mem_peak_bytes, comm_wait_s, compute_s, rank_step_s;
   std::vector<double> param_bytes, grad_bytes, optim_bytes;
+  std::vector<double> gpu_mem_bytes, gpu_mem_peak_bytes;  // written only when some rank has a GPU
   std::vector<std::vector<double>> kernel_s;  // [kernel class][stage] seconds, averaged over dp
   std::vector<double> gemm_gflops;            // per stage: rate of the dense products inside the step
 };

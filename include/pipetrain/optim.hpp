@@ -13,28 +13,28 @@ namespace pipetrain {
 double lr_at(const RunSpec& spec, int step);
 
 // Sum of squared gradients of the tensors that count toward the global norm on this stage.
-double grad_sq_sum(const std::vector<ParamTensor>& params, const std::vector<float>& grads);
+double grad_sq_sum(const std::vector<ParamTensor>& params, const Floats& grads);
 
 // Multiplier applied to all gradients for clipping (1 when the norm is within grad_clip or clip = 0).
 float clip_coefficient(double global_norm, double grad_clip);
 
+// Moments live with the weights, on the compute device.
 class AdamW {
  public:
   AdamW(const RunSpec::Train& cfg, size_t n_weights);
   // One update with learning rate lr; gradients are multiplied by grad_mul (clipping) on the fly.
-  void step(const std::vector<ParamTensor>& params, std::vector<float>& weights, const std::vector<float>& grads,
-            double lr, float grad_mul);
+  void step(const std::vector<ParamTensor>& params, Floats& weights, const Floats& grads, double lr, float grad_mul);
   int steps_taken() const { return t_; }
   void set_steps_taken(int t) { t_ = t; }  // when resuming: bias correction continues from t
-  std::vector<float>& exp_avg() { return m_; }
-  std::vector<float>& exp_avg_sq() { return v_; }
-  const std::vector<float>& exp_avg() const { return m_; }
-  const std::vector<float>& exp_avg_sq() const { return v_; }
+  Floats& exp_avg() { return m_; }
+  Floats& exp_avg_sq() { return v_; }
+  const Floats& exp_avg() const { return m_; }
+  const Floats& exp_avg_sq() const { return v_; }
 
  private:
   RunSpec::Train cfg_;
   int t_ = 0;
-  std::vector<float> m_, v_;
+  Floats m_, v_;
 };
 
 }  // namespace pipetrain

@@ -3,6 +3,9 @@
 // transpose with leading dimension K; each product below is written for those transposes.
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
+#include "pipetrain/gpu.hpp"
 #include "pipetrain/gpu_kernels.hpp"
 #include "reduce.cuh"
 
@@ -42,6 +45,30 @@ void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const
 }  // namespace
 
 void set_matmul_dtype(MatmulDtype dtype) { g_dtype = dtype; }
+
+double measure_gemm_gflops(int n, double seconds) {
+  const size_t nn = static_cast<size_t>(n) * n;
+  Buffer<float> a(nn), b(nn), c(nn);
+  zero(a.data(), nn * sizeof(float)), zero(b.data(), nn * sizeof(float));
+  const void* A = operand(a.data(), nn, 2);
+  const void* B = operand(b.data(), nn, 3);
+  cudaEvent_t start, stop;
+  PT_CUDA(cudaEventCreate(&start));
+  PT_CUDA(cudaEventCreate(&stop));
+  double best = 0, spent = 0;
+  for (int rep = 0; rep < 100 && (rep < 3 || spent < seconds); ++rep) {  // the first run warms up
+    PT_CUDA(cudaEventRecord(start, stream()));
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, A, n, B, n, 0.f, c.data(), n);
+    PT_CUDA(cudaEventRecord(stop, stream()));
+    PT_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    PT_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    spent += ms / 1e3;
+    if (rep > 0) best = std::max(best, 2.0 * n * nn / (ms / 1e3) / 1e9);
+  }
+  cudaEventDestroy(start), cudaEventDestroy(stop);
+  return best;
+}
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
   const size_t nc = static_cast<size_t>(N) * C, oc = static_cast<size_t>(OC) * C;

@@ -21,6 +21,7 @@ void copy_on_device(void*, const void*, size_t) { no_cuda(); }
 void zero(void*, size_t) { no_cuda(); }
 void synchronize() { no_cuda(); }
 size_t memory_allocated() { return 0; }
+size_t memory_peak() { return 0; }
 
 void set_matmul_dtype(MatmulDtype) { no_cuda(); }
 void encoder_forward(float*, const int*, const float*, const float*, int, int, int) { no_cuda(); }
@@ -44,5 +45,6 @@ void adamw_update(float*, const float*, float*, float*, size_t, float, float, fl
   no_cuda();
 }
 double sum_of_squares(const float*, size_t) { no_cuda(); }
+double measure_gemm_gflops(int, double) { no_cuda(); }
 
 }  // namespace pipetrain::gpu

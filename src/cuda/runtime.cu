@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <array>
+#include <unordered_map>
 
 #include "check.cuh"
 #include "pipetrain/gpu.hpp"
@@ -11,10 +13,35 @@ struct Runtime {
   cublasHandle_t cublas = nullptr;
   std::array<void*, 8> scratch{};
   std::array<size_t, 8> scratch_bytes{};
+  std::unordered_map<void*, size_t> sizes;  // live allocations, for memory_allocated()
+  size_t allocated = 0, peak = 0;
 };
 Runtime& runtime() {
   static Runtime r;  // lives until exit: freeing after the driver shut down would fail
   return r;
+}
+
+void* allocate(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error("CUDA: cannot allocate " + std::to_string(bytes) + " bytes on the GPU (" +
+                             cudaGetErrorString(e) + "; " + std::to_string(runtime().allocated) +
+                             " bytes already allocated)");
+  }
+  Runtime& r = runtime();
+  r.sizes[p] = bytes;
+  r.allocated += bytes;
+  r.peak = std::max(r.peak, r.allocated);
+  return p;
+}
+void release(void* p) {
+  if (!p) return;
+  Runtime& r = runtime();
+  auto it = r.sizes.find(p);
+  if (it != r.sizes.end()) r.allocated -= it->second, r.sizes.erase(it);
+  cudaFree(p);  // no throw: called from destructors
 }
 
 }  // namespace
@@ -65,26 +92,16 @@ void* scratch(int slot, size_t bytes) {
   Runtime& r = runtime();
   if (r.scratch_bytes.at(slot) < bytes) {
     PT_CUDA(cudaStreamSynchronize(stream()));  // the old buffer may still be in use
-    if (r.scratch[slot]) PT_CUDA(cudaFree(r.scratch[slot]));
+    release(r.scratch[slot]);
     r.scratch[slot] = nullptr, r.scratch_bytes[slot] = 0;
-    PT_CUDA(cudaMalloc(&r.scratch[slot], bytes));
+    r.scratch[slot] = allocate(bytes);
     r.scratch_bytes[slot] = bytes;
   }
   return r.scratch[slot];
 }
 
-void* device_alloc(size_t bytes) {
-  void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, bytes);
-  if (e != cudaSuccess)
-    throw std::runtime_error("CUDA: cannot allocate " + std::to_string(bytes) + " bytes on the GPU (" +
-                             cudaGetErrorString(e) + ")");
-  return p;
-}
-
-void device_free(void* p) {
-  if (p) cudaFree(p);  // no throw: called from destructors
-}
+void* device_alloc(size_t bytes) { return allocate(bytes); }
+void device_free(void* p) { release(p); }
 
 void copy_to_device(void* dst, const void* src, size_t bytes) {
   PT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
@@ -100,10 +117,7 @@ void copy_on_device(void* dst, const void* src, size_t bytes) {
 void zero(void* dst, size_t bytes) { PT_CUDA(cudaMemsetAsync(dst, 0, bytes, stream())); }
 void synchronize() { PT_CUDA(cudaStreamSynchronize(stream())); }
 
-size_t memory_allocated() {
-  size_t free = 0, total = 0;
-  PT_CUDA(cudaMemGetInfo(&free, &total));
-  return total - free;
-}
+size_t memory_allocated() { return runtime().allocated; }
+size_t memory_peak() { return runtime().peak; }
 
 }  // namespace pipetrain::gpu
