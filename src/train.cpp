@@ -88,23 +88,27 @@ std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t
 }
 
 // Refuses, before anything large is allocated, a model whose stage cannot fit in this rank's share
-// of the node's memory (plan's prediction: parameters, gradients, AdamW, stashed activations,
-// working buffers).
+// of the node's memory, or of its GPU's when it computes on one (plan's prediction: parameters,
+// gradients, AdamW, stashed activations, working buffers; on the GPU also attention backward's
+// score gradients).
 void check_memory_fits(const RunSpec& spec, int stage, int local_ranks) {
   const Plan plan = make_plan(spec);
   const StagePlan& s = plan.stages[stage];
   const int mode = static_cast<int>(parse_recompute(spec.parallel.recompute));
+  const bool on_gpu = compute_device() == Device::gpu;
   const double gib = 1024.0 * 1024 * 1024, state = 16.0 * s.params;  // 4 B weights + 4 B grads + 8 B AdamW
-  const double need = state + s.act_peak_bytes[mode] + s.working_bytes;
-  const double share = node_memory_bytes() / local_ranks;
+  const double T = spec.model.seq_len, attention_scratch = 4.0 * spec.samples_per_micro_batch() * spec.model.n_head * T * T;
+  const double need = state + s.act_peak_bytes[mode] + s.working_bytes + (on_gpu ? attention_scratch : 0);
+  const int sharing = on_gpu ? (local_ranks + gpu::device_count() - 1) / gpu::device_count() : local_ranks;
+  const double share = (on_gpu ? gpu::memory_total() : node_memory_bytes()) / sharing;
   if (need <= share) return;
   char msg[512];
   std::snprintf(msg, sizeof msg,
                 "the model does not fit: stage %d needs about %.1f GiB (parameters, gradients and AdamW %.1f GiB, "
-                "activations under recompute = %s %.1f GiB), but each of the %d ranks on this node has %.1f GiB; "
+                "activations under recompute = %s %.1f GiB), but each of the %d ranks on this %s has %.1f GiB; "
                 "use more stages (parallel.pp), parallel.recompute, fewer or smaller micro-batches, or a smaller model",
-                stage, need / gib, state / gib, spec.parallel.recompute.c_str(),
-                (s.act_peak_bytes[mode] + s.working_bytes) / gib, local_ranks, share / gib);
+                stage, need / gib, state / gib, spec.parallel.recompute.c_str(), (need - state) / gib, sharing,
+                on_gpu ? "GPU" : "node", share / gib);
   throw SpecError(msg);
 }
 
@@ -230,7 +234,6 @@ int run_train(const TrainOptions& opt) {
           throw SpecError(spec.origin("parallel.micro_batches") + ": parallel.micro_batches = " + std::to_string(M) +
                           " needs message tags up to " + std::to_string(tags) + " but this MPI allows " +
                           std::to_string(Comm::max_tag()));
-        check_memory_fits(spec, topo.stage, comm.local_ranks());
         if (spec.run.device == "gpu") {
           try {
             set_compute_device(Device::gpu, comm.local_rank());
@@ -239,6 +242,7 @@ int run_train(const TrainOptions& opt) {
           }
           gpu::set_matmul_dtype(spec.model.dtype == "bf16" ? gpu::MatmulDtype::bf16 : gpu::MatmulDtype::fp32);
         }
+        check_memory_fits(spec, topo.stage, comm.local_ranks());
       }))
     return code;
   const bool on_gpu = compute_device() == Device::gpu;

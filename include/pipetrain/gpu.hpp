@@ -27,6 +27,7 @@ void synchronize();  // waits for the compute stream
 // peak since start-up; as torch.cuda.memory_allocated, not counting the CUDA context.
 size_t memory_allocated();
 size_t memory_peak();
+size_t memory_total();  // the current device's memory
 
 // Device memory for n values of T, freed with the object (move-only).
 template <class T>

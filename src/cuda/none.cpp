@@ -22,6 +22,7 @@ void zero(void*, size_t) { no_cuda(); }
 void synchronize() { no_cuda(); }
 size_t memory_allocated() { return 0; }
 size_t memory_peak() { return 0; }
+size_t memory_total() { return 0; }
 
 void set_matmul_dtype(MatmulDtype) { no_cuda(); }
 void encoder_forward(float*, const int*, const float*, const float*, int, int, int) { no_cuda(); }

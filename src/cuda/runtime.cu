@@ -119,5 +119,10 @@ void synchronize() { PT_CUDA(cudaStreamSynchronize(stream())); }
 
 size_t memory_allocated() { return runtime().allocated; }
 size_t memory_peak() { return runtime().peak; }
+size_t memory_total() {
+  size_t free = 0, total = 0;
+  PT_CUDA(cudaMemGetInfo(&free, &total));
+  return total;
+}
 
 }  // namespace pipetrain::gpu
