@@ -27,7 +27,11 @@ written = []
 if lines:
     steps = [l["step"] for l in lines]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, [l["loss"] for l in lines])
+    ax.plot(steps, [l["loss"] for l in lines], label="training (this step's batch)")
+    val = [l for l in lines if l.get("val_loss") is not None]
+    if val:
+        ax.plot([l["step"] for l in val], [l["val_loss"] for l in val], "o-", label="validation (held-out batches)")
+        ax.legend()
     ax.set(xlabel="step", ylabel="loss (mean token cross-entropy)", title="loss")
     fig.savefig(os.path.join(out, "loss.png"), dpi=110, bbox_inches="tight")
     written.append("loss.png")

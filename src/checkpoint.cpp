@@ -213,6 +213,23 @@ std::vector<std::string> changed_training_keys(const Manifest& m, const RunSpec&
   return out;
 }
 
+RunSpec spec_of_checkpoint(const std::string& dir, const std::vector<std::string>& overrides, int world_size) {
+  const Manifest m = Manifest::read(dir);
+  std::map<std::string, std::string> sections;  // section -> "key = value" lines
+  for (const auto& [dotted, value] : m.spec) {
+    const size_t dot = dotted.find('.');
+    if (dot == std::string::npos) continue;
+    sections[dotted.substr(0, dot)] += dotted.substr(dot + 1) + " = " + value + "\n";
+  }
+  std::string toml;
+  for (const auto& [section, lines] : sections) toml += "[" + section + "]\n" + lines;
+  std::vector<std::string> sets = {"parallel.pp=1", "parallel.dp=" + std::to_string(std::max(1, world_size)),
+                                   "parallel.partition=uniform", "parallel.schedule=gpipe",
+                                   "parallel.virtual_stages=1"};
+  sets.insert(sets.end(), overrides.begin(), overrides.end());
+  return parse_spec(toml, dir + "/manifest.json", sets, world_size);
+}
+
 std::string incompatibility(const Manifest& m, const RunSpec& spec) {
   for (auto& k : spec_schema()) {
     const std::string key = k.dotted();

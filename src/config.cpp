@@ -179,7 +179,11 @@ void validate_spec(const RunSpec& s, int world_size) {
                                      std::to_string(m.n_layer));
   }
   if (s.train.min_lr > s.train.lr) fail("train.min_lr", "min_lr must not exceed train.lr");
-  if (s.data.source == "text" && s.data.path.empty()) fail("data.path", "data.source = \"text\" needs data.path");
+  if (s.eval.every_steps > 0 && s.data.source == "text")
+    fail("eval.every_steps", "validation needs held-out data: a token file with /val (pipetrain data prepare, "
+                             "data.source = \"hdf5\") or data.source = \"synthetic\"");
+  if (s.data.source != "synthetic" && s.data.path.empty())
+    fail("data.path", "data.source = \"" + s.data.source + "\" needs data.path");
   if (s.data.source == "text" && m.vocab < 256)
     fail("model.vocab", "vocab = " + std::to_string(m.vocab) + " is too small for byte tokens of data.source = \"text\" (need >= 256)");
   if (s.data.source == "synthetic" && m.vocab < 128)

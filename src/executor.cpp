@@ -84,6 +84,9 @@ StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& tra
   auto done_hook = [&](const Action& a) {
     return &a == last_backward[a.chunk] ? grads_done_from : std::function<void(size_t)>();
   };
+  std::vector<bool> has_backward(static_cast<size_t>(M) * chunks, false);
+  for (const Action& a : actions)
+    if (a.op == Op::backward || a.op == Op::backward_input) has_backward[a.chunk * M + a.mb] = true;
 
   StepStats st;
   const double wait0 = comm_.wait_seconds();
@@ -138,6 +141,7 @@ StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& tra
         st.compute_s += t1 - t0;
         trace.span(to_string(a), "forward", t0, t1, a.mb);
         update(a);
+        if (!has_backward[a.chunk * M + a.mb]) stage_.discard(a.chunk, a.mb), update(a);
         break;
       }
       case Op::send_act: {

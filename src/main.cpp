@@ -17,6 +17,7 @@
 #include "pipetrain/report.hpp"
 #include "pipetrain/signals.hpp"
 #include "pipetrain/smoke.hpp"
+#include "pipetrain/token_file.hpp"
 #include "pipetrain/train.hpp"
 
 namespace po = boost::program_options;
@@ -29,10 +30,12 @@ const char* kUsage =
     "\n"
     "commands:\n"
     "  train   train a GPT with GPipe over pp x dp MPI ranks (launch with mpiexec / srun)\n"
+    "  eval    --checkpoint PATH: validation loss of a checkpoint, on any layout (mpiexec / srun)\n"
     "  plan    predict a layout without launching it: partition, schedule chart, bubble, memory\n"
     "  ckpt    inspect | verify PATH: what a checkpoint holds / whether its shards are intact\n"
     "  report  RUN_DIR [--plots DIR]: summary of a finished or killed run, measured vs predicted\n"
     "  smoke   cluster health check under srun/mpiexec: links, all-reduce, checkpoint I/O, training\n"
+    "  data    prepare --input FILE... --output DATA.h5: text files into an HDF5 token dataset\n"
     "\n"
     "pipetrain <command> --help shows the command's options.\n";
 
@@ -106,6 +109,29 @@ int train_main(const std::vector<std::string>& args) {
   return run_mpi([&] { return run_train(opt); });
 }
 
+int eval_main(const std::vector<std::string>& args) {
+  TrainOptions opt;
+  opt.eval_only = true;
+  opt.resume.clear();  // no "auto": eval names its checkpoint
+  int batches = 0;
+  po::options_description desc("pipetrain eval --checkpoint PATH [options]   (launch with mpiexec / srun)");
+  desc.add_options()("help,h", "show this help")(
+      "checkpoint", po::value<std::string>(&opt.resume), "checkpoint directory (RUN_DIR/checkpoints/step_N)")(
+      "config", po::value<std::string>(&opt.config),
+      "run spec (TOML); omitted: the checkpoint's own, laid out as pp 1 x dp ranks")(
+      "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(),
+      "override one key, e.g. --set parallel.pp=2 (repeatable)")(
+      "batches", po::value<int>(&batches), "validation batches (default eval.batches)");
+  po::variables_map vm;
+  if (int code = parse("eval", desc, args, vm); code >= 0) return code;
+  if (opt.resume.empty()) {
+    std::fprintf(stderr, "pipetrain eval: error: which checkpoint? (pipetrain eval --checkpoint PATH)\n");
+    return 2;
+  }
+  if (batches != 0) opt.overrides.push_back("eval.batches=" + std::to_string(batches));
+  return run_mpi([&] { return run_train(opt); });
+}
+
 int smoke_main(const std::vector<std::string>& args) {
   SmokeOptions opt;
   po::options_description desc("pipetrain smoke [options]   (launch like a job: srun --mpi=pmi2 / mpiexec)");
@@ -160,6 +186,36 @@ int report_main(const std::vector<std::string>& args) {
   return run_report(run_dir, plots);
 }
 
+int data_main(const std::vector<std::string>& args) {
+  PrepareOptions opt;
+  po::options_description desc("pipetrain data prepare --input FILE... --output DATA.h5 [options]   (no MPI)");
+  desc.add_options()("help,h", "show this help")(
+      "input", po::value<std::vector<std::string>>(&opt.inputs)->multitoken()->composing(),
+      "text files, concatenated in order (byte tokens)")("output", po::value<std::string>(&opt.output),
+                                                           "the token file to write (HDF5: /train, /val)")(
+      "val-fraction", po::value<double>(&opt.val_fraction)->default_value(0.1),
+      "share of the tokens, from the end, held out as /val")("compress", "gzip the token datasets")(
+      "force", "replace an existing output file");
+  if (args.empty() || args[0] != "prepare") {
+    const bool help = !args.empty() && (args[0] == "--help" || args[0] == "-h");
+    std::fputs("usage: pipetrain data prepare --input FILE... --output DATA.h5 [--val-fraction F] [--compress]\n",
+               help ? stdout : stderr);
+    return help ? 0 : 2;
+  }
+  po::variables_map vm;
+  if (int code = parse("data prepare", desc, std::vector<std::string>(args.begin() + 1, args.end()), vm); code >= 0)
+    return code;
+  opt.compress = vm.count("compress") > 0;
+  opt.force = vm.count("force") > 0;
+  try {
+    std::printf("%s\n", prepare_token_file(opt).c_str());
+    return 0;
+  } catch (const SpecError& e) {
+    std::fprintf(stderr, "pipetrain: error: %s\n", e.what());
+    return 2;
+  }
+}
+
 int ckpt_main(const std::vector<std::string>& args) {
   if (args.size() != 2 || (args[0] != "inspect" && args[0] != "verify")) {
     std::fprintf(args.size() == 1 && (args[0] == "--help" || args[0] == "-h") ? stdout : stderr,
@@ -184,6 +240,8 @@ int main(int argc, char** argv) {
   if (cmd == "plan") return plan_main(args);
   if (cmd == "report") return report_main(args);
   if (cmd == "smoke") return smoke_main(args);
+  if (cmd == "data") return data_main(args);
+  if (cmd == "eval") return eval_main(args);
   std::fprintf(stderr, "pipetrain: error: unknown command '%s'\n%s", cmd.c_str(), kUsage);
   return 2;
 }

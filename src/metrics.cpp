@@ -122,6 +122,7 @@ std::string to_json(const StepLine& l) {
          ", \"optim_bytes\": " + array(l.optim_bytes, "%.0f") + ", \"gflops\": " + num(l.gflops, "%.6g") +
          ", \"peak_gflops\": " + num(l.peak_gflops, "%.6g") + ", \"mfu\": " + num(l.mfu, "%.6g") +
          ", \"kernel_s\": " + kernel_object(l.kernel_s) + ", \"gemm_gflops\": " + array(l.gemm_gflops) +
+         (l.val_loss >= 0 ? ", \"val_loss\": " + num(l.val_loss, "%.17g") : "") +
          (l.gpu_mem_bytes.empty() ? ""
                                   : ", \"gpu_mem_bytes\": " + array(l.gpu_mem_bytes, "%.0f") +
                                         ", \"gpu_mem_peak_bytes\": " + array(l.gpu_mem_peak_bytes, "%.0f")) +
@@ -136,7 +137,8 @@ std::string progress_line(const StepLine& l) {
                 l.tokens_per_s, 1e3 * l.step_time_s, l.gflops, 100 * l.mfu);
   std::string s = buf;
   for (double b : l.bubble_measured) s += " " + num(b, "%.2f");
-  return s + " (theory " + num(l.bubble_theory, "%.2f") + ")";
+  s += " (theory " + num(l.bubble_theory, "%.2f") + ")";
+  return l.val_loss >= 0 ? s + " | val " + num(l.val_loss, "%.4f") : s;
 }
 
 void truncate_metrics(const std::string& path, int64_t step) {

@@ -123,6 +123,16 @@ int run_report(const std::string& run_dir, const std::string& plots_dir) {
                   last_step >= spec.run.steps ? " (complete)" : " (incomplete: stopped or killed; resume continues it)");
     std::printf("  loss: %.4f at step %d -> %.4f at step %d\n", first.value("loss", NAN), first["step"].get<int>(),
                 last.value("loss", NAN), last_step);
+    const json* latest_val = nullptr;  // the last evaluation and the best one
+    const json* best_val = nullptr;
+    for (const json& l : lines)
+      if (l.contains("val_loss")) {
+        latest_val = &l;
+        if (!best_val || l["val_loss"].get<double>() < (*best_val)["val_loss"].get<double>()) best_val = &l;
+      }
+    if (latest_val)
+      std::printf("  val_loss: %.4f at step %d (best %.4f at step %d)\n", (*latest_val)["val_loss"].get<double>(),
+                  (*latest_val)["step"].get<int>(), (*best_val)["val_loss"].get<double>(), (*best_val)["step"].get<int>());
     std::printf("  step time: median %s, %s tokens/s, %s GFLOP/s, MFU %s\n",
                 fmt("%.1f ms", 1e3 * scalar_median(lines, "step_time_s")).c_str(),
                 fmt("%.0f", scalar_median(lines, "tokens_per_s")).c_str(), fmt("%.1f", scalar_median(lines, "gflops")).c_str(),

@@ -124,6 +124,13 @@ ActionList make_schedule(const std::string& name, int stage, int n_stages, int m
   throw std::invalid_argument("unknown schedule " + name);
 }
 
+ActionList forward_only(const ActionList& list) {
+  ActionList out;
+  for (const Action& a : list)
+    if (a.op == Op::recv_act || a.op == Op::forward || a.op == Op::send_act) out.push_back(a);
+  return out;
+}
+
 double schedule_bubble(const std::string& name, int n_stages, int micro_batches, int chunks) {
   const int P = n_stages, M = micro_batches;
   if (name == "interleaved") return static_cast<double>(P - 1) / (chunks * M + P - 1);

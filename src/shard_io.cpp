@@ -1,6 +1,6 @@
 #include "pipetrain/shard_io.hpp"
 
-#include <hdf5.h>
+#include "hdf5_handle.hpp"
 
 #include <csignal>
 #include <cstdio>
@@ -10,34 +10,9 @@
 namespace pipetrain {
 namespace {
 
-// HDF5 prints its own error stacks by default; we report errors ourselves, naming the file.
-// And no HDF5 clean-up at exit: after a failed H5Fclose (disk full while flushing metadata) the
-// file stays half-closed in HDF5's tables, and closing it again at exit, after MPI_Finalize,
-// crashed every rank. Every file we open is closed by its owner; the OS frees the rest.
-struct QuietHdf5 {
-  QuietHdf5() {
-    H5dont_atexit();  // must come before anything initialises the library
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  }
-};
-const QuietHdf5 quiet_hdf5;
-
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw std::runtime_error(path + ": " + what);
 }
-
-// Closes an HDF5 handle of any kind when it goes out of scope.
-struct Handle {
-  hid_t id;
-  herr_t (*close)(hid_t);
-  Handle(hid_t i, herr_t (*c)(hid_t)) : id(i), close(c) {}
-  ~Handle() {
-    if (id >= 0) close(id);
-  }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-  operator hid_t() const { return id; }
-};
 
 herr_t write_scalar_attr(hid_t obj, const char* name, int64_t value) {
   Handle space(H5Screate(H5S_SCALAR), H5Sclose);

@@ -195,7 +195,7 @@ struct Setup {
   RunSpec spec;
   Topology topo;
   std::vector<int> blocks;
-  std::unique_ptr<Dataset> data;
+  std::unique_ptr<Dataset> data, val;  // val: when eval.every_steps > 0
   std::string run_dir, note;
 };
 
@@ -212,10 +212,15 @@ int run_train(const TrainOptions& opt) {
         if (launch.in_step && launch.ntasks > 1 && world == 1)
           throw SpecError("srun started " + std::to_string(launch.ntasks) +
                           " tasks but MPI sees 1 rank: launch with srun --mpi=pmi2 (MPICH)");
-        su.spec = load_spec(opt.config, opt.overrides, world);
+        su.spec = opt.eval_only && opt.config.empty() ? spec_of_checkpoint(opt.resume, opt.overrides, world)
+                                                      : load_spec(opt.config, opt.overrides, world);
+        if (opt.eval_only && su.spec.eval.every_steps == 0) su.spec.eval.every_steps = 1;  // load validation data
         su.topo = Topology::of(rank, su.spec.parallel.pp, su.spec.parallel.dp);
         su.blocks = partition_blocks(su.spec);
-        if (su.topo.first_stage() || su.topo.last_stage()) su.data = std::make_unique<Dataset>(su.spec);
+        if (su.topo.first_stage() || su.topo.last_stage()) {
+          su.data = std::make_unique<Dataset>(su.spec);
+          if (su.spec.eval.every_steps > 0) su.val = std::make_unique<Dataset>(su.spec, Split::val);
+        }
       }))
     return code;
   RunSpec& spec = su.spec;
@@ -258,7 +263,7 @@ int run_train(const TrainOptions& opt) {
   su.run_dir = opt.run_dir.empty() ? spec.run.out_dir + "/" + spec.run.name : opt.run_dir;
   std::unique_ptr<RunDirLock> run_dir_lock;  // rank 0 holds it until the run ends
   if (int code = Comm::run_agreed([&] {
-        if (rank == 0) run_dir_lock = std::make_unique<RunDirLock>(su.run_dir);
+        if (rank == 0 && !opt.eval_only) run_dir_lock = std::make_unique<RunDirLock>(su.run_dir);
       }))
     return code;
   Checkpointer checkpointer(spec, su.run_dir, comm);
@@ -274,14 +279,15 @@ int run_train(const TrainOptions& opt) {
                                                                    checkpointer.dir(), ec);
   // Only now, with every rank agreeing the run can start, touch the run directory.
   if (int code = Comm::run_agreed([&] {
-        if (rank == 0) su.note = prepare_run_dir(su.run_dir, spec, own_history ? start_step : 0, checkpointer);
+        if (rank == 0 && !opt.eval_only)
+          su.note = prepare_run_dir(su.run_dir, spec, own_history ? start_step : 0, checkpointer);
       }))
     return code;
 
   Executor executor(stage, comm);
   const ActionList actions = make_schedule(spec.parallel.schedule, topo.stage, P, M, V);
   // MFU denominator: the job's peak, measured (all ranks at once, as they will run) or given.
-  double peak_gflops = spec.log.peak_gflops > 0 ? spec.log.peak_gflops
+  double peak_gflops = spec.log.peak_gflops > 0 || opt.eval_only ? spec.log.peak_gflops
                        : on_gpu                   ? gpu::measure_gemm_gflops()
                                                   : measure_sgemm_gflops();
   comm.allreduce_world(&peak_gflops, 1);
@@ -291,6 +297,33 @@ int run_train(const TrainOptions& opt) {
   const double bubble_theory = schedule_bubble(spec.parallel.schedule, P, M, V);
   const double tokens_per_step = static_cast<double>(spec.train.global_batch) * T;
 
+  const size_t mb_tokens = static_cast<size_t>(b) * T;
+  std::vector<int> inputs(mb_tokens), targets(mb_tokens);
+  // Validation: the schedule's forwards alone over eval.batches fixed global batches of held-out
+  // samples; the mean token loss over all of them, the same on every rank and any layout.
+  const ActionList eval_actions = forward_only(actions);
+  const auto evaluate = [&] {
+    double loss = 0;
+    for (int batch = 0; batch < spec.eval.batches; ++batch) {
+      const auto load_val = [&](int mb) {
+        su.val->micro_batch(batch, topo.dp_rank, mb, inputs.data(), targets.data());
+        if (stage.has_embedding()) stage.set_tokens(mb, inputs.data());
+        if (stage.has_head()) stage.set_targets(mb, targets.data());
+      };
+      loss += executor.run(eval_actions, M, trace, load_val).loss_sum;
+    }
+    comm.allreduce_world(&loss, 1);
+    return loss / (static_cast<double>(spec.eval.batches) * tokens_per_step);
+  };
+
+  if (opt.eval_only) {
+    const double val_loss = evaluate();
+    if (rank == 0)
+      std::printf("%s: step %lld, val_loss %.6f over %d batches of %d samples x %d tokens (pp %d x dp %d)\n",
+                  resume_from.c_str(), static_cast<long long>(start_step), val_loss, spec.eval.batches,
+                  spec.train.global_batch, T, P, D);
+    return 0;
+  }
   if (rank == 0) {
     const std::string schedule = spec.parallel.schedule + (V > 1 ? " (" + std::to_string(V) + " chunks per stage)" : "");
     std::printf("pipetrain: %d ranks = pp %d x dp %d | M=%d micro-batches of %d | schedule %s | recompute %s | "
@@ -313,8 +346,6 @@ int run_train(const TrainOptions& opt) {
   }
   MetricsWriter metrics(rank == 0 ? su.run_dir + "/metrics.jsonl" : "");
 
-  const size_t mb_tokens = static_cast<size_t>(b) * T;
-  std::vector<int> inputs(mb_tokens), targets(mb_tokens);
   const size_t bucket = std::max<size_t>(1, static_cast<size_t>(spec.comm.bucket_mb * (1 << 20) / sizeof(float)));
   const ParamTensor* wte = stage.find("wte.weight");
   const bool tied_sync = spec.model.tie_embeddings && P > 1 && wte != nullptr;
@@ -386,12 +417,20 @@ int run_train(const TrainOptions& opt) {
     const double step_time = now_s() - t0;
     max_step_s = std::max(max_step_s, step_time);
     const double waited = comm.wait_seconds();  // before the step-boundary agreement and any save
+    const KernelTotals step_kernels = take_kernel_totals();
 
-    // Step boundary: ranks agreed on a stop signal in sync_step; log (before saving, so a
-    // checkpoint never covers a step missing from the log) and save if due.
+    // Step boundary: ranks agreed on a stop signal in sync_step; evaluate if due, log (before
+    // saving, so a checkpoint never covers a step missing from the log) and save if due.
     const int done = step + 1;
     const bool stop = sync.stop;
-    if ((done % spec.log.every_steps == 0 || done == spec.run.steps || stop)) {
+    const bool eval_due = spec.eval.every_steps > 0 && (done % spec.eval.every_steps == 0 || done == spec.run.steps);
+    double val_loss = -1;
+    if (eval_due) {
+      const double eval_t0 = now_s();
+      val_loss = evaluate();
+      trace.span("evaluation", "compute", eval_t0, now_s());
+    }
+    if ((done % spec.log.every_steps == 0 || done == spec.run.steps || stop || eval_due)) {
       RankFigures mine;
       mine.stage = topo.stage, mine.dp_rank = topo.dp_rank, mine.compute_s = st.compute_s + local_s;
       mine.rank_step_s = step_time;
@@ -403,7 +442,7 @@ int run_train(const TrainOptions& opt) {
       mine.loss_sum = st.loss_sum;
       mine.gpu_mem_bytes = static_cast<double>(gpu::memory_allocated());
       mine.gpu_mem_peak_bytes = static_cast<double>(gpu::memory_peak());
-      mine.kernels = take_kernel_totals();
+      mine.kernels = step_kernels;
       double packed[RankFigures::kFields];
       mine.to(packed);
       std::vector<double> all;
@@ -419,6 +458,7 @@ int run_train(const TrainOptions& opt) {
         line.gflops = flops_per_step / step_time / 1e9;
         line.peak_gflops = peak_gflops;
         line.mfu = line.gflops / peak_gflops;
+        line.val_loss = val_loss;
         metrics.write(to_json(line));
         std::printf("%s\n", progress_line(line).c_str());
         std::fflush(stdout);

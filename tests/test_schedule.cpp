@@ -374,3 +374,22 @@ TEST_CASE("simulator: a sender waits for the receiver's ring buffers, as the exe
   CHECK(r.spans[0][4].start == 4);
   CHECK(r.spans[0][5].start == 11);
 }
+
+TEST_CASE("forward_only: every schedule's forwards alone run each micro-batch once per chunk, deadlock-free",
+          "[schedule]") {
+  for (const std::string name : {"gpipe", "1f1b", "zb-h1", "interleaved"})
+    for (int P = 2; P <= 5; ++P)
+      for (int M = P; M <= 3 * P; M += P) {
+        const int V = name == "interleaved" ? 2 : 1;
+        INFO(name << " P=" << P << " M=" << M);
+        std::vector<ActionList> lists;
+        for (int s = 0; s < P; ++s) lists.push_back(forward_only(make_schedule(name, s, P, M, V)));
+        for (int s = 0; s < P; ++s) {
+          CHECK(units(lists[s], Op::forward, P, s).size() == static_cast<size_t>(M * V));
+          for (const Action& a : lists[s])
+            CHECK((a.op == Op::forward || a.op == Op::recv_act || a.op == Op::send_act));
+        }
+        const std::vector<double> one(P * V, 1.0);
+        CHECK(simulate(lists, one, one).makespan == Approx(V * M + P - 1));  // the forward pipeline, no gaps
+      }
+}

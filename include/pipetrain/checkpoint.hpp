@@ -50,6 +50,11 @@ std::string verify_checkpoint(const std::string& dir, int part = 0, int parts = 
 // Returns "" or a message naming the first key that differs.
 std::string incompatibility(const Manifest& m, const RunSpec& spec);
 
+// The spec a checkpoint was saved with (its manifest), as `pipetrain eval` starts from without
+// --config: laid out as pp 1 x dp world_size, uniform partition, gpipe, unless `overrides` (applied
+// after) say otherwise. SpecError naming the manifest or the key.
+RunSpec spec_of_checkpoint(const std::string& dir, const std::vector<std::string>& overrides, int world_size);
+
 // Keys that may change on resume but change the run (LR schedule, optimizer): "key old -> new".
 std::vector<std::string> changed_training_keys(const Manifest& m, const RunSpec& spec);
 

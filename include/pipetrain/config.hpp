@@ -60,6 +60,10 @@ struct RunSpec {
     double grad_clip = 1.0;
     int max_bad_steps = 5;  // consecutive steps with a non-finite loss or gradient before the run stops
   } train;
+  struct Eval {
+    int every_steps = 0;  // validation loss every N steps and at the end (0 = never)
+    int batches = 4;      // global batches of validation samples, the same ones every time
+  } eval;
   struct Checkpoint {
     int every_steps = 50;  // also saved at the end of the run and on a stop signal
     int keep_last = 3;     // 0 keeps all

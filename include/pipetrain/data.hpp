@@ -7,25 +7,33 @@
 // of that rank the j-th consecutive B/(D*M) of them.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "pipetrain/config.hpp"
+#include "pipetrain/token_file.hpp"
 
 namespace pipetrain {
 
 // The built-in learnable byte language: sentences of words drawn from a seeded vocabulary with
 // seeded word-to-word transitions, so a model first learns spelling, then likely next words.
-std::vector<uint8_t> synthetic_corpus(uint64_t seed, size_t n_bytes);
+// Another `stream` draws other sentences of the same language (held-out text).
+std::vector<uint8_t> synthetic_corpus(uint64_t seed, size_t n_bytes, uint64_t stream = 0);
+
+// Which tokens a Dataset serves: the training stream, or held-out validation tokens (the token
+// file's /val, or other sentences of the synthetic language), read in order without shuffling.
+enum class Split { train, val };
 
 class Dataset {
  public:
-  static constexpr size_t kSyntheticBytes = 1 << 20;
+  static constexpr size_t kSyntheticBytes = 1 << 20, kSyntheticValBytes = 1 << 16;
 
-  // Loads data.source; an unreadable or too-short file is a SpecError naming data.path.
-  explicit Dataset(const RunSpec& spec);
+  // Loads data.source (hdf5: opens the token file's /train and reads windows as needed); an
+  // unreadable, too-short or mismatched file is a SpecError naming data.path.
+  explicit Dataset(const RunSpec& spec, Split split = Split::train);
 
-  size_t n_tokens() const { return tokens_.size(); }
+  size_t n_tokens() const { return file_ ? file_->size() : tokens_.size(); }
   // Start offset of global sample g (g = step*global_batch + k).
   size_t window_start(int64_t g);
   // T inputs and T targets (inputs shifted by one) of global sample g.
@@ -35,7 +43,9 @@ class Dataset {
 
  private:
   const std::vector<uint32_t>& epoch_permutation(int64_t epoch);
-  std::vector<uint8_t> tokens_;
+  std::vector<uint8_t> tokens_;     // synthetic and text: the whole stream
+  std::unique_ptr<TokenFile> file_;  // hdf5: read by window
+  std::vector<uint8_t> window_;      // hdf5: the T + 1 tokens of one sample
   int T_, B_, D_, M_;
   bool shuffle_;
   uint64_t seed_;

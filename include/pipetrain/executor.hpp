@@ -30,7 +30,8 @@ class Executor {
  public:
   Executor(Stage& stage, Comm& comm);
   // `load_inputs(mb)` sets tokens (first virtual stage) / targets (last) of micro-batch mb on the
-  // stage; it is called just before that micro-batch's forward there. Spans go to `trace` while it
+  // stage; it is called just before that micro-batch's forward there. A micro-batch the list
+  // never runs backward for (forward_only lists: evaluation) is dropped right after its forward. Spans go to `trace` while it
   // is recording. `grads_done_from` is handed to each chunk's last backward (when the chunks finish
   // from the last to the first, as the buffers are laid out), so gradient all-reduces can start
   // while the step still runs (see Stage::backward).

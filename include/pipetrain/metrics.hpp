@@ -32,6 +32,7 @@ struct StepLine {
   int step = 0, steps = 0;
   double loss = 0, lr = 0, grad_norm = 0, step_time_s = 0, tokens_per_s = 0, bubble_theory = 0;
   double gflops = 0, peak_gflops = 0, mfu = 0;  // achieved model FLOP rate of the job, its peak, ratio
+  double val_loss = -1;                         // validation loss after this step (< 0: not evaluated)
   bool skipped = false;                         // NaN/Inf loss or gradient: the update was not applied
   int bad_steps = 0;                            // steps skipped so far in this launch
   std::vector<double> bubble_measured, act_peak_bytes, mem_peak_bytes, comm_wait_s, compute_s, rank_step_s;

@@ -132,6 +132,10 @@ class Stage {
   // the same bits as backward().
   void backward_input(int chunk, int mb, const float* dout, float* dinp);
   void backward_weight(int chunk, int mb, const std::function<void(size_t)>& done_from = nullptr);
+  // Drops what a forward kept (an evaluation has no backward).
+  void discard(int chunk, int mb) {
+    if (slot_of_[key(chunk, mb)] >= 0) release(chunk, mb);
+  }
   size_t stash_bytes(int chunk, int mb) const {
     const int slot = slot_of_[key(chunk, mb)];
     return slot < 0 ? 0 : pool_[slot].bytes();

@@ -51,6 +51,10 @@ ActionList zb_h1_schedule(int stage, int n_stages, int micro_batches);
 // "zb-h1".
 ActionList make_schedule(const std::string& name, int stage, int n_stages, int micro_batches, int chunks = 1);
 
+// The forwards of a list alone (with their receives and sends), in the list's order: what an
+// evaluation runs; the executor drops each micro-batch's activations right after its forward.
+ActionList forward_only(const ActionList& list);
+
 // The bubble a schedule has when every stage's forward and backward cost the same: GPipe's and
 // 1F1B's closed form (P-1)/(M+P-1), interleaved's (P-1)/(VM+P-1); zb-h1's from its lists with
 // F = B = W (its paper's unit).

@@ -10,6 +10,8 @@ struct TrainOptions {
   std::vector<std::string> overrides; // --set section.key=value
   std::string run_dir;                // empty: run.out_dir/run.name
   std::string resume = "auto";        // auto | never | PATH of a checkpoint directory
+  bool eval_only = false;             // pipetrain eval: load `resume` (a PATH), print the validation
+                                      // loss, write nothing; no config = the checkpoint's own spec
 };
 
 // Returns the process exit code (0 ok, 2 bad input, 3 stopped by a signal after a successful
