@@ -399,28 +399,34 @@ std::string Checkpointer::select(const std::string& resume) {
   return "";
 }
 
+void read_checkpoint_tensors(const std::string& dir, const std::vector<ParamTensor>& params, float* weights,
+                             float* exp_avg, float* exp_avg_sq) {
+  const Manifest m = Manifest::read(dir);
+  std::map<std::string, std::string> shard_of;
+  for (auto& s : m.shards)
+    for (auto& t : s.tensors) shard_of[t] = dir + "/" + s.file;
+  std::map<std::string, std::unique_ptr<ShardReader>> open;
+  for (auto& p : params) {
+    auto it = shard_of.find(p.name);
+    if (it == shard_of.end()) throw SpecError(dir + ": checkpoint has no tensor " + p.name);
+    try {
+      auto& reader = open[it->second];
+      if (!reader) reader = std::make_unique<ShardReader>(it->second);
+      reader->read("params", p.name, p.shape, weights + p.offset);
+      if (exp_avg) reader->read("optim/exp_avg", p.name, p.shape, exp_avg + p.offset);
+      if (exp_avg_sq) reader->read("optim/exp_avg_sq", p.name, p.shape, exp_avg_sq + p.offset);
+    } catch (const std::runtime_error& e) {  // a checkpoint that does not fit is bad input
+      throw SpecError(std::string("cannot load checkpoint: ") + e.what());
+    }
+  }
+}
+
 int64_t Checkpointer::load(const std::string& dir, Stage& stage, AdamW& opt) {
   const Manifest m = Manifest::read(dir);
   Comm::require_agreed([&] {
-    std::map<std::string, std::string> shard_of;
-    for (auto& s : m.shards)
-      for (auto& t : s.tensors) shard_of[t] = dir + "/" + s.file;
-    std::map<std::string, std::unique_ptr<ShardReader>> open;
-    LoadTarget w(stage.weights()), m(opt.exp_avg()), v(opt.exp_avg_sq());
-    for (auto& p : stage.params()) {
-      auto it = shard_of.find(p.name);
-      if (it == shard_of.end()) throw SpecError(dir + ": checkpoint has no tensor " + p.name);
-      try {
-        auto& reader = open[it->second];
-        if (!reader) reader = std::make_unique<ShardReader>(it->second);
-        reader->read("params", p.name, p.shape, w.data() + p.offset);
-        reader->read("optim/exp_avg", p.name, p.shape, m.data() + p.offset);
-        reader->read("optim/exp_avg_sq", p.name, p.shape, v.data() + p.offset);
-      } catch (const std::runtime_error& e) {  // a checkpoint that does not fit is bad input
-        throw SpecError(std::string("cannot load checkpoint: ") + e.what());
-      }
-    }
-    for (LoadTarget* t : {&w, &m, &v}) t->upload();
+    LoadTarget w(stage.weights()), mom(opt.exp_avg()), v(opt.exp_avg_sq());
+    read_checkpoint_tensors(dir, stage.params(), w.data(), mom.data(), v.data());
+    for (LoadTarget* t : {&w, &mom, &v}) t->upload();
   });
   opt.set_steps_taken(static_cast<int>(m.optimizer_steps));
   return m.step;

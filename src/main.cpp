@@ -13,6 +13,7 @@
 #include "pipetrain/checkpoint.hpp"
 #include "pipetrain/comm.hpp"
 #include "pipetrain/config.hpp"
+#include "pipetrain/generate.hpp"
 #include "pipetrain/plan.hpp"
 #include "pipetrain/report.hpp"
 #include "pipetrain/signals.hpp"
@@ -31,6 +32,7 @@ const char* kUsage =
     "commands:\n"
     "  train   train a GPT with GPipe over pp x dp MPI ranks (launch with mpiexec / srun)\n"
     "  eval    --checkpoint PATH: validation loss of a checkpoint, on any layout (mpiexec / srun)\n"
+    "  generate --checkpoint PATH --prompt TEXT: sample text from a checkpoint (one process, KV cache)\n"
     "  plan    predict a layout without launching it: partition, schedule chart, bubble, memory\n"
     "  ckpt    inspect | verify PATH: what a checkpoint holds / whether its shards are intact\n"
     "  report  RUN_DIR [--plots DIR]: summary of a finished or killed run, measured vs predicted\n"
@@ -130,6 +132,29 @@ int eval_main(const std::vector<std::string>& args) {
   }
   if (batches != 0) opt.overrides.push_back("eval.batches=" + std::to_string(batches));
   return run_mpi([&] { return run_train(opt); });
+}
+
+int generate_main(const std::vector<std::string>& args) {
+  GenerateOptions opt;
+  po::options_description desc("pipetrain generate --checkpoint PATH --prompt TEXT [options]   (no MPI launch needed)");
+  desc.add_options()("help,h", "show this help")(
+      "checkpoint", po::value<std::string>(&opt.checkpoint), "checkpoint directory (any saved layout)")(
+      "prompt", po::value<std::string>(&opt.prompt), "text to continue")(
+      "tokens", po::value<int>(&opt.tokens)->default_value(200), "bytes to generate")(
+      "temperature", po::value<double>(&opt.temperature)->default_value(1.0), "sampling temperature (0: greedy)")(
+      "top-k", po::value<int>(&opt.top_k)->default_value(0), "sample among the k likeliest only (0: all)")(
+      "seed", po::value<uint64_t>(&opt.seed)->default_value(0), "sampling seed: the same text for the same seed")(
+      "no-cache", "recompute the whole window for every token (the KV cache's reference)")(
+      "config", po::value<std::string>(&opt.config), "run spec (TOML); omitted: the checkpoint's own")(
+      "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(), "override one key (repeatable)");
+  po::variables_map vm;
+  if (int code = parse("generate", desc, args, vm); code >= 0) return code;
+  if (opt.checkpoint.empty()) {
+    std::fprintf(stderr, "pipetrain generate: error: which checkpoint? (pipetrain generate --checkpoint PATH)\n");
+    return 2;
+  }
+  opt.use_cache = vm.count("no-cache") == 0;
+  return run_generate(opt);
 }
 
 int smoke_main(const std::vector<std::string>& args) {
@@ -242,6 +267,7 @@ int main(int argc, char** argv) {
   if (cmd == "smoke") return smoke_main(args);
   if (cmd == "data") return data_main(args);
   if (cmd == "eval") return eval_main(args);
+  if (cmd == "generate") return generate_main(args);
   std::fprintf(stderr, "pipetrain: error: unknown command '%s'\n%s", cmd.c_str(), kUsage);
   return 2;
 }

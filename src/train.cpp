@@ -158,6 +158,7 @@ struct StepSync {
   double norm;       // global gradient norm over all stages, before clipping
   bool stop;         // some rank received a stop signal
   bool finite;       // every rank's loss and gradients are finite: the update may be applied
+  double norm_s;     // compute time of the squared norm (counted as compute, not waiting)
 };
 
 // After the schedule: finish averaging gradients over the replicas (1/D is already in the loss
@@ -181,12 +182,14 @@ StepSync sync_step(Stage& stage, Comm& comm, GradReducer* reducer, std::vector<f
   // The gradient is checked where its norm is taken, on the first replica: the all-reduce has
   // summed every replica's part into it, so a NaN anywhere is there too. Each rank checks its own
   // loss; the world all-reduce of the flag makes every rank decide alike.
+  const double norm_t0 = now_s();
   const double sq = comm.topo().dp_rank == 0 ? grad_sq_sum(stage.params(), g) : 0.0;
+  const double norm_s = now_s() - norm_t0;
   const bool bad = !std::isfinite(sq) || !std::isfinite(loss_sum);
   double sums[3] = {bad ? 0.0 : sq, stop_requested() || out_of_time ? 1.0 : 0.0, bad ? 1.0 : 0.0};
   comm.allreduce_world(sums, 3);
   const bool finite = sums[2] == 0;
-  return {dp_wait, finite ? std::sqrt(sums[0]) : NAN, sums[1] > 0, finite};
+  return {dp_wait, finite ? std::sqrt(sums[0]) : NAN, sums[1] > 0, finite, norm_s};
 }
 
 // Everything that can be wrong with the input, checked on every rank before anything large is
@@ -413,7 +416,7 @@ int run_train(const TrainOptions& opt) {
                     step + 1, bad_in_a_row, bad_steps);
     }
     trace.span(sync.finite ? "optimizer" : "update skipped (non-finite)", "optimizer", opt_t0, now_s());
-    local_s += now_s() - opt_t0;
+    local_s += now_s() - opt_t0 + sync.norm_s;
     const double step_time = now_s() - t0;
     max_step_s = std::max(max_step_s, step_time);
     const double waited = comm.wait_seconds();  // before the step-boundary agreement and any save

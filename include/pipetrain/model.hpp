@@ -132,6 +132,9 @@ class Stage {
   // the same bits as backward().
   void backward_input(int chunk, int mb, const float* dout, float* dinp);
   void backward_weight(int chunk, int mb, const std::function<void(size_t)>& done_from = nullptr);
+  // Softmax probabilities [tokens, vocab] of micro-batch mb's last forward on the head (kept until
+  // its backward or discard).
+  const Floats& head_probs(int mb) { return stash(chunks() - 1, mb).head.probs; }
   // Drops what a forward kept (an evaluation has no backward).
   void discard(int chunk, int mb) {
     if (slot_of_[key(chunk, mb)] >= 0) release(chunk, mb);
