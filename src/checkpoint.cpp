@@ -274,15 +274,16 @@ double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const s
 
   // Each stage's replicas write its shard together; the first replica then checksums and syncs it.
   std::vector<float> w_copy, m_copy, v_copy;
-  const float* w = host_view(stage.weights(), w_copy);
-  const float* m = host_view(opt.exp_avg(), m_copy);
-  const float* v = host_view(opt.exp_avg_sq(), v_copy);
   std::vector<ShardTensor> tensors;
-  for (auto& p : stage.params())
-    if (!p.tied_copy) tensors.push_back({p.name, p.shape, w + p.offset, m + p.offset, v + p.offset});
   const std::string shard = tmp + "/" + shard_name(topo.stage);
   uint64_t mine[3] = {static_cast<uint64_t>(topo.stage), 0, 0};
   Comm::require_agreed([&] {
+    // GPU arrays are copied to the host here, where a failed copy is agreed on like any other.
+    const float* w = host_view(stage.weights(), w_copy);
+    const float* m = host_view(opt.exp_avg(), m_copy);
+    const float* v = host_view(opt.exp_avg_sq(), v_copy);
+    for (auto& p : stage.params())
+      if (!p.tied_copy) tensors.push_back({p.name, p.shape, w + p.offset, m + p.offset, v + p.offset});
     // Training skips non-finite steps, so this never fires; it keeps the promise that no
     // checkpoint holds a NaN even if some future path lets one through.
     for (auto& t : tensors) {

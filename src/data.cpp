@@ -1,6 +1,7 @@
 #include "pipetrain/data.hpp"
 
 #include "pipetrain/files.hpp"
+#include "pipetrain/rng.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -10,16 +11,7 @@
 namespace pipetrain {
 namespace {
 
-struct Rng {  // splitmix64: tiny, seedable, identical everywhere
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  uint32_t below(uint32_t n) { return static_cast<uint32_t>(next() % n); }
-};
+using Rng = SplitMix64;
 
 }  // namespace
 

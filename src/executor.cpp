@@ -132,7 +132,7 @@ StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& tra
       }
       case Op::forward: {
         if (first || last) load_inputs(a.mb), update(a);
-        if (!last) act_out = act_out_.acquire(comm_, act_tag(v, a.mb, M), a.mb, "send activation", next, trace);
+        act_out = last ? nullptr : act_out_.acquire(comm_, act_tag(v, a.mb, M), a.mb, "send activation", next, trace);
         const double t0 = now_s();
         st.loss_sum += stage_.forward(a.chunk, a.mb, staged && !last ? dev_out_.data() : act_out);
         if (staged && !last) download(act_out, dev_out_.data(), bytes);
@@ -159,7 +159,7 @@ StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& tra
       }
       case Op::backward:
       case Op::backward_input: {
-        if (!first) grad_out = grad_out_.acquire(comm_, grad_tag(v - 1, a.mb, M), a.mb, "send gradient", prev, trace);
+        grad_out = first ? nullptr : grad_out_.acquire(comm_, grad_tag(v - 1, a.mb, M), a.mb, "send gradient", prev, trace);
         if (!last && (grad_in_for.mb != a.mb || grad_in_for.chunk != a.chunk))
           throw std::logic_error("schedule runs backward " + to_string(a) + " without receiving its gradient first");
         const double t0 = now_s();

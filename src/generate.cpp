@@ -10,19 +10,10 @@
 #include "pipetrain/config.hpp"
 #include "pipetrain/kernels.hpp"
 #include "pipetrain/model.hpp"
+#include "pipetrain/rng.hpp"
 
 namespace pipetrain {
 namespace {
-
-struct Rng {  // splitmix64: the same draws on every machine for a seed
-  uint64_t s;
-  double uniform() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return ((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
-  }
-};
 
 // The whole model for one sequence, one token at a time, with every block's keys and values of
 // the tokens so far cached. Weights are the Stage's (one stage holding all blocks).
@@ -63,18 +54,21 @@ class CachedGpt {
       std::copy(qkv.begin() + 2 * C, qkv.end(), v_[l].begin() + t * C);
       for (int h = 0; h < NH_; ++h) {  // this token's query against every cached key
         const float* q = qkv.data() + h * hs;
+        // as attention_forward computes it: scaled scores, fast_exp, times the sum's inverse
         float mx = -INFINITY, sum = 0;
         for (int u = 0; u <= t; ++u) {
           const float* k = k_[l].data() + u * C + h * hs;
           float s = 0;
-          for (int i = 0; i < hs; ++i) s += q[i] * k[i];
-          mx = std::max(mx, att[u] = s * scale);
+          for (int i = 0; i < hs; ++i) s += scale * q[i] * k[i];
+          mx = std::max(mx, att[u] = s);
         }
-        for (int u = 0; u <= t; ++u) sum += (att[u] = std::exp(att[u] - mx));
+        for (int u = 0; u <= t; ++u) sum += (att[u] = fast_exp(att[u] - mx));
+        const float inv = 1.f / sum;
+        for (int u = 0; u <= t; ++u) att[u] *= inv;
         for (int i = 0; i < hs; ++i) {
           float acc = 0;
           for (int u = 0; u <= t; ++u) acc += att[u] * v_[l][u * C + h * hs + i];
-          y[h * hs + i] = acc / sum;
+          y[h * hs + i] = acc;
         }
       }
       matmul_forward(tmp.data(), y.data(), b.projw, b.projb, 1, C_, C_);
@@ -120,8 +114,11 @@ void recompute(Stage& stage, const RunSpec& spec, const std::vector<int>& tokens
 
 int sample_token(const float* probs, int V, double temperature, int top_k, double u) {
   if (temperature <= 0) return static_cast<int>(std::max_element(probs, probs + V) - probs);
+  // p^(1/T) relative to the likeliest token: no underflow to all zeros at small T
+  const double top = std::log(std::max(*std::max_element(probs, probs + V), 1e-38f));
   std::vector<double> w(V);
-  for (int i = 0; i < V; ++i) w[i] = std::pow(static_cast<double>(probs[i]), 1.0 / temperature);
+  for (int i = 0; i < V; ++i)
+    w[i] = probs[i] > 0 ? std::exp((std::log(static_cast<double>(probs[i])) - top) / temperature) : 0.0;
   if (top_k > 0 && top_k < V) {
     std::vector<int> order(V);
     std::iota(order.begin(), order.end(), 0);
@@ -144,11 +141,11 @@ int run_generate(const GenerateOptions& opt) {
     if (opt.prompt.empty()) throw SpecError("generate: --prompt is empty (give at least one character to start from)");
     if (opt.tokens <= 0) throw SpecError("generate: --tokens " + std::to_string(opt.tokens) + " must be at least 1");
     // One stage holding every block, one micro-batch of one sequence.
-    std::vector<std::string> sets = {"train.global_batch=1", "parallel.micro_batches=1", "parallel.recompute=none",
-                                     "eval.every_steps=0", "run.device=cpu", "model.dtype=fp32"};
-    sets.insert(sets.end(), opt.overrides.begin(), opt.overrides.end());
-    for (auto& s : std::vector<std::string>{"parallel.pp=1", "parallel.dp=1", "parallel.partition=uniform",
-                                            "parallel.schedule=gpipe", "parallel.virtual_stages=1"})
+    // The user's overrides first, then what generation needs, which they cannot undo.
+    std::vector<std::string> sets = opt.overrides;
+    for (auto& s : {"train.global_batch=1", "parallel.micro_batches=1", "parallel.recompute=none", "eval.every_steps=0",
+                    "run.device=cpu", "model.dtype=fp32", "parallel.pp=1", "parallel.dp=1", "parallel.partition=uniform",
+                    "parallel.schedule=gpipe", "parallel.virtual_stages=1"})
       sets.push_back(s);
     const RunSpec spec = opt.config.empty() ? spec_of_checkpoint(opt.checkpoint, sets, 1) : load_spec(opt.config, sets, 1);
     const int V = spec.model.vocab, T = spec.model.seq_len;
@@ -161,7 +158,7 @@ int run_generate(const GenerateOptions& opt) {
     read_checkpoint_tensors(opt.checkpoint, stage.params(), stage.weights().host().data(), nullptr, nullptr);
     CachedGpt cached(spec, stage);
 
-    Rng rng{opt.seed * 0x9e3779b97f4a7c15ULL + 1};
+    SplitMix64 rng{opt.seed * 0x9e3779b97f4a7c15ULL + 1};
     std::vector<float> probs(V);
     size_t from = 0;  // the window's first token
     std::fwrite(opt.prompt.data(), 1, opt.prompt.size(), stdout);

@@ -7,25 +7,20 @@
 #include "pipetrain/clock.hpp"
 #include "pipetrain/kernels.hpp"
 #include "pipetrain/profile.hpp"
+#include "pipetrain/rng.hpp"
 
 namespace pipetrain {
 namespace {
-
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 // N(0, std) values for one named tensor from a stream seeded by (seed, name): a tensor gets the
 // same values whichever stage or layout owns it.
 void fill_normal(float* out, size_t n, float stddev, uint64_t seed, const std::string& name) {
   uint64_t state = seed * 0x100000001b3ULL;
   for (unsigned char c : name) state = (state ^ c) * 0x100000001b3ULL;
+  SplitMix64 rng{state};
   for (size_t i = 0; i < n; i += 2) {
-    double u1 = ((splitmix64(state) >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
-    double u2 = (splitmix64(state) >> 11) * 0x1.0p-53;
+    double u1 = ((rng.next() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    double u2 = rng.uniform();
     double r = std::sqrt(-2.0 * std::log(u1)), th = 2.0 * M_PI * u2;
     out[i] = static_cast<float>(stddev * r * std::cos(th));
     if (i + 1 < n) out[i + 1] = static_cast<float>(stddev * r * std::sin(th));

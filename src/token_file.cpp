@@ -15,6 +15,7 @@
 
 #include "hdf5_handle.hpp"
 #include "pipetrain/config.hpp"
+#include "pipetrain/files.hpp"
 
 namespace fs = std::filesystem;
 
@@ -111,6 +112,12 @@ std::string prepare_token_file(const PrepareOptions& opt) {
     Handle train_ds(create_dataset(file, "train", train, opt.compress), H5Dclose);
     Handle val_ds(create_dataset(file, "val", val, opt.compress), H5Dclose);
     if (train_ds < 0 || val_ds < 0) throw std::runtime_error("cannot create the datasets");
+    // Compressed chunks reach the file when the datasets close: a full disk shows up there.
+    auto close = [](Handle& h) {
+      const herr_t status = h.close(h.id);
+      h.id = -1;
+      if (status < 0) throw std::runtime_error("cannot finish writing (disk full?)");
+    };
     std::vector<uint8_t> block(kBlock);
     // a progress line every 1/20 of a large input (at least 64 MiB apart)
     const uint64_t report_every = std::max<uint64_t>(64ull << 20, total / 20);
@@ -133,6 +140,8 @@ std::string prepare_token_file(const PrepareOptions& opt) {
       if (std::ferror(f.get())) throw SpecError("data prepare: --input " + in + ": read error");
     }
     if (done != total) throw SpecError("data prepare: the inputs changed size while being read");
+    close(train_ds), close(val_ds), close(file);
+    sync_path(tmp);  // on disk before the rename makes it the output
   } catch (const SpecError&) {
     cleanup();
     throw;
@@ -154,16 +163,24 @@ TokenFile::TokenFile(const std::string& path, const std::string& dataset) : path
   file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (file_ < 0) throw SpecError(path + ": cannot open as an HDF5 token file (missing? made by pipetrain data prepare?)");
   vocab_ = static_cast<int>(read_attr(file_, "vocab_size"));
+  const int64_t format = read_attr(file_, "format_version");
   if (H5Lexists(file_, dataset.c_str(), H5P_DEFAULT) <= 0 || vocab_ <= 0) {
     H5Fclose(file_);
     throw SpecError(path + ": has no token dataset /" + dataset + (vocab_ <= 0 ? " or no vocab_size" : ""));
   }
+  if (format != kTokenFileFormat) {
+    H5Fclose(file_);
+    throw SpecError(path + ": token file format " + std::to_string(format) + ", this pipetrain reads " +
+                    std::to_string(kTokenFileFormat));
+  }
   data_ = H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT);
   Handle space(H5Dget_space(data_), H5Sclose);
+  Handle type(H5Dget_type(data_), H5Tclose);
   hsize_t n = 0;
-  if (H5Sget_simple_extent_ndims(space) != 1 || H5Sget_simple_extent_dims(space, &n, nullptr) < 0) {
+  const bool bytes = H5Tget_class(type) == H5T_INTEGER && H5Tget_size(type) == 1 && H5Tget_sign(type) == H5T_SGN_NONE;
+  if (!bytes || H5Sget_simple_extent_ndims(space) != 1 || H5Sget_simple_extent_dims(space, &n, nullptr) < 0) {
     H5Dclose(data_), H5Fclose(file_);
-    throw SpecError(path + ": /" + dataset + " is not a 1-D token array");
+    throw SpecError(path + ": /" + dataset + " is not a 1-D array of byte tokens (uint8)");
   }
   size_ = n;
 }

@@ -125,8 +125,8 @@ void write_trace(const Trace& trace, Comm& comm, const std::string& run_dir) {
 }
 
 // The data-parallel gradient all-reduce, in buckets started as soon as their gradients are
-// complete: the step's last backward reports, block by block, the offset from which the buffer
-// is final (it falls from the head to the embeddings), so buckets are cut from the end of the
+// complete: each chunk's last backward reports, block by block, the offset from which the buffer
+// is final (it falls from the head to the embeddings, chunk after chunk), so buckets are cut from the end of the
 // buffer and overlap the rest of that backward. Bucket bounds depend only on the layout, so
 // every replica posts the same sequence.
 class GradReducer {
@@ -358,7 +358,7 @@ int run_train(const TrainOptions& opt) {
   const std::function<void(size_t)> grads_done = [&](size_t offset) { reducer.done_from(offset); };
 
   const int stall_at_step = test_stall_step(rank);
-  double max_step_s = 0, max_save_s = 1.0;  // for the time budget (1 s: a save not yet seen)
+  double max_step_s = 0, max_save_s = 1.0, max_eval_s = 0;  // for the time budget (1 s: a save not yet seen)
   int bad_steps = 0, bad_in_a_row = 0;      // steps skipped for a NaN/Inf loss or gradient
   int64_t last_saved = resume_from.empty() ? -1 : start_step;
   for (int step = static_cast<int>(start_step); step < spec.run.steps; ++step) {
@@ -392,8 +392,8 @@ int run_train(const TrainOptions& opt) {
 
     // run.time_limit: stop while one more step and a checkpoint still fit in the budget.
     const double worst_step = std::max(max_step_s, now_s() - t0);
-    const bool out_of_time = spec.run.time_limit > 0 &&
-                             now_s() - launched + 1.5 * worst_step + 1.5 * max_save_s >= spec.run.time_limit;
+    const bool out_of_time = spec.run.time_limit > 0 && now_s() - launched + 1.5 * worst_step + 1.5 * max_save_s +
+                                                          1.5 * max_eval_s >= spec.run.time_limit;
     const StepSync sync =
         sync_step(stage, comm, D > 1 ? &reducer : nullptr, on_gpu ? &grad_staging : nullptr, tied_sync ? wte : nullptr,
                   out_of_time, st.loss_sum);
@@ -426,12 +426,15 @@ int run_train(const TrainOptions& opt) {
     // saving, so a checkpoint never covers a step missing from the log) and save if due.
     const int done = step + 1;
     const bool stop = sync.stop;
-    const bool eval_due = spec.eval.every_steps > 0 && (done % spec.eval.every_steps == 0 || done == spec.run.steps);
+    // not when stopping early: the checkpoint comes first
+    const bool eval_due = spec.eval.every_steps > 0 && (done % spec.eval.every_steps == 0 || done == spec.run.steps) &&
+                          !(stop && done < spec.run.steps);
     double val_loss = -1;
     if (eval_due) {
       const double eval_t0 = now_s();
       val_loss = evaluate();
       trace.span("evaluation", "compute", eval_t0, now_s());
+      max_eval_s = std::max(max_eval_s, now_s() - eval_t0);
     }
     if ((done % spec.log.every_steps == 0 || done == spec.run.steps || stop || eval_due)) {
       RankFigures mine;

@@ -29,8 +29,8 @@ class Dataset {
  public:
   static constexpr size_t kSyntheticBytes = 1 << 20, kSyntheticValBytes = 1 << 16;
 
-  // Loads data.source (hdf5: opens the token file's /train and reads windows as needed); an
-  // unreadable, too-short or mismatched file is a SpecError naming data.path.
+  // Loads data.source for `split` (hdf5: opens the token file's /train or /val and reads windows
+  // as needed); an unreadable, too-short or mismatched file is a SpecError naming data.path.
   explicit Dataset(const RunSpec& spec, Split split = Split::train);
 
   size_t n_tokens() const { return file_ ? file_->size() : tokens_.size(); }

@@ -2,7 +2,8 @@
 // byte by byte. With the KV cache (default) each new token runs the blocks on that token alone
 // against the cached keys and values of the tokens before it, so a token costs the same however
 // long the text so far; without it (--no-cache) each token recomputes the whole window through
-// Stage::forward, the training code: the cache's reference. The context slides when full: the
+// Stage::forward, the training code: the cache's reference (the same arithmetic in another
+// summation order, so the same tokens unless a draw falls within rounding of a boundary). The context slides when full: the
 // last seq_len / 2 tokens are kept and the cache rebuilt from them.
 #pragma once
 #include <cstdint>

@@ -5,8 +5,8 @@
 // chunk) so gradient buckets and checkpoints are slices of one array. Names are global (h.{i} uses
 // the global block index).
 //
-// Activations: forward(mb) computes one micro-batch and keeps what the recompute mode says until
-// backward(mb): none = everything backward needs; block = each block's input (blocks are re-run
+// Activations: forward(chunk, mb) computes one micro-batch and keeps what the recompute mode says
+// until its backward: none = everything backward needs; block = each block's input (blocks are re-run
 // one at a time in backward); stage = only the stage input (the whole stage is re-run).
 #pragma once
 #include <cstddef>
@@ -132,8 +132,8 @@ class Stage {
   // the same bits as backward().
   void backward_input(int chunk, int mb, const float* dout, float* dinp);
   void backward_weight(int chunk, int mb, const std::function<void(size_t)>& done_from = nullptr);
-  // Softmax probabilities [tokens, vocab] of micro-batch mb's last forward on the head (kept until
-  // its backward or discard).
+  // Softmax probabilities [tokens, vocab] of micro-batch mb's last forward on the head, kept until
+  // its backward or discard; recompute = none only (other modes do not keep them).
   const Floats& head_probs(int mb) { return stash(chunks() - 1, mb).head.probs; }
   // Drops what a forward kept (an evaluation has no backward).
   void discard(int chunk, int mb) {

@@ -1,7 +1,7 @@
 """Token datasets, done-means 1 and 4 of the datasets issue: `pipetrain data prepare` turns text
 files into an HDF5 token file (/train, /val, byte tokens, provenance), and training on it
 (data.source = "hdf5", read by hyperslab) gives the same losses, bit for bit, as training on the
-text itself, on 1x1 and 2x2; a validation split takes the tail; compression changes nothing but
+text itself, on 1x1 and 2x2, and resumes in the same order; a validation split takes the tail; compression changes nothing but
 size; large inputs show progress; bad input exits 2 with one message and leaves nothing behind."""
 import json
 import os
@@ -45,6 +45,16 @@ for pp, dp in [(1, 1), (2, 2)]:
                   f"data.path={whole}")
     expect(len(text) == 8 and hdf5 == text, f"{pp}x{dp}: hdf5 source losses equal the text source's, bit for bit")
 
+# Resuming continues the same sample order: a run stopped at step 4 and resumed matches steps 5-8.
+full = launch(args, 2, os.path.join(work, "hdf5_ckpt"), tiny,
+              base + ["parallel.pp=2", "data.source=hdf5", f"data.path={whole}", "checkpoint.every_steps=4"])
+resumed = launch(args, 2, os.path.join(work, "hdf5_resumed"), tiny,
+                 base + ["parallel.pp=2", "data.source=hdf5", f"data.path={whole}"],
+                 extra=["--resume", os.path.join(full.run_dir, "checkpoints", "step_00000004")])
+expect(full.rc == 0 and resumed.rc == 0 and
+       [m["loss"] for m in resumed.metrics()] == [m["loss"] for m in full.metrics()][4:],
+       "hdf5 source: resumed from step 4, steps 5-8 equal the uninterrupted run's, bit for bit")
+
 # 2. Two inputs, a quarter held out: /train is the head of the concatenation, /val the tail, and
 #    training on /train equals training on a text file of exactly those bytes.
 second = os.path.join(work, "second.txt")
@@ -85,7 +95,13 @@ for name, argv, want in [
 expect(open(existing).read() == "keep me", "an existing output is left as it was")
 expect(not any(".tmp." in n for n in os.listdir(work)), "no temporary file left behind")
 shard = os.path.join(work, "hdf5_1x1", "checkpoints", "step_00000008", "stage_000.h5")
+wide = os.path.join(work, "wide.h5")  # 16-bit tokens: not what this pipetrain reads
+with h5py.File(wide, "w") as f:
+    f.attrs["vocab_size"], f.attrs["format_version"] = 256, 1
+    f["train"] = list(range(200))
+    f["train"].attrs["note"] = "int64"
 for name, sets, want in [("token file missing", ["data.path=/nonexistent/d.h5"], "/nonexistent/d.h5"),
+                         ("tokens not bytes", [f"data.path={wide}"], "byte tokens (uint8)"),
                          ("not a token file", [f"data.path={shard}"], "no token dataset /train"),
                          ("vocab too small", [f"data.path={whole}", "model.vocab=200"], "model.vocab = 200")]:
     r = launch(args, 1, os.path.join(work, "bad_" + name.replace(" ", "_")), tiny,
