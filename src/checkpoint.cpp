@@ -327,9 +327,10 @@ double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const s
       for (auto& p : rank_params(spec_, chunks_of(partition, topo.pp, s), static_cast<int>(partition.size())))
         if (!p.tied_copy) m.shards[s].tensors.push_back(p.name);
     }
-    for (int r = 0; r < topo.pp; ++r) {  // world ranks 0..pp-1 are the first replica of each stage
-      m.shards[all[3 * r]].checksum = all[3 * r + 1];
-      m.shards[all[3 * r]].bytes = all[3 * r + 2];
+    for (int s = 0; s < topo.pp; ++s) {  // each stage's first replica checksummed its shard
+      const int r = topo.rank_of(s, 0);
+      m.shards[s].checksum = all[3 * r + 1];
+      m.shards[s].bytes = all[3 * r + 2];
     }
     m.write_s = now_s() - t0;
     write_file_atomically(tmp + "/manifest.json", m.to_json());

@@ -177,7 +177,9 @@ int plan_main(const std::vector<std::string>& args) {
       "set", po::value<std::vector<std::string>>(&overrides)->composing(), "override one key (repeatable)")(
       "world", po::value<int>(&world), "rank count to plan for (checked against pp x dp; default pp x dp)")(
       "json", "print the prediction as JSON")(
-      "compare-schedules", "one line per pipeline schedule for this layout: bubble and activation peak");
+      "compare-schedules", "one line per pipeline schedule for this layout: bubble and activation peak")(
+      "ranks-per-node", po::value<int>(), "show the node map and the traffic crossing nodes when each node runs "
+                                          "this many consecutive ranks");
   po::variables_map vm;
   if (int code = parse("plan", desc, args, vm); code >= 0) return code;
   try {
@@ -188,6 +190,14 @@ int plan_main(const std::vector<std::string>& args) {
     }
     const Plan plan = make_plan(spec);
     std::cout << (vm.count("json") ? plan_json(spec, plan) : plan_text(spec, plan));
+    if (vm.count("ranks-per-node")) {
+      const int per_node = vm["ranks-per-node"].as<int>();
+      if (per_node < 1) throw SpecError("--ranks-per-node " + std::to_string(per_node) + " must be at least 1");
+      const Topology layout = Topology::of(0, spec.parallel.pp, spec.parallel.dp, spec.parallel.order);
+      std::vector<std::string> hosts;
+      for (int r = 0; r < spec.parallel.pp * spec.parallel.dp; ++r) hosts.push_back("node" + std::to_string(r / per_node));
+      std::cout << "\n" << node_map(hosts, layout);
+    }
     return 0;
   } catch (const SpecError& e) {
     std::fprintf(stderr, "pipetrain: error: %s\n", e.what());

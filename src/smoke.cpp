@@ -84,7 +84,7 @@ int run_smoke(const SmokeOptions& opt) {
   const int world = Comm::world_size(), rank = Comm::world_rank();
   RunSpec spec;
   if (int code = Comm::run_agreed([&] { spec = smoke_spec(opt, world); })) return code;
-  const Topology topo = Topology::of(rank, spec.parallel.pp, spec.parallel.dp);
+  const Topology topo = Topology::of(rank, spec.parallel.pp, spec.parallel.dp, spec.parallel.order);
   Comm comm(topo, spec.comm.wait, 30.0);
   const std::string run_dir = opt.run_dir.empty() ? spec.run.out_dir + "/smoke" : opt.run_dir;
   // One name for this test's scratch directories on every rank: rank 0's pid.
@@ -104,7 +104,7 @@ int run_smoke(const SmokeOptions& opt) {
   // Every pipeline link, one at a time: latency of 8 B and bandwidth of 4 MiB round trips.
   for (int d = 0; d < topo.dp; ++d)
     for (int s = 0; s + 1 < topo.pp; ++s) {
-      const int a = Topology::rank_of(s, d, topo.pp), b = Topology::rank_of(s + 1, d, topo.pp);
+      const int a = topo.rank_of(s, d), b = topo.rank_of(s + 1, d);
       double lat = 0, bw = 0;
       if (rank == a || rank == b) {
         std::vector<char> small(8), big(4 << 20);
@@ -135,7 +135,7 @@ int run_smoke(const SmokeOptions& opt) {
     const double mine[1] = {right ? bw : -bw};
     comm.gather_to_root(mine, 1, per_rank);
     for (int s = 0; s < topo.pp && rank == 0; ++s) {
-      const double v = per_rank[Topology::rank_of(s, 0, topo.pp)];
+      const double v = per_rank[topo.rank_of(s, 0)];
       rows.push_back({"all-reduce", "data group of stage " + std::to_string(s),
                       v < 0 ? "wrong sum" : fmt("%.0f MiB/s", v), v >= kMinBandwidthMiBs});
     }

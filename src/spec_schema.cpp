@@ -212,6 +212,9 @@ std::vector<SpecKey> build_schema() {
                  "1f1b (one forward, one backward; at most P - stage in flight), interleaved (1f1b over "
                  "virtual_stages chunks per rank: bubble / V; M a multiple of pp) or zb-h1 (1f1b's memory, "
                  "weight gradients deferred into the bubbles; needs recompute = none)"),
+      string_key("parallel", "order", FIELD(std::string, parallel.order), {"pp", "dp"},
+                 "rank order, i.e. what shares a node: pp = a pipeline's stages are consecutive ranks (p2p stays "
+                 "in a node), dp = a stage's replicas are (the gradient all-reduce stays in a node)"),
       int_key("parallel", "virtual_stages", FIELD(int, parallel.virtual_stages), 1, 1024,
               "model chunks per rank under schedule = interleaved (rank s runs virtual stages s, s+pp, ...)"),
       partition_key(),

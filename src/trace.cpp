@@ -24,7 +24,8 @@ std::string Trace::events_json(int stage, int dp_rank) const {
   return out;
 }
 
-std::string Trace::file_json(const std::vector<std::string>& rank_events, int pp, int dp) {
+std::string Trace::file_json(const std::vector<std::string>& rank_events, const Topology& topo) {
+  const int pp = topo.pp, dp = topo.dp;
   std::string out = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   char buf[200];
   bool first = true;
@@ -39,7 +40,7 @@ std::string Trace::file_json(const std::vector<std::string>& rank_events, int pp
     for (int d = 0; d < dp; ++d) {
       std::snprintf(buf, sizeof buf,
                     "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"dp %d (rank %d)\"}}",
-                    s, d, d, Topology::rank_of(s, d, pp));
+                    s, d, d, topo.rank_of(s, d));
       add(buf);
     }
   }

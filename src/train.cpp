@@ -1,5 +1,7 @@
 #include "pipetrain/train.hpp"
 
+#include <unistd.h>
+
 #include <csignal>
 
 #include <cmath>
@@ -118,7 +120,7 @@ void write_trace(const Trace& trace, Comm& comm, const std::string& run_dir) {
   comm.gather_to_root(trace.events_json(comm.topo().stage, comm.topo().dp_rank), all);
   if (comm.topo().world_rank != 0) return;
   try {
-    write_file_atomically(run_dir + "/trace.json", Trace::file_json(all, comm.topo().pp, comm.topo().dp));
+    write_file_atomically(run_dir + "/trace.json", Trace::file_json(all, comm.topo()));
   } catch (const std::runtime_error& e) {  // a trace is not worth stopping training for
     std::fprintf(stderr, "pipetrain: warning: trace.json not written: %s\n", e.what());
   }
@@ -218,7 +220,7 @@ int run_train(const TrainOptions& opt) {
         su.spec = opt.eval_only && opt.config.empty() ? spec_of_checkpoint(opt.resume, opt.overrides, world)
                                                       : load_spec(opt.config, opt.overrides, world);
         if (opt.eval_only && su.spec.eval.every_steps == 0) su.spec.eval.every_steps = 1;  // load validation data
-        su.topo = Topology::of(rank, su.spec.parallel.pp, su.spec.parallel.dp);
+        su.topo = Topology::of(rank, su.spec.parallel.pp, su.spec.parallel.dp, su.spec.parallel.order);
         su.blocks = partition_blocks(su.spec);
         if (su.topo.first_stage() || su.topo.last_stage()) {
           su.data = std::make_unique<Dataset>(su.spec);
@@ -327,13 +329,18 @@ int run_train(const TrainOptions& opt) {
                   spec.train.global_batch, T, P, D);
     return 0;
   }
+  // Which node runs which stage and replica, and what traffic crosses nodes (collective).
+  std::vector<std::string> hosts;
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  comm.gather_to_root(std::string(host), hosts);
   if (rank == 0) {
     const std::string schedule = spec.parallel.schedule + (V > 1 ? " (" + std::to_string(V) + " chunks per stage)" : "");
     std::printf("pipetrain: %d ranks = pp %d x dp %d | M=%d micro-batches of %d | schedule %s | recompute %s | "
                 "wait %s | %d BLAS thread%s per rank\n",
                 world, P, D, M, b, schedule.c_str(), spec.parallel.recompute.c_str(),
                 comm.wait_mode() == WaitMode::yield ? "yield" : "spin", blas_threads, blas_threads == 1 ? "" : "s");
-    std::printf("%s\n", launch.describe().c_str());
+    std::printf("%s\n%s", launch.describe().c_str(), node_map(hosts, topo).c_str());
     std::printf("partition (%s):\n%s", spec.parallel.partition.c_str(), describe_partition(spec, su.blocks).c_str());
     std::printf("run dir: %s%s%s\n", su.run_dir.c_str(), su.note.empty() ? "" : " | ", su.note.c_str());
     std::printf("peak %.1f GFLOP/s (%s), %.3g GFLOP per step | %s\n", peak_gflops,

@@ -43,6 +43,7 @@ struct RunSpec {
     int micro_batches = 4;
     std::string schedule = "gpipe";
     int virtual_stages = 1;             // model chunks per rank (interleaved schedule)
+    std::string order = "pp";           // pp: a pipeline's stages are consecutive ranks | dp: a stage's replicas are
     std::string partition = "uniform";  // uniform | balanced | explicit (blocks_per_stage set)
     std::vector<int> blocks_per_stage;  // explicit partition, one entry per (virtual) stage
     std::string recompute = "none";     // none | stage | block

@@ -1,8 +1,14 @@
 // Where a rank sits in the pp x dp grid. Pure arithmetic, no MPI, so `plan` and tests can use it.
 //
-// Rank order: world rank = dp_rank * pp + stage. The P stages of one replica are consecutive ranks
-// (one pipeline fills a node first under block placement), the D replicas of a stage are P apart.
+// Rank order (parallel.order), which decides what shares a node when a launcher fills nodes with
+// consecutive ranks (Slurm's block distribution, mpiexec's default):
+//   "pp" (default): world rank = dp_rank * pp + stage. The P stages of one replica are
+//        consecutive: pipeline p2p (every micro-batch, both directions) stays inside a node.
+//   "dp": world rank = stage * dp + dp_rank. The D replicas of a stage are consecutive: the
+//        gradient all-reduce (once per step, the stage's parameters) stays inside a node.
 #pragma once
+#include <string>
+#include <vector>
 
 namespace pipetrain {
 
@@ -10,13 +16,23 @@ struct Topology {
   int pp = 1, dp = 1;
   int world_rank = 0;
   int stage = 0, dp_rank = 0;
+  bool replicas_contiguous = false;  // parallel.order = "dp"
 
-  static Topology of(int world_rank, int pp, int dp) {
-    return Topology{pp, dp, world_rank, world_rank % pp, world_rank / pp};
+  static Topology of(int world_rank, int pp, int dp, const std::string& order = "pp") {
+    const bool by_replica = order == "dp";
+    return Topology{pp, dp, world_rank, by_replica ? world_rank / dp : world_rank % pp,
+                    by_replica ? world_rank % dp : world_rank / pp, by_replica};
   }
-  static int rank_of(int stage, int dp_rank, int pp) { return dp_rank * pp + stage; }
+  int rank_of(int stage_index, int replica) const {
+    return replicas_contiguous ? stage_index * dp + replica : replica * pp + stage_index;
+  }
   bool first_stage() const { return stage == 0; }
   bool last_stage() const { return stage == pp - 1; }
 };
+
+// Which node runs which (stage, replica), and which traffic crosses nodes: the pipeline links
+// (stage s to s+1 of a replica) whose ends sit on different nodes, and the data groups (a
+// stage's replicas) spread over several. `host_of_rank` holds each world rank's node name.
+std::string node_map(const std::vector<std::string>& host_of_rank, const Topology& layout);
 
 }  // namespace pipetrain

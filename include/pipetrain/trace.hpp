@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/topology.hpp"
+
 namespace pipetrain {
 
 class Trace {
@@ -23,7 +25,7 @@ class Trace {
   // This rank's events as comma-separated Chrome trace JSON objects.
   std::string events_json(int stage, int dp_rank) const;
   // The whole file from all ranks' events (rank 0).
-  static std::string file_json(const std::vector<std::string>& rank_events, int pp, int dp);
+  static std::string file_json(const std::vector<std::string>& rank_events, const Topology& topo);
 
  private:
   struct Event {

@@ -1,6 +1,7 @@
 """Done-means 2: the same spec and global batch gives the same loss and grad norm (relative 1e-5)
 on every layout, schedule, recompute mode, micro-batch count, and with tied or untied heads."""
 import os
+import subprocess
 from harness import parse_args, launch, expect, rel_diff, finish
 
 args = parse_args()
@@ -28,6 +29,12 @@ ref = run("1x1", 1, 1)
 expect(ref and ref[-1]["loss"] < ref[0]["loss"], "1x1: loss falls over the first steps")
 for pp, dp in [(2, 1), (4, 1), (1, 2), (2, 2)]:
     same(f"{pp}x{dp} vs 1x1", run(f"{pp}x{dp}", pp, dp), ref)
+# parallel.order = dp: a stage's replicas are consecutive ranks; same numbers, and its checkpoint
+# (each stage's first replica checksums the shard) verifies.
+same("2x2 order=dp vs 1x1", run("2x2_order_dp", 2, 2, "parallel.order=dp"), ref)
+verify = subprocess.run([args.bin, "ckpt", "verify", os.path.join(args.work, "2x2_order_dp", "checkpoints",
+                                                                 f"step_{STEPS:08d}")], capture_output=True, text=True)
+expect(verify.returncode == 0, f"order=dp checkpoint verifies ({verify.stdout.strip()}{verify.stderr.strip()})")
 # Small buckets: the gradient all-reduce starts in many pieces during the last backward.
 same("2x2 with 64 KiB buckets vs 1x1", run("2x2_buckets", 2, 2, "comm.bucket_mb=0.0625"), ref)
 same("1x2 with 64 KiB buckets, recompute=block vs 1x1", run("1x2_buckets", 1, 2, "comm.bucket_mb=0.0625",
