@@ -2,6 +2,7 @@
 
 #include "pipetrain/clock.hpp"
 #include "pipetrain/config.hpp"
+#include "pipetrain/test_hooks.hpp"
 
 #include <sched.h>
 #include <time.h>
@@ -71,10 +72,31 @@ int Comm::init(int* argc, char*** argv) {
   return world_size();
 }
 
-void Comm::finalize() {
+namespace {
+double g_finalize_timeout_s = 30;
+}
+
+void Comm::set_finalize_timeout(double seconds) { g_finalize_timeout_s = seconds; }
+
+void Comm::finalize(int exit_code) {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  std::fflush(stdout), std::fflush(stderr);  // everything said and saved before it can hang
+  if (g_finalize_timeout_s > 0) {
+    const double timeout = g_finalize_timeout_s;
+    const int rank = world_rank();
+    std::thread([timeout, rank, exit_code] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(timeout));
+      std::fprintf(stderr, "pipetrain: rank %d: MPI_Finalize did not return within comm.finalize_timeout_s = %g s; "
+                           "exiting with %d (everything was saved before)\n", rank, timeout, exit_code);
+      std::fflush(stderr);
+      std::_Exit(exit_code);
+    }).detach();
+  }
+  if (test_hang_in_finalize(world_rank()))  // test-only: as the MPICH/UCX hang would
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  MPI_Finalize();
 }
 
 int Comm::world_rank() {

@@ -77,7 +77,7 @@ int run_mpi(const std::function<int()>& body) {
     std::fprintf(stderr, "pipetrain: fault on rank %d: %s\n", Comm::world_rank(), e.what());
     Comm::abort(1);
   }
-  Comm::finalize();
+  Comm::finalize(code);
   return code;
 }
 

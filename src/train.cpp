@@ -235,6 +235,7 @@ int run_train(const TrainOptions& opt) {
   const int b = spec.samples_per_micro_batch(), T = spec.model.seq_len;
 
   Comm comm(topo, spec.comm.wait, spec.comm.timeout_s);
+  Comm::set_finalize_timeout(spec.comm.finalize_timeout_s);
   if (int code = Comm::run_agreed([&] {
         const std::vector<int64_t> boundary = {b, T, spec.model.d_model, static_cast<int64_t>(sizeof(float))};
         if (!comm.all_equal(spec_hash(spec)) || !comm.boundary_agrees(boundary, boundary))

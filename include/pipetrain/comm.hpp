@@ -40,7 +40,12 @@ class Comm {
  public:
   // MPI_Init / MPI_Finalize. init() is idempotent and returns the world size.
   static int init(int* argc, char*** argv);
-  static void finalize();
+  // MPI_Finalize under a watchdog: MPICH over UCX/TCP was seen to hang in it with 3+ ranks after
+  // all work was done. Output is flushed first; if finalize has not returned after the timeout
+  // (comm.finalize_timeout_s, set_finalize_timeout; 0 = wait forever) the process exits with
+  // `exit_code`, saying so.
+  static void finalize(int exit_code);
+  static void set_finalize_timeout(double seconds);
   static int world_rank();
   static int world_size();
   [[noreturn]] static void abort(int code);

@@ -5,7 +5,7 @@ no rank left running) instead of hanging."""
 import os
 import subprocess
 import time
-from harness import parse_args, expect, finish
+from harness import launch, parse_args, expect, finish
 
 args = parse_args()
 tiny = os.path.join(args.configs, "tiny.toml")
@@ -40,4 +40,20 @@ for stalled, (pp, dp), needles in cases:
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     expect(not left, f"stall rank {stalled}: no rank left running ({left})")
     subprocess.run(["pkill", "-9", "-f", marker])
+
+# A rank that never returns from MPI_Finalize (as MPICH over UCX/TCP was seen to with 3+ ranks):
+# the finalize watchdog ends the job with the run's exit code, everything saved and logged.
+for hang in [None, 1]:
+    env = {"PIPETRAIN_TEST_HANG_IN_FINALIZE": str(hang)} if hang is not None else {}
+    t0 = time.time()
+    r = launch(args, 3, os.path.join(args.work, f"finalize_{hang}"), tiny,
+               ["parallel.pp=3", "run.steps=3", "log.trace_steps=0", "comm.finalize_timeout_s=2"], env=env, timeout=60)
+    elapsed = time.time() - t0
+    said = "MPI_Finalize did not return within comm.finalize_timeout_s = 2 s" in r.err
+    expect(r.rc == 0 and len(r.metrics()) == 3, f"finalize hang on rank {hang}: exit 0 with all 3 steps logged ({r.rc})")
+    expect(said == (hang is not None) and (hang is None or elapsed < 2 + 10),
+           f"finalize hang on rank {hang}: watchdog {'fired' if said else 'silent'}, job done in {elapsed:.1f} s")
+    ck = subprocess.run([args.bin, "ckpt", "verify", os.path.join(r.run_dir, "checkpoints", "step_00000003")],
+                        capture_output=True, text=True)
+    expect(ck.returncode == 0, f"finalize hang on rank {hang}: the final checkpoint verifies")
 finish()
