@@ -22,7 +22,9 @@ namespace fs = std::filesystem;
 namespace pipetrain {
 namespace {
 
-constexpr hsize_t kChunk = 1 << 20;  // tokens per HDF5 chunk
+// Tokens per HDF5 chunk: a shuffled sample reads (and with --compress inflates) one or two chunks,
+// so small chunks keep random reads cheap; 64 KiB still compresses well.
+constexpr hsize_t kChunk = 1 << 16;
 constexpr size_t kBlock = 8 << 20;   // bytes read and written at a time
 
 void write_attr(hid_t obj, const char* name, int64_t value) {
