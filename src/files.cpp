@@ -78,16 +78,17 @@ RunDirLock::~RunDirLock() {
 std::string free_space_note(const std::string& path) {
   struct statvfs st {};
   if (statvfs(path.c_str(), &st) != 0) return "free space unknown";
-  auto human = [](double b) {
-    char buf[32];
-    const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (b >= 1024 && u < 4) b /= 1024, ++u;
-    std::snprintf(buf, sizeof buf, "%.1f %s", b, unit[u]);
-    return std::string(buf);
-  };
-  return human(static_cast<double>(st.f_bavail) * st.f_frsize) + " free of " +
-         human(static_cast<double>(st.f_blocks) * st.f_frsize);
+  return human_bytes(static_cast<double>(st.f_bavail) * st.f_frsize) + " free of " +
+         human_bytes(static_cast<double>(st.f_blocks) * st.f_frsize);
+}
+
+std::string human_bytes(double b) {
+  char buf[32];
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  std::snprintf(buf, sizeof buf, "%.1f %s", b, unit[u]);
+  return buf;
 }
 
 void sync_path(const std::string& path) {

@@ -3,6 +3,8 @@
 #pragma once
 #include <hdf5.h>
 
+#include <cstdint>
+
 namespace pipetrain {
 
 // No HDF5 clean-up at exit: after a failed H5Fclose (disk full while flushing metadata) the file
@@ -28,5 +30,21 @@ struct Handle {
   Handle& operator=(const Handle&) = delete;
   operator hid_t() const { return id; }
 };
+
+// Integer attributes of a file or object: the write returns HDF5's status (< 0: failed), the
+// read -1 when the attribute is missing or unreadable.
+inline herr_t write_scalar_attr(hid_t obj, const char* name, int64_t value) {
+  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  Handle attr(H5Acreate2(obj, name, H5T_NATIVE_INT64, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  return attr < 0 ? attr : H5Awrite(attr, H5T_NATIVE_INT64, &value);
+}
+
+inline int64_t read_scalar_attr(hid_t obj, const char* name) {
+  if (H5Aexists(obj, name) <= 0) return -1;
+  Handle attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  int64_t v = -1;
+  if (H5Aread(attr, H5T_NATIVE_INT64, &v) < 0) return -1;
+  return v;
+}
 
 }  // namespace pipetrain

@@ -14,20 +14,6 @@ namespace {
   throw std::runtime_error(path + ": " + what);
 }
 
-herr_t write_scalar_attr(hid_t obj, const char* name, int64_t value) {
-  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-  Handle attr(H5Acreate2(obj, name, H5T_NATIVE_INT64, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  return attr < 0 ? attr : H5Awrite(attr, H5T_NATIVE_INT64, &value);
-}
-
-int64_t read_scalar_attr(hid_t obj, const char* name) {
-  if (H5Aexists(obj, name) <= 0) return -1;
-  Handle attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  int64_t v = -1;
-  if (H5Aread(attr, H5T_NATIVE_INT64, &v) < 0) return -1;
-  return v;
-}
-
 // Network/parallel file systems often lack the locks HDF5 1.10 takes by default; checkpoints are
 // written once and then only read, so locking buys nothing here.
 hid_t file_access(MPI_Comm group) {

@@ -28,9 +28,7 @@ constexpr hsize_t kChunk = 1 << 16;
 constexpr size_t kBlock = 8 << 20;   // bytes read and written at a time
 
 void write_attr(hid_t obj, const char* name, int64_t value) {
-  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-  Handle attr(H5Acreate2(obj, name, H5T_NATIVE_INT64, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (attr < 0 || H5Awrite(attr, H5T_NATIVE_INT64, &value) < 0) throw std::runtime_error(std::string("attribute ") + name);
+  if (write_scalar_attr(obj, name, value) < 0) throw std::runtime_error(std::string("attribute ") + name);
 }
 void write_attr(hid_t obj, const char* name, const std::string& value) {
   Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
@@ -39,13 +37,6 @@ void write_attr(hid_t obj, const char* name, const std::string& value) {
   Handle attr(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   if (attr < 0 || H5Awrite(attr, type, value.c_str()) < 0) throw std::runtime_error(std::string("attribute ") + name);
 }
-int64_t read_attr(hid_t obj, const char* name) {
-  if (H5Aexists(obj, name) <= 0) return -1;
-  Handle attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
-  int64_t v = -1;
-  return H5Aread(attr, H5T_NATIVE_INT64, &v) < 0 ? -1 : v;
-}
-
 hid_t create_dataset(hid_t file, const char* name, hsize_t n, bool compress) {
   Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
   Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
@@ -61,15 +52,6 @@ void write_range(hid_t dataset, hsize_t start, hsize_t n, const uint8_t* data) {
   Handle mem_space(H5Screate_simple(1, &n, nullptr), H5Sclose);
   if (H5Dwrite(dataset, H5T_NATIVE_UINT8, mem_space, file_space, H5P_DEFAULT, data) < 0)
     throw std::runtime_error("cannot write tokens (disk full?)");
-}
-
-std::string human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  for (; bytes >= 1024 && u < 4; ++u) bytes /= 1024;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f %s", bytes, units[u]);
-  return buf;
 }
 
 }  // namespace
@@ -135,7 +117,7 @@ std::string prepare_token_file(const PrepareOptions& opt) {
         if (got > to_train) write_range(val_ds, done + to_train - train, got - to_train, block.data() + to_train);
         done += got;
         if (total > (64ull << 20) && done >= next_report) {
-          std::fprintf(stderr, "data prepare: %s of %s\n", human(done).c_str(), human(total).c_str());
+          std::fprintf(stderr, "data prepare: %s of %s\n", human_bytes(done).c_str(), human_bytes(total).c_str());
           next_report += report_every;
         }
       }
@@ -164,8 +146,8 @@ std::string prepare_token_file(const PrepareOptions& opt) {
 TokenFile::TokenFile(const std::string& path, const std::string& dataset) : path_(path), dataset_(dataset) {
   file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (file_ < 0) throw SpecError(path + ": cannot open as an HDF5 token file (missing? made by pipetrain data prepare?)");
-  vocab_ = static_cast<int>(read_attr(file_, "vocab_size"));
-  const int64_t format = read_attr(file_, "format_version");
+  vocab_ = static_cast<int>(read_scalar_attr(file_, "vocab_size"));
+  const int64_t format = read_scalar_attr(file_, "format_version");
   if (H5Lexists(file_, dataset.c_str(), H5P_DEFAULT) <= 0 || vocab_ <= 0) {
     H5Fclose(file_);
     throw SpecError(path + ": has no token dataset /" + dataset + (vocab_ <= 0 ? " or no vocab_size" : ""));

@@ -305,18 +305,23 @@ int run_train(const TrainOptions& opt) {
 
   const size_t mb_tokens = static_cast<size_t>(b) * T;
   std::vector<int> inputs(mb_tokens), targets(mb_tokens);
+  // The executor's load_inputs for batch `index` of `data` (null on the middle stages, which never
+  // load): tokens and targets of a micro-batch are read just before its forward, so they live only
+  // as long as its other activations.
+  const auto inputs_from = [&](Dataset* data, int64_t index) {
+    return [&, data, index](int mb) {
+      data->micro_batch(index, topo.dp_rank, mb, inputs.data(), targets.data());
+      if (stage.has_embedding()) stage.set_tokens(mb, inputs.data());
+      if (stage.has_head()) stage.set_targets(mb, targets.data());
+    };
+  };
   // Validation: the schedule's forwards alone over eval.batches fixed global batches of held-out
   // samples; the mean token loss over all of them, the same on every rank and any layout.
   const ActionList eval_actions = forward_only(actions);
   const auto evaluate = [&] {
     double loss = 0;
     for (int batch = 0; batch < spec.eval.batches; ++batch) {
-      const auto load_val = [&](int mb) {
-        su.val->micro_batch(batch, topo.dp_rank, mb, inputs.data(), targets.data());
-        if (stage.has_embedding()) stage.set_tokens(mb, inputs.data());
-        if (stage.has_head()) stage.set_targets(mb, targets.data());
-      };
-      loss += executor.run(eval_actions, M, trace, load_val).loss_sum;
+      loss += executor.run(eval_actions, M, trace, inputs_from(su.val.get(), batch)).loss_sum;
     }
     comm.allreduce_world(&loss, 1);
     return loss / (static_cast<double>(spec.eval.batches) * tokens_per_step);
@@ -387,13 +392,7 @@ int run_train(const TrainOptions& opt) {
     comm.reset_wait_seconds();
     trace.span("zero grads", "compute", t0, now_s());
     reducer.begin_step();
-    // Tokens and targets of a micro-batch are read just before its forward (the executor calls
-    // this), so they live only as long as its other activations.
-    const auto load_inputs = [&](int mb) {
-      su.data->micro_batch(step, topo.dp_rank, mb, inputs.data(), targets.data());
-      if (stage.has_embedding()) stage.set_tokens(mb, inputs.data());
-      if (stage.has_head()) stage.set_targets(mb, targets.data());
-    };
+    const auto load_inputs = inputs_from(su.data.get(), step);
     const StepStats st =
         executor.run(actions, M, trace, load_inputs, D > 1 && !on_gpu ? grads_done : std::function<void(size_t)>());
     const double sync_t0 = now_s();
