@@ -6,6 +6,7 @@
 
 #include <sched.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -65,24 +66,48 @@ void wait_startup(MPI_Request& req) {
 
 }  // namespace
 
+namespace {
+double g_finalize_timeout_s = 30;
+std::string g_finalize = "auto";
+bool g_spans_nodes = false;
+}  // namespace
+
 int Comm::init(int* argc, char*** argv) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) MPI_Init(argc, argv);
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int local = 1;
+  MPI_Comm_size(node, &local);
+  MPI_Comm_free(&node);
+  g_spans_nodes = local < world_size();
   return world_size();
 }
 
-namespace {
-double g_finalize_timeout_s = 30;
+void Comm::set_finalize(const std::string& how, double timeout_s) {
+  g_finalize = how;
+  g_finalize_timeout_s = timeout_s;
 }
-
-void Comm::set_finalize_timeout(double seconds) { g_finalize_timeout_s = seconds; }
 
 void Comm::finalize(int exit_code) {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
   std::fflush(stdout), std::fflush(stderr);  // everything said and saved before it can hang
+  if (g_finalize == "skip" || (g_finalize == "auto" && g_spans_nodes)) {
+    // Every rank is past its last MPI call once the barrier completes, so leaving without
+    // MPI_Finalize loses nothing; it avoids the endpoint-close handshake that hangs.
+    MPI_Request req;
+    MPI_Ibarrier(MPI_COMM_WORLD, &req);
+    double waited = 0;
+    const double timeout = g_finalize_timeout_s > 0 ? g_finalize_timeout_s : 1e9;
+    if (!poll_until_done(req, WaitMode::yield, timeout, waited))
+      std::fprintf(stderr, "pipetrain: rank %d: the closing barrier did not complete within comm.finalize_timeout_s = %g s; "
+                           "exiting with %d (everything was saved before)\n", world_rank(), timeout, exit_code);
+    std::fflush(stderr);
+    std::_Exit(exit_code);
+  }
   if (g_finalize_timeout_s > 0) {
     const double timeout = g_finalize_timeout_s;
     const int rank = world_rank();
@@ -162,6 +187,16 @@ Comm::Comm(const Topology& topo, const std::string& wait, double timeout_s) : to
   bool tied_member = topo.pp > 1 && (topo.first_stage() || topo.last_stage());
   MPI_Comm_split(MPI_COMM_WORLD, tied_member ? topo.dp_rank : MPI_UNDEFINED, topo.stage, &tied_);
 
+  // Every rank's host name, so a timeout can say on which node the peer it waited for runs.
+  constexpr int kHostLen = 64;
+  char host[kHostLen] = "?";
+  gethostname(host, kHostLen - 1);
+  std::vector<char> all(static_cast<size_t>(kHostLen) * world_size());
+  MPI_Request req;
+  MPI_Iallgather(host, kHostLen, MPI_CHAR, all.data(), kHostLen, MPI_CHAR, MPI_COMM_WORLD, &req);
+  wait_startup(req);
+  for (int r = 0; r < world_size(); ++r) hosts_.emplace_back(&all[static_cast<size_t>(r) * kHostLen]);
+
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, topo.world_rank, MPI_INFO_NULL, &node);
   MPI_Comm_size(node, &local_ranks_);
@@ -194,16 +229,39 @@ MPI_Request Comm::irecv(float* buf, size_t n, int peer_stage, int tag) {
   return r;
 }
 
+std::string Comm::where(int world_rank) const {
+  return "rank " + std::to_string(world_rank) + " on " + hosts_[world_rank];
+}
+
 void Comm::poll(MPI_Request& req, const WaitLabel& label) {
   if (req == MPI_REQUEST_NULL) return;
   if (poll_until_done(req, mode_, timeout_s_, wait_s_)) return;
-  std::string msg = "stage " + std::to_string(topo_.stage) + " (rank " + std::to_string(topo_.world_rank) +
-                    ", dp " + std::to_string(topo_.dp_rank) + ") waited more than " + seconds(timeout_s_) +
+  std::string msg = "stage " + std::to_string(topo_.stage) + " (" + where(topo_.world_rank) + ", dp " +
+                    std::to_string(topo_.dp_rank) + ") waited more than " + seconds(timeout_s_) +
                     " (comm.timeout_s) for " + label.what;
+  const bool receiving = std::string(label.what).rfind("recv", 0) == 0;
   if (label.peer_stage >= 0)
-    msg += (std::string(label.what).rfind("recv", 0) == 0 ? " from" : " to") + std::string(" stage ") +
-           std::to_string(label.peer_stage);
+    msg += std::string(receiving ? " from" : " to") + " stage " + std::to_string(label.peer_stage) + " (" +
+           where(topo_.rank_of(label.peer_stage, topo_.dp_rank)) + ")";
+  if (label.peer_rank >= 0) msg += " with " + where(label.peer_rank);
   if (label.micro_batch >= 0) msg += ", micro-batch " + std::to_string(label.micro_batch);
+  // A collective cannot say which member is missing: name them all, with their nodes.
+  std::vector<int> members;
+  if (label.group == Group::data)
+    for (int d = 0; d < topo_.dp; ++d) members.push_back(topo_.rank_of(topo_.stage, d));
+  if (label.group == Group::tied) members = {topo_.rank_of(0, topo_.dp_rank), topo_.rank_of(topo_.pp - 1, topo_.dp_rank)};
+  if (!members.empty()) {
+    msg += "; one of its members is lost or stalled:";
+    for (int r : members) msg += (r == members.front() ? " " : ", ") + where(r);
+  }
+  if (label.group == Group::world) {
+    std::vector<std::string> nodes = hosts_;
+    std::sort(nodes.begin(), nodes.end());
+    nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+    msg += "; some rank on";
+    for (auto& n : nodes) msg += (n == nodes.front() ? " " : ", ") + n;
+    msg += " is lost or stalled";
+  }
   throw CommTimeout(msg);
 }
 
@@ -223,20 +281,20 @@ MPI_Request Comm::iallreduce_data(float* buf, size_t n) {
 void Comm::allreduce_data(double* buf, size_t n) {
   MPI_Request r;
   MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, data_, &r);
-  poll(r, {"all-reduce over the data group"});
+  poll(r, {"all-reduce over the data group", -1, -1, Group::data});
 }
 
 void Comm::allreduce_world(double* buf, size_t n) {
   MPI_Request r;
   MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &r);
-  poll(r, {"step-boundary all-reduce (gradient norm, stop signal)"});
+  poll(r, {"step-boundary all-reduce (gradient norm, stop signal)", -1, -1, Group::world});
 }
 
 void Comm::allreduce_tied(float* buf, size_t n) {
   if (tied_ == MPI_COMM_NULL) return;
   MPI_Request r;
   MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_FLOAT, MPI_SUM, tied_, &r);
-  poll(r, {"tied-embedding gradient sum between first and last stage"});
+  poll(r, {"tied-embedding gradient sum between first and last stage", -1, -1, Group::tied});
 }
 
 void Comm::gather_to_root(const double* mine, size_t n, std::vector<double>& out) {
@@ -244,7 +302,7 @@ void Comm::gather_to_root(const double* mine, size_t n, std::vector<double>& out
   MPI_Request r;
   MPI_Igather(mine, static_cast<int>(n), MPI_DOUBLE, out.data(), static_cast<int>(n), MPI_DOUBLE, 0,
               MPI_COMM_WORLD, &r);
-  poll(r, {"gather of step metrics to rank 0"});
+  poll(r, {"gather of step metrics to rank 0", -1, -1, Group::world});
 }
 
 void Comm::gather_to_root(const uint64_t* mine, size_t n, std::vector<uint64_t>& out) {
@@ -252,7 +310,7 @@ void Comm::gather_to_root(const uint64_t* mine, size_t n, std::vector<uint64_t>&
   MPI_Request r;
   MPI_Igather(mine, static_cast<int>(n), MPI_UINT64_T, out.data(), static_cast<int>(n), MPI_UINT64_T, 0,
               MPI_COMM_WORLD, &r);
-  poll(r, {"gather to rank 0"});
+  poll(r, {"gather to rank 0", -1, -1, Group::world});
 }
 
 void Comm::gather_to_root(const std::string& mine, std::vector<std::string>& out) {
@@ -264,7 +322,7 @@ void Comm::gather_to_root(const std::string& mine, std::vector<std::string>& out
   std::vector<int> lens(topo_.world_rank == 0 ? n : 0), offsets;
   MPI_Request r;
   MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD, &r);
-  poll(r, {"gather of trace sizes to rank 0"});
+  poll(r, {"gather of trace sizes to rank 0", -1, -1, Group::world});
   std::string all;
   if (topo_.world_rank == 0) {
     int total = 0;
@@ -272,7 +330,7 @@ void Comm::gather_to_root(const std::string& mine, std::vector<std::string>& out
     all.resize(total);
   }
   MPI_Igatherv(padded.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, 0, MPI_COMM_WORLD, &r);
-  poll(r, {"gather of traces to rank 0"});
+  poll(r, {"gather of traces to rank 0", -1, -1, Group::world});
   out.clear();
   for (int i = 0; i < static_cast<int>(lens.size()); ++i) out.push_back(all.substr(offsets[i], lens[i] - 1));
 }
@@ -285,7 +343,7 @@ double Comm::ping_pong(int peer, bool initiator, std::vector<char>& buf, int rep
     for (int leg = 0; leg < 2; ++leg) {
       if ((leg == 0) == initiator) MPI_Isend(buf.data(), n, MPI_CHAR, peer, tag, MPI_COMM_WORLD, &r);
       else MPI_Irecv(buf.data(), n, MPI_CHAR, peer, tag, MPI_COMM_WORLD, &r);
-      poll(r, {"smoke-test ping-pong", -1});
+      poll(r, {"smoke-test ping-pong", -1, -1, Group::none, peer});
     }
   }
   return (now_s() - t0) / reps;
@@ -294,7 +352,7 @@ double Comm::ping_pong(int peer, bool initiator, std::vector<char>& buf, int rep
 void Comm::barrier() {
   MPI_Request r;
   MPI_Ibarrier(MPI_COMM_WORLD, &r);
-  poll(r, {"barrier"});
+  poll(r, {"barrier", -1, -1, Group::world});
 }
 
 bool Comm::all_equal(uint64_t value) {

@@ -22,8 +22,9 @@ namespace fs = std::filesystem;
 namespace pipetrain {
 namespace {
 
-// Generous floors: the smoke test catches broken or badly misconfigured pieces, not slow ones.
-constexpr double kMaxLatencyS = 0.05, kMinBandwidthMiBs = 1.0;
+// Generous floors: the smoke test catches broken or badly misconfigured pieces, and links
+// kSlowFactor times worse than the best of their kind (within a node / across nodes).
+constexpr double kMaxLatencyS = 0.05, kMinBandwidthMiBs = 1.0, kSlowFactor = 4.0;
 
 struct Row {
   std::string check, where, value;
@@ -102,6 +103,12 @@ int run_smoke(const SmokeOptions& opt) {
   for (int r = 0; r < static_cast<int>(where.size()); ++r) rows.push_back({"rank", "rank " + std::to_string(r), where[r], true});
 
   // Every pipeline link, one at a time: latency of 8 B and bandwidth of 4 MiB round trips.
+  struct Link {
+    std::string where;
+    double latency_s, mib_per_s;
+    bool crosses_nodes;
+  };
+  std::vector<Link> links;
   for (int d = 0; d < topo.dp; ++d)
     for (int s = 0; s + 1 < topo.pp; ++s) {
       const int a = topo.rank_of(s, d), b = topo.rank_of(s + 1, d);
@@ -114,11 +121,24 @@ int run_smoke(const SmokeOptions& opt) {
       }
       double figures[2] = {rank == a ? lat : 0, rank == a ? bw : 0};
       comm.allreduce_world(figures, 2);  // rank 0 learns them; also keeps the links one at a time
-      const std::string link = "stage " + std::to_string(s) + "->" + std::to_string(s + 1) + " dp " + std::to_string(d) +
-                               " (ranks " + std::to_string(a) + "->" + std::to_string(b) + ")";
-      rows.push_back({"p2p latency", link, fmt("%.1f us", figures[0] * 1e6), figures[0] <= kMaxLatencyS});
-      rows.push_back({"p2p bandwidth", link, fmt("%.0f MiB/s", figures[1]), figures[1] >= kMinBandwidthMiBs});
+      const auto& host = comm.hosts();
+      const bool crosses = host[a] != host[b];
+      links.push_back({"stage " + std::to_string(s) + "->" + std::to_string(s + 1) + " dp " + std::to_string(d) +
+                           " (" + host[a] + (crosses ? "->" + host[b] : "") + ", ranks " + std::to_string(a) + "->" +
+                           std::to_string(b) + ")",
+                       figures[0], figures[1], crosses});
     }
+  // A link is slow when it is far behind the best link of its kind (within a node or across
+  // nodes): one bad cable or NIC shows up even when it still beats the absolute floors.
+  for (const Link& l : links) {
+    double best_lat = 1e30, best_bw = 0;
+    for (const Link& o : links)
+      if (o.crosses_nodes == l.crosses_nodes) best_lat = std::min(best_lat, o.latency_s), best_bw = std::max(best_bw, o.mib_per_s);
+    const bool lat_ok = l.latency_s <= kMaxLatencyS && l.latency_s <= kSlowFactor * best_lat + 1e-4;
+    const bool bw_ok = l.mib_per_s >= kMinBandwidthMiBs && l.mib_per_s * kSlowFactor >= best_bw;
+    rows.push_back({"p2p latency", l.where, fmt("%.1f us", l.latency_s * 1e6) + (lat_ok ? "" : fmt(" (best %.1f us)", best_lat * 1e6)), lat_ok});
+    rows.push_back({"p2p bandwidth", l.where, fmt("%.0f MiB/s", l.mib_per_s) + (bw_ok ? "" : fmt(" (best %.0f MiB/s)", best_bw)), bw_ok});
+  }
 
   // Every data group's all-reduce, all groups at once as in training.
   if (topo.dp > 1) {
@@ -127,7 +147,7 @@ int run_smoke(const SmokeOptions& opt) {
     for (int i = 0; i < 3; ++i) {
       MPI_Request r = comm.iallreduce_data(buf.data(), buf.size());
       std::vector<MPI_Request> reqs{r};
-      comm.wait_all(reqs, {"smoke-test all-reduce"});
+      comm.wait_all(reqs, {"smoke-test all-reduce", -1, -1, Group::data});
     }
     const double bw = 3.0 * buf.size() * sizeof(float) / (now_s() - t0) / (1 << 20);
     const bool right = buf[0] == std::pow(static_cast<float>(topo.dp), 3.0f);
@@ -186,9 +206,9 @@ int run_smoke(const SmokeOptions& opt) {
   double failures = 0;
   if (rank == 0) {
     std::printf("\npipetrain smoke: %d ranks, pp %d x dp %d, %s\n", world, topo.pp, topo.dp, launch.describe().c_str());
-    std::printf("%-16s %-44s %-40s %s\n", "check", "where", "value", "result");
+    std::printf("%-16s %-52s %-40s %s\n", "check", "where", "value", "result");
     for (auto& r : rows) {
-      std::printf("%-16s %-44s %-40s %s\n", r.check.c_str(), r.where.c_str(), r.value.c_str(), r.pass ? "ok" : "FAIL");
+      std::printf("%-16s %-52s %-40s %s\n", r.check.c_str(), r.where.c_str(), r.value.c_str(), r.pass ? "ok" : "FAIL");
       failures += r.pass ? 0 : 1;
     }
   }

@@ -258,9 +258,12 @@ std::vector<SpecKey> build_schema() {
                  "how waits poll: auto yields when ranks outnumber cores"),
       double_key("comm", "timeout_s", FIELD(double, comm.timeout_s), 0.001, 1e9,
                  "a wait longer than this is an error naming stage, peer and micro-batch"),
+      string_key("comm", "finalize", FIELD(std::string, comm.finalize), {"auto", "mpi", "skip"},
+                 "how a finished run leaves MPI: skip = barrier, then exit without MPI_Finalize (MPICH "
+                 "over UCX/TCP hangs in it with 3+ ranks across nodes); auto = skip when ranks span nodes"),
       double_key("comm", "finalize_timeout_s", FIELD(double, comm.finalize_timeout_s), 0, 1e9,
-                 "exit anyway if MPI_Finalize has not returned this long after a finished run (MPICH over "
-                 "UCX/TCP can hang there with 3+ ranks; everything is saved first); 0 = wait forever"),
+                 "exit anyway if MPI_Finalize (or skip's barrier) has not returned this long after a "
+                 "finished run; everything is saved first; 0 = wait forever"),
       double_key("comm", "bucket_mb", FIELD(double, comm.bucket_mb), 0.0625, 1e6,
                  "data-parallel gradient all-reduce bucket size (MiB)"),
   };

@@ -145,7 +145,7 @@ class GradReducer {
   }
   void finish() {
     done_from(0);
-    comm_.wait_all(reqs_, {"data-parallel gradient all-reduce"});
+    comm_.wait_all(reqs_, {"data-parallel gradient all-reduce", -1, -1, Group::data});
   }
 
  private:
@@ -235,7 +235,7 @@ int run_train(const TrainOptions& opt) {
   const int b = spec.samples_per_micro_batch(), T = spec.model.seq_len;
 
   Comm comm(topo, spec.comm.wait, spec.comm.timeout_s);
-  Comm::set_finalize_timeout(spec.comm.finalize_timeout_s);
+  Comm::set_finalize(spec.comm.finalize, spec.comm.finalize_timeout_s);
   if (int code = Comm::run_agreed([&] {
         const std::vector<int64_t> boundary = {b, T, spec.model.d_model, static_cast<int64_t>(sizeof(float))};
         if (!comm.all_equal(spec_hash(spec)) || !comm.boundary_agrees(boundary, boundary))
@@ -335,18 +335,13 @@ int run_train(const TrainOptions& opt) {
                   spec.train.global_batch, T, P, D);
     return 0;
   }
-  // Which node runs which stage and replica, and what traffic crosses nodes (collective).
-  std::vector<std::string> hosts;
-  char host[256] = "?";
-  gethostname(host, sizeof host - 1);
-  comm.gather_to_root(std::string(host), hosts);
   if (rank == 0) {
     const std::string schedule = spec.parallel.schedule + (V > 1 ? " (" + std::to_string(V) + " chunks per stage)" : "");
     std::printf("pipetrain: %d ranks = pp %d x dp %d | M=%d micro-batches of %d | schedule %s | recompute %s | "
                 "wait %s | %d BLAS thread%s per rank\n",
                 world, P, D, M, b, schedule.c_str(), spec.parallel.recompute.c_str(),
                 comm.wait_mode() == WaitMode::yield ? "yield" : "spin", blas_threads, blas_threads == 1 ? "" : "s");
-    std::printf("%s\n%s", launch.describe().c_str(), node_map(hosts, topo).c_str());
+    std::printf("%s\n%s", launch.describe().c_str(), node_map(comm.hosts(), topo).c_str());
     std::printf("partition (%s):\n%s", spec.parallel.partition.c_str(), describe_partition(spec, su.blocks).c_str());
     std::printf("run dir: %s%s%s\n", su.run_dir.c_str(), su.note.empty() ? "" : " | ", su.note.c_str());
     std::printf("peak %.1f GFLOP/s (%s), %.3g GFLOP per step | %s\n", peak_gflops,

@@ -29,23 +29,28 @@ struct AgreedExit {
 
 enum class WaitMode { spin, yield };
 
-// What a wait is for, so a timeout can say which stage, peer and micro-batch it was stuck on.
+// What a wait is for, so a timeout can say which stage, peer, node and micro-batch it was stuck on.
+enum class Group { none, data, tied, world };  // the communicator of a collective
 struct WaitLabel {
   const char* what;     // "recv activation", "send gradient", "all-reduce gradients", ...
-  int peer_stage = -1;  // -1: a collective
+  int peer_stage = -1;  // a pipeline peer of the same replica; -1: none
   int micro_batch = -1;
+  Group group = Group::none;  // a collective: its members are named on timeout
+  int peer_rank = -1;         // a peer by world rank (smoke test)
 };
 
 class Comm {
  public:
   // MPI_Init / MPI_Finalize. init() is idempotent and returns the world size.
   static int init(int* argc, char*** argv);
-  // MPI_Finalize under a watchdog: MPICH over UCX/TCP was seen to hang in it with 3+ ranks after
-  // all work was done. Output is flushed first; if finalize has not returned after the timeout
-  // (comm.finalize_timeout_s, set_finalize_timeout; 0 = wait forever) the process exits with
-  // `exit_code`, saying so.
+  // Ends MPI after a finished run. MPICH 4.0 over UCX/TCP hangs in MPI_Finalize with 3+ ranks on
+  // different nodes: a rank closing its endpoints waits for a peer that already sits in the PMI
+  // barrier. So across nodes (comm.finalize = "auto") or always ("skip") the ranks meet in a
+  // barrier and exit without MPI_Finalize; otherwise ("mpi") MPI_Finalize runs under a watchdog.
+  // Either wait is bounded by comm.finalize_timeout_s (0 = forever); output is flushed first and
+  // the process exits with `exit_code` either way, saying so if it had to give up waiting.
   static void finalize(int exit_code);
-  static void set_finalize_timeout(double seconds);
+  static void set_finalize(const std::string& how, double timeout_s);
   static int world_rank();
   static int world_size();
   [[noreturn]] static void abort(int code);
@@ -76,6 +81,8 @@ class Comm {
   WaitMode wait_mode() const { return mode_; }
   int local_ranks() const { return local_ranks_; }
   int local_rank() const { return local_rank_; }  // this rank's index among those on its node
+  // Host name of every world rank, learnt at construction (node map, timeout messages).
+  const std::vector<std::string>& hosts() const { return hosts_; }
   // Cores this rank can use without taking them from the other ranks on its node (>= 1).
   int cores_per_rank() const;
 
@@ -121,7 +128,9 @@ class Comm {
 
  private:
   void poll(MPI_Request& req, const WaitLabel& label);
+  std::string where(int world_rank) const;  // "rank 3 on node2"
   Topology topo_;
+  std::vector<std::string> hosts_;
   MPI_Comm pipe_ = MPI_COMM_NULL, data_ = MPI_COMM_NULL, tied_ = MPI_COMM_NULL;
   WaitMode mode_ = WaitMode::spin;
   int local_ranks_ = 1, local_rank_ = 0;

@@ -80,7 +80,8 @@ struct RunSpec {
     std::string wait = "auto";  // auto | spin | yield
     double timeout_s = 120;
     double bucket_mb = 4;
-    double finalize_timeout_s = 30;  // MPI_Finalize watchdog (0 = wait forever)
+    std::string finalize = "auto";   // "auto" | "mpi" | "skip": how a finished run leaves MPI
+    double finalize_timeout_s = 30;  // bound on that last wait (0 = wait forever)
   } comm;
 
   // Where each key was set ("file:line" or "--set"); keys left at their default are absent.

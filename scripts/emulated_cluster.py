@@ -1,0 +1,114 @@
+"""Python side of scripts/slurm-nodes.sh, for the multi-node tests and scripts/node-drill.py:
+brings the emulated cluster up and always down again, runs srun and sbatch against it, waits for
+jobs and reads what they wrote. Needs root (network namespaces)."""
+import json
+import os
+import re
+import subprocess
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NODES_SH = os.path.join(HERE, "slurm-nodes.sh")
+
+
+class Cluster:
+    def __init__(self, state_dir, nodes, cpus=4):
+        self.dir, self.nodes, self.cpus = os.path.abspath(state_dir), nodes, cpus
+        self.env = dict(os.environ, SLURM_CONF=os.path.join(self.dir, "slurm.conf"), OMP_NUM_THREADS="1")
+
+    def __enter__(self):
+        self.nodes_sh("up", str(self.nodes), str(self.cpus))
+        return self
+
+    def __exit__(self, *exc):
+        self.nodes_sh("down")
+
+    def nodes_sh(self, cmd, *args):
+        """slurm-nodes.sh CMD DIR ARGS...: up, down, crash, revive, link-down, link-up, slow."""
+        p = subprocess.run([NODES_SH, cmd, self.dir, *args], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"slurm-nodes.sh {cmd} {' '.join(args)}: {p.stderr.strip()}")
+        return p.stdout.strip()
+
+    def sh(self, *cmd, check=True, env=None):
+        p = subprocess.run(list(cmd), capture_output=True, text=True, env=env or self.env)
+        if check and p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)}: {p.stderr.strip()}")
+        return p.stdout.strip()
+
+    def srun(self, nodes, per_node, argv, timeout=300):
+        """One job step on `nodes` nodes, `per_node` ranks each; returns (CompletedProcess, seconds)."""
+        cmd = ["srun", f"--nodes={nodes}", f"--ntasks-per-node={per_node}", "--mpi=pmi2", "--kill-on-bad-exit=1", *argv]
+        t0 = time.time()
+        p = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=timeout)
+        return p, time.time() - t0
+
+    def sbatch(self, script, out, args=(), opts=(), env=None):
+        """Submits `script` with its output in `out`; returns the job id."""
+        return self.sh("sbatch", "--parsable", f"--output={out}", f"--chdir={os.path.dirname(out)}", *opts, script,
+                       *args, env=dict(self.env, **(env or {})))
+
+    def job(self, jid):
+        return dict(re.findall(r"(\w+)=(\S+)", self.sh("scontrol", "show", "job", jid, check=False)))
+
+    def wait_done(self, jid, timeout=600):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if not self.sh("squeue", "-h", "-j", jid, "-o", "%T", check=False):
+                return self.job(jid)
+            time.sleep(0.5)
+        self.sh("scancel", jid, check=False)
+        return {"JobState": "TIMEOUT_IN_TEST"}
+
+    def job_nodes(self, jid):
+        return self.sh("scontrol", "show", "hostnames", self.job(jid).get("NodeList", "")).split()
+
+    def node_states(self):
+        return dict(line.split() for line in self.sh("sinfo", "-h", "-N", "-o", "%N %t").splitlines())
+
+    def leftovers(self):
+        """What `down` must remove: namespaces and links of an emulated cluster, its daemons, and
+        any process left in a node's network namespace."""
+        left = [f"netns {n}" for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+                if n.startswith("ptc-")]
+        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+        left += [f"link {m}" for m in re.findall(r"^\d+: (ptc-[^:@]+)", links, re.M)]
+        root_netns = os.readlink("/proc/self/ns/net")  # callers run in the root namespace
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            if int(pid) == os.getpid():
+                continue
+            try:
+                cmdline = open(f"/proc/{pid}/cmdline").read().replace("\0", " ").strip()
+                netns = os.readlink(f"/proc/{pid}/ns/net")
+            except OSError:
+                continue
+            if self.dir in cmdline or (netns != root_netns and re.match(r"(\S*/)?(slurm\w*|pipetrain)\b", cmdline)):
+                left.append(f"pid {pid} ({cmdline})")
+        return left
+
+
+def metrics(run_dir):
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip().endswith("}")]
+
+
+def losses(run_dir):
+    return [(m["step"], m["loss"]) for m in metrics(run_dir)]
+
+
+def latest_checkpoint_step(run_dir):
+    try:
+        name = open(os.path.join(run_dir, "checkpoints", "latest")).read().strip()
+        return int(re.search(r"(\d+)$", name).group(1))
+    except (OSError, AttributeError):
+        return 0
+
+
+def max_rel_diff(a, b):
+    """Largest relative difference of two (step, loss) lists; inf if the steps differ."""
+    if [s for s, _ in a] != [s for s, _ in b]:
+        return float("inf")
+    return max((abs(x - y) / max(abs(x), abs(y), 1e-30) for (_, x), (_, y) in zip(a, b)), default=0.0)

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# An emulated multi-node Slurm 22.05 cluster on this machine: each node is a Linux network
+# namespace with its own private address on one bridge (no default route: nothing leaves the
+# machine), its own hostname, its own IPC namespace and its own slurmd; slurmctld runs in the root
+# namespace. MPI traffic between "nodes" is real TCP over the bridge. One such cluster per machine
+# (fixed names and ports); all state, logs and pid files under DIR. Needs root.
+#
+#   scripts/slurm-nodes.sh up DIR N [CPUS]      start N nodes node1..nodeN (CPUS each, default 4)
+#   scripts/slurm-nodes.sh down DIR             remove every namespace, bridge, veth and daemon
+#   scripts/slurm-nodes.sh status DIR           daemons, links and sinfo
+#   scripts/slurm-nodes.sh crash DIR NODE       power loss: link down, then SIGKILL all on NODE
+#   scripts/slurm-nodes.sh revive DIR NODE      after crash: link up, slurmd again, node resumed
+#   scripts/slurm-nodes.sh link-down DIR NODE   cut NODE's cable (processes keep running)
+#   scripts/slurm-nodes.sh link-up DIR NODE     plug it back
+#   scripts/slurm-nodes.sh slow DIR NODE RATE   limit NODE's outgoing bandwidth (e.g. 20mbit; off: no limit)
+#   scripts/slurm-nodes.sh exec DIR NODE CMD…   run CMD on NODE (its network, hostname and IPC)
+#   export SLURM_CONF=DIR/slurm.conf            then sbatch/srun/squeue/scontrol from the root namespace
+set -eEuo pipefail
+cmd=${1:-}; dir=${2:-}
+[ -n "$cmd" ] && [ -n "$dir" ] || { sed -n '2,18p' "$0"; exit 2; }
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+conf=$dir/slurm.conf
+export SLURM_CONF=$conf
+
+readonly prefix=ptc            # every namespace and link this script makes starts with it
+readonly bridge=$prefix-br subnet=10.213.0 ctl_port=6917 node_port=6918
+
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+netns_of() { echo "$prefix-$1"; }
+veth_of() { echo "$prefix-${1#node}"; }     # root-side end of NODE's cable (15-char limit)
+node_index() { [[ $1 =~ ^node([0-9]+)$ ]] || { echo "slurm-nodes: no node '$1' (names are node1..nodeN)" >&2; exit 2; }; echo "${BASH_REMATCH[1]}"; }
+need_node() {
+  local i; i=$(node_index "$1")
+  ip netns list | grep -qw "$(netns_of "$1")" || { echo "slurm-nodes: node $1 does not exist (is the cluster up?)" >&2; exit 2; }
+  echo "$i"
+}
+
+# slurmd inside NODE: `ip netns exec` gives a mount namespace with a fresh /sys, so the cgroup v1
+# tree slurmd 22.05 insists on is mounted again; `unshare --ipc` keeps UCX from using System V
+# shared memory between "nodes" (with one IPC namespace it silently does); --uts for the hostname.
+start_slurmd() {
+  local node=$1
+  ip netns exec "$(netns_of "$node")" unshare --ipc --uts -- sh -ec '
+    hostname "$1"
+    mount -t tmpfs cgroup_root /sys/fs/cgroup
+    for c in cpu cpuacct cpuset memory devices freezer pids; do
+      mkdir /sys/fs/cgroup/$c
+      mount -t cgroup -o "$c" cgroup /sys/fs/cgroup/$c 2>/dev/null || rmdir /sys/fs/cgroup/$c
+    done
+    mkdir /sys/fs/cgroup/systemd && mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd
+    mkdir -p "$2/spool/$1"
+    exec slurmd -f "$3" -N "$1" -c' sh "$node" "$dir" "$conf"
+}
+
+wait_idle() {  # NODES...: until each accepts jobs
+  local state=""
+  for _ in $(seq 1 100); do
+    state=$(sinfo -h -N -n "$(IFS=,; echo "$*")" -o %t 2>/dev/null | sort -u | tr '\n' ' ')
+    [[ $state =~ ^((idle|mix|alloc)[~#*]?\ )+$ ]] && return 0
+    sleep 0.2
+  done
+  echo "slurm-nodes: nodes $* not ready (state '${state:-?}'); see $dir/*.log" >&2
+  return 1
+}
+
+teardown() {
+  for ns in $(ip netns list | awk '{print $1}' | grep "^$prefix-" || true); do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+  done
+  if alive "$dir/slurmctld.pid"; then
+    pid=$(cat "$dir/slurmctld.pid"); kill "$pid"
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$dir/slurmctld.pid" "$dir"/slurmd.*.pid
+  for ns in $(ip netns list | awk '{print $1}' | grep "^$prefix-" || true); do
+    for _ in $(seq 1 50); do [ -z "$(ip netns pids "$ns" 2>/dev/null)" ] && break; sleep 0.1; done
+    ip netns del "$ns"
+  done
+  for link in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep "^$prefix-" || true); do
+    ip link del "$link" 2>/dev/null || true
+  done
+}
+
+case "$cmd" in
+up)
+  n=${3:-}; cpus=${4:-4}
+  [[ $n =~ ^[1-9][0-9]?$ ]] || { echo "slurm-nodes: up needs a node count 1..99, got '${n}'" >&2; exit 2; }
+  if alive "$dir/slurmctld.pid"; then echo "slurm-nodes: already up ($dir); run down first" >&2; exit 1; fi
+  teardown   # leftovers of an earlier run that died
+  trap 'echo "slurm-nodes: up failed; removing what it made" >&2; teardown' ERR
+  mkdir -p "$dir/state" "$dir/spool"
+  ip link add "$bridge" type bridge
+  ip addr add "$subnet.1/24" dev "$bridge"
+  ip link set "$bridge" up
+  nodes=()
+  for i in $(seq 1 "$n"); do
+    node=node$i; ns=$(netns_of "$node"); veth=$(veth_of "$node")
+    ip netns add "$ns"
+    ip link add "$veth" type veth peer name eth0 netns "$ns"
+    ip link set "$veth" master "$bridge" up
+    ip -n "$ns" addr add "$subnet.$((10 + i))/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+    nodes+=("NodeName=$node NodeAddr=$subnet.$((10 + i)) CPUs=$cpus State=UNKNOWN")
+  done
+  cat > "$conf" <<CONF
+# written by scripts/slurm-nodes.sh: $n emulated nodes (network namespaces) without munge or systemd
+ClusterName=pipetrain-nodes
+SlurmctldHost=localhost($subnet.1)
+SlurmctldPort=$ctl_port
+SlurmdPort=$node_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/none
+CredType=cred/none
+AuthInfo=cred_expire=10
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=pmi2
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+JobRequeue=1
+SchedulerParameters=sched_interval=2
+ReturnToService=2
+SlurmdTimeout=30
+KillWait=10
+MinJobAge=600
+InactiveLimit=0
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool/%n
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.%n.pid
+SlurmctldLogFile=$dir/slurmctld.log
+SlurmdLogFile=$dir/slurmd.%n.log
+$(printf '%s\n' "${nodes[@]}")
+PartitionName=nodes Nodes=node[1-$n] Default=YES MaxTime=INFINITE State=UP
+CONF
+  slurmctld -f "$conf" -i -c
+  for i in $(seq 1 "$n"); do start_slurmd "node$i"; done
+  wait_idle $(seq -f 'node%g' 1 "$n")
+  trap - ERR
+  echo "slurm-nodes: up, $n nodes ($dir); export SLURM_CONF=$conf" ;;
+down)
+  teardown
+  echo "slurm-nodes: down ($dir)" ;;
+status)
+  if alive "$dir/slurmctld.pid"; then echo "slurmctld: running (pid $(cat "$dir/slurmctld.pid"))"; else echo "slurmctld: stopped"; fi
+  for ns in $(ip netns list | awk '{print $1}' | grep "^$prefix-" | sort -V || true); do
+    node=${ns#"$prefix-"}
+    link=$(ip -o link show "$(veth_of "$node")" 2>/dev/null | grep -q 'state UP' && echo up || echo down)
+    if alive "$dir/slurmd.$node.pid"; then d="slurmd pid $(cat "$dir/slurmd.$node.pid")"; else d="slurmd stopped"; fi
+    echo "$node: $(ip -n "$ns" -4 -o addr show eth0 | awk '{print $4}'), link $link, $d"
+  done
+  alive "$dir/slurmctld.pid" && sinfo -N || true ;;
+crash)
+  node=${3:-}; need_node "$node" > /dev/null
+  ip link set "$(veth_of "$node")" down   # no FIN or RST reaches the peers: the node just goes silent
+  for pid in $(ip netns pids "$(netns_of "$node")"); do kill -9 "$pid" 2>/dev/null || true; done
+  rm -f "$dir/slurmd.$node.pid"
+  echo "slurm-nodes: $node crashed at $(date +%s.%N)" ;;
+revive)
+  node=${3:-}; need_node "$node" > /dev/null
+  ip link set "$(veth_of "$node")" up
+  alive "$dir/slurmd.$node.pid" || start_slurmd "$node"
+  scontrol update nodename="$node" state=resume 2>/dev/null || true   # a DOWN node else waits ~2.5 min
+  wait_idle "$node"
+  echo "slurm-nodes: $node revived" ;;
+link-down|link-up)
+  node=${3:-}; need_node "$node" > /dev/null
+  ip link set "$(veth_of "$node")" "${cmd#link-}"
+  echo "slurm-nodes: $node link ${cmd#link-} at $(date +%s.%N)" ;;
+slow)
+  node=${3:-}; rate=${4:-}; need_node "$node" > /dev/null
+  if [ "$rate" = off ]; then
+    ip netns exec "$(netns_of "$node")" tc qdisc del dev eth0 root 2>/dev/null || true
+    echo "slurm-nodes: $node sends at full speed"; exit 0
+  fi
+  [[ $rate =~ ^[0-9]+[kmg]?bit$ ]] || { echo "slurm-nodes: slow needs a rate like 20mbit or off, got '$rate'" >&2; exit 2; }
+  ip netns exec "$(netns_of "$node")" tc qdisc replace dev eth0 root tbf rate "$rate" burst 64kb latency 2s
+  echo "slurm-nodes: $node sends at most $rate" ;;
+exec)
+  node=${3:-}; need_node "$node" > /dev/null; shift 3
+  pid=$(cat "$dir/slurmd.$node.pid")   # join slurmd's namespaces: what its job steps see
+  exec nsenter -t "$pid" -n -i -u -m -- "$@" ;;
+*) echo "slurm-nodes: unknown command '$cmd'" >&2; sed -n '2,18p' "$0" >&2; exit 2 ;;
+esac

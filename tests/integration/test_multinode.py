@@ -1,0 +1,75 @@
+"""Multi-node, on an emulated 3-node Slurm cluster (scripts/slurm-nodes.sh: one network namespace,
+IPC namespace, hostname and slurmd per node; MPI over real TCP between them):
+- 2-node runs (pipeline across nodes with parallel.order = dp, data groups across nodes with
+  order = pp) and a 3-node run give the single-node mpiexec run's losses (relative 1e-5), log
+  the node map, and end at once (comm.finalize = auto leaves MPI without the MPI_Finalize that
+  hangs over UCX/TCP);
+- `pipetrain smoke` across nodes passes, and flags the links of a node whose bandwidth is cut;
+- `down` leaves no namespace, bridge, veth or daemon behind.
+Node-failure drills are scripts/node-drill.py (CTest node_drill). Exits 77 (skipped) without root."""
+import os
+import sys
+from harness import parse_args, launch, expect, finish
+
+args = parse_args()
+repo = os.path.dirname(os.path.abspath(args.configs))
+sys.path.insert(0, os.path.join(repo, "scripts"))
+from emulated_cluster import Cluster, losses, max_rel_diff  # noqa: E402
+
+if os.geteuid() != 0:
+    print("skipped: the emulated cluster needs root (network namespaces)")
+    sys.exit(77)
+tiny = os.path.join(args.configs, "tiny.toml")
+COMMON = ["run.steps=30", "log.trace_steps=0", "comm.wait=yield", "checkpoint.every_steps=0"]
+
+# (nodes, ranks per node, settings, the node map lines the log must hold)
+CASES = [
+    (2, 2, ["parallel.pp=2", "parallel.dp=2", "parallel.order=dp"],
+     ["node1: s0/d0 s0/d1", "node2: s1/d0 s1/d1", "pipeline links crossing nodes: 2 of 2 | data groups spanning nodes: 0 of 2"]),
+    (2, 2, ["parallel.pp=2", "parallel.dp=2", "parallel.order=pp"],
+     ["node1: s0/d0 s1/d0", "node2: s0/d1 s1/d1", "pipeline links crossing nodes: 0 of 2 | data groups spanning nodes: 2 of 2"]),
+    (3, 2, ["parallel.pp=3", "parallel.dp=2", "parallel.order=dp", "model.n_layer=6", "parallel.micro_batches=3",
+            "train.global_batch=12", "parallel.schedule=1f1b"],
+     ["node1: s0/d0 s0/d1", "node2: s1/d0 s1/d1", "node3: s2/d0 s2/d1",
+      "pipeline links crossing nodes: 4 of 4 | data groups spanning nodes: 0 of 3"]),
+]
+
+cluster = Cluster(os.path.join(args.work, "cluster"), 3)
+try:
+    with cluster:
+        expect(sorted(cluster.node_states().items()) == [(f"node{i}", "idle") for i in (1, 2, 3)],
+               f"3 emulated nodes idle: {cluster.node_states()}")
+        for i, (nodes, per_node, sets, node_map) in enumerate(CASES):
+            what = f"{nodes} nodes x {per_node} ranks, {' '.join(s for s in sets if 'parallel' in s)}"
+            ref = launch(args, nodes * per_node, os.path.join(args.work, f"ref_{i}"), tiny, COMMON + sets)
+            run_dir = os.path.join(args.work, f"multinode_{i}")
+            argv = [args.bin, "train", "--config", tiny, "--run-dir", run_dir, "--resume", "never"]
+            for s in COMMON + sets + ["comm.finalize_timeout_s=20"]:
+                argv += ["--set", s]
+            p, seconds = cluster.srun(nodes, per_node, argv)
+            expect(p.returncode == 0 and ref.rc == 0, f"{what}: srun and mpiexec runs exit 0 ({p.returncode}, {ref.rc}) "
+                   f"{p.stderr[-400:]}")
+            diff = max_rel_diff(losses(run_dir), losses(ref.run_dir))
+            expect(diff <= 1e-5, f"{what}: same losses as one node, max relative difference {diff:.2e}")
+            missing = [line for line in node_map if line not in p.stdout]
+            expect(not missing, f"{what}: node map logged ({missing or 'all lines'})")
+            expect(seconds < 20 and "did not return" not in p.stderr and "closing barrier" not in p.stderr,
+                   f"{what}: the job ends cleanly without waiting out a hang ({seconds:.1f} s)")
+
+        # smoke across 3 nodes: passes; with node3's bandwidth cut it fails naming node3's links.
+        smoke = [args.bin, "smoke", "--config", tiny, "--run-dir", os.path.join(args.work, "smoke"), "--set",
+                 "parallel.pp=3", "--set", "parallel.dp=2", "--set", "parallel.order=dp", "--set", "comm.wait=yield",
+                 "--set", "model.n_layer=3"]
+        p, _ = cluster.srun(3, 2, smoke)
+        expect(p.returncode == 0 and "PASS" in p.stdout and "node1->node2" in p.stdout,
+               f"smoke across 3 nodes passes and names cross-node links ({p.returncode}): {p.stdout[-300:]}")
+        cluster.nodes_sh("slow", "node3", "20mbit")
+        p, _ = cluster.srun(3, 2, smoke)
+        verdict = p.stdout[p.stdout.find("FAIL:"):]
+        expect(p.returncode != 0 and "p2p bandwidth at stage 1->2 dp 0 (node2->node3" in verdict
+               and "node1->node2" not in verdict,
+               f"smoke flags only the slowed node's links ({p.returncode}): {verdict.strip()[:300]}")
+finally:
+    left = cluster.leftovers()
+    expect(not left, f"down left nothing behind ({left})")
+finish()
