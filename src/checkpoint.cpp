@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <csignal>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -293,6 +294,7 @@ double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const s
         if (!std::all_of(v, v + n, [](float x) { return std::isfinite(x); }))
           throw std::runtime_error("checkpoint not saved: " + t.name + " holds NaN or Inf");
     }
+    if (test_stall_in_save(topo.world_rank, step)) raise(SIGSTOP);  // test-only: stop answering mid-save
     // test-only: die halfway through this rank's tensors
     const int crash_after = test_kill_in_save(topo.world_rank, step) ? static_cast<int>(tensors.size() + 1) / 2 : -1;
     const std::string error =

@@ -57,16 +57,32 @@ bool poll_until_done(MPI_Request& req, WaitMode mode, double timeout_s, double& 
   return true;
 }
 
-// Start-up collectives run before a Comm exists: poll politely with a generous timeout.
-void wait_startup(MPI_Request& req) {
-  double waited = 0;
-  if (!poll_until_done(req, WaitMode::yield, 600.0, waited))
-    throw CommTimeout("start-up collective did not complete within 600 s (a rank died or hangs)");
+// Agreements between all ranks (start-up steps, checkpoint saves) poll politely. Start-up may
+// legitimately keep a rank busy for long (data files, a big resume), so the first bound is
+// generous; a running job tightens it to comm.timeout_s so a node lost mid-save is found as fast
+// as one lost mid-step.
+double g_agree_timeout_s = 600;
+const char* g_agree_phase = "start-up";
+std::vector<std::string> g_world_hosts;  // every rank's host, once a Comm has learnt them
+
+// "; some rank on node1, node2 is lost or stalled" for a wait on all ranks.
+std::string suspects_of_world() {
+  if (g_world_hosts.empty()) return "";
+  std::vector<std::string> nodes = g_world_hosts;
+  std::sort(nodes.begin(), nodes.end());
+  nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+  std::string s = "; some rank on";
+  for (auto& n : nodes) s += (n == nodes.front() ? " " : ", ") + n;
+  return s + " is lost or stalled";
 }
 
-}  // namespace
+void wait_agreed(MPI_Request& req) {
+  double waited = 0;
+  if (!poll_until_done(req, WaitMode::yield, g_agree_timeout_s, waited))
+    throw CommTimeout(std::string("an agreement of all ranks (") + g_agree_phase + ") did not complete within " +
+                      seconds(g_agree_timeout_s) + suspects_of_world());
+}
 
-namespace {
 double g_finalize_timeout_s = 30;
 std::string g_finalize = "auto";
 bool g_spans_nodes = false;
@@ -83,6 +99,11 @@ int Comm::init(int* argc, char*** argv) {
   MPI_Comm_free(&node);
   g_spans_nodes = local < world_size();
   return world_size();
+}
+
+void Comm::set_running(double timeout_s) {
+  g_agree_timeout_s = timeout_s;
+  g_agree_phase = "a checkpoint save or step agreement; comm.timeout_s";
 }
 
 void Comm::set_finalize(const std::string& how, double timeout_s) {
@@ -151,7 +172,7 @@ Comm::Failure Comm::first_failure(int code) {
   int v[2] = {code != 0 ? world_rank() : INT_MAX, -code};  // MIN of both: lowest rank, highest code
   MPI_Request req;
   MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &req);
-  wait_startup(req);
+  wait_agreed(req);
   return v[0] == INT_MAX ? Failure{-1, 0} : Failure{v[0], -v[1]};
 }
 
@@ -194,8 +215,9 @@ Comm::Comm(const Topology& topo, const std::string& wait, double timeout_s) : to
   std::vector<char> all(static_cast<size_t>(kHostLen) * world_size());
   MPI_Request req;
   MPI_Iallgather(host, kHostLen, MPI_CHAR, all.data(), kHostLen, MPI_CHAR, MPI_COMM_WORLD, &req);
-  wait_startup(req);
+  wait_agreed(req);
   for (int r = 0; r < world_size(); ++r) hosts_.emplace_back(&all[static_cast<size_t>(r) * kHostLen]);
+  g_world_hosts = hosts_;
 
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, topo.world_rank, MPI_INFO_NULL, &node);
@@ -254,14 +276,7 @@ void Comm::poll(MPI_Request& req, const WaitLabel& label) {
     msg += "; one of its members is lost or stalled:";
     for (int r : members) msg += (r == members.front() ? " " : ", ") + where(r);
   }
-  if (label.group == Group::world) {
-    std::vector<std::string> nodes = hosts_;
-    std::sort(nodes.begin(), nodes.end());
-    nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
-    msg += "; some rank on";
-    for (auto& n : nodes) msg += (n == nodes.front() ? " " : ", ") + n;
-    msg += " is lost or stalled";
-  }
+  if (label.group == Group::world) msg += suspects_of_world();
   throw CommTimeout(msg);
 }
 

@@ -30,6 +30,8 @@ bool test_nan_at(int rank, int64_t step) {
 
 bool test_kill_in_save(int rank, int64_t step) { return hook_step("PIPETRAIN_TEST_KILL_IN_SAVE", rank) == step; }
 
+bool test_stall_in_save(int rank, int64_t step) { return hook_step("PIPETRAIN_TEST_STALL_IN_SAVE", rank) == step; }
+
 bool test_hang_in_finalize(int rank) {
   const char* v = std::getenv("PIPETRAIN_TEST_HANG_IN_FINALIZE");
   return v && std::atoi(v) == rank;

@@ -365,6 +365,7 @@ int run_train(const TrainOptions& opt) {
   GradReducer reducer(comm, on_gpu ? grad_staging : stage.grads().host(), bucket);
   const std::function<void(size_t)> grads_done = [&](size_t offset) { reducer.done_from(offset); };
 
+  Comm::set_running(spec.comm.timeout_s);
   const int stall_at_step = test_stall_step(rank);
   double max_step_s = 0, max_save_s = 1.0, max_eval_s = 0;  // for the time budget (1 s: a save not yet seen)
   int bad_steps = 0, bad_in_a_row = 0;      // steps skipped for a NaN/Inf loss or gradient

@@ -51,6 +51,9 @@ class Comm {
   // the process exits with `exit_code` either way, saying so if it had to give up waiting.
   static void finalize(int exit_code);
   static void set_finalize(const std::string& how, double timeout_s);
+  // Start-up is over: agreements of all ranks (run_agreed, checkpoint saves) now time out after
+  // `timeout_s` (comm.timeout_s) instead of start-up's 600 s.
+  static void set_running(double timeout_s);
   static int world_rank();
   static int world_size();
   [[noreturn]] static void abort(int code);

@@ -18,6 +18,10 @@ bool test_nan_at(int rank, int64_t step);
 bool test_kill_in_save(int rank, int64_t step);
 bool test_kill_in_optimizer(int rank, int64_t step);
 
+// PIPETRAIN_TEST_STALL_IN_SAVE: that rank stops itself with SIGSTOP before writing its shard of
+// checkpoint STEP, while its peers wait for the save to be agreed.
+bool test_stall_in_save(int rank, int64_t step);
+
 // PIPETRAIN_TEST_HANG_IN_FINALIZE=RANK: that rank never returns from MPI_Finalize, as MPICH over
 // UCX/TCP was seen to do with 3+ ranks; the finalize watchdog must end it.
 bool test_hang_in_finalize(int rank);

@@ -1,5 +1,5 @@
-"""A rank that stops answering (SIGSTOP via the test-only PIPETRAIN_TEST_STALL hook) makes its
-peers give up after comm.timeout_s, every surviving rank with a message naming what it waited for
+"""A rank that stops answering (SIGSTOP via the test-only PIPETRAIN_TEST_STALL hook, or
+PIPETRAIN_TEST_STALL_IN_SAVE in the middle of a checkpoint save) makes its peers give up after comm.timeout_s, every surviving rank with a message naming what it waited for
 (stage, peer, micro-batch), and the whole job is torn down within timeout + 10 s (non-zero exit,
 no rank left running) instead of hanging."""
 import os
@@ -10,16 +10,20 @@ from harness import launch, parse_args, expect, finish
 args = parse_args()
 tiny = os.path.join(args.configs, "tiny.toml")
 cases = [
-    # (stalled world rank, layout, what the waiting peer must report)
-    (0, (2, 1), ["stage 1", "recv activation from stage 0", "micro-batch 0", "comm.timeout_s"]),
+    # (hook, stalled world rank, layout, what the waiting peer must report)
+    ("STALL", 0, (2, 1), ["stage 1", "recv activation from stage 0", "micro-batch 0", "comm.timeout_s"]),
     # rank 2 (stage 0 of replica 1) is stuck on its stalled partner, sending or receiving
-    (3, (2, 2), ["stage 0 (rank 2, dp 1)", "stage 1, micro-batch"]),
+    ("STALL", 3, (2, 2), ["stage 0 (rank 2 on ", "dp 1)", "stage 1 (rank 3 on ", "micro-batch"]),
+    # stopped before writing its shard: the others wait to agree on the save, bounded by
+    # comm.timeout_s as mid-step waits are (start-up agreements allow 600 s)
+    ("STALL_IN_SAVE", 1, (2, 1), ["an agreement of all ranks (a checkpoint save", "did not complete within 2 s"]),
 ]
-for stalled, (pp, dp), needles in cases:
-    marker = os.path.join(args.work, f"stall_{stalled}_marker")
+for hook, stalled, (pp, dp), needles in cases:
+    marker = os.path.join(args.work, f"stall_{hook}_{stalled}_marker")
     cmd = [args.mpiexec, "-n", str(pp * dp), args.bin, "train", "--config", tiny, "--run-dir", marker,
-           "--set", f"parallel.pp={pp}", "--set", f"parallel.dp={dp}", "--set", "comm.timeout_s=2"]
-    env = dict(os.environ, PIPETRAIN_TEST_STALL=f"{stalled}:3")
+           "--set", f"parallel.pp={pp}", "--set", f"parallel.dp={dp}", "--set", "comm.timeout_s=2",
+           "--set", "checkpoint.every_steps=3"]
+    env = dict(os.environ, **{f"PIPETRAIN_TEST_{hook}": f"{stalled}:3"})
     t0 = time.time()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
@@ -33,9 +37,10 @@ for stalled, (pp, dp), needles in cases:
     expect(any(all(n in line for n in needles) for line in p.stderr.splitlines()),
            f"stall rank {stalled}: a peer reports {needles}: {p.stderr.strip()[:400]!r}")
     survivors = [r for r in range(pp * dp) if r != stalled]
-    reported = [r for r in survivors if f"(rank {r}, " in p.stderr]
-    expect(reported == survivors and p.stderr.count("waited more than 2 s (comm.timeout_s)") == len(survivors),
-           f"stall rank {stalled}: every surviving rank says what it waited for ({reported} of {survivors})")
+    if hook == "STALL":
+        reported = [r for r in survivors if f"(rank {r} on " in p.stderr]
+        expect(reported == survivors and p.stderr.count("waited more than 2 s (comm.timeout_s)") == len(survivors),
+               f"stall rank {stalled}: every surviving rank says what it waited for ({reported} of {survivors})")
     time.sleep(0.5)
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     expect(not left, f"stall rank {stalled}: no rank left running ({left})")
