@@ -26,25 +26,7 @@ up)
 # written by scripts/slurm-local.sh: a single-node cluster without munge or systemd
 ClusterName=pipetrain-local
 SlurmctldHost=localhost
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/none
-CredType=cred/none
-AuthInfo=cred_expire=10
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-MpiDefault=pmi2
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SlurmdParameters=config_overrides
-JobRequeue=1
-SchedulerParameters=sched_interval=2
-ReturnToService=2
-KillWait=10
-MinJobAge=600
-InactiveLimit=0
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
+$(cat "$(dirname "$0")/slurm-base.conf")
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
 SlurmctldPidFile=$dir/slurmctld.pid

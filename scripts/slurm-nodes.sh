@@ -111,26 +111,7 @@ ClusterName=pipetrain-nodes
 SlurmctldHost=localhost($subnet.1)
 SlurmctldPort=$ctl_port
 SlurmdPort=$node_port
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/none
-CredType=cred/none
-AuthInfo=cred_expire=10
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-MpiDefault=pmi2
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SlurmdParameters=config_overrides
-JobRequeue=1
-SchedulerParameters=sched_interval=2
-ReturnToService=2
-SlurmdTimeout=30
-KillWait=10
-MinJobAge=600
-InactiveLimit=0
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
+$(cat "$(dirname "$0")/slurm-base.conf")
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool/%n
 SlurmctldPidFile=$dir/slurmctld.pid
