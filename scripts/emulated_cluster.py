@@ -20,8 +20,13 @@ class Cluster:
         self.nodes_sh("up", str(self.nodes), str(self.cpus))
         return self
 
-    def __exit__(self, *exc):
-        self.nodes_sh("down")
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self.nodes_sh("down")
+        except RuntimeError as e:
+            if exc_type is None:
+                raise
+            print(f"emulated cluster: {e} (while handling {exc_type.__name__}: {exc})")  # keep the first error
 
     def nodes_sh(self, cmd, *args):
         """slurm-nodes.sh CMD DIR ARGS...: up, down, crash, revive, link-down, link-up, slow."""

@@ -12,7 +12,8 @@ jobs/train.sbatch job of 2 nodes x 2 ranks (pp 2 across the nodes x dp 2 within)
 Passing means, for every trial: the job completes, metrics.jsonl holds every step exactly once,
 the losses equal an uninterrupted single-node run's (relative 1e-5), the steps redone are only
 those after the last checkpoint, and detection (a, c) takes at most comm.timeout_s + 5 s.
-Odd trials of (a) crash the job's second node, even ones its first (the batch host). Prints one
+Odd trials of (a) crash the job's second node, even ones its first (the batch host: srun dies
+with it, so Slurm's node timeout detects that crash and requeues the job). Prints one
 line per trial and a summary; exit 0 when all passed. Needs root (exit 77 without).
 
 usage: scripts/node-drill.py [--bin build/pipetrain] [--trials 3] [--drills a,b,c] [--timeout-s 10]
@@ -40,11 +41,14 @@ ap.add_argument("--timeout-s", type=float, default=10, help="comm.timeout_s of t
 ap.add_argument("--steps", type=int, default=1500)
 ap.add_argument("--every", type=int, default=100, help="checkpoint.every_steps")
 ap.add_argument("--seed", type=int, default=int(time.time()))
-ap.add_argument("--work", default=None, help="keep runs and logs here (default: a temporary directory, removed)")
+ap.add_argument("--work", default=None, help="keep runs and logs here, emptied first (default: a temporary directory, removed)")
 a = ap.parse_args()
 if os.geteuid() != 0:
     print("node-drill: skipped, needs root (network namespaces)")
     sys.exit(77)
+unknown = set(a.drills.split(",")) - {"a", "b", "c"}
+if unknown:
+    sys.exit(f"node-drill: --drills takes a, b and c, not {','.join(sorted(unknown))}")
 rng = random.Random(a.seed)
 work = os.path.abspath(a.work or tempfile.mkdtemp(prefix="node-drill-"))
 shutil.rmtree(work, ignore_errors=True)

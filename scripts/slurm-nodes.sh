@@ -57,26 +57,40 @@ wait_idle() {  # NODES...: until each accepts jobs
   local state=""
   for _ in $(seq 1 100); do
     state=$(sinfo -h -N -n "$(IFS=,; echo "$*")" -o %t 2>/dev/null | sort -u | tr '\n' ' ')
-    [[ $state =~ ^((idle|mix|alloc)[~#*]?\ )+$ ]] && return 0
+    [[ $state =~ ^((idle|mix|alloc)\ )+$ ]] && return 0   # not idle* (not responding) or the like
     sleep 0.2
   done
   echo "slurm-nodes: nodes $* not ready (state '${state:-?}'); see $dir/*.log" >&2
   return 1
 }
 
+# Names and ports are fixed, so one emulated cluster per machine: this file holds its DIR.
+readonly owner_file=/run/pipetrain-slurm-nodes.dir
+other_cluster() {  # the DIR of a live cluster other than this one, if any
+  local other
+  other=$(cat "$owner_file" 2>/dev/null) || return 1
+  [ "$other" != "$dir" ] && alive "$other/slurmctld.pid" && echo "$other"
+}
+
+# Removes every namespace, link and daemon of the emulated cluster, whatever state it is in.
 teardown() {
-  for ns in $(ip netns list | awk '{print $1}' | grep "^$prefix-" || true); do
-    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done
+  local ns pid link
+  for _ in $(seq 1 50); do  # again and again: a dying step may still fork
+    local left=""
+    for ns in $(ip netns list | awk '{print $1}' | grep "^$prefix-" || true); do
+      for pid in $(ip netns pids "$ns" 2>/dev/null || true); do kill -9 "$pid" 2>/dev/null || true; left=1; done
+    done
+    [ -z "$left" ] && break
+    sleep 0.1
   done
   if alive "$dir/slurmctld.pid"; then
-    pid=$(cat "$dir/slurmctld.pid"); kill "$pid"
+    pid=$(cat "$dir/slurmctld.pid"); kill "$pid" 2>/dev/null || true
     for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$pid" 2>/dev/null || true
   fi
-  rm -f "$dir/slurmctld.pid" "$dir"/slurmd.*.pid
+  rm -f "$dir/slurmctld.pid" "$dir"/slurmd.*.pid "$owner_file"
   for ns in $(ip netns list | awk '{print $1}' | grep "^$prefix-" || true); do
-    for _ in $(seq 1 50); do [ -z "$(ip netns pids "$ns" 2>/dev/null)" ] && break; sleep 0.1; done
-    ip netns del "$ns"
+    ip netns del "$ns" 2>/dev/null || echo "slurm-nodes: could not remove namespace $ns" >&2
   done
   for link in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep "^$prefix-" || true); do
     ip link del "$link" 2>/dev/null || true
@@ -88,7 +102,9 @@ up)
   n=${3:-}; cpus=${4:-4}
   [[ $n =~ ^[1-9][0-9]?$ ]] || { echo "slurm-nodes: up needs a node count 1..99, got '${n}'" >&2; exit 2; }
   if alive "$dir/slurmctld.pid"; then echo "slurm-nodes: already up ($dir); run down first" >&2; exit 1; fi
+  if other=$(other_cluster); then echo "slurm-nodes: another emulated cluster is up ($other); run down on it first" >&2; exit 1; fi
   teardown   # leftovers of an earlier run that died
+  echo "$dir" > "$owner_file"
   trap 'echo "slurm-nodes: up failed; removing what it made" >&2; teardown' ERR
   mkdir -p "$dir/state" "$dir/spool"
   ip link add "$bridge" type bridge
@@ -127,6 +143,7 @@ CONF
   trap - ERR
   echo "slurm-nodes: up, $n nodes ($dir); export SLURM_CONF=$conf" ;;
 down)
+  if other=$(other_cluster); then echo "slurm-nodes: the emulated cluster that is up is $other's, not $dir's" >&2; exit 1; fi
   teardown
   echo "slurm-nodes: down ($dir)" ;;
 status)

@@ -57,10 +57,8 @@ bool poll_until_done(MPI_Request& req, WaitMode mode, double timeout_s, double& 
   return true;
 }
 
-// Agreements between all ranks (start-up steps, checkpoint saves) poll politely. Start-up may
-// legitimately keep a rank busy for long (data files, a big resume), so the first bound is
-// generous; a running job tightens it to comm.timeout_s so a node lost mid-save is found as fast
-// as one lost mid-step.
+// Agreements between all ranks (start-up steps, checkpoint saves) poll politely, bounded by what
+// the phase allows (Comm::bound_agreements): start-up may keep a rank busy for long.
 double g_agree_timeout_s = 600;
 const char* g_agree_phase = "start-up";
 std::vector<std::string> g_world_hosts;  // every rank's host, once a Comm has learnt them
@@ -71,6 +69,7 @@ std::string suspects_of_world() {
   std::vector<std::string> nodes = g_world_hosts;
   std::sort(nodes.begin(), nodes.end());
   nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+  if (nodes.size() > 8) return "; some rank on one of " + std::to_string(nodes.size()) + " nodes is lost or stalled";
   std::string s = "; some rank on";
   for (auto& n : nodes) s += (n == nodes.front() ? " " : ", ") + n;
   return s + " is lost or stalled";
@@ -85,7 +84,7 @@ void wait_agreed(MPI_Request& req) {
 
 double g_finalize_timeout_s = 30;
 std::string g_finalize = "auto";
-bool g_spans_nodes = false;
+int g_local_ranks = 1, g_local_rank = 0;  // ranks on this node, and this one's index among them
 }  // namespace
 
 int Comm::init(int* argc, char*** argv) {
@@ -93,17 +92,16 @@ int Comm::init(int* argc, char*** argv) {
   MPI_Initialized(&initialized);
   if (!initialized) MPI_Init(argc, argv);
   MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int local = 1;
-  MPI_Comm_size(node, &local);
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank(), MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &g_local_ranks);
+  MPI_Comm_rank(node, &g_local_rank);
   MPI_Comm_free(&node);
-  g_spans_nodes = local < world_size();
   return world_size();
 }
 
-void Comm::set_running(double timeout_s) {
-  g_agree_timeout_s = timeout_s;
-  g_agree_phase = "a checkpoint save or step agreement; comm.timeout_s";
+void Comm::bound_agreements(double seconds, const char* what) {
+  g_agree_timeout_s = seconds;
+  g_agree_phase = what;
 }
 
 void Comm::set_finalize(const std::string& how, double timeout_s) {
@@ -116,7 +114,7 @@ void Comm::finalize(int exit_code) {
   MPI_Finalized(&finalized);
   if (finalized) return;
   std::fflush(stdout), std::fflush(stderr);  // everything said and saved before it can hang
-  if (g_finalize == "skip" || (g_finalize == "auto" && g_spans_nodes)) {
+  if (g_finalize == "skip" || (g_finalize == "auto" && g_local_ranks < world_size())) {
     // Every rank is past its last MPI call once the barrier completes, so leaving without
     // MPI_Finalize loses nothing; it avoids the endpoint-close handshake that hangs.
     MPI_Request req;
@@ -216,17 +214,12 @@ Comm::Comm(const Topology& topo, const std::string& wait, double timeout_s) : to
   MPI_Request req;
   MPI_Iallgather(host, kHostLen, MPI_CHAR, all.data(), kHostLen, MPI_CHAR, MPI_COMM_WORLD, &req);
   wait_agreed(req);
-  for (int r = 0; r < world_size(); ++r) hosts_.emplace_back(&all[static_cast<size_t>(r) * kHostLen]);
-  g_world_hosts = hosts_;
+  g_world_hosts.clear();
+  for (int r = 0; r < world_size(); ++r) g_world_hosts.emplace_back(&all[static_cast<size_t>(r) * kHostLen]);
 
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, topo.world_rank, MPI_INFO_NULL, &node);
-  MPI_Comm_size(node, &local_ranks_);
-  MPI_Comm_rank(node, &local_rank_);
-  MPI_Comm_free(&node);
   if (wait == "spin") mode_ = WaitMode::spin;
   else if (wait == "yield") mode_ = WaitMode::yield;
-  else mode_ = local_ranks_ > cores_available() ? WaitMode::yield : WaitMode::spin;
+  else mode_ = g_local_ranks > cores_available() ? WaitMode::yield : WaitMode::spin;
 }
 
 Comm::~Comm() {
@@ -237,7 +230,10 @@ Comm::~Comm() {
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
-int Comm::cores_per_rank() const { return std::max(1, cores_available() / local_ranks_); }
+int Comm::local_ranks() const { return g_local_ranks; }
+int Comm::local_rank() const { return g_local_rank; }
+const std::vector<std::string>& Comm::hosts() const { return g_world_hosts; }
+int Comm::cores_per_rank() const { return std::max(1, cores_available() / g_local_ranks); }
 
 MPI_Request Comm::isend(const float* buf, size_t n, int peer_stage, int tag) {
   MPI_Request r;
@@ -252,7 +248,7 @@ MPI_Request Comm::irecv(float* buf, size_t n, int peer_stage, int tag) {
 }
 
 std::string Comm::where(int world_rank) const {
-  return "rank " + std::to_string(world_rank) + " on " + hosts_[world_rank];
+  return "rank " + std::to_string(world_rank) + " on " + g_world_hosts[world_rank];
 }
 
 void Comm::poll(MPI_Request& req, const WaitLabel& label) {

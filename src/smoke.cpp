@@ -85,6 +85,7 @@ int run_smoke(const SmokeOptions& opt) {
   const int world = Comm::world_size(), rank = Comm::world_rank();
   RunSpec spec;
   if (int code = Comm::run_agreed([&] { spec = smoke_spec(opt, world); })) return code;
+  Comm::set_finalize(spec.comm.finalize, spec.comm.finalize_timeout_s);
   const Topology topo = Topology::of(rank, spec.parallel.pp, spec.parallel.dp, spec.parallel.order);
   Comm comm(topo, spec.comm.wait, 30.0);
   const std::string run_dir = opt.run_dir.empty() ? spec.run.out_dir + "/smoke" : opt.run_dir;

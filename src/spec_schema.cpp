@@ -258,7 +258,7 @@ std::vector<SpecKey> build_schema() {
                  "how waits poll: auto yields when ranks outnumber cores"),
       double_key("comm", "timeout_s", FIELD(double, comm.timeout_s), 0.001, 1e9,
                  "a wait longer than this is an error naming stage, peer, node and micro-batch; after "
-                 "start-up it also bounds waits for all ranks to agree (e.g. on a checkpoint save)"),
+                 "start-up it also bounds waits for all ranks to agree (in a save: + 4x the longest save)"),
       string_key("comm", "finalize", FIELD(std::string, comm.finalize), {"auto", "mpi", "skip"},
                  "how a finished run leaves MPI: skip = barrier, then exit without MPI_Finalize (MPICH "
                  "over UCX/TCP hangs in it with 3+ ranks across nodes); auto = skip when ranks span nodes"),

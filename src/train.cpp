@@ -365,7 +365,10 @@ int run_train(const TrainOptions& opt) {
   GradReducer reducer(comm, on_gpu ? grad_staging : stage.grads().host(), bucket);
   const std::function<void(size_t)> grads_done = [&](size_t offset) { reducer.done_from(offset); };
 
-  Comm::set_running(spec.comm.timeout_s);
+  // Start-up is over: a rank that stops answering is found within comm.timeout_s wherever it stops.
+  const auto bound_step_agreements = [&] { Comm::bound_agreements(spec.comm.timeout_s, "a step agreement; comm.timeout_s"); };
+  bound_step_agreements();
+  bool saved_before = false;
   const int stall_at_step = test_stall_step(rank);
   double max_step_s = 0, max_save_s = 1.0, max_eval_s = 0;  // for the time budget (1 s: a save not yet seen)
   int bad_steps = 0, bad_in_a_row = 0;      // steps skipped for a NaN/Inf loss or gradient
@@ -476,6 +479,10 @@ int run_train(const TrainOptions& opt) {
     const int every = spec.checkpoint.every_steps;
     if (stop || done == spec.run.steps || (every > 0 && done % every == 0)) {
       const double save_t0 = now_s();
+      // A save's agreements wait for the slowest shard writer: comm.timeout_s beyond 4x the
+      // longest save so far (at least 1 s; the first save keeps start-up's 600 s).
+      Comm::bound_agreements(saved_before ? spec.comm.timeout_s + 4 * max_save_s : 600,
+                             "a checkpoint save; comm.timeout_s + 4x the longest save");
       try {
         const double secs = checkpointer.save(done, stage, adam, su.blocks);
         last_saved = done;
@@ -496,6 +503,8 @@ int run_train(const TrainOptions& opt) {
       }
       trace.span("checkpoint", "checkpoint", save_t0, now_s());
       max_save_s = std::max(max_save_s, now_s() - save_t0);
+      saved_before = true;
+      bound_step_agreements();
     }
     if (done == trace_last || (stop && done < trace_last)) write_trace(trace, comm, su.run_dir);
     if (bad_in_a_row >= spec.train.max_bad_steps) {  // every rank counts alike: all leave together

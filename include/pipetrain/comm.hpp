@@ -51,9 +51,9 @@ class Comm {
   // the process exits with `exit_code` either way, saying so if it had to give up waiting.
   static void finalize(int exit_code);
   static void set_finalize(const std::string& how, double timeout_s);
-  // Start-up is over: agreements of all ranks (run_agreed, checkpoint saves) now time out after
-  // `timeout_s` (comm.timeout_s) instead of start-up's 600 s.
-  static void set_running(double timeout_s);
+  // Agreements of all ranks (run_agreed, require_agreed) time out after `seconds` from now on,
+  // naming `what` they were for; start-up allows 600 s.
+  static void bound_agreements(double seconds, const char* what);
   static int world_rank();
   static int world_size();
   [[noreturn]] static void abort(int code);
@@ -82,10 +82,10 @@ class Comm {
 
   const Topology& topo() const { return topo_; }
   WaitMode wait_mode() const { return mode_; }
-  int local_ranks() const { return local_ranks_; }
-  int local_rank() const { return local_rank_; }  // this rank's index among those on its node
+  int local_ranks() const;  // ranks on this rank's node
+  int local_rank() const;   // this rank's index among them
   // Host name of every world rank, learnt at construction (node map, timeout messages).
-  const std::vector<std::string>& hosts() const { return hosts_; }
+  const std::vector<std::string>& hosts() const;
   // Cores this rank can use without taking them from the other ranks on its node (>= 1).
   int cores_per_rank() const;
 
@@ -133,10 +133,8 @@ class Comm {
   void poll(MPI_Request& req, const WaitLabel& label);
   std::string where(int world_rank) const;  // "rank 3 on node2"
   Topology topo_;
-  std::vector<std::string> hosts_;
   MPI_Comm pipe_ = MPI_COMM_NULL, data_ = MPI_COMM_NULL, tied_ = MPI_COMM_NULL;
   WaitMode mode_ = WaitMode::spin;
-  int local_ranks_ = 1, local_rank_ = 0;
   double timeout_s_;
   double wait_s_ = 0;
 };
