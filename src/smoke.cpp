@@ -87,7 +87,7 @@ int run_smoke(const SmokeOptions& opt) {
   if (int code = Comm::run_agreed([&] { spec = smoke_spec(opt, world); })) return code;
   Comm::set_finalize(spec.comm.finalize, spec.comm.finalize_timeout_s);
   const Topology topo = Topology::of(rank, spec.parallel.pp, spec.parallel.dp, spec.parallel.order);
-  Comm comm(topo, spec.comm.wait, 30.0);
+  Comm comm(topo, spec.comm.wait, std::min(spec.comm.timeout_s, 30.0));  // a smoke test answers fast
   const std::string run_dir = opt.run_dir.empty() ? spec.run.out_dir + "/smoke" : opt.run_dir;
   // One name for this test's scratch directories on every rank: rank 0's pid.
   double pid = rank == 0 ? getpid() : 0;

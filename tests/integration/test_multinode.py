@@ -4,7 +4,8 @@ IPC namespace, hostname and slurmd per node; MPI over real TCP between them):
   order = pp) and a 3-node run give the single-node mpiexec run's losses (relative 1e-5), log
   the node map, and end at once (comm.finalize = auto leaves MPI without the MPI_Finalize that
   hangs over UCX/TCP);
-- `pipetrain smoke` across nodes passes, and flags the links of a node whose bandwidth is cut;
+- `pipetrain smoke` across nodes passes, flags the links of a node whose bandwidth is cut, and
+  names the far end of a nearly dead link;
 - `down` leaves no namespace, bridge, veth or daemon behind.
 Node-failure drills are scripts/node-drill.py (CTest node_drill). Exits 77 (skipped) without root."""
 import os
@@ -69,6 +70,14 @@ try:
         expect(p.returncode != 0 and "p2p bandwidth at stage 1->2 dp 0 (node2->node3" in verdict
                and "node1->node2" not in verdict,
                f"smoke flags only the slowed node's links ({p.returncode}): {verdict.strip()[:300]}")
+        # A nearly dead link (1 KB/s once a 64 KiB burst is spent: start-up still works) stalls the
+        # bandwidth test; smoke's wait timeout names the link's far end.
+        cluster.nodes_sh("slow", "node3", "8kbit")
+        p, seconds = cluster.srun(3, 2, smoke + ["--set", "comm.timeout_s=5"], timeout=120)
+        named = [line for line in p.stderr.splitlines() if "smoke-test ping-pong with rank" in line and "on node3" in line]
+        expect(p.returncode != 0 and named and seconds < 5 + 30,
+               f"smoke on a broken link fails within comm.timeout_s naming it ({p.returncode}, {seconds:.0f} s): "
+               f"{named[:1] or p.stderr[-300:]}")
 finally:
     left = cluster.leftovers()
     expect(not left, f"down left nothing behind ({left})")
