@@ -29,11 +29,9 @@ readonly bridge=$prefix-br subnet=10.213.0 ctl_port=6917 node_port=6918
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 netns_of() { echo "$prefix-$1"; }
 veth_of() { echo "$prefix-${1#node}"; }     # root-side end of NODE's cable (15-char limit)
-node_index() { [[ $1 =~ ^node([0-9]+)$ ]] || { echo "slurm-nodes: no node '$1' (names are node1..nodeN)" >&2; exit 2; }; echo "${BASH_REMATCH[1]}"; }
-need_node() {
-  local i; i=$(node_index "$1")
-  ip netns list | grep -qw "$(netns_of "$1")" || { echo "slurm-nodes: node $1 does not exist (is the cluster up?)" >&2; exit 2; }
-  echo "$i"
+need_node() {  # NODE must name a node of the cluster that is up
+  [[ $1 =~ ^node[0-9]+$ ]] || { echo "slurm-nodes: no node '$1' (names are node1..nodeN)" >&2; exit 2; }
+  ip netns list | grep -qw "$(netns_of "$1")" || { echo "slurm-nodes: $1 does not exist (is the cluster up?)" >&2; exit 2; }
 }
 
 # slurmd inside NODE: `ip netns exec` gives a mount namespace with a fresh /sys, so the cgroup v1
@@ -156,24 +154,24 @@ status)
   done
   alive "$dir/slurmctld.pid" && sinfo -N || true ;;
 crash)
-  node=${3:-}; need_node "$node" > /dev/null
+  node=${3:-}; need_node "$node"
   ip link set "$(veth_of "$node")" down   # no FIN or RST reaches the peers: the node just goes silent
   for pid in $(ip netns pids "$(netns_of "$node")"); do kill -9 "$pid" 2>/dev/null || true; done
   rm -f "$dir/slurmd.$node.pid"
   echo "slurm-nodes: $node crashed at $(date +%s.%N)" ;;
 revive)
-  node=${3:-}; need_node "$node" > /dev/null
+  node=${3:-}; need_node "$node"
   ip link set "$(veth_of "$node")" up
   alive "$dir/slurmd.$node.pid" || start_slurmd "$node"
   scontrol update nodename="$node" state=resume 2>/dev/null || true   # a DOWN node else waits ~2.5 min
   wait_idle "$node"
   echo "slurm-nodes: $node revived" ;;
 link-down|link-up)
-  node=${3:-}; need_node "$node" > /dev/null
+  node=${3:-}; need_node "$node"
   ip link set "$(veth_of "$node")" "${cmd#link-}"
   echo "slurm-nodes: $node link ${cmd#link-} at $(date +%s.%N)" ;;
 slow)
-  node=${3:-}; rate=${4:-}; need_node "$node" > /dev/null
+  node=${3:-}; rate=${4:-}; need_node "$node"
   if [ "$rate" = off ]; then
     ip netns exec "$(netns_of "$node")" tc qdisc del dev eth0 root 2>/dev/null || true
     echo "slurm-nodes: $node sends at full speed"; exit 0
@@ -182,7 +180,7 @@ slow)
   ip netns exec "$(netns_of "$node")" tc qdisc replace dev eth0 root tbf rate "$rate" burst 64kb latency 2s
   echo "slurm-nodes: $node sends at most $rate" ;;
 exec)
-  node=${3:-}; need_node "$node" > /dev/null; shift 3
+  node=${3:-}; need_node "$node"; shift 3
   pid=$(cat "$dir/slurmd.$node.pid")   # join slurmd's namespaces: what its job steps see
   exec nsenter -t "$pid" -n -i -u -m -- "$@" ;;
 *) echo "slurm-nodes: unknown command '$cmd'" >&2; sed -n '2,18p' "$0" >&2; exit 2 ;;
