@@ -1,6 +1,7 @@
-"""Python side of scripts/slurm-nodes.sh, for the multi-node tests and scripts/node-drill.py:
-brings the emulated cluster up and always down again, runs srun and sbatch against it, waits for
-jobs and reads what they wrote. Needs root (network namespaces)."""
+"""Python side of scripts/slurm-nodes.sh (and of scripts/slurm-local.sh), for the Slurm tests and
+scripts/node-drill.py: brings a cluster up and always down again, runs srun and sbatch against
+it, waits for jobs and reads what they wrote. The emulated cluster needs root (network
+namespaces)."""
 import json
 import os
 import re
@@ -9,30 +10,32 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NODES_SH = os.path.join(HERE, "slurm-nodes.sh")
+LOCAL_SH = os.path.join(HERE, "slurm-local.sh")
 
 
 class Cluster:
-    def __init__(self, state_dir, nodes, cpus=4):
-        self.dir, self.nodes, self.cpus = os.path.abspath(state_dir), nodes, cpus
+    def __init__(self, state_dir, *up_args, script=NODES_SH):
+        """`script up state_dir up_args...` starts it: slurm-nodes.sh takes N [CPUS], slurm-local.sh [CPUS]."""
+        self.dir, self.up_args, self.script = os.path.abspath(state_dir), [str(a) for a in up_args], script
         self.env = dict(os.environ, SLURM_CONF=os.path.join(self.dir, "slurm.conf"), OMP_NUM_THREADS="1")
 
     def __enter__(self):
-        self.nodes_sh("up", str(self.nodes), str(self.cpus))
+        self.control("up", *self.up_args)
         return self
 
     def __exit__(self, exc_type, exc, tb):
         try:
-            self.nodes_sh("down")
+            self.control("down")
         except RuntimeError as e:
             if exc_type is None:
                 raise
-            print(f"emulated cluster: {e} (while handling {exc_type.__name__}: {exc})")  # keep the first error
+            print(f"cluster: {e} (while handling {exc_type.__name__}: {exc})")  # keep the first error
 
-    def nodes_sh(self, cmd, *args):
-        """slurm-nodes.sh CMD DIR ARGS...: up, down, crash, revive, link-down, link-up, slow."""
-        p = subprocess.run([NODES_SH, cmd, self.dir, *args], capture_output=True, text=True)
+    def control(self, cmd, *args):
+        """SCRIPT CMD DIR ARGS...: up, down; slurm-nodes.sh also crash, revive, link-down, link-up, slow."""
+        p = subprocess.run([self.script, cmd, self.dir, *args], capture_output=True, text=True)
         if p.returncode != 0:
-            raise RuntimeError(f"slurm-nodes.sh {cmd} {' '.join(args)}: {p.stderr.strip()}")
+            raise RuntimeError(f"{os.path.basename(self.script)} {cmd} {' '.join(args)}: {p.stderr.strip()}")
         return p.stdout.strip()
 
     def sh(self, *cmd, check=True, env=None):
@@ -56,7 +59,7 @@ class Cluster:
     def job(self, jid):
         return dict(re.findall(r"(\w+)=(\S+)", self.sh("scontrol", "show", "job", jid, check=False)))
 
-    def wait_done(self, jid, timeout=600):
+    def wait_done(self, jid, timeout):
         deadline = time.time() + timeout
         while time.time() < deadline:
             if not self.sh("squeue", "-h", "-j", jid, "-o", "%T", check=False):
@@ -72,8 +75,8 @@ class Cluster:
         return dict(line.split() for line in self.sh("sinfo", "-h", "-N", "-o", "%N %t").splitlines())
 
     def leftovers(self):
-        """What `down` must remove: namespaces and links of an emulated cluster, its daemons, and
-        any process left in a node's network namespace."""
+        """What `down` must remove: the daemons of this cluster and, for the emulated one, every
+        namespace, link and process left in a node's network namespace."""
         left = [f"netns {n}" for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
                 if n.startswith("ptc-")]
         links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
@@ -87,7 +90,8 @@ class Cluster:
                 netns = os.readlink(f"/proc/{pid}/ns/net")
             except OSError:
                 continue
-            if self.dir in cmdline or (netns != root_netns and re.match(r"(\S*/)?(slurm\w*|pipetrain)\b", cmdline)):
+            in_node = self.script == NODES_SH and netns != root_netns  # a process left in a node's namespace
+            if self.dir in cmdline or (in_node and re.match(r"(\S*/)?(slurm\w*|pipetrain)\b", cmdline)):
                 left.append(f"pid {pid} ({cmdline})")
         return left
 

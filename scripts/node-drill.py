@@ -98,9 +98,9 @@ def trial(cluster, drill, n, ref):
     row = {"victim": victim, "strike": strike_at}
     t0 = time.time()
     if drill == "a":
-        cluster.nodes_sh("crash", victim)
+        cluster.control("crash", victim)
     else:
-        cluster.nodes_sh("link-down", victim)
+        cluster.control("link-down", victim)
     batch_host = victim == nodes[0]
     if drill in "ac":
         # Detected when a surviving rank prints its timeout (stderr reaches the job log through
@@ -112,11 +112,11 @@ def trial(cluster, drill, n, ref):
         row["ckpt"] = latest_checkpoint_step(run_dir)
     if drill == "b":
         time.sleep(rng.uniform(2, 4))
-        cluster.nodes_sh("link-up", victim)
+        cluster.control("link-up", victim)
         row["down_s"] = time.time() - t0
     if drill == "c":
-        wait_for(lambda: False, max(0, a.timeout_s + 15 - (time.time() - t0)))  # the partition lasts a while longer
-        cluster.nodes_sh("link-up", victim)
+        time.sleep(max(0, a.timeout_s + 15 - (time.time() - t0)))  # the partition lasts a while longer
+        cluster.control("link-up", victim)
         row["down_s"] = time.time() - t0
     restarted = wait_for(lambda: "restart 1" in log(), 240, poll=0.2) if drill in "ac" else False
     row["restart_s"] = time.time() - t0 if restarted else None
@@ -167,7 +167,7 @@ def main():
                       f"loss diff {fmt(row.get('diff'), '{:.1e}')} {row['why']}", flush=True)
                 for node, state in cluster.node_states().items():  # every node back for the next trial
                     if state != "idle":
-                        cluster.nodes_sh("revive", node)
+                        cluster.control("revive", node)
     left = cluster.leftovers()
     if left:
         print(f"node drill: down left {left}")

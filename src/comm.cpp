@@ -59,7 +59,7 @@ bool poll_until_done(MPI_Request& req, WaitMode mode, double timeout_s, double& 
 
 // Agreements between all ranks (start-up steps, checkpoint saves) poll politely, bounded by what
 // the phase allows (Comm::bound_agreements): start-up may keep a rank busy for long.
-double g_agree_timeout_s = 600;
+double g_agree_timeout_s = Comm::kStartupAgreementS;
 const char* g_agree_phase = "start-up";
 std::vector<std::string> g_world_hosts;  // every rank's host, once a Comm has learnt them
 

@@ -480,8 +480,8 @@ int run_train(const TrainOptions& opt) {
     if (stop || done == spec.run.steps || (every > 0 && done % every == 0)) {
       const double save_t0 = now_s();
       // A save's agreements wait for the slowest shard writer: comm.timeout_s beyond 4x the
-      // longest save so far (at least 1 s; the first save keeps start-up's 600 s).
-      Comm::bound_agreements(saved_before ? spec.comm.timeout_s + 4 * max_save_s : 600,
+      // longest save so far (at least 1 s; the first save keeps start-up's bound).
+      Comm::bound_agreements(saved_before ? spec.comm.timeout_s + 4 * max_save_s : Comm::kStartupAgreementS,
                              "a checkpoint save; comm.timeout_s + 4x the longest save");
       try {
         const double secs = checkpointer.save(done, stage, adam, su.blocks);

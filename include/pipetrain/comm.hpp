@@ -52,8 +52,9 @@ class Comm {
   static void finalize(int exit_code);
   static void set_finalize(const std::string& how, double timeout_s);
   // Agreements of all ranks (run_agreed, require_agreed) time out after `seconds` from now on,
-  // naming `what` they were for; start-up allows 600 s.
+  // naming `what` they were for; start-up allows kStartupAgreementS.
   static void bound_agreements(double seconds, const char* what);
+  static constexpr double kStartupAgreementS = 600;
   static int world_rank();
   static int world_size();
   [[noreturn]] static void abort(int code);

@@ -64,7 +64,7 @@ try:
         p, _ = cluster.srun(3, 2, smoke)
         expect(p.returncode == 0 and "PASS" in p.stdout and "node1->node2" in p.stdout,
                f"smoke across 3 nodes passes and names cross-node links ({p.returncode}): {p.stdout[-300:]}")
-        cluster.nodes_sh("slow", "node3", "20mbit")
+        cluster.control("slow", "node3", "20mbit")
         p, _ = cluster.srun(3, 2, smoke)
         verdict = p.stdout[p.stdout.find("FAIL:"):]
         expect(p.returncode != 0 and "p2p bandwidth at stage 1->2 dp 0 (node2->node3" in verdict
@@ -72,7 +72,7 @@ try:
                f"smoke flags only the slowed node's links ({p.returncode}): {verdict.strip()[:300]}")
         # A nearly dead link (1 KB/s once a 64 KiB burst is spent: start-up still works) stalls the
         # bandwidth test; smoke's wait timeout names the link's far end.
-        cluster.nodes_sh("slow", "node3", "8kbit")
+        cluster.control("slow", "node3", "8kbit")
         p, seconds = cluster.srun(3, 2, smoke + ["--set", "comm.timeout_s=5"], timeout=120)
         named = [line for line in p.stderr.splitlines() if "smoke-test ping-pong with rank" in line and "on node3" in line]
         expect(p.returncode != 0 and named and seconds < 5 + 30,

@@ -6,54 +6,30 @@ requeueing with no step lost; jobs/smoke.sbatch passes, and fails naming a broke
 directory."""
 import os
 import re
-import subprocess
+import sys
 import time
 from harness import parse_args, launch, expect, finish
 
 args = parse_args()
 repo = os.path.dirname(os.path.abspath(args.configs))
+sys.path.insert(0, os.path.join(repo, "scripts"))
+from emulated_cluster import LOCAL_SH, Cluster, losses  # noqa: E402
+
 tiny = os.path.join(args.configs, "tiny.toml")
-cluster = os.path.join(args.work, "cluster")
-env = dict(os.environ, SLURM_CONF=os.path.join(cluster, "slurm.conf"), PIPETRAIN=args.bin, CONFIG=tiny)
+cluster = Cluster(os.path.join(args.work, "cluster"), script=LOCAL_SH)
 runs = os.path.join(args.work, "runs")
-
-
-def sh(*cmd, check=True):
-    p = subprocess.run(list(cmd), capture_output=True, text=True, env=env)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{cmd}: {p.stderr.strip()}")
-    return p.stdout.strip()
 
 
 def submit(script, name, *train_args, sbatch=(), lead=None):
     out = os.path.join(args.work, f"{name}.out")
+    env = {"PIPETRAIN": args.bin, "CONFIG": tiny}  # sbatch passes the environment on to the job
     if lead is not None:
-        env["LEAD"] = str(lead)  # sbatch passes the environment on to the job
-    jid = sh("sbatch", "--parsable", f"--output={out}", f"--chdir={args.work}", *sbatch,
-             os.path.join(repo, "jobs", script), *train_args)
-    env.pop("LEAD", None)
-    return jid, out
-
-
-def job(jid):
-    text = sh("scontrol", "show", "job", jid)
-    return {k: v for k, v in re.findall(r"(\w+)=(\S+)", text)}
+        env["LEAD"] = str(lead)
+    return cluster.sbatch(os.path.join(repo, "jobs", script), out, train_args, sbatch, env=env), out
 
 
 def wait_done(jid, timeout=300):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        state = sh("squeue", "-h", "-j", jid, "-o", "%T", check=False)
-        if not state:
-            return job(jid)
-        time.sleep(0.5)
-    sh("scancel", jid, check=False)
-    return {"JobState": "TIMEOUT_IN_TEST"}
-
-
-def losses(run_dir):
-    import json
-    return [(m["step"], m["loss"]) for m in (json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl")))]
+    return cluster.wait_done(jid, timeout)
 
 
 def train_args(name, steps):
@@ -61,68 +37,65 @@ def train_args(name, steps):
             "--set", f"run.name={name}", "--set", f"run.out_dir={runs}", "--set", "log.trace_steps=0"]
 
 
-up = subprocess.run([os.path.join(repo, "scripts", "slurm-local.sh"), "up", cluster], capture_output=True, text=True)
-expect(up.returncode == 0, f"local cluster up: {up.stdout.strip()} {up.stderr.strip()}")
 try:
-    # 1. train.sbatch under srun vs the same run under mpiexec
-    jid, out = submit("train.sbatch", "plain", *train_args("plain", 20))
-    info = wait_done(jid)
-    expect(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0", f"train.sbatch 2x2 completes: {info.get('JobState')} {info.get('ExitCode')}")
-    ref = launch(args, 4, os.path.join(args.work, "ref_plain"), tiny, [s for s in train_args("plain", 20)[1::2]])
-    expect(ref.rc == 0 and losses(os.path.join(runs, "plain")) == losses(ref.run_dir), "srun run's losses equal the mpiexec run's")
-    expect("Slurm job " + jid in open(out).read(), "the job log names the Slurm job")
+    with cluster:
+        # 1. train.sbatch under srun vs the same run under mpiexec
+        jid, out = submit("train.sbatch", "plain", *train_args("plain", 20))
+        info = wait_done(jid)
+        expect(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0", f"train.sbatch 2x2 completes: {info.get('JobState')} {info.get('ExitCode')}")
+        ref = launch(args, 4, os.path.join(args.work, "ref_plain"), tiny, [s for s in train_args("plain", 20)[1::2]])
+        expect(ref.rc == 0 and losses(os.path.join(runs, "plain")) == losses(ref.run_dir), "srun run's losses equal the mpiexec run's")
+        expect("Slurm job " + jid in open(out).read(), "the job log names the Slurm job")
 
-    STEPS = 3000  # ~30 s of work here: more than one 15 s launch on any machine this runs on
-    ref = launch(args, 4, os.path.join(args.work, "ref_long"), tiny, [s for s in train_args("long", STEPS)[1::2]])
-    expect(ref.rc == 0, "uninterrupted mpiexec reference run")
-    ref_losses = losses(ref.run_dir)
+        STEPS = 3000  # ~30 s of work here: more than one 15 s launch on any machine this runs on
+        ref = launch(args, 4, os.path.join(args.work, "ref_long"), tiny, [s for s in train_args("long", STEPS)[1::2]])
+        expect(ref.rc == 0, "uninterrupted mpiexec reference run")
+        ref_losses = losses(ref.run_dir)
 
-    # 2. Preemption drill: USR1 to the batch script mid-run -> checkpoint -> requeue -> resume.
-    jid, out = submit("train.sbatch", "preempt", *train_args("preempt", STEPS))
-    metrics = os.path.join(runs, "preempt", "metrics.jsonl")
-    deadline = time.time() + 120
-    while time.time() < deadline and not (os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 100):
-        time.sleep(0.2)
-    sh("scancel", "--batch", "--signal=USR1", jid)
-    info = wait_done(jid)
-    log = open(out).read()
-    expect(info.get("JobState") == "COMPLETED" and info.get("Restarts") == "1",
-           f"preempted job requeued once and completed: {info.get('JobState')} restarts {info.get('Restarts')}")
-    expect("restart 1" in log and "resumed from" in log, "second start ran with SLURM_RESTART_COUNT=1 and resumed")
-    got = losses(os.path.join(runs, "preempt"))
-    expect([s for s, _ in got] == list(range(1, STEPS + 1)), "every step logged exactly once")
-    expect(got == ref_losses, f"same losses as the uninterrupted run (final {got[-1][1]} vs {ref_losses[-1][1]})")
+        # 2. Preemption drill: USR1 to the batch script mid-run -> checkpoint -> requeue -> resume.
+        jid, out = submit("train.sbatch", "preempt", *train_args("preempt", STEPS))
+        metrics = os.path.join(runs, "preempt", "metrics.jsonl")
+        deadline = time.time() + 120
+        while time.time() < deadline and not (os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 100):
+            time.sleep(0.2)
+        cluster.sh("scancel", "--batch", "--signal=USR1", jid)
+        info = wait_done(jid)
+        log = open(out).read()
+        expect(info.get("JobState") == "COMPLETED" and info.get("Restarts") == "1",
+               f"preempted job requeued once and completed: {info.get('JobState')} restarts {info.get('Restarts')}")
+        expect("restart 1" in log and "resumed from" in log, "second start ran with SLURM_RESTART_COUNT=1 and resumed")
+        got = losses(os.path.join(runs, "preempt"))
+        expect([s for s, _ in got] == list(range(1, STEPS + 1)), "every step logged exactly once")
+        expect(got == ref_losses, f"same losses as the uninterrupted run (final {got[-1][1]} vs {ref_losses[-1][1]})")
 
-    # 3. Time-limit drill: 1-minute limit, USR1 45 s before it; pipetrain's budget (time left - 45 s)
-    #    stops each launch in time, the job requeues until the run is done.
-    jid, out = submit("train.sbatch", "timelimit", *train_args("timelimit", STEPS),
-                      sbatch=["--time=1", "--signal=B:USR1@45"], lead=45)
-    info = wait_done(jid, timeout=600)
-    log = open(out).read()
-    expect(info.get("JobState") == "COMPLETED" and int(info.get("Restarts", 0)) >= 1,
-           f"time-limited job checkpointed, requeued and completed: {info.get('JobState')} restarts {info.get('Restarts')}")
-    # Slurm writes "CANCELLED ... DUE TO JOB REQUEUE" on every requeue; a kill at the limit reads
-    # "DUE TO TIME LIMIT". Whichever came first, Slurm's USR1 or pipetrain's budget, it stopped in time.
-    expect("DUE TO TIME LIMIT" not in log and "exit 3" in log, "checkpointed before the limit, never killed by it")
-    got = losses(os.path.join(runs, "timelimit"))
-    expect([s for s, _ in got] == list(range(1, STEPS + 1)) and got == ref_losses, "no step lost, same losses")
+        # 3. Time-limit drill: 1-minute limit, USR1 45 s before it; pipetrain's budget (time left - 45 s)
+        #    stops each launch in time, the job requeues until the run is done.
+        jid, out = submit("train.sbatch", "timelimit", *train_args("timelimit", STEPS),
+                          sbatch=["--time=1", "--signal=B:USR1@45"], lead=45)
+        info = wait_done(jid, timeout=600)
+        log = open(out).read()
+        expect(info.get("JobState") == "COMPLETED" and int(info.get("Restarts", 0)) >= 1,
+               f"time-limited job checkpointed, requeued and completed: {info.get('JobState')} restarts {info.get('Restarts')}")
+        # Slurm writes "CANCELLED ... DUE TO JOB REQUEUE" on every requeue; a kill at the limit reads
+        # "DUE TO TIME LIMIT". Whichever came first, Slurm's USR1 or pipetrain's budget, it stopped in time.
+        expect("DUE TO TIME LIMIT" not in log and "exit 3" in log, "checkpointed before the limit, never killed by it")
+        got = losses(os.path.join(runs, "timelimit"))
+        expect([s for s, _ in got] == list(range(1, STEPS + 1)) and got == ref_losses, "no step lost, same losses")
 
-    # 4. smoke.sbatch: passes on the healthy cluster, fails naming a broken checkpoint directory.
-    jid, out = submit("smoke.sbatch", "smoke_ok", "--set", f"run.out_dir={runs}")
-    info = wait_done(jid)
-    log = open(out).read()
-    expect(info.get("ExitCode") == "0:0" and "PASS" in log, f"smoke.sbatch passes ({info.get('ExitCode')})")
-    broken = os.path.join(args.work, "broken")
-    os.makedirs(broken)
-    open(os.path.join(broken, "checkpoints"), "w").write("a file where the checkpoint directory should be")
-    jid, out = submit("smoke.sbatch", "smoke_broken", "--run-dir", broken)
-    info = wait_done(jid)
-    log = open(out).read()
-    expect(info.get("ExitCode") != "0:0" and re.search(r"FAIL:.*checkpoint I/O", log) is not None and "broken/checkpoints" in log,
-           f"smoke.sbatch fails naming the checkpoint directory ({info.get('ExitCode')}): {log[-300:]!r}")
+        # 4. smoke.sbatch: passes on the healthy cluster, fails naming a broken checkpoint directory.
+        jid, out = submit("smoke.sbatch", "smoke_ok", "--set", f"run.out_dir={runs}")
+        info = wait_done(jid)
+        log = open(out).read()
+        expect(info.get("ExitCode") == "0:0" and "PASS" in log, f"smoke.sbatch passes ({info.get('ExitCode')})")
+        broken = os.path.join(args.work, "broken")
+        os.makedirs(broken)
+        open(os.path.join(broken, "checkpoints"), "w").write("a file where the checkpoint directory should be")
+        jid, out = submit("smoke.sbatch", "smoke_broken", "--run-dir", broken)
+        info = wait_done(jid)
+        log = open(out).read()
+        expect(info.get("ExitCode") != "0:0" and re.search(r"FAIL:.*checkpoint I/O", log) is not None and "broken/checkpoints" in log,
+               f"smoke.sbatch fails naming the checkpoint directory ({info.get('ExitCode')}): {log[-300:]!r}")
 finally:
-    down = subprocess.run([os.path.join(repo, "scripts", "slurm-local.sh"), "down", cluster], capture_output=True, text=True)
-    expect(down.returncode == 0, "local cluster stopped")
-    left = subprocess.run(["pgrep", "-f", cluster], capture_output=True, text=True).stdout.split()
+    left = cluster.leftovers()
     expect(not left, f"no slurm daemon of this test left running ({left})")
 finish()
