@@ -10,16 +10,16 @@
 #include <string>
 #include <vector>
 
-#include "pipetrain/checkpoint.hpp"
-#include "pipetrain/comm.hpp"
-#include "pipetrain/config.hpp"
-#include "pipetrain/generate.hpp"
-#include "pipetrain/plan.hpp"
-#include "pipetrain/report.hpp"
-#include "pipetrain/signals.hpp"
-#include "pipetrain/smoke.hpp"
-#include "pipetrain/token_file.hpp"
-#include "pipetrain/train.hpp"
+#include "pipetrain/ckpt/checkpoint.hpp"
+#include "pipetrain/dist/comm.hpp"
+#include "pipetrain/config/spec.hpp"
+#include "pipetrain/tools/generate.hpp"
+#include "pipetrain/pipeline/plan.hpp"
+#include "pipetrain/tools/report.hpp"
+#include "pipetrain/dist/signals.hpp"
+#include "pipetrain/tools/smoke.hpp"
+#include "pipetrain/data/token_file.hpp"
+#include "pipetrain/train/train.hpp"
 
 namespace po = boost::program_options;
 using namespace pipetrain;
@@ -65,7 +65,7 @@ int run_mpi(const std::function<int()>& body) {
   try {
     code = body();
   } catch (const AgreedExit& e) {
-    code = e.code;  // every rank agreed; the message was printed once
+    code = static_cast<int>(e.code);  // every rank agreed; the message was printed once
   } catch (const CommTimeout& e) {
     std::fprintf(stderr, "pipetrain: fault: %s\n", e.what());
     std::fflush(stderr);

@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "pipetrain/checkpoint.hpp"
-#include "pipetrain/config.hpp"
+#include "pipetrain/ckpt/checkpoint.hpp"
+#include "pipetrain/config/spec.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "pipetrain/config.hpp"
+#include "pipetrain/config/spec.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

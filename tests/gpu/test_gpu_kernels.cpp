@@ -11,11 +11,11 @@
 #include <random>
 #include <vector>
 
-#include "pipetrain/gpu.hpp"
-#include "pipetrain/gpu_kernels.hpp"
-#include "pipetrain/kernels.hpp"
-#include "pipetrain/model.hpp"
-#include "pipetrain/optim.hpp"
+#include "pipetrain/compute/gpu.hpp"
+#include "pipetrain/compute/gpu_kernels.hpp"
+#include "pipetrain/compute/kernels.hpp"
+#include "pipetrain/model/model.hpp"
+#include "pipetrain/model/optim.hpp"
 
 using namespace pipetrain;
 using Vec = std::vector<float>;

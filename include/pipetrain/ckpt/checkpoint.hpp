@@ -1,0 +1,102 @@
+// Checkpoints: RUN_DIR/checkpoints/step_NNNNNNNN/{manifest.json, stage_SSS.h5, ...} plus
+// RUN_DIR/checkpoints/latest naming the newest complete one.
+//
+// Atomic: shards and manifest are written into .tmp_step_NNNNNNNN, fsynced, and the directory is
+// renamed into place; only then is `latest` replaced (write + fsync + rename). A step_* directory
+// therefore always holds a complete checkpoint, and a crash at any moment leaves the previous one
+// usable. Tensors are keyed by global names, so any pp x dp layout of the same model can load them.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "pipetrain/dist/comm.hpp"
+#include "pipetrain/config/spec.hpp"
+#include "pipetrain/model/model.hpp"
+#include "pipetrain/model/optim.hpp"
+
+namespace pipetrain {
+
+struct Manifest {
+  int format = 0;
+  int64_t step = 0;
+  std::string spec_hash;
+  std::map<std::string, std::string> spec;  // every spec key -> its value as TOML text
+  int pp = 0, dp = 0;
+  int virtual_stages = 1;      // chunks per stage (interleaved schedule); shard s holds all of stage s's
+  std::vector<int> partition;  // blocks per virtual stage (pp x virtual_stages entries)
+  int64_t samples_consumed = 0;  // data position: global samples step*global_batch done
+  int64_t optimizer_steps = 0;   // AdamW updates applied: step minus the steps skipped as non-finite
+  struct Shard {
+    std::string file;
+    uint64_t bytes = 0, checksum = 0;
+    std::vector<std::string> tensors;
+  };
+  std::vector<Shard> shards;
+  double write_s = 0;
+
+  std::string to_json() const;
+  // Reads DIR/manifest.json; throws SpecError naming the file on anything malformed.
+  static Manifest read(const std::string& dir);
+  static Manifest parse(const std::string& text, const std::string& path);
+};
+
+// Checks DIR against its manifest: every shard (those with index % parts == part) present, of the
+// recorded size and checksum. Returns "" when fine, else what is wrong (naming the file).
+std::string verify_checkpoint(const std::string& dir, int part = 0, int parts = 1);
+
+// The spec keys a checkpoint must agree on to be loaded (model shape, data stream, batch).
+// Returns "" or a message naming the first key that differs.
+std::string incompatibility(const Manifest& m, const RunSpec& spec);
+
+// The spec a checkpoint was saved with (its manifest), as `pipetrain eval` starts from without
+// --config: laid out as pp 1 x dp world_size, uniform partition, gpipe, unless `overrides` (applied
+// after) say otherwise. SpecError naming the manifest or the key.
+RunSpec spec_of_checkpoint(const std::string& dir, const std::vector<std::string>& overrides, int world_size);
+
+// Reads `params` by name from a checkpoint's shards into flat buffers at their offsets (exp_avg
+// and exp_avg_sq may be null: the moments are skipped). Any process, no MPI. SpecError naming a
+// missing tensor or a shard that does not fit.
+void read_checkpoint_tensors(const std::string& dir, const std::vector<ParamTensor>& params, float* weights,
+                             float* exp_avg, float* exp_avg_sq);
+
+// Keys that may change on resume but change the run (LR schedule, optimizer): "key old -> new".
+std::vector<std::string> changed_training_keys(const Manifest& m, const RunSpec& spec);
+
+class Checkpointer {
+ public:
+  Checkpointer(const RunSpec& spec, const std::string& run_dir, Comm& comm);
+  std::string dir() const { return dir_; }
+
+  // Collective over all ranks: writes checkpoint `step`. Returns the seconds it took. Throws
+  // AgreedExit on every rank if any rank failed (the failing rank has said why); what it wrote
+  // is removed and the previous checkpoints are untouched.
+  double save(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition);
+
+  // Collective: the verified checkpoint to resume from for --resume auto | never | PATH, or ""
+  // for a fresh start. With auto, a corrupt newest checkpoint falls back to the one before (and
+  // says so); none usable at all is a SpecError, as is a bad PATH.
+  std::string select(const std::string& resume);
+
+  // Loads this rank's tensors and optimizer state from a selected checkpoint; returns its step.
+  int64_t load(const std::string& dir, Stage& stage, AdamW& opt);
+
+  // Rank 0, after resuming at `step`: checkpoints of this run newer than it belong to a future
+  // that will now be recomputed; they are renamed step_N.discardedK (kept, never loaded again).
+  void discard_newer_than(int64_t step);
+
+ private:
+  double write(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition, const std::string& tmp);
+  void publish(const std::string& tmp, const std::string& final_dir, const std::string& name);
+  void set_aside(const std::string& path);
+  const RunSpec& spec_;
+  std::string dir_;
+  Comm& comm_;
+};
+
+// `pipetrain ckpt inspect|verify PATH` (no MPI): exit codes 0 / 2.
+int ckpt_inspect(const std::string& path);
+int ckpt_verify(const std::string& path);
+
+}  // namespace pipetrain

@@ -1,0 +1,112 @@
+// Run spec: what the user asked for, read from TOML plus --set overrides, checked before anything
+// is allocated. The schema (every key, its type, default and doc) lives in spec_schema.cpp so that
+// parsing, validation, the resolved config.toml and the README reference all come from one table.
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "pipetrain/util/errors.hpp"
+
+namespace pipetrain {
+
+struct RunSpec {
+  struct Run {
+    std::string name = "tiny";
+    std::string out_dir = "runs";
+    int64_t seed = 1234;
+    int steps = 100;
+    double time_limit = 0;  // seconds this launch may run; stops with a checkpoint before (0 = none)
+    std::string device = "cpu";  // cpu | gpu
+  } run;
+  struct Model {
+    int n_layer = 4;
+    int d_model = 64;
+    int n_head = 4;
+    int seq_len = 32;
+    int vocab = 256;
+    std::string dtype = "fp32";  // fp32 | bf16 (matrix-product inputs on the GPU)
+    bool tie_embeddings = true;
+  } model;
+  struct Data {
+    std::string source = "synthetic";  // synthetic | text
+    std::string path;                  // file for source = text
+    bool shuffle = true;
+  } data;
+  struct Parallel {
+    int pp = 1;
+    int dp = 1;
+    int micro_batches = 4;
+    std::string schedule = "gpipe";
+    int virtual_stages = 1;             // model chunks per rank (interleaved schedule)
+    std::string order = "pp";           // pp: a pipeline's stages are consecutive ranks | dp: a stage's replicas are
+    std::string partition = "uniform";  // uniform | balanced | explicit (blocks_per_stage set)
+    std::vector<int> blocks_per_stage;  // explicit partition, one entry per (virtual) stage
+    std::string recompute = "none";     // none | stage | block
+    int threads_per_rank = 0;           // BLAS threads per rank; 0 = OPENBLAS_NUM_THREADS or cores / ranks per node
+  } parallel;
+  struct Train {
+    int global_batch = 16;
+    double lr = 3e-3;
+    double min_lr = 3e-4;
+    int warmup_steps = 5;
+    double weight_decay = 0.1;
+    double beta1 = 0.9;
+    double beta2 = 0.95;
+    double eps = 1e-8;
+    double grad_clip = 1.0;
+    int max_bad_steps = 5;  // consecutive steps with a non-finite loss or gradient before the run stops
+  } train;
+  struct Eval {
+    int every_steps = 0;  // validation loss every N steps and at the end (0 = never)
+    int batches = 4;      // global batches of validation samples, the same ones every time
+  } eval;
+  struct Checkpoint {
+    int every_steps = 50;  // also saved at the end of the run and on a stop signal
+    int keep_last = 3;     // 0 keeps all
+    std::string on_error = "warn";  // a failed save: warn and train on | stop (exit 1)
+  } checkpoint;
+  struct Log {
+    int every_steps = 1;
+    double peak_gflops = 0;  // per rank, for MFU; 0 = measure sgemm at start
+    int trace_steps = 3;     // steps of each launch recorded in trace.json (0 = none)
+  } log;
+  struct Comm {
+    std::string backend = "mpi";
+    std::string wait = "auto";  // auto | spin | yield
+    double timeout_s = 120;
+    double bucket_mb = 4;
+    std::string finalize = "auto";   // "auto" | "mpi" | "skip": how a finished run leaves MPI
+    double finalize_timeout_s = 30;  // bound on that last wait (0 = wait forever)
+  } comm;
+
+  // Where each key was set ("file:line" or "--set"); keys left at their default are absent.
+  std::vector<std::pair<std::string, std::string>> origins;
+  std::string origin(const std::string& dotted_key) const;
+
+  // Derived sizes (valid after validation).
+  int head_dim() const { return model.d_model / model.n_head; }
+  int samples_per_micro_batch() const { return train.global_batch / (parallel.dp * parallel.micro_batches); }
+};
+
+// Reads `path` (empty: built-in defaults), applies "section.key=value" overrides, validates.
+// world_size > 0 also checks pp × dp against it. Throws SpecError naming key and file:line.
+RunSpec load_spec(const std::string& path, const std::vector<std::string>& overrides, int world_size);
+// The same for spec text already read; `path` names it in messages (empty: defaults, text unused).
+RunSpec parse_spec(const std::string& text, const std::string& path, const std::vector<std::string>& overrides,
+                   int world_size);
+
+// Checks ranges and combinations; called by load_spec, exposed for tests.
+void validate_spec(const RunSpec& spec, int world_size);
+
+// The resolved spec as TOML text with every key, each followed by its doc as a comment.
+std::string resolved_toml(const RunSpec& spec);
+
+// Stable 64-bit hash of the resolved spec, so ranks can check they agree.
+uint64_t spec_hash(const RunSpec& spec);
+
+// Markdown table of all keys (section, key, default, meaning) for the README.
+std::string spec_reference_markdown();
+
+}  // namespace pipetrain

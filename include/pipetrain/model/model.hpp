@@ -1,0 +1,200 @@
+// The GPT slice one rank owns: one chunk of contiguous blocks (several under the interleaved
+// schedule, see partition.hpp), plus the embeddings on the first virtual stage and the final
+// LayerNorm + LM head + loss on the last. Parameters, gradients and optimizer state of all the
+// rank's chunks live in one set of flat buffers (one contiguous range per named tensor, chunk after
+// chunk) so gradient buckets and checkpoints are slices of one array. Names are global (h.{i} uses
+// the global block index).
+//
+// Activations: forward(chunk, mb) computes one micro-batch and keeps what the recompute mode says
+// until its backward: none = everything backward needs; block = each block's input (blocks are re-run
+// one at a time in backward); stage = only the stage input (the whole stage is re-run).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pipetrain/compute/array.hpp"
+#include "pipetrain/config/spec.hpp"
+#include "pipetrain/compute/ops.hpp"
+#include "pipetrain/model/partition.hpp"
+
+namespace pipetrain {
+
+enum class Recompute { none, stage, block };
+Recompute parse_recompute(const std::string& s);
+
+struct ParamTensor {
+  std::string name;
+  std::vector<int> shape;
+  size_t offset = 0, size = 0;
+  bool decay = false;      // AdamW weight decay applies (2-D weights only)
+  bool tied_copy = false;  // the last stage's copy of a tied wte: not in the grad norm, not saved
+};
+
+// The named tensors a stage owns, in buffer order with offsets (no allocation): embeddings on the
+// first stage, blocks [block_begin, block_end), final LayerNorm and head on the last.
+std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end);
+// The tensors of all of a rank's chunks (virtual stages of n_virtual), chunk after chunk.
+std::vector<ParamTensor> rank_params(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual);
+
+// Bytes one micro-batch keeps between its forward and its backward on a stage of `blocks` blocks,
+// by recompute mode (the formula Stage's buffers realise; plan predicts memory with it):
+// none: per block 16C+4 floats per token (input, ln1, qkv, attention output, res2, ln2, fc, gelu,
+// two mean/rstd pairs) plus b·heads·T² attention probabilities, and on the last stage the head's
+// input, ln_f output, mean/rstd and V probabilities per token; block: each block's input (+ the
+// head's); stage: the received input only. Plus tokens (first stage) and targets (last), 4 B each.
+size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks, Recompute mode);
+
+// Bytes a split backward keeps from a micro-batch's input half (B) to its weight half (W): every
+// layer's output gradient (11 C floats per token per block, the head's V + C, the embedding's C).
+size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks);
+
+// Bytes a rank uses besides parameters, gradients, AdamW state and stashed activations: the
+// per-micro-batch scratch of forward/backward (projections, activation gradients, logits), the
+// executor's send/receive rings, and under recompute one micro-batch's full activations of its
+// largest chunk that backward re-runs into. Its chunks share all of these.
+size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual);
+
+using Floats = Array<float>;  // on the rank's compute device
+
+struct BlockActs {
+  Floats ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
+};
+struct HeadActs {
+  Floats lnf, lnf_mean, lnf_rstd, probs;
+};
+// What the parameter gradients need besides the activations: each layer's output gradient,
+// produced by the input-gradient pass (B) and consumed by the weight-gradient pass (W). A split
+// backward keeps them between the two; a fused one uses one scratch set.
+struct BlockWGrads {
+  Floats dout, dfch, dln2, dres2, dqkv, dln1;  // 11 C floats per token
+};
+struct HeadWGrads {
+  Floats dlogits, dlnf, dembed;  // dembed: the stage input's gradient (first stage)
+};
+// One micro-batch's activations. xs[l] is block l's input; on the last stage xs[L] is the head input.
+struct Acts {
+  Array<int> tokens, targets;
+  std::vector<Floats> xs;
+  std::vector<BlockActs> blocks;
+  HeadActs head;
+  std::vector<BlockWGrads> wblocks;  // between backward_input and backward_weight only
+  HeadWGrads whead;
+  size_t bytes() const;  // what is held right now, counted from the buffers themselves
+  void release();        // drop contents, keep capacity (no allocator churn between steps)
+};
+
+class Stage {
+ public:
+  // Owns `chunks`, virtual stages out of `n_virtual`, for `micro_batches` micro-batches;
+  // `grad_scale` = dLoss/d(token loss) = 1 / (tokens per micro-batch x M x dp).
+  Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual, int micro_batches, float grad_scale);
+  // One chunk: global blocks [block_begin, block_end) as stage `stage` out of `n_stages`.
+  Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end, int micro_batches,
+        float grad_scale);
+
+  int chunks() const { return static_cast<int>(chunks_.size()); }
+  bool first(int chunk) const { return chunks_[chunk].first; }  // virtual stage 0: embeddings
+  bool last(int chunk) const { return chunks_[chunk].last; }    // the last virtual stage: head and loss
+  bool has_embedding() const { return chunks_.front().first; }
+  bool has_head() const { return chunks_.back().last; }
+  size_t boundary_floats() const { return static_cast<size_t>(B_) * T_ * C_; }  // one activation
+
+  const std::vector<ParamTensor>& params() const { return params_; }
+  Floats& weights() { return weights_; }
+  Floats& grads() { return grads_; }
+  const ParamTensor* find(const std::string& name) const;
+  void init_params(uint64_t seed);  // deterministic per name: same weights on any layout
+  void zero_grads();
+
+  // Inputs of micro-batch mb: tokens (first virtual stage), targets (last), or the buffer the
+  // previous virtual stage's activation is received into (other chunks; valid until backward).
+  void set_tokens(int mb, const int* tokens);
+  void set_targets(int mb, const int* targets);
+  float* input_buffer(int chunk, int mb);
+
+  // Runs micro-batch mb through one chunk. Returns the summed token loss on the last virtual stage
+  // (0 elsewhere); other chunks write their output activation to `out` (boundary_floats()).
+  double forward(int chunk, int mb, float* out);
+  // `dout`: gradient of the chunk's output (not on the last virtual stage); writes the input
+  // gradient to `dinp` (not on the first). Parameter gradients accumulate. Releases the stash.
+  // `done_from`, if given, is called as parameters' gradients receive their last contribution of
+  // this backward, with the buffer offset from which all gradients are now complete (it only
+  // falls: the layout runs embeddings, blocks, head, and backward visits them in reverse).
+  void backward(int chunk, int mb, const float* dout, float* dinp,
+                const std::function<void(size_t)>& done_from = nullptr);
+  // The same backward in two halves (recompute = none only): backward_input computes the input
+  // gradient (sent on at once) and keeps the output gradients the parameters need; backward_weight,
+  // possibly much later, adds the parameter gradients and releases the stash. Together they give
+  // the same bits as backward().
+  void backward_input(int chunk, int mb, const float* dout, float* dinp);
+  void backward_weight(int chunk, int mb, const std::function<void(size_t)>& done_from = nullptr);
+  // Softmax probabilities [tokens, vocab] of micro-batch mb's last forward on the head, kept until
+  // its backward or discard; recompute = none only (other modes do not keep them).
+  const Floats& head_probs(int mb) { return stash(chunks() - 1, mb).head.probs; }
+  // Drops what a forward kept (an evaluation has no backward).
+  void discard(int chunk, int mb) {
+    if (slot_of_[key(chunk, mb)] >= 0) release(chunk, mb);
+  }
+  size_t stash_bytes(int chunk, int mb) const {
+    const int slot = slot_of_[key(chunk, mb)];
+    return slot < 0 ? 0 : pool_[slot].bytes();
+  }
+  // Seconds the last backward() spent re-running forwards (recompute modes), for the trace.
+  double last_recompute_s() const { return recompute_s_; }
+
+ private:
+  struct BlockPtrs {
+    float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+  };
+  struct Chunk {
+    int L;              // blocks
+    bool first, last;   // virtual stage 0 / the last one
+    size_t offset;      // of its first tensor in the flat buffers
+    std::vector<size_t> block_offset;
+  };
+  BlockPtrs block_ptrs(Floats& base, const Chunk& c, int local_block);
+  void size_acts(const Chunk& c, Acts& a);
+  void compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, double* loss);
+  void block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out);
+  void backward_pass(int chunk, int mb, const float* dout, float* dinp, bool input, bool weight,
+                     const std::function<void(size_t)>& done_from);
+  void block_backward_input(const Chunk& c, int l, const float* x, const BlockActs& a, const float* dout, float* dinp,
+                            BlockWGrads& w, const BlockPtrs* fused_grads);
+  void block_backward_weight(const Chunk& c, int l, const float* x, const BlockActs& a, const BlockWGrads& w);
+  double head_forward(const float* x, HeadActs& a, const int* targets);
+  void head_backward_input(const float* x, const HeadActs& a, const int* targets, float* dinp, HeadWGrads& w,
+                           bool fused);
+  void head_backward_weight(const float* x, const HeadActs& a, const HeadWGrads& w);
+
+  std::vector<Chunk> chunks_;
+  int M_, B_, T_, C_, NH_, V_, n_layer_;
+  bool tied_;
+  Recompute mode_;
+  float grad_scale_;
+  double recompute_s_ = 0;
+  std::vector<ParamTensor> params_;
+  const Kernels& k_;  // the compute device's kernels
+  Floats weights_, grads_;
+  size_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0, head_ = 0;
+
+  // Activations of the (chunk, micro-batch) pairs in flight. Slots are reused once a backward
+  // releases them (keeping their capacity), so the memory held grows to the schedule's peak in
+  // flight (M for GPipe, P - stage for 1F1B), not to M.
+  int key(int chunk, int mb) const { return chunk * M_ + mb; }
+  Acts& stash(int chunk, int mb);  // its slot, taken from the free ones on first use
+  void release(int chunk, int mb);
+  std::deque<Acts> pool_;  // a deque: growing it never moves the slots in use
+  std::vector<int> slot_of_;  // per key(chunk, mb): its slot in pool_, or -1
+  std::vector<int> free_;
+  Acts work_;                // recompute target when mode != none
+  // scratch for one micro-batch
+  Floats attproj_, fcproj_, logits_, dres_, dx_, datty_, dfch_gelu_;
+  BlockWGrads wscratch_;  // a fused backward's output gradients, one block at a time
+  HeadWGrads hscratch_;
+};
+
+}  // namespace pipetrain

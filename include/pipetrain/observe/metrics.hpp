@@ -1,0 +1,71 @@
+// Per-step figures: what each rank measured, combined on rank 0 into one metrics.jsonl line and
+// one progress line. Keys follow DESIGN.md ("Run directory").
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "pipetrain/compute/profile.hpp"
+
+namespace pipetrain {
+
+// What one rank contributes for one logged step (gathered to rank 0 as doubles).
+struct RankFigures {
+  double stage = 0, dp_rank = 0;
+  double compute_s = 0;       // forward/backward/recompute, optimizer, data: all local work
+  double bubble_wait_s = 0;   // waiting for pipeline peers (p2p, tied sync, step-boundary sync)
+  double comm_wait_s = 0;     // all waiting incl. the data-parallel all-reduce
+  double rank_step_s = 0;     // this rank's own step wall time (compute + waits + overheads)
+  double act_peak_bytes = 0;  // stashed activations, peak during the step
+  double mem_peak_bytes = 0;  // process peak RSS
+  double param_count = 0;     // parameters this rank holds (params, grads: 4 B each; AdamW: 8 B)
+  double loss_sum = 0;        // summed token loss (last stage only)
+  double gpu_mem_bytes = 0, gpu_mem_peak_bytes = 0;  // device memory allocated now / at peak (GPU runs)
+  KernelTotals kernels;       // this step's compute by kernel class (profile.hpp)
+  static constexpr size_t kFields = 12 + kKernelClasses + 1;
+  void to(double* out) const;
+  static RankFigures from(const double* in);
+};
+
+struct StepLine {
+  int step = 0, steps = 0;
+  double loss = 0, lr = 0, grad_norm = 0, step_time_s = 0, tokens_per_s = 0, bubble_theory = 0;
+  double gflops = 0, peak_gflops = 0, mfu = 0;  // achieved model FLOP rate of the job, its peak, ratio
+  double val_loss = -1;                         // validation loss after this step (< 0: not evaluated)
+  bool skipped = false;                         // NaN/Inf loss or gradient: the update was not applied
+  int bad_steps = 0;                            // steps skipped so far in this launch
+  std::vector<double> bubble_measured, act_peak_bytes, mem_peak_bytes, comm_wait_s, compute_s, rank_step_s;
+  std::vector<double> param_bytes, grad_bytes, optim_bytes;
+  std::vector<double> gpu_mem_bytes, gpu_mem_peak_bytes;  // written only when some rank has a GPU
+  std::vector<std::vector<double>> kernel_s;  // [kernel class][stage] seconds, averaged over dp
+  std::vector<double> gemm_gflops;            // per stage: rate of the dense products inside the step
+};
+
+// Combines all ranks' figures (world order) into per-stage arrays: bubble and waits averaged over
+// the dp replicas of a stage, memory as the maximum; loss = summed loss / tokens per step.
+StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_per_step);
+
+std::string to_json(const StepLine& line);
+std::string progress_line(const StepLine& line);
+
+// Rewrites a metrics.jsonl keeping only the lines of steps <= `step` (a resumed run recomputes
+// the rest, so each step appears once). A missing file is fine.
+void truncate_metrics(const std::string& path, int64_t step);
+
+// Peak resident set size of this process in bytes.
+double peak_rss_bytes();
+
+// Appends JSON lines to RUN_DIR/metrics.jsonl, flushed per line so a killed run keeps its log.
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path);  // path empty: writes nothing
+  ~MetricsWriter();
+  void write(const std::string& json_line);
+
+ private:
+  std::FILE* f_ = nullptr;
+  bool warned_ = false;
+};
+
+}  // namespace pipetrain

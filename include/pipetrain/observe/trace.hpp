@@ -1,0 +1,44 @@
+// Chrome/Perfetto trace of the first log.trace_steps steps of a launch: every rank records spans
+// (forward/backward/recompute of each micro-batch, waits for peers, all-reduces, optimizer,
+// checkpoint) in memory; rank 0 gathers them once and writes RUN_DIR/trace.json, one track per
+// rank: pid = stage, tid = dp rank. Times are relative to a reference all ranks took right after
+// a common synchronisation.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "pipetrain/dist/topology.hpp"
+
+namespace pipetrain {
+
+class Trace {
+ public:
+  Trace() = default;
+  Trace(int steps, double t_ref) : steps_(steps), t_ref_(t_ref) {}
+
+  // The step (0-based, counted from this launch) whose spans are recorded next.
+  void set_step(int step, int launch_step) { step_ = step, recording_ = launch_step < steps_; }
+  bool recording() const { return recording_; }
+  // t0, t1: now_s() values. mb < 0: not tied to a micro-batch.
+  void span(const std::string& name, const char* category, double t0, double t1, int mb = -1);
+
+  // This rank's events as comma-separated Chrome trace JSON objects.
+  std::string events_json(int stage, int dp_rank) const;
+  // The whole file from all ranks' events (rank 0).
+  static std::string file_json(const std::vector<std::string>& rank_events, const Topology& topo);
+
+ private:
+  struct Event {
+    std::string name;
+    const char* category;
+    double ts_us, dur_us;
+    int step, mb;
+  };
+  int steps_ = 0;
+  double t_ref_ = 0;
+  int step_ = 0;
+  bool recording_ = false;
+  std::vector<Event> events_;
+};
+
+}  // namespace pipetrain

@@ -1,0 +1,76 @@
+// Runs one stage's action list for one step: forwards and backwards on the Stage's chunks,
+// activations and gradients to and from the neighbouring stages through Comm (round the ring of
+// stages under the interleaved schedule: the last stage's chunk c feeds the first stage's c+1). Receives are posted two ahead into a
+// small ring of buffers, so data arrives while this rank computes and a micro-batch's activations
+// exist only from its forward to its backward, whatever the schedule; sends are nonblocking from a
+// ring of buffers too.
+#pragma once
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "pipetrain/dist/comm.hpp"
+#include "pipetrain/model/model.hpp"
+#include "pipetrain/pipeline/schedule.hpp"
+#include "pipetrain/observe/trace.hpp"
+
+namespace pipetrain {
+
+struct StepStats {
+  double compute_s = 0;        // forward + backward (incl. recompute) time
+  double wait_s = 0;           // time blocked on pipeline peers
+  double loss_sum = 0;         // summed token loss over this rank's micro-batches (last stage)
+  size_t act_peak_bytes = 0;   // peak of activations held between forward and backward
+};
+
+class Executor {
+ public:
+  Executor(Stage& stage, Comm& comm);
+  // `load_inputs(mb)` sets tokens (first virtual stage) / targets (last) of micro-batch mb on the
+  // stage; it is called just before that micro-batch's forward there. A micro-batch the list
+  // never runs backward for (forward_only lists: evaluation) is dropped right after its forward. Spans go to `trace` while it
+  // is recording. `grads_done_from` is handed to each chunk's last backward (when the chunks finish
+  // from the last to the first, as the buffers are laid out), so gradient all-reduces can start
+  // while the step still runs (see Stage::backward).
+  StepStats run(const ActionList& actions, int micro_batches, Trace& trace, const std::function<void(int)>& load_inputs,
+                const std::function<void(size_t)>& grads_done_from = nullptr);
+
+  // The largest message tag a step uses (every tag fits below Comm::max_tag()).
+  static int64_t max_tag(int n_virtual, int micro_batches);
+
+ private:
+  static constexpr size_t kRing = kMessageRing;
+  // Receives posted in the order the list consumes them, at most kRing ahead, round-robin over
+  // kRing buffers.
+  struct RecvRing {
+    std::vector<std::vector<float>> bufs;
+    std::vector<MPI_Request> reqs;
+    std::vector<int> order;  // message tags in the order the list receives them
+    size_t posted = 0, used = 0;
+    void post(Comm& comm, int peer);
+    float* wait(Comm& comm, const WaitLabel& label);  // the next one, in order
+  };
+  // Buffers for outgoing messages, reused round-robin once their send completed; each remembers
+  // the message (tag) it holds so a send action finds its data whatever the action order.
+  struct SendRing {
+    std::vector<std::vector<float>> bufs;
+    std::vector<MPI_Request> reqs;
+    std::vector<int> tag, mb;
+    size_t next = 0;
+    float* acquire(Comm& comm, int for_tag, int for_mb, const char* what, int peer, Trace& trace);
+    size_t slot_of(int for_tag, const Action& a) const;
+    void drain(Comm& comm, const char* what, int peer);
+  };
+  Stage& stage_;
+  Comm& comm_;
+  // On the GPU the stage reads and writes device memory while messages travel through the host
+  // rings (comm.backend = mpi): its output, incoming and outgoing gradient are staged here.
+  Floats dev_out_, dev_grad_in_, dev_grad_out_;
+  SendRing act_out_, grad_out_;
+  RecvRing act_in_, grad_in_;
+};
+
+}  // namespace pipetrain

@@ -1,0 +1,36 @@
+// `pipetrain plan`: what a layout will do, predicted without launching it (no MPI): partition,
+// the schedule chart of the seed, bubble from simulating the actual action lists with per-stage
+// costs next to (P-1)/(M+P-1), and per-stage memory for every recompute mode.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "pipetrain/config/spec.hpp"
+
+namespace pipetrain {
+
+struct StagePlan {
+  int blocks = 0;
+  size_t params = 0;
+  double cost_share = 0;      // of the summed stage costs
+  double bubble = 0;          // simulated with the cost model
+  int in_flight = 0;          // micro-batches whose activations the schedule holds at its peak
+  size_t act_peak_bytes[3];   // by recompute mode: none, stage, block
+  size_t working_bytes = 0;   // scratch and buffers for the spec's recompute mode
+};
+
+struct Plan {
+  int world = 0;
+  std::vector<StagePlan> stages;
+  double bubble_theory = 0, bubble_sim = 0;
+  std::string chart;  // unit-slot diagram, "" when too wide to draw
+};
+
+Plan make_plan(const RunSpec& spec);
+std::string plan_text(const RunSpec& spec, const Plan& plan);
+std::string plan_json(const RunSpec& spec, const Plan& plan);
+// Every schedule on this spec's layout side by side: bubble with even stages and with the cost
+// model, micro-batches held per stage, activation peak (the spec's recompute mode).
+std::string schedule_comparison(const RunSpec& spec);
+
+}  // namespace pipetrain

@@ -1,0 +1,489 @@
+#include "pipetrain/ckpt/checkpoint.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <csignal>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "pipetrain/util/clock.hpp"
+#include "pipetrain/util/files.hpp"
+#include "pipetrain/ckpt/shard_io.hpp"
+#include "pipetrain/util/faults.hpp"
+#include "pipetrain/config/spec_schema.hpp"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace pipetrain {
+namespace {
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string shard_name(int stage) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "stage_%03d.h5", stage);
+  return buf;
+}
+
+std::string hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// step_* directories of a checkpoints folder, newest first.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) != 0 || !e.is_directory()) continue;
+    char* end = nullptr;
+    long long step = std::strtoll(name.c_str() + 5, &end, 10);
+    if (end && *end == '\0') out.emplace_back(step, e.path().string());
+  }
+  std::sort(out.rbegin(), out.rend());
+  return out;
+}
+
+// The spec keys that must match to load a checkpoint: model shape, data stream, batch (the data
+// position is counted in global samples, so the global batch fixes which samples come next).
+bool must_match(const std::string& key) {  // model.dtype only changes how products round
+  return (key.rfind("model.", 0) == 0 && key != "model.dtype") || key == "run.seed" || key.rfind("data.", 0) == 0 ||
+         key == "train.global_batch";
+}
+
+// What a save reads: the array itself on the CPU, a host copy of a GPU's.
+const float* host_view(const Floats& a, std::vector<float>& copy) {
+  if (!a.on_gpu()) return a.data();
+  copy = a.to_host();
+  return copy.data();
+}
+
+// What a load writes into: the array itself on the CPU, host staging for a GPU's (then upload()).
+struct LoadTarget {
+  Floats& array;
+  std::vector<float> staging;
+  explicit LoadTarget(Floats& a) : array(a), staging(a.on_gpu() ? a.size() : 0) {}
+  float* data() { return array.on_gpu() ? staging.data() : array.data(); }
+  void upload() {
+    if (array.on_gpu()) array.assign(staging.data(), staging.size());
+  }
+};
+
+}  // namespace
+
+std::string Manifest::to_json() const {
+  json j;
+  j["format"] = format;
+  j["step"] = step;
+  j["spec_hash"] = spec_hash;
+  j["spec"] = spec;
+  j["layout"] = {{"pp", pp}, {"dp", dp}, {"virtual_stages", virtual_stages}, {"partition", partition}};
+  j["data"] = {{"samples_consumed", samples_consumed}};
+  j["optimizer"] = {{"steps", optimizer_steps}};
+  // Nothing in a step draws random numbers at run time: init, synthetic data and shuffling are
+  // counter-based functions of the seed, so the seed and the data position are the whole state.
+  const auto seed = spec.find("run.seed");  // always there in what we write; informational only
+  j["rng"] = {{"seed", seed == spec.end() ? "" : seed->second}, {"kind", "counter-based, keyed by seed and sample index"}};
+  json shards_json = json::array();
+  for (auto& s : shards)
+    shards_json.push_back({{"file", s.file}, {"bytes", s.bytes}, {"checksum", hex(s.checksum)}, {"tensors", s.tensors}});
+  j["shards"] = shards_json;
+  j["timing"] = {{"write_s", write_s}};
+  return j.dump(2) + "\n";
+}
+
+Manifest Manifest::read(const std::string& dir) {
+  const std::string path = dir + "/manifest.json";
+  return parse(read_input_file(path, "checkpoint manifest", 64 << 20), path);
+}
+
+Manifest Manifest::parse(const std::string& text, const std::string& path) {
+  Manifest m;
+  try {
+    json j = json::parse(text);
+    m.format = j.at("format").get<int>();
+    m.step = j.at("step").get<int64_t>();
+    m.spec_hash = j.at("spec_hash").get<std::string>();
+    m.spec = j.at("spec").get<std::map<std::string, std::string>>();
+    m.pp = j.at("layout").at("pp").get<int>();
+    m.dp = j.at("layout").at("dp").get<int>();
+    m.partition = j.at("layout").at("partition").get<std::vector<int>>();
+    // absent in checkpoints from before the interleaved schedule: one chunk per stage
+    m.virtual_stages = j.at("layout").value("virtual_stages", 1);
+    m.samples_consumed = j.at("data").at("samples_consumed").get<int64_t>();
+    // absent in checkpoints from before steps could be skipped: every step was an update then
+    m.optimizer_steps = j.contains("optimizer") ? j.at("optimizer").at("steps").get<int64_t>() : m.step;
+    for (auto& s : j.at("shards")) {
+      Shard sh;
+      sh.file = s.at("file").get<std::string>();
+      sh.bytes = s.at("bytes").get<uint64_t>();
+      sh.checksum = std::stoull(s.at("checksum").get<std::string>(), nullptr, 16);
+      sh.tensors = s.at("tensors").get<std::vector<std::string>>();
+      m.shards.push_back(std::move(sh));
+    }
+    m.write_s = j.at("timing").at("write_s").get<double>();
+  } catch (const json::exception& e) {
+    throw SpecError(path + ": not a valid pipetrain manifest (" + e.what() + ")");
+  } catch (const std::logic_error& e) {  // stoll / stoull
+    throw SpecError(path + ": not a valid pipetrain manifest (" + e.what() + ")");
+  }
+  if (m.format != kCheckpointFormat)
+    throw SpecError(path + ": checkpoint format " + std::to_string(m.format) + ", this pipetrain reads " +
+                    std::to_string(kCheckpointFormat));
+  // What loading relies on; a hand-edited or damaged manifest must not send it elsewhere.
+  auto require = [&](bool ok, const std::string& what) {
+    if (!ok) throw SpecError(path + ": not a valid pipetrain manifest (" + what + ")");
+  };
+  require(m.step >= 0 && m.samples_consumed >= 0, "negative step or data position");
+  require(m.optimizer_steps >= 0 && m.optimizer_steps <= m.step, "optimizer.steps outside 0..step");
+  require(m.pp >= 1 && m.dp >= 1 && m.virtual_stages >= 1, "layout pp, dp and virtual_stages must be at least 1");
+  require(m.partition.size() == static_cast<size_t>(m.pp) * m.virtual_stages,
+          "layout.partition needs one entry per virtual stage (pp x virtual_stages)");
+  require(m.shards.size() == static_cast<size_t>(m.pp), "shards need one entry per stage");
+  for (int b : m.partition) require(b >= 0, "negative block count in layout.partition");
+  for (auto& s : m.shards)
+    require(!s.file.empty() && s.file.find('/') == std::string::npos && s.file != "." && s.file != "..",
+            "shard file '" + s.file + "' is not a plain file name");
+  return m;
+}
+
+std::string verify_checkpoint(const std::string& dir, int part, int parts) {
+  Manifest m;
+  try {
+    m = Manifest::read(dir);
+  } catch (const SpecError& e) {
+    return e.what();
+  }
+  const std::string mpath = dir + "/manifest.json: ";
+  const std::string dirname = fs::path(dir).filename().string();
+  if (m.step < 1 || m.step > INT32_MAX) return mpath + "step " + std::to_string(m.step) + " is out of range";
+  if (dirname.rfind("step_", 0) == 0 && dirname != step_name(m.step))
+    return mpath + "step " + std::to_string(m.step) + " does not match the directory name " + dirname;
+  int64_t blocks = 0;
+  for (int b : m.partition) blocks += b;
+  auto n_layer = m.spec.find("model.n_layer");
+  if (m.pp < 1 || m.shards.size() != static_cast<size_t>(m.pp) ||
+      m.partition.size() != static_cast<size_t>(m.pp) * m.virtual_stages || n_layer == m.spec.end() ||
+      std::to_string(blocks) != n_layer->second)
+    return mpath + "layout, partition and shard list do not agree";
+  for (size_t i = 0; i < m.shards.size(); ++i) {
+    if (static_cast<int>(i % parts) != part) continue;
+    const auto& s = m.shards[i];
+    const std::string path = dir + "/" + s.file;
+    uint64_t bytes = 0, sum = 0;
+    try {
+      sum = file_checksum(path, &bytes);
+      if (bytes != s.bytes)
+        return path + ": " + std::to_string(bytes) + " bytes, the manifest says " + std::to_string(s.bytes) +
+               " (truncated or replaced)";
+      if (sum != s.checksum)
+        return path + ": checksum " + hex(sum) + " differs from the manifest's " + hex(s.checksum) + " (corrupted)";
+      ShardReader r(path);
+      if (r.step() != m.step || r.format_version() != kCheckpointFormat)
+        return path + ": holds step " + std::to_string(r.step()) + " (format " + std::to_string(r.format_version()) +
+               "), the manifest says step " + std::to_string(m.step);
+      for (auto& t : s.tensors)
+        if (!r.has(t)) return path + ": lacks tensor " + t + " listed in the manifest";
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  }
+  return "";
+}
+
+std::vector<std::string> changed_training_keys(const Manifest& m, const RunSpec& spec) {
+  std::vector<std::string> out;
+  for (auto& k : spec_schema()) {
+    const std::string key = k.dotted();
+    if (key != "run.steps" && key.rfind("train.", 0) != 0) continue;
+    auto it = m.spec.find(key);
+    if (it != m.spec.end() && it->second != k.show(spec)) out.push_back(key + " " + it->second + " -> " + k.show(spec));
+  }
+  return out;
+}
+
+RunSpec spec_of_checkpoint(const std::string& dir, const std::vector<std::string>& overrides, int world_size) {
+  const Manifest m = Manifest::read(dir);
+  std::map<std::string, std::string> sections;  // section -> "key = value" lines
+  for (const auto& [dotted, value] : m.spec) {
+    const size_t dot = dotted.find('.');
+    if (dot == std::string::npos) continue;
+    sections[dotted.substr(0, dot)] += dotted.substr(dot + 1) + " = " + value + "\n";
+  }
+  std::string toml;
+  for (const auto& [section, lines] : sections) toml += "[" + section + "]\n" + lines;
+  std::vector<std::string> sets = {"parallel.pp=1", "parallel.dp=" + std::to_string(std::max(1, world_size)),
+                                   "parallel.partition=uniform", "parallel.schedule=gpipe",
+                                   "parallel.virtual_stages=1"};
+  sets.insert(sets.end(), overrides.begin(), overrides.end());
+  return parse_spec(toml, dir + "/manifest.json", sets, world_size);
+}
+
+std::string incompatibility(const Manifest& m, const RunSpec& spec) {
+  for (auto& k : spec_schema()) {
+    const std::string key = k.dotted();
+    if (!must_match(key)) continue;
+    auto it = m.spec.find(key);
+    const std::string mine = k.show(spec);
+    if (it == m.spec.end()) return key + " is missing from the checkpoint's spec";
+    if (it->second != mine) return key + " differs: checkpoint has " + it->second + ", this run has " + mine;
+  }
+  return "";
+}
+
+Checkpointer::Checkpointer(const RunSpec& spec, const std::string& run_dir, Comm& comm)
+    : spec_(spec), dir_(run_dir + "/checkpoints"), comm_(comm) {}
+
+double Checkpointer::save(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition) {
+  const std::string tmp = dir_ + "/.tmp_" + step_name(step);
+  try {
+    return write(step, stage, opt, partition, tmp);
+  } catch (const AgreedExit&) {
+    // Free what the failed attempt wrote (a full disk must not stay full because of it); what
+    // was published before is not touched.
+    std::error_code ec;
+    if (comm_.topo().world_rank == 0) fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition,
+                           const std::string& tmp) {
+  const std::string name = step_name(step), final_dir = dir_ + "/" + name;
+  const double t0 = now_s();
+  const Topology& topo = comm_.topo();
+  Comm::require_agreed([&] {
+    if (topo.world_rank != 0) return;
+    std::error_code ec;
+    for (auto& e : fs::directory_iterator(dir_, ec))  // leftovers of saves that died mid-way
+      if (e.path().filename().string().rfind(".tmp_", 0) == 0) fs::remove_all(e.path(), ec);
+    fs::create_directories(tmp, ec);
+    if (ec) throw std::runtime_error("checkpoint " + tmp + ": cannot create (" + ec.message() + ")");
+  });
+
+  // Each stage's replicas write its shard together; the first replica then checksums and syncs it.
+  std::vector<float> w_copy, m_copy, v_copy;
+  std::vector<ShardTensor> tensors;
+  const std::string shard = tmp + "/" + shard_name(topo.stage);
+  uint64_t mine[3] = {static_cast<uint64_t>(topo.stage), 0, 0};
+  Comm::require_agreed([&] {
+    // GPU arrays are copied to the host here, where a failed copy is agreed on like any other.
+    const float* w = host_view(stage.weights(), w_copy);
+    const float* m = host_view(opt.exp_avg(), m_copy);
+    const float* v = host_view(opt.exp_avg_sq(), v_copy);
+    for (auto& p : stage.params())
+      if (!p.tied_copy) tensors.push_back({p.name, p.shape, w + p.offset, m + p.offset, v + p.offset});
+    // Training skips non-finite steps, so this never fires; it keeps the promise that no
+    // checkpoint holds a NaN even if some future path lets one through.
+    for (auto& t : tensors) {
+      size_t n = 1;
+      for (int d : t.shape) n *= static_cast<size_t>(d);
+      for (const float* v : {t.param, t.exp_avg, t.exp_avg_sq})
+        if (!std::all_of(v, v + n, [](float x) { return std::isfinite(x); }))
+          throw std::runtime_error("checkpoint not saved: " + t.name + " holds NaN or Inf");
+    }
+    if (test_stall_in_save(topo.world_rank, step)) raise(SIGSTOP);  // test-only: stop answering mid-save
+    // test-only: die halfway through this rank's tensors
+    const int crash_after = test_kill_in_save(topo.world_rank, step) ? static_cast<int>(tensors.size() + 1) / 2 : -1;
+    const std::string error =
+        write_shard(shard, tensors, step, comm_.data_handle(), topo.dp_rank, topo.dp, crash_after);
+    if (!error.empty()) throw std::runtime_error("checkpoint not saved: " + error + " (" + free_space_note(dir_) + ")");
+    sync_path(shard);  // every writer: on network file systems one client's fsync covers only its writes
+    if (topo.dp_rank != 0) return;
+    // Read the shard back before vouching for it with a checksum: a file HDF5 cannot open or that
+    // lacks a tensor must never be published.
+    ShardReader check(shard);
+    for (auto& t : tensors)
+      if (!check.has(t.name)) throw std::runtime_error("checkpoint not saved: " + shard + " lacks " + t.name);
+    mine[1] = file_checksum(shard, &mine[2]);
+  });
+  std::vector<uint64_t> all;
+  comm_.gather_to_root(mine, 3, all);
+
+  Comm::require_agreed([&] {
+    if (topo.world_rank != 0) return;
+    Manifest m;
+    m.format = kCheckpointFormat;
+    m.step = step;
+    m.spec_hash = hex(spec_hash(spec_));
+    for (auto& k : spec_schema()) m.spec[k.dotted()] = k.show(spec_);
+    m.pp = topo.pp, m.dp = topo.dp, m.partition = partition;
+    m.virtual_stages = static_cast<int>(partition.size()) / topo.pp;
+    m.samples_consumed = step * spec_.train.global_batch;
+    m.optimizer_steps = opt.steps_taken();
+    m.shards.resize(topo.pp);
+    for (int s = 0; s < topo.pp; ++s) {
+      m.shards[s].file = shard_name(s);
+      for (auto& p : rank_params(spec_, chunks_of(partition, topo.pp, s), static_cast<int>(partition.size())))
+        if (!p.tied_copy) m.shards[s].tensors.push_back(p.name);
+    }
+    for (int s = 0; s < topo.pp; ++s) {  // each stage's first replica checksummed its shard
+      const int r = topo.rank_of(s, 0);
+      m.shards[s].checksum = all[3 * r + 1];
+      m.shards[s].bytes = all[3 * r + 2];
+    }
+    m.write_s = now_s() - t0;
+    write_file_atomically(tmp + "/manifest.json", m.to_json());
+    publish(tmp, final_dir, name);
+  });
+  return now_s() - t0;
+}
+
+// Rank 0: the rename that makes a checkpoint exist, then `latest`, then pruning of old ones.
+void Checkpointer::publish(const std::string& tmp, const std::string& final_dir, const std::string& name) {
+  sync_path(tmp);
+  std::error_code ec;
+  if (fs::exists(final_dir, ec)) set_aside(final_dir);  // never overwrite what was saved before
+  fs::rename(tmp, final_dir);
+  sync_path(dir_);
+  write_file_atomically(dir_ + "/latest", name + "\n");
+  // keep_last counts complete checkpoints up to the new one; newer ones cannot exist here (a
+  // resume sets them aside) and the new one is never removed.
+  if (spec_.checkpoint.keep_last <= 0) return;
+  const int64_t newest = list_checkpoints(dir_).front().first;
+  int kept = 0;
+  for (auto& [step, path] : list_checkpoints(dir_))
+    if (step <= newest && ++kept > spec_.checkpoint.keep_last) fs::remove_all(path, ec);  // best effort
+}
+
+void Checkpointer::set_aside(const std::string& path) {
+  int n = 1;
+  std::error_code ec;
+  while (fs::exists(path + ".discarded" + std::to_string(n), ec)) ++n;
+  fs::rename(path, path + ".discarded" + std::to_string(n));
+}
+
+void Checkpointer::discard_newer_than(int64_t step) {
+  for (auto& [s, path] : list_checkpoints(dir_))
+    if (s > step) set_aside(path);
+}
+
+std::string Checkpointer::select(const std::string& resume) {
+  if (resume == "never") return "";
+  const bool explicit_path = resume != "auto";
+  std::vector<std::string> candidates;
+  if (explicit_path) candidates.push_back(resume);
+  else
+    for (auto& [step, path] : list_checkpoints(dir_)) candidates.push_back(path);
+  const int rank = Comm::world_rank(), world = Comm::world_size();
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const std::string& c = candidates[i];
+    std::string problem = verify_checkpoint(c, rank, world);  // each rank checks its share of shards
+    const Comm::Failure f = Comm::first_failure(problem.empty() ? 0 : 2);
+    if (f.rank < 0) {
+      const std::string why = incompatibility(Manifest::read(c), spec_);  // same verdict on every rank
+      if (why.empty()) return c;
+      if (rank == 0) std::fprintf(stderr, "pipetrain: error: cannot resume from %s: %s\n", c.c_str(), why.c_str());
+      throw AgreedExit(ExitCode::bad_input);
+    }
+    if (f.rank == rank)
+      std::fprintf(stderr, "pipetrain: %s: checkpoint %s is unusable: %s%s\n", explicit_path ? "error" : "warning",
+                   c.c_str(), problem.c_str(),
+                   explicit_path ? "" : i + 1 < candidates.size() ? "; falling back to the previous one" : "");
+    if (explicit_path) throw AgreedExit(ExitCode::bad_input);
+  }
+  if (!candidates.empty()) {
+    if (rank == 0)
+      std::fprintf(stderr, "pipetrain: error: no usable checkpoint in %s; --resume never starts afresh "
+                           "(the old checkpoints are kept aside)\n", dir_.c_str());
+    throw AgreedExit(ExitCode::bad_input);
+  }
+  return "";
+}
+
+void read_checkpoint_tensors(const std::string& dir, const std::vector<ParamTensor>& params, float* weights,
+                             float* exp_avg, float* exp_avg_sq) {
+  const Manifest m = Manifest::read(dir);
+  std::map<std::string, std::string> shard_of;
+  for (auto& s : m.shards)
+    for (auto& t : s.tensors) shard_of[t] = dir + "/" + s.file;
+  std::map<std::string, std::unique_ptr<ShardReader>> open;
+  for (auto& p : params) {
+    auto it = shard_of.find(p.name);
+    if (it == shard_of.end()) throw SpecError(dir + ": checkpoint has no tensor " + p.name);
+    try {
+      auto& reader = open[it->second];
+      if (!reader) reader = std::make_unique<ShardReader>(it->second);
+      reader->read("params", p.name, p.shape, weights + p.offset);
+      if (exp_avg) reader->read("optim/exp_avg", p.name, p.shape, exp_avg + p.offset);
+      if (exp_avg_sq) reader->read("optim/exp_avg_sq", p.name, p.shape, exp_avg_sq + p.offset);
+    } catch (const std::runtime_error& e) {  // a checkpoint that does not fit is bad input
+      throw SpecError(std::string("cannot load checkpoint: ") + e.what());
+    }
+  }
+}
+
+int64_t Checkpointer::load(const std::string& dir, Stage& stage, AdamW& opt) {
+  const Manifest m = Manifest::read(dir);
+  Comm::require_agreed([&] {
+    LoadTarget w(stage.weights()), mom(opt.exp_avg()), v(opt.exp_avg_sq());
+    read_checkpoint_tensors(dir, stage.params(), w.data(), mom.data(), v.data());
+    for (LoadTarget* t : {&w, &mom, &v}) t->upload();
+  });
+  opt.set_steps_taken(static_cast<int>(m.optimizer_steps));
+  return m.step;
+}
+
+int ckpt_verify(const std::string& path) {
+  const std::string problem = verify_checkpoint(path);
+  if (!problem.empty()) {
+    std::fprintf(stderr, "pipetrain: error: %s\n", problem.c_str());
+    return 2;
+  }
+  const Manifest m = Manifest::read(path);
+  std::printf("%s: ok (step %lld, %zu shards match their checksums)\n", path.c_str(), static_cast<long long>(m.step),
+              m.shards.size());
+  return 0;
+}
+
+int ckpt_inspect(const std::string& path) {
+  Manifest m;
+  try {
+    m = Manifest::read(path);
+  } catch (const SpecError& e) {
+    std::fprintf(stderr, "pipetrain: error: %s\n", e.what());
+    return 2;
+  }
+  std::ostringstream partition;
+  for (size_t i = 0; i < m.partition.size(); ++i) partition << (i ? "," : "") << m.partition[i];
+  const std::string chunks = m.virtual_stages > 1 ? ", " + std::to_string(m.virtual_stages) + " chunks per stage" : "";
+  std::printf("checkpoint %s\n  step %lld, %lld samples consumed, saved as pp %d x dp %d%s (blocks per %sstage %s) in %.2f s\n",
+              path.c_str(), static_cast<long long>(m.step), static_cast<long long>(m.samples_consumed), m.pp, m.dp,
+              chunks.c_str(), m.virtual_stages > 1 ? "virtual " : "", partition.str().c_str(), m.write_s);
+  uint64_t total_bytes = 0, total_params = 0;
+  for (auto& s : m.shards) {
+    std::printf("  %s  %llu bytes  checksum %s\n", s.file.c_str(), static_cast<unsigned long long>(s.bytes),
+                hex(s.checksum).c_str());
+    total_bytes += s.bytes;
+    try {
+      ShardReader r(path + "/" + s.file);
+      for (auto& t : r.tensors()) {
+        uint64_t n = 1;
+        std::string shape;
+        for (size_t d = 0; d < t.shape.size(); ++d) n *= t.shape[d], shape += (d ? "x" : "") + std::to_string(t.shape[d]);
+        total_params += n;
+        std::printf("    %-28s %-12s %10llu params %12llu bytes (x3 with the AdamW moments)\n", t.name.c_str(),
+                    shape.c_str(), static_cast<unsigned long long>(n), static_cast<unsigned long long>(4 * n));
+      }
+    } catch (const std::exception& e) {
+      std::printf("    (cannot read: %s)\n", e.what());
+    }
+  }
+  std::printf("  total %llu parameters (+ 2 AdamW moments each), %llu bytes on disk\n",
+              static_cast<unsigned long long>(total_params), static_cast<unsigned long long>(total_bytes));
+  return 0;
+}
+
+}  // namespace pipetrain

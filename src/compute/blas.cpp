@@ -1,0 +1,15 @@
+#include "pipetrain/compute/blas.hpp"
+
+#include <cblas.h>
+
+namespace pipetrain {
+
+void set_blas_threads(int threads) { openblas_set_num_threads(threads); }
+
+std::string blas_description() {
+  const int threads = openblas_get_num_threads();
+  return std::string("OpenBLAS ") + openblas_get_corename() + " kernels, " + std::to_string(threads) +
+         (threads == 1 ? " thread" : " threads") + " per rank";
+}
+
+}  // namespace pipetrain

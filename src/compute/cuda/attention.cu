@@ -1,0 +1,129 @@
+// Causal self-attention, one thread block per query row (forward) or key column (backward), the
+// row's scores in shared memory. Straightforward rather than fast: a fused flash-style kernel is
+// the next step; this one fixes the numbers it must reproduce.
+#include "pipetrain/compute/gpu_kernels.hpp"
+#include "reduce.cuh"
+
+namespace pipetrain::gpu {
+namespace {
+
+constexpr int kThreads = 128;
+
+struct Heads {  // where head h's q, k, v of token (b, t) sit in qkv [B, T, 3C]
+  int T, C, hs;
+  __device__ size_t q(int b, int t, int h) const { return (static_cast<size_t>(b) * T + t) * 3 * C + h * hs; }
+};
+
+// Block (b, h, t): p = softmax(scale q_t . k_u for u <= t), att row = p (0 above the diagonal),
+// out_t = sum_u p_u v_u.
+__global__ void attention_forward_k(float* out, float* att, const float* qkv, int T, int C, int NH, float scale) {
+  extern __shared__ float p[];
+  __shared__ float shared32[32];
+  const int t = blockIdx.x % T, bh = blockIdx.x / T, h = bh % NH, b = bh / NH;
+  const Heads H{T, C, C / NH};
+  const float* q = qkv + H.q(b, t, h);
+  float mx = -FLT_MAX;
+  for (int u = threadIdx.x; u <= t; u += blockDim.x) {
+    const float* k = qkv + H.q(b, u, h) + C;
+    float s = 0.f;
+    for (int i = 0; i < H.hs; ++i) s += q[i] * k[i];
+    p[u] = s * scale;
+    mx = fmaxf(mx, p[u]);
+  }
+  mx = block_max(mx, shared32);
+  float sum = 0.f;
+  for (int u = threadIdx.x; u <= t; u += blockDim.x) sum += (p[u] = expf(p[u] - mx));
+  const float inv = 1.f / block_sum(sum, shared32);
+  float* row = att + (static_cast<size_t>(bh) * T + t) * T;
+  for (int u = threadIdx.x; u < T; u += blockDim.x) {
+    const float a = u <= t ? p[u] * inv : 0.f;
+    row[u] = a;
+    if (u <= t) p[u] = a;
+  }
+  __syncthreads();
+  float* o = out + (static_cast<size_t>(b) * T + t) * C + h * H.hs;
+  for (int i = threadIdx.x; i < H.hs; i += blockDim.x) {
+    float acc = 0.f;
+    for (int u = 0; u <= t; ++u) acc += p[u] * qkv[H.q(b, u, h) + 2 * C + i];
+    o[i] = acc;
+  }
+}
+
+// Block (b, h, t): datt_u = dout_t . v_u, dpre_u = a_u (datt_u - sum_w a_w datt_w) (kept in
+// `dpre` for the key pass), dq_t = scale sum_u dpre_u k_u.
+__global__ void attention_backward_query_k(float* dqkv, float* dpre, const float* dout, const float* qkv,
+                                           const float* att, int T, int C, int NH, float scale) {
+  extern __shared__ float d[];
+  __shared__ float shared32[32];
+  const int t = blockIdx.x % T, bh = blockIdx.x / T, h = bh % NH, b = bh / NH;
+  const Heads H{T, C, C / NH};
+  const float* g = dout + (static_cast<size_t>(b) * T + t) * C + h * H.hs;
+  const float* a = att + (static_cast<size_t>(bh) * T + t) * T;
+  float dot = 0.f;
+  for (int u = threadIdx.x; u <= t; u += blockDim.x) {
+    const float* v = qkv + H.q(b, u, h) + 2 * C;
+    float s = 0.f;
+    for (int i = 0; i < H.hs; ++i) s += g[i] * v[i];
+    d[u] = s;
+    dot += a[u] * s;
+  }
+  dot = block_sum(dot, shared32);
+  float* dp = dpre + (static_cast<size_t>(bh) * T + t) * T;
+  for (int u = threadIdx.x; u <= t; u += blockDim.x) dp[u] = d[u] = a[u] * (d[u] - dot);
+  __syncthreads();
+  float* dq = dqkv + H.q(b, t, h);
+  for (int i = threadIdx.x; i < H.hs; i += blockDim.x) {
+    float acc = 0.f;
+    for (int u = 0; u <= t; ++u) acc += d[u] * qkv[H.q(b, u, h) + C + i];
+    dq[i] = scale * acc;
+  }
+}
+
+// Block (b, h, u): dk_u = scale sum_{t >= u} dpre[t, u] q_t, dv_u = sum_{t >= u} att[t, u] dout_t.
+__global__ void attention_backward_key_k(float* dqkv, const float* dpre, const float* dout, const float* qkv,
+                                         const float* att, int T, int C, int NH, float scale) {
+  const int u = blockIdx.x % T, bh = blockIdx.x / T, h = bh % NH, b = bh / NH;
+  const Heads H{T, C, C / NH};
+  float* dk = dqkv + H.q(b, u, h) + C;
+  float* dv = dk + C;
+  for (int i = threadIdx.x; i < H.hs; i += blockDim.x) {
+    float k_acc = 0.f, v_acc = 0.f;
+    for (int t = u; t < T; ++t) {
+      const size_t at = (static_cast<size_t>(bh) * T + t) * T + u;
+      k_acc += dpre[at] * qkv[H.q(b, t, h) + i];
+      v_acc += att[at] * dout[(static_cast<size_t>(b) * T + t) * C + h * H.hs + i];
+    }
+    dk[i] = scale * k_acc;
+    dv[i] = v_acc;
+  }
+}
+
+// The row in dynamic shared memory plus the 32-float static shared32 must fit the 48 KiB a block
+// gets without opting in (cudaFuncAttributeMaxDynamicSharedMemorySize).
+void check_row_fits(int T) {
+  if ((static_cast<size_t>(T) + 32) * sizeof(float) > 48 * 1024)
+    throw std::runtime_error("GPU attention: seq_len " + std::to_string(T) + " exceeds this kernel's 12256 tokens");
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  check_row_fits(T);
+  const float scale = 1.f / sqrtf(static_cast<float>(C / NH));
+  attention_forward_k<<<B * NH * T, kThreads, sizeof(float) * T, stream()>>>(out, att, qkv, T, C, NH, scale);
+  PT_LAUNCHED();
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                        int NH) {
+  check_row_fits(T);
+  const float scale = 1.f / sqrtf(static_cast<float>(C / NH));
+  float* dpre = static_cast<float*>(scratch(5, sizeof(float) * static_cast<size_t>(B) * NH * T * T));
+  attention_backward_query_k<<<B * NH * T, kThreads, sizeof(float) * T, stream()>>>(dqkv, dpre, dout, qkv, att, T, C,
+                                                                                   NH, scale);
+  PT_LAUNCHED();
+  attention_backward_key_k<<<B * NH * T, kThreads, 0, stream()>>>(dqkv, dpre, dout, qkv, att, T, C, NH, scale);
+  PT_LAUNCHED();
+}
+
+}  // namespace pipetrain::gpu

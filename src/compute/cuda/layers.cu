@@ -1,0 +1,246 @@
+// Element-wise, LayerNorm, embedding and loss kernels of the GPU build (see gpu_kernels.hpp).
+#include <cmath>
+#include <vector>
+
+#include "pipetrain/compute/gpu.hpp"
+#include "pipetrain/compute/gpu_kernels.hpp"
+#include "reduce.cuh"
+
+namespace pipetrain::gpu {
+namespace {
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+
+__device__ inline float gelu(float x) {
+  return 0.5f * x * (1.f + tanhf(kGeluScale * (x + 0.044715f * x * x * x)));
+}
+
+__global__ void encoder_forward_k(float* out, const int* tokens, const float* wte, const float* wpe, int T, int C,
+                                  size_t total) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= total) return;
+  const size_t n = i / C;
+  const int c = static_cast<int>(i % C), t = static_cast<int>(n % T);
+  out[i] = wte[static_cast<size_t>(tokens[n]) * C + c] + wpe[static_cast<size_t>(t) * C + c];
+}
+__global__ void encoder_backward_wte_k(float* dwte, const float* dout, const int* tokens, int C, size_t total) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= total) return;
+  atomicAdd(&dwte[static_cast<size_t>(tokens[i / C]) * C + i % C], dout[i]);
+}
+__global__ void encoder_backward_wpe_k(float* dwpe, const float* dout, int B, int T, int C) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;  // t * C + c
+  if (i >= static_cast<size_t>(T) * C) return;
+  float s = 0.f;
+  for (int b = 0; b < B; ++b) s += dout[static_cast<size_t>(b) * T * C + i];
+  dwpe[i] += s;
+}
+
+// One warp per row.
+__global__ void layernorm_forward_k(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                                    const float* bias, int N, int C) {
+  const int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const float* x = inp + static_cast<size_t>(row) * C;
+  float s = 0.f;
+  for (int c = lane; c < C; c += 32) s += x[c];
+  const float m = warp_sum(s) / C;
+  float v = 0.f;
+  for (int c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
+  const float r = 1.f / sqrtf(warp_sum(v) / C + 1e-5f);
+  float* o = out + static_cast<size_t>(row) * C;
+  for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+  if (lane == 0) mean[row] = m, rstd[row] = r;
+}
+__global__ void layernorm_backward_input_k(float* dinp, const float* dout, const float* inp, const float* weight,
+                                           const float* mean, const float* rstd, int N, int C) {
+  const int row = (blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const size_t off = static_cast<size_t>(row) * C;
+  const float m = mean[row], s = rstd[row];
+  float dnorm_mean = 0.f, dnorm_norm_mean = 0.f;
+  for (int c = lane; c < C; c += 32) {
+    const float dnorm = weight[c] * dout[off + c];
+    dnorm_mean += dnorm;
+    dnorm_norm_mean += dnorm * (inp[off + c] - m) * s;
+  }
+  dnorm_mean = warp_sum(dnorm_mean) / C;
+  dnorm_norm_mean = warp_sum(dnorm_norm_mean) / C;
+  for (int c = lane; c < C; c += 32) {
+    const float norm = (inp[off + c] - m) * s;
+    dinp[off + c] += s * (weight[c] * dout[off + c] - dnorm_mean - norm * dnorm_norm_mean);
+  }
+}
+struct LayerNormWeightGrad {  // dout * normalised input
+  const float *dout, *inp, *mean, *rstd;
+  int C;
+  __device__ float operator()(int r, int c) const {
+    const size_t i = static_cast<size_t>(r) * C + c;
+    return dout[i] * (inp[i] - mean[r]) * rstd[r];
+  }
+};
+
+__global__ void gelu_forward_k(float* out, const float* inp, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = gelu(inp[i]);
+}
+__global__ void bias_gelu_forward_k(float* pre, float* out, const float* bias, int C, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float x = pre[i] + bias[i % C];
+  pre[i] = x;
+  out[i] = gelu(x);
+}
+__global__ void gelu_backward_k(float* dinp, const float* inp, const float* dout, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float x = inp[i], th = tanhf(kGeluScale * (x + 0.044715f * x * x * x));
+  const float grad = 0.5f * (1.f + th) + 0.5f * x * (1.f - th * th) * kGeluScale * (1.f + 3.f * 0.044715f * x * x);
+  dinp[i] = grad * dout[i];
+}
+__global__ void residual_forward_k(float* out, const float* a, const float* b, const float* bias, int C, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = a[i] + b[i] + bias[i % C];
+}
+
+// One block per row: probabilities and the row's loss log(sum exp(l - max)) + max - l[target].
+__global__ void softmax_crossentropy_forward_k(float* probs, float* row_loss, const float* logits, const int* targets,
+                                               int V) {
+  __shared__ float shared32[32];
+  const size_t off = static_cast<size_t>(blockIdx.x) * V;
+  const float* l = logits + off;
+  float mx = -FLT_MAX;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, l[j]);
+  mx = block_max(mx, shared32);
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) sum += expf(l[j] - mx);
+  sum = block_sum(sum, shared32);
+  const float inv = 1.f / sum;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) probs[off + j] = expf(l[j] - mx) * inv;
+  if (threadIdx.x == 0) row_loss[blockIdx.x] = logf(sum) + mx - l[targets[blockIdx.x]];
+}
+__global__ void softmax_crossentropy_backward_k(float* dlogits, const float* probs, const int* targets, float scale,
+                                                int V, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const int j = static_cast<int>(i % V);
+  dlogits[i] = (probs[i] - (j == targets[i / V] ? 1.f : 0.f)) * scale;
+}
+
+__global__ void adamw_k(float* w, const float* grad, float* m, float* v, size_t n, float beta1, float beta2,
+                        float step_size, float inv_sqrt_bc2, float eps, float decay, float grad_mul) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float g = grad[i] * grad_mul;
+  const float mi = beta1 * m[i] + (1.f - beta1) * g, vi = beta2 * v[i] + (1.f - beta2) * g * g;
+  m[i] = mi, v[i] = vi;
+  w[i] = w[i] * decay - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+}
+
+constexpr int kSquareBlocks = 1024;  // fixed, so the partial sums always split the same way
+__global__ void sum_of_squares_k(double* partial, const float* x, size_t n) {
+  __shared__ double sh[256];
+  double s = 0.0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    s += static_cast<double>(x[i]) * x[i];
+  sh[threadIdx.x] = s;
+  __syncthreads();
+  for (int half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) sh[threadIdx.x] += sh[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
+}
+
+}  // namespace
+
+void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+  const size_t total = static_cast<size_t>(B) * T * C;
+  encoder_forward_k<<<blocks_for(total), 256, 0, stream()>>>(out, tokens, wte, wpe, T, C, total);
+  PT_LAUNCHED();
+}
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C) {
+  const size_t total = static_cast<size_t>(B) * T * C;
+  encoder_backward_wte_k<<<blocks_for(total), 256, 0, stream()>>>(dwte, dout, tokens, C, total);
+  PT_LAUNCHED();
+  encoder_backward_wpe_k<<<blocks_for(static_cast<size_t>(T) * C), 256, 0, stream()>>>(dwpe, dout, B, T, C);
+  PT_LAUNCHED();
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+  layernorm_forward_k<<<blocks_for(static_cast<size_t>(N) * 32), 256, 0, stream()>>>(out, mean, rstd, inp, weight,
+                                                                                    bias, N, C);
+  PT_LAUNCHED();
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+  if (dweight) {
+    column_sum_add(dweight, N, C, LayerNormWeightGrad{dout, inp, mean, rstd, C}, 0);
+    column_sum_add(dbias, N, C, Element{dout, C}, 1);
+  }
+  if (dinp) {
+    layernorm_backward_input_k<<<blocks_for(static_cast<size_t>(N) * 32), 256, 0, stream()>>>(dinp, dout, inp, weight,
+                                                                                           mean, rstd, N, C);
+    PT_LAUNCHED();
+  }
+}
+
+void gelu_forward(float* out, const float* inp, size_t n) {
+  gelu_forward_k<<<blocks_for(n), 256, 0, stream()>>>(out, inp, n);
+  PT_LAUNCHED();
+}
+void bias_gelu_forward(float* pre, float* out, const float* bias, int N, int C) {
+  const size_t n = static_cast<size_t>(N) * C;
+  bias_gelu_forward_k<<<blocks_for(n), 256, 0, stream()>>>(pre, out, bias, C, n);
+  PT_LAUNCHED();
+}
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+  gelu_backward_k<<<blocks_for(n), 256, 0, stream()>>>(dinp, inp, dout, n);
+  PT_LAUNCHED();
+}
+void residual_forward(float* out, const float* a, const float* b, const float* bias, int N, int C) {
+  const size_t n = static_cast<size_t>(N) * C;
+  residual_forward_k<<<blocks_for(n), 256, 0, stream()>>>(out, a, b, bias, C, n);
+  PT_LAUNCHED();
+}
+
+double softmax_crossentropy_forward(float* probs, const float* logits, const int* targets, int N, int V) {
+  float* row_loss = static_cast<float*>(scratch(0, sizeof(float) * N));
+  softmax_crossentropy_forward_k<<<N, 256, 0, stream()>>>(probs, row_loss, logits, targets, V);
+  PT_LAUNCHED();
+  std::vector<float> host(N);
+  copy_to_host(host.data(), row_loss, sizeof(float) * N);
+  double loss = 0.0;  // summed in row order, as on the CPU
+  for (float l : host) loss += l;
+  return loss;
+}
+void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float scale, int N,
+                                   int V) {
+  const size_t n = static_cast<size_t>(N) * V;
+  softmax_crossentropy_backward_k<<<blocks_for(n), 256, 0, stream()>>>(dlogits, probs, targets, scale, V, n);
+  PT_LAUNCHED();
+}
+
+void adamw_update(float* w, const float* grad, float* m, float* v, size_t n, float beta1, float beta2,
+                  float step_size, float inv_sqrt_bc2, float eps, float decay, float grad_mul) {
+  adamw_k<<<blocks_for(n), 256, 0, stream()>>>(w, grad, m, v, n, beta1, beta2, step_size, inv_sqrt_bc2, eps, decay,
+                                               grad_mul);
+  PT_LAUNCHED();
+}
+
+double sum_of_squares(const float* x, size_t n) {
+  double* partial = static_cast<double*>(scratch(0, sizeof(double) * kSquareBlocks));
+  sum_of_squares_k<<<kSquareBlocks, 256, 0, stream()>>>(partial, x, n);
+  PT_LAUNCHED();
+  std::vector<double> host(kSquareBlocks);
+  copy_to_host(host.data(), partial, sizeof(double) * kSquareBlocks);
+  double s = 0.0;
+  for (double p : host) s += p;
+  return s;
+}
+
+}  // namespace pipetrain::gpu

@@ -1,0 +1,96 @@
+// Matrix products through cuBLAS, PyTorch's nn.Linear layout as on the CPU: out[N,OC] =
+// inp[N,C] W[OC,C]^T + bias. cuBLAS is column-major, so a row-major [R, K] matrix is its
+// transpose with leading dimension K; each product below is written for those transposes.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "pipetrain/compute/gpu.hpp"
+#include "pipetrain/compute/gpu_kernels.hpp"
+#include "reduce.cuh"
+
+namespace pipetrain::gpu {
+
+namespace {
+
+MatmulDtype g_dtype = MatmulDtype::fp32;
+
+__global__ void add_bias_k(float* out, const float* bias, int OC, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] += bias[i % OC];
+}
+__global__ void to_bf16_k(__nv_bfloat16* out, const float* in, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = __float2bfloat16_rn(in[i]);
+}
+
+// An operand as cuBLAS gets it: the fp32 array itself, or its bf16 rounding in scratch `slot`.
+const void* operand(const float* x, size_t n, int slot) {
+  if (g_dtype == MatmulDtype::fp32) return x;
+  auto* h = static_cast<__nv_bfloat16*>(scratch(slot, sizeof(__nv_bfloat16) * n));
+  to_bf16_k<<<blocks_for(n), 256, 0, stream()>>>(h, x, n);
+  PT_LAUNCHED();
+  return h;
+}
+
+// C[m,n] (column-major, fp32) = alpha op(A) op(B) + beta C, A and B from operand().
+void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* A, int lda, const void* B,
+          int ldb, float beta, float* C, int ldc) {
+  const float alpha = 1.f;
+  const cudaDataType in = g_dtype == MatmulDtype::fp32 ? CUDA_R_32F : CUDA_R_16BF;
+  PT_CUDA(cublasGemmEx(cublas(), ta, tb, m, n, k, &alpha, A, in, lda, B, in, ldb, &beta, C, CUDA_R_32F, ldc,
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace
+
+void set_matmul_dtype(MatmulDtype dtype) { g_dtype = dtype; }
+
+double measure_gemm_gflops(int n, double seconds) {
+  const size_t nn = static_cast<size_t>(n) * n;
+  Buffer<float> a(nn), b(nn), c(nn);
+  zero(a.data(), nn * sizeof(float)), zero(b.data(), nn * sizeof(float));
+  const void* A = operand(a.data(), nn, 2);
+  const void* B = operand(b.data(), nn, 3);
+  cudaEvent_t start, stop;
+  PT_CUDA(cudaEventCreate(&start));
+  PT_CUDA(cudaEventCreate(&stop));
+  double best = 0, spent = 0;
+  for (int rep = 0; rep < 100 && (rep < 3 || spent < seconds); ++rep) {  // the first run warms up
+    PT_CUDA(cudaEventRecord(start, stream()));
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, A, n, B, n, 0.f, c.data(), n);
+    PT_CUDA(cudaEventRecord(stop, stream()));
+    PT_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    PT_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    spent += ms / 1e3;
+    if (rep > 0) best = std::max(best, 2.0 * n * nn / (ms / 1e3) / 1e9);
+  }
+  cudaEventDestroy(start), cudaEventDestroy(stop);
+  return best;
+}
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
+  const size_t nc = static_cast<size_t>(N) * C, oc = static_cast<size_t>(OC) * C;
+  // out^T [OC, N] = W [OC, C] inp^T [C, N]; W is stored as W^T [C, OC] column-major.
+  gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, operand(weight, oc, 2), C, operand(inp, nc, 3), C, 0.f, out, OC);
+  if (bias) {
+    const size_t n = static_cast<size_t>(N) * OC;
+    add_bias_k<<<blocks_for(n), 256, 0, stream()>>>(out, bias, OC, n);
+    PT_LAUNCHED();
+  }
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC) {
+  const size_t no = static_cast<size_t>(N) * OC;
+  const void* d = operand(dout, no, 4);
+  if (dinp)  // dinp^T [C, N] = W^T [C, OC] dout^T [OC, N]  (overwritten)
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, operand(weight, static_cast<size_t>(OC) * C, 2), C, d, OC, 0.f, dinp, C);
+  if (dweight) {  // dW^T [C, OC] += inp^T [C, N] dout [N, OC]
+    gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, operand(inp, static_cast<size_t>(N) * C, 3), C, d, OC, 1.f, dweight, C);
+    if (dbias) column_sum_add(dbias, N, OC, Element{dout, OC}, 0);
+  }
+}
+
+}  // namespace pipetrain::gpu

@@ -1,0 +1,51 @@
+// The GPU API of a build without CUDA: no device, and every other call says how to get one. Keeps
+// callers free of #ifdefs (device.cpp refuses Device::gpu before any of these could run).
+#include <stdexcept>
+
+#include "pipetrain/compute/gpu.hpp"
+#include "pipetrain/compute/gpu_kernels.hpp"
+
+namespace pipetrain::gpu {
+namespace {
+[[noreturn]] void no_cuda() { throw std::runtime_error("this pipetrain was built without CUDA (cmake -DPIPETRAIN_CUDA=ON)"); }
+}  // namespace
+
+int device_count() { return 0; }
+int select_device(int) { no_cuda(); }
+std::string device_name() { no_cuda(); }
+void* device_alloc(size_t) { no_cuda(); }
+void device_free(void*) {}
+void copy_to_device(void*, const void*, size_t) { no_cuda(); }
+void copy_to_host(void*, const void*, size_t) { no_cuda(); }
+void copy_on_device(void*, const void*, size_t) { no_cuda(); }
+void zero(void*, size_t) { no_cuda(); }
+void synchronize() { no_cuda(); }
+size_t memory_allocated() { return 0; }
+size_t memory_peak() { return 0; }
+size_t memory_total() { return 0; }
+
+void set_matmul_dtype(MatmulDtype) { no_cuda(); }
+void encoder_forward(float*, const int*, const float*, const float*, int, int, int) { no_cuda(); }
+void encoder_backward(float*, float*, const float*, const int*, int, int, int) { no_cuda(); }
+void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int, int) { no_cuda(); }
+void layernorm_backward(float*, float*, float*, const float*, const float*, const float*, const float*, const float*,
+                        int, int) {
+  no_cuda();
+}
+void matmul_forward(float*, const float*, const float*, const float*, int, int, int) { no_cuda(); }
+void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int, int) { no_cuda(); }
+void attention_forward(float*, float*, const float*, int, int, int, int) { no_cuda(); }
+void attention_backward(float*, const float*, const float*, const float*, int, int, int, int) { no_cuda(); }
+void gelu_forward(float*, const float*, size_t) { no_cuda(); }
+void bias_gelu_forward(float*, float*, const float*, int, int) { no_cuda(); }
+void gelu_backward(float*, const float*, const float*, size_t) { no_cuda(); }
+void residual_forward(float*, const float*, const float*, const float*, int, int) { no_cuda(); }
+double softmax_crossentropy_forward(float*, const float*, const int*, int, int) { no_cuda(); }
+void softmax_crossentropy_backward(float*, const float*, const int*, float, int, int) { no_cuda(); }
+void adamw_update(float*, const float*, float*, float*, size_t, float, float, float, float, float, float, float) {
+  no_cuda();
+}
+double sum_of_squares(const float*, size_t) { no_cuda(); }
+double measure_gemm_gflops(int, double) { no_cuda(); }
+
+}  // namespace pipetrain::gpu

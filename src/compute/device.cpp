@@ -1,0 +1,49 @@
+#include "pipetrain/compute/device.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "pipetrain/compute/gpu.hpp"
+
+#ifndef PIPETRAIN_HAVE_CUDA
+#define PIPETRAIN_HAVE_CUDA 0
+#endif
+
+namespace pipetrain {
+namespace {
+Device g_device = Device::cpu;
+}
+
+Device compute_device() { return g_device; }
+bool cuda_built() { return PIPETRAIN_HAVE_CUDA; }
+
+void set_compute_device(Device d, int local_rank) {
+  if (d == Device::gpu) {
+    if (!cuda_built()) throw std::runtime_error("this pipetrain was built without CUDA (cmake -DPIPETRAIN_CUDA=ON)");
+    gpu::select_device(local_rank);
+  }
+  g_device = d;
+}
+
+void copy_values(float* dst, const float* src, size_t n) {
+  if (g_device == Device::gpu) gpu::copy_on_device(dst, src, n * sizeof(float));
+  else std::copy(src, src + n, dst);
+}
+void zero_values(float* dst, size_t n) {
+  if (g_device == Device::gpu) gpu::zero(dst, n * sizeof(float));
+  else std::fill(dst, dst + n, 0.f);
+}
+void finish_compute() {
+  if (g_device == Device::gpu) gpu::synchronize();
+}
+void upload(void* dst, const void* host_src, size_t bytes) {
+  if (g_device == Device::gpu) gpu::copy_to_device(dst, host_src, bytes);
+  else if (bytes) std::memmove(dst, host_src, bytes);
+}
+void download(void* host_dst, const void* src, size_t bytes) {
+  if (g_device == Device::gpu) gpu::copy_to_host(host_dst, src, bytes);
+  else if (bytes) std::memmove(host_dst, src, bytes);
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,369 @@
+#include "pipetrain/compute/kernels.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "pipetrain/util/clock.hpp"
+#include "pipetrain/compute/parallel_for.hpp"
+#include "pipetrain/compute/profile.hpp"
+
+namespace pipetrain {
+namespace {
+
+// About 16K floats of work per chunk: big enough that waking a thread pays, small enough to balance.
+size_t rows_per_chunk(int C) { return std::max<size_t>(1, 16384 / static_cast<size_t>(C)); }
+constexpr size_t kElementsPerChunk = 16384;
+
+// Row-parallel reduction: fn(begin, end, partial) adds rows [begin, end) into its chunk's zeroed
+// partial[width]; the partials are then added into out in chunk order, so the sums do not depend on
+// the thread count.
+template <class Fn>
+void reduce_row_chunks(int N, size_t rows, size_t width, float* out, Fn fn) {
+  const size_t chunks = chunk_count(N, rows);
+  std::vector<float> partial(chunks * width, 0.f);
+  parallel_for(N, rows, [&](size_t begin, size_t end) { fn(begin, end, partial.data() + begin / rows * width); });
+  for (size_t c = 0; c < chunks; ++c)
+    for (size_t j = 0; j < width; ++j) out[j] += partial[c * width + j];
+}
+
+}  // namespace
+
+void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+  KernelTimer timer(Kernel::elementwise);
+  parallel_for(static_cast<size_t>(B) * T, rows_per_chunk(C), [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      float* o = out + i * C;
+      const float* e = wte + static_cast<size_t>(tokens[i]) * C;
+      const float* p = wpe + (i % T) * C;
+      for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+    }
+  });
+}
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C) {
+  KernelTimer timer(Kernel::elementwise);
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      const float* d = dout + (static_cast<size_t>(b) * T + t) * C;
+      float* de = dwte + static_cast<size_t>(tokens[b * T + t]) * C;
+      float* dp = dwpe + static_cast<size_t>(t) * C;
+      for (int c = 0; c < C; ++c) de[c] += d[c], dp[c] += d[c];
+    }
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+  KernelTimer timer(Kernel::layernorm);
+  const float eps = 1e-5f;
+  parallel_for(N, rows_per_chunk(C), [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      const float* x = inp + i * C;
+      float m = 0.f;
+#pragma omp simd reduction(+ : m)
+      for (int c = 0; c < C; ++c) m += x[c];
+      m /= C;
+      float v = 0.f;
+#pragma omp simd reduction(+ : v)
+      for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+      v /= C;
+      float s = 1.f / std::sqrt(v + eps);
+      float* o = out + i * C;
+      for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+      mean[i] = m;
+      rstd[i] = s;
+    }
+  });
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, int N, int C) {
+  KernelTimer timer(Kernel::layernorm);
+  // partial = [dweight | dbias] of a chunk of rows
+  std::vector<float> sums(dweight ? 2 * static_cast<size_t>(C) : 0, 0.f);
+  reduce_row_chunks(N, rows_per_chunk(C), sums.size(), sums.data(), [&](size_t begin, size_t end, float* partial) {
+    float* pw = partial;
+    float* pb = partial + C;
+    for (size_t i = begin; i < end; ++i) {
+      const float* d = dout + i * C;
+      const float* x = inp + i * C;
+      const float m = mean[i], s = rstd[i];
+      if (dweight) {
+#pragma omp simd
+        for (int c = 0; c < C; ++c) {
+          pb[c] += d[c];
+          pw[c] += (x[c] - m) * s * d[c];
+        }
+      }
+      if (!dinp) continue;
+      // dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * weight
+      float dnorm_mean = 0.f, dnorm_norm_mean = 0.f;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
+      for (int c = 0; c < C; ++c) {
+        float norm = (x[c] - m) * s;
+        float dnorm = weight[c] * d[c];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * norm;
+      }
+      dnorm_mean /= C;
+      dnorm_norm_mean /= C;
+      float* dx = dinp + i * C;
+#pragma omp simd  // the arrays never overlap; too many pointers for GCC to version the loop itself
+      for (int c = 0; c < C; ++c) {
+        float norm = (x[c] - m) * s;
+        dx[c] += s * (weight[c] * d[c] - dnorm_mean - norm * dnorm_norm_mean);
+      }
+    }
+  });
+  for (int c = 0; c < C && dweight; ++c) dweight[c] += sums[c], dbias[c] += sums[C + c];
+}
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
+  {
+    KernelTimer timer(Kernel::gemm);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.f, inp, C, weight, C, 0.f, out, OC);
+    count_gemm_flops(2.0 * N * OC * C);
+  }
+  if (!bias) return;
+  KernelTimer timer(Kernel::elementwise);
+  parallel_for(N, rows_per_chunk(OC), [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      float* o = out + i * OC;
+      for (int j = 0; j < OC; ++j) o[j] += bias[j];
+    }
+  });
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC) {
+  {
+    KernelTimer timer(Kernel::gemm);
+    // dinp[N,C] = dout[N,OC] weight[OC,C];  dweight[OC,C] += dout^T inp
+    if (dinp) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.f, dout, OC, weight, C, 0.f, dinp, C);
+      count_gemm_flops(2.0 * N * OC * C);
+    }
+    if (dweight) {
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.f, dout, OC, inp, C, 1.f, dweight, C);
+      count_gemm_flops(2.0 * N * OC * C);
+    }
+  }
+  if (!dweight || !dbias) return;
+  KernelTimer timer(Kernel::elementwise);
+  reduce_row_chunks(N, rows_per_chunk(OC), OC, dbias, [&](size_t begin, size_t end, float* partial) {
+    for (size_t i = begin; i < end; ++i)
+      for (int j = 0; j < OC; ++j) partial[j] += dout[i * OC + j];
+  });
+}
+
+// Per (batch, head) the products are GEMMs on strided views of qkv: Q, K and V of head h are the
+// hs-wide column slices at offsets h*hs, C + h*hs and 2C + h*hs of rows with stride 3C.
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  KernelTimer timer(Kernel::attention);
+  const int hs = C / NH, C3 = 3 * C;
+  const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+  // (batch, head) pairs are independent: one per chunk. OpenBLAS keeps products this small on the
+  // calling thread (larger ones it may thread, serialising concurrent callers).
+  parallel_for(static_cast<size_t>(B) * NH, 1, [&](size_t bh, size_t) {
+    const int b = static_cast<int>(bh / NH), h = static_cast<int>(bh % NH);
+    const float* q = qkv + static_cast<size_t>(b) * T * C3 + h * hs;
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* a = att + (static_cast<size_t>(b) * NH + h) * T * T;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.f, a, T);
+    for (int t = 0; t < T; ++t) {
+      float* row = a + static_cast<size_t>(t) * T;
+      float mx = row[0];
+#pragma omp simd reduction(max : mx)
+      for (int u = 1; u <= t; ++u) mx = row[u] > mx ? row[u] : mx;
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int u = 0; u <= t; ++u) sum += (row[u] = fast_exp(row[u] - mx));
+      const float inv = 1.f / sum;
+      for (int u = 0; u <= t; ++u) row[u] *= inv;
+      for (int u = t + 1; u < T; ++u) row[u] = 0.f;
+    }
+    float* o = out + static_cast<size_t>(b) * T * C + h * hs;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.f, a, T, v, C3, 0.f, o, C);
+  });
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                        int NH) {
+  KernelTimer timer(Kernel::attention);
+  const int hs = C / NH, C3 = 3 * C;
+  const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+  parallel_for(static_cast<size_t>(B) * NH, 1, [&](size_t bh, size_t) {
+    thread_local std::vector<float> datt;
+    datt.resize(static_cast<size_t>(T) * T);
+    const int b = static_cast<int>(bh / NH), h = static_cast<int>(bh % NH);
+    const size_t row0 = static_cast<size_t>(b) * T * C3 + h * hs;
+    const float *q = qkv + row0, *k = q + C, *v = q + 2 * C;
+    float *dq = dqkv + row0, *dk = dq + C, *dv = dq + 2 * C;
+    const float* a = att + (static_cast<size_t>(b) * NH + h) * T * T;
+    const float* d = dout + static_cast<size_t>(b) * T * C + h * hs;
+    // out = a v  =>  datt = d v^T,  dv = a^T d
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.f, d, C, v, C3, 0.f, datt.data(), T);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.f, a, T, d, C, 0.f, dv, C3);
+    // softmax backward, in place: dpre = a * (datt - sum(a * datt)); zero above the diagonal.
+    for (int t = 0; t < T; ++t) {
+      const float* ar = a + static_cast<size_t>(t) * T;
+      float* dr = datt.data() + static_cast<size_t>(t) * T;
+      float dot = 0.f;
+      for (int u = 0; u <= t; ++u) dot += ar[u] * dr[u];
+      for (int u = 0; u <= t; ++u) dr[u] = ar[u] * (dr[u] - dot);
+      for (int u = t + 1; u < T; ++u) dr[u] = 0.f;
+    }
+    // pre = scale q k^T  =>  dq = scale dpre k,  dk = scale dpre^T q
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt.data(), T, k, C3, 0.f, dq, C3);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, datt.data(), T, q, C3, 0.f, dk, C3);
+  });
+}
+
+namespace {
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+}
+
+// tanh as a 13/6 rational function on [-7.9, 7.9] (beyond, tanh is +-1 in float): within a few
+// float ulps of std::tanh, branch-free so the GELU loops vectorise. A profile of the small config
+// had libm's tanhf/expm1f at a quarter of the step.
+float fast_tanh(float x) {
+  x = std::min(7.90531110763549805f, std::max(-7.90531110763549805f, x));
+  const float x2 = x * x;
+  float p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
+  p = x2 * p + -8.60467152213735e-11f;
+  p = x2 * p + 5.12229709037114e-08f;
+  p = x2 * p + 1.48572235717979e-05f;
+  p = x2 * p + 6.37261928875436e-04f;
+  p = x2 * p + 4.89352455891786e-03f;
+  p = x * p;
+  float q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
+  q = x2 * q + 2.26843463243900e-03f;
+  q = x2 * q + 4.89352518554385e-03f;
+  return p / q;
+}
+
+// exp as 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p a degree-6 polynomial (Cephes expf):
+// within 2 float ulps of std::exp, branch-free so the softmax loops vectorise. Inputs below -87.3
+// give ~1e-38 instead of a denormal, which no softmax sum can notice.
+float fast_exp(float x) {
+  x = x > 88.3762626647949f ? 88.3762626647949f : (x < -87.3365447504f ? -87.3365447504f : x);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;  // ln2 split in two for exactness
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+namespace {
+inline float gelu(float x) { return 0.5f * x * (1.f + fast_tanh(kGeluScale * (x + 0.044715f * x * x * x))); }
+}  // namespace
+
+void gelu_forward(float* out, const float* inp, size_t n) {
+  KernelTimer timer(Kernel::gelu);
+  parallel_for(n, kElementsPerChunk, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) out[i] = gelu(inp[i]);
+  });
+}
+
+void bias_gelu_forward(float* pre, float* out, const float* bias, int N, int C) {
+  KernelTimer timer(Kernel::gelu);
+  parallel_for(N, rows_per_chunk(C), [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      float* p = pre + i * C;
+      float* o = out + i * C;
+      for (int c = 0; c < C; ++c) o[c] = gelu(p[c] += bias[c]);
+    }
+  });
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+  KernelTimer timer(Kernel::gelu);
+  parallel_for(n, kElementsPerChunk, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      float x = inp[i];
+      float u = kGeluScale * (x + 0.044715f * x * x * x);
+      float th = fast_tanh(u);
+      float sech2 = 1.f - th * th;
+      float grad = 0.5f * (1.f + th) + 0.5f * x * sech2 * kGeluScale * (1.f + 3.f * 0.044715f * x * x);
+      dinp[i] = grad * dout[i];
+    }
+  });
+}
+
+void residual_forward(float* out, const float* a, const float* b, const float* bias, int N, int C) {
+  KernelTimer timer(Kernel::elementwise);
+  parallel_for(N, rows_per_chunk(C), [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      const float *x = a + i * C, *y = b + i * C;
+      float* o = out + i * C;
+#pragma omp simd
+      for (int c = 0; c < C; ++c) o[c] = x[c] + y[c] + bias[c];
+    }
+  });
+}
+
+double softmax_crossentropy_forward(float* probs, const float* logits, const int* targets, int N, int V) {
+  KernelTimer timer(Kernel::softmax);
+  // one loss per row, summed in row order afterwards: the same total on any thread count
+  std::vector<double> row_loss(N);
+  parallel_for(N, rows_per_chunk(V), [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      const float* l = logits + i * V;
+      float* p = probs + i * V;
+      float mx = l[0];
+#pragma omp simd reduction(max : mx)
+      for (int j = 1; j < V; ++j) mx = l[j] > mx ? l[j] : mx;
+      double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+      for (int j = 0; j < V; ++j) sum += (p[j] = fast_exp(l[j] - mx));
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int j = 0; j < V; ++j) p[j] *= inv;
+      // log-sum-exp in double rather than log(p[target]) so tiny probabilities do not lose digits
+      row_loss[i] = std::log(sum) + mx - l[targets[i]];
+    }
+  });
+  double loss = 0.0;
+  for (double l : row_loss) loss += l;
+  return loss;
+}
+
+void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float scale, int N,
+                                   int V) {
+  KernelTimer timer(Kernel::softmax);
+  parallel_for(N, rows_per_chunk(V), [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      const float* p = probs + i * V;
+      float* d = dlogits + i * V;
+      for (int j = 0; j < V; ++j) d[j] = p[j] * scale;
+      d[targets[i]] -= scale;
+    }
+  });
+}
+
+double measure_sgemm_gflops(int n, double seconds) {
+  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a), c(a.size());
+  double best = 0, spent = 0;
+  while (spent < seconds) {
+    const double t0 = now_s();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+    const double dt = now_s() - t0;
+    spent += dt;
+    best = std::max(best, 2.0 * n * n * n / dt / 1e9);
+  }
+  return best;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,27 @@
+#include "pipetrain/compute/profile.hpp"
+
+#include "pipetrain/util/clock.hpp"
+
+namespace pipetrain {
+namespace {
+KernelTotals totals;
+}  // namespace
+
+const char* kernel_name(Kernel k) {
+  static const char* names[kKernelClasses] = {"gemm",    "attention",   "layernorm", "gelu",
+                                              "softmax", "elementwise", "optimizer"};
+  return names[static_cast<int>(k)];
+}
+
+KernelTotals take_kernel_totals() {
+  KernelTotals t = totals;
+  totals = KernelTotals{};
+  return t;
+}
+
+void count_gemm_flops(double flops) { totals.gemm_flops += flops; }
+
+KernelTimer::KernelTimer(Kernel k) : kernel_(k), start_(now_s()) {}
+KernelTimer::~KernelTimer() { totals.seconds[static_cast<int>(kernel_)] += now_s() - start_; }
+
+}  // namespace pipetrain

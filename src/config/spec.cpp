@@ -1,0 +1,231 @@
+#include "pipetrain/config/spec.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <sstream>
+
+#include "pipetrain/util/files.hpp"
+#include "pipetrain/config/spec_schema.hpp"
+
+namespace pipetrain {
+namespace {
+
+std::string where_in_file(const std::string& file, const toml::node& n) {
+  return file + ":" + std::to_string(n.source().begin.line);
+}
+
+// "section.key=value": the value is read as TOML (numbers, booleans, lists, quoted strings) and
+// falls back to a plain string, so `--set run.name=foo` works without quotes.
+void apply_override(toml::table& root, const std::string& text,
+                    std::vector<std::pair<std::string, std::string>>& set_by_cli) {
+  auto eq = text.find('=');
+  auto dot = text.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq || dot == 0 || dot + 1 == eq)
+    throw SpecError("--set " + text + ": expected section.key=value (e.g. --set parallel.pp=2)");
+  std::string section = text.substr(0, dot), key = text.substr(dot + 1, eq - dot - 1);
+  std::string value = text.substr(eq + 1);
+  toml::table parsed;
+  const auto& schema = spec_schema();
+  auto known = std::find_if(schema.begin(), schema.end(), [&](const SpecKey& k) { return k.dotted() == section + "." + key; });
+  try {
+    parsed = toml::parse("v = " + value);
+    if (known != schema.end() && known->takes_string && !parsed.get("v")->is_string()) parsed.insert_or_assign("v", value);
+  } catch (const toml::parse_error&) {
+    parsed.insert_or_assign("v", value);
+  }
+  if (!root.contains(section) || !root[section].is_table()) root.insert_or_assign(section, toml::table{});
+  root[section].as_table()->insert_or_assign(key, *parsed.get("v"));
+  set_by_cli.emplace_back(section + "." + key, "--set " + text);
+}
+
+std::string origin_of(const std::vector<std::pair<std::string, std::string>>& origins, const std::string& key) {
+  for (auto it = origins.rbegin(); it != origins.rend(); ++it)
+    if (it->first == key) return it->second;
+  return "";
+}
+
+// Did-you-mean for an unknown key: the same key name in another section first (a key put under
+// the wrong header), else the nearest section.key by edit distance.
+std::string suggest_key(const std::string& full, const std::string& key_name, const std::vector<std::string>& dotted) {
+  for (auto& d : dotted)
+    if (d.substr(d.find('.') + 1) == key_name) return d;
+  return closest_match(full, dotted);
+}
+
+}  // namespace
+
+
+std::string RunSpec::origin(const std::string& dotted_key) const {
+  std::string o = origin_of(origins, dotted_key);
+  return o.empty() ? "(default)" : o;
+}
+
+RunSpec load_spec(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
+  // a run spec is a few KiB
+  return parse_spec(path.empty() ? "" : read_input_file(path, "spec file", 1 << 20), path, overrides, world_size);
+}
+
+RunSpec parse_spec(const std::string& text, const std::string& path, const std::vector<std::string>& overrides,
+                   int world_size) {
+  toml::table root;
+  if (!path.empty()) {
+    try {
+      root = toml::parse(text, path);
+    } catch (const toml::parse_error& e) {
+      throw SpecError(path + ":" + std::to_string(e.source().begin.line) + ": not valid TOML: " +
+                      std::string(e.description()));
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> set_by_cli;
+  for (auto& o : overrides) apply_override(root, o, set_by_cli);
+
+  const auto& schema = spec_schema();
+  std::vector<std::string> sections, dotted;
+  for (auto& k : schema) {
+    if (sections.empty() || sections.back() != k.section) sections.push_back(k.section);
+    dotted.push_back(k.dotted());
+  }
+
+  RunSpec spec;
+  for (auto& [sec_name, sec_node] : root) {
+    std::string sec(sec_name.str());
+    std::string where = origin_of(set_by_cli, sec);
+    if (!sec_node.is_table()) {
+      std::string at = path.empty() ? "--set" : where_in_file(path, sec_node);
+      std::string hint = suggest_key(sec, sec, dotted);
+      throw SpecError(at + ": '" + sec + "' must be a [section] (keys go inside sections" +
+                      (hint.empty() ? "" : ", did you mean " + hint) + ")");
+    }
+    if (std::find(sections.begin(), sections.end(), sec) == sections.end()) {
+      std::string at = path.empty() ? "--set" : path + ":" + std::to_string(sec_node.source().begin.line);
+      for (auto& [k, v] : *sec_node.as_table()) {
+        std::string cli = origin_of(set_by_cli, sec + "." + std::string(k.str()));
+        if (!cli.empty()) at = cli;
+        (void)v;
+      }
+      std::string hint = closest_match(sec, sections);
+      throw SpecError(at + ": unknown section [" + sec + "]" + (hint.empty() ? "" : " (did you mean [" + hint + "]?)"));
+    }
+    for (auto& [key_name, node] : *sec_node.as_table()) {
+      std::string full = sec + "." + std::string(key_name.str());
+      std::string at = origin_of(set_by_cli, full);
+      if (at.empty()) at = where_in_file(path, node);
+      auto it = std::find_if(schema.begin(), schema.end(), [&](const SpecKey& k) { return k.dotted() == full; });
+      if (it == schema.end()) {
+        // Suggest across sections too: `[train] micro_batches` should point at parallel.micro_batches.
+        std::string hint = suggest_key(full, std::string(key_name.str()), dotted);
+        throw SpecError(at + ": unknown key " + full + (hint.empty() ? "" : " (did you mean " + hint + "?)"));
+      }
+      it->set(spec, node, at);
+      spec.origins.emplace_back(full, at);
+    }
+  }
+  validate_spec(spec, world_size);
+  return spec;
+}
+
+void validate_spec(const RunSpec& s, int world_size) {
+  auto fail = [&](const std::string& key, const std::string& msg) {
+    throw SpecError(s.origin(key) + ": " + key + ": " + msg);
+  };
+  const auto& m = s.model;
+  const auto& p = s.parallel;
+  // 64-bit products: each factor is range-checked, their product may still exceed int.
+  const int64_t ranks = int64_t{p.pp} * p.dp, batch_divisor = int64_t{p.dp} * p.micro_batches;
+  if (p.schedule == "zb-h1" && p.recompute != "none")
+    fail("parallel.recompute", "recompute = " + p.recompute + " cannot be used with parallel.schedule = zb-h1 "
+                               "(its weight-gradient passes need the activations kept; use recompute = none)");
+  if (m.d_model % m.n_head != 0)
+    fail("model.n_head", "n_head = " + std::to_string(m.n_head) + " does not divide model.d_model = " +
+                             std::to_string(m.d_model));
+  if (world_size > 0 && ranks != world_size)
+    fail("parallel.pp", "pp x dp = " + std::to_string(p.pp) + " x " + std::to_string(p.dp) + " = " +
+                            std::to_string(ranks) + " but " + std::to_string(world_size) +
+                            " MPI ranks were launched");
+  if (m.dtype == "bf16" && s.run.device != "gpu")
+    fail("model.dtype", "dtype = bf16 needs run.device = \"gpu\" (the CPU kernels are fp32)");
+  const bool interleaved = p.schedule == "interleaved";
+  if (p.virtual_stages > 1 && !interleaved)
+    fail("parallel.virtual_stages", "virtual_stages = " + std::to_string(p.virtual_stages) +
+                                        " needs parallel.schedule = \"interleaved\" (schedule is " + p.schedule + ")");
+  if (interleaved && p.virtual_stages < 2)
+    fail("parallel.virtual_stages", "schedule = interleaved needs virtual_stages >= 2 (with 1 it is plain 1f1b)");
+  if (interleaved && p.pp < 2) fail("parallel.pp", "schedule = interleaved needs pp >= 2 (chunks go round the ring of stages)");
+  if (interleaved && p.micro_batches % p.pp != 0)
+    fail("parallel.micro_batches", "micro_batches = " + std::to_string(p.micro_batches) +
+                                       " must be a multiple of parallel.pp = " + std::to_string(p.pp) +
+                                       " for schedule = interleaved (micro-batches go through the chunks in groups of pp)");
+  const int64_t chunks = int64_t{p.pp} * p.virtual_stages;
+  if (chunks > m.n_layer)
+    fail("parallel.pp", (p.virtual_stages > 1 ? "pp x virtual_stages = " + std::to_string(chunks) + " chunks"
+                                              : std::to_string(p.pp) + " stages") +
+                            " but model.n_layer = " + std::to_string(m.n_layer) + ": every " +
+                            (p.virtual_stages > 1 ? "chunk" : "stage") + " needs at least one block");
+  if (s.train.global_batch % batch_divisor != 0)
+    fail("train.global_batch", "global_batch = " + std::to_string(s.train.global_batch) +
+                                   " is not divisible by parallel.dp x parallel.micro_batches = " +
+                                   std::to_string(batch_divisor));
+  if (p.partition == "explicit") {
+    long total = 0;
+    for (int b : p.blocks_per_stage) total += b;
+    if (static_cast<int64_t>(p.blocks_per_stage.size()) != chunks)
+      fail("parallel.partition", "lists " + std::to_string(p.blocks_per_stage.size()) + " stages but parallel.pp = " +
+                                     std::to_string(p.pp) +
+                                     (p.virtual_stages > 1 ? " x virtual_stages = " + std::to_string(chunks) : ""));
+    if (total != m.n_layer)
+      fail("parallel.partition", "assigns " + std::to_string(total) + " blocks but model.n_layer = " +
+                                     std::to_string(m.n_layer));
+  }
+  if (s.train.min_lr > s.train.lr) fail("train.min_lr", "min_lr must not exceed train.lr");
+  if (s.eval.every_steps > 0 && s.data.source == "text")
+    fail("eval.every_steps", "validation needs held-out data: a token file with /val (pipetrain data prepare, "
+                             "data.source = \"hdf5\") or data.source = \"synthetic\"");
+  if (s.data.source != "synthetic" && s.data.path.empty())
+    fail("data.path", "data.source = \"" + s.data.source + "\" needs data.path");
+  if (s.data.source == "text" && m.vocab < 256)
+    fail("model.vocab", "vocab = " + std::to_string(m.vocab) + " is too small for byte tokens of data.source = \"text\" (need >= 256)");
+  if (s.data.source == "synthetic" && m.vocab < 128)
+    fail("model.vocab", "vocab = " + std::to_string(m.vocab) + " is too small for the synthetic byte language (need >= 128)");
+  // Buffers are indexed with int in BLAS and MPI counts: keep every per-micro-batch tensor below 2^31.
+  const int64_t tokens = int64_t{s.train.global_batch} / batch_divisor * m.seq_len;
+  const int64_t largest = std::max({tokens * 4 * m.d_model, tokens * m.vocab,
+                                    int64_t{s.train.global_batch} / batch_divisor * m.n_head * m.seq_len * m.seq_len});
+  if (largest > INT32_MAX)
+    fail("model.seq_len", "a micro-batch tensor would hold " + std::to_string(largest) +
+                              " elements (limit 2^31-1): lower seq_len, d_model, vocab or the micro-batch size");
+  if (s.run.out_dir.empty()) fail("run.out_dir", "must not be empty (use \".\" for the current folder)");
+  if (s.run.name.empty() || s.run.name.find('/') != std::string::npos)
+    fail("run.name", "must be a non-empty name without '/'");
+}
+
+std::string resolved_toml(const RunSpec& spec) {
+  std::ostringstream os;
+  os << "# resolved pipetrain run spec: every key, defaults filled in\n";
+  std::string section;
+  for (auto& k : spec_schema()) {
+    if (k.section != section) {
+      section = k.section;
+      os << "\n[" << section << "]\n";
+    }
+    os << k.key << " = " << k.show(spec) << "  # " << k.doc << "\n";
+  }
+  return os.str();
+}
+
+uint64_t spec_hash(const RunSpec& spec) {
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a over the resolved text
+  for (unsigned char c : resolved_toml(spec)) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
+std::string spec_reference_markdown() {
+  RunSpec defaults;
+  std::ostringstream os;
+  os << "| key | default | meaning |\n|---|---|---|\n";
+  for (auto& k : spec_schema()) os << "| `" << k.dotted() << "` | `" << k.show(defaults) << "` | " << k.doc << " |\n";
+  return os.str();
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,304 @@
+#include "pipetrain/config/spec_schema.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+namespace pipetrain {
+namespace {
+
+std::string describe(const toml::node& n) {
+  std::ostringstream os;
+  switch (n.type()) {
+    case toml::node_type::string: os << "string "; break;
+    case toml::node_type::integer: os << "integer "; break;
+    case toml::node_type::floating_point: os << "float "; break;
+    case toml::node_type::boolean: os << "boolean "; break;
+    case toml::node_type::array: os << "array "; break;
+    case toml::node_type::table: return "a table";
+    default: os << "date/time "; break;
+  }
+  n.visit([&](auto&& v) { os << v; });
+  return os.str();
+}
+
+[[noreturn]] void type_error(const std::string& where, const std::string& key, const char* want,
+                             const toml::node& n) {
+  throw SpecError(where + ": " + key + " must be " + want + ", got " + describe(n));
+}
+
+std::string show_double(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  if (std::strtod(buf, nullptr) != v) std::snprintf(buf, sizeof buf, "%.17g", v);
+  std::string s = buf;
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // stays a TOML float
+  return s;
+}
+
+std::string show_string(const std::string& v) {
+  std::string out = "\"";
+  for (char c : v) {
+    if (c == '"' || c == '\\') out += '\\', out += c;
+    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {  // TOML forbids raw control chars
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else out += c;
+  }
+  return out + "\"";
+}
+
+// Accessors to one spec field. `show` calls them on a const spec through const_cast: they only
+// return a reference, and show only reads through it.
+using IntRef = std::function<int&(RunSpec&)>;
+using DoubleRef = std::function<double&(RunSpec&)>;
+using StringRef = std::function<std::string&(RunSpec&)>;
+using BoolRef = std::function<bool&(RunSpec&)>;
+
+SpecKey int_key(const char* sec, const char* key, IntRef ref, long long lo, long long hi, const char* doc) {
+  SpecKey k{sec, key, doc, nullptr, nullptr};
+  std::string dotted = k.dotted();
+  k.set = [=](RunSpec& s, const toml::node& n, const std::string& where) {
+    if (!n.is_integer()) type_error(where, dotted, "an integer", n);
+    long long v = n.as_integer()->get();
+    if (v < lo || v > hi)
+      throw SpecError(where + ": " + dotted + " = " + std::to_string(v) + " is out of range [" +
+                      std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    ref(s) = static_cast<int>(v);
+  };
+  k.show = [=](const RunSpec& s) { return std::to_string(ref(const_cast<RunSpec&>(s))); };
+  return k;
+}
+
+SpecKey seed_key() {
+  SpecKey k{"run", "seed", "seeds parameter init, synthetic data and shuffling", nullptr, nullptr};
+  k.set = [](RunSpec& s, const toml::node& n, const std::string& where) {
+    if (!n.is_integer()) type_error(where, "run.seed", "an integer", n);
+    long long v = n.as_integer()->get();
+    if (v < 0) throw SpecError(where + ": run.seed = " + std::to_string(v) + " must be >= 0");
+    s.run.seed = v;
+  };
+  k.show = [](const RunSpec& s) { return std::to_string(s.run.seed); };
+  return k;
+}
+
+SpecKey double_key(const char* sec, const char* key, DoubleRef ref, double lo, double hi, const char* doc) {
+  SpecKey k{sec, key, doc, nullptr, nullptr};
+  std::string dotted = k.dotted();
+  k.set = [=](RunSpec& s, const toml::node& n, const std::string& where) {
+    double v;
+    if (n.is_floating_point()) v = n.as_floating_point()->get();
+    else if (n.is_integer()) v = static_cast<double>(n.as_integer()->get());
+    else type_error(where, dotted, "a number", n);
+    if (!(v >= lo && v <= hi))
+      throw SpecError(where + ": " + dotted + " = " + show_double(v) + " is out of range [" +
+                      show_double(lo) + ", " + show_double(hi) + "]");
+    ref(s) = v;
+  };
+  k.show = [=](const RunSpec& s) { return show_double(ref(const_cast<RunSpec&>(s))); };
+  return k;
+}
+
+SpecKey bool_key(const char* sec, const char* key, BoolRef ref, const char* doc) {
+  SpecKey k{sec, key, doc, nullptr, nullptr};
+  std::string dotted = k.dotted();
+  k.set = [=](RunSpec& s, const toml::node& n, const std::string& where) {
+    if (!n.is_boolean()) type_error(where, dotted, "true or false", n);
+    ref(s) = n.as_boolean()->get();
+  };
+  k.show = [=](const RunSpec& s) { return ref(const_cast<RunSpec&>(s)) ? "true" : "false"; };
+  return k;
+}
+
+// A string; when `choices` is non-empty it must be one of them.
+SpecKey string_key(const char* sec, const char* key, StringRef ref, std::vector<std::string> choices,
+                   const char* doc) {
+  SpecKey k{sec, key, doc, nullptr, nullptr};
+  k.takes_string = true;
+  std::string dotted = k.dotted();
+  k.set = [=](RunSpec& s, const toml::node& n, const std::string& where) {
+    if (!n.is_string()) type_error(where, dotted, "a string", n);
+    std::string v = n.as_string()->get();
+    if (!choices.empty() && std::find(choices.begin(), choices.end(), v) == choices.end()) {
+      std::string all;
+      for (auto& c : choices) all += (all.empty() ? "" : " | ") + c;
+      std::string hint = closest_match(v, choices);
+      throw SpecError(where + ": " + dotted + " = \"" + v + "\" is not one of " + all +
+                      (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
+    }
+    ref(s) = v;
+  };
+  k.show = [=](const RunSpec& s) { return show_string(ref(const_cast<RunSpec&>(s))); };
+  return k;
+}
+
+SpecKey partition_key() {
+  SpecKey k{"parallel", "partition",
+            "\"uniform\", \"balanced\" (cost model incl. embedding and head) or a list of blocks per stage "
+            "(per chunk under interleaved: pp x virtual_stages entries)",
+            nullptr, nullptr};
+  k.set = [](RunSpec& s, const toml::node& n, const std::string& where) {
+    if (n.is_string()) {
+      std::string v = n.as_string()->get();
+      if (v != "uniform" && v != "balanced") {
+        std::string hint = closest_match(v, {"uniform", "balanced"});
+        throw SpecError(where + ": parallel.partition = \"" + v +
+                        "\" is not one of uniform | balanced | [blocks per stage]" +
+                        (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
+      }
+      s.parallel.partition = v;
+      s.parallel.blocks_per_stage.clear();
+      return;
+    }
+    if (!n.is_array()) type_error(where, "parallel.partition", "a string or a list of integers", n);
+    std::vector<int> blocks;
+    for (auto& e : *n.as_array()) {
+      if (!e.is_integer() || e.as_integer()->get() < 1 || e.as_integer()->get() > 1000000)
+        throw SpecError(where + ": parallel.partition entries must be integers >= 1 (blocks per stage), got " +
+                        describe(e));
+      blocks.push_back(static_cast<int>(e.as_integer()->get()));
+    }
+    if (blocks.empty()) throw SpecError(where + ": parallel.partition list is empty");
+    s.parallel.partition = "explicit";
+    s.parallel.blocks_per_stage = blocks;
+  };
+  k.show = [](const RunSpec& s) {
+    if (s.parallel.partition != "explicit") return show_string(s.parallel.partition);
+    std::string out = "[";
+    for (size_t i = 0; i < s.parallel.blocks_per_stage.size(); ++i)
+      out += (i ? ", " : "") + std::to_string(s.parallel.blocks_per_stage[i]);
+    return out + "]";
+  };
+  return k;
+}
+
+#define FIELD(T, expr) [](RunSpec& s) -> T& { return s.expr; }
+
+std::vector<SpecKey> build_schema() {
+  const long long big = 1LL << 30;
+  return {
+      string_key("run", "name", FIELD(std::string, run.name), {}, "run name; run dir is out_dir/name"),
+      string_key("run", "out_dir", FIELD(std::string, run.out_dir), {}, "parent folder of run directories"),
+      seed_key(),
+      int_key("run", "steps", FIELD(int, run.steps), 1, big, "optimizer steps to train"),
+      double_key("run", "time_limit", FIELD(double, run.time_limit), 0, 1e9,
+                 "wall-clock seconds for this launch; checkpoint and exit 3 before it runs out (0 = none)"),
+      string_key("run", "device", FIELD(std::string, run.device), {"cpu", "gpu"},
+                 "where each rank computes: cpu, or gpu (one GPU per rank, the node's GPU local rank mod count; "
+                 "needs a build with PIPETRAIN_CUDA=ON)"),
+      int_key("model", "n_layer", FIELD(int, model.n_layer), 1, 4096, "transformer blocks"),
+      int_key("model", "d_model", FIELD(int, model.d_model), 1, 1 << 16, "embedding width"),
+      int_key("model", "n_head", FIELD(int, model.n_head), 1, 1024, "attention heads (must divide d_model)"),
+      int_key("model", "seq_len", FIELD(int, model.seq_len), 1, 1 << 20, "tokens per sample (context length)"),
+      int_key("model", "vocab", FIELD(int, model.vocab), 2, 1 << 20, "vocabulary size (256 = bytes)"),
+      string_key("model", "dtype", FIELD(std::string, model.dtype), {"fp32", "bf16"},
+                 "matrix-product inputs: fp32, or bf16 with fp32 accumulation and fp32 master weights (gpu only)"),
+      bool_key("model", "tie_embeddings", FIELD(bool, model.tie_embeddings),
+               "LM head shares wte.weight (gradient summed between first and last stage)"),
+      string_key("data", "source", FIELD(std::string, data.source), {"synthetic", "text", "hdf5"},
+                 "synthetic (built-in learnable byte language), text (bytes of data.path) or hdf5 (the train "
+                 "tokens of a token file made by pipetrain data prepare, read by hyperslab)"),
+      string_key("data", "path", FIELD(std::string, data.path), {},
+                 "input file for source = text, or the token file (pipetrain data prepare) for source = hdf5"),
+      bool_key("data", "shuffle", FIELD(bool, data.shuffle), "seeded permutation of windows per epoch"),
+      int_key("parallel", "pp", FIELD(int, parallel.pp), 1, 65536, "pipeline stages"),
+      int_key("parallel", "dp", FIELD(int, parallel.dp), 1, 1 << 20, "data-parallel replicas"),
+      int_key("parallel", "micro_batches", FIELD(int, parallel.micro_batches), 1, 1 << 20,
+              "micro-batches per step (M)"),
+      string_key("parallel", "schedule", FIELD(std::string, parallel.schedule), {"gpipe", "1f1b", "interleaved", "zb-h1"},
+                 "pipeline schedule: gpipe (all forwards, then all backwards; M micro-batches in flight), "
+                 "1f1b (one forward, one backward; at most P - stage in flight), interleaved (1f1b over "
+                 "virtual_stages chunks per rank: bubble / V; M a multiple of pp) or zb-h1 (1f1b's memory, "
+                 "weight gradients deferred into the bubbles; needs recompute = none)"),
+      string_key("parallel", "order", FIELD(std::string, parallel.order), {"pp", "dp"},
+                 "rank order, i.e. what shares a node: pp = a pipeline's stages are consecutive ranks (p2p stays "
+                 "in a node), dp = a stage's replicas are (the gradient all-reduce stays in a node)"),
+      int_key("parallel", "virtual_stages", FIELD(int, parallel.virtual_stages), 1, 1024,
+              "model chunks per rank under schedule = interleaved (rank s runs virtual stages s, s+pp, ...)"),
+      partition_key(),
+      int_key("parallel", "threads_per_rank", FIELD(int, parallel.threads_per_rank), 0, 1024,
+              "BLAS threads per rank (0 = OPENBLAS_NUM_THREADS if set, else cores of the node / ranks on it)"),
+      string_key("parallel", "recompute", FIELD(std::string, parallel.recompute), {"none", "stage", "block"},
+                 "activation recompute: keep everything, only each stage's input, or each block's input"),
+      int_key("train", "global_batch", FIELD(int, train.global_batch), 1, big,
+              "samples per optimizer step (divisible by dp x micro_batches)"),
+      double_key("train", "lr", FIELD(double, train.lr), 0, 10, "peak learning rate"),
+      double_key("train", "min_lr", FIELD(double, train.min_lr), 0, 10, "learning rate at the end of cosine decay"),
+      int_key("train", "warmup_steps", FIELD(int, train.warmup_steps), 0, big, "linear warmup steps"),
+      double_key("train", "weight_decay", FIELD(double, train.weight_decay), 0, 10,
+                 "AdamW decoupled weight decay (2-D weights only)"),
+      double_key("train", "beta1", FIELD(double, train.beta1), 0, 0.999999, "AdamW beta1"),
+      double_key("train", "beta2", FIELD(double, train.beta2), 0, 0.999999999, "AdamW beta2"),
+      double_key("train", "eps", FIELD(double, train.eps), 1e-30, 1, "AdamW epsilon"),
+      double_key("train", "grad_clip", FIELD(double, train.grad_clip), 0, 1e30,
+                 "global gradient-norm clip over all stages (0 = off)"),
+      int_key("train", "max_bad_steps", FIELD(int, train.max_bad_steps), 1, big,
+              "consecutive steps with a NaN/Inf loss or gradient (each skipped) before the run stops"),
+      int_key("eval", "every_steps", FIELD(int, eval.every_steps), 0, big,
+              "validation loss every N steps and at the end, as val_loss (0 = never); data: the token file's "
+              "/val (source = hdf5) or held-out text of the synthetic language"),
+      int_key("eval", "batches", FIELD(int, eval.batches), 1, 1 << 20,
+              "global batches of validation samples per evaluation (the same samples every time)"),
+      int_key("checkpoint", "every_steps", FIELD(int, checkpoint.every_steps), 0, big,
+              "save every N steps (0 = only at the end and on a stop signal)"),
+      int_key("checkpoint", "keep_last", FIELD(int, checkpoint.keep_last), 0, big,
+              "complete checkpoints to keep, oldest removed first (0 = keep all)"),
+      string_key("checkpoint", "on_error", FIELD(std::string, checkpoint.on_error), {"warn", "stop"},
+                 "a failed save (disk full, read-only, ...): warn and train on, or stop with exit 1; the "
+                 "previous checkpoint stays intact either way, and a failed final save always exits 1"),
+      int_key("log", "every_steps", FIELD(int, log.every_steps), 1, big, "log a metrics line every N steps"),
+      int_key("log", "trace_steps", FIELD(int, log.trace_steps), 0, 1000,
+              "first steps of each launch recorded in trace.json (Chrome/Perfetto; 0 = no trace)"),
+      double_key("log", "peak_gflops", FIELD(double, log.peak_gflops), 0, 1e9,
+                 "peak GFLOP/s of one rank for MFU (0 = measure OpenBLAS sgemm at start)"),
+      string_key("comm", "backend", FIELD(std::string, comm.backend), {"mpi"}, "transport (nccl comes with the GPU build)"),
+      string_key("comm", "wait", FIELD(std::string, comm.wait), {"auto", "spin", "yield"},
+                 "how waits poll: auto yields when ranks outnumber cores"),
+      double_key("comm", "timeout_s", FIELD(double, comm.timeout_s), 0.001, 1e9,
+                 "a wait longer than this is an error naming stage, peer, node and micro-batch; after "
+                 "start-up it also bounds waits for all ranks to agree (in a save: + 4x the longest save)"),
+      string_key("comm", "finalize", FIELD(std::string, comm.finalize), {"auto", "mpi", "skip"},
+                 "how a finished run leaves MPI: skip = barrier, then exit without MPI_Finalize (MPICH "
+                 "over UCX/TCP hangs in it with 3+ ranks across nodes); auto = skip when ranks span nodes"),
+      double_key("comm", "finalize_timeout_s", FIELD(double, comm.finalize_timeout_s), 0, 1e9,
+                 "exit anyway if MPI_Finalize (or skip's barrier) has not returned this long after a "
+                 "finished run; everything is saved first; 0 = wait forever"),
+      double_key("comm", "bucket_mb", FIELD(double, comm.bucket_mb), 0.0625, 1e6,
+                 "data-parallel gradient all-reduce bucket size (MiB)"),
+  };
+}
+
+#undef FIELD
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+}  // namespace
+
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;
+  for (auto& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  return best;
+}
+
+const std::vector<SpecKey>& spec_schema() {
+  static const std::vector<SpecKey> schema = build_schema();
+  return schema;
+}
+
+}  // namespace pipetrain

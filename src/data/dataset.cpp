@@ -1,0 +1,117 @@
+#include "pipetrain/data/dataset.hpp"
+
+#include "pipetrain/util/files.hpp"
+#include "pipetrain/util/rng.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <numeric>
+
+namespace pipetrain {
+namespace {
+
+using Rng = SplitMix64;
+
+}  // namespace
+
+std::vector<uint8_t> synthetic_corpus(uint64_t seed, size_t n_bytes, uint64_t stream) {
+  Rng rng{seed ^ 0x5eed5eed5eedULL};
+  const int n_words = 192, n_next = 4;
+  std::vector<std::string> words(n_words);
+  for (auto& w : words) {
+    int len = 2 + rng.below(5);
+    for (int i = 0; i < len; ++i) w += static_cast<char>('a' + rng.below(26));
+  }
+  // Each word is followed by one of 4 successors with probabilities 1/2, 1/4, 1/8, 1/8.
+  std::vector<int> successors(n_words * n_next);
+  for (int& s : successors) s = rng.below(n_words);
+  if (stream) rng = Rng{rng.s ^ (stream * 0xd1b54a32d192ed03ULL)};  // same words, other sentences
+  std::vector<uint8_t> out;
+  out.reserve(n_bytes);
+  int word = rng.below(n_words);
+  while (out.size() < n_bytes) {
+    out.insert(out.end(), words[word].begin(), words[word].end());
+    if (rng.below(8) == 0) {
+      out.push_back('.');
+      out.push_back('\n');
+      word = rng.below(16);  // sentences open with one of a few words
+      continue;
+    }
+    out.push_back(' ');
+    uint32_t r = rng.below(8);
+    int pick = r < 4 ? 0 : r < 6 ? 1 : r < 7 ? 2 : 3;
+    word = successors[word * n_next + pick];
+  }
+  out.resize(n_bytes);
+  return out;
+}
+
+Dataset::Dataset(const RunSpec& spec, Split split)
+    : T_(spec.model.seq_len), B_(spec.train.global_batch), D_(spec.parallel.dp), M_(spec.parallel.micro_batches),
+      shuffle_(spec.data.shuffle && split == Split::train), seed_(static_cast<uint64_t>(spec.run.seed)) {
+  const bool val = split == Split::val;
+  if (val && spec.data.source == "text") throw SpecError(spec.origin("eval.every_steps") + ": no validation data for text");
+  if (spec.data.source == "synthetic") {
+    tokens_ = val ? synthetic_corpus(seed_, kSyntheticValBytes, 1) : synthetic_corpus(seed_, kSyntheticBytes);
+  } else if (spec.data.source == "hdf5") {
+    const std::string where = spec.origin("data.path") + ": data.path: ";
+    try {
+      file_ = std::make_unique<TokenFile>(spec.data.path, val ? "val" : "train");
+    } catch (const SpecError& e) {
+      throw SpecError(where + e.what());
+    }
+    if (file_->vocab_size() > spec.model.vocab)
+      throw SpecError(where + "its tokens go up to vocab_size " + std::to_string(file_->vocab_size()) +
+                      " but model.vocab = " + std::to_string(spec.model.vocab));
+    window_.resize(static_cast<size_t>(T_) + 1);
+  } else {
+    const std::string bytes = read_input_file(spec.data.path, spec.origin("data.path") + ": data.path");
+    tokens_.assign(bytes.begin(), bytes.end());
+  }
+  if (val && n_tokens() < static_cast<size_t>(T_) + 2)
+    throw SpecError(spec.origin("eval.every_steps") + ": eval.every_steps = " + std::to_string(spec.eval.every_steps) +
+                    " but the validation tokens (" + std::to_string(n_tokens()) + ") are fewer than model.seq_len + 2 = " +
+                    std::to_string(T_ + 2) + (file_ ? " (a larger --val-fraction in pipetrain data prepare?)" : ""));
+  if (n_tokens() < static_cast<size_t>(T_) + 2) {
+    const bool synthetic = spec.data.source == "synthetic";
+    throw SpecError(spec.origin(synthetic ? "model.seq_len" : "data.path") + ": " +
+                    (synthetic ? "the synthetic corpus" : "data.path = \"" + spec.data.path + "\"") + " has " +
+                    std::to_string(n_tokens()) + (file_ ? " train tokens" : " bytes") +
+                    ", fewer than model.seq_len + 2 = " + std::to_string(T_ + 2));
+  }
+}
+
+const std::vector<uint32_t>& Dataset::epoch_permutation(int64_t epoch) {
+  if (epoch == perm_epoch_) return perm_;
+  const size_t E = std::max<size_t>(1, (n_tokens() - T_ - 1) / T_);
+  perm_.resize(E);
+  std::iota(perm_.begin(), perm_.end(), 0u);
+  Rng rng{seed_ * 0x9e3779b97f4a7c15ULL + static_cast<uint64_t>(epoch) + 1};
+  for (size_t i = E; i > 1; --i) std::swap(perm_[i - 1], perm_[rng.next() % i]);  // Fisher-Yates
+  perm_epoch_ = epoch;
+  return perm_;
+}
+
+size_t Dataset::window_start(int64_t g) {
+  const uint64_t span = n_tokens() - T_ - 1;
+  if (!shuffle_) return static_cast<size_t>((static_cast<uint64_t>(g) * T_) % span);
+  const uint64_t E = std::max<uint64_t>(1, span / T_);
+  const auto& perm = epoch_permutation(static_cast<int64_t>(g / E));
+  return static_cast<size_t>(perm[g % E]) * T_;
+}
+
+void Dataset::sample(int64_t g, int* inputs, int* targets) {
+  const uint8_t* w = tokens_.data();
+  if (file_) file_->read(window_start(g), window_.size(), window_.data()), w = window_.data();
+  else w += window_start(g);
+  for (int t = 0; t < T_; ++t) inputs[t] = w[t], targets[t] = w[t + 1];
+}
+
+void Dataset::micro_batch(int64_t step, int dp_rank, int mb, int* inputs, int* targets) {
+  const int per_rank = B_ / D_, per_mb = per_rank / M_;
+  const int64_t first = step * B_ + static_cast<int64_t>(dp_rank) * per_rank + static_cast<int64_t>(mb) * per_mb;
+  for (int i = 0; i < per_mb; ++i) sample(first + i, inputs + static_cast<size_t>(i) * T_, targets + static_cast<size_t>(i) * T_);
+}
+
+}  // namespace pipetrain

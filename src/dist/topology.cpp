@@ -1,0 +1,35 @@
+#include "pipetrain/dist/topology.hpp"
+
+#include <map>
+#include <set>
+
+namespace pipetrain {
+
+std::string node_map(const std::vector<std::string>& host_of_rank, const Topology& layout) {
+  const int P = layout.pp, D = layout.dp;
+  std::map<std::string, std::string> on_node;  // node -> "s0/d0 s1/d0 ..."
+  std::vector<std::string> order_seen;
+  for (int r = 0; r < static_cast<int>(host_of_rank.size()); ++r) {
+    const Topology t = Topology::of(r, P, D, layout.replicas_contiguous ? "dp" : "pp");
+    const std::string& h = host_of_rank[r];
+    if (!on_node.count(h)) order_seen.push_back(h);
+    on_node[h] += (on_node[h].empty() ? "" : " ") + std::string("s") + std::to_string(t.stage) + "/d" +
+                  std::to_string(t.dp_rank);
+  }
+  int links = 0, crossing = 0, spread = 0;
+  for (int d = 0; d < D; ++d)
+    for (int s = 0; s + 1 < P; ++s, ++links)
+      crossing += host_of_rank[layout.rank_of(s, d)] != host_of_rank[layout.rank_of(s + 1, d)];
+  for (int s = 0; s < P; ++s) {
+    std::set<std::string> nodes;
+    for (int d = 0; d < D; ++d) nodes.insert(host_of_rank[layout.rank_of(s, d)]);
+    spread += nodes.size() > 1;
+  }
+  std::string out = "node map (parallel.order = " + std::string(layout.replicas_contiguous ? "dp" : "pp") + "):";
+  for (const auto& h : order_seen) out += "\n  " + h + ": " + on_node[h];
+  out += "\n  pipeline links crossing nodes: " + std::to_string(crossing) + " of " + std::to_string(links) +
+         " | data groups spanning nodes: " + std::to_string(spread) + " of " + std::to_string(P);
+  return out + "\n";
+}
+
+}  // namespace pipetrain

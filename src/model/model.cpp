@@ -1,0 +1,516 @@
+#include "pipetrain/model/model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "pipetrain/util/clock.hpp"
+#include "pipetrain/compute/kernels.hpp"
+#include "pipetrain/compute/profile.hpp"
+#include "pipetrain/util/rng.hpp"
+
+namespace pipetrain {
+namespace {
+
+// N(0, std) values for one named tensor from a stream seeded by (seed, name): a tensor gets the
+// same values whichever stage or layout owns it.
+void fill_normal(float* out, size_t n, float stddev, uint64_t seed, const std::string& name) {
+  uint64_t state = seed * 0x100000001b3ULL;
+  for (unsigned char c : name) state = (state ^ c) * 0x100000001b3ULL;
+  SplitMix64 rng{state};
+  for (size_t i = 0; i < n; i += 2) {
+    double u1 = ((rng.next() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    double u2 = rng.uniform();
+    double r = std::sqrt(-2.0 * std::log(u1)), th = 2.0 * M_PI * u2;
+    out[i] = static_cast<float>(stddev * r * std::cos(th));
+    if (i + 1 < n) out[i + 1] = static_cast<float>(stddev * r * std::sin(th));
+  }
+}
+
+// Visits every activation buffer of a block / the head (const or not).
+template <class Block, class F>
+void for_each_block_buffer(Block& a, F f) {
+  for (auto* v : {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.att, &a.atty, &a.res2, &a.ln2, &a.ln2_mean,
+                  &a.ln2_rstd, &a.fch, &a.fch_gelu})
+    f(*v);
+}
+template <class Head, class F>
+void for_each_head_buffer(Head& a, F f) {
+  for (auto* v : {&a.lnf, &a.lnf_mean, &a.lnf_rstd, &a.probs}) f(*v);
+}
+template <class W, class F>
+void for_each_wgrad_buffer(W& w, F f) {
+  for (auto* v : {&w.dout, &w.dfch, &w.dln2, &w.dres2, &w.dqkv, &w.dln1}) f(*v);
+}
+template <class W, class F>
+void for_each_head_wgrad_buffer(W& w, F f) {
+  for (auto* v : {&w.dlogits, &w.dlnf, &w.dembed}) f(*v);
+}
+// keep_copies: also the block's output and d(res2), which only a split backward keeps (a fused one
+// reads them where they already are).
+void size_wgrads(BlockWGrads& w, size_t NC, bool keep_copies) {
+  w.dfch.resize(4 * NC), w.dln2.resize(NC), w.dqkv.resize(3 * NC), w.dln1.resize(NC);
+  if (keep_copies) w.dout.resize(NC), w.dres2.resize(NC);
+}
+
+}  // namespace
+
+size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks, Recompute mode) {
+  const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, C = spec.model.d_model;
+  const size_t NH = spec.model.n_head, V = spec.model.vocab, n = b * T, L = blocks;
+  const bool first = stage == 0, last = stage == n_stages - 1;
+  size_t floats = 0;
+  if (mode == Recompute::none) floats = L * (n * (16 * C + 4) + b * NH * T * T) + (last ? n * (2 * C + 2 + V) : 0);
+  if (mode == Recompute::block) floats = n * C * (L + (last ? 1 : 0));
+  if (mode == Recompute::stage) floats = first ? 0 : n * C;
+  const size_t ints = n * ((first ? 1 : 0) + (last ? 1 : 0));
+  return sizeof(float) * floats + sizeof(int) * ints;
+}
+
+size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks) {
+  const size_t n = static_cast<size_t>(spec.samples_per_micro_batch()) * spec.model.seq_len, C = spec.model.d_model;
+  const bool first = stage == 0, last = stage == n_stages - 1;
+  return sizeof(float) * n * (11 * C * blocks + (last ? spec.model.vocab + C : 0) + (first ? C : 0));
+}
+
+size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual) {
+  const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, C = spec.model.d_model;
+  const size_t n = b * T, V = spec.model.vocab;
+  const bool last = chunks.back().vstage == n_virtual - 1;
+  size_t floats = n * C * (5 + 4 + 9)              // attproj, fcproj, dres, dx, datty; dfch_gelu; the output
+                                                    // gradients a fused block backward passes on
+                  + (last ? 2 * n * V + n * C : 0)  // logits; the head's output gradients
+                  + 8 * n * C                       // executor rings: 2 each for activations and gradients, in and out
+                  + T * T;                          // attention backward's score gradients
+  size_t bytes = sizeof(float) * floats, work = 0;
+  if (parse_recompute(spec.parallel.recompute) != Recompute::none)  // Stage::work_: one micro-batch's
+    for (const ChunkRange& c : chunks) {                             // activations, without its inputs
+      const int ints = (c.vstage == 0 ? 1 : 0) + (c.vstage == n_virtual - 1 ? 1 : 0);
+      work = std::max(work, stash_bytes_per_micro_batch(spec, c.vstage, n_virtual, c.block_end - c.block_begin,
+                                                        Recompute::none) - sizeof(int) * n * ints);
+    }
+  return bytes + work;
+}
+
+Recompute parse_recompute(const std::string& s) {
+  if (s == "stage") return Recompute::stage;
+  if (s == "block") return Recompute::block;
+  return Recompute::none;
+}
+
+size_t Acts::bytes() const {
+  size_t n = (tokens.size() + targets.size()) * sizeof(int);
+  auto count = [&](const Floats& v) { n += v.size() * sizeof(float); };
+  for (auto& x : xs) count(x);
+  for (auto& b : blocks) for_each_block_buffer(b, count);
+  for_each_head_buffer(head, count);
+  for (auto& w : wblocks) for_each_wgrad_buffer(w, count);
+  for_each_head_wgrad_buffer(whead, count);
+  return n;
+}
+
+void Acts::release() {
+  tokens.clear();
+  targets.clear();
+  for (auto& x : xs) x.clear();
+  for (auto& b : blocks) for_each_block_buffer(b, [](Floats& v) { v.clear(); });
+  for_each_head_buffer(head, [](Floats& v) { v.clear(); });
+  for (auto& w : wblocks) for_each_wgrad_buffer(w, [](Floats& v) { v.clear(); });
+  for_each_head_wgrad_buffer(whead, [](Floats& v) { v.clear(); });
+}
+
+std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end) {
+  const int C = spec.model.d_model, V = spec.model.vocab, T = spec.model.seq_len;
+  const bool first = stage == 0, last = stage == n_stages - 1;
+  std::vector<ParamTensor> params;
+  size_t offset = 0;
+  auto add = [&](const std::string& name, std::vector<int> shape, bool decay, bool tied_copy = false) {
+    ParamTensor p;
+    p.name = name;
+    p.size = 1;
+    for (int d : shape) p.size *= static_cast<size_t>(d);
+    p.shape = std::move(shape);
+    p.offset = offset;
+    p.decay = decay;
+    p.tied_copy = tied_copy;
+    offset += p.size;
+    params.push_back(std::move(p));
+  };
+  if (first) {
+    add("wte.weight", {V, C}, true);
+    add("wpe.weight", {T, C}, true);
+  }
+  for (int i = block_begin; i < block_end; ++i) {
+    const std::string h = "h." + std::to_string(i) + ".";
+    add(h + "ln_1.weight", {C}, false);
+    add(h + "ln_1.bias", {C}, false);
+    add(h + "attn.c_attn.weight", {3 * C, C}, true);
+    add(h + "attn.c_attn.bias", {3 * C}, false);
+    add(h + "attn.c_proj.weight", {C, C}, true);
+    add(h + "attn.c_proj.bias", {C}, false);
+    add(h + "ln_2.weight", {C}, false);
+    add(h + "ln_2.bias", {C}, false);
+    add(h + "mlp.c_fc.weight", {4 * C, C}, true);
+    add(h + "mlp.c_fc.bias", {4 * C}, false);
+    add(h + "mlp.c_proj.weight", {C, 4 * C}, true);
+    add(h + "mlp.c_proj.bias", {C}, false);
+  }
+  if (last) {
+    add("ln_f.weight", {C}, false);
+    add("ln_f.bias", {C}, false);
+    if (!spec.model.tie_embeddings) add("lm_head.weight", {V, C}, true);
+    else if (!first) add("wte.weight", {V, C}, true, /*tied_copy=*/true);  // copy of stage 0's
+  }
+  return params;
+}
+
+std::vector<ParamTensor> rank_params(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual) {
+  std::vector<ParamTensor> params;
+  for (const ChunkRange& c : chunks) {
+    const size_t offset = params.empty() ? 0 : params.back().offset + params.back().size;
+    for (ParamTensor& p : stage_params(spec, c.vstage, n_virtual, c.block_begin, c.block_end)) {
+      p.offset += offset;
+      params.push_back(std::move(p));
+    }
+  }
+  return params;
+}
+
+Stage::Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end, int micro_batches,
+             float grad_scale)
+    : Stage(spec, {{stage, block_begin, block_end}}, n_stages, micro_batches, grad_scale) {}
+
+Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual, int micro_batches,
+             float grad_scale)
+    : M_(micro_batches), B_(spec.samples_per_micro_batch()), T_(spec.model.seq_len), C_(spec.model.d_model),
+      NH_(spec.model.n_head), V_(spec.model.vocab), n_layer_(spec.model.n_layer), tied_(spec.model.tie_embeddings),
+      mode_(parse_recompute(spec.parallel.recompute)), grad_scale_(grad_scale), k_(kernels(compute_device())) {
+  params_ = rank_params(spec, chunks, n_virtual);
+  const size_t total = params_.empty() ? 0 : params_.back().offset + params_.back().size;
+  weights_.resize(total);
+  grads_.resize(total);
+  for (const ChunkRange& r : chunks) {
+    Chunk c{r.block_end - r.block_begin, r.vstage == 0, r.vstage == n_virtual - 1, 0, {}};
+    for (int i = r.block_begin; i < r.block_end; ++i)
+      c.block_offset.push_back(find("h." + std::to_string(i) + ".ln_1.weight")->offset);
+    c.offset = c.first ? 0 : c.block_offset.front();
+    chunks_.push_back(std::move(c));
+  }
+  if (has_embedding()) wte_ = find("wte.weight")->offset, wpe_ = find("wpe.weight")->offset;
+  if (has_head()) {
+    lnfw_ = find("ln_f.weight")->offset;
+    lnfb_ = find("ln_f.bias")->offset;
+    head_ = find(tied_ ? "wte.weight" : "lm_head.weight")->offset;
+  }
+
+  slot_of_.assign(static_cast<size_t>(micro_batches) * chunks.size(), -1);
+  const size_t N = static_cast<size_t>(B_) * T_, C = C_;
+  attproj_.resize(N * C);
+  fcproj_.resize(N * C);
+  dres_.resize(N * C);
+  dx_.resize(N * C);
+  datty_.resize(N * C);
+  dfch_gelu_.resize(4 * N * C);
+  size_wgrads(wscratch_, N * C, false);
+  if (has_head()) logits_.resize(N * V_), hscratch_.dlogits.resize(N * V_), hscratch_.dlnf.resize(N * C);
+}
+
+const ParamTensor* Stage::find(const std::string& name) const {
+  for (auto& p : params_)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+void Stage::init_params(uint64_t seed) {
+  const float resid_std = 0.02f / std::sqrt(2.f * n_layer_);
+  std::vector<float> host(weights_.size());
+  for (auto& p : params_) {
+    float* w = host.data() + p.offset;
+    auto ends_with = [&](const char* s) {
+      size_t n = std::strlen(s);
+      return p.name.size() >= n && p.name.compare(p.name.size() - n, n, s) == 0;
+    };
+    if (ends_with(".bias")) std::fill(w, w + p.size, 0.f);
+    else if (p.name.find("ln_") != std::string::npos) std::fill(w, w + p.size, 1.f);
+    else if (ends_with("c_proj.weight")) fill_normal(w, p.size, resid_std, seed, p.name);
+    else fill_normal(w, p.size, 0.02f, seed, p.name);
+  }
+  weights_.assign(host.data(), host.size());
+}
+
+void Stage::zero_grads() {
+  KernelTimer timer(Kernel::elementwise);
+  zero_values(grads_.data(), grads_.size());
+}
+
+Stage::BlockPtrs Stage::block_ptrs(Floats& base, const Chunk& c, int l) {
+  const size_t C = C_;
+  float* p = base.data() + c.block_offset[l];
+  BlockPtrs b;
+  b.ln1w = p, p += C;
+  b.ln1b = p, p += C;
+  b.qkvw = p, p += 3 * C * C;
+  b.qkvb = p, p += 3 * C;
+  b.projw = p, p += C * C;
+  b.projb = p, p += C;
+  b.ln2w = p, p += C;
+  b.ln2b = p, p += C;
+  b.fcw = p, p += 4 * C * C;
+  b.fcb = p, p += 4 * C;
+  b.fcprojw = p, p += 4 * C * C;
+  b.fcprojb = p;
+  return b;
+}
+
+void Stage::set_tokens(int mb, const int* tokens) {
+  stash(0, mb).tokens.assign(tokens, static_cast<size_t>(B_) * T_);
+}
+void Stage::set_targets(int mb, const int* targets) {
+  stash(chunks() - 1, mb).targets.assign(targets, static_cast<size_t>(B_) * T_);
+}
+float* Stage::input_buffer(int chunk, int mb) {
+  auto& xs = stash(chunk, mb).xs;
+  if (xs.empty()) xs.resize(1);
+  xs[0].resize(boundary_floats());
+  return xs[0].data();
+}
+
+void Stage::size_acts(const Chunk& c, Acts& a) {
+  const size_t N = static_cast<size_t>(B_) * T_, C = C_;
+  a.xs.resize(c.L + (c.last ? 1 : 0));
+  for (auto& x : a.xs) x.resize(N * C);
+  a.blocks.resize(c.L);
+  for (auto& b : a.blocks) {
+    b.ln1.resize(N * C), b.ln1_mean.resize(N), b.ln1_rstd.resize(N), b.qkv.resize(3 * N * C);
+    b.att.resize(static_cast<size_t>(B_) * NH_ * T_ * T_), b.atty.resize(N * C), b.res2.resize(N * C);
+    b.ln2.resize(N * C), b.ln2_mean.resize(N), b.ln2_rstd.resize(N), b.fch.resize(4 * N * C);
+    b.fch_gelu.resize(4 * N * C);
+  }
+  if (c.last) {
+    a.head.lnf.resize(N * C), a.head.lnf_mean.resize(N), a.head.lnf_rstd.resize(N);
+    a.head.probs.resize(N * V_);
+  }
+}
+
+// Runs a whole chunk for the micro-batch whose inputs are in `s` (tokens / received input /
+// targets), filling every activation of `w` (which may be `s` itself).
+void Stage::compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, double* loss) {
+  size_acts(c, w);
+  const size_t n_in = boundary_floats();
+  if (c.first) k_.encoder_forward(w.xs[0].data(), s.tokens.data(), weights_.data() + wte_, weights_.data() + wpe_, B_, T_, C_);
+  else if (&w != &s) copy_values(w.xs[0].data(), s.xs[0].data(), n_in);
+  for (int l = 0; l < c.L; ++l) {
+    float* y = (l + 1 < c.L || c.last) ? w.xs[l + 1].data() : out;
+    block_forward(c, l, w.xs[l].data(), w.blocks[l], y);
+  }
+  if (c.last) *loss = head_forward(w.xs[c.L].data(), w.head, s.targets.data());
+}
+
+double Stage::forward(int chunk, int mb, float* out) {
+  const Chunk& c = chunks_[chunk];
+  Acts& s = stash(chunk, mb);
+  double loss = 0;
+  if (mode_ == Recompute::none) {
+    compute_forward(c, s, s, out, &loss);
+    return loss;
+  }
+  compute_forward(c, work_, s, out, &loss);
+  if (mode_ == Recompute::block) {  // keep each block's input (and the head's)
+    s.xs.resize(work_.xs.size());
+    for (size_t i = 0; i < work_.xs.size(); ++i)
+      s.xs[i].resize(work_.xs[i].size()), copy_values(s.xs[i].data(), work_.xs[i].data(), work_.xs[i].size());
+  }
+  // Recompute::stage keeps only what set_tokens / input_buffer / set_targets put in s.
+  return loss;
+}
+
+void Stage::backward(int chunk, int mb, const float* dout, float* dinp, const std::function<void(size_t)>& done_from) {
+  backward_pass(chunk, mb, dout, dinp, true, true, done_from);
+}
+void Stage::backward_input(int chunk, int mb, const float* dout, float* dinp) {
+  backward_pass(chunk, mb, dout, dinp, true, false, {});
+}
+void Stage::backward_weight(int chunk, int mb, const std::function<void(size_t)>& done_from) {
+  backward_pass(chunk, mb, nullptr, nullptr, false, true, done_from);
+}
+
+// input: the input-gradient half (B); weight: the parameter-gradient half (W). Both at once is a
+// fused backward, each kernel doing both halves in one pass, with one scratch set of output
+// gradients; one at a time (recompute = none only) keeps those in mb's stash between the halves.
+void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, bool input, bool weight,
+                          const std::function<void(size_t)>& done_from) {
+  const Chunk& c = chunks_[chunk];
+  const int L = c.L;
+  Acts& s = stash(chunk, mb);
+  Acts* a = &s;
+  const bool split = input != weight;
+  if (split && mode_ != Recompute::none) throw std::logic_error("a split backward needs recompute = none");
+  recompute_s_ = 0;
+  if (mode_ == Recompute::stage) {
+    double unused;
+    recompute_s_ -= now_s();
+    compute_forward(c, work_, s, dx_.data(), &unused);  // dx_ is free scratch at this point
+    recompute_s_ += now_s();
+    a = &work_;
+  } else if (mode_ == Recompute::block) {
+    size_acts(c, work_);
+    for (size_t i = 0; i < s.xs.size(); ++i) copy_values(work_.xs[i].data(), s.xs[i].data(), s.xs[i].size());
+    a = &work_;
+  }
+  const size_t n = boundary_floats();
+  if (split && input) {
+    s.wblocks.resize(L);
+    for (auto& w : s.wblocks) size_wgrads(w, n, true);
+    if (c.last) s.whead.dlogits.resize(static_cast<size_t>(B_) * T_ * V_), s.whead.dlnf.resize(n);
+    if (c.first) s.whead.dembed.resize(n);
+  }
+  HeadWGrads& hw = split ? s.whead : hscratch_;
+  if (c.last) {
+    if (input) {
+      if (mode_ == Recompute::block) {
+        recompute_s_ -= now_s();
+        head_forward(a->xs[L].data(), a->head, s.targets.data());
+        recompute_s_ += now_s();
+      }
+      zero_values(dres_.data(), dres_.size());
+      head_backward_input(a->xs[L].data(), a->head, s.targets.data(), dres_.data(), hw, !split);
+    }
+    if (weight) {
+      if (split) head_backward_weight(a->xs[L].data(), a->head, hw);
+      if (done_from) done_from(lnfw_);
+    }
+  } else if (input) {
+    copy_values(dres_.data(), dout, n);
+  }
+  for (int l = L - 1; l >= 0; --l) {
+    BlockWGrads& w = split ? s.wblocks[l] : wscratch_;
+    if (input) {
+      if (mode_ == Recompute::block) {
+        recompute_s_ -= now_s();
+        block_forward(c, l, a->xs[l].data(), a->blocks[l], dx_.data());
+        recompute_s_ += now_s();
+      }
+      const BlockPtrs g = block_ptrs(grads_, c, l);
+      block_backward_input(c, l, a->xs[l].data(), a->blocks[l], dres_.data(), dx_.data(), w, split ? nullptr : &g);
+      std::swap(dres_, dx_);  // dres_ now holds the gradient of block l's input
+    }
+    if (weight) {
+      if (split) block_backward_weight(c, l, a->xs[l].data(), a->blocks[l], w);
+      if (done_from && l > 0) done_from(c.block_offset[l]);
+    }
+  }
+  if (c.first) {
+    if (split && input) copy_values(hw.dembed.data(), dres_.data(), n);
+    if (weight)
+      k_.encoder_backward(grads_.data() + wte_, grads_.data() + wpe_, split ? hw.dembed.data() : dres_.data(),
+                          s.tokens.data(), B_, T_, C_);
+  } else if (input) {
+    copy_values(dinp, dres_.data(), n);
+  }
+  if (weight) {
+    if (done_from) done_from(c.offset);
+    release(chunk, mb);
+  }
+}
+
+Acts& Stage::stash(int chunk, int mb) {
+  int& slot = slot_of_[key(chunk, mb)];
+  if (slot < 0) {
+    if (free_.empty()) free_.push_back(static_cast<int>(pool_.size())), pool_.emplace_back();
+    slot = free_.back();
+    free_.pop_back();
+  }
+  return pool_[slot];
+}
+
+void Stage::release(int chunk, int mb) {
+  int& slot = slot_of_[key(chunk, mb)];
+  pool_[slot].release();
+  free_.push_back(slot);
+  slot = -1;
+}
+
+void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out) {
+  const int N = B_ * T_, C = C_;
+  BlockPtrs w = block_ptrs(weights_, c, l);
+  k_.layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1w, w.ln1b, N, C);
+  k_.matmul_forward(a.qkv.data(), a.ln1.data(), w.qkvw, w.qkvb, N, C, 3 * C);
+  k_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B_, T_, C, NH_);
+  k_.matmul_forward(attproj_.data(), a.atty.data(), w.projw, nullptr, N, C, C);
+  k_.residual_forward(a.res2.data(), x, attproj_.data(), w.projb, N, C);
+  k_.layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), w.ln2w, w.ln2b, N, C);
+  k_.matmul_forward(a.fch.data(), a.ln2.data(), w.fcw, nullptr, N, C, 4 * C);
+  k_.bias_gelu_forward(a.fch.data(), a.fch_gelu.data(), w.fcb, N, 4 * C);
+  k_.matmul_forward(fcproj_.data(), a.fch_gelu.data(), w.fcprojw, nullptr, N, 4 * C, C);
+  k_.residual_forward(out, a.res2.data(), fcproj_.data(), w.fcprojb, N, C);
+}
+
+// dout may not alias dinp. Both residual branches pass dout straight through to their input.
+// With `g` (a fused backward) each kernel also adds its parameter gradients in the same pass;
+// without (the input half of a split backward) the output gradients the parameters need are left
+// in w for block_backward_weight. Either way the bits come out the same.
+void Stage::block_backward_input(const Chunk& c, int l, const float* x, const BlockActs& a, const float* dout,
+                                 float* dinp, BlockWGrads& w, const BlockPtrs* g) {
+  const int N = B_ * T_, C = C_;
+  const size_t NC = static_cast<size_t>(N) * C;
+  BlockPtrs p = block_ptrs(weights_, c, l);
+  auto grad = [&](float* BlockPtrs::*field) { return g ? g->*field : nullptr; };
+  // out = res2 + mlp(ln2(res2))
+  if (!g) copy_values(w.dout.data(), dout, NC);
+  k_.matmul_backward(dfch_gelu_.data(), grad(&BlockPtrs::fcprojw), grad(&BlockPtrs::fcprojb), dout, a.fch_gelu.data(),
+                  p.fcprojw, N, 4 * C, C);
+  k_.gelu_backward(w.dfch.data(), a.fch.data(), dfch_gelu_.data(), 4 * NC);
+  k_.matmul_backward(w.dln2.data(), grad(&BlockPtrs::fcw), grad(&BlockPtrs::fcb), w.dfch.data(), a.ln2.data(), p.fcw, N,
+                  C, 4 * C);
+  float* dres2 = dinp;  // accumulate d(res2) in dinp, then continue through the attention branch
+  copy_values(dres2, dout, NC);
+  k_.layernorm_backward(dres2, grad(&BlockPtrs::ln2w), grad(&BlockPtrs::ln2b), w.dln2.data(), a.res2.data(), p.ln2w,
+                     a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
+  if (!g) copy_values(w.dres2.data(), dres2, NC);
+  // res2 = x + proj(attn(ln1(x)))
+  k_.matmul_backward(datty_.data(), grad(&BlockPtrs::projw), grad(&BlockPtrs::projb), dres2, a.atty.data(), p.projw, N,
+                  C, C);
+  k_.attention_backward(w.dqkv.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, T_, C, NH_);
+  k_.matmul_backward(w.dln1.data(), grad(&BlockPtrs::qkvw), grad(&BlockPtrs::qkvb), w.dqkv.data(), a.ln1.data(), p.qkvw,
+                  N, C, 3 * C);
+  k_.layernorm_backward(dinp, grad(&BlockPtrs::ln1w), grad(&BlockPtrs::ln1b), w.dln1.data(), x, p.ln1w,
+                     a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
+}
+
+void Stage::block_backward_weight(const Chunk& c, int l, const float* x, const BlockActs& a, const BlockWGrads& w) {
+  const int N = B_ * T_, C = C_;
+  BlockPtrs g = block_ptrs(grads_, c, l);
+  k_.matmul_backward(nullptr, g.fcprojw, g.fcprojb, w.dout.data(), a.fch_gelu.data(), nullptr, N, 4 * C, C);
+  k_.matmul_backward(nullptr, g.fcw, g.fcb, w.dfch.data(), a.ln2.data(), nullptr, N, C, 4 * C);
+  k_.layernorm_backward(nullptr, g.ln2w, g.ln2b, w.dln2.data(), a.res2.data(), nullptr, a.ln2_mean.data(),
+                     a.ln2_rstd.data(), N, C);
+  k_.matmul_backward(nullptr, g.projw, g.projb, w.dres2.data(), a.atty.data(), nullptr, N, C, C);
+  k_.matmul_backward(nullptr, g.qkvw, g.qkvb, w.dqkv.data(), a.ln1.data(), nullptr, N, C, 3 * C);
+  k_.layernorm_backward(nullptr, g.ln1w, g.ln1b, w.dln1.data(), x, nullptr, a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
+}
+
+double Stage::head_forward(const float* x, HeadActs& a, const int* targets) {
+  const int N = B_ * T_, C = C_;
+  k_.layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, weights_.data() + lnfw_, weights_.data() + lnfb_, N, C);
+  k_.matmul_forward(logits_.data(), a.lnf.data(), weights_.data() + head_, nullptr, N, C, V_);
+  return k_.softmax_crossentropy_forward(a.probs.data(), logits_.data(), targets, N, V_);
+}
+
+void Stage::head_backward_input(const float* x, const HeadActs& a, const int* targets, float* dinp, HeadWGrads& w,
+                                bool fused) {
+  const int N = B_ * T_, C = C_;
+  k_.softmax_crossentropy_backward(w.dlogits.data(), a.probs.data(), targets, grad_scale_, N, V_);
+  k_.matmul_backward(w.dlnf.data(), fused ? grads_.data() + head_ : nullptr, nullptr, w.dlogits.data(), a.lnf.data(),
+                  weights_.data() + head_, N, C, V_);
+  k_.layernorm_backward(dinp, fused ? grads_.data() + lnfw_ : nullptr, fused ? grads_.data() + lnfb_ : nullptr, w.dlnf.data(), x,
+                     weights_.data() + lnfw_, a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
+}
+
+void Stage::head_backward_weight(const float* x, const HeadActs& a, const HeadWGrads& w) {
+  const int N = B_ * T_, C = C_;
+  k_.matmul_backward(nullptr, grads_.data() + head_, nullptr, w.dlogits.data(), a.lnf.data(), nullptr, N, C, V_);
+  k_.layernorm_backward(nullptr, grads_.data() + lnfw_, grads_.data() + lnfb_, w.dlnf.data(), x, nullptr, a.lnf_mean.data(),
+                     a.lnf_rstd.data(), N, C);
+}
+
+}  // namespace pipetrain

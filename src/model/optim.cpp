@@ -1,0 +1,86 @@
+#include "pipetrain/model/optim.hpp"
+
+#include <cmath>
+
+#include "pipetrain/compute/gpu_kernels.hpp"
+#include "pipetrain/compute/parallel_for.hpp"
+#include "pipetrain/compute/profile.hpp"
+
+namespace pipetrain {
+namespace {
+constexpr size_t kAdamChunk = 16384;  // elements per parallel_for chunk
+}  // namespace
+
+double lr_at(const RunSpec& spec, int step) {
+  const auto& t = spec.train;
+  if (step < t.warmup_steps) return t.lr * (step + 1) / t.warmup_steps;
+  const int decay_steps = spec.run.steps - t.warmup_steps;
+  if (decay_steps <= 1) return t.lr;
+  const double progress = static_cast<double>(step - t.warmup_steps) / (decay_steps - 1);
+  return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+double grad_sq_sum(const std::vector<ParamTensor>& params, const Floats& grads) {
+  KernelTimer timer(Kernel::optimizer);
+  double sum = 0;
+  for (auto& p : params) {
+    if (p.tied_copy) continue;  // counted once, on the first stage
+    if (grads.on_gpu()) {
+      sum += gpu::sum_of_squares(grads.data() + p.offset, p.size);
+      continue;
+    }
+    // per-chunk partials added in chunk order: the same sum on any thread count
+    std::vector<double> partial(chunk_count(p.size, kAdamChunk), 0.0);
+    parallel_for(p.size, kAdamChunk, [&](size_t begin, size_t end) {
+      const float* g = grads.data() + p.offset;
+      double s = 0;
+#pragma omp simd reduction(+ : s)
+      for (size_t i = begin; i < end; ++i) s += static_cast<double>(g[i]) * g[i];
+      partial[begin / kAdamChunk] = s;
+    });
+    for (double s : partial) sum += s;
+  }
+  return sum;
+}
+
+float clip_coefficient(double global_norm, double grad_clip) {
+  if (grad_clip <= 0) return 1.f;
+  double coef = grad_clip / (global_norm + 1e-6);
+  return coef < 1.0 ? static_cast<float>(coef) : 1.f;
+}
+
+AdamW::AdamW(const RunSpec::Train& cfg, size_t n_weights) : cfg_(cfg), m_(n_weights), v_(n_weights) {}
+
+void AdamW::step(const std::vector<ParamTensor>& params, Floats& weights, const Floats& grads, double lr,
+                 float grad_mul) {
+  KernelTimer timer(Kernel::optimizer);
+  ++t_;
+  const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
+  const double bc1 = 1.0 - std::pow(cfg_.beta1, t_), bc2 = 1.0 - std::pow(cfg_.beta2, t_);
+  const float step_size = static_cast<float>(lr / bc1);
+  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  const float eps = static_cast<float>(cfg_.eps);
+  for (auto& p : params) {
+    const float decay = p.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.f;
+    if (weights.on_gpu()) {
+      gpu::adamw_update(weights.data() + p.offset, grads.data() + p.offset, m_.data() + p.offset,
+                        v_.data() + p.offset, p.size, b1, b2, step_size, inv_sqrt_bc2, eps, decay, grad_mul);
+      continue;
+    }
+    parallel_for(p.size, kAdamChunk, [&](size_t begin, size_t end) {
+      // local pointers: through the lambda's captures GCC reloads them after every store
+      float *w = weights.data() + p.offset, *m = m_.data() + p.offset, *v = v_.data() + p.offset;
+      const float* gr = grads.data() + p.offset;
+#pragma omp simd
+      for (size_t i = begin; i < end; ++i) {
+        const float g = gr[i] * grad_mul;
+        m[i] = b1 * m[i] + (1.f - b1) * g;
+        v[i] = b2 * v[i] + (1.f - b2) * g * g;
+        w[i] *= decay;
+        w[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + eps);
+      }
+    });
+  }
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,124 @@
+#include "pipetrain/model/partition.hpp"
+
+#include "pipetrain/model/model.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <limits>
+#include <sstream>
+
+namespace pipetrain {
+
+CostModel CostModel::of(const RunSpec& spec) {
+  const double C = spec.model.d_model, T = spec.model.seq_len, V = spec.model.vocab;
+  // Forward multiply-adds x2 per token, x3 for forward + backward. Block: qkv 3C^2, proj C^2,
+  // MLP 8C^2, attention scores and weighted sum 2TC; plus ~30C of elementwise work (LN, GELU,
+  // residuals). Embedding: a lookup and the scatter in backward. Head: the C x V product and softmax.
+  CostModel m;
+  m.block = 3 * (2 * (12 * C * C + 2 * T * C) + 30 * C);
+  m.embed = 3 * 2 * C;
+  m.head = 3 * (2 * C * V + 10 * V + 10 * C);
+  return m;
+}
+
+double training_flops_per_token(const RunSpec& spec) {
+  const double C = spec.model.d_model, T = spec.model.seq_len, V = spec.model.vocab, L = spec.model.n_layer;
+  // forward per token: qkv, proj, fc, fc-proj (2 x 12 C^2), scores and weighted sum over the full
+  // T x T attention matrix (2 x 2 T C), LM head (2 C V); backward doubles it.
+  return 3 * (L * (24 * C * C + 4 * T * C) + 2 * C * V);
+}
+
+std::vector<double> stage_costs(const RunSpec& spec, const std::vector<int>& blocks) {
+  const CostModel m = CostModel::of(spec);
+  std::vector<double> costs;
+  for (size_t s = 0; s < blocks.size(); ++s) {
+    double c = blocks[s] * m.block;
+    if (s == 0) c += m.embed;
+    if (s + 1 == blocks.size()) c += m.head;
+    costs.push_back(c);
+  }
+  return costs;
+}
+
+namespace {
+
+std::vector<int> uniform(int n_layer, int pp) {
+  std::vector<int> b(pp, n_layer / pp);
+  for (int s = 0; s < n_layer % pp; ++s) b[s] += 1;  // the remainder goes to the first stages
+  return b;
+}
+
+// Contiguous split minimising the most expensive stage (exact dynamic programme over split points;
+// ties broken toward the uniform split so balanced == uniform when costs are even).
+std::vector<int> balanced(const RunSpec& spec) {
+  const int L = spec.model.n_layer, P = spec.parallel.pp * spec.parallel.virtual_stages;
+  const CostModel m = CostModel::of(spec);
+  auto cost = [&](int s, int begin, int end) {
+    double c = (end - begin) * m.block;
+    if (s == 0) c += m.embed;
+    if (s == P - 1) c += m.head;
+    return c;
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  // best[s][e]: minimal max-cost placing blocks [0, e) on stages [0, s]
+  std::vector<std::vector<double>> best(P, std::vector<double>(L + 1, inf));
+  std::vector<std::vector<int>> cut(P, std::vector<int>(L + 1, 0));
+  for (int e = 1; e <= L; ++e) best[0][e] = cost(0, 0, e);
+  for (int s = 1; s < P; ++s)
+    for (int e = s + 1; e <= L; ++e)
+      for (int b = s; b < e; ++b) {
+        double v = std::max(best[s - 1][b], cost(s, b, e));
+        if (v < best[s][e] * (1 - 1e-12)) best[s][e] = v, cut[s][e] = b;
+      }
+  std::vector<int> blocks(P);
+  for (int s = P - 1, e = L; s >= 0; --s) {
+    int b = s == 0 ? 0 : cut[s][e];
+    blocks[s] = e - b;
+    e = b;
+  }
+  return blocks;
+}
+
+}  // namespace
+
+std::vector<int> partition_blocks(const RunSpec& spec) {
+  const auto& p = spec.parallel;
+  if (p.partition == "explicit") return p.blocks_per_stage;
+  if (p.partition == "balanced") return balanced(spec);
+  return uniform(spec.model.n_layer, p.pp * p.virtual_stages);
+}
+
+std::vector<ChunkRange> chunks_of(const std::vector<int>& blocks, int pp, int stage) {
+  std::vector<ChunkRange> chunks;
+  int begin = 0;
+  for (int v = 0; v < static_cast<int>(blocks.size()); begin += blocks[v++])
+    if (v % pp == stage) chunks.push_back({v, begin, begin + blocks[v]});
+  return chunks;
+}
+
+std::string describe_partition(const RunSpec& spec, const std::vector<int>& blocks) {
+  const auto costs = stage_costs(spec, blocks);
+  double total = 0;
+  for (double c : costs) total += c;
+  const int P = static_cast<int>(blocks.size()), pp = spec.parallel.pp;
+  std::ostringstream os;
+  int begin = 0;
+  for (int s = 0; s < P; ++s) {
+    size_t params = 0;  // counted from the stage's actual tensor list (tied copy included)
+    for (auto& t : stage_params(spec, s, P, begin, begin + blocks[s])) params += t.size;
+    std::string extra;
+    if (s == 0) extra += " +embeddings";
+    if (s + 1 == P) extra += " +head";
+    char name[64];  // with chunks: which rank runs this virtual stage
+    if (P == pp) std::snprintf(name, sizeof name, "stage %d", s);
+    else std::snprintf(name, sizeof name, "stage %d chunk %d", s % pp, s / pp);
+    char line[240];
+    std::snprintf(line, sizeof line, "  %s: blocks %d-%d (%d)%s, %zu params, cost %.1f%%\n", name, begin,
+                  begin + blocks[s] - 1, blocks[s], extra.c_str(), params, 100.0 * costs[s] / total);
+    os << line;
+    begin += blocks[s];
+  }
+  return os.str();
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,51 @@
+#include "pipetrain/observe/trace.hpp"
+
+#include <cstdio>
+
+#include "pipetrain/dist/topology.hpp"
+
+namespace pipetrain {
+
+void Trace::span(const std::string& name, const char* category, double t0, double t1, int mb) {
+  if (recording_) events_.push_back({name, category, (t0 - t_ref_) * 1e6, (t1 - t0) * 1e6, step_, mb});
+}
+
+std::string Trace::events_json(int stage, int dp_rank) const {
+  std::string out;
+  char buf[320];
+  for (const Event& e : events_) {
+    std::snprintf(buf, sizeof buf,
+                  "%s{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": %d, "
+                  "\"tid\": %d, \"args\": {\"step\": %d, \"mb\": %d}}",
+                  out.empty() ? "" : ",\n", e.name.c_str(), e.category, e.ts_us, e.dur_us, stage, dp_rank, e.step + 1,
+                  e.mb);
+    out += buf;
+  }
+  return out;
+}
+
+std::string Trace::file_json(const std::vector<std::string>& rank_events, const Topology& topo) {
+  const int pp = topo.pp, dp = topo.dp;
+  std::string out = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  char buf[200];
+  bool first = true;
+  auto add = [&](const std::string& e) {
+    if (e.empty()) return;
+    out += (first ? "" : ",\n") + e;
+    first = false;
+  };
+  for (int s = 0; s < pp; ++s) {
+    std::snprintf(buf, sizeof buf, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"stage %d\"}}", s, s);
+    add(buf);
+    for (int d = 0; d < dp; ++d) {
+      std::snprintf(buf, sizeof buf,
+                    "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"dp %d (rank %d)\"}}",
+                    s, d, d, topo.rank_of(s, d));
+      add(buf);
+    }
+  }
+  for (const std::string& e : rank_events) add(e);
+  return out + "\n]}\n";
+}
+
+}  // namespace pipetrain

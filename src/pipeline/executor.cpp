@@ -1,0 +1,211 @@
+#include "pipetrain/pipeline/executor.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "pipetrain/util/clock.hpp"
+
+namespace pipetrain {
+namespace {
+
+// Messages over the boundary between virtual stages v and v+1 carry tags 2(vM + mb) (activation)
+// and 2(vM + mb) + 1 (gradient): unique within a step whatever order the schedule sends them in.
+int act_tag(int boundary, int mb, int M) { return 2 * (boundary * M + mb); }
+int grad_tag(int boundary, int mb, int M) { return 2 * (boundary * M + mb) + 1; }
+
+}  // namespace
+
+int64_t Executor::max_tag(int n_virtual, int micro_batches) {
+  return 2 * (int64_t{n_virtual - 1} * micro_batches) - 1;  // grad_tag(n_virtual - 2, M - 1, M), in 64 bits
+}
+
+Executor::Executor(Stage& stage, Comm& comm) : stage_(stage), comm_(comm) {
+  const size_t n = stage.boundary_floats();
+  for (SendRing* r : {&act_out_, &grad_out_}) {
+    r->bufs.assign(kRing, std::vector<float>(n));
+    r->reqs.assign(kRing, MPI_REQUEST_NULL);
+    r->mb.assign(kRing, -1);
+    r->tag.assign(kRing, -1);
+  }
+  for (RecvRing* r : {&act_in_, &grad_in_}) {
+    r->bufs.assign(kRing, std::vector<float>(n));
+    r->reqs.assign(kRing, MPI_REQUEST_NULL);
+  }
+  if (compute_device() == Device::gpu)
+    for (Floats* f : {&dev_out_, &dev_grad_in_, &dev_grad_out_}) f->resize(n);
+}
+
+void Executor::RecvRing::post(Comm& comm, int peer) {
+  for (; posted < order.size() && posted < used + kRing; ++posted) {
+    const size_t slot = posted % kRing;
+    reqs[slot] = comm.irecv(bufs[slot].data(), bufs[slot].size(), peer, order[posted]);
+  }
+}
+
+float* Executor::RecvRing::wait(Comm& comm, const WaitLabel& label) {
+  const size_t slot = used++ % kRing;
+  comm.wait(reqs[slot], label);
+  return bufs[slot].data();
+}
+
+float* Executor::SendRing::acquire(Comm& comm, int for_tag, int for_mb, const char* what, int peer, Trace& trace) {
+  const size_t slot = next++ % kRing;
+  const double t0 = now_s();
+  comm.wait(reqs[slot], {what, peer, mb[slot]});  // the earlier send from this buffer
+  if (mb[slot] >= 0) trace.span(std::string("wait ") + what + " " + std::to_string(mb[slot]), "wait", t0, now_s(), mb[slot]);
+  tag[slot] = for_tag, mb[slot] = for_mb;
+  return bufs[slot].data();
+}
+
+size_t Executor::SendRing::slot_of(int for_tag, const Action& a) const {
+  for (size_t s = 0; s < kRing; ++s)
+    if (tag[s] == for_tag) return s;
+  throw std::logic_error("schedule sends " + to_string(a) + " before computing it");
+}
+
+void Executor::SendRing::drain(Comm& comm, const char* what, int peer) {
+  for (size_t s = 0; s < kRing; ++s) comm.wait(reqs[s], {what, peer, mb[s]}), tag[s] = mb[s] = -1;  // none stale next step
+}
+
+StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& trace,
+                        const std::function<void(int)>& load_inputs, const std::function<void(size_t)>& grads_done_from) {
+  const int M = micro_batches, P = comm_.topo().pp, stage = comm_.topo().stage, chunks = stage_.chunks();
+  const int prev = (stage + P - 1) % P, next = (stage + 1) % P;  // peers round the ring of stages
+  auto vstage = [&](const Action& a) { return a.chunk * P + stage; };
+  // Each chunk's last backward, after which its parameter gradients are final. The data-parallel
+  // all-reduce may start during it if every later chunk (higher in the buffers) finished before.
+  std::vector<const Action*> last_backward(chunks, nullptr);
+  for (const Action& a : actions)
+    if (a.op == Op::backward || a.op == Op::backward_weight) last_backward[a.chunk] = &a;
+  for (int c = 0; c < chunks; ++c)
+    for (int later = c + 1; later < chunks && last_backward[c]; ++later)
+      if (last_backward[later] > last_backward[c]) last_backward[c] = nullptr;
+  auto done_hook = [&](const Action& a) {
+    return &a == last_backward[a.chunk] ? grads_done_from : std::function<void(size_t)>();
+  };
+  std::vector<bool> has_backward(static_cast<size_t>(M) * chunks, false);
+  for (const Action& a : actions)
+    if (a.op == Op::backward || a.op == Op::backward_input) has_backward[a.chunk * M + a.mb] = true;
+
+  StepStats st;
+  const double wait0 = comm_.wait_seconds();
+  const size_t n = stage_.boundary_floats(), bytes = n * sizeof(float);
+  const bool staged = compute_device() == Device::gpu;
+
+  // Activation bytes held, counted from the stage's buffers after every change.
+  std::vector<size_t> held(static_cast<size_t>(M) * chunks, 0);
+  size_t total = 0;
+  auto update = [&](const Action& a) {
+    size_t& mine = held[a.chunk * M + a.mb];
+    const size_t b = stage_.stash_bytes(a.chunk, a.mb);
+    total = total + b - mine;
+    mine = b;
+    st.act_peak_bytes = std::max(st.act_peak_bytes, total);
+  };
+
+  act_in_.order.clear(), grad_in_.order.clear();
+  act_in_.posted = act_in_.used = grad_in_.posted = grad_in_.used = 0;
+  for (const Action& a : actions) {
+    if (a.op == Op::recv_act) act_in_.order.push_back(act_tag(vstage(a) - 1, a.mb, M));
+    if (a.op == Op::recv_grad) grad_in_.order.push_back(grad_tag(vstage(a), a.mb, M));
+  }
+  act_in_.post(comm_, prev);
+  grad_in_.post(comm_, next);
+
+  float* act_out = nullptr;
+  float* grad_out = nullptr;
+  const float* grad_in = nullptr;
+  Action grad_in_for{Op::recv_grad, -1};
+  for (const Action& a : actions) {
+    const int v = vstage(a);
+    const bool first = stage_.first(a.chunk), last = stage_.last(a.chunk);
+    switch (a.op) {
+      case Op::recv_act: {
+        const double t0 = now_s();
+        const float* in = act_in_.wait(comm_, {"recv activation", prev, a.mb});
+        trace.span("wait " + to_string(a), "wait", t0, now_s(), a.mb);
+        upload(stage_.input_buffer(a.chunk, a.mb), in, n * sizeof(float));  // stashed until its backward
+        act_in_.post(comm_, prev);
+        update(a);
+        break;
+      }
+      case Op::forward: {
+        if (first || last) load_inputs(a.mb), update(a);
+        act_out = last ? nullptr : act_out_.acquire(comm_, act_tag(v, a.mb, M), a.mb, "send activation", next, trace);
+        const double t0 = now_s();
+        st.loss_sum += stage_.forward(a.chunk, a.mb, staged && !last ? dev_out_.data() : act_out);
+        if (staged && !last) download(act_out, dev_out_.data(), bytes);
+        finish_compute();
+        const double t1 = now_s();
+        st.compute_s += t1 - t0;
+        trace.span(to_string(a), "forward", t0, t1, a.mb);
+        update(a);
+        if (!has_backward[a.chunk * M + a.mb]) stage_.discard(a.chunk, a.mb), update(a);
+        break;
+      }
+      case Op::send_act: {
+        const int tag = act_tag(v, a.mb, M);
+        const size_t slot = act_out_.slot_of(tag, a);
+        act_out_.reqs[slot] = comm_.isend(act_out_.bufs[slot].data(), n, next, tag);
+        break;
+      }
+      case Op::recv_grad: {
+        const double t0 = now_s();
+        grad_in = grad_in_.wait(comm_, {"recv gradient", next, a.mb});
+        trace.span("wait " + to_string(a), "wait", t0, now_s(), a.mb);
+        grad_in_for = a;
+        break;
+      }
+      case Op::backward:
+      case Op::backward_input: {
+        grad_out = first ? nullptr : grad_out_.acquire(comm_, grad_tag(v - 1, a.mb, M), a.mb, "send gradient", prev, trace);
+        if (!last && (grad_in_for.mb != a.mb || grad_in_for.chunk != a.chunk))
+          throw std::logic_error("schedule runs backward " + to_string(a) + " without receiving its gradient first");
+        const double t0 = now_s();
+        const float* dout = grad_in;
+        float* dinp = grad_out;
+        if (staged) {
+          if (!last) upload(dev_grad_in_.data(), grad_in, bytes), dout = dev_grad_in_.data();
+          if (!first) dinp = dev_grad_out_.data();
+        }
+        if (a.op == Op::backward) stage_.backward(a.chunk, a.mb, dout, dinp, done_hook(a));
+        else stage_.backward_input(a.chunk, a.mb, dout, dinp);
+        if (staged && !first) download(grad_out, dinp, bytes);
+        finish_compute();
+        const double t1 = now_s(), rs = stage_.last_recompute_s();
+        st.compute_s += t1 - t0;
+        // Recompute shown first; under recompute = block it is really interleaved block by block.
+        if (rs > 0) trace.span("R" + to_string(a).substr(1), "recompute", t0, t0 + rs, a.mb);
+        trace.span(to_string(a), "backward", t0 + rs, t1, a.mb);
+        update(a);
+        if (!last) grad_in_.post(comm_, next);  // its receive buffer is free again
+        break;
+      }
+      case Op::backward_weight: {
+        const double t0 = now_s();
+        stage_.backward_weight(a.chunk, a.mb, done_hook(a));
+        finish_compute();
+        const double t1 = now_s();
+        st.compute_s += t1 - t0;
+        trace.span(to_string(a), "backward", t0, t1, a.mb);
+        update(a);
+        break;
+      }
+      case Op::send_grad: {
+        const int tag = grad_tag(v - 1, a.mb, M);
+        const size_t slot = grad_out_.slot_of(tag, a);
+        grad_out_.reqs[slot] = comm_.isend(grad_out_.bufs[slot].data(), n, prev, tag);
+        break;
+      }
+    }
+  }
+  const double t0 = now_s();
+  act_out_.drain(comm_, "send activation", next);
+  grad_out_.drain(comm_, "send gradient", prev);
+  trace.span("wait sends", "wait", t0, now_s());
+  st.wait_s = comm_.wait_seconds() - wait0;
+  return st;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,192 @@
+#include "pipetrain/tools/generate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+
+#include "pipetrain/ckpt/checkpoint.hpp"
+#include "pipetrain/util/clock.hpp"
+#include "pipetrain/config/spec.hpp"
+#include "pipetrain/compute/kernels.hpp"
+#include "pipetrain/model/model.hpp"
+#include "pipetrain/util/rng.hpp"
+
+namespace pipetrain {
+namespace {
+
+// The whole model for one sequence, one token at a time, with every block's keys and values of
+// the tokens so far cached. Weights are the Stage's (one stage holding all blocks).
+class CachedGpt {
+ public:
+  CachedGpt(const RunSpec& spec, Stage& stage)
+      : C_(spec.model.d_model), NH_(spec.model.n_head), L_(spec.model.n_layer), V_(spec.model.vocab),
+        T_(spec.model.seq_len), w_(stage.weights().host().data()), k_(L_), v_(L_) {
+    auto at = [&](const std::string& name) { return w_ + stage.find(name)->offset; };
+    wte_ = at("wte.weight"), wpe_ = at("wpe.weight"), lnfw_ = at("ln_f.weight"), lnfb_ = at("ln_f.bias");
+    head_ = spec.model.tie_embeddings ? wte_ : at("lm_head.weight");
+    for (int l = 0; l < L_; ++l) {
+      const std::string h = "h." + std::to_string(l) + ".";
+      blocks_.push_back({at(h + "ln_1.weight"), at(h + "ln_1.bias"), at(h + "attn.c_attn.weight"),
+                         at(h + "attn.c_attn.bias"), at(h + "attn.c_proj.weight"), at(h + "attn.c_proj.bias"),
+                         at(h + "ln_2.weight"), at(h + "ln_2.bias"), at(h + "mlp.c_fc.weight"), at(h + "mlp.c_fc.bias"),
+                         at(h + "mlp.c_proj.weight"), at(h + "mlp.c_proj.bias")});
+      k_[l].resize(static_cast<size_t>(T_) * C_), v_[l].resize(static_cast<size_t>(T_) * C_);
+    }
+  }
+  void reset() { n_ = 0; }
+  int cached() const { return n_; }
+
+  // Runs token `tok` at the next position; probs (V) = the next token's distribution.
+  void step(int tok, float* probs) {
+    const size_t C = C_;
+    const int t = n_++, hs = C_ / NH_;
+    std::vector<float> x(C), ln(C), qkv(3 * C), y(C), tmp(C), fc(4 * C), act(4 * C), logits(V_);
+    float mean, rstd;
+    for (size_t c = 0; c < C; ++c) x[c] = wte_[tok * C + c] + wpe_[t * C + c];
+    const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+    std::vector<float> att(t + 1);
+    for (int l = 0; l < L_; ++l) {
+      const Block& b = blocks_[l];
+      layernorm_forward(ln.data(), &mean, &rstd, x.data(), b.ln1w, b.ln1b, 1, C_);
+      matmul_forward(qkv.data(), ln.data(), b.qkvw, b.qkvb, 1, C_, 3 * C_);
+      std::copy(qkv.begin() + C, qkv.begin() + 2 * C, k_[l].begin() + t * C);
+      std::copy(qkv.begin() + 2 * C, qkv.end(), v_[l].begin() + t * C);
+      for (int h = 0; h < NH_; ++h) {  // this token's query against every cached key
+        const float* q = qkv.data() + h * hs;
+        // as attention_forward computes it: scaled scores, fast_exp, times the sum's inverse
+        float mx = -INFINITY, sum = 0;
+        for (int u = 0; u <= t; ++u) {
+          const float* k = k_[l].data() + u * C + h * hs;
+          float s = 0;
+          for (int i = 0; i < hs; ++i) s += scale * q[i] * k[i];
+          mx = std::max(mx, att[u] = s);
+        }
+        for (int u = 0; u <= t; ++u) sum += (att[u] = fast_exp(att[u] - mx));
+        const float inv = 1.f / sum;
+        for (int u = 0; u <= t; ++u) att[u] *= inv;
+        for (int i = 0; i < hs; ++i) {
+          float acc = 0;
+          for (int u = 0; u <= t; ++u) acc += att[u] * v_[l][u * C + h * hs + i];
+          y[h * hs + i] = acc;
+        }
+      }
+      matmul_forward(tmp.data(), y.data(), b.projw, b.projb, 1, C_, C_);
+      for (size_t c = 0; c < C; ++c) x[c] += tmp[c];
+      layernorm_forward(ln.data(), &mean, &rstd, x.data(), b.ln2w, b.ln2b, 1, C_);
+      matmul_forward(fc.data(), ln.data(), b.fcw, b.fcb, 1, C_, 4 * C_);
+      gelu_forward(act.data(), fc.data(), 4 * C);
+      matmul_forward(tmp.data(), act.data(), b.fcprojw, b.fcprojb, 1, 4 * C_, C_);
+      for (size_t c = 0; c < C; ++c) x[c] += tmp[c];
+    }
+    layernorm_forward(ln.data(), &mean, &rstd, x.data(), lnfw_, lnfb_, 1, C_);
+    matmul_forward(logits.data(), ln.data(), head_, nullptr, 1, C_, V_);
+    const int target = 0;  // the loss is not needed, only the probabilities
+    softmax_crossentropy_forward(probs, logits.data(), &target, 1, V_);
+  }
+
+ private:
+  struct Block {
+    const float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+  };
+  int C_, NH_, L_, V_, T_, n_ = 0;
+  const float* w_;
+  const float *wte_, *wpe_, *lnfw_, *lnfb_, *head_;
+  std::vector<Block> blocks_;
+  std::vector<std::vector<float>> k_, v_;  // per block: [T, C] keys / values of the cached tokens
+};
+
+// The next-token distribution of tokens[from, end) by the training forward, recomputing them all:
+// the window padded to seq_len (causal attention: the padding cannot reach earlier positions).
+void recompute(Stage& stage, const RunSpec& spec, const std::vector<int>& tokens, size_t from, float* probs) {
+  const int T = spec.model.seq_len, V = spec.model.vocab, n = static_cast<int>(tokens.size() - from);
+  std::vector<int> window(T, 0), targets(T, 0);
+  std::copy(tokens.begin() + from, tokens.end(), window.begin());
+  stage.set_tokens(0, window.data());
+  stage.set_targets(0, targets.data());
+  stage.forward(0, 0, nullptr);
+  const float* all = stage.head_probs(0).data();
+  std::copy(all + static_cast<size_t>(n - 1) * V, all + static_cast<size_t>(n) * V, probs);
+  stage.discard(0, 0);
+}
+
+}  // namespace
+
+int sample_token(const float* probs, int V, double temperature, int top_k, double u) {
+  if (temperature <= 0) return static_cast<int>(std::max_element(probs, probs + V) - probs);
+  // p^(1/T) relative to the likeliest token: no underflow to all zeros at small T
+  const double top = std::log(std::max(*std::max_element(probs, probs + V), 1e-38f));
+  std::vector<double> w(V);
+  for (int i = 0; i < V; ++i)
+    w[i] = probs[i] > 0 ? std::exp((std::log(static_cast<double>(probs[i])) - top) / temperature) : 0.0;
+  if (top_k > 0 && top_k < V) {
+    std::vector<int> order(V);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return w[a] > w[b]; });
+    for (int r = top_k; r < V; ++r) w[order[r]] = 0;
+  }
+  const double total = std::accumulate(w.begin(), w.end(), 0.0);
+  double acc = 0;
+  int last = 0;
+  for (int i = 0; i < V; ++i) {
+    if (w[i] <= 0) continue;
+    last = i;
+    if ((acc += w[i] / total) > u) return i;
+  }
+  return last;  // u within rounding of 1
+}
+
+int run_generate(const GenerateOptions& opt) {
+  try {
+    if (opt.prompt.empty()) throw SpecError("generate: --prompt is empty (give at least one character to start from)");
+    if (opt.tokens <= 0) throw SpecError("generate: --tokens " + std::to_string(opt.tokens) + " must be at least 1");
+    // One stage holding every block, one micro-batch of one sequence.
+    // The user's overrides first, then what generation needs, which they cannot undo.
+    std::vector<std::string> sets = opt.overrides;
+    for (auto& s : {"train.global_batch=1", "parallel.micro_batches=1", "parallel.recompute=none", "eval.every_steps=0",
+                    "run.device=cpu", "model.dtype=fp32", "parallel.pp=1", "parallel.dp=1", "parallel.partition=uniform",
+                    "parallel.schedule=gpipe", "parallel.virtual_stages=1"})
+      sets.push_back(s);
+    const RunSpec spec = opt.config.empty() ? spec_of_checkpoint(opt.checkpoint, sets, 1) : load_spec(opt.config, sets, 1);
+    const int V = spec.model.vocab, T = spec.model.seq_len;
+    std::vector<int> tokens(opt.prompt.begin(), opt.prompt.end());
+    for (int& t : tokens) {
+      t = static_cast<unsigned char>(t);
+      if (t >= V) throw SpecError("generate: the prompt has byte " + std::to_string(t) + ", beyond model.vocab = " + std::to_string(V));
+    }
+    Stage stage(spec, 0, 1, 0, spec.model.n_layer, 1, 1.f);
+    read_checkpoint_tensors(opt.checkpoint, stage.params(), stage.weights().host().data(), nullptr, nullptr);
+    CachedGpt cached(spec, stage);
+
+    SplitMix64 rng{opt.seed * 0x9e3779b97f4a7c15ULL + 1};
+    std::vector<float> probs(V);
+    size_t from = 0;  // the window's first token
+    std::fwrite(opt.prompt.data(), 1, opt.prompt.size(), stdout);
+    const double t0 = now_s();
+    for (int i = 0; i < opt.tokens; ++i) {
+      if (tokens.size() - from > static_cast<size_t>(T)) {  // slide: keep the last T / 2
+        from = tokens.size() - std::max(1, T / 2);
+        cached.reset();
+      }
+      if (opt.use_cache) {
+        while (from + cached.cached() < tokens.size()) cached.step(tokens[from + cached.cached()], probs.data());
+      } else {
+        recompute(stage, spec, tokens, from, probs.data());
+      }
+      const int next = sample_token(probs.data(), V, opt.temperature, opt.top_k, rng.uniform());
+      tokens.push_back(next);
+      std::fputc(next, stdout);
+      std::fflush(stdout);
+    }
+    std::fputc('\n', stdout);
+    const double secs = now_s() - t0;
+    std::fprintf(stderr, "generated %d tokens in %.2f s (%.0f tokens/s, %s)\n", opt.tokens, secs, opt.tokens / secs,
+                 opt.use_cache ? "KV cache" : "recomputing the window");
+    return 0;
+  } catch (const SpecError& e) {
+    std::fprintf(stderr, "pipetrain: error: %s\n", e.what());
+    return 2;
+  }
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,200 @@
+#include "pipetrain/tools/report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "pipetrain/ckpt/checkpoint.hpp"
+#include "pipetrain/config/spec.hpp"
+#include "pipetrain/pipeline/plan.hpp"
+#include "pipetrain/compute/profile.hpp"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace pipetrain {
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Median over logged steps of entry s of an array-valued key.
+double stage_median(const std::vector<json>& lines, const char* key, size_t s) {
+  std::vector<double> v;
+  for (auto& l : lines)
+    if (l.contains(key) && l[key].is_array() && s < l[key].size() && l[key][s].is_number()) v.push_back(l[key][s].get<double>());
+  return median(v);
+}
+
+double scalar_median(const std::vector<json>& lines, const char* key) {
+  std::vector<double> v;
+  for (auto& l : lines)
+    if (l.contains(key) && l[key].is_number()) v.push_back(l[key].get<double>());
+  return median(v);
+}
+
+// printf of one value, "n/a" when the log did not have it (older or cut-short runs).
+std::string fmt(const char* format, double v) {
+  if (std::isnan(v)) return "n/a";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+// "gemm 78% (201 GFLOP/s), attention 10%, ...": median share of the step per kernel class of
+// stage s; empty for logs written before kernel_s existed.
+std::string kernel_shares(const std::vector<json>& lines, size_t s) {
+  std::string out;
+  for (int k = 0; k < kKernelClasses; ++k) {
+    const char* name = kernel_name(static_cast<Kernel>(k));
+    std::vector<double> share;
+    for (auto& l : lines) {
+      const json* v = l.contains("kernel_s") && l["kernel_s"].is_object() && l["kernel_s"].contains(name) ? &l["kernel_s"][name] : nullptr;
+      if (v && v->is_array() && s < v->size() && (*v)[s].is_number() && l.value("step_time_s", 0.0) > 0)
+        share.push_back((*v)[s].get<double>() / l["step_time_s"].get<double>());
+    }
+    if (share.empty()) return "";
+    out += (k ? ", " : "") + std::string(name) + " " + fmt("%.1f%%", 100 * median(share));
+    if (k == static_cast<int>(Kernel::gemm)) out += " (" + fmt("%.0f", stage_median(lines, "gemm_gflops", s)) + " GFLOP/s)";
+  }
+  return out;
+}
+
+std::string mib(double b) { return fmt("%.2f MiB", b / (1 << 20)); }
+
+// scripts/plots.py next to the sources this binary was built from, or PIPETRAIN_SCRIPTS.
+std::string plots_script() {
+  if (const char* d = std::getenv("PIPETRAIN_SCRIPTS")) return std::string(d) + "/plots.py";
+  return std::string(PIPETRAIN_SOURCE_DIR) + "/scripts/plots.py";
+}
+
+}  // namespace
+
+int run_report(const std::string& run_dir, const std::string& plots_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec)) {
+    std::fprintf(stderr, "pipetrain: error: %s: no such run directory\n", run_dir.c_str());
+    return 2;
+  }
+  std::vector<std::string> missing;
+  std::printf("run %s\n", run_dir.c_str());
+
+  // The spec, and from it the prediction.
+  RunSpec spec;
+  bool have_spec = false;
+  try {
+    spec = load_spec(run_dir + "/config.toml", {}, 0);
+    have_spec = true;
+    std::printf("  spec: pp %d x dp %d, M=%d, recompute %s, %d steps, %d-block GPT d_model %d\n", spec.parallel.pp,
+                spec.parallel.dp, spec.parallel.micro_batches, spec.parallel.recompute.c_str(), spec.run.steps,
+                spec.model.n_layer, spec.model.d_model);
+  } catch (const SpecError& e) {
+    missing.push_back(std::string("config.toml (") + e.what() + "): no prediction to compare with");
+  }
+
+  // What was measured.
+  std::vector<json> lines;
+  size_t bad_lines = 0;
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  if (!in) missing.push_back("metrics.jsonl: nothing was logged (the run died before its first step?)");
+  for (std::string line; std::getline(in, line);) {
+    json j = json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step")) lines.push_back(std::move(j));
+    else if (!line.empty()) ++bad_lines;
+  }
+  if (bad_lines) missing.push_back(std::to_string(bad_lines) + " unreadable line(s) in metrics.jsonl (cut short by a kill?)");
+  if (!have_spec && lines.empty()) {
+    std::fprintf(stderr, "pipetrain: error: %s holds neither config.toml nor metrics.jsonl\n", run_dir.c_str());
+    return 2;
+  }
+  if (!lines.empty()) {
+    const json &first = lines.front(), &last = lines.back();
+    const int last_step = last["step"].get<int>();
+    if (have_spec)
+      std::printf("  progress: %d of %d steps%s\n", last_step, spec.run.steps,
+                  last_step >= spec.run.steps ? " (complete)" : " (incomplete: stopped or killed; resume continues it)");
+    std::printf("  loss: %.4f at step %d -> %.4f at step %d\n", first.value("loss", NAN), first["step"].get<int>(),
+                last.value("loss", NAN), last_step);
+    const json* latest_val = nullptr;  // the last evaluation and the best one
+    const json* best_val = nullptr;
+    for (const json& l : lines)
+      if (l.contains("val_loss")) {
+        latest_val = &l;
+        if (!best_val || l["val_loss"].get<double>() < (*best_val)["val_loss"].get<double>()) best_val = &l;
+      }
+    if (latest_val)
+      std::printf("  val_loss: %.4f at step %d (best %.4f at step %d)\n", (*latest_val)["val_loss"].get<double>(),
+                  (*latest_val)["step"].get<int>(), (*best_val)["val_loss"].get<double>(), (*best_val)["step"].get<int>());
+    std::printf("  step time: median %s, %s tokens/s, %s GFLOP/s, MFU %s\n",
+                fmt("%.1f ms", 1e3 * scalar_median(lines, "step_time_s")).c_str(),
+                fmt("%.0f", scalar_median(lines, "tokens_per_s")).c_str(), fmt("%.1f", scalar_median(lines, "gflops")).c_str(),
+                fmt("%.1f%%", 100 * scalar_median(lines, "mfu")).c_str());
+  }
+  const size_t P = have_spec ? spec.parallel.pp : (lines.empty() ? 0 : lines.back().value("bubble_measured", json::array()).size());
+  Plan plan;
+  if (have_spec) plan = make_plan(spec);
+  const int mode = !have_spec ? 0 : spec.parallel.recompute == "none" ? 0 : spec.parallel.recompute == "stage" ? 1 : 2;
+  // A run resumed on another layout logged its earlier steps with another number of stages: the
+  // per-stage figures come from the steps of the current layout only.
+  std::vector<json> per_stage;
+  for (auto& l : lines)
+    if (l.contains("bubble_measured") && l["bubble_measured"].is_array() && l["bubble_measured"].size() == P)
+      per_stage.push_back(l);
+  if (P > 0) {
+    if (have_spec)
+      std::printf("  bubble of the %s schedule with even stages = %.3f; per stage: measured median vs simulated\n",
+                  spec.parallel.schedule.c_str(), plan.bubble_theory);
+    if (per_stage.size() < lines.size())
+      std::printf("    (%zu logged steps of an earlier layout left out of the per-stage figures)\n",
+                  lines.size() - per_stage.size());
+    for (size_t s = 0; s < P; ++s) {
+      std::printf("    stage %zu: bubble %s", s, fmt("%.3f", stage_median(per_stage, "bubble_measured", s)).c_str());
+      if (have_spec) std::printf(" (sim %.3f)", plan.stages[s].bubble);
+      std::printf(" | activations %s", mib(stage_median(per_stage, "act_peak_bytes", s)).c_str());
+      if (have_spec) std::printf(" (plan %s)", mib(plan.stages[s].act_peak_bytes[mode]).c_str());
+      std::printf(" | RSS %s | params+grads+AdamW %s\n", mib(stage_median(per_stage, "mem_peak_bytes", s)).c_str(),
+                  mib(stage_median(per_stage, "param_bytes", s) * 4).c_str());
+      const std::string kernels = kernel_shares(per_stage, s);
+      if (!kernels.empty()) std::printf("      step by kernel: %s\n", kernels.c_str());
+    }
+  }
+
+  // What survived.
+  const std::string ck = run_dir + "/checkpoints";
+  std::vector<std::string> names;
+  for (auto& e : fs::directory_iterator(ck, ec))
+    if (e.path().filename().string().rfind("step_", 0) == 0) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  if (names.empty()) missing.push_back("checkpoints: none saved; a restart begins at step 0");
+  else {
+    std::string latest;
+    std::ifstream(ck + "/latest") >> latest;
+    std::printf("  checkpoints:");
+    for (auto& n : names) std::printf(" %s", n.c_str());
+    const std::string problem = latest.empty() ? "no latest file" : verify_checkpoint(ck + "/" + latest);
+    std::printf("\n    latest %s: %s\n", latest.empty() ? "?" : latest.c_str(), problem.empty() ? "intact" : problem.c_str());
+  }
+  if (fs::exists(run_dir + "/trace.json", ec)) std::printf("  trace: trace.json (open in Perfetto / chrome://tracing)\n");
+  else missing.push_back("trace.json: not written (log.trace_steps = 0, or the run died before its traced steps ended)");
+  for (auto& m : missing) std::printf("  missing: %s\n", m.c_str());
+
+  if (plots_dir.empty()) return 0;
+  const std::string cmd = "/usr/bin/python3 '" + plots_script() + "' '" + run_dir + "' '" + plots_dir + "'";
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    std::fprintf(stderr, "pipetrain: error: plotting failed (%s); it needs /usr/bin/python3 with matplotlib "
+                         "(Debian: python3-matplotlib)\n", cmd.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace pipetrain

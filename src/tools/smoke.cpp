@@ -1,0 +1,230 @@
+#include "pipetrain/tools/smoke.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "pipetrain/util/clock.hpp"
+#include "pipetrain/dist/comm.hpp"
+#include "pipetrain/config/spec.hpp"
+#include "pipetrain/dist/launch.hpp"
+#include "pipetrain/ckpt/shard_io.hpp"
+#include "pipetrain/dist/topology.hpp"
+#include "pipetrain/train/train.hpp"
+
+namespace fs = std::filesystem;
+
+namespace pipetrain {
+namespace {
+
+// Generous floors: the smoke test catches broken or badly misconfigured pieces, and links
+// kSlowFactor times worse than the best of their kind (within a node / across nodes).
+constexpr double kMaxLatencyS = 0.05, kMinBandwidthMiBs = 1.0, kSlowFactor = 4.0;
+
+struct Row {
+  std::string check, where, value;
+  bool pass;
+};
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// The layout to test: the spec's if it fits the ranks, else all ranks as pipeline stages in pairs.
+RunSpec smoke_spec(const SmokeOptions& opt, int world) {
+  RunSpec spec = load_spec(opt.config, opt.overrides, 0);
+  auto& p = spec.parallel;
+  if (p.pp * p.dp != world) {
+    p.pp = world % 2 == 0 ? 2 : 1;
+    p.dp = world / p.pp;
+  }
+  p.micro_batches = 2;
+  spec.train.global_batch = 2 * p.dp * p.micro_batches;
+  spec.model.n_layer = std::max(spec.model.n_layer, p.pp);
+  return spec;
+}
+
+// Each stage's replicas write a shard of random tensors collectively, the first replica reads it
+// back and compares; "" or what failed.
+std::string check_checkpoint_io(Comm& comm, const std::string& dir) {
+  const Topology& t = comm.topo();
+  std::vector<float> data(1 << 20);  // 4 MiB, a different pattern per stage
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>((i * 2654435761u + t.stage) % 1000003) * 1e-3f;
+  std::string error;
+  std::error_code ec;
+  if (t.world_rank == 0) fs::create_directories(dir, ec);
+  comm.barrier();
+  const std::string path = dir + "/stage_" + std::to_string(t.stage) + ".h5";
+  const std::vector<ShardTensor> tensors = {{"smoke.weight", {1024, 1024}, data.data(), data.data(), data.data()}};
+  if (!fs::is_directory(dir, ec)) error = "checkpoint directory " + dir + ": cannot create";
+  else error = write_shard(path, tensors, 0, comm.data_handle(), t.dp_rank, t.dp);
+  if (error.empty() && t.dp_rank == 0) {
+    try {
+      std::vector<float> back(data.size());
+      ShardReader(path).read("params", "smoke.weight", {1024, 1024}, back.data());
+      if (back != data) error = path + ": read back differs from what was written";
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  comm.barrier();
+  if (t.world_rank == 0) fs::remove_all(dir, ec);
+  return error;
+}
+
+}  // namespace
+
+int run_smoke(const SmokeOptions& opt) {
+  const int world = Comm::world_size(), rank = Comm::world_rank();
+  RunSpec spec;
+  if (int code = Comm::run_agreed([&] { spec = smoke_spec(opt, world); })) return code;
+  Comm::set_finalize(spec.comm.finalize, spec.comm.finalize_timeout_s);
+  const Topology topo = Topology::of(rank, spec.parallel.pp, spec.parallel.dp, spec.parallel.order);
+  Comm comm(topo, spec.comm.wait, std::min(spec.comm.timeout_s, 30.0));  // a smoke test answers fast
+  const std::string run_dir = opt.run_dir.empty() ? spec.run.out_dir + "/smoke" : opt.run_dir;
+  // One name for this test's scratch directories on every rank: rank 0's pid.
+  double pid = rank == 0 ? getpid() : 0;
+  comm.allreduce_world(&pid, 1);
+  const std::string tag = std::to_string(static_cast<long>(pid));
+  std::vector<Row> rows;
+  const LaunchInfo launch = LaunchInfo::from_environment();
+
+  // Where every rank runs.
+  std::vector<std::string> where;
+  comm.gather_to_root(launch.host + " local " + std::to_string(launch.localid) + " stage " +
+                          std::to_string(topo.stage) + " dp " + std::to_string(topo.dp_rank),
+                      where);
+  for (int r = 0; r < static_cast<int>(where.size()); ++r) rows.push_back({"rank", "rank " + std::to_string(r), where[r], true});
+
+  // Every pipeline link, one at a time: latency of 8 B and bandwidth of 4 MiB round trips.
+  struct Link {
+    std::string where;
+    double latency_s, mib_per_s;
+    bool crosses_nodes;
+  };
+  std::vector<Link> links;
+  for (int d = 0; d < topo.dp; ++d)
+    for (int s = 0; s + 1 < topo.pp; ++s) {
+      const int a = topo.rank_of(s, d), b = topo.rank_of(s + 1, d);
+      double lat = 0, bw = 0;
+      if (rank == a || rank == b) {
+        std::vector<char> small(8), big(4 << 20);
+        comm.ping_pong(rank == a ? b : a, rank == a, small, 20);  // warm-up
+        lat = comm.ping_pong(rank == a ? b : a, rank == a, small, 200) / 2;
+        bw = 2.0 * big.size() / comm.ping_pong(rank == a ? b : a, rank == a, big, 5) / (1 << 20);
+      }
+      double figures[2] = {rank == a ? lat : 0, rank == a ? bw : 0};
+      comm.allreduce_world(figures, 2);  // rank 0 learns them; also keeps the links one at a time
+      const auto& host = comm.hosts();
+      const bool crosses = host[a] != host[b];
+      links.push_back({"stage " + std::to_string(s) + "->" + std::to_string(s + 1) + " dp " + std::to_string(d) +
+                           " (" + host[a] + (crosses ? "->" + host[b] : "") + ", ranks " + std::to_string(a) + "->" +
+                           std::to_string(b) + ")",
+                       figures[0], figures[1], crosses});
+    }
+  // A link is slow when it is far behind the best link of its kind (within a node or across
+  // nodes): one bad cable or NIC shows up even when it still beats the absolute floors.
+  for (const Link& l : links) {
+    double best_lat = 1e30, best_bw = 0;
+    for (const Link& o : links)
+      if (o.crosses_nodes == l.crosses_nodes) best_lat = std::min(best_lat, o.latency_s), best_bw = std::max(best_bw, o.mib_per_s);
+    const bool lat_ok = l.latency_s <= kMaxLatencyS && l.latency_s <= kSlowFactor * best_lat + 1e-4;
+    const bool bw_ok = l.mib_per_s >= kMinBandwidthMiBs && l.mib_per_s * kSlowFactor >= best_bw;
+    rows.push_back({"p2p latency", l.where, fmt("%.1f us", l.latency_s * 1e6) + (lat_ok ? "" : fmt(" (best %.1f us)", best_lat * 1e6)), lat_ok});
+    rows.push_back({"p2p bandwidth", l.where, fmt("%.0f MiB/s", l.mib_per_s) + (bw_ok ? "" : fmt(" (best %.0f MiB/s)", best_bw)), bw_ok});
+  }
+
+  // Every data group's all-reduce, all groups at once as in training.
+  if (topo.dp > 1) {
+    std::vector<float> buf(4 << 20, 1.0f);  // 16 MiB
+    const double t0 = now_s();
+    for (int i = 0; i < 3; ++i) {
+      MPI_Request r = comm.iallreduce_data(buf.data(), buf.size());
+      std::vector<MPI_Request> reqs{r};
+      comm.wait_all(reqs, {"smoke-test all-reduce", -1, -1, Group::data});
+    }
+    const double bw = 3.0 * buf.size() * sizeof(float) / (now_s() - t0) / (1 << 20);
+    const bool right = buf[0] == std::pow(static_cast<float>(topo.dp), 3.0f);
+    std::vector<double> per_rank;
+    const double mine[1] = {right ? bw : -bw};
+    comm.gather_to_root(mine, 1, per_rank);
+    for (int s = 0; s < topo.pp && rank == 0; ++s) {
+      const double v = per_rank[topo.rank_of(s, 0)];
+      rows.push_back({"all-reduce", "data group of stage " + std::to_string(s),
+                      v < 0 ? "wrong sum" : fmt("%.0f MiB/s", v), v >= kMinBandwidthMiBs});
+    }
+  }
+
+  // Parallel HDF5 in the checkpoint directory.
+  const std::string ckpt_dir = run_dir + "/checkpoints/.smoke_" + tag;
+  std::vector<std::string> io_errors;
+  comm.gather_to_root(check_checkpoint_io(comm, ckpt_dir), io_errors);
+  for (int r = 0; r < static_cast<int>(io_errors.size()); ++r)
+    if (!io_errors[r].empty()) rows.push_back({"checkpoint I/O", "rank " + std::to_string(r), io_errors[r], false});
+  if (rank == 0 && std::all_of(io_errors.begin(), io_errors.end(), [](auto& e) { return e.empty(); }))
+    rows.push_back({"checkpoint I/O", run_dir + "/checkpoints", "parallel HDF5 write + read + verify ok", true});
+
+  // A 3-step tiny training run on this layout must lower the loss.
+  TrainOptions train;
+  train.config = opt.config;
+  train.overrides = opt.overrides;
+  for (const char* s : {"run.steps=3", "checkpoint.every_steps=0", "log.trace_steps=0", "train.warmup_steps=1"})
+    train.overrides.push_back(s);
+  const auto& p = spec.parallel;
+  for (const std::string& s : std::vector<std::string>{
+           "parallel.pp=" + std::to_string(p.pp), "parallel.dp=" + std::to_string(p.dp), "parallel.micro_batches=2",
+           "train.global_batch=" + std::to_string(spec.train.global_batch),
+           "model.n_layer=" + std::to_string(spec.model.n_layer)})
+    train.overrides.push_back(s);
+  train.run_dir = run_dir + "/.smoke_train_" + tag;
+  train.resume = "never";
+  int train_code = 0;
+  try {
+    train_code = run_train(train);
+  } catch (const AgreedExit& e) {
+    train_code = static_cast<int>(e.code);
+  }
+  if (rank == 0) {
+    std::vector<double> losses;
+    std::ifstream in(train.run_dir + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) losses.push_back(nlohmann::json::parse(line).value("loss", NAN));
+    const bool falls = train_code == 0 && losses.size() == 3 && std::isfinite(losses[2]) && losses[2] < losses[0];
+    rows.push_back({"training", "3 steps, pp " + std::to_string(p.pp) + " x dp " + std::to_string(p.dp),
+                    losses.size() == 3 ? fmt("loss %.3f", losses[0]) + fmt(" -> %.3f", losses[2]) : "exit " + std::to_string(train_code),
+                    falls});
+    std::error_code ec;
+    fs::remove_all(train.run_dir, ec);
+  }
+
+  // Verdict: rank 0 knows every row; all ranks exit alike.
+  double failures = 0;
+  if (rank == 0) {
+    std::printf("\npipetrain smoke: %d ranks, pp %d x dp %d, %s\n", world, topo.pp, topo.dp, launch.describe().c_str());
+    std::printf("%-16s %-52s %-40s %s\n", "check", "where", "value", "result");
+    for (auto& r : rows) {
+      std::printf("%-16s %-52s %-40s %s\n", r.check.c_str(), r.where.c_str(), r.value.c_str(), r.pass ? "ok" : "FAIL");
+      failures += r.pass ? 0 : 1;
+    }
+  }
+  comm.allreduce_world(&failures, 1);
+  if (rank == 0) {
+    if (failures == 0) std::printf("PASS\n");
+    else {
+      std::printf("FAIL:");
+      for (auto& r : rows)
+        if (!r.pass) std::printf(" %s at %s (%s);", r.check.c_str(), r.where.c_str(), r.value.c_str());
+      std::printf("\n");
+    }
+    std::fflush(stdout);
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,284 @@
+// Run spec: loading, --set overrides, error messages (file:line, did-you-mean), consistency checks,
+// and the resolved TOML round trip (DESIGN.md, "Run spec").
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <unistd.h>
+
+#include "temp_dir.hpp"
+#include "pipetrain/config/spec.hpp"
+
+using namespace pipetrain;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The SpecError message thrown by f, or "<no SpecError>" when nothing (or something else) was thrown.
+std::string spec_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const SpecError& e) {
+    return e.what();
+  }
+  return "<no SpecError>";
+}
+
+// Loads a spec from TOML text written to <tmp>/file.toml.
+RunSpec load_text(const TempDir& tmp, const std::string& text, std::vector<std::string> overrides = {},
+                  int world = 0) {
+  return load_spec(tmp.write("file.toml", text), overrides, world);
+}
+
+std::string load_error(const TempDir& tmp, const std::string& text, std::vector<std::string> overrides = {},
+                       int world = 0) {
+  return spec_error([&] { load_text(tmp, text, overrides, world); });
+}
+
+}  // namespace
+
+TEST_CASE("empty path loads the built-in defaults", "[config]") {
+  RunSpec s = load_spec("", {}, 0);
+  RunSpec d;
+  CHECK(s.run.name == "tiny");
+  CHECK(s.model.n_layer == d.model.n_layer);
+  CHECK(s.model.d_model == d.model.d_model);
+  CHECK(s.parallel.pp == 1);
+  CHECK(s.parallel.partition == "uniform");
+  CHECK(s.data.source == "synthetic");
+  CHECK(s.train.lr == Approx(3e-3));
+  CHECK(s.origins.empty());
+  CHECK(s.origin("model.n_layer") == "(default)");
+  CHECK(resolved_toml(s) == resolved_toml(d));
+  CHECK(spec_hash(s) == spec_hash(d));
+}
+
+TEST_CASE("a spec file sets values and records where", "[config]") {
+  TempDir tmp;
+  RunSpec s = load_text(tmp,
+                        "[run]\nname = \"exp1\"\nseed = 7\n"
+                        "[model]\nn_layer = 6\ntie_embeddings = false\n"
+                        "[parallel]\npp = 3\nrecompute = \"block\"\npartition = \"balanced\"\n"
+                        "[train]\nlr = 0.01\nmin_lr = 1e-4\n");
+  CHECK(s.run.name == "exp1");
+  CHECK(s.run.seed == 7);
+  CHECK(s.model.n_layer == 6);
+  CHECK_FALSE(s.model.tie_embeddings);
+  CHECK(s.parallel.pp == 3);
+  CHECK(s.parallel.recompute == "block");
+  CHECK(s.parallel.partition == "balanced");
+  CHECK(s.train.lr == Approx(0.01));
+  CHECK(s.train.min_lr == Approx(1e-4));
+  CHECK(s.model.d_model == 64);  // untouched keys keep their defaults
+  CHECK(s.origin("model.n_layer") == (tmp.dir / "file.toml").string() + ":5");
+}
+
+TEST_CASE("set overrides accept ints floats bools bare strings and lists", "[config]") {
+  TempDir tmp;
+  RunSpec s = load_text(tmp, "[model]\nn_layer = 2\n",
+                        {"model.n_layer=4", "train.lr=0.5", "model.tie_embeddings=false", "run.name=foo",
+                         "parallel.pp=2", "parallel.partition=[1,3]", "data.shuffle=false"});
+  CHECK(s.model.n_layer == 4);  // --set wins over the file
+  CHECK(s.train.lr == Approx(0.5));
+  CHECK_FALSE(s.model.tie_embeddings);
+  CHECK_FALSE(s.data.shuffle);
+  CHECK(s.run.name == "foo");
+  CHECK(s.parallel.partition == "explicit");
+  CHECK(s.parallel.blocks_per_stage == std::vector<int>{1, 3});
+  CHECK_THAT(s.origin("model.n_layer"), Contains("--set"));
+  // Quoted strings work too, and overrides apply without any file.
+  RunSpec t = load_spec("", {"run.name=\"bar\"", "train.lr=1"}, 0);
+  CHECK(t.run.name == "bar");
+  CHECK(t.train.lr == Approx(1.0));  // an integer is accepted for a float key
+  // String keys keep the raw text even when it reads as another TOML type.
+  CHECK(load_spec("", {"run.name=2024", "data.path=true"}, 0).run.name == "2024");
+  CHECK(load_spec("", {"data.path=true"}, 0).data.path == "true");
+  // ...but other keys still type-check.
+  CHECK_THROWS_AS(load_spec("", {"model.n_layer=four"}, 0), SpecError);
+}
+
+TEST_CASE("malformed --set is a SpecError", "[config]") {
+  for (std::string bad : {"parallel.pp", "pp=2", "=2", ".pp=2", "parallel.=2", "a=b.c"}) {
+    INFO(bad);
+    CHECK_THAT(spec_error([&] { load_spec("", {bad}, 0); }), Contains("--set"));
+  }
+}
+
+TEST_CASE("unknown keys and sections name file:line and suggest the right one", "[config]") {
+  TempDir tmp;
+  const std::string file = (tmp.dir / "file.toml").string();
+  SECTION("typo in a key") {
+    std::string msg = load_error(tmp, "[model]\nn_layer = 4\n\n[parallel]\nmicro_batch = 2\n");
+    CHECK_THAT(msg, Contains(file + ":5"));
+    CHECK_THAT(msg, Contains("parallel.micro_batch"));
+    CHECK_THAT(msg, Contains("did you mean parallel.micro_batches"));
+  }
+  SECTION("key in the wrong section") {
+    std::string msg = load_error(tmp, "[train]\nmicro_batches = 2\n");
+    CHECK_THAT(msg, Contains(file + ":2"));
+    CHECK_THAT(msg, Contains("parallel.micro_batches"));
+  }
+  SECTION("unknown section") {
+    std::string msg = load_error(tmp, "[run]\nsteps = 3\n[paralel]\npp = 2\n");
+    CHECK_THAT(msg, Contains(file + ":3"));
+    CHECK_THAT(msg, Contains("[paralel]"));
+    CHECK_THAT(msg, Contains("did you mean [parallel]"));
+  }
+  SECTION("key above every section header") {
+    // A common slip: the key is written before [parallel]. It should still point at the real key.
+    std::string msg = load_error(tmp, "micro_batches = 2\n[parallel]\npp = 1\n");
+    CHECK_THAT(msg, Contains(file + ":1"));
+    CHECK_THAT(msg, Contains("parallel.micro_batches"));
+  }
+  SECTION("unknown key through --set") {
+    std::string msg = spec_error([] { load_spec("", {"parallel.micro_batch=2"}, 0); });
+    CHECK_THAT(msg, Contains("--set"));
+    CHECK_THAT(msg, Contains("parallel.micro_batches"));
+  }
+}
+
+TEST_CASE("wrong types or ranges or enum values name the key and line", "[config]") {
+  TempDir tmp;
+  const std::string file = (tmp.dir / "file.toml").string();
+  SECTION("wrong type") {
+    std::string msg = load_error(tmp, "[model]\nd_model = 64\nn_layer = \"four\"\n");
+    CHECK_THAT(msg, Contains(file + ":3"));
+    CHECK_THAT(msg, Contains("model.n_layer"));
+    CHECK_THAT(msg, Contains("integer"));
+  }
+  SECTION("out of range") {
+    std::string msg = load_error(tmp, "[parallel]\npp = 0\n");
+    CHECK_THAT(msg, Contains(file + ":2"));
+    CHECK_THAT(msg, Contains("parallel.pp"));
+    CHECK_THAT(msg, Contains("range"));
+  }
+  SECTION("enum typo") {
+    std::string msg = load_error(tmp, "[parallel]\n\nrecompute = \"blok\"\n");
+    CHECK_THAT(msg, Contains(file + ":3"));
+    CHECK_THAT(msg, Contains("parallel.recompute"));
+    CHECK_THAT(msg, Contains("did you mean \"block\""));
+  }
+  SECTION("invalid TOML syntax") {
+    std::string msg = load_error(tmp, "[model]\nn_layer = 4\nd_model = = 8\n");
+    CHECK_THAT(msg, Contains(file + ":3"));
+  }
+  SECTION("missing file") {
+    CHECK_THAT(spec_error([&] { load_spec((tmp.dir / "nope.toml").string(), {}, 0); }), Contains("nope.toml"));
+  }
+}
+
+TEST_CASE("inconsistent combinations each name their key", "[config]") {
+  TempDir tmp;
+  const std::string file = (tmp.dir / "file.toml").string();
+  SECTION("pp x dp != world size") {
+    std::string msg = load_error(tmp, "[parallel]\npp = 2\ndp = 2\n", {}, 3);
+    CHECK_THAT(msg, Contains("parallel.pp"));
+    CHECK_THAT(msg, Contains(file + ":2"));
+    CHECK_NOTHROW(load_text(tmp, "[parallel]\npp = 2\ndp = 2\n", {}, 4));
+  }
+  SECTION("global_batch not divisible by dp x micro_batches") {
+    std::string msg = load_error(tmp, "[parallel]\ndp = 2\nmicro_batches = 4\n[train]\nglobal_batch = 12\n");
+    CHECK_THAT(msg, Contains("train.global_batch"));
+    CHECK_THAT(msg, Contains(file + ":5"));
+    CHECK_NOTHROW(load_text(tmp, "[parallel]\ndp = 2\nmicro_batches = 4\n[train]\nglobal_batch = 16\n"));
+  }
+  SECTION("more stages than layers") {
+    std::string msg = load_error(tmp, "[model]\nn_layer = 2\n[parallel]\npp = 3\n");
+    CHECK_THAT(msg, Contains("parallel.pp"));
+    CHECK_THAT(msg, Contains("n_layer"));
+  }
+  SECTION("n_head does not divide d_model") {
+    std::string msg = load_error(tmp, "[model]\nd_model = 64\nn_head = 5\n");
+    CHECK_THAT(msg, Contains("model.n_head"));
+    CHECK_THAT(msg, Contains(file + ":3"));
+  }
+  SECTION("explicit partition with the wrong number of stages") {
+    std::string msg = load_error(tmp, "[parallel]\npp = 2\npartition = [1, 2, 1]\n");
+    CHECK_THAT(msg, Contains("parallel.partition"));
+    CHECK_THAT(msg, Contains(file + ":3"));
+  }
+  SECTION("explicit partition with the wrong sum") {
+    std::string msg = load_error(tmp, "[model]\nn_layer = 4\n[parallel]\npp = 2\npartition = [1, 2]\n");
+    CHECK_THAT(msg, Contains("parallel.partition"));
+    CHECK_THAT(msg, Contains("4"));
+  }
+  SECTION("text source without a path") {
+    std::string msg = load_error(tmp, "[data]\nsource = \"text\"\n");
+    CHECK_THAT(msg, Contains("data.path"));
+  }
+  SECTION("a huge dp x micro_batches does not wrap around") {
+    // 2^20 x 4097 = 2^32 + 2^20, which does not divide 2^20 (in 32-bit ints it wraps to 2^20).
+    std::string msg = spec_error([] {
+      load_spec("", {"parallel.dp=1048576", "parallel.micro_batches=4097", "train.global_batch=1048576"}, 0);
+    });
+    CHECK_THAT(msg, Contains("train.global_batch"));
+  }
+  SECTION("validate_spec alone checks the world size") {
+    RunSpec s;
+    s.parallel.pp = 2;
+    s.parallel.dp = 2;
+    CHECK_NOTHROW(validate_spec(s, 4));
+    CHECK_NOTHROW(validate_spec(s, 0));
+    CHECK_THAT(spec_error([&] { validate_spec(s, 2); }), Contains("parallel.pp"));
+  }
+}
+
+TEST_CASE("resolved_toml round-trips through a file", "[config]") {
+  TempDir tmp;
+  RunSpec a = load_text(tmp,
+                        "[run]\nname = 'say \"hi\" \\\\ there'\nseed = 99\nsteps = 12\n"
+                        "[model]\nn_layer = 5\nd_model = 48\nn_head = 6\ntie_embeddings = false\n"
+                        "[data]\nshuffle = false\n"
+                        "[parallel]\npp = 2\ndp = 2\npartition = [2, 3]\nrecompute = \"stage\"\n"
+                        "[train]\nglobal_batch = 8\nlr = 0.0012345678901\nmin_lr = 1e-5\neps = 1e-12\n"
+                        "[comm]\ntimeout_s = 2.5\nbucket_mb = 1e6\n");
+  const std::string text = resolved_toml(a);
+  CHECK_THAT(text, Contains("[parallel]"));
+  CHECK_THAT(text, Contains("micro_batches"));  // defaults are written too
+  RunSpec b = load_spec(tmp.write("resolved.toml", text), {}, 4);
+  CHECK(resolved_toml(b) == text);
+  CHECK(spec_hash(b) == spec_hash(a));
+  CHECK(b.run.name == a.run.name);
+  CHECK(b.run.seed == 99);
+  CHECK(b.model.n_head == 6);
+  CHECK(b.parallel.blocks_per_stage == std::vector<int>{2, 3});
+  CHECK(b.train.lr == a.train.lr);  // exact, not approximate
+  CHECK(b.train.eps == a.train.eps);
+  CHECK(b.comm.timeout_s == 2.5);
+  CHECK(b.comm.bucket_mb == 1e6);
+  // Strings with quotes, backslashes, tabs and UTF-8 survive too.
+  RunSpec c = load_text(tmp, "[run]\nout_dir = \"it's \\\"q\\\" \\\\ a\\tb \u00e9\"\n[train]\ngrad_clip = 1e30\n");
+  CHECK(c.run.out_dir == "it's \"q\" \\ a\tb \u00e9");
+  RunSpec c2 = load_spec(tmp.write("resolved2.toml", resolved_toml(c)), {}, 0);
+  CHECK(c2.run.out_dir == c.run.out_dir);
+  CHECK(c2.train.grad_clip == 1e30);
+  CHECK(spec_hash(c2) == spec_hash(c));
+  // The defaults round-trip as well.
+  RunSpec d = load_spec(tmp.write("defaults.toml", resolved_toml(RunSpec{})), {}, 1);
+  CHECK(spec_hash(d) == spec_hash(RunSpec{}));
+}
+
+TEST_CASE("spec_hash changes when any one key changes", "[config]") {
+  const RunSpec base = load_spec("", {}, 0);
+  const uint64_t h = spec_hash(base);
+  CHECK(spec_hash(load_spec("", {}, 0)) == h);
+  for (std::string o : {"run.seed=1235", "model.n_layer=8", "train.lr=0.002", "data.shuffle=false",
+                        "run.name=tinz", "parallel.recompute=stage", "parallel.partition=balanced",
+                        "comm.bucket_mb=8"}) {
+    INFO(o);
+    CHECK(spec_hash(load_spec("", {o}, 0)) != h);
+  }
+}
+
+TEST_CASE("resolved_toml escapes every control character TOML forbids", "[config]") {
+  TempDir tmp;
+  RunSpec s;
+  s.run.out_dir = std::string("a\x01") + "b\x1f" + "c\x7f" + "d";  // U+0001, U+001F, U+007F (DEL)
+  RunSpec t = load_spec(tmp.write("resolved.toml", resolved_toml(s)), {}, 0);
+  CHECK(t.run.out_dir == s.run.out_dir);
+}
