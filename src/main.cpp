@@ -30,7 +30,7 @@ const char* kUsage =
     "usage: pipetrain <command> [options]\n"
     "\n"
     "commands:\n"
-    "  train   train a GPT with GPipe over pp x dp MPI ranks (launch with mpiexec / srun)\n"
+    "  train   train a GPT over pp x dp MPI ranks with a pipeline schedule (launch with mpiexec / srun)\n"
     "  eval    --checkpoint PATH: validation loss of a checkpoint, on any layout (mpiexec / srun)\n"
     "  generate --checkpoint PATH --prompt TEXT: sample text from a checkpoint (one process, KV cache)\n"
     "  plan    predict a layout without launching it: partition, schedule chart, bubble, memory\n"

@@ -134,9 +134,9 @@ void validate_spec(const RunSpec& s, int world_size) {
   const auto& p = s.parallel;
   // 64-bit products: each factor is range-checked, their product may still exceed int.
   const int64_t ranks = int64_t{p.pp} * p.dp, batch_divisor = int64_t{p.dp} * p.micro_batches;
-  if (p.schedule == "zb-h1" && p.recompute != "none")
-    fail("parallel.recompute", "recompute = " + p.recompute + " cannot be used with parallel.schedule = zb-h1 "
-                               "(its weight-gradient passes need the activations kept; use recompute = none)");
+  if (p.schedule->splits_backward && p.recompute != Recompute::none)
+    fail("parallel.recompute", std::string("recompute = ") + name_of(p.recompute) + " cannot be used with parallel.schedule = " +
+                               p.schedule->name + " (its weight-gradient passes need the activations kept; use recompute = none)");
   if (m.d_model % m.n_head != 0)
     fail("model.n_head", "n_head = " + std::to_string(m.n_head) + " does not divide model.d_model = " +
                              std::to_string(m.d_model));
@@ -144,30 +144,15 @@ void validate_spec(const RunSpec& s, int world_size) {
     fail("parallel.pp", "pp x dp = " + std::to_string(p.pp) + " x " + std::to_string(p.dp) + " = " +
                             std::to_string(ranks) + " but " + std::to_string(world_size) +
                             " MPI ranks were launched");
-  if (m.dtype == "bf16" && s.run.device != "gpu")
+  if (m.dtype == Dtype::bf16 && s.run.device != Device::gpu)
     fail("model.dtype", "dtype = bf16 needs run.device = \"gpu\" (the CPU kernels are fp32)");
-  const bool interleaved = p.schedule == "interleaved";
-  if (p.virtual_stages > 1 && !interleaved)
-    fail("parallel.virtual_stages", "virtual_stages = " + std::to_string(p.virtual_stages) +
-                                        " needs parallel.schedule = \"interleaved\" (schedule is " + p.schedule + ")");
-  if (interleaved && p.virtual_stages < 2)
-    fail("parallel.virtual_stages", "schedule = interleaved needs virtual_stages >= 2 (with 1 it is plain 1f1b)");
-  if (interleaved && p.pp < 2) fail("parallel.pp", "schedule = interleaved needs pp >= 2 (chunks go round the ring of stages)");
-  if (interleaved && p.micro_batches % p.pp != 0)
-    fail("parallel.micro_batches", "micro_batches = " + std::to_string(p.micro_batches) +
-                                       " must be a multiple of parallel.pp = " + std::to_string(p.pp) +
-                                       " for schedule = interleaved (micro-batches go through the chunks in groups of pp)");
+  if (const LayoutProblem problem = layout_problem(*p.schedule, s.pipeline_shape())) fail(problem.key, problem.why);
   const int64_t chunks = int64_t{p.pp} * p.virtual_stages;
-  if (chunks > m.n_layer)
-    fail("parallel.pp", (p.virtual_stages > 1 ? "pp x virtual_stages = " + std::to_string(chunks) + " chunks"
-                                              : std::to_string(p.pp) + " stages") +
-                            " but model.n_layer = " + std::to_string(m.n_layer) + ": every " +
-                            (p.virtual_stages > 1 ? "chunk" : "stage") + " needs at least one block");
   if (s.train.global_batch % batch_divisor != 0)
     fail("train.global_batch", "global_batch = " + std::to_string(s.train.global_batch) +
                                    " is not divisible by parallel.dp x parallel.micro_batches = " +
                                    std::to_string(batch_divisor));
-  if (p.partition == "explicit") {
+  if (p.partition == Partition::explicit_list) {
     long total = 0;
     for (int b : p.blocks_per_stage) total += b;
     if (static_cast<int64_t>(p.blocks_per_stage.size()) != chunks)
@@ -179,14 +164,14 @@ void validate_spec(const RunSpec& s, int world_size) {
                                      std::to_string(m.n_layer));
   }
   if (s.train.min_lr > s.train.lr) fail("train.min_lr", "min_lr must not exceed train.lr");
-  if (s.eval.every_steps > 0 && s.data.source == "text")
+  if (s.eval.every_steps > 0 && s.data.source == DataSource::text)
     fail("eval.every_steps", "validation needs held-out data: a token file with /val (pipetrain data prepare, "
                              "data.source = \"hdf5\") or data.source = \"synthetic\"");
-  if (s.data.source != "synthetic" && s.data.path.empty())
-    fail("data.path", "data.source = \"" + s.data.source + "\" needs data.path");
-  if (s.data.source == "text" && m.vocab < 256)
+  if (s.data.source != DataSource::synthetic && s.data.path.empty())
+    fail("data.path", std::string("data.source = \"") + name_of(s.data.source) + "\" needs data.path");
+  if (s.data.source == DataSource::text && m.vocab < 256)
     fail("model.vocab", "vocab = " + std::to_string(m.vocab) + " is too small for byte tokens of data.source = \"text\" (need >= 256)");
-  if (s.data.source == "synthetic" && m.vocab < 128)
+  if (s.data.source == DataSource::synthetic && m.vocab < 128)
     fail("model.vocab", "vocab = " + std::to_string(m.vocab) + " is too small for the synthetic byte language (need >= 128)");
   // Buffers are indexed with int in BLAS and MPI counts: keep every per-micro-batch tensor below 2^31.
   const int64_t tokens = int64_t{s.train.global_batch} / batch_divisor * m.seq_len;

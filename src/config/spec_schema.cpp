@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 namespace pipetrain {
@@ -112,25 +113,66 @@ SpecKey bool_key(const char* sec, const char* key, BoolRef ref, const char* doc)
   return k;
 }
 
-// A string; when `choices` is non-empty it must be one of them.
-SpecKey string_key(const char* sec, const char* key, StringRef ref, std::vector<std::string> choices,
-                   const char* doc) {
+// A free string (names and paths).
+SpecKey string_key(const char* sec, const char* key, StringRef ref, const char* doc) {
   SpecKey k{sec, key, doc, nullptr, nullptr};
   k.takes_string = true;
   std::string dotted = k.dotted();
   k.set = [=](RunSpec& s, const toml::node& n, const std::string& where) {
     if (!n.is_string()) type_error(where, dotted, "a string", n);
-    std::string v = n.as_string()->get();
-    if (!choices.empty() && std::find(choices.begin(), choices.end(), v) == choices.end()) {
-      std::string all;
-      for (auto& c : choices) all += (all.empty() ? "" : " | ") + c;
-      std::string hint = closest_match(v, choices);
-      throw SpecError(where + ": " + dotted + " = \"" + v + "\" is not one of " + all +
-                      (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
-    }
-    ref(s) = v;
+    ref(s) = n.as_string()->get();
   };
   k.show = [=](const RunSpec& s) { return show_string(ref(const_cast<RunSpec&>(s))); };
+  return k;
+}
+
+[[noreturn]] void not_a_choice(const std::string& where, const std::string& dotted, const std::string& value,
+                               const std::vector<std::string>& names) {
+  std::string all;
+  for (auto& c : names) all += (all.empty() ? "" : " | ") + c;
+  const std::string hint = closest_match(value, names);
+  throw SpecError(where + ": " + dotted + " = \"" + value + "\" is not one of " + all +
+                  (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
+}
+
+// One of an enum's spellings (config/choices.hpp).
+template <class E>
+SpecKey choice_key(const char* sec, const char* key, std::function<E&(RunSpec&)> ref, const char* doc) {
+  SpecKey k{sec, key, doc, nullptr, nullptr};
+  k.takes_string = true;
+  std::string dotted = k.dotted();
+  k.set = [=](RunSpec& s, const toml::node& n, const std::string& where) {
+    if (!n.is_string()) type_error(where, dotted, "a string", n);
+    const std::string v = n.as_string()->get();
+    const std::optional<E> value = choice_named<E>(v);
+    if (!value) not_a_choice(where, dotted, v, {Choices<E>::names.begin(), Choices<E>::names.end()});
+    ref(s) = *value;
+  };
+  k.show = [=](const RunSpec& s) { return show_string(name_of(ref(const_cast<RunSpec&>(s)))); };
+  return k;
+}
+
+// parallel.schedule: a name in the schedule registry, looked up when the spec is read (so a
+// schedule registered at run time, as tests do, is accepted too).
+SpecKey schedule_key() {
+  std::string doc = "pipeline schedule: ";
+  const auto& kinds = all_schedules();
+  for (size_t i = 0; i < kinds.size(); ++i)
+    doc += (i == 0 ? "" : i + 1 == kinds.size() ? " or " : ", ") + kinds[i]->name + " (" + kinds[i]->summary + ")";
+  SpecKey k{"parallel", "schedule", doc, nullptr, nullptr};
+  k.takes_string = true;
+  k.set = [](RunSpec& s, const toml::node& n, const std::string& where) {
+    if (!n.is_string()) type_error(where, "parallel.schedule", "a string", n);
+    const std::string v = n.as_string()->get();
+    if (const ScheduleKind* kind = find_schedule(v)) {
+      s.parallel.schedule = kind;
+      return;
+    }
+    std::vector<std::string> names;
+    for (const ScheduleKind* kind : all_schedules()) names.push_back(kind->name);
+    not_a_choice(where, "parallel.schedule", v, names);
+  };
+  k.show = [](const RunSpec& s) { return show_string(s.parallel.schedule->name); };
   return k;
 }
 
@@ -141,14 +183,15 @@ SpecKey partition_key() {
             nullptr, nullptr};
   k.set = [](RunSpec& s, const toml::node& n, const std::string& where) {
     if (n.is_string()) {
-      std::string v = n.as_string()->get();
-      if (v != "uniform" && v != "balanced") {
+      const std::string v = n.as_string()->get();
+      const std::optional<Partition> named = choice_named<Partition>(v);
+      if (!named || *named == Partition::explicit_list) {
         std::string hint = closest_match(v, {"uniform", "balanced"});
         throw SpecError(where + ": parallel.partition = \"" + v +
                         "\" is not one of uniform | balanced | [blocks per stage]" +
                         (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
       }
-      s.parallel.partition = v;
+      s.parallel.partition = *named;
       s.parallel.blocks_per_stage.clear();
       return;
     }
@@ -161,11 +204,11 @@ SpecKey partition_key() {
       blocks.push_back(static_cast<int>(e.as_integer()->get()));
     }
     if (blocks.empty()) throw SpecError(where + ": parallel.partition list is empty");
-    s.parallel.partition = "explicit";
+    s.parallel.partition = Partition::explicit_list;
     s.parallel.blocks_per_stage = blocks;
   };
   k.show = [](const RunSpec& s) {
-    if (s.parallel.partition != "explicit") return show_string(s.parallel.partition);
+    if (s.parallel.partition != Partition::explicit_list) return show_string(name_of(s.parallel.partition));
     std::string out = "[";
     for (size_t i = 0; i < s.parallel.blocks_per_stage.size(); ++i)
       out += (i ? ", " : "") + std::to_string(s.parallel.blocks_per_stage[i]);
@@ -179,13 +222,13 @@ SpecKey partition_key() {
 std::vector<SpecKey> build_schema() {
   const long long big = 1LL << 30;
   return {
-      string_key("run", "name", FIELD(std::string, run.name), {}, "run name; run dir is out_dir/name"),
-      string_key("run", "out_dir", FIELD(std::string, run.out_dir), {}, "parent folder of run directories"),
+      string_key("run", "name", FIELD(std::string, run.name), "run name; run dir is out_dir/name"),
+      string_key("run", "out_dir", FIELD(std::string, run.out_dir), "parent folder of run directories"),
       seed_key(),
       int_key("run", "steps", FIELD(int, run.steps), 1, big, "optimizer steps to train"),
       double_key("run", "time_limit", FIELD(double, run.time_limit), 0, 1e9,
                  "wall-clock seconds for this launch; checkpoint and exit 3 before it runs out (0 = none)"),
-      string_key("run", "device", FIELD(std::string, run.device), {"cpu", "gpu"},
+      choice_key<Device>("run", "device", FIELD(Device, run.device),
                  "where each rank computes: cpu, or gpu (one GPU per rank, the node's GPU local rank mod count; "
                  "needs a build with PIPETRAIN_CUDA=ON)"),
       int_key("model", "n_layer", FIELD(int, model.n_layer), 1, 4096, "transformer blocks"),
@@ -193,26 +236,22 @@ std::vector<SpecKey> build_schema() {
       int_key("model", "n_head", FIELD(int, model.n_head), 1, 1024, "attention heads (must divide d_model)"),
       int_key("model", "seq_len", FIELD(int, model.seq_len), 1, 1 << 20, "tokens per sample (context length)"),
       int_key("model", "vocab", FIELD(int, model.vocab), 2, 1 << 20, "vocabulary size (256 = bytes)"),
-      string_key("model", "dtype", FIELD(std::string, model.dtype), {"fp32", "bf16"},
+      choice_key<Dtype>("model", "dtype", FIELD(Dtype, model.dtype),
                  "matrix-product inputs: fp32, or bf16 with fp32 accumulation and fp32 master weights (gpu only)"),
       bool_key("model", "tie_embeddings", FIELD(bool, model.tie_embeddings),
                "LM head shares wte.weight (gradient summed between first and last stage)"),
-      string_key("data", "source", FIELD(std::string, data.source), {"synthetic", "text", "hdf5"},
+      choice_key<DataSource>("data", "source", FIELD(DataSource, data.source),
                  "synthetic (built-in learnable byte language), text (bytes of data.path) or hdf5 (the train "
                  "tokens of a token file made by pipetrain data prepare, read by hyperslab)"),
-      string_key("data", "path", FIELD(std::string, data.path), {},
+      string_key("data", "path", FIELD(std::string, data.path),
                  "input file for source = text, or the token file (pipetrain data prepare) for source = hdf5"),
       bool_key("data", "shuffle", FIELD(bool, data.shuffle), "seeded permutation of windows per epoch"),
       int_key("parallel", "pp", FIELD(int, parallel.pp), 1, 65536, "pipeline stages"),
       int_key("parallel", "dp", FIELD(int, parallel.dp), 1, 1 << 20, "data-parallel replicas"),
       int_key("parallel", "micro_batches", FIELD(int, parallel.micro_batches), 1, 1 << 20,
               "micro-batches per step (M)"),
-      string_key("parallel", "schedule", FIELD(std::string, parallel.schedule), {"gpipe", "1f1b", "interleaved", "zb-h1"},
-                 "pipeline schedule: gpipe (all forwards, then all backwards; M micro-batches in flight), "
-                 "1f1b (one forward, one backward; at most P - stage in flight), interleaved (1f1b over "
-                 "virtual_stages chunks per rank: bubble / V; M a multiple of pp) or zb-h1 (1f1b's memory, "
-                 "weight gradients deferred into the bubbles; needs recompute = none)"),
-      string_key("parallel", "order", FIELD(std::string, parallel.order), {"pp", "dp"},
+      schedule_key(),
+      choice_key<RankOrder>("parallel", "order", FIELD(RankOrder, parallel.order),
                  "rank order, i.e. what shares a node: pp = a pipeline's stages are consecutive ranks (p2p stays "
                  "in a node), dp = a stage's replicas are (the gradient all-reduce stays in a node)"),
       int_key("parallel", "virtual_stages", FIELD(int, parallel.virtual_stages), 1, 1024,
@@ -220,7 +259,7 @@ std::vector<SpecKey> build_schema() {
       partition_key(),
       int_key("parallel", "threads_per_rank", FIELD(int, parallel.threads_per_rank), 0, 1024,
               "BLAS threads per rank (0 = OPENBLAS_NUM_THREADS if set, else cores of the node / ranks on it)"),
-      string_key("parallel", "recompute", FIELD(std::string, parallel.recompute), {"none", "stage", "block"},
+      choice_key<Recompute>("parallel", "recompute", FIELD(Recompute, parallel.recompute),
                  "activation recompute: keep everything, only each stage's input, or each block's input"),
       int_key("train", "global_batch", FIELD(int, train.global_batch), 1, big,
               "samples per optimizer step (divisible by dp x micro_batches)"),
@@ -245,7 +284,7 @@ std::vector<SpecKey> build_schema() {
               "save every N steps (0 = only at the end and on a stop signal)"),
       int_key("checkpoint", "keep_last", FIELD(int, checkpoint.keep_last), 0, big,
               "complete checkpoints to keep, oldest removed first (0 = keep all)"),
-      string_key("checkpoint", "on_error", FIELD(std::string, checkpoint.on_error), {"warn", "stop"},
+      choice_key<OnSaveError>("checkpoint", "on_error", FIELD(OnSaveError, checkpoint.on_error),
                  "a failed save (disk full, read-only, ...): warn and train on, or stop with exit 1; the "
                  "previous checkpoint stays intact either way, and a failed final save always exits 1"),
       int_key("log", "every_steps", FIELD(int, log.every_steps), 1, big, "log a metrics line every N steps"),
@@ -253,13 +292,13 @@ std::vector<SpecKey> build_schema() {
               "first steps of each launch recorded in trace.json (Chrome/Perfetto; 0 = no trace)"),
       double_key("log", "peak_gflops", FIELD(double, log.peak_gflops), 0, 1e9,
                  "peak GFLOP/s of one rank for MFU (0 = measure OpenBLAS sgemm at start)"),
-      string_key("comm", "backend", FIELD(std::string, comm.backend), {"mpi"}, "transport (nccl comes with the GPU build)"),
-      string_key("comm", "wait", FIELD(std::string, comm.wait), {"auto", "spin", "yield"},
+      choice_key<Backend>("comm", "backend", FIELD(Backend, comm.backend), "transport between ranks: mpi (the GPU build moves data through host copies over MPI too; NCCL is not there yet)"),
+      choice_key<WaitPolicy>("comm", "wait", FIELD(WaitPolicy, comm.wait),
                  "how waits poll: auto yields when ranks outnumber cores"),
       double_key("comm", "timeout_s", FIELD(double, comm.timeout_s), 0.001, 1e9,
                  "a wait longer than this is an error naming stage, peer, node and micro-batch; after "
                  "start-up it also bounds waits for all ranks to agree (in a save: + 4x the longest save)"),
-      string_key("comm", "finalize", FIELD(std::string, comm.finalize), {"auto", "mpi", "skip"},
+      choice_key<FinalizePolicy>("comm", "finalize", FIELD(FinalizePolicy, comm.finalize),
                  "how a finished run leaves MPI: skip = barrier, then exit without MPI_Finalize (MPICH "
                  "over UCX/TCP hangs in it with 3+ ranks across nodes); auto = skip when ranks span nodes"),
       double_key("comm", "finalize_timeout_s", FIELD(double, comm.finalize_timeout_s), 0, 1e9,

@@ -51,30 +51,36 @@ Dataset::Dataset(const RunSpec& spec, Split split)
     : T_(spec.model.seq_len), B_(spec.train.global_batch), D_(spec.parallel.dp), M_(spec.parallel.micro_batches),
       shuffle_(spec.data.shuffle && split == Split::train), seed_(static_cast<uint64_t>(spec.run.seed)) {
   const bool val = split == Split::val;
-  if (val && spec.data.source == "text") throw SpecError(spec.origin("eval.every_steps") + ": no validation data for text");
-  if (spec.data.source == "synthetic") {
-    tokens_ = val ? synthetic_corpus(seed_, kSyntheticValBytes, 1) : synthetic_corpus(seed_, kSyntheticBytes);
-  } else if (spec.data.source == "hdf5") {
-    const std::string where = spec.origin("data.path") + ": data.path: ";
-    try {
-      file_ = std::make_unique<TokenFile>(spec.data.path, val ? "val" : "train");
-    } catch (const SpecError& e) {
-      throw SpecError(where + e.what());
+  switch (spec.data.source) {
+    case DataSource::synthetic:
+      tokens_ = val ? synthetic_corpus(seed_, kSyntheticValBytes, 1) : synthetic_corpus(seed_, kSyntheticBytes);
+      break;
+    case DataSource::hdf5: {
+      const std::string where = spec.origin("data.path") + ": data.path: ";
+      try {
+        file_ = std::make_unique<TokenFile>(spec.data.path, val ? "val" : "train");
+      } catch (const SpecError& e) {
+        throw SpecError(where + e.what());
+      }
+      if (file_->vocab_size() > spec.model.vocab)
+        throw SpecError(where + "its tokens go up to vocab_size " + std::to_string(file_->vocab_size()) +
+                        " but model.vocab = " + std::to_string(spec.model.vocab));
+      window_.resize(static_cast<size_t>(T_) + 1);
+      break;
     }
-    if (file_->vocab_size() > spec.model.vocab)
-      throw SpecError(where + "its tokens go up to vocab_size " + std::to_string(file_->vocab_size()) +
-                      " but model.vocab = " + std::to_string(spec.model.vocab));
-    window_.resize(static_cast<size_t>(T_) + 1);
-  } else {
-    const std::string bytes = read_input_file(spec.data.path, spec.origin("data.path") + ": data.path");
-    tokens_.assign(bytes.begin(), bytes.end());
+    case DataSource::text: {
+      if (val) throw SpecError(spec.origin("eval.every_steps") + ": no validation data for text");
+      const std::string bytes = read_input_file(spec.data.path, spec.origin("data.path") + ": data.path");
+      tokens_.assign(bytes.begin(), bytes.end());
+      break;
+    }
   }
   if (val && n_tokens() < static_cast<size_t>(T_) + 2)
     throw SpecError(spec.origin("eval.every_steps") + ": eval.every_steps = " + std::to_string(spec.eval.every_steps) +
                     " but the validation tokens (" + std::to_string(n_tokens()) + ") are fewer than model.seq_len + 2 = " +
                     std::to_string(T_ + 2) + (file_ ? " (a larger --val-fraction in pipetrain data prepare?)" : ""));
   if (n_tokens() < static_cast<size_t>(T_) + 2) {
-    const bool synthetic = spec.data.source == "synthetic";
+    const bool synthetic = spec.data.source == DataSource::synthetic;
     throw SpecError(spec.origin(synthetic ? "model.seq_len" : "data.path") + ": " +
                     (synthetic ? "the synthetic corpus" : "data.path = \"" + spec.data.path + "\"") + " has " +
                     std::to_string(n_tokens()) + (file_ ? " train tokens" : " bytes") +

@@ -82,7 +82,7 @@ void wait_agreed(MPI_Request& req) {
 }
 
 double g_finalize_timeout_s = 30;
-std::string g_finalize = "auto";
+FinalizePolicy g_finalize = FinalizePolicy::automatic;
 int g_local_ranks = 1, g_local_rank = 0;  // ranks on this node, and this one's index among them
 }  // namespace
 
@@ -103,7 +103,7 @@ void Comm::bound_agreements(double seconds, const char* what) {
   g_agree_phase = what;
 }
 
-void Comm::set_finalize(const std::string& how, double timeout_s) {
+void Comm::set_finalize(FinalizePolicy how, double timeout_s) {
   g_finalize = how;
   g_finalize_timeout_s = timeout_s;
 }
@@ -113,7 +113,7 @@ void Comm::finalize(int exit_code) {
   MPI_Finalized(&finalized);
   if (finalized) return;
   std::fflush(stdout), std::fflush(stderr);  // everything said and saved before it can hang
-  if (g_finalize == "skip" || (g_finalize == "auto" && g_local_ranks < world_size())) {
+  if (g_finalize == FinalizePolicy::skip || (g_finalize == FinalizePolicy::automatic && g_local_ranks < world_size())) {
     // Every rank is past its last MPI call once the barrier completes, so leaving without
     // MPI_Finalize loses nothing; it avoids the endpoint-close handshake that hangs.
     MPI_Request req;
@@ -199,7 +199,7 @@ int Comm::max_tag() {
   return flag && ub ? *ub : 32767;
 }
 
-Comm::Comm(const Topology& topo, const std::string& wait, double timeout_s) : topo_(topo), timeout_s_(timeout_s) {
+Comm::Comm(const Topology& topo, WaitPolicy wait, double timeout_s) : topo_(topo), timeout_s_(timeout_s) {
   MPI_Comm_split(MPI_COMM_WORLD, topo.dp_rank, topo.stage, &pipe_);
   MPI_Comm_split(MPI_COMM_WORLD, topo.stage, topo.dp_rank, &data_);
   bool tied_member = topo.pp > 1 && (topo.first_stage() || topo.last_stage());
@@ -216,8 +216,8 @@ Comm::Comm(const Topology& topo, const std::string& wait, double timeout_s) : to
   g_world_hosts.clear();
   for (int r = 0; r < world_size(); ++r) g_world_hosts.emplace_back(&all[static_cast<size_t>(r) * kHostLen]);
 
-  if (wait == "spin") mode_ = WaitMode::spin;
-  else if (wait == "yield") mode_ = WaitMode::yield;
+  if (wait == WaitPolicy::spin) mode_ = WaitMode::spin;
+  else if (wait == WaitPolicy::yield) mode_ = WaitMode::yield;
   else mode_ = g_local_ranks > cores_available() ? WaitMode::yield : WaitMode::spin;
 }
 

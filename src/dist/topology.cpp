@@ -10,7 +10,7 @@ std::string node_map(const std::vector<std::string>& host_of_rank, const Topolog
   std::map<std::string, std::string> on_node;  // node -> "s0/d0 s1/d0 ..."
   std::vector<std::string> order_seen;
   for (int r = 0; r < static_cast<int>(host_of_rank.size()); ++r) {
-    const Topology t = Topology::of(r, P, D, layout.replicas_contiguous ? "dp" : "pp");
+    const Topology t = Topology::of(r, P, D, layout.order);
     const std::string& h = host_of_rank[r];
     if (!on_node.count(h)) order_seen.push_back(h);
     on_node[h] += (on_node[h].empty() ? "" : " ") + std::string("s") + std::to_string(t.stage) + "/d" +
@@ -25,7 +25,7 @@ std::string node_map(const std::vector<std::string>& host_of_rank, const Topolog
     for (int d = 0; d < D; ++d) nodes.insert(host_of_rank[layout.rank_of(s, d)]);
     spread += nodes.size() > 1;
   }
-  std::string out = "node map (parallel.order = " + std::string(layout.replicas_contiguous ? "dp" : "pp") + "):";
+  std::string out = "node map (parallel.order = " + std::string(name_of(layout.order)) + "):";
   for (const auto& h : order_seen) out += "\n  " + h + ": " + on_node[h];
   out += "\n  pipeline links crossing nodes: " + std::to_string(crossing) + " of " + std::to_string(links) +
          " | data groups spanning nodes: " + std::to_string(spread) + " of " + std::to_string(P);

@@ -83,19 +83,13 @@ size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks,
                   + 8 * n * C                       // executor rings: 2 each for activations and gradients, in and out
                   + T * T;                          // attention backward's score gradients
   size_t bytes = sizeof(float) * floats, work = 0;
-  if (parse_recompute(spec.parallel.recompute) != Recompute::none)  // Stage::work_: one micro-batch's
+  if (spec.parallel.recompute != Recompute::none)  // Stage::work_: one micro-batch's
     for (const ChunkRange& c : chunks) {                             // activations, without its inputs
       const int ints = (c.vstage == 0 ? 1 : 0) + (c.vstage == n_virtual - 1 ? 1 : 0);
       work = std::max(work, stash_bytes_per_micro_batch(spec, c.vstage, n_virtual, c.block_end - c.block_begin,
                                                         Recompute::none) - sizeof(int) * n * ints);
     }
   return bytes + work;
-}
-
-Recompute parse_recompute(const std::string& s) {
-  if (s == "stage") return Recompute::stage;
-  if (s == "block") return Recompute::block;
-  return Recompute::none;
 }
 
 size_t Acts::bytes() const {
@@ -184,7 +178,7 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
              float grad_scale)
     : M_(micro_batches), B_(spec.samples_per_micro_batch()), T_(spec.model.seq_len), C_(spec.model.d_model),
       NH_(spec.model.n_head), V_(spec.model.vocab), n_layer_(spec.model.n_layer), tied_(spec.model.tie_embeddings),
-      mode_(parse_recompute(spec.parallel.recompute)), grad_scale_(grad_scale), k_(kernels(compute_device())) {
+      mode_(spec.parallel.recompute), grad_scale_(grad_scale), k_(kernels(compute_device())) {
   params_ = rank_params(spec, chunks, n_virtual);
   const size_t total = params_.empty() ? 0 : params_.back().offset + params_.back().size;
   weights_.resize(total);

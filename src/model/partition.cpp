@@ -83,8 +83,8 @@ std::vector<int> balanced(const RunSpec& spec) {
 
 std::vector<int> partition_blocks(const RunSpec& spec) {
   const auto& p = spec.parallel;
-  if (p.partition == "explicit") return p.blocks_per_stage;
-  if (p.partition == "balanced") return balanced(spec);
+  if (p.partition == Partition::explicit_list) return p.blocks_per_stage;
+  if (p.partition == Partition::balanced) return balanced(spec);
   return uniform(spec.model.n_layer, p.pp * p.virtual_stages);
 }
 

@@ -6,13 +6,13 @@
 
 #include "pipetrain/model/model.hpp"
 #include "pipetrain/model/partition.hpp"
-#include "pipetrain/pipeline/schedule.hpp"
+#include "pipetrain/schedule/registry.hpp"
+#include "pipetrain/schedule/simulate.hpp"
 
 namespace pipetrain {
 namespace {
 
 constexpr Recompute kModes[3] = {Recompute::none, Recompute::stage, Recompute::block};
-constexpr const char* kModeNames[3] = {"none", "stage", "block"};
 
 std::string bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -25,28 +25,33 @@ std::string bytes(double b) {
 
 }  // namespace
 
+std::string schedule_description(const RunSpec& spec) {
+  const int V = spec.parallel.virtual_stages;
+  return spec.parallel.schedule->name + (V > 1 ? " (" + std::to_string(V) + " chunks per stage)" : "");
+}
+
 Plan make_plan(const RunSpec& spec) {
-  const int P = spec.parallel.pp, M = spec.parallel.micro_batches, V = spec.parallel.virtual_stages;
+  const int P = spec.parallel.pp, V = spec.parallel.virtual_stages;
+  const ScheduleKind& schedule = *spec.parallel.schedule;
   const std::vector<int> blocks = partition_blocks(spec);       // per virtual stage
   const std::vector<double> costs = stage_costs(spec, blocks);  // forward + backward per token
   double total = 0;
   for (double c : costs) total += c;
   std::vector<ActionList> lists;
-  for (int s = 0; s < P; ++s) lists.push_back(make_schedule(spec.parallel.schedule, s, P, M, V));
+  for (int s = 0; s < P; ++s) lists.push_back(schedule.generate(s, spec.pipeline_shape()));
 
   // Backward costs twice the forward; recompute re-runs the forward inside the backward.
-  const bool recompute = parse_recompute(spec.parallel.recompute) != Recompute::none;
+  const bool recompute = spec.parallel.recompute != Recompute::none;
   std::vector<double> fwd, bwd;
   for (double c : costs) fwd.push_back(c / 3), bwd.push_back(2 * c / 3 + (recompute ? c / 3 : 0));
   const SimResult sim = simulate(lists, fwd, bwd);
-  // The seed's charts give a forward and a backward one slot each; zero-bubble charts give B and
-  // W one slot each.
-  const bool split = spec.parallel.schedule == "zb-h1";
-  const std::vector<double> unit(P * V, 1.0), unit_bwd(P * V, split ? 2.0 : 1.0);
+  // The classic GPipe chart gives a forward and a backward one slot each; a chart of a schedule
+  // that splits the backward gives its B and its W one slot each.
+  const std::vector<double> unit(P * V, 1.0), unit_bwd(P * V, schedule.splits_backward ? 2.0 : 1.0);
 
   Plan plan;
   plan.world = P * spec.parallel.dp;
-  plan.bubble_theory = schedule_bubble(spec.parallel.schedule, P, M, V);
+  plan.bubble_theory = schedule.bubble(spec.pipeline_shape());
   plan.bubble_sim = sim.mean_bubble();
   plan.chart = render_chart(simulate(lists, unit, unit_bwd));
   for (int s = 0; s < P; ++s) {
@@ -79,29 +84,21 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
                 "plan: %d ranks = pp %d x dp %d | M=%d micro-batches of %d samples x %d tokens | schedule %s | "
                 "recompute %s\n",
                 plan.world, p.pp, p.dp, p.micro_batches, spec.samples_per_micro_batch(), spec.model.seq_len,
-                (p.schedule + (p.virtual_stages > 1 ? " (" + std::to_string(p.virtual_stages) + " chunks per stage)" : ""))
-                    .c_str(),
-                p.recompute.c_str());
-  os << line << "\npartition (" << p.partition << "):\n" << describe_partition(spec, partition_blocks(spec));
-  os << (p.schedule == "zb-h1"         ? "\nschedule, one slot per forward, input-gradient (B) or weight-gradient (W) pass:\n"
-         : p.schedule == "interleaved" ? "\nschedule, one slot per chunk's forward or backward (F3.1: micro-batch 3 through the "
-                                         "stage's chunk 1; chunk 0 unmarked):\n"
-                                       : "\nschedule, one slot per forward or backward (T_f = T_b, as in the seed's diagrams):\n");
+                schedule_description(spec).c_str(), name_of(p.recompute));
+  os << line << "\npartition (" << name_of(p.partition) << "):\n" << describe_partition(spec, partition_blocks(spec));
+  os << "\nschedule, " << p.schedule->chart_caption << ":\n";
   if (plan.chart.empty()) os << "  (too wide to draw; lower M to see it)\n";
   else os << plan.chart;
   std::snprintf(line, sizeof line,
                 "\nbubble: %s = %.4f | simulated with per-stage costs (backward = 2 x forward%s) = %.4f\n",
-                p.schedule == "zb-h1"         ? "with F = B = W"
-                : p.schedule == "interleaved" ? "closed form (P-1)/(VM+P-1)"
-                                              : "closed form (P-1)/(M+P-1)",
-                plan.bubble_theory,
-                p.recompute == "none" ? "" : " + recompute", plan.bubble_sim);
+                p.schedule->bubble_formula.c_str(), plan.bubble_theory,
+                p.recompute == Recompute::none ? "" : " + recompute", plan.bubble_sim);
   os << line << "  per stage:";
   for (auto& s : plan.stages) std::snprintf(line, sizeof line, " %.4f", s.bubble), os << line;
   os << "\n\nmemory per stage (activations of the micro-batches in flight at the schedule's peak, by recompute\n"
-        "mode; " << p.schedule << " keeps" << (p.virtual_stages > 1 ? " (chunk-micro-batches)" : "");
+        "mode; " << p.schedule->name << " keeps" << (p.virtual_stages > 1 ? " (chunk-micro-batches)" : "");
   for (size_t s = 0; s < plan.stages.size(); ++s) os << (s ? ", " : " ") << plan.stages[s].in_flight;
-  os << "; working: scratch and buffers under recompute = " << p.recompute << "):\n";
+  os << "; working: scratch and buffers under recompute = " << name_of(p.recompute) << "):\n";
   std::snprintf(line, sizeof line, "  %-8s %12s %12s %12s | %12s %12s %12s | %12s\n", "stage", "params", "grads",
                 "AdamW", "act none", "act stage", "act block", "working");
   os << line;
@@ -118,29 +115,27 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
 
 std::string schedule_comparison(const RunSpec& spec) {
   std::ostringstream os;
-  const int mode = static_cast<int>(parse_recompute(spec.parallel.recompute));
+  const int mode = static_cast<int>(spec.parallel.recompute);
   const int V = std::max(2, spec.parallel.virtual_stages);
   os << "schedules for pp " << spec.parallel.pp << ", M=" << spec.parallel.micro_batches << ", recompute "
-     << spec.parallel.recompute << " (bubble with even stages | simulated with the cost model); interleaved with "
+     << name_of(spec.parallel.recompute) << " (bubble with even stages | simulated with the cost model); interleaved with "
      << V << " chunks per stage, holding chunk-micro-batches:\n";
   char line[256];
   std::snprintf(line, sizeof line, "  %-11s %8s %10s   %-24s %s\n", "", "bubble", "simulated", "held per stage",
                 "activation peak (largest stage)");
   os << line;
-  const int P = spec.parallel.pp;
-  for (const std::string name : {"gpipe", "1f1b", "interleaved", "zb-h1"}) {
+  for (const ScheduleKind* kind : all_schedules()) {
+    const std::string& name = kind->name;
     RunSpec s = spec;
-    s.parallel.schedule = name;
-    s.parallel.virtual_stages = name == "interleaved" ? V : 1;
-    if (s.parallel.partition == "explicit" && s.parallel.virtual_stages != spec.parallel.virtual_stages)
-      s.parallel.partition = "uniform";  // the explicit list has one entry per chunk of the spec's layout
-    const char* unfit = name == "zb-h1" && mode != 0                               ? "needs recompute = none"
-                        : name == "interleaved" && P < 2                            ? "needs pp >= 2"
-                        : name == "interleaved" && spec.parallel.micro_batches % P ? "needs M a multiple of pp"
-                        : name == "interleaved" && P * V > spec.model.n_layer       ? "needs n_layer >= pp x V"
-                                                                                    : nullptr;
+    s.parallel.schedule = kind;
+    s.parallel.virtual_stages = kind->chunked ? V : 1;
+    if (s.parallel.partition == Partition::explicit_list && s.parallel.virtual_stages != spec.parallel.virtual_stages)
+      s.parallel.partition = Partition::uniform;  // the explicit list has one entry per chunk of the spec's layout
+    const LayoutProblem unfit = kind->splits_backward && s.parallel.recompute != Recompute::none
+                                    ? LayoutProblem{"parallel.recompute", "needs recompute = none"}
+                                    : layout_problem(*kind, s.pipeline_shape());
     if (unfit) {
-      std::snprintf(line, sizeof line, "  %-11s (%s)\n", name.c_str(), unfit);
+      std::snprintf(line, sizeof line, "  %-11s (%s: %s)\n", name.c_str(), unfit.key.c_str(), unfit.why.c_str());
       os << line;
       continue;
     }
@@ -168,7 +163,7 @@ std::string plan_json(const RunSpec& spec, const Plan& plan) {
   j["stages"] = nlohmann::json::array();
   for (auto& s : plan.stages) {
     nlohmann::json act;
-    for (int m = 0; m < 3; ++m) act[kModeNames[m]] = s.act_peak_bytes[m];
+    for (int m = 0; m < 3; ++m) act[name_of(kModes[m])] = s.act_peak_bytes[m];
     j["stages"].push_back({{"blocks", s.blocks}, {"params", s.params}, {"param_bytes", 4 * s.params},
                            {"grad_bytes", 4 * s.params}, {"optim_bytes", 8 * s.params}, {"cost_share", s.cost_share},
                            {"bubble_sim", s.bubble}, {"in_flight", s.in_flight}, {"act_peak_bytes", act},

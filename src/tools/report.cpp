@@ -94,7 +94,7 @@ int run_report(const std::string& run_dir, const std::string& plots_dir) {
     spec = load_spec(run_dir + "/config.toml", {}, 0);
     have_spec = true;
     std::printf("  spec: pp %d x dp %d, M=%d, recompute %s, %d steps, %d-block GPT d_model %d\n", spec.parallel.pp,
-                spec.parallel.dp, spec.parallel.micro_batches, spec.parallel.recompute.c_str(), spec.run.steps,
+                spec.parallel.dp, spec.parallel.micro_batches, name_of(spec.parallel.recompute), spec.run.steps,
                 spec.model.n_layer, spec.model.d_model);
   } catch (const SpecError& e) {
     missing.push_back(std::string("config.toml (") + e.what() + "): no prediction to compare with");
@@ -141,7 +141,7 @@ int run_report(const std::string& run_dir, const std::string& plots_dir) {
   const size_t P = have_spec ? spec.parallel.pp : (lines.empty() ? 0 : lines.back().value("bubble_measured", json::array()).size());
   Plan plan;
   if (have_spec) plan = make_plan(spec);
-  const int mode = !have_spec ? 0 : spec.parallel.recompute == "none" ? 0 : spec.parallel.recompute == "stage" ? 1 : 2;
+  const int mode = have_spec ? static_cast<int>(spec.parallel.recompute) : 0;
   // A run resumed on another layout logged its earlier steps with another number of stages: the
   // per-stage figures come from the steps of the current layout only.
   std::vector<json> per_stage;
@@ -151,7 +151,7 @@ int run_report(const std::string& run_dir, const std::string& plots_dir) {
   if (P > 0) {
     if (have_spec)
       std::printf("  bubble of the %s schedule with even stages = %.3f; per stage: measured median vs simulated\n",
-                  spec.parallel.schedule.c_str(), plan.bubble_theory);
+                  spec.parallel.schedule->name.c_str(), plan.bubble_theory);
     if (per_stage.size() < lines.size())
       std::printf("    (%zu logged steps of an earlier layout left out of the per-stage figures)\n",
                   lines.size() - per_stage.size());

@@ -29,7 +29,7 @@
 #include "pipetrain/model/partition.hpp"
 #include "pipetrain/pipeline/plan.hpp"
 #include "pipetrain/compute/profile.hpp"
-#include "pipetrain/pipeline/schedule.hpp"
+#include "pipetrain/schedule/registry.hpp"
 #include "pipetrain/dist/signals.hpp"
 #include "pipetrain/util/faults.hpp"
 #include "pipetrain/observe/trace.hpp"
@@ -96,7 +96,7 @@ std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t
 void check_memory_fits(const RunSpec& spec, int stage, int local_ranks) {
   const Plan plan = make_plan(spec);
   const StagePlan& s = plan.stages[stage];
-  const int mode = static_cast<int>(parse_recompute(spec.parallel.recompute));
+  const int mode = static_cast<int>(spec.parallel.recompute);
   const bool on_gpu = compute_device() == Device::gpu;
   const double gib = 1024.0 * 1024 * 1024, state = 16.0 * s.params;  // 4 B weights + 4 B grads + 8 B AdamW
   const double T = spec.model.seq_len, attention_scratch = 4.0 * spec.samples_per_micro_batch() * spec.model.n_head * T * T;
@@ -109,7 +109,7 @@ void check_memory_fits(const RunSpec& spec, int stage, int local_ranks) {
                 "the model does not fit: stage %d needs about %.1f GiB (parameters, gradients and AdamW %.1f GiB, "
                 "activations under recompute = %s %.1f GiB), but each of the %d ranks on this %s has %.1f GiB; "
                 "use more stages (parallel.pp), parallel.recompute, fewer or smaller micro-batches, or a smaller model",
-                stage, need / gib, state / gib, spec.parallel.recompute.c_str(), (need - state) / gib, sharing,
+                stage, need / gib, state / gib, name_of(spec.parallel.recompute), (need - state) / gib, sharing,
                 on_gpu ? "GPU" : "node", share / gib);
   throw SpecError(msg);
 }
@@ -245,13 +245,13 @@ int run_train(const TrainOptions& opt) {
           throw SpecError(spec.origin("parallel.micro_batches") + ": parallel.micro_batches = " + std::to_string(M) +
                           " needs message tags up to " + std::to_string(tags) + " but this MPI allows " +
                           std::to_string(Comm::max_tag()));
-        if (spec.run.device == "gpu") {
+        if (spec.run.device == Device::gpu) {
           try {
             set_compute_device(Device::gpu, comm.local_rank());
           } catch (const std::runtime_error& e) {
             throw SpecError(spec.origin("run.device") + ": run.device = gpu: " + e.what());
           }
-          gpu::set_matmul_dtype(spec.model.dtype == "bf16" ? gpu::MatmulDtype::bf16 : gpu::MatmulDtype::fp32);
+          gpu::set_matmul_dtype(spec.model.dtype);
         }
         check_memory_fits(spec, topo.stage, comm.local_ranks());
       }))
@@ -291,7 +291,7 @@ int run_train(const TrainOptions& opt) {
     return code;
 
   Executor executor(stage, comm);
-  const ActionList actions = make_schedule(spec.parallel.schedule, topo.stage, P, M, V);
+  const ActionList actions = spec.parallel.schedule->generate(topo.stage, spec.pipeline_shape());
   // MFU denominator: the job's peak, measured (all ranks at once, as they will run) or given.
   double peak_gflops = spec.log.peak_gflops > 0 || opt.eval_only ? spec.log.peak_gflops
                        : on_gpu                   ? gpu::measure_gemm_gflops()
@@ -300,7 +300,7 @@ int run_train(const TrainOptions& opt) {
   Trace trace(spec.log.trace_steps, now_s());  // right after a world-wide reduction: a common start
   const int trace_last = static_cast<int>(start_step) + std::min(spec.log.trace_steps, spec.run.steps - static_cast<int>(start_step));
   const double flops_per_step = training_flops_per_token(spec) * spec.train.global_batch * T;
-  const double bubble_theory = schedule_bubble(spec.parallel.schedule, P, M, V);
+  const double bubble_theory = spec.parallel.schedule->bubble(spec.pipeline_shape());
   const double tokens_per_step = static_cast<double>(spec.train.global_batch) * T;
 
   const size_t mb_tokens = static_cast<size_t>(b) * T;
@@ -336,13 +336,13 @@ int run_train(const TrainOptions& opt) {
     return 0;
   }
   if (rank == 0) {
-    const std::string schedule = spec.parallel.schedule + (V > 1 ? " (" + std::to_string(V) + " chunks per stage)" : "");
+    const std::string schedule = schedule_description(spec);
     std::printf("pipetrain: %d ranks = pp %d x dp %d | M=%d micro-batches of %d | schedule %s | recompute %s | "
                 "wait %s | %d BLAS thread%s per rank\n",
-                world, P, D, M, b, schedule.c_str(), spec.parallel.recompute.c_str(),
+                world, P, D, M, b, schedule.c_str(), name_of(spec.parallel.recompute),
                 comm.wait_mode() == WaitMode::yield ? "yield" : "spin", blas_threads, blas_threads == 1 ? "" : "s");
     std::printf("%s\n%s", launch.describe().c_str(), node_map(comm.hosts(), topo).c_str());
-    std::printf("partition (%s):\n%s", spec.parallel.partition.c_str(), describe_partition(spec, su.blocks).c_str());
+    std::printf("partition (%s):\n%s", name_of(spec.parallel.partition), describe_partition(spec, su.blocks).c_str());
     std::printf("run dir: %s%s%s\n", su.run_dir.c_str(), su.note.empty() ? "" : " | ", su.note.c_str());
     std::printf("peak %.1f GFLOP/s (%s), %.3g GFLOP per step | %s\n", peak_gflops,
                 spec.log.peak_gflops > 0 ? "log.peak_gflops x ranks" : "measured sgemm, all ranks", flops_per_step / 1e9,
@@ -491,7 +491,7 @@ int run_train(const TrainOptions& opt) {
         const bool last_chance = stop || done == spec.run.steps;
         const std::string kept = last_saved >= 0 ? "the latest checkpoint, step " + std::to_string(last_saved) + ", is intact"
                                                  : "no checkpoint of this run exists yet";
-        if (last_chance || spec.checkpoint.on_error == "stop") {
+        if (last_chance || spec.checkpoint.on_error == OnSaveError::stop) {
           if (rank == 0)
             std::fprintf(stderr, "pipetrain: error: checkpoint step %d not saved; %s; stopping (%s)\n", done,
                          kept.c_str(), last_chance ? "it was the run's last save" : "checkpoint.on_error = stop");

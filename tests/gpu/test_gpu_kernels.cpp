@@ -119,8 +119,8 @@ TEST_CASE("layernorm forward and both halves of its backward match the CPU", "[g
 TEST_CASE("matmul forward and backward match the CPU in fp32, and in bf16 on bf16-rounded inputs", "[gpu]") {
   const int N = 13, C = 35, OC = 29;
   Vec x = randn(N * C, 1, 1), w = randn(OC * C, 0.2f, 2), bias = randn(OC, 1, 3), dout = randn(N * OC, 1, 4);
-  for (auto dtype : {gpu::MatmulDtype::fp32, gpu::MatmulDtype::bf16}) {
-    const bool bf16 = dtype == gpu::MatmulDtype::bf16;
+  for (auto dtype : {Dtype::fp32, Dtype::bf16}) {
+    const bool bf16 = dtype == Dtype::bf16;
     INFO((bf16 ? "bf16" : "fp32"));
     gpu::set_matmul_dtype(dtype);
     // The CPU reference sees the inputs the tensor cores see; what remains is accumulation order.
@@ -153,7 +153,7 @@ TEST_CASE("matmul forward and backward match the CPU in fp32, and in bf16 on bf1
     matmul_forward(exact.data(), x.data(), w.data(), bias.data(), N, C, OC);
     CHECK(rel_err(down(d_out), exact) < (bf16 ? 1.0 / 128 : kFp32));
   }
-  gpu::set_matmul_dtype(gpu::MatmulDtype::fp32);
+  gpu::set_matmul_dtype(Dtype::fp32);
 }
 
 TEST_CASE("causal attention forward and backward match the CPU", "[gpu]") {

@@ -1,5 +1,5 @@
 // Run spec: loading, --set overrides, error messages (file:line, did-you-mean), consistency checks,
-// and the resolved TOML round trip (DESIGN.md, "Run spec").
+// and the resolved TOML round trip (docs/design.md and docs/spec-reference.md).
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -49,8 +49,8 @@ TEST_CASE("empty path loads the built-in defaults", "[config]") {
   CHECK(s.model.n_layer == d.model.n_layer);
   CHECK(s.model.d_model == d.model.d_model);
   CHECK(s.parallel.pp == 1);
-  CHECK(s.parallel.partition == "uniform");
-  CHECK(s.data.source == "synthetic");
+  CHECK(s.parallel.partition == Partition::uniform);
+  CHECK(s.data.source == DataSource::synthetic);
   CHECK(s.train.lr == Approx(3e-3));
   CHECK(s.origins.empty());
   CHECK(s.origin("model.n_layer") == "(default)");
@@ -70,8 +70,8 @@ TEST_CASE("a spec file sets values and records where", "[config]") {
   CHECK(s.model.n_layer == 6);
   CHECK_FALSE(s.model.tie_embeddings);
   CHECK(s.parallel.pp == 3);
-  CHECK(s.parallel.recompute == "block");
-  CHECK(s.parallel.partition == "balanced");
+  CHECK(s.parallel.recompute == Recompute::block);
+  CHECK(s.parallel.partition == Partition::balanced);
   CHECK(s.train.lr == Approx(0.01));
   CHECK(s.train.min_lr == Approx(1e-4));
   CHECK(s.model.d_model == 64);  // untouched keys keep their defaults
@@ -88,7 +88,7 @@ TEST_CASE("set overrides accept ints floats bools bare strings and lists", "[con
   CHECK_FALSE(s.model.tie_embeddings);
   CHECK_FALSE(s.data.shuffle);
   CHECK(s.run.name == "foo");
-  CHECK(s.parallel.partition == "explicit");
+  CHECK(s.parallel.partition == Partition::explicit_list);
   CHECK(s.parallel.blocks_per_stage == std::vector<int>{1, 3});
   CHECK_THAT(s.origin("model.n_layer"), Contains("--set"));
   // Quoted strings work too, and overrides apply without any file.

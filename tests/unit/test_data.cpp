@@ -1,4 +1,4 @@
-// Token streams and the deterministic sample order (DESIGN.md, "Data"): window starts, samples,
+// Token streams and the deterministic sample order (docs/design.md, "Data order"): window starts, samples,
 // micro-batch slicing over dp ranks, seeded per-epoch shuffling, the synthetic corpus, bad files.
 #include <catch2/catch.hpp>
 

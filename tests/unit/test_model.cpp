@@ -20,7 +20,7 @@ RunSpec small_spec(int n_layer, bool tied, const char* recompute = "none") {
   s.model.tie_embeddings = tied;
   s.train.global_batch = 2;
   s.parallel.micro_batches = 1;
-  s.parallel.recompute = recompute;
+  s.parallel.recompute = *choice_named<Recompute>(recompute);
   return s;
 }
 
@@ -150,7 +150,7 @@ TEST_CASE("recompute none, stage and block give identical gradients; stash holds
         if (m == "stage" && !st.has_embedding()) expect += 4 * N * C;
         INFO("stage " << stage_id << " mode " << m);
         CHECK(st.stash_bytes(0, mb) == expect);
-        CHECK(stash_bytes_per_micro_batch(spec, stage_id, 3, 2, parse_recompute(m)) == expect);
+        CHECK(stash_bytes_per_micro_batch(spec, stage_id, 3, 2, *choice_named<Recompute>(m)) == expect);
       }
       for (int mb = M - 1; mb >= 0; --mb) {
         auto r = randn(N * C, 1.f, 40 + mb);

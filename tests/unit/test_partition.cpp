@@ -17,7 +17,7 @@ RunSpec spec_with(int n_layer, int pp, const std::string& partition) {
   RunSpec s;
   s.model.n_layer = n_layer;
   s.parallel.pp = pp;
-  s.parallel.partition = partition;
+  s.parallel.partition = *choice_named<Partition>(partition);
   return s;
 }
 
@@ -110,7 +110,7 @@ TEST_CASE("balanced partition minimises the most expensive stage (brute force)",
         const double got = max_cost(s, b), best = brute_force_best(s);
         CHECK(got == Approx(best).epsilon(1e-9));
         RunSpec u = s;
-        u.parallel.partition = "uniform";
+        u.parallel.partition = Partition::uniform;
         CHECK(got <= max_cost(u, partition_blocks(u)) * (1 + 1e-12));
       }
 }
@@ -121,7 +121,7 @@ TEST_CASE("balanced gives the last stage fewer blocks when the head is expensive
   s.model.vocab = 2048;  // the LM head costs about 2.6 blocks
   const auto bal = partition_blocks(s);
   RunSpec u = s;
-  u.parallel.partition = "uniform";
+  u.parallel.partition = Partition::uniform;
   const auto uni = partition_blocks(u);
   REQUIRE(uni == std::vector<int>{3, 3, 3, 3});
   CHECK(bal.back() < uni.back());

@@ -3,9 +3,10 @@
 #pragma once
 #include <cstddef>
 
+#include "pipetrain/config/choices.hpp"  // Device
+
 namespace pipetrain {
 
-enum class Device { cpu, gpu };
 Device compute_device();
 // gpu: selects GPU local_rank % (GPUs on the node); throws std::runtime_error naming the reason
 // when this build has no CUDA or the node has no GPU.

@@ -8,13 +8,14 @@
 #pragma once
 #include <cstddef>
 
+#include "pipetrain/config/choices.hpp"  // Dtype
+
 namespace pipetrain::gpu {
 
 // Matrix products take fp32 inputs and weights. bf16: both are rounded to bfloat16 on the way
 // into cuBLAS (fp32 accumulation and output, fp32 master weights untouched); fp32: plain SGEMM
 // (TF32 tensor cores off).
-enum class MatmulDtype { fp32, bf16 };
-void set_matmul_dtype(MatmulDtype dtype);
+void set_matmul_dtype(Dtype dtype);
 
 void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C);
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C);

@@ -1,12 +1,14 @@
 // Run spec: what the user asked for, read from TOML plus --set overrides, checked before anything
 // is allocated. The schema (every key, its type, default and doc) lives in spec_schema.cpp so that
-// parsing, validation, the resolved config.toml and the README reference all come from one table.
+// parsing, validation, the resolved config.toml and docs/spec-reference.md all come from one table.
 #pragma once
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "pipetrain/config/choices.hpp"
+#include "pipetrain/schedule/registry.hpp"
 #include "pipetrain/util/errors.hpp"
 
 namespace pipetrain {
@@ -18,7 +20,7 @@ struct RunSpec {
     int64_t seed = 1234;
     int steps = 100;
     double time_limit = 0;  // seconds this launch may run; stops with a checkpoint before (0 = none)
-    std::string device = "cpu";  // cpu | gpu
+    Device device = Device::cpu;
   } run;
   struct Model {
     int n_layer = 4;
@@ -26,24 +28,24 @@ struct RunSpec {
     int n_head = 4;
     int seq_len = 32;
     int vocab = 256;
-    std::string dtype = "fp32";  // fp32 | bf16 (matrix-product inputs on the GPU)
+    Dtype dtype = Dtype::fp32;  // matrix-product inputs (bf16 on the GPU only)
     bool tie_embeddings = true;
   } model;
   struct Data {
-    std::string source = "synthetic";  // synthetic | text
-    std::string path;                  // file for source = text
+    DataSource source = DataSource::synthetic;
+    std::string path;  // the text file (text) or token file (hdf5)
     bool shuffle = true;
   } data;
   struct Parallel {
     int pp = 1;
     int dp = 1;
     int micro_batches = 4;
-    std::string schedule = "gpipe";
+    const ScheduleKind* schedule = &schedule_named("gpipe");  // an entry of the schedule registry
     int virtual_stages = 1;             // model chunks per rank (interleaved schedule)
-    std::string order = "pp";           // pp: a pipeline's stages are consecutive ranks | dp: a stage's replicas are
-    std::string partition = "uniform";  // uniform | balanced | explicit (blocks_per_stage set)
+    RankOrder order = RankOrder::pp;    // pp: a pipeline's stages are consecutive ranks | dp: a stage's replicas are
+    Partition partition = Partition::uniform;  // explicit_list: blocks_per_stage holds the list
     std::vector<int> blocks_per_stage;  // explicit partition, one entry per (virtual) stage
-    std::string recompute = "none";     // none | stage | block
+    Recompute recompute = Recompute::none;
     int threads_per_rank = 0;           // BLAS threads per rank; 0 = OPENBLAS_NUM_THREADS or cores / ranks per node
   } parallel;
   struct Train {
@@ -65,7 +67,7 @@ struct RunSpec {
   struct Checkpoint {
     int every_steps = 50;  // also saved at the end of the run and on a stop signal
     int keep_last = 3;     // 0 keeps all
-    std::string on_error = "warn";  // a failed save: warn and train on | stop (exit 1)
+    OnSaveError on_error = OnSaveError::warn;  // a failed save: warn and train on | stop (exit 1)
   } checkpoint;
   struct Log {
     int every_steps = 1;
@@ -73,11 +75,11 @@ struct RunSpec {
     int trace_steps = 3;     // steps of each launch recorded in trace.json (0 = none)
   } log;
   struct Comm {
-    std::string backend = "mpi";
-    std::string wait = "auto";  // auto | spin | yield
+    Backend backend = Backend::mpi;
+    WaitPolicy wait = WaitPolicy::automatic;
     double timeout_s = 120;
     double bucket_mb = 4;
-    std::string finalize = "auto";   // "auto" | "mpi" | "skip": how a finished run leaves MPI
+    FinalizePolicy finalize = FinalizePolicy::automatic;  // how a finished run leaves MPI
     double finalize_timeout_s = 30;  // bound on that last wait (0 = wait forever)
   } comm;
 
@@ -88,6 +90,9 @@ struct RunSpec {
   // Derived sizes (valid after validation).
   int head_dim() const { return model.d_model / model.n_head; }
   int samples_per_micro_batch() const { return train.global_batch / (parallel.dp * parallel.micro_batches); }
+  PipelineShape pipeline_shape() const {
+    return {parallel.pp, parallel.micro_batches, parallel.virtual_stages, model.n_layer};
+  }
 };
 
 // Reads `path` (empty: built-in defaults), applies "section.key=value" overrides, validates.
@@ -106,7 +111,7 @@ std::string resolved_toml(const RunSpec& spec);
 // Stable 64-bit hash of the resolved spec, so ranks can check they agree.
 uint64_t spec_hash(const RunSpec& spec);
 
-// Markdown table of all keys (section, key, default, meaning) for the README.
+// Markdown table of all keys (section, key, default, meaning): docs/spec-reference.md.
 std::string spec_reference_markdown();
 
 }  // namespace pipetrain

@@ -1,4 +1,4 @@
-// Token streams and the deterministic sample order every rank agrees on (DESIGN.md, "Data").
+// Token streams and the deterministic sample order every rank agrees on (docs/design.md, "Data order").
 //
 // Global sample k of step s covers the T+1 tokens starting at ((s*B + k)*T) mod (N - T - 1) when
 // data.shuffle = false. With shuffle = true the stream is cut into E = floor((N-T-1)/T) windows of

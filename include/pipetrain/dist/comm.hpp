@@ -46,7 +46,7 @@ class Comm {
   // Either wait is bounded by comm.finalize_timeout_s (0 = forever); output is flushed first and
   // the process exits with `exit_code` either way, saying so if it had to give up waiting.
   static void finalize(int exit_code);
-  static void set_finalize(const std::string& how, double timeout_s);
+  static void set_finalize(FinalizePolicy how, double timeout_s);
   // Agreements of all ranks (run_agreed, require_agreed) time out after `seconds` from now on,
   // naming `what` they were for; start-up allows kStartupAgreementS.
   static void bound_agreements(double seconds, const char* what);
@@ -71,8 +71,8 @@ class Comm {
   // The same, throwing AgreedExit{code} on failure.
   static void require_agreed(const std::function<void()>& step);
 
-  // Builds the grid communicators. wait = "auto" | "spin" | "yield".
-  Comm(const Topology& topo, const std::string& wait, double timeout_s);
+  // Builds the grid communicators.
+  Comm(const Topology& topo, WaitPolicy wait, double timeout_s);
   ~Comm();
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;

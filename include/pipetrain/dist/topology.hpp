@@ -10,21 +10,23 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/config/choices.hpp"  // RankOrder
+
 namespace pipetrain {
 
 struct Topology {
   int pp = 1, dp = 1;
   int world_rank = 0;
   int stage = 0, dp_rank = 0;
-  bool replicas_contiguous = false;  // parallel.order = "dp"
+  RankOrder order = RankOrder::pp;
 
-  static Topology of(int world_rank, int pp, int dp, const std::string& order = "pp") {
-    const bool by_replica = order == "dp";
+  static Topology of(int world_rank, int pp, int dp, RankOrder order = RankOrder::pp) {
+    const bool by_replica = order == RankOrder::dp;
     return Topology{pp, dp, world_rank, by_replica ? world_rank / dp : world_rank % pp,
-                    by_replica ? world_rank % dp : world_rank / pp, by_replica};
+                    by_replica ? world_rank % dp : world_rank / pp, order};
   }
   int rank_of(int stage_index, int replica) const {
-    return replicas_contiguous ? stage_index * dp + replica : replica * pp + stage_index;
+    return order == RankOrder::dp ? stage_index * dp + replica : replica * pp + stage_index;
   }
   bool first_stage() const { return stage == 0; }
   bool last_stage() const { return stage == pp - 1; }

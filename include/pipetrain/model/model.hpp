@@ -23,9 +23,6 @@
 
 namespace pipetrain {
 
-enum class Recompute { none, stage, block };
-Recompute parse_recompute(const std::string& s);
-
 struct ParamTensor {
   std::string name;
   std::vector<int> shape;

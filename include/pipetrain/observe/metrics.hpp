@@ -1,5 +1,5 @@
 // Per-step figures: what each rank measured, combined on rank 0 into one metrics.jsonl line and
-// one progress line. Keys follow DESIGN.md ("Run directory").
+// one progress line. Keys: docs/design.md, "metrics.jsonl".
 #pragma once
 #include <cstdint>
 #include <cstdio>

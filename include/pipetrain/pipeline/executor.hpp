@@ -14,7 +14,7 @@
 
 #include "pipetrain/dist/comm.hpp"
 #include "pipetrain/model/model.hpp"
-#include "pipetrain/pipeline/schedule.hpp"
+#include "pipetrain/schedule/actions.hpp"
 #include "pipetrain/observe/trace.hpp"
 
 namespace pipetrain {

@@ -1,5 +1,5 @@
 // `pipetrain plan`: what a layout will do, predicted without launching it (no MPI): partition,
-// the schedule chart of the seed, bubble from simulating the actual action lists with per-stage
+// the schedule's slot chart (stages x time slots, the classic GPipe diagram), bubble from simulating the actual action lists with per-stage
 // costs next to (P-1)/(M+P-1), and per-stage memory for every recompute mode.
 #pragma once
 #include <string>
@@ -27,6 +27,8 @@ struct Plan {
 };
 
 Plan make_plan(const RunSpec& spec);
+// "interleaved (2 chunks per stage)", "gpipe": the schedule as the start line and plan show it.
+std::string schedule_description(const RunSpec& spec);
 std::string plan_text(const RunSpec& spec, const Plan& plan);
 std::string plan_json(const RunSpec& spec, const Plan& plan);
 // Every schedule on this spec's layout side by side: bubble with even stages and with the cost

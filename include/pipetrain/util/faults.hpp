@@ -1,5 +1,5 @@
 #pragma once
-// Test-only fault hooks, read from the environment (never set in production; README "Testing").
+// Test-only fault hooks, read from the environment (never set in production; docs/testing.md).
 // Each names a world rank and a 0-based step: PIPETRAIN_TEST_<HOOK>=RANK:STEP.
 #include <cstdint>
 

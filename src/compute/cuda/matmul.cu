@@ -13,7 +13,7 @@ namespace pipetrain::gpu {
 
 namespace {
 
-MatmulDtype g_dtype = MatmulDtype::fp32;
+Dtype g_dtype = Dtype::fp32;
 
 __global__ void add_bias_k(float* out, const float* bias, int OC, size_t n) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
@@ -26,7 +26,7 @@ __global__ void to_bf16_k(__nv_bfloat16* out, const float* in, size_t n) {
 
 // An operand as cuBLAS gets it: the fp32 array itself, or its bf16 rounding in scratch `slot`.
 const void* operand(const float* x, size_t n, int slot) {
-  if (g_dtype == MatmulDtype::fp32) return x;
+  if (g_dtype == Dtype::fp32) return x;
   auto* h = static_cast<__nv_bfloat16*>(scratch(slot, sizeof(__nv_bfloat16) * n));
   to_bf16_k<<<blocks_for(n), 256, 0, stream()>>>(h, x, n);
   PT_LAUNCHED();
@@ -37,14 +37,14 @@ const void* operand(const float* x, size_t n, int slot) {
 void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* A, int lda, const void* B,
           int ldb, float beta, float* C, int ldc) {
   const float alpha = 1.f;
-  const cudaDataType in = g_dtype == MatmulDtype::fp32 ? CUDA_R_32F : CUDA_R_16BF;
+  const cudaDataType in = g_dtype == Dtype::fp32 ? CUDA_R_32F : CUDA_R_16BF;
   PT_CUDA(cublasGemmEx(cublas(), ta, tb, m, n, k, &alpha, A, in, lda, B, in, ldb, &beta, C, CUDA_R_32F, ldc,
                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace
 
-void set_matmul_dtype(MatmulDtype dtype) { g_dtype = dtype; }
+void set_matmul_dtype(Dtype dtype) { g_dtype = dtype; }
 
 double measure_gemm_gflops(int n, double seconds) {
   const size_t nn = static_cast<size_t>(n) * n;

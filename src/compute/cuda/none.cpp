@@ -24,7 +24,7 @@ size_t memory_allocated() { return 0; }
 size_t memory_peak() { return 0; }
 size_t memory_total() { return 0; }
 
-void set_matmul_dtype(MatmulDtype) { no_cuda(); }
+void set_matmul_dtype(Dtype) { no_cuda(); }
 void encoder_forward(float*, const int*, const float*, const float*, int, int, int) { no_cuda(); }
 void encoder_backward(float*, float*, const float*, const int*, int, int, int) { no_cuda(); }
 void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int, int) { no_cuda(); }
