@@ -81,7 +81,7 @@ def sgemm_step_seconds():
     return total
 
 
-# Same start: pipetrain's weights after step 1; same batches: DESIGN.md's text order.
+# Same start: pipetrain's weights after step 1; same batches: the text order of docs/design.md ("Data order").
 d, m = pipetrain(2, ["checkpoint.every_steps=1", "checkpoint.keep_last=0"])
 model = torch_gpt.from_checkpoint(os.path.join(d, "checkpoints", "step_00000001"),
                                   dict(n_layer=L, d_model=C, n_head=H, seq_len=T, vocab=V, tie=True))

@@ -2,7 +2,7 @@
 """Plots of one run directory (called by `pipetrain report RUN_DIR --plots DIR`, or directly):
 loss.png (loss curve), bubble.png (measured bubble per stage over steps vs (P-1)/(M+P-1)),
 memory.png (per stage: activations, parameters+gradients+AdamW, process RSS), gantt.png (one
-traced step: forward/backward/recompute/wait spans per rank, like the seed's schedule diagram).
+traced step: forward/backward/recompute/wait spans per rank, like plan's GPipe slot diagram).
 Writes what its inputs allow and says what it skipped."""
 import json
 import os

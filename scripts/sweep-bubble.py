@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Bubble sweep (not a test): the seed's table of bubble vs M, reproduced from real runs. Trains
+"""Bubble sweep (not a test): the table of pipeline bubble vs M micro-batches, from real runs. Trains
 one config for each schedule, P in {1, 2, 4} stages and M in {1, 2, 4, 8, 16} micro-batches (one
 OpenBLAS thread per rank; P = 4 runs oversubscribed on a 2-core machine), and prints the measured
 bubble (median over steps, mean over stages) next to the schedule's formula ((P-1)/(M+P-1) for

@@ -1,5 +1,6 @@
-"""The GPT of DESIGN.md written independently in PyTorch, loaded from a pipetrain checkpoint by
-name: the reference the PyTorch cross-check test and the kernel benchmark compare against."""
+"""The GPT of docs/design.md ("Model and parameter names") written independently in PyTorch,
+loaded from a pipetrain checkpoint by name: the reference the PyTorch cross-check test and the
+kernel benchmark compare against."""
 import json
 import math
 
@@ -75,7 +76,7 @@ def from_checkpoint(ckpt_dir, spec):
 
 
 def text_batch(data, step, batch, seq_len):
-    """Global samples of `step` for data.source = text, shuffle = false (DESIGN.md's order)."""
+    """Global samples of `step` for data.source = text, shuffle = false (docs/design.md, "Data order")."""
     n = len(data)
     starts = [((step * batch + k) * seq_len) % (n - seq_len - 1) for k in range(batch)]
     windows = np.stack([np.frombuffer(data[s:s + seq_len + 1], dtype=np.uint8) for s in starts]).astype(np.int64)

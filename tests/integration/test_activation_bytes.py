@@ -1,8 +1,8 @@
-"""Done-means 5: the stashed-activation peak per stage equals in-flight micro-batches x bytes per
-micro-batch, exactly, for each recompute mode and schedule: GPipe holds all M micro-batches,
-1F1B at most P - stage. The formula is written out here independently of the C++ accounting:
-what each mode keeps between a micro-batch's forward and its backward. zb-h1 and interleaved are
-checked against plan's prediction from the same per-micro-batch sizes."""
+"""Activation bytes: the stashed-activation peak per stage equals in-flight micro-batches x bytes
+per micro-batch, exactly, for each recompute mode and schedule: GPipe holds all M micro-batches,
+1F1B at most P - stage. The formula is written out here independently of the C++ accounting: what
+each mode keeps between a micro-batch's forward and its backward. zb-h1 and interleaved are checked
+against plan's prediction from the same per-micro-batch sizes."""
 import json
 import os
 import subprocess

@@ -1,7 +1,8 @@
-"""Checkpoints, done-means 4-5: a truncated shard and a flipped byte are caught by `ckpt verify`
-(exit 2) and by resume (falls back to the previous checkpoint and says so); the files open with
-h5py and `h5ls -r` with DESIGN.md's names and shapes; the README's h5py snippet works; ckpt
-inspect lists the tensors; an incompatible checkpoint is refused naming the key."""
+"""Checkpoint files: a truncated shard and a flipped byte are caught by `ckpt verify` (exit 2) and
+by resume (falls back to the previous checkpoint and says so); the files open with h5py and
+`h5ls -r` with the parameter names and shapes of docs/design.md ("Model and parameter names");
+the h5py snippet of docs/checkpoints.md works as written; ckpt inspect lists the tensors; an
+incompatible checkpoint is refused naming the key."""
 import json
 import os
 import re
@@ -14,7 +15,7 @@ import numpy as np
 
 args = parse_args()
 tiny = os.path.join(args.configs, "tiny.toml")
-readme = os.path.join(os.path.dirname(args.configs), "README.md")
+checkpoints_doc = os.path.join(os.path.dirname(args.configs), "docs", "checkpoints.md")
 L, C, T, V = 4, 64, 32, 256
 base = ["run.steps=20", "checkpoint.every_steps=10", "parallel.pp=2", "parallel.dp=2"]
 run = launch(args, 4, os.path.join(args.work, "run"), tiny, base)
@@ -27,7 +28,7 @@ def ckpt(cmd, path):
     return subprocess.run([args.bin, "ckpt", cmd, path], capture_output=True, text=True)
 
 
-# Names and shapes as in DESIGN.md, across the two shards, each tensor exactly once.
+# Names and shapes as in docs/design.md, across the two shards, each tensor exactly once.
 expected = {"wte.weight": (V, C), "wpe.weight": (T, C), "ln_f.weight": (C,), "ln_f.bias": (C,)}
 for i in range(L):
     h = f"h.{i}."
@@ -45,19 +46,19 @@ for shard in ["stage_000.h5", "stage_001.h5"]:
             for moment in ["exp_avg", "exp_avg_sq"]:
                 expect(f["optim"][moment][name].shape == ds.shape, f"{shard}: optim/{moment}/{name} has the param's shape")
             expect(np.isfinite(ds[()]).all(), f"{shard}: {name} finite")
-expect(seen == expected, f"tensor names and shapes match DESIGN.md ({len(seen)} tensors; "
+expect(seen == expected, f"tensor names and shapes match docs/design.md ({len(seen)} tensors; "
        f"missing {sorted(set(expected) - set(seen))[:3]}, extra {sorted(set(seen) - set(expected))[:3]})")
 h5ls = subprocess.run(["h5ls", "-r", os.path.join(step20, "stage_000.h5")], capture_output=True, text=True)
 expect(h5ls.returncode == 0 and re.search(r"/params/wte.weight +Dataset {256, 64}", h5ls.stdout), "h5ls -r lists /params/wte.weight {256, 64}")
 
-# The README's snippet, run as written (only the path changed).
-snippet = re.search(r"```python\n(.*?)```", open(readme).read(), re.S).group(1)
+# The snippet of docs/checkpoints.md, run as written (only the path changed).
+snippet = re.search(r"```python\n(.*?)```", open(checkpoints_doc).read(), re.S).group(1)
 snippet = re.sub(r'ckpt = "[^"]*"', f'ckpt = "{step20}"', snippet)
 scope = {}
 exec(snippet, scope)
 sd = scope["state_dict"]
 expect(set(sd) == set(expected) | {"lm_head.weight"} and all(sd[k].shape == v for k, v in expected.items()),
-       "README h5py snippet builds the full state dict")
+       "docs/checkpoints.md h5py snippet builds the full state dict")
 
 # inspect and verify on an intact checkpoint
 r = ckpt("inspect", step20)

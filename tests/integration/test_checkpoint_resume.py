@@ -1,8 +1,7 @@
-"""Checkpoints, done-means 1-3: a 2x2 run stopped by a real SIGUSR1 and resumed reproduces every
-loss bit for bit; a 2x2 checkpoint resumes as 4x1, 1x2, 1x1 and interleaved 2x1 within 1e-5 (and
-the interleaved run's checkpoint as 1x1); a rank SIGKILLed
-in the middle of a checkpoint write leaves the previous checkpoint, from which the next start
-resumes and completes with the same losses."""
+"""Checkpoint resume: a 2x2 run stopped by a real SIGUSR1 and resumed reproduces every loss bit for
+bit; a 2x2 checkpoint resumes as 4x1, 1x2, 1x1 and interleaved 2x1 within 1e-5 (and the interleaved
+run's checkpoint as 1x1); a rank SIGKILLed in the middle of a checkpoint write leaves the previous
+checkpoint, from which the next start resumes and completes with the same losses."""
 import os
 import signal
 import subprocess

@@ -1,8 +1,8 @@
-"""Token datasets, done-means 1 and 4 of the datasets issue: `pipetrain data prepare` turns text
-files into an HDF5 token file (/train, /val, byte tokens, provenance), and training on it
-(data.source = "hdf5", read by hyperslab) gives the same losses, bit for bit, as training on the
-text itself, on 1x1 and 2x2, and resumes in the same order; a validation split takes the tail; compression changes nothing but
-size; large inputs show progress; bad input exits 2 with one message and leaves nothing behind."""
+"""Token datasets: `pipetrain data prepare` turns text files into an HDF5 token file (/train, /val,
+byte tokens, provenance), and training on it (data.source = "hdf5", read by hyperslab) gives the
+same losses, bit for bit, as training on the text itself, on 1x1 and 2x2, and resumes in the same
+order; a validation split takes the tail; compression changes nothing but size; large inputs show
+progress; bad input exits 2 with one message and leaves nothing behind."""
 import json
 import os
 import subprocess

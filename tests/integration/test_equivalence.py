@@ -1,5 +1,5 @@
-"""Done-means 2: the same spec and global batch gives the same loss and grad norm (relative 1e-5)
-on every layout, schedule, recompute mode, micro-batch count, and with tied or untied heads."""
+"""Layout equivalence: the same spec and global batch gives the same loss and grad norm (relative
+1e-5) on every layout, schedule, recompute mode, micro-batch count, and with tied or untied heads."""
 import os
 import subprocess
 from harness import parse_args, launch, expect, rel_diff, finish

@@ -1,8 +1,8 @@
-"""Validation, done-means 2 and 4 of the datasets issue: val_loss appears in metrics.jsonl (and the
-progress line) every eval.every_steps and at the end; it is the same on 1x1, 2x2 and interleaved
-2x1 (relative 1e-5), for held-out synthetic text and for a token file's /val; evaluating leaves
-training untouched (losses bit for bit as without it); `pipetrain eval` gives a checkpoint's
-val_loss on any layout, equal to what the run logged at that step; bad input exits 2."""
+"""Validation: val_loss appears in metrics.jsonl (and the progress line) every eval.every_steps and
+at the end; it is the same on 1x1, 2x2 and interleaved 2x1 (relative 1e-5), for held-out synthetic
+text and for a token file's /val; evaluating leaves training untouched (losses bit for bit as
+without it); `pipetrain eval` gives a checkpoint's val_loss on any layout, equal to what the run
+logged at that step; bad input exits 2."""
 import os
 import subprocess
 from harness import parse_args, launch, expect, rel_diff, finish

@@ -1,7 +1,7 @@
-"""Generation, done-means 3 and 4 of the datasets issue: `pipetrain generate` with a fixed seed
-prints the same text twice; the KV-cache path gives the same tokens as recomputing the whole
-window through the training forward, also after the context window slides; a model trained for a
-few hundred steps on a small corpus writes words of that corpus; bad input exits 2."""
+"""Generation: `pipetrain generate` with a fixed seed prints the same text twice; the KV-cache path
+gives the same tokens as recomputing the whole window through the training forward, also after the
+context window slides; a model trained for a few hundred steps on a small corpus writes words of
+that corpus; bad input exits 2."""
 import os
 import random
 import subprocess

@@ -1,4 +1,5 @@
-"""Done-means 3: configs/tiny.toml run as 2x1 and 2x2 lowers the loss by at least 30% from step 1."""
+"""Learning: configs/tiny.toml run as 2x1 and 2x2 lowers the loss by at least 30% from step 1, writes
+config.toml and logs the core metrics.jsonl keys with per-stage arrays."""
 import os
 from harness import parse_args, launch, expect, finish
 
@@ -15,7 +16,7 @@ for pp, dp in [(2, 1), (2, 2)]:
     expect(os.path.exists(os.path.join(r.run_dir, "config.toml")), f"{pp}x{dp}: resolved config.toml written")
     keys = {"step", "loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "bubble_theory", "bubble_measured",
             "act_peak_bytes", "mem_peak_bytes", "comm_wait_s"}
-    expect(keys <= set(m[0]), f"{pp}x{dp}: metrics.jsonl has the DESIGN.md keys (missing {keys - set(m[0])})")
+    expect(keys <= set(m[0]), f"{pp}x{dp}: metrics.jsonl has the core keys of docs/design.md (missing {keys - set(m[0])})")
     expect(all(len(m[0][k]) == pp for k in ["bubble_measured", "act_peak_bytes", "mem_peak_bytes", "comm_wait_s"]),
            f"{pp}x{dp}: per-stage arrays have pp entries")
     expect(abs(m[0]["bubble_theory"] - (pp - 1) / (4 + pp - 1)) < 1e-9, f"{pp}x{dp}: bubble_theory = (P-1)/(M+P-1)")

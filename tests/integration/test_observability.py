@@ -1,8 +1,7 @@
-"""Observability, done-means 2-4: on a real 2x1 run the per-stage numbers in metrics.jsonl are
-present and finite, compute + waits account for the step time (within 5%), the activation peak
-equals plan's prediction exactly; trace.json is valid Chrome trace JSON with one F and one B
-span per micro-batch and stage in GPipe order; report handles a killed run and says what is
-missing, and draws its plots."""
+"""Observability: on a real 2x1 run the per-stage numbers in metrics.jsonl are present and finite,
+compute + waits account for the step time (within 5%), the activation peak equals plan's prediction
+exactly; trace.json is valid Chrome trace JSON with one F and one B span per micro-batch and stage
+in GPipe order; report handles a killed run and says what is missing, and draws its plots."""
 import json
 import math
 import os

@@ -1,9 +1,8 @@
-"""Slurm, done-means 1-5, on a real local cluster (slurmctld + slurmd started by
-scripts/slurm-local.sh, always stopped at the end): jobs/train.sbatch runs 2x2 under srun with
-the same losses as mpiexec; a USR1 to the batch script (preemption drill) checkpoints, requeues
-and resumes to the same final loss; a one-minute time limit is met by checkpointing and
-requeueing with no step lost; jobs/smoke.sbatch passes, and fails naming a broken checkpoint
-directory."""
+"""Slurm, on a real local cluster (slurmctld + slurmd started by scripts/slurm-local.sh, always
+stopped at the end): jobs/train.sbatch runs 2x2 under srun with the same losses as mpiexec; a USR1
+to the batch script (preemption drill) checkpoints, requeues and resumes to the same final loss; a
+one-minute time limit is met by checkpointing and requeueing with no step lost; jobs/smoke.sbatch
+passes, and fails naming a broken checkpoint directory."""
 import os
 import re
 import sys
