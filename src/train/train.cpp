@@ -33,6 +33,7 @@
 #include "pipetrain/dist/signals.hpp"
 #include "pipetrain/util/faults.hpp"
 #include "pipetrain/observe/trace.hpp"
+#include "pipetrain/train/grad_sync.hpp"
 
 namespace fs = std::filesystem;
 
@@ -124,74 +125,6 @@ void write_trace(const Trace& trace, Comm& comm, const std::string& run_dir) {
   } catch (const std::runtime_error& e) {  // a trace is not worth stopping training for
     std::fprintf(stderr, "pipetrain: warning: trace.json not written: %s\n", e.what());
   }
-}
-
-// The data-parallel gradient all-reduce, in buckets started as soon as their gradients are
-// complete: each chunk's last backward reports, block by block, the offset from which the buffer
-// is final (it falls from the head to the embeddings, chunk after chunk), so buckets are cut from the end of the
-// buffer and overlap the rest of that backward. Bucket bounds depend only on the layout, so
-// every replica posts the same sequence.
-class GradReducer {
- public:
-  GradReducer(Comm& comm, std::vector<float>& grads, size_t bucket) : comm_(comm), grads_(grads), bucket_(bucket) {}
-  void begin_step() { posted_from_ = grads_.size(); }
-  void done_from(size_t offset) {
-    while (posted_from_ > offset) {
-      const size_t start = posted_from_ - std::min(bucket_, posted_from_);
-      if (start < offset) break;  // the rest of this bucket is not final yet
-      reqs_.push_back(comm_.iallreduce_data(grads_.data() + start, posted_from_ - start));
-      posted_from_ = start;
-    }
-  }
-  void finish() {
-    done_from(0);
-    comm_.wait_all(reqs_, {"data-parallel gradient all-reduce", -1, -1, Group::data});
-  }
-
- private:
-  Comm& comm_;
-  std::vector<float>& grads_;
-  size_t bucket_, posted_from_ = 0;
-  std::vector<MPI_Request> reqs_;
-};
-
-struct StepSync {
-  double dp_wait_s;  // time in the data-parallel all-reduce (not pipeline bubble)
-  double norm;       // global gradient norm over all stages, before clipping
-  bool stop;         // some rank received a stop signal
-  bool finite;       // every rank's loss and gradients are finite: the update may be applied
-  double norm_s;     // compute time of the squared norm (counted as compute, not waiting)
-};
-
-// After the schedule: finish averaging gradients over the replicas (1/D is already in the loss
-// scale), sum the tied embedding's two halves (tied_wte: the stage's wte if it takes part), then
-// one small all-reduce over all ranks carries the squared norm (from the first replica of each
-// stage), the stop flag and a non-finite flag: the step's only world-wide synchronisation, so
-// every rank decides alike whether to stop and whether to apply the update.
-// On the GPU (comm.backend = mpi) the sums over replicas and tied halves run on `staging`, a host
-// copy of the gradients the reducer was built on.
-StepSync sync_step(Stage& stage, Comm& comm, GradReducer* reducer, std::vector<float>* staging,
-                   const ParamTensor* tied_wte, bool out_of_time, double loss_sum) {
-  Floats& g = stage.grads();
-  const bool through_host = staging && (reducer || tied_wte);
-  if (through_host) download(staging->data(), g.data(), g.size() * sizeof(float));
-  float* summed = staging ? staging->data() : g.data();
-  const double wait0 = comm.wait_seconds();
-  if (reducer) reducer->finish();
-  const double dp_wait = comm.wait_seconds() - wait0;
-  if (tied_wte) comm.allreduce_tied(summed + tied_wte->offset, tied_wte->size);
-  if (through_host) upload(g.data(), staging->data(), g.size() * sizeof(float));
-  // The gradient is checked where its norm is taken, on the first replica: the all-reduce has
-  // summed every replica's part into it, so a NaN anywhere is there too. Each rank checks its own
-  // loss; the world all-reduce of the flag makes every rank decide alike.
-  const double norm_t0 = now_s();
-  const double sq = comm.topo().dp_rank == 0 ? grad_sq_sum(stage.params(), g) : 0.0;
-  const double norm_s = now_s() - norm_t0;
-  const bool bad = !std::isfinite(sq) || !std::isfinite(loss_sum);
-  double sums[3] = {bad ? 0.0 : sq, stop_requested() || out_of_time ? 1.0 : 0.0, bad ? 1.0 : 0.0};
-  comm.allreduce_world(sums, 3);
-  const bool finite = sums[2] == 0;
-  return {dp_wait, finite ? std::sqrt(sums[0]) : NAN, sums[1] > 0, finite, norm_s};
 }
 
 // Everything that can be wrong with the input, checked on every rank before anything large is
