@@ -1,4 +1,4 @@
-"""Checkpoints, done-means 4-5: a truncated shard and a flipped byte are caught by `ckpt verify`
+"""Checkpoint files: a truncated shard and a flipped byte are caught by `ckpt verify`
 (exit 2) and by resume (falls back to the previous checkpoint and says so); the files open with
 h5py and `h5ls -r` with DESIGN.md's names and shapes; the README's h5py snippet works; ckpt
 inspect lists the tensors; an incompatible checkpoint is refused naming the key."""
@@ -106,6 +106,10 @@ with open(os.path.join(d, "checkpoints", "step_00000020", "stage_000.h5"), "r+b"
     f.seek(4096)
     f.write(bytes([b[0] ^ 1]))
 r = launch(args, 4, d, tiny, base + ["checkpoint.every_steps=1", "checkpoint.keep_last=1"])
+damaged = os.path.join(d, "checkpoints", "step_00000020")
+expect(f"checkpoint {damaged} is unusable" in r.err and "falling back to the previous one" in r.err and
+       re.search(r"^resumed from \S*/step_00000010$", r.out, re.M) is not None,
+       f"fallback + keep_last=1: the damaged step 20 is rejected and step 10 resumed instead: {r.err.strip()[:300]!r}")
 latest = open(os.path.join(d, "checkpoints", "latest")).read().strip()
 expect(r.rc == 0 and latest == "step_00000020" and ckpt("verify", os.path.join(d, "checkpoints", latest)).returncode == 0,
        f"fallback + keep_last=1: ends with an intact step_00000020 named by latest (exit {r.rc}, latest {latest})")
