@@ -313,11 +313,15 @@ int run_train(const TrainOptions& opt) {
     const double lr = lr_at(spec, step);
     double local_s = -now_s();  // compute outside the executor: zeroing, optimizer
     stage.zero_grads();
-    // test-only: backward accumulates into the gradient and the data-parallel all-reduce carries
-    // it, as a NaN arising in this rank's backward would be
+    // test-only: a NaN in this rank's gradient, as one arising in its backward would be (backward
+    // accumulates into it, the data-parallel all-reduce carries it to the stage's replicas). It
+    // goes into a tensor no other stage holds (wpe on the first stage, else the first tensor;
+    // never the tied wte, whose exchange would carry it to the first stage): the other stages
+    // skip the update only because all ranks agree on it.
     if (test_nan_at(rank, step)) {
       const float nan = NAN;
-      upload(stage.grads().data() + stage.grads().size() - 1, &nan, sizeof nan);
+      const ParamTensor* wpe = stage.find("wpe.weight");
+      upload(stage.grads().data() + (wpe ? wpe->offset : 0), &nan, sizeof nan);
     }
     local_s += now_s();
     if (step == stall_at_step) raise(SIGSTOP);  // test-only: this rank stops answering

@@ -13,7 +13,7 @@ tiny = os.path.join(args.configs, "tiny.toml")
 L, C, NH, T, V, B, M = 4, 64, 4, 32, 256, 16, 4  # tiny.toml
 
 
-def per_micro_batch(mode, stage, P, blocks, dp):
+def per_micro_batch(mode, stage, P, blocks, dp, M=M):
     b = B // (dp * M)
     n = b * T  # tokens per micro-batch
     first, last = stage == 0, stage == P - 1
@@ -32,18 +32,20 @@ def per_micro_batch(mode, stage, P, blocks, dp):
     return 4 * floats + 4 * ints
 
 
-for schedule, pp, dp in [("gpipe", 2, 1), ("gpipe", 4, 1), ("gpipe", 2, 2), ("1f1b", 2, 1), ("1f1b", 4, 1)]:
+# M > P on 4 stages: 1F1B's min(M, P - s) differs from GPipe's M on every stage, stage 0 included.
+for schedule, pp, dp, mbs in [("gpipe", 2, 1, M), ("gpipe", 4, 1, 8), ("gpipe", 2, 2, M), ("1f1b", 2, 1, M),
+                              ("1f1b", 4, 1, 8)]:
     for mode in ["none", "stage", "block"]:
         r = launch(args, pp * dp, os.path.join(args.work, f"{schedule}_{pp}x{dp}_{mode}"), tiny,
                    ["run.steps=2", f"parallel.pp={pp}", f"parallel.dp={dp}", f"parallel.recompute={mode}",
-                    f"parallel.schedule={schedule}"])
-        expect(r.rc == 0, f"{schedule} {pp}x{dp} {mode}: exit 0 (got {r.rc})")
+                    f"parallel.schedule={schedule}", f"parallel.micro_batches={mbs}"])
+        expect(r.rc == 0, f"{schedule} {pp}x{dp} M={mbs} {mode}: exit 0 (got {r.rc})")
         if r.rc != 0:
             continue
         got = r.metrics()[-1]["act_peak_bytes"]
-        in_flight = [M if schedule == "gpipe" else min(M, pp - s) for s in range(pp)]
-        want = [in_flight[s] * per_micro_batch(mode, s, pp, L // pp, dp) for s in range(pp)]
-        expect(got == want, f"{schedule} {pp}x{dp} recompute={mode}: act_peak_bytes {got} == "
+        in_flight = [mbs if schedule == "gpipe" else min(mbs, pp - s) for s in range(pp)]
+        want = [in_flight[s] * per_micro_batch(mode, s, pp, L // pp, dp, mbs) for s in range(pp)]
+        expect(got == want, f"{schedule} {pp}x{dp} M={mbs} recompute={mode}: act_peak_bytes {got} == "
                             f"{in_flight} in flight x per-micro-batch = {want}")
 # Zero bubble: a micro-batch also holds its layers' output gradients from B to W. Interleaved: a
 # stage holds chunks of different sizes (embedding, head). The measured peak (counted from the

@@ -107,6 +107,10 @@ with open(os.path.join(d, "checkpoints", "step_00000020", "stage_000.h5"), "r+b"
     f.seek(4096)
     f.write(bytes([b[0] ^ 1]))
 r = launch(args, 4, d, tiny, base + ["checkpoint.every_steps=1", "checkpoint.keep_last=1"])
+damaged = os.path.join(d, "checkpoints", "step_00000020")
+expect(f"checkpoint {damaged} is unusable" in r.err and "falling back to the previous one" in r.err and
+       re.search(r"^resumed from \S*/step_00000010$", r.out, re.M) is not None,
+       f"fallback + keep_last=1: the damaged step 20 is rejected and step 10 resumed instead: {r.err.strip()[:300]!r}")
 latest = open(os.path.join(d, "checkpoints", "latest")).read().strip()
 expect(r.rc == 0 and latest == "step_00000020" and ckpt("verify", os.path.join(d, "checkpoints", latest)).returncode == 0,
        f"fallback + keep_last=1: ends with an intact step_00000020 named by latest (exit {r.rc}, latest {latest})")

@@ -1,8 +1,10 @@
 """Numerical faults: a NaN in one rank's gradient (test-only hook PIPETRAIN_TEST_NAN) is seen by
-every rank at the step boundary, the update is skipped everywhere and counted, the parameters and
-AdamW state stay exactly as before the step, and training continues as if that batch had never
-been seen. Too many bad steps in a row stop the run with a message; no checkpoint ever holds a
-NaN."""
+every rank at the step boundary, the update is skipped on every rank (each rank's own trace says
+so) and counted, the parameters and AdamW state stay exactly as before the step, the data-parallel
+replicas stay identical, and training continues as if that batch had never been seen - with tied
+and untied embeddings. Too many bad steps in a row stop the run with a message; no checkpoint ever
+holds a NaN."""
+import json
 import os
 
 import h5py
@@ -29,30 +31,57 @@ def ckpt(run, step):
     return os.path.join(run.run_dir, "checkpoints", f"step_{step:08d}")
 
 
-clean = launch(args, 4, os.path.join(args.work, "clean"), tiny, common)
-expect(clean.rc == 0, f"clean 2x2 run: exit 0 ({clean.err[-200:]})")
-# World rank 3 is stage 1 of replica 1: its gradient gets a NaN after step 5's backward.
-bad = launch(args, 4, os.path.join(args.work, "nan"), tiny, common, env={"PIPETRAIN_TEST_NAN": "3:4"})
-expect(bad.rc == 0, f"run with a NaN at step 5: exit 0 ({bad.err[-200:]})")
-c, b = clean.metrics(), bad.metrics()
-expect([l["loss"] for l in b[:4]] == [l["loss"] for l in c[:4]], "steps 1-4 identical to the clean run")
-expect(b[4]["skipped"] is True and b[4]["bad_steps"] == 1 and b[4]["grad_norm"] is None,
-       f"step 5 logged as skipped, counted, norm null: {b[4]['skipped']}, {b[4]['bad_steps']}, {b[4]['grad_norm']}")
-expect(all(l["skipped"] is False for l in b[:4] + b[5:]) and b[-1]["bad_steps"] == 1, "no other step skipped")
-expect(bad.out.count("step 5: NaN or Inf in the loss or gradients; update skipped") == 1,
-       "one message, from rank 0, names the step")
+def update_by_rank(run):
+    """{(stage, replica): one character per step, "u" where that rank applied the update, "S" where
+    it skipped it}, from every rank's own spans in trace.json."""
+    events = json.load(open(os.path.join(run.run_dir, "trace.json")))["traceEvents"]
+    views = {}
+    for e in sorted((e for e in events if e.get("cat") == "optimizer"), key=lambda e: e["args"]["step"]):
+        rank = (e["pid"], e["tid"])
+        views[rank] = views.get(rank, "") + ("S" if e["name"].startswith("update skipped") else "u")
+    return views
 
-# Skipping step 5 left exactly the state after step 4 (parameters and both AdamW moments).
-after_skip, before = state(ckpt(bad, 5)), state(ckpt(clean, 4))
-expect(sorted(after_skip) == sorted(before) and all(np.array_equal(after_skip[k], before[k]) for k in before),
-       f"checkpoint after the skipped step 5 equals the clean run's step 4 bit for bit ({len(before)} tensors)")
-# ... and later steps continue from it as a run that never saw batch 5: resuming that checkpoint
-# elsewhere reproduces steps 6-8 exactly (this also checks AdamW's step count was not advanced).
-again = launch(args, 4, os.path.join(args.work, "resumed"), tiny, common, extra=["--resume", ckpt(bad, 5)])
-expect(again.rc == 0, f"resume from the skipped step's checkpoint: exit 0 ({again.err[-200:]})")
-expect([l["loss"] for l in again.metrics()[-3:]] == [l["loss"] for l in b[5:]],
-       "resumed steps 6-8 equal the uninterrupted run's after the skip")
-expect(b[5]["loss"] != c[5]["loss"], "and they differ from the clean run's (batch 5 really was not learned)")
+
+# World rank 3 is stage 1 of replica 1: its gradient gets a NaN after step 5's backward, in a
+# tensor of stage 1 alone, so stage 0 skips only if the ranks agree. A rank that applied the step
+# while others skipped it would hold a NaN (or parameters its replica lacks) and stall the next
+# save's collective file create: comm.timeout_s = 10 ends such a run, as a failed exit, in seconds.
+for tie in ["true", "false"]:
+    model = f"tie_embeddings={tie}"
+    sets = common + [f"model.tie_embeddings={tie}", "comm.timeout_s=10", "log.trace_steps=8"]
+    clean = launch(args, 4, os.path.join(args.work, f"clean_tie{tie}"), tiny, sets)
+    expect(clean.rc == 0, f"{model}: clean 2x2 run: exit 0 ({clean.err[-200:]})")
+    bad = launch(args, 4, os.path.join(args.work, f"nan_tie{tie}"), tiny, sets, env={"PIPETRAIN_TEST_NAN": "3:4"})
+    expect(bad.rc == 0, f"{model}: run with a NaN at step 5: exit 0, no rank stalled ({bad.err[-300:]})")
+    if clean.rc != 0 or bad.rc != 0:
+        continue
+    c, b = clean.metrics(), bad.metrics()
+    expect([l["loss"] for l in b[:4]] == [l["loss"] for l in c[:4]], f"{model}: steps 1-4 identical to the clean run")
+    expect(b[4]["skipped"] is True and b[4]["bad_steps"] == 1 and b[4]["grad_norm"] is None,
+           f"{model}: step 5 logged as skipped, counted, norm null: {b[4]['skipped']}, {b[4]['bad_steps']}, {b[4]['grad_norm']}")
+    expect(all(l["skipped"] is False for l in b[:4] + b[5:]) and b[-1]["bad_steps"] == 1, f"{model}: no other step skipped")
+    expect(bad.out.count("step 5: NaN or Inf in the loss or gradients; update skipped") == 1,
+           f"{model}: one message, from rank 0, names the step")
+    views = update_by_rank(bad)
+    expect(views == {(s, r): "uuuuSuuu" for s in range(2) for r in range(2)},
+           f"{model}: every rank skipped step 5's update and applied the others (trace.json, S = skipped): {views}")
+
+    # Skipping step 5 left exactly the state after step 4 (parameters and both AdamW moments).
+    after_skip, before = state(ckpt(bad, 5)), state(ckpt(clean, 4))
+    expect(sorted(after_skip) == sorted(before) and all(np.array_equal(after_skip[k], before[k]) for k in before),
+           f"{model}: checkpoint after the skipped step 5 equals the clean run's step 4 bit for bit ({len(before)} tensors)")
+    # ... and later steps continue from it as a run that never saw batch 5: resuming that checkpoint
+    # elsewhere reproduces steps 6-8 exactly (this also checks AdamW's step count was not advanced).
+    # Each replica saves its own rows of every tensor and the resumed replicas start from one copy,
+    # so equal step-8 checkpoints also show the replicas held the same tensors after the skip.
+    again = launch(args, 4, os.path.join(args.work, f"resumed_tie{tie}"), tiny, sets, extra=["--resume", ckpt(bad, 5)])
+    expect(again.rc == 0, f"{model}: resume from the skipped step's checkpoint: exit 0 ({again.err[-200:]})")
+    expect([l["loss"] for l in again.metrics()[-3:]] == [l["loss"] for l in b[5:]],
+           f"{model}: resumed steps 6-8 equal the uninterrupted run's after the skip")
+    after, resumed = state(ckpt(bad, 8)), state(ckpt(again, 8))
+    expect(sorted(after) == sorted(resumed) and all(np.array_equal(after[k], resumed[k]) for k in resumed),
+           f"{model}: step-8 checkpoints equal bit for bit: the data-parallel replicas stayed identical")
+    expect(b[5]["loss"] != c[5]["loss"], f"{model}: and they differ from the clean run's (batch 5 really was not learned)")
 
 # Every step bad from step 4 on: the run stops after max_bad_steps of them, exit 1, one message.
 stop = launch(args, 4, os.path.join(args.work, "diverged"), tiny,

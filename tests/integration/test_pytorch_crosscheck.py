@@ -1,8 +1,9 @@
 """An independent formulation: the same GPT written in PyTorch (scripts/torch_gpt.py), loaded
 from pipetrain's checkpoint after step 1, must give pipetrain's loss and gradient norm of step 2
 on the same batch, and one torch.optim.AdamW step (decay on 2-D weights only, clip_grad_norm_)
-must land on pipetrain's weights and moments after step 2 - tied and untied heads, and as a
-2-stage pipeline."""
+must land on pipetrain's weights and both moments after step 2 - tied and untied heads, and as
+a 2-stage pipeline. Weight decay is strong enough here that decay on the wrong tensors would miss
+the weights by over 100x their tolerance."""
 import json
 import os
 import sys
@@ -27,7 +28,8 @@ for tie, pp in [(True, 1), (False, 1), (True, 2)]:
     sets = [f"model.n_layer={L}", f"model.d_model={C}", f"model.n_head={H}", f"model.seq_len={T}",
             f"model.tie_embeddings={'true' if tie else 'false'}", "data.source=text", f"data.path={text}",
             "data.shuffle=false", f"train.global_batch={B}", "parallel.micro_batches=2", f"parallel.pp={pp}",
-            "run.steps=2", "checkpoint.every_steps=1", "checkpoint.keep_last=0", "train.grad_clip=0.5"]
+            "run.steps=2", "checkpoint.every_steps=1", "checkpoint.keep_last=0", "train.grad_clip=0.5",
+            "train.weight_decay=3.0"]  # decay's share of a step far above the tolerance (checked below)
     r = launch(args, pp, os.path.join(args.work, name), None, sets)
     expect(r.rc == 0, f"{name}: pipetrain run ({r.err[-200:]})")
     metrics = r.metrics()
@@ -46,16 +48,28 @@ for tie, pp in [(True, 1), (False, 1), (True, 2)]:
 
     # One AdamW step from the step-1 optimizer state must reach pipetrain's step-2 state.
     spec = json.load(open(os.path.join(ck1, "manifest.json")))["spec"]
-    decay = [p for p in params.values() if p.dim() == 2]
-    no_decay = [p for p in params.values() if p.dim() != 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": float(spec["train.weight_decay"])},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=metrics[1]["lr"],
-                            betas=(float(spec["train.beta1"]), float(spec["train.beta2"])), eps=float(spec["train.eps"]))
     m1, v1 = torch_gpt.load(model, ck1, "optim/exp_avg"), torch_gpt.load(model, ck1, "optim/exp_avg_sq")
-    for n, p in params.items():
-        opt.state[p] = {"step": torch.tensor(1.0), "exp_avg": m1[n].clone(), "exp_avg_sq": v1[n].clone()}
     torch.nn.utils.clip_grad_norm_(list(params.values()), float(spec["train.grad_clip"]))
-    opt.step()
+
+    def adamw_step(tensors, decayed):
+        """torch.optim.AdamW's step on `tensors` (name -> tensor with .grad) from the step-1 state,
+        with weight decay on the names `decayed` accepts."""
+        opt = torch.optim.AdamW([{"params": [t for n, t in tensors.items() if decayed(n)],
+                                  "weight_decay": float(spec["train.weight_decay"])},
+                                 {"params": [t for n, t in tensors.items() if not decayed(n)], "weight_decay": 0.0}],
+                                lr=metrics[1]["lr"], betas=(float(spec["train.beta1"]), float(spec["train.beta2"])),
+                                eps=float(spec["train.eps"]))
+        for n, t in tensors.items():
+            opt.state[t] = {"step": torch.tensor(1.0), "exp_avg": m1[n].clone(), "exp_avg_sq": v1[n].clone()}
+        opt.step()
+        return opt
+
+    # The same step with decay on the other tensors (biases, LayerNorm, not the 2-D weights).
+    misplaced = {n: p.detach().clone().requires_grad_(True) for n, p in params.items()}
+    for n, p in params.items():
+        misplaced[n].grad = p.grad.clone()
+    adamw_step(misplaced, lambda n: params[n].dim() != 2)
+    opt = adamw_step(params, lambda n: params[n].dim() == 2)  # decay on 2-D weights only
     w2 = torch_gpt.load(model, ck2)
     # The key bias (rows C..2C of attn.c_attn.bias) has an exactly zero gradient (softmax ignores a
     # shift shared by all scores): both sides hold float noise ~1e-12 there, which AdamW divides by
@@ -69,4 +83,14 @@ for tie, pp in [(True, 1), (False, 1), (True, 2)]:
     worst_m = max(((opt.state[params[n]]["exp_avg"] - m2[n]).abs().max() / m2[n].abs().max().clamp(min=1e-20)).item()
                   for n in params)
     expect(worst_m < 1e-4, f"{name}: AdamW first moments match (worst relative {worst_m:.1e})")
+    v2 = torch_gpt.load(model, ck2, "optim/exp_avg_sq")
+    worst_v = max(((opt.state[params[n]]["exp_avg_sq"] - v2[n]).abs().max() / v2[n].abs().max().clamp(min=1e-20)).item()
+                  for n in params)
+    expect(worst_v < 1e-4, f"{name}: AdamW second moments match (worst relative {worst_v:.1e})")
+    # The weight check can tell where decay applies: misplaced decay moves every tensor by far more
+    # than the 1e-5 it allows.
+    gap = min(((signal(n, misplaced[n].detach()) - signal(n, params[n].detach())).abs().max() /
+               signal(n, w2[n]).abs().max().clamp(min=1e-12)).item() for n in params)
+    expect(gap > 100 * 1e-5, f"{name}: decay on the wrong tensors would move each by at least {gap:.1e} relative, "
+           f"over 100x the weights' tolerance")
 finish()

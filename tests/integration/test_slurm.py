@@ -1,8 +1,9 @@
 """Slurm, on a real local cluster (slurmctld + slurmd started by scripts/slurm-local.sh, always
 stopped at the end): jobs/train.sbatch runs 2x2 under srun with the same losses as mpiexec; a USR1
-to the batch script (preemption drill) checkpoints, requeues and resumes to the same final loss; a
-one-minute time limit is met by checkpointing and requeueing with no step lost; jobs/smoke.sbatch
-passes, and fails naming a broken checkpoint directory."""
+to the batch script (preemption drill) checkpoints, requeues and resumes from the stop step to the
+same final loss; a one-minute time limit is met by checkpointing and requeueing with no step lost,
+each start resuming from the step the previous one saved; jobs/smoke.sbatch passes, and fails
+naming a broken checkpoint directory."""
 import os
 import re
 import sys
@@ -29,6 +30,14 @@ def submit(script, name, *train_args, sbatch=(), lead=None):
 
 def wait_done(jid, timeout=300):
     return cluster.wait_done(jid, timeout)
+
+
+def stops_and_resumes(log):
+    """For each launch in a job log that stopped with exit 3: (the step its stop saved, the step the
+    next launch resumed from, None if none did)."""
+    events = re.findall(r"after step (\d+); checkpoint saved, exit 3$|^resumed from \S*/step_(\d+)$", log, re.M)
+    return [(int(stop), int(events[i + 1][1]) if i + 1 < len(events) and events[i + 1][1] else None)
+            for i, (stop, _) in enumerate(events) if stop]
 
 
 def train_args(name, steps):
@@ -63,6 +72,10 @@ try:
         expect(info.get("JobState") == "COMPLETED" and info.get("Restarts") == "1",
                f"preempted job requeued once and completed: {info.get('JobState')} restarts {info.get('Restarts')}")
         expect("restart 1" in log and "resumed from" in log, "second start ran with SLURM_RESTART_COUNT=1 and resumed")
+        # Resuming from an earlier periodic checkpoint would recompute the lost steps unnoticed.
+        pairs = stops_and_resumes(log)
+        expect(len(pairs) == 1 and pairs[0][0] == pairs[0][1],
+               f"the second start resumed from the step the stop saved (stop step, resumed step: {pairs})")
         got = losses(os.path.join(runs, "preempt"))
         expect([s for s, _ in got] == list(range(1, STEPS + 1)), "every step logged exactly once")
         expect(got == ref_losses, f"same losses as the uninterrupted run (final {got[-1][1]} vs {ref_losses[-1][1]})")
@@ -78,6 +91,9 @@ try:
         # Slurm writes "CANCELLED ... DUE TO JOB REQUEUE" on every requeue; a kill at the limit reads
         # "DUE TO TIME LIMIT". Whichever came first, Slurm's USR1 or pipetrain's budget, it stopped in time.
         expect("DUE TO TIME LIMIT" not in log and "exit 3" in log, "checkpointed before the limit, never killed by it")
+        pairs = stops_and_resumes(log)
+        expect(len(pairs) == int(info.get("Restarts", 0)) and all(stop == resumed for stop, resumed in pairs),
+               f"each start resumed from the step the previous stop saved (stop step, resumed step: {pairs})")
         got = losses(os.path.join(runs, "timelimit"))
         expect([s for s, _ in got] == list(range(1, STEPS + 1)) and got == ref_losses, "no step lost, same losses")
 

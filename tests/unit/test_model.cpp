@@ -115,7 +115,7 @@ TEST_CASE("middle stage: input and parameter gradients match finite differences"
     gradcheck::check(p.name, loss, &st.weights().host()[p.offset], &grads[p.offset], p.size, 4);
 }
 
-TEST_CASE("recompute none, stage and block give identical gradients; stash holds what each mode says",
+TEST_CASE("recompute none, stage and block give identical gradients and stash what each mode says",
           "[model]") {
   const int M = 2, b = 1, T = 4, C = 8, NH = 2, V = 11, L = 2;
   const size_t N = static_cast<size_t>(b) * T;
@@ -189,7 +189,7 @@ TEST_CASE("parameter init is keyed by name, not by stage or layout", "[model]") 
   CHECK_FALSE(whole.find("wte.weight")->tied_copy);
 }
 
-TEST_CASE("split backward (input half, later weight half) gives the fused backward's bits; W-grads held in between",
+TEST_CASE("split backward (input half, later weight half) gives the fused backward's bits, holding W-grads in between",
           "[model]") {
   const int M = 3, T = 4, C = 8, V = 11, L = 2;
   const size_t N = static_cast<size_t>(T);  // one sample per micro-batch

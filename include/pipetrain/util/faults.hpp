@@ -10,7 +10,8 @@ namespace pipetrain {
 int test_stall_step(int rank);
 
 // PIPETRAIN_TEST_NAN: a NaN goes into that rank's gradient in that step (RANK:STEP+: from that
-// step on).
+// step on), in a tensor no other stage holds (the first element of wpe on the first stage, of
+// the first tensor elsewhere).
 bool test_nan_at(int rank, int64_t step);
 
 // PIPETRAIN_TEST_KILL_IN_SAVE: that rank SIGKILLs itself halfway through writing its shard of
