@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "pipetrain/util/clock.hpp"
 #include "pipetrain/compute/kernels.hpp"
@@ -118,9 +117,10 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
   const bool first = stage == 0, last = stage == n_stages - 1;
   std::vector<ParamTensor> params;
   size_t offset = 0;
-  auto add = [&](const std::string& name, std::vector<int> shape, bool decay, bool tied_copy = false) {
+  auto add = [&](const std::string& name, std::vector<int> shape, bool decay, Init init, bool tied_copy = false) {
     ParamTensor p;
     p.name = name;
+    p.init = init;
     p.size = 1;
     for (int d : shape) p.size *= static_cast<size_t>(d);
     p.shape = std::move(shape);
@@ -131,29 +131,16 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
     params.push_back(std::move(p));
   };
   if (first) {
-    add("wte.weight", {V, C}, true);
-    add("wpe.weight", {T, C}, true);
+    add("wte.weight", {V, C}, true, Init::normal);
+    add("wpe.weight", {T, C}, true, Init::normal);
   }
-  for (int i = block_begin; i < block_end; ++i) {
-    const std::string h = "h." + std::to_string(i) + ".";
-    add(h + "ln_1.weight", {C}, false);
-    add(h + "ln_1.bias", {C}, false);
-    add(h + "attn.c_attn.weight", {3 * C, C}, true);
-    add(h + "attn.c_attn.bias", {3 * C}, false);
-    add(h + "attn.c_proj.weight", {C, C}, true);
-    add(h + "attn.c_proj.bias", {C}, false);
-    add(h + "ln_2.weight", {C}, false);
-    add(h + "ln_2.bias", {C}, false);
-    add(h + "mlp.c_fc.weight", {4 * C, C}, true);
-    add(h + "mlp.c_fc.bias", {4 * C}, false);
-    add(h + "mlp.c_proj.weight", {C, 4 * C}, true);
-    add(h + "mlp.c_proj.bias", {C}, false);
-  }
+  for (int i = block_begin; i < block_end; ++i)
+    for (const BlockTensor& t : kBlockTensors) add(block_tensor_name(i, t), shape_of(t, C), t.decay, t.init);
   if (last) {
-    add("ln_f.weight", {C}, false);
-    add("ln_f.bias", {C}, false);
-    if (!spec.model.tie_embeddings) add("lm_head.weight", {V, C}, true);
-    else if (!first) add("wte.weight", {V, C}, true, /*tied_copy=*/true);  // copy of stage 0's
+    add("ln_f.weight", {C}, false, Init::ones);
+    add("ln_f.bias", {C}, false, Init::zeros);
+    if (!spec.model.tie_embeddings) add("lm_head.weight", {V, C}, true, Init::normal);
+    else if (!first) add("wte.weight", {V, C}, true, Init::normal, /*tied_copy=*/true);  // copy of stage 0's
   }
   return params;
 }
@@ -186,7 +173,7 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
   for (const ChunkRange& r : chunks) {
     Chunk c{r.block_end - r.block_begin, r.vstage == 0, r.vstage == n_virtual - 1, 0, {}};
     for (int i = r.block_begin; i < r.block_end; ++i)
-      c.block_offset.push_back(find("h." + std::to_string(i) + ".ln_1.weight")->offset);
+      c.block_offset.push_back(find(block_tensor_name(i, kBlockTensors[0]))->offset);
     c.offset = c.first ? 0 : c.block_offset.front();
     chunks_.push_back(std::move(c));
   }
@@ -220,14 +207,12 @@ void Stage::init_params(uint64_t seed) {
   std::vector<float> host(weights_.size());
   for (auto& p : params_) {
     float* w = host.data() + p.offset;
-    auto ends_with = [&](const char* s) {
-      size_t n = std::strlen(s);
-      return p.name.size() >= n && p.name.compare(p.name.size() - n, n, s) == 0;
-    };
-    if (ends_with(".bias")) std::fill(w, w + p.size, 0.f);
-    else if (p.name.find("ln_") != std::string::npos) std::fill(w, w + p.size, 1.f);
-    else if (ends_with("c_proj.weight")) fill_normal(w, p.size, resid_std, seed, p.name);
-    else fill_normal(w, p.size, 0.02f, seed, p.name);
+    switch (p.init) {
+      case Init::zeros: std::fill(w, w + p.size, 0.f); break;
+      case Init::ones: std::fill(w, w + p.size, 1.f); break;
+      case Init::normal: fill_normal(w, p.size, 0.02f, seed, p.name); break;
+      case Init::residual_normal: fill_normal(w, p.size, resid_std, seed, p.name); break;
+    }
   }
   weights_.assign(host.data(), host.size());
 }
@@ -237,23 +222,8 @@ void Stage::zero_grads() {
   zero_values(grads_.data(), grads_.size());
 }
 
-Stage::BlockPtrs Stage::block_ptrs(Floats& base, const Chunk& c, int l) {
-  const size_t C = C_;
-  float* p = base.data() + c.block_offset[l];
-  BlockPtrs b;
-  b.ln1w = p, p += C;
-  b.ln1b = p, p += C;
-  b.qkvw = p, p += 3 * C * C;
-  b.qkvb = p, p += 3 * C;
-  b.projw = p, p += C * C;
-  b.projb = p, p += C;
-  b.ln2w = p, p += C;
-  b.ln2b = p, p += C;
-  b.fcw = p, p += 4 * C * C;
-  b.fcb = p, p += 4 * C;
-  b.fcprojw = p, p += 4 * C * C;
-  b.fcprojb = p;
-  return b;
+BlockPtrs Stage::block_ptrs(Floats& base, const Chunk& c, int l) {
+  return block_ptrs_from(base.data() + c.block_offset[l], C_);
 }
 
 void Stage::set_tokens(int mb, const int* tokens) {

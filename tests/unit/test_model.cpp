@@ -2,6 +2,8 @@
 // an activation, tied and untied heads), and recompute modes against each other.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include "gradcheck.hpp"
 #include "pipetrain/model/model.hpp"
 
@@ -311,4 +313,32 @@ TEST_CASE("a stage of two chunks lays them out one after the other and computes 
   std::vector<float> grads = v1.grads().host();
   grads.insert(grads.end(), v3.grads().host().begin(), v3.grads().host().end());
   CHECK(both.grads().host() == grads);
+}
+
+TEST_CASE("block tensor table: parameter names, shapes, offsets and the layers' pointers agree", "[model]") {
+  const RunSpec spec = small_spec(3, true);
+  const int C = spec.model.d_model;
+  Stage st(spec, 0, 1, 0, 3, 1, 1.f);
+  std::vector<float>& w = st.weights().host();
+  for (int block = 0; block < 3; ++block) {
+    const ParamTensor* first = st.find(block_tensor_name(block, kBlockTensors[0]));
+    REQUIRE(first != nullptr);
+    const BlockPtrs ptrs = block_ptrs_from(w.data() + first->offset, C);
+    for (const BlockTensor& t : kBlockTensors) {
+      const ParamTensor* p = st.find(block_tensor_name(block, t));
+      INFO(block_tensor_name(block, t));
+      REQUIRE(p != nullptr);
+      CHECK(p->shape == shape_of(t, C));
+      CHECK(p->decay == (t.cols > 0));  // decay on the 2-D weights only
+      CHECK(ptrs.*t.field == w.data() + p->offset);  // the layers read exactly the named tensor
+    }
+  }
+  // Initialisation follows the table: LayerNorm weights 1, biases 0, weights drawn.
+  st.init_params(7);
+  const ParamTensor* ln = st.find("h.1.ln_2.weight");
+  const ParamTensor* bias = st.find("h.1.mlp.c_fc.bias");
+  const ParamTensor* proj = st.find("h.1.attn.c_proj.weight");
+  CHECK(std::all_of(w.begin() + ln->offset, w.begin() + ln->offset + ln->size, [](float v) { return v == 1.f; }));
+  CHECK(std::all_of(w.begin() + bias->offset, w.begin() + bias->offset + bias->size, [](float v) { return v == 0.f; }));
+  CHECK(std::any_of(w.begin() + proj->offset, w.begin() + proj->offset + proj->size, [](float v) { return v != 0.f; }));
 }

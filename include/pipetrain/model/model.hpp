@@ -19,6 +19,7 @@
 #include "pipetrain/compute/array.hpp"
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/compute/ops.hpp"
+#include "pipetrain/model/block_tensors.hpp"
 #include "pipetrain/model/partition.hpp"
 
 namespace pipetrain {
@@ -29,6 +30,7 @@ struct ParamTensor {
   size_t offset = 0, size = 0;
   bool decay = false;      // AdamW weight decay applies (2-D weights only)
   bool tied_copy = false;  // the last stage's copy of a tied wte: not in the grad norm, not saved
+  Init init = Init::normal;
 };
 
 // The named tensors a stage owns, in buffer order with offsets (no allocation): embeddings on the
@@ -144,9 +146,6 @@ class Stage {
   double last_recompute_s() const { return recompute_s_; }
 
  private:
-  struct BlockPtrs {
-    float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
-  };
   struct Chunk {
     int L;              // blocks
     bool first, last;   // virtual stage 0 / the last one
