@@ -6,12 +6,13 @@
 
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "pipetrain/ckpt/checkpoint.hpp"
-#include "pipetrain/dist/comm.hpp"
+#include "pipetrain/dist/world.hpp"
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/tools/generate.hpp"
 #include "pipetrain/pipeline/plan.hpp"
@@ -41,47 +42,61 @@ const char* kUsage =
     "\n"
     "pipetrain <command> --help shows the command's options.\n";
 
-// Parses a subcommand's arguments. Returns -1 to go on, else the exit code: 0 after --help,
-// 2 (with one message) for bad arguments.
-int parse(const char* cmd, const po::options_description& desc, const std::vector<std::string>& args,
-          po::variables_map& vm, const po::positional_options_description& pos = {}) {
+// Parses a subcommand's arguments. Returns nothing to go on, else how the command ends: ok after
+// --help, bad_input (with one message) for bad arguments.
+std::optional<ExitCode> parse(const char* cmd, const po::options_description& desc, const std::vector<std::string>& args,
+                              po::variables_map& vm, const po::positional_options_description& pos = {}) {
   try {
     po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
     std::fprintf(stderr, "pipetrain %s: error: %s (see pipetrain %s --help)\n", cmd, e.what(), cmd);
-    return 2;
+    return ExitCode::bad_input;
   }
-  if (!vm.count("help")) return -1;
+  if (!vm.count("help")) return std::nullopt;
   std::cout << desc << "\n";
-  return 0;
+  return ExitCode::ok;
 }
 
-// Runs an MPI command: init, run, finalize; a fault tears the job down instead of leaving peers waiting.
-int run_mpi(const std::function<int()>& body) {
-  install_stop_handlers();  // before MPI_Init: a USR1/TERM during start-up must not kill the rank
-  Comm::init(nullptr, nullptr);
-  int code = 1;
+// Runs a command that needs no MPI: bad input (SpecError) and any other failure end it with one
+// message and their code.
+ExitCode run_offline(const std::function<ExitCode()>& body) {
   try {
-    code = body();
+    return body();
+  } catch (const SpecError& e) {
+    report_error(e.what());
+    return ExitCode::bad_input;
+  } catch (const std::exception& e) {
+    report_fault(e.what());
+    return ExitCode::fault;
+  }
+}
+
+// Runs an MPI command: the world starts, the command runs, the world ends; a fault tears the job
+// down instead of leaving peers waiting.
+ExitCode run_mpi(const std::function<ExitCode(World&)>& body) {
+  install_stop_handlers();  // before MPI_Init: a USR1/TERM during start-up must not kill the rank
+  World world(nullptr, nullptr);
+  ExitCode code = ExitCode::fault;
+  try {
+    code = body(world);
   } catch (const AgreedExit& e) {
-    code = static_cast<int>(e.code);  // every rank agreed; the message was printed once
+    code = e.code;  // every rank agreed; the message was printed once
   } catch (const CommTimeout& e) {
-    std::fprintf(stderr, "pipetrain: fault: %s\n", e.what());
-    std::fflush(stderr);
+    report_fault(e.what());
     // The other ranks waiting on the same lost peer time out within moments of this one: give
     // them 2 s to say what they waited for before MPI_Abort tears them down.
     std::this_thread::sleep_for(std::chrono::seconds(2));
-    Comm::abort(1);
+    world.abort(ExitCode::fault);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "pipetrain: fault on rank %d: %s\n", Comm::world_rank(), e.what());
-    Comm::abort(1);
+    report_fault("rank " + std::to_string(world.rank()) + ": " + e.what());
+    world.abort(ExitCode::fault);
   }
-  Comm::finalize(code);
+  world.finalize(code);
   return code;
 }
 
-int train_main(const std::vector<std::string>& args) {
+ExitCode train_main(const std::vector<std::string>& args) {
   TrainOptions opt;
   po::options_description desc("pipetrain train [options]");
   desc.add_options()("help,h", "show this help")(
@@ -94,24 +109,20 @@ int train_main(const std::vector<std::string>& args) {
       "print-spec", "print the resolved spec (all keys and defaults) and exit")(
       "spec-reference", "print the run-spec key reference as a Markdown table and exit");
   po::variables_map vm;
-  if (int code = parse("train", desc, args, vm); code >= 0) return code;
+  if (auto done = parse("train", desc, args, vm)) return *done;
   if (vm.count("spec-reference")) {
     std::cout << spec_reference_markdown();
-    return 0;
+    return ExitCode::ok;
   }
-  if (vm.count("print-spec")) {
-    try {
+  if (vm.count("print-spec"))
+    return run_offline([&] {
       std::cout << resolved_toml(load_spec(opt.config, opt.overrides, 0));
-      return 0;
-    } catch (const SpecError& e) {
-      std::fprintf(stderr, "pipetrain: error: %s\n", e.what());
-      return 2;
-    }
-  }
-  return run_mpi([&] { return run_train(opt); });
+      return ExitCode::ok;
+    });
+  return run_mpi([&](World& world) { return run_train(opt, world); });
 }
 
-int eval_main(const std::vector<std::string>& args) {
+ExitCode eval_main(const std::vector<std::string>& args) {
   TrainOptions opt;
   opt.eval_only = true;
   opt.resume.clear();  // no "auto": eval names its checkpoint
@@ -125,16 +136,16 @@ int eval_main(const std::vector<std::string>& args) {
       "override one key, e.g. --set parallel.pp=2 (repeatable)")(
       "batches", po::value<int>(&batches), "validation batches (default eval.batches)");
   po::variables_map vm;
-  if (int code = parse("eval", desc, args, vm); code >= 0) return code;
+  if (auto done = parse("eval", desc, args, vm)) return *done;
   if (opt.resume.empty()) {
     std::fprintf(stderr, "pipetrain eval: error: which checkpoint? (pipetrain eval --checkpoint PATH)\n");
-    return 2;
+    return ExitCode::bad_input;
   }
   if (batches != 0) opt.overrides.push_back("eval.batches=" + std::to_string(batches));
-  return run_mpi([&] { return run_train(opt); });
+  return run_mpi([&](World& world) { return run_train(opt, world); });
 }
 
-int generate_main(const std::vector<std::string>& args) {
+ExitCode generate_main(const std::vector<std::string>& args) {
   GenerateOptions opt;
   po::options_description desc("pipetrain generate --checkpoint PATH --prompt TEXT [options]   (no MPI launch needed)");
   desc.add_options()("help,h", "show this help")(
@@ -148,27 +159,27 @@ int generate_main(const std::vector<std::string>& args) {
       "config", po::value<std::string>(&opt.config), "run spec (TOML); omitted: the checkpoint's own")(
       "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(), "override one key (repeatable)");
   po::variables_map vm;
-  if (int code = parse("generate", desc, args, vm); code >= 0) return code;
+  if (auto done = parse("generate", desc, args, vm)) return *done;
   if (opt.checkpoint.empty()) {
     std::fprintf(stderr, "pipetrain generate: error: which checkpoint? (pipetrain generate --checkpoint PATH)\n");
-    return 2;
+    return ExitCode::bad_input;
   }
   opt.use_cache = vm.count("no-cache") == 0;
-  return run_generate(opt);
+  return run_offline([&] { return run_generate(opt); });
 }
 
-int smoke_main(const std::vector<std::string>& args) {
+ExitCode smoke_main(const std::vector<std::string>& args) {
   SmokeOptions opt;
   po::options_description desc("pipetrain smoke [options]   (launch like a job: srun --mpi=pmi2 / mpiexec)");
   desc.add_options()("help,h", "show this help")("config", po::value<std::string>(&opt.config), "run spec (TOML)")(
       "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(), "override one key (repeatable)")(
       "run-dir", po::value<std::string>(&opt.run_dir), "where checkpoint I/O and training are tried (default run.out_dir/smoke)");
   po::variables_map vm;
-  if (int code = parse("smoke", desc, args, vm); code >= 0) return code;
-  return run_mpi([&] { return run_smoke(opt); });
+  if (auto done = parse("smoke", desc, args, vm)) return *done;
+  return run_mpi([&](World& world) { return run_smoke(opt, world); });
 }
 
-int plan_main(const std::vector<std::string>& args) {
+ExitCode plan_main(const std::vector<std::string>& args) {
   std::string config;
   std::vector<std::string> overrides;
   int world = 0;
@@ -181,12 +192,12 @@ int plan_main(const std::vector<std::string>& args) {
       "ranks-per-node", po::value<int>(), "show the node map and the traffic crossing nodes when each node runs "
                                           "this many consecutive ranks");
   po::variables_map vm;
-  if (int code = parse("plan", desc, args, vm); code >= 0) return code;
-  try {
+  if (auto done = parse("plan", desc, args, vm)) return *done;
+  return run_offline([&] {
     const RunSpec spec = load_spec(config, overrides, world);
     if (vm.count("compare-schedules")) {
       std::cout << schedule_comparison(spec);
-      return 0;
+      return ExitCode::ok;
     }
     const Plan plan = make_plan(spec);
     std::cout << (vm.count("json") ? plan_json(spec, plan) : plan_text(spec, plan));
@@ -198,14 +209,11 @@ int plan_main(const std::vector<std::string>& args) {
       for (int r = 0; r < spec.parallel.pp * spec.parallel.dp; ++r) hosts.push_back("node" + std::to_string(r / per_node));
       std::cout << "\n" << node_map(hosts, layout);
     }
-    return 0;
-  } catch (const SpecError& e) {
-    std::fprintf(stderr, "pipetrain: error: %s\n", e.what());
-    return 2;
-  }
+    return ExitCode::ok;
+  });
 }
 
-int report_main(const std::vector<std::string>& args) {
+ExitCode report_main(const std::vector<std::string>& args) {
   std::string run_dir, plots;
   po::options_description desc("pipetrain report RUN_DIR [options]");
   desc.add_options()("help,h", "show this help")("run-dir", po::value<std::string>(&run_dir), "run directory")(
@@ -213,15 +221,15 @@ int report_main(const std::vector<std::string>& args) {
   po::positional_options_description pos;
   pos.add("run-dir", 1);
   po::variables_map vm;
-  if (int code = parse("report", desc, args, vm, pos); code >= 0) return code;
+  if (auto done = parse("report", desc, args, vm, pos)) return *done;
   if (run_dir.empty()) {
     std::fprintf(stderr, "pipetrain report: error: which run directory? (pipetrain report RUN_DIR)\n");
-    return 2;
+    return ExitCode::bad_input;
   }
-  return run_report(run_dir, plots);
+  return run_offline([&] { return run_report(run_dir, plots); });
 }
 
-int data_main(const std::vector<std::string>& args) {
+ExitCode data_main(const std::vector<std::string>& args) {
   PrepareOptions opt;
   po::options_description desc("pipetrain data prepare --input FILE... --output DATA.h5 [options]   (no MPI)");
   desc.add_options()("help,h", "show this help")(
@@ -235,41 +243,35 @@ int data_main(const std::vector<std::string>& args) {
     const bool help = !args.empty() && (args[0] == "--help" || args[0] == "-h");
     std::fputs("usage: pipetrain data prepare --input FILE... --output DATA.h5 [--val-fraction F] [--compress]\n",
                help ? stdout : stderr);
-    return help ? 0 : 2;
+    return help ? ExitCode::ok : ExitCode::bad_input;
   }
   po::variables_map vm;
-  if (int code = parse("data prepare", desc, std::vector<std::string>(args.begin() + 1, args.end()), vm); code >= 0)
-    return code;
+  if (auto done = parse("data prepare", desc, std::vector<std::string>(args.begin() + 1, args.end()), vm)) return *done;
   opt.compress = vm.count("compress") > 0;
   opt.force = vm.count("force") > 0;
-  try {
+  return run_offline([&] {
     std::printf("%s\n", prepare_token_file(opt).c_str());
-    return 0;
-  } catch (const SpecError& e) {
-    std::fprintf(stderr, "pipetrain: error: %s\n", e.what());
-    return 2;
-  }
+    return ExitCode::ok;
+  });
 }
 
-int ckpt_main(const std::vector<std::string>& args) {
+ExitCode ckpt_main(const std::vector<std::string>& args) {
   if (args.size() != 2 || (args[0] != "inspect" && args[0] != "verify")) {
     std::fprintf(args.size() == 1 && (args[0] == "--help" || args[0] == "-h") ? stdout : stderr,
                  "usage: pipetrain ckpt inspect|verify PATH   (PATH: a checkpoint directory, e.g. "
                  "RUN_DIR/checkpoints/step_00000100)\n");
-    return args.size() == 1 && (args[0] == "--help" || args[0] == "-h") ? 0 : 2;
+    return args.size() == 1 && (args[0] == "--help" || args[0] == "-h") ? ExitCode::ok : ExitCode::bad_input;
   }
-  return args[0] == "inspect" ? ckpt_inspect(args[1]) : ckpt_verify(args[1]);
+  return run_offline([&] { return args[0] == "inspect" ? ckpt_inspect(args[1]) : ckpt_verify(args[1]); });
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+ExitCode dispatch(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
+    return argc < 2 ? ExitCode::bad_input : ExitCode::ok;
   }
   const std::string cmd = argv[1];
-  std::vector<std::string> args(argv + 2, argv + argc);
+  const std::vector<std::string> args(argv + 2, argv + argc);
   if (cmd == "train") return train_main(args);
   if (cmd == "ckpt") return ckpt_main(args);
   if (cmd == "plan") return plan_main(args);
@@ -279,5 +281,9 @@ int main(int argc, char** argv) {
   if (cmd == "eval") return eval_main(args);
   if (cmd == "generate") return generate_main(args);
   std::fprintf(stderr, "pipetrain: error: unknown command '%s'\n%s", cmd.c_str(), kUsage);
-  return 2;
+  return ExitCode::bad_input;
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return static_cast<int>(dispatch(argc, argv)); }

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <csignal>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -264,7 +263,7 @@ double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const s
   const std::string name = step_name(step), final_dir = dir_ + "/" + name;
   const double t0 = now_s();
   const Topology& topo = comm_.topo();
-  Comm::require_agreed([&] {
+  comm_.world().require_agreed([&] {
     if (topo.world_rank != 0) return;
     std::error_code ec;
     for (auto& e : fs::directory_iterator(dir_, ec))  // leftovers of saves that died mid-way
@@ -278,7 +277,7 @@ double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const s
   std::vector<ShardTensor> tensors;
   const std::string shard = tmp + "/" + shard_name(topo.stage);
   uint64_t mine[3] = {static_cast<uint64_t>(topo.stage), 0, 0};
-  Comm::require_agreed([&] {
+  comm_.world().require_agreed([&] {
     // GPU arrays are copied to the host here, where a failed copy is agreed on like any other.
     const float* w = host_view(stage.weights(), w_copy);
     const float* m = host_view(opt.exp_avg(), m_copy);
@@ -294,11 +293,8 @@ double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const s
         if (!std::all_of(v, v + n, [](float x) { return std::isfinite(x); }))
           throw std::runtime_error("checkpoint not saved: " + t.name + " holds NaN or Inf");
     }
-    if (test_stall_in_save(topo.world_rank, step)) raise(SIGSTOP);  // test-only: stop answering mid-save
-    // test-only: die halfway through this rank's tensors
-    const int crash_after = test_kill_in_save(topo.world_rank, step) ? static_cast<int>(tensors.size() + 1) / 2 : -1;
-    const std::string error =
-        write_shard(shard, tensors, step, comm_.data_handle(), topo.dp_rank, topo.dp, crash_after);
+    fault_hooks().reach(FaultPoint::stall_in_save, step);  // test-only: stop answering mid-save
+    const std::string error = write_shard(shard, tensors, step, comm_.data_handle(), topo.dp_rank, topo.dp);
     if (!error.empty()) throw std::runtime_error("checkpoint not saved: " + error + " (" + free_space_note(dir_) + ")");
     sync_path(shard);  // every writer: on network file systems one client's fsync covers only its writes
     if (topo.dp_rank != 0) return;
@@ -312,7 +308,7 @@ double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const s
   std::vector<uint64_t> all;
   comm_.gather_to_root(mine, 3, all);
 
-  Comm::require_agreed([&] {
+  comm_.world().require_agreed([&] {
     if (topo.world_rank != 0) return;
     Manifest m;
     m.format = kCheckpointFormat;
@@ -377,11 +373,11 @@ std::string Checkpointer::select(const std::string& resume) {
   if (explicit_path) candidates.push_back(resume);
   else
     for (auto& [step, path] : list_checkpoints(dir_)) candidates.push_back(path);
-  const int rank = Comm::world_rank(), world = Comm::world_size();
+  const int rank = comm_.world().rank(), world = comm_.world().size();
   for (size_t i = 0; i < candidates.size(); ++i) {
     const std::string& c = candidates[i];
     std::string problem = verify_checkpoint(c, rank, world);  // each rank checks its share of shards
-    const Comm::Failure f = Comm::first_failure(problem.empty() ? 0 : 2);
+    const World::Failure f = comm_.world().first_failure(problem.empty() ? ExitCode::ok : ExitCode::bad_input);
     if (f.rank < 0) {
       const std::string why = incompatibility(Manifest::read(c), spec_);  // same verdict on every rank
       if (why.empty()) return c;
@@ -427,7 +423,7 @@ void read_checkpoint_tensors(const std::string& dir, const std::vector<ParamTens
 
 int64_t Checkpointer::load(const std::string& dir, Stage& stage, AdamW& opt) {
   const Manifest m = Manifest::read(dir);
-  Comm::require_agreed([&] {
+  comm_.world().require_agreed([&] {
     LoadTarget w(stage.weights()), mom(opt.exp_avg()), v(opt.exp_avg_sq());
     read_checkpoint_tensors(dir, stage.params(), w.data(), mom.data(), v.data());
     for (LoadTarget* t : {&w, &mom, &v}) t->upload();
@@ -436,26 +432,20 @@ int64_t Checkpointer::load(const std::string& dir, Stage& stage, AdamW& opt) {
   return m.step;
 }
 
-int ckpt_verify(const std::string& path) {
+ExitCode ckpt_verify(const std::string& path) {
   const std::string problem = verify_checkpoint(path);
   if (!problem.empty()) {
-    std::fprintf(stderr, "pipetrain: error: %s\n", problem.c_str());
-    return 2;
+    report_error(problem);
+    return ExitCode::bad_input;
   }
   const Manifest m = Manifest::read(path);
   std::printf("%s: ok (step %lld, %zu shards match their checksums)\n", path.c_str(), static_cast<long long>(m.step),
               m.shards.size());
-  return 0;
+  return ExitCode::ok;
 }
 
-int ckpt_inspect(const std::string& path) {
-  Manifest m;
-  try {
-    m = Manifest::read(path);
-  } catch (const SpecError& e) {
-    std::fprintf(stderr, "pipetrain: error: %s\n", e.what());
-    return 2;
-  }
+ExitCode ckpt_inspect(const std::string& path) {
+  const Manifest m = Manifest::read(path);  // a SpecError naming the file is the command's bad input
   std::ostringstream partition;
   for (size_t i = 0; i < m.partition.size(); ++i) partition << (i ? "," : "") << m.partition[i];
   const std::string chunks = m.virtual_stages > 1 ? ", " + std::to_string(m.virtual_stages) + " chunks per stage" : "";
@@ -483,7 +473,7 @@ int ckpt_inspect(const std::string& path) {
   }
   std::printf("  total %llu parameters (+ 2 AdamW moments each), %llu bytes on disk\n",
               static_cast<unsigned long long>(total_params), static_cast<unsigned long long>(total_bytes));
-  return 0;
+  return ExitCode::ok;
 }
 
 }  // namespace pipetrain

@@ -1,26 +1,11 @@
 #include "pipetrain/dist/comm.hpp"
 
 #include "pipetrain/util/clock.hpp"
-#include "pipetrain/util/faults.hpp"
 
-#include <sched.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <chrono>
-#include <climits>
 #include <cstdio>
-#include <thread>
 
 namespace pipetrain {
 namespace {
-
-int cores_available() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
 
 std::string seconds(double s) {
   char buf[32];
@@ -28,197 +13,19 @@ std::string seconds(double s) {
   return buf;
 }
 
-// The one polling loop. Spinning on MPI_Test keeps latency lowest when every rank has a core;
-// when ranks outnumber cores the spinner steals the core its peer needs to produce the data,
-// so yield, and after a short while sleep briefly so the scheduler really runs someone else.
-bool poll_until_done(MPI_Request& req, WaitMode mode, double timeout_s, double& waited) {
-  int done = 0;
-  MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-  if (done) return true;
-  const double t0 = now_s();
-  for (unsigned iter = 1;; ++iter) {
-    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-    if (done) break;
-    if (mode == WaitMode::yield) {
-      if (iter < 64) {
-        sched_yield();
-      } else {
-        timespec ts{0, 20000};
-        nanosleep(&ts, nullptr);
-      }
-    }
-    if ((iter & 255) == 0 && now_s() - t0 > timeout_s) {
-      waited += now_s() - t0;
-      return false;
-    }
-  }
-  waited += now_s() - t0;
-  return true;
-}
-
-// Agreements between all ranks (start-up steps, checkpoint saves) poll politely, bounded by what
-// the phase allows (Comm::bound_agreements): start-up may keep a rank busy for long.
-double g_agree_timeout_s = Comm::kStartupAgreementS;
-const char* g_agree_phase = "start-up";
-std::vector<std::string> g_world_hosts;  // every rank's host, once a Comm has learnt them
-
-// "; some rank on node1, node2 is lost or stalled" for a wait on all ranks.
-std::string suspects_of_world() {
-  if (g_world_hosts.empty()) return "";
-  std::vector<std::string> nodes = g_world_hosts;
-  std::sort(nodes.begin(), nodes.end());
-  nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
-  if (nodes.size() > 8) return "; some rank on one of " + std::to_string(nodes.size()) + " nodes is lost or stalled";
-  std::string s = "; some rank on";
-  for (auto& n : nodes) s += (n == nodes.front() ? " " : ", ") + n;
-  return s + " is lost or stalled";
-}
-
-void wait_agreed(MPI_Request& req) {
-  double waited = 0;
-  if (!poll_until_done(req, WaitMode::yield, g_agree_timeout_s, waited))
-    throw CommTimeout(std::string("an agreement of all ranks (") + g_agree_phase + ") did not complete within " +
-                      seconds(g_agree_timeout_s) + suspects_of_world());
-}
-
-double g_finalize_timeout_s = 30;
-FinalizePolicy g_finalize = FinalizePolicy::automatic;
-int g_local_ranks = 1, g_local_rank = 0;  // ranks on this node, and this one's index among them
 }  // namespace
 
-int Comm::init(int* argc, char*** argv) {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (!initialized) MPI_Init(argc, argv);
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank(), MPI_INFO_NULL, &node);
-  MPI_Comm_size(node, &g_local_ranks);
-  MPI_Comm_rank(node, &g_local_rank);
-  MPI_Comm_free(&node);
-  return world_size();
-}
-
-void Comm::bound_agreements(double seconds, const char* what) {
-  g_agree_timeout_s = seconds;
-  g_agree_phase = what;
-}
-
-void Comm::set_finalize(FinalizePolicy how, double timeout_s) {
-  g_finalize = how;
-  g_finalize_timeout_s = timeout_s;
-}
-
-void Comm::finalize(int exit_code) {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
-  std::fflush(stdout), std::fflush(stderr);  // everything said and saved before it can hang
-  if (g_finalize == FinalizePolicy::skip || (g_finalize == FinalizePolicy::automatic && g_local_ranks < world_size())) {
-    // Every rank is past its last MPI call once the barrier completes, so leaving without
-    // MPI_Finalize loses nothing; it avoids the endpoint-close handshake that hangs.
-    MPI_Request req;
-    MPI_Ibarrier(MPI_COMM_WORLD, &req);
-    double waited = 0;
-    const double timeout = g_finalize_timeout_s > 0 ? g_finalize_timeout_s : 1e9;
-    if (!poll_until_done(req, WaitMode::yield, timeout, waited))
-      std::fprintf(stderr, "pipetrain: rank %d: the closing barrier did not complete within comm.finalize_timeout_s = %g s; "
-                           "exiting with %d (everything was saved before)\n", world_rank(), timeout, exit_code);
-    std::fflush(stderr);
-    std::_Exit(exit_code);
-  }
-  if (g_finalize_timeout_s > 0) {
-    const double timeout = g_finalize_timeout_s;
-    const int rank = world_rank();
-    std::thread([timeout, rank, exit_code] {
-      std::this_thread::sleep_for(std::chrono::duration<double>(timeout));
-      std::fprintf(stderr, "pipetrain: rank %d: MPI_Finalize did not return within comm.finalize_timeout_s = %g s; "
-                           "exiting with %d (everything was saved before)\n", rank, timeout, exit_code);
-      std::fflush(stderr);
-      std::_Exit(exit_code);
-    }).detach();
-  }
-  if (test_hang_in_finalize(world_rank()))  // test-only: as the MPICH/UCX hang would
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-  MPI_Finalize();
-}
-
-int Comm::world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-int Comm::world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-void Comm::abort(int code) {
-  // MPI_Abort kills the job at once; give the launcher's I/O forwarding a moment to deliver the
-  // message this rank just printed, or the user sees a bare "Abort(1)".
-  std::fflush(stdout);
-  std::fflush(stderr);
-  timespec ts{0, 300000000};
-  nanosleep(&ts, nullptr);
-  MPI_Abort(MPI_COMM_WORLD, code);
-  std::_Exit(code);
-}
-
-Comm::Failure Comm::first_failure(int code) {
-  int v[2] = {code != 0 ? world_rank() : INT_MAX, -code};  // MIN of both: lowest rank, highest code
-  MPI_Request req;
-  MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &req);
-  wait_agreed(req);
-  return v[0] == INT_MAX ? Failure{-1, 0} : Failure{v[0], -v[1]};
-}
-
-int Comm::run_agreed(const std::function<void()>& step) {
-  std::string message;
-  int code = 0;
-  try {
-    step();
-  } catch (const SpecError& e) {
-    message = e.what(), code = 2;
-  } catch (const std::exception& e) {
-    message = e.what(), code = 1;
-  }
-  const Failure f = first_failure(code);
-  if (f.rank == world_rank()) std::fprintf(stderr, "pipetrain: %s: %s\n", code == 2 ? "error" : "fault", message.c_str());
-  return f.rank >= 0 ? f.code : 0;
-}
-
-void Comm::require_agreed(const std::function<void()>& step) {
-  if (int code = run_agreed(step)) throw AgreedExit(static_cast<ExitCode>(code));
-}
-
-int Comm::max_tag() {
-  int* ub = nullptr;
-  int flag = 0;
-  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
-  return flag && ub ? *ub : 32767;
-}
-
-Comm::Comm(const Topology& topo, WaitPolicy wait, double timeout_s) : topo_(topo), timeout_s_(timeout_s) {
+Comm::Comm(World& world, const Topology& topo, WaitPolicy wait, double timeout_s)
+    : world_(world), topo_(topo), timeout_s_(timeout_s) {
   MPI_Comm_split(MPI_COMM_WORLD, topo.dp_rank, topo.stage, &pipe_);
   MPI_Comm_split(MPI_COMM_WORLD, topo.stage, topo.dp_rank, &data_);
   bool tied_member = topo.pp > 1 && (topo.first_stage() || topo.last_stage());
   MPI_Comm_split(MPI_COMM_WORLD, tied_member ? topo.dp_rank : MPI_UNDEFINED, topo.stage, &tied_);
-
-  // Every rank's host name, so a timeout can say on which node the peer it waited for runs.
-  constexpr int kHostLen = 64;
-  char host[kHostLen] = "?";
-  gethostname(host, kHostLen - 1);
-  std::vector<char> all(static_cast<size_t>(kHostLen) * world_size());
-  MPI_Request req;
-  MPI_Iallgather(host, kHostLen, MPI_CHAR, all.data(), kHostLen, MPI_CHAR, MPI_COMM_WORLD, &req);
-  wait_agreed(req);
-  g_world_hosts.clear();
-  for (int r = 0; r < world_size(); ++r) g_world_hosts.emplace_back(&all[static_cast<size_t>(r) * kHostLen]);
-
-  if (wait == WaitPolicy::spin) mode_ = WaitMode::spin;
-  else if (wait == WaitPolicy::yield) mode_ = WaitMode::yield;
-  else mode_ = g_local_ranks > cores_available() ? WaitMode::yield : WaitMode::spin;
+  switch (wait) {
+    case WaitPolicy::spin: mode_ = WaitMode::spin; break;
+    case WaitPolicy::yield: mode_ = WaitMode::yield; break;
+    case WaitPolicy::automatic: mode_ = world.local_ranks() > world.cores() ? WaitMode::yield : WaitMode::spin;
+  }
 }
 
 Comm::~Comm() {
@@ -228,11 +35,6 @@ Comm::~Comm() {
   for (MPI_Comm* c : {&pipe_, &data_, &tied_})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
-
-int Comm::local_ranks() const { return g_local_ranks; }
-int Comm::local_rank() const { return g_local_rank; }
-const std::vector<std::string>& Comm::hosts() const { return g_world_hosts; }
-int Comm::cores_per_rank() const { return std::max(1, cores_available() / g_local_ranks); }
 
 MPI_Request Comm::isend(const float* buf, size_t n, int peer_stage, int tag) {
   MPI_Request r;
@@ -246,21 +48,17 @@ MPI_Request Comm::irecv(float* buf, size_t n, int peer_stage, int tag) {
   return r;
 }
 
-std::string Comm::where(int world_rank) const {
-  return "rank " + std::to_string(world_rank) + " on " + g_world_hosts[world_rank];
-}
-
 void Comm::poll(MPI_Request& req, const WaitLabel& label) {
   if (req == MPI_REQUEST_NULL) return;
   if (poll_until_done(req, mode_, timeout_s_, wait_s_)) return;
-  std::string msg = "stage " + std::to_string(topo_.stage) + " (" + where(topo_.world_rank) + ", dp " +
+  std::string msg = "stage " + std::to_string(topo_.stage) + " (" + world_.where(topo_.world_rank) + ", dp " +
                     std::to_string(topo_.dp_rank) + ") waited more than " + seconds(timeout_s_) +
                     " (comm.timeout_s) for " + label.what;
   const bool receiving = std::string(label.what).rfind("recv", 0) == 0;
   if (label.peer_stage >= 0)
     msg += std::string(receiving ? " from" : " to") + " stage " + std::to_string(label.peer_stage) + " (" +
-           where(topo_.rank_of(label.peer_stage, topo_.dp_rank)) + ")";
-  if (label.peer_rank >= 0) msg += " with " + where(label.peer_rank);
+           world_.where(topo_.rank_of(label.peer_stage, topo_.dp_rank)) + ")";
+  if (label.peer_rank >= 0) msg += " with " + world_.where(label.peer_rank);
   if (label.micro_batch >= 0) msg += ", micro-batch " + std::to_string(label.micro_batch);
   // A collective cannot say which member is missing: name them all, with their nodes.
   std::vector<int> members;
@@ -269,9 +67,9 @@ void Comm::poll(MPI_Request& req, const WaitLabel& label) {
   if (label.group == Group::tied) members = {topo_.rank_of(0, topo_.dp_rank), topo_.rank_of(topo_.pp - 1, topo_.dp_rank)};
   if (!members.empty()) {
     msg += "; one of its members is lost or stalled:";
-    for (int r : members) msg += (r == members.front() ? " " : ", ") + where(r);
+    for (int r : members) msg += (r == members.front() ? " " : ", ") + world_.where(r);
   }
-  if (label.group == Group::world) msg += suspects_of_world();
+  if (label.group == Group::world) msg += world_.suspects();
   throw CommTimeout(msg);
 }
 
@@ -308,7 +106,7 @@ void Comm::allreduce_tied(float* buf, size_t n) {
 }
 
 void Comm::gather_to_root(const double* mine, size_t n, std::vector<double>& out) {
-  out.assign(topo_.world_rank == 0 ? n * static_cast<size_t>(world_size()) : 0, 0.0);
+  out.assign(topo_.world_rank == 0 ? n * static_cast<size_t>(world_.size()) : 0, 0.0);
   MPI_Request r;
   MPI_Igather(mine, static_cast<int>(n), MPI_DOUBLE, out.data(), static_cast<int>(n), MPI_DOUBLE, 0,
               MPI_COMM_WORLD, &r);
@@ -316,7 +114,7 @@ void Comm::gather_to_root(const double* mine, size_t n, std::vector<double>& out
 }
 
 void Comm::gather_to_root(const uint64_t* mine, size_t n, std::vector<uint64_t>& out) {
-  out.assign(topo_.world_rank == 0 ? n * static_cast<size_t>(world_size()) : 0, 0);
+  out.assign(topo_.world_rank == 0 ? n * static_cast<size_t>(world_.size()) : 0, 0);
   MPI_Request r;
   MPI_Igather(mine, static_cast<int>(n), MPI_UINT64_T, out.data(), static_cast<int>(n), MPI_UINT64_T, 0,
               MPI_COMM_WORLD, &r);
@@ -324,7 +122,7 @@ void Comm::gather_to_root(const uint64_t* mine, size_t n, std::vector<uint64_t>&
 }
 
 void Comm::gather_to_root(const std::string& mine, std::vector<std::string>& out) {
-  const int n = world_size();
+  const int n = world_.size();
   // Each rank sends its string plus a terminator: MPICH (ch4) was seen to lose track of later
   // collectives on the communicator after an MPI_Igatherv in which every count was zero.
   const std::string padded = mine + '\0';

@@ -1,3 +1,4 @@
+#include "pipetrain/util/faults.hpp"
 #include "pipetrain/model/optim.hpp"
 
 #include <cmath>
@@ -61,6 +62,7 @@ void AdamW::step(const std::vector<ParamTensor>& params, Floats& weights, const 
   const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   const float eps = static_cast<float>(cfg_.eps);
   for (auto& p : params) {
+    if (&p == &params[params.size() / 2]) fault_hooks().reach(FaultPoint::kill_in_optimizer);  // test-only
     const float decay = p.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.f;
     if (weights.on_gpu()) {
       gpu::adamw_update(weights.data() + p.offset, grads.data() + p.offset, m_.data() + p.offset,

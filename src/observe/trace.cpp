@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "pipetrain/dist/topology.hpp"
+#include "pipetrain/util/files.hpp"
 
 namespace pipetrain {
 
@@ -47,5 +47,17 @@ std::string Trace::file_json(const std::vector<std::string>& rank_events, const 
   for (const std::string& e : rank_events) add(e);
   return out + "\n]}\n";
 }
+
+void write_trace(const Trace& trace, Comm& comm, const std::string& run_dir) {
+  std::vector<std::string> all;
+  comm.gather_to_root(trace.events_json(comm.topo().stage, comm.topo().dp_rank), all);
+  if (comm.topo().world_rank != 0) return;
+  try {
+    write_file_atomically(run_dir + "/trace.json", Trace::file_json(all, comm.topo()));
+  } catch (const std::runtime_error& e) {  // a trace is not worth stopping training for
+    std::fprintf(stderr, "pipetrain: warning: trace.json not written: %s\n", e.what());
+  }
+}
+
 
 }  // namespace pipetrain

@@ -26,11 +26,9 @@ class CachedGpt {
     wte_ = at("wte.weight"), wpe_ = at("wpe.weight"), lnfw_ = at("ln_f.weight"), lnfb_ = at("ln_f.bias");
     head_ = spec.model.tie_embeddings ? wte_ : at("lm_head.weight");
     for (int l = 0; l < L_; ++l) {
-      const std::string h = "h." + std::to_string(l) + ".";
-      blocks_.push_back({at(h + "ln_1.weight"), at(h + "ln_1.bias"), at(h + "attn.c_attn.weight"),
-                         at(h + "attn.c_attn.bias"), at(h + "attn.c_proj.weight"), at(h + "attn.c_proj.bias"),
-                         at(h + "ln_2.weight"), at(h + "ln_2.bias"), at(h + "mlp.c_fc.weight"), at(h + "mlp.c_fc.bias"),
-                         at(h + "mlp.c_proj.weight"), at(h + "mlp.c_proj.bias")});
+      BlockPtrs b;
+      for (const BlockTensor& t : kBlockTensors) b.*t.field = at(block_tensor_name(l, t));
+      blocks_.push_back(b);
       k_[l].resize(static_cast<size_t>(T_) * C_), v_[l].resize(static_cast<size_t>(T_) * C_);
     }
   }
@@ -47,7 +45,7 @@ class CachedGpt {
     const float scale = 1.f / std::sqrt(static_cast<float>(hs));
     std::vector<float> att(t + 1);
     for (int l = 0; l < L_; ++l) {
-      const Block& b = blocks_[l];
+      const BlockPtrs& b = blocks_[l];
       layernorm_forward(ln.data(), &mean, &rstd, x.data(), b.ln1w, b.ln1b, 1, C_);
       matmul_forward(qkv.data(), ln.data(), b.qkvw, b.qkvb, 1, C_, 3 * C_);
       std::copy(qkv.begin() + C, qkv.begin() + 2 * C, k_[l].begin() + t * C);
@@ -86,13 +84,10 @@ class CachedGpt {
   }
 
  private:
-  struct Block {
-    const float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
-  };
   int C_, NH_, L_, V_, T_, n_ = 0;
-  const float* w_;
+  float* w_;  // the stage's weights (read only here)
   const float *wte_, *wpe_, *lnfw_, *lnfb_, *head_;
-  std::vector<Block> blocks_;
+  std::vector<BlockPtrs> blocks_;
   std::vector<std::vector<float>> k_, v_;  // per block: [T, C] keys / values of the cached tokens
 };
 
@@ -136,57 +131,52 @@ int sample_token(const float* probs, int V, double temperature, int top_k, doubl
   return last;  // u within rounding of 1
 }
 
-int run_generate(const GenerateOptions& opt) {
-  try {
-    if (opt.prompt.empty()) throw SpecError("generate: --prompt is empty (give at least one character to start from)");
-    if (opt.tokens <= 0) throw SpecError("generate: --tokens " + std::to_string(opt.tokens) + " must be at least 1");
-    // One stage holding every block, one micro-batch of one sequence.
-    // The user's overrides first, then what generation needs, which they cannot undo.
-    std::vector<std::string> sets = opt.overrides;
-    for (auto& s : {"train.global_batch=1", "parallel.micro_batches=1", "parallel.recompute=none", "eval.every_steps=0",
-                    "run.device=cpu", "model.dtype=fp32", "parallel.pp=1", "parallel.dp=1", "parallel.partition=uniform",
-                    "parallel.schedule=gpipe", "parallel.virtual_stages=1"})
-      sets.push_back(s);
-    const RunSpec spec = opt.config.empty() ? spec_of_checkpoint(opt.checkpoint, sets, 1) : load_spec(opt.config, sets, 1);
-    const int V = spec.model.vocab, T = spec.model.seq_len;
-    std::vector<int> tokens(opt.prompt.begin(), opt.prompt.end());
-    for (int& t : tokens) {
-      t = static_cast<unsigned char>(t);
-      if (t >= V) throw SpecError("generate: the prompt has byte " + std::to_string(t) + ", beyond model.vocab = " + std::to_string(V));
-    }
-    Stage stage(spec, 0, 1, 0, spec.model.n_layer, 1, 1.f);
-    read_checkpoint_tensors(opt.checkpoint, stage.params(), stage.weights().host().data(), nullptr, nullptr);
-    CachedGpt cached(spec, stage);
-
-    SplitMix64 rng{opt.seed * 0x9e3779b97f4a7c15ULL + 1};
-    std::vector<float> probs(V);
-    size_t from = 0;  // the window's first token
-    std::fwrite(opt.prompt.data(), 1, opt.prompt.size(), stdout);
-    const double t0 = now_s();
-    for (int i = 0; i < opt.tokens; ++i) {
-      if (tokens.size() - from > static_cast<size_t>(T)) {  // slide: keep the last T / 2
-        from = tokens.size() - std::max(1, T / 2);
-        cached.reset();
-      }
-      if (opt.use_cache) {
-        while (from + cached.cached() < tokens.size()) cached.step(tokens[from + cached.cached()], probs.data());
-      } else {
-        recompute(stage, spec, tokens, from, probs.data());
-      }
-      const int next = sample_token(probs.data(), V, opt.temperature, opt.top_k, rng.uniform());
-      tokens.push_back(next);
-      std::fputc(next, stdout);
-      std::fflush(stdout);
-    }
-    std::fputc('\n', stdout);
-    const double secs = now_s() - t0;
-    std::fprintf(stderr, "generated %d tokens in %.2f s (%.0f tokens/s, %s)\n", opt.tokens, secs, opt.tokens / secs,
-                 opt.use_cache ? "KV cache" : "recomputing the window");
-    return 0;
-  } catch (const SpecError& e) {
-    std::fprintf(stderr, "pipetrain: error: %s\n", e.what());
-    return 2;
+ExitCode run_generate(const GenerateOptions& opt) {
+  if (opt.prompt.empty()) throw SpecError("generate: --prompt is empty (give at least one character to start from)");
+  if (opt.tokens <= 0) throw SpecError("generate: --tokens " + std::to_string(opt.tokens) + " must be at least 1");
+  // One stage holding every block, one micro-batch of one sequence.
+  // The user's overrides first, then what generation needs, which they cannot undo.
+  std::vector<std::string> sets = opt.overrides;
+  for (auto& s : {"train.global_batch=1", "parallel.micro_batches=1", "parallel.recompute=none", "eval.every_steps=0",
+                  "run.device=cpu", "model.dtype=fp32", "parallel.pp=1", "parallel.dp=1", "parallel.partition=uniform",
+                  "parallel.schedule=gpipe", "parallel.virtual_stages=1"})
+    sets.push_back(s);
+  const RunSpec spec = opt.config.empty() ? spec_of_checkpoint(opt.checkpoint, sets, 1) : load_spec(opt.config, sets, 1);
+  const int V = spec.model.vocab, T = spec.model.seq_len;
+  std::vector<int> tokens(opt.prompt.begin(), opt.prompt.end());
+  for (int& t : tokens) {
+    t = static_cast<unsigned char>(t);
+    if (t >= V) throw SpecError("generate: the prompt has byte " + std::to_string(t) + ", beyond model.vocab = " + std::to_string(V));
   }
+  Stage stage(spec, 0, 1, 0, spec.model.n_layer, 1, 1.f);
+  read_checkpoint_tensors(opt.checkpoint, stage.params(), stage.weights().host().data(), nullptr, nullptr);
+  CachedGpt cached(spec, stage);
+
+  SplitMix64 rng{opt.seed * 0x9e3779b97f4a7c15ULL + 1};
+  std::vector<float> probs(V);
+  size_t from = 0;  // the window's first token
+  std::fwrite(opt.prompt.data(), 1, opt.prompt.size(), stdout);
+  const double t0 = now_s();
+  for (int i = 0; i < opt.tokens; ++i) {
+    if (tokens.size() - from > static_cast<size_t>(T)) {  // slide: keep the last T / 2
+      from = tokens.size() - std::max(1, T / 2);
+      cached.reset();
+    }
+    if (opt.use_cache) {
+      while (from + cached.cached() < tokens.size()) cached.step(tokens[from + cached.cached()], probs.data());
+    } else {
+      recompute(stage, spec, tokens, from, probs.data());
+    }
+    const int next = sample_token(probs.data(), V, opt.temperature, opt.top_k, rng.uniform());
+    tokens.push_back(next);
+    std::fputc(next, stdout);
+    std::fflush(stdout);
+  }
+  std::fputc('\n', stdout);
+  const double secs = now_s() - t0;
+  std::fprintf(stderr, "generated %d tokens in %.2f s (%.0f tokens/s, %s)\n", opt.tokens, secs, opt.tokens / secs,
+               opt.use_cache ? "KV cache" : "recomputing the window");
+  return ExitCode::ok;
 }
 
 }  // namespace pipetrain

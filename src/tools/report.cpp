@@ -78,11 +78,11 @@ std::string plots_script() {
 
 }  // namespace
 
-int run_report(const std::string& run_dir, const std::string& plots_dir) {
+ExitCode run_report(const std::string& run_dir, const std::string& plots_dir) {
   std::error_code ec;
   if (!fs::is_directory(run_dir, ec)) {
-    std::fprintf(stderr, "pipetrain: error: %s: no such run directory\n", run_dir.c_str());
-    return 2;
+    report_error(run_dir + ": no such run directory");
+    return ExitCode::bad_input;
   }
   std::vector<std::string> missing;
   std::printf("run %s\n", run_dir.c_str());
@@ -112,8 +112,8 @@ int run_report(const std::string& run_dir, const std::string& plots_dir) {
   }
   if (bad_lines) missing.push_back(std::to_string(bad_lines) + " unreadable line(s) in metrics.jsonl (cut short by a kill?)");
   if (!have_spec && lines.empty()) {
-    std::fprintf(stderr, "pipetrain: error: %s holds neither config.toml nor metrics.jsonl\n", run_dir.c_str());
-    return 2;
+    report_error(run_dir + " holds neither config.toml nor metrics.jsonl");
+    return ExitCode::bad_input;
   }
   if (!lines.empty()) {
     const json &first = lines.front(), &last = lines.back();
@@ -186,15 +186,14 @@ int run_report(const std::string& run_dir, const std::string& plots_dir) {
   else missing.push_back("trace.json: not written (log.trace_steps = 0, or the run died before its traced steps ended)");
   for (auto& m : missing) std::printf("  missing: %s\n", m.c_str());
 
-  if (plots_dir.empty()) return 0;
+  if (plots_dir.empty()) return ExitCode::ok;
   const std::string cmd = "/usr/bin/python3 '" + plots_script() + "' '" + run_dir + "' '" + plots_dir + "'";
   const int rc = std::system(cmd.c_str());
   if (rc != 0) {
-    std::fprintf(stderr, "pipetrain: error: plotting failed (%s); it needs /usr/bin/python3 with matplotlib "
-                         "(Debian: python3-matplotlib)\n", cmd.c_str());
-    return 1;
+    report_error("plotting failed (" + cmd + "); it needs /usr/bin/python3 with matplotlib (Debian: python3-matplotlib)");
+    return ExitCode::fault;
   }
-  return 0;
+  return ExitCode::ok;
 }
 
 }  // namespace pipetrain

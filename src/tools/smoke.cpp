@@ -79,31 +79,20 @@ std::string check_checkpoint_io(Comm& comm, const std::string& dir) {
   return error;
 }
 
-}  // namespace
-
-int run_smoke(const SmokeOptions& opt) {
-  const int world = Comm::world_size(), rank = Comm::world_rank();
-  RunSpec spec;
-  if (int code = Comm::run_agreed([&] { spec = smoke_spec(opt, world); })) return code;
-  Comm::set_finalize(spec.comm.finalize, spec.comm.finalize_timeout_s);
-  const Topology topo = Topology::of(rank, spec.parallel.pp, spec.parallel.dp, spec.parallel.order);
-  Comm comm(topo, spec.comm.wait, std::min(spec.comm.timeout_s, 30.0));  // a smoke test answers fast
-  const std::string run_dir = opt.run_dir.empty() ? spec.run.out_dir + "/smoke" : opt.run_dir;
-  // One name for this test's scratch directories on every rank: rank 0's pid.
-  double pid = rank == 0 ? getpid() : 0;
-  comm.allreduce_world(&pid, 1);
-  const std::string tag = std::to_string(static_cast<long>(pid));
-  std::vector<Row> rows;
-  const LaunchInfo launch = LaunchInfo::from_environment();
-
-  // Where every rank runs.
+// Where every rank runs: one row per rank.
+void check_placement(Comm& comm, const LaunchInfo& launch, std::vector<Row>& rows) {
+  const Topology& topo = comm.topo();
   std::vector<std::string> where;
   comm.gather_to_root(launch.host + " local " + std::to_string(launch.localid) + " stage " +
                           std::to_string(topo.stage) + " dp " + std::to_string(topo.dp_rank),
                       where);
   for (int r = 0; r < static_cast<int>(where.size()); ++r) rows.push_back({"rank", "rank " + std::to_string(r), where[r], true});
+}
 
-  // Every pipeline link, one at a time: latency of 8 B and bandwidth of 4 MiB round trips.
+// Every pipeline link, one at a time: latency of 8 B and bandwidth of 4 MiB round trips.
+void check_links(Comm& comm, std::vector<Row>& rows) {
+  const Topology& topo = comm.topo();
+  const int rank = topo.world_rank;
   struct Link {
     std::string where;
     double latency_s, mib_per_s;
@@ -122,7 +111,7 @@ int run_smoke(const SmokeOptions& opt) {
       }
       double figures[2] = {rank == a ? lat : 0, rank == a ? bw : 0};
       comm.allreduce_world(figures, 2);  // rank 0 learns them; also keeps the links one at a time
-      const auto& host = comm.hosts();
+      const auto& host = comm.world().hosts();
       const bool crosses = host[a] != host[b];
       links.push_back({"stage " + std::to_string(s) + "->" + std::to_string(s + 1) + " dp " + std::to_string(d) +
                            " (" + host[a] + (crosses ? "->" + host[b] : "") + ", ranks " + std::to_string(a) + "->" +
@@ -140,8 +129,12 @@ int run_smoke(const SmokeOptions& opt) {
     rows.push_back({"p2p latency", l.where, fmt("%.1f us", l.latency_s * 1e6) + (lat_ok ? "" : fmt(" (best %.1f us)", best_lat * 1e6)), lat_ok});
     rows.push_back({"p2p bandwidth", l.where, fmt("%.0f MiB/s", l.mib_per_s) + (bw_ok ? "" : fmt(" (best %.0f MiB/s)", best_bw)), bw_ok});
   }
+}
 
-  // Every data group's all-reduce, all groups at once as in training.
+// Every data group's all-reduce, all groups at once as in training.
+void check_all_reduce(Comm& comm, std::vector<Row>& rows) {
+  const Topology& topo = comm.topo();
+  const int rank = topo.world_rank;
   if (topo.dp > 1) {
     std::vector<float> buf(4 << 20, 1.0f);  // 16 MiB
     const double t0 = now_s();
@@ -161,8 +154,11 @@ int run_smoke(const SmokeOptions& opt) {
                       v < 0 ? "wrong sum" : fmt("%.0f MiB/s", v), v >= kMinBandwidthMiBs});
     }
   }
+}
 
-  // Parallel HDF5 in the checkpoint directory.
+// Parallel HDF5 in the checkpoint directory.
+void check_checkpoint_dir(Comm& comm, const std::string& run_dir, const std::string& tag, std::vector<Row>& rows) {
+  const int rank = comm.topo().world_rank;
   const std::string ckpt_dir = run_dir + "/checkpoints/.smoke_" + tag;
   std::vector<std::string> io_errors;
   comm.gather_to_root(check_checkpoint_io(comm, ckpt_dir), io_errors);
@@ -170,8 +166,12 @@ int run_smoke(const SmokeOptions& opt) {
     if (!io_errors[r].empty()) rows.push_back({"checkpoint I/O", "rank " + std::to_string(r), io_errors[r], false});
   if (rank == 0 && std::all_of(io_errors.begin(), io_errors.end(), [](auto& e) { return e.empty(); }))
     rows.push_back({"checkpoint I/O", run_dir + "/checkpoints", "parallel HDF5 write + read + verify ok", true});
+}
 
-  // A 3-step tiny training run on this layout must lower the loss.
+// A 3-step tiny training run on this layout must lower the loss.
+void check_training(const SmokeOptions& opt, const RunSpec& spec, World& w, const std::string& run_dir,
+                    const std::string& tag, std::vector<Row>& rows) {
+  const int rank = w.rank();
   TrainOptions train;
   train.config = opt.config;
   train.overrides = opt.overrides;
@@ -185,23 +185,47 @@ int run_smoke(const SmokeOptions& opt) {
     train.overrides.push_back(s);
   train.run_dir = run_dir + "/.smoke_train_" + tag;
   train.resume = "never";
-  int train_code = 0;
+  ExitCode train_code = ExitCode::ok;
   try {
-    train_code = run_train(train);
+    train_code = run_train(train, w);
   } catch (const AgreedExit& e) {
-    train_code = static_cast<int>(e.code);
+    train_code = e.code;
   }
   if (rank == 0) {
     std::vector<double> losses;
     std::ifstream in(train.run_dir + "/metrics.jsonl");
     for (std::string line; std::getline(in, line);) losses.push_back(nlohmann::json::parse(line).value("loss", NAN));
-    const bool falls = train_code == 0 && losses.size() == 3 && std::isfinite(losses[2]) && losses[2] < losses[0];
+    const bool falls = train_code == ExitCode::ok && losses.size() == 3 && std::isfinite(losses[2]) && losses[2] < losses[0];
     rows.push_back({"training", "3 steps, pp " + std::to_string(p.pp) + " x dp " + std::to_string(p.dp),
-                    losses.size() == 3 ? fmt("loss %.3f", losses[0]) + fmt(" -> %.3f", losses[2]) : "exit " + std::to_string(train_code),
+                    losses.size() == 3 ? fmt("loss %.3f", losses[0]) + fmt(" -> %.3f", losses[2]) : "exit " + std::to_string(static_cast<int>(train_code)),
                     falls});
     std::error_code ec;
     fs::remove_all(train.run_dir, ec);
   }
+}
+
+}  // namespace
+
+ExitCode run_smoke(const SmokeOptions& opt, World& w) {
+  const int world = w.size(), rank = w.rank();
+  RunSpec spec;
+  if (ExitCode code = w.run_agreed([&] { spec = smoke_spec(opt, world); }); code != ExitCode::ok) return code;
+  w.set_finalize(spec.comm.finalize, spec.comm.finalize_timeout_s);
+  const Topology topo = Topology::of(rank, spec.parallel.pp, spec.parallel.dp, spec.parallel.order);
+  Comm comm(w, topo, spec.comm.wait, std::min(spec.comm.timeout_s, 30.0));  // a smoke test answers fast
+  const std::string run_dir = opt.run_dir.empty() ? spec.run.out_dir + "/smoke" : opt.run_dir;
+  // One name for this test's scratch directories on every rank: rank 0's pid.
+  double pid = rank == 0 ? getpid() : 0;
+  comm.allreduce_world(&pid, 1);
+  const std::string tag = std::to_string(static_cast<long>(pid));
+  std::vector<Row> rows;
+  const LaunchInfo launch = LaunchInfo::from_environment();
+
+  check_placement(comm, launch, rows);
+  check_links(comm, rows);
+  check_all_reduce(comm, rows);
+  check_checkpoint_dir(comm, run_dir, tag, rows);
+  check_training(opt, spec, w, run_dir, tag, rows);
 
   // Verdict: rank 0 knows every row; all ranks exit alike.
   double failures = 0;
@@ -224,7 +248,7 @@ int run_smoke(const SmokeOptions& opt) {
     }
     std::fflush(stdout);
   }
-  return failures == 0 ? 0 : 1;
+  return failures == 0 ? ExitCode::ok : ExitCode::fault;
 }
 
 }  // namespace pipetrain

@@ -1,44 +1,56 @@
 #include "pipetrain/util/faults.hpp"
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 namespace pipetrain {
 namespace {
 
-// Parses NAME=RANK:STEP[+] for this rank: the step (-1 if unset or another rank's), and whether
-// a '+' follows it.
-int64_t hook_step(const char* name, int rank, bool* from_on = nullptr) {
-  const char* v = std::getenv(name);
-  int r = -1;
-  long long step = -1;
-  char plus = 0;
-  if (!v || std::sscanf(v, "%d:%lld%c", &r, &step, &plus) < 2 || r != rank) return -1;
-  if (from_on) *from_on = plus == '+';
-  return step;
-}
+const char* const kVariables[] = {"PIPETRAIN_TEST_STALL",          "PIPETRAIN_TEST_NAN",
+                                  "PIPETRAIN_TEST_KILL_IN_OPTIMIZER", "PIPETRAIN_TEST_KILL_IN_SAVE",
+                                  "PIPETRAIN_TEST_STALL_IN_SAVE",  "PIPETRAIN_TEST_HANG_IN_FINALIZE"};
 
 }  // namespace
 
-int test_stall_step(int rank) { return static_cast<int>(hook_step("PIPETRAIN_TEST_STALL", rank)); }
-
-bool test_nan_at(int rank, int64_t step) {
-  bool from_on = false;
-  const int64_t at = hook_step("PIPETRAIN_TEST_NAN", rank, &from_on);
-  return at >= 0 && (from_on ? step >= at : step == at);
+void FaultHooks::arm(int rank, const std::function<const char*(const char*)>& getenv) {
+  for (int p = 0; p < 6; ++p) {
+    hooks_[p] = Hook{};
+    const char* v = getenv(kVariables[p]);
+    if (!v) continue;
+    int r = -1;
+    long long step = 0;
+    char plus = 0;
+    const bool rank_only = static_cast<FaultPoint>(p) == FaultPoint::hang_in_finalize;
+    const int got = std::sscanf(v, rank_only ? "%d" : "%d:%lld%c", &r, &step, &plus);
+    if (got < (rank_only ? 1 : 2) || r != rank) continue;
+    hooks_[p] = Hook{rank_only ? 0 : step, plus == '+'};
+  }
 }
 
-bool test_kill_in_save(int rank, int64_t step) { return hook_step("PIPETRAIN_TEST_KILL_IN_SAVE", rank) == step; }
-
-bool test_stall_in_save(int rank, int64_t step) { return hook_step("PIPETRAIN_TEST_STALL_IN_SAVE", rank) == step; }
-
-bool test_hang_in_finalize(int rank) {
-  const char* v = std::getenv("PIPETRAIN_TEST_HANG_IN_FINALIZE");
-  return v && std::atoi(v) == rank;
+bool FaultHooks::fires(FaultPoint point, int64_t step) const {
+  const Hook& h = hooks_[static_cast<int>(point)];
+  if (point == FaultPoint::hang_in_finalize) return h.step >= 0;
+  return h.step >= 0 && (h.from_on ? step >= h.step : step == h.step);
 }
 
-bool test_kill_in_optimizer(int rank, int64_t step) {
-  return hook_step("PIPETRAIN_TEST_KILL_IN_OPTIMIZER", rank) == step;
+void FaultHooks::reach(FaultPoint point, int64_t step) const {
+  if (!fires(point, step)) return;
+  switch (point) {
+    case FaultPoint::stall_at_step:
+    case FaultPoint::stall_in_save: raise(SIGSTOP); break;
+    case FaultPoint::kill_in_optimizer:
+    case FaultPoint::kill_in_save: raise(SIGKILL); break;
+    case FaultPoint::hang_in_finalize:
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    case FaultPoint::nan_in_gradient: break;  // the caller puts the NaN where it belongs
+  }
+}
+
+FaultHooks& fault_hooks() {
+  static FaultHooks hooks;
+  return hooks;
 }
 
 }  // namespace pipetrain

@@ -4,11 +4,19 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
-#include "pipetrain/dist/comm.hpp"
+#include "pipetrain/dist/world.hpp"
+#include "test_world.hpp"
+
+namespace {
+pipetrain::World* g_world = nullptr;
+}
+
+pipetrain::World& test_world() { return *g_world; }
 
 int main(int argc, char** argv) {
-  pipetrain::Comm::init(&argc, &argv);
+  pipetrain::World world(&argc, &argv);
+  g_world = &world;
   const int failed = Catch::Session().run(argc, argv);
-  pipetrain::Comm::finalize(failed ? 1 : 0);
+  world.finalize(failed ? pipetrain::ExitCode::fault : pipetrain::ExitCode::ok);
   return failed ? 1 : 0;
 }

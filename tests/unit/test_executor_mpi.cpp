@@ -10,6 +10,7 @@
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/data/dataset.hpp"
 #include "pipetrain/dist/comm.hpp"
+#include "test_world.hpp"
 #include "pipetrain/model/model.hpp"
 #include "pipetrain/model/partition.hpp"
 #include "pipetrain/observe/trace.hpp"
@@ -27,7 +28,7 @@ constexpr int kSteps = 0;  // the data step every comparison reads
 RunSpec two_stage_spec(const std::string& schedule) {
   return parse_spec("", "", {"parallel.pp=2", "parallel.schedule=" + schedule, "model.n_layer=4",
                              "parallel.micro_batches=4", "train.global_batch=8"},
-                    Comm::world_size());
+                    test_world().size());
 }
 
 float grad_scale(const RunSpec& spec) {
@@ -105,9 +106,9 @@ double worst_grad_diff(const Grads& mine, const Grads& reference) {
 }  // namespace
 
 TEST_CASE("executor: a 2-stage GPipe step on two ranks gives the one-process loss and gradients", "[executor][mpi]") {
-  REQUIRE(Comm::world_size() == 2);
+  REQUIRE(test_world().size() == 2);
   const RunSpec spec = two_stage_spec("gpipe");
-  Comm comm(Topology::of(Comm::world_rank(), 2, 1), WaitPolicy::automatic, 60);
+  Comm comm(test_world(), Topology::of(test_world().rank(), 2, 1), WaitPolicy::automatic, 60);
   const StepResult piped = pipeline_step(spec, comm), alone = one_process_step(spec);
   if (comm.topo().last_stage()) CHECK(piped.loss_sum == Approx(alone.loss_sum).epsilon(1e-6));
   CHECK(!piped.grads.empty());
@@ -115,7 +116,7 @@ TEST_CASE("executor: a 2-stage GPipe step on two ranks gives the one-process los
 }
 
 TEST_CASE("registry: a schedule added as one entry is validated, planned and run", "[executor][mpi][schedule]") {
-  REQUIRE(Comm::world_size() == 2);
+  REQUIRE(test_world().size() == 2);
   // GPipe whose backwards run in forward order (B0 first): the same gradients, summed in another order.
   static const ScheduleKind& reversed = register_schedule(
       {"gpipe-forward-order-backward", "gpipe with backwards in forward order (a test schedule)",
@@ -143,7 +144,7 @@ TEST_CASE("registry: a schedule added as one entry is validated, planned and run
   CHECK(plan.bubble_theory == Approx(1.0 / 5));
   CHECK(plan.chart.find("F3  B0  B1  B2  B3") != std::string::npos);
   // Run: two ranks, the same loss and (to rounding) the same gradients as GPipe.
-  Comm comm(Topology::of(Comm::world_rank(), 2, 1), WaitPolicy::automatic, 60);
+  Comm comm(test_world(), Topology::of(test_world().rank(), 2, 1), WaitPolicy::automatic, 60);
   const StepResult mine = pipeline_step(spec, comm), gpipe = pipeline_step(two_stage_spec("gpipe"), comm);
   CHECK(mine.loss_sum == gpipe.loss_sum);
   CHECK(worst_grad_diff(mine.grads, gpipe.grads) < 1e-5);

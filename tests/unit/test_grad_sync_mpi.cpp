@@ -8,6 +8,7 @@
 
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/dist/comm.hpp"
+#include "test_world.hpp"
 #include "pipetrain/train/grad_sync.hpp"
 
 using namespace pipetrain;
@@ -15,7 +16,7 @@ using namespace pipetrain;
 namespace {
 
 Comm& replicas() {  // pp 1 x dp 2: the two ranks are one stage's replicas
-  static Comm comm(Topology::of(Comm::world_rank(), 1, 2), WaitPolicy::automatic, 60);
+  static Comm comm(test_world(), Topology::of(test_world().rank(), 1, 2), WaitPolicy::automatic, 60);
   return comm;
 }
 
@@ -26,8 +27,8 @@ RunSpec tiny_replicated() {
 }  // namespace
 
 TEST_CASE("grad sync: buckets cut from the end sum every element over the replicas", "[grad_sync][mpi]") {
-  REQUIRE(Comm::world_size() == 2);
-  const int rank = Comm::world_rank();
+  REQUIRE(test_world().size() == 2);
+  const int rank = test_world().rank();
   for (size_t bucket : {size_t{1}, size_t{3}, size_t{7}, size_t{1000}}) {
     std::vector<float> grads(23);
     for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(i + 100 * rank);
@@ -41,8 +42,8 @@ TEST_CASE("grad sync: buckets cut from the end sum every element over the replic
 }
 
 TEST_CASE("grad sync: the norm covers the summed gradient, and a NaN or stop on one rank holds for all", "[grad_sync][mpi]") {
-  REQUIRE(Comm::world_size() == 2);
-  const int rank = Comm::world_rank();
+  REQUIRE(test_world().size() == 2);
+  const int rank = test_world().rank();
   const RunSpec spec = tiny_replicated();
   Stage stage(spec, 0, 1, 0, 1, spec.parallel.micro_batches, 1.0f);
   std::vector<float>& g = stage.grads().host();

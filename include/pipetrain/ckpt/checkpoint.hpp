@@ -96,7 +96,7 @@ class Checkpointer {
 };
 
 // `pipetrain ckpt inspect|verify PATH` (no MPI): exit codes 0 / 2.
-int ckpt_inspect(const std::string& path);
-int ckpt_verify(const std::string& path);
+ExitCode ckpt_inspect(const std::string& path);
+ExitCode ckpt_verify(const std::string& path);
 
 }  // namespace pipetrain

@@ -24,11 +24,10 @@ struct ShardTensor {
 
 // Collective over `group` (the stage's data communicator): every member passes the same tensor
 // list; member `rank` of `size` writes rows [rank*n0/size, (rank+1)*n0/size) of each tensor.
-// `crash_after` >= 0 (test hook) kills this process after that many tensors were written.
 // Returns "" or what failed on this rank; it never leaves the collective calls early, so the
 // other replicas do not hang. The caller agrees on the outcome across ranks.
 std::string write_shard(const std::string& path, const std::vector<ShardTensor>& tensors, int64_t step,
-                        MPI_Comm group, int rank, int size, int crash_after = -1);
+                        MPI_Comm group, int rank, int size);
 
 struct TensorInfo {
   std::string name;

@@ -1,5 +1,5 @@
-// All communication goes through Comm: it is the only code that calls MPI. It owns the world,
-// pipeline (the P stages of one replica), data (the D replicas of one stage) and tied-embedding
+// All communication of a run goes through Comm (with World, the only code that calls MPI). It owns
+// the pipeline (the P stages of one replica), data (the D replicas of one stage) and tied-embedding
 // (first + last stage of one replica) communicators, and every wait: nonblocking calls completed by
 // polling MPI_Test, yielding the core when ranks outnumber cores (MPICH's blocking calls spin), and
 // giving up after comm.timeout_s with an error that names what was awaited.
@@ -14,16 +14,9 @@
 #include <vector>
 
 #include "pipetrain/dist/topology.hpp"
-#include "pipetrain/util/errors.hpp"
+#include "pipetrain/dist/world.hpp"
 
 namespace pipetrain {
-
-// A wait exceeded comm.timeout_s (a stuck or dead peer): a fault, not bad input.
-struct CommTimeout : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-enum class WaitMode { spin, yield };
 
 // What a wait is for, so a timeout can say which stage, peer, node and micro-batch it was stuck on.
 enum class Group { none, data, tied, world };  // the communicator of a collective
@@ -37,54 +30,16 @@ struct WaitLabel {
 
 class Comm {
  public:
-  // MPI_Init / MPI_Finalize. init() is idempotent and returns the world size.
-  static int init(int* argc, char*** argv);
-  // Ends MPI after a finished run. MPICH 4.0 over UCX/TCP hangs in MPI_Finalize with 3+ ranks on
-  // different nodes: a rank closing its endpoints waits for a peer that already sits in the PMI
-  // barrier. So across nodes (comm.finalize = "auto") or always ("skip") the ranks meet in a
-  // barrier and exit without MPI_Finalize; otherwise ("mpi") MPI_Finalize runs under a watchdog.
-  // Either wait is bounded by comm.finalize_timeout_s (0 = forever); output is flushed first and
-  // the process exits with `exit_code` either way, saying so if it had to give up waiting.
-  static void finalize(int exit_code);
-  static void set_finalize(FinalizePolicy how, double timeout_s);
-  // Agreements of all ranks (run_agreed, require_agreed) time out after `seconds` from now on,
-  // naming `what` they were for; start-up allows kStartupAgreementS.
-  static void bound_agreements(double seconds, const char* what);
-  static constexpr double kStartupAgreementS = 600;
-  static int world_rank();
-  static int world_size();
-  [[noreturn]] static void abort(int code);
-
-  // Agree across the world whether a start-up step failed: `code` is this rank's exit code (0 =
-  // fine). Returns the lowest failing rank (-1 if none) and the highest code, so every rank exits
-  // together instead of some hanging in a later collective.
-  struct Failure {
-    int rank, code;
-  };
-  static Failure first_failure(int code);
-  // Largest message tag this MPI accepts (MPI_TAG_UB, at least 32767).
-  static int max_tag();
-  // Runs `step` on every rank and agrees on the outcome: if any rank threw, the lowest failing
-  // rank prints its message once and every rank gets the same exit code (2 for SpecError, 1 for
-  // any other exception); 0 when all succeeded. Also a barrier.
-  static int run_agreed(const std::function<void()>& step);
-  // The same, throwing AgreedExit{code} on failure.
-  static void require_agreed(const std::function<void()>& step);
-
-  // Builds the grid communicators.
-  Comm(const Topology& topo, WaitPolicy wait, double timeout_s);
+  // Builds the grid communicators of `topo` over `world`. Waits poll as `wait` says (automatic:
+  // yield when this node's ranks outnumber its cores) and give up after `timeout_s`.
+  Comm(World& world, const Topology& topo, WaitPolicy wait, double timeout_s);
   ~Comm();
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
 
+  World& world() const { return world_; }
   const Topology& topo() const { return topo_; }
   WaitMode wait_mode() const { return mode_; }
-  int local_ranks() const;  // ranks on this rank's node
-  int local_rank() const;   // this rank's index among them
-  // Host name of every world rank, learnt at construction (node map, timeout messages).
-  const std::vector<std::string>& hosts() const;
-  // Cores this rank can use without taking them from the other ranks on its node (>= 1).
-  int cores_per_rank() const;
 
   // Pipeline p2p with the neighbouring stage of the same replica. Buffers must stay alive until
   // the request is waited on.
@@ -128,7 +83,7 @@ class Comm {
 
  private:
   void poll(MPI_Request& req, const WaitLabel& label);
-  std::string where(int world_rank) const;  // "rank 3 on node2"
+  World& world_;
   Topology topo_;
   MPI_Comm pipe_ = MPI_COMM_NULL, data_ = MPI_COMM_NULL, tied_ = MPI_COMM_NULL;
   WaitMode mode_ = WaitMode::spin;

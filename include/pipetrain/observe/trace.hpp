@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/dist/comm.hpp"
 #include "pipetrain/dist/topology.hpp"
 
 namespace pipetrain {
@@ -40,5 +41,9 @@ class Trace {
   bool recording_ = false;
   std::vector<Event> events_;
 };
+
+// Gathers every rank's spans; rank 0 writes RUN_DIR/trace.json (collective). A trace that cannot
+// be written is a warning, not worth stopping training for.
+void write_trace(const Trace& trace, Comm& comm, const std::string& run_dir);
 
 }  // namespace pipetrain

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/util/errors.hpp"
+
 namespace pipetrain {
 
 struct GenerateOptions {
@@ -25,7 +27,7 @@ struct GenerateOptions {
 
 // Prints the prompt and its continuation to stdout, a summary to stderr; returns the exit code
 // (2 for bad input, naming it).
-int run_generate(const GenerateOptions& opt);
+ExitCode run_generate(const GenerateOptions& opt);
 
 // The token drawn from `probs` (V values summing to 1) for a uniform u in [0, 1): probabilities
 // raised to 1/temperature, the top_k largest kept (ties to the lower token), renormalised,

@@ -5,9 +5,11 @@
 #pragma once
 #include <string>
 
+#include "pipetrain/util/errors.hpp"
+
 namespace pipetrain {
 
 // Returns the exit code: 0 when a report was printed, 2 when RUN_DIR holds nothing to report on.
-int run_report(const std::string& run_dir, const std::string& plots_dir);
+ExitCode run_report(const std::string& run_dir, const std::string& plots_dir);
 
 }  // namespace pipetrain

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/dist/world.hpp"
+
 namespace pipetrain {
 
 struct SmokeOptions {
@@ -16,6 +18,6 @@ struct SmokeOptions {
   std::string run_dir;                 // where the checkpoint and training checks write (default run.out_dir/smoke)
 };
 
-int run_smoke(const SmokeOptions& opt);  // MPI must be initialised
+ExitCode run_smoke(const SmokeOptions& opt, World& world);
 
 }  // namespace pipetrain

@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/dist/world.hpp"
+
 namespace pipetrain {
 
 struct TrainOptions {
@@ -14,8 +16,8 @@ struct TrainOptions {
                                       // loss, write nothing; no config = the checkpoint's own spec
 };
 
-// Returns the process exit code (0 ok, 2 bad input, 3 stopped by a signal after a successful
-// checkpoint); may throw AgreedExit. MPI must be initialised.
-int run_train(const TrainOptions& opt);
+// Trains (or evaluates) on `world`: ok when the run is complete, stopped after a stop signal or
+// the time budget (a checkpoint was saved), bad_input, or fault; may throw AgreedExit.
+ExitCode run_train(const TrainOptions& opt, World& world);
 
 }  // namespace pipetrain

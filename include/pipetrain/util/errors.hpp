@@ -31,4 +31,12 @@ struct AgreedExit : std::exception {
   const char* what() const noexcept override { return "all ranks agreed to exit"; }
 };
 
+// The one way a failure reaches the user: one line on stderr. "error": what the user can fix or
+// must decide on (bad input, a run that cannot go on: NaN steps, a lost final save); "fault": the
+// machinery broke (a lost peer, an unexpected exception).
+void report_error(const std::string& message);
+void report_fault(const std::string& message);
+// The report a command's failure gets: bad input is an error, the rest a fault.
+void report(ExitCode code, const std::string& message);
+
 }  // namespace pipetrain

@@ -1,30 +1,47 @@
+// Test-only fault hooks: named points in the code where a test can make one rank misbehave the
+// way real failures do (stop answering, die, produce a NaN, hang). They are set through the
+// environment, never in production (docs/testing.md), read once when the process's World starts,
+// and checked where the failure belongs, so no production interface carries a test parameter.
+//
+//   PIPETRAIN_TEST_STALL=R:S              rank R stops (SIGSTOP) at the start of step S (0-based)
+//   PIPETRAIN_TEST_NAN=R:S[+]             a NaN goes into rank R's gradient in step S (+: and after)
+//   PIPETRAIN_TEST_KILL_IN_OPTIMIZER=R:S  rank R SIGKILLs itself halfway through AdamW in step S
+//   PIPETRAIN_TEST_KILL_IN_SAVE=R:S       rank R SIGKILLs itself halfway through its shard of checkpoint S
+//   PIPETRAIN_TEST_STALL_IN_SAVE=R:S      rank R stops (SIGSTOP) before writing its shard of checkpoint S
+//   PIPETRAIN_TEST_HANG_IN_FINALIZE=R     rank R never returns from MPI_Finalize (as MPICH/UCX did)
 #pragma once
-// Test-only fault hooks, read from the environment (never set in production; docs/testing.md).
-// Each names a world rank and a 0-based step: PIPETRAIN_TEST_<HOOK>=RANK:STEP.
 #include <cstdint>
+#include <functional>
+#include <string>
 
 namespace pipetrain {
 
-// PIPETRAIN_TEST_STALL: that rank stops itself with SIGSTOP at the start of that step, so its
-// peers' timeouts can be watched. Returns the step for this rank, or -1.
-int test_stall_step(int rank);
+enum class FaultPoint { stall_at_step, nan_in_gradient, kill_in_optimizer, kill_in_save, stall_in_save, hang_in_finalize };
 
-// PIPETRAIN_TEST_NAN: a NaN goes into that rank's gradient in that step (RANK:STEP+: from that
-// step on), in a tensor no other stage holds (the first element of wpe on the first stage, of
-// the first tensor elsewhere).
-bool test_nan_at(int rank, int64_t step);
+class FaultHooks {
+ public:
+  // Reads the hooks aimed at `rank`; `getenv` is the environment (replaceable in tests).
+  void arm(int rank, const std::function<const char*(const char*)>& getenv);
+  // The training step now running (0-based): the step the in-step points compare against.
+  void start_step(int64_t step) { step_ = step; }
+  // Whether `point` is set for this rank at this step (the current one unless given: a save names
+  // the step of its checkpoint).
+  bool fires(FaultPoint point) const { return fires(point, step_); }
+  bool fires(FaultPoint point, int64_t step) const;
+  // Does what the point stands for (stop, die, hang) if it fires; nan_in_gradient only answers.
+  void reach(FaultPoint point) const { reach(point, step_); }
+  void reach(FaultPoint point, int64_t step) const;
 
-// PIPETRAIN_TEST_KILL_IN_SAVE: that rank SIGKILLs itself halfway through writing its shard of
-// checkpoint STEP. PIPETRAIN_TEST_KILL_IN_OPTIMIZER: halfway through its AdamW update of STEP.
-bool test_kill_in_save(int rank, int64_t step);
-bool test_kill_in_optimizer(int rank, int64_t step);
+ private:
+  struct Hook {
+    int64_t step = -1;  // -1: not set for this rank
+    bool from_on = false;
+  };
+  Hook hooks_[6];
+  int64_t step_ = -1;
+};
 
-// PIPETRAIN_TEST_STALL_IN_SAVE: that rank stops itself with SIGSTOP before writing its shard of
-// checkpoint STEP, while its peers wait for the save to be agreed.
-bool test_stall_in_save(int rank, int64_t step);
-
-// PIPETRAIN_TEST_HANG_IN_FINALIZE=RANK: that rank never returns from MPI_Finalize, as MPICH over
-// UCX/TCP was seen to do with 3+ ranks; the finalize watchdog must end it.
-bool test_hang_in_finalize(int rank);
+// The process's hooks (armed by World at start; inert until then).
+FaultHooks& fault_hooks();
 
 }  // namespace pipetrain

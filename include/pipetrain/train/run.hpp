@@ -1,0 +1,90 @@
+// Everything a training run holds once start-up has succeeded on every rank: the spec, where this
+// rank sits, its data, communicators, model slice, optimizer, schedule and the loop's policies.
+// start_up() builds it; the loop in train.cpp reads it.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipetrain/ckpt/checkpoint.hpp"
+#include "pipetrain/config/spec.hpp"
+#include "pipetrain/data/dataset.hpp"
+#include "pipetrain/dist/comm.hpp"
+#include "pipetrain/dist/launch.hpp"
+#include "pipetrain/model/model.hpp"
+#include "pipetrain/model/optim.hpp"
+#include "pipetrain/observe/metrics.hpp"
+#include "pipetrain/observe/trace.hpp"
+#include "pipetrain/pipeline/executor.hpp"
+#include "pipetrain/train/grad_sync.hpp"
+#include "pipetrain/train/policies.hpp"
+#include "pipetrain/train/train.hpp"
+#include "pipetrain/util/files.hpp"
+
+namespace pipetrain {
+
+struct Run {
+  Run(World& w, const TrainOptions& o) : world(w), opt(o) {}
+  World& world;
+  TrainOptions opt;
+  double launched_s = 0;  // now_s() when the command started (run.time_limit counts from here)
+  LaunchInfo launch;
+
+  // Agreed first: what to run and where this rank sits.
+  RunSpec spec;
+  Topology topo;
+  std::vector<int> blocks;                 // per virtual stage
+  std::unique_ptr<Dataset> data, val;      // on the first and last stage; val when evaluating
+  std::unique_ptr<Comm> comm;
+  int blas_threads = 1;
+
+  // The run directory (rank 0 holds its lock) and where training resumes.
+  std::string run_dir, run_dir_note;       // note: what became of an earlier run's files
+  std::unique_ptr<RunDirLock> lock;
+  std::unique_ptr<Checkpointer> checkpointer;
+  std::string resumed_from;                // "" for a fresh start
+  int64_t start_step = 0;
+
+  // This rank's model slice, optimizer and schedule.
+  std::unique_ptr<Stage> stage;
+  std::unique_ptr<AdamW> adam;
+  std::unique_ptr<Executor> executor;
+  ActionList actions, eval_actions;        // eval: the forwards alone
+  std::vector<int> inputs, targets;        // one micro-batch's tokens, read just before its forward
+
+  // The step boundary: gradient sums over replicas (through `grad_staging` on the GPU) and the
+  // tied embedding's halves (`tied_wte` where this stage takes part).
+  std::vector<float> grad_staging;
+  std::unique_ptr<GradReducer> reducer;
+  const ParamTensor* tied_wte = nullptr;
+
+  // What the loop logs and decides with.
+  double peak_gflops = 0;                  // the job's, for MFU
+  double flops_per_step = 0, tokens_per_step = 0, bubble_theory = 0;
+  Trace trace;
+  std::unique_ptr<MetricsWriter> metrics;  // rank 0 writes
+  std::unique_ptr<TimeBudget> budget;
+  std::unique_ptr<BadSteps> bad_steps;
+  int64_t last_saved = -1;                 // the latest checkpoint of this run, -1: none yet
+
+  bool on_gpu() const { return compute_device() == Device::gpu; }
+  int rank() const { return world.rank(); }
+};
+
+// Every start-up step, each agreed by all ranks (a failure anywhere makes every rank return the
+// same code, and only the failing rank says why): the spec and data, the communicators and device,
+// the model's fit in memory, the run directory and its lock, the checkpoint to resume from, the
+// model slice (loaded or initialised), the schedule.
+ExitCode start_up(Run& run);
+
+// Rank 0: the lines that say what this run is (layout, node map, partition, run dir, resume).
+void print_start(const Run& run);
+
+// The mean validation token loss over eval.batches fixed global batches, the same on every rank.
+double evaluate(Run& run);
+
+// Loads micro-batch `mb` of global batch `index` of `data` into the stage (the executor's
+// load_inputs): tokens on the first virtual stage, targets on the last.
+std::function<void(int)> inputs_from(Run& run, Dataset* data, int64_t index);
+
+}  // namespace pipetrain

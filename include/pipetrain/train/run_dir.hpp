@@ -1,0 +1,20 @@
+// The run directory (RUN_DIR: config.toml, metrics.jsonl, trace.json, checkpoints/): made ready by
+// rank 0 once every rank agreed the run can start, so a refused run never touches it.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "pipetrain/ckpt/checkpoint.hpp"
+#include "pipetrain/config/spec.hpp"
+
+namespace pipetrain {
+
+// Creates the directory and writes the resolved spec. Continuing this run's own history
+// (resumed_step > 0 from its own checkpoints) keeps the log up to that step and sets aside newer
+// checkpoints, whose steps are recomputed; otherwise (a fresh start, or a checkpoint of another
+// run) an earlier log and checkpoints are moved aside, never deleted. Checks that checkpoints can
+// be written. Returns a note on what it moved ("" if nothing); SpecError naming the path.
+std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t resumed_step,
+                            Checkpointer& checkpointer);
+
+}  // namespace pipetrain

@@ -1,0 +1,26 @@
+// One optimizer step of a run, and its log line.
+#pragma once
+#include "pipetrain/compute/profile.hpp"
+#include "pipetrain/train/run.hpp"
+
+namespace pipetrain {
+
+struct StepResult {
+  StepStats stats;      // the executor's: compute, waits, loss, activation peak
+  StepSync sync;        // the step boundary's agreement: norm, stop, whether the update was applied
+  double lr = 0;
+  double step_s = 0;    // wall time of the step
+  double local_s = 0;   // compute outside the executor (zeroing, norm, optimizer)
+  double waited_s = 0;  // all waits of the step, before any evaluation or save
+  KernelTotals kernels; // this step's compute by kernel class
+};
+
+// Step `step` (0-based): zero the gradients, run the schedule, agree at the step boundary, then
+// AdamW, or nothing when any rank saw a NaN/Inf (counted in run.bad_steps).
+StepResult train_step(Run& run, int step);
+
+// Every rank's figures for step `done` (1-based) gathered to rank 0, which writes the
+// metrics.jsonl line and prints the progress line. val_loss < 0: not evaluated this step.
+void log_step(Run& run, int done, const StepResult& result, double val_loss);
+
+}  // namespace pipetrain

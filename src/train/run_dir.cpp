@@ -1,0 +1,61 @@
+#include "pipetrain/train/run_dir.hpp"
+
+#include <filesystem>
+
+#include "pipetrain/observe/metrics.hpp"
+#include "pipetrain/util/files.hpp"
+
+namespace fs = std::filesystem;
+
+namespace pipetrain {
+namespace {
+
+// Moves `path` aside to path.N (first free N) and returns a note saying so.
+std::string move_aside(const std::string& path) {
+  std::error_code ec;
+  int n = 1;
+  while (fs::exists(path + "." + std::to_string(n), ec)) ++n;
+  const std::string to = path + "." + std::to_string(n);
+  fs::rename(path, to, ec);
+  if (ec) throw SpecError(path + ": cannot move the previous one aside (" + ec.message() + ")");
+  return "previous " + fs::path(path).filename().string() + " kept as " + fs::path(to).filename().string();
+}
+
+}  // namespace
+
+std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t resumed_step,
+                            Checkpointer& checkpointer) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir)) throw SpecError("run dir " + dir + ": cannot create (" + ec.message() + ")");
+  try {
+    write_file_atomically(dir + "/config.toml", resolved_toml(spec));
+  } catch (const std::runtime_error& e) {
+    throw SpecError("run dir " + dir + ": cannot write config.toml (" + e.what() + ")");
+  }
+  const std::string metrics = dir + "/metrics.jsonl", checkpoints = dir + "/checkpoints";
+  if (resumed_step > 0) {
+    truncate_metrics(metrics, resumed_step);
+    checkpointer.discard_newer_than(resumed_step);
+    return "resumed at step " + std::to_string(resumed_step);
+  }
+  std::string note;
+  if (fs::exists(metrics, ec)) note = move_aside(metrics);
+  if (fs::exists(checkpoints, ec) && !fs::is_empty(checkpoints, ec))
+    note += (note.empty() ? "" : "; ") + move_aside(checkpoints);
+  // Find out now, not after the first hour of training, that checkpoints cannot be written.
+  fs::create_directories(checkpoints, ec);
+  if (!fs::is_directory(checkpoints))
+    throw SpecError("checkpoint dir " + checkpoints + ": cannot create (" +
+                    (fs::exists(checkpoints) ? std::string("a file of that name is in the way") : ec.message()) + ")");
+  try {
+    const std::string probe = checkpoints + "/.probe";
+    write_file_atomically(probe, "");
+    fs::remove(probe, ec);
+  } catch (const std::runtime_error& e) {
+    throw SpecError("checkpoint dir " + checkpoints + ": not writable (" + e.what() + ")");
+  }
+  return note;
+}
+
+}  // namespace pipetrain

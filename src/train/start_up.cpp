@@ -1,0 +1,229 @@
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "pipetrain/compute/blas.hpp"
+#include "pipetrain/compute/gpu_kernels.hpp"
+#include "pipetrain/compute/kernels.hpp"
+#include "pipetrain/compute/parallel_for.hpp"
+#include "pipetrain/model/partition.hpp"
+#include "pipetrain/pipeline/plan.hpp"
+#include "pipetrain/train/run.hpp"
+#include "pipetrain/train/run_dir.hpp"
+#include "pipetrain/util/clock.hpp"
+
+namespace fs = std::filesystem;
+
+namespace pipetrain {
+namespace {
+
+// Refuses, before anything large is allocated, a model whose stage cannot fit in this rank's share
+// of the node's memory, or of its GPU's when it computes on one (plan's prediction: parameters,
+// gradients, AdamW, stashed activations, working buffers; on the GPU also attention backward's
+// score gradients).
+void check_memory_fits(const RunSpec& spec, int stage, int local_ranks) {
+  const Plan plan = make_plan(spec);
+  const StagePlan& s = plan.stages[stage];
+  const int mode = static_cast<int>(spec.parallel.recompute);
+  const bool on_gpu = compute_device() == Device::gpu;
+  const double gib = 1024.0 * 1024 * 1024, state = 16.0 * s.params;  // 4 B weights + 4 B grads + 8 B AdamW
+  const double T = spec.model.seq_len, attention_scratch = 4.0 * spec.samples_per_micro_batch() * spec.model.n_head * T * T;
+  const double need = state + s.act_peak_bytes[mode] + s.working_bytes + (on_gpu ? attention_scratch : 0);
+  const int sharing = on_gpu ? (local_ranks + gpu::device_count() - 1) / gpu::device_count() : local_ranks;
+  const double share = (on_gpu ? gpu::memory_total() : node_memory_bytes()) / sharing;
+  if (need <= share) return;
+  char msg[512];
+  std::snprintf(msg, sizeof msg,
+                "the model does not fit: stage %d needs about %.1f GiB (parameters, gradients and AdamW %.1f GiB, "
+                "activations under recompute = %s %.1f GiB), but each of the %d ranks on this %s has %.1f GiB; "
+                "use more stages (parallel.pp), parallel.recompute, fewer or smaller micro-batches, or a smaller model",
+                stage, need / gib, state / gib, name_of(spec.parallel.recompute), (need - state) / gib, sharing,
+                on_gpu ? "GPU" : "node", share / gib);
+  throw SpecError(msg);
+}
+
+// The spec (or for eval without --config, the checkpoint's own), this rank's place in the grid
+// and its data.
+void read_spec_and_data(Run& run) {
+  const TrainOptions& opt = run.opt;
+  const int world = run.world.size();
+  // srun without an MPI plugin starts N singletons that each see one rank: say so.
+  if (run.launch.in_step && run.launch.ntasks > 1 && world == 1)
+    throw SpecError("srun started " + std::to_string(run.launch.ntasks) +
+                    " tasks but MPI sees 1 rank: launch with srun --mpi=pmi2 (MPICH)");
+  run.spec = opt.eval_only && opt.config.empty() ? spec_of_checkpoint(opt.resume, opt.overrides, world)
+                                                 : load_spec(opt.config, opt.overrides, world);
+  if (opt.eval_only && run.spec.eval.every_steps == 0) run.spec.eval.every_steps = 1;  // load validation data
+  const RunSpec& spec = run.spec;
+  run.topo = Topology::of(run.world.rank(), spec.parallel.pp, spec.parallel.dp, spec.parallel.order);
+  run.blocks = partition_blocks(spec);
+  if (run.topo.first_stage() || run.topo.last_stage()) {
+    run.data = std::make_unique<Dataset>(spec);
+    if (spec.eval.every_steps > 0) run.val = std::make_unique<Dataset>(spec, Split::val);
+  }
+}
+
+// Every rank runs the same spec with the same stage shapes, within this MPI's tag range, on its
+// device, and the model fits there.
+void check_ranks_and_device(Run& run) {
+  const RunSpec& spec = run.spec;
+  const int P = spec.parallel.pp, M = spec.parallel.micro_batches, V = spec.parallel.virtual_stages;
+  const std::vector<int64_t> boundary = {spec.samples_per_micro_batch(), spec.model.seq_len, spec.model.d_model,
+                                         static_cast<int64_t>(sizeof(float))};
+  if (!run.comm->all_equal(spec_hash(spec)) || !run.comm->boundary_agrees(boundary, boundary))
+    throw SpecError("ranks disagree on the run spec or stage shapes (different files or --set on different ranks?)");
+  const int64_t tags = Executor::max_tag(P * V, M);
+  if (tags > run.world.max_tag())
+    throw SpecError(spec.origin("parallel.micro_batches") + ": parallel.micro_batches = " + std::to_string(M) +
+                    " needs message tags up to " + std::to_string(tags) + " but this MPI allows " +
+                    std::to_string(run.world.max_tag()));
+  if (spec.run.device == Device::gpu) {
+    try {
+      set_compute_device(Device::gpu, run.world.local_rank());
+    } catch (const std::runtime_error& e) {
+      throw SpecError(spec.origin("run.device") + ": run.device = gpu: " + e.what());
+    }
+    gpu::set_matmul_dtype(spec.model.dtype);
+  }
+  check_memory_fits(spec, run.topo.stage, run.world.local_ranks());
+}
+
+// One BLAS thread per core this rank can have (more would fight the other ranks for cores),
+// unless the spec or an explicit OPENBLAS_NUM_THREADS says otherwise; the element-wise kernels
+// use the same cores.
+void set_threads(Run& run) {
+  const char* env_threads = std::getenv("OPENBLAS_NUM_THREADS");
+  run.blas_threads = run.spec.parallel.threads_per_rank > 0 ? run.spec.parallel.threads_per_rank
+                     : env_threads                          ? std::max(1, std::atoi(env_threads))
+                                                            : run.world.cores_per_rank();
+  set_blas_threads(run.blas_threads);
+  set_parallel_threads(run.blas_threads);
+}
+
+// This rank's model slice and AdamW, initialised, then loaded from the checkpoint if resuming.
+void build_model(Run& run) {
+  const RunSpec& spec = run.spec;
+  const int P = spec.parallel.pp, V = spec.parallel.virtual_stages, M = spec.parallel.micro_batches;
+  const float grad_scale =
+      1.0f / (static_cast<float>(spec.samples_per_micro_batch()) * spec.model.seq_len * M * spec.parallel.dp);
+  run.stage = std::make_unique<Stage>(spec, chunks_of(run.blocks, P, run.topo.stage), P * V, M, grad_scale);
+  run.stage->init_params(static_cast<uint64_t>(spec.run.seed));
+  run.adam = std::make_unique<AdamW>(spec.train, run.stage->weights().size());
+  if (!run.resumed_from.empty()) run.start_step = run.checkpointer->load(run.resumed_from, *run.stage, *run.adam);
+  run.last_saved = run.resumed_from.empty() ? -1 : run.start_step;
+}
+
+// The schedule and everything the loop reads that does not change from step to step.
+void prepare_steps(Run& run) {
+  const RunSpec& spec = run.spec;
+  const int T = spec.model.seq_len;
+  run.executor = std::make_unique<Executor>(*run.stage, *run.comm);
+  run.actions = spec.parallel.schedule->generate(run.topo.stage, spec.pipeline_shape());
+  run.eval_actions = forward_only(run.actions);
+  run.inputs.resize(static_cast<size_t>(spec.samples_per_micro_batch()) * T);
+  run.targets.resize(run.inputs.size());
+  // MFU denominator: the job's peak, measured (all ranks at once, as they will run) or given.
+  run.peak_gflops = spec.log.peak_gflops > 0 || run.opt.eval_only ? spec.log.peak_gflops
+                    : run.on_gpu()                                 ? gpu::measure_gemm_gflops()
+                                                                   : measure_sgemm_gflops();
+  run.comm->allreduce_world(&run.peak_gflops, 1);
+  run.trace = Trace(spec.log.trace_steps, now_s());  // right after a world-wide reduction: a common start
+  run.flops_per_step = training_flops_per_token(spec) * spec.train.global_batch * T;
+  run.tokens_per_step = static_cast<double>(spec.train.global_batch) * T;
+  run.bubble_theory = spec.parallel.schedule->bubble(spec.pipeline_shape());
+
+  // The step boundary's sums. On the GPU gradients are summed over replicas through a host copy
+  // after the step (no overlap yet).
+  Stage& stage = *run.stage;
+  const ParamTensor* wte = stage.find("wte.weight");
+  run.tied_wte = spec.model.tie_embeddings && spec.parallel.pp > 1 ? wte : nullptr;
+  run.grad_staging.resize(run.on_gpu() && (spec.parallel.dp > 1 || run.tied_wte) ? stage.grads().size() : 0);
+  const size_t bucket = std::max<size_t>(1, static_cast<size_t>(spec.comm.bucket_mb * (1 << 20) / sizeof(float)));
+  run.reducer = std::make_unique<GradReducer>(*run.comm, run.on_gpu() ? run.grad_staging : stage.grads().host(), bucket);
+
+  run.metrics = std::make_unique<MetricsWriter>(run.rank() == 0 && !run.opt.eval_only ? run.run_dir + "/metrics.jsonl" : "");
+  run.budget = std::make_unique<TimeBudget>(spec.run.time_limit, run.launched_s);
+  run.bad_steps = std::make_unique<BadSteps>(spec.train.max_bad_steps);
+}
+
+}  // namespace
+
+ExitCode start_up(Run& run) {
+  World& world = run.world;
+  const bool rank0 = world.rank() == 0, writes = !run.opt.eval_only;
+  run.launch = LaunchInfo::from_environment();
+  if (ExitCode code = world.run_agreed([&] { read_spec_and_data(run); }); code != ExitCode::ok) return code;
+
+  const RunSpec& spec = run.spec;
+  run.comm = std::make_unique<Comm>(world, run.topo, spec.comm.wait, spec.comm.timeout_s);
+  world.set_finalize(spec.comm.finalize, spec.comm.finalize_timeout_s);
+  if (ExitCode code = world.run_agreed([&] { check_ranks_and_device(run); }); code != ExitCode::ok) return code;
+  set_threads(run);
+
+  run.run_dir = run.opt.run_dir.empty() ? spec.run.out_dir + "/" + spec.run.name : run.opt.run_dir;
+  if (ExitCode code = world.run_agreed([&] {
+        if (rank0 && writes) run.lock = std::make_unique<RunDirLock>(run.run_dir);
+      });
+      code != ExitCode::ok)
+    return code;
+  run.checkpointer = std::make_unique<Checkpointer>(spec, run.run_dir, *run.comm);
+  run.resumed_from = run.checkpointer->select(run.opt.resume);
+  build_model(run);
+
+  // Only now, with every rank agreeing the run can start, touch the run directory.
+  std::error_code ec;
+  const bool own_history = !run.resumed_from.empty() &&
+                           fs::equivalent(fs::path(run.resumed_from).parent_path(), run.checkpointer->dir(), ec);
+  if (ExitCode code = world.run_agreed([&] {
+        if (rank0 && writes)
+          run.run_dir_note = prepare_run_dir(run.run_dir, spec, own_history ? run.start_step : 0, *run.checkpointer);
+      });
+      code != ExitCode::ok)
+    return code;
+  prepare_steps(run);
+  return ExitCode::ok;
+}
+
+void print_start(const Run& run) {
+  if (run.rank() != 0) return;
+  const RunSpec& spec = run.spec;
+  const int threads = run.blas_threads;
+  std::printf("pipetrain: %d ranks = pp %d x dp %d | M=%d micro-batches of %d | schedule %s | recompute %s | "
+              "wait %s | %d BLAS thread%s per rank\n",
+              run.world.size(), spec.parallel.pp, spec.parallel.dp, spec.parallel.micro_batches,
+              spec.samples_per_micro_batch(), schedule_description(spec).c_str(), name_of(spec.parallel.recompute),
+              run.comm->wait_mode() == WaitMode::yield ? "yield" : "spin", threads, threads == 1 ? "" : "s");
+  std::printf("%s\n%s", run.launch.describe().c_str(), node_map(run.world.hosts(), run.topo).c_str());
+  std::printf("partition (%s):\n%s", name_of(spec.parallel.partition), describe_partition(spec, run.blocks).c_str());
+  std::printf("run dir: %s%s%s\n", run.run_dir.c_str(), run.run_dir_note.empty() ? "" : " | ", run.run_dir_note.c_str());
+  std::printf("peak %.1f GFLOP/s (%s), %.3g GFLOP per step | %s\n", run.peak_gflops,
+              spec.log.peak_gflops > 0 ? "log.peak_gflops x ranks" : "measured sgemm, all ranks",
+              run.flops_per_step / 1e9, blas_description().c_str());
+  if (!run.resumed_from.empty()) {
+    std::printf("resumed from %s\n", run.resumed_from.c_str());
+    for (auto& change : changed_training_keys(Manifest::read(run.resumed_from), spec))
+      std::printf("note: %s since the checkpoint (LR schedule / optimizer change from here on)\n", change.c_str());
+  }
+  if (run.start_step >= spec.run.steps) std::printf("run already complete (%d steps)\n", spec.run.steps);
+  std::fflush(stdout);
+}
+
+std::function<void(int)> inputs_from(Run& run, Dataset* data, int64_t index) {
+  return [&run, data, index](int mb) {
+    data->micro_batch(index, run.topo.dp_rank, mb, run.inputs.data(), run.targets.data());
+    if (run.stage->has_embedding()) run.stage->set_tokens(mb, run.inputs.data());
+    if (run.stage->has_head()) run.stage->set_targets(mb, run.targets.data());
+  };
+}
+
+double evaluate(Run& run) {
+  const RunSpec& spec = run.spec;
+  double loss = 0;
+  for (int batch = 0; batch < spec.eval.batches; ++batch)
+    loss += run.executor->run(run.eval_actions, spec.parallel.micro_batches, run.trace, inputs_from(run, run.val.get(), batch))
+                .loss_sum;
+  run.comm->allreduce_world(&loss, 1);
+  return loss / (static_cast<double>(spec.eval.batches) * run.tokens_per_step);
+}
+
+}  // namespace pipetrain

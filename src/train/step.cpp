@@ -1,0 +1,114 @@
+#include "pipetrain/train/step.hpp"
+
+#include <cmath>
+#include <cstdio>
+
+#include "pipetrain/compute/device.hpp"
+#include "pipetrain/compute/gpu.hpp"
+#include "pipetrain/util/clock.hpp"
+#include "pipetrain/util/faults.hpp"
+
+namespace pipetrain {
+namespace {
+
+// Test-only (PIPETRAIN_TEST_NAN): a NaN in this rank's gradient, as one arising in its backward
+// would be (backward accumulates into it, the data-parallel all-reduce carries it to the stage's
+// replicas). It goes into a tensor no other stage holds (wpe on the first stage, else the first
+// tensor; never the tied wte, whose exchange would carry it to the first stage): the other stages
+// skip the update only because all ranks agree on it.
+void poison_gradient(Stage& stage) {
+  const float nan = NAN;
+  const ParamTensor* wpe = stage.find("wpe.weight");
+  upload(stage.grads().data() + (wpe ? wpe->offset : 0), &nan, sizeof nan);
+}
+
+}  // namespace
+
+StepResult train_step(Run& run, int step) {
+  const RunSpec& spec = run.spec;
+  Stage& stage = *run.stage;
+  Comm& comm = *run.comm;
+  FaultHooks& faults = fault_hooks();
+  StepResult r;
+  const double t0 = now_s();
+  faults.start_step(step);
+  take_kernel_totals();  // count this step's kernels only
+  run.trace.set_step(step, step - static_cast<int>(run.start_step));
+  r.lr = lr_at(spec, step);
+  stage.zero_grads();
+  if (faults.fires(FaultPoint::nan_in_gradient)) poison_gradient(stage);
+  r.local_s = now_s() - t0;
+  faults.reach(FaultPoint::stall_at_step);
+  comm.reset_wait_seconds();
+  run.trace.span("zero grads", "compute", t0, now_s());
+
+  // The schedule; with replicas, gradient buckets start their all-reduce during the last backward.
+  const bool replicas = spec.parallel.dp > 1;
+  run.reducer->begin_step();
+  const std::function<void(size_t)> grads_done = [&](size_t offset) { run.reducer->done_from(offset); };
+  r.stats = run.executor->run(run.actions, spec.parallel.micro_batches, run.trace, inputs_from(run, run.data.get(), step),
+                              replicas && !run.on_gpu() ? grads_done : std::function<void(size_t)>());
+
+  // The step boundary carries the time budget's verdict, so every rank stops alike.
+  const double sync_t0 = now_s();
+  const bool out_of_time = run.budget->nearly_out(sync_t0, sync_t0 - t0);
+  r.sync = sync_step(stage, comm, replicas ? run.reducer.get() : nullptr, run.on_gpu() ? &run.grad_staging : nullptr,
+                     run.tied_wte, out_of_time, r.stats.loss_sum);
+  const double opt_t0 = now_s();
+  run.trace.span(replicas ? "gradient all-reduce + norm" : "gradient norm", "comm", sync_t0, opt_t0);
+
+  // A NaN/Inf anywhere skips the update on every rank alike: parameters and AdamW state stay as
+  // they were, and the step's batch is simply not learned from.
+  run.bad_steps->record(r.sync.finite);
+  if (r.sync.finite) {
+    run.adam->step(stage.params(), stage.weights(), stage.grads(), r.lr, clip_coefficient(r.sync.norm, spec.train.grad_clip));
+  } else if (run.rank() == 0) {
+    std::printf("step %d: NaN or Inf in the loss or gradients; update skipped (%d in a row, %d this launch)\n", step + 1,
+                run.bad_steps->in_a_row(), run.bad_steps->total());
+  }
+  run.trace.span(r.sync.finite ? "optimizer" : "update skipped (non-finite)", "optimizer", opt_t0, now_s());
+  r.local_s += now_s() - opt_t0 + r.sync.norm_s;
+  r.step_s = now_s() - t0;
+  run.budget->step_took(r.step_s);
+  r.waited_s = comm.wait_seconds();
+  r.kernels = take_kernel_totals();
+  return r;
+}
+
+void log_step(Run& run, int done, const StepResult& r, double val_loss) {
+  RankFigures mine;
+  mine.stage = run.topo.stage, mine.dp_rank = run.topo.dp_rank;
+  mine.compute_s = r.stats.compute_s + r.local_s;
+  mine.rank_step_s = r.step_s;
+  mine.param_count = static_cast<double>(run.stage->weights().size());
+  mine.comm_wait_s = r.waited_s;
+  mine.bubble_wait_s = r.waited_s - r.sync.dp_wait_s;
+  mine.act_peak_bytes = static_cast<double>(r.stats.act_peak_bytes);
+  mine.mem_peak_bytes = peak_rss_bytes();
+  mine.loss_sum = r.stats.loss_sum;
+  mine.gpu_mem_bytes = static_cast<double>(gpu::memory_allocated());
+  mine.gpu_mem_peak_bytes = static_cast<double>(gpu::memory_peak());
+  mine.kernels = r.kernels;
+  double packed[RankFigures::kFields];
+  mine.to(packed);
+  std::vector<double> all;
+  run.comm->gather_to_root(packed, RankFigures::kFields, all);
+  if (run.rank() != 0) return;
+
+  std::vector<RankFigures> figures;
+  for (int rank = 0; rank < run.world.size(); ++rank) figures.push_back(RankFigures::from(&all[rank * RankFigures::kFields]));
+  StepLine line = combine(figures, run.spec.parallel.pp, run.tokens_per_step);
+  line.step = done, line.steps = run.spec.run.steps, line.lr = r.lr, line.grad_norm = r.sync.norm;
+  line.step_time_s = r.step_s, line.tokens_per_s = run.tokens_per_step / r.step_s;
+  line.skipped = !r.sync.finite, line.bad_steps = run.bad_steps->total();
+  line.bubble_theory = run.bubble_theory;
+  line.gflops = run.flops_per_step / r.step_s / 1e9;
+  line.peak_gflops = run.peak_gflops;
+  line.mfu = line.gflops / run.peak_gflops;
+  line.val_loss = val_loss;
+  run.metrics->write(to_json(line));
+  std::printf("%s\n", progress_line(line).c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace pipetrain

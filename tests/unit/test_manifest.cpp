@@ -1,0 +1,41 @@
+// The checkpoint manifest (ckpt/checkpoint.hpp): what is written is what is read back, and a
+// malformed one is refused naming the file.
+#include <catch2/catch.hpp>
+
+#include "pipetrain/ckpt/checkpoint.hpp"
+
+using namespace pipetrain;
+
+TEST_CASE("manifest: to_json and parse round trip every field", "[manifest][ckpt]") {
+  Manifest m;
+  m.format = 1, m.step = 120, m.spec_hash = "00ab", m.pp = 2, m.dp = 3, m.virtual_stages = 2;
+  m.spec = {{"model.n_layer", "4"}, {"run.seed", "7"}};
+  m.partition = {1, 1, 1, 1};
+  m.samples_consumed = 120 * 16, m.optimizer_steps = 118, m.write_s = 0.25;
+  m.shards = {{"stage_000.h5", 1234, 0xfeedbeefcafe, {"wte.weight", "h.0.ln_1.weight"}},
+              {"stage_001.h5", 99, 42, {"h.3.mlp.c_proj.bias"}}};
+  const Manifest back = Manifest::parse(m.to_json(), "test/manifest.json");
+  CHECK(back.format == m.format);
+  CHECK(back.step == m.step);
+  CHECK(back.spec_hash == m.spec_hash);
+  CHECK(back.spec == m.spec);
+  CHECK(back.pp == 2);
+  CHECK(back.dp == 3);
+  CHECK(back.virtual_stages == 2);
+  CHECK(back.partition == m.partition);
+  CHECK(back.samples_consumed == m.samples_consumed);
+  CHECK(back.optimizer_steps == 118);
+  CHECK(back.write_s == Approx(0.25));
+  REQUIRE(back.shards.size() == 2);
+  CHECK(back.shards[0].file == "stage_000.h5");
+  CHECK(back.shards[0].bytes == 1234);
+  CHECK(back.shards[0].checksum == 0xfeedbeefcafe);
+  CHECK(back.shards[0].tensors == m.shards[0].tensors);
+  CHECK(back.shards[1].tensors == m.shards[1].tensors);
+}
+
+TEST_CASE("manifest: malformed text is a SpecError naming the file", "[manifest][ckpt]") {
+  CHECK_THROWS_WITH(Manifest::parse("{not json", "run/checkpoints/step_1/manifest.json"),
+                    Catch::Contains("run/checkpoints/step_1/manifest.json"));
+  CHECK_THROWS_AS(Manifest::parse("{}", "m.json"), SpecError);
+}

@@ -1,0 +1,82 @@
+// AdamW, clipping and the LR schedule (model/optim.hpp) against the formulas written out here
+// independently, in double precision: PyTorch's AdamW (bias-corrected, decoupled decay on the
+// tensors marked for it), clip_grad_norm_'s coefficient, linear warmup then cosine to min_lr.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "pipetrain/model/optim.hpp"
+
+using namespace pipetrain;
+
+namespace {
+
+RunSpec spec_with(std::initializer_list<std::string> sets) { return parse_spec("", "", sets, 0); }
+
+ParamTensor tensor(const std::string& name, size_t offset, size_t size, bool decay, bool tied_copy = false) {
+  ParamTensor p;
+  p.name = name, p.offset = offset, p.size = size, p.decay = decay, p.tied_copy = tied_copy;
+  p.shape = {static_cast<int>(size)};
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("optim: AdamW follows PyTorch's update, decaying only the tensors marked for it", "[optim]") {
+  const RunSpec spec = spec_with({"train.weight_decay=0.5", "train.beta1=0.8", "train.beta2=0.9", "train.eps=1e-6"});
+  const auto& t = spec.train;
+  const std::vector<ParamTensor> params = {tensor("w", 0, 3, true), tensor("b", 3, 2, false)};
+  Floats weights, grads;
+  weights.resize(5), grads.resize(5);
+  std::vector<double> w = {0.5, -1.0, 2.0, 0.25, -0.75}, m(5, 0), v(5, 0);
+  for (size_t i = 0; i < 5; ++i) weights.host()[i] = static_cast<float>(w[i]);
+  AdamW adam(t, 5);
+  const double lrs[] = {0.01, 0.02, 0.005};
+  const float muls[] = {1.0f, 0.5f, 1.0f};  // clipping scales the gradient on the fly
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < 5; ++i) grads.host()[i] = static_cast<float>(0.1 * (i + 1) * (step % 2 ? -1 : 1));
+    adam.step(params, weights, grads, lrs[step], muls[step]);
+    const int n = step + 1;
+    for (size_t i = 0; i < 5; ++i) {
+      const double g = double{grads.host()[i]} * muls[step];
+      m[i] = t.beta1 * m[i] + (1 - t.beta1) * g;
+      v[i] = t.beta2 * v[i] + (1 - t.beta2) * g * g;
+      if (i < 3) w[i] *= 1 - lrs[step] * t.weight_decay;  // "w" decays, "b" does not
+      const double m_hat = m[i] / (1 - std::pow(t.beta1, n)), v_hat = v[i] / (1 - std::pow(t.beta2, n));
+      w[i] -= lrs[step] * m_hat / (std::sqrt(v_hat) + t.eps);
+    }
+  }
+  CHECK(adam.steps_taken() == 3);
+  for (size_t i = 0; i < 5; ++i) {
+    INFO("element " << i);
+    CHECK(weights.host()[i] == Approx(w[i]).epsilon(1e-5));
+    CHECK(adam.exp_avg().host()[i] == Approx(m[i]).epsilon(1e-5));
+    CHECK(adam.exp_avg_sq().host()[i] == Approx(v[i]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("optim: clipping scales the gradient to grad_clip only when the norm exceeds it", "[optim]") {
+  CHECK(clip_coefficient(0.5, 1.0) == 1.0f);
+  CHECK(clip_coefficient(4.0, 1.0) == Approx(0.25).epsilon(1e-5));
+  CHECK(clip_coefficient(1e6, 0.0) == 1.0f);  // grad_clip = 0: off
+}
+
+TEST_CASE("optim: the global norm counts a tied embedding's copy once", "[optim]") {
+  const std::vector<ParamTensor> params = {tensor("wte.weight", 0, 2, true), tensor("h.0.x", 2, 1, false),
+                                           tensor("wte.weight", 3, 2, true, /*tied_copy=*/true)};
+  Floats grads;
+  grads.resize(5);
+  const float g[] = {1, 2, 3, 100, 100};
+  for (size_t i = 0; i < 5; ++i) grads.host()[i] = g[i];
+  CHECK(grad_sq_sum(params, grads) == Approx(1 + 4 + 9));
+}
+
+TEST_CASE("optim: warmup rises linearly to lr, cosine decays to min_lr at the last step", "[optim]") {
+  const RunSpec spec = spec_with({"run.steps=105", "train.warmup_steps=5", "train.lr=0.01", "train.min_lr=0.001"});
+  CHECK(lr_at(spec, 0) == Approx(0.002));
+  CHECK(lr_at(spec, 4) == Approx(0.01));  // the end of warmup reaches the peak
+  CHECK(lr_at(spec, 5) == Approx(0.01));  // cosine starts at the peak
+  CHECK(lr_at(spec, 54) == Approx(0.001 + 0.5 * 0.009 * (1 + std::cos(M_PI * 49.0 / 99))));
+  CHECK(lr_at(spec, 104) == Approx(0.001));  // the last step
+  for (int s = 6; s < 105; ++s) CHECK(lr_at(spec, s) <= lr_at(spec, s - 1));
+}

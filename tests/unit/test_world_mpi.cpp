@@ -1,0 +1,43 @@
+// The process's World on two real ranks (mpiexec -n 2): agreements of all ranks and their bounds.
+#include <catch2/catch.hpp>
+
+#include "pipetrain/dist/world.hpp"
+#include "test_world.hpp"
+
+using namespace pipetrain;
+
+TEST_CASE("world: a failure on one rank ends the step on every rank with the same code", "[world][mpi]") {
+  World& world = test_world();
+  REQUIRE(world.size() == 2);
+  CHECK(world.run_agreed([] {}) == ExitCode::ok);
+  // Bad input on rank 1 alone: both ranks return bad_input (only rank 1 printed the message).
+  CHECK(world.run_agreed([&] {
+    if (world.rank() == 1) throw SpecError("rank 1 read a bad spec (expected by the test)");
+  }) == ExitCode::bad_input);
+  // Bad input beats a fault: the most severe code wins, the lowest failing rank speaks.
+  const World::Failure f = world.first_failure(world.rank() == 0 ? ExitCode::fault : ExitCode::bad_input);
+  CHECK(f.rank == 0);
+  CHECK(f.code == ExitCode::bad_input);
+  CHECK_THROWS_AS(world.require_agreed([&] {
+    if (world.rank() == 0) throw std::runtime_error("rank 0 broke (expected by the test)");
+  }), AgreedExit);
+}
+
+TEST_CASE("world: a save's longer agreement bound holds for its scope only", "[world][mpi]") {
+  World& world = test_world();
+  world.bound_agreements(5, "a step agreement");
+  {
+    World::LongerAgreements saving(world, 42, "a checkpoint save");
+    CHECK(world.agreement_bound_s() == 42);
+  }
+  CHECK(world.agreement_bound_s() == 5);
+  world.bound_agreements(World::kStartupAgreementS, "start-up");
+}
+
+TEST_CASE("world: every rank's host is known, and where() names it", "[world][mpi]") {
+  World& world = test_world();
+  REQUIRE(world.hosts().size() == 2);
+  CHECK(world.where(1) == "rank 1 on " + world.hosts()[1]);
+  CHECK(world.local_ranks() >= 1);
+  CHECK(world.cores_per_rank() >= 1);
+}
