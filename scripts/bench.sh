@@ -22,10 +22,10 @@ run() {  # name, script, args...: the script's report goes to the screen and to 
   echo "== $name: $*"
   /usr/bin/python3 "$@" | tee "$out/$name.txt"
 }
-run kernels scripts/bench-kernels.py --repeats "$repeats"
-run pipeline scripts/bench-pipeline.py --repeats "$repeats"
-run oversubscribed scripts/bench-oversubscribed.py --repeats "$repeats"
-run memory scripts/bench-memory.py --steps "$memory_steps"
+run kernels scripts/bench/kernels.py --repeats "$repeats"
+run pipeline scripts/bench/pipeline.py --repeats "$repeats"
+run oversubscribed scripts/bench/oversubscribed.py --repeats "$repeats"
+run memory scripts/bench/memory.py --steps "$memory_steps"
 /usr/bin/python3 - "$out" <<'PY'
 import json, os, sys
 r = {}

@@ -10,7 +10,7 @@ scripts/build.sh
 # Only for the full run (no ctest arguments such as -R): the CUDA build (its GPU tests skip without
 # a GPU), sanitizers and the fuzzers, CI-sized.
 if [ $# -eq 0 ]; then
-  scripts/build-cuda.sh
-  scripts/sanitize.sh
-  scripts/fuzz.sh 60
+  scripts/check/build-cuda.sh
+  scripts/check/sanitize.sh
+  scripts/check/fuzz.sh 60
 fi

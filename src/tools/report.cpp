@@ -70,10 +70,10 @@ std::string kernel_shares(const std::vector<json>& lines, size_t s) {
 
 std::string mib(double b) { return fmt("%.2f MiB", b / (1 << 20)); }
 
-// scripts/plots.py next to the sources this binary was built from, or PIPETRAIN_SCRIPTS.
+// scripts/analysis/plots.py next to the sources this binary was built from, or PIPETRAIN_SCRIPTS.
 std::string plots_script() {
   if (const char* d = std::getenv("PIPETRAIN_SCRIPTS")) return std::string(d) + "/plots.py";
-  return std::string(PIPETRAIN_SOURCE_DIR) + "/scripts/plots.py";
+  return std::string(PIPETRAIN_SOURCE_DIR) + "/scripts/analysis/plots.py";
 }
 
 }  // namespace

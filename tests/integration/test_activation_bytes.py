@@ -6,7 +6,7 @@ against plan's prediction from the same per-micro-batch sizes."""
 import json
 import os
 import subprocess
-from harness import parse_args, launch, expect, finish
+from tests.lib.harness import parse_args, launch, expect, finish
 
 args = parse_args()
 tiny = os.path.join(args.configs, "tiny.toml")

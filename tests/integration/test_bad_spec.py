@@ -6,7 +6,7 @@ the node's memory, and a run directory another live run holds."""
 import os
 import subprocess
 import time
-from harness import parse_args, launch, expect, finish
+from tests.lib.harness import parse_args, launch, expect, finish
 
 args = parse_args()
 tiny = os.path.join(args.configs, "tiny.toml")

@@ -8,7 +8,7 @@ import os
 import re
 import shutil
 import subprocess
-from harness import parse_args, launch, expect, finish
+from tests.lib.harness import parse_args, launch, expect, finish
 
 import h5py
 import numpy as np

@@ -8,7 +8,7 @@ import re
 import signal
 import subprocess
 import time
-from harness import parse_args, launch, expect, rel_diff, finish
+from tests.lib.harness import parse_args, launch, expect, rel_diff, finish
 
 args = parse_args()
 tiny = os.path.join(args.configs, "tiny.toml")

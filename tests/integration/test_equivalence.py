@@ -2,7 +2,7 @@
 1e-5) on every layout, schedule, recompute mode, micro-batch count, and with tied or untied heads."""
 import os
 import subprocess
-from harness import parse_args, launch, expect, rel_diff, finish
+from tests.lib.harness import parse_args, launch, expect, rel_diff, finish
 
 args = parse_args()
 tiny = os.path.join(args.configs, "tiny.toml")

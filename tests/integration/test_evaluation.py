@@ -5,7 +5,7 @@ without it); `pipetrain eval` gives a checkpoint's val_loss on any layout, equal
 logged at that step; bad input exits 2."""
 import os
 import subprocess
-from harness import parse_args, launch, expect, rel_diff, finish
+from tests.lib.harness import parse_args, launch, expect, rel_diff, finish
 
 args = parse_args()
 tiny = os.path.join(args.configs, "tiny.toml")

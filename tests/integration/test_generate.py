@@ -5,7 +5,7 @@ that corpus; bad input exits 2."""
 import os
 import random
 import subprocess
-from harness import parse_args, launch, expect, finish
+from tests.lib.harness import parse_args, launch, expect, finish
 
 args = parse_args()
 tiny = os.path.join(args.configs, "tiny.toml")

@@ -9,7 +9,7 @@ import json
 import os
 import re
 import sys
-from harness import parse_args, launch, expect, rel_diff, finish
+from tests.lib.harness import parse_args, launch, expect, rel_diff, finish
 
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "golden", "tiny_20_steps.json")
 STEPS = 20

@@ -1,7 +1,7 @@
 """Learning: configs/tiny.toml run as 2x1 and 2x2 lowers the loss by at least 30% from step 1, writes
 config.toml and logs the core metrics.jsonl keys with per-stage arrays."""
 import os
-from harness import parse_args, launch, expect, finish
+from tests.lib.harness import parse_args, launch, expect, finish
 
 args = parse_args()
 tiny = os.path.join(args.configs, "tiny.toml")

@@ -1,4 +1,4 @@
-"""Multi-node, on an emulated 3-node Slurm cluster (scripts/slurm-nodes.sh: one network namespace,
+"""Multi-node, on an emulated 3-node Slurm cluster (scripts/cluster/slurm-nodes.sh: one network namespace,
 IPC namespace, hostname and slurmd per node; MPI over real TCP between them):
 - 2-node runs (pipeline across nodes with parallel.order = dp, data groups across nodes with
   order = pp) and a 3-node run give the single-node mpiexec run's losses (relative 1e-5), log
@@ -7,15 +7,14 @@ IPC namespace, hostname and slurmd per node; MPI over real TCP between them):
 - `pipetrain smoke` across nodes passes, flags the links of a node whose bandwidth is cut, and
   names the far end of a nearly dead link;
 - `down` leaves no namespace, bridge, veth or daemon behind.
-Node-failure drills are scripts/node-drill.py (CTest node_drill). Exits 77 (skipped) without root."""
+Node-failure drills are tests/drills/node_drill.py (CTest node_drill). Exits 77 (skipped) without root."""
 import os
 import sys
-from harness import parse_args, launch, expect, finish
+from tests.lib.harness import parse_args, launch, expect, finish
 
 args = parse_args()
 repo = os.path.dirname(os.path.abspath(args.configs))
-sys.path.insert(0, os.path.join(repo, "scripts"))
-from emulated_cluster import Cluster, losses, max_rel_diff  # noqa: E402
+from tests.lib.emulated_cluster import Cluster, losses, max_rel_diff
 
 if os.geteuid() != 0:
     print("skipped: the emulated cluster needs root (network namespaces)")

@@ -9,7 +9,7 @@ import os
 
 import h5py
 import numpy as np
-from harness import parse_args, launch, expect, finish
+from tests.lib.harness import parse_args, launch, expect, finish
 
 args = parse_args()
 tiny = os.path.join(args.configs, "tiny.toml")

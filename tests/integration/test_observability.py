@@ -7,7 +7,7 @@ import math
 import os
 import statistics
 import subprocess
-from harness import parse_args, launch, expect, finish
+from tests.lib.harness import parse_args, launch, expect, finish
 
 args = parse_args()
 tiny = os.path.join(args.configs, "tiny.toml")

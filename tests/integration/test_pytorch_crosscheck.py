@@ -1,4 +1,4 @@
-"""An independent formulation: the same GPT written in PyTorch (scripts/torch_gpt.py), loaded
+"""An independent formulation: the same GPT written in PyTorch (tests/lib/torch_gpt.py), loaded
 from pipetrain's checkpoint after step 1, must give pipetrain's loss and gradient norm of step 2
 on the same batch, and one torch.optim.AdamW step (decay on 2-D weights only, clip_grad_norm_)
 must land on pipetrain's weights and both moments after step 2 - tied and untied heads, and as
@@ -6,14 +6,12 @@ a 2-stage pipeline. Weight decay is strong enough here that decay on the wrong t
 the weights by over 100x their tolerance."""
 import json
 import os
-import sys
 
-from harness import parse_args, launch, expect, rel_diff, finish
+from tests.lib.harness import parse_args, launch, expect, rel_diff, finish
 
 args = parse_args()
-sys.path.insert(0, os.path.join(os.path.dirname(args.configs), "scripts"))
 import torch  # noqa: E402
-import torch_gpt  # noqa: E402
+from tests.lib import torch_gpt  # noqa: E402
 
 torch.set_num_threads(1)
 text = os.path.join(args.work, "corpus.txt")

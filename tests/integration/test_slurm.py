@@ -1,4 +1,4 @@
-"""Slurm, on a real local cluster (slurmctld + slurmd started by scripts/slurm-local.sh, always
+"""Slurm, on a real local cluster (slurmctld + slurmd started by scripts/cluster/slurm-local.sh, always
 stopped at the end): jobs/train.sbatch runs 2x2 under srun with the same losses as mpiexec; a USR1
 to the batch script (preemption drill) checkpoints, requeues and resumes from the stop step to the
 same final loss; a one-minute time limit is met by checkpointing and requeueing with no step lost,
@@ -6,14 +6,12 @@ each start resuming from the step the previous one saved; jobs/smoke.sbatch pass
 naming a broken checkpoint directory."""
 import os
 import re
-import sys
 import time
-from harness import parse_args, launch, expect, finish
+from tests.lib.harness import parse_args, launch, expect, finish
 
 args = parse_args()
 repo = os.path.dirname(os.path.abspath(args.configs))
-sys.path.insert(0, os.path.join(repo, "scripts"))
-from emulated_cluster import LOCAL_SH, Cluster, losses  # noqa: E402
+from tests.lib.emulated_cluster import LOCAL_SH, Cluster, losses
 
 tiny = os.path.join(args.configs, "tiny.toml")
 cluster = Cluster(os.path.join(args.work, "cluster"), script=LOCAL_SH)

@@ -5,7 +5,7 @@ no rank left running) instead of hanging."""
 import os
 import subprocess
 import time
-from harness import launch, parse_args, expect, finish
+from tests.lib.harness import launch, parse_args, expect, finish
 
 args = parse_args()
 tiny = os.path.join(args.configs, "tiny.toml")

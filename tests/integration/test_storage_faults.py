@@ -6,7 +6,7 @@ on RUN_DIR/checkpoints in a private mount namespace (unshare), which the test's 
 whole MPI job share."""
 import os
 import subprocess
-from harness import parse_args, launch, expect, finish
+from tests.lib.harness import parse_args, launch, expect, finish
 
 args = parse_args()
 tiny = os.path.join(args.configs, "tiny.toml")

@@ -1,6 +1,6 @@
 // `pipetrain report RUN_DIR [--plots DIR]`: what a finished or killed run did, from its files
 // alone (config.toml, metrics.jsonl, checkpoints/, trace.json), next to what plan predicts; says
-// what is missing instead of failing. Plots are drawn by scripts/plots.py (matplotlib) only when
+// what is missing instead of failing. Plots are drawn by scripts/analysis/plots.py (matplotlib) only when
 // asked for, so the C++ side never needs Python.
 #pragma once
 #include <string>

@@ -4,9 +4,9 @@
 # A crash leaves its input in build-fuzz/findings/<target>/ and fails; add it to
 # tests/fuzz/regressions/<target>/ once fixed, and ctest replays it in every build from then on.
 #
-# usage: scripts/fuzz.sh [SECONDS]        (by hand: scripts/fuzz.sh 600)
+# usage: scripts/check/fuzz.sh [SECONDS]        (by hand: scripts/check/fuzz.sh 600)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 seconds=${1:-60}
 log=build-fuzz.log
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DPIPETRAIN_FUZZ=ON -DBUILD_TESTING=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -11,7 +11,7 @@ step's dense products timed inside the step against the same OpenBLAS cblas_sgem
 shapes and threads, timed alone in this process) and the non-GEMM share of the step.
 The last line is a JSON summary for scripts/bench.sh.
 
-usage: scripts/bench-kernels.py [--bin build/pipetrain] [--steps 10] [--repeats 5]"""
+usage: scripts/bench/kernels.py [--bin build/pipetrain] [--steps 10] [--repeats 5]"""
 import argparse
 import ctypes
 import json
@@ -26,12 +26,12 @@ import time
 import numpy as np
 
 here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, here)
+sys.path.insert(0, os.path.join(here, "..", ".."))  # the repository: the reference GPT in tests/lib
 import torch  # noqa: E402
-import torch_gpt  # noqa: E402
+from tests.lib import torch_gpt  # noqa: E402
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--bin", default=os.path.join(here, "..", "build", "pipetrain"))
+ap.add_argument("--bin", default=os.path.join(here, "..", "..", "build", "pipetrain"))
 ap.add_argument("--steps", type=int, default=10)
 ap.add_argument("--repeats", type=int, default=5)
 a = ap.parse_args()

@@ -5,7 +5,7 @@
 # can only report as "<unknown module>"; leak checking is therefore off for the MPI run (memory
 # errors and undefined behaviour stay fatal there).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 log=build-asan.log
 cmake -S . -B build-asan -DPIPETRAIN_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$log" 2>&1 || { cat "$log"; exit 1; }
 cmake --build build-asan -j "$(nproc)" --target pipetrain unit_tests >> "$log" 2>&1 || { tail -50 "$log"; exit 1; }

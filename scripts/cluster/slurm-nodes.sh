@@ -5,15 +5,15 @@
 # namespace. MPI traffic between "nodes" is real TCP over the bridge. One such cluster per machine
 # (fixed names and ports); all state, logs and pid files under DIR. Needs root.
 #
-#   scripts/slurm-nodes.sh up DIR N [CPUS]      start N nodes node1..nodeN (CPUS each, default 4)
-#   scripts/slurm-nodes.sh down DIR             remove every namespace, bridge, veth and daemon
-#   scripts/slurm-nodes.sh status DIR           daemons, links and sinfo
-#   scripts/slurm-nodes.sh crash DIR NODE       power loss: link down, then SIGKILL all on NODE
-#   scripts/slurm-nodes.sh revive DIR NODE      after crash: link up, slurmd again, node resumed
-#   scripts/slurm-nodes.sh link-down DIR NODE   cut NODE's cable (processes keep running)
-#   scripts/slurm-nodes.sh link-up DIR NODE     plug it back
-#   scripts/slurm-nodes.sh slow DIR NODE RATE   limit NODE's outgoing bandwidth (e.g. 20mbit; off: no limit)
-#   scripts/slurm-nodes.sh exec DIR NODE CMD…   run CMD on NODE (its network, hostname and IPC)
+#   scripts/cluster/slurm-nodes.sh up DIR N [CPUS]      start N nodes node1..nodeN (CPUS each, default 4)
+#   scripts/cluster/slurm-nodes.sh down DIR             remove every namespace, bridge, veth and daemon
+#   scripts/cluster/slurm-nodes.sh status DIR           daemons, links and sinfo
+#   scripts/cluster/slurm-nodes.sh crash DIR NODE       power loss: link down, then SIGKILL all on NODE
+#   scripts/cluster/slurm-nodes.sh revive DIR NODE      after crash: link up, slurmd again, node resumed
+#   scripts/cluster/slurm-nodes.sh link-down DIR NODE   cut NODE's cable (processes keep running)
+#   scripts/cluster/slurm-nodes.sh link-up DIR NODE     plug it back
+#   scripts/cluster/slurm-nodes.sh slow DIR NODE RATE   limit NODE's outgoing bandwidth (e.g. 20mbit; off: no limit)
+#   scripts/cluster/slurm-nodes.sh exec DIR NODE CMD…   run CMD on NODE (its network, hostname and IPC)
 #   export SLURM_CONF=DIR/slurm.conf            then sbatch/srun/squeue/scontrol from the root namespace
 set -eEuo pipefail
 cmd=${1:-}; dir=${2:-}
@@ -120,7 +120,7 @@ up)
     nodes+=("NodeName=$node NodeAddr=$subnet.$((10 + i)) CPUs=$cpus State=UNKNOWN")
   done
   cat > "$conf" <<CONF
-# written by scripts/slurm-nodes.sh: $n emulated nodes (network namespaces) without munge or systemd
+# written by scripts/cluster/slurm-nodes.sh: $n emulated nodes (network namespaces) without munge or systemd
 ClusterName=pipetrain-nodes
 SlurmctldHost=localhost($subnet.1)
 SlurmctldPort=$ctl_port

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""GPU benchmark (not a test; scripts/gpu-check.sh runs it on a GPU machine): GPT-2 124M
+"""GPU benchmark (not a test; scripts/gpu/check.sh runs it on a GPU machine): GPT-2 124M
 (configs/gpt2-124m.toml, bf16 products, 32 x 1024 tokens per step) trained for a few steps
   - by pipetrain on one GPU (1x1),
   - by pipetrain as a 2-stage pipeline of two ranks sharing that GPU (comm.backend = mpi),
@@ -8,7 +8,7 @@
 and prints tokens/s, MFU against the GPU's nominal dense bf16 peak (--peak-tflops, H100/H200 SXM:
 989.4) and the ratio pipetrain / PyTorch, plus one JSON line.
 
-usage: scripts/bench-gpu.py --bin PIPETRAIN --mpiexec MPIEXEC [--steps 12] [--peak-tflops 989.4] [--out DIR]"""
+usage: scripts/gpu/bench.py --bin PIPETRAIN --mpiexec MPIEXEC [--steps 12] [--peak-tflops 989.4] [--out DIR]"""
 import argparse
 import json
 import os
@@ -25,7 +25,7 @@ ap.add_argument("--peak-tflops", type=float, default=989.4)
 ap.add_argument("--out", default="/tmp/bench-gpu")
 a = ap.parse_args()
 os.makedirs(a.out, exist_ok=True)
-config = os.path.join(here, "..", "configs", "gpt2-124m.toml")
+config = os.path.join(here, "..", "..", "configs", "gpt2-124m.toml")
 L, C, NH, T, V, BATCH, MICRO = 12, 768, 12, 1024, 50257, 32, 2
 FLOPS_PER_TOKEN = 3 * (L * (24 * C * C + 4 * T * C) + 2 * C * V)  # as pipetrain counts (partition.cpp)
 peak = a.peak_tflops * 1e12

@@ -3,9 +3,9 @@
 # munge or systemd, all state, logs and pid files under DIR. Idempotent; `down` stops only the
 # daemons whose pid files it wrote.
 #
-#   scripts/slurm-local.sh up DIR [CPUS]   start (CPUS advertised, default 8: oversubscribes cores)
-#   scripts/slurm-local.sh status DIR      daemons and sinfo
-#   scripts/slurm-local.sh down DIR        stop
+#   scripts/cluster/slurm-local.sh up DIR [CPUS]   start (CPUS advertised, default 8: oversubscribes cores)
+#   scripts/cluster/slurm-local.sh status DIR      daemons and sinfo
+#   scripts/cluster/slurm-local.sh down DIR        stop
 #   export SLURM_CONF=DIR/slurm.conf       then use sbatch, squeue, scontrol, scancel as usual
 set -euo pipefail
 cmd=${1:-}; dir=${2:-}
@@ -23,7 +23,7 @@ up)
   cpus=${3:-8}
   mkdir -p "$dir/state" "$dir/spool"
   cat > "$conf" <<CONF
-# written by scripts/slurm-local.sh: a single-node cluster without munge or systemd
+# written by scripts/cluster/slurm-local.sh: a single-node cluster without munge or systemd
 ClusterName=pipetrain-local
 SlurmctldHost=localhost
 $(cat "$(dirname "$0")/slurm-base.conf")

@@ -4,7 +4,7 @@
 (the RSS of a minimal model's process beyond its own prediction: MPI, BLAS, libraries, data),
 and RSS growth from step 100 to step 1000. The last line is a JSON summary for scripts/bench.sh.
 
-usage: scripts/bench-memory.py [--bin build/pipetrain] [--steps 1000]"""
+usage: scripts/bench/memory.py [--bin build/pipetrain] [--steps 1000]"""
 import argparse
 import json
 import os
@@ -14,7 +14,7 @@ import tempfile
 
 here = os.path.dirname(os.path.abspath(__file__))
 ap = argparse.ArgumentParser()
-ap.add_argument("--bin", default=os.path.join(here, "..", "build", "pipetrain"))
+ap.add_argument("--bin", default=os.path.join(here, "..", "..", "build", "pipetrain"))
 ap.add_argument("--steps", type=int, default=1000)
 a = ap.parse_args()
 mpiexec = shutil.which("mpiexec.mpich") or "mpiexec"

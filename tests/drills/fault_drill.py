@@ -10,7 +10,7 @@ the job down. After K kills the run is resumed to the end. Passing means: every 
 from a verified checkpoint, the final metrics.jsonl holds every step exactly once, and its loss
 and gradient norm equal the uninterrupted run's bit for bit.
 
-usage: scripts/fault-drill.py [--bin build/pipetrain] [--trials 20] [--steps 300] [--seed S] [--work DIR]
+usage (from the repository root): python3 -m tests.drills.fault_drill [--bin build/pipetrain] [--trials 20] [--steps 300] [--seed S] [--work DIR]
 prints "K/K resumed, 0 steps lost, trajectory identical" (exit 0) or what differed (exit 1)."""
 import argparse
 import json
@@ -25,7 +25,7 @@ import time
 
 here = os.path.dirname(os.path.abspath(__file__))
 ap = argparse.ArgumentParser()
-ap.add_argument("--bin", default=os.path.join(here, "..", "build", "pipetrain"))
+ap.add_argument("--bin", default=os.path.join(here, "..", "..", "build", "pipetrain"))
 ap.add_argument("--mpiexec", default=shutil.which("mpiexec.mpich") or "mpiexec")
 ap.add_argument("--trials", type=int, default=20)
 ap.add_argument("--steps", type=int, default=300)

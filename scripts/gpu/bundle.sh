@@ -3,10 +3,10 @@
 # toml++ or OpenBLAS there, nothing to install them from): build-cuda's pipetrain and GPU test
 # binary, every shared library they need except the CUDA toolkit's and glibc's (the GPU machine
 # brings newer ones), and MPICH's launcher, into .gpu-bundle.tar.xz (git-ignored). Carry that
-# file to the GPU machine; scripts/gpu-check.sh unpacks and uses it when it cannot build.
+# file to the GPU machine; scripts/gpu/check.sh unpacks and uses it when it cannot build.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-scripts/build-cuda.sh
+cd "$(dirname "$0")/../.."
+scripts/check/build-cuda.sh
 dir=$(mktemp -d)
 mkdir -p "$dir/bin" "$dir/lib"
 cp build-cuda/pipetrain build-cuda/tests/gpu_kernel_tests "$dir/bin/"

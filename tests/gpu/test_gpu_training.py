@@ -6,7 +6,7 @@ within 1e-5; bf16 products train (the loss falls) within 2e-2 of fp32; a GPU che
 the CPU; metrics.jsonl carries the GPU memory."""
 import os
 import sys
-from harness import parse_args, launch, expect, rel_diff, finish
+from tests.lib.harness import parse_args, launch, expect, rel_diff, finish
 
 args = parse_args()
 tiny = os.path.join(args.configs, "tiny.toml")

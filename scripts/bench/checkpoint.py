@@ -4,7 +4,7 @@ weights + two AdamW moments, fp32) saved by dp = 1 and dp = 2 replicas, next to 
 same number of bytes to the same disk with fsync, side by side in one run. The save time is the
 manifest's timing.write_s: collective HDF5 write, checksum read-back, fsync.
 
-usage: scripts/bench-checkpoint.py [--bin build/pipetrain] [--dir DIR_ON_THE_DISK] [--repeats 2]"""
+usage: scripts/bench/checkpoint.py [--bin build/pipetrain] [--dir DIR_ON_THE_DISK] [--repeats 2]"""
 import argparse
 import json
 import os
@@ -15,11 +15,11 @@ import subprocess
 import tempfile
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--bin", default=os.path.join(os.path.dirname(__file__), "..", "build", "pipetrain"))
+ap.add_argument("--bin", default=os.path.join(os.path.dirname(__file__), "..", "..", "build", "pipetrain"))
 ap.add_argument("--dir", default=None, help="where to write (default: a temp dir under the repo's runs/)")
 ap.add_argument("--repeats", type=int, default=5)
 a = ap.parse_args()
-root = a.dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "runs")
+root = a.dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "runs")
 os.makedirs(root, exist_ok=True)
 work = tempfile.mkdtemp(prefix="bench-checkpoint-", dir=root)
 mpiexec = shutil.which("mpiexec.mpich") or "mpiexec"

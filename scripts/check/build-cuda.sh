@@ -3,7 +3,7 @@
 # and runs its GPU tests, which report "skipped" where no GPU is visible. Needs the CUDA toolkit
 # (nvcc on PATH or in /usr/local/cuda); says so and exits 0 without it, so CPU-only machines pass.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 nvcc=$(command -v nvcc || true)
 [ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc
 if [ -z "$nvcc" ]; then

@@ -8,7 +8,7 @@ sharing cost nothing; the target is <= 1.5. Each run gives the median over its s
 warm-up; the runs repeat `--repeats` times, interleaved, and the script prints min / median / max
 over the repeats. The last line is a JSON summary for scripts/bench.sh.
 
-usage: scripts/bench-oversubscribed.py [--bin build/pipetrain] [--steps 30] [--repeats 5]"""
+usage: scripts/bench/oversubscribed.py [--bin build/pipetrain] [--steps 30] [--repeats 5]"""
 import argparse
 import json
 import os
@@ -19,7 +19,7 @@ import tempfile
 
 here = os.path.dirname(os.path.abspath(__file__))
 ap = argparse.ArgumentParser()
-ap.add_argument("--bin", default=os.path.join(here, "..", "build", "pipetrain"))
+ap.add_argument("--bin", default=os.path.join(here, "..", "..", "build", "pipetrain"))
 ap.add_argument("--steps", type=int, default=30)
 ap.add_argument("--repeats", type=int, default=5)
 a = ap.parse_args()

@@ -10,7 +10,7 @@ puts 5 blocks and the embeddings on stage 0 and 4 blocks and the LM head on stag
 vocabulary rows only widen the head.) The script prints the measured per-micro-batch forward +
 backward time of each stage so the balance is visible, not assumed.
 
-usage: scripts/bench-pipeline.py [--bin build/pipetrain] [--steps 20] [--micro-batches 8] [--repeats 5]"""
+usage: scripts/bench/pipeline.py [--bin build/pipetrain] [--steps 20] [--micro-batches 8] [--repeats 5]"""
 import argparse
 import json
 import os
@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--bin", default=os.path.join(os.path.dirname(__file__), "..", "build", "pipetrain"))
+ap.add_argument("--bin", default=os.path.join(os.path.dirname(__file__), "..", "..", "build", "pipetrain"))
 ap.add_argument("--steps", type=int, default=20)
 ap.add_argument("--micro-batches", type=int, default=8)
 ap.add_argument("--repeats", type=int, default=5, help="alternate 1x1 and 2x1 runs this many times")

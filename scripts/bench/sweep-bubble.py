@@ -9,7 +9,7 @@ peak of stage 0 in micro-batches of the whole stage (GPipe M, 1F1B min(M, P), in
 P + (P-1)/V; zb-h1 also holds output gradients between B and W, so its figure can exceed its
 micro-batch count). Writes bubble_sweep.png and bubble_sweep.json to --out.
 
-usage: scripts/sweep-bubble.py [--bin build/pipetrain] [--out runs/sweep] [--steps 8]
+usage: scripts/bench/sweep-bubble.py [--bin build/pipetrain] [--out runs/sweep] [--steps 8]
                                [--schedules gpipe,1f1b,interleaved,zb-h1]"""
 import argparse
 import json
@@ -20,8 +20,8 @@ import subprocess
 
 here = os.path.dirname(os.path.abspath(__file__))
 ap = argparse.ArgumentParser()
-ap.add_argument("--bin", default=os.path.join(here, "..", "build", "pipetrain"))
-ap.add_argument("--out", default=os.path.join(here, "..", "runs", "sweep"))
+ap.add_argument("--bin", default=os.path.join(here, "..", "..", "build", "pipetrain"))
+ap.add_argument("--out", default=os.path.join(here, "..", "..", "runs", "sweep"))
 ap.add_argument("--steps", type=int, default=8)
 ap.add_argument("--schedules", default="gpipe,1f1b,interleaved,zb-h1")
 a = ap.parse_args()

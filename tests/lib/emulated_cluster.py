@@ -1,5 +1,5 @@
-"""Python side of scripts/slurm-nodes.sh (and of scripts/slurm-local.sh), for the Slurm tests and
-scripts/node-drill.py: brings a cluster up and always down again, runs srun and sbatch against
+"""Python side of scripts/cluster/slurm-nodes.sh (and of scripts/cluster/slurm-local.sh), for the Slurm tests and
+tests/drills/node_drill.py: brings a cluster up and always down again, runs srun and sbatch against
 it, waits for jobs and reads what they wrote. The emulated cluster needs root (network
 namespaces)."""
 import json
@@ -8,9 +8,9 @@ import re
 import subprocess
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-NODES_SH = os.path.join(HERE, "slurm-nodes.sh")
-LOCAL_SH = os.path.join(HERE, "slurm-local.sh")
+CLUSTER_SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "cluster")
+NODES_SH = os.path.join(CLUSTER_SCRIPTS, "slurm-nodes.sh")
+LOCAL_SH = os.path.join(CLUSTER_SCRIPTS, "slurm-local.sh")
 
 
 class Cluster:

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Node-failure drills on an emulated 3-node Slurm cluster (scripts/slurm-nodes.sh), each a real
+"""Node-failure drills on an emulated 3-node Slurm cluster (scripts/cluster/slurm-nodes.sh), each a real
 jobs/train.sbatch job of 2 nodes x 2 ranks (pp 2 across the nodes x dp 2 within):
 
   (a) crash: one node of the job loses power mid-run (link down, every process SIGKILLed). The
@@ -16,7 +16,7 @@ Odd trials of (a) crash the job's second node, even ones its first (the batch ho
 with it, so Slurm's node timeout detects that crash and requeues the job). Prints one
 line per trial and a summary; exit 0 when all passed. Needs root (exit 77 without).
 
-usage: scripts/node-drill.py [--bin build/pipetrain] [--trials 3] [--drills a,b,c] [--timeout-s 10]
+usage (from the repository root): python3 -m tests.drills.node_drill [--bin build/pipetrain] [--trials 3] [--drills a,b,c] [--timeout-s 10]
                              [--steps 1500] [--every 100] [--seed S] [--work DIR]"""
 import argparse
 import os
@@ -28,10 +28,8 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-from emulated_cluster import Cluster, latest_checkpoint_step, losses, max_rel_diff, metrics  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.lib.emulated_cluster import Cluster, latest_checkpoint_step, losses, max_rel_diff, metrics
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(REPO, "build", "pipetrain"))
