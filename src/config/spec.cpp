@@ -185,6 +185,12 @@ void validate_spec(const RunSpec& s, int world_size) {
     fail("run.name", "must be a non-empty name without '/'");
 }
 
+StepShape step_shape(const RunSpec& spec) {
+  const auto& p = spec.parallel;
+  return {p.pp, p.dp, p.micro_batches, p.virtual_stages, spec.samples_per_micro_batch(), spec.model.seq_len,
+          spec.model.d_model};
+}
+
 std::string resolved_toml(const RunSpec& spec) {
   std::ostringstream os;
   os << "# resolved pipetrain run spec: every key, defaults filled in\n";

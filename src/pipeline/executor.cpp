@@ -16,11 +16,12 @@ int grad_tag(int boundary, int mb, int M) { return 2 * (boundary * M + mb) + 1; 
 
 }  // namespace
 
-int64_t Executor::max_tag(int n_virtual, int micro_batches) {
-  return 2 * (int64_t{n_virtual - 1} * micro_batches) - 1;  // grad_tag(n_virtual - 2, M - 1, M), in 64 bits
+int64_t Executor::max_tag(const StepShape& shape) {
+  // grad_tag(n_virtual - 2, M - 1, M), in 64 bits
+  return 2 * (int64_t{shape.virtual_stages() - 1} * shape.micro_batches) - 1;
 }
 
-Executor::Executor(Stage& stage, Comm& comm) : stage_(stage), comm_(comm) {
+Executor::Executor(Stage& stage, Comm& comm, const StepShape& shape) : stage_(stage), comm_(comm), shape_(shape) {
   const size_t n = stage.boundary_floats();
   for (SendRing* r : {&act_out_, &grad_out_}) {
     r->bufs.assign(kRing, std::vector<float>(n));
@@ -68,9 +69,9 @@ void Executor::SendRing::drain(Comm& comm, const char* what, int peer) {
   for (size_t s = 0; s < kRing; ++s) comm.wait(reqs[s], {what, peer, mb[s]}), tag[s] = mb[s] = -1;  // none stale next step
 }
 
-StepStats Executor::run(const ActionList& actions, int micro_batches, Trace& trace,
-                        const std::function<void(int)>& load_inputs, const std::function<void(size_t)>& grads_done_from) {
-  const int M = micro_batches, P = comm_.topo().pp, stage = comm_.topo().stage, chunks = stage_.chunks();
+StepStats Executor::run(const ActionList& actions, Trace& trace, const std::function<void(int)>& load_inputs,
+                        const std::function<void(size_t)>& grads_done_from) {
+  const int M = shape_.micro_batches, P = comm_.topo().pp, stage = comm_.topo().stage, chunks = stage_.chunks();
   const int prev = (stage + P - 1) % P, next = (stage + 1) % P;  // peers round the ring of stages
   auto vstage = [&](const Action& a) { return a.chunk * P + stage; };
   // Each chunk's last backward, after which its parameter gradients are final. The data-parallel

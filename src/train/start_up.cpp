@@ -55,6 +55,7 @@ void read_spec_and_data(Run& run) {
                                                  : load_spec(opt.config, opt.overrides, world);
   if (opt.eval_only && run.spec.eval.every_steps == 0) run.spec.eval.every_steps = 1;  // load validation data
   const RunSpec& spec = run.spec;
+  run.shape = step_shape(spec);
   run.topo = Topology::of(run.world.rank(), spec.parallel.pp, spec.parallel.dp, spec.parallel.order);
   run.blocks = partition_blocks(spec);
   if (run.topo.first_stage() || run.topo.last_stage()) {
@@ -67,14 +68,13 @@ void read_spec_and_data(Run& run) {
 // device, and the model fits there.
 void check_ranks_and_device(Run& run) {
   const RunSpec& spec = run.spec;
-  const int P = spec.parallel.pp, M = spec.parallel.micro_batches, V = spec.parallel.virtual_stages;
-  const std::vector<int64_t> boundary = {spec.samples_per_micro_batch(), spec.model.seq_len, spec.model.d_model,
-                                         static_cast<int64_t>(sizeof(float))};
+  const StepShape& shape = run.shape;
+  const std::vector<int64_t> boundary = {shape.samples, shape.seq_len, shape.d_model, static_cast<int64_t>(sizeof(float))};
   if (!run.comm->all_equal(spec_hash(spec)) || !run.comm->boundary_agrees(boundary, boundary))
     throw SpecError("ranks disagree on the run spec or stage shapes (different files or --set on different ranks?)");
-  const int64_t tags = Executor::max_tag(P * V, M);
+  const int64_t tags = Executor::max_tag(shape);
   if (tags > run.world.max_tag())
-    throw SpecError(spec.origin("parallel.micro_batches") + ": parallel.micro_batches = " + std::to_string(M) +
+    throw SpecError(spec.origin("parallel.micro_batches") + ": parallel.micro_batches = " + std::to_string(shape.micro_batches) +
                     " needs message tags up to " + std::to_string(tags) + " but this MPI allows " +
                     std::to_string(run.world.max_tag()));
   if (spec.run.device == Device::gpu) {
@@ -103,10 +103,9 @@ void set_threads(Run& run) {
 // This rank's model slice and AdamW, initialised, then loaded from the checkpoint if resuming.
 void build_model(Run& run) {
   const RunSpec& spec = run.spec;
-  const int P = spec.parallel.pp, V = spec.parallel.virtual_stages, M = spec.parallel.micro_batches;
-  const float grad_scale =
-      1.0f / (static_cast<float>(spec.samples_per_micro_batch()) * spec.model.seq_len * M * spec.parallel.dp);
-  run.stage = std::make_unique<Stage>(spec, chunks_of(run.blocks, P, run.topo.stage), P * V, M, grad_scale);
+  const StepShape& shape = run.shape;
+  run.stage = std::make_unique<Stage>(spec, chunks_of(run.blocks, shape.stages, run.topo.stage), shape.virtual_stages(),
+                                      shape.micro_batches, shape.grad_scale());
   run.stage->init_params(static_cast<uint64_t>(spec.run.seed));
   run.adam = std::make_unique<AdamW>(spec.train, run.stage->weights().size());
   if (!run.resumed_from.empty()) run.start_step = run.checkpointer->load(run.resumed_from, *run.stage, *run.adam);
@@ -117,7 +116,7 @@ void build_model(Run& run) {
 void prepare_steps(Run& run) {
   const RunSpec& spec = run.spec;
   const int T = spec.model.seq_len;
-  run.executor = std::make_unique<Executor>(*run.stage, *run.comm);
+  run.executor = std::make_unique<Executor>(*run.stage, *run.comm, run.shape);
   run.actions = spec.parallel.schedule->generate(run.topo.stage, spec.pipeline_shape());
   run.eval_actions = forward_only(run.actions);
   run.inputs.resize(static_cast<size_t>(spec.samples_per_micro_batch()) * T);
@@ -220,8 +219,7 @@ double evaluate(Run& run) {
   const RunSpec& spec = run.spec;
   double loss = 0;
   for (int batch = 0; batch < spec.eval.batches; ++batch)
-    loss += run.executor->run(run.eval_actions, spec.parallel.micro_batches, run.trace, inputs_from(run, run.val.get(), batch))
-                .loss_sum;
+    loss += run.executor->run(run.eval_actions, run.trace, inputs_from(run, run.val.get(), batch)).loss_sum;
   run.comm->allreduce_world(&loss, 1);
   return loss / (static_cast<double>(spec.eval.batches) * run.tokens_per_step);
 }

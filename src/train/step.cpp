@@ -46,7 +46,7 @@ StepResult train_step(Run& run, int step) {
   const bool replicas = spec.parallel.dp > 1;
   run.reducer->begin_step();
   const std::function<void(size_t)> grads_done = [&](size_t offset) { run.reducer->done_from(offset); };
-  r.stats = run.executor->run(run.actions, spec.parallel.micro_batches, run.trace, inputs_from(run, run.data.get(), step),
+  r.stats = run.executor->run(run.actions, run.trace, inputs_from(run, run.data.get(), step),
                               replicas && !run.on_gpu() ? grads_done : std::function<void(size_t)>());
 
   // The step boundary carries the time budget's verdict, so every rank stops alike.

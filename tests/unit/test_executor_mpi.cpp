@@ -59,9 +59,9 @@ StepResult pipeline_step(const RunSpec& spec, Comm& comm) {
   stage.zero_grads();
   Dataset data(spec);
   std::vector<int> inputs(static_cast<size_t>(spec.samples_per_micro_batch()) * spec.model.seq_len), targets(inputs.size());
-  Executor executor(stage, comm);
+  Executor executor(stage, comm, step_shape(spec));
   Trace trace;
-  const StepStats st = executor.run(spec.parallel.schedule->generate(s, spec.pipeline_shape()), M, trace, [&](int mb) {
+  const StepStats st = executor.run(spec.parallel.schedule->generate(s, spec.pipeline_shape()), trace, [&](int mb) {
     data.micro_batch(kSteps, 0, mb, inputs.data(), targets.data());
     if (stage.has_embedding()) stage.set_tokens(mb, inputs.data());
     if (stage.has_head()) stage.set_targets(mb, targets.data());

@@ -95,6 +95,20 @@ struct RunSpec {
   }
 };
 
+// The shape of one training step, from a validated spec: what a rank's stage, executor and
+// gradient scale are built for, computed once at start-up.
+struct StepShape {
+  int stages = 1, replicas = 1, micro_batches = 1, chunks = 1;  // P, D, M, V
+  int samples = 1;                                              // per micro-batch: global_batch / (D M)
+  int seq_len = 1, d_model = 1;                                 // T, C
+  int virtual_stages() const { return stages * chunks; }
+  size_t boundary_floats() const { return static_cast<size_t>(samples) * seq_len * d_model; }  // one activation
+  // dLoss/d(token loss): the loss is the mean over the global batch's tokens (1/M per micro-batch,
+  // 1/D per replica).
+  float grad_scale() const { return 1.0f / (static_cast<float>(samples) * seq_len * micro_batches * replicas); }
+};
+StepShape step_shape(const RunSpec& spec);
+
 // Reads `path` (empty: built-in defaults), applies "section.key=value" overrides, validates.
 // world_size > 0 also checks pp × dp against it. Throws SpecError naming key and file:line.
 RunSpec load_spec(const std::string& path, const std::vector<std::string>& overrides, int world_size);

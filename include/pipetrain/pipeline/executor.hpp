@@ -28,18 +28,19 @@ struct StepStats {
 
 class Executor {
  public:
-  Executor(Stage& stage, Comm& comm);
+  // Runs steps of `shape` (micro-batches, virtual stages) on this rank's stage.
+  Executor(Stage& stage, Comm& comm, const StepShape& shape);
   // `load_inputs(mb)` sets tokens (first virtual stage) / targets (last) of micro-batch mb on the
   // stage; it is called just before that micro-batch's forward there. A micro-batch the list
   // never runs backward for (forward_only lists: evaluation) is dropped right after its forward. Spans go to `trace` while it
   // is recording. `grads_done_from` is handed to each chunk's last backward (when the chunks finish
   // from the last to the first, as the buffers are laid out), so gradient all-reduces can start
   // while the step still runs (see Stage::backward).
-  StepStats run(const ActionList& actions, int micro_batches, Trace& trace, const std::function<void(int)>& load_inputs,
+  StepStats run(const ActionList& actions, Trace& trace, const std::function<void(int)>& load_inputs,
                 const std::function<void(size_t)>& grads_done_from = nullptr);
 
-  // The largest message tag a step uses (every tag fits below Comm::max_tag()).
-  static int64_t max_tag(int n_virtual, int micro_batches);
+  // The largest message tag a step of `shape` uses (it must fit below World::max_tag()).
+  static int64_t max_tag(const StepShape& shape);
 
  private:
   static constexpr size_t kRing = kMessageRing;
@@ -66,6 +67,7 @@ class Executor {
   };
   Stage& stage_;
   Comm& comm_;
+  StepShape shape_;
   // On the GPU the stage reads and writes device memory while messages travel through the host
   // rings (comm.backend = mpi): its output, incoming and outgoing gradient are staged here.
   Floats dev_out_, dev_grad_in_, dev_grad_out_;

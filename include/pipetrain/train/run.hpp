@@ -32,6 +32,7 @@ struct Run {
 
   // Agreed first: what to run and where this rank sits.
   RunSpec spec;
+  StepShape shape;                         // the step's sizes, derived once from the spec
   Topology topo;
   std::vector<int> blocks;                 // per virtual stage
   std::unique_ptr<Dataset> data, val;      // on the first and last stage; val when evaluating
