@@ -1,6 +1,11 @@
 """Shared helpers for the integration tests: launch the real pipetrain under mpiexec with real
-ranks, read what it wrote, compare runs. Each test script is registered in CTest and exits
-non-zero on the first failed expectation."""
+ranks, read what it wrote, compare runs.
+
+A test module lists its behaviours as scenarios: functions marked @scenario whose docstring says
+what they check. Each scenario is its own CTest entry (integration_<module>.<scenario>, selectable
+with ctest -R) and runs alone: `python3 -m tests.integration.test_X --bin ... --scenario NAME`.
+A run that several scenarios compare against is made once by shared_run() and reused. A scenario
+fails when any of its expect() calls failed."""
 import argparse
 import json
 import os
@@ -63,3 +68,71 @@ def finish():
         print(f"{len(failures)} expectation(s) failed", file=sys.stderr)
         sys.exit(1)
     print("all expectations met")
+
+
+_scenarios = {}  # name -> function, in the module's order
+_settings = None
+
+
+def scenario(fn):
+    """Marks one behaviour of a test module: its own CTest entry, runnable alone."""
+    _scenarios[fn.__name__] = fn
+    return fn
+
+
+def settings():
+    """--bin, --mpiexec, --configs and --work of this run (--work: the scenario's own directory)."""
+    return _settings
+
+
+def run_scenarios():
+    """A scenario module's entry point: runs every scenario, or only --scenario NAME; --list prints
+    their names (CMake registers one CTest entry per name). Exits non-zero if an expectation failed."""
+    global _settings
+    p = argparse.ArgumentParser()
+    p.add_argument("--bin")
+    p.add_argument("--mpiexec")
+    p.add_argument("--configs")
+    p.add_argument("--work", help="scenarios work in WORK/<scenario>, shared runs in WORK/shared")
+    p.add_argument("--scenario", action="append", help="run only this scenario (repeatable)")
+    p.add_argument("--list", action="store_true", help="print the scenario names and exit")
+    a = p.parse_args()
+    if a.list:
+        print("\n".join(_scenarios))
+        return
+    for key in ("bin", "mpiexec", "configs", "work"):
+        if getattr(a, key) is None:
+            p.error(f"--{key} is required")
+    unknown = set(a.scenario or []) - set(_scenarios)
+    if unknown:
+        p.error(f"no scenario {sorted(unknown)}; there are {list(_scenarios)}")
+    a.bin, a.configs, root = os.path.abspath(a.bin), os.path.abspath(a.configs), os.path.abspath(a.work)
+    for name in a.scenario or list(_scenarios):
+        a.work = os.path.join(root, name)
+        shutil.rmtree(a.work, ignore_errors=True)
+        os.makedirs(a.work)
+        _settings = a
+        print(f"== {name}: {' '.join((_scenarios[name].__doc__ or '').split())}", flush=True)
+        _scenarios[name]()
+    finish()
+
+
+def shared_run(name, ranks, config=None, sets=(), **kwargs):
+    """A run several scenarios compare against, made by the first that needs it and reused by the
+    others while the binary and the arguments are the same (WORK/../shared/<name>)."""
+    a = settings()
+    run_dir = os.path.join(os.path.dirname(a.work), "shared", name)
+    stamp = json.dumps([os.path.getmtime(a.bin), ranks, config, list(sets), sorted(kwargs.items())])
+    marker = os.path.join(run_dir, ".made_by")
+    if os.path.exists(marker) and open(marker).read() == stamp:
+        return Run(0, open(marker + ".out").read(), open(marker + ".err").read(), 0, run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    r = launch(a, ranks, run_dir, config, sets, **kwargs)
+    if r.rc == 0:
+        with open(marker + ".out", "w") as f:
+            f.write(r.out)
+        with open(marker + ".err", "w") as f:
+            f.write(r.err)
+        with open(marker, "w") as f:
+            f.write(stamp)
+    return r
