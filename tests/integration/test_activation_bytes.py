@@ -6,10 +6,8 @@ against plan's prediction from the same per-micro-batch sizes."""
 import json
 import os
 import subprocess
-from tests.lib.harness import parse_args, launch, expect, finish
+from tests.lib.harness import launch, expect, run_scenarios, scenario, settings
 
-args = parse_args()
-tiny = os.path.join(args.configs, "tiny.toml")
 L, C, NH, T, V, B, M = 4, 64, 4, 32, 256, 16, 4  # tiny.toml
 
 
@@ -32,11 +30,12 @@ def per_micro_batch(mode, stage, P, blocks, dp, M=M):
     return 4 * floats + 4 * ints
 
 
-# M > P on 4 stages: 1F1B's min(M, P - s) differs from GPipe's M on every stage, stage 0 included.
-for schedule, pp, dp, mbs in [("gpipe", 2, 1, M), ("gpipe", 4, 1, 8), ("gpipe", 2, 2, M), ("1f1b", 2, 1, M),
-                              ("1f1b", 4, 1, 8)]:
+def formula(schedule, pp, dp, mbs):
+    """Each recompute mode's act_peak_bytes per stage equals micro-batches in flight x the bytes one
+    keeps (the formula above)."""
+    a = settings()
     for mode in ["none", "stage", "block"]:
-        r = launch(args, pp * dp, os.path.join(args.work, f"{schedule}_{pp}x{dp}_{mode}"), tiny,
+        r = launch(a, pp * dp, os.path.join(a.work, f"{schedule}_{pp}x{dp}_{mode}"), os.path.join(a.configs, "tiny.toml"),
                    ["run.steps=2", f"parallel.pp={pp}", f"parallel.dp={dp}", f"parallel.recompute={mode}",
                     f"parallel.schedule={schedule}", f"parallel.micro_batches={mbs}"])
         expect(r.rc == 0, f"{schedule} {pp}x{dp} M={mbs} {mode}: exit 0 (got {r.rc})")
@@ -47,26 +46,59 @@ for schedule, pp, dp, mbs in [("gpipe", 2, 1, M), ("gpipe", 4, 1, 8), ("gpipe", 
         want = [in_flight[s] * per_micro_batch(mode, s, pp, L // pp, dp, mbs) for s in range(pp)]
         expect(got == want, f"{schedule} {pp}x{dp} M={mbs} recompute={mode}: act_peak_bytes {got} == "
                             f"{in_flight} in flight x per-micro-batch = {want}")
-# Zero bubble: a micro-batch also holds its layers' output gradients from B to W. Interleaved: a
-# stage holds chunks of different sizes (embedding, head). The measured peak (counted from the
-# buffers) equals plan's walk over the same action lists with the per-chunk sizes above.
-for name, pp, dp, extra in [("zb-h1", 2, 1, []), ("zb-h1", 4, 1, []), ("zb-h1", 2, 2, []),
-                            ("interleaved", 2, 1, ["parallel.virtual_stages=2"]),
-                            ("interleaved", 2, 1, ["parallel.virtual_stages=2", "parallel.recompute=block"]),
-                            ("interleaved", 2, 2, ["parallel.virtual_stages=2", "parallel.recompute=stage",
-                                                   "parallel.micro_batches=2"]),
-                            ("interleaved", 4, 1, ["parallel.virtual_stages=2", "model.n_layer=8"])]:
+
+
+def as_planned(name, pp, dp, extra):
+    """The measured peak (counted from the buffers) equals plan's walk over the same action lists
+    with the per-chunk sizes."""
+    a = settings()
+    tiny = os.path.join(a.configs, "tiny.toml")
     sets = ["run.steps=2", f"parallel.pp={pp}", f"parallel.dp={dp}", f"parallel.schedule={name}", *extra]
-    r = launch(args, pp * dp, os.path.join(args.work, f"{name}_{pp}x{dp}_{len(extra)}_{extra[-1][-5:] if extra else ''}"),
+    r = launch(a, pp * dp, os.path.join(a.work, f"{name}_{pp}x{dp}_{len(extra)}_{extra[-1][-5:] if extra else ''}"),
                tiny, sets)
     expect(r.rc == 0, f"{name} {pp}x{dp} {extra}: exit 0 (got {r.rc}) {r.err[-200:]}")
     if r.rc != 0:
-        continue
+        return
     flags = [x for s in sets for x in ("--set", s)]
-    plan = json.loads(subprocess.run([args.bin, "plan", "--config", tiny, "--json", *flags], check=True,
+    plan = json.loads(subprocess.run([a.bin, "plan", "--config", tiny, "--json", *flags], check=True,
                                      capture_output=True, text=True).stdout)
     mode = next((x.split("=")[1] for x in extra if x.startswith("parallel.recompute")), "none")
     want = [st["act_peak_bytes"][mode] for st in plan["stages"]]
     got = r.metrics()[-1]["act_peak_bytes"]
     expect(got == want, f"{name} {pp}x{dp} {extra}: act_peak_bytes {got} == plan {want}")
-finish()
+
+
+@scenario
+def gpipe_holds_all_micro_batches():
+    """GPipe: every stage holds all M micro-batches (2x1, 4x1 with M = 8, 2x2)."""
+    for pp, dp, mbs in [(2, 1, M), (4, 1, 8), (2, 2, M)]:
+        formula("gpipe", pp, dp, mbs)
+
+
+@scenario
+def one_f_one_b_holds_p_minus_stage():
+    """1F1B: stage s holds min(M, P - s); with M = 8 > P = 4 that differs from GPipe's M on every
+    stage, stage 0 included."""
+    for pp, dp, mbs in [(2, 1, M), (4, 1, 8)]:
+        formula("1f1b", pp, dp, mbs)
+
+
+@scenario
+def zero_bubble_as_planned():
+    """zb-h1: a micro-batch also holds its layers' output gradients from B to W."""
+    for pp, dp in [(2, 1), (4, 1), (2, 2)]:
+        as_planned("zb-h1", pp, dp, [])
+
+
+@scenario
+def interleaved_as_planned():
+    """Interleaved: a stage holds chunks of different sizes (embedding, head), under each recompute mode."""
+    for pp, dp, extra in [(2, 1, ["parallel.virtual_stages=2"]),
+                          (2, 1, ["parallel.virtual_stages=2", "parallel.recompute=block"]),
+                          (2, 2, ["parallel.virtual_stages=2", "parallel.recompute=stage", "parallel.micro_batches=2"]),
+                          (4, 1, ["parallel.virtual_stages=2", "model.n_layer=8"])]:
+        as_planned("interleaved", pp, dp, extra)
+
+
+if __name__ == "__main__":
+    run_scenarios()

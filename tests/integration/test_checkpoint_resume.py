@@ -8,12 +8,14 @@ import re
 import signal
 import subprocess
 import time
-from tests.lib.harness import parse_args, launch, expect, rel_diff, finish
+from tests.lib.harness import launch, expect, rel_diff, run_scenarios, scenario, settings, shared_run
 
-args = parse_args()
-tiny = os.path.join(args.configs, "tiny.toml")
 STEPS = 60
-base = [f"run.steps={STEPS}", "checkpoint.every_steps=10", "checkpoint.keep_last=0", "parallel.pp=2", "parallel.dp=2"]
+BASE = [f"run.steps={STEPS}", "checkpoint.every_steps=10", "checkpoint.keep_last=0", "parallel.pp=2", "parallel.dp=2"]
+
+
+def tiny():
+    return os.path.join(settings().configs, "tiny.toml")
 
 
 def losses(run):
@@ -21,83 +23,121 @@ def losses(run):
     return [x["step"] for x in m], [(x["loss"], x["grad_norm"]) for x in m]
 
 
-ref = launch(args, 4, os.path.join(args.work, "reference"), tiny, base)
-expect(ref.rc == 0, f"uninterrupted 2x2 run: exit 0 (got {ref.rc}) {ref.err[-300:]}")
-ref_steps, ref_losses = losses(ref)
+def reference():
+    """The uninterrupted 2x2 run (made once): its losses, and its checkpoints every 10 steps."""
+    ref = shared_run("reference", 4, tiny(), BASE)
+    expect(ref.rc == 0, f"uninterrupted 2x2 run: exit 0 (got {ref.rc}) {ref.err[-300:]}")
+    return ref
 
-# 1. Stop with a real signal sent to mpiexec (it forwards to the ranks), twice in a row to check
-#    that a second signal during the save does no harm; then resume.
-run_dir = os.path.join(args.work, "signalled")
-cmd = [args.mpiexec, "-n", "4", args.bin, "train", "--config", tiny, "--run-dir", run_dir]
-for s in base:
-    cmd += ["--set", s]
-p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-metrics = os.path.join(run_dir, "metrics.jsonl")
-deadline = time.time() + 60
-while time.time() < deadline and p.poll() is None:
-    if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= STEPS // 3:
-        break
-    time.sleep(0.005)
-p.send_signal(signal.SIGUSR1)
-time.sleep(0.01)
-p.send_signal(signal.SIGUSR1)
-out, err = p.communicate(timeout=60)
-expect(p.returncode == 3, f"stopped by SIGUSR1: exit 3 (got {p.returncode}) {err[-300:]}")
-stopped_at = re.findall(r"^stopped by signal \d+ after step (\d+); checkpoint saved, exit 3$", out, re.M)
-expect(len(stopped_at) == 1, f"says where it stopped: {stopped_at}")
-stop_step = int(stopped_at[0]) if stopped_at else -1
-ckpts = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
-expect(any(c.startswith("step_") and int(c[5:]) % 10 for c in ckpts),
-       f"a checkpoint at the stop step, between the regular ones: {ckpts}")
-r = launch(args, 4, run_dir, tiny, base)
-expect(r.rc == 0, f"resumed run: exit 0 (got {r.rc}) {r.err[-300:]}")
-# The stop's own save, not an earlier periodic one (from which the recomputed steps would hide a lost save).
-resumed = re.findall(r"^resumed from \S*/step_(\d+)$", r.out, re.M)
-expect(resumed == [f"{stop_step:08d}"], f"resumed from the stop step {stop_step} (resumed from {resumed})")
-steps, got = losses(r)
-expect(steps == list(range(1, STEPS + 1)), "metrics.jsonl has every step exactly once")
-expect(got == ref_losses, f"stopped + resumed losses and grad norms identical to the uninterrupted run, bit for bit "
-       f"({sum(a != b for a, b in zip(got, ref_losses))} of {len(ref_losses)} differ)")
-again = launch(args, 4, run_dir, tiny, base)
-expect(again.rc == 0 and "run already complete" in again.out, "starting a finished run again does nothing")
 
-# 2. Reshard: the 2x2 checkpoint of step 30 resumed on other layouts, including interleaved 2x1
-#    (each rank's two chunks read from both shards) whose own step-40 checkpoint then resumes as 1x1.
-ckpt30 = os.path.join(ref.run_dir, "checkpoints", "step_00000030")
-interleaved = ["parallel.schedule=interleaved", "parallel.virtual_stages=2"]
-resumes = [(4, 1, [], ckpt30), (1, 2, [], ckpt30), (1, 1, [], ckpt30), (2, 1, interleaved, ckpt30),
-           (1, 1, [], os.path.join(args.work, "reshard_2x1_interleaved", "checkpoints", "step_00000040"))]
-for pp, dp, extra, ckpt in resumes:
-    name = f"{pp}x{dp}{'_interleaved' if extra else ''}"
-    origin = "2x2" if ckpt == ckpt30 else "interleaved 2x1"
+@scenario
+def signal_stop_and_resume():
+    """A real SIGUSR1 sent to mpiexec (twice: a second signal during the save does no harm) stops
+    the run with exit 3 after saving the stop step; the next start resumes from that very step,
+    logs every step once and reproduces every loss and gradient norm bit for bit; starting the
+    finished run again does nothing."""
+    a = settings()
+    ref = reference()
+    ref_losses = losses(ref)[1] if ref.rc == 0 else []
+    run_dir = os.path.join(a.work, "signalled")
+    cmd = [a.mpiexec, "-n", "4", a.bin, "train", "--config", tiny(), "--run-dir", run_dir]
+    for s in BASE:
+        cmd += ["--set", s]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    deadline = time.time() + 60
+    while time.time() < deadline and p.poll() is None:
+        if os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= STEPS // 3:
+            break
+        time.sleep(0.005)
+    p.send_signal(signal.SIGUSR1)
+    time.sleep(0.01)
+    p.send_signal(signal.SIGUSR1)
+    out, err = p.communicate(timeout=60)
+    expect(p.returncode == 3, f"stopped by SIGUSR1: exit 3 (got {p.returncode}) {err[-300:]}")
+    stopped_at = re.findall(r"^stopped by signal \d+ after step (\d+); checkpoint saved, exit 3$", out, re.M)
+    expect(len(stopped_at) == 1, f"says where it stopped: {stopped_at}")
+    stop_step = int(stopped_at[0]) if stopped_at else -1
+    ckpts = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+    expect(any(c.startswith("step_") and int(c[5:]) % 10 for c in ckpts),
+           f"a checkpoint at the stop step, between the regular ones: {ckpts}")
+    r = launch(a, 4, run_dir, tiny(), BASE)
+    expect(r.rc == 0, f"resumed run: exit 0 (got {r.rc}) {r.err[-300:]}")
+    # The stop's own save, not an earlier periodic one (from which the recomputed steps would hide a lost save).
+    resumed = re.findall(r"^resumed from \S*/step_(\d+)$", r.out, re.M)
+    expect(resumed == [f"{stop_step:08d}"], f"resumed from the stop step {stop_step} (resumed from {resumed})")
+    steps, got = losses(r)
+    expect(steps == list(range(1, STEPS + 1)), "metrics.jsonl has every step exactly once")
+    expect(got == ref_losses, f"stopped + resumed losses and grad norms identical to the uninterrupted run, bit for bit "
+           f"({sum(x != y for x, y in zip(got, ref_losses))} of {len(ref_losses)} differ)")
+    again = launch(a, 4, run_dir, tiny(), BASE)
+    expect(again.rc == 0 and "run already complete" in again.out, "starting a finished run again does nothing")
+
+
+def resume_as(name, origin, pp, dp, extra, ckpt, ref_losses):
+    """`ckpt` resumed as pp x dp (+ extra): it continues at the next step, and every remaining
+    step's loss and gradient norm stay within float rounding of the uninterrupted run."""
+    a = settings()
     at = int(os.path.basename(ckpt)[5:])
-    sets = base[:-2] + [f"parallel.pp={pp}", f"parallel.dp={dp}", *extra]
-    r = launch(args, pp * dp, os.path.join(args.work, f"reshard_{name}" + ("" if ckpt == ckpt30 else "_again")), tiny,
-               sets, extra=["--resume", ckpt])
+    sets = BASE[:-2] + [f"parallel.pp={pp}", f"parallel.dp={dp}", *extra]
+    r = launch(a, pp * dp, os.path.join(a.work, f"reshard_{name}"), tiny(), sets, extra=["--resume", ckpt])
     expect(r.rc == 0, f"resume {origin} -> {name}: exit 0 (got {r.rc}) {r.err[-300:]}")
-    if r.rc == 0:
-        m = r.metrics()
-        expect([x["step"] for x in m] == list(range(at + 1, STEPS + 1)), f"{origin} -> {name}: continues at step {at + 1} "
-               f"to {STEPS} (got {m[0]['step']} to {m[-1]['step']})")
-        # Every remaining step, not only the first: the first loss comes before the AdamW moments
-        # are used, so a checkpoint with wrong moments would still match it. The other layout's
-        # float rounding leaves the loss within ~1e-8 and the gradient norm within ~4e-7; a second
-        # moment only 1% off moves them by ~1e-4 and ~4e-3.
-        for i, key, bound in [(0, "loss", 1e-6), (1, "grad_norm", 1e-5)]:
-            worst = max(rel_diff(x[key], ref_losses[x["step"] - 1][i]) for x in m)
-            expect(worst <= bound, f"{origin} -> {name}: {key} of all {len(m)} remaining steps within {bound:.0e} "
-                   f"(worst relative difference {worst:.1e})")
+    if r.rc != 0:
+        return r
+    m = r.metrics()
+    expect([x["step"] for x in m] == list(range(at + 1, STEPS + 1)), f"{origin} -> {name}: continues at step {at + 1} "
+           f"to {STEPS} (got {m[0]['step']} to {m[-1]['step']})")
+    # Every remaining step, not only the first: the first loss comes before the AdamW moments are
+    # used, so a checkpoint with wrong moments would still match it. The other layout's float
+    # rounding leaves the loss within ~1e-8 and the gradient norm within ~4e-7; a second moment
+    # only 1% off moves them by ~1e-4 and ~4e-3.
+    for i, key, bound in [(0, "loss", 1e-6), (1, "grad_norm", 1e-5)]:
+        worst = max(rel_diff(x[key], ref_losses[x["step"] - 1][i]) for x in m)
+        expect(worst <= bound, f"{origin} -> {name}: {key} of all {len(m)} remaining steps within {bound:.0e} "
+               f"(worst relative difference {worst:.1e})")
+    return r
 
-# 3. SIGKILL of rank 3 halfway through writing its shard of checkpoint 40 (test-only hook).
-run_dir = os.path.join(args.work, "killed")
-r = launch(args, 4, run_dir, tiny, base, env={"PIPETRAIN_TEST_KILL_IN_SAVE": "3:40"})
-ck = os.path.join(run_dir, "checkpoints")
-expect(r.rc not in (0, 2, 3), f"job died with the killed rank (exit {r.rc})")
-expect(not os.path.exists(os.path.join(ck, "step_00000040")), "the interrupted checkpoint never appeared")
-expect(open(os.path.join(ck, "latest")).read().strip() == "step_00000030", "latest still names step 30")
-r = launch(args, 4, run_dir, tiny, base)
-expect(r.rc == 0 and "step_00000030" in r.out, f"next start resumes from step 30 and completes (exit {r.rc})")
-steps, got = losses(r)
-expect(steps == list(range(1, STEPS + 1)) and got == ref_losses, "and its losses equal the uninterrupted run's")
-expect(not any(n.startswith(".tmp_") for n in os.listdir(ck)), "the half-written temporary directory was cleaned up")
-finish()
+
+@scenario
+def reshard_to_other_layouts():
+    """The 2x2 checkpoint of step 30 resumes as 4x1, 1x2 and 1x1."""
+    ref = reference()
+    ckpt30, ref_losses = os.path.join(ref.run_dir, "checkpoints", "step_00000030"), losses(ref)[1]
+    for pp, dp in [(4, 1), (1, 2), (1, 1)]:
+        resume_as(f"{pp}x{dp}", "2x2", pp, dp, [], ckpt30, ref_losses)
+
+
+@scenario
+def reshard_to_interleaved_and_back():
+    """The 2x2 checkpoint resumes as interleaved 2x1 (each rank's two chunks read from both
+    shards), whose own step-40 checkpoint then resumes as 1x1."""
+    ref = reference()
+    ckpt30, ref_losses = os.path.join(ref.run_dir, "checkpoints", "step_00000030"), losses(ref)[1]
+    il = resume_as("2x1_interleaved", "2x2", 2, 1, ["parallel.schedule=interleaved", "parallel.virtual_stages=2"],
+                   ckpt30, ref_losses)
+    resume_as("1x1_again", "interleaved 2x1", 1, 1, [],
+              os.path.join(il.run_dir, "checkpoints", "step_00000040"), ref_losses)
+
+
+@scenario
+def kill_mid_save():
+    """Rank 3 SIGKILLed halfway through writing its shard of checkpoint 40 (test-only hook): the
+    checkpoint never appears, latest still names step 30, the next start resumes from it and
+    completes with the uninterrupted run's losses, and the half-written directory is cleaned up."""
+    a = settings()
+    ref_losses = losses(reference())[1]
+    run_dir = os.path.join(a.work, "killed")
+    r = launch(a, 4, run_dir, tiny(), BASE, env={"PIPETRAIN_TEST_KILL_IN_SAVE": "3:40"})
+    ck = os.path.join(run_dir, "checkpoints")
+    expect(r.rc not in (0, 2, 3), f"job died with the killed rank (exit {r.rc})")
+    expect(not os.path.exists(os.path.join(ck, "step_00000040")), "the interrupted checkpoint never appeared")
+    expect(open(os.path.join(ck, "latest")).read().strip() == "step_00000030", "latest still names step 30")
+    r = launch(a, 4, run_dir, tiny(), BASE)
+    expect(r.rc == 0 and "step_00000030" in r.out, f"next start resumes from step 30 and completes (exit {r.rc})")
+    steps, got = losses(r)
+    expect(steps == list(range(1, STEPS + 1)) and got == ref_losses, "and its losses equal the uninterrupted run's")
+    expect(not any(n.startswith(".tmp_") for n in os.listdir(ck)), "the half-written temporary directory was cleaned up")
+
+
+if __name__ == "__main__":
+    run_scenarios()

@@ -7,104 +7,175 @@ import json
 import os
 import subprocess
 import h5py
-from tests.lib.harness import parse_args, launch, expect, finish
+from tests.lib.harness import launch, expect, run_scenarios, scenario, settings, shared_run
 
-args = parse_args()
-tiny = os.path.join(args.configs, "tiny.toml")
-work = args.work
-base = ["run.steps=8", "log.every_steps=1", "log.trace_steps=0"]
-readme = open(os.path.join(args.configs, "..", "README.md"), "rb").read()
-corpus = os.path.join(work, "corpus.txt")
-open(corpus, "wb").write(readme)
+BASE = ["run.steps=8", "log.every_steps=1", "log.trace_steps=0"]
+
+
+def tiny():
+    return os.path.join(settings().configs, "tiny.toml")
+
+
+def readme():
+    return open(os.path.join(settings().configs, "..", "README.md"), "rb").read()
+
+
+def shared(name):
+    """A path in the directory the scenarios share."""
+    d = os.path.join(os.path.dirname(settings().work), "shared")
+    os.makedirs(d, exist_ok=True)
+    return os.path.join(d, name)
+
+
+def corpus():
+    """The README as a text file to prepare and train on."""
+    path = shared("corpus.txt")
+    if not os.path.exists(path):
+        open(path, "wb").write(readme())
+    return path
 
 
 def prepare(*extra):
-    return subprocess.run([args.bin, "data", "prepare", *extra], capture_output=True, text=True)
+    return subprocess.run([settings().bin, "data", "prepare", *extra], capture_output=True, text=True)
+
+
+def whole():
+    """The whole corpus as /train of a token file, /val empty (made once)."""
+    path = shared("whole.h5")
+    if not os.path.exists(path):
+        p = prepare("--input", corpus(), "--output", path, "--val-fraction", "0")
+        expect(p.returncode == 0 and "train" in p.stdout, f"prepare: exit 0 ({p.stderr.strip()})")
+    return path
 
 
 def losses(name, ranks, *sets):
-    r = launch(args, ranks, os.path.join(work, name), tiny, base + list(sets))
+    a = settings()
+    r = launch(a, ranks, os.path.join(a.work, name), tiny(), BASE + list(sets))
     expect(r.rc == 0, f"{name}: exit 0 (got {r.rc}) {r.err[-300:]}")
     return [(m["loss"], m["grad_norm"]) for m in r.metrics()] if r.rc == 0 else []
 
 
-# 1. The whole text as /train: same tokens, same losses as the text source.
-whole = os.path.join(work, "whole.h5")
-p = prepare("--input", corpus, "--output", whole, "--val-fraction", "0")
-expect(p.returncode == 0 and "train" in p.stdout, f"prepare: exit 0 ({p.stderr.strip()})")
-with h5py.File(whole) as f:
-    expect(bytes(f["train"][:]) == readme and f["val"].shape == (0,), "/train holds the text's bytes, /val is empty")
-    expect(f.attrs["vocab_size"] == 256 and f.attrs["tokenizer"] in (b"bytes", "bytes"), "attributes: vocab 256, bytes")
-    sources = json.loads(f.attrs["sources"])
-    expect(sources["inputs"][0]["bytes"] == len(readme) and sources["inputs"][0]["path"].endswith("corpus.txt"),
-           f"provenance names the input and its size: {sources}")
-for pp, dp in [(1, 1), (2, 2)]:
+@scenario
+def prepare_writes_bytes_and_provenance():
+    """The whole text as /train: the text's bytes, /val empty, vocab 256, byte tokens, and the
+    input's path and size recorded."""
+    with h5py.File(whole()) as f:
+        expect(bytes(f["train"][:]) == readme() and f["val"].shape == (0,), "/train holds the text's bytes, /val is empty")
+        expect(f.attrs["vocab_size"] == 256 and f.attrs["tokenizer"] in (b"bytes", "bytes"), "attributes: vocab 256, bytes")
+        sources = json.loads(f.attrs["sources"])
+        expect(sources["inputs"][0]["bytes"] == len(readme()) and sources["inputs"][0]["path"].endswith("corpus.txt"),
+               f"provenance names the input and its size: {sources}")
+
+
+def same_as_text(pp, dp):
     text = losses(f"text_{pp}x{dp}", pp * dp, f"parallel.pp={pp}", f"parallel.dp={dp}", "data.source=text",
-                  f"data.path={corpus}")
+                  f"data.path={corpus()}")
     hdf5 = losses(f"hdf5_{pp}x{dp}", pp * dp, f"parallel.pp={pp}", f"parallel.dp={dp}", "data.source=hdf5",
-                  f"data.path={whole}")
+                  f"data.path={whole()}")
     expect(len(text) == 8 and hdf5 == text, f"{pp}x{dp}: hdf5 source losses equal the text source's, bit for bit")
 
-# Resuming continues the same sample order: a run stopped at step 4 and resumed matches steps 5-8.
-full = launch(args, 2, os.path.join(work, "hdf5_ckpt"), tiny,
-              base + ["parallel.pp=2", "data.source=hdf5", f"data.path={whole}", "checkpoint.every_steps=4"])
-resumed = launch(args, 2, os.path.join(work, "hdf5_resumed"), tiny,
-                 base + ["parallel.pp=2", "data.source=hdf5", f"data.path={whole}"],
-                 extra=["--resume", os.path.join(full.run_dir, "checkpoints", "step_00000004")])
-expect(full.rc == 0 and resumed.rc == 0 and
-       [m["loss"] for m in resumed.metrics()] == [m["loss"] for m in full.metrics()][4:],
-       "hdf5 source: resumed from step 4, steps 5-8 equal the uninterrupted run's, bit for bit")
 
-# 2. Two inputs, a quarter held out: /train is the head of the concatenation, /val the tail, and
-#    training on /train equals training on a text file of exactly those bytes.
-second = os.path.join(work, "second.txt")
-open(second, "wb").write(readme[::-1])
-both, concat = os.path.join(work, "split.h5"), readme + readme[::-1]
-p = prepare("--input", corpus, second, "--output", both, "--val-fraction", "0.25", "--compress")
-n_val = int(len(concat) * 0.25)
-with h5py.File(both) as f:
-    expect(p.returncode == 0 and bytes(f["train"][:]) == concat[:-n_val] and bytes(f["val"][:]) == concat[-n_val:],
-           "two inputs, --val-fraction 0.25: /train the head, /val the tail of their concatenation")
-    expect(f["train"].compression == "gzip", "--compress: gzip datasets")
-head = os.path.join(work, "head.txt")
-open(head, "wb").write(concat[:-n_val])
-expect(losses("split_hdf5", 1, "data.source=hdf5", f"data.path={both}") ==
-       losses("split_text", 1, "data.source=text", f"data.path={head}"), "training reads /train only")
+@scenario
+def hdf5_trains_as_text_1x1():
+    """1x1: the hdf5 source gives the text source's losses, bit for bit."""
+    same_as_text(1, 1)
 
-# 3. A large input shows progress on stderr.
-big = os.path.join(work, "big.txt")
-with open(big, "wb") as f:
-    f.truncate(70 << 20)
-p = prepare("--input", big, "--output", os.path.join(work, "big.h5"))
-expect(p.returncode == 0 and "data prepare: 64.0 MiB of 70.0 MiB" in p.stderr, f"progress line ({p.stderr.strip()})")
 
-# 4. Bad input: exit 2, one message naming what is wrong, nothing written or left behind.
-empty = os.path.join(work, "empty.txt")
-open(empty, "w").close()
-existing = os.path.join(work, "existing.h5")
-open(existing, "w").write("keep me")
-for name, argv, want in [
-        ("missing input", ["--input", "/nonexistent/x.txt", "--output", os.path.join(work, "o1.h5")], "/nonexistent/x.txt"),
-        ("empty input", ["--input", empty, "--output", os.path.join(work, "o2.h5")], "empty"),
-        ("output exists", ["--input", corpus, "--output", existing], "--force"),
-        ("fraction 1", ["--input", corpus, "--output", os.path.join(work, "o3.h5"), "--val-fraction", "1"], "[0, 1)"),
-        ("no output dir", ["--input", corpus, "--output", "/nonexistent/dir/o.h5"], "/nonexistent/dir/o.h5")]:
-    p = prepare(*argv)
-    expect(p.returncode == 2 and want in p.stderr and p.stderr.count("error") == 1,
-           f"prepare, {name}: exit 2 naming it ({p.returncode}: {p.stderr.strip()})")
-expect(open(existing).read() == "keep me", "an existing output is left as it was")
-expect(not any(".tmp." in n for n in os.listdir(work)), "no temporary file left behind")
-shard = os.path.join(work, "hdf5_1x1", "checkpoints", "step_00000008", "stage_000.h5")
-wide = os.path.join(work, "wide.h5")  # 16-bit tokens: not what this pipetrain reads
-with h5py.File(wide, "w") as f:
-    f.attrs["vocab_size"], f.attrs["format_version"] = 256, 1
-    f["train"] = list(range(200))
-    f["train"].attrs["note"] = "int64"
-for name, sets, want in [("token file missing", ["data.path=/nonexistent/d.h5"], "/nonexistent/d.h5"),
-                         ("tokens not bytes", [f"data.path={wide}"], "byte tokens (uint8)"),
-                         ("not a token file", [f"data.path={shard}"], "no token dataset /train"),
-                         ("vocab too small", [f"data.path={whole}", "model.vocab=200"], "model.vocab = 200")]:
-    r = launch(args, 1, os.path.join(work, "bad_" + name.replace(" ", "_")), tiny,
-               ["run.steps=2", "data.source=hdf5", *sets])
-    expect(r.rc == 2 and want in r.err and "data.path" in r.err, f"train on hdf5, {name}: exit 2 ({r.err.strip()})")
-finish()
+@scenario
+def hdf5_trains_as_text_2x2():
+    """2x2: the same."""
+    same_as_text(2, 2)
+
+
+@scenario
+def hdf5_resume_keeps_the_order():
+    """A run resumed from its step-4 checkpoint matches steps 5-8 of the uninterrupted run."""
+    a = settings()
+    full = launch(a, 2, os.path.join(a.work, "hdf5_ckpt"), tiny(),
+                  BASE + ["parallel.pp=2", "data.source=hdf5", f"data.path={whole()}", "checkpoint.every_steps=4"])
+    resumed = launch(a, 2, os.path.join(a.work, "hdf5_resumed"), tiny(),
+                     BASE + ["parallel.pp=2", "data.source=hdf5", f"data.path={whole()}"],
+                     extra=["--resume", os.path.join(full.run_dir, "checkpoints", "step_00000004")])
+    expect(full.rc == 0 and resumed.rc == 0 and
+           [m["loss"] for m in resumed.metrics()] == [m["loss"] for m in full.metrics()][4:],
+           "hdf5 source: resumed from step 4, steps 5-8 equal the uninterrupted run's, bit for bit")
+
+
+@scenario
+def validation_split_and_compression():
+    """Two inputs, a quarter held out: /train is the head of the concatenation, /val the tail;
+    --compress gzips; training on /train equals training on a text file of exactly those bytes."""
+    a = settings()
+    text = readme()
+    second = os.path.join(a.work, "second.txt")
+    open(second, "wb").write(text[::-1])
+    both, concat = os.path.join(a.work, "split.h5"), text + text[::-1]
+    p = prepare("--input", corpus(), second, "--output", both, "--val-fraction", "0.25", "--compress")
+    n_val = int(len(concat) * 0.25)
+    with h5py.File(both) as f:
+        expect(p.returncode == 0 and bytes(f["train"][:]) == concat[:-n_val] and bytes(f["val"][:]) == concat[-n_val:],
+               "two inputs, --val-fraction 0.25: /train the head, /val the tail of their concatenation")
+        expect(f["train"].compression == "gzip", "--compress: gzip datasets")
+    head = os.path.join(a.work, "head.txt")
+    open(head, "wb").write(concat[:-n_val])
+    expect(losses("split_hdf5", 1, "data.source=hdf5", f"data.path={both}") ==
+           losses("split_text", 1, "data.source=text", f"data.path={head}"), "training reads /train only")
+
+
+@scenario
+def large_input_shows_progress():
+    """An input over 64 MiB prints progress on stderr."""
+    a = settings()
+    big = os.path.join(a.work, "big.txt")
+    with open(big, "wb") as f:
+        f.truncate(70 << 20)
+    p = prepare("--input", big, "--output", os.path.join(a.work, "big.h5"))
+    expect(p.returncode == 0 and "data prepare: 64.0 MiB of 70.0 MiB" in p.stderr, f"progress line ({p.stderr.strip()})")
+
+
+@scenario
+def prepare_bad_input():
+    """A missing or empty input, an existing output, --val-fraction 1, a missing output folder: exit
+    2, one message naming what is wrong, nothing written or left behind."""
+    a = settings()
+    empty = os.path.join(a.work, "empty.txt")
+    open(empty, "w").close()
+    existing = os.path.join(a.work, "existing.h5")
+    open(existing, "w").write("keep me")
+    for name, argv, want in [
+            ("missing input", ["--input", "/nonexistent/x.txt", "--output", os.path.join(a.work, "o1.h5")], "/nonexistent/x.txt"),
+            ("empty input", ["--input", empty, "--output", os.path.join(a.work, "o2.h5")], "empty"),
+            ("output exists", ["--input", corpus(), "--output", existing], "--force"),
+            ("fraction 1", ["--input", corpus(), "--output", os.path.join(a.work, "o3.h5"), "--val-fraction", "1"], "[0, 1)"),
+            ("no output dir", ["--input", corpus(), "--output", "/nonexistent/dir/o.h5"], "/nonexistent/dir/o.h5")]:
+        p = prepare(*argv)
+        expect(p.returncode == 2 and want in p.stderr and p.stderr.count("error") == 1,
+               f"prepare, {name}: exit 2 naming it ({p.returncode}: {p.stderr.strip()})")
+    expect(open(existing).read() == "keep me", "an existing output is left as it was")
+    expect(not any(".tmp." in n for n in os.listdir(a.work)), "no temporary file left behind")
+
+
+@scenario
+def train_on_a_bad_token_file():
+    """Training on a missing token file, 16-bit tokens, an HDF5 file that is not a token file (a
+    checkpoint shard) or a vocabulary larger than model.vocab: exit 2 naming data.path."""
+    a = settings()
+    trained = shared_run("hdf5_1x1", 1, tiny(), BASE + ["data.source=hdf5", f"data.path={whole()}"])
+    expect(trained.rc == 0, f"a run on the token file: exit 0 (got {trained.rc})")
+    shard = os.path.join(trained.run_dir, "checkpoints", "step_00000008", "stage_000.h5")
+    wide = os.path.join(a.work, "wide.h5")  # 16-bit tokens: not what this pipetrain reads
+    with h5py.File(wide, "w") as f:
+        f.attrs["vocab_size"], f.attrs["format_version"] = 256, 1
+        f["train"] = list(range(200))
+        f["train"].attrs["note"] = "int64"
+    for name, sets, want in [("token file missing", ["data.path=/nonexistent/d.h5"], "/nonexistent/d.h5"),
+                             ("tokens not bytes", [f"data.path={wide}"], "byte tokens (uint8)"),
+                             ("not a token file", [f"data.path={shard}"], "no token dataset /train"),
+                             ("vocab too small", [f"data.path={whole()}", "model.vocab=200"], "model.vocab = 200")]:
+        r = launch(a, 1, os.path.join(a.work, "bad_" + name.replace(" ", "_")), tiny(),
+                   ["run.steps=2", "data.source=hdf5", *sets])
+        expect(r.rc == 2 and want in r.err and "data.path" in r.err, f"train on hdf5, {name}: exit 2 ({r.err.strip()})")
+
+
+if __name__ == "__main__":
+    run_scenarios()
