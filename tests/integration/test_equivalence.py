@@ -81,13 +81,19 @@ def recompute_modes():
         same(f"recompute={mode} 2x2 vs none 1x1", run(f"2x2_{mode}", 2, 2, f"parallel.recompute={mode}"), ref)
 
 
+def on_layouts(schedule, ref):
+    """`schedule` on 2x1, 4x1 (M > P), 2x2 and 4x1 with M < P (all warm-up) against GPipe 1x1."""
+    for pp, dp, m in [(2, 1, 4), (4, 1, 8), (2, 2, 2), (4, 1, 2)]:
+        same(f"{schedule} {pp}x{dp} M={m} vs gpipe 1x1", run(f"{schedule}_{pp}x{dp}_m{m}", pp, dp,
+                                                              f"parallel.schedule={schedule}",
+                                                              f"parallel.micro_batches={m}"), ref)
+
+
 @scenario
 def one_f_one_b():
     """1F1B, including M < P (all warm-up) and with block recompute."""
     ref = reference()
-    for pp, dp, m in [(2, 1, 4), (4, 1, 8), (2, 2, 2), (4, 1, 2)]:
-        same(f"1f1b {pp}x{dp} M={m} vs gpipe 1x1", run(f"1f1b_{pp}x{dp}_m{m}", pp, dp, "parallel.schedule=1f1b",
-                                                         f"parallel.micro_batches={m}"), ref)
+    on_layouts("1f1b", ref)
     same("1f1b 2x2 recompute=block vs gpipe 1x1", run("1f1b_2x2_block", 2, 2, "parallel.schedule=1f1b",
                                                       "parallel.recompute=block"), ref)
 
@@ -95,10 +101,7 @@ def one_f_one_b():
 @scenario
 def zero_bubble():
     """zb-h1: backward split into B and W, run apart; including M < P."""
-    ref = reference()
-    for pp, dp, m in [(2, 1, 4), (4, 1, 8), (2, 2, 2), (4, 1, 2)]:
-        same(f"zb-h1 {pp}x{dp} M={m} vs gpipe 1x1", run(f"zb_{pp}x{dp}_m{m}", pp, dp, "parallel.schedule=zb-h1",
-                                                          f"parallel.micro_batches={m}"), ref)
+    on_layouts("zb-h1", reference())
 
 
 @scenario
