@@ -9,10 +9,8 @@ import os
 
 import h5py
 import numpy as np
-from tests.lib.harness import parse_args, launch, expect, finish
+from tests.lib.harness import launch, expect, run_scenarios, scenario, settings
 
-args = parse_args()
-tiny = os.path.join(args.configs, "tiny.toml")
 # comm.timeout_s = 10: ranks that disagree on a skip stall (see below); the run then fails in seconds.
 common = ["parallel.pp=2", "parallel.dp=2", "run.steps=8", "checkpoint.every_steps=1", "checkpoint.keep_last=0",
           "log.trace_steps=0", "comm.timeout_s=10"]
@@ -47,7 +45,11 @@ def update_by_rank(run):
 # tensor of stage 1 alone, so stage 0 skips only if the ranks agree. A rank that applied the step
 # while others skipped it would hold a NaN (or parameters its replica lacks) and stall the next
 # save's collective file create, until comm.timeout_s ends the run with a failed exit.
-for tie in ["true", "false"]:
+def nan_at_step_5(tie):
+    """2x2, tie_embeddings = tie: a clean run, the same run with a NaN in rank 3's gradient at step
+    5, and a resume from the skipped step's checkpoint."""
+    args = settings()
+    tiny = os.path.join(args.configs, "tiny.toml")
     model = f"tie_embeddings={tie}"
     sets = common + [f"model.tie_embeddings={tie}", "log.trace_steps=8"]
     clean = launch(args, 4, os.path.join(args.work, f"clean_tie{tie}"), tiny, sets)
@@ -56,7 +58,7 @@ for tie in ["true", "false"]:
     faults = [l for l in bad.err.splitlines() if "fault" in l]
     expect(bad.rc == 0, f"{model}: run with a NaN at step 5: exit 0, no rank stalled ({faults[:1] or bad.err[-300:]})")
     if clean.rc != 0 or bad.rc != 0:
-        continue
+        return
     c, b = clean.metrics(), bad.metrics()
     expect([l["loss"] for l in b[:4]] == [l["loss"] for l in c[:4]], f"{model}: steps 1-4 identical to the clean run")
     expect(b[4]["skipped"] is True and b[4]["bad_steps"] == 1 and b[4]["grad_norm"] is None,
@@ -86,18 +88,41 @@ for tie in ["true", "false"]:
            f"would not)")
     expect(b[5]["loss"] != c[5]["loss"], f"{model}: and they differ from the clean run's (batch 5 really was not learned)")
 
-# Every step bad from step 4 on: the run stops after max_bad_steps of them, exit 1, one message.
-stop = launch(args, 4, os.path.join(args.work, "diverged"), tiny,
-              common + ["run.steps=20", "train.max_bad_steps=3", "checkpoint.every_steps=2"],
-              env={"PIPETRAIN_TEST_NAN": "0:3+"})
-expect(stop.rc == 1, f"3 bad steps in a row: exit 1 (got {stop.rc})")
-expect(stop.err.count("3 consecutive steps (4 to 6) had NaN or Inf") == 1 and "train.max_bad_steps = 3" in stop.err,
-       f"one message naming the steps and the key: {stop.err.strip()[-300:]}")
-lines = stop.metrics()
-expect([l["step"] for l in lines] == list(range(1, 7)) and [l["skipped"] for l in lines] == [False] * 3 + [True] * 3,
-       "log ends at step 6 with steps 4-6 skipped")
-saved = sorted(d for d in os.listdir(os.path.join(stop.run_dir, "checkpoints")) if d.startswith("step_"))
-expect(saved == ["step_00000002", "step_00000004", "step_00000006"], f"checkpoints kept on schedule: {saved}")
-finite = all(np.isfinite(v).all() for d in saved for v in state(os.path.join(stop.run_dir, "checkpoints", d)).values())
-expect(finite, "no checkpoint holds a NaN or Inf")
-finish()
+
+@scenario
+def tied_nan_skipped_everywhere():
+    """Tied embeddings: a NaN in one rank's gradient at step 5 makes every rank skip that update
+    (logged, counted, one message, each rank's trace); the state stays bit for bit that after step
+    4 and training continues as if batch 5 had never been seen."""
+    nan_at_step_5("true")
+
+
+@scenario
+def untied_nan_skipped_everywhere():
+    """Untied embeddings: the same."""
+    nan_at_step_5("false")
+
+
+@scenario
+def max_bad_steps_stop():
+    """Every step bad from step 4 on: the run stops after train.max_bad_steps = 3 of them with exit 1
+    and one message; checkpoints stay on schedule and none holds a NaN or Inf."""
+    args = settings()
+    tiny = os.path.join(args.configs, "tiny.toml")
+    stop = launch(args, 4, os.path.join(args.work, "diverged"), tiny,
+                  common + ["run.steps=20", "train.max_bad_steps=3", "checkpoint.every_steps=2"],
+                  env={"PIPETRAIN_TEST_NAN": "0:3+"})
+    expect(stop.rc == 1, f"3 bad steps in a row: exit 1 (got {stop.rc})")
+    expect(stop.err.count("3 consecutive steps (4 to 6) had NaN or Inf") == 1 and "train.max_bad_steps = 3" in stop.err,
+           f"one message naming the steps and the key: {stop.err.strip()[-300:]}")
+    lines = stop.metrics()
+    expect([l["step"] for l in lines] == list(range(1, 7)) and [l["skipped"] for l in lines] == [False] * 3 + [True] * 3,
+           "log ends at step 6 with steps 4-6 skipped")
+    saved = sorted(d for d in os.listdir(os.path.join(stop.run_dir, "checkpoints")) if d.startswith("step_"))
+    expect(saved == ["step_00000002", "step_00000004", "step_00000006"], f"checkpoints kept on schedule: {saved}")
+    finite = all(np.isfinite(v).all() for d in saved for v in state(os.path.join(stop.run_dir, "checkpoints", d)).values())
+    expect(finite, "no checkpoint holds a NaN or Inf")
+
+
+if __name__ == "__main__":
+    run_scenarios()

@@ -7,15 +7,17 @@ import math
 import os
 import statistics
 import subprocess
-from tests.lib.harness import parse_args, launch, expect, finish
+from tests.lib.harness import launch, expect, run_scenarios, scenario, settings
 
-args = parse_args()
-tiny = os.path.join(args.configs, "tiny.toml")
 M, TRACED = 4, 3
 
 
+def tiny():
+    return os.path.join(settings().configs, "tiny.toml")
+
+
 def plan(sets):
-    cmd = [args.bin, "plan", "--config", tiny, "--json"]
+    cmd = [settings().bin, "plan", "--config", tiny(), "--json"]
     for s in sets:
         cmd += ["--set", s]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -23,9 +25,11 @@ def plan(sets):
     return json.loads(p.stdout)
 
 
-for mode in ["none", "block"]:
+def metrics_and_trace(mode):
+    """A 2x1 run with parallel.recompute = mode: its metrics.jsonl against plan, its trace.json."""
+    a = settings()
     sets = ["parallel.pp=2", "run.steps=12", f"log.trace_steps={TRACED}", f"parallel.recompute={mode}"]
-    r = launch(args, 2, os.path.join(args.work, f"run_{mode}"), tiny, sets)
+    r = launch(a, 2, os.path.join(a.work, f"run_{mode}"), tiny(), sets)
     expect(r.rc == 0, f"2x1 recompute={mode}: exit 0 ({r.err[-200:]})")
     lines = r.metrics()
     per_stage = ["bubble_measured", "act_peak_bytes", "mem_peak_bytes", "comm_wait_s", "compute_s", "rank_step_s",
@@ -67,49 +71,91 @@ for mode in ["none", "block"]:
     expect((len(recomputes) > 0) == (mode != "none"), f"{mode}: recompute spans only when recomputing ({len(recomputes)})")
     expect(not any(e["args"]["step"] > TRACED for e in spans), f"{mode}: only the first {TRACED} steps traced")
 
-# A killed run: rank 0 dies while writing the step-5 checkpoint (test-only hook), and the last
-# log line is cut short as a kill mid-write would leave it.
-killed = os.path.join(args.work, "killed")
-r = launch(args, 2, killed, tiny, ["parallel.pp=2", "run.steps=50", "checkpoint.every_steps=5", "log.trace_steps=2"],
-           env={"PIPETRAIN_TEST_KILL_IN_SAVE": "0:5"})
-expect(r.rc != 0, f"killed run died (exit {r.rc})")
-with open(os.path.join(killed, "metrics.jsonl"), "a") as f:
-    f.write('{"step": 6, "loss": 4.1')
-rep = subprocess.run([args.bin, "report", killed, "--plots", os.path.join(args.work, "plots")], capture_output=True, text=True)
-expect(rep.returncode == 0, f"report on a killed run: exit 0 ({rep.stderr.strip()[-300:]})")
-expect("5 of 50 steps (incomplete" in rep.stdout, "report: says the run stopped at step 5 of 50")
-expect("missing: checkpoints: none saved" in rep.stdout, "report: says no checkpoint survived")
-expect("unreadable line" in rep.stdout, "report: says a log line was cut short")
-expect("plan" in rep.stdout and "sim" in rep.stdout, "report: measured next to predicted")
-expect("step by kernel: gemm" in rep.stdout, "report: shows where the step goes, by kernel class")
-pngs = sorted(os.listdir(os.path.join(args.work, "plots")))
-expect(pngs == ["bubble.png", "gantt.png", "loss.png", "memory.png"], f"report --plots wrote the four plots: {pngs}")
-# plan --compare-schedules: one line per schedule; zb-h1 holds what 1f1b holds, with less bubble;
-# interleaved (2 chunks per stage) holds 2(P-1-s) + P + 1 chunk-micro-batches for a bubble / V.
-cmp = subprocess.run([args.bin, "plan", "--config", tiny, "--set", "parallel.pp=4", "--set", "parallel.micro_batches=8",
-                      "--set", "model.n_layer=8", "--compare-schedules"], capture_output=True, text=True)
-rows = {l.split()[0]: l.split() for l in cmp.stdout.splitlines()[2:]}
-names = ["1f1b", "gpipe", "interleaved", "zb-h1"]
-expect(cmp.returncode == 0 and sorted(rows) == names, f"compare-schedules: four rows ({cmp.stdout!r})")
-if sorted(rows) == names:
-    expect(rows["gpipe"][3:7] == ["8"] * 4 and rows["1f1b"][3:7] == ["4", "3", "2", "1"] == rows["zb-h1"][3:7]
-           and rows["interleaved"][3:7] == ["11", "9", "7", "5"],
-           "compare-schedules: micro-batches held per stage, gpipe M, 1f1b and zb-h1 P - stage, interleaved in chunks")
-    expect(float(rows["zb-h1"][1]) < float(rows["1f1b"][1]) == float(rows["gpipe"][1]),
-           "compare-schedules: zb-h1's bubble below 1f1b's, which equals gpipe's")
-    expect(abs(float(rows["interleaved"][1]) - 3 / (2 * 8 + 3)) < 1e-4, "compare-schedules: interleaved (P-1)/(VM+P-1)")
 
-# A run resumed on another layout: per-stage figures come from the current layout's steps only.
-moved = os.path.join(args.work, "relayout")
-r1 = launch(args, 2, moved, tiny, ["parallel.pp=2", "run.steps=6", "log.trace_steps=0"])
-r2 = launch(args, 1, moved, tiny, ["run.steps=12", "log.trace_steps=0"])
-rep = subprocess.run([args.bin, "report", moved], capture_output=True, text=True)
-plan1 = plan(["run.steps=12"])
-want = f"activations {plan1['stages'][0]['act_peak_bytes']['none'] / 2**20:.2f} MiB (plan"
-expect(r1.rc == 0 and r2.rc == 0 and "(6 logged steps of an earlier layout left out" in rep.stdout and want in rep.stdout,
-       f"report after a resume on another layout: per-stage figures of the new layout only ({rep.stdout[-600:]!r})")
-empty = os.path.join(args.work, "empty")
-os.makedirs(empty)
-rep = subprocess.run([args.bin, "report", empty], capture_output=True, text=True)
-expect(rep.returncode == 2 and "neither config.toml nor metrics.jsonl" in rep.stderr, "report on an empty dir: exit 2, says why")
-finish()
+@scenario
+def metrics_and_trace_no_recompute():
+    """2x1 without recompute: per-stage numbers present and finite, kernel classes inside compute,
+    compute + waits within 5% of the step, activation and parameter bytes equal plan's; one F and
+    one B span per micro-batch and stage in GPipe order, no recompute spans, only the traced steps."""
+    metrics_and_trace("none")
+
+
+@scenario
+def metrics_and_trace_block_recompute():
+    """2x1 with block recompute: the same, with recompute spans."""
+    metrics_and_trace("block")
+
+
+@scenario
+def report_on_killed_run():
+    """A run killed while saving, its last log line cut short: report exits 0, says the run stopped
+    at step 5 of 50, that no checkpoint survived and a line is unreadable, shows measured next to
+    predicted and the step by kernel class, and --plots draws the four plots."""
+    a = settings()
+    # A killed run: rank 0 dies while writing the step-5 checkpoint (test-only hook), and the last
+    # log line is cut short as a kill mid-write would leave it.
+    killed = os.path.join(a.work, "killed")
+    r = launch(a, 2, killed, tiny(), ["parallel.pp=2", "run.steps=50", "checkpoint.every_steps=5", "log.trace_steps=2"],
+               env={"PIPETRAIN_TEST_KILL_IN_SAVE": "0:5"})
+    expect(r.rc != 0, f"killed run died (exit {r.rc})")
+    with open(os.path.join(killed, "metrics.jsonl"), "a") as f:
+        f.write('{"step": 6, "loss": 4.1')
+    rep = subprocess.run([a.bin, "report", killed, "--plots", os.path.join(a.work, "plots")], capture_output=True, text=True)
+    expect(rep.returncode == 0, f"report on a killed run: exit 0 ({rep.stderr.strip()[-300:]})")
+    expect("5 of 50 steps (incomplete" in rep.stdout, "report: says the run stopped at step 5 of 50")
+    expect("missing: checkpoints: none saved" in rep.stdout, "report: says no checkpoint survived")
+    expect("unreadable line" in rep.stdout, "report: says a log line was cut short")
+    expect("plan" in rep.stdout and "sim" in rep.stdout, "report: measured next to predicted")
+    expect("step by kernel: gemm" in rep.stdout, "report: shows where the step goes, by kernel class")
+    pngs = sorted(os.listdir(os.path.join(a.work, "plots")))
+    expect(pngs == ["bubble.png", "gantt.png", "loss.png", "memory.png"], f"report --plots wrote the four plots: {pngs}")
+
+
+@scenario
+def compare_schedules():
+    """plan --compare-schedules: one row per schedule with the micro-batches each stage holds;
+    zb-h1's bubble below 1f1b's (equal to gpipe's), interleaved's (P-1)/(VM+P-1)."""
+    a = settings()
+    # plan --compare-schedules: one line per schedule; zb-h1 holds what 1f1b holds, with less bubble;
+    # interleaved (2 chunks per stage) holds 2(P-1-s) + P + 1 chunk-micro-batches for a bubble / V.
+    cmp = subprocess.run([a.bin, "plan", "--config", tiny(), "--set", "parallel.pp=4", "--set", "parallel.micro_batches=8",
+                          "--set", "model.n_layer=8", "--compare-schedules"], capture_output=True, text=True)
+    rows = {l.split()[0]: l.split() for l in cmp.stdout.splitlines()[2:]}
+    names = ["1f1b", "gpipe", "interleaved", "zb-h1"]
+    expect(cmp.returncode == 0 and sorted(rows) == names, f"compare-schedules: four rows ({cmp.stdout!r})")
+    if sorted(rows) == names:
+        expect(rows["gpipe"][3:7] == ["8"] * 4 and rows["1f1b"][3:7] == ["4", "3", "2", "1"] == rows["zb-h1"][3:7]
+               and rows["interleaved"][3:7] == ["11", "9", "7", "5"],
+               "compare-schedules: micro-batches held per stage, gpipe M, 1f1b and zb-h1 P - stage, interleaved in chunks")
+        expect(float(rows["zb-h1"][1]) < float(rows["1f1b"][1]) == float(rows["gpipe"][1]),
+               "compare-schedules: zb-h1's bubble below 1f1b's, which equals gpipe's")
+        expect(abs(float(rows["interleaved"][1]) - 3 / (2 * 8 + 3)) < 1e-4, "compare-schedules: interleaved (P-1)/(VM+P-1)")
+
+
+@scenario
+def report_after_relayout():
+    """A run resumed on another layout: report's per-stage figures come from the new layout's
+    steps only, and it says how many earlier steps it left out."""
+    a = settings()
+    moved = os.path.join(a.work, "relayout")
+    r1 = launch(a, 2, moved, tiny(), ["parallel.pp=2", "run.steps=6", "log.trace_steps=0"])
+    r2 = launch(a, 1, moved, tiny(), ["run.steps=12", "log.trace_steps=0"])
+    rep = subprocess.run([a.bin, "report", moved], capture_output=True, text=True)
+    plan1 = plan(["run.steps=12"])
+    want = f"activations {plan1['stages'][0]['act_peak_bytes']['none'] / 2**20:.2f} MiB (plan"
+    expect(r1.rc == 0 and r2.rc == 0 and "(6 logged steps of an earlier layout left out" in rep.stdout and want in rep.stdout,
+           f"report after a resume on another layout: per-stage figures of the new layout only ({rep.stdout[-600:]!r})")
+
+
+@scenario
+def report_on_empty_dir():
+    """report on a directory with neither config.toml nor metrics.jsonl: exit 2, says why."""
+    a = settings()
+    empty = os.path.join(a.work, "empty")
+    os.makedirs(empty)
+    rep = subprocess.run([a.bin, "report", empty], capture_output=True, text=True)
+    expect(rep.returncode == 2 and "neither config.toml nor metrics.jsonl" in rep.stderr, "report on an empty dir: exit 2, says why")
+
+
+if __name__ == "__main__":
+    run_scenarios()

@@ -7,21 +7,24 @@ the weights by over 100x their tolerance."""
 import json
 import os
 
-from tests.lib.harness import parse_args, launch, expect, rel_diff, finish
+from tests.lib.harness import launch, expect, rel_diff, run_scenarios, scenario, settings
 
-args = parse_args()
-import torch  # noqa: E402
-from tests.lib import torch_gpt  # noqa: E402
-
-torch.set_num_threads(1)
-text = os.path.join(args.work, "corpus.txt")
-words = ["pipeline", "stage", "bubble", "micro", "batch", "gradient", "adam", "tensor", "rank", "node"]
-with open(text, "w") as f:  # a deterministic little corpus
-    f.write(" ".join(words[(i * 7 + i // 3) % len(words)] for i in range(4000)))
-data = open(text, "rb").read()
 L, C, H, T, V, B = 2, 32, 2, 16, 256, 8
+WORDS = ["pipeline", "stage", "bubble", "micro", "batch", "gradient", "adam", "tensor", "rank", "node"]
 
-for tie, pp in [(True, 1), (False, 1), (True, 2)]:
+
+def crosscheck(tie, pp):
+    """Runs pipetrain for 2 steps (tied or untied head, pp stages) and holds its step 2 to PyTorch's:
+    loss, gradient norm, the weights and both AdamW moments after the update."""
+    import torch  # only the scenarios need it (--list does not)
+    from tests.lib import torch_gpt
+
+    args = settings()
+    torch.set_num_threads(1)
+    text = os.path.join(args.work, "corpus.txt")
+    with open(text, "w") as f:  # a deterministic little corpus
+        f.write(" ".join(WORDS[(i * 7 + i // 3) % len(WORDS)] for i in range(4000)))
+    data = open(text, "rb").read()
     name = f"tie{int(tie)}_pp{pp}"
     sets = [f"model.n_layer={L}", f"model.d_model={C}", f"model.n_head={H}", f"model.seq_len={T}",
             f"model.tie_embeddings={'true' if tie else 'false'}", "data.source=text", f"data.path={text}",
@@ -91,4 +94,26 @@ for tie, pp in [(True, 1), (False, 1), (True, 2)]:
                signal(n, w2[n]).abs().max().clamp(min=1e-12)).item() for n in params)
     expect(gap > 100 * 1e-5, f"{name}: decay on the wrong tensors would move each by at least {gap:.1e} relative, "
            f"over 100x the weights' tolerance")
-finish()
+
+
+@scenario
+def tied_head():
+    """Tied embeddings, one stage: step 2's loss, gradient norm, AdamW weights and moments equal
+    PyTorch's; decay on the wrong tensors would be caught."""
+    crosscheck(True, 1)
+
+
+@scenario
+def untied_head():
+    """A separate lm_head, one stage: the same."""
+    crosscheck(False, 1)
+
+
+@scenario
+def tied_head_two_stages():
+    """Tied embeddings on a 2-stage pipeline: the same."""
+    crosscheck(True, 2)
+
+
+if __name__ == "__main__":
+    run_scenarios()

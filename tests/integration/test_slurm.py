@@ -1,33 +1,57 @@
 """Slurm, on a real local cluster (slurmctld + slurmd started by scripts/cluster/slurm-local.sh, always
-stopped at the end): jobs/train.sbatch runs 2x2 under srun with the same losses as mpiexec; a USR1
-to the batch script (preemption drill) checkpoints, requeues and resumes from the stop step to the
-same final loss; a one-minute time limit is met by checkpointing and requeueing with no step lost,
-each start resuming from the step the previous one saved; jobs/smoke.sbatch passes, and fails
-naming a broken checkpoint directory."""
+stopped at the end of each scenario): jobs/train.sbatch runs 2x2 under srun with the same losses as
+mpiexec; a USR1 to the batch script (preemption drill) checkpoints, requeues and resumes from the
+stop step to the same final loss; a one-minute time limit is met by checkpointing and requeueing
+with no step lost, each start resuming from the step the previous one saved; jobs/smoke.sbatch
+passes, and fails naming a broken checkpoint directory. The two drills compare against one
+uninterrupted mpiexec run, made once."""
+import contextlib
 import os
 import re
+import shutil
 import time
-from tests.lib.harness import parse_args, launch, expect, finish
-
-args = parse_args()
-repo = os.path.dirname(os.path.abspath(args.configs))
+from tests.lib.harness import launch, expect, run_scenarios, scenario, settings, shared_run
 from tests.lib.emulated_cluster import LOCAL_SH, Cluster, losses
 
-tiny = os.path.join(args.configs, "tiny.toml")
-cluster = Cluster(os.path.join(args.work, "cluster"), script=LOCAL_SH)
-runs = os.path.join(args.work, "runs")
+STEPS = 3000  # the drills' runs: ~30 s of work here, more than one 15 s launch on any machine this runs on
 
 
-def submit(script, name, *train_args, sbatch=(), lead=None):
-    out = os.path.join(args.work, f"{name}.out")
-    env = {"PIPETRAIN": args.bin, "CONFIG": tiny}  # sbatch passes the environment on to the job
+def tiny():
+    return os.path.join(settings().configs, "tiny.toml")
+
+
+def runs():
+    return os.path.join(settings().work, "runs")
+
+
+def cluster_dir():
+    """A fresh state directory for the scenario's cluster: WORK/cluster, not under the scenario's
+    own directory, since the Unix socket paths Slurm makes in its spool must stay under 108 bytes."""
+    d = os.path.join(os.path.dirname(settings().work), "cluster")
+    shutil.rmtree(d, ignore_errors=True)
+    return d
+
+
+@contextlib.contextmanager
+def cluster_up():
+    """The local Slurm cluster for one scenario; no daemon of it left running afterwards."""
+    cluster = Cluster(cluster_dir(), script=LOCAL_SH)
+    try:
+        with cluster:
+            yield cluster
+    finally:
+        left = cluster.leftovers()
+        expect(not left, f"no slurm daemon of this test left running ({left})")
+
+
+def submit(cluster, script, name, *train_args, sbatch=(), lead=None):
+    a = settings()
+    out = os.path.join(a.work, f"{name}.out")
+    env = {"PIPETRAIN": a.bin, "CONFIG": tiny()}  # sbatch passes the environment on to the job
     if lead is not None:
         env["LEAD"] = str(lead)
+    repo = os.path.dirname(os.path.abspath(a.configs))
     return cluster.sbatch(os.path.join(repo, "jobs", script), out, train_args, sbatch, env=env), out
-
-
-def wait_done(jid, timeout=300):
-    return cluster.wait_done(jid, timeout)
 
 
 def stops_and_resumes(log):
@@ -40,32 +64,45 @@ def stops_and_resumes(log):
 
 def train_args(name, steps):
     return ["--set", "parallel.pp=2", "--set", "parallel.dp=2", "--set", f"run.steps={steps}",
-            "--set", f"run.name={name}", "--set", f"run.out_dir={runs}", "--set", "log.trace_steps=0"]
+            "--set", f"run.name={name}", "--set", f"run.out_dir={runs()}", "--set", "log.trace_steps=0"]
 
 
-try:
-    with cluster:
-        # 1. train.sbatch under srun vs the same run under mpiexec
-        jid, out = submit("train.sbatch", "plain", *train_args("plain", 20))
-        info = wait_done(jid)
+def uninterrupted_losses():
+    """The drills' reference: the same 2x2 run under mpiexec, uninterrupted (made once; run.out_dir,
+    which --run-dir overrides, is left out so that both drills share it)."""
+    sets = [s for s in train_args("long", STEPS)[1::2] if not s.startswith("run.out_dir=")]
+    ref = shared_run("long", 4, tiny(), sets)
+    expect(ref.rc == 0, "uninterrupted mpiexec reference run")
+    return losses(ref.run_dir)
+
+
+@scenario
+def srun_matches_mpiexec():
+    """jobs/train.sbatch runs 2x2 under srun to completion, with the same losses as mpiexec, and the
+    job log names the Slurm job."""
+    a = settings()
+    with cluster_up() as cluster:
+        jid, out = submit(cluster, "train.sbatch", "plain", *train_args("plain", 20))
+        info = cluster.wait_done(jid, 300)
         expect(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0", f"train.sbatch 2x2 completes: {info.get('JobState')} {info.get('ExitCode')}")
-        ref = launch(args, 4, os.path.join(args.work, "ref_plain"), tiny, [s for s in train_args("plain", 20)[1::2]])
-        expect(ref.rc == 0 and losses(os.path.join(runs, "plain")) == losses(ref.run_dir), "srun run's losses equal the mpiexec run's")
+        ref = launch(a, 4, os.path.join(a.work, "ref_plain"), tiny(), [s for s in train_args("plain", 20)[1::2]])
+        expect(ref.rc == 0 and losses(os.path.join(runs(), "plain")) == losses(ref.run_dir), "srun run's losses equal the mpiexec run's")
         expect("Slurm job " + jid in open(out).read(), "the job log names the Slurm job")
 
-        STEPS = 3000  # ~30 s of work here: more than one 15 s launch on any machine this runs on
-        ref = launch(args, 4, os.path.join(args.work, "ref_long"), tiny, [s for s in train_args("long", STEPS)[1::2]])
-        expect(ref.rc == 0, "uninterrupted mpiexec reference run")
-        ref_losses = losses(ref.run_dir)
 
-        # 2. Preemption drill: USR1 to the batch script mid-run -> checkpoint -> requeue -> resume.
-        jid, out = submit("train.sbatch", "preempt", *train_args("preempt", STEPS))
-        metrics = os.path.join(runs, "preempt", "metrics.jsonl")
+@scenario
+def preemption_drill():
+    """USR1 to the batch script mid-run: checkpoint, requeue once, resume from the step the stop
+    saved; every step logged once, the uninterrupted run's losses."""
+    with cluster_up() as cluster:
+        ref_losses = uninterrupted_losses()
+        jid, out = submit(cluster, "train.sbatch", "preempt", *train_args("preempt", STEPS))
+        metrics = os.path.join(runs(), "preempt", "metrics.jsonl")
         deadline = time.time() + 120
         while time.time() < deadline and not (os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 100):
             time.sleep(0.2)
         cluster.sh("scancel", "--batch", "--signal=USR1", jid)
-        info = wait_done(jid)
+        info = cluster.wait_done(jid, 300)
         log = open(out).read()
         expect(info.get("JobState") == "COMPLETED" and info.get("Restarts") == "1",
                f"preempted job requeued once and completed: {info.get('JobState')} restarts {info.get('Restarts')}")
@@ -74,15 +111,22 @@ try:
         pairs = stops_and_resumes(log)
         expect(len(pairs) == 1 and pairs[0][0] == pairs[0][1],
                f"the second start resumed from the step the stop saved (stop step, resumed step: {pairs})")
-        got = losses(os.path.join(runs, "preempt"))
+        got = losses(os.path.join(runs(), "preempt"))
         expect([s for s, _ in got] == list(range(1, STEPS + 1)), "every step logged exactly once")
         expect(got == ref_losses, f"same losses as the uninterrupted run (final {got[-1][1]} vs {ref_losses[-1][1]})")
 
-        # 3. Time-limit drill: 1-minute limit, USR1 45 s before it; pipetrain's budget (time left - 45 s)
-        #    stops each launch in time, the job requeues until the run is done.
-        jid, out = submit("train.sbatch", "timelimit", *train_args("timelimit", STEPS),
+
+@scenario
+def time_limit_drill():
+    """A 1-minute limit with USR1 45 s before it: each launch checkpoints in time (never killed by the
+    limit), the job requeues until done, each start resuming from the step the previous one saved;
+    no step lost, the uninterrupted run's losses."""
+    with cluster_up() as cluster:
+        ref_losses = uninterrupted_losses()
+        # pipetrain's budget (time left - 45 s) stops each launch in time, the job requeues until the run is done.
+        jid, out = submit(cluster, "train.sbatch", "timelimit", *train_args("timelimit", STEPS),
                           sbatch=["--time=1", "--signal=B:USR1@45"], lead=45)
-        info = wait_done(jid, timeout=600)
+        info = cluster.wait_done(jid, 600)
         log = open(out).read()
         expect(info.get("JobState") == "COMPLETED" and int(info.get("Restarts", 0)) >= 1,
                f"time-limited job checkpointed, requeued and completed: {info.get('JobState')} restarts {info.get('Restarts')}")
@@ -92,23 +136,34 @@ try:
         pairs = stops_and_resumes(log)
         expect(len(pairs) == int(info.get("Restarts", 0)) and all(stop == resumed for stop, resumed in pairs),
                f"each start resumed from the step the previous stop saved (stop step, resumed step: {pairs})")
-        got = losses(os.path.join(runs, "timelimit"))
+        got = losses(os.path.join(runs(), "timelimit"))
         expect([s for s, _ in got] == list(range(1, STEPS + 1)) and got == ref_losses, "no step lost, same losses")
 
-        # 4. smoke.sbatch: passes on the healthy cluster, fails naming a broken checkpoint directory.
-        jid, out = submit("smoke.sbatch", "smoke_ok", "--set", f"run.out_dir={runs}")
-        info = wait_done(jid)
+
+@scenario
+def smoke_passes():
+    """jobs/smoke.sbatch passes on the healthy cluster."""
+    with cluster_up() as cluster:
+        jid, out = submit(cluster, "smoke.sbatch", "smoke_ok", "--set", f"run.out_dir={runs()}")
+        info = cluster.wait_done(jid, 300)
         log = open(out).read()
         expect(info.get("ExitCode") == "0:0" and "PASS" in log, f"smoke.sbatch passes ({info.get('ExitCode')})")
-        broken = os.path.join(args.work, "broken")
+
+
+@scenario
+def smoke_fails_on_broken_checkpoint_dir():
+    """jobs/smoke.sbatch with a file where the checkpoint directory should be fails naming it."""
+    a = settings()
+    with cluster_up() as cluster:
+        broken = os.path.join(a.work, "broken")
         os.makedirs(broken)
         open(os.path.join(broken, "checkpoints"), "w").write("a file where the checkpoint directory should be")
-        jid, out = submit("smoke.sbatch", "smoke_broken", "--run-dir", broken)
-        info = wait_done(jid)
+        jid, out = submit(cluster, "smoke.sbatch", "smoke_broken", "--run-dir", broken)
+        info = cluster.wait_done(jid, 300)
         log = open(out).read()
         expect(info.get("ExitCode") != "0:0" and re.search(r"FAIL:.*checkpoint I/O", log) is not None and "broken/checkpoints" in log,
                f"smoke.sbatch fails naming the checkpoint directory ({info.get('ExitCode')}): {log[-300:]!r}")
-finally:
-    left = cluster.leftovers()
-    expect(not left, f"no slurm daemon of this test left running ({left})")
-finish()
+
+
+if __name__ == "__main__":
+    run_scenarios()

@@ -6,22 +6,25 @@ on RUN_DIR/checkpoints in a private mount namespace (unshare), which the test's 
 whole MPI job share."""
 import os
 import subprocess
-from tests.lib.harness import parse_args, launch, expect, finish
+from tests.lib.harness import launch, expect, run_scenarios, scenario, settings
 
-args = parse_args()
-tiny = os.path.join(args.configs, "tiny.toml")
-base = ["parallel.pp=2", "log.trace_steps=0", "checkpoint.keep_last=0"]
-unshare = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]  # -r: a user namespace when not root
+BASE = ["parallel.pp=2", "log.trace_steps=0", "checkpoint.keep_last=0"]
+UNSHARE = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]  # -r: a user namespace when not root
+
+
+def tiny():
+    return os.path.join(settings().configs, "tiny.toml")
 
 
 def train_cmd(run_dir, sets, extra=""):
+    a = settings()
     flags = " ".join(f"--set {s}" for s in sets)
-    return f"{args.mpiexec} -n 2 {args.bin} train --config {tiny} --run-dir {run_dir} {flags} {extra}"
+    return f"{a.mpiexec} -n 2 {a.bin} train --config {tiny()} --run-dir {run_dir} {flags} {extra}"
 
 
 def in_namespace(script):
     """Runs a shell script in a private mount namespace; returns (rc, stdout, stderr)."""
-    p = subprocess.run(unshare + ["sh", "-c", script], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(UNSHARE + ["sh", "-c", script], capture_output=True, text=True, timeout=300)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -31,28 +34,34 @@ def section(out, name):
     return lines
 
 
-# 1. A file where the checkpoint directory should be: refused before training, exit 2.
-run = os.path.join(args.work, "file_in_the_way")
-os.makedirs(run)
-open(os.path.join(run, "checkpoints"), "w").close()
-r = launch(args, 2, run, tiny, base + ["run.steps=4"])
-expect(r.rc == 2, f"file in place of the checkpoint dir: exit 2 (got {r.rc})")
-expect(r.err.count(f"checkpoint dir {run}/checkpoints: cannot create (a file of that name is in the way)") == 1,
-       f"one message naming the path and the reason: {r.err.strip()[-300:]}")
-expect(not os.path.exists(os.path.join(run, "metrics.jsonl")) and os.path.isfile(os.path.join(run, "checkpoints")),
-       "nothing trained, the file left as it was")
+@scenario
+def file_in_place_of_checkpoint_dir():
+    """A file where the checkpoint directory should be: refused before training with exit 2 and one
+    message naming the path; the file is left as it was."""
+    a = settings()
+    run = os.path.join(a.work, "file_in_the_way")
+    os.makedirs(run)
+    open(os.path.join(run, "checkpoints"), "w").close()
+    r = launch(a, 2, run, tiny(), BASE + ["run.steps=4"])
+    expect(r.rc == 2, f"file in place of the checkpoint dir: exit 2 (got {r.rc})")
+    expect(r.err.count(f"checkpoint dir {run}/checkpoints: cannot create (a file of that name is in the way)") == 1,
+           f"one message naming the path and the reason: {r.err.strip()[-300:]}")
+    expect(not os.path.exists(os.path.join(run, "metrics.jsonl")) and os.path.isfile(os.path.join(run, "checkpoints")),
+           "nothing trained, the file left as it was")
 
-# 2. Disk full, on_error = warn: a 3 MiB tmpfs holds one tiny checkpoint (2.6 MiB), not two.
-#    Later saves fail and training goes on; the failed final save exits 1; step 2 stays intact.
-for mode in ["warn", "stop"]:
-    run = os.path.join(args.work, f"full_{mode}")
+
+def disk_full(mode):
+    """A 3 MiB tmpfs holds one tiny checkpoint (2.6 MiB), not two: the step-4 save and later ones
+    fail; step 2 stays intact (a copy is kept in RUN/saved_step_2). Returns the run directory."""
+    a = settings()
+    run = os.path.join(a.work, f"full_{mode}")
     ck = os.path.join(run, "checkpoints")
     os.makedirs(ck)
-    sets = base + ["run.steps=12", "checkpoint.every_steps=2", f"checkpoint.on_error={mode}"]
+    sets = BASE + ["run.steps=12", "checkpoint.every_steps=2", f"checkpoint.on_error={mode}"]
     rc, out, err = in_namespace(
         f"mount -t tmpfs -o size=3m tmpfs {ck} || exit 99\n"
         f"{train_cmd(run, sets)}; echo \"== rc $?\"\n"
-        f"echo '== verify'; {args.bin} ckpt verify {ck}/step_00000002\n"
+        f"echo '== verify'; {a.bin} ckpt verify {ck}/step_00000002\n"
         f"echo '== listing'; ls -a {ck}\n"
         f"cp -r {ck}/step_00000002 {run}/saved_step_2\n")
     expect(rc != 99, f"disk full ({mode}): tmpfs mounted in a private namespace ({err.strip()[-200:]})")
@@ -74,37 +83,58 @@ for mode in ["warn", "stop"]:
     expect(": ok (" in section(out, "verify"), f"disk full ({mode}): step 2 verifies: {section(out, 'verify').strip()}")
     listing = section(out, "listing").split()
     expect(not any(n.startswith(".tmp_") for n in listing), f"disk full ({mode}): no partial save left: {listing}")
+    return run
 
-# ... and the stopped run resumes from its intact checkpoint once there is space again, with the
-# same losses as a run that never hit the full disk.
-run = os.path.join(args.work, "full_stop")
-os.rename(os.path.join(run, "saved_step_2"), os.path.join(run, "checkpoints", "step_00000002"))
-ref = launch(args, 2, os.path.join(args.work, "reference"), tiny, base + ["run.steps=12", "checkpoint.every_steps=2"])
-again = launch(args, 2, run, tiny, base + ["run.steps=12", "checkpoint.every_steps=2"],
-               extra=["--resume", os.path.join(run, "checkpoints", "step_00000002")])
-expect(again.rc == 0 and ref.rc == 0, f"resume after the full disk: exit 0 ({again.err[-200:]})")
-expect([l["loss"] for l in again.metrics()] == [l["loss"] for l in ref.metrics()],
-       "resumed run's losses equal the uninterrupted run's, bit for bit")
 
-# 3. The file system turns read-only mid-run (after the first checkpoint): saves fail, training
-#    continues, the final save fails with exit 1, the checkpoint from before is intact.
-run = os.path.join(args.work, "read_only")
-ck = os.path.join(run, "checkpoints")
-os.makedirs(ck)
-sets = base + ["run.steps=600", "checkpoint.every_steps=100"]
-rc, out, err = in_namespace(
-    f"mount -t tmpfs -o size=64m tmpfs {ck} || exit 99\n"
-    f"{train_cmd(run, sets)} > {run}/train.out & pid=$!\n"  # its progress lines must not split the sections
-    f"while [ ! -e {ck}/latest ] && kill -0 $pid 2>/dev/null; do sleep 0.01; done\n"
-    f"mount -o remount,ro {ck}; echo '== remounted'; cat {ck}/latest\n"
-    f"wait $pid; echo \"== rc $?\"\n"
-    f"echo '== verify'; {args.bin} ckpt verify {ck}/$(cat {ck}/latest)\n")
-train_rc = int(out.split("== rc ")[1].split()[0]) if "== rc " in out else None
-first = section(out, "remounted").strip()
-expect(rc != 99 and first.startswith("step_"), f"read-only: remounted after checkpoint {first}")
-expect(train_rc == 1, f"read-only: the failed final save exits 1 (got {train_rc})")
-expect("Read-only file system" in err and "training continues (checkpoint.on_error = warn)" in err,
-       f"read-only: the failing save says why, training continues: {err.strip()[-300:]}")
-expect(len(open(os.path.join(run, "metrics.jsonl")).read().splitlines()) == 600, "read-only: all 600 steps trained")
-expect(": ok (" in section(out, "verify"), f"read-only: {first} verifies: {section(out, 'verify').strip()}")
-finish()
+@scenario
+def disk_full_warn():
+    """Disk full, checkpoint.on_error = warn: each failed save names its file and the free space,
+    training goes on to the end, the failed final save exits 1; step 2 intact, no partial save."""
+    disk_full("warn")
+
+
+@scenario
+def disk_full_stop_then_resume():
+    """Disk full, checkpoint.on_error = stop: the run stops at the first failed save with exit 1,
+    step 2 intact; once there is space it resumes from step 2 to the uninterrupted run's losses."""
+    a = settings()
+    run = disk_full("stop")
+    # ... and the stopped run resumes from its intact checkpoint once there is space again, with the
+    # same losses as a run that never hit the full disk.
+    os.rename(os.path.join(run, "saved_step_2"), os.path.join(run, "checkpoints", "step_00000002"))
+    ref = launch(a, 2, os.path.join(a.work, "reference"), tiny(), BASE + ["run.steps=12", "checkpoint.every_steps=2"])
+    again = launch(a, 2, run, tiny(), BASE + ["run.steps=12", "checkpoint.every_steps=2"],
+                   extra=["--resume", os.path.join(run, "checkpoints", "step_00000002")])
+    expect(again.rc == 0 and ref.rc == 0, f"resume after the full disk: exit 0 ({again.err[-200:]})")
+    expect([l["loss"] for l in again.metrics()] == [l["loss"] for l in ref.metrics()],
+           "resumed run's losses equal the uninterrupted run's, bit for bit")
+
+
+@scenario
+def read_only_mid_run():
+    """The file system turns read-only after the first checkpoint: saves fail saying why, training
+    continues to the end, the failed final save exits 1, the checkpoint from before verifies."""
+    a = settings()
+    run = os.path.join(a.work, "read_only")
+    ck = os.path.join(run, "checkpoints")
+    os.makedirs(ck)
+    sets = BASE + ["run.steps=600", "checkpoint.every_steps=100"]
+    rc, out, err = in_namespace(
+        f"mount -t tmpfs -o size=64m tmpfs {ck} || exit 99\n"
+        f"{train_cmd(run, sets)} > {run}/train.out & pid=$!\n"  # its progress lines must not split the sections
+        f"while [ ! -e {ck}/latest ] && kill -0 $pid 2>/dev/null; do sleep 0.01; done\n"
+        f"mount -o remount,ro {ck}; echo '== remounted'; cat {ck}/latest\n"
+        f"wait $pid; echo \"== rc $?\"\n"
+        f"echo '== verify'; {a.bin} ckpt verify {ck}/$(cat {ck}/latest)\n")
+    train_rc = int(out.split("== rc ")[1].split()[0]) if "== rc " in out else None
+    first = section(out, "remounted").strip()
+    expect(rc != 99 and first.startswith("step_"), f"read-only: remounted after checkpoint {first}")
+    expect(train_rc == 1, f"read-only: the failed final save exits 1 (got {train_rc})")
+    expect("Read-only file system" in err and "training continues (checkpoint.on_error = warn)" in err,
+           f"read-only: the failing save says why, training continues: {err.strip()[-300:]}")
+    expect(len(open(os.path.join(run, "metrics.jsonl")).read().splitlines()) == 600, "read-only: all 600 steps trained")
+    expect(": ok (" in section(out, "verify"), f"read-only: {first} verifies: {section(out, 'verify').strip()}")
+
+
+if __name__ == "__main__":
+    run_scenarios()
