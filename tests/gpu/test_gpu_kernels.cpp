@@ -323,7 +323,7 @@ TEST_CASE("whole stages on the GPU match the CPU: loss, output, input and parame
                         Case{0, 3, 0, 1, "none", true, true}}) {
     INFO("stage " << c.stage << "/" << c.n_stages << " recompute " << c.recompute << (c.split ? " split" : "")
                   << (c.tied ? " tied" : " untied"));
-    spec.parallel.recompute = c.recompute;
+    spec.parallel.recompute = *choice_named<Recompute>(c.recompute);
     spec.model.tie_embeddings = c.tied;
     set_compute_device(Device::cpu);
     const StageResult cpu = run_stage(spec, c.stage, c.n_stages, c.b0, c.b1, c.split);
