@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import h5py
-from tests.lib.harness import launch, expect, run_scenarios, scenario, settings, shared_run
+from tests.lib.harness import launch, expect, run_scenarios, scenario, settings, shared_path, shared_run
 
 BASE = ["run.steps=8", "log.every_steps=1", "log.trace_steps=0"]
 
@@ -20,16 +20,9 @@ def readme():
     return open(os.path.join(settings().configs, "..", "README.md"), "rb").read()
 
 
-def shared(name):
-    """A path in the directory the scenarios share."""
-    d = os.path.join(os.path.dirname(settings().work), "shared")
-    os.makedirs(d, exist_ok=True)
-    return os.path.join(d, name)
-
-
 def corpus():
     """The README as a text file to prepare and train on."""
-    path = shared("corpus.txt")
+    path = shared_path("corpus.txt")
     if not os.path.exists(path):
         open(path, "wb").write(readme())
     return path
@@ -41,7 +34,7 @@ def prepare(*extra):
 
 def whole():
     """The whole corpus as /train of a token file, /val empty (made once)."""
-    path = shared("whole.h5")
+    path = shared_path("whole.h5")
     if not os.path.exists(path):
         p = prepare("--input", corpus(), "--output", path, "--val-fraction", "0")
         expect(p.returncode == 0 and "train" in p.stdout, f"prepare: exit 0 ({p.stderr.strip()})")

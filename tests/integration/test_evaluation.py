@@ -5,7 +5,7 @@ without it); `pipetrain eval` gives a checkpoint's val_loss on any layout, equal
 logged at that step; bad input exits 2."""
 import os
 import subprocess
-from tests.lib.harness import launch, expect, rel_diff, run_scenarios, scenario, settings, shared_run
+from tests.lib.harness import launch, expect, rel_diff, run_scenarios, scenario, settings, shared_path, shared_run
 
 BASE = ["run.steps=10", "log.every_steps=3", "log.trace_steps=0"]
 
@@ -45,9 +45,8 @@ def corpus():
 def token_file(name="tokens.h5", val_fraction="0.2"):
     """A token file made by `data prepare` in the shared directory (made once)."""
     a = settings()
-    path = os.path.join(os.path.dirname(a.work), "shared", name)
+    path = shared_path(name)
     if not os.path.exists(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         p = subprocess.run([a.bin, "data", "prepare", "--input", corpus(), "--output", path, "--val-fraction",
                             val_fraction], capture_output=True, text=True)
         expect(p.returncode == 0, f"data prepare {name}: exit 0 ({p.stderr.strip()})")

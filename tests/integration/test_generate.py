@@ -5,7 +5,7 @@ that corpus; bad input exits 2. The scenarios share one 300-step training run on
 import os
 import random
 import subprocess
-from tests.lib.harness import expect, run_scenarios, scenario, settings, shared_run
+from tests.lib.harness import expect, run_scenarios, scenario, settings, shared_path, shared_run
 
 PROMPT = ["--prompt", "the pipeline "]
 
@@ -28,9 +28,7 @@ def language():
 def trained_checkpoint():
     """The step-300 checkpoint of a 2x1 run on the corpus (shared by the scenarios)."""
     a = settings()
-    shared = os.path.join(os.path.dirname(a.work), "shared")
-    os.makedirs(shared, exist_ok=True)
-    corpus, tokens = os.path.join(shared, "lang.txt"), os.path.join(shared, "lang.h5")
+    corpus, tokens = shared_path("lang.txt"), shared_path("lang.h5")
     with open(corpus, "w") as f:
         f.write(language()[1])
     if os.path.exists(tokens):  # data prepare does not overwrite; the same text gives the same tokens

@@ -11,20 +11,11 @@ Each scenario brings its own cluster up and down. Node-failure drills are tests/
 (CTest node_drill). Exits 77 (skipped) without root."""
 import contextlib
 import os
-import shutil
 import sys
-from tests.lib.harness import launch, expect, run_scenarios, scenario, settings
+from tests.lib.harness import launch, expect, fresh_module_dir, run_scenarios, scenario, settings
 from tests.lib.emulated_cluster import Cluster, losses, max_rel_diff
 
 COMMON = ["run.steps=30", "log.trace_steps=0", "comm.wait=yield", "checkpoint.every_steps=0"]
-
-
-def cluster_dir():
-    """A fresh state directory for the scenario's cluster: WORK/cluster, not under the scenario's
-    own directory, since the Unix socket paths Slurm makes in its spool must stay under 108 bytes."""
-    d = os.path.join(os.path.dirname(settings().work), "cluster")
-    shutil.rmtree(d, ignore_errors=True)
-    return d
 
 
 @contextlib.contextmanager
@@ -34,7 +25,7 @@ def cluster_up():
     if os.geteuid() != 0:
         print("skipped: the emulated cluster needs root (network namespaces)")
         sys.exit(77)
-    cluster = Cluster(cluster_dir(), 3)
+    cluster = Cluster(fresh_module_dir("cluster"), 3)
     try:
         with cluster:
             expect(sorted(cluster.node_states().items()) == [(f"node{i}", "idle") for i in (1, 2, 3)],

@@ -8,9 +8,8 @@ uninterrupted mpiexec run, made once."""
 import contextlib
 import os
 import re
-import shutil
 import time
-from tests.lib.harness import launch, expect, run_scenarios, scenario, settings, shared_run
+from tests.lib.harness import launch, expect, fresh_module_dir, run_scenarios, scenario, settings, shared_run
 from tests.lib.emulated_cluster import LOCAL_SH, Cluster, losses
 
 STEPS = 3000  # the drills' runs: ~30 s of work here, more than one 15 s launch on any machine this runs on
@@ -24,18 +23,10 @@ def runs():
     return os.path.join(settings().work, "runs")
 
 
-def cluster_dir():
-    """A fresh state directory for the scenario's cluster: WORK/cluster, not under the scenario's
-    own directory, since the Unix socket paths Slurm makes in its spool must stay under 108 bytes."""
-    d = os.path.join(os.path.dirname(settings().work), "cluster")
-    shutil.rmtree(d, ignore_errors=True)
-    return d
-
-
 @contextlib.contextmanager
 def cluster_up():
     """The local Slurm cluster for one scenario; no daemon of it left running afterwards."""
-    cluster = Cluster(cluster_dir(), script=LOCAL_SH)
+    cluster = Cluster(fresh_module_dir("cluster"), script=LOCAL_SH)
     try:
         with cluster:
             yield cluster

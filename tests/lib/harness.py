@@ -117,11 +117,27 @@ def run_scenarios():
     finish()
 
 
+def shared_path(name):
+    """A path in WORK/../shared, where a module's scenarios keep what they share (reference runs,
+    token files)."""
+    shared = os.path.join(os.path.dirname(settings().work), "shared")
+    os.makedirs(shared, exist_ok=True)
+    return os.path.join(shared, name)
+
+
+def fresh_module_dir(name):
+    """An emptied directory WORK/../<name> for this scenario: a shorter path than one inside its own
+    work directory (a Slurm cluster's Unix socket paths must stay under 108 bytes)."""
+    d = os.path.join(os.path.dirname(settings().work), name)
+    shutil.rmtree(d, ignore_errors=True)
+    return d
+
+
 def shared_run(name, ranks, config=None, sets=(), **kwargs):
     """A run several scenarios compare against, made by the first that needs it and reused by the
     others while the binary and the arguments are the same (WORK/../shared/<name>)."""
     a = settings()
-    run_dir = os.path.join(os.path.dirname(a.work), "shared", name)
+    run_dir = shared_path(name)
     stamp = json.dumps([os.path.getmtime(a.bin), ranks, config, list(sets), sorted(kwargs.items())])
     marker = os.path.join(run_dir, ".made_by")
     if os.path.exists(marker) and open(marker).read() == stamp:
