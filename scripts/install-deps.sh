@@ -5,6 +5,7 @@ packages=(g++ cmake make pkg-config mpich libmpich-dev libhdf5-mpich-dev libtoml
           libboost-program-options-dev catch2 libopenblas-dev nlohmann-json3-dev hdf5-tools python3-matplotlib
           slurmctld slurmd slurm-client
           python3 python3-numpy python3-h5py python3-torch procps
+          libsentencepiece-dev sentencepiece python3-sentencepiece
           clang libclang-rt-14-dev util-linux iproute2)  # clang + libFuzzer: scripts/check/fuzz.sh; unshare/setpriv/nsenter: tests; ip, tc: slurm-nodes.sh
 missing=()
 for p in "${packages[@]}"; do

@@ -19,7 +19,8 @@
 #include "pipetrain/tools/report.hpp"
 #include "pipetrain/dist/signals.hpp"
 #include "pipetrain/tools/smoke.hpp"
-#include "pipetrain/data/token_file.hpp"
+#include "pipetrain/data/corpus_formats.hpp"
+#include "pipetrain/data/prepare.hpp"
 #include "pipetrain/train/train.hpp"
 
 namespace po = boost::program_options;
@@ -38,7 +39,7 @@ const char* kUsage =
     "  ckpt    inspect | verify PATH: what a checkpoint holds / whether its shards are intact\n"
     "  report  RUN_DIR [--plots DIR]: summary of a finished or killed run, measured vs predicted\n"
     "  smoke   cluster health check under srun/mpiexec: links, all-reduce, checkpoint I/O, training\n"
-    "  data    prepare --input FILE... --output DATA.h5: text files into an HDF5 token dataset\n"
+    "  data    prepare | import | export | inspect: token files (text, SentencePiece, llm.c, nanoGPT, Megatron)\n"
     "\n"
     "pipetrain <command> --help shows the command's options.\n";
 
@@ -151,7 +152,7 @@ ExitCode generate_main(const std::vector<std::string>& args) {
   desc.add_options()("help,h", "show this help")(
       "checkpoint", po::value<std::string>(&opt.checkpoint), "checkpoint directory (any saved layout)")(
       "prompt", po::value<std::string>(&opt.prompt), "text to continue")(
-      "tokens", po::value<int>(&opt.tokens)->default_value(200), "bytes to generate")(
+      "tokens", po::value<int>(&opt.tokens)->default_value(200), "tokens to generate")(
       "temperature", po::value<double>(&opt.temperature)->default_value(1.0), "sampling temperature (0: greedy)")(
       "top-k", po::value<int>(&opt.top_k)->default_value(0), "sample among the k likeliest only (0: all)")(
       "seed", po::value<uint64_t>(&opt.seed)->default_value(0), "sampling seed: the same text for the same seed")(
@@ -229,30 +230,120 @@ ExitCode report_main(const std::vector<std::string>& args) {
   return run_offline([&] { return run_report(run_dir, plots); });
 }
 
-ExitCode data_main(const std::vector<std::string>& args) {
+ExitCode data_prepare(const std::vector<std::string>& args) {
   PrepareOptions opt;
   po::options_description desc("pipetrain data prepare --input FILE... --output DATA.h5 [options]   (no MPI)");
   desc.add_options()("help,h", "show this help")(
       "input", po::value<std::vector<std::string>>(&opt.inputs)->multitoken()->composing(),
-      "text files, concatenated in order (byte tokens)")("output", po::value<std::string>(&opt.output),
-                                                           "the token file to write (HDF5: /train, /val)")(
+      "text files, concatenated in order")("output", po::value<std::string>(&opt.output),
+                                             "the token file to write (HDF5: /train, /val)")(
       "val-fraction", po::value<double>(&opt.val_fraction)->default_value(0.1),
-      "share of the tokens, from the end, held out as /val")("compress", "gzip the token datasets")(
-      "force", "replace an existing output file");
-  if (args.empty() || args[0] != "prepare") {
-    const bool help = !args.empty() && (args[0] == "--help" || args[0] == "-h");
-    std::fputs("usage: pipetrain data prepare --input FILE... --output DATA.h5 [--val-fraction F] [--compress]\n",
-               help ? stdout : stderr);
-    return help ? ExitCode::ok : ExitCode::bad_input;
-  }
+      "share of the tokens, from the end, held out as /val")(
+      "tokenizer", po::value<std::string>(&opt.tokenizer)->default_value("bytes"), "bytes | sentencepiece")(
+      "vocab-size", po::value<int>(&opt.vocab_size), "sentencepiece: pieces to train (byte fallback on)")(
+      "model-type", po::value<std::string>(&opt.model_type)->default_value("bpe"), "sentencepiece: bpe | unigram")(
+      "tokenizer-model", po::value<std::string>(&opt.tokenizer_model), "sentencepiece: use this .model instead of training one")(
+      "sample-mb", po::value<double>(&opt.sample_mb)->default_value(64), "sentencepiece: train on about this many MiB of the text")(
+      "compress", "gzip the token datasets")("force", "replace an existing output file");
   po::variables_map vm;
-  if (auto done = parse("data prepare", desc, std::vector<std::string>(args.begin() + 1, args.end()), vm)) return *done;
+  if (auto done = parse("data prepare", desc, args, vm)) return *done;
   opt.compress = vm.count("compress") > 0;
   opt.force = vm.count("force") > 0;
   return run_offline([&] {
     std::printf("%s\n", prepare_token_file(opt).c_str());
     return ExitCode::ok;
   });
+}
+
+ExitCode data_import(const std::vector<std::string>& args) {
+  ImportOptions opt;
+  po::options_description desc("pipetrain data import --format llmc|nanogpt|megatron INPUT... --output DATA.h5 [options]");
+  desc.add_options()("help,h", "show this help")(
+      "format", po::value<std::string>(&opt.format), "llmc (llm.c shards) | nanogpt (headerless) | megatron (PREFIX of .idx/.bin)")(
+      "input", po::value<std::vector<std::string>>(&opt.inputs)->multitoken()->composing(), "the training inputs, in order")(
+      "output", po::value<std::string>(&opt.output), "the token file to write")(
+      "vocab-size", po::value<int64_t>(&opt.vocab_size), "ids must be below this (default: the largest id + 1)")(
+      "val-fraction", po::value<double>(&opt.val_fraction)->default_value(0.1),
+      "share of the tokens, from the end, held out as /val (without --val)")(
+      "val", po::value<std::vector<std::string>>(&opt.val)->multitoken()->composing(), "held-out inputs for /val")(
+      "dtype", po::value<std::string>(&opt.dtype)->default_value("uint16"), "nanogpt: uint8 | uint16 | uint32")(
+      "compress", "gzip the token datasets")("force", "replace an existing output file");
+  po::positional_options_description pos;
+  pos.add("input", -1);
+  po::variables_map vm;
+  if (auto done = parse("data import", desc, args, vm, pos)) return *done;
+  opt.compress = vm.count("compress") > 0;
+  opt.force = vm.count("force") > 0;
+  if (vm.count("val") && !vm["val-fraction"].defaulted()) {
+    std::fprintf(stderr, "pipetrain data import: error: --val and --val-fraction both say what /val is: give one\n");
+    return ExitCode::bad_input;
+  }
+  return run_offline([&] {
+    std::printf("%s\n", import_tokens(opt).c_str());
+    return ExitCode::ok;
+  });
+}
+
+ExitCode data_export(const std::vector<std::string>& args) {
+  ExportOptions opt;
+  std::string split = "train";
+  po::options_description desc("pipetrain data export DATA.h5 --format llmc|megatron --output OUT [options]");
+  desc.add_options()("help,h", "show this help")("input", po::value<std::string>(&opt.input), "the token file")(
+      "format", po::value<std::string>(&opt.format), "llmc (a shard file OUT) | megatron (OUT.idx + OUT.bin)")(
+      "output", po::value<std::string>(&opt.output), "the file (llmc) or prefix (megatron) to write")(
+      "split", po::value<std::string>(&split)->default_value("train"), "train | val")("force", "replace existing output");
+  po::positional_options_description pos;
+  pos.add("input", 1);
+  po::variables_map vm;
+  if (auto done = parse("data export", desc, args, vm, pos)) return *done;
+  opt.force = vm.count("force") > 0;
+  opt.val = split == "val";
+  if (opt.input.empty() || (split != "train" && split != "val")) {
+    std::fprintf(stderr, "pipetrain data export: error: %s\n",
+                 opt.input.empty() ? "which token file? (pipetrain data export DATA.h5 ...)" : ("--split " + split + " (train or val)").c_str());
+    return ExitCode::bad_input;
+  }
+  return run_offline([&] {
+    std::printf("%s\n", export_tokens(opt).c_str());
+    return ExitCode::ok;
+  });
+}
+
+ExitCode data_inspect(const std::vector<std::string>& args) {
+  std::string path;
+  int sample = 64;
+  po::options_description desc("pipetrain data inspect DATA.h5 [--sample N]");
+  desc.add_options()("help,h", "show this help")("input", po::value<std::string>(&path), "the token file")(
+      "sample", po::value<int>(&sample)->default_value(64), "tokens of /train to show decoded");
+  po::positional_options_description pos;
+  pos.add("input", 1);
+  po::variables_map vm;
+  if (auto done = parse("data inspect", desc, args, vm, pos)) return *done;
+  if (path.empty()) {
+    std::fprintf(stderr, "pipetrain data inspect: error: which token file? (pipetrain data inspect DATA.h5)\n");
+    return ExitCode::bad_input;
+  }
+  return run_offline([&] {
+    std::fputs(inspect_token_file(path, sample).c_str(), stdout);
+    return ExitCode::ok;
+  });
+}
+
+ExitCode data_main(const std::vector<std::string>& args) {
+  const char* usage =
+      "usage: pipetrain data prepare --input FILE... --output DATA.h5 [--tokenizer bytes|sentencepiece ...]\n"
+      "       pipetrain data import --format llmc|nanogpt|megatron INPUT... --output DATA.h5 [--val INPUT...]\n"
+      "       pipetrain data export DATA.h5 --format llmc|megatron --output OUT [--split train|val]\n"
+      "       pipetrain data inspect DATA.h5\n";
+  const std::string sub = args.empty() ? "" : args[0];
+  const std::vector<std::string> rest(args.begin() + (args.empty() ? 0 : 1), args.end());
+  if (sub == "prepare") return data_prepare(rest);
+  if (sub == "import") return data_import(rest);
+  if (sub == "export") return data_export(rest);
+  if (sub == "inspect") return data_inspect(rest);
+  const bool help = sub == "--help" || sub == "-h";
+  std::fputs(usage, help ? stdout : stderr);
+  return help ? ExitCode::ok : ExitCode::bad_input;
 }
 
 ExitCode ckpt_main(const std::vector<std::string>& args) {

@@ -99,6 +99,9 @@ std::string Manifest::to_json() const {
   for (auto& s : shards)
     shards_json.push_back({{"file", s.file}, {"bytes", s.bytes}, {"checksum", hex(s.checksum)}, {"tensors", s.tensors}});
   j["shards"] = shards_json;
+  if (!tokenizer.file.empty())
+    j["tokenizer"] = {{"kind", "sentencepiece"}, {"file", tokenizer.file}, {"bytes", tokenizer.bytes},
+                      {"checksum", hex(tokenizer.checksum)}};
   j["timing"] = {{"write_s", write_s}};
   return j.dump(2) + "\n";
 }
@@ -132,6 +135,11 @@ Manifest Manifest::parse(const std::string& text, const std::string& path) {
       sh.tensors = s.at("tensors").get<std::vector<std::string>>();
       m.shards.push_back(std::move(sh));
     }
+    if (j.contains("tokenizer")) {
+      m.tokenizer.file = j["tokenizer"].at("file").get<std::string>();
+      m.tokenizer.bytes = j["tokenizer"].at("bytes").get<uint64_t>();
+      m.tokenizer.checksum = std::stoull(j["tokenizer"].at("checksum").get<std::string>(), nullptr, 16);
+    }
     m.write_s = j.at("timing").at("write_s").get<double>();
   } catch (const json::exception& e) {
     throw SpecError(path + ": not a valid pipetrain manifest (" + e.what() + ")");
@@ -155,6 +163,8 @@ Manifest Manifest::parse(const std::string& text, const std::string& path) {
   for (auto& s : m.shards)
     require(!s.file.empty() && s.file.find('/') == std::string::npos && s.file != "." && s.file != "..",
             "shard file '" + s.file + "' is not a plain file name");
+  require(m.tokenizer.file.empty() || m.tokenizer.file == kTokenizerFile,
+          std::string("tokenizer.file must be ") + kTokenizerFile);
   return m;
 }
 
@@ -198,6 +208,18 @@ std::string verify_checkpoint(const std::string& dir, int part, int parts) {
     } catch (const std::exception& e) {
       return e.what();
     }
+  }
+  if (part == 0 && !m.tokenizer.file.empty()) {
+    const std::string path = dir + "/" + m.tokenizer.file;
+    uint64_t bytes = 0, sum = 0;
+    try {
+      sum = file_checksum(path, &bytes);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    if (bytes != m.tokenizer.bytes || sum != m.tokenizer.checksum)
+      return path + ": " + std::to_string(bytes) + " bytes, checksum " + hex(sum) + "; the manifest says " +
+             std::to_string(m.tokenizer.bytes) + " bytes, checksum " + hex(m.tokenizer.checksum) + " (corrupted)";
   }
   return "";
 }
@@ -329,6 +351,11 @@ double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const s
       const int r = topo.rank_of(s, 0);
       m.shards[s].checksum = all[3 * r + 1];
       m.shards[s].bytes = all[3 * r + 2];
+    }
+    if (!tokenizer_.empty()) {
+      write_file_atomically(tmp + "/" + kTokenizerFile, tokenizer_);
+      m.tokenizer.file = kTokenizerFile;
+      m.tokenizer.checksum = file_checksum(tmp + "/" + kTokenizerFile, &m.tokenizer.bytes);
     }
     m.write_s = now_s() - t0;
     write_file_atomically(tmp + "/manifest.json", m.to_json());

@@ -58,13 +58,14 @@ Dataset::Dataset(const RunSpec& spec, Split split)
     case DataSource::hdf5: {
       const std::string where = spec.origin("data.path") + ": data.path: ";
       try {
-        file_ = std::make_unique<TokenFile>(spec.data.path, val ? "val" : "train");
+        file_ = std::make_unique<TokenFile>(spec.data.path, split);
       } catch (const SpecError& e) {
         throw SpecError(where + e.what());
       }
       if (file_->vocab_size() > spec.model.vocab)
-        throw SpecError(where + "its tokens go up to vocab_size " + std::to_string(file_->vocab_size()) +
-                        " but model.vocab = " + std::to_string(spec.model.vocab));
+        throw SpecError(where + spec.data.path + " has vocab_size " + std::to_string(file_->vocab_size()) +
+                        " but model.vocab = " + std::to_string(spec.model.vocab) + " (set model.vocab to at least " +
+                        std::to_string(file_->vocab_size()) + ")");
       window_.resize(static_cast<size_t>(T_) + 1);
       break;
     }
@@ -108,10 +109,16 @@ size_t Dataset::window_start(int64_t g) {
 }
 
 void Dataset::sample(int64_t g, int* inputs, int* targets) {
-  const uint8_t* w = tokens_.data();
-  if (file_) file_->read(window_start(g), window_.size(), window_.data()), w = window_.data();
-  else w += window_start(g);
-  for (int t = 0; t < T_; ++t) inputs[t] = w[t], targets[t] = w[t + 1];
+  const size_t start = window_start(g);
+  auto copy = [&](const auto* w) {
+    for (int t = 0; t < T_; ++t) inputs[t] = static_cast<int>(w[t]), targets[t] = static_cast<int>(w[t + 1]);
+  };
+  if (file_) {
+    file_->read(start, window_.size(), window_.data());  // checks every id against the file's vocab_size
+    copy(window_.data());
+  } else {
+    copy(tokens_.data() + start);
+  }
 }
 
 void Dataset::micro_batch(int64_t step, int dp_rank, int mb, int* inputs, int* targets) {

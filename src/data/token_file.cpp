@@ -5,27 +5,31 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <memory>
 #include <nlohmann/json.hpp>
 
-#include "pipetrain/util/hdf5.hpp"
-#include "pipetrain/config/spec.hpp"
+#include "pipetrain/util/errors.hpp"
 #include "pipetrain/util/files.hpp"
+#include "pipetrain/util/hdf5.hpp"
 
 namespace fs = std::filesystem;
 
 namespace pipetrain {
 namespace {
 
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token files and imports assume a little-endian host");
+
 // Tokens per HDF5 chunk: a shuffled sample reads (and with --compress inflates) one or two chunks,
-// so small chunks keep random reads cheap; 64 KiB still compresses well.
+// so small chunks keep random reads cheap; 64 Ki tokens still compress well.
 constexpr hsize_t kChunk = 1 << 16;
-constexpr size_t kBlock = 8 << 20;   // bytes read and written at a time
+
+const char* dataset_name(Split split) { return split == Split::train ? "train" : "val"; }
+
+hid_t stored_type(int width) {
+  return width == 1 ? H5T_STD_U8LE : width == 2 ? H5T_STD_U16LE : H5T_STD_U32LE;
+}
 
 void write_attr(hid_t obj, const char* name, int64_t value) {
   if (write_scalar_attr(obj, name, value) < 0) throw std::runtime_error(std::string("attribute ") + name);
@@ -37,136 +41,104 @@ void write_attr(hid_t obj, const char* name, const std::string& value) {
   Handle attr(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   if (attr < 0 || H5Awrite(attr, type, value.c_str()) < 0) throw std::runtime_error(std::string("attribute ") + name);
 }
-hid_t create_dataset(hid_t file, const char* name, hsize_t n, bool compress) {
-  Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
-  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-  const hsize_t chunk = std::max<hsize_t>(1, std::min(kChunk, n));
-  H5Pset_chunk(dcpl, 1, &chunk);
-  if (compress) H5Pset_deflate(dcpl, 4);
-  return H5Dcreate2(file, name, H5T_NATIVE_UINT8, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+std::string read_string_attr(hid_t obj, const char* name) {
+  if (H5Aexists(obj, name) <= 0) return "";
+  Handle attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  Handle type(H5Aget_type(attr), H5Tclose);
+  if (H5Tget_class(type) != H5T_STRING || H5Tis_variable_str(type) > 0) return "";
+  std::string value(H5Tget_size(type), '\0');
+  if (H5Aread(attr, type, value.data()) < 0) return "";
+  return value.substr(0, value.find('\0'));
 }
 
-void write_range(hid_t dataset, hsize_t start, hsize_t n, const uint8_t* data) {
-  Handle file_space(H5Dget_space(dataset), H5Sclose);
-  H5Sselect_hyperslab(file_space, H5S_SELECT_SET, &start, nullptr, &n, nullptr);
-  Handle mem_space(H5Screate_simple(1, &n, nullptr), H5Sclose);
-  if (H5Dwrite(dataset, H5T_NATIVE_UINT8, mem_space, file_space, H5P_DEFAULT, data) < 0)
-    throw std::runtime_error("cannot write tokens (disk full?)");
+// A 1-D unsigned integer dataset's length and width; SpecError naming what is wrong.
+void describe_tokens(hid_t data, const std::string& what, size_t* n, int* width) {
+  Handle space(H5Dget_space(data), H5Sclose);
+  Handle type(H5Dget_type(data), H5Tclose);
+  const size_t w = H5Tget_size(type);
+  hsize_t dims = 0;
+  if (H5Tget_class(type) != H5T_INTEGER || H5Tget_sign(type) != H5T_SGN_NONE || (w != 1 && w != 2 && w != 4) ||
+      H5Sget_simple_extent_ndims(space) != 1 || H5Sget_simple_extent_dims(space, &dims, nullptr) < 0)
+    throw SpecError(what + " is not a 1-D array of unsigned 8-, 16- or 32-bit token ids");
+  *n = dims, *width = static_cast<int>(w);
+}
+
+// Opens a token file read-only and checks its format version; the caller owns the id.
+hid_t open_token_file(const std::string& path) {
+  const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (file < 0) throw SpecError(path + ": cannot open as an HDF5 token file (missing? made by pipetrain data prepare?)");
+  const int64_t format = read_scalar_attr(file, "format_version");
+  if (format != 1 && format != kTokenFileFormat) {
+    H5Fclose(file);
+    throw SpecError(path + ": token file format " + std::to_string(format) + ", this pipetrain reads 1 and " +
+                    std::to_string(kTokenFileFormat));
+  }
+  return file;
 }
 
 }  // namespace
 
-std::string prepare_token_file(const PrepareOptions& opt) {
-  if (opt.inputs.empty()) throw SpecError("data prepare: no --input file given");
-  if (opt.output.empty()) throw SpecError("data prepare: no --output file given");
-  if (!(opt.val_fraction >= 0 && opt.val_fraction < 1))
-    throw SpecError("data prepare: --val-fraction " + std::to_string(opt.val_fraction) + " is not in [0, 1)");
-  std::error_code ec;
-  if (fs::exists(opt.output, ec) && !opt.force)
-    throw SpecError("data prepare: " + opt.output + " exists (--force replaces it)");
-  // Every input readable and non-empty before anything is written.
-  uint64_t total = 0;
-  nlohmann::json sources = nlohmann::json::array();
-  for (const auto& in : opt.inputs) {
-    struct stat st;
-    if (::stat(in.c_str(), &st) != 0) throw SpecError("data prepare: --input " + in + ": " + std::strerror(errno));
-    if (!S_ISREG(st.st_mode)) throw SpecError("data prepare: --input " + in + ": not a regular file");
-    if (st.st_size == 0) throw SpecError("data prepare: --input " + in + ": empty");
-    if (::access(in.c_str(), R_OK) != 0) throw SpecError("data prepare: --input " + in + ": " + std::strerror(errno));
-    total += static_cast<uint64_t>(st.st_size);
-    sources.push_back({{"path", fs::absolute(in, ec).string()}, {"bytes", st.st_size}});
-  }
-  const uint64_t val = static_cast<uint64_t>(std::floor(static_cast<double>(total) * opt.val_fraction));
-  const uint64_t train = total - val;
+int token_width_for(int64_t vocab) { return vocab <= 256 ? 1 : vocab <= 65536 ? 2 : 4; }
 
-  const std::string tmp = opt.output + ".tmp." + std::to_string(::getpid());
-  auto cleanup = [&] { fs::remove(tmp, ec); };
-  try {
-    Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-    if (file < 0) throw std::runtime_error("cannot create (directory missing or not writable?)");
-    write_attr(file, "format_version", kTokenFileFormat);
-    write_attr(file, "vocab_size", 256);
-    write_attr(file, "tokenizer", std::string("bytes"));
-    const std::time_t now = std::time(nullptr);
-    char when[32];
-    std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    write_attr(file, "sources", nlohmann::json{{"inputs", sources}, {"val_fraction", opt.val_fraction},
-                                                {"created", when}, {"by", "pipetrain data prepare"}}
-                                    .dump());
-    Handle train_ds(create_dataset(file, "train", train, opt.compress), H5Dclose);
-    Handle val_ds(create_dataset(file, "val", val, opt.compress), H5Dclose);
-    if (train_ds < 0 || val_ds < 0) throw std::runtime_error("cannot create the datasets");
-    // Compressed chunks reach the file when the datasets close: a full disk shows up there.
-    auto close = [](Handle& h) {
-      const herr_t status = h.close(h.id);
-      h.id = -1;
-      if (status < 0) throw std::runtime_error("cannot finish writing (disk full?)");
-    };
-    std::vector<uint8_t> block(kBlock);
-    // a progress line every 1/20 of a large input (at least 64 MiB apart)
-    const uint64_t report_every = std::max<uint64_t>(64ull << 20, total / 20);
-    uint64_t done = 0, next_report = report_every;
-    for (const auto& in : opt.inputs) {
-      std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(in.c_str(), "rb"), std::fclose);
-      if (!f) throw SpecError("data prepare: --input " + in + ": " + std::strerror(errno));
-      size_t got;
-      while ((got = std::fread(block.data(), 1, block.size(), f.get())) > 0) {
-        // the part of this block before the split goes to train, the rest to val
-        const uint64_t to_train = done < train ? std::min<uint64_t>(got, train - done) : 0;
-        if (to_train) write_range(train_ds, done, to_train, block.data());
-        if (got > to_train) write_range(val_ds, done + to_train - train, got - to_train, block.data() + to_train);
-        done += got;
-        if (total > (64ull << 20) && done >= next_report) {
-          std::fprintf(stderr, "data prepare: %s of %s\n", human_bytes(done).c_str(), human_bytes(total).c_str());
-          next_report += report_every;
-        }
-      }
-      if (std::ferror(f.get())) throw SpecError("data prepare: --input " + in + ": read error");
+void widen_ids(const uint8_t* raw, size_t n, int width, uint32_t* out) {
+  if (width == 1) {
+    for (size_t i = 0; i < n; ++i) out[i] = raw[i];
+  } else if (width == 2) {
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t v;
+      std::memcpy(&v, raw + 2 * i, 2);
+      out[i] = v;
     }
-    if (done != total) throw SpecError("data prepare: the inputs changed size while being read");
-    close(train_ds), close(val_ds), close(file);
-    sync_path(tmp);  // on disk before the rename makes it the output
-  } catch (const SpecError&) {
-    cleanup();
-    throw;
-  } catch (const std::exception& e) {
-    cleanup();
-    throw SpecError("data prepare: " + opt.output + ": " + e.what());
+  } else {
+    std::memcpy(out, raw, 4 * n);
   }
-  fs::rename(tmp, opt.output, ec);
-  if (ec) {
-    cleanup();
-    throw SpecError("data prepare: " + opt.output + ": " + ec.message());
-  }
-  return opt.output + ": " + std::to_string(train) + " train and " + std::to_string(val) +
-         " validation tokens (bytes, vocab 256) from " + std::to_string(opt.inputs.size()) + " file(s)" +
-         (opt.compress ? ", gzip" : "");
 }
 
-TokenFile::TokenFile(const std::string& path, const std::string& dataset) : path_(path), dataset_(dataset) {
-  file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (file_ < 0) throw SpecError(path + ": cannot open as an HDF5 token file (missing? made by pipetrain data prepare?)");
-  vocab_ = static_cast<int>(read_scalar_attr(file_, "vocab_size"));
-  const int64_t format = read_scalar_attr(file_, "format_version");
-  if (H5Lexists(file_, dataset.c_str(), H5P_DEFAULT) <= 0 || vocab_ <= 0) {
-    H5Fclose(file_);
-    throw SpecError(path + ": has no token dataset /" + dataset + (vocab_ <= 0 ? " or no vocab_size" : ""));
+uint64_t input_bytes(const std::vector<std::string>& inputs, const std::string& what) {
+  uint64_t total = 0;
+  for (const auto& in : inputs) {
+    struct stat st {};
+    if (::stat(in.c_str(), &st) != 0) throw SpecError(what + " " + in + ": " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) throw SpecError(what + " " + in + ": not a regular file");
+    if (st.st_size == 0) throw SpecError(what + " " + in + ": empty");
+    if (::access(in.c_str(), R_OK) != 0) throw SpecError(what + " " + in + ": " + std::strerror(errno));
+    total += static_cast<uint64_t>(st.st_size);
   }
-  if (format != kTokenFileFormat) {
-    H5Fclose(file_);
-    throw SpecError(path + ": token file format " + std::to_string(format) + ", this pipetrain reads " +
-                    std::to_string(kTokenFileFormat));
+  return total;
+}
+
+std::string sources_json(const std::vector<std::string>& inputs, const std::string& by, const std::string& extra_json) {
+  nlohmann::json list = nlohmann::json::array();
+  std::error_code ec;
+  for (const auto& in : inputs) {
+    struct stat st {};
+    ::stat(in.c_str(), &st);
+    list.push_back({{"path", fs::absolute(in, ec).string()}, {"bytes", st.st_size}});
   }
-  data_ = H5Dopen2(file_, dataset.c_str(), H5P_DEFAULT);
-  Handle space(H5Dget_space(data_), H5Sclose);
-  Handle type(H5Dget_type(data_), H5Tclose);
-  hsize_t n = 0;
-  const bool bytes = H5Tget_class(type) == H5T_INTEGER && H5Tget_size(type) == 1 && H5Tget_sign(type) == H5T_SGN_NONE;
-  if (!bytes || H5Sget_simple_extent_ndims(space) != 1 || H5Sget_simple_extent_dims(space, &n, nullptr) < 0) {
+  const std::time_t now = std::time(nullptr);
+  char when[32];
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  nlohmann::json j = extra_json.empty() ? nlohmann::json::object() : nlohmann::json::parse(extra_json);
+  j["inputs"] = list, j["created"] = when, j["by"] = by;
+  return j.dump();
+}
+
+// ---- reading ----
+
+TokenFile::TokenFile(const std::string& path, Split split) : path_(path), dataset_(dataset_name(split)) {
+  file_ = open_token_file(path);
+  vocab_ = read_scalar_attr(file_, "vocab_size");
+  if (H5Lexists(file_, dataset_.c_str(), H5P_DEFAULT) <= 0 || vocab_ <= 0) {
+    H5Fclose(file_);
+    throw SpecError(path + ": has no token dataset /" + dataset_ + (vocab_ <= 0 ? " or no vocab_size" : ""));
+  }
+  data_ = H5Dopen2(file_, dataset_.c_str(), H5P_DEFAULT);
+  try {
+    describe_tokens(data_, path + ": /" + dataset_, &size_, &width_);
+  } catch (...) {
     H5Dclose(data_), H5Fclose(file_);
-    throw SpecError(path + ": /" + dataset + " is not a 1-D array of byte tokens (uint8)");
+    throw;
   }
-  size_ = n;
 }
 
 TokenFile::~TokenFile() {
@@ -174,14 +146,149 @@ TokenFile::~TokenFile() {
   if (file_ >= 0) H5Fclose(file_);
 }
 
-void TokenFile::read(size_t start, size_t n, uint8_t* out) const {
+void TokenFile::read(size_t start, size_t n, uint32_t* out) const {
   hsize_t s = start, c = n;
   Handle file_space(H5Dget_space(data_), H5Sclose);
   H5Sselect_hyperslab(file_space, H5S_SELECT_SET, &s, nullptr, &c, nullptr);
   Handle mem_space(H5Screate_simple(1, &c, nullptr), H5Sclose);
-  if (H5Dread(data_, H5T_NATIVE_UINT8, mem_space, file_space, H5P_DEFAULT, out) < 0)
+  if (H5Dread(data_, H5T_NATIVE_UINT32, mem_space, file_space, H5P_DEFAULT, out) < 0)
     throw std::runtime_error(path_ + ": cannot read /" + dataset_ + " tokens " + std::to_string(start) + ".." +
                              std::to_string(start + n));
+  for (size_t i = 0; i < n; ++i)
+    if (out[i] >= vocab_)
+      throw SpecError(path_ + ": /" + dataset_ + " token " + std::to_string(start + i) + " is " +
+                      std::to_string(out[i]) + ", not below the file's vocab_size " + std::to_string(vocab_));
+}
+
+TokenFileInfo read_token_file_info(const std::string& path) {
+  Handle file(open_token_file(path), H5Fclose);
+  TokenFileInfo info;
+  info.format = static_cast<int>(read_scalar_attr(file, "format_version"));
+  info.vocab_size = read_scalar_attr(file, "vocab_size");
+  info.tokenizer = read_string_attr(file, "tokenizer");
+  info.sources = read_string_attr(file, "sources");
+  for (Split split : {Split::train, Split::val}) {
+    const char* name = dataset_name(split);
+    if (H5Lexists(file, name, H5P_DEFAULT) <= 0) throw SpecError(path + ": has no token dataset /" + name);
+    Handle data(H5Dopen2(file, name, H5P_DEFAULT), H5Dclose);
+    describe_tokens(data, path + ": /" + name, split == Split::train ? &info.train : &info.val, &info.width);
+    Handle dcpl(H5Dget_create_plist(data), H5Pclose);
+    info.compressed = info.compressed || H5Pget_nfilters(dcpl) > 0;
+  }
+  if (info.tokenizer == "sentencepiece") {
+    if (H5Lexists(file, "tokenizer_model", H5P_DEFAULT) <= 0)
+      throw SpecError(path + ": tokenizer sentencepiece but no /tokenizer_model");
+    Handle data(H5Dopen2(file, "tokenizer_model", H5P_DEFAULT), H5Dclose);
+    Handle space(H5Dget_space(data), H5Sclose);
+    const hssize_t n = H5Sget_simple_extent_npoints(space);
+    info.tokenizer_model.resize(n > 0 ? static_cast<size_t>(n) : 0);
+    if (n <= 0 || H5Dread(data, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, info.tokenizer_model.data()) < 0)
+      throw SpecError(path + ": cannot read /tokenizer_model");
+  } else if (info.tokenizer != "bytes" && info.tokenizer != "none") {
+    throw SpecError(path + ": unknown tokenizer \"" + info.tokenizer + "\" (bytes, sentencepiece or none)");
+  }
+  return info;
+}
+
+// ---- writing ----
+
+TokenFileWriter::TokenFileWriter(Options opt, uint64_t train, uint64_t val)
+    : opt_(std::move(opt)), train_(train), val_(val) {
+  std::error_code ec;
+  if (opt_.output.empty()) throw SpecError(opt_.what + ": no --output file given");
+  if (fs::exists(opt_.output, ec) && !opt_.force)
+    throw SpecError(opt_.what + ": " + opt_.output + " exists (--force replaces it)");
+  tmp_ = opt_.output + ".tmp." + std::to_string(::getpid());
+  file_ = H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (file_ < 0) throw SpecError(opt_.what + ": " + opt_.output + ": cannot create (directory missing or not writable?)");
+  try {
+    write_attr(file_, "format_version", kTokenFileFormat);
+    write_attr(file_, "tokenizer", opt_.tokenizer);
+    auto create = [&](const char* name, hsize_t n) {
+      Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+      Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+      const hsize_t chunk = std::max<hsize_t>(1, std::min(kChunk, n));
+      H5Pset_chunk(dcpl, 1, &chunk);
+      if (opt_.compress) H5Pset_deflate(dcpl, 4);
+      const hid_t d = H5Dcreate2(file_, name, stored_type(opt_.width), space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+      if (d < 0) throw std::runtime_error(std::string("cannot create /") + name);
+      return d;
+    };
+    train_ds_ = create("train", train_);
+    val_ds_ = create("val", val_);
+    if (!opt_.tokenizer_model.empty()) {
+      hsize_t n = opt_.tokenizer_model.size();
+      Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+      Handle d(H5Dcreate2(file_, "tokenizer_model", H5T_STD_U8LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+      if (d < 0 || H5Dwrite(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, opt_.tokenizer_model.data()) < 0)
+        throw std::runtime_error("cannot write /tokenizer_model");
+    }
+  } catch (const std::exception& e) {
+    abandon();
+    throw SpecError(opt_.what + ": " + opt_.output + ": " + e.what());
+  }
+}
+
+TokenFileWriter::~TokenFileWriter() {
+  if (!committed_) abandon();
+}
+
+void TokenFileWriter::abandon() {
+  for (int64_t* d : {&train_ds_, &val_ds_})
+    if (*d >= 0) H5Dclose(*d), *d = -1;
+  if (file_ >= 0) H5Fclose(file_), file_ = -1;
+  std::error_code ec;
+  if (!tmp_.empty()) fs::remove(tmp_, ec);
+}
+
+int64_t TokenFileWriter::vocab() const { return opt_.vocab > 0 ? opt_.vocab : static_cast<int64_t>(max_id_) + 1; }
+
+void TokenFileWriter::write(int64_t dataset, uint64_t start, uint64_t n, const void* data) {
+  hsize_t s = start, c = n;
+  Handle file_space(H5Dget_space(dataset), H5Sclose);
+  H5Sselect_hyperslab(file_space, H5S_SELECT_SET, &s, nullptr, &c, nullptr);
+  Handle mem_space(H5Screate_simple(1, &c, nullptr), H5Sclose);
+  if (H5Dwrite(dataset, stored_type(opt_.width), mem_space, file_space, H5P_DEFAULT, data) < 0)
+    throw SpecError(opt_.what + ": " + opt_.output + ": cannot write tokens (disk full?)");
+}
+
+void TokenFileWriter::append(const uint32_t* ids, size_t n, const std::string& source, uint64_t source_offset) {
+  if (done_ + n > train_ + val_) throw SpecError(opt_.what + ": " + source + ": more tokens than counted (changed while read?)");
+  const uint64_t limit = opt_.vocab > 0 ? static_cast<uint64_t>(opt_.vocab) : (1ull << (8 * opt_.width));
+  narrow_.resize(n * opt_.width);
+  for (size_t i = 0; i < n; ++i) {
+    if (ids[i] >= limit)
+      throw SpecError(opt_.what + ": " + source + ": token " + std::to_string(source_offset + i) + " is " +
+                      std::to_string(ids[i]) + ", not below the vocabulary size " + std::to_string(limit) +
+                      (opt_.vocab > 0 ? " (--vocab-size)" : ""));
+    max_id_ = std::max(max_id_, ids[i]);
+    std::memcpy(narrow_.data() + i * opt_.width, &ids[i], opt_.width);  // little-endian: the low bytes
+  }
+  const uint64_t to_train = done_ < train_ ? std::min<uint64_t>(n, train_ - done_) : 0;
+  if (to_train) write(train_ds_, done_, to_train, narrow_.data());
+  if (n > to_train) write(val_ds_, done_ + to_train - train_, n - to_train, narrow_.data() + to_train * opt_.width);
+  done_ += n;
+}
+
+void TokenFileWriter::commit(const std::string& sources) {
+  if (done_ != train_ + val_) throw SpecError(opt_.what + ": the inputs changed size while being read");
+  try {
+    write_attr(file_, "vocab_size", vocab());
+    write_attr(file_, "sources", sources);
+    // Compressed chunks reach the file when the datasets close: a full disk shows up here.
+    for (int64_t* h : {&train_ds_, &val_ds_, &file_}) {
+      const herr_t status = h == &file_ ? H5Fclose(*h) : H5Dclose(*h);
+      *h = -1;
+      if (status < 0) throw std::runtime_error("cannot finish writing (disk full?)");
+    }
+    sync_path(tmp_);  // on disk before the rename makes it the output
+  } catch (const std::exception& e) {
+    throw SpecError(opt_.what + ": " + opt_.output + ": " + e.what());
+  }
+  std::error_code ec;
+  fs::rename(tmp_, opt_.output, ec);
+  if (ec) throw SpecError(opt_.what + ": " + opt_.output + ": " + ec.message());
+  committed_ = true;
 }
 
 }  // namespace pipetrain

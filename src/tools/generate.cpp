@@ -6,6 +6,8 @@
 #include <numeric>
 
 #include "pipetrain/ckpt/checkpoint.hpp"
+#include "pipetrain/data/tokenizer.hpp"
+#include "pipetrain/util/files.hpp"
 #include "pipetrain/util/clock.hpp"
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/compute/kernels.hpp"
@@ -105,6 +107,48 @@ void recompute(Stage& stage, const RunSpec& spec, const std::vector<int>& tokens
   stage.discard(0, 0);
 }
 
+// The checkpoint's SentencePiece model when it carries one, else byte tokens.
+Tokenizer tokenizer_of(const std::string& checkpoint) {
+  const Manifest m = Manifest::read(checkpoint);
+  if (m.tokenizer.file.empty()) return Tokenizer();
+  const std::string path = checkpoint + "/" + m.tokenizer.file;
+  return Tokenizer::sentencepiece(read_input_file(path, "generate: the checkpoint's tokenizer", 1 << 30), path);
+}
+
+// Prints generated tokens as they come. Byte tokens go out as bytes (an id over 255 as <id>);
+// SentencePiece text is decoded from all tokens so far and the new part printed, held back while
+// it ends in a partial character (U+FFFD) that the next byte tokens may complete.
+class TextOut {
+ public:
+  explicit TextOut(const Tokenizer& tok) : tok_(tok) {}
+  void add(int id) {
+    if (tok_.is_bytes()) {
+      if (id < 256) std::fputc(id, stdout);
+      else std::printf("<%d>", id);
+    } else {
+      ids_.push_back(id);
+      flush(false);
+    }
+    std::fflush(stdout);
+  }
+  void finish() {
+    if (!tok_.is_bytes()) flush(true);
+    std::fputc('\n', stdout);
+  }
+
+ private:
+  void flush(bool last) {
+    const std::string text = tok_.decode(ids_);
+    static const std::string partial = "\xEF\xBF\xBD";
+    if (!last && text.size() >= 3 && text.compare(text.size() - 3, 3, partial) == 0) return;
+    if (text.compare(0, printed_.size(), printed_) == 0) std::fputs(text.c_str() + printed_.size(), stdout);
+    printed_ = text;
+  }
+  const Tokenizer& tok_;
+  std::vector<int> ids_;
+  std::string printed_;
+};
+
 }  // namespace
 
 int sample_token(const float* probs, int V, double temperature, int top_k, double u) {
@@ -143,11 +187,14 @@ ExitCode run_generate(const GenerateOptions& opt) {
     sets.push_back(s);
   const RunSpec spec = opt.config.empty() ? spec_of_checkpoint(opt.checkpoint, sets, 1) : load_spec(opt.config, sets, 1);
   const int V = spec.model.vocab, T = spec.model.seq_len;
-  std::vector<int> tokens(opt.prompt.begin(), opt.prompt.end());
-  for (int& t : tokens) {
-    t = static_cast<unsigned char>(t);
-    if (t >= V) throw SpecError("generate: the prompt has byte " + std::to_string(t) + ", beyond model.vocab = " + std::to_string(V));
-  }
+  const Tokenizer tok = tokenizer_of(opt.checkpoint);
+  std::vector<uint32_t> prompt_ids;
+  tok.encode(opt.prompt, &prompt_ids);
+  std::vector<int> tokens(prompt_ids.begin(), prompt_ids.end());
+  for (int t : tokens)
+    if (t >= V)
+      throw SpecError("generate: the prompt has token " + std::to_string(t) + " (" + tok.name() + "), beyond model.vocab = " +
+                      std::to_string(V));
   Stage stage(spec, 0, 1, 0, spec.model.n_layer, 1, 1.f);
   read_checkpoint_tensors(opt.checkpoint, stage.params(), stage.weights().host().data(), nullptr, nullptr);
   CachedGpt cached(spec, stage);
@@ -156,6 +203,7 @@ ExitCode run_generate(const GenerateOptions& opt) {
   std::vector<float> probs(V);
   size_t from = 0;  // the window's first token
   std::fwrite(opt.prompt.data(), 1, opt.prompt.size(), stdout);
+  TextOut out(tok);
   const double t0 = now_s();
   for (int i = 0; i < opt.tokens; ++i) {
     if (tokens.size() - from > static_cast<size_t>(T)) {  // slide: keep the last T / 2
@@ -169,10 +217,9 @@ ExitCode run_generate(const GenerateOptions& opt) {
     }
     const int next = sample_token(probs.data(), V, opt.temperature, opt.top_k, rng.uniform());
     tokens.push_back(next);
-    std::fputc(next, stdout);
-    std::fflush(stdout);
+    out.add(next);
   }
-  std::fputc('\n', stdout);
+  out.finish();
   const double secs = now_s() - t0;
   std::fprintf(stderr, "generated %d tokens in %.2f s (%.0f tokens/s, %s)\n", opt.tokens, secs, opt.tokens / secs,
                opt.use_cache ? "KV cache" : "recomputing the window");

@@ -24,14 +24,15 @@ std::string move_aside(const std::string& path) {
 }  // namespace
 
 std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t resumed_step,
-                            Checkpointer& checkpointer) {
+                            Checkpointer& checkpointer, const std::string& tokenizer_model) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir)) throw SpecError("run dir " + dir + ": cannot create (" + ec.message() + ")");
   try {
     write_file_atomically(dir + "/config.toml", resolved_toml(spec));
+    if (!tokenizer_model.empty()) write_file_atomically(dir + "/" + kTokenizerFile, tokenizer_model);
   } catch (const std::runtime_error& e) {
-    throw SpecError("run dir " + dir + ": cannot write config.toml (" + e.what() + ")");
+    throw SpecError("run dir " + dir + ": cannot write config.toml or " + kTokenizerFile + " (" + e.what() + ")");
   }
   const std::string metrics = dir + "/metrics.jsonl", checkpoints = dir + "/checkpoints";
   if (resumed_step > 0) {

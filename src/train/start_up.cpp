@@ -62,6 +62,12 @@ void read_spec_and_data(Run& run) {
     run.data = std::make_unique<Dataset>(spec);
     if (spec.eval.every_steps > 0) run.val = std::make_unique<Dataset>(spec, Split::val);
   }
+  // The run keeps its tokenizer (in RUN_DIR and every checkpoint); the file opened above.
+  if (run.world.rank() == 0 && spec.data.source == DataSource::hdf5 && !opt.eval_only) try {
+      run.tokenizer_model = read_token_file_info(spec.data.path).tokenizer_model;
+    } catch (const SpecError& e) {
+      throw SpecError(spec.origin("data.path") + ": data.path: " + e.what());
+    }
 }
 
 // Every rank runs the same spec with the same stage shapes, within this MPI's tag range, on its
@@ -166,6 +172,7 @@ ExitCode start_up(Run& run) {
       code != ExitCode::ok)
     return code;
   run.checkpointer = std::make_unique<Checkpointer>(spec, run.run_dir, *run.comm);
+  run.checkpointer->set_tokenizer(run.tokenizer_model);
   run.resumed_from = run.checkpointer->select(run.opt.resume);
   build_model(run);
 
@@ -175,7 +182,8 @@ ExitCode start_up(Run& run) {
                            fs::equivalent(fs::path(run.resumed_from).parent_path(), run.checkpointer->dir(), ec);
   if (ExitCode code = world.run_agreed([&] {
         if (rank0 && writes)
-          run.run_dir_note = prepare_run_dir(run.run_dir, spec, own_history ? run.start_step : 0, *run.checkpointer);
+          run.run_dir_note = prepare_run_dir(run.run_dir, spec, own_history ? run.start_step : 0, *run.checkpointer,
+                                             run.tokenizer_model);
       });
       code != ExitCode::ok)
     return code;

@@ -150,19 +150,19 @@ def prepare_bad_input():
 
 @scenario
 def train_on_a_bad_token_file():
-    """Training on a missing token file, 16-bit tokens, an HDF5 file that is not a token file (a
+    """Training on a missing token file, signed 64-bit tokens, an HDF5 file that is not a token file (a
     checkpoint shard) or a vocabulary larger than model.vocab: exit 2 naming data.path."""
     a = settings()
     trained = shared_run("hdf5_1x1", 1, tiny(), BASE + ["data.source=hdf5", f"data.path={whole()}"])
     expect(trained.rc == 0, f"a run on the token file: exit 0 (got {trained.rc})")
     shard = os.path.join(trained.run_dir, "checkpoints", "step_00000008", "stage_000.h5")
-    wide = os.path.join(a.work, "wide.h5")  # 16-bit tokens: not what this pipetrain reads
+    wide = os.path.join(a.work, "wide.h5")  # signed 64-bit tokens: not what this pipetrain reads
     with h5py.File(wide, "w") as f:
         f.attrs["vocab_size"], f.attrs["format_version"] = 256, 1
         f["train"] = list(range(200))
         f["train"].attrs["note"] = "int64"
     for name, sets, want in [("token file missing", ["data.path=/nonexistent/d.h5"], "/nonexistent/d.h5"),
-                             ("tokens not bytes", [f"data.path={wide}"], "byte tokens (uint8)"),
+                             ("tokens int64", [f"data.path={wide}"], "unsigned 8-, 16- or 32-bit token ids"),
                              ("not a token file", [f"data.path={shard}"], "no token dataset /train"),
                              ("vocab too small", [f"data.path={whole()}", "model.vocab=200"], "model.vocab = 200")]:
         r = launch(a, 1, os.path.join(a.work, "bad_" + name.replace(" ", "_")), tiny(),

@@ -18,6 +18,8 @@
 
 namespace pipetrain {
 
+constexpr const char* kTokenizerFile = "tokenizer.model";
+
 struct Manifest {
   int format = 0;
   int64_t step = 0;
@@ -34,6 +36,12 @@ struct Manifest {
     std::vector<std::string> tensors;
   };
   std::vector<Shard> shards;
+  // The run's SentencePiece model (kTokenizerFile), kept with the weights so generate and export
+  // need nothing else; file empty when the run has none (byte tokens or imported ids).
+  struct Tokenizer {
+    std::string file;
+    uint64_t bytes = 0, checksum = 0;
+  } tokenizer;
   double write_s = 0;
 
   std::string to_json() const;
@@ -68,6 +76,8 @@ class Checkpointer {
  public:
   Checkpointer(const RunSpec& spec, const std::string& run_dir, Comm& comm);
   std::string dir() const { return dir_; }
+  // Rank 0: the SentencePiece model every checkpoint carries from now on ("" for none).
+  void set_tokenizer(std::string model) { tokenizer_ = std::move(model); }
 
   // Collective over all ranks: writes checkpoint `step`. Returns the seconds it took. Throws
   // AgreedExit on every rank if any rank failed (the failing rank has said why); what it wrote
@@ -93,6 +103,7 @@ class Checkpointer {
   const RunSpec& spec_;
   std::string dir_;
   Comm& comm_;
+  std::string tokenizer_;
 };
 
 // `pipetrain ckpt inspect|verify PATH` (no MPI): exit codes 0 / 2.

@@ -21,10 +21,9 @@ namespace pipetrain {
 // Another `stream` draws other sentences of the same language (held-out text).
 std::vector<uint8_t> synthetic_corpus(uint64_t seed, size_t n_bytes, uint64_t stream = 0);
 
-// Which tokens a Dataset serves: the training stream, or held-out validation tokens (the token
-// file's /val, or other sentences of the synthetic language), read in order without shuffling.
-enum class Split { train, val };
-
+// Which tokens a Dataset serves (Split, token_file.hpp): the training stream, or held-out
+// validation tokens (the token file's /val, or other sentences of the synthetic language), read in
+// order without shuffling.
 class Dataset {
  public:
   static constexpr size_t kSyntheticBytes = 1 << 20, kSyntheticValBytes = 1 << 16;
@@ -45,7 +44,7 @@ class Dataset {
   const std::vector<uint32_t>& epoch_permutation(int64_t epoch);
   std::vector<uint8_t> tokens_;     // synthetic and text: the whole stream
   std::unique_ptr<TokenFile> file_;  // hdf5: read by window
-  std::vector<uint8_t> window_;      // hdf5: the T + 1 tokens of one sample
+  std::vector<uint32_t> window_;     // hdf5: the T + 1 tokens of one sample
   int T_, B_, D_, M_;
   bool shuffle_;
   uint64_t seed_;

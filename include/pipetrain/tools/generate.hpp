@@ -1,5 +1,6 @@
 // `pipetrain generate`: a checkpoint's model (any saved layout) in one process, sampling text
-// byte by byte. With the KV cache (default) each new token runs the blocks on that token alone
+// token by token: bytes, or the SentencePiece model the checkpoint carries (prompt encoded,
+// output decoded with it). With the KV cache (default) each new token runs the blocks on that token alone
 // against the cached keys and values of the tokens before it, so a token costs the same however
 // long the text so far; without it (--no-cache) each token recomputes the whole window through
 // Stage::forward, the training code: the cache's reference (the same arithmetic in another

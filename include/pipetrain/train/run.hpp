@@ -38,6 +38,7 @@ struct Run {
   std::unique_ptr<Dataset> data, val;      // on the first and last stage; val when evaluating
   std::unique_ptr<Comm> comm;
   int blas_threads = 1;
+  std::string tokenizer_model;             // rank 0: the token file's SentencePiece model, if any
 
   // The run directory (rank 0 holds its lock) and where training resumes.
   std::string run_dir, run_dir_note;       // note: what became of an earlier run's files

@@ -9,12 +9,13 @@
 
 namespace pipetrain {
 
-// Creates the directory and writes the resolved spec. Continuing this run's own history
+// Creates the directory and writes the resolved spec (and tokenizer.model, the SentencePiece model
+// of the run's token file, when it has one). Continuing this run's own history
 // (resumed_step > 0 from its own checkpoints) keeps the log up to that step and sets aside newer
 // checkpoints, whose steps are recomputed; otherwise (a fresh start, or a checkpoint of another
 // run) an earlier log and checkpoints are moved aside, never deleted. Checks that checkpoints can
 // be written. Returns a note on what it moved ("" if nothing); SpecError naming the path.
 std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t resumed_step,
-                            Checkpointer& checkpointer);
+                            Checkpointer& checkpointer, const std::string& tokenizer_model);
 
 }  // namespace pipetrain

@@ -1,0 +1,46 @@
+// Pre-tokenized corpora of other tools, in and out of pipetrain's token files (streamed: never a
+// whole corpus in memory). All little-endian.
+//
+// - llmc: llm.c shards: a header of 256 int32 (magic 20240520, version 1: uint16 tokens; or magic
+//   20240801, version 7: uint32 tokens; [2] = the token count), then the tokens; the file's size
+//   is exactly 1024 + count x width.
+// - nanogpt: nanoGPT's train.bin / val.bin: headerless tokens, uint16 unless said otherwise.
+// - megatron: a Megatron-LM indexed dataset PREFIX.idx + PREFIX.bin. The index: "MMIDIDX\0\0",
+//   u64 version 1, u8 dtype code (1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64,
+//   7 float32, 8 uint16), u64 sequence count n, u64 document count d, int32 sequence lengths [n],
+//   int64 byte pointers [n], int64 document indices [d]. The sequences are read in order and
+//   concatenated; they must lie back to back in the .bin and fill it exactly.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pipetrain {
+
+struct ImportOptions {
+  std::string format;                       // llmc | nanogpt | megatron
+  std::vector<std::string> inputs, val;     // val: separate held-out inputs (else --val-fraction)
+  std::string output;
+  int64_t vocab_size = 0;                   // 0: the largest id + 1
+  double val_fraction = 0.1;                // the last tokens of the inputs, when `val` is empty
+  std::string dtype = "uint16";             // nanogpt: uint8 | uint16 | uint32
+  bool compress = false, force = false;
+};
+
+// `pipetrain data import`: validates every input (header, version, dtype, size) before writing,
+// then streams the tokens into a token file (tokenizer "none"). SpecError naming the file and what
+// was expected. Returns a summary.
+std::string import_tokens(const ImportOptions& opt);
+
+struct ExportOptions {
+  std::string input, format, output;  // format: llmc | megatron (output: a file / a PREFIX)
+  bool val = false;                   // the /val tokens instead of /train
+  bool force = false;
+};
+
+// `pipetrain data export`: one split of a token file as an llm.c shard (uint16 when the vocabulary
+// fits, else uint32) or a Megatron indexed dataset (uint8, uint16 or int32 by the vocabulary; one
+// document of sequences of at most 65536 tokens). Atomic. Returns a summary.
+std::string export_tokens(const ExportOptions& opt);
+
+}  // namespace pipetrain

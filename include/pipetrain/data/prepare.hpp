@@ -1,0 +1,32 @@
+// `pipetrain data prepare` (text files -> a token file, byte tokens or SentencePiece) and
+// `pipetrain data inspect` (what a token file holds).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pipetrain {
+
+struct PrepareOptions {
+  std::vector<std::string> inputs;
+  std::string output;
+  double val_fraction = 0.1;  // the last tokens of the concatenated inputs
+  bool compress = false;      // gzip level 4
+  bool force = false;         // replace an existing output
+  std::string tokenizer = "bytes";  // bytes | sentencepiece
+  int vocab_size = 0;               // sentencepiece: pieces to train
+  std::string model_type = "bpe";   // sentencepiece: bpe | unigram
+  std::string tokenizer_model;      // sentencepiece: a .model file to use instead of training one
+  double sample_mb = 64;            // sentencepiece: train on about this much of the text
+};
+
+// Writes the token file atomically. Bad input (unreadable or empty files, an existing output
+// without force, a fraction outside [0, 1), bad tokenizer options) is a SpecError naming it;
+// prints progress to stderr for large inputs. Returns a summary.
+std::string prepare_token_file(const PrepareOptions& opt);
+
+// A token file's datasets, token counts, dtype, tokenizer, sources and the first
+// `sample_tokens` tokens of /train decoded. SpecError naming the file.
+std::string inspect_token_file(const std::string& path, int sample_tokens);
+
+}  // namespace pipetrain

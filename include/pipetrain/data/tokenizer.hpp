@@ -1,0 +1,58 @@
+// Text <-> token ids: byte tokens (vocabulary 256, the default) or a SentencePiece model (BPE or
+// unigram, trained here with byte fallback so no text is unknown, or given as a .model file).
+//
+// SentencePiece models trained here keep text exactly: identity normalisation, no dummy prefix,
+// whitespace kept, so decode(encode(text)) == text. Text is encoded line by line: a line's
+// content, then the newline's own ids (its byte token), so the ids of a file are those of
+// `spm_encode` for each line followed by the newline's; a line over 64 KiB is cut (at a space when
+// there is one, never inside a UTF-8 character) and its parts encoded one after another.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace sentencepiece {
+class SentencePieceProcessor;
+}
+
+namespace pipetrain {
+
+class Tokenizer {
+ public:
+  Tokenizer();  // bytes
+  // A SentencePiece model from its serialized bytes; SpecError naming `origin` if it is not one.
+  static Tokenizer sentencepiece(const std::string& model_bytes, const std::string& origin);
+  // The tokenizer of a token file (its `tokenizer` attribute and model).
+  static Tokenizer of_token_file(const std::string& path);
+
+  bool is_bytes() const { return !sp_; }
+  const char* name() const { return sp_ ? "sentencepiece" : "bytes"; }
+  int vocab_size() const;
+  const std::string& model_bytes() const { return model_; }  // "" for bytes
+
+  // Appends the ids of `text` (any bytes) to `out`.
+  void encode(const std::string& text, std::vector<uint32_t>* out) const;
+  std::string decode(const std::vector<int>& ids) const;
+
+ private:
+  std::shared_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  std::string model_;
+  std::vector<uint32_t> newline_;  // the ids of "\n"
+};
+
+// Training a SentencePiece model on text files. Inputs over `sample_bytes` are sampled: every k-th
+// line, k chosen so about sample_bytes of text is used (say so in `note`).
+struct SentencePieceTraining {
+  std::vector<std::string> inputs;
+  int vocab_size = 0;
+  std::string model_type = "bpe";  // bpe | unigram
+  uint64_t sample_bytes = 64ull << 20;
+};
+// Returns the model's bytes; SpecError (with the trainer's complaint) when it cannot train.
+std::string train_sentencepiece(const SentencePieceTraining& t, std::string* note);
+
+// The pieces of `line` that are encoded one after another (64 KiB at most each, see above).
+std::vector<std::string> encoding_pieces(const std::string& line);
+
+}  // namespace pipetrain

@@ -1,0 +1,335 @@
+#include "pipetrain/data/corpus_formats.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "pipetrain/data/token_file.hpp"
+#include "pipetrain/util/errors.hpp"
+#include "pipetrain/util/files.hpp"
+
+namespace fs = std::filesystem;
+
+namespace pipetrain {
+namespace {
+
+constexpr int32_t kLlmcMagic16 = 20240520, kLlmcMagic32 = 20240801;  // versions 1 and 7
+constexpr size_t kLlmcHeader = 256 * sizeof(int32_t);
+constexpr char kMegatronMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};
+constexpr uint64_t kMegatronHeader = 9 + 8 + 1 + 8 + 8;
+constexpr uint64_t kMegatronSequence = 65536;  // tokens per exported sequence
+constexpr size_t kBlockTokens = 1 << 21;       // tokens streamed at a time
+
+// A run of tokens in one file: `count` ids of `width` bytes from byte `offset`.
+struct Segment {
+  std::string path;
+  uint64_t offset = 0, count = 0;
+  int width = 2;
+  bool is_signed = false;
+};
+
+std::string str(uint64_t v) { return std::to_string(v); }
+
+// An input file opened for positioned reads; a short read means it was truncated.
+class Input {
+ public:
+  explicit Input(const std::string& path) : path_(path), fd_(::open(path.c_str(), O_RDONLY)) {
+    struct stat st {};
+    if (fd_ < 0 || ::fstat(fd_, &st) != 0) throw SpecError(path + ": " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) throw SpecError(path + ": not a regular file");
+    size_ = static_cast<uint64_t>(st.st_size);
+  }
+  ~Input() { ::close(fd_); }
+  Input(const Input&) = delete;
+  Input& operator=(const Input&) = delete;
+  uint64_t size() const { return size_; }
+  void read(uint64_t offset, size_t n, void* out) const {
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t got = ::pread(fd_, static_cast<char*>(out) + done, n - done, static_cast<off_t>(offset + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) throw SpecError(path_ + ": truncated or unreadable at byte " + str(offset + done));
+      done += static_cast<size_t>(got);
+    }
+  }
+  template <class T>
+  T at(uint64_t offset) const {
+    T v;
+    read(offset, sizeof v, &v);
+    return v;
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+  uint64_t size_ = 0;
+};
+
+Segment llmc_segment(const std::string& path) {
+  Input in(path);
+  if (in.size() < kLlmcHeader)
+    throw SpecError(path + ": llm.c shard truncated: " + str(in.size()) + " bytes, shorter than its 1024-byte header");
+  int32_t h[256];
+  in.read(0, sizeof h, h);
+  int version, width;
+  if (h[0] == kLlmcMagic16) version = 1, width = 2;
+  else if (h[0] == kLlmcMagic32) version = 7, width = 4;
+  else
+    throw SpecError(path + ": not an llm.c token shard: magic " + std::to_string(h[0]) + " (expected " +
+                    std::to_string(kLlmcMagic16) + " or " + std::to_string(kLlmcMagic32) + ")");
+  if (h[1] != version)
+    throw SpecError(path + ": llm.c shard version " + std::to_string(h[1]) + " with magic " + std::to_string(h[0]) +
+                    " (expected version " + std::to_string(version) + ")");
+  if (h[2] < 0) throw SpecError(path + ": llm.c shard with a negative token count " + std::to_string(h[2]));
+  const uint64_t count = static_cast<uint64_t>(h[2]), expected = kLlmcHeader + count * width;
+  if (in.size() != expected)
+    throw SpecError(path + ": " + str(in.size()) + " bytes, but its header counts " + str(count) + " tokens of " +
+                    std::to_string(width) + " bytes (1024 + " + str(count) + " x " + std::to_string(width) + " = " +
+                    str(expected) + " bytes): " + (in.size() < expected ? "truncated" : "trailing bytes"));
+  return {path, kLlmcHeader, count, width, false};
+}
+
+Segment nanogpt_segment(const std::string& path, const std::string& dtype) {
+  const int width = dtype == "uint8" ? 1 : dtype == "uint16" ? 2 : dtype == "uint32" ? 4 : 0;
+  if (!width) throw SpecError("data import: --dtype " + dtype + " (uint8, uint16 or uint32)");
+  Input in(path);
+  if (in.size() % width)
+    throw SpecError(path + ": " + str(in.size()) + " bytes, not a whole number of " + dtype +
+                    " tokens (truncated, or another --dtype?)");
+  return {path, 0, in.size() / width, width, false};
+}
+
+// PREFIX.idx + PREFIX.bin (PREFIX may be given with either suffix).
+Segment megatron_segment(std::string prefix) {
+  for (const char* suffix : {".idx", ".bin"})
+    if (prefix.size() > 4 && prefix.compare(prefix.size() - 4, 4, suffix) == 0) prefix.resize(prefix.size() - 4);
+  const std::string idx_path = prefix + ".idx", bin_path = prefix + ".bin";
+  Input idx(idx_path), bin(bin_path);
+  if (idx.size() < kMegatronHeader)
+    throw SpecError(idx_path + ": Megatron index truncated: " + str(idx.size()) + " bytes, shorter than its " +
+                    str(kMegatronHeader) + "-byte header");
+  char magic[9];
+  idx.read(0, 9, magic);
+  if (std::memcmp(magic, kMegatronMagic, 9) != 0)
+    throw SpecError(idx_path + ": not a Megatron indexed dataset index (it does not start with MMIDIDX\\0\\0)");
+  const uint64_t version = idx.at<uint64_t>(9);
+  if (version != 1) throw SpecError(idx_path + ": Megatron index version " + str(version) + " (expected 1)");
+  const uint8_t code = idx.at<uint8_t>(17);
+  static const struct { int width; bool is_signed; const char* name; } kCodes[9] = {
+      {0, false, "?"},       {1, false, "uint8"},   {1, true, "int8"},     {2, true, "int16"}, {4, true, "int32"},
+      {8, true, "int64"},    {0, false, "float64"}, {0, false, "float32"}, {2, false, "uint16"}};
+  if (code < 1 || code > 8 || !kCodes[code].width)
+    throw SpecError(idx_path + ": dtype code " + std::to_string(code) +
+                    (code == 6 || code == 7 ? std::string(" (") + kCodes[code].name + "): floats are not token ids"
+                                            : " is unknown (1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 8 uint16)"));
+  const int width = kCodes[code].width;
+  const uint64_t n = idx.at<uint64_t>(18), d = idx.at<uint64_t>(26);
+  const uint64_t expected = kMegatronHeader + 12 * n + 8 * d;
+  if (n > idx.size() || d > idx.size() || idx.size() != expected)
+    throw SpecError(idx_path + ": " + str(idx.size()) + " bytes, but it counts " + str(n) + " sequences and " + str(d) +
+                    " documents (" + str(expected) + " bytes expected: truncated or damaged)");
+  // The sequences must lie back to back from byte 0 of the .bin: then the corpus is one run.
+  uint64_t tokens = 0, next = 0;
+  std::vector<int32_t> lengths;
+  std::vector<int64_t> pointers;
+  for (uint64_t first = 0; first < n; first += kBlockTokens) {
+    const uint64_t k = std::min<uint64_t>(kBlockTokens, n - first);
+    lengths.resize(k), pointers.resize(k);
+    idx.read(kMegatronHeader + 4 * first, 4 * k, lengths.data());
+    idx.read(kMegatronHeader + 4 * n + 8 * first, 8 * k, pointers.data());
+    for (uint64_t i = 0; i < k; ++i) {
+      if (lengths[i] < 0 || static_cast<uint64_t>(pointers[i]) != next)
+        throw SpecError(idx_path + ": sequence " + str(first + i) + " has length " + std::to_string(lengths[i]) +
+                        " at byte " + std::to_string(pointers[i]) + " of the .bin (expected byte " + str(next) +
+                        ": sequences back to back)");
+      next += static_cast<uint64_t>(lengths[i]) * width, tokens += static_cast<uint64_t>(lengths[i]);
+    }
+  }
+  if (bin.size() != next)
+    throw SpecError(bin_path + ": " + str(bin.size()) + " bytes, but " + idx_path + " gives " + str(tokens) + " " +
+                    kCodes[code].name + " tokens (" + str(next) + " bytes): " + (bin.size() < next ? "truncated" : "trailing bytes"));
+  int64_t last = 0;
+  for (uint64_t i = 0; i < d; ++i) {
+    const int64_t doc = idx.at<int64_t>(kMegatronHeader + 12 * n + 8 * i);
+    if (doc < last || static_cast<uint64_t>(doc) > n)
+      throw SpecError(idx_path + ": document index " + str(i) + " is " + std::to_string(doc) +
+                      " (document indices rise from 0 to the sequence count " + str(n) + ")");
+    last = doc;
+  }
+  return {bin_path, 0, tokens, width, kCodes[code].is_signed};
+}
+
+Segment segment_of(const ImportOptions& opt, const std::string& path) {
+  if (opt.format == "llmc") return llmc_segment(path);
+  if (opt.format == "nanogpt") return nanogpt_segment(path, opt.dtype);
+  return megatron_segment(path);
+}
+
+// Streams a segment's ids into the writer; negative or over-32-bit ids name the file and offset.
+void stream(const Segment& s, TokenFileWriter& out) {
+  Input in(s.path);
+  std::vector<uint8_t> raw(kBlockTokens * s.width);
+  std::vector<uint32_t> ids(kBlockTokens);
+  for (uint64_t first = 0; first < s.count; first += kBlockTokens) {
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(kBlockTokens, s.count - first));
+    in.read(s.offset + first * s.width, k * s.width, raw.data());
+    if (!s.is_signed && s.width <= 4) {
+      widen_ids(raw.data(), k, s.width, ids.data());
+    } else {
+      for (size_t i = 0; i < k; ++i) {
+        int64_t v = 0;
+        const uint8_t* p = raw.data() + i * s.width;
+        if (s.width == 1) v = static_cast<int8_t>(*p);
+        else if (s.width == 2) { int16_t x; std::memcpy(&x, p, 2); v = x; }
+        else if (s.width == 4) { int32_t x; std::memcpy(&x, p, 4); v = x; }
+        else std::memcpy(&v, p, 8);
+        if (v < 0 || v > std::numeric_limits<uint32_t>::max())
+          throw SpecError(s.path + ": token " + str(first + i) + " is " + std::to_string(v) + ", not a token id");
+        ids[i] = static_cast<uint32_t>(v);
+      }
+    }
+    out.append(ids.data(), k, s.path, first);
+  }
+}
+
+// A file written next to its destination and renamed into place by commit(); removed otherwise.
+class AtomicFile {
+ public:
+  AtomicFile(const std::string& path, bool force, const std::string& what) : path_(path), tmp_(path + ".tmp." + std::to_string(::getpid())) {
+    std::error_code ec;
+    if (fs::exists(path, ec) && !force) throw SpecError(what + ": " + path + " exists (--force replaces it)");
+    f_ = std::fopen(tmp_.c_str(), "wb");
+    if (!f_) throw SpecError(what + ": " + path + ": cannot create (" + std::strerror(errno) + ")");
+  }
+  ~AtomicFile() {
+    if (f_) std::fclose(f_);
+    std::error_code ec;
+    if (!committed_) fs::remove(tmp_, ec);
+  }
+  void write(const void* data, size_t n) {
+    if (n && std::fwrite(data, 1, n, f_) != n) throw SpecError(path_ + ": cannot write (disk full?)");
+  }
+  void commit() {
+    const bool ok = std::fflush(f_) == 0 && ::fsync(::fileno(f_)) == 0;
+    std::fclose(f_), f_ = nullptr;
+    std::error_code ec;
+    if (!ok) throw SpecError(path_ + ": cannot write (disk full?)");
+    fs::rename(tmp_, path_, ec);
+    if (ec) throw SpecError(path_ + ": " + ec.message());
+    committed_ = true;
+  }
+
+ private:
+  std::string path_, tmp_;
+  FILE* f_ = nullptr;
+  bool committed_ = false;
+};
+
+// Calls body(ids, n) for every block of a token file's split.
+template <class F>
+void for_each_block(const TokenFile& in, F body) {
+  std::vector<uint32_t> ids(kBlockTokens);
+  for (size_t first = 0; first < in.size(); first += kBlockTokens) {
+    const size_t n = std::min<size_t>(kBlockTokens, in.size() - first);
+    in.read(first, n, ids.data());
+    body(ids.data(), n);
+  }
+}
+
+void write_narrowed(AtomicFile& out, const uint32_t* ids, size_t n, int width, std::vector<uint8_t>& buf) {
+  buf.resize(n * width);
+  for (size_t i = 0; i < n; ++i) std::memcpy(buf.data() + i * width, &ids[i], width);  // little-endian low bytes
+  out.write(buf.data(), buf.size());
+}
+
+}  // namespace
+
+std::string import_tokens(const ImportOptions& opt) {
+  const std::string what = "data import";
+  if (opt.format != "llmc" && opt.format != "nanogpt" && opt.format != "megatron")
+    throw SpecError(what + ": --format " + opt.format + " (llmc, nanogpt or megatron)");
+  if (opt.inputs.empty()) throw SpecError(what + ": no input file given");
+  if (opt.vocab_size < 0) throw SpecError(what + ": --vocab-size " + std::to_string(opt.vocab_size) + " is negative");
+  if (opt.val.empty() && !(opt.val_fraction >= 0 && opt.val_fraction < 1))
+    throw SpecError(what + ": --val-fraction " + std::to_string(opt.val_fraction) + " is not in [0, 1)");
+  std::error_code ec;
+  if (fs::exists(opt.output, ec) && !opt.force) throw SpecError(what + ": " + opt.output + " exists (--force replaces it)");
+  // Every input checked before a byte is written.
+  std::vector<Segment> train, val;
+  uint64_t n_train = 0, n_val = 0;
+  int widest = 1;
+  for (const auto& in : opt.inputs) train.push_back(segment_of(opt, in)), n_train += train.back().count;
+  for (const auto& in : opt.val) val.push_back(segment_of(opt, in)), n_val += val.back().count;
+  for (const auto* list : {&train, &val})
+    for (const auto& s : *list) widest = std::max(widest, std::min(s.width, 4));
+  if (val.empty()) {
+    n_val = static_cast<uint64_t>(static_cast<double>(n_train) * opt.val_fraction);
+    n_train -= n_val;
+  }
+  TokenFileWriter::Options w;
+  w.output = opt.output, w.force = opt.force, w.compress = opt.compress, w.what = what;
+  w.vocab = opt.vocab_size, w.width = opt.vocab_size > 0 ? token_width_for(opt.vocab_size) : widest;
+  w.tokenizer = "none";
+  TokenFileWriter out(w, n_train, n_val);
+  for (const auto& s : train) stream(s, out);
+  for (const auto& s : val) stream(s, out);
+  std::vector<std::string> files;
+  for (const auto* list : {&train, &val})
+    for (const auto& s : *list) files.push_back(s.path);
+  nlohmann::json how = {{"format", opt.format}, {"train_files", opt.inputs.size()}};
+  if (val.empty()) how["val_fraction"] = opt.val_fraction;
+  out.commit(sources_json(files, "pipetrain data import", how.dump()));
+  return opt.output + ": " + str(n_train) + " train and " + str(n_val) + " validation tokens (" + opt.format + ", vocab " +
+         std::to_string(out.vocab()) + (opt.vocab_size > 0 ? "" : " = largest id + 1") + ", uint" +
+         std::to_string(8 * w.width) + ") from " + std::to_string(files.size()) + " file(s)";
+}
+
+std::string export_tokens(const ExportOptions& opt) {
+  const std::string what = "data export";
+  if (opt.format != "llmc" && opt.format != "megatron") throw SpecError(what + ": --format " + opt.format + " (llmc or megatron)");
+  if (opt.output.empty()) throw SpecError(what + ": no --output given");
+  const TokenFile in(opt.input, opt.val ? Split::val : Split::train);
+  const int64_t vocab = in.vocab_size();
+  std::vector<uint8_t> buf;
+  if (opt.format == "llmc") {
+    if (in.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+      throw SpecError(what + ": " + opt.input + " holds " + str(in.size()) + " tokens; an llm.c shard holds at most 2^31 - 1");
+    const int width = vocab <= 65536 ? 2 : 4;
+    int32_t header[256] = {};
+    header[0] = width == 2 ? kLlmcMagic16 : kLlmcMagic32, header[1] = width == 2 ? 1 : 7;
+    header[2] = static_cast<int32_t>(in.size());
+    AtomicFile out(opt.output, opt.force, what);
+    out.write(header, sizeof header);
+    for_each_block(in, [&](const uint32_t* ids, size_t n) { write_narrowed(out, ids, n, width, buf); });
+    out.commit();
+    return opt.output + ": " + str(in.size()) + " tokens, llm.c shard (uint" + std::to_string(8 * width) + ")";
+  }
+  if (vocab > std::numeric_limits<int32_t>::max()) throw SpecError(what + ": vocab_size " + std::to_string(vocab) + " too large for Megatron");
+  const uint8_t code = vocab <= 256 ? 1 : vocab <= 65536 ? 8 : 4;
+  const int width = code == 1 ? 1 : code == 8 ? 2 : 4;
+  const uint64_t n_seq = (in.size() + kMegatronSequence - 1) / kMegatronSequence, n_doc = 2;  // one document
+  AtomicFile bin(opt.output + ".bin", opt.force, what), idx(opt.output + ".idx", opt.force, what);
+  for_each_block(in, [&](const uint32_t* ids, size_t n) { write_narrowed(bin, ids, n, width, buf); });
+  const uint64_t version = 1;
+  idx.write(kMegatronMagic, 9), idx.write(&version, 8), idx.write(&code, 1), idx.write(&n_seq, 8), idx.write(&n_doc, 8);
+  std::vector<int32_t> lengths(n_seq);
+  std::vector<int64_t> pointers(n_seq);
+  for (uint64_t i = 0; i < n_seq; ++i) {
+    lengths[i] = static_cast<int32_t>(std::min<uint64_t>(kMegatronSequence, in.size() - i * kMegatronSequence));
+    pointers[i] = static_cast<int64_t>(i * kMegatronSequence * width);
+  }
+  const int64_t docs[2] = {0, static_cast<int64_t>(n_seq)};
+  idx.write(lengths.data(), 4 * n_seq), idx.write(pointers.data(), 8 * n_seq), idx.write(docs, sizeof docs);
+  bin.commit(), idx.commit();  // the index last: a prefix with an index always has its data
+  return opt.output + ".idx/.bin: " + str(in.size()) + " tokens, Megatron indexed dataset (" +
+         (code == 1 ? "uint8" : code == 8 ? "uint16" : "int32") + ", " + str(n_seq) + " sequences, one document)";
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,227 @@
+#include "pipetrain/data/prepare.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "pipetrain/data/token_file.hpp"
+#include "pipetrain/data/tokenizer.hpp"
+#include "pipetrain/util/errors.hpp"
+#include "pipetrain/util/files.hpp"
+
+namespace fs = std::filesystem;
+
+namespace pipetrain {
+namespace {
+
+constexpr size_t kBlock = 8 << 20;  // bytes of text read (and encoded by one thread) at a time
+using File = std::unique_ptr<FILE, int (*)(FILE*)>;
+
+File open_input(const std::string& path, const char* mode = "rb") {
+  File f(std::fopen(path.c_str(), mode), std::fclose);
+  if (!f) throw SpecError("data prepare: " + path + ": " + std::strerror(errno));
+  return f;
+}
+
+// A progress line on stderr every 1/20 of a large job (at least 64 MiB apart).
+class Progress {
+ public:
+  Progress(const char* what, uint64_t total) : what_(what), total_(total), every_(std::max<uint64_t>(64ull << 20, total / 20)), next_(every_) {}
+  void add(uint64_t n) {
+    done_ += n;
+    if (total_ > (64ull << 20) && done_ >= next_) {
+      std::fprintf(stderr, "data prepare: %s of %s %s\n", human_bytes(static_cast<double>(done_)).c_str(),
+                   human_bytes(static_cast<double>(total_)).c_str(), what_);
+      next_ += every_;
+    }
+  }
+
+ private:
+  const char* what_;
+  uint64_t total_, every_, next_, done_ = 0;
+};
+
+// Byte tokens: the text's bytes, streamed straight into the token file.
+void write_bytes(const PrepareOptions& opt, TokenFileWriter& out, uint64_t total) {
+  std::vector<uint8_t> block(kBlock);
+  std::vector<uint32_t> ids(kBlock);
+  Progress progress("read", total);
+  for (const auto& in : opt.inputs) {
+    File f = open_input(in);
+    uint64_t offset = 0;
+    size_t got;
+    while ((got = std::fread(block.data(), 1, block.size(), f.get())) > 0) {
+      widen_ids(block.data(), got, 1, ids.data());
+      out.append(ids.data(), got, in, offset);
+      offset += got;
+      progress.add(got);
+    }
+    if (std::ferror(f.get())) throw SpecError("data prepare: --input " + in + ": read error");
+  }
+}
+
+// SentencePiece: the inputs encoded (a batch of blocks cut at line ends, one thread per block)
+// into a spool of 32-bit ids next to the output, since the token count is known only at the end.
+// Returns the count.
+uint64_t encode_to_spool(const PrepareOptions& opt, const Tokenizer& tok, FILE* spool, uint64_t total) {
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  Progress progress("encoded", total);
+  uint64_t count = 0;
+  for (const auto& in : opt.inputs) {
+    File f = open_input(in);
+    std::string carry;  // the part of the last block after its last newline
+    bool eof = false;
+    while (!eof) {
+      std::vector<std::string> texts;
+      while (texts.size() < threads && !eof) {
+        std::string text = std::move(carry);
+        carry.clear();
+        const size_t had = text.size();
+        text.resize(had + kBlock);
+        const size_t got = std::fread(text.data() + had, 1, kBlock, f.get());
+        text.resize(had + got);
+        if (std::ferror(f.get())) throw SpecError("data prepare: --input " + in + ": read error");
+        eof = got == 0 || std::feof(f.get());
+        const size_t cut = eof ? std::string::npos : text.rfind('\n');
+        if (cut != std::string::npos) carry = text.substr(cut + 1), text.resize(cut + 1);
+        else if (!eof && text.size() < 4 * kBlock) { carry = std::move(text); continue; }  // a long line: read on
+        progress.add(text.size());
+        texts.push_back(std::move(text));
+      }
+      std::vector<std::vector<uint32_t>> ids(texts.size());
+      std::vector<std::thread> workers;
+      for (size_t i = 0; i < texts.size(); ++i) workers.emplace_back([&, i] { tok.encode(texts[i], &ids[i]); });
+      for (auto& w : workers) w.join();
+      for (const auto& part : ids) {
+        if (std::fwrite(part.data(), sizeof(uint32_t), part.size(), spool) != part.size())
+          throw SpecError("data prepare: " + opt.output + ": cannot write the token spool next to it (disk full?)");
+        count += part.size();
+      }
+    }
+  }
+  return count;
+}
+
+void check_options(const PrepareOptions& opt) {
+  if (opt.inputs.empty()) throw SpecError("data prepare: no --input file given");
+  if (opt.output.empty()) throw SpecError("data prepare: no --output file given");
+  if (!(opt.val_fraction >= 0 && opt.val_fraction < 1))
+    throw SpecError("data prepare: --val-fraction " + std::to_string(opt.val_fraction) + " is not in [0, 1)");
+  std::error_code ec;
+  if (fs::exists(opt.output, ec) && !opt.force) throw SpecError("data prepare: " + opt.output + " exists (--force replaces it)");
+  if (opt.tokenizer == "bytes") {
+    if (opt.vocab_size || !opt.tokenizer_model.empty())
+      throw SpecError("data prepare: --vocab-size and --tokenizer-model need --tokenizer sentencepiece");
+  } else if (opt.tokenizer == "sentencepiece") {
+    if (opt.tokenizer_model.empty() && opt.vocab_size <= 0)
+      throw SpecError("data prepare: --tokenizer sentencepiece needs --vocab-size N (pieces to train) or --tokenizer-model FILE");
+    if (!opt.tokenizer_model.empty() && opt.vocab_size > 0)
+      throw SpecError("data prepare: --vocab-size with --tokenizer-model: the model's own vocabulary is used, drop --vocab-size");
+    if (!(opt.sample_mb > 0)) throw SpecError("data prepare: --sample-mb must be positive");
+  } else {
+    throw SpecError("data prepare: --tokenizer " + opt.tokenizer + " (bytes or sentencepiece)");
+  }
+}
+
+}  // namespace
+
+std::string prepare_token_file(const PrepareOptions& opt) {
+  check_options(opt);
+  const uint64_t total = input_bytes(opt.inputs, "data prepare: --input");
+  Tokenizer tok;
+  std::string note;
+  if (opt.tokenizer == "sentencepiece") {
+    if (!opt.tokenizer_model.empty()) {
+      tok = Tokenizer::sentencepiece(read_input_file(opt.tokenizer_model, "data prepare: --tokenizer-model", 1 << 30),
+                                     "data prepare: --tokenizer-model " + opt.tokenizer_model);
+      note = "tokenizer " + opt.tokenizer_model;
+    } else {
+      SentencePieceTraining t{opt.inputs, opt.vocab_size, opt.model_type, static_cast<uint64_t>(opt.sample_mb * (1 << 20))};
+      tok = Tokenizer::sentencepiece(train_sentencepiece(t, &note), "the trained tokenizer");
+    }
+    std::fprintf(stderr, "data prepare: %s\n", note.c_str());
+  }
+  TokenFileWriter::Options w;
+  w.output = opt.output, w.force = opt.force, w.compress = opt.compress, w.what = "data prepare";
+  w.vocab = tok.vocab_size(), w.width = token_width_for(w.vocab);
+  w.tokenizer = tok.name(), w.tokenizer_model = tok.model_bytes();
+  nlohmann::json how = {{"val_fraction", opt.val_fraction}, {"tokenizer", tok.name()}};
+  if (!tok.is_bytes()) how["tokenizer_note"] = note;
+  auto split = [&](uint64_t n) { return static_cast<uint64_t>(std::floor(static_cast<double>(n) * opt.val_fraction)); };
+
+  uint64_t count = total;
+  if (tok.is_bytes()) {
+    TokenFileWriter out(w, total - split(total), split(total));
+    write_bytes(opt, out, total);
+    out.commit(sources_json(opt.inputs, "pipetrain data prepare", how.dump()));
+  } else {
+    const std::string spool_path = opt.output + ".spool." + std::to_string(::getpid());
+    struct Remove {
+      std::string path;
+      ~Remove() { std::error_code ec; fs::remove(path, ec); }
+    } remove_spool{spool_path};
+    File spool = open_input(spool_path, "w+b");
+    count = encode_to_spool(opt, tok, spool.get(), total);
+    std::rewind(spool.get());
+    TokenFileWriter out(w, count - split(count), split(count));
+    std::vector<uint32_t> ids(kBlock / 4);
+    uint64_t offset = 0;
+    size_t got;
+    while ((got = std::fread(ids.data(), sizeof(uint32_t), ids.size(), spool.get())) > 0) {
+      out.append(ids.data(), got, "the encoded text", offset);
+      offset += got;
+    }
+    out.commit(sources_json(opt.inputs, "pipetrain data prepare", how.dump()));
+  }
+  char summary[512];
+  std::snprintf(summary, sizeof summary, "%s: %llu train and %llu validation tokens (%s, vocab %d, %s) from %zu file(s), %s%s%s",
+                opt.output.c_str(), static_cast<unsigned long long>(count - split(count)),
+                static_cast<unsigned long long>(split(count)), tok.name(), tok.vocab_size(),
+                w.width == 1 ? "uint8" : w.width == 2 ? "uint16" : "uint32", opt.inputs.size(),
+                human_bytes(static_cast<double>(total)).c_str(),
+                tok.is_bytes() ? "" : (", " + std::to_string(static_cast<double>(total) / std::max<uint64_t>(1, count)).substr(0, 4) +
+                                       " bytes per token").c_str(),
+                opt.compress ? ", gzip" : "");
+  return summary;
+}
+
+std::string inspect_token_file(const std::string& path, int sample_tokens) {
+  const TokenFileInfo info = read_token_file_info(path);
+  const Tokenizer tok = info.tokenizer == "sentencepiece" ? Tokenizer::sentencepiece(info.tokenizer_model, path) : Tokenizer();
+  std::ostringstream out;
+  const char* dtype = info.width == 1 ? "uint8" : info.width == 2 ? "uint16" : "uint32";
+  out << path << ": token file format " << info.format << "\n";
+  out << "  /train  " << info.train << " tokens  " << dtype << (info.compressed ? "  gzip" : "") << "\n";
+  out << "  /val    " << info.val << " tokens  " << dtype << (info.compressed ? "  gzip" : "") << "\n";
+  out << "  vocab_size " << info.vocab_size << "  tokenizer " << info.tokenizer;
+  if (!tok.is_bytes())
+    out << " (" << tok.vocab_size() << " pieces, model " << human_bytes(static_cast<double>(info.tokenizer_model.size())) << ")";
+  out << "\n";
+  if (!info.sources.empty()) out << "  sources " << info.sources << "\n";
+  const size_t n = std::min<size_t>(info.train, static_cast<size_t>(std::max(0, sample_tokens)));
+  if (n > 0) {
+    std::vector<uint32_t> ids(n);
+    TokenFile(path, Split::train).read(0, n, ids.data());
+    std::vector<int> as_int(ids.begin(), ids.end());
+    out << "  first " << n << " tokens:";
+    for (size_t i = 0; i < std::min<size_t>(n, 16); ++i) out << " " << ids[i];
+    out << (n > 16 ? " ..." : "") << "\n";
+    if (info.tokenizer == "none") {
+      out << "  (imported ids: their tokenizer is not part of the file)\n";
+    } else {
+      const std::string text = tok.decode(as_int);
+      out << "  decoded: " << nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    }
+  }
+  return out.str();
+}
+
+}  // namespace pipetrain

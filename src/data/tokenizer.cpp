@@ -1,0 +1,209 @@
+#include "pipetrain/data/tokenizer.hpp"
+
+#include <fcntl.h>
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sys/stat.h>
+#include <thread>
+#include <unordered_map>
+
+#include "pipetrain/data/token_file.hpp"
+#include "pipetrain/util/errors.hpp"
+#include "pipetrain/util/files.hpp"
+
+namespace pipetrain {
+namespace {
+
+constexpr size_t kMaxPiece = 64 << 10;  // bytes of text encoded at once
+
+// Lines of the inputs, each cut into encoding pieces, every `stride`-th line only.
+class LineSample : public sentencepiece::SentenceIterator {
+ public:
+  LineSample(const std::vector<std::string>& inputs, uint64_t stride) : inputs_(inputs), stride_(stride) { Next(); }
+  bool done() const override { return done_; }
+  void Next() override {
+    while (true) {
+      if (++piece_ < pieces_.size()) {
+        value_ = pieces_[piece_];
+        if (!value_.empty()) return;
+        continue;
+      }
+      if (!next_line()) {
+        done_ = true;
+        return;
+      }
+      pieces_ = encoding_pieces(line_);
+      piece_ = static_cast<size_t>(-1);
+    }
+  }
+  const std::string& value() const override { return value_; }
+  sentencepiece::util::Status status() const override { return {}; }
+  uint64_t lines_used() const { return used_; }
+  uint64_t bytes_used() const { return bytes_; }
+
+ private:
+  bool next_line() {
+    while (true) {
+      if (!in_.is_open() || !std::getline(in_, line_)) {
+        if (file_ == inputs_.size()) return false;
+        in_ = std::ifstream(inputs_[file_++], std::ios::binary);
+        if (!in_) throw SpecError("data prepare: --input " + inputs_[file_ - 1] + ": cannot read");
+        continue;
+      }
+      if (line_no_++ % stride_ == 0) {
+        ++used_, bytes_ += line_.size() + 1;
+        return true;
+      }
+    }
+  }
+  const std::vector<std::string>& inputs_;
+  uint64_t stride_, line_no_ = 0, used_ = 0, bytes_ = 0;
+  size_t file_ = 0, piece_ = 0;
+  std::ifstream in_;
+  std::string line_, value_;
+  std::vector<std::string> pieces_;
+  bool done_ = false;
+};
+
+// Runs `body` with stderr sent to a temporary file (SentencePiece's trainer logs hundreds of
+// lines there); returns the tail of what it wrote.
+template <class F>
+std::string quietly(F body) {
+  std::fflush(stderr);
+  char path[] = "/tmp/pipetrain-spm-XXXXXX";
+  const int log = ::mkstemp(path);
+  const int saved = ::dup(2);
+  if (log >= 0) ::dup2(log, 2), ::unlink(path);
+  body();
+  std::fflush(stderr);
+  std::string tail;
+  if (log >= 0) {
+    const off_t size = ::lseek(log, 0, SEEK_END);
+    const off_t from = size > 2000 ? size - 2000 : 0;
+    tail.resize(static_cast<size_t>(size - from));
+    if (::pread(log, tail.data(), tail.size(), from) < 0) tail.clear();
+    ::dup2(saved, 2), ::close(log);
+  }
+  ::close(saved);
+  return tail;
+}
+
+}  // namespace
+
+std::vector<std::string> encoding_pieces(const std::string& line) {
+  std::vector<std::string> pieces;
+  size_t from = 0;
+  while (line.size() - from > kMaxPiece) {
+    size_t cut = line.rfind(' ', from + kMaxPiece);
+    if (cut == std::string::npos || cut <= from) {
+      cut = from + kMaxPiece;
+      while (cut > from + 1 && (static_cast<unsigned char>(line[cut]) & 0xC0) == 0x80) --cut;  // UTF-8 continuation
+    }
+    pieces.push_back(line.substr(from, cut - from));
+    from = cut;
+  }
+  pieces.push_back(line.substr(from));
+  return pieces;
+}
+
+Tokenizer::Tokenizer() = default;
+
+Tokenizer Tokenizer::sentencepiece(const std::string& model_bytes, const std::string& origin) {
+  Tokenizer t;
+  t.sp_ = std::make_shared<sentencepiece::SentencePieceProcessor>();
+  if (!t.sp_->LoadFromSerializedProto(model_bytes).ok())
+    throw SpecError(origin + ": not a SentencePiece model");
+  t.model_ = model_bytes;
+  std::vector<int> ids;
+  t.sp_->Encode("\n", &ids);
+  t.newline_.assign(ids.begin(), ids.end());
+  return t;
+}
+
+Tokenizer Tokenizer::of_token_file(const std::string& path) {
+  const TokenFileInfo info = read_token_file_info(path);
+  return info.tokenizer == "sentencepiece" ? sentencepiece(info.tokenizer_model, path + ": /tokenizer_model") : Tokenizer();
+}
+
+int Tokenizer::vocab_size() const { return sp_ ? sp_->GetPieceSize() : 256; }
+
+void Tokenizer::encode(const std::string& text, std::vector<uint32_t>* out) const {
+  if (!sp_) {
+    out->insert(out->end(), reinterpret_cast<const unsigned char*>(text.data()),
+                reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+    return;
+  }
+  std::vector<int> ids;
+  size_t from = 0;
+  while (from <= text.size()) {
+    size_t end = text.find('\n', from);
+    const bool newline = end != std::string::npos;
+    if (!newline) end = text.size();
+    for (const std::string& piece : encoding_pieces(text.substr(from, end - from))) {
+      if (piece.empty()) continue;
+      sp_->Encode(piece, &ids);
+      out->insert(out->end(), ids.begin(), ids.end());
+    }
+    if (newline) out->insert(out->end(), newline_.begin(), newline_.end());
+    from = end + 1;
+  }
+}
+
+std::string Tokenizer::decode(const std::vector<int>& ids) const {
+  if (!sp_) return std::string(ids.begin(), ids.end());
+  std::string text;
+  sp_->Decode(ids, &text);
+  return text;
+}
+
+std::string train_sentencepiece(const SentencePieceTraining& t, std::string* note) {
+  if (t.model_type != "bpe" && t.model_type != "unigram")
+    throw SpecError("data prepare: --model-type " + t.model_type + " (bpe or unigram)");
+  if (t.vocab_size < 260)
+    throw SpecError("data prepare: --vocab-size " + std::to_string(t.vocab_size) +
+                    " is too small for a SentencePiece model with byte fallback (at least 260: 256 bytes, "
+                    "<unk>, <s>, </s> and a piece)");
+  uint64_t total = 0;
+  for (const auto& in : t.inputs) {
+    struct stat st {};
+    if (::stat(in.c_str(), &st) == 0) total += static_cast<uint64_t>(st.st_size);
+  }
+  const uint64_t stride = std::max<uint64_t>(1, (total + t.sample_bytes - 1) / std::max<uint64_t>(1, t.sample_bytes));
+  LineSample lines(t.inputs, stride);
+  const std::unordered_map<std::string, std::string> args = {
+      {"model_type", t.model_type},
+      {"vocab_size", std::to_string(t.vocab_size)},
+      {"byte_fallback", "true"},           // every byte has a token: no text is ever unknown
+      {"character_coverage", "0.9995"},    // rare characters go to bytes rather than pieces
+      {"normalization_rule_name", "identity"},
+      {"add_dummy_prefix", "false"},       // encode(a) + encode(b) == encode(a + b) at line cuts
+      {"remove_extra_whitespaces", "false"},
+      {"split_digits", "true"},
+      {"max_sentence_length", std::to_string(kMaxPiece)},
+      {"input_sentence_size", "0"},        // the sample is ours: every line the iterator gives
+      {"num_threads", std::to_string(std::max(1u, std::thread::hardware_concurrency()))},
+  };
+  std::string model;
+  sentencepiece::util::Status status;
+  const std::string log = quietly([&] { status = sentencepiece::SentencePieceTrainer::Train(args, &lines, &model); });
+  if (!status.ok() || model.empty()) {
+    std::string why = status.ToString();
+    const size_t last = log.rfind('\n', log.size() > 1 ? log.size() - 2 : 0);
+    throw SpecError("data prepare: SentencePiece could not train a " + t.model_type + " model of " +
+                    std::to_string(t.vocab_size) + " pieces: " + why +
+                    (why.find("Vocabulary size") != std::string::npos ? " (a smaller --vocab-size, or more text)" : "") +
+                    (last != std::string::npos ? " | " + log.substr(last + 1) : ""));
+  }
+  if (note)
+    *note = stride > 1 ? "tokenizer trained on a sample: every " + std::to_string(stride) + "th line, " +
+                             human_bytes(static_cast<double>(lines.bytes_used())) + " of " + human_bytes(static_cast<double>(total))
+                       : "tokenizer trained on all " + human_bytes(static_cast<double>(total)) + " (" +
+                             std::to_string(lines.lines_used()) + " lines)";
+  return model;
+}
+
+}  // namespace pipetrain
