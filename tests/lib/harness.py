@@ -75,8 +75,10 @@ _settings = None
 
 
 def scenario(fn):
-    """Marks one behaviour of a test module: its own CTest entry, runnable alone."""
-    _scenarios[fn.__name__] = fn
+    """Marks one behaviour of a test module: its own CTest entry, runnable alone. Only the module
+    being run registers its scenarios (another module imported for its helpers does not)."""
+    if fn.__module__ == "__main__":
+        _scenarios[fn.__name__] = fn
     return fn
 
 
