@@ -8,6 +8,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <type_traits>
 #include <nlohmann/json.hpp>
 
 #include "pipetrain/util/errors.hpp"
@@ -256,14 +257,22 @@ void TokenFileWriter::append(const uint32_t* ids, size_t n, const std::string& s
   if (done_ + n > train_ + val_) throw SpecError(opt_.what + ": " + source + ": more tokens than counted (changed while read?)");
   const uint64_t limit = opt_.vocab > 0 ? static_cast<uint64_t>(opt_.vocab) : (1ull << (8 * opt_.width));
   narrow_.resize(n * opt_.width);
-  for (size_t i = 0; i < n; ++i) {
-    if (ids[i] >= limit)
-      throw SpecError(opt_.what + ": " + source + ": token " + std::to_string(source_offset + i) + " is " +
-                      std::to_string(ids[i]) + ", not below the vocabulary size " + std::to_string(limit) +
-                      (opt_.vocab > 0 ? " (--vocab-size)" : ""));
-    max_id_ = std::max(max_id_, ids[i]);
-    std::memcpy(narrow_.data() + i * opt_.width, &ids[i], opt_.width);  // little-endian: the low bytes
+  // One pass that narrows and finds the largest id (vectorised); the offender is looked up only
+  // when there is one.
+  uint32_t largest = 0;
+  auto narrow = [&](auto* out) {
+    for (size_t i = 0; i < n; ++i) largest = std::max(largest, ids[i]), out[i] = static_cast<std::remove_pointer_t<decltype(out)>>(ids[i]);
+  };
+  if (opt_.width == 1) narrow(narrow_.data());
+  else if (opt_.width == 2) narrow(reinterpret_cast<uint16_t*>(narrow_.data()));
+  else narrow(reinterpret_cast<uint32_t*>(narrow_.data()));
+  if (largest >= limit) {
+    const size_t i = static_cast<size_t>(std::find_if(ids, ids + n, [&](uint32_t id) { return id >= limit; }) - ids);
+    throw SpecError(opt_.what + ": " + source + ": token " + std::to_string(source_offset + i) + " is " +
+                    std::to_string(ids[i]) + ", not below the vocabulary size " + std::to_string(limit) +
+                    (opt_.vocab > 0 ? " (--vocab-size)" : ""));
   }
+  max_id_ = std::max(max_id_, largest);
   const uint64_t to_train = done_ < train_ ? std::min<uint64_t>(n, train_ - done_) : 0;
   if (to_train) write(train_ds_, done_, to_train, narrow_.data());
   if (n > to_train) write(val_ds_, done_ + to_train - train_, n - to_train, narrow_.data() + to_train * opt_.width);
