@@ -83,6 +83,11 @@ ExitCode run_mpi(const std::function<ExitCode(World&)>& body) {
     code = body(world);
   } catch (const AgreedExit& e) {
     code = e.code;  // every rank agreed; the message was printed once
+  } catch (const SpecError& e) {
+    // Bad input found by one rank after start-up (an id beyond the token file's vocabulary, met
+    // as its window is read): the others are mid-step, so the job ends here, as bad input.
+    report_error(e.what());
+    world.abort(ExitCode::bad_input);
   } catch (const CommTimeout& e) {
     report_fault(e.what());
     // The other ranks waiting on the same lost peer time out within moments of this one: give

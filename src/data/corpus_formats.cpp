@@ -158,18 +158,21 @@ Segment megatron_segment(std::string prefix) {
   int64_t last = 0;
   for (uint64_t i = 0; i < d; ++i) {
     const int64_t doc = idx.at<int64_t>(kMegatronHeader + 12 * n + 8 * i);
-    if (doc < last || static_cast<uint64_t>(doc) > n)
+    const bool ends_right = (i > 0 || doc == 0) && (i + 1 < d || static_cast<uint64_t>(doc) == n);
+    if (doc < last || static_cast<uint64_t>(doc) > n || !ends_right)
       throw SpecError(idx_path + ": document index " + str(i) + " is " + std::to_string(doc) +
                       " (document indices rise from 0 to the sequence count " + str(n) + ")");
     last = doc;
   }
+  if (d == 0) throw SpecError(idx_path + ": no document indices (they rise from 0 to the sequence count " + str(n) + ")");
   return {bin_path, 0, tokens, width, kCodes[code].is_signed};
 }
 
 Segment segment_of(const ImportOptions& opt, const std::string& path) {
-  if (opt.format == "llmc") return llmc_segment(path);
-  if (opt.format == "nanogpt") return nanogpt_segment(path, opt.dtype);
-  return megatron_segment(path);
+  const Segment s = opt.format == "llmc" ? llmc_segment(path) : opt.format == "nanogpt" ? nanogpt_segment(path, opt.dtype)
+                                                                                          : megatron_segment(path);
+  if (s.count == 0) throw SpecError(path + ": holds no tokens");
+  return s;
 }
 
 // Streams a segment's ids into the writer; negative or over-32-bit ids name the file and offset.
