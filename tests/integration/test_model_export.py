@@ -12,6 +12,7 @@ import json
 import math
 import os
 import random
+import shutil
 import struct
 import subprocess
 
@@ -77,6 +78,21 @@ def read_safetensors(path):
             raise ValueError(f"{name}: dtype {t['dtype']}")
         tensors[name] = a.reshape(t["shape"])
     return tensors, header
+
+
+def write_safetensors(path, tensors):
+    """A safetensors file of float16/float32 arrays, written from the format's description."""
+    header, offset, blobs = {}, 0, []
+    for name, a in tensors.items():
+        raw = a.tobytes()
+        header[name] = {"dtype": {"float16": "F16", "float32": "F32"}[a.dtype.name], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+        blobs.append(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
 def read_llmc(path):
@@ -373,8 +389,9 @@ def init_from_first_loss():
 @scenario
 def init_from_rules():
     """A longer position table is cut to model.seq_len (and the start line says so), a tied source
-    feeds an untied spec's head with wte (said too), each giving the source model's loss; a run with
-    a checkpoint resumes it and ignores init_from."""
+    feeds an untied spec's head with wte (said too), a bare F16 .safetensors file with GPT2Model's
+    names (no "transformer.") is read, each giving the source model's loss; a run with a checkpoint
+    resumes it and ignores init_from."""
     a = settings()
     hf = os.path.join(a.work, "hf")
     expect(export(checkpoints()["tied"], "hf", hf).returncode == 0, "export: exit 0")
@@ -393,6 +410,15 @@ def init_from_rules():
     want = gpt2_loss(w, cfg, x, y)
     expect("lm_head.weight = a copy of wte.weight" in r.out, "tied into untied: the start line says so")
     expect(rel_diff(first_loss(r), want) <= 1e-5, f"tied into untied: first loss {first_loss(r):.7f} == {want:.7f}")
+    # GPT2Model's names (no "transformer." prefix) in F16, a bare file without config.json
+    half = {k: v.astype(np.float16) for k, v in w.items()}
+    f16 = os.path.join(a.work, "gpt2model_f16.safetensors")
+    write_safetensors(f16, {k.replace("transformer.", ""): v for k, v in half.items()})
+    r3 = run_from("f16", 2, f16, "parallel.pp=2", "run.steps=1")
+    want = gpt2_loss(half, cfg, x, y)
+    expect("(safetensors file, F16)" in r3.out and rel_diff(first_loss(r3), want) <= 1e-5,
+           f"F16 GPT2Model-named file: first loss {first_loss(r3):.7f} == the F16 weights' {want:.7f}")
+
     r2 = launch(a, 2, r.run_dir, tiny(), BASE + [f"data.path={token_file()}", "train.init_from=/nonexistent",
                                                  "model.tie_embeddings=false", "parallel.pp=2", "run.steps=4"])
     expect(r2.rc == 0 and "resumed from" in r2.out and "initialised from" not in r2.out and
@@ -401,9 +427,28 @@ def init_from_rules():
 
 
 @scenario
+def hf_export_carries_tokenizer():
+    """A checkpoint holding tokenizer.model exports it unchanged into the HF directory; one without
+    it exports none."""
+    a = settings()
+    plain = checkpoints()["tied"]
+    ckpt = os.path.join(a.work, "step_00000010")
+    shutil.copytree(plain, ckpt)
+    tokenizer = bytes(range(256)) * 3  # any bytes: export copies, it does not parse
+    with open(os.path.join(ckpt, "tokenizer.model"), "wb") as f:
+        f.write(tokenizer)
+    with_it, without = os.path.join(a.work, "with"), os.path.join(a.work, "without")
+    expect(export(ckpt, "hf", with_it).returncode == 0 and export(plain, "hf", without).returncode == 0, "exports: exit 0")
+    copied = os.path.join(with_it, "tokenizer.model")
+    expect(os.path.exists(copied) and open(copied, "rb").read() == tokenizer, "tokenizer.model copied byte for byte")
+    expect(sorted(os.listdir(without)) == ["config.json", "model.safetensors"], "no tokenizer.model without one")
+
+
+@scenario
 def refusals_exit_2():
     """Exit 2 with one message naming the problem: a spec whose n_layer or d_model differs from the
-    source (the tensor and both shapes), an untied source into a tied spec, a path that holds no
+    source (the tensor and both shapes), an untied source into a tied spec, a config.json declaring
+    another activation, a path that holds no
     model, an existing export output without --force (which --force replaces), an unknown format or
     dtype, a path that is not a checkpoint."""
     a = settings()
@@ -418,12 +463,18 @@ def refusals_exit_2():
         return launch(a, 2, os.path.join(a.work, name), tiny(),
                       BASE + [f"data.path={token_file()}", f"train.init_from={source}", "parallel.pp=2", *sets])
 
+    relu = os.path.join(a.work, "relu")
+    shutil.copytree(hf, relu)
+    with open(os.path.join(relu, "config.json"), "w") as f:
+        json.dump(dict(json.load(open(os.path.join(hf, "config.json"))), activation_function="relu"), f)
+
     for name, source, sets, words in [
             ("n_layer 3 of 4", hf, ["model.n_layer=3"], ["h.3.ln_1.weight", "[64]", "model.n_layer = 3"]),
             ("n_layer 5 of 4", hf, ["model.n_layer=5"], ["h.4.ln_1.weight", "[64]", "no such tensor"]),
             ("narrower", models["tied"], ["model.d_model=32"], ["wte.weight", "[256, 32]", "[256, 64]"]),
             ("other heads", hf, ["model.n_head=8"], ["4 attention heads", "model.n_head = 8"]),
             ("untied into tied", models["untied"], [], ["lm_head.weight", "model.tie_embeddings = true"]),
+            ("another activation", relu, [], ["config.json", "activation_function", "relu"]),
             ("a text file", not_model, [], [not_model, "not a model"]),
             ("a folder", a.work, [], [a.work, "not a model"]),
             ("missing", "/nonexistent/model", [], ["/nonexistent/model"])]:
