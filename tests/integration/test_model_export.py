@@ -448,7 +448,7 @@ def hf_export_carries_tokenizer():
 def refusals_exit_2():
     """Exit 2 with one message naming the problem: a spec whose n_layer or d_model differs from the
     source (the tensor and both shapes), an untied source into a tied spec, a config.json declaring
-    another activation, a path that holds no
+    another activation, a checkpoint whose shard fails its checksum, a path that holds no
     model, an existing export output without --force (which --force replaces), an unknown format or
     dtype, a path that is not a checkpoint."""
     a = settings()
@@ -468,6 +468,12 @@ def refusals_exit_2():
     with open(os.path.join(relu, "config.json"), "w") as f:
         json.dump(dict(json.load(open(os.path.join(hf, "config.json"))), activation_function="relu"), f)
 
+    damaged = os.path.join(a.work, "step_00000010")
+    shutil.copytree(models["tied"], damaged)
+    with open(os.path.join(damaged, "stage_000.h5"), "r+b") as f:
+        f.seek(-8, os.SEEK_END)
+        f.write(b"\xff" * 8)
+
     for name, source, sets, words in [
             ("n_layer 3 of 4", hf, ["model.n_layer=3"], ["h.3.ln_1.weight", "[64]", "model.n_layer = 3"]),
             ("n_layer 5 of 4", hf, ["model.n_layer=5"], ["h.4.ln_1.weight", "[64]", "no such tensor"]),
@@ -475,6 +481,7 @@ def refusals_exit_2():
             ("other heads", hf, ["model.n_head=8"], ["4 attention heads", "model.n_head = 8"]),
             ("untied into tied", models["untied"], [], ["lm_head.weight", "model.tie_embeddings = true"]),
             ("another activation", relu, [], ["config.json", "activation_function", "relu"]),
+            ("a damaged checkpoint", damaged, [], ["stage_000.h5", "checksum"]),
             ("a text file", not_model, [], [not_model, "not a model"]),
             ("a folder", a.work, [], [a.work, "not a model"]),
             ("missing", "/nonexistent/model", [], ["/nonexistent/model"])]:
