@@ -1,12 +1,5 @@
 #include "pipetrain/interop/llmc_model.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-
 #include "pipetrain/interop/gpt2_layout.hpp"
 #include "pipetrain/model/block_tensors.hpp"
 #include "pipetrain/util/errors.hpp"
@@ -34,36 +27,17 @@ std::vector<int64_t> stored_shape(const LlmcHeader& h, const std::string& name) 
   return {C};  // ln_f.weight, ln_f.bias
 }
 
-int64_t count(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-bool read_at(const std::string& path, uint64_t offset, void* out, size_t n) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  auto* p = static_cast<char*>(out);
-  while (n > 0) {
-    const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
-    if (got <= 0) break;
-    p += got, n -= static_cast<size_t>(got), offset += static_cast<uint64_t>(got);
-  }
-  ::close(fd);
-  return n == 0;
-}
-
 }  // namespace
 
 bool LlmcFile::looks_like(const std::string& path) {
   int32_t magic = 0;
-  return read_at(path, 0, &magic, 4) && magic == kLlmcMagic;
+  return BinaryReader(path).read_at(0, &magic, 4) && magic == kLlmcMagic;
 }
 
-LlmcFile::LlmcFile(const std::string& path) : path_(path) {
+LlmcFile::LlmcFile(const std::string& path) : file_(path) {
   auto bad = [&](const std::string& why) { return SpecError(path + ": not a valid llm.c model file (" + why + ")"); };
   int32_t h[kHeaderInts];
-  if (!read_at(path, 0, h, sizeof h)) throw bad("shorter than its 1024-byte header");
+  if (!file_.read_at(0, h, sizeof h)) throw bad("shorter than its 1024-byte header");
   if (h[0] != kLlmcMagic) throw bad("magic number " + std::to_string(h[0]) + ", not " + std::to_string(kLlmcMagic));
   if (h[1] != kVersionFp32 && h[1] != kVersionBf16)
     throw bad("version " + std::to_string(h[1]) + "; pipetrain reads 3 (fp32) and 5 (bf16)");
@@ -76,11 +50,10 @@ LlmcFile::LlmcFile(const std::string& path) : path_(path) {
   uint64_t offset = sizeof h;
   for (const std::string& name : llmc_order(h_.n_layer)) {
     offset_[name] = offset;
-    offset += static_cast<uint64_t>(count(stored_shape(h_, name))) * stored_bytes(h_.dtype);
+    offset += static_cast<uint64_t>(element_count(stored_shape(h_, name))) * stored_bytes(h_.dtype);
   }
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) != offset)
-    throw bad(std::to_string(st.st_size) + " bytes where its header describes " + std::to_string(offset));
+  if (file_.size() != offset)
+    throw bad(std::to_string(file_.size()) + " bytes where its header describes " + std::to_string(offset));
 }
 
 std::optional<std::vector<int64_t>> LlmcFile::shape(const std::string& name) const {
@@ -91,10 +64,11 @@ std::optional<std::vector<int64_t>> LlmcFile::shape(const std::string& name) con
 
 void LlmcFile::read(const std::string& name, float* out) const {
   const auto s = shape(name);
-  if (!s) throw SpecError(path_ + ": the llm.c model has no tensor " + name);
-  const size_t n = static_cast<size_t>(count(*s));  // wte: its first V rows, a prefix of the stored table
+  if (!s) throw SpecError(file_.path() + ": the llm.c model has no tensor " + name);
+  const size_t n = static_cast<size_t>(element_count(*s));  // wte: its first V rows, a prefix of the stored table
   std::vector<unsigned char> bytes(n * stored_bytes(h_.dtype));
-  if (!read_at(path_, offset_.at(name), bytes.data(), bytes.size())) throw SpecError(path_ + ": cannot read " + name);
+  if (!file_.read_at(offset_.at(name), bytes.data(), bytes.size()))
+    throw SpecError(file_.path() + ": cannot read " + name);
   decode_floats(bytes.data(), n, h_.dtype, out);
 }
 
@@ -109,7 +83,7 @@ void write_llmc(BinaryWriter& out, const LlmcHeader& h,
   std::vector<float> values;
   std::vector<unsigned char> bytes;
   for (const std::string& name : llmc_order(h.n_layer)) {
-    const size_t n = static_cast<size_t>(count(stored_shape(h, name)));
+    const size_t n = static_cast<size_t>(element_count(stored_shape(h, name)));
     values.assign(n, 0.f);  // wte's padding rows stay zero
     fill(name, values.data());
     bytes.resize(n * stored_bytes(h.dtype));

@@ -6,6 +6,7 @@
 
 #include "pipetrain/ckpt/checkpoint.hpp"
 #include "pipetrain/interop/atomic_output.hpp"
+#include "pipetrain/interop/binary_file.hpp"
 #include "pipetrain/interop/gpt2_layout.hpp"
 #include "pipetrain/interop/llmc_model.hpp"
 #include "pipetrain/interop/safetensors.hpp"

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "pipetrain/interop/binary_file.hpp"
 #include "pipetrain/model/block_tensors.hpp"
 #include "pipetrain/util/files.hpp"
 

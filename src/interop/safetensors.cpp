@@ -1,10 +1,5 @@
 #include "pipetrain/interop/safetensors.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -36,42 +31,25 @@ int element_bytes(const std::string& dtype) {
   return it == sizes.end() ? 0 : it->second;
 }
 
-bool read_at(int fd, uint64_t offset, void* out, size_t n) {
-  auto* p = static_cast<char*>(out);
-  while (n > 0) {
-    const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
-    if (got <= 0) return false;
-    p += got, n -= static_cast<size_t>(got), offset += static_cast<uint64_t>(got);
-  }
-  return true;
-}
-
 }  // namespace
 
 bool SafetensorsFile::looks_like(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
   unsigned char head[9];
-  const bool got = read_at(fd, 0, head, sizeof head);
-  ::close(fd);
+  const bool got = BinaryReader(path).read_at(0, head, sizeof head);
   uint64_t n = 0;
   std::memcpy(&n, head, 8);
   return got && n >= 2 && n <= kMaxHeaderBytes && head[8] == '{';
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
   auto bad = [&](const std::string& why) { return SpecError(path + ": not a valid safetensors file (" + why + ")"); };
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) throw SpecError(path + ": cannot read (" + std::strerror(errno) + ")");
-  struct stat st {};
-  fstat(fd_, &st);
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  const uint64_t size = file_.size();
   uint64_t n = 0;
-  if (size < 8 || !read_at(fd_, 0, &n, 8)) throw bad("shorter than its 8-byte header length");
+  if (size < 8 || !file_.read_at(0, &n, 8)) throw bad("shorter than its 8-byte header length");
   if (n > kMaxHeaderBytes || 8 + n > size)
     throw bad("header length " + std::to_string(n) + " does not fit the file's " + std::to_string(size) + " bytes");
   std::string text(n, '\0');
-  if (!read_at(fd_, 8, text.data(), n)) throw bad("cannot read the header");
+  if (!file_.read_at(8, text.data(), n)) throw bad("cannot read the header");
   data_start_ = 8 + n;
   const uint64_t data_bytes = size - data_start_;
   try {
@@ -86,7 +64,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       const auto offsets = t.at("data_offsets").get<std::vector<uint64_t>>();
       if (offsets.size() != 2) throw bad(name + ": data_offsets needs [begin, end]");
       e.begin = offsets[0], e.end = offsets[1];
-      uint64_t count = 1;
+      uint64_t count = 1;  // checked for overflow here: element_count() trusts its shape
       for (int64_t d : e.shape) {
         if (d < 0 || (d > 0 && count > UINT64_MAX / static_cast<uint64_t>(d) / 8)) throw bad(name + ": bad shape");
         count *= static_cast<uint64_t>(d);
@@ -103,10 +81,6 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   }
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
 const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
   for (auto& e : entries_)
     if (e.name == name) return &e;
@@ -116,10 +90,10 @@ const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
 void SafetensorsFile::read(const SafetensorsEntry& e, float* out) const {
   StoredFloat t;
   if (!stored_float(e.dtype, &t))
-    throw SpecError(path_ + ": tensor " + e.name + " is " + e.dtype + "; model weights must be F32, BF16 or F16");
+    throw SpecError(path() + ": tensor " + e.name + " is " + e.dtype + "; model weights must be F32, BF16 or F16");
   std::vector<unsigned char> bytes(e.end - e.begin);
-  if (!read_at(fd_, data_start_ + e.begin, bytes.data(), bytes.size()))
-    throw SpecError(path_ + ": cannot read tensor " + e.name);
+  if (!file_.read_at(data_start_ + e.begin, bytes.data(), bytes.size()))
+    throw SpecError(path() + ": cannot read tensor " + e.name);
   decode_floats(bytes.data(), bytes.size() / stored_bytes(t), t, out);
 }
 
@@ -128,9 +102,7 @@ std::string safetensors_header(const std::vector<SafetensorsTensor>& tensors, St
   json header = json::object();
   uint64_t offset = 0;
   for (auto& t : tensors) {
-    uint64_t count = 1;
-    for (int64_t d : t.shape) count *= static_cast<uint64_t>(d);
-    const uint64_t end = offset + count * stored_bytes(dtype);
+    const uint64_t end = offset + element_count(t.shape) * stored_bytes(dtype);
     header[t.name] = {{"dtype", spelling(dtype)}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
     offset = end;
   }
@@ -150,8 +122,7 @@ void write_safetensors(BinaryWriter& out, const std::vector<SafetensorsTensor>& 
   std::vector<float> values;
   std::vector<unsigned char> bytes;
   for (auto& t : tensors) {
-    size_t count = 1;
-    for (int64_t d : t.shape) count *= static_cast<size_t>(d);
+    const size_t count = static_cast<size_t>(element_count(t.shape));
     values.resize(count);
     bytes.resize(count * stored_bytes(dtype));
     t.fill(values.data());

@@ -149,12 +149,6 @@ class CheckpointSource : public WeightsSource {
 
 }  // namespace
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 std::unique_ptr<WeightsSource> WeightsSource::open(const std::string& path) {
   std::error_code ec;
   const fs::path p(path);

@@ -3,7 +3,6 @@
 // renamed into place only when complete. A failure at any point removes the staging path and
 // leaves what was at the output before untouched.
 #pragma once
-#include <cstdio>
 #include <string>
 
 namespace pipetrain {
@@ -25,25 +24,5 @@ class AtomicOutput {
   std::string path_, staging_;
   bool committed_ = false;
 };
-
-// A file written sequentially; close() flushes and fsyncs. Throws std::runtime_error naming the
-// file on any failure (a full disk is a fault, not bad input).
-class BinaryWriter {
- public:
-  explicit BinaryWriter(const std::string& path);
-  ~BinaryWriter();
-  BinaryWriter(const BinaryWriter&) = delete;
-  BinaryWriter& operator=(const BinaryWriter&) = delete;
-
-  void write(const void* data, size_t bytes);
-  void close();
-
- private:
-  std::string path_;
-  std::FILE* f_ = nullptr;
-};
-
-// Copies a file into `to` (synced), for what an export carries along unchanged.
-void copy_file_synced(const std::string& from, const std::string& to);
 
 }  // namespace pipetrain

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "pipetrain/interop/atomic_output.hpp"
+#include "pipetrain/interop/binary_file.hpp"
 #include "pipetrain/interop/float_formats.hpp"
 
 namespace pipetrain {
@@ -40,7 +40,7 @@ class LlmcFile {
   void read(const std::string& name, float* out) const;  // the tensor of shape(name)
 
  private:
-  std::string path_;
+  BinaryReader file_;
   LlmcHeader h_;
   std::map<std::string, uint64_t> offset_;  // byte offset in the file of each tensor
 };

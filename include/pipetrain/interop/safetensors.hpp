@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "pipetrain/interop/atomic_output.hpp"
+#include "pipetrain/interop/binary_file.hpp"
 #include "pipetrain/interop/float_formats.hpp"
 
 namespace pipetrain {
@@ -25,22 +25,18 @@ class SafetensorsFile {
  public:
   // SpecError naming the file when it is not a well-formed safetensors file.
   explicit SafetensorsFile(const std::string& path);
-  ~SafetensorsFile();
-  SafetensorsFile(const SafetensorsFile&) = delete;
-  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
   // True when the file starts like one (a plausible header length, then '{'): for telling file kinds apart.
   static bool looks_like(const std::string& path);
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return file_.path(); }
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
   const SafetensorsEntry* find(const std::string& name) const;  // nullptr when absent
   // The tensor's values as fp32 (row-major, as stored). SpecError for a dtype other than F32, BF16, F16.
   void read(const SafetensorsEntry& e, float* out) const;
 
  private:
-  std::string path_;
-  int fd_ = -1;
+  BinaryReader file_;
   uint64_t data_start_ = 0;
   std::vector<SafetensorsEntry> entries_;
 };

@@ -40,7 +40,4 @@ class WeightsSource {
   std::string path_;
 };
 
-// "[768, 2304]"
-std::string shape_text(const std::vector<int64_t>& shape);
-
 }  // namespace pipetrain
