@@ -1,10 +1,10 @@
 #include "pipetrain/interop/model_import.hpp"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "pipetrain/interop/binary_file.hpp"
 #include "pipetrain/model/block_tensors.hpp"
-#include "pipetrain/util/files.hpp"
 
 namespace pipetrain {
 
