@@ -15,6 +15,7 @@
 #include "pipetrain/dist/world.hpp"
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/tools/generate.hpp"
+#include "pipetrain/interop/model_export.hpp"
 #include "pipetrain/pipeline/plan.hpp"
 #include "pipetrain/tools/report.hpp"
 #include "pipetrain/dist/signals.hpp"
@@ -40,6 +41,7 @@ const char* kUsage =
     "  report  RUN_DIR [--plots DIR]: summary of a finished or killed run, measured vs predicted\n"
     "  smoke   cluster health check under srun/mpiexec: links, all-reduce, checkpoint I/O, training\n"
     "  data    prepare | import | export | inspect: token files (text, SentencePiece, llm.c, nanoGPT, Megatron)\n"
+    "  export  --checkpoint PATH --format hf|llmc --output OUT: a checkpoint as a Hugging Face GPT-2 or llm.c model\n"
     "\n"
     "pipetrain <command> --help shows the command's options.\n";
 
@@ -261,7 +263,7 @@ ExitCode data_prepare(const std::vector<std::string>& args) {
 }
 
 ExitCode data_import(const std::vector<std::string>& args) {
-  ImportOptions opt;
+  TokenImportOptions opt;
   po::options_description desc("pipetrain data import --format llmc|nanogpt|megatron INPUT... --output DATA.h5 [options]");
   desc.add_options()("help,h", "show this help")(
       "format", po::value<std::string>(&opt.format), "llmc (llm.c shards) | nanogpt (headerless) | megatron (PREFIX of .idx/.bin)")(
@@ -290,7 +292,7 @@ ExitCode data_import(const std::vector<std::string>& args) {
 }
 
 ExitCode data_export(const std::vector<std::string>& args) {
-  ExportOptions opt;
+  TokenExportOptions opt;
   std::string split = "train";
   po::options_description desc("pipetrain data export DATA.h5 --format llmc|megatron --output OUT [options]");
   desc.add_options()("help,h", "show this help")("input", po::value<std::string>(&opt.input), "the token file")(
@@ -351,6 +353,27 @@ ExitCode data_main(const std::vector<std::string>& args) {
   return help ? ExitCode::ok : ExitCode::bad_input;
 }
 
+ExitCode export_main(const std::vector<std::string>& args) {
+  ModelExportOptions opt;
+  po::options_description desc("pipetrain export --checkpoint PATH --format hf|llmc --output OUT [options]   (no MPI)");
+  desc.add_options()("help,h", "show this help")(
+      "checkpoint", po::value<std::string>(&opt.checkpoint), "checkpoint directory (any saved layout)")(
+      "format", po::value<std::string>(&opt.format),
+      "hf (a Hugging Face GPT-2 directory: config.json, model.safetensors) | llmc (llm.c's model file)")(
+      "output", po::value<std::string>(&opt.output), "the directory (hf) or file (llmc) to write")(
+      "dtype", po::value<std::string>(&opt.dtype)->default_value("fp32"), "fp32 | bf16 (rounded to nearest even)")(
+      "force", "replace an existing output");
+  po::variables_map vm;
+  if (auto done = parse("export", desc, args, vm)) return *done;
+  if (opt.checkpoint.empty() || opt.format.empty()) {
+    std::fprintf(stderr, "pipetrain export: error: %s (pipetrain export --checkpoint PATH --format hf|llmc --output OUT)\n",
+                 opt.checkpoint.empty() ? "which checkpoint?" : "which format?");
+    return ExitCode::bad_input;
+  }
+  opt.force = vm.count("force") > 0;
+  return run_offline([&] { return run_export(opt); });
+}
+
 ExitCode ckpt_main(const std::vector<std::string>& args) {
   if (args.size() != 2 || (args[0] != "inspect" && args[0] != "verify")) {
     std::fprintf(args.size() == 1 && (args[0] == "--help" || args[0] == "-h") ? stdout : stderr,
@@ -376,6 +399,7 @@ ExitCode dispatch(int argc, char** argv) {
   if (cmd == "data") return data_main(args);
   if (cmd == "eval") return eval_main(args);
   if (cmd == "generate") return generate_main(args);
+  if (cmd == "export") return export_main(args);
   std::fprintf(stderr, "pipetrain: error: unknown command '%s'\n%s", cmd.c_str(), kUsage);
   return ExitCode::bad_input;
 }

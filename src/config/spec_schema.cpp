@@ -275,6 +275,10 @@ std::vector<SpecKey> build_schema() {
                  "global gradient-norm clip over all stages (0 = off)"),
       int_key("train", "max_bad_steps", FIELD(int, train.max_bad_steps), 1, big,
               "consecutive steps with a NaN/Inf loss or gradient (each skipped) before the run stops"),
+      string_key("train", "init_from", FIELD(std::string, train.init_from),
+                 "start a fresh run from these weights instead of a random init: a Hugging Face GPT-2 directory "
+                 "or .safetensors file, an llm.c model file or a pipetrain checkpoint (any layout); step 0, fresh "
+                 "optimizer state. Ignored when the run resumes a checkpoint (\"\" = random init)"),
       int_key("eval", "every_steps", FIELD(int, eval.every_steps), 0, big,
               "validation loss every N steps and at the end, as val_loss (0 = never); data: the token file's "
               "/val (source = hdf5) or held-out text of the synthetic language"),

@@ -168,7 +168,7 @@ Segment megatron_segment(std::string prefix) {
   return {bin_path, 0, tokens, width, kCodes[code].is_signed};
 }
 
-Segment segment_of(const ImportOptions& opt, const std::string& path) {
+Segment segment_of(const TokenImportOptions& opt, const std::string& path) {
   const Segment s = opt.format == "llmc" ? llmc_segment(path) : opt.format == "nanogpt" ? nanogpt_segment(path, opt.dtype)
                                                                                           : megatron_segment(path);
   if (s.count == 0) throw SpecError(path + ": holds no tokens");
@@ -254,7 +254,7 @@ void write_narrowed(AtomicFile& out, const uint32_t* ids, size_t n, int width, s
 
 }  // namespace
 
-std::string import_tokens(const ImportOptions& opt) {
+std::string import_tokens(const TokenImportOptions& opt) {
   const std::string what = "data import";
   if (opt.format != "llmc" && opt.format != "nanogpt" && opt.format != "megatron")
     throw SpecError(what + ": --format " + opt.format + " (llmc, nanogpt or megatron)");
@@ -294,7 +294,7 @@ std::string import_tokens(const ImportOptions& opt) {
          std::to_string(8 * w.width) + ") from " + std::to_string(files.size()) + " file(s)";
 }
 
-std::string export_tokens(const ExportOptions& opt) {
+std::string export_tokens(const TokenExportOptions& opt) {
   const std::string what = "data export";
   if (opt.format != "llmc" && opt.format != "megatron") throw SpecError(what + ": --format " + opt.format + " (llmc or megatron)");
   if (opt.output.empty()) throw SpecError(what + ": no --output given");

@@ -106,13 +106,33 @@ void set_threads(Run& run) {
   set_parallel_threads(run.blas_threads);
 }
 
-// This rank's model slice and AdamW, initialised, then loaded from the checkpoint if resuming.
+// A fresh start from another model's weights (train.init_from): the source is opened and matched
+// against the whole model on every rank alike (headers only), and its checksums, where it has
+// them, checked in shares, before the model is allocated.
+void open_init_source(Run& run) {
+  run.init = std::make_unique<ModelImport>(run.spec.train.init_from, run.spec);
+  const std::string problem = run.init->verify(run.world.rank(), run.world.size());
+  if (!problem.empty()) throw SpecError(run.spec.origin("train.init_from") + ": train.init_from: " + problem);
+}
+
+// This rank's model slice and AdamW: initialised (or read from the train.init_from source), then
+// loaded from the checkpoint if resuming.
 void build_model(Run& run) {
   const RunSpec& spec = run.spec;
   const StepShape& shape = run.shape;
   run.stage = std::make_unique<Stage>(spec, chunks_of(run.blocks, shape.stages, run.topo.stage), shape.virtual_stages(),
                                       shape.micro_batches, shape.grad_scale());
-  run.stage->init_params(static_cast<uint64_t>(spec.run.seed));
+  if (run.init) {
+    run.world.require_agreed([&] {  // each rank reads only its own stage's tensors
+      std::vector<float> host(run.stage->weights().size());
+      run.init->load(run.stage->params(), host.data());
+      run.stage->weights().assign(host.data(), host.size());
+    });
+    run.init_note = run.init->description();
+    run.init.reset();  // closes the source's files
+  } else {
+    run.stage->init_params(static_cast<uint64_t>(spec.run.seed));
+  }
   run.adam = std::make_unique<AdamW>(spec.train, run.stage->weights().size());
   if (!run.resumed_from.empty()) run.start_step = run.checkpointer->load(run.resumed_from, *run.stage, *run.adam);
   run.last_saved = run.resumed_from.empty() ? -1 : run.start_step;
@@ -174,6 +194,9 @@ ExitCode start_up(Run& run) {
   run.checkpointer = std::make_unique<Checkpointer>(spec, run.run_dir, *run.comm);
   run.checkpointer->set_tokenizer(run.tokenizer_model);
   run.resumed_from = run.checkpointer->select(run.opt.resume);
+  // init_from applies to a fresh start only: a requeued fine-tuning job resumes its own checkpoint.
+  if (run.resumed_from.empty() && !spec.train.init_from.empty())
+    if (ExitCode code = world.run_agreed([&] { open_init_source(run); }); code != ExitCode::ok) return code;
   build_model(run);
 
   // Only now, with every rank agreeing the run can start, touch the run directory.
@@ -211,6 +234,7 @@ void print_start(const Run& run) {
     for (auto& change : changed_training_keys(Manifest::read(run.resumed_from), spec))
       std::printf("note: %s since the checkpoint (LR schedule / optimizer change from here on)\n", change.c_str());
   }
+  if (!run.init_note.empty()) std::printf("%s\n", run.init_note.c_str());
   if (run.start_step >= spec.run.steps) std::printf("run already complete (%d steps)\n", spec.run.steps);
   std::fflush(stdout);
 }

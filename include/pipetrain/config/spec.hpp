@@ -59,6 +59,7 @@ struct RunSpec {
     double eps = 1e-8;
     double grad_clip = 1.0;
     int max_bad_steps = 5;  // consecutive steps with a non-finite loss or gradient before the run stops
+    std::string init_from;  // weights a fresh start begins from (a model directory or file); "" = random init
   } train;
   struct Eval {
     int every_steps = 0;  // validation loss every N steps and at the end (0 = never)

@@ -17,7 +17,7 @@
 
 namespace pipetrain {
 
-struct ImportOptions {
+struct TokenImportOptions {
   std::string format;                       // llmc | nanogpt | megatron
   std::vector<std::string> inputs, val;     // val: separate held-out inputs (else --val-fraction)
   std::string output;
@@ -30,9 +30,9 @@ struct ImportOptions {
 // `pipetrain data import`: validates every input (header, version, dtype, size) before writing,
 // then streams the tokens into a token file (tokenizer "none"). SpecError naming the file and what
 // was expected. Returns a summary.
-std::string import_tokens(const ImportOptions& opt);
+std::string import_tokens(const TokenImportOptions& opt);
 
-struct ExportOptions {
+struct TokenExportOptions {
   std::string input, format, output;  // format: llmc | megatron (output: a file / a PREFIX)
   bool val = false;                   // the /val tokens instead of /train
   bool force = false;
@@ -41,6 +41,6 @@ struct ExportOptions {
 // `pipetrain data export`: one split of a token file as an llm.c shard (uint16 when the vocabulary
 // fits, else uint32) or a Megatron indexed dataset (uint8, uint16 or int32 by the vocabulary; one
 // document of sequences of at most 65536 tokens). Atomic. Returns a summary.
-std::string export_tokens(const ExportOptions& opt);
+std::string export_tokens(const TokenExportOptions& opt);
 
 }  // namespace pipetrain

@@ -11,6 +11,7 @@
 #include "pipetrain/data/dataset.hpp"
 #include "pipetrain/dist/comm.hpp"
 #include "pipetrain/dist/launch.hpp"
+#include "pipetrain/interop/model_import.hpp"
 #include "pipetrain/model/model.hpp"
 #include "pipetrain/model/optim.hpp"
 #include "pipetrain/observe/metrics.hpp"
@@ -46,6 +47,8 @@ struct Run {
   std::unique_ptr<Checkpointer> checkpointer;
   std::string resumed_from;                // "" for a fresh start
   int64_t start_step = 0;
+  std::unique_ptr<ModelImport> init;       // a fresh start with train.init_from: its source, until loaded
+  std::string init_note;                   // what was loaded from where, for the start lines
 
   // This rank's model slice, optimizer and schedule.
   std::unique_ptr<Stage> stage;
@@ -75,8 +78,9 @@ struct Run {
 
 // Every start-up step, each agreed by all ranks (a failure anywhere makes every rank return the
 // same code, and only the failing rank says why): the spec and data, the communicators and device,
-// the model's fit in memory, the run directory and its lock, the checkpoint to resume from, the
-// model slice (loaded or initialised), the schedule.
+// the model's fit in memory, the run directory and its lock, the checkpoint to resume from (or on a
+// fresh start the train.init_from source, matched against the spec), the model slice (loaded or
+// initialised), the schedule.
 ExitCode start_up(Run& run);
 
 // Rank 0: the lines that say what this run is (layout, node map, partition, run dir, resume).

@@ -1,0 +1,122 @@
+#include "pipetrain/interop/model_export.hpp"
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "pipetrain/ckpt/checkpoint.hpp"
+#include "pipetrain/interop/atomic_output.hpp"
+#include "pipetrain/interop/binary_file.hpp"
+#include "pipetrain/interop/gpt2_layout.hpp"
+#include "pipetrain/interop/llmc_model.hpp"
+#include "pipetrain/interop/safetensors.hpp"
+#include "pipetrain/interop/weights_source.hpp"
+#include "pipetrain/model/model.hpp"
+#include "pipetrain/util/files.hpp"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace pipetrain {
+namespace {
+
+// The Hugging Face configuration of a GPT2LMHeadModel computing what pipetrain computes: pre-LN
+// blocks with GELU (tanh), LayerNorm eps 1e-5, attention scaled by 1/sqrt(head_dim), no dropout
+// (pipetrain trains without it), no special tokens (byte vocabulary).
+std::string hf_config(const RunSpec& spec, StoredFloat dtype) {
+  const auto& m = spec.model;
+  const json c = {{"architectures", {"GPT2LMHeadModel"}},
+                  {"model_type", "gpt2"},
+                  {"vocab_size", m.vocab},
+                  {"n_positions", m.seq_len},
+                  {"n_ctx", m.seq_len},
+                  {"n_embd", m.d_model},
+                  {"n_layer", m.n_layer},
+                  {"n_head", m.n_head},
+                  {"n_inner", nullptr},
+                  {"activation_function", "gelu_new"},
+                  {"layer_norm_epsilon", 1e-5},
+                  {"initializer_range", 0.02},
+                  {"resid_pdrop", 0.0},
+                  {"embd_pdrop", 0.0},
+                  {"attn_pdrop", 0.0},
+                  {"scale_attn_weights", true},
+                  {"scale_attn_by_inverse_layer_idx", false},
+                  {"reorder_and_upcast_attn", false},
+                  {"use_cache", true},
+                  {"tie_word_embeddings", m.tie_embeddings},
+                  {"bos_token_id", nullptr},
+                  {"eos_token_id", nullptr},
+                  {"torch_dtype", dtype == StoredFloat::bf16 ? "bfloat16" : "float32"}};
+  return c.dump(2) + "\n";
+}
+
+void write_hf(const std::string& dir, const RunSpec& spec, const WeightsSource& ckpt, StoredFloat dtype,
+              const std::string& checkpoint) {
+  fs::create_directory(dir);
+  std::vector<SafetensorsTensor> tensors;
+  for (const ParamTensor& p : stage_params(spec, 0, 1, 0, spec.model.n_layer)) {
+    const std::string name = p.name;
+    std::vector<int64_t> shape(p.shape.begin(), p.shape.end());
+    const bool conv1d = hf_transposed(name);
+    if (conv1d) std::swap(shape[0], shape[1]);
+    tensors.push_back({hf_name(name), shape, [&ckpt, name, conv1d, shape](float* out) {
+                         if (!conv1d) return ckpt.read(name, out);
+                         std::vector<float> linear(static_cast<size_t>(shape[0] * shape[1]));  // [out, in]
+                         ckpt.read(name, linear.data());
+                         transpose(linear.data(), shape[1], shape[0], out);
+                       }});
+  }
+  BinaryWriter weights(dir + "/model.safetensors");
+  write_safetensors(weights, tensors, dtype, {{"format", "pt"}});
+  weights.close();
+  BinaryWriter config(dir + "/config.json");
+  const std::string text = hf_config(spec, dtype);
+  config.write(text.data(), text.size());
+  config.close();
+  // A model trained on SentencePiece tokens is unusable without its tokenizer.
+  const std::string tokenizer = checkpoint + "/tokenizer.model";
+  if (fs::exists(tokenizer)) copy_file_synced(tokenizer, dir + "/tokenizer.model");
+}
+
+void write_llmc_file(const std::string& file, const RunSpec& spec, const WeightsSource& ckpt, StoredFloat dtype) {
+  LlmcHeader h;
+  h.max_seq_len = spec.model.seq_len, h.vocab = spec.model.vocab, h.n_layer = spec.model.n_layer;
+  h.n_head = spec.model.n_head, h.channels = spec.model.d_model, h.padded_vocab = llmc_padded_vocab(spec.model.vocab);
+  h.dtype = dtype;
+  BinaryWriter out(file);
+  write_llmc(out, h, [&](const std::string& name, float* values) { ckpt.read(name, values); });
+  out.close();
+}
+
+}  // namespace
+
+ExitCode run_export(const ModelExportOptions& opt) {
+  if (opt.format != "hf" && opt.format != "llmc")
+    throw SpecError("export: --format \"" + opt.format + "\" is not one of hf | llmc");
+  if (opt.dtype != "fp32" && opt.dtype != "bf16")
+    throw SpecError("export: --dtype \"" + opt.dtype + "\" is not one of fp32 | bf16");
+  if (opt.output.empty()) throw SpecError("export: which output? (--output PATH)");
+  const StoredFloat dtype = opt.dtype == "bf16" ? StoredFloat::bf16 : StoredFloat::f32;
+  if (!fs::exists(opt.checkpoint + "/manifest.json"))
+    throw SpecError("export: " + opt.checkpoint + " is not a pipetrain checkpoint (no manifest.json; "
+                    "a checkpoint is RUN_DIR/checkpoints/step_N)");
+  if (const std::string problem = verify_checkpoint(opt.checkpoint); !problem.empty())
+    throw SpecError("export: " + problem);
+  const RunSpec spec = spec_of_checkpoint(opt.checkpoint, {}, 1);
+  if (opt.format == "llmc" && !spec.model.tie_embeddings)
+    throw SpecError("export: " + opt.checkpoint + " has an untied head (model.tie_embeddings = false); llm.c's "
+                    "model file always ties it to wte, so the head would be lost (use --format hf)");
+  AtomicOutput output(opt.output, opt.force);
+  const auto ckpt = WeightsSource::open(opt.checkpoint);
+  if (opt.format == "hf") write_hf(output.staging(), spec, *ckpt, dtype, opt.checkpoint);
+  else write_llmc_file(output.staging(), spec, *ckpt, dtype);
+  output.commit();
+  std::printf("exported %s (%s, %d blocks, d_model %d, vocab %d, %s head) to %s as %s, %s\n", opt.checkpoint.c_str(),
+              ckpt->kind().c_str(), spec.model.n_layer, spec.model.d_model, spec.model.vocab,
+              spec.model.tie_embeddings ? "tied" : "untied", opt.output.c_str(),
+              opt.format == "hf" ? "a Hugging Face GPT-2 directory" : "an llm.c model file", dtype_name(dtype));
+  return ExitCode::ok;
+}
+
+}  // namespace pipetrain
