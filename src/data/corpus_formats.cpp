@@ -1,21 +1,17 @@
 #include "pipetrain/data/corpus_formats.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "pipetrain/data/token_file.hpp"
+#include "pipetrain/util/atomic_output.hpp"
+#include "pipetrain/util/binary_file.hpp"
 #include "pipetrain/util/errors.hpp"
 #include "pipetrain/util/files.hpp"
-
-namespace fs = std::filesystem;
 
 namespace pipetrain {
 namespace {
@@ -37,47 +33,23 @@ struct Segment {
 
 std::string str(uint64_t v) { return std::to_string(v); }
 
-// An input file opened for positioned reads; a short read means it was truncated.
-class Input {
- public:
-  explicit Input(const std::string& path) : path_(path), fd_(::open(path.c_str(), O_RDONLY)) {
-    struct stat st {};
-    if (fd_ < 0 || ::fstat(fd_, &st) != 0) throw SpecError(path + ": " + std::strerror(errno));
-    if (!S_ISREG(st.st_mode)) throw SpecError(path + ": not a regular file");
-    size_ = static_cast<uint64_t>(st.st_size);
-  }
-  ~Input() { ::close(fd_); }
-  Input(const Input&) = delete;
-  Input& operator=(const Input&) = delete;
-  uint64_t size() const { return size_; }
-  void read(uint64_t offset, size_t n, void* out) const {
-    size_t done = 0;
-    while (done < n) {
-      const ssize_t got = ::pread(fd_, static_cast<char*>(out) + done, n - done, static_cast<off_t>(offset + done));
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) throw SpecError(path_ + ": truncated or unreadable at byte " + str(offset + done));
-      done += static_cast<size_t>(got);
-    }
-  }
-  template <class T>
-  T at(uint64_t offset) const {
-    T v;
-    read(offset, sizeof v, &v);
-    return v;
-  }
-
- private:
-  std::string path_;
-  int fd_;
-  uint64_t size_ = 0;
-};
+// Reads exactly n bytes at `offset` of an input; a short read means the file was truncated.
+void read_exactly(const BinaryReader& in, uint64_t offset, size_t n, void* out) {
+  if (!in.read_at(offset, out, n)) throw SpecError(in.path() + ": truncated or unreadable at byte " + str(offset));
+}
+template <class T>
+T value_at(const BinaryReader& in, uint64_t offset) {
+  T v;
+  read_exactly(in, offset, sizeof v, &v);
+  return v;
+}
 
 Segment llmc_segment(const std::string& path) {
-  Input in(path);
+  const BinaryReader in(path);
   if (in.size() < kLlmcHeader)
     throw SpecError(path + ": llm.c shard truncated: " + str(in.size()) + " bytes, shorter than its 1024-byte header");
   int32_t h[256];
-  in.read(0, sizeof h, h);
+  read_exactly(in, 0, sizeof h, h);
   int version, width;
   if (h[0] == kLlmcMagic16) version = 1, width = 2;
   else if (h[0] == kLlmcMagic32) version = 7, width = 4;
@@ -99,7 +71,7 @@ Segment llmc_segment(const std::string& path) {
 Segment nanogpt_segment(const std::string& path, const std::string& dtype) {
   const int width = dtype == "uint8" ? 1 : dtype == "uint16" ? 2 : dtype == "uint32" ? 4 : 0;
   if (!width) throw SpecError("data import: --dtype " + dtype + " (uint8, uint16 or uint32)");
-  Input in(path);
+  const BinaryReader in(path);
   if (in.size() % width)
     throw SpecError(path + ": " + str(in.size()) + " bytes, not a whole number of " + dtype +
                     " tokens (truncated, or another --dtype?)");
@@ -111,17 +83,17 @@ Segment megatron_segment(std::string prefix) {
   for (const char* suffix : {".idx", ".bin"})
     if (prefix.size() > 4 && prefix.compare(prefix.size() - 4, 4, suffix) == 0) prefix.resize(prefix.size() - 4);
   const std::string idx_path = prefix + ".idx", bin_path = prefix + ".bin";
-  Input idx(idx_path), bin(bin_path);
+  const BinaryReader idx(idx_path), bin(bin_path);
   if (idx.size() < kMegatronHeader)
     throw SpecError(idx_path + ": Megatron index truncated: " + str(idx.size()) + " bytes, shorter than its " +
                     str(kMegatronHeader) + "-byte header");
   char magic[9];
-  idx.read(0, 9, magic);
+  read_exactly(idx, 0, 9, magic);
   if (std::memcmp(magic, kMegatronMagic, 9) != 0)
     throw SpecError(idx_path + ": not a Megatron indexed dataset index (it does not start with MMIDIDX\\0\\0)");
-  const uint64_t version = idx.at<uint64_t>(9);
+  const uint64_t version = value_at<uint64_t>(idx, 9);
   if (version != 1) throw SpecError(idx_path + ": Megatron index version " + str(version) + " (expected 1)");
-  const uint8_t code = idx.at<uint8_t>(17);
+  const uint8_t code = value_at<uint8_t>(idx, 17);
   static const struct { int width; bool is_signed; const char* name; } kCodes[9] = {
       {0, false, "?"},       {1, false, "uint8"},   {1, true, "int8"},     {2, true, "int16"}, {4, true, "int32"},
       {8, true, "int64"},    {0, false, "float64"}, {0, false, "float32"}, {2, false, "uint16"}};
@@ -130,7 +102,7 @@ Segment megatron_segment(std::string prefix) {
                     (code == 6 || code == 7 ? std::string(" (") + kCodes[code].name + "): floats are not token ids"
                                             : " is unknown (1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 8 uint16)"));
   const int width = kCodes[code].width;
-  const uint64_t n = idx.at<uint64_t>(18), d = idx.at<uint64_t>(26);
+  const uint64_t n = value_at<uint64_t>(idx, 18), d = value_at<uint64_t>(idx, 26);
   const uint64_t expected = kMegatronHeader + 12 * n + 8 * d;
   if (n > idx.size() || d > idx.size() || idx.size() != expected)
     throw SpecError(idx_path + ": " + str(idx.size()) + " bytes, but it counts " + str(n) + " sequences and " + str(d) +
@@ -142,8 +114,8 @@ Segment megatron_segment(std::string prefix) {
   for (uint64_t first = 0; first < n; first += kBlockTokens) {
     const uint64_t k = std::min<uint64_t>(kBlockTokens, n - first);
     lengths.resize(k), pointers.resize(k);
-    idx.read(kMegatronHeader + 4 * first, 4 * k, lengths.data());
-    idx.read(kMegatronHeader + 4 * n + 8 * first, 8 * k, pointers.data());
+    read_exactly(idx, kMegatronHeader + 4 * first, 4 * k, lengths.data());
+    read_exactly(idx, kMegatronHeader + 4 * n + 8 * first, 8 * k, pointers.data());
     for (uint64_t i = 0; i < k; ++i) {
       if (lengths[i] < 0 || static_cast<uint64_t>(pointers[i]) != next)
         throw SpecError(idx_path + ": sequence " + str(first + i) + " has length " + std::to_string(lengths[i]) +
@@ -157,7 +129,7 @@ Segment megatron_segment(std::string prefix) {
                     kCodes[code].name + " tokens (" + str(next) + " bytes): " + (bin.size() < next ? "truncated" : "trailing bytes"));
   int64_t last = 0;
   for (uint64_t i = 0; i < d; ++i) {
-    const int64_t doc = idx.at<int64_t>(kMegatronHeader + 12 * n + 8 * i);
+    const int64_t doc = value_at<int64_t>(idx, kMegatronHeader + 12 * n + 8 * i);
     const bool ends_right = (i > 0 || doc == 0) && (i + 1 < d || static_cast<uint64_t>(doc) == n);
     if (doc < last || static_cast<uint64_t>(doc) > n || !ends_right)
       throw SpecError(idx_path + ": document index " + str(i) + " is " + std::to_string(doc) +
@@ -177,12 +149,12 @@ Segment segment_of(const TokenImportOptions& opt, const std::string& path) {
 
 // Streams a segment's ids into the writer; negative or over-32-bit ids name the file and offset.
 void stream(const Segment& s, TokenFileWriter& out) {
-  Input in(s.path);
+  const BinaryReader in(s.path);
   std::vector<uint8_t> raw(kBlockTokens * s.width);
   std::vector<uint32_t> ids(kBlockTokens);
   for (uint64_t first = 0; first < s.count; first += kBlockTokens) {
     const size_t k = static_cast<size_t>(std::min<uint64_t>(kBlockTokens, s.count - first));
-    in.read(s.offset + first * s.width, k * s.width, raw.data());
+    read_exactly(in, s.offset + first * s.width, k * s.width, raw.data());
     if (!s.is_signed && s.width <= 4) {
       widen_ids(raw.data(), k, s.width, ids.data());
     } else {
@@ -202,37 +174,12 @@ void stream(const Segment& s, TokenFileWriter& out) {
   }
 }
 
-// A file written next to its destination and renamed into place by commit(); removed otherwise.
-class AtomicFile {
- public:
-  AtomicFile(const std::string& path, bool force, const std::string& what) : path_(path), tmp_(path + ".tmp." + std::to_string(::getpid())) {
-    std::error_code ec;
-    if (fs::exists(path, ec) && !force) throw SpecError(what + ": " + path + " exists (--force replaces it)");
-    f_ = std::fopen(tmp_.c_str(), "wb");
-    if (!f_) throw SpecError(what + ": " + path + ": cannot create (" + std::strerror(errno) + ")");
-  }
-  ~AtomicFile() {
-    if (f_) std::fclose(f_);
-    std::error_code ec;
-    if (!committed_) fs::remove(tmp_, ec);
-  }
-  void write(const void* data, size_t n) {
-    if (n && std::fwrite(data, 1, n, f_) != n) throw SpecError(path_ + ": cannot write (disk full?)");
-  }
-  void commit() {
-    const bool ok = std::fflush(f_) == 0 && ::fsync(::fileno(f_)) == 0;
-    std::fclose(f_), f_ = nullptr;
-    std::error_code ec;
-    if (!ok) throw SpecError(path_ + ": cannot write (disk full?)");
-    fs::rename(tmp_, path_, ec);
-    if (ec) throw SpecError(path_ + ": " + ec.message());
-    committed_ = true;
-  }
-
- private:
-  std::string path_, tmp_;
-  FILE* f_ = nullptr;
-  bool committed_ = false;
+// An output written to a staging file next to it and renamed into place by commit().
+struct StagedFile {
+  AtomicOutput output;
+  BinaryWriter writer;
+  StagedFile(const std::string& path, bool force) : output(path, force), writer(output.staging()) {}
+  void commit() { writer.close(), output.commit(); }
 };
 
 // Calls body(ids, n) for every block of a token file's split.
@@ -246,7 +193,7 @@ void for_each_block(const TokenFile& in, F body) {
   }
 }
 
-void write_narrowed(AtomicFile& out, const uint32_t* ids, size_t n, int width, std::vector<uint8_t>& buf) {
+void write_narrowed(BinaryWriter& out, const uint32_t* ids, size_t n, int width, std::vector<uint8_t>& buf) {
   buf.resize(n * width);
   for (size_t i = 0; i < n; ++i) std::memcpy(buf.data() + i * width, &ids[i], width);  // little-endian low bytes
   out.write(buf.data(), buf.size());
@@ -262,8 +209,6 @@ std::string import_tokens(const TokenImportOptions& opt) {
   if (opt.vocab_size < 0) throw SpecError(what + ": --vocab-size " + std::to_string(opt.vocab_size) + " is negative");
   if (opt.val.empty() && !(opt.val_fraction >= 0 && opt.val_fraction < 1))
     throw SpecError(what + ": --val-fraction " + std::to_string(opt.val_fraction) + " is not in [0, 1)");
-  std::error_code ec;
-  if (fs::exists(opt.output, ec) && !opt.force) throw SpecError(what + ": " + opt.output + " exists (--force replaces it)");
   // Every input checked before a byte is written.
   std::vector<Segment> train, val;
   uint64_t n_train = 0, n_val = 0;
@@ -308,9 +253,9 @@ std::string export_tokens(const TokenExportOptions& opt) {
     int32_t header[256] = {};
     header[0] = width == 2 ? kLlmcMagic16 : kLlmcMagic32, header[1] = width == 2 ? 1 : 7;
     header[2] = static_cast<int32_t>(in.size());
-    AtomicFile out(opt.output, opt.force, what);
-    out.write(header, sizeof header);
-    for_each_block(in, [&](const uint32_t* ids, size_t n) { write_narrowed(out, ids, n, width, buf); });
+    StagedFile out(opt.output, opt.force);
+    out.writer.write(header, sizeof header);
+    for_each_block(in, [&](const uint32_t* ids, size_t n) { write_narrowed(out.writer, ids, n, width, buf); });
     out.commit();
     return opt.output + ": " + str(in.size()) + " tokens, llm.c shard (uint" + std::to_string(8 * width) + ")";
   }
@@ -318,10 +263,11 @@ std::string export_tokens(const TokenExportOptions& opt) {
   const uint8_t code = vocab <= 256 ? 1 : vocab <= 65536 ? 8 : 4;
   const int width = code == 1 ? 1 : code == 8 ? 2 : 4;
   const uint64_t n_seq = (in.size() + kMegatronSequence - 1) / kMegatronSequence, n_doc = 2;  // one document
-  AtomicFile bin(opt.output + ".bin", opt.force, what), idx(opt.output + ".idx", opt.force, what);
-  for_each_block(in, [&](const uint32_t* ids, size_t n) { write_narrowed(bin, ids, n, width, buf); });
+  StagedFile bin(opt.output + ".bin", opt.force), idx(opt.output + ".idx", opt.force);
+  for_each_block(in, [&](const uint32_t* ids, size_t n) { write_narrowed(bin.writer, ids, n, width, buf); });
   const uint64_t version = 1;
-  idx.write(kMegatronMagic, 9), idx.write(&version, 8), idx.write(&code, 1), idx.write(&n_seq, 8), idx.write(&n_doc, 8);
+  BinaryWriter& w = idx.writer;
+  w.write(kMegatronMagic, 9), w.write(&version, 8), w.write(&code, 1), w.write(&n_seq, 8), w.write(&n_doc, 8);
   std::vector<int32_t> lengths(n_seq);
   std::vector<int64_t> pointers(n_seq);
   for (uint64_t i = 0; i < n_seq; ++i) {
@@ -329,7 +275,7 @@ std::string export_tokens(const TokenExportOptions& opt) {
     pointers[i] = static_cast<int64_t>(i * kMegatronSequence * width);
   }
   const int64_t docs[2] = {0, static_cast<int64_t>(n_seq)};
-  idx.write(lengths.data(), 4 * n_seq), idx.write(pointers.data(), 8 * n_seq), idx.write(docs, sizeof docs);
+  w.write(lengths.data(), 4 * n_seq), w.write(pointers.data(), 8 * n_seq), w.write(docs, sizeof docs);
   bin.commit(), idx.commit();  // the index last: a prefix with an index always has its data
   return opt.output + ".idx/.bin: " + str(in.size()) + " tokens, Megatron indexed dataset (" +
          (code == 1 ? "uint8" : code == 8 ? "uint16" : "int32") + ", " + str(n_seq) + " sequences, one document)";

@@ -164,9 +164,14 @@ std::string prepare_token_file(const PrepareOptions& opt) {
     out.commit(sources_json(opt.inputs, "pipetrain data prepare", how.dump()));
   } else {
     const std::string spool_path = opt.output + ".spool." + std::to_string(::getpid());
+    std::error_code ec;
+    if (fs::path(opt.output).has_parent_path()) fs::create_directories(fs::path(opt.output).parent_path(), ec);
     struct Remove {
       std::string path;
-      ~Remove() { std::error_code ec; fs::remove(path, ec); }
+      ~Remove() {
+        std::error_code ignored;
+        fs::remove(path, ignored);
+      }
     } remove_spool{spool_path};
     File spool = open_input(spool_path, "w+b");
     count = encode_to_spool(opt, tok, spool.get(), total);

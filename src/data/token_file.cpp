@@ -194,14 +194,9 @@ TokenFileInfo read_token_file_info(const std::string& path) {
 // ---- writing ----
 
 TokenFileWriter::TokenFileWriter(Options opt, uint64_t train, uint64_t val)
-    : opt_(std::move(opt)), train_(train), val_(val) {
-  std::error_code ec;
-  if (opt_.output.empty()) throw SpecError(opt_.what + ": no --output file given");
-  if (fs::exists(opt_.output, ec) && !opt_.force)
-    throw SpecError(opt_.what + ": " + opt_.output + " exists (--force replaces it)");
-  tmp_ = opt_.output + ".tmp." + std::to_string(::getpid());
-  file_ = H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  if (file_ < 0) throw SpecError(opt_.what + ": " + opt_.output + ": cannot create (directory missing or not writable?)");
+    : opt_(std::move(opt)), output_(opt_.output, opt_.force), train_(train), val_(val) {
+  file_ = H5Fcreate(output_.staging().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (file_ < 0) throw SpecError(opt_.what + ": " + opt_.output + ": cannot create (not writable?)");
   try {
     write_attr(file_, "format_version", kTokenFileFormat);
     write_attr(file_, "tokenizer", opt_.tokenizer);
@@ -225,21 +220,18 @@ TokenFileWriter::TokenFileWriter(Options opt, uint64_t train, uint64_t val)
         throw std::runtime_error("cannot write /tokenizer_model");
     }
   } catch (const std::exception& e) {
-    abandon();
+    close_all();
     throw SpecError(opt_.what + ": " + opt_.output + ": " + e.what());
   }
 }
 
-TokenFileWriter::~TokenFileWriter() {
-  if (!committed_) abandon();
-}
+// Not committed: the handles close here and AtomicOutput removes the staging file.
+TokenFileWriter::~TokenFileWriter() { close_all(); }
 
-void TokenFileWriter::abandon() {
+void TokenFileWriter::close_all() {
   for (int64_t* d : {&train_ds_, &val_ds_})
     if (*d >= 0) H5Dclose(*d), *d = -1;
   if (file_ >= 0) H5Fclose(file_), file_ = -1;
-  std::error_code ec;
-  if (!tmp_.empty()) fs::remove(tmp_, ec);
 }
 
 int64_t TokenFileWriter::vocab() const { return opt_.vocab > 0 ? opt_.vocab : static_cast<int64_t>(max_id_) + 1; }
@@ -290,14 +282,10 @@ void TokenFileWriter::commit(const std::string& sources) {
       *h = -1;
       if (status < 0) throw std::runtime_error("cannot finish writing (disk full?)");
     }
-    sync_path(tmp_);  // on disk before the rename makes it the output
+    output_.commit();  // fsync, rename into place
   } catch (const std::exception& e) {
     throw SpecError(opt_.what + ": " + opt_.output + ": " + e.what());
   }
-  std::error_code ec;
-  fs::rename(tmp_, opt_.output, ec);
-  if (ec) throw SpecError(opt_.what + ": " + opt_.output + ": " + ec.message());
-  committed_ = true;
 }
 
 }  // namespace pipetrain

@@ -181,9 +181,11 @@ std::string train_sentencepiece(const SentencePieceTraining& t, std::string* not
   quietly([&] { status = sentencepiece::SentencePieceTrainer::Train(args, &lines, &model); });
   if (!status.ok() || model.empty()) {
     const std::string why = status.ok() ? "no model came out" : status.ToString();
+    const char* hint = why.find("too high") != std::string::npos             ? " (a smaller --vocab-size, or more text)"
+                       : why.find("required_chars") != std::string::npos ? " (a larger --vocab-size: every distinct character needs a piece)"
+                                                                         : "";
     throw SpecError("data prepare: SentencePiece could not train a " + t.model_type + " model of " +
-                    std::to_string(t.vocab_size) + " pieces: " + why +
-                    (why.find("Vocabulary size") != std::string::npos ? " (a smaller --vocab-size, or more text)" : ""));
+                    std::to_string(t.vocab_size) + " pieces: " + why + hint);
   }
   if (note)
     *note = stride > 1 ? "tokenizer trained on a sample: every " + std::to_string(stride) + "th line, " +

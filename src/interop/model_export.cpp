@@ -5,8 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include "pipetrain/ckpt/checkpoint.hpp"
-#include "pipetrain/interop/atomic_output.hpp"
-#include "pipetrain/interop/binary_file.hpp"
+#include "pipetrain/util/atomic_output.hpp"
+#include "pipetrain/util/binary_file.hpp"
 #include "pipetrain/interop/gpt2_layout.hpp"
 #include "pipetrain/interop/llmc_model.hpp"
 #include "pipetrain/interop/safetensors.hpp"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "pipetrain/interop/binary_file.hpp"
+#include "pipetrain/util/binary_file.hpp"
 #include "pipetrain/model/block_tensors.hpp"
 
 namespace pipetrain {

@@ -23,8 +23,10 @@ def readme():
 def corpus():
     """The README as a text file to prepare and train on."""
     path = shared_path("corpus.txt")
-    if not os.path.exists(path):
+    if not os.path.exists(path) or open(path, "rb").read() != readme():  # the README changed since
         open(path, "wb").write(readme())
+        if os.path.exists(shared_path("whole.h5")):
+            os.remove(shared_path("whole.h5"))
     return path
 
 

@@ -6,7 +6,10 @@ is; large inputs are sampled and say so. A model trained on such a file carries 
 its run directory and checkpoints, and generate, with nothing but the checkpoint, writes words of
 the corpus. Bad options exit 2 and leave nothing behind."""
 import glob
+import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import h5py
@@ -142,7 +145,8 @@ def trained_checkpoint():
 def generate_from_the_checkpoint_alone():
     """The run directory and every checkpoint hold the tokenizer (listed and checksummed in the
     manifest); generate on a copy of the checkpoint, with the token file gone, encodes the prompt
-    and writes text that is mostly (at least 80%) words of the corpus."""
+    and writes text that is mostly (at least 80%) words of the corpus; a Hugging Face export of it
+    carries the tokenizer; a damaged tokenizer fails `ckpt verify`."""
     a = settings()
     r = trained_checkpoint()
     with h5py.File(token_file("bpe")) as f:
@@ -166,10 +170,44 @@ def generate_from_the_checkpoint_alone():
     expect(g.returncode == 0 and g.stdout.startswith("the pipeline ") and len(gen) > 15 and share >= 0.8,
            f"generated text is made of corpus words: {share:.0%} of {len(gen)} ({g.stdout[:160]!r}) {g.stderr[-200:]}")
     print(f"sample: {g.stdout.strip()[:200]}")
+    hf = os.path.join(a.work, "hf")
+    e = subprocess.run([a.bin, "export", "--checkpoint", alone, "--format", "hf", "--output", hf], capture_output=True,
+                       text=True, timeout=120)
+    expect(e.returncode == 0 and open(os.path.join(hf, "tokenizer.model"), "rb").read() == model,
+           f"the Hugging Face export carries the tokenizer ({e.stderr.strip()})")
+    sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(hf, "tokenizer.model"))
+    expect(sp.get_piece_size() == 300, "the exported tokenizer loads in sentencepiece")
     with open(os.path.join(alone, "tokenizer.model"), "ab") as f:
         f.write(b"x")
     v = subprocess.run([a.bin, "ckpt", "verify", alone], capture_output=True, text=True, timeout=60)
     expect(v.returncode == 2 and "tokenizer.model" in v.stderr, f"a damaged tokenizer fails verify ({v.stderr.strip()})")
+
+
+@scenario
+def readme_walkthrough():
+    """The README's "Your corpus, your tokenizer" block runs as written (build/pipetrain and mpiexec
+    pointed at this build): every command exits 0, generate continues the prompt, both exports are
+    written, and the fine-tuning run starts from the exported model (its first loss is the trained
+    model's, far below the first loss of the run that trained it)."""
+    a = settings()
+    root = os.path.dirname(a.configs)
+    readme = open(os.path.join(root, "README.md")).read()
+    block = re.search(r"### Your corpus, your tokenizer.*?```\n(.*?)```", readme, re.S).group(1)
+    os.makedirs(os.path.join(a.work, "build"))
+    os.symlink(a.bin, os.path.join(a.work, "build", "pipetrain"))
+    os.symlink(os.path.join(root, "docs"), os.path.join(a.work, "docs"))
+    for command in block.replace("\\\n", " ").splitlines():
+        argv = shlex.split(command)
+        argv = [a.mpiexec if x == "mpiexec" else x for x in argv]
+        p = subprocess.run(argv, cwd=a.work, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+        expect(p.returncode == 0, f"{' '.join(argv[:4])} ...: exit 0 ({p.returncode}: {p.stderr.strip()[-300:]})")
+        if "generate" in argv:
+            expect(p.stdout.startswith("The checkpoint ") and len(p.stdout) > 40, f"generate continues: {p.stdout[:120]!r}")
+    runs = os.path.join(a.work, "runs")
+    for f in ["docs-sp-hf/config.json", "docs-sp-hf/model.safetensors", "docs-sp-hf/tokenizer.model", "docs-sp.bin"]:
+        expect(os.path.exists(os.path.join(runs, f)), f"the export wrote {f}")
+    first = [json.loads(open(os.path.join(runs, r, "metrics.jsonl")).readline())["loss"] for r in ("docs-sp", "docs-sp-finetune")]
+    expect(first[1] < first[0] - 1.5, f"fine-tuning starts from the trained model: first loss {first[1]:.3f} vs {first[0]:.3f}")
 
 
 @scenario

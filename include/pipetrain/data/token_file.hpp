@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/util/atomic_output.hpp"
+
 namespace pipetrain {
 
 // Format 2 added wide tokens and the tokenizer model; format-1 files (bytes only) still read.
@@ -87,15 +89,14 @@ class TokenFileWriter {
   int64_t vocab() const;
 
  private:
-  void abandon();  // closes and removes the temporary file
+  void close_all();  // the HDF5 handles still open
   void write(int64_t dataset, uint64_t start, uint64_t n, const void* data);
   Options opt_;
-  std::string tmp_;
+  AtomicOutput output_;
   uint64_t train_, val_, done_ = 0;
   uint32_t max_id_ = 0;
   int64_t file_ = -1, train_ds_ = -1, val_ds_ = -1;
   std::vector<uint8_t> narrow_;  // ids converted to the stored width
-  bool committed_ = false;
 };
 
 // The total size of input files, each checked to be a readable, non-empty regular file first

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "pipetrain/interop/binary_file.hpp"
+#include "pipetrain/util/binary_file.hpp"
 #include "pipetrain/interop/float_formats.hpp"
 
 namespace pipetrain {

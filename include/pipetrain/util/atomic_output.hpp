@@ -1,4 +1,5 @@
-// Writing an exported model so that it appears whole or not at all: everything goes to a staging
+// Writing an output file or folder (an exported model, a token file) so that it appears whole or
+// not at all: everything goes to a staging
 // path next to the output (same file system, so the final rename is atomic), is fsynced, and is
 // renamed into place only when complete. A failure at any point removes the staging path and
 // leaves what was at the output before untouched.
@@ -9,7 +10,8 @@ namespace pipetrain {
 
 class AtomicOutput {
  public:
-  // `path` must not exist unless `replace` (SpecError naming it and --force), and its folder must.
+  // `path` must not exist unless `replace` (SpecError naming it and --force); its folder is created
+  // when missing (SpecError naming it when it cannot be).
   AtomicOutput(const std::string& path, bool replace);
   ~AtomicOutput();  // not committed: the staging path is removed
   AtomicOutput(const AtomicOutput&) = delete;

@@ -1,4 +1,4 @@
-#include "pipetrain/interop/binary_file.hpp"
+#include "pipetrain/util/binary_file.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

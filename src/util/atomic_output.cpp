@@ -1,4 +1,4 @@
-#include "pipetrain/interop/atomic_output.hpp"
+#include "pipetrain/util/atomic_output.hpp"
 
 #include <unistd.h>
 
@@ -18,8 +18,8 @@ AtomicOutput::AtomicOutput(const std::string& path, bool replace) : path_(path) 
   if (fs::exists(fs::symlink_status(path, ec)) && !replace)
     throw SpecError(path + " already exists (pass --force to replace it)");
   const fs::path parent = fs::path(path_).parent_path();
-  if (!parent.empty() && !fs::is_directory(parent, ec))
-    throw SpecError(path + ": the folder " + parent.string() + " does not exist");
+  if (!parent.empty() && !fs::is_directory(parent, ec) && (fs::create_directories(parent, ec), !fs::is_directory(parent)))
+    throw SpecError(path + ": cannot create the folder " + parent.string() + (ec ? " (" + ec.message() + ")" : ""));
   staging_ = path_ + ".tmp-" + std::to_string(::getpid());
   fs::remove_all(staging_, ec);  // a leftover of an earlier attempt by a process with this pid
 }
