@@ -11,9 +11,9 @@ seconds=${1:-60}
 log=build-fuzz.log
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DPIPETRAIN_FUZZ=ON -DBUILD_TESTING=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS=-Wno-pass-failed > "$log" 2>&1 || { cat "$log"; exit 1; }
-cmake --build build-fuzz -j "$(nproc)" --target fuzz_spec fuzz_manifest >> "$log" 2>&1 || { tail -50 "$log"; exit 1; }
+cmake --build build-fuzz -j "$(nproc)" --target fuzz_spec fuzz_manifest fuzz_safetensors >> "$log" 2>&1 || { tail -50 "$log"; exit 1; }
 rm -f "$log"
-for target in spec manifest; do
+for target in spec manifest safetensors; do
   corpus=build-fuzz/corpus/$target findings=build-fuzz/findings/$target
   rm -rf "$corpus" "$findings"
   mkdir -p "$corpus" "$findings"

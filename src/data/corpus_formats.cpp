@@ -2,7 +2,7 @@
 
 
 #include <algorithm>
-#include <cerrno>
+#include <filesystem>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -11,7 +11,6 @@
 #include "pipetrain/util/atomic_output.hpp"
 #include "pipetrain/util/binary_file.hpp"
 #include "pipetrain/util/errors.hpp"
-#include "pipetrain/util/files.hpp"
 
 namespace pipetrain {
 namespace {
@@ -206,7 +205,8 @@ std::string import_tokens(const TokenImportOptions& opt) {
   if (opt.format != "llmc" && opt.format != "nanogpt" && opt.format != "megatron")
     throw SpecError(what + ": --format " + opt.format + " (llmc, nanogpt or megatron)");
   if (opt.inputs.empty()) throw SpecError(what + ": no input file given");
-  if (opt.vocab_size < 0) throw SpecError(what + ": --vocab-size " + std::to_string(opt.vocab_size) + " is negative");
+  if (opt.vocab_size < 0 || opt.vocab_size > (int64_t{1} << 32))
+    throw SpecError(what + ": --vocab-size " + std::to_string(opt.vocab_size) + " is not in [1, 2^32] (ids are 32-bit)");
   if (opt.val.empty() && !(opt.val_fraction >= 0 && opt.val_fraction < 1))
     throw SpecError(what + ": --val-fraction " + std::to_string(opt.val_fraction) + " is not in [0, 1)");
   // Every input checked before a byte is written.
@@ -245,11 +245,13 @@ std::string export_tokens(const TokenExportOptions& opt) {
   if (opt.output.empty()) throw SpecError(what + ": no --output given");
   const TokenFile in(opt.input, opt.val ? Split::val : Split::train);
   const int64_t vocab = in.vocab_size();
+  if (in.size() == 0)  // neither format has a use for an empty corpus, and imports refuse one
+    throw SpecError(what + ": " + opt.input + ": /" + (opt.val ? "val" : "train") + " holds no tokens");
   std::vector<uint8_t> buf;
   if (opt.format == "llmc") {
     if (in.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
       throw SpecError(what + ": " + opt.input + " holds " + str(in.size()) + " tokens; an llm.c shard holds at most 2^31 - 1");
-    const int width = vocab <= 65536 ? 2 : 4;
+    const int width = std::max(2, token_width_for(vocab));  // llm.c shards are uint16 or uint32
     int32_t header[256] = {};
     header[0] = width == 2 ? kLlmcMagic16 : kLlmcMagic32, header[1] = width == 2 ? 1 : 7;
     header[2] = static_cast<int32_t>(in.size());
@@ -260,8 +262,8 @@ std::string export_tokens(const TokenExportOptions& opt) {
     return opt.output + ": " + str(in.size()) + " tokens, llm.c shard (uint" + std::to_string(8 * width) + ")";
   }
   if (vocab > std::numeric_limits<int32_t>::max()) throw SpecError(what + ": vocab_size " + std::to_string(vocab) + " too large for Megatron");
-  const uint8_t code = vocab <= 256 ? 1 : vocab <= 65536 ? 8 : 4;
-  const int width = code == 1 ? 1 : code == 8 ? 2 : 4;
+  const int width = token_width_for(vocab);
+  const uint8_t code = width == 1 ? 1 : width == 2 ? 8 : 4;  // uint8, uint16, int32
   const uint64_t n_seq = (in.size() + kMegatronSequence - 1) / kMegatronSequence, n_doc = 2;  // one document
   StagedFile bin(opt.output + ".bin", opt.force), idx(opt.output + ".idx", opt.force);
   for_each_block(in, [&](const uint32_t* ids, size_t n) { write_narrowed(bin.writer, ids, n, width, buf); });
@@ -276,7 +278,16 @@ std::string export_tokens(const TokenExportOptions& opt) {
   }
   const int64_t docs[2] = {0, static_cast<int64_t>(n_seq)};
   w.write(lengths.data(), 4 * n_seq), w.write(pointers.data(), 8 * n_seq), w.write(docs, sizeof docs);
-  bin.commit(), idx.commit();  // the index last: a prefix with an index always has its data
+  // The data first, then the index: a prefix whose index exists always has its data. When the
+  // index cannot be published, the new data goes too, so no pair is ever half new.
+  bin.commit();
+  try {
+    idx.commit();
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(opt.output + ".bin", ignored);
+    throw;
+  }
   return opt.output + ".idx/.bin: " + str(in.size()) + " tokens, Megatron indexed dataset (" +
          (code == 1 ? "uint8" : code == 8 ? "uint16" : "int32") + ", " + str(n_seq) + " sequences, one document)";
 }

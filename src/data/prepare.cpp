@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -72,7 +73,8 @@ void write_bytes(const PrepareOptions& opt, TokenFileWriter& out, uint64_t total
 // into a spool of 32-bit ids next to the output, since the token count is known only at the end.
 // Returns the count.
 uint64_t encode_to_spool(const PrepareOptions& opt, const Tokenizer& tok, FILE* spool, uint64_t total) {
-  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  // At most 8 blocks in flight: their text and ids (4 bytes per token) stay a few hundred MiB.
+  const unsigned threads = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
   Progress progress("encoded", total);
   uint64_t count = 0;
   for (const auto& in : opt.inputs) {
@@ -90,19 +92,36 @@ uint64_t encode_to_spool(const PrepareOptions& opt, const Tokenizer& tok, FILE* 
         text.resize(had + got);
         if (std::ferror(f.get())) throw SpecError("data prepare: --input " + in + ": read error");
         eof = got == 0 || std::feof(f.get());
-        const size_t cut = eof ? std::string::npos : text.rfind('\n');
-        if (cut != std::string::npos) carry = text.substr(cut + 1), text.resize(cut + 1);
-        else if (!eof && text.size() < 4 * kBlock) { carry = std::move(text); continue; }  // a long line: read on
+        if (!eof) {  // the block ends at its last line end; a line longer than 4 blocks is cut
+          const size_t line_end = text.rfind('\n');
+          if (line_end == std::string::npos && text.size() < 4 * kBlock) {  // a long line: read on
+            carry = std::move(text);
+            continue;
+          }
+          const size_t cut = line_end != std::string::npos ? line_end + 1 : text_cut(text, 0, text.size() - 1);
+          carry = text.substr(cut), text.resize(cut);
+        }
         progress.add(text.size());
         texts.push_back(std::move(text));
       }
       std::vector<std::vector<uint32_t>> ids(texts.size());
+      std::vector<std::exception_ptr> failed(texts.size());
       std::vector<std::thread> workers;
-      for (size_t i = 0; i < texts.size(); ++i) workers.emplace_back([&, i] { tok.encode(texts[i], &ids[i]); });
+      for (size_t i = 0; i < texts.size(); ++i)
+        workers.emplace_back([&, i] {
+          try {
+            tok.encode(texts[i], &ids[i]);
+          } catch (...) {  // out of memory, say: rethrown once every thread has finished
+            failed[i] = std::current_exception();
+          }
+        });
       for (auto& w : workers) w.join();
+      for (auto& e : failed)
+        if (e) std::rethrow_exception(e);
       for (const auto& part : ids) {
         if (std::fwrite(part.data(), sizeof(uint32_t), part.size(), spool) != part.size())
-          throw SpecError("data prepare: " + opt.output + ": cannot write the token spool next to it (disk full?)");
+          throw std::runtime_error("data prepare: " + opt.output + ": cannot write the token spool next to it (" +
+                                   free_space_note(opt.output) + ")");
         count += part.size();
       }
     }
@@ -110,6 +129,8 @@ uint64_t encode_to_spool(const PrepareOptions& opt, const Tokenizer& tok, FILE* 
   return count;
 }
 
+// Everything that can be refused before the inputs are read (a tokenizer's training can take
+// minutes: an existing output is refused here, not only when the writer would find it).
 void check_options(const PrepareOptions& opt) {
   if (opt.inputs.empty()) throw SpecError("data prepare: no --input file given");
   if (opt.output.empty()) throw SpecError("data prepare: no --output file given");
@@ -145,7 +166,7 @@ std::string prepare_token_file(const PrepareOptions& opt) {
       note = "tokenizer " + opt.tokenizer_model;
     } else {
       SentencePieceTraining t{opt.inputs, opt.vocab_size, opt.model_type, static_cast<uint64_t>(opt.sample_mb * (1 << 20))};
-      tok = Tokenizer::sentencepiece(train_sentencepiece(t, &note), "the trained tokenizer");
+      tok = Tokenizer::sentencepiece(train_sentencepiece(t, total, &note), "the trained tokenizer");
     }
     std::fprintf(stderr, "data prepare: %s\n", note.c_str());
   }
@@ -190,7 +211,7 @@ std::string prepare_token_file(const PrepareOptions& opt) {
   std::snprintf(summary, sizeof summary, "%s: %llu train and %llu validation tokens (%s, vocab %d, %s) from %zu file(s), %s%s%s",
                 opt.output.c_str(), static_cast<unsigned long long>(count - split(count)),
                 static_cast<unsigned long long>(split(count)), tok.name(), tok.vocab_size(),
-                w.width == 1 ? "uint8" : w.width == 2 ? "uint16" : "uint32", opt.inputs.size(),
+                token_dtype_name(w.width), opt.inputs.size(),
                 human_bytes(static_cast<double>(total)).c_str(),
                 tok.is_bytes() ? "" : (", " + std::to_string(static_cast<double>(total) / std::max<uint64_t>(1, count)).substr(0, 4) +
                                        " bytes per token").c_str(),
@@ -202,7 +223,7 @@ std::string inspect_token_file(const std::string& path, int sample_tokens) {
   const TokenFileInfo info = read_token_file_info(path);
   const Tokenizer tok = info.tokenizer == "sentencepiece" ? Tokenizer::sentencepiece(info.tokenizer_model, path) : Tokenizer();
   std::ostringstream out;
-  const char* dtype = info.width == 1 ? "uint8" : info.width == 2 ? "uint16" : "uint32";
+  const char* dtype = token_dtype_name(info.width);
   out << path << ": token file format " << info.format << "\n";
   out << "  /train  " << info.train << " tokens  " << dtype << (info.compressed ? "  gzip" : "") << "\n";
   out << "  /val    " << info.val << " tokens  " << dtype << (info.compressed ? "  gzip" : "") << "\n";
@@ -216,14 +237,14 @@ std::string inspect_token_file(const std::string& path, int sample_tokens) {
     std::vector<uint32_t> ids(n);
     TokenFile(path, Split::train).read(0, n, ids.data());
     std::vector<int> as_int(ids.begin(), ids.end());
-    out << "  first " << n << " tokens:";
+    out << "  first ids:";
     for (size_t i = 0; i < std::min<size_t>(n, 16); ++i) out << " " << ids[i];
     out << (n > 16 ? " ..." : "") << "\n";
     if (info.tokenizer == "none") {
       out << "  (imported ids: their tokenizer is not part of the file)\n";
     } else {
       const std::string text = tok.decode(as_int);
-      out << "  decoded: " << nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+      out << "  first " << n << " tokens decoded: " << nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     }
   }
   return out.str();

@@ -42,11 +42,23 @@ void write_attr(hid_t obj, const char* name, const std::string& value) {
   Handle attr(H5Acreate2(obj, name, type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   if (attr < 0 || H5Awrite(attr, type, value.c_str()) < 0) throw std::runtime_error(std::string("attribute ") + name);
 }
+// A string attribute, fixed-length (as pipetrain writes them) or variable-length (h5py's
+// default); "" when missing or not a string.
 std::string read_string_attr(hid_t obj, const char* name) {
   if (H5Aexists(obj, name) <= 0) return "";
   Handle attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
   Handle type(H5Aget_type(attr), H5Tclose);
-  if (H5Tget_class(type) != H5T_STRING || H5Tis_variable_str(type) > 0) return "";
+  if (H5Tget_class(type) != H5T_STRING) return "";
+  if (H5Tis_variable_str(type) > 0) {
+    char* text = nullptr;
+    Handle memtype(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(memtype, H5T_VARIABLE);
+    H5Tset_cset(memtype, H5Tget_cset(type));  // h5py writes UTF-8; HDF5 converts no character sets
+    if (H5Aread(attr, memtype, &text) < 0 || !text) return "";
+    std::string value(text);
+    H5free_memory(text);
+    return value;
+  }
   std::string value(H5Tget_size(type), '\0');
   if (H5Aread(attr, type, value.data()) < 0) return "";
   return value.substr(0, value.find('\0'));
@@ -80,6 +92,7 @@ hid_t open_token_file(const std::string& path) {
 }  // namespace
 
 int token_width_for(int64_t vocab) { return vocab <= 256 ? 1 : vocab <= 65536 ? 2 : 4; }
+const char* token_dtype_name(int width) { return width == 1 ? "uint8" : width == 2 ? "uint16" : "uint32"; }
 
 void widen_ids(const uint8_t* raw, size_t n, int width, uint32_t* out) {
   if (width == 1) {
@@ -167,10 +180,14 @@ TokenFileInfo read_token_file_info(const std::string& path) {
   info.format = static_cast<int>(read_scalar_attr(file, "format_version"));
   info.vocab_size = read_scalar_attr(file, "vocab_size");
   info.tokenizer = read_string_attr(file, "tokenizer");
+  if (info.tokenizer.empty()) info.tokenizer = info.format == 1 ? "bytes" : "none";  // files made by other tools
   info.sources = read_string_attr(file, "sources");
   for (Split split : {Split::train, Split::val}) {
     const char* name = dataset_name(split);
-    if (H5Lexists(file, name, H5P_DEFAULT) <= 0) throw SpecError(path + ": has no token dataset /" + name);
+    if (H5Lexists(file, name, H5P_DEFAULT) <= 0) {
+      if (split == Split::val) break;  // no held-out tokens
+      throw SpecError(path + ": has no token dataset /" + name);
+    }
     Handle data(H5Dopen2(file, name, H5P_DEFAULT), H5Dclose);
     describe_tokens(data, path + ": /" + name, split == Split::train ? &info.train : &info.val, &info.width);
     Handle dcpl(H5Dget_create_plist(data), H5Pclose);
@@ -195,7 +212,11 @@ TokenFileInfo read_token_file_info(const std::string& path) {
 
 TokenFileWriter::TokenFileWriter(Options opt, uint64_t train, uint64_t val)
     : opt_(std::move(opt)), output_(opt_.output, opt_.force), train_(train), val_(val) {
-  file_ = H5Fcreate(output_.staging().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  // HDF5 1.8's object format stores attributes of any size densely: `sources` lists every input,
+  // which for a corpus of a thousand shards is well over the 64 KiB of the oldest format.
+  Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST);
+  file_ = H5Fcreate(output_.staging().c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
   if (file_ < 0) throw SpecError(opt_.what + ": " + opt_.output + ": cannot create (not writable?)");
   try {
     write_attr(file_, "format_version", kTokenFileFormat);
@@ -204,8 +225,8 @@ TokenFileWriter::TokenFileWriter(Options opt, uint64_t train, uint64_t val)
       Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
       Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
       const hsize_t chunk = std::max<hsize_t>(1, std::min(kChunk, n));
-      H5Pset_chunk(dcpl, 1, &chunk);
-      if (opt_.compress) H5Pset_deflate(dcpl, 4);
+      if (H5Pset_chunk(dcpl, 1, &chunk) < 0 || (opt_.compress && H5Pset_deflate(dcpl, 4) < 0))
+        throw std::runtime_error("this HDF5 cannot chunk or gzip datasets");
       const hid_t d = H5Dcreate2(file_, name, stored_type(opt_.width), space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
       if (d < 0) throw std::runtime_error(std::string("cannot create /") + name);
       return d;
@@ -242,22 +263,25 @@ void TokenFileWriter::write(int64_t dataset, uint64_t start, uint64_t n, const v
   H5Sselect_hyperslab(file_space, H5S_SELECT_SET, &s, nullptr, &c, nullptr);
   Handle mem_space(H5Screate_simple(1, &c, nullptr), H5Sclose);
   if (H5Dwrite(dataset, stored_type(opt_.width), mem_space, file_space, H5P_DEFAULT, data) < 0)
-    throw SpecError(opt_.what + ": " + opt_.output + ": cannot write tokens (disk full?)");
+    throw std::runtime_error(opt_.what + ": " + opt_.output + ": cannot write tokens (" + free_space_note(opt_.output) + ")");
 }
 
 void TokenFileWriter::append(const uint32_t* ids, size_t n, const std::string& source, uint64_t source_offset) {
   if (done_ + n > train_ + val_) throw SpecError(opt_.what + ": " + source + ": more tokens than counted (changed while read?)");
   const uint64_t limit = opt_.vocab > 0 ? static_cast<uint64_t>(opt_.vocab) : (1ull << (8 * opt_.width));
-  narrow_.resize(n * opt_.width);
   // One pass that narrows and finds the largest id (vectorised); the offender is looked up only
   // when there is one.
   uint32_t largest = 0;
-  auto narrow = [&](auto* out) {
-    for (size_t i = 0; i < n; ++i) largest = std::max(largest, ids[i]), out[i] = static_cast<std::remove_pointer_t<decltype(out)>>(ids[i]);
+  const void* stored = ids;
+  auto narrow = [&](auto& out) {
+    out.resize(n);
+    using Stored = typename std::decay_t<decltype(out)>::value_type;
+    for (size_t i = 0; i < n; ++i) largest = std::max(largest, ids[i]), out[i] = static_cast<Stored>(ids[i]);
+    stored = out.data();
   };
-  if (opt_.width == 1) narrow(narrow_.data());
-  else if (opt_.width == 2) narrow(reinterpret_cast<uint16_t*>(narrow_.data()));
-  else narrow(reinterpret_cast<uint32_t*>(narrow_.data()));
+  if (opt_.width == 1) narrow(narrow8_);
+  else if (opt_.width == 2) narrow(narrow16_);
+  else largest = n ? *std::max_element(ids, ids + n) : 0;
   if (largest >= limit) {
     const size_t i = static_cast<size_t>(std::find_if(ids, ids + n, [&](uint32_t id) { return id >= limit; }) - ids);
     throw SpecError(opt_.what + ": " + source + ": token " + std::to_string(source_offset + i) + " is " +
@@ -266,8 +290,9 @@ void TokenFileWriter::append(const uint32_t* ids, size_t n, const std::string& s
   }
   max_id_ = std::max(max_id_, largest);
   const uint64_t to_train = done_ < train_ ? std::min<uint64_t>(n, train_ - done_) : 0;
-  if (to_train) write(train_ds_, done_, to_train, narrow_.data());
-  if (n > to_train) write(val_ds_, done_ + to_train - train_, n - to_train, narrow_.data() + to_train * opt_.width);
+  const auto* bytes = static_cast<const uint8_t*>(stored);
+  if (to_train) write(train_ds_, done_, to_train, bytes);
+  if (n > to_train) write(val_ds_, done_ + to_train - train_, n - to_train, bytes + to_train * opt_.width);
   done_ += n;
 }
 
@@ -283,8 +308,8 @@ void TokenFileWriter::commit(const std::string& sources) {
       if (status < 0) throw std::runtime_error("cannot finish writing (disk full?)");
     }
     output_.commit();  // fsync, rename into place
-  } catch (const std::exception& e) {
-    throw SpecError(opt_.what + ": " + opt_.output + ": " + e.what());
+  } catch (const std::exception& e) {  // the disk, not the input: a fault
+    throw std::runtime_error(opt_.what + ": " + opt_.output + ": " + e.what() + " (" + free_space_note(opt_.output) + ")");
   }
 }
 

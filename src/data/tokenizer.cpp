@@ -7,11 +7,9 @@
 
 #include <cstdio>
 #include <fstream>
-#include <sys/stat.h>
 #include <thread>
 #include <unordered_map>
 
-#include "pipetrain/data/token_file.hpp"
 #include "pipetrain/util/errors.hpp"
 #include "pipetrain/util/files.hpp"
 
@@ -69,33 +67,44 @@ class LineSample : public sentencepiece::SentenceIterator {
   bool done_ = false;
 };
 
-// Runs `body` with stderr sent to /dev/null: SentencePiece's trainer logs hundreds of lines
-// there; what went wrong comes back in its status.
-template <class F>
-void quietly(F body) {
-  std::fflush(stderr);
-  const int saved = ::dup(2), null = ::open("/dev/null", O_WRONLY);
-  if (null >= 0) ::dup2(null, 2), ::close(null);
-  body();
-  std::fflush(stderr);
-  if (saved >= 0) ::dup2(saved, 2), ::close(saved);
-}
+// Sends stderr to /dev/null while it lives (SentencePiece's trainer logs hundreds of lines there;
+// what went wrong comes back in its status), and back however the scope is left.
+class QuietStderr {
+ public:
+  QuietStderr() : saved_(::dup(2)) {
+    std::fflush(stderr);
+    const int null = ::open("/dev/null", O_WRONLY);
+    if (null >= 0) ::dup2(null, 2), ::close(null);
+  }
+  ~QuietStderr() {
+    std::fflush(stderr);
+    if (saved_ >= 0) ::dup2(saved_, 2), ::close(saved_);
+  }
+  QuietStderr(const QuietStderr&) = delete;
+  QuietStderr& operator=(const QuietStderr&) = delete;
+
+ private:
+  int saved_;
+};
 
 }  // namespace
 
+size_t text_cut(const std::string& text, size_t from, size_t max) {
+  if (text.size() - from <= max) return text.size();
+  const size_t space = text.rfind(' ', from + max);
+  if (space != std::string::npos && space > from) return space;  // the space starts the next piece
+  size_t cut = from + max;
+  while (cut > from + 1 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // UTF-8 continuation
+  return cut;
+}
+
 std::vector<std::string> encoding_pieces(const std::string& line) {
   std::vector<std::string> pieces;
-  size_t from = 0;
-  while (line.size() - from > kMaxPiece) {
-    size_t cut = line.rfind(' ', from + kMaxPiece);
-    if (cut == std::string::npos || cut <= from) {
-      cut = from + kMaxPiece;
-      while (cut > from + 1 && (static_cast<unsigned char>(line[cut]) & 0xC0) == 0x80) --cut;  // UTF-8 continuation
-    }
+  for (size_t from = 0; from < line.size() || pieces.empty();) {
+    const size_t cut = text_cut(line, from, kMaxPiece);
     pieces.push_back(line.substr(from, cut - from));
     from = cut;
   }
-  pieces.push_back(line.substr(from));
   return pieces;
 }
 
@@ -110,12 +119,12 @@ Tokenizer Tokenizer::sentencepiece(const std::string& model_bytes, const std::st
   std::vector<int> ids;
   t.sp_->Encode("\n", &ids);
   t.newline_.assign(ids.begin(), ids.end());
+  // Text is encoded line by line with the newline's ids between lines: a model that normalises the
+  // newline away, or has no byte piece for it, would silently join the lines.
+  if (ids.empty() || t.decode(ids) != "\n")
+    throw SpecError(origin + ": this SentencePiece model cannot encode a newline as itself (it normalises "
+                             "whitespace or has no byte fallback); train one with pipetrain data prepare");
   return t;
-}
-
-Tokenizer Tokenizer::of_token_file(const std::string& path) {
-  const TokenFileInfo info = read_token_file_info(path);
-  return info.tokenizer == "sentencepiece" ? sentencepiece(info.tokenizer_model, path + ": /tokenizer_model") : Tokenizer();
 }
 
 int Tokenizer::vocab_size() const { return sp_ ? sp_->GetPieceSize() : 256; }
@@ -143,24 +152,31 @@ void Tokenizer::encode(const std::string& text, std::vector<uint32_t>* out) cons
 }
 
 std::string Tokenizer::decode(const std::vector<int>& ids) const {
-  if (!sp_) return std::string(ids.begin(), ids.end());
   std::string text;
-  sp_->Decode(ids, &text);
+  const int known = vocab_size();
+  for (size_t from = 0; from < ids.size();) {  // runs of known ids, decoded together
+    size_t end = from;
+    while (end < ids.size() && ids[end] >= 0 && ids[end] < known) ++end;
+    if (!sp_) {
+      for (size_t i = from; i < end; ++i) text += static_cast<char>(ids[i]);
+    } else if (end > from) {
+      std::string part;
+      sp_->Decode(std::vector<int>(ids.begin() + from, ids.begin() + end), &part);
+      text += part;
+    }
+    if (end < ids.size()) text += "<" + std::to_string(ids[end]) + ">", ++end;
+    from = end;
+  }
   return text;
 }
 
-std::string train_sentencepiece(const SentencePieceTraining& t, std::string* note) {
+std::string train_sentencepiece(const SentencePieceTraining& t, uint64_t total, std::string* note) {
   if (t.model_type != "bpe" && t.model_type != "unigram")
     throw SpecError("data prepare: --model-type " + t.model_type + " (bpe or unigram)");
   if (t.vocab_size < 260)
     throw SpecError("data prepare: --vocab-size " + std::to_string(t.vocab_size) +
                     " is too small for a SentencePiece model with byte fallback (at least 260: 256 bytes, "
                     "<unk>, <s>, </s> and a piece)");
-  uint64_t total = 0;
-  for (const auto& in : t.inputs) {
-    struct stat st {};
-    if (::stat(in.c_str(), &st) == 0) total += static_cast<uint64_t>(st.st_size);
-  }
   const uint64_t stride = std::max<uint64_t>(1, (total + t.sample_bytes - 1) / std::max<uint64_t>(1, t.sample_bytes));
   LineSample lines(t.inputs, stride);
   const std::unordered_map<std::string, std::string> args = {
@@ -169,7 +185,7 @@ std::string train_sentencepiece(const SentencePieceTraining& t, std::string* not
       {"byte_fallback", "true"},           // every byte has a token: no text is ever unknown
       {"character_coverage", "0.9995"},    // rare characters go to bytes rather than pieces
       {"normalization_rule_name", "identity"},
-      {"add_dummy_prefix", "false"},       // encode(a) + encode(b) == encode(a + b) at line cuts
+      {"add_dummy_prefix", "false"},       // no extra "▁" in front of every line and every cut piece
       {"remove_extra_whitespaces", "false"},
       {"split_digits", "true"},
       {"max_sentence_length", std::to_string(kMaxPiece)},
@@ -178,7 +194,10 @@ std::string train_sentencepiece(const SentencePieceTraining& t, std::string* not
   };
   std::string model;
   sentencepiece::util::Status status;
-  quietly([&] { status = sentencepiece::SentencePieceTrainer::Train(args, &lines, &model); });
+  {
+    QuietStderr quiet;
+    status = sentencepiece::SentencePieceTrainer::Train(args, &lines, &model);
+  }
   if (!status.ok() || model.empty()) {
     const std::string why = status.ok() ? "no model came out" : status.ToString();
     const char* hint = why.find("too high") != std::string::npos             ? " (a smaller --vocab-size, or more text)"

@@ -74,9 +74,10 @@ void write_hf(const std::string& dir, const RunSpec& spec, const WeightsSource& 
   const std::string text = hf_config(spec, dtype);
   config.write(text.data(), text.size());
   config.close();
-  // A model trained on SentencePiece tokens is unusable without its tokenizer.
-  const std::string tokenizer = checkpoint + "/tokenizer.model";
-  if (fs::exists(tokenizer)) copy_file_synced(tokenizer, dir + "/tokenizer.model");
+  // A model trained on SentencePiece tokens is unusable without its tokenizer: the one the
+  // manifest lists (and `ckpt verify` checks), never a stray file of that name.
+  const Manifest::Tokenizer& tokenizer = Manifest::read(checkpoint).tokenizer;
+  if (!tokenizer.file.empty()) copy_file_synced(checkpoint + "/" + tokenizer.file, dir + "/" + kTokenizerFile);
 }
 
 void write_llmc_file(const std::string& file, const RunSpec& spec, const WeightsSource& ckpt, StoredFloat dtype) {

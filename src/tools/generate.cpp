@@ -115,24 +115,19 @@ Tokenizer tokenizer_of(const std::string& checkpoint) {
   return Tokenizer::sentencepiece(read_input_file(path, "generate: the checkpoint's tokenizer", 1 << 30), path);
 }
 
-// Prints generated tokens as they come. Byte tokens go out as bytes (an id over 255 as <id>);
-// SentencePiece text is decoded from all tokens so far and the new part printed, held back while
-// it ends in a partial character (U+FFFD) that the next byte tokens may complete.
+// Prints generated tokens as they come, decoded from all tokens so far (a SentencePiece piece's
+// text can depend on its neighbours) with the new part printed. It is held back while the text
+// ends in a partial character (U+FFFD) that the next byte tokens may complete. Byte tokens go out
+// as bytes; an id the tokenizer lacks as <id>.
 class TextOut {
  public:
   explicit TextOut(const Tokenizer& tok) : tok_(tok) {}
   void add(int id) {
-    if (tok_.is_bytes()) {
-      if (id < 256) std::fputc(id, stdout);
-      else std::printf("<%d>", id);
-    } else {
-      ids_.push_back(id);
-      flush(false);
-    }
-    std::fflush(stdout);
+    ids_.push_back(id);
+    flush(false);
   }
   void finish() {
-    if (!tok_.is_bytes()) flush(true);
+    flush(true);
     std::fputc('\n', stdout);
   }
 
@@ -140,8 +135,13 @@ class TextOut {
   void flush(bool last) {
     const std::string text = tok_.decode(ids_);
     static const std::string partial = "\xEF\xBF\xBD";
-    if (!last && text.size() >= 3 && text.compare(text.size() - 3, 3, partial) == 0) return;
-    if (text.compare(0, printed_.size(), printed_) == 0) std::fputs(text.c_str() + printed_.size(), stdout);
+    if (!tok_.is_bytes() && !last && text.size() >= 3 && text.compare(text.size() - 3, 3, partial) == 0) return;
+    // Normally the text grows at its end; should decoding change what was printed, print from
+    // where it differs rather than lose text.
+    size_t same = 0;
+    while (same < std::min(text.size(), printed_.size()) && text[same] == printed_[same]) ++same;
+    std::fwrite(text.data() + same, 1, text.size() - same, stdout);
+    std::fflush(stdout);
     printed_ = text;
   }
   const Tokenizer& tok_;

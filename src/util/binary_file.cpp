@@ -15,8 +15,12 @@ namespace pipetrain {
 
 BinaryReader::BinaryReader(const std::string& path) : path_(path), fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
   struct stat st {};
-  if (fd_ < 0 || fstat(fd_, &st) != 0) throw SpecError(path + ": cannot read (" + std::strerror(errno) + ")");
-  if (!S_ISREG(st.st_mode)) throw SpecError(path + ": cannot read (not a regular file)");
+  const bool opened = fd_ >= 0 && fstat(fd_, &st) == 0;
+  const std::string why = !opened ? std::strerror(errno) : !S_ISREG(st.st_mode) ? "not a regular file" : "";
+  if (!why.empty()) {
+    if (fd_ >= 0) ::close(fd_);  // the destructor does not run for a throwing constructor
+    throw SpecError(path + ": cannot read (" + why + ")");
+  }
   size_ = static_cast<uint64_t>(st.st_size);
 }
 
@@ -28,6 +32,7 @@ bool BinaryReader::read_at(uint64_t offset, void* out, size_t n) const {
   auto* p = static_cast<char*>(out);
   while (n > 0) {
     const ssize_t got = ::pread(fd_, p, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
     if (got <= 0) return false;
     p += got, n -= static_cast<size_t>(got), offset += static_cast<uint64_t>(got);
   }

@@ -15,7 +15,7 @@ import os
 import subprocess
 import h5py
 import numpy as np
-from tests.lib.harness import launch, expect, run_scenarios, scenario, settings
+from tests.lib.harness import launch, expect, is_temporary, run_scenarios, scenario, settings
 
 LLMC_MAGIC16, LLMC_MAGIC32 = 20240520, 20240801
 MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
@@ -148,7 +148,7 @@ def failed(what, p, *wants):
 
 def nothing_left(what, out):
     folder = os.path.dirname(out)
-    leftovers = [n for n in os.listdir(folder) if ".tmp." in n]
+    leftovers = [n for n in os.listdir(folder) if is_temporary(n)]
     expect(not os.path.exists(out) and not leftovers, f"{what}: no output and no temporary file left ({leftovers})")
 
 
@@ -293,7 +293,7 @@ def source_file(name, tokens, vocab, val_fraction="0.25"):
 def export_llmc_round_trip():
     """data export --format llmc: an llm.c header (magic 20240520, version 1, uint16 up to vocab
     65536; 20240801, version 7, uint32 above), the count, the size 1024 + count x width, the split's
-    tokens; imported back, /train bit for bit; --split val exports /val."""
+    tokens; imported back, /train bit for bit; --split val exports /val; an empty split is refused."""
     r = rng()
     for vocab, magic, version, width in [(50257, LLMC_MAGIC16, 1, 2), (65536, LLMC_MAGIC16, 1, 2),
                                          (65537, LLMC_MAGIC32, 7, 4), (300000, LLMC_MAGIC32, 7, 4)]:
@@ -315,9 +315,10 @@ def export_llmc_round_trip():
                    len(back["val"]) == 0, f"vocab {vocab}, {which}: the shard imports back to the same {got['dtype']} tokens")
     tokens = r.integers(0, 1000, 100)
     src, got = source_file("noval", tokens, 1000, "0")
-    if got is not None and exported(src, "llmc", work("noval_val.llmc"), "--split", "val"):
-        m, v, count, ids = read_llmc(work("noval_val.llmc"))
-        expect((m, v, count, len(ids)) == (LLMC_MAGIC16, 1, 0, 0), f"an empty /val exports a header counting 0 ({m}, {v}, {count})")
+    if got is not None:  # an empty split has nothing to export (and an import would refuse it)
+        p = data("export", src, "--format", "llmc", "--output", work("noval_val.llmc"), "--split", "val")
+        failed("export of an empty /val", p, src, "/val holds no tokens")
+        nothing_left("export of an empty /val", work("noval_val.llmc"))
 
 
 @scenario
@@ -482,6 +483,25 @@ def id_beyond_vocab_size():
 
 
 @scenario
+def many_long_named_inputs():
+    """An import of 400 shards with long paths: the provenance (every input's path and size, about
+    100 KiB of JSON, over the 64 KiB an HDF5 attribute could hold in the oldest file format) is
+    recorded whole, and the tokens are their concatenation."""
+    folder = work("a_folder_with_a_rather_long_name_as_cluster_scratch_paths_tend_to_have_" * 2)
+    os.makedirs(folder)
+    shards = [write_nanogpt(os.path.join(folder, f"shard_{i:06d}_of_a_corpus_with_a_long_name.bin"), np.arange(i, i + 5))
+              for i in range(400)]
+    out = work("many.h5")
+    p = data("import", "--format", "nanogpt", *shards, "--output", out, "--val-fraction", "0")
+    expect(p.returncode == 0, f"import of 400 shards: exit 0 ({p.stderr.strip()[-300:]})")
+    with h5py.File(out) as f:
+        sources = json.loads(f.attrs["sources"])
+        expect(len(f.attrs["sources"]) > 65536 and [s["path"] for s in sources["inputs"]] == shards,
+               f"every input recorded ({len(f.attrs['sources'])} bytes of JSON)")
+        expect(same(f["train"][:], np.concatenate([np.arange(i, i + 5) for i in range(400)])), "the tokens concatenated")
+
+
+@scenario
 def existing_output_needs_force():
     """An existing output, without --force: exit 2 naming it and --force, the file untouched (import
     and both exports); with --force it is replaced."""
@@ -497,7 +517,7 @@ def existing_output_needs_force():
     p = data("export", work("made.h5"), "--format", "megatron", "--output", work("out"))
     failed("megatron export onto an existing .idx", p, work("out.idx"), "--force")
     expect(all(open(work(n)).read() == "keep me" for n in ("out.h5", "out.llmc", "out.idx")) and
-           not os.path.exists(work("out.bin")) and not any(".tmp." in n for n in os.listdir(settings().work)),
+           not os.path.exists(work("out.bin")) and not any(is_temporary(n) for n in os.listdir(settings().work)),
            "existing outputs untouched, no .bin and no temporary file left")
     got = imported("nanogpt", [src], work("out.h5"), "--val-fraction", "0")
     expect(got is not None and same(got["train"], np.arange(500)), "import --force replaces the file")
@@ -531,19 +551,18 @@ def train_on_wide_ids():
 
 @scenario
 def train_on_id_beyond_file_vocab():
-    """A token file whose /train holds 150 at offset 137 while its vocab_size is 100: training
-    (unshuffled, so the first step reads it), on 1 rank and on pp=2, exits 2 naming the file and
-    the offset."""
+    """A token file made with h5py (variable-length string attributes, no /val, no sources) whose
+    /train holds 150 at offset 137 while its vocab_size is 100: training (unshuffled, so the first
+    step reads it), on 1 rank and on pp=2, exits 2 naming the file and the offset."""
     path = work("bad.h5")
     train_ids = (np.arange(4000) % 100).astype(np.uint16)
     train_ids[137] = 150
     with h5py.File(path, "w") as f:
         f.attrs["format_version"] = 2
         f.attrs["vocab_size"] = 100
-        f.attrs.create("tokenizer", np.bytes_("none"))
-        f.attrs.create("sources", np.bytes_("{}"))
-        f["train"] = train_ids
-        f["val"] = (np.arange(200) % 100).astype(np.uint16)
+        f.attrs["tokenizer"] = "none"  # h5py's default: a variable-length string, as other tools write
+        f["train"] = train_ids  # no /val and no sources: a token file need not have them
+
     for ranks, sets in [(1, []), (2, ["parallel.pp=2"])]:
         r = train(f"bad_{ranks}", ranks, f"data.path={path}", "data.shuffle=false", *sets)
         expect(r.rc == 2 and path in r.err and "token 137 is 150" in r.err and "vocab_size 100" in r.err,
@@ -554,16 +573,25 @@ def train_on_id_beyond_file_vocab():
 @scenario
 def inspect_imported():
     """data inspect on an imported file: both datasets with their counts and dtype, vocab_size,
-    tokenizer none, the first ids, and no attempt to decode them."""
+    tokenizer none, the first ids, and no attempt to decode them; a file h5py made (variable-length
+    string attributes, no /val) reads as written."""
     ids = np.arange(1000) * 3 % 70001
     src = write_llmc(work("t.bin"), ids, version=7)
     got = imported("llmc", [src], work("t.h5"), "--val-fraction", "0.1")
     p = data("inspect", work("t.h5"))
     lines = [" ".join(line.split()) for line in p.stdout.splitlines()]
     want = ["/train 900 tokens uint32", "/val 100 tokens uint32", f"vocab_size {int(ids.max()) + 1} tokenizer none",
-            "first 64 tokens: " + " ".join(str(i) for i in ids[:16]) + " ..."]
+            "first ids: " + " ".join(str(i) for i in ids[:16]) + " ..."]
     expect(p.returncode == 0 and got is not None and all(w in lines for w in want) and "decoded" not in p.stdout and
            "imported ids" in p.stdout, f"inspect: {want} ({p.returncode}: {p.stdout.strip()} {p.stderr.strip()})")
+    with h5py.File(work("h5py.h5"), "w") as f:  # h5py's str attributes are variable-length UTF-8
+        f.attrs["format_version"], f.attrs["vocab_size"] = 2, 256
+        f.attrs["tokenizer"], f.attrs["sources"] = "bytes", '{"by": "h5py"}'
+        f["train"] = np.frombuffer(b"hello world", np.uint8)
+    p = data("inspect", work("h5py.h5"))
+    expect(p.returncode == 0 and "tokenizer bytes" in p.stdout and '{"by": "h5py"}' in p.stdout and
+           '"hello world"' in p.stdout and "/val 0 tokens" in " ".join(p.stdout.split()),
+           f"an h5py-made file: its string attributes read, no /val is an empty one ({p.stdout.strip()})")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import h5py
-from tests.lib.harness import launch, expect, run_scenarios, scenario, settings, shared_path, shared_run
+from tests.lib.harness import launch, expect, is_temporary, run_scenarios, scenario, settings, shared_path, shared_run
 
 BASE = ["run.steps=8", "log.every_steps=1", "log.trace_steps=0"]
 
@@ -147,7 +147,7 @@ def prepare_bad_input():
         expect(p.returncode == 2 and want in p.stderr and p.stderr.count("error") == 1,
                f"prepare, {name}: exit 2 naming it ({p.returncode}: {p.stderr.strip()})")
     expect(open(existing).read() == "keep me", "an existing output is left as it was")
-    expect(not any(".tmp." in n for n in os.listdir(a.work)), "no temporary file left behind")
+    expect(not any(is_temporary(n) for n in os.listdir(a.work)), "no temporary file left behind")
 
 
 @scenario

@@ -118,13 +118,24 @@ def decode_gives_the_text_back():
 
 @scenario
 def given_model_and_sampling():
-    """--tokenizer-model reuses a model (the same ids as the file it came from); an input larger
-    than --sample-mb trains on every k-th line and says so."""
+    """--tokenizer-model reuses a model (the same ids as the file it came from); a model from
+    spm_train's defaults (it normalises whitespace and has no byte fallback, so it cannot keep a
+    newline) is refused with exit 2 naming it; an input larger than --sample-mb trains on every
+    k-th line and says so."""
     path = token_file("bpe")
     again = shared_path("sp_given.h5")
     p = prepare(again, "--tokenizer", "sentencepiece", "--tokenizer-model", model_of(path), "--val-fraction", "0.05")
     expect(p.returncode == 0, f"prepare with --tokenizer-model: exit 0 ({p.stderr.strip()})")
     expect(ids_of(again)[0].tolist() == ids_of(path)[0].tolist(), "a given model gives the same ids")
+    a = settings()
+    prefix = os.path.join(a.work, "default")
+    t = subprocess.run(["spm_train", f"--input={corpus()}", f"--model_prefix={prefix}", "--vocab_size=50"],
+                       capture_output=True, text=True, timeout=120)
+    expect(t.returncode == 0, f"spm_train with its defaults ({t.stderr.strip()[-200:]})")
+    refused = os.path.join(a.work, "refused.h5")
+    p = prepare(refused, "--tokenizer", "sentencepiece", "--tokenizer-model", prefix + ".model")
+    expect(p.returncode == 2 and prefix + ".model" in p.stderr and "newline" in p.stderr and not os.path.exists(refused),
+           f"a model that cannot keep newlines: exit 2 naming it ({p.returncode}: {p.stderr.strip()})")
     sampled = shared_path("sp_sampled.h5")
     p = prepare(sampled, "--tokenizer", "sentencepiece", "--vocab-size", "300", "--sample-mb", "0.05")
     expect(p.returncode == 0 and "trained on a sample: every " in p.stderr,

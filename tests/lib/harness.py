@@ -119,6 +119,12 @@ def run_scenarios():
     finish()
 
 
+def is_temporary(name):
+    """Whether a file name is one of pipetrain's staging files (an output staged beside its place,
+    a SentencePiece spool, a replaced folder set aside): none may survive a failed command."""
+    return any(mark in name for mark in (".tmp-", ".spool.", ".old-"))
+
+
 def shared_path(name):
     """A path in WORK/../shared, where a module's scenarios keep what they share (reference runs,
     token files)."""

@@ -106,4 +106,15 @@ TEST_CASE("long lines are cut for encoding at a space, else never inside a UTF-8
   CHECK(pieces[0].size() % 3 == 0);
   CHECK(pieces[0] + pieces[1] == utf8);
   CHECK(encoding_pieces("short line").size() == 1);
+  const std::string words = std::string(60000, 'a') + " " + std::string(10000, 'b');
+  pieces = encoding_pieces(words);
+  REQUIRE(pieces.size() == 2);
+  CHECK(pieces[0].size() == 60000);  // cut before the space, which starts the next piece
+  CHECK(pieces[1] == " " + std::string(10000, 'b'));
+}
+
+TEST_CASE("decoding bytes keeps them and shows an id beyond the tokenizer as <id>", "[data]") {
+  const Tokenizer bytes;
+  CHECK(bytes.decode({104, 105, 0, 255}) == std::string("hi\0\xff", 4));
+  CHECK(bytes.decode({104, 256, 105, 1000}) == "h<256>i<1000>");
 }

@@ -20,8 +20,10 @@ constexpr int kTokenFileFormat = 2;
 // Which tokens: the training stream, or the held-out validation tokens.
 enum class Split { train, val };
 
-// Bytes per stored token: 1, 2 or 4, the narrowest holding ids [0, vocab).
+// Bytes per stored token: 1, 2 or 4, the narrowest holding ids [0, vocab) (vocab <= 2^32).
 int token_width_for(int64_t vocab);
+// "uint8", "uint16" or "uint32" for a width of 1, 2 or 4 bytes.
+const char* token_dtype_name(int width);
 
 // One dataset of a token file, read by hyperslab into 32-bit ids whatever the stored width.
 class TokenFile {
@@ -34,7 +36,6 @@ class TokenFile {
 
   size_t size() const { return size_; }
   int64_t vocab_size() const { return vocab_; }
-  int width() const { return width_; }  // bytes per stored token
   // Tokens [start, start + n). An id >= vocab_size is a SpecError naming the file and its offset.
   void read(size_t start, size_t n, uint32_t* out) const;
 
@@ -81,10 +82,11 @@ class TokenFileWriter {
   TokenFileWriter& operator=(const TokenFileWriter&) = delete;
 
   // Appends ids; one >= the vocabulary (or too wide) is a SpecError naming `source` and the id's
-  // offset there (source_offset: where `ids` starts in it).
+  // offset there (source_offset: where `ids` starts in it). A failed write (a full disk) is a
+  // fault: std::runtime_error naming the output.
   void append(const uint32_t* ids, size_t n, const std::string& source, uint64_t source_offset);
-  uint64_t written() const { return done_; }
-  // Checks every promised token came, records vocab_size and `sources`, flushes, fsyncs, renames.
+  // Checks every promised token came, records vocab_size and `sources`, flushes, fsyncs, renames
+  // (std::runtime_error naming the output when the disk refuses).
   void commit(const std::string& sources_json);
   int64_t vocab() const;
 
@@ -96,7 +98,8 @@ class TokenFileWriter {
   uint64_t train_, val_, done_ = 0;
   uint32_t max_id_ = 0;
   int64_t file_ = -1, train_ds_ = -1, val_ds_ = -1;
-  std::vector<uint8_t> narrow_;  // ids converted to the stored width
+  std::vector<uint8_t> narrow8_;  // ids converted to the stored width (1 or 2 bytes; 4 are the ids)
+  std::vector<uint16_t> narrow16_;
 };
 
 // The total size of input files, each checked to be a readable, non-empty regular file first

@@ -21,18 +21,18 @@ namespace pipetrain {
 class Tokenizer {
  public:
   Tokenizer();  // bytes
-  // A SentencePiece model from its serialized bytes; SpecError naming `origin` if it is not one.
+  // A SentencePiece model from its serialized bytes; SpecError naming `origin` if it is not one, or
+  // if it cannot give a newline back as itself (a normalising model without byte fallback).
   static Tokenizer sentencepiece(const std::string& model_bytes, const std::string& origin);
-  // The tokenizer of a token file (its `tokenizer` attribute and model).
-  static Tokenizer of_token_file(const std::string& path);
 
   bool is_bytes() const { return !sp_; }
   const char* name() const { return sp_ ? "sentencepiece" : "bytes"; }
   int vocab_size() const;
   const std::string& model_bytes() const { return model_; }  // "" for bytes
 
-  // Appends the ids of `text` (any bytes) to `out`.
+  // Appends the ids of `text` (any bytes) to `out`. Thread-safe.
   void encode(const std::string& text, std::vector<uint32_t>* out) const;
+  // The text of `ids`; an id the tokenizer does not have (a model.vocab larger than it) reads <id>.
   std::string decode(const std::vector<int>& ids) const;
 
  private:
@@ -50,9 +50,13 @@ struct SentencePieceTraining {
   uint64_t sample_bytes = 64ull << 20;
 };
 // Returns the model's bytes; SpecError (with the trainer's complaint) when it cannot train.
-std::string train_sentencepiece(const SentencePieceTraining& t, std::string* note);
+// `total_bytes`: the inputs' size (for the sample stride).
+std::string train_sentencepiece(const SentencePieceTraining& t, uint64_t total_bytes, std::string* note);
 
 // The pieces of `line` that are encoded one after another (64 KiB at most each, see above).
 std::vector<std::string> encoding_pieces(const std::string& line);
+// Where to cut `text` so that [from, cut) holds at most `max` bytes: after the last space in that
+// range when there is one, else at `from + max` moved back off any UTF-8 continuation byte.
+size_t text_cut(const std::string& text, size_t from, size_t max);
 
 }  // namespace pipetrain

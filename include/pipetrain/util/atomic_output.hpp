@@ -1,8 +1,9 @@
 // Writing an output file or folder (an exported model, a token file) so that it appears whole or
 // not at all: everything goes to a staging
 // path next to the output (same file system, so the final rename is atomic), is fsynced, and is
-// renamed into place only when complete. A failure at any point removes the staging path and
-// leaves what was at the output before untouched.
+// renamed into place only when complete. A failure before commit() removes the staging path and
+// leaves what was at the output before untouched. Replacing a folder takes two renames (the old
+// one aside, the new one in): a crash between them leaves the old output as OUT.old-PID.
 #pragma once
 #include <string>
 
