@@ -23,6 +23,7 @@
 #include "pipetrain/data/corpus_formats.hpp"
 #include "pipetrain/data/prepare.hpp"
 #include "pipetrain/train/train.hpp"
+#include "pipetrain/util/version.hpp"
 
 namespace po = boost::program_options;
 using namespace pipetrain;
@@ -43,7 +44,7 @@ const char* kUsage =
     "  data    prepare | import | export | inspect: token files (text, SentencePiece, llm.c, nanoGPT, Megatron)\n"
     "  export  --checkpoint PATH --format hf|llmc --output OUT: a checkpoint as a Hugging Face GPT-2 or llm.c model\n"
     "\n"
-    "pipetrain <command> --help shows the command's options.\n";
+    "pipetrain <command> --help shows the command's options; pipetrain --version which build this is.\n";
 
 // Parses a subcommand's arguments. Returns nothing to go on, else how the command ends: ok after
 // --help, bad_input (with one message) for bad arguments.
@@ -388,6 +389,10 @@ ExitCode dispatch(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? ExitCode::bad_input : ExitCode::ok;
+  }
+  if (std::string(argv[1]) == "--version" || std::string(argv[1]) == "version") {
+    std::printf("%s\n", version_string().c_str());
+    return ExitCode::ok;
   }
   const std::string cmd = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);

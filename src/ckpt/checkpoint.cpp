@@ -13,6 +13,7 @@
 #include "pipetrain/util/clock.hpp"
 #include "pipetrain/util/files.hpp"
 #include "pipetrain/ckpt/shard_io.hpp"
+#include "pipetrain/util/version.hpp"
 #include "pipetrain/util/faults.hpp"
 #include "pipetrain/config/spec_schema.hpp"
 
@@ -103,6 +104,7 @@ std::string Manifest::to_json() const {
     j["tokenizer"] = {{"kind", "sentencepiece"}, {"file", tokenizer.file}, {"bytes", tokenizer.bytes},
                       {"checksum", hex(tokenizer.checksum)}};
   j["timing"] = {{"write_s", write_s}};
+  if (!build.empty()) j["build"] = build;
   return j.dump(2) + "\n";
 }
 
@@ -141,6 +143,7 @@ Manifest Manifest::parse(const std::string& text, const std::string& path) {
       m.tokenizer.checksum = std::stoull(j["tokenizer"].at("checksum").get<std::string>(), nullptr, 16);
     }
     m.write_s = j.at("timing").at("write_s").get<double>();
+    m.build = j.value("build", "");
   } catch (const json::exception& e) {
     throw SpecError(path + ": not a valid pipetrain manifest (" + e.what() + ")");
   } catch (const std::logic_error& e) {  // stoll / stoull
@@ -358,6 +361,7 @@ double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const s
       m.tokenizer.checksum = file_checksum(tmp + "/" + kTokenizerFile, &m.tokenizer.bytes);
     }
     m.write_s = now_s() - t0;
+    m.build = version_string();
     write_file_atomically(tmp + "/manifest.json", m.to_json());
     publish(tmp, final_dir, name);
   });

@@ -11,6 +11,7 @@
 #include "pipetrain/train/run.hpp"
 #include "pipetrain/train/run_dir.hpp"
 #include "pipetrain/util/clock.hpp"
+#include "pipetrain/util/version.hpp"
 
 namespace fs = std::filesystem;
 
@@ -218,6 +219,7 @@ void print_start(const Run& run) {
   if (run.rank() != 0) return;
   const RunSpec& spec = run.spec;
   const int threads = run.blas_threads;
+  std::printf("%s\n", version_string().c_str());
   std::printf("pipetrain: %d ranks = pp %d x dp %d | M=%d micro-batches of %d | schedule %s | recompute %s | "
               "wait %s | %d BLAS thread%s per rank\n",
               run.world.size(), spec.parallel.pp, spec.parallel.dp, spec.parallel.micro_batches,

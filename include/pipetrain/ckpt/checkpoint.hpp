@@ -43,6 +43,7 @@ struct Manifest {
     uint64_t bytes = 0, checksum = 0;
   } tokenizer;
   double write_s = 0;
+  std::string build;  // version_string() of the pipetrain that saved it ("" in older checkpoints)
 
   std::string to_json() const;
   // Reads DIR/manifest.json; throws SpecError naming the file on anything malformed.
