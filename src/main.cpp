@@ -245,8 +245,8 @@ ExitCode data_prepare(const std::vector<std::string>& args) {
       "input", po::value<std::vector<std::string>>(&opt.inputs)->multitoken()->composing(),
       "text files, concatenated in order")("output", po::value<std::string>(&opt.output),
                                              "the token file to write (HDF5: /train, /val)")(
-      "val-fraction", po::value<double>(&opt.val_fraction)->default_value(0.1),
-      "share of the tokens, from the end, held out as /val")(
+      "val-fraction", po::value<double>(&opt.val_fraction)->default_value(0.1, "0.1"),
+      "share of each input's tokens, from its end, held out as /val")(
       "tokenizer", po::value<std::string>(&opt.tokenizer)->default_value("bytes"), "bytes | sentencepiece")(
       "vocab-size", po::value<int>(&opt.vocab_size), "sentencepiece: pieces to train (byte fallback on)")(
       "model-type", po::value<std::string>(&opt.model_type)->default_value("bpe"), "sentencepiece: bpe | unigram")(
@@ -271,7 +271,7 @@ ExitCode data_import(const std::vector<std::string>& args) {
       "input", po::value<std::vector<std::string>>(&opt.inputs)->multitoken()->composing(), "the training inputs, in order")(
       "output", po::value<std::string>(&opt.output), "the token file to write")(
       "vocab-size", po::value<int64_t>(&opt.vocab_size), "ids must be below this (default: the largest id + 1)")(
-      "val-fraction", po::value<double>(&opt.val_fraction)->default_value(0.1),
+      "val-fraction", po::value<double>(&opt.val_fraction)->default_value(0.1, "0.1"),
       "share of the tokens, from the end, held out as /val (without --val)")(
       "val", po::value<std::vector<std::string>>(&opt.val)->multitoken()->composing(), "held-out inputs for /val")(
       "dtype", po::value<std::string>(&opt.dtype)->default_value("uint16"), "nanogpt: uint8 | uint16 | uint32")(

@@ -412,7 +412,11 @@ std::string Checkpointer::select(const std::string& resume) {
     if (f.rank < 0) {
       const std::string why = incompatibility(Manifest::read(c), spec_);  // same verdict on every rank
       if (why.empty()) return c;
-      if (rank == 0) std::fprintf(stderr, "pipetrain: error: cannot resume from %s: %s\n", c.c_str(), why.c_str());
+      if (rank == 0)
+        std::fprintf(stderr, "pipetrain: error: cannot resume from %s: %s (%s)\n", c.c_str(), why.c_str(),
+                     explicit_path ? "resume from a checkpoint of this model, or drop --resume"
+                                   : "a new run.name (or --run-dir) starts this run elsewhere; --resume never starts "
+                                     "it here afresh, keeping the old checkpoints aside");
       throw AgreedExit(ExitCode::bad_input);
     }
     if (f.rank == rank)

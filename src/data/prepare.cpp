@@ -15,6 +15,7 @@
 
 #include "pipetrain/data/token_file.hpp"
 #include "pipetrain/data/tokenizer.hpp"
+#include "pipetrain/util/binary_file.hpp"
 #include "pipetrain/util/errors.hpp"
 #include "pipetrain/util/files.hpp"
 
@@ -50,34 +51,45 @@ class Progress {
   uint64_t total_, every_, next_, done_ = 0;
 };
 
-// Byte tokens: the text's bytes, streamed straight into the token file.
-void write_bytes(const PrepareOptions& opt, TokenFileWriter& out, uint64_t total) {
-  std::vector<uint8_t> block(kBlock);
-  std::vector<uint32_t> ids(kBlock);
-  Progress progress("read", total);
-  for (const auto& in : opt.inputs) {
-    File f = open_input(in);
-    uint64_t offset = 0;
-    size_t got;
-    while ((got = std::fread(block.data(), 1, block.size(), f.get())) > 0) {
-      widen_ids(block.data(), got, 1, ids.data());
-      out.append(ids.data(), got, in, offset);
-      offset += got;
-      progress.add(got);
-    }
-    if (std::ferror(f.get())) throw SpecError("data prepare: --input " + in + ": read error");
+// A run of stored tokens to copy into the token file: an input's bytes (width 1) or its ids in
+// the SentencePiece spool (width 4).
+struct TokenRun {
+  std::string path;      // the file holding them
+  uint64_t offset = 0;   // byte offset of the first
+  uint64_t count = 0;
+  int width = 1;
+  std::string source;    // for messages: the input they came from
+};
+
+// Appends tokens [from, from + n) of a run, block by block.
+void append_range(const TokenRun& run, uint64_t from, uint64_t n, TokenFileWriter& out, Progress& progress) {
+  const BinaryReader in(run.path);
+  std::vector<uint8_t> raw;
+  std::vector<uint32_t> ids;
+  for (uint64_t done = 0; done < n;) {
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(kBlock / 4, n - done));
+    raw.resize(k * run.width), ids.resize(k);
+    if (!in.read_at(run.offset + (from + done) * run.width, raw.data(), raw.size()))
+      throw SpecError("data prepare: " + run.source + ": shorter than when it was counted (changed while read?)");
+    widen_ids(raw.data(), k, run.width, ids.data());
+    out.append(ids.data(), k, run.source, from + done);
+    progress.add(k * run.width);
+    done += k;
   }
 }
 
 // SentencePiece: the inputs encoded (a batch of blocks cut at line ends, one thread per block)
 // into a spool of 32-bit ids next to the output, since the token count is known only at the end.
-// Returns the count.
-uint64_t encode_to_spool(const PrepareOptions& opt, const Tokenizer& tok, FILE* spool, uint64_t total) {
+// Returns each input's run of ids in the spool.
+std::vector<TokenRun> encode_to_spool(const PrepareOptions& opt, const Tokenizer& tok, const std::string& spool_path,
+                                      FILE* spool, uint64_t total) {
   // At most 8 blocks in flight: their text and ids (4 bytes per token) stay a few hundred MiB.
   const unsigned threads = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
   Progress progress("encoded", total);
   uint64_t count = 0;
+  std::vector<TokenRun> runs;
   for (const auto& in : opt.inputs) {
+    runs.push_back({spool_path, count * sizeof(uint32_t), 0, 4, in});
     File f = open_input(in);
     std::string carry;  // the part of the last block after its last newline
     bool eof = false;
@@ -125,8 +137,12 @@ uint64_t encode_to_spool(const PrepareOptions& opt, const Tokenizer& tok, FILE* 
         count += part.size();
       }
     }
+    runs.back().count = count - runs.back().offset / sizeof(uint32_t);
   }
-  return count;
+  if (std::fflush(spool) != 0)
+    throw std::runtime_error("data prepare: " + opt.output + ": cannot write the token spool next to it (" +
+                             free_space_note(opt.output) + ")");
+  return runs;
 }
 
 // Everything that can be refused before the inputs are read (a tokenizer's training can take
@@ -176,41 +192,39 @@ std::string prepare_token_file(const PrepareOptions& opt) {
   w.tokenizer = tok.name(), w.tokenizer_model = tok.model_bytes();
   nlohmann::json how = {{"val_fraction", opt.val_fraction}, {"tokenizer", tok.name()}};
   if (!tok.is_bytes()) how["tokenizer_note"] = note;
-  auto split = [&](uint64_t n) { return static_cast<uint64_t>(std::floor(static_cast<double>(n) * opt.val_fraction)); };
+  // Every input gives its last --val-fraction to /val, so held-out text comes from every source.
+  auto held_out = [&](uint64_t n) { return static_cast<uint64_t>(std::floor(static_cast<double>(n) * opt.val_fraction)); };
 
-  uint64_t count = total;
+  const std::string spool_path = opt.output + ".spool." + std::to_string(::getpid());
+  struct Remove {
+    std::string path;
+    ~Remove() {
+      std::error_code ignored;
+      fs::remove(path, ignored);
+    }
+  } remove_spool{spool_path};
+  std::vector<TokenRun> runs;
   if (tok.is_bytes()) {
-    TokenFileWriter out(w, total - split(total), split(total));
-    write_bytes(opt, out, total);
-    out.commit(sources_json(opt.inputs, "pipetrain data prepare", how.dump()));
+    for (const auto& in : opt.inputs) runs.push_back({in, 0, static_cast<uint64_t>(fs::file_size(in)), 1, in});
   } else {
-    const std::string spool_path = opt.output + ".spool." + std::to_string(::getpid());
     std::error_code ec;
     if (fs::path(opt.output).has_parent_path()) fs::create_directories(fs::path(opt.output).parent_path(), ec);
-    struct Remove {
-      std::string path;
-      ~Remove() {
-        std::error_code ignored;
-        fs::remove(path, ignored);
-      }
-    } remove_spool{spool_path};
-    File spool = open_input(spool_path, "w+b");
-    count = encode_to_spool(opt, tok, spool.get(), total);
-    std::rewind(spool.get());
-    TokenFileWriter out(w, count - split(count), split(count));
-    std::vector<uint32_t> ids(kBlock / 4);
-    uint64_t offset = 0;
-    size_t got;
-    while ((got = std::fread(ids.data(), sizeof(uint32_t), ids.size(), spool.get())) > 0) {
-      out.append(ids.data(), got, "the encoded text", offset);
-      offset += got;
-    }
-    out.commit(sources_json(opt.inputs, "pipetrain data prepare", how.dump()));
+    File spool = open_input(spool_path, "wb");
+    runs = encode_to_spool(opt, tok, spool_path, spool.get(), total);
   }
+  uint64_t n_train = 0, n_val = 0;
+  for (const TokenRun& r : runs) n_val += held_out(r.count), n_train += r.count - held_out(r.count);
+  TokenFileWriter out(w, n_train, n_val);
+  Progress progress(tok.is_bytes() ? "read" : "written", tok.is_bytes() ? total : 4 * (n_train + n_val));
+  for (const TokenRun& r : runs) append_range(r, 0, r.count - held_out(r.count), out, progress);
+  for (const TokenRun& r : runs) append_range(r, r.count - held_out(r.count), held_out(r.count), out, progress);
+  out.commit(sources_json(opt.inputs, "pipetrain data prepare", how.dump()));
+  const uint64_t count = n_train + n_val;
+
   char summary[512];
   std::snprintf(summary, sizeof summary, "%s: %llu train and %llu validation tokens (%s, vocab %d, %s) from %zu file(s), %s%s%s",
-                opt.output.c_str(), static_cast<unsigned long long>(count - split(count)),
-                static_cast<unsigned long long>(split(count)), tok.name(), tok.vocab_size(),
+                opt.output.c_str(), static_cast<unsigned long long>(n_train),
+                static_cast<unsigned long long>(n_val), tok.name(), tok.vocab_size(),
                 token_dtype_name(w.width), opt.inputs.size(),
                 human_bytes(static_cast<double>(total)).c_str(),
                 tok.is_bytes() ? "" : (", " + std::to_string(static_cast<double>(total) / std::max<uint64_t>(1, count)).substr(0, 4) +

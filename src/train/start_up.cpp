@@ -43,6 +43,20 @@ void check_memory_fits(const RunSpec& spec, int stage, int local_ranks) {
   throw SpecError(msg);
 }
 
+// Validation reads its windows in order: more samples than the held-out tokens hold would wrap
+// around and count some twice, which a loss over "N batches" must not do silently.
+void check_validation_fits(const RunSpec& spec, size_t val_tokens, bool eval_command) {
+  const int64_t T = spec.model.seq_len, windows = (static_cast<int64_t>(val_tokens) - T - 1) / T;
+  const int64_t need = static_cast<int64_t>(spec.eval.batches) * spec.train.global_batch;
+  if (need <= windows) return;
+  const int64_t fit = windows / spec.train.global_batch;
+  throw SpecError(spec.origin("eval.batches") + ": " + (eval_command ? "--batches" : "eval.batches") + " = " +
+                  std::to_string(spec.eval.batches) + " needs " + std::to_string(need) + " validation windows of " +
+                  std::to_string(T) + " tokens, but the " + std::to_string(val_tokens) + " held-out tokens hold " +
+                  std::to_string(windows) + (fit > 0 ? "; at most " + std::to_string(fit) + " batches fit"
+                                                     : "; not one batch of train.global_batch fits (more validation data)"));
+}
+
 // The spec (or for eval without --config, the checkpoint's own), this rank's place in the grid
 // and its data.
 void read_spec_and_data(Run& run) {
@@ -61,7 +75,10 @@ void read_spec_and_data(Run& run) {
   run.blocks = partition_blocks(spec);
   if (run.topo.first_stage() || run.topo.last_stage()) {
     run.data = std::make_unique<Dataset>(spec);
-    if (spec.eval.every_steps > 0) run.val = std::make_unique<Dataset>(spec, Split::val);
+    if (spec.eval.every_steps > 0) {
+      run.val = std::make_unique<Dataset>(spec, Split::val);
+      check_validation_fits(spec, run.val->n_tokens(), opt.eval_only);
+    }
   }
   // The run keeps its tokenizer (in RUN_DIR and every checkpoint); the file opened above.
   if (run.world.rank() == 0 && spec.data.source == DataSource::hdf5 && !opt.eval_only) try {

@@ -39,6 +39,8 @@ std::string read_input_file(const std::string& path, const std::string& what, si
 RunDirLock::RunDirLock(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
+  if (!fs::is_directory(dir))  // say why (a read-only file system, a permission), not what follows from it
+    throw SpecError("run dir " + dir + ": cannot create (" + (ec ? ec.message() : std::string("a file is in the way")) + ")");
   const std::string path = dir + "/.lock";
   fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) throw SpecError("run dir " + dir + ": cannot create " + path + " (" + std::strerror(errno) + ")");
@@ -55,7 +57,7 @@ RunDirLock::RunDirLock(const std::string& dir) {
       close(fd_);
       fd_ = -1;
       throw SpecError("run dir " + dir + " is in use by " + who + " (" + path +
-                      "); wait for that run to end or pass another --run-dir");
+                      "); wait for that run to end, or start this one elsewhere with a new run.name or --run-dir");
     }
     std::fprintf(stderr, "pipetrain: warning: %s: cannot lock (%s); not guarding the run dir against a second run\n",
                  path.c_str(), std::strerror(err));
@@ -72,7 +74,11 @@ RunDirLock::RunDirLock(const std::string& dir) {
 }
 
 RunDirLock::~RunDirLock() {
-  if (fd_ >= 0) close(fd_);  // drops the lock; the file stays (removing it would race a waiting run)
+  if (fd_ < 0) return;
+  // The owner line goes with the lock: a file naming a pid that ended looks like a stale lock.
+  // The file itself stays (removing it would race a run waiting to open it).
+  [[maybe_unused]] const int emptied = ftruncate(fd_, 0);  // best effort: the lock is what matters
+  close(fd_);  // drops the lock
 }
 
 std::string free_space_note(const std::string& path) {

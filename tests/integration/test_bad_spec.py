@@ -159,8 +159,9 @@ def unreadable_data_file():
 
 @scenario
 def run_dir_in_use():
-    """A run directory held by a live run: the second run is refused naming the holder and the first
-    is not disturbed; a lock left by a dead run (the file stays) does not block."""
+    """A run directory held by a live run: the second run is refused naming the holder and saying
+    how to start elsewhere, and the first is not disturbed; once it ended its .lock is empty (no
+    stale-looking pid); a lock file left behind does not block."""
     a = settings()
     busy = os.path.join(a.work, "busy")
     first = subprocess.Popen([a.mpiexec, "-n", "2", a.bin, "train", "--config", tiny(), "--run-dir", busy,
@@ -172,10 +173,12 @@ def run_dir_in_use():
         time.sleep(0.05)
     second = launch(a, 2, busy, tiny(), ["parallel.pp=2", "run.steps=100000"])
     holder = open(os.path.join(busy, ".lock")).read().strip()
-    expect(second.rc == 2 and f"run dir {busy} is in use by pipetrain pid" in second.err and holder in second.err,
-           f"run dir in use: exit 2 naming the holder ({second.rc}: {second.err.strip()!r})")
+    expect(second.rc == 2 and f"run dir {busy} is in use by pipetrain pid" in second.err and holder in second.err
+           and "new run.name or --run-dir" in second.err,
+           f"run dir in use: exit 2 naming the holder and how to start elsewhere ({second.rc}: {second.err.strip()!r})")
     _, err = first.communicate(timeout=60)
     expect(first.returncode == 3, f"the first run was not disturbed and stops cleanly (exit {first.returncode}) {err[-200:]}")
+    expect(open(os.path.join(busy, ".lock")).read() == "", "once the run ended, .lock no longer names its pid")
     after = launch(a, 2, busy, tiny(), ["parallel.pp=2", "run.steps=100000", "run.time_limit=3"])
     expect(after.rc == 3 and "resumed from" in after.out and os.path.exists(os.path.join(busy, ".lock")),
            f"once it ended, its lock file does not block the next start (exit {after.rc}) {after.err[-200:]}")

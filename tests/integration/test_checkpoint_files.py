@@ -210,11 +210,16 @@ def resume_never_keeps_the_old_run():
 
 @scenario
 def other_model_refused():
-    """A checkpoint of another model shape is refused, naming the key."""
+    """A checkpoint of another model shape is refused, naming the key; found by --resume auto in the
+    run directory, the message says how to start elsewhere (a new run.name) or afresh (--resume
+    never)."""
     a = settings()
     step20 = checkpoint(trained(), 20)
     r = launch(a, 4, os.path.join(a.work, "other_model"), tiny(), BASE + ["model.d_model=32"], extra=["--resume", step20])
     expect(r.rc == 2 and "model.d_model differs" in r.err, f"incompatible checkpoint refused naming the key: {r.err.strip()!r}")
+    r = launch(a, 4, trained().run_dir, tiny(), BASE + ["model.d_model=32"])
+    expect(r.rc == 2 and "model.d_model differs" in r.err and "a new run.name" in r.err and "--resume never" in r.err,
+           f"the run directory's own checkpoint of another model: how to go on ({r.err.strip()!r})")
 
 
 if __name__ == "__main__":

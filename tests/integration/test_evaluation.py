@@ -54,8 +54,9 @@ def token_file(name="tokens.h5", val_fraction="0.2"):
 
 
 def token_file_reference():
-    """1x1 on the token file, evaluated on its /val every 5 steps (shared)."""
-    r = shared_run("h5_1x1", 1, tiny(), BASE + ["data.source=hdf5", f"data.path={token_file()}", "eval.every_steps=5"])
+    """1x1 on the token file, evaluated on 2 batches of its /val every 5 steps (shared)."""
+    r = shared_run("h5_1x1", 1, tiny(), BASE + ["data.source=hdf5", f"data.path={token_file()}", "eval.every_steps=5",
+                                                "eval.batches=2"])
     expect(r.rc == 0, f"h5_1x1: exit 0 (got {r.rc}) {r.err[-300:]}")
     return r
 
@@ -101,7 +102,7 @@ def token_file_val_split():
     expect(sorted(h1_val) == [5, 10], f"token file /val: val_loss at steps 5 and 10 ({sorted(h1_val)})")
     same("token file /val, 2x2 vs 1x1",
          val_losses(train("h5_2x2", 4, "data.source=hdf5", f"data.path={token_file()}", "eval.every_steps=5",
-                          "parallel.pp=2", "parallel.dp=2")), h1_val)
+                          "eval.batches=2", "parallel.pp=2", "parallel.dp=2")), h1_val)
 
 
 @scenario
@@ -130,8 +131,9 @@ def eval_command():
 
 @scenario
 def bad_input():
-    """No validation data (text source, a token file without /val tokens), eval without or with a
-    missing checkpoint: exit 2 with a message naming the problem."""
+    """No validation data (text source, a token file without /val tokens), more validation batches
+    than the held-out tokens hold, eval without or with a missing checkpoint: exit 2 with a message
+    naming the problem."""
     a = settings()
     for name, sets, want in [
             ("text source has no validation data", ["eval.every_steps=2", "data.source=text", f"data.path={corpus()}"],
@@ -140,6 +142,11 @@ def bad_input():
                                                 f"data.path={token_file('noval.h5', '0')}"], "validation tokens")]:
         r = launch(a, 1, os.path.join(a.work, "bad_" + name.split()[0]), tiny(), ["run.steps=2"] + sets)
         expect(r.rc == 2 and want in r.err, f"{name}: exit 2 naming {want} ({r.rc}: {r.err.strip()[-200:]})")
+    ckpt = os.path.join(token_file_reference().run_dir, "checkpoints", "step_00000010")
+    e = subprocess.run([a.mpiexec, "-n", "1", a.bin, "eval", "--checkpoint", ckpt, "--batches", "1000"],
+                       capture_output=True, text=True, timeout=60)
+    expect(e.returncode == 2 and "--batches = 1000" in e.stderr and "batches fit" in e.stderr,
+           f"eval --batches beyond the validation tokens: exit 2, never wrapping around ({e.stderr.strip()})")
     e = subprocess.run([a.mpiexec, "-n", "1", a.bin, "eval"], capture_output=True, text=True, timeout=60)
     expect(e.returncode == 2 and "--checkpoint" in e.stderr, f"eval without --checkpoint: exit 2 ({e.stderr.strip()})")
     e = subprocess.run([a.mpiexec, "-n", "1", a.bin, "eval", "--checkpoint", "/nonexistent/step_1"],

@@ -1,5 +1,5 @@
-"""Storage faults: a file in place of the checkpoint directory, a full disk and a file system that
-turns read-only mid-run. Each gives one clear message, the previous checkpoint stays intact and
+"""Storage faults: a file in place of the checkpoint directory, a full disk, a file system that
+turns read-only mid-run and a run directory on a read-only mount. Each gives one clear message, the previous checkpoint stays intact and
 loadable, and training either continues (checkpoint.on_error = warn) or stops (= stop); a failed
 final save always exits 1. The full and read-only file systems are real: a small tmpfs mounted
 on RUN_DIR/checkpoints in a private mount namespace (unshare), which the test's shell and the
@@ -134,6 +134,19 @@ def read_only_mid_run():
            f"read-only: the failing save says why, training continues: {err.strip()[-300:]}")
     expect(len(open(os.path.join(run, "metrics.jsonl")).read().splitlines()) == 600, "read-only: all 600 steps trained")
     expect(": ok (" in section(out, "verify"), f"read-only: {first} verifies: {section(out, 'verify').strip()}")
+
+
+@scenario
+def read_only_run_dir():
+    """A run directory on a read-only mount: refused with exit 2 and a message saying the file
+    system is read-only (not "No such file or directory" about the lock it could not create)."""
+    a = settings()
+    mount = os.path.join(a.work, "ro")
+    os.makedirs(mount)
+    rc, out, err = in_namespace(f"mount -t tmpfs -o ro,size=1m tmpfs {mount} || exit 99\n"
+                                f"{train_cmd(os.path.join(mount, 'run'), BASE + ['run.steps=2'])}\n")
+    expect(rc == 2 and "Read-only file system" in err and "No such file" not in err and err.count("error") == 1,
+           f"read-only run dir: exit 2 saying why ({rc}: {err.strip()[-300:]})")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ namespace pipetrain {
 struct PrepareOptions {
   std::vector<std::string> inputs;
   std::string output;
-  double val_fraction = 0.1;  // the last tokens of the concatenated inputs
+  double val_fraction = 0.1;  // the last tokens of each input
   bool compress = false;      // gzip level 4
   bool force = false;         // replace an existing output
   std::string tokenizer = "bytes";  // bytes | sentencepiece
