@@ -295,7 +295,7 @@ std::vector<SpecKey> build_schema() {
       int_key("log", "trace_steps", FIELD(int, log.trace_steps), 0, 1000,
               "first steps of each launch recorded in trace.json (Chrome/Perfetto; 0 = no trace)"),
       double_key("log", "peak_gflops", FIELD(double, log.peak_gflops), 0, 1e9,
-                 "peak GFLOP/s of one rank for MFU (0 = measure OpenBLAS sgemm at start)"),
+                 "peak GFLOP/s of one rank for MFU (0 = one core's sgemm rate, measured at the run's first launch, x cores)"),
       choice_key<Backend>("comm", "backend", FIELD(Backend, comm.backend), "transport between ranks: mpi (the GPU build moves data through host copies over MPI too; NCCL is not there yet)"),
       choice_key<WaitPolicy>("comm", "wait", FIELD(WaitPolicy, comm.wait),
                  "how waits poll: auto yields when ranks outnumber cores"),

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "pipetrain/dist/signals.hpp"
@@ -25,16 +26,18 @@ namespace {
 std::string events_path(const Run& run) { return run.run_dir + "/events.jsonl"; }
 
 // The launches recorded so far (lines that do not parse, e.g. one cut by a crash, are skipped).
-int launches_so_far(const std::string& path) {
+std::vector<json> launch_records(const std::string& path) {
   std::ifstream in(path);
   std::string line;
-  int launches = 0;
+  std::vector<json> launches;
   while (std::getline(in, line)) {
-    const json j = json::parse(line, nullptr, false);
-    if (j.is_object() && j.value("event", "") == "launch") ++launches;
+    json j = json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("event", "") == "launch") launches.push_back(std::move(j));
   }
   return launches;
 }
+
+const char* peak_key(bool gpu) { return gpu ? "peak_gflops_per_gpu" : "peak_gflops_per_core"; }
 
 // One record: appended whole (a single write on an O_APPEND descriptor) and fsynced. The history
 // is a log, not the run's state: a record that cannot be written is a warning, never a stop.
@@ -62,7 +65,7 @@ std::string signal_name(int sig) {
 
 int record_launch(const Run& run) {
   const std::string path = events_path(run);
-  const int launch = launches_so_far(path) + 1;
+  const int launch = static_cast<int>(launch_records(path).size()) + 1;
   // Each launch writes trace.json afresh: the one before keeps its trace under its own index.
   std::error_code ec;
   const std::string trace = run.run_dir + "/trace.json";
@@ -85,8 +88,15 @@ int record_launch(const Run& run) {
                   {"virtual_stages", spec.parallel.virtual_stages}}},
                 {"version", version_string()},
                 {"build", build_id()},
-                {"resumed_from", run.resumed_from.empty() ? json(nullptr) : json(run.start_step)}});
+                {"resumed_from", run.resumed_from.empty() ? json(nullptr) : json(run.start_step)},
+                {peak_key(run.on_gpu()), run.peak_per_unit}});
   return launch;
+}
+
+double recorded_peak_per_unit(const std::string& run_dir, bool gpu) {
+  for (const json& launch : launch_records(run_dir + "/events.jsonl"))
+    if (launch.contains(peak_key(gpu)) && launch[peak_key(gpu)].is_number()) return launch[peak_key(gpu)].get<double>();
+  return 0;
 }
 
 void record_stop(const Run& run, const std::string& reason, ExitCode code, int64_t step) {

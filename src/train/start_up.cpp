@@ -10,6 +10,7 @@
 #include "pipetrain/pipeline/plan.hpp"
 #include "pipetrain/train/run.hpp"
 #include "pipetrain/train/run_dir.hpp"
+#include "pipetrain/train/run_history.hpp"
 #include "pipetrain/util/clock.hpp"
 #include "pipetrain/util/version.hpp"
 
@@ -156,6 +157,38 @@ void build_model(Run& run) {
   run.last_saved = run.resumed_from.empty() ? -1 : run.start_step;
 }
 
+// The job's peak GFLOP/s, MFU's denominator: log.peak_gflops x ranks when set; otherwise the GEMM
+// rate of one core (one GPU) times the cores (GPUs) the job computes on: each node's ranks x BLAS
+// threads, at most the cores it may use. The rate of one core is measured once per run, at its
+// first launch, by each node's first rank alone with one thread (ranks sharing cores would
+// measure each other), and kept in events.jsonl: a requeued launch reuses it, so MFU does not
+// jump at a requeue with the noise of a new measurement.
+double job_peak_gflops(Run& run) {
+  const RunSpec& spec = run.spec;
+  if (spec.log.peak_gflops > 0 || run.opt.eval_only) return spec.log.peak_gflops * run.world.size();
+  const bool gpu = run.on_gpu();
+  double unit[2] = {run.rank() == 0 ? recorded_peak_per_unit(run.run_dir, gpu) : 0, 0};  // {rate, who measured}
+  run.comm->allreduce_world(unit, 1);
+  if (unit[0] <= 0) {
+    if (gpu) {
+      unit[0] = gpu::measure_gemm_gflops(), unit[1] = 1;
+    } else if (run.world.local_rank() == 0) {
+      set_blas_threads(1);
+      unit[0] = measure_sgemm_gflops(), unit[1] = 1;
+      set_blas_threads(run.blas_threads);
+    }
+    run.comm->allreduce_world(unit, 2);
+    unit[0] /= unit[1];  // the mean over the nodes (GPUs)
+  }
+  run.peak_per_unit = unit[0];
+  double units = gpu ? 1.0
+                 : run.world.local_rank() == 0
+                     ? std::min(run.world.local_ranks() * run.blas_threads, std::max(1, run.world.cores()))
+                     : 0.0;
+  run.comm->allreduce_world(&units, 1);
+  return unit[0] * units;
+}
+
 // The schedule and everything the loop reads that does not change from step to step.
 void prepare_steps(Run& run) {
   const RunSpec& spec = run.spec;
@@ -165,11 +198,7 @@ void prepare_steps(Run& run) {
   run.eval_actions = forward_only(run.actions);
   run.inputs.resize(static_cast<size_t>(spec.samples_per_micro_batch()) * T);
   run.targets.resize(run.inputs.size());
-  // MFU denominator: the job's peak, measured (all ranks at once, as they will run) or given.
-  run.peak_gflops = spec.log.peak_gflops > 0 || run.opt.eval_only ? spec.log.peak_gflops
-                    : run.on_gpu()                                 ? gpu::measure_gemm_gflops()
-                                                                   : measure_sgemm_gflops();
-  run.comm->allreduce_world(&run.peak_gflops, 1);
+  run.peak_gflops = job_peak_gflops(run);
   run.trace = Trace(spec.log.trace_steps, now_s());  // right after a world-wide reduction: a common start
   run.flops_per_step = training_flops_per_token(spec) * spec.train.global_batch * T;
   run.tokens_per_step = static_cast<double>(spec.train.global_batch) * T;
@@ -255,9 +284,12 @@ void print_start(const Run& run) {
   std::printf("%s\n%s", run.launch.describe().c_str(), node_map(run.world.hosts(), run.topo).c_str());
   std::printf("partition (%s):\n%s", name_of(spec.parallel.partition), describe_partition(spec, run.blocks).c_str());
   std::printf("run dir: %s%s%s\n", run.run_dir.c_str(), run.run_dir_note.empty() ? "" : " | ", run.run_dir_note.c_str());
-  std::printf("peak %.1f GFLOP/s (%s), %.3g GFLOP per step | %s\n", run.peak_gflops,
-              spec.log.peak_gflops > 0 ? "log.peak_gflops x ranks" : "measured sgemm, all ranks",
-              run.flops_per_step / 1e9, blas_description().c_str());
+  char peak[128];
+  if (spec.log.peak_gflops > 0) std::snprintf(peak, sizeof peak, "log.peak_gflops x ranks");
+  else std::snprintf(peak, sizeof peak, "%.1f per %s x %.0f, measured at the run's first launch", run.peak_per_unit,
+                     run.on_gpu() ? "GPU" : "core", run.peak_gflops / run.peak_per_unit);
+  std::printf("peak %.1f GFLOP/s (%s), %.3g GFLOP per step | %s\n", run.peak_gflops, peak, run.flops_per_step / 1e9,
+              blas_description().c_str());
   if (!run.resumed_from.empty()) {
     std::printf("resumed from %s\n", run.resumed_from.c_str());
     const Manifest saved = Manifest::read(run.resumed_from);

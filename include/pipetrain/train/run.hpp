@@ -65,6 +65,7 @@ struct Run {
 
   // What the loop logs and decides with.
   double peak_gflops = 0;                  // the job's, for MFU
+  double peak_per_unit = 0;                // of one core (one GPU): measured once per run, in events.jsonl
   double flops_per_step = 0, tokens_per_step = 0, bubble_theory = 0;
   Trace trace;
   std::unique_ptr<MetricsWriter> metrics;  // rank 0 writes

@@ -2,7 +2,8 @@
 // rank 0 and fsynced (a requeue script reads it right after the job step ends).
 //
 //   {"event": "launch", "launch": N, "time", "unix", "job_id", "restart_count", "hosts", "ranks",
-//    "layout": {"pp", "dp", "schedule", "virtual_stages"}, "version", "build", "resumed_from"}
+//    "layout": {"pp", "dp", "schedule", "virtual_stages"}, "version", "build", "resumed_from",
+//    "peak_gflops_per_core" or "peak_gflops_per_gpu"}
 //   {"event": "stop", "launch": N, "time", "unix", "reason", "exit_code", "step", "signal",
 //    "last_checkpoint"}
 //
@@ -20,6 +21,9 @@ namespace pipetrain {
 // Rank 0: appends the launch record and returns this launch's index (1 + the launches before).
 // The previous launch's trace.json is kept as traces/launch_K.json first.
 int record_launch(const Run& run);
+
+// The GEMM rate of one core (gpu: one GPU) the run's first launch recorded, 0 if none.
+double recorded_peak_per_unit(const std::string& run_dir, bool gpu);
 
 // Rank 0: appends the stop record of this launch.
 void record_stop(const Run& run, const std::string& reason, ExitCode code, int64_t step);
