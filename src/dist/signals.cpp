@@ -15,6 +15,10 @@ void install_stop_handlers() {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGUSR1, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  // Ctrl-C: the first checkpoints and stops like SIGTERM; the handler then reverts to the default,
+  // so a second Ctrl-C stops the process at once.
+  sa.sa_flags = SA_RESTART | SA_RESETHAND;
+  sigaction(SIGINT, &sa, nullptr);
 }
 
 bool stop_requested() { return received != 0; }

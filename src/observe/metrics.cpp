@@ -111,7 +111,9 @@ std::string kernel_object(const std::vector<std::vector<double>>& kernel_s) {
 
 std::string to_json(const StepLine& l) {
   // loss and grad_norm with all 17 digits: resumed runs are compared with uninterrupted ones bit for bit
-  return "{\"step\": " + std::to_string(l.step) + ", \"loss\": " + num(l.loss, "%.17g") + ", \"lr\": " + num(l.lr) +
+  return "{\"step\": " + std::to_string(l.step) + ", \"time\": " + num(l.time, "%.3f") + ", \"launch\": " +
+         std::to_string(l.launch) + ", \"pp\": " + std::to_string(l.pp) + ", \"dp\": " + std::to_string(l.dp) +
+         ", \"loss\": " + num(l.loss, "%.17g") + ", \"lr\": " + num(l.lr) +
          ", \"grad_norm\": " + num(l.grad_norm, "%.17g") + ", \"skipped\": " + (l.skipped ? "true" : "false") +
          ", \"bad_steps\": " + std::to_string(l.bad_steps) + ", \"step_time_s\": " + num(l.step_time_s, "%.6g") +
          ", \"tokens_per_s\": " + num(l.tokens_per_s, "%.6g") + ", \"bubble_theory\": " + num(l.bubble_theory, "%.6g") +

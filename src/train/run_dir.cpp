@@ -46,6 +46,11 @@ std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t
   }
   std::string note;
   if (fs::exists(metrics, ec)) note = move_aside(metrics);
+  // The history and the traces belong to the run that is set aside: a fresh start begins its own.
+  for (const char* name : {"events.jsonl", "traces", "trace.json"}) {
+    const std::string path = dir + "/" + name;
+    if (fs::exists(path, ec)) note += (note.empty() ? "" : "; ") + move_aside(path);
+  }
   if (fs::exists(checkpoints, ec) && !fs::is_empty(checkpoints, ec))
     note += (note.empty() ? "" : "; ") + move_aside(checkpoints);
   // Find out now, not after the first hour of training, that checkpoints cannot be written.

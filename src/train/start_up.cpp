@@ -172,6 +172,17 @@ void prepare_steps(Run& run) {
   run.bad_steps = std::make_unique<BadSteps>(spec.train.max_bad_steps);
 }
 
+// "pp 2 x dp 2, gpipe" (", 2 chunks per stage" when interleaved): how a layout is named in notes.
+std::string layout_text(int pp, int dp, const std::string& schedule, int virtual_stages) {
+  return "pp " + std::to_string(pp) + " x dp " + std::to_string(dp) + ", " + schedule +
+         (virtual_stages > 1 ? ", " + std::to_string(virtual_stages) + " chunks per stage" : "");
+}
+
+// A manifest keeps spec values as TOML text: "\"gpipe\"" -> "gpipe".
+std::string unquoted(const std::string& toml) {
+  return toml.size() >= 2 && toml.front() == '"' && toml.back() == '"' ? toml.substr(1, toml.size() - 2) : toml;
+}
+
 }  // namespace
 
 ExitCode start_up(Run& run) {
@@ -219,10 +230,9 @@ void print_start(const Run& run) {
   if (run.rank() != 0) return;
   const RunSpec& spec = run.spec;
   const int threads = run.blas_threads;
-  std::printf("%s\n", version_string().c_str());
-  std::printf("pipetrain: %d ranks = pp %d x dp %d | M=%d micro-batches of %d | schedule %s | recompute %s | "
+  std::printf("%s: %d ranks = pp %d x dp %d | M=%d micro-batches of %d | schedule %s | recompute %s | "
               "wait %s | %d BLAS thread%s per rank\n",
-              run.world.size(), spec.parallel.pp, spec.parallel.dp, spec.parallel.micro_batches,
+              version_string().c_str(), run.world.size(), spec.parallel.pp, spec.parallel.dp, spec.parallel.micro_batches,
               spec.samples_per_micro_batch(), schedule_description(spec).c_str(), name_of(spec.parallel.recompute),
               run.comm->wait_mode() == WaitMode::yield ? "yield" : "spin", threads, threads == 1 ? "" : "s");
   std::printf("%s\n%s", run.launch.describe().c_str(), node_map(run.world.hosts(), run.topo).c_str());
@@ -233,7 +243,14 @@ void print_start(const Run& run) {
               run.flops_per_step / 1e9, blas_description().c_str());
   if (!run.resumed_from.empty()) {
     std::printf("resumed from %s\n", run.resumed_from.c_str());
-    for (auto& change : changed_training_keys(Manifest::read(run.resumed_from), spec))
+    const Manifest saved = Manifest::read(run.resumed_from);
+    const std::string was = layout_text(saved.pp, saved.dp, saved.spec.count("parallel.schedule")
+                                                                   ? unquoted(saved.spec.at("parallel.schedule")) : "?",
+                                        saved.virtual_stages),
+                      now = layout_text(spec.parallel.pp, spec.parallel.dp, spec.parallel.schedule->name,
+                                        spec.parallel.virtual_stages);
+    if (was != now) std::printf("note: resumed on another layout: saved as %s, now %s (resharded)\n", was.c_str(), now.c_str());
+    for (auto& change : changed_training_keys(saved, spec))
       std::printf("note: %s since the checkpoint (LR schedule / optimizer change from here on)\n", change.c_str());
   }
   if (!run.init_note.empty()) std::printf("%s\n", run.init_note.c_str());

@@ -1,10 +1,12 @@
 #include "pipetrain/train/train.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 
 #include "pipetrain/dist/signals.hpp"
 #include "pipetrain/train/run.hpp"
+#include "pipetrain/train/run_history.hpp"
 #include "pipetrain/train/step.hpp"
 #include "pipetrain/util/clock.hpp"
 
@@ -31,10 +33,16 @@ double timed_evaluate(Run& run) {
   return val_loss;
 }
 
+// How a launch ends by its own decision, and why (the stop record's reason in events.jsonl).
+struct Ending {
+  ExitCode code;
+  const char* reason;  // complete, signal, time_limit, bad_steps, failed_save
+};
+
 // Checkpoint `done` when due. A save's agreements may wait for the slowest shard writer longer
 // than a step's. A failed save ends the run (exit 1) when it was the last one or
 // checkpoint.on_error = stop; otherwise training goes on and the next save tries again.
-std::optional<ExitCode> maybe_save(Run& run, int done, bool stopping) {
+std::optional<Ending> maybe_save(Run& run, int done, bool stopping) {
   const RunSpec& spec = run.spec;
   if (!save_due(spec, done, stopping)) return std::nullopt;
   const double t0 = now_s();
@@ -53,7 +61,7 @@ std::optional<ExitCode> maybe_save(Run& run, int done, bool stopping) {
       if (run.rank() == 0)
         report_error("checkpoint step " + std::to_string(done) + " not saved; " + kept +
                                               "; stopping (" + (last_chance ? "it was the run's last save" : "checkpoint.on_error = stop") + ")");
-      return ExitCode::fault;
+      return Ending{ExitCode::fault, "failed_save"};
     }
     if (run.rank() == 0)
       std::fprintf(stderr, "pipetrain: warning: checkpoint step %d not saved; %s; training continues "
@@ -66,7 +74,7 @@ std::optional<ExitCode> maybe_save(Run& run, int done, bool stopping) {
 
 // After step `done` (everything logged and saved): how the run ends now, if it does. Every rank
 // holds the same counts and the same agreed stop flag, so all leave together.
-std::optional<ExitCode> should_stop(Run& run, int done, bool stopping) {
+std::optional<Ending> should_stop(Run& run, int done, bool stopping) {
   const RunSpec& spec = run.spec;
   const BadSteps& bad = *run.bad_steps;
   if (bad.too_many()) {
@@ -77,7 +85,7 @@ std::optional<ExitCode> should_stop(Run& run, int done, bool stopping) {
                        std::to_string(spec.train.max_bad_steps) + "); stopping. Parameters are those from before step " +
                        std::to_string(first) +
                        (run.last_saved >= 0 ? "; the latest checkpoint is step " + std::to_string(run.last_saved) : ""));
-    return ExitCode::fault;
+    return Ending{ExitCode::fault, "bad_steps"};
   }
   if (!stopping || done == spec.run.steps) return std::nullopt;  // on the last step the run is simply complete
   if (run.rank() == 0) {
@@ -85,7 +93,13 @@ std::optional<ExitCode> should_stop(Run& run, int done, bool stopping) {
     else std::printf("time budget run.time_limit = %g s nearly used after step %d; checkpoint saved, exit 3\n",
                      spec.run.time_limit, done);
   }
-  return ExitCode::stopped;
+  return Ending{ExitCode::stopped, stop_signal() ? "signal" : "time_limit"};
+}
+
+// Rank 0 records how the launch ended; every rank returns its code.
+ExitCode finish(Run& run, const Ending& ending, int64_t step) {
+  if (run.rank() == 0) record_stop(run, ending.reason, ending.code, step);
+  return ending.code;
 }
 
 }  // namespace
@@ -97,6 +111,7 @@ ExitCode run_train(const TrainOptions& opt, World& world) {
   if (ExitCode code = start_up(run); code != ExitCode::ok) return code;
   if (opt.eval_only) return evaluate_checkpoint(run);
   print_start(run);
+  if (run.rank() == 0) run.launch_index = record_launch(run);
 
   const RunSpec& spec = run.spec;
   const int first = static_cast<int>(run.start_step);
@@ -112,11 +127,11 @@ ExitCode run_train(const TrainOptions& opt, World& world) {
     const bool evaluating = eval_due(spec, done, stopping);
     const double val_loss = evaluating ? timed_evaluate(run) : -1;
     if (log_due(spec, done, stopping, evaluating)) log_step(run, done, result, val_loss);
-    if (std::optional<ExitCode> failed = maybe_save(run, done, stopping)) return *failed;
+    if (std::optional<Ending> failed = maybe_save(run, done, stopping)) return finish(run, *failed, done);
     if (done == trace_last || (stopping && done < trace_last)) write_trace(run.trace, *run.comm, run.run_dir);
-    if (std::optional<ExitCode> end = should_stop(run, done, stopping)) return *end;
+    if (std::optional<Ending> end = should_stop(run, done, stopping)) return finish(run, *end, done);
   }
-  return ExitCode::ok;
+  return finish(run, Ending{ExitCode::ok, "complete"}, std::max<int64_t>(first, spec.run.steps));
 }
 
 }  // namespace pipetrain

@@ -71,6 +71,7 @@ struct Run {
   std::unique_ptr<TimeBudget> budget;
   std::unique_ptr<BadSteps> bad_steps;
   int64_t last_saved = -1;                 // the latest checkpoint of this run, -1: none yet
+  int launch_index = 0;                    // 1 for the run's first launch (events.jsonl), rank 0
 
   bool on_gpu() const { return compute_device() == Device::gpu; }
   int rank() const { return world.rank(); }

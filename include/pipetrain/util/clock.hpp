@@ -1,11 +1,28 @@
-// Monotonic wall-clock seconds, for step, wait and save timings.
+// Clocks: monotonic seconds for step, wait and save timings; wall-clock (Unix) seconds and ISO
+// 8601 UTC for what a run records about when things happened.
 #pragma once
 #include <chrono>
+#include <ctime>
+#include <string>
 
 namespace pipetrain {
 
 inline double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+inline double wall_clock_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// "2026-12-01T13:45:07Z"
+inline std::string iso_utc(double unix_s) {
+  const std::time_t t = static_cast<std::time_t>(unix_s);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 }  // namespace pipetrain

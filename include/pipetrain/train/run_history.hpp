@@ -1,0 +1,27 @@
+// RUN_DIR/events.jsonl: the run's history across launches, one JSON object per line, appended by
+// rank 0 and fsynced (a requeue script reads it right after the job step ends).
+//
+//   {"event": "launch", "launch": N, "time", "unix", "job_id", "restart_count", "hosts", "ranks",
+//    "layout": {"pp", "dp", "schedule", "virtual_stages"}, "version", "build", "resumed_from"}
+//   {"event": "stop", "launch": N, "time", "unix", "reason", "exit_code", "step", "signal",
+//    "last_checkpoint"}
+//
+// A launch is recorded once start-up succeeded on every rank; a stop when the run ends by its own
+// decision (reason complete, signal, time_limit, bad_steps or failed_save). A launch without a
+// stop ended otherwise: a fault, a kill, a lost node. A fresh start sets the earlier history
+// aside with the rest of the run directory; resuming the run's own checkpoints continues it.
+#pragma once
+#include <string>
+
+#include "pipetrain/train/run.hpp"
+
+namespace pipetrain {
+
+// Rank 0: appends the launch record and returns this launch's index (1 + the launches before).
+// The previous launch's trace.json is kept as traces/launch_K.json first.
+int record_launch(const Run& run);
+
+// Rank 0: appends the stop record of this launch.
+void record_stop(const Run& run, const std::string& reason, ExitCode code, int64_t step);
+
+}  // namespace pipetrain

@@ -1,0 +1,102 @@
+#include "pipetrain/train/run_history.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "pipetrain/dist/signals.hpp"
+#include "pipetrain/util/clock.hpp"
+#include "pipetrain/util/errors.hpp"
+#include "pipetrain/util/version.hpp"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace pipetrain {
+namespace {
+
+std::string events_path(const Run& run) { return run.run_dir + "/events.jsonl"; }
+
+// The launches recorded so far (lines that do not parse, e.g. one cut by a crash, are skipped).
+int launches_so_far(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  int launches = 0;
+  while (std::getline(in, line)) {
+    const json j = json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("event", "") == "launch") ++launches;
+  }
+  return launches;
+}
+
+// One record: appended whole (a single write on an O_APPEND descriptor) and fsynced. The history
+// is a log, not the run's state: a record that cannot be written is a warning, never a stop.
+void append(const std::string& path, json record) {
+  const double now = wall_clock_s();
+  record["time"] = iso_utc(now);
+  record["unix"] = std::round(now * 1000) / 1000;
+  const std::string line = record.dump() + "\n";
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  const bool ok = fd >= 0 && ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) && ::fsync(fd) == 0;
+  if (fd >= 0) ::close(fd);
+  if (!ok) std::fprintf(stderr, "pipetrain: warning: cannot append to %s; the run goes on without it\n", path.c_str());
+}
+
+std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGUSR1: return "SIGUSR1";
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    default: return "signal " + std::to_string(sig);
+  }
+}
+
+}  // namespace
+
+int record_launch(const Run& run) {
+  const std::string path = events_path(run);
+  const int launch = launches_so_far(path) + 1;
+  // Each launch writes trace.json afresh: the one before keeps its trace under its own index.
+  std::error_code ec;
+  const std::string trace = run.run_dir + "/trace.json";
+  if (launch > 1 && fs::exists(trace, ec)) {
+    fs::create_directories(run.run_dir + "/traces", ec);
+    fs::rename(trace, run.run_dir + "/traces/launch_" + std::to_string(launch - 1) + ".json", ec);
+  }
+  const RunSpec& spec = run.spec;
+  json hosts = json::array();
+  for (const std::string& h : run.world.hosts())  // each node once, in rank order
+    if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
+  append(path, {{"event", "launch"},
+                {"launch", launch},
+                {"job_id", run.launch.job_id.empty() ? json(nullptr) : json(run.launch.job_id)},
+                {"restart_count", run.launch.restart_count},
+                {"hosts", hosts},
+                {"ranks", run.world.size()},
+                {"layout",
+                 {{"pp", spec.parallel.pp}, {"dp", spec.parallel.dp}, {"schedule", spec.parallel.schedule->name},
+                  {"virtual_stages", spec.parallel.virtual_stages}}},
+                {"version", version_string()},
+                {"build", build_id()},
+                {"resumed_from", run.resumed_from.empty() ? json(nullptr) : json(run.start_step)}});
+  return launch;
+}
+
+void record_stop(const Run& run, const std::string& reason, ExitCode code, int64_t step) {
+  append(events_path(run), {{"event", "stop"},
+                            {"launch", run.launch_index},
+                            {"reason", reason},
+                            {"exit_code", static_cast<int>(code)},
+                            {"step", step},
+                            {"signal", reason == "signal" ? json(signal_name(stop_signal())) : json(nullptr)},
+                            {"last_checkpoint", run.last_saved >= 0 ? json(run.last_saved) : json(nullptr)}});
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,150 @@
+"""A run's history across launches: RUN_DIR/events.jsonl records every launch (job, hosts, layout,
+version, where it resumed) and every stop the run decides on (reason, exit code, step, last
+checkpoint); metrics lines carry their wall time, launch and layout; each launch keeps its own
+trace; resuming on another layout says so; a fresh start sets the history aside. Ctrl-C (SIGINT
+to mpiexec) checkpoints at the step reached and exits 3, and the resumed run is bit for bit the
+uninterrupted one; a second SIGINT stops at once."""
+import json
+import os
+import signal
+import subprocess
+import time
+from tests.lib.harness import launch, expect, run_scenarios, scenario, settings, shared_run
+
+BASE = ["log.every_steps=1", "log.trace_steps=3"]
+
+
+def tiny():
+    return os.path.join(settings().configs, "tiny.toml")
+
+
+def events(run_dir):
+    with open(os.path.join(run_dir, "events.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@scenario
+def history_across_launches():
+    """A 2x1 launch stopped by run.time_limit, resumed as 1x2 to the end: two launch and two stop
+    records (time_limit with exit 3, then complete with exit 0) with their layouts, resume step,
+    version and hosts; metrics lines numbered by launch with rising wall times and the layout of
+    their launch; launch 1's trace kept under traces/; the note on the new layout; a fresh start
+    (--resume never) sets the history aside."""
+    a = settings()
+    run_dir = os.path.join(a.work, "run")
+    first = launch(a, 2, run_dir, tiny(), BASE + ["parallel.pp=2", "run.steps=40", "checkpoint.every_steps=5",
+                                                  "run.time_limit=0.4"])
+    expect(first.rc == 3, f"launch 1 stops on its time budget with exit 3 ({first.rc}) {first.err[-300:]}")
+    second = launch(a, 2, run_dir, tiny(), BASE + ["parallel.dp=2", "run.steps=40", "checkpoint.every_steps=5"])
+    expect(second.rc == 0, f"launch 2 completes ({second.rc}) {second.err[-300:]}")
+    expect("note: resumed on another layout: saved as pp 2 x dp 1, gpipe, now pp 1 x dp 2, gpipe" in second.out,
+           "resuming on another layout says so")
+    ev = events(run_dir)
+    expect([(e["event"], e["launch"]) for e in ev] == [("launch", 1), ("stop", 1), ("launch", 2), ("stop", 2)],
+           f"launch, stop, launch, stop: {[(e['event'], e['launch']) for e in ev]}")
+    if len(ev) == 4:
+        l1, s1, l2, s2 = ev
+        expect(l1["layout"] == {"pp": 2, "dp": 1, "schedule": "gpipe", "virtual_stages": 1} and l1["resumed_from"] is None
+               and l2["layout"]["dp"] == 2 and l2["resumed_from"] == s1["step"] == s1["last_checkpoint"],
+               f"layouts and the resume step recorded: {l1['layout']}, {l2['layout']}, resumed from {l2['resumed_from']}")
+        expect((s1["reason"], s1["exit_code"], s2["reason"], s2["exit_code"], s2["step"]) == ("time_limit", 3, "complete", 0, 40),
+               f"stop reasons and codes: {s1}, {s2}")
+        expect(l1["version"].startswith("pipetrain ") and l1["build"] in l1["version"] and l1["ranks"] == 2 and l1["hosts"],
+               f"version, build, ranks and hosts: {l1}")
+        expect(l1["unix"] <= s1["unix"] <= l2["unix"] <= s2["unix"], "records in time order")
+    lines = second.metrics()
+    stop_step = ev[1]["step"] if len(ev) > 1 else -1
+    expect([m["launch"] for m in lines] == [1] * stop_step + [2] * (40 - stop_step) and
+           all((m["pp"], m["dp"]) == ((2, 1) if m["launch"] == 1 else (1, 2)) for m in lines),
+           "every metrics line names its launch and layout")
+    times = [m["time"] for m in lines]
+    expect(times == sorted(times) and abs(times[-1] - time.time()) < 120, "metrics times are wall clock, rising")
+    traces = os.path.join(run_dir, "traces", "launch_1.json")
+    expect(os.path.exists(traces) and os.path.exists(os.path.join(run_dir, "trace.json")),
+           "launch 1's trace kept as traces/launch_1.json, launch 2's is trace.json")
+    fresh = launch(a, 1, run_dir, tiny(), BASE + ["run.steps=2"], extra=["--resume", "never"])
+    expect(fresh.rc == 0 and [e["launch"] for e in events(run_dir)] == [1, 1] and
+           os.path.exists(os.path.join(run_dir, "events.jsonl.1")), "a fresh start begins its own history, the old one kept")
+
+
+@scenario
+def bad_steps_stop_recorded():
+    """The train.max_bad_steps stop is recorded as reason bad_steps with exit 1 (what a requeue
+    script reads to know that retrying would fail the same way)."""
+    a = settings()
+    r = launch(a, 2, os.path.join(a.work, "nan"), tiny(), BASE + ["parallel.pp=2", "run.steps=20", "train.max_bad_steps=2"],
+               env={"PIPETRAIN_TEST_NAN": "0:3+"})
+    stop = events(r.run_dir)[-1] if r.rc == 1 else {}
+    expect(r.rc == 1 and stop.get("event") == "stop" and stop.get("reason") == "bad_steps" and stop.get("exit_code") == 1
+           and stop.get("step") == 5, f"the NaN stop recorded: exit {r.rc}, {stop}")
+
+
+def uninterrupted():
+    return shared_run("uninterrupted", 4, tiny(), BASE + ["parallel.pp=2", "parallel.dp=2", "run.steps=300"])
+
+
+def start(run_dir, sets):
+    a = settings()
+    cmd = [a.mpiexec, "-n", "4", a.bin, "train", "--config", tiny(), "--run-dir", run_dir]
+    for s in sets:
+        cmd += ["--set", s]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def wait_for_steps(run_dir, n, proc, timeout=60):
+    """Until metrics.jsonl holds n lines (or the process ended)."""
+    path, t0 = os.path.join(run_dir, "metrics.jsonl"), time.time()
+    while time.time() - t0 < timeout and proc.poll() is None:
+        if os.path.exists(path) and sum(1 for _ in open(path)) >= n:
+            return
+        time.sleep(0.05)
+
+
+@scenario
+def ctrl_c_checkpoints_and_resumes():
+    """SIGINT to mpiexec in the middle of a 2x2 run: a checkpoint at the step reached, exit 3, a stop
+    record naming SIGINT; --resume auto then finishes with the same losses and gradient norms, bit
+    for bit, as the run never interrupted."""
+    a = settings()
+    run_dir = os.path.join(a.work, "interrupted")
+    proc = start(run_dir, BASE + ["parallel.pp=2", "parallel.dp=2", "run.steps=300", "checkpoint.every_steps=1000"])
+    wait_for_steps(run_dir, 20, proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    stop = events(run_dir)[-1]
+    reached = stop.get("step", 0)
+    expect(proc.returncode == 3 and stop.get("reason") == "signal" and stop.get("signal") == "SIGINT" and 20 <= reached < 300,
+           f"Ctrl-C: exit 3 after step {reached}, recorded as SIGINT ({proc.returncode}: {err.strip()[-300:]})")
+    expect(os.path.isdir(os.path.join(run_dir, "checkpoints", f"step_{reached:08d}")), f"a checkpoint at step {reached}")
+    resumed = launch(a, 4, run_dir, tiny(), BASE + ["parallel.pp=2", "parallel.dp=2", "run.steps=300",
+                                                     "checkpoint.every_steps=1000"])
+    want = [(m["loss"], m["grad_norm"]) for m in uninterrupted().metrics()]
+    got = [(m["loss"], m["grad_norm"]) for m in resumed.metrics()]
+    expect(resumed.rc == 0 and got == want, f"resumed to 300: bit for bit the uninterrupted run ({len(got)} vs {len(want)} lines, "
+                                           f"first difference at step {next((i + 1 for i, (x, y) in enumerate(zip(got, want)) if x != y), None)})")
+
+
+@scenario
+def second_ctrl_c_stops_at_once():
+    """Two SIGINTs to one process in a step of a slow model: the first asks for a checkpoint at the
+    step's end, the second ends the process at once (killed by SIGINT, no checkpoint written)."""
+    a = settings()
+    run_dir = os.path.join(a.work, "twice")
+    cmd = [a.bin, "train", "--run-dir", run_dir, "--set", "model.d_model=512", "--set", "model.n_head=8",
+           "--set", "model.seq_len=256", "--set", "run.steps=50", "--set", "log.every_steps=1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    wait_for_steps(run_dir, 1, proc)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    t0 = time.time()
+    proc.communicate(timeout=60)
+    saved = [d for d in os.listdir(os.path.join(run_dir, "checkpoints")) if d.startswith("step_")]
+    expect(proc.returncode == -signal.SIGINT and time.time() - t0 < 10 and saved == [],
+           f"the second SIGINT ends it at once: returncode {proc.returncode}, checkpoints {saved}")
+
+
+if __name__ == "__main__":
+    run_scenarios()
