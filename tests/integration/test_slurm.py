@@ -238,14 +238,20 @@ def fault_without_progress_requeued_once():
 
 @scenario
 def own_output_file_and_default_layout():
-    """Two concurrent jobs with the script's default output write one file each; arguments add to
-    the default layout: --set run.steps alone runs pp 2 x dp 2, --set parallel.pp=4 gets dp 1."""
+    """Concurrent jobs with the script's default output write one file each; arguments add to the
+    default layout: --set run.steps alone runs pp 2 x dp 2, --set parallel.pp=4 gets dp 1, and
+    parallel.pp=3 on 4 tasks is bad input before anything starts."""
     a = settings()
     with cluster_up() as cluster:
         env = dict(cluster.env, PIPETRAIN=a.bin, CONFIG=tiny())
         script = os.path.join(os.path.dirname(a.configs), "jobs", "train.sbatch")
         jobs = {want: cluster.sh("sbatch", "--parsable", f"--chdir={a.work}", script, *run_args(name, 20, *sets), env=env)
                 for want, name, sets in (("pp 2 x dp 2", "default", ()), ("pp 4 x dp 1", "pp4", ("parallel.pp=4",)))}
+        split = cluster.sh("sbatch", "--parsable", f"--chdir={a.work}", script, *run_args("pp3", 20, "parallel.pp=3"), env=env)
+        info = cluster.wait_done(split, 60)
+        log = open(os.path.join(a.work, f"pipetrain-{split}.out")).read()
+        expect(info.get("ExitCode") == "2:0" and "4 tasks do not split into parallel.pp = 3 stages" in log and "run dir:" not in log,
+               f"parallel.pp=3 on 4 tasks: bad input, nothing started ({info.get('ExitCode')}): {log[-300:]!r}")
         for want, jid in jobs.items():
             info = cluster.wait_done(jid, 180)
             out = os.path.join(a.work, f"pipetrain-{jid}.out")
@@ -254,7 +260,7 @@ def own_output_file_and_default_layout():
             expect(info.get("JobState") == "COMPLETED" and f"4 ranks = {want}" in log,
                    f"job {jid}: completes as {want} ({info.get('JobState')} {info.get('ExitCode')}): {log[-300:]!r}")
             expect(f"Slurm job {jid} " in log and not any(re.search(rf"\bjob {j}\b", log) for j in others), f"pipetrain-{jid}.out is job {jid}'s alone")
-        expect(sorted(f for f in os.listdir(a.work) if f.endswith(".out")) == sorted(f"pipetrain-{j}.out" for j in jobs.values()),
+        expect(sorted(f for f in os.listdir(a.work) if f.endswith(".out")) == sorted(f"pipetrain-{j}.out" for j in [*jobs.values(), split]),
                "one output file per job")
 
 
