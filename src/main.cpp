@@ -22,6 +22,7 @@
 #include "pipetrain/tools/smoke.hpp"
 #include "pipetrain/data/corpus_formats.hpp"
 #include "pipetrain/data/prepare.hpp"
+#include "pipetrain/train/run_dir.hpp"
 #include "pipetrain/train/train.hpp"
 #include "pipetrain/util/version.hpp"
 
@@ -116,6 +117,7 @@ ExitCode train_main(const std::vector<std::string>& args) {
       "resume", po::value<std::string>(&opt.resume)->default_value("auto"),
       "auto (newest intact checkpoint of the run dir, else fresh) | never | PATH (a checkpoint directory)")(
       "print-spec", "print the resolved spec (all keys and defaults) and exit")(
+      "print-run-dir", "print the run directory (--run-dir, else run.out_dir/run.name) and exit; one process, no MPI")(
       "spec-reference", "print the run-spec key reference as a Markdown table and exit");
   po::variables_map vm;
   if (auto done = parse("train", desc, args, vm)) return *done;
@@ -126,6 +128,11 @@ ExitCode train_main(const std::vector<std::string>& args) {
   if (vm.count("print-spec"))
     return run_offline([&] {
       std::cout << resolved_toml(load_spec(opt.config, opt.overrides, 0));
+      return ExitCode::ok;
+    });
+  if (vm.count("print-run-dir"))
+    return run_offline([&] {
+      std::cout << resolve_run_dir(opt.run_dir, load_spec(opt.config, opt.overrides, 0)) << "\n";
       return ExitCode::ok;
     });
   return run_mpi([&](World& world) { return run_train(opt, world); });

@@ -23,6 +23,10 @@ std::string move_aside(const std::string& path) {
 
 }  // namespace
 
+std::string resolve_run_dir(const std::string& run_dir_option, const RunSpec& spec) {
+  return run_dir_option.empty() ? spec.run.out_dir + "/" + spec.run.name : run_dir_option;
+}
+
 std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t resumed_step,
                             Checkpointer& checkpointer, const std::string& tokenizer_model) {
   std::error_code ec;

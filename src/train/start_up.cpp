@@ -243,7 +243,7 @@ ExitCode start_up(Run& run) {
   if (ExitCode code = world.run_agreed([&] { check_ranks_and_device(run); }); code != ExitCode::ok) return code;
   set_threads(run);
 
-  run.run_dir = run.opt.run_dir.empty() ? spec.run.out_dir + "/" + spec.run.name : run.opt.run_dir;
+  run.run_dir = resolve_run_dir(run.opt.run_dir, spec);
   if (ExitCode code = world.run_agreed([&] {
         if (rank0 && writes) run.lock = std::make_unique<RunDirLock>(run.run_dir);
       });

@@ -2,7 +2,8 @@
 file:line where it was set), under 4 ranks, within 10 seconds, with no rank left running and no
 half-started run: wrong keys, types and values, files that are not TOML (binary, too deep, too
 large, duplicate keys), data files missing, empty, too short or unreadable, a model too big for
-the node's memory, and a run directory another live run holds."""
+the node's memory, and a run directory another live run holds. `train --print-run-dir` (one
+process) prints the run directory a launch would use, and refuses a bad spec the same way."""
 import os
 import subprocess
 import time
@@ -191,6 +192,28 @@ def directory_as_spec_file():
     r = launch(a, 4, os.path.join(a.work, "dir_config_marker"), a.work, ["parallel.pp=2", "parallel.dp=2"])
     expect(r.rc == 2 and "spec file: cannot read" in r.err and "not a regular file" in r.err,
            f"--config DIRECTORY: exit 2 naming the file (got {r.rc}: {r.err.strip()!r})")
+
+
+@scenario
+def print_run_dir():
+    """train --print-run-dir prints run.out_dir/run.name, or --run-dir when given, and exits 0 without
+    MPI or touching anything; a bad spec exits 2 with its one message."""
+    a = settings()
+    out_dir = os.path.join(a.work, "runs")
+
+    def print_run_dir(*args):
+        return subprocess.run([a.bin, "train", "--config", tiny(), "--print-run-dir", *args], capture_output=True, text=True,
+                              timeout=30)
+
+    r = print_run_dir("--set", f"run.out_dir={out_dir}", "--set", "run.name=named")
+    expect((r.returncode, r.stdout) == (0, os.path.join(out_dir, "named") + "\n"),
+           f"run.out_dir/run.name, exit 0 (got {r.returncode}: {r.stdout!r} {r.stderr!r})")
+    r = print_run_dir("--set", f"run.out_dir={out_dir}", "--run-dir", os.path.join(a.work, "given"))
+    expect((r.returncode, r.stdout) == (0, os.path.join(a.work, "given") + "\n"), f"--run-dir wins (got {r.stdout!r})")
+    r = print_run_dir("--set", f"run.out_dir={out_dir}", "--set", "parallel.micro_batch=4")
+    expect(r.returncode == 2 and r.stdout == "" and r.stderr.count("error:") == 1 and "parallel.micro_batch" in r.stderr,
+           f"bad spec: exit 2, one message (got {r.returncode}: {r.stderr!r})")
+    expect(not os.path.exists(out_dir), "nothing created")
 
 
 @scenario

@@ -4,13 +4,16 @@ mpiexec; a USR1 to the batch script (preemption drill) checkpoints, requeues and
 stop step to the same final loss; a one-minute time limit is met by checkpointing and requeueing
 with no step lost, each start resuming from the step the previous one saved; jobs/smoke.sbatch
 passes, and fails naming a broken checkpoint directory. The two drills compare against one
-uninterrupted mpiexec run, made once."""
+uninterrupted mpiexec run, made once. Nothing that would fail the same way is requeued: a binary
+that cannot run (exit 127), a failure before the first step, a NaN stop, a second fault without a
+newer checkpoint. Arguments add to the default layout (pp 2, dp = tasks / pp), and each job writes
+its own output file."""
 import contextlib
 import os
 import re
 import time
 from tests.lib.harness import launch, expect, fresh_module_dir, run_scenarios, scenario, settings, shared_run
-from tests.lib.emulated_cluster import LOCAL_SH, Cluster, losses
+from tests.lib.emulated_cluster import LOCAL_SH, Cluster, latest_checkpoint_step, losses
 
 STEPS = 3000  # the drills' runs: ~30 s of work here, more than one 15 s launch on any machine this runs on
 
@@ -35,10 +38,12 @@ def cluster_up():
         expect(not left, f"no slurm daemon of this test left running ({left})")
 
 
-def submit(cluster, script, name, *train_args, sbatch=(), lead=None):
+def submit(cluster, script, name, *train_args, sbatch=(), lead=None, env=None):
+    """Submits jobs/SCRIPT with its output in WORK/NAME.out; `env` adds to (or replaces PIPETRAIN in)
+    the job's environment."""
     a = settings()
     out = os.path.join(a.work, f"{name}.out")
-    env = {"PIPETRAIN": a.bin, "CONFIG": tiny()}  # sbatch passes the environment on to the job
+    env = {"PIPETRAIN": a.bin, "CONFIG": tiny(), **(env or {})}  # sbatch passes the environment on to the job
     if lead is not None:
         env["LEAD"] = str(lead)
     repo = os.path.dirname(os.path.abspath(a.configs))
@@ -53,9 +58,16 @@ def stops_and_resumes(log):
             for i, (stop, _) in enumerate(events) if stop]
 
 
+def run_args(name, steps, *sets):
+    """A run's arguments without a layout (the job script adds its own)."""
+    args = []
+    for s in [f"run.steps={steps}", f"run.name={name}", f"run.out_dir={runs()}", "log.trace_steps=0", *sets]:
+        args += ["--set", s]
+    return args
+
+
 def train_args(name, steps):
-    return ["--set", "parallel.pp=2", "--set", "parallel.dp=2", "--set", f"run.steps={steps}",
-            "--set", f"run.name={name}", "--set", f"run.out_dir={runs()}", "--set", "log.trace_steps=0"]
+    return ["--set", "parallel.pp=2", "--set", "parallel.dp=2", *run_args(name, steps)]
 
 
 def uninterrupted_losses():
@@ -154,6 +166,102 @@ def smoke_fails_on_broken_checkpoint_dir():
         log = open(out).read()
         expect(info.get("ExitCode") != "0:0" and re.search(r"FAIL:.*checkpoint I/O", log) is not None and "broken/checkpoints" in log,
                f"smoke.sbatch fails naming the checkpoint directory ({info.get('ExitCode')}): {log[-300:]!r}")
+
+
+def wrapper(name, under_srun):
+    """A PIPETRAIN that answers --print-run-dir with the real binary and runs the shell line
+    `under_srun` instead of training."""
+    path = os.path.join(settings().work, name)
+    with open(path, "w") as f:
+        f.write(f'#!/bin/sh\ncase " $* " in *" --print-run-dir "*) exec {settings().bin} "$@" ;; esac\n{under_srun}\n')
+    os.chmod(path, 0o755)
+    return path
+
+
+def ended_once(cluster, jid, out, why):
+    """The job ended after one start, not requeued, its log saying `why` once; returns the job."""
+    info = cluster.wait_done(jid, 120)
+    log = open(out).read() if os.path.exists(out) else ""
+    expect(info.get("JobState") == "FAILED" and info.get("Restarts") == "0",
+           f"{os.path.basename(out)}: failed, never requeued ({info.get('JobState')} {info.get('ExitCode')} restarts {info.get('Restarts')})")
+    expect(log.count(why) == 1 and log.count("not requeueing") == 1 and "requeueing to resume" not in log,
+           f"{os.path.basename(out)}: one line says why ({why!r}): {log[-300:]!r}")
+    return info
+
+
+@scenario
+def unrunnable_binary_not_requeued():
+    """A PIPETRAIN that cannot run (exit 127, on the batch node or under srun) ends the job at once."""
+    with cluster_up() as cluster:
+        missing = submit(cluster, "train.sbatch", "missing", *run_args("missing", 20),
+                         env={"PIPETRAIN": os.path.join(settings().work, "no-such-pipetrain")})
+        on_step = submit(cluster, "train.sbatch", "exit127", *run_args("exit127", 20), env={"PIPETRAIN": wrapper("exit127", "exit 127")})
+        for (jid, out) in (missing, on_step):
+            info = ended_once(cluster, jid, out, "could not run")
+            expect(info.get("ExitCode") == "127:0", f"{os.path.basename(out)}: exit 127 (got {info.get('ExitCode')})")
+
+
+@scenario
+def failure_before_first_step_not_requeued():
+    """A step that exits 1 before logging a step or saving a checkpoint ends the job at once."""
+    with cluster_up() as cluster:
+        jid, out = submit(cluster, "train.sbatch", "early", *run_args("early", 20), env={"PIPETRAIN": wrapper("exit1", "exit 1")})
+        ended_once(cluster, jid, out, "before its first step")
+
+
+@scenario
+def nan_stop_not_requeued():
+    """A train.max_bad_steps stop (exit 1 after steps and checkpoints) ends the job: a resume would
+    repeat the same non-finite steps."""
+    with cluster_up() as cluster:
+        jid, out = submit(cluster, "train.sbatch", "nan", *run_args("nan", 20, "train.max_bad_steps=2", "checkpoint.every_steps=2"),
+                          env={"PIPETRAIN_TEST_NAN": "0:3+"})
+        ended_once(cluster, jid, out, "NaN stop")
+        expect(latest_checkpoint_step(os.path.join(runs(), "nan")) == 4, "steps ran and checkpoints were saved before the stop")
+
+
+@scenario
+def fault_without_progress_requeued_once():
+    """A rank killed at step 6 with no checkpoint yet: the first fault is requeued (with the node
+    probe), the identical second one, with no newer checkpoint, ends the job."""
+    with cluster_up() as cluster:
+        jid, out = submit(cluster, "train.sbatch", "nopro", *run_args("nopro", 20, "checkpoint.every_steps=100"),
+                          env={"PIPETRAIN_TEST_KILL_IN_OPTIMIZER": "1:5"})
+        info = cluster.wait_done(jid, 180)
+        log = open(out).read()
+        expect(info.get("JobState") == "FAILED" and info.get("Restarts") == "1",
+               f"requeued once, then failed ({info.get('JobState')} {info.get('ExitCode')} restarts {info.get('Restarts')})")
+        expect("(fault 1 of at most 3)" in log and log.count("requeueing to resume") == 1, "the first fault was requeued")
+        expect(log.count("no newer checkpoint than at the previous fault (none)") == 1 and log.count("not requeueing") == 1,
+               f"the second ended the job, saying why: {log[-300:]!r}")
+
+
+@scenario
+def own_output_file_and_default_layout():
+    """Concurrent jobs with the script's default output write one file each; arguments add to the
+    default layout: --set run.steps alone runs pp 2 x dp 2, --set parallel.pp=4 gets dp 1, and
+    parallel.pp=3 on 4 tasks is bad input before anything starts."""
+    a = settings()
+    with cluster_up() as cluster:
+        env = dict(cluster.env, PIPETRAIN=a.bin, CONFIG=tiny())
+        script = os.path.join(os.path.dirname(a.configs), "jobs", "train.sbatch")
+        jobs = {want: cluster.sh("sbatch", "--parsable", f"--chdir={a.work}", script, *run_args(name, 20, *sets), env=env)
+                for want, name, sets in (("pp 2 x dp 2", "default", ()), ("pp 4 x dp 1", "pp4", ("parallel.pp=4",)))}
+        split = cluster.sh("sbatch", "--parsable", f"--chdir={a.work}", script, *run_args("pp3", 20, "parallel.pp=3"), env=env)
+        info = cluster.wait_done(split, 60)
+        log = open(os.path.join(a.work, f"pipetrain-{split}.out")).read()
+        expect(info.get("ExitCode") == "2:0" and "4 tasks do not split into parallel.pp = 3 stages" in log and "run dir:" not in log,
+               f"parallel.pp=3 on 4 tasks: bad input, nothing started ({info.get('ExitCode')}): {log[-300:]!r}")
+        for want, jid in jobs.items():
+            info = cluster.wait_done(jid, 180)
+            out = os.path.join(a.work, f"pipetrain-{jid}.out")
+            log = open(out).read() if os.path.exists(out) else ""
+            others = [j for j in jobs.values() if j != jid]
+            expect(info.get("JobState") == "COMPLETED" and f"4 ranks = {want}" in log,
+                   f"job {jid}: completes as {want} ({info.get('JobState')} {info.get('ExitCode')}): {log[-300:]!r}")
+            expect(f"Slurm job {jid} " in log and not any(re.search(rf"\bjob {j}\b", log) for j in others), f"pipetrain-{jid}.out is job {jid}'s alone")
+        expect(sorted(f for f in os.listdir(a.work) if f.endswith(".out")) == sorted(f"pipetrain-{j}.out" for j in [*jobs.values(), split]),
+               "one output file per job")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,10 @@
 
 namespace pipetrain {
 
+// Where a run lives: the --run-dir given, else run.out_dir/run.name (what `train --print-run-dir`
+// prints, for job scripts that read the run's checkpoints and logs).
+std::string resolve_run_dir(const std::string& run_dir_option, const RunSpec& spec);
+
 // Creates the directory and writes the resolved spec (and tokenizer.model, the SentencePiece model
 // of the run's token file, when it has one). Continuing this run's own history
 // (resumed_step > 0 from its own checkpoints) keeps the log up to that step and sets aside newer
