@@ -40,7 +40,7 @@ const char* kUsage =
     "  generate --checkpoint PATH --prompt TEXT: sample text from a checkpoint (one process, KV cache)\n"
     "  plan    predict a layout without launching it: partition, schedule chart, bubble, memory\n"
     "  ckpt    inspect | verify PATH: what a checkpoint holds / whether its shards are intact\n"
-    "  report  RUN_DIR [--plots DIR]: summary of a finished or killed run, measured vs predicted\n"
+    "  report  RUN_DIR [--plots DIR] [--json]: a run's story: measured vs predicted, launches, goodput\n"
     "  smoke   cluster health check under srun/mpiexec: links, all-reduce, checkpoint I/O, training\n"
     "  data    prepare | import | export | inspect: token files (text, SentencePiece, llm.c, nanoGPT, Megatron)\n"
     "  export  --checkpoint PATH --format hf|llmc --output OUT: a checkpoint as a Hugging Face GPT-2 or llm.c model\n"
@@ -233,7 +233,8 @@ ExitCode report_main(const std::vector<std::string>& args) {
   std::string run_dir, plots;
   po::options_description desc("pipetrain report RUN_DIR [options]");
   desc.add_options()("help,h", "show this help")("run-dir", po::value<std::string>(&run_dir), "run directory")(
-      "plots", po::value<std::string>(&plots), "also write PNG plots there (needs /usr/bin/python3 + matplotlib)");
+      "plots", po::value<std::string>(&plots), "also write PNG plots there (needs /usr/bin/python3 + matplotlib)")(
+      "json", "print the figures as one JSON document instead of text (for scripts)");
   po::positional_options_description pos;
   pos.add("run-dir", 1);
   po::variables_map vm;
@@ -242,7 +243,7 @@ ExitCode report_main(const std::vector<std::string>& args) {
     std::fprintf(stderr, "pipetrain report: error: which run directory? (pipetrain report RUN_DIR)\n");
     return ExitCode::bad_input;
   }
-  return run_offline([&] { return run_report(run_dir, plots); });
+  return run_offline([&] { return run_report(run_dir, plots, vm.count("json") > 0); });
 }
 
 ExitCode data_prepare(const std::vector<std::string>& args) {

@@ -143,18 +143,21 @@ std::string progress_line(const StepLine& l) {
   return l.val_loss >= 0 ? s + " | val " + num(l.val_loss, "%.4f") : s;
 }
 
-void truncate_metrics(const std::string& path, int64_t step) {
+int64_t truncate_metrics(const std::string& path, int64_t step) {
   std::ifstream in(path);
-  if (!in) return;
+  if (!in) return 0;
   std::string kept, line;
+  int64_t last = 0;
   while (std::getline(in, line)) {
     // Only whole records: a line cut short by a kill mid-write is dropped.
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= step)
-      kept += line + "\n";
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+    last = std::max(last, j["step"].get<int64_t>());
+    if (j["step"].get<int64_t>() <= step) kept += line + "\n";
   }
   in.close();
   write_file_atomically(path, kept);
+  return last;
 }
 
 double peak_rss_bytes() {

@@ -13,6 +13,7 @@
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/pipeline/plan.hpp"
 #include "pipetrain/compute/profile.hpp"
+#include "pipetrain/tools/run_story.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -78,14 +79,19 @@ std::string plots_script() {
 
 }  // namespace
 
-ExitCode run_report(const std::string& run_dir, const std::string& plots_dir) {
+ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bool as_json) {
+  // The text report goes to stdout; with --json a document of the same figures does instead.
+  json doc = {{"run_dir", run_dir}};
+  auto say = [&](const char* format, auto... args) {
+    if (!as_json) std::printf(format, args...);
+  };
   std::error_code ec;
   if (!fs::is_directory(run_dir, ec)) {
     report_error(run_dir + ": no such run directory");
     return ExitCode::bad_input;
   }
   std::vector<std::string> missing;
-  std::printf("run %s\n", run_dir.c_str());
+  say("run %s\n", run_dir.c_str());
 
   // The spec, and from it the prediction.
   RunSpec spec;
@@ -93,7 +99,7 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir) {
   try {
     spec = load_spec(run_dir + "/config.toml", {}, 0);
     have_spec = true;
-    std::printf("  spec: pp %d x dp %d, M=%d, recompute %s, %d steps, %d-block GPT d_model %d\n", spec.parallel.pp,
+    say("  spec: pp %d x dp %d, M=%d, recompute %s, %d steps, %d-block GPT d_model %d\n", spec.parallel.pp,
                 spec.parallel.dp, spec.parallel.micro_batches, name_of(spec.parallel.recompute), spec.run.steps,
                 spec.model.n_layer, spec.model.d_model);
   } catch (const SpecError& e) {
@@ -118,10 +124,15 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir) {
   if (!lines.empty()) {
     const json &first = lines.front(), &last = lines.back();
     const int last_step = last["step"].get<int>();
+    doc["progress"] = {{"step", last_step}, {"of", have_spec ? json(spec.run.steps) : json(nullptr)},
+                       {"complete", have_spec && last_step >= spec.run.steps}};
+    doc["loss"] = {{"first", first.value("loss", json(nullptr))}, {"last", last.value("loss", json(nullptr))}};
+    doc["step_time_median_s"] = scalar_median(lines, "step_time_s");
+    doc["mfu_median"] = scalar_median(lines, "mfu");
     if (have_spec)
-      std::printf("  progress: %d of %d steps%s\n", last_step, spec.run.steps,
+      say("  progress: %d of %d steps%s\n", last_step, spec.run.steps,
                   last_step >= spec.run.steps ? " (complete)" : " (incomplete: stopped or killed; resume continues it)");
-    std::printf("  loss: %.4f at step %d -> %.4f at step %d\n", first.value("loss", NAN), first["step"].get<int>(),
+    say("  loss: %.4f at step %d -> %.4f at step %d\n", first.value("loss", NAN), first["step"].get<int>(),
                 last.value("loss", NAN), last_step);
     const json* latest_val = nullptr;  // the last evaluation and the best one
     const json* best_val = nullptr;
@@ -130,10 +141,11 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir) {
         latest_val = &l;
         if (!best_val || l["val_loss"].get<double>() < (*best_val)["val_loss"].get<double>()) best_val = &l;
       }
+    if (latest_val) doc["val_loss"] = {{"latest", (*latest_val)["val_loss"]}, {"best", (*best_val)["val_loss"]}};
     if (latest_val)
-      std::printf("  val_loss: %.4f at step %d (best %.4f at step %d)\n", (*latest_val)["val_loss"].get<double>(),
+      say("  val_loss: %.4f at step %d (best %.4f at step %d)\n", (*latest_val)["val_loss"].get<double>(),
                   (*latest_val)["step"].get<int>(), (*best_val)["val_loss"].get<double>(), (*best_val)["step"].get<int>());
-    std::printf("  step time: median %s, %s tokens/s, %s GFLOP/s, MFU %s\n",
+    say("  step time: median %s, %s tokens/s, %s GFLOP/s, MFU %s\n",
                 fmt("%.1f ms", 1e3 * scalar_median(lines, "step_time_s")).c_str(),
                 fmt("%.0f", scalar_median(lines, "tokens_per_s")).c_str(), fmt("%.1f", scalar_median(lines, "gflops")).c_str(),
                 fmt("%.1f%%", 100 * scalar_median(lines, "mfu")).c_str());
@@ -150,22 +162,27 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir) {
       per_stage.push_back(l);
   if (P > 0) {
     if (have_spec)
-      std::printf("  bubble of the %s schedule with even stages = %.3f; per stage: measured median vs simulated\n",
+      say("  bubble of the %s schedule with even stages = %.3f; per stage: measured median vs simulated\n",
                   spec.parallel.schedule->name.c_str(), plan.bubble_theory);
     if (per_stage.size() < lines.size())
-      std::printf("    (%zu logged steps of an earlier layout left out of the per-stage figures)\n",
+      say("    (%zu logged steps of an earlier layout left out of the per-stage figures)\n",
                   lines.size() - per_stage.size());
     for (size_t s = 0; s < P; ++s) {
-      std::printf("    stage %zu: bubble %s", s, fmt("%.3f", stage_median(per_stage, "bubble_measured", s)).c_str());
-      if (have_spec) std::printf(" (sim %.3f)", plan.stages[s].bubble);
-      std::printf(" | activations %s", mib(stage_median(per_stage, "act_peak_bytes", s)).c_str());
-      if (have_spec) std::printf(" (plan %s)", mib(plan.stages[s].act_peak_bytes[mode]).c_str());
-      std::printf(" | RSS %s | params+grads+AdamW %s\n", mib(stage_median(per_stage, "mem_peak_bytes", s)).c_str(),
+      say("    stage %zu: bubble %s", s, fmt("%.3f", stage_median(per_stage, "bubble_measured", s)).c_str());
+      if (have_spec) say(" (sim %.3f)", plan.stages[s].bubble);
+      say(" | activations %s", mib(stage_median(per_stage, "act_peak_bytes", s)).c_str());
+      if (have_spec) say(" (plan %s)", mib(plan.stages[s].act_peak_bytes[mode]).c_str());
+      say(" | RSS %s | params+grads+AdamW %s\n", mib(stage_median(per_stage, "mem_peak_bytes", s)).c_str(),
                   mib(stage_median(per_stage, "param_bytes", s) * 4).c_str());
       const std::string kernels = kernel_shares(per_stage, s);
-      if (!kernels.empty()) std::printf("      step by kernel: %s\n", kernels.c_str());
+      if (!kernels.empty()) say("      step by kernel: %s\n", kernels.c_str());
     }
   }
+
+  // The run's history across launches.
+  const RunStory story = run_story(run_dir, lines);
+  doc["history"] = to_json(story);
+  say("%s", describe(story).c_str());
 
   // What survived.
   const std::string ck = run_dir + "/checkpoints";
@@ -177,14 +194,17 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir) {
   else {
     std::string latest;
     std::ifstream(ck + "/latest") >> latest;
-    std::printf("  checkpoints:");
-    for (auto& n : names) std::printf(" %s", n.c_str());
+    say("  checkpoints:");
+    for (auto& n : names) say(" %s", n.c_str());
     const std::string problem = latest.empty() ? "no latest file" : verify_checkpoint(ck + "/" + latest);
-    std::printf("\n    latest %s: %s\n", latest.empty() ? "?" : latest.c_str(), problem.empty() ? "intact" : problem.c_str());
+    doc["checkpoints"] = {{"saved", names}, {"latest", latest}, {"intact", problem.empty()}};
+    say("\n    latest %s: %s\n", latest.empty() ? "?" : latest.c_str(), problem.empty() ? "intact" : problem.c_str());
   }
-  if (fs::exists(run_dir + "/trace.json", ec)) std::printf("  trace: trace.json (open in Perfetto / chrome://tracing)\n");
+  if (fs::exists(run_dir + "/trace.json", ec)) say("  trace: trace.json (open in Perfetto / chrome://tracing)\n");
   else missing.push_back("trace.json: not written (log.trace_steps = 0, or the run died before its traced steps ended)");
-  for (auto& m : missing) std::printf("  missing: %s\n", m.c_str());
+  for (auto& m : missing) say("  missing: %s\n", m.c_str());
+  doc["missing"] = missing;
+  if (as_json) std::printf("%s\n", doc.dump(2).c_str());
 
   if (plots_dir.empty()) return ExitCode::ok;
   const std::string cmd = "/usr/bin/python3 '" + plots_script() + "' '" + run_dir + "' '" + plots_dir + "'";

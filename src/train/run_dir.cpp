@@ -28,7 +28,8 @@ std::string resolve_run_dir(const std::string& run_dir_option, const RunSpec& sp
 }
 
 std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t resumed_step,
-                            Checkpointer& checkpointer, const std::string& tokenizer_model) {
+                            Checkpointer& checkpointer, const std::string& tokenizer_model, int64_t* last_logged) {
+  *last_logged = 0;
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir)) throw SpecError("run dir " + dir + ": cannot create (" + ec.message() + ")");
@@ -40,7 +41,7 @@ std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t
   }
   const std::string metrics = dir + "/metrics.jsonl", checkpoints = dir + "/checkpoints";
   if (resumed_step > 0) {
-    truncate_metrics(metrics, resumed_step);
+    *last_logged = truncate_metrics(metrics, resumed_step);
     checkpointer.discard_newer_than(resumed_step);
     return "resumed at step " + std::to_string(resumed_step);
   }

@@ -89,6 +89,7 @@ int record_launch(const Run& run) {
                 {"version", version_string()},
                 {"build", build_id()},
                 {"resumed_from", run.resumed_from.empty() ? json(nullptr) : json(run.start_step)},
+                {"last_logged_before", run.last_logged_before},
                 {peak_key(run.on_gpu()), run.peak_per_unit}});
   return launch;
 }

@@ -264,7 +264,7 @@ ExitCode start_up(Run& run) {
   if (ExitCode code = world.run_agreed([&] {
         if (rank0 && writes)
           run.run_dir_note = prepare_run_dir(run.run_dir, spec, own_history ? run.start_step : 0, *run.checkpointer,
-                                             run.tokenizer_model);
+                                             run.tokenizer_model, &run.last_logged_before);
       });
       code != ExitCode::ok)
     return code;

@@ -74,6 +74,34 @@ def history_across_launches():
 
 
 @scenario
+def report_tells_the_story():
+    """A launch killed mid-run (rank 1 SIGKILLs itself in step 26's update: no stop record), a second
+    after a 1.5 s pause resuming from step 20 to the end: report lists both launches, says the first
+    ended without a stop record, counts the steps computed twice and the idle time, and gives the
+    goodput; report --json holds the same figures."""
+    a = settings()
+    run_dir = os.path.join(a.work, "story")
+    sets = BASE + ["parallel.pp=2", "run.steps=40", "checkpoint.every_steps=10"]
+    killed = launch(a, 2, run_dir, tiny(), sets, env={"PIPETRAIN_TEST_KILL_IN_OPTIMIZER": "1:25"})
+    expect(killed.rc != 0, f"launch 1 killed (exit {killed.rc})")
+    time.sleep(1.5)
+    done = launch(a, 2, run_dir, tiny(), sets)
+    expect(done.rc == 0, f"launch 2 completes ({done.rc}) {done.err[-300:]}")
+    rep = subprocess.run([a.bin, "report", run_dir], capture_output=True, text=True, timeout=60)
+    js = subprocess.run([a.bin, "report", run_dir, "--json"], capture_output=True, text=True, timeout=60)
+    h = json.loads(js.stdout)["history"] if js.returncode == 0 else {}
+    l1, l2 = (h.get("launches") or [{}, {}])[:2]
+    expect(rep.returncode == 0 and "launches:" in rep.stdout and "ended: no stop record" in rep.stdout and
+           "step(s) recomputed" in rep.stdout and "goodput:" in rep.stdout, f"report: launches and goodput ({rep.stdout[-600:]})")
+    expect(len(h.get("launches", [])) == 2 and l1.get("ended") == "no stop record" and l1.get("steps") == [1, 25]
+           and l2.get("resumed_from") == 20 and l2.get("steps_recomputed") == 5 and l2.get("ended") == "complete",
+           f"--json: launch 1 steps 1-25 ended unrecorded, launch 2 resumed at 20 with 5 steps recomputed ({l1}, {l2})")
+    expect(h.get("useful_steps") == 40 and l2.get("idle_before_s", 0) >= 1.5 and 0 < h.get("goodput", 0) < 1 and
+           abs(h["goodput"] - 40 * h["ideal_step_s"] / h["wall_s"]) < 1e-9,
+           f"--json: 40 useful steps, the pause counted as idle, goodput = useful x ideal / wall ({h})")
+
+
+@scenario
 def bad_steps_stop_recorded():
     """The train.max_bad_steps stop is recorded as reason bad_steps with exit 1 (what a requeue
     script reads to know that retrying would fail the same way)."""

@@ -52,8 +52,9 @@ std::string to_json(const StepLine& line);
 std::string progress_line(const StepLine& line);
 
 // Rewrites a metrics.jsonl keeping only the lines of steps <= `step` (a resumed run recomputes
-// the rest, so each step appears once). A missing file is fine.
-void truncate_metrics(const std::string& path, int64_t step);
+// the rest, so each step appears once). A missing file is fine. Returns the last step the file
+// held before (0 for none): how far the launches before got.
+int64_t truncate_metrics(const std::string& path, int64_t step);
 
 // Peak resident set size of this process in bytes.
 double peak_rss_bytes();

@@ -73,6 +73,7 @@ struct Run {
   std::unique_ptr<BadSteps> bad_steps;
   int64_t last_saved = -1;                 // the latest checkpoint of this run, -1: none yet
   int launch_index = 0;                    // 1 for the run's first launch (events.jsonl), rank 0
+  int64_t last_logged_before = 0;          // rank 0: the last step earlier launches logged (0: none)
 
   bool on_gpu() const { return compute_device() == Device::gpu; }
   int rank() const { return world.rank(); }

@@ -19,7 +19,8 @@ std::string resolve_run_dir(const std::string& run_dir_option, const RunSpec& sp
 // checkpoints, whose steps are recomputed; otherwise (a fresh start, or a checkpoint of another
 // run) an earlier log and checkpoints are moved aside, never deleted. Checks that checkpoints can
 // be written. Returns a note on what it moved ("" if nothing); SpecError naming the path.
+// `last_logged`: the last step the log held before a resume cut it back (0 otherwise).
 std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t resumed_step,
-                            Checkpointer& checkpointer, const std::string& tokenizer_model);
+                            Checkpointer& checkpointer, const std::string& tokenizer_model, int64_t* last_logged);
 
 }  // namespace pipetrain

@@ -3,6 +3,8 @@
 //
 //   {"event": "launch", "launch": N, "time", "unix", "job_id", "restart_count", "hosts", "ranks",
 //    "layout": {"pp", "dp", "schedule", "virtual_stages"}, "version", "build", "resumed_from",
+//    "last_logged_before" (the last step the launches before logged: beyond resumed_from they are
+//    computed again),
 //    "peak_gflops_per_core" or "peak_gflops_per_gpu"}
 //   {"event": "stop", "launch": N, "time", "unix", "reason", "exit_code", "step", "signal",
 //    "last_checkpoint"}
