@@ -50,23 +50,35 @@ std::string fmt(const char* format, double v) {
   return buf;
 }
 
-// "gemm 78% (201 GFLOP/s), attention 10%, ...": median share of the step per kernel class of
-// stage s; empty for logs written before kernel_s existed.
-std::string kernel_shares(const std::vector<json>& lines, size_t s) {
+// "gemm 78.0% (201 GFLOP/s), attention 10.1%, ..., waiting 5.2%, other 0.4%": where stage s's own
+// step time goes, as medians over the logged steps: each kernel class, the waits for peers (p2p,
+// collectives, a late replica), and what neither covers; empty for logs without kernel_s.
+std::string step_shares(const std::vector<json>& lines, size_t s) {
+  auto share_of = [&](const json& l, const json* v) {
+    const double step = l.contains("rank_step_s") && l["rank_step_s"].is_array() && s < l["rank_step_s"].size()
+                            ? l["rank_step_s"][s].get<double>() : 0;
+    return v && v->is_array() && s < v->size() && (*v)[s].is_number() && step > 0 ? (*v)[s].get<double>() / step : NAN;
+  };
   std::string out;
-  for (int k = 0; k < kKernelClasses; ++k) {
-    const char* name = kernel_name(static_cast<Kernel>(k));
+  std::vector<double> covered(lines.size(), 0.0);
+  for (int k = 0; k <= kKernelClasses; ++k) {  // the kernel classes, then the waits
+    const bool waits = k == kKernelClasses;
+    const char* name = waits ? "waiting" : kernel_name(static_cast<Kernel>(k));
     std::vector<double> share;
-    for (auto& l : lines) {
-      const json* v = l.contains("kernel_s") && l["kernel_s"].is_object() && l["kernel_s"].contains(name) ? &l["kernel_s"][name] : nullptr;
-      if (v && v->is_array() && s < v->size() && (*v)[s].is_number() && l.value("step_time_s", 0.0) > 0)
-        share.push_back((*v)[s].get<double>() / l["step_time_s"].get<double>());
+    for (size_t i = 0; i < lines.size(); ++i) {
+      const json& l = lines[i];
+      const json* v = waits ? (l.contains("comm_wait_s") ? &l["comm_wait_s"] : nullptr)
+                            : l.contains("kernel_s") && l["kernel_s"].is_object() && l["kernel_s"].contains(name)
+                                  ? &l["kernel_s"][name] : nullptr;
+      const double x = share_of(l, v);
+      if (!std::isnan(x)) share.push_back(x), covered[i] += x;
     }
     if (share.empty()) return "";
     out += (k ? ", " : "") + std::string(name) + " " + fmt("%.1f%%", 100 * median(share));
     if (k == static_cast<int>(Kernel::gemm)) out += " (" + fmt("%.0f", stage_median(lines, "gemm_gflops", s)) + " GFLOP/s)";
   }
-  return out;
+  for (double& c : covered) c = 1 - c;
+  return out + ", other " + fmt("%.1f%%", 100 * median(covered));
 }
 
 std::string mib(double b) { return fmt("%.2f MiB", b / (1 << 20)); }
@@ -164,6 +176,13 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
     if (have_spec)
       say("  bubble of the %s schedule with even stages = %.3f; per stage: measured median vs simulated\n",
                   spec.parallel.schedule->name.c_str(), plan.bubble_theory);
+    const RunStory history = run_story(run_dir, lines);
+    if (!history.launches.empty() && history.launches.back().oversubscribed()) {
+      const LaunchStory& l = history.launches.back();
+      say("    (the last launch ran %d ranks x %d threads on a node of %d cores: time a rank waited for a core is "
+          "measured as bubble, which the simulation does not count)\n",
+          l.ranks_per_node, l.threads_per_rank, l.node_cores);
+    }
     if (per_stage.size() < lines.size())
       say("    (%zu logged steps of an earlier layout left out of the per-stage figures)\n",
                   lines.size() - per_stage.size());
@@ -174,8 +193,8 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
       if (have_spec) say(" (plan %s)", mib(plan.stages[s].act_peak_bytes[mode]).c_str());
       say(" | RSS %s | params+grads+AdamW %s\n", mib(stage_median(per_stage, "mem_peak_bytes", s)).c_str(),
                   mib(stage_median(per_stage, "param_bytes", s) * 4).c_str());
-      const std::string kernels = kernel_shares(per_stage, s);
-      if (!kernels.empty()) say("      step by kernel: %s\n", kernels.c_str());
+      const std::string shares = step_shares(per_stage, s);
+      if (!shares.empty()) say("      step by kernel: %s\n", shares.c_str());
     }
   }
 

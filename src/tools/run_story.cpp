@@ -29,6 +29,8 @@ RunStory run_story(const std::string& run_dir, const std::vector<json>& metrics)
       if (!story.launches.empty())
         story.launches.back().last_step = std::max(story.launches.back().last_step, e.value("last_logged_before", int64_t{0}));
       l.ended = "no stop record";
+      l.ranks_per_node = e.value("ranks_per_node", 0), l.threads_per_rank = e.value("threads_per_rank", 0);
+      l.node_cores = e.value("node_cores", 0);
       story.launches.push_back(l);
     } else if (kind == "stop" && !story.launches.empty() && story.launches.back().launch == e["launch"].get<int>()) {
       LaunchStory& l = story.launches.back();
@@ -80,7 +82,8 @@ json to_json(const RunStory& s) {
                         {"ended", l.ended},
                         {"exit_code", l.exit_code >= 0 ? json(l.exit_code) : json(nullptr)},
                         {"steps_recomputed", l.recomputed},
-                        {"idle_before_s", l.idle_before}});
+                        {"idle_before_s", l.idle_before},
+                        {"oversubscribed", l.oversubscribed()}});
   return {{"launches", launches},   {"useful_steps", s.useful_steps}, {"ideal_step_s", s.ideal_step_s},
           {"wall_s", s.wall_s},     {"idle_s", s.idle_s},             {"goodput", s.goodput}};
 }

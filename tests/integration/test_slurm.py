@@ -9,8 +9,10 @@ that cannot run (exit 127), a failure before the first step, a NaN stop, a secon
 newer checkpoint. Arguments add to the default layout (pp 2, dp = tasks / pp), and each job writes
 its own output file."""
 import contextlib
+import json
 import os
 import re
+import subprocess
 import time
 from tests.lib.harness import launch, expect, fresh_module_dir, run_scenarios, scenario, settings, shared_run
 from tests.lib.emulated_cluster import LOCAL_SH, Cluster, latest_checkpoint_step, losses
@@ -96,7 +98,8 @@ def srun_matches_mpiexec():
 @scenario
 def preemption_drill():
     """USR1 to the batch script mid-run: checkpoint, requeue once, resume from the step the stop
-    saved; every step logged once, the uninterrupted run's losses."""
+    saved; every step logged once, the uninterrupted run's losses; report (and --json) shows two
+    launches of the job, the idle time between them, no step redone, and the goodput."""
     with cluster_up() as cluster:
         ref_losses = uninterrupted_losses()
         jid, out = submit(cluster, "train.sbatch", "preempt", *train_args("preempt", STEPS))
@@ -117,6 +120,18 @@ def preemption_drill():
         got = losses(os.path.join(runs(), "preempt"))
         expect([s for s, _ in got] == list(range(1, STEPS + 1)), "every step logged exactly once")
         expect(got == ref_losses, f"same losses as the uninterrupted run (final {got[-1][1]} vs {ref_losses[-1][1]})")
+        # The run's story: two launches of the same job, the second after the requeue's wait.
+        a = settings()
+        rep = subprocess.run([a.bin, "report", os.path.join(runs(), "preempt"), "--json"], capture_output=True, text=True)
+        h = json.loads(rep.stdout)["history"] if rep.returncode == 0 else {}
+        l = h.get("launches", [])
+        expect(len(l) == 2 and l[0]["job_id"] == l[1]["job_id"] == jid and l[0]["ended"] == "signal" and
+               l[1]["ended"] == "complete" and l[1]["resumed_from"] == l[0]["steps"][1] and l[1]["steps_recomputed"] == 0
+               and l[1]["idle_before_s"] > 0 and h["useful_steps"] == STEPS and 0 < h["goodput"] < 1,
+               f"report --json: two launches of job {jid}, the idle time between, no step redone, goodput ({h})")
+        text = subprocess.run([a.bin, "report", os.path.join(runs(), "preempt")], capture_output=True, text=True).stdout
+        expect("ended: signal (exit 3)" in text and "idle" in text and "goodput:" in text,
+               f"report: the launches and goodput ({text[-500:]})")
 
 
 @scenario

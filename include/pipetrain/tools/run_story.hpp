@@ -20,6 +20,9 @@ struct LaunchStory {
   int exit_code = -1;          // -1: not recorded
   int64_t recomputed = 0;      // steps the launch before had logged beyond this one's resume step
   double idle_before = 0;      // seconds since the launch before ended (0 for the first)
+  int ranks_per_node = 0, threads_per_rank = 0, node_cores = 0;  // 0: not recorded
+  // More compute threads than cores on a node: a rank waiting for a core shows up as bubble.
+  bool oversubscribed() const { return node_cores > 0 && ranks_per_node * threads_per_rank > node_cores; }
 };
 
 struct RunStory {

@@ -2,6 +2,7 @@
 // rank 0 and fsynced (a requeue script reads it right after the job step ends).
 //
 //   {"event": "launch", "launch": N, "time", "unix", "job_id", "restart_count", "hosts", "ranks",
+//    "ranks_per_node", "threads_per_rank", "node_cores" (rank 0's node: may ranks outnumber cores?),
 //    "layout": {"pp", "dp", "schedule", "virtual_stages"}, "version", "build", "resumed_from",
 //    "last_logged_before" (the last step the launches before logged: beyond resumed_from they are
 //    computed again),
