@@ -5,6 +5,7 @@ in GPipe order; report handles a killed run and says what is missing, and draws 
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 from tests.lib.harness import launch, expect, run_scenarios, scenario, settings
@@ -107,6 +108,13 @@ def report_on_killed_run():
     expect("unreadable line" in rep.stdout, "report: says a log line was cut short")
     expect("plan" in rep.stdout and "sim" in rep.stdout, "report: measured next to predicted")
     expect("step by kernel: gemm" in rep.stdout, "report: shows where the step goes, by kernel class")
+    # Kernels and waits account for each stage's step: what no timer covers stays small (the shares
+    # are medians over the steps, so their sum is near 100%, not exactly).
+    shares = [dict((name, float(pct)) for name, pct in re.findall(r"([a-z]+) ([0-9.]+)%", line))
+              for line in rep.stdout.splitlines() if "step by kernel:" in line]
+    expect(shares and all("waiting" in s and "other" in s and abs(sum(s.values()) - 100) < 5 and s["other"] <= 10
+                          for s in shares),
+           f"report: kernels + waiting + other make each stage's step, other <= 10% ({shares})")
     pngs = sorted(os.listdir(os.path.join(a.work, "plots")))
     expect(pngs == ["bubble.png", "gantt.png", "loss.png", "memory.png"], f"report --plots wrote the four plots: {pngs}")
 

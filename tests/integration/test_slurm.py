@@ -151,9 +151,12 @@ def time_limit_drill():
         # Slurm writes "CANCELLED ... DUE TO JOB REQUEUE" on every requeue; a kill at the limit reads
         # "DUE TO TIME LIMIT". Whichever came first, Slurm's USR1 or pipetrain's budget, it stopped in time.
         expect("DUE TO TIME LIMIT" not in log and "exit 3" in log, "checkpointed before the limit, never killed by it")
-        pairs = stops_and_resumes(log)
-        expect(len(pairs) == int(info.get("Restarts", 0)) and all(stop == resumed for stop, resumed in pairs),
-               f"each start resumed from the step the previous stop saved (stop step, resumed step: {pairs})")
+        # Slurm's USR1 can reach a requeued job's script before its step starts (its signal timer
+        # is checked every 30 s): that start requeues again without running, and is no launch.
+        pairs, unstarted = stops_and_resumes(log), log.count("requeueing without starting")
+        expect(len(pairs) == int(info.get("Restarts", 0)) - unstarted and all(stop == resumed for stop, resumed in pairs),
+               f"each start resumed from the step the previous stop saved (stop step, resumed step: {pairs}; "
+               f"{unstarted} start(s) requeued before running)")
         got = losses(os.path.join(runs(), "timelimit"))
         expect([s for s, _ in got] == list(range(1, STEPS + 1)) and got == ref_losses, "no step lost, same losses")
 
