@@ -162,6 +162,7 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
                 fmt("%.0f", scalar_median(lines, "tokens_per_s")).c_str(), fmt("%.1f", scalar_median(lines, "gflops")).c_str(),
                 fmt("%.1f%%", 100 * scalar_median(lines, "mfu")).c_str());
   }
+  const RunStory story = run_story(run_dir, lines);  // the launches: for the bubble note and the history
   const size_t P = have_spec ? spec.parallel.pp : (lines.empty() ? 0 : lines.back().value("bubble_measured", json::array()).size());
   Plan plan;
   if (have_spec) plan = make_plan(spec);
@@ -176,9 +177,8 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
     if (have_spec)
       say("  bubble of the %s schedule with even stages = %.3f; per stage: measured median vs simulated\n",
                   spec.parallel.schedule->name.c_str(), plan.bubble_theory);
-    const RunStory history = run_story(run_dir, lines);
-    if (!history.launches.empty() && history.launches.back().oversubscribed()) {
-      const LaunchStory& l = history.launches.back();
+    if (!story.launches.empty() && story.launches.back().oversubscribed()) {
+      const LaunchStory& l = story.launches.back();
       say("    (the last launch ran %d ranks x %d threads on a node of %d cores: time a rank waited for a core is "
           "measured as bubble, which the simulation does not count)\n",
           l.ranks_per_node, l.threads_per_rank, l.node_cores);
@@ -199,7 +199,6 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
   }
 
   // The run's history across launches.
-  const RunStory story = run_story(run_dir, lines);
   doc["history"] = to_json(story);
   say("%s", describe(story).c_str());
 
