@@ -2,6 +2,7 @@
 
 #include "pipetrain/util/clock.hpp"
 
+#include <cmath>
 #include <cstdio>
 
 namespace pipetrain {
@@ -161,6 +162,41 @@ void Comm::barrier() {
   MPI_Request r;
   MPI_Ibarrier(MPI_COMM_WORLD, &r);
   poll(r, {"barrier", -1, -1, Group::world});
+}
+
+double Comm::broadcast_from_root(double value) {
+  MPI_Request r;
+  MPI_Ibcast(&value, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD, &r);
+  poll(r, {"broadcast from rank 0", -1, -1, Group::world});
+  return value;
+}
+
+Comm::ClockOffset Comm::clock_offset_to_root(int rounds, const std::function<double()>& clock) {
+  const int tag = 78, me = topo_.world_rank;
+  ClockOffset best{0, me == 0 ? 0 : INFINITY};
+  for (int peer = 1; peer < world_.size(); ++peer) {  // one rank at a time: rank 0 answers at once
+    if (me != 0 && me != peer) continue;
+    for (int i = 0; i < rounds; ++i) {
+      double root_time = 0;
+      MPI_Request r;
+      if (me == 0) {
+        MPI_Irecv(&root_time, 1, MPI_DOUBLE, peer, tag, MPI_COMM_WORLD, &r);
+        poll(r, {"clock exchange", -1, -1, Group::none, peer});
+        root_time = clock();
+        MPI_Isend(&root_time, 1, MPI_DOUBLE, peer, tag, MPI_COMM_WORLD, &r);
+        poll(r, {"clock exchange", -1, -1, Group::none, peer});
+        continue;
+      }
+      const double sent = clock();
+      MPI_Isend(&sent, 1, MPI_DOUBLE, 0, tag, MPI_COMM_WORLD, &r);
+      poll(r, {"clock exchange", -1, -1, Group::none, 0});
+      MPI_Irecv(&root_time, 1, MPI_DOUBLE, 0, tag, MPI_COMM_WORLD, &r);
+      poll(r, {"clock exchange", -1, -1, Group::none, 0});
+      const double received = clock();
+      if ((received - sent) / 2 < best.error_s) best = {root_time - (sent + received) / 2, (received - sent) / 2};
+    }
+  }
+  return best;
 }
 
 bool Comm::all_equal(uint64_t value) {

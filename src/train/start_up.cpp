@@ -189,6 +189,18 @@ double job_peak_gflops(Run& run) {
   return unit[0] * units;
 }
 
+// The trace's time zero, as this rank's now_s() reads it: one instant of world rank 0's clock, so
+// the spans of all ranks share one time base (a reference each rank took itself after a common
+// reduction would differ by however long each was descheduled, milliseconds when ranks outnumber
+// cores). Ranks on rank 0's node read the same steady clock; others estimate its offset.
+double trace_time_zero(Run& run) {
+  if (run.spec.log.trace_steps == 0) return now_s();
+  Comm::ClockOffset offset = run.comm->clock_offset_to_root(16, now_s);
+  const std::vector<std::string>& hosts = run.world.hosts();
+  if (hosts[run.rank()] == hosts[0]) offset = {};
+  return run.comm->broadcast_from_root(now_s()) - offset.offset_s;
+}
+
 // The schedule and everything the loop reads that does not change from step to step.
 void prepare_steps(Run& run) {
   const RunSpec& spec = run.spec;
@@ -199,7 +211,7 @@ void prepare_steps(Run& run) {
   run.inputs.resize(static_cast<size_t>(spec.samples_per_micro_batch()) * T);
   run.targets.resize(run.inputs.size());
   run.peak_gflops = job_peak_gflops(run);
-  run.trace = Trace(spec.log.trace_steps, now_s());  // right after a world-wide reduction: a common start
+  run.trace = Trace(spec.log.trace_steps, trace_time_zero(run));
   run.flops_per_step = training_flops_per_token(spec) * spec.train.global_batch * T;
   run.tokens_per_step = static_cast<double>(spec.train.global_batch) * T;
   run.bubble_theory = spec.parallel.schedule->bubble(spec.pipeline_shape());

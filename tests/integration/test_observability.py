@@ -1,7 +1,7 @@
 """Observability: on a real 2x1 run the per-stage numbers in metrics.jsonl are present and finite,
 compute + waits account for the step time (within 5%), the activation peak equals plan's prediction
 exactly; trace.json is valid Chrome trace JSON with one F and one B span per micro-batch and stage
-in GPipe order; report handles a killed run and says what is missing, and draws its plots."""
+in GPipe order, and on one time base across ranks; report handles a killed run and says what is missing, and draws its plots."""
 import json
 import math
 import os
@@ -85,6 +85,35 @@ def metrics_and_trace_no_recompute():
 def metrics_and_trace_block_recompute():
     """2x1 with block recompute: the same, with recompute spans."""
     metrics_and_trace("block")
+
+
+@scenario
+def trace_on_one_clock():
+    """The quick start's 2x2 (4 ranks on this machine's cores, so ranks are descheduled) traces on
+    one time base: over every traced micro-batch of every replica, stage 1's forward starts after
+    stage 0's forward of it ended, and stage 0's backward (with its recompute) after stage 1's."""
+    a = settings()
+    r = launch(a, 4, os.path.join(a.work, "quickstart"), tiny(),
+               ["parallel.pp=2", "parallel.dp=2", "run.steps=8", "log.trace_steps=8", "parallel.recompute=block"])
+    expect(r.rc == 0, f"2x2: exit 0 ({r.err[-200:]})")
+    spans = [e for e in json.load(open(os.path.join(r.run_dir, "trace.json")))["traceEvents"] if e.get("ph") == "X"]
+    fb = {}
+    for e in spans:
+        if e["cat"] in ("forward", "backward", "recompute"):
+            span = fb.setdefault((e["cat"] == "forward", e["pid"], e["tid"], e["args"]["step"], e["args"]["mb"]), [])
+            span[:] = [min(e["ts"], span[0]), max(e["ts"] + e["dur"], span[1])] if span else [e["ts"], e["ts"] + e["dur"]]
+    checked, wrong = 0, []
+    for (forward, stage, dp, step, mb), (start, end) in fb.items():
+        if stage != 0:
+            continue
+        other = fb[(forward, 1, dp, step, mb)]
+        checked += 1
+        if forward and other[0] < end:
+            wrong.append(f"F{mb} of step {step} dp {dp}: stage 1 starts {end - other[0]:.1f} us before stage 0 ends")
+        if not forward and start < other[1]:
+            wrong.append(f"B{mb} of step {step} dp {dp}: stage 0 starts {other[1] - start:.1f} us before stage 1 ends")
+    expect(checked == 2 * 8 * 2 * M and not wrong,
+           f"{checked} forwards and backwards checked, none before its input existed: {wrong[:4]}")
 
 
 @scenario

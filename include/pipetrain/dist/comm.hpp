@@ -68,6 +68,17 @@ class Comm {
   // `initiator`); returns seconds per round trip. A barrier lets the other ranks wait politely.
   double ping_pong(int peer, bool initiator, std::vector<char>& buf, int reps);
   void barrier();
+  // World rank 0's `value` on every rank.
+  double broadcast_from_root(double value);
+
+  // How this rank's `clock` reads against world rank 0's: rank 0's clock ~ clock() + offset_s,
+  // within +- error_s. Each rank makes `rounds` round trips with rank 0, which answers with its
+  // clock; the fastest trip is kept, and rank 0's answer is placed at its middle (Cristian's
+  // method: the error is at most half that trip). Collective; rank 0 gets {0, 0}.
+  struct ClockOffset {
+    double offset_s = 0, error_s = 0;
+  };
+  ClockOffset clock_offset_to_root(int rounds, const std::function<double()>& clock);
 
   // Checks every rank holds the same value (e.g. spec hash); returns false otherwise.
   bool all_equal(uint64_t value);

@@ -1,8 +1,8 @@
 // Chrome/Perfetto trace of the first log.trace_steps steps of a launch: every rank records spans
 // (forward/backward/recompute of each micro-batch, waits for peers, all-reduces, optimizer,
 // checkpoint) in memory; rank 0 gathers them once and writes RUN_DIR/trace.json, one track per
-// rank: pid = stage, tid = dp rank. Times are relative to a reference all ranks took right after
-// a common synchronisation.
+// rank: pid = stage, tid = dp rank. Times are relative to one instant of world rank 0's clock, so
+// the ranks' spans share one time base.
 #pragma once
 #include <string>
 #include <vector>
