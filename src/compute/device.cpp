@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "pipetrain/compute/gpu.hpp"
+#include "pipetrain/compute/profile.hpp"
 
 #ifndef PIPETRAIN_HAVE_CUDA
 #define PIPETRAIN_HAVE_CUDA 0
@@ -27,10 +28,12 @@ void set_compute_device(Device d, int local_rank) {
 }
 
 void copy_values(float* dst, const float* src, size_t n) {
+  KernelTimer timer(Kernel::memory);
   if (g_device == Device::gpu) gpu::copy_on_device(dst, src, n * sizeof(float));
   else std::copy(src, src + n, dst);
 }
 void zero_values(float* dst, size_t n) {
+  KernelTimer timer(Kernel::memory);
   if (g_device == Device::gpu) gpu::zero(dst, n * sizeof(float));
   else std::fill(dst, dst + n, 0.f);
 }
@@ -38,10 +41,12 @@ void finish_compute() {
   if (g_device == Device::gpu) gpu::synchronize();
 }
 void upload(void* dst, const void* host_src, size_t bytes) {
+  KernelTimer timer(Kernel::memory);
   if (g_device == Device::gpu) gpu::copy_to_device(dst, host_src, bytes);
   else if (bytes) std::memmove(dst, host_src, bytes);
 }
 void download(void* host_dst, const void* src, size_t bytes) {
+  KernelTimer timer(Kernel::memory);
   if (g_device == Device::gpu) gpu::copy_to_host(host_dst, src, bytes);
   else if (bytes) std::memmove(host_dst, src, bytes);
 }

@@ -5,11 +5,12 @@
 namespace pipetrain {
 namespace {
 KernelTotals totals;
+bool timing = false;  // a KernelTimer runs
 }  // namespace
 
 const char* kernel_name(Kernel k) {
-  static const char* names[kKernelClasses] = {"gemm",    "attention",   "layernorm", "gelu",
-                                              "softmax", "elementwise", "optimizer"};
+  static const char* names[kKernelClasses] = {"gemm",        "attention", "layernorm", "gelu",  "softmax",
+                                              "elementwise", "optimizer", "memory",    "input"};
   return names[static_cast<int>(k)];
 }
 
@@ -21,7 +22,11 @@ KernelTotals take_kernel_totals() {
 
 void count_gemm_flops(double flops) { totals.gemm_flops += flops; }
 
-KernelTimer::KernelTimer(Kernel k) : kernel_(k), start_(now_s()) {}
-KernelTimer::~KernelTimer() { totals.seconds[static_cast<int>(kernel_)] += now_s() - start_; }
+KernelTimer::KernelTimer(Kernel k) : kernel_(k), outermost_(!timing), start_(now_s()) { timing = true; }
+KernelTimer::~KernelTimer() {
+  if (!outermost_) return;
+  totals.seconds[static_cast<int>(kernel_)] += now_s() - start_;
+  timing = false;
+}
 
 }  // namespace pipetrain

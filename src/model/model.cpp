@@ -48,6 +48,7 @@ void for_each_head_wgrad_buffer(W& w, F f) {
 // keep_copies: also the block's output and d(res2), which only a split backward keeps (a fused one
 // reads them where they already are).
 void size_wgrads(BlockWGrads& w, size_t NC, bool keep_copies) {
+  KernelTimer timer(Kernel::memory);
   w.dfch.resize(4 * NC), w.dln2.resize(NC), w.dqkv.resize(3 * NC), w.dln1.resize(NC);
   if (keep_copies) w.dout.resize(NC), w.dres2.resize(NC);
 }
@@ -218,7 +219,6 @@ void Stage::init_params(uint64_t seed) {
 }
 
 void Stage::zero_grads() {
-  KernelTimer timer(Kernel::elementwise);
   zero_values(grads_.data(), grads_.size());
 }
 
@@ -233,6 +233,7 @@ void Stage::set_targets(int mb, const int* targets) {
   stash(chunks() - 1, mb).targets.assign(targets, static_cast<size_t>(B_) * T_);
 }
 float* Stage::input_buffer(int chunk, int mb) {
+  KernelTimer timer(Kernel::memory);
   auto& xs = stash(chunk, mb).xs;
   if (xs.empty()) xs.resize(1);
   xs[0].resize(boundary_floats());
@@ -240,6 +241,7 @@ float* Stage::input_buffer(int chunk, int mb) {
 }
 
 void Stage::size_acts(const Chunk& c, Acts& a) {
+  KernelTimer timer(Kernel::memory);
   const size_t N = static_cast<size_t>(B_) * T_, C = C_;
   a.xs.resize(c.L + (c.last ? 1 : 0));
   for (auto& x : a.xs) x.resize(N * C);
@@ -280,6 +282,7 @@ double Stage::forward(int chunk, int mb, float* out) {
   }
   compute_forward(c, work_, s, out, &loss);
   if (mode_ == Recompute::block) {  // keep each block's input (and the head's)
+    KernelTimer timer(Kernel::memory);
     s.xs.resize(work_.xs.size());
     for (size_t i = 0; i < work_.xs.size(); ++i)
       s.xs[i].resize(work_.xs[i].size()), copy_values(s.xs[i].data(), work_.xs[i].data(), work_.xs[i].size());

@@ -125,16 +125,18 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
       case Op::recv_act: {
         const double t0 = now_s();
         const float* in = act_in_.wait(comm_, {"recv activation", prev, a.mb});
-        trace.span("wait " + to_string(a), "wait", t0, now_s(), a.mb);
+        const double t1 = now_s();
+        trace.span("wait " + to_string(a), "wait", t0, t1, a.mb);
         upload(stage_.input_buffer(a.chunk, a.mb), in, n * sizeof(float));  // stashed until its backward
+        st.compute_s += now_s() - t1;
         act_in_.post(comm_, prev);
         update(a);
         break;
       }
       case Op::forward: {
-        if (first || last) load_inputs(a.mb), update(a);
         act_out = last ? nullptr : act_out_.acquire(comm_, act_tag(v, a.mb, M), a.mb, "send activation", next, trace);
         const double t0 = now_s();
+        if (first || last) load_inputs(a.mb), update(a);
         st.loss_sum += stage_.forward(a.chunk, a.mb, staged && !last ? dev_out_.data() : act_out);
         if (staged && !last) download(act_out, dev_out_.data(), bytes);
         finish_compute();

@@ -321,6 +321,7 @@ void print_start(const Run& run) {
 
 std::function<void(int)> inputs_from(Run& run, Dataset* data, int64_t index) {
   return [&run, data, index](int mb) {
+    KernelTimer timer(Kernel::input);
     data->micro_batch(index, run.topo.dp_rank, mb, run.inputs.data(), run.targets.data());
     if (run.stage->has_embedding()) run.stage->set_tokens(mb, run.inputs.data());
     if (run.stage->has_head()) run.stage->set_targets(mb, run.targets.data());

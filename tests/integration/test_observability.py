@@ -38,7 +38,7 @@ def metrics_and_trace(mode):
     ok = all(len(l[k]) == 2 and all(math.isfinite(v) and v >= 0 for v in l[k]) for l in lines for k in per_stage)
     ok = ok and all(math.isfinite(l[k]) and l[k] > 0 for l in lines for k in ["gflops", "peak_gflops", "mfu", "tokens_per_s"])
     expect(ok, f"{mode}: per-stage arrays and GFLOP/s, MFU present, finite, non-negative in every line")
-    classes = ["gemm", "attention", "layernorm", "gelu", "softmax", "elementwise", "optimizer"]
+    classes = ["gemm", "attention", "layernorm", "gelu", "softmax", "elementwise", "optimizer", "memory", "input"]
     ok = all(sorted(l["kernel_s"]) == sorted(classes) and all(len(l["kernel_s"][k]) == 2 for k in classes) for l in lines)
     expect(ok, f"{mode}: kernel_s has every kernel class for both stages")
     # the kernel timers sit inside the compute timer, and the matrix products are most of it
@@ -52,6 +52,12 @@ def metrics_and_trace(mode):
     gaps = [abs(l["compute_s"][s] + l["comm_wait_s"][s] - l["step_time_s"]) / l["step_time_s"]
             for l in lines[1:] for s in range(2)]
     expect(statistics.median(gaps) <= 0.05, f"{mode}: compute + wait within 5% of step time (median gap {statistics.median(gaps):.3f})")
+    # What report's "step by kernel" line shows: the kernel classes and the waits leave at most 2%
+    # of each stage's own step untimed ("other").
+    for s in range(2):
+        untimed = statistics.median(1 - (sum(l["kernel_s"][k][s] for k in classes) + l["comm_wait_s"][s]) / l["rank_step_s"][s]
+                                    for l in lines[1:])
+        expect(abs(untimed) <= 0.02, f"{mode}: stage {s}: kernels + waits are its step within 2% (other {untimed:.2%})")
     predicted = plan(sets)
     want = [st["act_peak_bytes"][mode] for st in predicted["stages"]]
     expect(lines[-1]["act_peak_bytes"] == want, f"{mode}: act_peak_bytes {lines[-1]['act_peak_bytes']} == plan {want}")

@@ -1,13 +1,16 @@
 #pragma once
 // Where a rank's compute time goes, by kernel class. Always on: two clock reads per kernel call,
 // microseconds per step. Timers run on the rank's main thread only (parallel_for chunks inside a
-// timed kernel count toward that kernel). Reported per step in metrics.jsonl as kernel_s.
+// timed kernel count toward that kernel); a timer started inside another counts nothing, so no
+// time is counted twice. Reported per step in metrics.jsonl as kernel_s.
 #include <array>
 
 namespace pipetrain {
 
-enum class Kernel { gemm, attention, layernorm, gelu, softmax, elementwise, optimizer };
-constexpr int kKernelClasses = 7;
+// memory: sizing, zeroing and copying activation and gradient buffers; input: a micro-batch's
+// tokens and targets, read from the dataset and placed in the stage.
+enum class Kernel { gemm, attention, layernorm, gelu, softmax, elementwise, optimizer, memory, input };
+constexpr int kKernelClasses = 9;
 const char* kernel_name(Kernel k);  // "gemm", "attention", ...
 
 struct KernelTotals {
@@ -29,6 +32,7 @@ class KernelTimer {
 
  private:
   Kernel kernel_;
+  bool outermost_;
   double start_;
 };
 
