@@ -1,9 +1,12 @@
 #!/usr/bin/python3
-"""Plots of one run directory (called by `pipetrain report RUN_DIR --plots DIR`, or directly):
-loss.png (loss curve), bubble.png (measured bubble per stage over steps vs (P-1)/(M+P-1)),
-memory.png (per stage: activations, parameters+gradients+AdamW, process RSS), gantt.png (one
-traced step: forward/backward/recompute/wait spans per rank, like plan's GPipe slot diagram).
-Writes what its inputs allow and says what it skipped."""
+"""Plots of one run directory (called by `pipetrain report RUN_DIR --plots DIR`, or directly as
+`plots.py RUN_DIR OUT [--sim-bubble B0,B1,...]`):
+loss.png (loss curve), bubble.png (measured bubble per stage over steps, the schedule simulation's
+bubble per stage and the closed form (P-1)/(M+P-1)), memory.png (per stage: activations,
+parameters+gradients+AdamW, process RSS), gantt.png (one traced step: every span of every rank,
+coloured by what it was, with a legend for each colour; waits inside collectives are waits).
+Writes what its inputs allow and says what it skipped. The figure functions return the figure,
+so tests can check what is drawn."""
 import json
 import os
 import sys
@@ -11,42 +14,82 @@ import sys
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.patches as mpatches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
-run_dir, out = sys.argv[1], sys.argv[2]
-os.makedirs(out, exist_ok=True)
-lines = []
-if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
-    for l in open(os.path.join(run_dir, "metrics.jsonl")):
-        try:
-            lines.append(json.loads(l))
-        except ValueError:
-            pass
-written = []
+# Trace categories (see the trace spans in src/) and how the Gantt draws and names them.
+SPAN_STYLES = {
+    "forward": ("tab:blue", "forward"),
+    "backward": ("tab:orange", "backward"),
+    "recompute": ("tab:green", "recompute (forward again before backward)"),
+    "wait": ("lightgrey", "waiting: for a pipeline peer,\nor inside a collective (all-reduce, agreement)"),
+    "comm": ("tab:purple", "all-reduce work (gradient copies to and from the host)"),
+    "optimizer": ("tab:red", "optimizer (gradient norm, AdamW)"),
+    "compute": ("tab:cyan", "other local work (zero gradients, evaluation)"),
+    "checkpoint": ("black", "checkpoint save"),
+}
+UNKNOWN_STYLE = ("grey", "other")
 
-if lines:
+
+def read_jsonl(path):
+    out = []
+    if os.path.exists(path):
+        for line in open(path):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def loss_figure(lines):
     steps = [l["step"] for l in lines]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, [l["loss"] for l in lines], label="training (this step's batch)")
     val = [l for l in lines if l.get("val_loss") is not None]
     if val:
         ax.plot([l["step"] for l in val], [l["val_loss"] for l in val], "o-", label="validation (held-out batches)")
-        ax.legend()
+    ax.legend()
     ax.set(xlabel="step", ylabel="loss (mean token cross-entropy)", title="loss")
-    fig.savefig(os.path.join(out, "loss.png"), dpi=110, bbox_inches="tight")
-    written.append("loss.png")
+    return fig
 
+
+def oversubscription(events):
+    """The last launch's "N ranks x T threads on C cores" when they outnumber the cores, else None."""
+    launches = [e for e in events if e.get("event") == "launch"]
+    if not launches:
+        return None
+    l = launches[-1]
+    ranks, threads, cores = l.get("ranks_per_node"), l.get("threads_per_rank"), l.get("node_cores")
+    if ranks and threads and cores and ranks * threads > cores:
+        return f"{ranks} ranks x {threads} threads on {cores} cores"
+    return None
+
+
+def bubble_figure(lines, sim_bubble=None, crowded=None):
+    """Measured bubble per stage (solid), the schedule simulation's per stage (dotted, same colour),
+    the closed form (black dashed). Lines of an earlier layout (another stage count) are left out."""
     P = len(lines[-1]["bubble_measured"])
+    lines = [l for l in lines if len(l["bubble_measured"]) == P]
+    steps = [l["step"] for l in lines]
     fig, ax = plt.subplots(figsize=(7, 4))
     for s in range(P):
-        ax.plot(steps, [l["bubble_measured"][s] for l in lines], label=f"stage {s} measured")
+        color = f"C{s}"
+        ax.plot(steps, [l["bubble_measured"][s] for l in lines], color=color, label=f"stage {s} measured")
+        if sim_bubble and s < len(sim_bubble):
+            ax.axhline(sim_bubble[s], color=color, linestyle=":", label=f"stage {s} simulated ({sim_bubble[s]:.3f})")
     ax.plot(steps, [l["bubble_theory"] for l in lines], "k--", label="(P-1)/(M+P-1)")
-    ax.set(xlabel="step", ylabel="bubble fraction", title="pipeline bubble", ylim=(0, 1))
-    ax.legend()
-    fig.savefig(os.path.join(out, "bubble.png"), dpi=110, bbox_inches="tight")
-    written.append("bubble.png")
+    title = "pipeline bubble"
+    if crowded:
+        title += f"\n({crowded}: waiting for a core is measured as bubble; the simulation does not count it)"
+    ax.set(xlabel="step", ylabel="bubble fraction", title=title, ylim=(0, 1))
+    ax.legend(fontsize=8)
+    return fig
 
+
+def memory_figure(lines):
     last = lines[-1]
+    P = len(last["act_peak_bytes"])
     mib = 1 / 2**20
     kinds = [("activations (peak)", [v * mib for v in last["act_peak_bytes"]])]
     if "param_bytes" in last:
@@ -60,34 +103,67 @@ if lines:
     ax.set_xticks([s + width * (len(kinds) - 1) / 2 for s in range(P)], [f"stage {s}" for s in range(P)])
     ax.set(ylabel="MiB", title=f"memory per stage (step {last['step']})")
     ax.legend()
-    fig.savefig(os.path.join(out, "memory.png"), dpi=110, bbox_inches="tight")
-    written.append("memory.png")
-else:
-    print("plots: no metrics.jsonl lines: skipped loss, bubble and memory plots")
+    return fig
 
-trace_path = os.path.join(run_dir, "trace.json")
-if os.path.exists(trace_path):
-    events = [e for e in json.load(open(trace_path))["traceEvents"] if e.get("ph") == "X"]
-    step = max(e["args"]["step"] for e in events)  # the last traced step: warm, no first-step effects
-    events = [e for e in events if e["args"]["step"] == step]
-    tracks = sorted({(e["pid"], e["tid"]) for e in events})
-    t0 = min(e["ts"] for e in events)
-    colors = {"forward": "tab:blue", "backward": "tab:orange", "recompute": "tab:green", "wait": "lightgrey",
-              "comm": "tab:purple", "optimizer": "tab:red", "checkpoint": "black", "compute": "tab:cyan"}
+
+def gantt_figure(events):
+    """The last traced step (warm, no first-step effects): one row per rank, one bar per span."""
+    spans = [e for e in events if e.get("ph") == "X"]
+    step = max(e["args"]["step"] for e in spans)
+    spans = [e for e in spans if e["args"]["step"] == step]
+    tracks = sorted({(e["pid"], e["tid"]) for e in spans})
+    t0 = min(e["ts"] for e in spans)
     fig, ax = plt.subplots(figsize=(10, 0.6 * len(tracks) + 1.5))
+    drawn = {}
     for row, track in enumerate(tracks):
-        for e in events:
+        for e in spans:
             if (e["pid"], e["tid"]) != track:
                 continue
+            color, label = SPAN_STYLES.get(e["cat"], UNKNOWN_STYLE)
+            drawn[color] = label
             x, w = (e["ts"] - t0) / 1e3, e["dur"] / 1e3
-            ax.barh(row, w, left=x, color=colors.get(e["cat"], "grey"), edgecolor="white", linewidth=0.3)
+            ax.barh(row, w, left=x, color=color, edgecolor="white", linewidth=0.3)
             if e["cat"] in ("forward", "backward") and w > 0:
                 ax.text(x + w / 2, row, e["name"], ha="center", va="center", fontsize=7)
     ax.set_yticks(range(len(tracks)), [f"stage {p} dp {t}" for p, t in tracks])
     ax.invert_yaxis()
-    ax.set(xlabel="ms", title=f"schedule of traced step {step} (grey: waiting for a peer)")
-    fig.savefig(os.path.join(out, "gantt.png"), dpi=110, bbox_inches="tight")
-    written.append("gantt.png")
-else:
-    print("plots: no trace.json: skipped the schedule Gantt")
-print("plots written to " + out + ": " + ", ".join(written))
+    ax.set(xlabel="ms (one time base: rank 0's clock)", title=f"schedule of traced step {step}")
+    order = [color for color, _ in SPAN_STYLES.values()] + [UNKNOWN_STYLE[0]]
+    ax.legend(handles=[mpatches.Patch(color=c, label=drawn[c]) for c in order if c in drawn], fontsize=7,
+              loc="upper left", bbox_to_anchor=(1.01, 1))
+    return fig
+
+
+def main(argv):
+    run_dir, out = argv[1], argv[2]
+    sim_bubble = None
+    if "--sim-bubble" in argv:
+        sim_bubble = [float(x) for x in argv[argv.index("--sim-bubble") + 1].split(",")]
+    os.makedirs(out, exist_ok=True)
+    lines = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+    written = []
+
+    def save(fig, name):
+        fig.savefig(os.path.join(out, name), dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        written.append(name)
+
+    if lines:
+        save(loss_figure(lines), "loss.png")
+        crowded = oversubscription(read_jsonl(os.path.join(run_dir, "events.jsonl")))
+        save(bubble_figure(lines, sim_bubble, crowded), "bubble.png")
+        if sim_bubble:
+            written[-1] += " (measured, simulated, closed form)"
+        save(memory_figure(lines), "memory.png")
+    else:
+        print("plots: no metrics.jsonl lines: skipped loss, bubble and memory plots")
+    trace_path = os.path.join(run_dir, "trace.json")
+    if os.path.exists(trace_path):
+        save(gantt_figure(json.load(open(trace_path))["traceEvents"]), "gantt.png")
+    else:
+        print("plots: no trace.json: skipped the schedule Gantt")
+    print("plots written to " + out + ": " + ", ".join(written))
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -225,7 +225,12 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
   if (as_json) std::printf("%s\n", doc.dump(2).c_str());
 
   if (plots_dir.empty()) return ExitCode::ok;
-  const std::string cmd = "/usr/bin/python3 '" + plots_script() + "' '" + run_dir + "' '" + plots_dir + "'";
+  std::string cmd = "/usr/bin/python3 '" + plots_script() + "' '" + run_dir + "' '" + plots_dir + "'";
+  if (have_spec) {  // bubble.png draws the simulation's bubble of each stage too
+    cmd += " --sim-bubble ";
+    for (size_t s = 0; s < plan.stages.size(); ++s) cmd += (s ? "," : "") + fmt("%.6f", plan.stages[s].bubble);
+  }
+  std::fflush(stdout);  // the report before the plotter's lines
   const int rc = std::system(cmd.c_str());
   if (rc != 0) {
     report_error("plotting failed (" + cmd + "); it needs /usr/bin/python3 with matplotlib (Debian: python3-matplotlib)");

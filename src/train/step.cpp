@@ -53,9 +53,8 @@ StepResult train_step(Run& run, int step) {
   const double sync_t0 = now_s();
   const bool out_of_time = run.budget->nearly_out(sync_t0, sync_t0 - t0);
   r.sync = sync_step(stage, comm, replicas ? run.reducer.get() : nullptr, run.on_gpu() ? &run.grad_staging : nullptr,
-                     run.tied_wte, out_of_time, r.stats.loss_sum);
+                     run.tied_wte, out_of_time, r.stats.loss_sum, run.trace);
   const double opt_t0 = now_s();
-  run.trace.span(replicas ? "gradient all-reduce + norm" : "gradient norm", "comm", sync_t0, opt_t0);
 
   // A NaN/Inf anywhere skips the update on every rank alike: parameters and AdamW state stay as
   // they were, and the step's batch is simply not learned from.

@@ -8,6 +8,7 @@ import os
 import re
 import statistics
 import subprocess
+import sys
 from tests.lib.harness import launch, expect, run_scenarios, scenario, settings
 
 M, TRACED = 4, 3
@@ -120,6 +121,43 @@ def trace_on_one_clock():
             wrong.append(f"B{mb} of step {step} dp {dp}: stage 0 starts {other[1] - start:.1f} us before stage 1 ends")
     expect(checked == 2 * 8 * 2 * M and not wrong,
            f"{checked} forwards and backwards checked, none before its input existed: {wrong[:4]}")
+
+
+@scenario
+def plots_tell_the_truth():
+    """On a 2x2 (ranks outnumber this machine's cores): every colour in gantt.png has a legend
+    entry; the waits inside the data-parallel all-reduce and the step agreement are traced as waits;
+    bubble.png draws each stage's simulated bubble and names the oversubscription; report --plots
+    hands it the simulation."""
+    a = settings()
+    r = launch(a, 4, os.path.join(a.work, "twobytwo"), tiny(), ["parallel.pp=2", "parallel.dp=2", "run.steps=6", "log.trace_steps=3"])
+    expect(r.rc == 0, f"2x2: exit 0 ({r.err[-200:]})")
+    sys.path.insert(0, os.path.join(os.path.dirname(a.configs), "scripts", "analysis"))
+    import plots
+    events = json.load(open(os.path.join(r.run_dir, "trace.json")))["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X"]
+    waits = {(e["pid"], e["tid"]) for e in spans if e["name"] == "wait gradient all-reduce" and e["cat"] == "wait"}
+    expect(len(waits) == 4 and not any(e["cat"] == "comm" for e in spans),
+           f"every rank's all-reduce wait is traced as a wait, nothing else as all-reduce work on the CPU ({sorted(waits)})")
+    fig = plots.gantt_figure(events)
+    ax = fig.axes[0]
+    colors = {tuple(p.get_facecolor()) for p in ax.patches}
+    legend = {tuple(h.get_facecolor()): t.get_text() for h, t in zip(ax.get_legend().legendHandles, ax.get_legend().get_texts())}
+    unnamed = colors - set(legend)
+    expect(len(colors) >= 5 and not unnamed and "other" not in legend.values(),
+           f"gantt: each of {len(colors)} colours has a legend entry ({sorted(legend.values())}; unnamed {unnamed})")
+    lines = r.metrics()
+    crowded = plots.oversubscription([json.loads(l) for l in open(os.path.join(r.run_dir, "events.jsonl"))])
+    ax = plots.bubble_figure(lines, [0.3, 0.2], crowded).axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    cores = os.cpu_count()
+    expect("stage 0 simulated (0.300)" in labels and "stage 1 simulated (0.200)" in labels and "(P-1)/(M+P-1)" in labels,
+           f"bubble: measured, simulated per stage and closed form drawn ({labels})")
+    expect((crowded is not None) == (4 > cores) and (crowded is None or "on" in ax.get_title()),
+           f"bubble: oversubscription named when 4 ranks outnumber {cores} cores ({ax.get_title()!r})")
+    rep = subprocess.run([a.bin, "report", r.run_dir, "--plots", os.path.join(a.work, "plots")], capture_output=True, text=True)
+    expect(rep.returncode == 0 and "bubble.png (measured, simulated, closed form)" in rep.stdout,
+           f"report --plots passes the simulation to bubble.png ({rep.stdout[-200:]} {rep.stderr[-200:]})")
 
 
 @scenario

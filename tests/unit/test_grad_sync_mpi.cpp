@@ -53,7 +53,8 @@ TEST_CASE("grad sync: the norm covers the summed gradient, and a NaN or stop on 
   std::fill(g.begin(), g.end(), 0.5f);
   GradReducer reducer(replicas(), g, bucket);
   reducer.begin_step();
-  StepSync sync = sync_step(stage, replicas(), &reducer, nullptr, nullptr, false, 1.0);
+  Trace no_trace;  // records nothing
+  StepSync sync = sync_step(stage, replicas(), &reducer, nullptr, nullptr, false, 1.0, no_trace);
   CHECK(sync.finite);
   CHECK_FALSE(sync.stop);
   CHECK(sync.norm == Approx(std::sqrt(static_cast<double>(g.size()))));
@@ -63,19 +64,19 @@ TEST_CASE("grad sync: the norm covers the summed gradient, and a NaN or stop on 
   std::fill(g.begin(), g.end(), 0.5f);
   if (rank == 1) g[g.size() / 2] = NAN;
   reducer.begin_step();
-  sync = sync_step(stage, replicas(), &reducer, nullptr, nullptr, false, 1.0);
+  sync = sync_step(stage, replicas(), &reducer, nullptr, nullptr, false, 1.0, no_trace);
   CHECK_FALSE(sync.finite);
 
   // A NaN in one rank's loss only: both skip too.
   std::fill(g.begin(), g.end(), 0.5f);
   reducer.begin_step();
-  sync = sync_step(stage, replicas(), &reducer, nullptr, nullptr, false, rank == 0 ? NAN : 1.0);
+  sync = sync_step(stage, replicas(), &reducer, nullptr, nullptr, false, rank == 0 ? NAN : 1.0, no_trace);
   CHECK_FALSE(sync.finite);
 
   // One rank out of time: both stop.
   std::fill(g.begin(), g.end(), 0.5f);
   reducer.begin_step();
-  sync = sync_step(stage, replicas(), &reducer, nullptr, nullptr, rank == 1, 1.0);
+  sync = sync_step(stage, replicas(), &reducer, nullptr, nullptr, rank == 1, 1.0, no_trace);
   CHECK(sync.stop);
   CHECK(sync.finite);
 }

@@ -8,6 +8,7 @@
 
 #include "pipetrain/dist/comm.hpp"
 #include "pipetrain/model/model.hpp"
+#include "pipetrain/observe/trace.hpp"
 
 namespace pipetrain {
 
@@ -46,8 +47,10 @@ struct StepSync {
 // stage), the stop flag and a non-finite flag: the step's only world-wide synchronisation, so
 // every rank decides alike whether to stop and whether to apply the update.
 // On the GPU (comm.backend = mpi) the sums over replicas and tied halves run on `staging`, a host
-// copy of the gradients the reducer was built on.
+// copy of the gradients the reducer was built on. `trace` gets a span per part: the waits inside
+// the collectives as waits (a late peer and the transfer itself are not told apart; comm_wait_s
+// counts them alike), the host copies as all-reduce work, the norm as optimizer work.
 StepSync sync_step(Stage& stage, Comm& comm, GradReducer* reducer, std::vector<float>* staging,
-                   const ParamTensor* tied_wte, bool out_of_time, double loss_sum);
+                   const ParamTensor* tied_wte, bool out_of_time, double loss_sum, Trace& trace);
 
 }  // namespace pipetrain
