@@ -134,6 +134,19 @@ def gantt_figure(events):
     return fig
 
 
+def latest_trace(run_dir):
+    """trace.json, or when the last launch traced nothing, the newest traces/launch_K.json; None if neither."""
+    if os.path.exists(os.path.join(run_dir, "trace.json")):
+        return os.path.join(run_dir, "trace.json")
+    earlier = []
+    if os.path.isdir(os.path.join(run_dir, "traces")):
+        for name in os.listdir(os.path.join(run_dir, "traces")):
+            k = name[len("launch_"):-len(".json")]
+            if name.startswith("launch_") and name.endswith(".json") and k.isdigit():
+                earlier.append((int(k), os.path.join(run_dir, "traces", name)))
+    return max(earlier)[1] if earlier else None
+
+
 def main(argv):
     run_dir, out = argv[1], argv[2]
     sim_bubble = None
@@ -157,9 +170,11 @@ def main(argv):
         save(memory_figure(lines), "memory.png")
     else:
         print("plots: no metrics.jsonl lines: skipped loss, bubble and memory plots")
-    trace_path = os.path.join(run_dir, "trace.json")
-    if os.path.exists(trace_path):
+    trace_path = latest_trace(run_dir)
+    if trace_path:
         save(gantt_figure(json.load(open(trace_path))["traceEvents"]), "gantt.png")
+        if not trace_path.endswith("/trace.json"):
+            written[-1] += f" (from {os.path.relpath(trace_path, run_dir)}: the last launch traced no step)"
     else:
         print("plots: no trace.json: skipped the schedule Gantt")
     print("plots written to " + out + ": " + ", ".join(written))

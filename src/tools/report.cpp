@@ -81,6 +81,19 @@ std::string step_shares(const std::vector<json>& lines, size_t s) {
   return out + ", other " + fmt("%.1f%%", 100 * median(covered));
 }
 
+// trace.json, or when the last launch traced nothing, the newest earlier launch's traces/launch_K.json
+// (relative to the run directory; "" when there is none).
+std::string latest_trace(const std::string& run_dir) {
+  std::error_code ec;
+  if (fs::exists(run_dir + "/trace.json", ec)) return "trace.json";
+  int newest = 0;
+  for (auto& e : fs::directory_iterator(run_dir + "/traces", ec)) {
+    int k = 0;
+    if (std::sscanf(e.path().filename().c_str(), "launch_%d.json", &k) == 1) newest = std::max(newest, k);
+  }
+  return newest ? "traces/launch_" + std::to_string(newest) + ".json" : "";
+}
+
 std::string mib(double b) { return fmt("%.2f MiB", b / (1 << 20)); }
 
 // scripts/analysis/plots.py next to the sources this binary was built from, or PIPETRAIN_SCRIPTS.
@@ -163,23 +176,33 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
                 fmt("%.1f%%", 100 * scalar_median(lines, "mfu")).c_str());
   }
   const RunStory story = run_story(run_dir, lines);  // the launches: for the bubble note and the history
-  const size_t P = have_spec ? spec.parallel.pp : (lines.empty() ? 0 : lines.back().value("bubble_measured", json::array()).size());
-  Plan plan;
-  if (have_spec) plan = make_plan(spec);
-  const int mode = have_spec ? static_cast<int>(spec.parallel.recompute) : 0;
-  // A run resumed on another layout logged its earlier steps with another number of stages: the
-  // per-stage figures come from the steps of the current layout only.
+  // The per-stage figures come from the steps of the last logged layout (a run resumed on another
+  // layout logged its earlier steps with other stages and batch shapes); the prediction is for the
+  // spec's layout, shown only when the two are the same (a last launch may have logged no step).
+  auto stages_of = [](const json& l) { return l.value("bubble_measured", json::array()).size(); };
+  const size_t P = !lines.empty() ? stages_of(lines.back()) : have_spec ? spec.parallel.pp : 0;
+  const int logged_dp = lines.empty() ? -1 : lines.back().value("dp", -1);
   std::vector<json> per_stage;
   for (auto& l : lines)
-    if (l.contains("bubble_measured") && l["bubble_measured"].is_array() && l["bubble_measured"].size() == P)
+    if (l.contains("bubble_measured") && l["bubble_measured"].is_array() && stages_of(l) == P && l.value("dp", -1) == logged_dp)
       per_stage.push_back(l);
+  const bool predicted = have_spec && static_cast<size_t>(spec.parallel.pp) == P && (logged_dp < 0 || spec.parallel.dp == logged_dp);
+  Plan plan;
+  if (predicted) plan = make_plan(spec);
+  const int mode = have_spec ? static_cast<int>(spec.parallel.recompute) : 0;
   if (P > 0) {
-    if (have_spec)
+    if (have_spec && !predicted)
+      say("  per stage: of the logged steps' layout, pp %zu x dp %d (config.toml's pp %d x dp %d logged no step: no "
+          "prediction)\n", P, logged_dp, spec.parallel.pp, spec.parallel.dp);
+    if (predicted)
       say("  bubble of the %s schedule with even stages = %.3f; per stage: measured median vs simulated\n",
                   spec.parallel.schedule->name.c_str(), plan.bubble_theory);
-    if (!story.launches.empty() && story.launches.back().oversubscribed()) {
-      const LaunchStory& l = story.launches.back();
-      say("    (the last launch ran %d ranks x %d threads on a node of %d cores: time a rank waited for a core is "
+    const int logged_launch = lines.empty() ? -1 : lines.back().value("launch", -1);
+    auto measured_by = std::find_if(story.launches.begin(), story.launches.end(),
+                                    [&](const LaunchStory& l) { return l.launch == logged_launch; });
+    if (measured_by != story.launches.end() && measured_by->oversubscribed()) {
+      const LaunchStory& l = *measured_by;
+      say("    (the launch measured ran %d ranks x %d threads on a node of %d cores: time a rank waited for a core is "
           "measured as bubble, which the simulation does not count)\n",
           l.ranks_per_node, l.threads_per_rank, l.node_cores);
     }
@@ -188,9 +211,9 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
                   lines.size() - per_stage.size());
     for (size_t s = 0; s < P; ++s) {
       say("    stage %zu: bubble %s", s, fmt("%.3f", stage_median(per_stage, "bubble_measured", s)).c_str());
-      if (have_spec) say(" (sim %.3f)", plan.stages[s].bubble);
+      if (predicted) say(" (sim %.3f)", plan.stages[s].bubble);
       say(" | activations %s", mib(stage_median(per_stage, "act_peak_bytes", s)).c_str());
-      if (have_spec) say(" (plan %s)", mib(plan.stages[s].act_peak_bytes[mode]).c_str());
+      if (predicted) say(" (plan %s)", mib(plan.stages[s].act_peak_bytes[mode]).c_str());
       say(" | RSS %s | params+grads+AdamW %s\n", mib(stage_median(per_stage, "mem_peak_bytes", s)).c_str(),
                   mib(stage_median(per_stage, "param_bytes", s) * 4).c_str());
       const std::string shares = step_shares(per_stage, s);
@@ -218,7 +241,8 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
     doc["checkpoints"] = {{"saved", names}, {"latest", latest}, {"intact", problem.empty()}};
     say("\n    latest %s: %s\n", latest.empty() ? "?" : latest.c_str(), problem.empty() ? "intact" : problem.c_str());
   }
-  if (fs::exists(run_dir + "/trace.json", ec)) say("  trace: trace.json (open in Perfetto / chrome://tracing)\n");
+  const std::string trace = latest_trace(run_dir);
+  if (!trace.empty()) say("  trace: %s (open in Perfetto / chrome://tracing)\n", trace.c_str());
   else missing.push_back("trace.json: not written (log.trace_steps = 0, or the run died before its traced steps ended)");
   for (auto& m : missing) say("  missing: %s\n", m.c_str());
   doc["missing"] = missing;
@@ -226,7 +250,7 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
 
   if (plots_dir.empty()) return ExitCode::ok;
   std::string cmd = "/usr/bin/python3 '" + plots_script() + "' '" + run_dir + "' '" + plots_dir + "'";
-  if (have_spec) {  // bubble.png draws the simulation's bubble of each stage too
+  if (predicted) {  // bubble.png draws the simulation's bubble of each stage too
     cmd += " --sim-bubble ";
     for (size_t s = 0; s < plan.stages.size(); ++s) cmd += (s ? "," : "") + fmt("%.6f", plan.stages[s].bubble);
   }

@@ -93,10 +93,12 @@ std::string describe(const RunStory& s) {
   std::string out = "  launches:\n";
   char buf[512];
   for (const LaunchStory& l : s.launches) {
-    std::snprintf(buf, sizeof buf, "    %d  %s  %6.1f s  %-12s  %s  steps %lld-%lld  ended: %s%s",
+    std::snprintf(buf, sizeof buf, "    %d  %s  %6.1f s  %-12s  %s  %s  ended: %s%s",
                   l.launch, iso_utc(l.start).c_str(), l.end - l.start, l.layout.c_str(),
                   l.resumed_from >= 0 ? ("resumed at " + std::to_string(l.resumed_from)).c_str() : "fresh start",
-                  static_cast<long long>(l.first_step), static_cast<long long>(l.last_step), l.ended.c_str(),
+                  l.first_step ? ("steps " + std::to_string(l.first_step) + "-" + std::to_string(l.last_step)).c_str()
+                               : "no step logged",
+                  l.ended.c_str(),
                   l.exit_code >= 0 ? (" (exit " + std::to_string(l.exit_code) + ")").c_str() : "");
     out += buf;
     if (!l.job_id.empty()) out += "  job " + l.job_id;

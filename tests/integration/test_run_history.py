@@ -102,6 +102,27 @@ def report_tells_the_story():
 
 
 @scenario
+def report_after_a_launch_that_logged_nothing():
+    """A completed 2x1 run launched again as 1x1 (it only finds the run complete): report says the
+    second launch logged no step, shows the 2x1 steps per stage without the 1x1 prediction, and
+    names launch 1's kept trace, from which --plots draws the Gantt."""
+    a = settings()
+    run_dir = os.path.join(a.work, "again")
+    first = launch(a, 2, run_dir, tiny(), BASE + ["parallel.pp=2", "run.steps=8"])
+    again = launch(a, 1, run_dir, tiny(), BASE + ["run.steps=8"])
+    expect(first.rc == 0 and again.rc == 0 and "run already complete" in again.out, f"both launches exit 0 ({again.out[-200:]})")
+    rep = subprocess.run([a.bin, "report", run_dir, "--plots", os.path.join(a.work, "again-plots")], capture_output=True,
+                         text=True, timeout=120)
+    out = rep.stdout
+    expect(rep.returncode == 0 and "resumed at 8  no step logged  ended: complete" in out,
+           f"report: launch 2 logged no step ({out[-700:]})")
+    expect("of the logged steps' layout, pp 2 x dp 1 (config.toml's pp 1 x dp 1 logged no step: no prediction)" in out
+           and "stage 1: bubble" in out and "(sim" not in out, "report: per-stage figures of the 2x1 steps, no 1x1 prediction")
+    expect("trace: traces/launch_1.json" in out and "gantt.png (from traces/launch_1.json" in out,
+           "report and --plots use launch 1's trace")
+
+
+@scenario
 def bad_steps_stop_recorded():
     """The train.max_bad_steps stop is recorded as reason bad_steps with exit 1 (what a requeue
     script reads to know that retrying would fail the same way)."""
