@@ -26,13 +26,14 @@ run kernels scripts/bench/kernels.py --repeats "$repeats"
 run pipeline scripts/bench/pipeline.py --repeats "$repeats"
 run oversubscribed scripts/bench/oversubscribed.py --repeats "$repeats"
 run memory scripts/bench/memory.py --steps "$memory_steps"
+run zero_memory scripts/bench/zero_memory.py
 /usr/bin/python3 - "$out" <<'PY'
 import json, os, sys
 r = {}
-for name in ("kernels", "pipeline", "oversubscribed", "memory"):
+for name in ("kernels", "pipeline", "oversubscribed", "memory", "zero_memory"):
     with open(os.path.join(sys.argv[1], name + ".txt")) as f:
         r[name] = json.loads(f.read().strip().splitlines()[-1])
-k, p, o, m = r["kernels"], r["pipeline"], r["oversubscribed"], r["memory"]
+k, p, o, m, z = r["kernels"], r["pipeline"], r["oversubscribed"], r["memory"], r["zero_memory"]
 f = lambda t: " / ".join(f"{x:.2f}" for x in t)
 rows = [
     ("step time, pipetrain / PyTorch (small GPT)", f(k["pipetrain (OpenBLAS default threads)"]), "<= 0.80"),
@@ -47,6 +48,7 @@ rows = [
       for key, v in o.items() if key != "bench"],
     ("memory: peak RSS / (predicted + %.0f MiB)" % m["overhead_mib"], " - ".join(f"{x:.3f}" for x in m["ratio"]), "within 10%"),
     ("memory growth, step 100 to the end", f"{100 * m['growth']:+.2f}%", "none"),
+    ("ZeRO-1 dp=2: RSS saved / plan's 8 B x params x (1 - 1/D)", f"{z['saving_ratio']:.3f}", "within 5%"),
 ]
 w = max(len(r[0]) for r in rows)
 print(f"\n{'benchmark':{w}s}  {'min / median / max':22s}  target")

@@ -307,13 +307,25 @@ double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const s
     const float* w = host_view(stage.weights(), w_copy);
     const float* m = host_view(opt.exp_avg(), m_copy);
     const float* v = host_view(opt.exp_avg_sq(), v_copy);
-    for (auto& p : stage.params())
-      if (!p.tied_copy) tensors.push_back({p.name, p.shape, w + p.offset, m + p.offset, v + p.offset});
+    // This replica's row slab of every tensor. Under ZeRO-1 the optimizer's shard is that slab, so
+    // its moments are all the rank keeps; unsharded, the slab is a part of the whole.
+    std::vector<size_t> slab_sizes;
+    const std::vector<ParamTensor>& params = stage.params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const ParamTensor& p = params[i];
+      if (p.tied_copy) continue;
+      const RowRange rows = row_slab(p.shape[0], topo.dp_rank, topo.dp);
+      const size_t row = row_elements(p), begin = p.offset + rows.begin * row;
+      const OptimizerShard::Slab& kept = opt.shard().slabs()[i];
+      const size_t state = kept.state_offset + (begin - kept.begin);
+      tensors.push_back({p.name, p.shape, w + begin, m + state, v + state});
+      slab_sizes.push_back((rows.end - rows.begin) * row);
+    }
     // Training skips non-finite steps, so this never fires; it keeps the promise that no
     // checkpoint holds a NaN even if some future path lets one through.
-    for (auto& t : tensors) {
-      size_t n = 1;
-      for (int d : t.shape) n *= static_cast<size_t>(d);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const ShardTensor& t = tensors[i];
+      const size_t n = slab_sizes[i];
       for (const float* v : {t.param, t.exp_avg, t.exp_avg_sq})
         if (!std::all_of(v, v + n, [](float x) { return std::isfinite(x); }))
           throw std::runtime_error("checkpoint not saved: " + t.name + " holds NaN or Inf");
@@ -435,21 +447,29 @@ std::string Checkpointer::select(const std::string& resume) {
 }
 
 void read_checkpoint_tensors(const std::string& dir, const std::vector<ParamTensor>& params, float* weights,
-                             float* exp_avg, float* exp_avg_sq) {
+                             const OptimizerShard* shard, float* exp_avg, float* exp_avg_sq) {
   const Manifest m = Manifest::read(dir);
   std::map<std::string, std::string> shard_of;
   for (auto& s : m.shards)
     for (auto& t : s.tensors) shard_of[t] = dir + "/" + s.file;
   std::map<std::string, std::unique_ptr<ShardReader>> open;
-  for (auto& p : params) {
+  std::vector<float> whole;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamTensor& p = params[i];
     auto it = shard_of.find(p.name);
     if (it == shard_of.end()) throw SpecError(dir + ": checkpoint has no tensor " + p.name);
     try {
       auto& reader = open[it->second];
       if (!reader) reader = std::make_unique<ShardReader>(it->second);
       reader->read("params", p.name, p.shape, weights + p.offset);
-      if (exp_avg) reader->read("optim/exp_avg", p.name, p.shape, exp_avg + p.offset);
-      if (exp_avg_sq) reader->read("optim/exp_avg_sq", p.name, p.shape, exp_avg_sq + p.offset);
+      if (!shard) continue;
+      // The moments of the shard's slab of the tensor, at its place in the optimizer's buffers.
+      const OptimizerShard::Slab& slab = shard->slabs()[i];
+      whole.resize(p.size);
+      for (auto [group, out] : {std::pair{"optim/exp_avg", exp_avg}, std::pair{"optim/exp_avg_sq", exp_avg_sq}}) {
+        reader->read(group, p.name, p.shape, whole.data());
+        std::copy_n(whole.data() + (slab.begin - p.offset), slab.size(), out + slab.state_offset);
+      }
     } catch (const std::runtime_error& e) {  // a checkpoint that does not fit is bad input
       throw SpecError(std::string("cannot load checkpoint: ") + e.what());
     }
@@ -460,7 +480,7 @@ int64_t Checkpointer::load(const std::string& dir, Stage& stage, AdamW& opt) {
   const Manifest m = Manifest::read(dir);
   comm_.world().require_agreed([&] {
     LoadTarget w(stage.weights()), mom(opt.exp_avg()), v(opt.exp_avg_sq());
-    read_checkpoint_tensors(dir, stage.params(), w.data(), mom.data(), v.data());
+    read_checkpoint_tensors(dir, stage.params(), w.data(), &opt.shard(), mom.data(), v.data());
     for (LoadTarget* t : {&w, &mom, &v}) t->upload();
   });
   opt.set_steps_taken(static_cast<int>(m.optimizer_steps));

@@ -1,6 +1,7 @@
 #include "pipetrain/util/faults.hpp"
 #include "pipetrain/ckpt/shard_io.hpp"
 
+#include "pipetrain/model/optimizer_shard.hpp"
 #include "pipetrain/util/hdf5.hpp"
 
 #include <cstdio>
@@ -60,8 +61,8 @@ std::string write_shard(const std::string& path, const std::vector<ShardTensor>&
     std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
     hsize_t row = 1;
     for (size_t i = 1; i < dims.size(); ++i) row *= dims[i];
-    const hsize_t rows = dims[0];
-    const hsize_t r0 = rows * rank / size, r1 = rows * (rank + 1) / size;  // this replica's slab
+    const RowRange slab = row_slab(dims[0], rank, size);
+    const hsize_t r0 = slab.begin, r1 = slab.end;
     Handle filespace(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
     std::vector<hsize_t> start(dims.size(), 0), count(dims);
     start[0] = r0;
@@ -77,7 +78,7 @@ std::string write_shard(const std::string& path, const std::vector<ShardTensor>&
       Handle ds(H5Dcreate2(file, dname.c_str(), H5T_IEEE_F32LE, filespace, lcpl, dcpl, H5P_DEFAULT), H5Dclose);
       check(ds >= 0, "cannot create dataset " + dname);
       if (ds >= 0 && error.empty())
-        check(H5Dwrite(ds, H5T_NATIVE_FLOAT, memspace, filespace, dxpl, data + r0 * row) >= 0,
+        check(H5Dwrite(ds, H5T_NATIVE_FLOAT, memspace, filespace, dxpl, data) >= 0,
               "cannot write dataset " + dname);
     }
     if (++written == (tensors.size() + 1) / 2) fault_hooks().reach(FaultPoint::kill_in_save, step);  // test-only

@@ -261,6 +261,9 @@ std::vector<SpecKey> build_schema() {
               "BLAS threads per rank (0 = OPENBLAS_NUM_THREADS if set, else cores of the node / ranks on it)"),
       choice_key<Recompute>("parallel", "recompute", FIELD(Recompute, parallel.recompute),
                  "activation recompute: keep everything, only each stage's input, or each block's input"),
+      int_key("parallel", "zero", FIELD(int, parallel.zero), 0, 1,
+              "1 = ZeRO-1: shard AdamW's state over the dp replicas of a stage (each keeps and updates one row "
+              "slab of every tensor; gradients reduce-scattered, weights all-gathered); 0 = every replica keeps all"),
       int_key("train", "global_batch", FIELD(int, train.global_batch), 1, big,
               "samples per optimizer step (divisible by dp x micro_batches)"),
       double_key("train", "lr", FIELD(double, train.lr), 0, 10, "peak learning rate"),

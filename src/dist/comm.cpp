@@ -87,6 +87,18 @@ MPI_Request Comm::iallreduce_data(float* buf, size_t n) {
   return r;
 }
 
+MPI_Request Comm::ireduce_scatter_data(float* buf, const std::vector<int>& counts) {
+  MPI_Request r;
+  MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts.data(), MPI_FLOAT, MPI_SUM, data_, &r);
+  return r;
+}
+
+MPI_Request Comm::iallgather_data(float* buf, const std::vector<int>& counts, const std::vector<int>& offsets) {
+  MPI_Request r;
+  MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts.data(), offsets.data(), MPI_FLOAT, data_, &r);
+  return r;
+}
+
 void Comm::allreduce_data(double* buf, size_t n) {
   MPI_Request r;
   MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, data_, &r);

@@ -21,19 +21,19 @@ double lr_at(const RunSpec& spec, int step) {
   return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-double grad_sq_sum(const std::vector<ParamTensor>& params, const Floats& grads) {
+double grad_sq_sum(const std::vector<ParamTensor>& params, const Floats& grads, const OptimizerShard& shard) {
   KernelTimer timer(Kernel::optimizer);
   double sum = 0;
-  for (auto& p : params) {
-    if (p.tied_copy) continue;  // counted once, on the first stage
+  for (const OptimizerShard::Slab& slab : shard.slabs()) {
+    if (params[slab.tensor].tied_copy) continue;  // counted once, on the first stage
     if (grads.on_gpu()) {
-      sum += gpu::sum_of_squares(grads.data() + p.offset, p.size);
+      sum += gpu::sum_of_squares(grads.data() + slab.begin, slab.size());
       continue;
     }
     // per-chunk partials added in chunk order: the same sum on any thread count
-    std::vector<double> partial(chunk_count(p.size, kAdamChunk), 0.0);
-    parallel_for(p.size, kAdamChunk, [&](size_t begin, size_t end) {
-      const float* g = grads.data() + p.offset;
+    std::vector<double> partial(chunk_count(slab.size(), kAdamChunk), 0.0);
+    parallel_for(slab.size(), kAdamChunk, [&](size_t begin, size_t end) {
+      const float* g = grads.data() + slab.begin;
       double s = 0;
 #pragma omp simd reduction(+ : s)
       for (size_t i = begin; i < end; ++i) s += static_cast<double>(g[i]) * g[i];
@@ -50,7 +50,8 @@ float clip_coefficient(double global_norm, double grad_clip) {
   return coef < 1.0 ? static_cast<float>(coef) : 1.f;
 }
 
-AdamW::AdamW(const RunSpec::Train& cfg, size_t n_weights) : cfg_(cfg), m_(n_weights), v_(n_weights) {}
+AdamW::AdamW(const RunSpec::Train& cfg, OptimizerShard shard)
+    : cfg_(cfg), shard_(std::move(shard)), m_(shard_.state_floats()), v_(shard_.state_floats()) {}
 
 void AdamW::step(const std::vector<ParamTensor>& params, Floats& weights, const Floats& grads, double lr,
                  float grad_mul) {
@@ -61,18 +62,19 @@ void AdamW::step(const std::vector<ParamTensor>& params, Floats& weights, const 
   const float step_size = static_cast<float>(lr / bc1);
   const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   const float eps = static_cast<float>(cfg_.eps);
-  for (auto& p : params) {
-    if (&p == &params[params.size() / 2]) fault_hooks().reach(FaultPoint::kill_in_optimizer);  // test-only
-    const float decay = p.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.f;
+  const std::vector<OptimizerShard::Slab>& slabs = shard_.slabs();
+  for (const OptimizerShard::Slab& slab : slabs) {
+    if (&slab == &slabs[slabs.size() / 2]) fault_hooks().reach(FaultPoint::kill_in_optimizer);  // test-only
+    const float decay = params[slab.tensor].decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.f;
     if (weights.on_gpu()) {
-      gpu::adamw_update(weights.data() + p.offset, grads.data() + p.offset, m_.data() + p.offset,
-                        v_.data() + p.offset, p.size, b1, b2, step_size, inv_sqrt_bc2, eps, decay, grad_mul);
+      gpu::adamw_update(weights.data() + slab.begin, grads.data() + slab.begin, m_.data() + slab.state_offset,
+                        v_.data() + slab.state_offset, slab.size(), b1, b2, step_size, inv_sqrt_bc2, eps, decay, grad_mul);
       continue;
     }
-    parallel_for(p.size, kAdamChunk, [&](size_t begin, size_t end) {
+    parallel_for(slab.size(), kAdamChunk, [&](size_t begin, size_t end) {
       // local pointers: through the lambda's captures GCC reloads them after every store
-      float *w = weights.data() + p.offset, *m = m_.data() + p.offset, *v = v_.data() + p.offset;
-      const float* gr = grads.data() + p.offset;
+      float *w = weights.data() + slab.begin, *m = m_.data() + slab.state_offset, *v = v_.data() + slab.state_offset;
+      const float* gr = grads.data() + slab.begin;
 #pragma omp simd
       for (size_t i = begin; i < end; ++i) {
         const float g = gr[i] * grad_mul;

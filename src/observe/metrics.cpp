@@ -17,9 +17,10 @@
 namespace pipetrain {
 
 void RankFigures::to(double* out) const {
-  const double v[12] = {stage,          dp_rank,        compute_s,   bubble_wait_s, comm_wait_s,   rank_step_s,
-                        act_peak_bytes, mem_peak_bytes, param_count, loss_sum,      gpu_mem_bytes, gpu_mem_peak_bytes};
-  out = std::copy(v, v + 12, out);
+  const double v[13] = {stage,          dp_rank,        compute_s,   bubble_wait_s, comm_wait_s,   rank_step_s,
+                        act_peak_bytes, mem_peak_bytes, param_count, loss_sum,      gpu_mem_bytes, gpu_mem_peak_bytes,
+                        optim_floats};
+  out = std::copy(v, v + 13, out);
   out = std::copy(kernels.seconds.begin(), kernels.seconds.end(), out);
   *out = kernels.gemm_flops;
 }
@@ -28,9 +29,9 @@ RankFigures RankFigures::from(const double* in) {
   RankFigures r;
   r.stage = in[0], r.dp_rank = in[1], r.compute_s = in[2], r.bubble_wait_s = in[3], r.comm_wait_s = in[4];
   r.rank_step_s = in[5], r.act_peak_bytes = in[6], r.mem_peak_bytes = in[7], r.param_count = in[8], r.loss_sum = in[9];
-  r.gpu_mem_bytes = in[10], r.gpu_mem_peak_bytes = in[11];
-  std::copy(in + 12, in + 12 + kKernelClasses, r.kernels.seconds.begin());
-  r.kernels.gemm_flops = in[12 + kKernelClasses];
+  r.gpu_mem_bytes = in[10], r.gpu_mem_peak_bytes = in[11], r.optim_floats = in[12];
+  std::copy(in + 13, in + 13 + kKernelClasses, r.kernels.seconds.begin());
+  r.kernels.gemm_flops = in[13 + kKernelClasses];
   return r;
 }
 
@@ -59,7 +60,7 @@ StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_pe
     line.compute_s[s] += r.compute_s;
     line.rank_step_s[s] += r.rank_step_s;
     line.param_bytes[s] = line.grad_bytes[s] = 4 * r.param_count;
-    line.optim_bytes[s] = 8 * r.param_count;
+    line.optim_bytes[s] = std::max(line.optim_bytes[s], 8 * r.optim_floats);  // the stage's largest share
     line.act_peak_bytes[s] = std::max(line.act_peak_bytes[s], r.act_peak_bytes);
     line.mem_peak_bytes[s] = std::max(line.mem_peak_bytes[s], r.mem_peak_bytes);
     if (r.gpu_mem_peak_bytes > 0) {

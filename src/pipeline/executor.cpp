@@ -70,7 +70,8 @@ void Executor::SendRing::drain(Comm& comm, const char* what, int peer) {
 }
 
 StepStats Executor::run(const ActionList& actions, Trace& trace, const std::function<void(int)>& load_inputs,
-                        const std::function<void(size_t)>& grads_done_from) {
+                        const std::function<void(size_t)>& grads_done_from,
+                        const std::function<bool(int)>& params_needed) {
   const int M = shape_.micro_batches, P = comm_.topo().pp, stage = comm_.topo().stage, chunks = stage_.chunks();
   const int prev = (stage + P - 1) % P, next = (stage + 1) % P;  // peers round the ring of stages
   auto vstage = [&](const Action& a) { return a.chunk * P + stage; };
@@ -134,6 +135,8 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
         break;
       }
       case Op::forward: {
+        if (const double t0 = now_s(); params_needed && params_needed(a.chunk))
+          trace.span("wait parameter all-gather", "wait", t0, now_s(), a.mb);
         act_out = last ? nullptr : act_out_.acquire(comm_, act_tag(v, a.mb, M), a.mb, "send activation", next, trace);
         const double t0 = now_s();
         if (first || last) load_inputs(a.mb), update(a);

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "pipetrain/model/model.hpp"
+#include "pipetrain/model/optimizer_shard.hpp"
 #include "pipetrain/model/partition.hpp"
 #include "pipetrain/schedule/registry.hpp"
 #include "pipetrain/schedule/simulate.hpp"
@@ -57,7 +58,10 @@ Plan make_plan(const RunSpec& spec) {
   for (int s = 0; s < P; ++s) {
     const std::vector<ChunkRange> chunks = chunks_of(blocks, P, s);
     StagePlan sp;
-    for (auto& t : rank_params(spec, chunks, P * V)) sp.params += t.size;
+    const std::vector<ParamTensor> params = rank_params(spec, chunks, P * V);
+    for (auto& t : params) sp.params += t.size;
+    sp.optim_floats[0] = sp.params;
+    sp.optim_floats[1] = OptimizerShard::max_state_floats(params, spec.parallel.dp);
     std::vector<size_t> wgrads;
     std::vector<std::vector<size_t>> stash(3);  // per recompute mode, per chunk
     for (const ChunkRange& c : chunks) {
@@ -99,17 +103,21 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
         "mode; " << p.schedule->name << " keeps" << (p.virtual_stages > 1 ? " (chunk-micro-batches)" : "");
   for (size_t s = 0; s < plan.stages.size(); ++s) os << (s ? ", " : " ") << plan.stages[s].in_flight;
   os << "; working: scratch and buffers under recompute = " << name_of(p.recompute) << "):\n";
-  std::snprintf(line, sizeof line, "  %-8s %12s %12s %12s | %12s %12s %12s | %12s\n", "stage", "params", "grads",
-                "AdamW", "act none", "act stage", "act block", "working");
+  // AdamW per replica, whole and sharded over this layout's dp (zero = 1); the spec's mode marked.
+  const std::string adam0 = std::string(p.zero == 0 ? "*" : "") + "AdamW",
+                    adam1 = std::string(p.zero == 1 ? "*" : "") + "zero=1 /" + std::to_string(p.dp);
+  std::snprintf(line, sizeof line, "  %-8s %12s %12s %12s %12s | %12s %12s %12s | %12s\n", "stage", "params", "grads",
+                adam0.c_str(), adam1.c_str(), "act none", "act stage", "act block", "working");
   os << line;
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const auto& sp = plan.stages[s];
-    std::snprintf(line, sizeof line, "  %-8zu %12s %12s %12s | %12s %12s %12s | %12s\n", s,
-                  bytes(4.0 * sp.params).c_str(), bytes(4.0 * sp.params).c_str(), bytes(8.0 * sp.params).c_str(),
-                  bytes(sp.act_peak_bytes[0]).c_str(), bytes(sp.act_peak_bytes[1]).c_str(),
-                  bytes(sp.act_peak_bytes[2]).c_str(), bytes(sp.working_bytes).c_str());
+    std::snprintf(line, sizeof line, "  %-8zu %12s %12s %12s %12s | %12s %12s %12s | %12s\n", s,
+                  bytes(4.0 * sp.params).c_str(), bytes(4.0 * sp.params).c_str(), bytes(sp.optim_bytes(0)).c_str(),
+                  bytes(sp.optim_bytes(1)).c_str(), bytes(sp.act_peak_bytes[0]).c_str(),
+                  bytes(sp.act_peak_bytes[1]).c_str(), bytes(sp.act_peak_bytes[2]).c_str(), bytes(sp.working_bytes).c_str());
     os << line;
   }
+  os << "  (* the spec's parallel.zero; zero = 1 keeps each replica's AdamW state for its row slab of every tensor)\n";
   return os.str();
 }
 
@@ -165,7 +173,8 @@ std::string plan_json(const RunSpec& spec, const Plan& plan) {
     nlohmann::json act;
     for (int m = 0; m < 3; ++m) act[name_of(kModes[m])] = s.act_peak_bytes[m];
     j["stages"].push_back({{"blocks", s.blocks}, {"params", s.params}, {"param_bytes", 4 * s.params},
-                           {"grad_bytes", 4 * s.params}, {"optim_bytes", 8 * s.params}, {"cost_share", s.cost_share},
+                           {"grad_bytes", 4 * s.params}, {"optim_bytes", s.optim_bytes(spec.parallel.zero)},
+                           {"optim_bytes_by_zero", {s.optim_bytes(0), s.optim_bytes(1)}}, {"cost_share", s.cost_share},
                            {"bubble_sim", s.bubble}, {"in_flight", s.in_flight}, {"act_peak_bytes", act},
                            {"working_bytes", s.working_bytes}});
   }

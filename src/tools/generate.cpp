@@ -196,7 +196,7 @@ ExitCode run_generate(const GenerateOptions& opt) {
       throw SpecError("generate: the prompt has token " + std::to_string(t) + " (" + tok.name() + "), beyond model.vocab = " +
                       std::to_string(V));
   Stage stage(spec, 0, 1, 0, spec.model.n_layer, 1, 1.f);
-  read_checkpoint_tensors(opt.checkpoint, stage.params(), stage.weights().host().data(), nullptr, nullptr);
+  read_checkpoint_tensors(opt.checkpoint, stage.params(), stage.weights().host().data(), nullptr, nullptr, nullptr);
   CachedGpt cached(spec, stage);
 
   SplitMix64 rng{opt.seed * 0x9e3779b97f4a7c15ULL + 1};

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "pipetrain/compute/device.hpp"
 #include "pipetrain/dist/signals.hpp"
@@ -10,7 +11,27 @@
 
 namespace pipetrain {
 
+GradReducer::GradReducer(Comm& comm, std::vector<float>& grads, size_t bucket, const std::vector<ParamTensor>& params,
+                         const OptimizerShard& shard, const ParamTensor* tied)
+    : comm_(comm), grads_(grads), bucket_(bucket), params_(params), shard_(shard), tied_(tied) {}
+
+void GradReducer::begin_step() {
+  posted_from_ = grads_.size();
+  next_tensor_ = params_.size();
+}
+
+void GradReducer::post(const ParamTensor& p) {
+  shard_.rank_parts(p, counts_, offsets_);
+  reqs_.push_back(comm_.ireduce_scatter_data(grads_.data() + p.offset, counts_));
+  posted_.push_back(&p);
+}
+
 void GradReducer::done_from(size_t offset) {
+  if (comm_.topo().dp == 1) return;
+  if (shard_.sharded()) {  // whole tensors, from the last
+    for (; next_tensor_ > 0 && params_[next_tensor_ - 1].offset >= offset; --next_tensor_) post(params_[next_tensor_ - 1]);
+    return;
+  }
   while (posted_from_ > offset) {
     const size_t start = posted_from_ - std::min(bucket_, posted_from_);
     if (start < offset) break;  // the rest of this bucket is not final yet
@@ -19,13 +40,81 @@ void GradReducer::done_from(size_t offset) {
   }
 }
 
-void GradReducer::finish() {
+double GradReducer::finish(Trace& trace) {
   done_from(0);
-  comm_.wait_all(reqs_, {"data-parallel gradient all-reduce", -1, -1, Group::data});
+  double t = now_s();
+  auto span = [&](const char* name) {
+    const double t1 = now_s();
+    trace.span(name, "wait", t, t1);
+    t = t1;
+  };
+  double dp_wait = 0;
+  auto wait_replicas = [&] {
+    const double w0 = comm_.wait_seconds();
+    comm_.wait_all(reqs_, {"data-parallel gradient sum", -1, -1, Group::data});
+    dp_wait += comm_.wait_seconds() - w0;
+  };
+  wait_replicas();
+  if (shard_.sharded()) {
+    span("wait gradient reduce-scatter");
+    // MPI leaves each rank's summed part at the start of the tensor's range: move it to its slab.
+    const int me = shard_.rank();
+    for (const ParamTensor* p : posted_) {
+      shard_.rank_parts(*p, counts_, offsets_);
+      if (offsets_[me] > 0 && counts_[me] > 0)
+        std::memmove(grads_.data() + p->offset + offsets_[me], grads_.data() + p->offset, counts_[me] * sizeof(float));
+    }
+    posted_.clear();
+  } else if (comm_.topo().dp > 1) {
+    span("wait gradient all-reduce");
+  }
+  // The tied halves, summed over the replicas already. Sharded, the first and the last stage's
+  // replica r own the same rows of wte: only those travel.
+  if (tied_) {
+    const OptimizerShard::Slab& mine = shard_.slabs()[tied_ - params_.data()];
+    comm_.allreduce_tied(grads_.data() + mine.begin, mine.size());
+    span("wait tied-embedding sum");
+  }
+  return dp_wait;
 }
 
-StepSync sync_step(Stage& stage, Comm& comm, GradReducer* reducer, std::vector<float>* staging,
-                   const ParamTensor* tied_wte, bool out_of_time, double loss_sum, Trace& trace) {
+ParamGather::ParamGather(Comm& comm, Stage& stage, const OptimizerShard& shard, std::vector<float>* staging)
+    : comm_(comm), stage_(stage), shard_(shard), staging_(staging), reqs_(stage.chunks()) {
+  for (const ParamTensor& p : stage.params()) {
+    int chunk = 0;
+    while (chunk + 1 < stage.chunks() && stage.chunk_offset(chunk + 1) <= p.offset) ++chunk;
+    chunk_of_.push_back(chunk);
+  }
+}
+
+void ParamGather::post() {
+  if (!shard_.sharded()) return;
+  Floats& w = stage_.weights();
+  if (staging_) download(staging_->data(), w.data(), w.size() * sizeof(float));
+  float* base = staging_ ? staging_->data() : w.data();
+  const std::vector<ParamTensor>& params = stage_.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    shard_.rank_parts(params[i], counts_, offsets_);
+    reqs_[chunk_of_[i]].push_back(comm_.iallgather_data(base + params[i].offset, counts_, offsets_));
+  }
+}
+
+bool ParamGather::wait(int chunk) {
+  if (reqs_[chunk].empty()) return false;
+  comm_.wait_all(reqs_[chunk], {"data-parallel parameter all-gather", -1, -1, Group::data});
+  if (!staging_) return true;
+  const size_t begin = stage_.chunk_offset(chunk);
+  const size_t end = chunk + 1 < stage_.chunks() ? stage_.chunk_offset(chunk + 1) : stage_.weights().size();
+  upload(stage_.weights().data() + begin, staging_->data() + begin, (end - begin) * sizeof(float));
+  return true;
+}
+
+void ParamGather::wait_all() {
+  for (int c = 0; c < stage_.chunks(); ++c) wait(c);
+}
+
+StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, const OptimizerShard& shard,
+                   std::vector<float>* staging, bool out_of_time, double loss_sum, Trace& trace) {
   double t = now_s();
   auto span = [&](const char* name, const char* category) {
     const double t1 = now_s();
@@ -33,19 +122,15 @@ StepSync sync_step(Stage& stage, Comm& comm, GradReducer* reducer, std::vector<f
     t = t1;
   };
   Floats& g = stage.grads();
-  const bool through_host = staging && (reducer || tied_wte);
-  if (through_host) download(staging->data(), g.data(), g.size() * sizeof(float)), span("gradients to host", "comm");
-  float* summed = staging ? staging->data() : g.data();
-  const double wait0 = comm.wait_seconds();
-  if (reducer) reducer->finish(), span("wait gradient all-reduce", "wait");
-  const double dp_wait = comm.wait_seconds() - wait0;
-  if (tied_wte) comm.allreduce_tied(summed + tied_wte->offset, tied_wte->size), span("wait tied-embedding sum", "wait");
-  if (through_host) upload(g.data(), staging->data(), g.size() * sizeof(float)), span("gradients to device", "comm");
-  // The gradient is checked where its norm is taken, on the first replica: the all-reduce has
-  // summed every replica's part into it, so a NaN anywhere is there too. Each rank checks its own
-  // loss; the world all-reduce of the flag makes every rank decide alike.
+  if (staging) download(staging->data(), g.data(), g.size() * sizeof(float)), span("gradients to host", "comm");
+  const double dp_wait = reducer.finish(trace);
+  t = now_s();
+  if (staging) upload(g.data(), staging->data(), g.size() * sizeof(float)), span("gradients to device", "comm");
+  // Each rank checks what it vouches for: unsharded, the first replica the whole (summed) buffer;
+  // sharded, every replica its slabs. Each rank checks its own loss.
+  const bool counts = shard.sharded() || comm.topo().dp_rank == 0;
   const double norm_t0 = now_s();
-  const double sq = comm.topo().dp_rank == 0 ? grad_sq_sum(stage.params(), g) : 0.0;
+  const double sq = counts ? grad_sq_sum(stage.params(), g, shard) : 0.0;
   const double norm_s = now_s() - norm_t0;
   span("gradient norm", "optimizer");
   const bool bad = !std::isfinite(sq) || !std::isfinite(loss_sum);

@@ -21,14 +21,14 @@ namespace {
 
 // Refuses, before anything large is allocated, a model whose stage cannot fit in this rank's share
 // of the node's memory, or of its GPU's when it computes on one (plan's prediction: parameters,
-// gradients, AdamW, stashed activations, working buffers; on the GPU also attention backward's
-// score gradients).
+// gradients, AdamW (this replica's shard under parallel.zero = 1), stashed activations, working
+// buffers; on the GPU also attention backward's score gradients).
 void check_memory_fits(const RunSpec& spec, int stage, int local_ranks) {
   const Plan plan = make_plan(spec);
   const StagePlan& s = plan.stages[stage];
   const int mode = static_cast<int>(spec.parallel.recompute);
   const bool on_gpu = compute_device() == Device::gpu;
-  const double gib = 1024.0 * 1024 * 1024, state = 16.0 * s.params;  // 4 B weights + 4 B grads + 8 B AdamW
+  const double gib = 1024.0 * 1024 * 1024, state = 8.0 * s.params + s.optim_bytes(spec.parallel.zero);  // weights, grads, AdamW
   const double T = spec.model.seq_len, attention_scratch = 4.0 * spec.samples_per_micro_batch() * spec.model.n_head * T * T;
   const double need = state + s.act_peak_bytes[mode] + s.working_bytes + (on_gpu ? attention_scratch : 0);
   const int sharing = on_gpu ? (local_ranks + gpu::device_count() - 1) / gpu::device_count() : local_ranks;
@@ -152,7 +152,10 @@ void build_model(Run& run) {
   } else {
     run.stage->init_params(static_cast<uint64_t>(spec.run.seed));
   }
-  run.adam = std::make_unique<AdamW>(spec.train, run.stage->weights().size());
+  // ZeRO-1: this replica's row slabs; otherwise everything.
+  const bool zero = spec.parallel.zero == 1;
+  run.adam = std::make_unique<AdamW>(spec.train, OptimizerShard(run.stage->params(), zero ? run.topo.dp_rank : 0,
+                                                                zero ? spec.parallel.dp : 1));
   if (!run.resumed_from.empty()) run.start_step = run.checkpointer->load(run.resumed_from, *run.stage, *run.adam);
   run.last_saved = run.resumed_from.empty() ? -1 : run.start_step;
 }
@@ -223,7 +226,11 @@ void prepare_steps(Run& run) {
   run.tied_wte = spec.model.tie_embeddings && spec.parallel.pp > 1 ? wte : nullptr;
   run.grad_staging.resize(run.on_gpu() && (spec.parallel.dp > 1 || run.tied_wte) ? stage.grads().size() : 0);
   const size_t bucket = std::max<size_t>(1, static_cast<size_t>(spec.comm.bucket_mb * (1 << 20) / sizeof(float)));
-  run.reducer = std::make_unique<GradReducer>(*run.comm, run.on_gpu() ? run.grad_staging : stage.grads().host(), bucket);
+  const OptimizerShard& shard = run.adam->shard();
+  run.reducer = std::make_unique<GradReducer>(*run.comm, run.on_gpu() ? run.grad_staging : stage.grads().host(), bucket,
+                                              stage.params(), shard, run.tied_wte);
+  run.param_staging.resize(run.on_gpu() && shard.sharded() ? stage.weights().size() : 0);
+  run.param_gather = std::make_unique<ParamGather>(*run.comm, stage, shard, run.on_gpu() ? &run.param_staging : nullptr);
 
   run.metrics = std::make_unique<MetricsWriter>(run.rank() == 0 && !run.opt.eval_only ? run.run_dir + "/metrics.jsonl" : "");
   run.budget = std::make_unique<TimeBudget>(spec.run.time_limit, run.launched_s);
@@ -319,6 +326,11 @@ void print_start(const Run& run) {
   std::fflush(stdout);
 }
 
+std::function<bool(int)> params_ready(Run& run) {
+  if (!run.adam->shard().sharded()) return nullptr;
+  return [&run](int chunk) { return run.param_gather->wait(chunk); };
+}
+
 std::function<void(int)> inputs_from(Run& run, Dataset* data, int64_t index) {
   return [&run, data, index](int mb) {
     KernelTimer timer(Kernel::input);
@@ -332,7 +344,8 @@ double evaluate(Run& run) {
   const RunSpec& spec = run.spec;
   double loss = 0;
   for (int batch = 0; batch < spec.eval.batches; ++batch)
-    loss += run.executor->run(run.eval_actions, run.trace, inputs_from(run, run.val.get(), batch)).loss_sum;
+    loss += run.executor->run(run.eval_actions, run.trace, inputs_from(run, run.val.get(), batch), nullptr, params_ready(run))
+                .loss_sum;
   run.comm->allreduce_world(&loss, 1);
   return loss / (static_cast<double>(spec.eval.batches) * run.tokens_per_step);
 }

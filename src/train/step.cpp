@@ -42,25 +42,29 @@ StepResult train_step(Run& run, int step) {
   comm.reset_wait_seconds();
   run.trace.span("zero grads", "compute", t0, now_s());
 
-  // The schedule; with replicas, gradient buckets start their all-reduce during the last backward.
+  // The schedule; with replicas, gradient sums start during the last backward (on the CPU). With
+  // ZeRO-1 each chunk's first forward waits for its weights, updated at the end of the last step.
   const bool replicas = spec.parallel.dp > 1;
   run.reducer->begin_step();
   const std::function<void(size_t)> grads_done = [&](size_t offset) { run.reducer->done_from(offset); };
   r.stats = run.executor->run(run.actions, run.trace, inputs_from(run, run.data.get(), step),
-                              replicas && !run.on_gpu() ? grads_done : std::function<void(size_t)>());
+                              replicas && !run.on_gpu() ? grads_done : std::function<void(size_t)>(),
+                              params_ready(run));
 
   // The step boundary carries the time budget's verdict, so every rank stops alike.
   const double sync_t0 = now_s();
   const bool out_of_time = run.budget->nearly_out(sync_t0, sync_t0 - t0);
-  r.sync = sync_step(stage, comm, replicas ? run.reducer.get() : nullptr, run.on_gpu() ? &run.grad_staging : nullptr,
-                     run.tied_wte, out_of_time, r.stats.loss_sum, run.trace);
+  r.sync = sync_step(stage, comm, *run.reducer, run.adam->shard(), run.grad_staging.empty() ? nullptr : &run.grad_staging,
+                     out_of_time, r.stats.loss_sum, run.trace);
   const double opt_t0 = now_s();
 
   // A NaN/Inf anywhere skips the update on every rank alike: parameters and AdamW state stay as
   // they were, and the step's batch is simply not learned from.
   run.bad_steps->record(r.sync.finite);
   if (r.sync.finite) {
+    run.param_gather->wait_all();  // (done already: every chunk ran a forward)
     run.adam->step(stage.params(), stage.weights(), stage.grads(), r.lr, clip_coefficient(r.sync.norm, spec.train.grad_clip));
+    run.param_gather->post();
   } else if (run.rank() == 0) {
     std::printf("step %d: NaN or Inf in the loss or gradients; update skipped (%d in a row, %d this launch)\n", step + 1,
                 run.bad_steps->in_a_row(), run.bad_steps->total());
@@ -80,6 +84,7 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   mine.compute_s = r.stats.compute_s + r.local_s;
   mine.rank_step_s = r.step_s;
   mine.param_count = static_cast<double>(run.stage->weights().size());
+  mine.optim_floats = static_cast<double>(run.adam->shard().state_floats());
   mine.comm_wait_s = r.waited_s;
   mine.bubble_wait_s = r.waited_s - r.sync.dp_wait_s;
   mine.act_peak_bytes = static_cast<double>(r.stats.act_peak_bytes);

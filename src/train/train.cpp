@@ -98,6 +98,7 @@ std::optional<Ending> should_stop(Run& run, int done, bool stopping) {
 
 // Rank 0 records how the launch ended; every rank returns its code.
 ExitCode finish(Run& run, const Ending& ending, int64_t step) {
+  run.param_gather->wait_all();  // no collective may be left in flight at MPI_Finalize
   if (run.rank() == 0) record_stop(run, ending.reason, ending.code, step);
   return ending.code;
 }

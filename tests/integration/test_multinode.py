@@ -1,7 +1,7 @@
 """Multi-node, on an emulated 3-node Slurm cluster (scripts/cluster/slurm-nodes.sh: one network namespace,
 IPC namespace, hostname and slurmd per node; MPI over real TCP between them):
 - 2-node runs (pipeline across nodes with parallel.order = dp, data groups across nodes with
-  order = pp) and a 3-node run give the single-node mpiexec run's losses (relative 1e-5), log
+  order = pp and ZeRO-1) and a 3-node run give the single-node mpiexec run's losses (relative 1e-5), log
   the node map, and end at once (comm.finalize = auto leaves MPI without the MPI_Finalize that
   hangs over UCX/TCP);
 - `pipetrain smoke` across nodes passes, flags the links of a node whose bandwidth is cut, and
@@ -36,9 +36,10 @@ def cluster_up():
         expect(not left, f"down left nothing behind ({left})")
 
 
-def same_as_one_node(nodes, per_node, sets, node_map):
+def same_as_one_node(nodes, per_node, sets, node_map, across_nodes_only=()):
     """srun on `nodes` nodes x `per_node` ranks against the same run under mpiexec on one node;
-    `node_map`: the lines of the node map the log must hold."""
+    `node_map`: the lines of the node map the log must hold; `across_nodes_only`: settings of the
+    srun run alone."""
     a = settings()
     tiny = os.path.join(a.configs, "tiny.toml")
     with cluster_up() as cluster:
@@ -46,7 +47,7 @@ def same_as_one_node(nodes, per_node, sets, node_map):
         ref = launch(a, nodes * per_node, os.path.join(a.work, "ref"), tiny, COMMON + sets)
         run_dir = os.path.join(a.work, "multinode")
         argv = [a.bin, "train", "--config", tiny, "--run-dir", run_dir, "--resume", "never"]
-        for s in COMMON + sets + ["comm.finalize_timeout_s=20"]:
+        for s in COMMON + sets + list(across_nodes_only) + ["comm.finalize_timeout_s=20"]:
             argv += ["--set", s]
         p, seconds = cluster.srun(nodes, per_node, argv)
         expect(p.returncode == 0 and ref.rc == 0, f"{what}: srun and mpiexec runs exit 0 ({p.returncode}, {ref.rc}) "
@@ -70,10 +71,12 @@ def pipeline_across_two_nodes():
 
 @scenario
 def data_groups_across_two_nodes():
-    """2x2 on 2 nodes, parallel.order = pp (each data group spans nodes): the same."""
+    """2x2 on 2 nodes, parallel.order = pp (each data group spans nodes), with ZeRO-1 (the
+    reduce-scatter and all-gather cross nodes): the losses of one node's unsharded run."""
     same_as_one_node(2, 2, ["parallel.pp=2", "parallel.dp=2", "parallel.order=pp"],
                      ["node1: s0/d0 s1/d0", "node2: s0/d1 s1/d1",
-                      "pipeline links crossing nodes: 0 of 2 | data groups spanning nodes: 2 of 2"])
+                      "pipeline links crossing nodes: 0 of 2 | data groups spanning nodes: 2 of 2"],
+                     across_nodes_only=["parallel.zero=1"])
 
 
 @scenario

@@ -35,7 +35,8 @@ def update_by_rank(run):
     it skipped it}, from every rank's own spans in trace.json."""
     events = json.load(open(os.path.join(run.run_dir, "trace.json")))["traceEvents"]
     views = {}
-    for e in sorted((e for e in events if e.get("cat") == "optimizer"), key=lambda e: e["args"]["step"]):
+    for e in sorted((e for e in events if e.get("cat") == "optimizer" and e["name"] != "gradient norm"),
+                   key=lambda e: e["args"]["step"]):
         rank = (e["pid"], e["tid"])
         views[rank] = views.get(rank, "") + ("S" if e["name"].startswith("update skipped") else "u")
     return views

@@ -37,8 +37,8 @@ class Run:
             return [json.loads(line) for line in f if line.strip()]
 
 
-def launch(args, ranks, run_dir, config=None, sets=(), timeout=120, extra=(), env=None):
-    cmd = [args.mpiexec, "-n", str(ranks), args.bin, "train", "--run-dir", run_dir]
+def launch(args, ranks, run_dir, config=None, sets=(), timeout=120, extra=(), env=None, launcher_args=()):
+    cmd = [args.mpiexec, *launcher_args, "-n", str(ranks), args.bin, "train", "--run-dir", run_dir]
     if config:
         cmd += ["--config", config]
     for s in sets:

@@ -15,6 +15,7 @@ RankFigures rank(int stage, int dp, double compute, double bubble_wait, double a
   RankFigures r;
   r.stage = stage, r.dp_rank = dp, r.compute_s = compute, r.bubble_wait_s = bubble_wait, r.comm_wait_s = bubble_wait + 0.1;
   r.rank_step_s = compute + bubble_wait, r.act_peak_bytes = act, r.mem_peak_bytes = 1000 + act, r.param_count = 10 + stage;
+  r.optim_floats = 10 + stage;
   r.loss_sum = loss;
   r.kernels.seconds[static_cast<int>(Kernel::gemm)] = compute / 2;
   r.kernels.gemm_flops = 1e9 * compute;

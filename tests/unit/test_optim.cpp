@@ -3,6 +3,7 @@
 // tensors marked for it), clip_grad_norm_'s coefficient, linear warmup then cosine to min_lr.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 
 #include "pipetrain/model/optim.hpp"
@@ -30,7 +31,7 @@ TEST_CASE("optim: AdamW follows PyTorch's update, decaying only the tensors mark
   weights.resize(5), grads.resize(5);
   std::vector<double> w = {0.5, -1.0, 2.0, 0.25, -0.75}, m(5, 0), v(5, 0);
   for (size_t i = 0; i < 5; ++i) weights.host()[i] = static_cast<float>(w[i]);
-  AdamW adam(t, 5);
+  AdamW adam(t, OptimizerShard(params, 0, 1));
   const double lrs[] = {0.01, 0.02, 0.005};
   const float muls[] = {1.0f, 0.5f, 1.0f};  // clipping scales the gradient on the fly
   for (int step = 0; step < 3; ++step) {
@@ -68,7 +69,69 @@ TEST_CASE("optim: the global norm counts a tied embedding's copy once", "[optim]
   grads.resize(5);
   const float g[] = {1, 2, 3, 100, 100};
   for (size_t i = 0; i < 5; ++i) grads.host()[i] = g[i];
-  CHECK(grad_sq_sum(params, grads) == Approx(1 + 4 + 9));
+  CHECK(grad_sq_sum(params, grads, OptimizerShard(params, 0, 1)) == Approx(1 + 4 + 9));
+  // Sharded over 2 ranks, the two halves' sums add up to the same norm.
+  CHECK(grad_sq_sum(params, grads, OptimizerShard(params, 0, 2)) + grad_sq_sum(params, grads, OptimizerShard(params, 1, 2)) ==
+        Approx(1 + 4 + 9));
+}
+
+TEST_CASE("optim: ZeRO-1 shards are row slabs that cover every element once, in rank order", "[optim][zero]") {
+  std::vector<ParamTensor> params = {tensor("wte.weight", 0, 0, true), tensor("ln.bias", 35, 3, false),
+                                     tensor("h.0.w", 38, 0, true)};
+  params[0].shape = {7, 5}, params[0].size = 35;  // 7 rows of 5
+  params[2].shape = {2, 3}, params[2].size = 6;   // fewer rows than some rank counts
+  const size_t total = 44;
+  for (int D : {1, 2, 3, 4}) {
+    std::vector<int> owner(total, -1);
+    size_t state = 0;
+    for (int r = 0; r < D; ++r) {
+      const OptimizerShard shard(params, r, D);
+      REQUIRE(shard.slabs().size() == params.size());
+      size_t offset = 0;
+      for (const OptimizerShard::Slab& s : shard.slabs()) {
+        const ParamTensor& p = params[s.tensor];
+        CHECK(s.begin >= p.offset);
+        CHECK(s.end <= p.offset + p.size);
+        CHECK((s.begin - p.offset) % row_elements(p) == 0);  // whole rows
+        CHECK(s.state_offset == offset);                      // compact, in slab order
+        offset += s.size();
+        for (size_t i = s.begin; i < s.end; ++i) {
+          CHECK(owner[i] == -1);
+          owner[i] = r;
+        }
+        std::vector<int> counts, offsets;
+        shard.rank_parts(p, counts, offsets);
+        CHECK(offsets[r] == static_cast<int>(s.begin - p.offset));
+        CHECK(counts[r] == static_cast<int>(s.size()));
+      }
+      CHECK(shard.state_floats() == offset);
+      state += offset;
+    }
+    INFO("D = " << D);
+    CHECK(state == total);
+    CHECK(std::is_sorted(owner.begin(), owner.begin() + 35));  // a tensor's slabs follow in rank order
+    CHECK(std::count(owner.begin(), owner.end(), -1) == 0);
+    CHECK(OptimizerShard::max_state_floats(params, D) >= (total + D - 1) / D);
+  }
+}
+
+TEST_CASE("optim: sharded AdamW updates each rank's slabs exactly as the whole update does", "[optim][zero]") {
+  const RunSpec spec = spec_with({"train.weight_decay=0.1"});
+  std::vector<ParamTensor> params = {tensor("w", 0, 0, true), tensor("b", 12, 3, false)};
+  params[0].shape = {4, 3}, params[0].size = 12;
+  Floats whole, sharded, grads;
+  whole.resize(15), sharded.resize(15), grads.resize(15);
+  for (size_t i = 0; i < 15; ++i) whole.host()[i] = sharded.host()[i] = 0.1f * static_cast<float>(i) - 0.7f;
+  AdamW all(spec.train, OptimizerShard(params, 0, 1));
+  std::vector<AdamW> ranks;
+  for (int r = 0; r < 3; ++r) ranks.emplace_back(spec.train, OptimizerShard(params, r, 3));
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < 15; ++i) grads.host()[i] = 0.05f * static_cast<float>((i * 7 + step) % 11) - 0.2f;
+    all.step(params, whole, grads, 0.01, 0.5f);
+    for (AdamW& a : ranks) a.step(params, sharded, grads, 0.01, 0.5f);  // each touches its slabs only
+  }
+  for (size_t i = 0; i < 15; ++i) CHECK(sharded.host()[i] == whole.host()[i]);  // bit for bit
+  CHECK(ranks[0].exp_avg().size() + ranks[1].exp_avg().size() + ranks[2].exp_avg().size() == 15);
 }
 
 TEST_CASE("optim: warmup rises linearly to lr, cosine decays to min_lr at the last step", "[optim]") {

@@ -15,6 +15,7 @@
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/model/model.hpp"
 #include "pipetrain/model/optim.hpp"
+#include "pipetrain/model/optimizer_shard.hpp"
 
 namespace pipetrain {
 
@@ -64,11 +65,12 @@ std::string incompatibility(const Manifest& m, const RunSpec& spec);
 // after) say otherwise. SpecError naming the manifest or the key.
 RunSpec spec_of_checkpoint(const std::string& dir, const std::vector<std::string>& overrides, int world_size);
 
-// Reads `params` by name from a checkpoint's shards into flat buffers at their offsets (exp_avg
-// and exp_avg_sq may be null: the moments are skipped). Any process, no MPI. SpecError naming a
-// missing tensor or a shard that does not fit.
+// Reads `params` by name from a checkpoint's shards into a flat buffer at their offsets, and with
+// a `shard` the AdamW moments of its slabs into exp_avg / exp_avg_sq at their state offsets (null:
+// the moments are skipped). Any process, no MPI. SpecError naming a missing tensor or a shard that
+// does not fit.
 void read_checkpoint_tensors(const std::string& dir, const std::vector<ParamTensor>& params, float* weights,
-                             float* exp_avg, float* exp_avg_sq);
+                             const OptimizerShard* shard, float* exp_avg, float* exp_avg_sq);
 
 // Keys that may change on resume but change the run (LR schedule, optimizer): "key old -> new".
 std::vector<std::string> changed_training_keys(const Manifest& m, const RunSpec& spec);

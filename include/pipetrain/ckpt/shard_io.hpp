@@ -13,7 +13,8 @@ namespace pipetrain {
 
 constexpr int kCheckpointFormat = 1;
 
-// The three arrays of one named tensor as they sit in memory.
+// One named tensor's three arrays: each points at this replica's row slab (row_slab() of its first
+// dimension), all that write_shard reads of it.
 struct ShardTensor {
   std::string name;
   std::vector<int> shape;
@@ -23,7 +24,7 @@ struct ShardTensor {
 };
 
 // Collective over `group` (the stage's data communicator): every member passes the same tensor
-// list; member `rank` of `size` writes rows [rank*n0/size, (rank+1)*n0/size) of each tensor.
+// list; member `rank` of `size` writes its row slab, rows [rank*n0/size, (rank+1)*n0/size), of each.
 // Returns "" or what failed on this rank; it never leaves the collective calls early, so the
 // other replicas do not hang. The caller agrees on the outcome across ranks.
 std::string write_shard(const std::string& path, const std::vector<ShardTensor>& tensors, int64_t step,

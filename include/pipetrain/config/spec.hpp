@@ -46,6 +46,7 @@ struct RunSpec {
     Partition partition = Partition::uniform;  // explicit_list: blocks_per_stage holds the list
     std::vector<int> blocks_per_stage;  // explicit partition, one entry per (virtual) stage
     Recompute recompute = Recompute::none;
+    int zero = 0;                       // 1: AdamW state sharded over the data-parallel replicas (ZeRO-1)
     int threads_per_rank = 0;           // BLAS threads per rank; 0 = OPENBLAS_NUM_THREADS or cores / ranks per node
   } parallel;
   struct Train {

@@ -100,6 +100,7 @@ class Stage {
   bool last(int chunk) const { return chunks_[chunk].last; }    // the last virtual stage: head and loss
   bool has_embedding() const { return chunks_.front().first; }
   bool has_head() const { return chunks_.back().last; }
+  size_t chunk_offset(int chunk) const { return chunks_[chunk].offset; }  // its first tensor in the flat buffers
   size_t boundary_floats() const { return static_cast<size_t>(B_) * T_ * C_; }  // one activation
 
   const std::vector<ParamTensor>& params() const { return params_; }

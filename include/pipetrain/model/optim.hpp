@@ -5,6 +5,7 @@
 
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/model/model.hpp"
+#include "pipetrain/model/optimizer_shard.hpp"
 
 namespace pipetrain {
 
@@ -12,18 +13,20 @@ namespace pipetrain {
 // min_lr at the last step.
 double lr_at(const RunSpec& spec, int step);
 
-// Sum of squared gradients of the tensors that count toward the global norm on this stage.
-double grad_sq_sum(const std::vector<ParamTensor>& params, const Floats& grads);
+// Sum of squared gradients over the shard's slabs of the tensors that count toward the global norm.
+double grad_sq_sum(const std::vector<ParamTensor>& params, const Floats& grads, const OptimizerShard& shard);
 
 // Multiplier applied to all gradients for clipping (1 when the norm is within grad_clip or clip = 0).
 float clip_coefficient(double global_norm, double grad_clip);
 
-// Moments live with the weights, on the compute device.
+// Moments live with the weights, on the compute device, for the shard's slabs only (compactly, in
+// slab order); step updates those slabs of the weights and leaves the rest alone.
 class AdamW {
  public:
-  AdamW(const RunSpec::Train& cfg, size_t n_weights);
+  AdamW(const RunSpec::Train& cfg, OptimizerShard shard);
   // One update with learning rate lr; gradients are multiplied by grad_mul (clipping) on the fly.
   void step(const std::vector<ParamTensor>& params, Floats& weights, const Floats& grads, double lr, float grad_mul);
+  const OptimizerShard& shard() const { return shard_; }
   int steps_taken() const { return t_; }
   void set_steps_taken(int t) { t_ = t; }  // when resuming: bias correction continues from t
   Floats& exp_avg() { return m_; }
@@ -33,6 +36,7 @@ class AdamW {
 
  private:
   RunSpec::Train cfg_;
+  OptimizerShard shard_;
   int t_ = 0;
   Floats m_, v_;
 };

@@ -19,11 +19,12 @@ struct RankFigures {
   double rank_step_s = 0;     // this rank's own step wall time (compute + waits + overheads)
   double act_peak_bytes = 0;  // stashed activations, peak during the step
   double mem_peak_bytes = 0;  // process peak RSS
-  double param_count = 0;     // parameters this rank holds (params, grads: 4 B each; AdamW: 8 B)
+  double param_count = 0;     // parameters this rank holds (params, grads: 4 B each)
+  double optim_floats = 0;    // floats of each AdamW moment this rank keeps (all params, or its ZeRO-1 slabs)
   double loss_sum = 0;        // summed token loss (last stage only)
   double gpu_mem_bytes = 0, gpu_mem_peak_bytes = 0;  // device memory allocated now / at peak (GPU runs)
   KernelTotals kernels;       // this step's compute by kernel class (profile.hpp)
-  static constexpr size_t kFields = 12 + kKernelClasses + 1;
+  static constexpr size_t kFields = 13 + kKernelClasses + 1;
   void to(double* out) const;
   static RankFigures from(const double* in);
 };

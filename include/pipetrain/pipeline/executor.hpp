@@ -35,9 +35,11 @@ class Executor {
   // never runs backward for (forward_only lists: evaluation) is dropped right after its forward. Spans go to `trace` while it
   // is recording. `grads_done_from` is handed to each chunk's last backward (when the chunks finish
   // from the last to the first, as the buffers are laid out), so gradient all-reduces can start
-  // while the step still runs (see Stage::backward).
+  // while the step still runs (see Stage::backward). `params_needed(chunk)` is called before each
+  // forward of a chunk (ZeRO-1 waits there for that chunk's updated weights; true if it waited).
   StepStats run(const ActionList& actions, Trace& trace, const std::function<void(int)>& load_inputs,
-                const std::function<void(size_t)>& grads_done_from = nullptr);
+                const std::function<void(size_t)>& grads_done_from = nullptr,
+                const std::function<bool(int)>& params_needed = nullptr);
 
   // The largest message tag a step of `shape` uses (it must fit below World::max_tag()).
   static int64_t max_tag(const StepShape& shape);

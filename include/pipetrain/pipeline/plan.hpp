@@ -12,6 +12,8 @@ namespace pipetrain {
 struct StagePlan {
   int blocks = 0;
   size_t params = 0;
+  size_t optim_floats[2] = {0, 0};  // of each AdamW moment on the stage's fullest replica: zero = 0, zero = 1
+  size_t optim_bytes(int zero) const { return 8 * optim_floats[zero]; }
   double cost_share = 0;      // of the summed stage costs
   double bubble = 0;          // simulated with the cost model
   int in_flight = 0;          // micro-batches whose activations the schedule holds at its peak

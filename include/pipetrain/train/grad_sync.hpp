@@ -1,56 +1,96 @@
-// The step boundary's gradient work: the data-parallel all-reduce in buckets that start while the
-// last backward still runs, the tied embedding's two halves summed, and the one world-wide
+// The step boundary's gradient and parameter exchanges between replicas, and the one world-wide
 // agreement (gradient norm, stop signal, NaN/Inf) that makes every rank decide alike whether to
 // apply the update and whether to stop.
+//
+// Without sharding (parallel.zero = 0) each replica's gradients are all-reduced and every replica
+// updates everything. With ZeRO-1 (parallel.zero = 1) each tensor's gradient is reduce-scattered,
+// so a replica receives the summed gradient of its own row slab (OptimizerShard), updates that
+// slab with the AdamW state it alone keeps, and the updated slabs are all-gathered back into every
+// replica's weights before their next forward.
 #pragma once
 #include <cstddef>
 #include <vector>
 
 #include "pipetrain/dist/comm.hpp"
 #include "pipetrain/model/model.hpp"
+#include "pipetrain/model/optimizer_shard.hpp"
 #include "pipetrain/observe/trace.hpp"
 
 namespace pipetrain {
 
-// The data-parallel gradient all-reduce, in buckets started as soon as their gradients are
-// complete: each chunk's last backward reports, block by block, the offset from which the buffer
-// is final (it falls from the head to the embeddings, chunk after chunk), so buckets are cut from
-// the end of the buffer and overlap the rest of that backward. Bucket bounds depend only on the layout, so
-// every replica posts the same sequence.
+// Sums gradients over the replicas (when there are several) and the tied embedding's two halves
+// (`tied`: this stage's wte or its copy when the first and last stage share it; null otherwise),
+// starting as soon as gradients are complete: each chunk's last backward reports, block by block,
+// the offset from which the buffer is final (it falls from the head to the embeddings, chunk
+// after chunk), so work starts from the end of the buffer and overlaps the rest of that backward.
+// Unsharded, the buffer is all-reduced in buckets of `bucket` floats cut from its end; sharded,
+// each tensor is reduce-scattered as a whole (its slabs lie in rank order). Either way the
+// sequence of collectives depends only on the layout, so every replica posts the same, and the
+// tied halves are summed after the replicas' sums, in the same order in both modes.
 class GradReducer {
  public:
-  GradReducer(Comm& comm, std::vector<float>& grads, size_t bucket) : comm_(comm), grads_(grads), bucket_(bucket) {}
-  void begin_step() { posted_from_ = grads_.size(); }
-  // Gradients from `offset` to the end of the buffer are final: post every whole bucket there.
+  GradReducer(Comm& comm, std::vector<float>& grads, size_t bucket, const std::vector<ParamTensor>& params,
+              const OptimizerShard& shard, const ParamTensor* tied);
+  void begin_step();
+  // Gradients from `offset` to the end of the buffer are final: post what lies there.
   void done_from(size_t offset);
-  // Posts what is left and waits for every bucket.
-  void finish();
+  // Posts what is left, sums the tied halves and waits. Unsharded, every rank then holds the
+  // summed gradient everywhere; sharded, of its own slabs (the rest of the buffer is scratch).
+  // Returns the seconds spent waiting for the replicas. Spans go to `trace`.
+  double finish(Trace& trace);
 
  private:
+  void post(const ParamTensor& p);  // sharded: one tensor's reduce-scatter
   Comm& comm_;
   std::vector<float>& grads_;
   size_t bucket_, posted_from_ = 0;
+  const std::vector<ParamTensor>& params_;
+  const OptimizerShard& shard_;
+  const ParamTensor* tied_;
+  size_t next_tensor_ = 0;  // sharded: params_[next_tensor_ - 1] is the last tensor not yet posted
   std::vector<MPI_Request> reqs_;
+  std::vector<const ParamTensor*> posted_;  // sharded: the tensor of each request
+  std::vector<int> counts_, offsets_;
+};
+
+// ZeRO-1's all-gather of the updated slabs, one collective per tensor, posted after the update and
+// waited for chunk by chunk just before that chunk's first forward of the next step (the waits of
+// the stages before it overlap it). On the GPU the weights travel through `staging`, a host copy.
+class ParamGather {
+ public:
+  ParamGather(Comm& comm, Stage& stage, const OptimizerShard& shard, std::vector<float>* staging);
+  void post();
+  bool wait(int chunk);  // true if there was something to wait for
+  void wait_all();
+
+ private:
+  Comm& comm_;
+  Stage& stage_;
+  const OptimizerShard& shard_;
+  std::vector<float>* staging_;
+  std::vector<std::vector<MPI_Request>> reqs_;  // per chunk
+  std::vector<int> chunk_of_;                   // per tensor
+  std::vector<int> counts_, offsets_;
 };
 
 struct StepSync {
-  double dp_wait_s;  // time in the data-parallel all-reduce (not pipeline bubble)
+  double dp_wait_s;  // time waiting for the replicas' gradient sums (not pipeline bubble)
   double norm;       // global gradient norm over all stages, before clipping
   bool stop;         // some rank received a stop signal
   bool finite;       // every rank's loss and gradients are finite: the update may be applied
   double norm_s;     // compute time of the squared norm (counted as compute, not waiting)
 };
 
-// After the schedule: finish averaging gradients over the replicas (1/D is already in the loss
-// scale), sum the tied embedding's two halves (tied_wte: the stage's wte if it takes part), then
-// one small all-reduce over all ranks carries the squared norm (from the first replica of each
-// stage), the stop flag and a non-finite flag: the step's only world-wide synchronisation, so
-// every rank decides alike whether to stop and whether to apply the update.
-// On the GPU (comm.backend = mpi) the sums over replicas and tied halves run on `staging`, a host
-// copy of the gradients the reducer was built on. `trace` gets a span per part: the waits inside
-// the collectives as waits (a late peer and the transfer itself are not told apart; comm_wait_s
-// counts them alike), the host copies as all-reduce work, the norm as optimizer work.
-StepSync sync_step(Stage& stage, Comm& comm, GradReducer* reducer, std::vector<float>* staging,
-                   const ParamTensor* tied_wte, bool out_of_time, double loss_sum, Trace& trace);
+// After the schedule: finish the gradient sums (1/D is already in the loss scale), then one small
+// all-reduce over all ranks carries the squared norm (each rank's share: the first replica's whole
+// buffer unsharded, every replica's own slabs sharded), the stop flag and a non-finite flag: the
+// step's only world-wide synchronisation, so every rank decides alike whether to stop and whether
+// to apply the update. A NaN anywhere reaches the rank that checks it through the sums.
+// On the GPU (comm.backend = mpi) the sums run on `staging`, a host copy of the gradients the
+// reducer was built on. `trace` gets a span per part: waits inside the collectives as waits (a late
+// peer and the transfer itself are not told apart; comm_wait_s counts them alike), host copies as
+// all-reduce work, the norm as optimizer work.
+StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, const OptimizerShard& shard,
+                   std::vector<float>* staging, bool out_of_time, double loss_sum, Trace& trace);
 
 }  // namespace pipetrain

@@ -58,9 +58,11 @@ struct Run {
   std::vector<int> inputs, targets;        // one micro-batch's tokens, read just before its forward
 
   // The step boundary: gradient sums over replicas (through `grad_staging` on the GPU) and the
-  // tied embedding's halves (`tied_wte` where this stage takes part).
-  std::vector<float> grad_staging;
+  // tied embedding's halves (`tied_wte` where this stage takes part); with ZeRO-1 the updated
+  // slabs' all-gather (through `param_staging` on the GPU).
+  std::vector<float> grad_staging, param_staging;
   std::unique_ptr<GradReducer> reducer;
+  std::unique_ptr<ParamGather> param_gather;
   const ParamTensor* tied_wte = nullptr;
 
   // What the loop logs and decides with.
@@ -95,5 +97,9 @@ double evaluate(Run& run);
 // Loads micro-batch `mb` of global batch `index` of `data` into the stage (the executor's
 // load_inputs): tokens on the first virtual stage, targets on the last.
 std::function<void(int)> inputs_from(Run& run, Dataset* data, int64_t index);
+
+// The executor's params_needed under ZeRO-1: waits for a chunk's all-gathered weights; null
+// without sharding.
+std::function<bool(int)> params_ready(Run& run);
 
 }  // namespace pipetrain

@@ -1,0 +1,55 @@
+// Which part of a stage's parameters a data-parallel rank keeps optimizer state for and updates.
+// Without sharding (parallel.zero = 0) that is everything. With ZeRO-1 (parallel.zero = 1) rank r
+// of D owns the same row slab of every tensor, rows [r*n0/D, (r+1)*n0/D) of its first dimension:
+// exactly the slab it writes into a checkpoint shard, so a sharded run saves what it owns and the
+// files do not depend on the mode. A slab is contiguous in the stage's flat buffer, and the slabs
+// of a tensor follow each other in rank order, which a reduce-scatter and an all-gather over that
+// tensor's range need.
+#pragma once
+#include <cstddef>
+#include <vector>
+
+#include "pipetrain/model/model.hpp"
+
+namespace pipetrain {
+
+// Rows [begin, end) of `rows` that rank `rank` of `size` owns.
+struct RowRange {
+  size_t begin, end;
+};
+RowRange row_slab(size_t rows, int rank, int size);
+
+// Elements of one row of a tensor (the product of its dimensions after the first).
+size_t row_elements(const ParamTensor& p);
+
+class OptimizerShard {
+ public:
+  // One tensor's owned slab: elements [begin, end) of the flat buffer, kept at state_offset in the
+  // optimizer's own (compact) moment buffers.
+  struct Slab {
+    size_t tensor;  // index in the stage's params()
+    size_t begin, end, state_offset;
+    size_t size() const { return end - begin; }
+  };
+  OptimizerShard() = default;
+  // Rank `rank` of `size` replicas; size 1 owns everything.
+  OptimizerShard(const std::vector<ParamTensor>& params, int rank, int size);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool sharded() const { return size_ > 1; }
+  const std::vector<Slab>& slabs() const { return slabs_; }  // one per tensor, in params() order
+  size_t state_floats() const { return state_floats_; }      // floats of each AdamW moment held
+  // Every rank's slab of tensor p, as element counts and offsets within the tensor (for the
+  // reduce-scatter and all-gather over it).
+  void rank_parts(const ParamTensor& p, std::vector<int>& counts, std::vector<int>& offsets) const;
+  // The largest state_floats() of any rank of `size` (plan and the memory check size for it).
+  static size_t max_state_floats(const std::vector<ParamTensor>& params, int size);
+
+ private:
+  int rank_ = 0, size_ = 1;
+  std::vector<Slab> slabs_;
+  size_t state_floats_ = 0;
+};
+
+}  // namespace pipetrain

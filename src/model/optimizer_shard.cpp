@@ -1,0 +1,44 @@
+#include "pipetrain/model/optimizer_shard.hpp"
+
+#include <algorithm>
+
+namespace pipetrain {
+
+RowRange row_slab(size_t rows, int rank, int size) {
+  return {rows * static_cast<size_t>(rank) / static_cast<size_t>(size),
+          rows * static_cast<size_t>(rank + 1) / static_cast<size_t>(size)};
+}
+
+size_t row_elements(const ParamTensor& p) {
+  size_t row = 1;
+  for (size_t d = 1; d < p.shape.size(); ++d) row *= static_cast<size_t>(p.shape[d]);
+  return row;
+}
+
+OptimizerShard::OptimizerShard(const std::vector<ParamTensor>& params, int rank, int size) : rank_(rank), size_(size) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamTensor& p = params[i];
+    const RowRange r = row_slab(static_cast<size_t>(p.shape[0]), rank, size);
+    const size_t row = row_elements(p);
+    slabs_.push_back({i, p.offset + r.begin * row, p.offset + r.end * row, state_floats_});
+    state_floats_ += (r.end - r.begin) * row;
+  }
+}
+
+void OptimizerShard::rank_parts(const ParamTensor& p, std::vector<int>& counts, std::vector<int>& offsets) const {
+  counts.resize(size_), offsets.resize(size_);
+  const size_t row = row_elements(p);
+  for (int r = 0; r < size_; ++r) {
+    const RowRange rr = row_slab(static_cast<size_t>(p.shape[0]), r, size_);
+    counts[r] = static_cast<int>((rr.end - rr.begin) * row);
+    offsets[r] = static_cast<int>(rr.begin * row);
+  }
+}
+
+size_t OptimizerShard::max_state_floats(const std::vector<ParamTensor>& params, int size) {
+  size_t most = 0;
+  for (int r = 0; r < size; ++r) most = std::max(most, OptimizerShard(params, r, size).state_floats());
+  return most;
+}
+
+}  // namespace pipetrain
