@@ -9,11 +9,13 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "pipetrain/util/clock.hpp"
 #include "pipetrain/util/files.hpp"
 #include "pipetrain/ckpt/shard_io.hpp"
 #include "pipetrain/util/version.hpp"
+#include "pipetrain/util/background_job.hpp"
 #include "pipetrain/util/faults.hpp"
 #include "pipetrain/config/spec_schema.hpp"
 
@@ -267,115 +269,270 @@ std::string incompatibility(const Manifest& m, const RunSpec& spec) {
   return "";
 }
 
+// An asynchronous save between start_save and its end. The snapshot and the slab list are written
+// by the training thread before the job starts and only read by the job; the training thread
+// touches neither again until the job is collected. The job never calls MPI or HDF5.
+struct Checkpointer::PendingSave {
+  enum class Phase { writing, checksumming, publishing } phase = Phase::writing;
+  int64_t step = 0, optimizer_steps = 0;
+  std::vector<int> partition;
+  std::string tmp, shard;
+  std::vector<std::string> names;  // the tensors in this rank's shard
+  double t0 = 0;
+  std::vector<float> snapshot;     // this rank's slabs: params, exp_avg, exp_avg_sq of each tensor
+  std::vector<SlabBytes> slabs;    // where each goes in the shard file
+  uint64_t sums[3] = {0, 0, 0};    // stage, checksum, bytes (the stage's first replica)
+  BackgroundJob job;
+};
+
 Checkpointer::Checkpointer(const RunSpec& spec, const std::string& run_dir, Comm& comm)
     : spec_(spec), dir_(run_dir + "/checkpoints"), comm_(comm) {}
+
+Checkpointer::~Checkpointer() = default;
+
+void Checkpointer::start_save(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition) {
+  if (pending_) throw std::logic_error("a checkpoint save started while another is in flight");
+  auto p = std::make_unique<PendingSave>();
+  const Topology& topo = comm_.topo();
+  p->t0 = now_s(), p->step = step, p->optimizer_steps = opt.steps_taken(), p->partition = partition;
+  p->tmp = dir_ + "/.tmp_" + step_name(step);
+  p->shard = p->tmp + "/" + shard_name(topo.stage);
+  p->sums[0] = static_cast<uint64_t>(topo.stage);
+  try {
+    prepare(p->tmp);
+    std::vector<uint64_t> offsets;
+    std::vector<size_t> floats;
+    comm_.world().require_agreed([&] {
+      std::vector<float> w_copy, m_copy, v_copy;
+      const std::vector<ShardTensor> tensors =
+          slab_tensors(stage, opt, host_view(stage.weights(), w_copy), host_view(opt.exp_avg(), m_copy),
+                       host_view(opt.exp_avg_sq(), v_copy), floats);
+      size_t total = 0;
+      for (size_t f : floats) total += 3 * f;
+      p->snapshot.resize(total);
+      float* at = p->snapshot.data();
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        if (i == tensors.size() / 2) fault_hooks().reach(FaultPoint::kill_in_snapshot, step);  // test-only
+        for (const float* a : {tensors[i].param, tensors[i].exp_avg, tensors[i].exp_avg_sq})
+          at = std::copy(a, a + floats[i], at);
+        p->names.push_back(tensors[i].name);
+      }
+      if (topo.dp_rank != 0) return;
+      std::vector<TensorInfo> infos;
+      for (const ShardTensor& t : tensors) infos.push_back({t.name, std::vector<int64_t>(t.shape.begin(), t.shape.end())});
+      offsets = create_shard_file(p->shard, infos, step);
+    });
+    offsets.resize(3 * p->names.size());
+    comm_.broadcast_in_data(offsets.data(), offsets.size());
+    // Slab k of tensor i starts at its dataset's offset plus the rows before this replica's.
+    const std::vector<ParamTensor>& params = stage.params();
+    size_t i = 0, at = 0;
+    for (const ParamTensor& t : params) {
+      if (t.tied_copy) continue;
+      const uint64_t before = row_slab(t.shape[0], topo.dp_rank, topo.dp).begin * row_elements(t) * sizeof(float);
+      for (int k = 0; k < 3; ++k, at += floats[i]) p->slabs.push_back({offsets[3 * i + k] + before, p->snapshot.data() + at, floats[i]});
+      ++i;
+    }
+  } catch (const AgreedExit&) {
+    discard(p->tmp);
+    throw;
+  }
+  PendingSave& q = *p;
+  q.job.start([this, &q] {
+    const std::string error = write_slabs(q.shard, q.slabs, q.step);
+    return error.empty() ? error : "checkpoint not saved: " + error + " (" + free_space_note(dir_) + ")";
+  });
+  pending_ = std::move(p);
+}
+
+std::optional<Checkpointer::Outcome> Checkpointer::advance(bool wait) {
+  if (!pending_) return std::nullopt;
+  PendingSave& p = *pending_;
+  const Topology& topo = comm_.topo();
+  for (;;) {
+    double running = p.job.running() ? 1 : 0;
+    comm_.allreduce_world(&running, 1);
+    if (running == 0) break;
+    if (!wait) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // Every rank's part of this phase is done: agree on how it went.
+  const std::string error = p.job.collect();
+  if (!error.empty()) std::fprintf(stderr, "pipetrain: error: %s\n", error.c_str());
+  double failed = error.empty() ? 0 : 1;
+  comm_.allreduce_world(&failed, 1);
+  if (failed > 0) {
+    discard(p.tmp);
+    const Outcome out{p.step, false, now_s() - p.t0};
+    pending_.reset();
+    return out;
+  }
+  switch (p.phase) {
+    case PendingSave::Phase::writing:  // the stage's first replica reads its shard back and checksums it
+      p.phase = PendingSave::Phase::checksumming;
+      if (topo.dp_rank == 0) {
+        std::string problem;
+        try {
+          check_shard(p.shard, p.names);  // HDF5: here, on the training thread
+        } catch (const std::runtime_error& e) {
+          problem = e.what();
+        }
+        p.job.start([&p, problem] {
+          if (!problem.empty()) return problem;
+          p.sums[1] = file_checksum(p.shard, &p.sums[2]);
+          return std::string();
+        });
+      }
+      break;
+    case PendingSave::Phase::checksumming: {  // rank 0 writes the manifest and publishes
+      p.phase = PendingSave::Phase::publishing;
+      std::vector<uint64_t> all;
+      comm_.gather_to_root(p.sums, 3, all);
+      if (topo.world_rank == 0)
+        p.job.start([this, &p, m = manifest(p.step, p.optimizer_steps, p.partition, all)] {
+          complete(m, p.tmp, p.t0);
+          return std::string();
+        });
+      break;
+    }
+    case PendingSave::Phase::publishing: {
+      const Outcome out{p.step, true, now_s() - p.t0};
+      pending_.reset();
+      return out;
+    }
+  }
+  return wait ? advance(true) : std::nullopt;
+}
 
 double Checkpointer::save(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition) {
   const std::string tmp = dir_ + "/.tmp_" + step_name(step);
   try {
     return write(step, stage, opt, partition, tmp);
   } catch (const AgreedExit&) {
-    // Free what the failed attempt wrote (a full disk must not stay full because of it); what
-    // was published before is not touched.
-    std::error_code ec;
-    if (comm_.topo().world_rank == 0) fs::remove_all(tmp, ec);
+    discard(tmp);
     throw;
   }
 }
 
-double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition,
-                           const std::string& tmp) {
-  const std::string name = step_name(step), final_dir = dir_ + "/" + name;
-  const double t0 = now_s();
-  const Topology& topo = comm_.topo();
+// Free what a failed attempt wrote (a full disk must not stay full because of it); what was
+// published before is not touched.
+void Checkpointer::discard(const std::string& tmp) {
+  std::error_code ec;
+  if (comm_.topo().world_rank == 0) fs::remove_all(tmp, ec);
+}
+
+void Checkpointer::prepare(const std::string& tmp) {
   comm_.world().require_agreed([&] {
-    if (topo.world_rank != 0) return;
+    if (comm_.topo().world_rank != 0) return;
     std::error_code ec;
     for (auto& e : fs::directory_iterator(dir_, ec))  // leftovers of saves that died mid-way
       if (e.path().filename().string().rfind(".tmp_", 0) == 0) fs::remove_all(e.path(), ec);
     fs::create_directories(tmp, ec);
     if (ec) throw std::runtime_error("checkpoint " + tmp + ": cannot create (" + ec.message() + ")");
   });
+}
+
+std::vector<ShardTensor> Checkpointer::slab_tensors(const Stage& stage, const AdamW& opt, const float* w,
+                                                    const float* m, const float* v, std::vector<size_t>& floats) const {
+  // This replica's row slab of every tensor. Under ZeRO-1 the optimizer's shard is that slab, so
+  // its moments are all the rank keeps; unsharded, the slab is a part of the whole.
+  const Topology& topo = comm_.topo();
+  std::vector<ShardTensor> tensors;
+  floats.clear();
+  const std::vector<ParamTensor>& params = stage.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamTensor& p = params[i];
+    if (p.tied_copy) continue;
+    const RowRange rows = row_slab(p.shape[0], topo.dp_rank, topo.dp);
+    const size_t row = row_elements(p), begin = p.offset + rows.begin * row;
+    const OptimizerShard::Slab& kept = opt.shard().slabs()[i];
+    const size_t state = kept.state_offset + (begin - kept.begin);
+    tensors.push_back({p.name, p.shape, w + begin, m + state, v + state});
+    floats.push_back((rows.end - rows.begin) * row);
+  }
+  // Training skips non-finite steps, so this never fires; it keeps the promise that no
+  // checkpoint holds a NaN even if some future path lets one through.
+  for (size_t i = 0; i < tensors.size(); ++i)
+    for (const float* a : {tensors[i].param, tensors[i].exp_avg, tensors[i].exp_avg_sq})
+      if (!std::all_of(a, a + floats[i], [](float x) { return std::isfinite(x); }))
+        throw std::runtime_error("checkpoint not saved: " + tensors[i].name + " holds NaN or Inf");
+  return tensors;
+}
+
+void Checkpointer::check_shard(const std::string& shard, const std::vector<std::string>& names) const {
+  // Read the shard back before vouching for it with a checksum: a file HDF5 cannot open or that
+  // lacks a tensor must never be published.
+  ShardReader check(shard);
+  for (auto& n : names)
+    if (!check.has(n)) throw std::runtime_error("checkpoint not saved: " + shard + " lacks " + n);
+}
+
+Manifest Checkpointer::manifest(int64_t step, int64_t optimizer_steps, const std::vector<int>& partition,
+                                const std::vector<uint64_t>& sums) const {
+  const Topology& topo = comm_.topo();
+  Manifest m;
+  m.format = kCheckpointFormat;
+  m.step = step;
+  m.spec_hash = hex(spec_hash(spec_));
+  for (auto& k : spec_schema()) m.spec[k.dotted()] = k.show(spec_);
+  m.pp = topo.pp, m.dp = topo.dp, m.partition = partition;
+  m.virtual_stages = static_cast<int>(partition.size()) / topo.pp;
+  m.samples_consumed = step * spec_.train.global_batch;
+  m.optimizer_steps = optimizer_steps;
+  m.shards.resize(topo.pp);
+  for (int s = 0; s < topo.pp; ++s) {
+    m.shards[s].file = shard_name(s);
+    for (auto& p : rank_params(spec_, chunks_of(partition, topo.pp, s), static_cast<int>(partition.size())))
+      if (!p.tied_copy) m.shards[s].tensors.push_back(p.name);
+    const int r = topo.rank_of(s, 0);  // each stage's first replica checksummed its shard
+    m.shards[s].checksum = sums[3 * r + 1];
+    m.shards[s].bytes = sums[3 * r + 2];
+  }
+  m.build = version_string();
+  return m;
+}
+
+void Checkpointer::complete(Manifest m, const std::string& tmp, double t0) {
+  if (!tokenizer_.empty()) {
+    write_file_atomically(tmp + "/" + kTokenizerFile, tokenizer_);
+    m.tokenizer.file = kTokenizerFile;
+    m.tokenizer.checksum = file_checksum(tmp + "/" + kTokenizerFile, &m.tokenizer.bytes);
+  }
+  m.write_s = now_s() - t0;
+  write_file_atomically(tmp + "/manifest.json", m.to_json());
+  publish(tmp, dir_ + "/" + step_name(m.step), step_name(m.step));
+}
+
+double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition,
+                           const std::string& tmp) {
+  const double t0 = now_s();
+  const Topology& topo = comm_.topo();
+  prepare(tmp);
 
   // Each stage's replicas write its shard together; the first replica then checksums and syncs it.
   std::vector<float> w_copy, m_copy, v_copy;
-  std::vector<ShardTensor> tensors;
   const std::string shard = tmp + "/" + shard_name(topo.stage);
   uint64_t mine[3] = {static_cast<uint64_t>(topo.stage), 0, 0};
   comm_.world().require_agreed([&] {
     // GPU arrays are copied to the host here, where a failed copy is agreed on like any other.
-    const float* w = host_view(stage.weights(), w_copy);
-    const float* m = host_view(opt.exp_avg(), m_copy);
-    const float* v = host_view(opt.exp_avg_sq(), v_copy);
-    // This replica's row slab of every tensor. Under ZeRO-1 the optimizer's shard is that slab, so
-    // its moments are all the rank keeps; unsharded, the slab is a part of the whole.
-    std::vector<size_t> slab_sizes;
-    const std::vector<ParamTensor>& params = stage.params();
-    for (size_t i = 0; i < params.size(); ++i) {
-      const ParamTensor& p = params[i];
-      if (p.tied_copy) continue;
-      const RowRange rows = row_slab(p.shape[0], topo.dp_rank, topo.dp);
-      const size_t row = row_elements(p), begin = p.offset + rows.begin * row;
-      const OptimizerShard::Slab& kept = opt.shard().slabs()[i];
-      const size_t state = kept.state_offset + (begin - kept.begin);
-      tensors.push_back({p.name, p.shape, w + begin, m + state, v + state});
-      slab_sizes.push_back((rows.end - rows.begin) * row);
-    }
-    // Training skips non-finite steps, so this never fires; it keeps the promise that no
-    // checkpoint holds a NaN even if some future path lets one through.
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const ShardTensor& t = tensors[i];
-      const size_t n = slab_sizes[i];
-      for (const float* v : {t.param, t.exp_avg, t.exp_avg_sq})
-        if (!std::all_of(v, v + n, [](float x) { return std::isfinite(x); }))
-          throw std::runtime_error("checkpoint not saved: " + t.name + " holds NaN or Inf");
-    }
+    std::vector<size_t> floats;
+    const std::vector<ShardTensor> tensors =
+        slab_tensors(stage, opt, host_view(stage.weights(), w_copy), host_view(opt.exp_avg(), m_copy),
+                     host_view(opt.exp_avg_sq(), v_copy), floats);
     fault_hooks().reach(FaultPoint::stall_in_save, step);  // test-only: stop answering mid-save
     const std::string error = write_shard(shard, tensors, step, comm_.data_handle(), topo.dp_rank, topo.dp);
     if (!error.empty()) throw std::runtime_error("checkpoint not saved: " + error + " (" + free_space_note(dir_) + ")");
     sync_path(shard);  // every writer: on network file systems one client's fsync covers only its writes
     if (topo.dp_rank != 0) return;
-    // Read the shard back before vouching for it with a checksum: a file HDF5 cannot open or that
-    // lacks a tensor must never be published.
-    ShardReader check(shard);
-    for (auto& t : tensors)
-      if (!check.has(t.name)) throw std::runtime_error("checkpoint not saved: " + shard + " lacks " + t.name);
+    std::vector<std::string> names;
+    for (auto& t : tensors) names.push_back(t.name);
+    check_shard(shard, names);
     mine[1] = file_checksum(shard, &mine[2]);
   });
   std::vector<uint64_t> all;
   comm_.gather_to_root(mine, 3, all);
-
   comm_.world().require_agreed([&] {
-    if (topo.world_rank != 0) return;
-    Manifest m;
-    m.format = kCheckpointFormat;
-    m.step = step;
-    m.spec_hash = hex(spec_hash(spec_));
-    for (auto& k : spec_schema()) m.spec[k.dotted()] = k.show(spec_);
-    m.pp = topo.pp, m.dp = topo.dp, m.partition = partition;
-    m.virtual_stages = static_cast<int>(partition.size()) / topo.pp;
-    m.samples_consumed = step * spec_.train.global_batch;
-    m.optimizer_steps = opt.steps_taken();
-    m.shards.resize(topo.pp);
-    for (int s = 0; s < topo.pp; ++s) {
-      m.shards[s].file = shard_name(s);
-      for (auto& p : rank_params(spec_, chunks_of(partition, topo.pp, s), static_cast<int>(partition.size())))
-        if (!p.tied_copy) m.shards[s].tensors.push_back(p.name);
-    }
-    for (int s = 0; s < topo.pp; ++s) {  // each stage's first replica checksummed its shard
-      const int r = topo.rank_of(s, 0);
-      m.shards[s].checksum = all[3 * r + 1];
-      m.shards[s].bytes = all[3 * r + 2];
-    }
-    if (!tokenizer_.empty()) {
-      write_file_atomically(tmp + "/" + kTokenizerFile, tokenizer_);
-      m.tokenizer.file = kTokenizerFile;
-      m.tokenizer.checksum = file_checksum(tmp + "/" + kTokenizerFile, &m.tokenizer.bytes);
-    }
-    m.write_s = now_s() - t0;
-    m.build = version_string();
-    write_file_atomically(tmp + "/manifest.json", m.to_json());
-    publish(tmp, final_dir, name);
+    if (topo.world_rank == 0) complete(manifest(step, opt.steps_taken(), partition, all), tmp, t0);
   });
   return now_s() - t0;
 }

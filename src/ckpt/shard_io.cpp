@@ -4,6 +4,10 @@
 #include "pipetrain/model/optimizer_shard.hpp"
 #include "pipetrain/util/hdf5.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -28,6 +32,29 @@ hid_t file_access(MPI_Comm group) {
     H5Pset_all_coll_metadata_ops(fapl, true);
   }
   return fapl;
+}
+
+// The attributes and every dataset of a shard being created, each dataset's data offset appended.
+void add_datasets(const std::string& path, hid_t file, const std::vector<TensorInfo>& tensors, int64_t step,
+                  std::vector<uint64_t>& offsets) {
+  if (write_scalar_attr(file, "step", step) < 0 || write_scalar_attr(file, "format_version", kCheckpointFormat) < 0)
+    fail(path, "cannot write the shard's attributes");
+  Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(lcpl, 1);
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);  // contiguous, allocated now, never filled
+  H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
+  H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
+  for (const TensorInfo& t : tensors) {
+    std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+    Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+    for (const char* group : {"params/", "optim/exp_avg/", "optim/exp_avg_sq/"}) {
+      const std::string dname = group + t.name;
+      Handle ds(H5Dcreate2(file, dname.c_str(), H5T_IEEE_F32LE, space, lcpl, dcpl, H5P_DEFAULT), H5Dclose);
+      const haddr_t at = ds >= 0 ? H5Dget_offset(ds) : HADDR_UNDEF;
+      if (at == HADDR_UNDEF) fail(path, "cannot create dataset " + dname);
+      offsets.push_back(at);
+    }
+  }
 }
 
 }  // namespace
@@ -85,6 +112,43 @@ std::string write_shard(const std::string& path, const std::vector<ShardTensor>&
   }
   // No H5Fflush: through MPI-IO it fsyncs on every rank; the caller fsyncs the closed file.
   check(H5Fclose(file) >= 0, "cannot close checkpoint shard (metadata not written)");
+  return error;
+}
+
+std::vector<uint64_t> create_shard_file(const std::string& path, const std::vector<TensorInfo>& tensors, int64_t step) {
+  Handle fapl(file_access(MPI_COMM_NULL), H5Pclose);
+  const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  if (file < 0) fail(path, "cannot create checkpoint shard");
+  std::vector<uint64_t> offsets;
+  try {
+    add_datasets(path, file, tensors, step, offsets);
+  } catch (...) {
+    H5Fclose(file);
+    throw;
+  }
+  if (H5Fclose(file) < 0) fail(path, "cannot close checkpoint shard (metadata not written)");
+  return offsets;
+}
+
+
+std::string write_slabs(const std::string& path, const std::vector<SlabBytes>& slabs, int64_t step) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return path + ": cannot open checkpoint shard (" + std::strerror(errno) + ")";
+  std::string error;
+  for (size_t i = 0; i < slabs.size() && error.empty(); ++i) {
+    if (i == slabs.size() / 2) fault_hooks().reach(FaultPoint::kill_in_save, step);  // test-only
+    const char* p = reinterpret_cast<const char*>(slabs[i].data);
+    size_t left = slabs[i].floats * sizeof(float);
+    off_t at = static_cast<off_t>(slabs[i].file_offset);
+    while (left > 0 && error.empty()) {
+      const ssize_t n = ::pwrite(fd, p, left, at);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) error = path + ": cannot write (" + std::strerror(n < 0 ? errno : ENOSPC) + ")";
+      else p += n, left -= static_cast<size_t>(n), at += n;
+    }
+  }
+  if (error.empty() && ::fsync(fd) != 0) error = path + ": cannot sync (" + std::strerror(errno) + ")";
+  ::close(fd);
   return error;
 }
 

@@ -294,6 +294,9 @@ std::vector<SpecKey> build_schema() {
       choice_key<OnSaveError>("checkpoint", "on_error", FIELD(OnSaveError, checkpoint.on_error),
                  "a failed save (disk full, read-only, ...): warn and train on, or stop with exit 1; the "
                  "previous checkpoint stays intact either way, and a failed final save always exits 1"),
+      bool_key("checkpoint", "async", FIELD(bool, checkpoint.async),
+               "write checkpoints in the background: training waits only while each rank copies its part into "
+               "a host snapshot; the next save, a stop and the end of the run wait for the write"),
       int_key("log", "every_steps", FIELD(int, log.every_steps), 1, big, "log a metrics line every N steps"),
       int_key("log", "trace_steps", FIELD(int, log.trace_steps), 0, 1000,
               "first steps of each launch recorded in trace.json (Chrome/Perfetto; 0 = no trace)"),

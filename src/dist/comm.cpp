@@ -183,6 +183,12 @@ double Comm::broadcast_from_root(double value) {
   return value;
 }
 
+void Comm::broadcast_in_data(uint64_t* values, size_t n) {
+  MPI_Request r;
+  MPI_Ibcast(values, static_cast<int>(n), MPI_UINT64_T, 0, data_, &r);
+  poll(r, {"broadcast from the first replica", -1, -1, Group::data});
+}
+
 Comm::ClockOffset Comm::clock_offset_to_root(int rounds, const std::function<double()>& clock) {
   const int tag = 78, me = topo_.world_rank;
   ClockOffset best{0, me == 0 ? 0 : INFINITY};

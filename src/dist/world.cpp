@@ -43,9 +43,12 @@ bool poll_until_done(MPI_Request& req, WaitMode mode, double timeout_s, double& 
 }
 
 World::World(int* argc, char*** argv) {
+  // Threads besides the main one exist (BLAS, an asynchronous checkpoint's writer) but only the
+  // main thread calls MPI: MPI_THREAD_FUNNELED says exactly that.
   int initialized = 0;
   MPI_Initialized(&initialized);
-  if (!initialized) MPI_Init(argc, argv);
+  if (!initialized) MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &thread_level_);
+  else MPI_Query_thread(&thread_level_);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
   MPI_Comm node;

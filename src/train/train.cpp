@@ -39,33 +39,68 @@ struct Ending {
   const char* reason;  // complete, signal, time_limit, bad_steps, failed_save
 };
 
+// A save of step `step` that failed (every rank is here; the failing rank said why): the run ends
+// (exit 1) when it was the last one or checkpoint.on_error = stop; otherwise training goes on and
+// the next save tries again.
+std::optional<Ending> failed_save(Run& run, int64_t step, bool last_chance) {
+  const std::string kept = run.last_saved >= 0
+                               ? "the latest checkpoint, step " + std::to_string(run.last_saved) + ", is intact"
+                               : "no checkpoint of this run exists yet";
+  if (stop_after_failed_save(run.spec, last_chance)) {
+    if (run.rank() == 0)
+      report_error("checkpoint step " + std::to_string(step) + " not saved; " + kept + "; stopping (" +
+                   (last_chance ? "it was the run's last save" : "checkpoint.on_error = stop") + ")");
+    return Ending{ExitCode::fault, "failed_save"};
+  }
+  if (run.rank() == 0)
+    std::fprintf(stderr, "pipetrain: warning: checkpoint step %lld not saved; %s; training continues "
+                         "(checkpoint.on_error = warn)\n", static_cast<long long>(step), kept.c_str());
+  return std::nullopt;
+}
+
+// The end of an asynchronous save, however it went.
+std::optional<Ending> background_save_ended(Run& run, const Checkpointer::Outcome& out, bool last_chance) {
+  run.budget->save_took(out.seconds);  // a stop must leave time for a whole save
+  if (!out.saved) return failed_save(run, out.step, last_chance);
+  run.last_saved = out.step;
+  if (run.rank() == 0)
+    std::printf("checkpoint step %lld saved in %.2f s (written in the background)\n", static_cast<long long>(out.step),
+                out.seconds);
+  return std::nullopt;
+}
+
+// Moves a background save on (collective, every step boundary); wait: until it has ended.
+std::optional<Ending> advance_save(Run& run, bool wait, bool last_chance) {
+  if (!run.checkpointer->saving()) return std::nullopt;
+  World::LongerAgreements saving(run.world, run.budget->save_agreement_s(run.spec.comm.timeout_s, World::kStartupAgreementS),
+                                 "a checkpoint save; comm.timeout_s + 4x the longest save");
+  const std::optional<Checkpointer::Outcome> out = run.checkpointer->advance(wait);
+  return out ? background_save_ended(run, *out, last_chance) : std::nullopt;
+}
+
 // Checkpoint `done` when due. A save's agreements may wait for the slowest shard writer longer
-// than a step's. A failed save ends the run (exit 1) when it was the last one or
-// checkpoint.on_error = stop; otherwise training goes on and the next save tries again.
+// than a step's. With checkpoint.async the save before must end first; training waits only for
+// the snapshot, except at the run's last save, which is waited for.
 std::optional<Ending> maybe_save(Run& run, int done, bool stopping) {
   const RunSpec& spec = run.spec;
   if (!save_due(spec, done, stopping)) return std::nullopt;
+  const bool last_chance = stopping || done == spec.run.steps;
+  if (std::optional<Ending> end = advance_save(run, true, false)) return end;
   const double t0 = now_s();
   World::LongerAgreements saving(run.world, run.budget->save_agreement_s(spec.comm.timeout_s, World::kStartupAgreementS),
                                  "a checkpoint save; comm.timeout_s + 4x the longest save");
   try {
+    if (spec.checkpoint.async) {
+      run.checkpointer->start_save(done, *run.stage, *run.adam, run.blocks);
+      run.trace.span("checkpoint snapshot", "checkpoint", t0, now_s());
+      if (last_chance) return advance_save(run, true, true);
+      return std::nullopt;
+    }
     const double secs = run.checkpointer->save(done, *run.stage, *run.adam, run.blocks);
     run.last_saved = done;
     if (run.rank() == 0 && secs > 0) std::printf("checkpoint step %d saved in %.2f s\n", done, secs);
   } catch (const AgreedExit&) {  // every rank is here; the failing rank said why
-    const bool last_chance = stopping || done == spec.run.steps;
-    const std::string kept = run.last_saved >= 0
-                                 ? "the latest checkpoint, step " + std::to_string(run.last_saved) + ", is intact"
-                                 : "no checkpoint of this run exists yet";
-    if (stop_after_failed_save(spec, last_chance)) {
-      if (run.rank() == 0)
-        report_error("checkpoint step " + std::to_string(done) + " not saved; " + kept +
-                                              "; stopping (" + (last_chance ? "it was the run's last save" : "checkpoint.on_error = stop") + ")");
-      return Ending{ExitCode::fault, "failed_save"};
-    }
-    if (run.rank() == 0)
-      std::fprintf(stderr, "pipetrain: warning: checkpoint step %d not saved; %s; training continues "
-                           "(checkpoint.on_error = warn)\n", done, kept.c_str());
+    if (std::optional<Ending> end = failed_save(run, done, last_chance)) return end;
   }
   run.trace.span("checkpoint", "checkpoint", t0, now_s());
   run.budget->save_took(now_s() - t0);
@@ -96,9 +131,11 @@ std::optional<Ending> should_stop(Run& run, int done, bool stopping) {
   return Ending{ExitCode::stopped, stop_signal() ? "signal" : "time_limit"};
 }
 
-// Rank 0 records how the launch ended; every rank returns its code.
-ExitCode finish(Run& run, const Ending& ending, int64_t step) {
+// Rank 0 records how the launch ended; every rank returns its code. A background save still in
+// flight (the run ends otherwise than at a save) is waited for first.
+ExitCode finish(Run& run, Ending ending, int64_t step) {
   run.param_gather->wait_all();  // no collective may be left in flight at MPI_Finalize
+  if (std::optional<Ending> failed = advance_save(run, true, false); failed && ending.code == ExitCode::ok) ending = *failed;
   if (run.rank() == 0) record_stop(run, ending.reason, ending.code, step);
   return ending.code;
 }
@@ -124,6 +161,7 @@ ExitCode run_train(const TrainOptions& opt, World& world) {
     // The ranks agreed on stopping in the step; evaluate if due, log (before saving, so a
     // checkpoint never covers a step missing from the log), save if due.
     const int done = step + 1;
+    if (std::optional<Ending> failed = advance_save(run, false, false)) return finish(run, *failed, done);
     const bool stopping = result.sync.stop;
     const bool evaluating = eval_due(spec, done, stopping);
     const double val_loss = evaluating ? timed_evaluate(run) : -1;

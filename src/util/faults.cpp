@@ -10,12 +10,14 @@ namespace {
 
 const char* const kVariables[] = {"PIPETRAIN_TEST_STALL",          "PIPETRAIN_TEST_NAN",
                                   "PIPETRAIN_TEST_KILL_IN_OPTIMIZER", "PIPETRAIN_TEST_KILL_IN_SAVE",
-                                  "PIPETRAIN_TEST_STALL_IN_SAVE",  "PIPETRAIN_TEST_HANG_IN_FINALIZE"};
+                                  "PIPETRAIN_TEST_STALL_IN_SAVE",  "PIPETRAIN_TEST_HANG_IN_FINALIZE",
+                                  "PIPETRAIN_TEST_KILL_IN_SNAPSHOT"};
+static_assert(sizeof kVariables / sizeof kVariables[0] == kFaultPoints);
 
 }  // namespace
 
 void FaultHooks::arm(int rank, const std::function<const char*(const char*)>& getenv) {
-  for (int p = 0; p < 6; ++p) {
+  for (int p = 0; p < kFaultPoints; ++p) {
     hooks_[p] = Hook{};
     const char* v = getenv(kVariables[p]);
     if (!v) continue;
@@ -41,7 +43,8 @@ void FaultHooks::reach(FaultPoint point, int64_t step) const {
     case FaultPoint::stall_at_step:
     case FaultPoint::stall_in_save: raise(SIGSTOP); break;
     case FaultPoint::kill_in_optimizer:
-    case FaultPoint::kill_in_save: raise(SIGKILL); break;
+    case FaultPoint::kill_in_save:
+    case FaultPoint::kill_in_snapshot: raise(SIGKILL); break;
     case FaultPoint::hang_in_finalize:
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     case FaultPoint::nan_in_gradient: break;  // the caller puts the NaN where it belongs

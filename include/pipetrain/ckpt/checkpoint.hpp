@@ -8,9 +8,12 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "pipetrain/ckpt/shard_io.hpp"
 #include "pipetrain/dist/comm.hpp"
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/model/model.hpp"
@@ -78,6 +81,7 @@ std::vector<std::string> changed_training_keys(const Manifest& m, const RunSpec&
 class Checkpointer {
  public:
   Checkpointer(const RunSpec& spec, const std::string& run_dir, Comm& comm);
+  ~Checkpointer();
   std::string dir() const { return dir_; }
   // Rank 0: the SentencePiece model every checkpoint carries from now on ("" for none).
   void set_tokenizer(std::string model) { tokenizer_ = std::move(model); }
@@ -86,6 +90,23 @@ class Checkpointer {
   // AgreedExit on every rank if any rank failed (the failing rank has said why); what it wrote
   // is removed and the previous checkpoints are untouched.
   double save(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition);
+
+  // checkpoint.async. start_save (collective) does what training must wait for: the shard files
+  // are created with their structure (HDF5, on this thread) and this rank's slabs are copied into
+  // a host snapshot; their bytes are then written and fsynced on a background thread while
+  // training goes on. advance (collective, at step boundaries) moves the save on whenever every
+  // rank has finished its part: the shards are read back and checksummed, then rank 0 writes the
+  // manifest and publishes, exactly as save does. It returns the outcome once the save has ended
+  // (wait: block until then). A failure (the failing rank has said why) removes what the save
+  // wrote; start_save throws AgreedExit like save. At most one save is in flight.
+  struct Outcome {
+    int64_t step;
+    bool saved;
+    double seconds;  // from start_save to published
+  };
+  void start_save(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition);
+  std::optional<Outcome> advance(bool wait);
+  bool saving() const { return pending_ != nullptr; }
 
   // Collective: the verified checkpoint to resume from for --resume auto | never | PATH, or ""
   // for a fresh start. With auto, a corrupt newest checkpoint falls back to the one before (and
@@ -101,12 +122,23 @@ class Checkpointer {
 
  private:
   double write(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition, const std::string& tmp);
+  void prepare(const std::string& tmp);  // rank 0, agreed: leftovers removed, tmp created
+  void discard(const std::string& tmp);  // rank 0: a failed save's files
+  std::vector<ShardTensor> slab_tensors(const Stage& stage, const AdamW& opt, const float* w, const float* m,
+                                        const float* v, std::vector<size_t>& floats) const;
+  void check_shard(const std::string& shard, const std::vector<std::string>& names) const;
+  // The manifest of checkpoint `step`; sums: world x {stage, checksum, bytes} gathered to rank 0.
+  Manifest manifest(int64_t step, int64_t optimizer_steps, const std::vector<int>& partition,
+                    const std::vector<uint64_t>& sums) const;
+  void complete(Manifest m, const std::string& tmp, double t0);  // rank 0: tokenizer, manifest, publish
   void publish(const std::string& tmp, const std::string& final_dir, const std::string& name);
   void set_aside(const std::string& path);
   const RunSpec& spec_;
   std::string dir_;
   Comm& comm_;
   std::string tokenizer_;
+  struct PendingSave;
+  std::unique_ptr<PendingSave> pending_;
 };
 
 // `pipetrain ckpt inspect|verify PATH` (no MPI): exit codes 0 / 2.

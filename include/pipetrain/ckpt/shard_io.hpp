@@ -35,6 +35,24 @@ struct TensorInfo {
   std::vector<int64_t> shape;
 };
 
+// The asynchronous save writes a shard in two parts, so that only the thread that trains ever
+// calls HDF5 (not thread-safe here). create_shard_file (one process: the stage's first replica,
+// on the training thread) creates the file with every dataset allocated, contiguous and unfilled,
+// and returns the byte offset of each dataset's data in the file: for each tensor, params,
+// exp_avg, exp_avg_sq. Then every replica writes its slabs' raw bytes (little-endian float32, as
+// the datasets store them) at those offsets with write_slabs: plain POSIX, on any thread. Throws
+// std::runtime_error naming the file.
+std::vector<uint64_t> create_shard_file(const std::string& path, const std::vector<TensorInfo>& tensors, int64_t step);
+
+struct SlabBytes {
+  uint64_t file_offset;
+  const float* data;
+  size_t floats;
+};
+// Writes every slab into the existing file and fsyncs it. Returns "" or what failed. The test-only
+// kill_in_save hook fires halfway through (checkpoint `step`).
+std::string write_slabs(const std::string& path, const std::vector<SlabBytes>& slabs, int64_t step);
+
 // Reads a shard with the serial driver (any process; no MPI needed).
 class ShardReader {
  public:

@@ -70,6 +70,7 @@ struct RunSpec {
     int every_steps = 50;  // also saved at the end of the run and on a stop signal
     int keep_last = 3;     // 0 keeps all
     OnSaveError on_error = OnSaveError::warn;  // a failed save: warn and train on | stop (exit 1)
+    bool async = false;    // write in the background from a host snapshot while training goes on
   } checkpoint;
   struct Log {
     int every_steps = 1;

@@ -76,6 +76,8 @@ class Comm {
   void barrier();
   // World rank 0's `value` on every rank.
   double broadcast_from_root(double value);
+  // The first replica's (dp rank 0's) `n` values on every replica of this stage.
+  void broadcast_in_data(uint64_t* values, size_t n);
 
   // How this rank's `clock` reads against world rank 0's: rank 0's clock ~ clock() + offset_s,
   // within +- error_s. Each rank makes `rounds` round trips with rank 0, which answers with its

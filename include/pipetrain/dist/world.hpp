@@ -43,6 +43,9 @@ class World {
   // "; some rank on node1, node2 is lost or stalled": who to suspect when a world-wide wait times out.
   std::string suspects() const;
   int max_tag() const;  // the largest message tag this MPI accepts (MPI_TAG_UB, at least 32767)
+  // Whether MPI granted MPI_THREAD_FUNNELED (other threads may run while the main thread calls
+  // MPI), which an asynchronous checkpoint's writer thread needs.
+  bool threads_allowed() const { return thread_level_ >= MPI_THREAD_FUNNELED; }
 
   // Agreements of all ranks. run_agreed runs `step` on every rank and agrees on the outcome: if any
   // rank threw, the lowest failing rank prints its message once and every rank returns the same
@@ -92,6 +95,7 @@ class World {
 
  private:
   int rank_ = 0, size_ = 1, local_ranks_ = 1, local_rank_ = 0;
+  int thread_level_ = MPI_THREAD_SINGLE;
   std::vector<std::string> hosts_;
   double agree_timeout_s_ = kStartupAgreementS;
   const char* agree_phase_ = "start-up";

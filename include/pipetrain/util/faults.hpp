@@ -7,6 +7,9 @@
 //   PIPETRAIN_TEST_NAN=R:S[+]             a NaN goes into rank R's gradient in step S (+: and after)
 //   PIPETRAIN_TEST_KILL_IN_OPTIMIZER=R:S  rank R SIGKILLs itself halfway through AdamW in step S
 //   PIPETRAIN_TEST_KILL_IN_SAVE=R:S       rank R SIGKILLs itself halfway through its shard of checkpoint S
+//                                         (with checkpoint.async, on the background writer's thread)
+//   PIPETRAIN_TEST_KILL_IN_SNAPSHOT=R:S   rank R SIGKILLs itself halfway through copying its part of
+//                                         checkpoint S into the snapshot (checkpoint.async)
 //   PIPETRAIN_TEST_STALL_IN_SAVE=R:S      rank R stops (SIGSTOP) before writing its shard of checkpoint S
 //   PIPETRAIN_TEST_HANG_IN_FINALIZE=R     rank R never returns from MPI_Finalize (as MPICH/UCX did)
 #pragma once
@@ -16,7 +19,16 @@
 
 namespace pipetrain {
 
-enum class FaultPoint { stall_at_step, nan_in_gradient, kill_in_optimizer, kill_in_save, stall_in_save, hang_in_finalize };
+enum class FaultPoint {
+  stall_at_step,
+  nan_in_gradient,
+  kill_in_optimizer,
+  kill_in_save,
+  stall_in_save,
+  hang_in_finalize,
+  kill_in_snapshot
+};
+constexpr int kFaultPoints = 7;
 
 class FaultHooks {
  public:
@@ -37,7 +49,7 @@ class FaultHooks {
     int64_t step = -1;  // -1: not set for this rank
     bool from_on = false;
   };
-  Hook hooks_[6];
+  Hook hooks_[kFaultPoints];
   int64_t step_ = -1;
 };
 
