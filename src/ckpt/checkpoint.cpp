@@ -320,7 +320,11 @@ void Checkpointer::start_save(int64_t step, Stage& stage, const AdamW& opt, cons
       if (topo.dp_rank != 0) return;
       std::vector<TensorInfo> infos;
       for (const ShardTensor& t : tensors) infos.push_back({t.name, std::vector<int64_t>(t.shape.begin(), t.shape.end())});
-      offsets = create_shard_file(p->shard, infos, step);
+      try {
+        offsets = create_shard_file(p->shard, infos, step);
+      } catch (const std::runtime_error& e) {
+        throw std::runtime_error(std::string("checkpoint not saved: ") + e.what() + " (" + free_space_note(dir_) + ")");
+      }
     });
     offsets.resize(3 * p->names.size());
     comm_.broadcast_in_data(offsets.data(), offsets.size());

@@ -62,6 +62,11 @@ Plan make_plan(const RunSpec& spec) {
     for (auto& t : params) sp.params += t.size;
     sp.optim_floats[0] = sp.params;
     sp.optim_floats[1] = OptimizerShard::max_state_floats(params, spec.parallel.dp);
+    // A replica saves the same row slab of every tensor it would own under ZeRO-1 (tied copies aside).
+    std::vector<ParamTensor> saved;
+    for (auto& t : params)
+      if (!t.tied_copy) saved.push_back(t);
+    sp.snapshot_bytes = 12 * OptimizerShard::max_state_floats(saved, spec.parallel.dp);
     std::vector<size_t> wgrads;
     std::vector<std::vector<size_t>> stash(3);  // per recompute mode, per chunk
     for (const ChunkRange& c : chunks) {
@@ -118,6 +123,11 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
     os << line;
   }
   os << "  (* the spec's parallel.zero; zero = 1 keeps each replica's AdamW state for its row slab of every tensor)\n";
+  if (spec.checkpoint.async) {
+    os << "  checkpoint.async: each save's host snapshot (the replica's slab of weights and moments):";
+    for (auto& sp : plan.stages) os << " " << bytes(sp.snapshot_bytes);
+    os << "\n";
+  }
   return os.str();
 }
 
@@ -174,7 +184,8 @@ std::string plan_json(const RunSpec& spec, const Plan& plan) {
     for (int m = 0; m < 3; ++m) act[name_of(kModes[m])] = s.act_peak_bytes[m];
     j["stages"].push_back({{"blocks", s.blocks}, {"params", s.params}, {"param_bytes", 4 * s.params},
                            {"grad_bytes", 4 * s.params}, {"optim_bytes", s.optim_bytes(spec.parallel.zero)},
-                           {"optim_bytes_by_zero", {s.optim_bytes(0), s.optim_bytes(1)}}, {"cost_share", s.cost_share},
+                           {"optim_bytes_by_zero", {s.optim_bytes(0), s.optim_bytes(1)}},
+                           {"snapshot_bytes", spec.checkpoint.async ? s.snapshot_bytes : 0}, {"cost_share", s.cost_share},
                            {"bubble_sim", s.bubble}, {"in_flight", s.in_flight}, {"act_peak_bytes", act},
                            {"working_bytes", s.working_bytes}});
   }

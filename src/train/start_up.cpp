@@ -28,7 +28,9 @@ void check_memory_fits(const RunSpec& spec, int stage, int local_ranks) {
   const StagePlan& s = plan.stages[stage];
   const int mode = static_cast<int>(spec.parallel.recompute);
   const bool on_gpu = compute_device() == Device::gpu;
-  const double gib = 1024.0 * 1024 * 1024, state = 8.0 * s.params + s.optim_bytes(spec.parallel.zero);  // weights, grads, AdamW
+  // weights, grads, AdamW, and an asynchronous save's snapshot
+  const double gib = 1024.0 * 1024 * 1024,
+               state = 8.0 * s.params + s.optim_bytes(spec.parallel.zero) + (spec.checkpoint.async ? s.snapshot_bytes : 0);
   const double T = spec.model.seq_len, attention_scratch = 4.0 * spec.samples_per_micro_batch() * spec.model.n_head * T * T;
   const double need = state + s.act_peak_bytes[mode] + s.working_bytes + (on_gpu ? attention_scratch : 0);
   const int sharing = on_gpu ? (local_ranks + gpu::device_count() - 1) / gpu::device_count() : local_ranks;
@@ -36,10 +38,11 @@ void check_memory_fits(const RunSpec& spec, int stage, int local_ranks) {
   if (need <= share) return;
   char msg[512];
   std::snprintf(msg, sizeof msg,
-                "the model does not fit: stage %d needs about %.1f GiB (parameters, gradients and AdamW %.1f GiB, "
+                "the model does not fit: stage %d needs about %.1f GiB (parameters, gradients, AdamW%s %.1f GiB, "
                 "activations under recompute = %s %.1f GiB), but each of the %d ranks on this %s has %.1f GiB; "
                 "use more stages (parallel.pp), parallel.recompute, fewer or smaller micro-batches, or a smaller model",
-                stage, need / gib, state / gib, name_of(spec.parallel.recompute), (need - state) / gib, sharing,
+                stage, need / gib, spec.checkpoint.async ? " and the checkpoint snapshot" : "", state / gib,
+                name_of(spec.parallel.recompute), (need - state) / gib, sharing,
                 on_gpu ? "GPU" : "node", share / gib);
   throw SpecError(msg);
 }
@@ -102,6 +105,9 @@ void check_ranks_and_device(Run& run) {
     throw SpecError(spec.origin("parallel.micro_batches") + ": parallel.micro_batches = " + std::to_string(shape.micro_batches) +
                     " needs message tags up to " + std::to_string(tags) + " but this MPI allows " +
                     std::to_string(run.world.max_tag()));
+  if (spec.checkpoint.async && !run.world.threads_allowed())
+    throw SpecError(spec.origin("checkpoint.async") + ": checkpoint.async = true needs MPI_THREAD_FUNNELED (a writer "
+                    "thread runs beside the one that calls MPI), which this MPI did not grant; set it to false");
   if (spec.run.device == Device::gpu) {
     try {
       set_compute_device(Device::gpu, run.world.local_rank());

@@ -5,12 +5,15 @@ an uninterrupted run of the same spec.
 Each trial starts `pipetrain train --resume auto` on the same run directory and SIGKILLs one
 random rank: trials cycle through (1) a random moment, (2) halfway through writing its shard of
 the next checkpoint and (3) halfway through its AdamW update (the last two through the test-only
-hooks PIPETRAIN_TEST_KILL_IN_SAVE / _IN_OPTIMIZER, at a random upcoming step). MPICH then tears
+hooks PIPETRAIN_TEST_KILL_IN_SAVE / _IN_OPTIMIZER, at a random upcoming step). With --async the
+run saves with checkpoint.async = true and a fourth kind of trial kills a rank halfway through
+copying its part of a checkpoint into the snapshot (PIPETRAIN_TEST_KILL_IN_SNAPSHOT); the
+checkpoint-write kill then comes from the background writer's thread. MPICH then tears
 the job down. After K kills the run is resumed to the end. Passing means: every trial resumed
 from a verified checkpoint, the final metrics.jsonl holds every step exactly once, and its loss
 and gradient norm equal the uninterrupted run's bit for bit.
 
-usage (from the repository root): python3 -m tests.drills.fault_drill [--bin build/pipetrain] [--trials 20] [--steps 300] [--seed S] [--work DIR]
+usage (from the repository root): python3 -m tests.drills.fault_drill [--bin build/pipetrain] [--trials 20] [--steps 300] [--seed S] [--work DIR] [--async]
 prints "K/K resumed, 0 steps lost, trajectory identical" (exit 0) or what differed (exit 1)."""
 import argparse
 import json
@@ -31,6 +34,7 @@ ap.add_argument("--trials", type=int, default=20)
 ap.add_argument("--steps", type=int, default=300)
 ap.add_argument("--seed", type=int, default=int(time.time()))
 ap.add_argument("--work", default=None, help="keep the runs here (default: a temporary directory, removed)")
+ap.add_argument("--async", dest="background", action="store_true", help="checkpoint.async = true, and kills in the snapshot")
 a = ap.parse_args()
 rng = random.Random(a.seed)
 work = a.work or tempfile.mkdtemp(prefix="fault-drill-")
@@ -39,7 +43,7 @@ if a.work:  # a fresh start: runs left from an earlier drill would be resumed, n
     os.makedirs(work)
 EVERY = 10
 spec = ["parallel.pp=2", "parallel.dp=2", f"run.steps={a.steps}", f"checkpoint.every_steps={EVERY}",
-        "checkpoint.keep_last=2", "log.trace_steps=0", "comm.timeout_s=30"]
+        "checkpoint.keep_last=2", "log.trace_steps=0", "comm.timeout_s=30", f"checkpoint.async={str(a.background).lower()}"]
 
 
 def command(run_dir):
@@ -86,7 +90,8 @@ def metrics(run_dir):
         return [json.loads(line) for line in f]
 
 
-print(f"fault drill: {a.trials} kills of a 2x2 run of {a.steps} steps (checkpoint every {EVERY}), seed {a.seed}")
+print(f"fault drill: {a.trials} kills of a 2x2 run of {a.steps} steps (checkpoint every {EVERY}"
+      f"{', in the background' if a.background else ''}), seed {a.seed}")
 reference = os.path.join(work, "reference")
 t0 = time.time()
 r = subprocess.run(command(reference), capture_output=True, text=True)
@@ -96,20 +101,24 @@ duration = time.time() - t0
 
 drill = os.path.join(work, "drill")
 resumed, recomputed, problems, modes = 0, 0, [], ["random moment", "checkpoint write", "optimizer step"]
+if a.background:
+    modes.append("snapshot")
 trial = 0
 while trial < a.trials:
-    mode = modes[trial % 3]
+    mode = modes[trial % len(modes)]
     done_before = steps_logged(drill)
     saved_before = latest_checkpoint(drill)
     env = dict(os.environ)
     if mode != "random moment":
         # a step a little ahead of where the run will resume, chosen at random
-        ahead = rng.randrange(1, 4) * EVERY if mode == "checkpoint write" else rng.randrange(1, 3 * EVERY)
+        ahead = rng.randrange(1, 4) * EVERY if mode != "optimizer step" else rng.randrange(1, 3 * EVERY)
         target = (done_before // EVERY) * EVERY + ahead
         if target >= a.steps:
             mode = "random moment"
         elif mode == "checkpoint write":
             env["PIPETRAIN_TEST_KILL_IN_SAVE"] = f"{rng.randrange(4)}:{target}"
+        elif mode == "snapshot":
+            env["PIPETRAIN_TEST_KILL_IN_SNAPSHOT"] = f"{rng.randrange(4)}:{target}"
         else:
             env["PIPETRAIN_TEST_KILL_IN_OPTIMIZER"] = f"{rng.randrange(4)}:{target - 1}"
     p = subprocess.Popen(command(drill), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

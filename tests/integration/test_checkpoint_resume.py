@@ -36,12 +36,25 @@ def signal_stop_and_resume():
     the run with exit 3 after saving the stop step; the next start resumes from that very step,
     logs every step once and reproduces every loss and gradient norm bit for bit; starting the
     finished run again does nothing."""
+    signal_stop("signalled", [])
+
+
+@scenario
+def signal_stop_and_resume_async():
+    """The same with checkpoint.async = true: the stop waits for the save in flight and its own,
+    and the run resumed from the stop step is the uninterrupted (synchronously saved) run, bit for
+    bit."""
+    signal_stop("signalled_async", ["checkpoint.async=true"])
+
+
+def signal_stop(name, extra):
     a = settings()
     ref = reference()
     ref_losses = losses(ref)[1] if ref.rc == 0 else []
-    run_dir = os.path.join(a.work, "signalled")
+    run_dir = os.path.join(a.work, name)
+    sets = BASE + extra
     cmd = [a.mpiexec, "-n", "4", a.bin, "train", "--config", tiny(), "--run-dir", run_dir]
-    for s in BASE:
+    for s in sets:
         cmd += ["--set", s]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = os.path.join(run_dir, "metrics.jsonl")
@@ -61,7 +74,7 @@ def signal_stop_and_resume():
     ckpts = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
     expect(any(c.startswith("step_") and int(c[5:]) % 10 for c in ckpts),
            f"a checkpoint at the stop step, between the regular ones: {ckpts}")
-    r = launch(a, 4, run_dir, tiny(), BASE)
+    r = launch(a, 4, run_dir, tiny(), sets)
     expect(r.rc == 0, f"resumed run: exit 0 (got {r.rc}) {r.err[-300:]}")
     # The stop's own save, not an earlier periodic one (from which the recomputed steps would hide a lost save).
     resumed = re.findall(r"^resumed from \S*/step_(\d+)$", r.out, re.M)
@@ -70,7 +83,7 @@ def signal_stop_and_resume():
     expect(steps == list(range(1, STEPS + 1)), "metrics.jsonl has every step exactly once")
     expect(got == ref_losses, f"stopped + resumed losses and grad norms identical to the uninterrupted run, bit for bit "
            f"({sum(x != y for x, y in zip(got, ref_losses))} of {len(ref_losses)} differ)")
-    again = launch(a, 4, run_dir, tiny(), BASE)
+    again = launch(a, 4, run_dir, tiny(), sets)
     expect(again.rc == 0 and "run already complete" in again.out, "starting a finished run again does nothing")
 
 
@@ -124,15 +137,33 @@ def kill_mid_save():
     """Rank 3 SIGKILLed halfway through writing its shard of checkpoint 40 (test-only hook): the
     checkpoint never appears, latest still names step 30, the next start resumes from it and
     completes with the uninterrupted run's losses, and the half-written directory is cleaned up."""
+    killed_in_save("killed", "PIPETRAIN_TEST_KILL_IN_SAVE", [])
+
+
+@scenario
+def kill_mid_background_write():
+    """The same with checkpoint.async = true, rank 3 killed by its writer thread halfway through
+    the background write of checkpoint 40 (training has gone on meanwhile)."""
+    killed_in_save("killed_writing", "PIPETRAIN_TEST_KILL_IN_SAVE", ["checkpoint.async=true"])
+
+
+@scenario
+def kill_mid_snapshot():
+    """The same with checkpoint.async = true, rank 3 killed halfway through copying its part of
+    checkpoint 40 into the snapshot."""
+    killed_in_save("killed_snapshot", "PIPETRAIN_TEST_KILL_IN_SNAPSHOT", ["checkpoint.async=true"])
+
+
+def killed_in_save(name, hook, extra):
     a = settings()
     ref_losses = losses(reference())[1]
-    run_dir = os.path.join(a.work, "killed")
-    r = launch(a, 4, run_dir, tiny(), BASE, env={"PIPETRAIN_TEST_KILL_IN_SAVE": "3:40"})
+    run_dir = os.path.join(a.work, name)
+    r = launch(a, 4, run_dir, tiny(), BASE + extra, env={hook: "3:40"})
     ck = os.path.join(run_dir, "checkpoints")
     expect(r.rc not in (0, 2, 3), f"job died with the killed rank (exit {r.rc})")
     expect(not os.path.exists(os.path.join(ck, "step_00000040")), "the interrupted checkpoint never appeared")
     expect(open(os.path.join(ck, "latest")).read().strip() == "step_00000030", "latest still names step 30")
-    r = launch(a, 4, run_dir, tiny(), BASE)
+    r = launch(a, 4, run_dir, tiny(), BASE + extra)
     expect(r.rc == 0 and "step_00000030" in r.out, f"next start resumes from step 30 and completes (exit {r.rc})")
     steps, got = losses(r)
     expect(steps == list(range(1, STEPS + 1)) and got == ref_losses, "and its losses equal the uninterrupted run's")

@@ -14,6 +14,7 @@ struct StagePlan {
   size_t params = 0;
   size_t optim_floats[2] = {0, 0};  // of each AdamW moment on the stage's fullest replica: zero = 0, zero = 1
   size_t optim_bytes(int zero) const { return 8 * optim_floats[zero]; }
+  size_t snapshot_bytes = 0;  // checkpoint.async's host copy on the fullest replica: its slab of weights and moments
   double cost_share = 0;      // of the summed stage costs
   double bubble = 0;          // simulated with the cost model
   int in_flight = 0;          // micro-batches whose activations the schedule holds at its peak
