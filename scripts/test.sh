@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds, and runs every test (Catch2 unit tests + MPI integration tests),
 # then builds the CUDA variant (GPU tests run where a GPU is), the unit tests and one MPI test under
-# ASan + UBSan, and each fuzzer for 40 s (two minutes of fuzzing in all).
+# ASan + UBSan, the checkpoint writer thread under TSan, and each fuzzer for 40 s (two minutes of
+# fuzzing in all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh

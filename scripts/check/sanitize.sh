@@ -5,6 +5,8 @@
 # MPICH/UCX leave ~1 KiB in transport modules they dlclose at MPI_Finalize, which LeakSanitizer
 # can only report as "<unknown module>"; leak checking is therefore off for the MPI run (memory
 # errors and undefined behaviour stay fatal there).
+# Then the asynchronous checkpoint's writer thread and its test under ThreadSanitizer (the target
+# tsan_background_write of the regular build/).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 log=build-asan.log
@@ -16,3 +18,8 @@ echo "== unit tests under ASan + UBSan (with leak checking)"
 build-asan/tests/unit_tests
 echo "== MPI tests under ASan + UBSan"
 ASAN_OPTIONS=detect_leaks=0 ctest --test-dir build-asan --output-on-failure --no-tests=error -R '^integration_numerical_faults\.'
+echo "== the asynchronous checkpoint's writer thread under ThreadSanitizer"
+cmake --build build --target tsan_background_write -j "$(nproc)" > build-tsan.log 2>&1 || { tail -50 build-tsan.log; exit 1; }
+rm -f build-tsan.log
+# UCX's memory hooks (libucm, which MPI loads) trip over TSan's interceptors: off for this run.
+UCX_MEM_EVENTS=no TSAN_OPTIONS=halt_on_error=1 build/tests/tsan_background_write
