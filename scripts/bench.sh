@@ -27,13 +27,14 @@ run pipeline scripts/bench/pipeline.py --repeats "$repeats"
 run oversubscribed scripts/bench/oversubscribed.py --repeats "$repeats"
 run memory scripts/bench/memory.py --steps "$memory_steps"
 run zero_memory scripts/bench/zero_memory.py
+run async_checkpoint scripts/bench/async_checkpoint.py
 /usr/bin/python3 - "$out" <<'PY'
 import json, os, sys
 r = {}
-for name in ("kernels", "pipeline", "oversubscribed", "memory", "zero_memory"):
+for name in ("kernels", "pipeline", "oversubscribed", "memory", "zero_memory", "async_checkpoint"):
     with open(os.path.join(sys.argv[1], name + ".txt")) as f:
         r[name] = json.loads(f.read().strip().splitlines()[-1])
-k, p, o, m, z = r["kernels"], r["pipeline"], r["oversubscribed"], r["memory"], r["zero_memory"]
+k, p, o, m, z, c = r["kernels"], r["pipeline"], r["oversubscribed"], r["memory"], r["zero_memory"], r["async_checkpoint"]
 f = lambda t: " / ".join(f"{x:.2f}" for x in t)
 rows = [
     ("step time, pipetrain / PyTorch (small GPT)", f(k["pipetrain (OpenBLAS default threads)"]), "<= 0.80"),
@@ -49,6 +50,10 @@ rows = [
     ("memory: peak RSS / (predicted + %.0f MiB)" % m["overhead_mib"], " - ".join(f"{x:.3f}" for x in m["ratio"]), "within 10%"),
     ("memory growth, step 100 to the end", f"{100 * m['growth']:+.2f}%", "none"),
     ("ZeRO-1 dp=2: RSS saved / plan's 8 B x params x (1 - 1/D)", f"{z['saving_ratio']:.3f}", "within 5%"),
+    ("checkpoint every step, async / none (a core free)", f"{c['core_free']['async_ratio']:.3f}", "<= 1.10"),
+    ("  sync / none (a core free)", f"{c['core_free']['sync_ratio']:.3f}", ""),
+    ("  async / none, sync / none (no core free)",
+     f"{c['all_cores']['async_ratio']:.3f}, {c['all_cores']['sync_ratio']:.3f}", ""),
 ]
 w = max(len(r[0]) for r in rows)
 print(f"\n{'benchmark':{w}s}  {'min / median / max':22s}  target")

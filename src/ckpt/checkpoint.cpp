@@ -66,6 +66,41 @@ bool must_match(const std::string& key) {  // model.dtype only changes how produ
 }
 
 // What a save reads: the array itself on the CPU, a host copy of a GPU's.
+// Training skips non-finite steps, so this never fires; it keeps the promise that no checkpoint
+// holds a NaN even if some future path lets one through. With a snapshot (3 x the floats) the
+// arrays are copied there in the same pass, and the tensors then point at the copies.
+// Whether any of n floats is Inf or NaN (exponent all ones), copying them to `copy` if given: one
+// pass over memory, vectorised (the bit test needs no floating-point compare).
+bool any_non_finite(const float* __restrict src, size_t n, float* __restrict copy) {
+  uint32_t bad = 0;
+  if (copy) {
+    for (size_t k = 0; k < n; ++k) {
+      uint32_t bits;
+      std::memcpy(&bits, src + k, sizeof bits);
+      std::memcpy(copy + k, &bits, sizeof bits);
+      bad |= (bits & 0x7f800000u) == 0x7f800000u;
+    }
+  } else {
+    for (size_t k = 0; k < n; ++k) {
+      uint32_t bits;
+      std::memcpy(&bits, src + k, sizeof bits);
+      bad |= (bits & 0x7f800000u) == 0x7f800000u;
+    }
+  }
+  return bad != 0;
+}
+
+void check_finite(std::vector<ShardTensor>& tensors, const std::vector<size_t>& floats, float* snapshot, int64_t step) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (snapshot && i == tensors.size() / 2) fault_hooks().reach(FaultPoint::kill_in_snapshot, step);  // test-only
+    for (const float** a : {&tensors[i].param, &tensors[i].exp_avg, &tensors[i].exp_avg_sq}) {
+      if (any_non_finite(*a, floats[i], snapshot))
+        throw std::runtime_error("checkpoint not saved: " + tensors[i].name + " holds NaN or Inf");
+      if (snapshot) *a = snapshot, snapshot += floats[i];
+    }
+  }
+}
+
 const float* host_view(const Floats& a, std::vector<float>& copy) {
   if (!a.on_gpu()) return a.data();
   copy = a.to_host();
@@ -271,9 +306,9 @@ std::string incompatibility(const Manifest& m, const RunSpec& spec) {
 
 // An asynchronous save between start_save and its end. The snapshot and the slab list are written
 // by the training thread before the job starts and only read by the job; the training thread
-// touches neither again until the job is collected. The job never calls MPI or HDF5.
+// touches neither again until the job is collected (and frees them once written). The job never
+// calls MPI or HDF5.
 struct Checkpointer::PendingSave {
-  enum class Phase { writing, checksumming, publishing } phase = Phase::writing;
   int64_t step = 0, optimizer_steps = 0;
   std::vector<int> partition;
   std::string tmp, shard;
@@ -290,8 +325,14 @@ Checkpointer::Checkpointer(const RunSpec& spec, const std::string& run_dir, Comm
 
 Checkpointer::~Checkpointer() = default;
 
+bool Checkpointer::in_flight(const std::string& tmp) const {
+  for (auto& p : in_flight_)
+    if (p && p->tmp == tmp) return true;
+  return false;
+}
+
 void Checkpointer::start_save(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition) {
-  if (pending_) throw std::logic_error("a checkpoint save started while another is in flight");
+  if (in_flight_[kWriting]) throw std::logic_error("a checkpoint save started while another is being written");
   auto p = std::make_unique<PendingSave>();
   const Topology& topo = comm_.topo();
   p->t0 = now_s(), p->step = step, p->optimizer_steps = opt.steps_taken(), p->partition = partition;
@@ -304,19 +345,15 @@ void Checkpointer::start_save(int64_t step, Stage& stage, const AdamW& opt, cons
     std::vector<size_t> floats;
     comm_.world().require_agreed([&] {
       std::vector<float> w_copy, m_copy, v_copy;
-      const std::vector<ShardTensor> tensors =
+      std::vector<ShardTensor> tensors =
           slab_tensors(stage, opt, host_view(stage.weights(), w_copy), host_view(opt.exp_avg(), m_copy),
                        host_view(opt.exp_avg_sq(), v_copy), floats);
       size_t total = 0;
       for (size_t f : floats) total += 3 * f;
+      p->snapshot.swap(spare_snapshot_);  // the last save's buffer: no new pages to fault in
       p->snapshot.resize(total);
-      float* at = p->snapshot.data();
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        if (i == tensors.size() / 2) fault_hooks().reach(FaultPoint::kill_in_snapshot, step);  // test-only
-        for (const float* a : {tensors[i].param, tensors[i].exp_avg, tensors[i].exp_avg_sq})
-          at = std::copy(a, a + floats[i], at);
-        p->names.push_back(tensors[i].name);
-      }
+      check_finite(tensors, floats, p->snapshot.data(), step);
+      for (const ShardTensor& t : tensors) p->names.push_back(t.name);
       if (topo.dp_rank != 0) return;
       std::vector<TensorInfo> infos;
       for (const ShardTensor& t : tensors) infos.push_back({t.name, std::vector<int64_t>(t.shape.begin(), t.shape.end())});
@@ -339,6 +376,7 @@ void Checkpointer::start_save(int64_t step, Stage& stage, const AdamW& opt, cons
     }
   } catch (const AgreedExit&) {
     discard(p->tmp);
+    spare_snapshot_.swap(p->snapshot);
     throw;
   }
   PendingSave& q = *p;
@@ -346,34 +384,53 @@ void Checkpointer::start_save(int64_t step, Stage& stage, const AdamW& opt, cons
     const std::string error = write_slabs(q.shard, q.slabs, q.step);
     return error.empty() ? error : "checkpoint not saved: " + error + " (" + free_space_note(dir_) + ")";
   });
-  pending_ = std::move(p);
+  in_flight_[kWriting] = std::move(p);
 }
 
-std::optional<Checkpointer::Outcome> Checkpointer::advance(bool wait) {
-  if (!pending_) return std::nullopt;
-  PendingSave& p = *pending_;
+std::vector<Checkpointer::Outcome> Checkpointer::advance(Until until) {
+  std::vector<Outcome> ended;
   const Topology& topo = comm_.topo();
+  auto& writing = in_flight_[kWriting];
+  auto& checksumming = in_flight_[kChecksumming];
+  auto& publishing = in_flight_[kPublishing];
   for (;;) {
-    double running = p.job.running() ? 1 : 0;
-    comm_.allreduce_world(&running, 1);
-    if (running == 0) break;
-    if (!wait) return std::nullopt;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  // Every rank's part of this phase is done: agree on how it went.
-  const std::string error = p.job.collect();
-  if (!error.empty()) std::fprintf(stderr, "pipetrain: error: %s\n", error.c_str());
-  double failed = error.empty() ? 0 : 1;
-  comm_.allreduce_world(&failed, 1);
-  if (failed > 0) {
-    discard(p.tmp);
-    const Outcome out{p.step, false, now_s() - p.t0};
-    pending_.reset();
-    return out;
-  }
-  switch (p.phase) {
-    case PendingSave::Phase::writing:  // the stage's first replica reads its shard back and checksums it
-      p.phase = PendingSave::Phase::checksumming;
+    // One round: every rank says which of its parts still run; a save no rank still works on
+    // moves on (oldest first, each into the next stage when that is free), or ends.
+    double running[kStages], failed[kStages] = {0, 0, 0};
+    for (int s = 0; s < kStages; ++s) running[s] = in_flight_[s] && in_flight_[s]->job.running() ? 1 : 0;
+    comm_.allreduce_world(running, kStages);
+    for (int s = 0; s < kStages; ++s) {
+      if (!in_flight_[s] || running[s] > 0) continue;
+      const std::string error = in_flight_[s]->job.collect();
+      if (!error.empty()) std::fprintf(stderr, "pipetrain: error: %s\n", error.c_str());
+      failed[s] = error.empty() ? 0 : 1;
+    }
+    comm_.allreduce_world(failed, kStages);
+    for (int s = kStages - 1; s >= 0; --s) {
+      if (!in_flight_[s] || running[s] > 0 || failed[s] == 0) continue;
+      discard(in_flight_[s]->tmp);
+      if (s == kWriting) spare_snapshot_.swap(in_flight_[s]->snapshot);
+      ended.push_back({in_flight_[s]->step, false, now_s() - in_flight_[s]->t0});
+      in_flight_[s].reset();
+    }
+    if (publishing && running[kPublishing] == 0) {
+      ended.push_back({publishing->step, true, now_s() - publishing->t0});
+      publishing.reset();
+    }
+    if (checksumming && running[kChecksumming] == 0 && !publishing) {  // rank 0 writes the manifest and publishes
+      PendingSave& p = *checksumming;
+      std::vector<uint64_t> all;
+      comm_.gather_to_root(p.sums, 3, all);
+      if (topo.world_rank == 0)
+        p.job.start([this, &p, m = manifest(p.step, p.optimizer_steps, p.partition, all)] {
+          complete(m, p.tmp, p.t0);
+          return std::string();
+        });
+      publishing = std::move(checksumming);
+    }
+    if (writing && running[kWriting] == 0 && !checksumming) {  // the stage's first replica checksums its shard
+      PendingSave& p = *writing;
+      spare_snapshot_.swap(p.snapshot), p.slabs.clear();  // written: the buffer is free for the next save
       if (topo.dp_rank == 0) {
         std::string problem;
         try {
@@ -387,25 +444,12 @@ std::optional<Checkpointer::Outcome> Checkpointer::advance(bool wait) {
           return std::string();
         });
       }
-      break;
-    case PendingSave::Phase::checksumming: {  // rank 0 writes the manifest and publishes
-      p.phase = PendingSave::Phase::publishing;
-      std::vector<uint64_t> all;
-      comm_.gather_to_root(p.sums, 3, all);
-      if (topo.world_rank == 0)
-        p.job.start([this, &p, m = manifest(p.step, p.optimizer_steps, p.partition, all)] {
-          complete(m, p.tmp, p.t0);
-          return std::string();
-        });
-      break;
+      checksumming = std::move(writing);
     }
-    case PendingSave::Phase::publishing: {
-      const Outcome out{p.step, true, now_s() - p.t0};
-      pending_.reset();
-      return out;
-    }
+    const bool done = until == Until::one_round || (until == Until::room ? !writing : !saving());
+    if (done) return ended;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  return wait ? advance(true) : std::nullopt;
 }
 
 double Checkpointer::save(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition) {
@@ -430,7 +474,7 @@ void Checkpointer::prepare(const std::string& tmp) {
     if (comm_.topo().world_rank != 0) return;
     std::error_code ec;
     for (auto& e : fs::directory_iterator(dir_, ec))  // leftovers of saves that died mid-way
-      if (e.path().filename().string().rfind(".tmp_", 0) == 0) fs::remove_all(e.path(), ec);
+      if (e.path().filename().string().rfind(".tmp_", 0) == 0 && !in_flight(e.path().string())) fs::remove_all(e.path(), ec);
     fs::create_directories(tmp, ec);
     if (ec) throw std::runtime_error("checkpoint " + tmp + ": cannot create (" + ec.message() + ")");
   });
@@ -454,14 +498,9 @@ std::vector<ShardTensor> Checkpointer::slab_tensors(const Stage& stage, const Ad
     tensors.push_back({p.name, p.shape, w + begin, m + state, v + state});
     floats.push_back((rows.end - rows.begin) * row);
   }
-  // Training skips non-finite steps, so this never fires; it keeps the promise that no
-  // checkpoint holds a NaN even if some future path lets one through.
-  for (size_t i = 0; i < tensors.size(); ++i)
-    for (const float* a : {tensors[i].param, tensors[i].exp_avg, tensors[i].exp_avg_sq})
-      if (!std::all_of(a, a + floats[i], [](float x) { return std::isfinite(x); }))
-        throw std::runtime_error("checkpoint not saved: " + tensors[i].name + " holds NaN or Inf");
   return tensors;
 }
+
 
 void Checkpointer::check_shard(const std::string& shard, const std::vector<std::string>& names) const {
   // Read the shard back before vouching for it with a checksum: a file HDF5 cannot open or that
@@ -520,9 +559,10 @@ double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const s
   comm_.world().require_agreed([&] {
     // GPU arrays are copied to the host here, where a failed copy is agreed on like any other.
     std::vector<size_t> floats;
-    const std::vector<ShardTensor> tensors =
+    std::vector<ShardTensor> tensors =
         slab_tensors(stage, opt, host_view(stage.weights(), w_copy), host_view(opt.exp_avg(), m_copy),
                      host_view(opt.exp_avg_sq(), v_copy), floats);
+    check_finite(tensors, floats, nullptr, step);
     fault_hooks().reach(FaultPoint::stall_in_save, step);  // test-only: stop answering mid-save
     const std::string error = write_shard(shard, tensors, step, comm_.data_handle(), topo.dp_rank, topo.dp);
     if (!error.empty()) throw std::runtime_error("checkpoint not saved: " + error + " (" + free_space_note(dir_) + ")");

@@ -69,23 +69,27 @@ std::optional<Ending> background_save_ended(Run& run, const Checkpointer::Outcom
   return std::nullopt;
 }
 
-// Moves a background save on (collective, every step boundary); wait: until it has ended.
-std::optional<Ending> advance_save(Run& run, bool wait, bool last_chance) {
+// Moves background saves on (collective, at step boundaries) as far as `until` says. `last_save`:
+// the step of the run's last save, whose failure ends the run (-1: none).
+std::optional<Ending> advance_save(Run& run, Checkpointer::Until until, int64_t last_save = -1) {
   if (!run.checkpointer->saving()) return std::nullopt;
   World::LongerAgreements saving(run.world, run.budget->save_agreement_s(run.spec.comm.timeout_s, World::kStartupAgreementS),
                                  "a checkpoint save; comm.timeout_s + 4x the longest save");
-  const std::optional<Checkpointer::Outcome> out = run.checkpointer->advance(wait);
-  return out ? background_save_ended(run, *out, last_chance) : std::nullopt;
+  std::optional<Ending> end;
+  for (const Checkpointer::Outcome& out : run.checkpointer->advance(until))
+    if (std::optional<Ending> e = background_save_ended(run, out, out.step == last_save); e && !end) end = e;
+  return end;
 }
 
 // Checkpoint `done` when due. A save's agreements may wait for the slowest shard writer longer
-// than a step's. With checkpoint.async the save before must end first; training waits only for
-// the snapshot, except at the run's last save, which is waited for.
+// than a step's. With checkpoint.async the save before must be written first (its publication
+// may go on); training waits only for the snapshot, except at the run's last save, which is
+// waited for to the end.
 std::optional<Ending> maybe_save(Run& run, int done, bool stopping) {
   const RunSpec& spec = run.spec;
   if (!save_due(spec, done, stopping)) return std::nullopt;
   const bool last_chance = stopping || done == spec.run.steps;
-  if (std::optional<Ending> end = advance_save(run, true, false)) return end;
+  if (std::optional<Ending> end = advance_save(run, Checkpointer::Until::room)) return end;
   const double t0 = now_s();
   World::LongerAgreements saving(run.world, run.budget->save_agreement_s(spec.comm.timeout_s, World::kStartupAgreementS),
                                  "a checkpoint save; comm.timeout_s + 4x the longest save");
@@ -93,7 +97,7 @@ std::optional<Ending> maybe_save(Run& run, int done, bool stopping) {
     if (spec.checkpoint.async) {
       run.checkpointer->start_save(done, *run.stage, *run.adam, run.blocks);
       run.trace.span("checkpoint snapshot", "checkpoint", t0, now_s());
-      if (last_chance) return advance_save(run, true, true);
+      if (last_chance) return advance_save(run, Checkpointer::Until::all_ended, done);
       return std::nullopt;
     }
     const double secs = run.checkpointer->save(done, *run.stage, *run.adam, run.blocks);
@@ -135,7 +139,8 @@ std::optional<Ending> should_stop(Run& run, int done, bool stopping) {
 // flight (the run ends otherwise than at a save) is waited for first.
 ExitCode finish(Run& run, Ending ending, int64_t step) {
   run.param_gather->wait_all();  // no collective may be left in flight at MPI_Finalize
-  if (std::optional<Ending> failed = advance_save(run, true, false); failed && ending.code == ExitCode::ok) ending = *failed;
+  if (std::optional<Ending> failed = advance_save(run, Checkpointer::Until::all_ended); failed && ending.code == ExitCode::ok)
+    ending = *failed;
   if (run.rank() == 0) record_stop(run, ending.reason, ending.code, step);
   return ending.code;
 }
@@ -161,7 +166,7 @@ ExitCode run_train(const TrainOptions& opt, World& world) {
     // The ranks agreed on stopping in the step; evaluate if due, log (before saving, so a
     // checkpoint never covers a step missing from the log), save if due.
     const int done = step + 1;
-    if (std::optional<Ending> failed = advance_save(run, false, false)) return finish(run, *failed, done);
+    if (std::optional<Ending> failed = advance_save(run, Checkpointer::Until::one_round)) return finish(run, *failed, done);
     const bool stopping = result.sync.stop;
     const bool evaluating = eval_due(spec, done, stopping);
     const double val_loss = evaluating ? timed_evaluate(run) : -1;

@@ -94,19 +94,22 @@ class Checkpointer {
   // checkpoint.async. start_save (collective) does what training must wait for: the shard files
   // are created with their structure (HDF5, on this thread) and this rank's slabs are copied into
   // a host snapshot; their bytes are then written and fsynced on a background thread while
-  // training goes on. advance (collective, at step boundaries) moves the save on whenever every
-  // rank has finished its part: the shards are read back and checksummed, then rank 0 writes the
-  // manifest and publishes, exactly as save does. It returns the outcome once the save has ended
-  // (wait: block until then). A failure (the failing rank has said why) removes what the save
-  // wrote; start_save throws AgreedExit like save. At most one save is in flight.
+  // training goes on. advance (collective, at step boundaries) moves saves on whenever every rank
+  // has finished its part: once written the snapshot is free again and the shards are read back
+  // and checksummed, then rank 0 writes the manifest and publishes, as save does; the next save
+  // may be written meanwhile, and publishes after it. advance returns the saves that ended (a failure:
+  // the failing rank has said why, and what the save wrote is removed); `until` says how long to
+  // go on: one round, until a new save may start (no snapshot held), or until no save is in flight.
+  // start_save throws AgreedExit like save.
   struct Outcome {
     int64_t step;
     bool saved;
-    double seconds;  // from start_save to published
+    double seconds;  // from start_save to published (or to the failure)
   };
+  enum class Until { one_round, room, all_ended };
   void start_save(int64_t step, Stage& stage, const AdamW& opt, const std::vector<int>& partition);
-  std::optional<Outcome> advance(bool wait);
-  bool saving() const { return pending_ != nullptr; }
+  std::vector<Outcome> advance(Until until);
+  bool saving() const { return in_flight_[0] || in_flight_[1] || in_flight_[2]; }
 
   // Collective: the verified checkpoint to resume from for --resume auto | never | PATH, or ""
   // for a fresh start. With auto, a corrupt newest checkpoint falls back to the one before (and
@@ -137,8 +140,14 @@ class Checkpointer {
   std::string dir_;
   Comm& comm_;
   std::string tokenizer_;
+  // Asynchronous saves in flight, at most one per stage of the way: its snapshot being written,
+  // its shards being read back and checksummed, rank 0 writing its manifest and renaming it into
+  // place. Each moves on when the next stage is free, so they publish in step order.
   struct PendingSave;
-  std::unique_ptr<PendingSave> pending_;
+  static constexpr int kWriting = 0, kChecksumming = 1, kPublishing = 2, kStages = 3;
+  std::unique_ptr<PendingSave> in_flight_[kStages];
+  bool in_flight(const std::string& tmp) const;  // a save in flight writes to this temporary directory
+  std::vector<float> spare_snapshot_;  // the snapshot buffer between saves, kept for the next
 };
 
 // `pipetrain ckpt inspect|verify PATH` (no MPI): exit codes 0 / 2.
