@@ -65,10 +65,6 @@ bool must_match(const std::string& key) {  // model.dtype only changes how produ
          key == "train.global_batch";
 }
 
-// What a save reads: the array itself on the CPU, a host copy of a GPU's.
-// Training skips non-finite steps, so this never fires; it keeps the promise that no checkpoint
-// holds a NaN even if some future path lets one through. With a snapshot (3 x the floats) the
-// arrays are copied there in the same pass, and the tensors then point at the copies.
 // Whether any of n floats is Inf or NaN (exponent all ones), copying them to `copy` if given: one
 // pass over memory, vectorised (the bit test needs no floating-point compare).
 bool any_non_finite(const float* __restrict src, size_t n, float* __restrict copy) {
@@ -90,6 +86,9 @@ bool any_non_finite(const float* __restrict src, size_t n, float* __restrict cop
   return bad != 0;
 }
 
+// Training skips non-finite steps, so this never fires; it keeps the promise that no checkpoint
+// holds a NaN even if some future path lets one through. With a snapshot (3 x the floats) the
+// arrays are copied there in the same pass, and the tensors then point at the copies.
 void check_finite(std::vector<ShardTensor>& tensors, const std::vector<size_t>& floats, float* snapshot, int64_t step) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (snapshot && i == tensors.size() / 2) fault_hooks().reach(FaultPoint::kill_in_snapshot, step);  // test-only
@@ -101,6 +100,7 @@ void check_finite(std::vector<ShardTensor>& tensors, const std::vector<size_t>& 
   }
 }
 
+// What a save reads: the array itself on the CPU, a host copy of a GPU's.
 const float* host_view(const Floats& a, std::vector<float>& copy) {
   if (!a.on_gpu()) return a.data();
   copy = a.to_host();
