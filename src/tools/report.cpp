@@ -51,34 +51,31 @@ std::string fmt(const char* format, double v) {
 }
 
 // "gemm 78.0% (201 GFLOP/s), attention 10.1%, ..., waiting 5.2%, other 0.4%": where stage s's own
-// step time goes, as medians over the logged steps: each kernel class, the waits for peers (p2p,
+// step time went over the logged steps (each part's seconds summed over the steps, over the steps'
+// summed time, so the parts add up to 100%): each kernel class, the waits for peers (p2p,
 // collectives, a late replica), and what neither covers; empty for logs without kernel_s.
 std::string step_shares(const std::vector<json>& lines, size_t s) {
-  auto share_of = [&](const json& l, const json* v) {
-    const double step = l.contains("rank_step_s") && l["rank_step_s"].is_array() && s < l["rank_step_s"].size()
-                            ? l["rank_step_s"][s].get<double>() : 0;
-    return v && v->is_array() && s < v->size() && (*v)[s].is_number() && step > 0 ? (*v)[s].get<double>() / step : NAN;
+  auto at_stage = [&](const json& l, const char* key, const char* sub = nullptr) {
+    const json* v = l.contains(key) ? &l[key] : nullptr;
+    if (v && sub) v = v->is_object() && v->contains(sub) ? &(*v)[sub] : nullptr;
+    return v && v->is_array() && s < v->size() && (*v)[s].is_number() ? (*v)[s].get<double>() : 0.0;
   };
+  double step = 0;
+  bool timed = false;
+  for (const json& l : lines) step += at_stage(l, "rank_step_s"), timed = timed || l.contains("kernel_s");
+  if (!timed || step <= 0) return "";
   std::string out;
-  std::vector<double> covered(lines.size(), 0.0);
+  double covered = 0;
   for (int k = 0; k <= kKernelClasses; ++k) {  // the kernel classes, then the waits
     const bool waits = k == kKernelClasses;
     const char* name = waits ? "waiting" : kernel_name(static_cast<Kernel>(k));
-    std::vector<double> share;
-    for (size_t i = 0; i < lines.size(); ++i) {
-      const json& l = lines[i];
-      const json* v = waits ? (l.contains("comm_wait_s") ? &l["comm_wait_s"] : nullptr)
-                            : l.contains("kernel_s") && l["kernel_s"].is_object() && l["kernel_s"].contains(name)
-                                  ? &l["kernel_s"][name] : nullptr;
-      const double x = share_of(l, v);
-      if (!std::isnan(x)) share.push_back(x), covered[i] += x;
-    }
-    if (share.empty()) return "";
-    out += (k ? ", " : "") + std::string(name) + " " + fmt("%.1f%%", 100 * median(share));
+    double seconds = 0;
+    for (const json& l : lines) seconds += waits ? at_stage(l, "comm_wait_s") : at_stage(l, "kernel_s", name);
+    covered += seconds / step;
+    out += (k ? ", " : "") + std::string(name) + " " + fmt("%.1f%%", 100 * seconds / step);
     if (k == static_cast<int>(Kernel::gemm)) out += " (" + fmt("%.0f", stage_median(lines, "gemm_gflops", s)) + " GFLOP/s)";
   }
-  for (double& c : covered) c = 1 - c;
-  return out + ", other " + fmt("%.1f%%", 100 * median(covered));
+  return out + ", other " + fmt("%.1f%%", 100 * (1 - covered));
 }
 
 // trace.json, or when the last launch traced nothing, the newest earlier launch's traces/launch_K.json

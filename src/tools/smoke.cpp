@@ -14,6 +14,7 @@
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/dist/launch.hpp"
 #include "pipetrain/ckpt/shard_io.hpp"
+#include "pipetrain/model/optimizer_shard.hpp"
 #include "pipetrain/dist/topology.hpp"
 #include "pipetrain/train/train.hpp"
 
@@ -62,7 +63,8 @@ std::string check_checkpoint_io(Comm& comm, const std::string& dir) {
   if (t.world_rank == 0) fs::create_directories(dir, ec);
   comm.barrier();
   const std::string path = dir + "/stage_" + std::to_string(t.stage) + ".h5";
-  const std::vector<ShardTensor> tensors = {{"smoke.weight", {1024, 1024}, data.data(), data.data(), data.data()}};
+  const float* slab = data.data() + row_slab(1024, t.dp_rank, t.dp).begin * 1024;  // this replica's rows
+  const std::vector<ShardTensor> tensors = {{"smoke.weight", {1024, 1024}, slab, slab, slab}};
   if (!fs::is_directory(dir, ec)) error = "checkpoint directory " + dir + ": cannot create";
   else error = write_shard(path, tensors, 0, comm.data_handle(), t.dp_rank, t.dp);
   if (error.empty() && t.dp_rank == 0) {
