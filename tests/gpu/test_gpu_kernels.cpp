@@ -217,7 +217,7 @@ TEST_CASE("AdamW update and the squared gradient norm match the CPU", "[gpu]") {
   ParamTensor p;
   p.name = "h.0.mlp.c_fc.weight", p.shape = {40, 25}, p.size = n, p.decay = true;
   Vec w = randn(n, 1, 1), g = randn(n, 1, 2);
-  AdamW adam(cfg, n);  // on the CPU: the compute device is the CPU here
+  AdamW adam(cfg, OptimizerShard({p}, 0, 1));  // on the CPU: the compute device is the CPU here
   Array<float> cpu_w, cpu_g;
   cpu_w.assign(w.data(), n), cpu_g.assign(g.data(), n);
   auto d_w = up(w), d_g = up(g), d_m = up(Vec(n)), d_v = up(Vec(n));
