@@ -42,21 +42,12 @@ void GradReducer::done_from(size_t offset) {
 
 double GradReducer::finish(Trace& trace) {
   done_from(0);
-  double t = now_s();
-  auto span = [&](const char* name) {
-    const double t1 = now_s();
-    trace.span(name, "wait", t, t1);
-    t = t1;
-  };
-  double dp_wait = 0;
-  auto wait_replicas = [&] {
-    const double w0 = comm_.wait_seconds();
-    comm_.wait_all(reqs_, {"data-parallel gradient sum", -1, -1, Group::data});
-    dp_wait += comm_.wait_seconds() - w0;
-  };
-  wait_replicas();
+  TraceLaps laps(trace);
+  const double wait0 = comm_.wait_seconds();
+  comm_.wait_all(reqs_, {"data-parallel gradient sum", -1, -1, Group::data});
+  const double dp_wait = comm_.wait_seconds() - wait0;
   if (shard_.sharded()) {
-    span("wait gradient reduce-scatter");
+    laps.mark("wait gradient reduce-scatter", "wait");
     // MPI leaves each rank's summed part at the start of the tensor's range: move it to its slab.
     const int me = shard_.rank();
     for (const ParamTensor* p : posted_) {
@@ -66,14 +57,14 @@ double GradReducer::finish(Trace& trace) {
     }
     posted_.clear();
   } else if (comm_.topo().dp > 1) {
-    span("wait gradient all-reduce");
+    laps.mark("wait gradient all-reduce", "wait");
   }
   // The tied halves, summed over the replicas already. Sharded, the first and the last stage's
   // replica r own the same rows of wte: only those travel.
   if (tied_) {
     const OptimizerShard::Slab& mine = shard_.slabs()[tied_ - params_.data()];
     comm_.allreduce_tied(grads_.data() + mine.begin, mine.size());
-    span("wait tied-embedding sum");
+    laps.mark("wait tied-embedding sum", "wait");
   }
   return dp_wait;
 }
@@ -115,28 +106,23 @@ void ParamGather::wait_all() {
 
 StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, const OptimizerShard& shard,
                    std::vector<float>* staging, bool out_of_time, double loss_sum, Trace& trace) {
-  double t = now_s();
-  auto span = [&](const char* name, const char* category) {
-    const double t1 = now_s();
-    trace.span(name, category, t, t1);
-    t = t1;
-  };
+  TraceLaps laps(trace);
   Floats& g = stage.grads();
-  if (staging) download(staging->data(), g.data(), g.size() * sizeof(float)), span("gradients to host", "comm");
+  if (staging) download(staging->data(), g.data(), g.size() * sizeof(float)), laps.mark("gradients to host", "comm");
   const double dp_wait = reducer.finish(trace);
-  t = now_s();
-  if (staging) upload(g.data(), staging->data(), g.size() * sizeof(float)), span("gradients to device", "comm");
+  laps.restart();
+  if (staging) upload(g.data(), staging->data(), g.size() * sizeof(float)), laps.mark("gradients to device", "comm");
   // Each rank checks what it vouches for: unsharded, the first replica the whole (summed) buffer;
   // sharded, every replica its slabs. Each rank checks its own loss.
   const bool counts = shard.sharded() || comm.topo().dp_rank == 0;
   const double norm_t0 = now_s();
   const double sq = counts ? grad_sq_sum(stage.params(), g, shard) : 0.0;
   const double norm_s = now_s() - norm_t0;
-  span("gradient norm", "optimizer");
+  laps.mark("gradient norm", "optimizer");
   const bool bad = !std::isfinite(sq) || !std::isfinite(loss_sum);
   double sums[3] = {bad ? 0.0 : sq, stop_requested() || out_of_time ? 1.0 : 0.0, bad ? 1.0 : 0.0};
   comm.allreduce_world(sums, 3);
-  span("wait step agreement (norm, stop, finite)", "wait");
+  laps.mark("wait step agreement (norm, stop, finite)", "wait");
   const bool finite = sums[2] == 0;
   return {dp_wait, finite ? std::sqrt(sums[0]) : NAN, sums[1] > 0, finite, norm_s};
 }

@@ -9,6 +9,7 @@
 
 #include "pipetrain/dist/comm.hpp"
 #include "pipetrain/dist/topology.hpp"
+#include "pipetrain/util/clock.hpp"
 
 namespace pipetrain {
 
@@ -40,6 +41,23 @@ class Trace {
   int step_ = 0;
   bool recording_ = false;
   std::vector<Event> events_;
+};
+
+// Back-to-back spans of one rank: each mark() records the time since the one before (or since
+// the start or restart()).
+class TraceLaps {
+ public:
+  explicit TraceLaps(Trace& trace) : trace_(trace), t_(now_s()) {}
+  void mark(const char* name, const char* category) {
+    const double t = now_s();
+    trace_.span(name, category, t_, t);
+    t_ = t;
+  }
+  void restart() { t_ = now_s(); }
+
+ private:
+  Trace& trace_;
+  double t_;
 };
 
 // Gathers every rank's spans; rank 0 writes RUN_DIR/trace.json (collective). A trace that cannot
