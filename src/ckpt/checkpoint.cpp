@@ -525,7 +525,7 @@ Manifest Checkpointer::manifest(int64_t step, int64_t optimizer_steps, const std
   m.shards.resize(topo.pp);
   for (int s = 0; s < topo.pp; ++s) {
     m.shards[s].file = shard_name(s);
-    for (auto& p : rank_params(spec_, chunks_of(partition, topo.pp, s), static_cast<int>(partition.size())))
+    for (auto& p : rank_params(spec_, chunks_of(partition, spec_.chunk_placement(), s), static_cast<int>(partition.size())))
       if (!p.tied_copy) m.shards[s].tensors.push_back(p.name);
     const int r = topo.rank_of(s, 0);  // each stage's first replica checksummed its shard
     m.shards[s].checksum = sums[3 * r + 1];

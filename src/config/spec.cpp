@@ -188,7 +188,7 @@ void validate_spec(const RunSpec& s, int world_size) {
 StepShape step_shape(const RunSpec& spec) {
   const auto& p = spec.parallel;
   return {p.pp, p.dp, p.micro_batches, p.virtual_stages, spec.samples_per_micro_batch(), spec.model.seq_len,
-          spec.model.d_model};
+          spec.model.d_model, p.schedule->placement};
 }
 
 std::string resolved_toml(const RunSpec& spec) {

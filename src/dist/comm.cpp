@@ -20,7 +20,7 @@ Comm::Comm(World& world, const Topology& topo, WaitPolicy wait, double timeout_s
     : world_(world), topo_(topo), timeout_s_(timeout_s) {
   MPI_Comm_split(MPI_COMM_WORLD, topo.dp_rank, topo.stage, &pipe_);
   MPI_Comm_split(MPI_COMM_WORLD, topo.stage, topo.dp_rank, &data_);
-  bool tied_member = topo.pp > 1 && (topo.first_stage() || topo.last_stage());
+  bool tied_member = topo.tied_apart() && (topo.first_stage() || topo.holds_head());
   MPI_Comm_split(MPI_COMM_WORLD, tied_member ? topo.dp_rank : MPI_UNDEFINED, topo.stage, &tied_);
   switch (wait) {
     case WaitPolicy::spin: mode_ = WaitMode::spin; break;
@@ -65,7 +65,7 @@ void Comm::poll(MPI_Request& req, const WaitLabel& label) {
   std::vector<int> members;
   if (label.group == Group::data)
     for (int d = 0; d < topo_.dp; ++d) members.push_back(topo_.rank_of(topo_.stage, d));
-  if (label.group == Group::tied) members = {topo_.rank_of(0, topo_.dp_rank), topo_.rank_of(topo_.pp - 1, topo_.dp_rank)};
+  if (label.group == Group::tied) members = {topo_.rank_of(0, topo_.dp_rank), topo_.rank_of(topo_.head_stage(), topo_.dp_rank)};
   if (!members.empty()) {
     msg += "; one of its members is lost or stalled:";
     for (int r : members) msg += (r == members.front() ? " " : ", ") + world_.where(r);

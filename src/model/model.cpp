@@ -7,6 +7,7 @@
 #include "pipetrain/compute/kernels.hpp"
 #include "pipetrain/compute/profile.hpp"
 #include "pipetrain/util/rng.hpp"
+#include "pipetrain/schedule/actions.hpp"
 
 namespace pipetrain {
 namespace {
@@ -76,11 +77,13 @@ size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages,
 size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual) {
   const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, C = spec.model.d_model;
   const size_t n = b * T, V = spec.model.vocab;
-  const bool last = chunks.back().vstage == n_virtual - 1;
+  const bool last = std::any_of(chunks.begin(), chunks.end(), [&](auto& c) { return c.vstage == n_virtual - 1; });
+  const ChunkPlacement placement = spec.chunk_placement();
+  const size_t links = message_links(placement, placement.stage_of(chunks.front().vstage)).size();
   size_t floats = n * C * (5 + 4 + 9)              // attproj, fcproj, dres, dx, datty; dfch_gelu; the output
                                                     // gradients a fused block backward passes on
                   + (last ? 2 * n * V + n * C : 0)  // logits; the head's output gradients
-                  + 8 * n * C                       // executor rings: 2 each for activations and gradients, in and out
+                  + kMessageRing * links * n * C    // the executor's rings, one per message link
                   + T * T;                          // attention backward's score gradients
   size_t bytes = sizeof(float) * floats, work = 0;
   if (spec.parallel.recompute != Recompute::none)  // Stage::work_: one micro-batch's
@@ -150,8 +153,13 @@ std::vector<ParamTensor> rank_params(const RunSpec& spec, const std::vector<Chun
   std::vector<ParamTensor> params;
   for (const ChunkRange& c : chunks) {
     const size_t offset = params.empty() ? 0 : params.back().offset + params.back().size;
+    size_t dropped = 0;  // a tied head's copy of wte, on the rank that holds wte itself (a vee)
     for (ParamTensor& p : stage_params(spec, c.vstage, n_virtual, c.block_begin, c.block_end)) {
-      p.offset += offset;
+      if (p.tied_copy && std::any_of(params.begin(), params.end(), [&](auto& q) { return q.name == p.name; })) {
+        dropped += p.size;
+        continue;
+      }
+      p.offset += offset - dropped;
       params.push_back(std::move(p));
     }
   }

@@ -88,11 +88,14 @@ std::vector<int> partition_blocks(const RunSpec& spec) {
   return uniform(spec.model.n_layer, p.pp * p.virtual_stages);
 }
 
-std::vector<ChunkRange> chunks_of(const std::vector<int>& blocks, int pp, int stage) {
+std::vector<ChunkRange> chunks_of(const std::vector<int>& blocks, const ChunkPlacement& placement, int stage) {
+  std::vector<int> begin(blocks.size() + 1, 0);
+  for (size_t v = 0; v < blocks.size(); ++v) begin[v + 1] = begin[v] + blocks[v];
   std::vector<ChunkRange> chunks;
-  int begin = 0;
-  for (int v = 0; v < static_cast<int>(blocks.size()); begin += blocks[v++])
-    if (v % pp == stage) chunks.push_back({v, begin, begin + blocks[v]});
+  for (int c = 0; c < placement.chunks; ++c) {
+    const int v = placement.vstage(stage, c);
+    chunks.push_back({v, begin[v], begin[v + 1]});
+  }
   return chunks;
 }
 
@@ -111,7 +114,7 @@ std::string describe_partition(const RunSpec& spec, const std::vector<int>& bloc
     if (s + 1 == P) extra += " +head";
     char name[64];  // with chunks: which rank runs this virtual stage
     if (P == pp) std::snprintf(name, sizeof name, "stage %d", s);
-    else std::snprintf(name, sizeof name, "stage %d chunk %d", s % pp, s / pp);
+    else std::snprintf(name, sizeof name, "stage %d chunk %d", spec.chunk_placement().stage_of(s), s / pp);
     char line[240];
     std::snprintf(line, sizeof line, "  %s: blocks %d-%d (%d)%s, %zu params, cost %.1f%%\n", name, begin,
                   begin + blocks[s] - 1, blocks[s], extra.c_str(), params, 100.0 * costs[s] / total);

@@ -23,21 +23,26 @@ int64_t Executor::max_tag(const StepShape& shape) {
 
 Executor::Executor(Stage& stage, Comm& comm, const StepShape& shape) : stage_(stage), comm_(comm), shape_(shape) {
   const size_t n = stage.boundary_floats();
-  for (SendRing* r : {&act_out_, &grad_out_}) {
-    r->bufs.assign(kRing, std::vector<float>(n));
-    r->reqs.assign(kRing, MPI_REQUEST_NULL);
-    r->mb.assign(kRing, -1);
-    r->tag.assign(kRing, -1);
-  }
-  for (RecvRing* r : {&act_in_, &grad_in_}) {
-    r->bufs.assign(kRing, std::vector<float>(n));
-    r->reqs.assign(kRing, MPI_REQUEST_NULL);
+  for (const MessageLink& link : message_links(shape.chunk_placement(), comm.topo().stage)) {
+    if (link.in) {
+      RecvRing& r = in_[link];
+      r.peer = link.peer;
+      r.bufs.assign(kRing, std::vector<float>(n));
+      r.reqs.assign(kRing, MPI_REQUEST_NULL);
+    } else {
+      SendRing& r = out_[link];
+      r.peer = link.peer;
+      r.bufs.assign(kRing, std::vector<float>(n));
+      r.reqs.assign(kRing, MPI_REQUEST_NULL);
+      r.mb.assign(kRing, -1);
+      r.tag.assign(kRing, -1);
+    }
   }
   if (compute_device() == Device::gpu)
     for (Floats* f : {&dev_out_, &dev_grad_in_, &dev_grad_out_}) f->resize(n);
 }
 
-void Executor::RecvRing::post(Comm& comm, int peer) {
+void Executor::RecvRing::post(Comm& comm) {
   for (; posted < order.size() && posted < used + kRing; ++posted) {
     const size_t slot = posted % kRing;
     reqs[slot] = comm.irecv(bufs[slot].data(), bufs[slot].size(), peer, order[posted]);
@@ -50,7 +55,7 @@ float* Executor::RecvRing::wait(Comm& comm, const WaitLabel& label) {
   return bufs[slot].data();
 }
 
-float* Executor::SendRing::acquire(Comm& comm, int for_tag, int for_mb, const char* what, int peer, Trace& trace) {
+float* Executor::SendRing::acquire(Comm& comm, int for_tag, int for_mb, const char* what, Trace& trace) {
   const size_t slot = next++ % kRing;
   const double t0 = now_s();
   comm.wait(reqs[slot], {what, peer, mb[slot]});  // the earlier send from this buffer
@@ -65,16 +70,24 @@ size_t Executor::SendRing::slot_of(int for_tag, const Action& a) const {
   throw std::logic_error("schedule sends " + to_string(a) + " before computing it");
 }
 
-void Executor::SendRing::drain(Comm& comm, const char* what, int peer) {
+void Executor::SendRing::drain(Comm& comm, const char* what) {
   for (size_t s = 0; s < kRing; ++s) comm.wait(reqs[s], {what, peer, mb[s]}), tag[s] = mb[s] = -1;  // none stale next step
 }
 
 StepStats Executor::run(const ActionList& actions, Trace& trace, const std::function<void(int)>& load_inputs,
                         const std::function<void(size_t)>& grads_done_from,
                         const std::function<bool(int)>& params_needed) {
-  const int M = shape_.micro_batches, P = comm_.topo().pp, stage = comm_.topo().stage, chunks = stage_.chunks();
-  const int prev = (stage + P - 1) % P, next = (stage + 1) % P;  // peers round the ring of stages
-  auto vstage = [&](const Action& a) { return a.chunk * P + stage; };
+  const int M = shape_.micro_batches, stage = comm_.topo().stage, chunks = stage_.chunks();
+  const ChunkPlacement placement = shape_.chunk_placement();
+  auto vstage = [&](const Action& a) { return placement.vstage(stage, a.chunk); };
+  // The ranks holding the virtual stages before and after this action's chunk, and the rings of
+  // the links to them.
+  auto prev = [&](const Action& a) { return placement.stage_of(vstage(a) - 1); };
+  auto next = [&](const Action& a) { return placement.stage_of(vstage(a) + 1); };
+  auto act_in = [&](const Action& a) -> RecvRing& { return in_.at({false, true, prev(a)}); };
+  auto grad_in_ring = [&](const Action& a) -> RecvRing& { return in_.at({true, true, next(a)}); };
+  auto act_out_ring = [&](const Action& a) -> SendRing& { return out_.at({false, false, next(a)}); };
+  auto grad_out_ring = [&](const Action& a) -> SendRing& { return out_.at({true, false, prev(a)}); };
   // Each chunk's last backward, after which its parameter gradients are final. The data-parallel
   // all-reduce may start during it if every later chunk (higher in the buffers) finished before.
   std::vector<const Action*> last_backward(chunks, nullptr);
@@ -106,14 +119,12 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
     st.act_peak_bytes = std::max(st.act_peak_bytes, total);
   };
 
-  act_in_.order.clear(), grad_in_.order.clear();
-  act_in_.posted = act_in_.used = grad_in_.posted = grad_in_.used = 0;
+  for (auto& [link, ring] : in_) ring.order.clear(), ring.posted = ring.used = 0;
   for (const Action& a : actions) {
-    if (a.op == Op::recv_act) act_in_.order.push_back(act_tag(vstage(a) - 1, a.mb, M));
-    if (a.op == Op::recv_grad) grad_in_.order.push_back(grad_tag(vstage(a), a.mb, M));
+    if (a.op == Op::recv_act) act_in(a).order.push_back(act_tag(vstage(a) - 1, a.mb, M));
+    if (a.op == Op::recv_grad) grad_in_ring(a).order.push_back(grad_tag(vstage(a), a.mb, M));
   }
-  act_in_.post(comm_, prev);
-  grad_in_.post(comm_, next);
+  for (auto& [link, ring] : in_) ring.post(comm_);
 
   float* act_out = nullptr;
   float* grad_out = nullptr;
@@ -125,19 +136,19 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
     switch (a.op) {
       case Op::recv_act: {
         const double t0 = now_s();
-        const float* in = act_in_.wait(comm_, {"recv activation", prev, a.mb});
+        const float* in = act_in(a).wait(comm_, {"recv activation", prev(a), a.mb});
         const double t1 = now_s();
         trace.span("wait " + to_string(a), "wait", t0, t1, a.mb);
         upload(stage_.input_buffer(a.chunk, a.mb), in, n * sizeof(float));  // stashed until its backward
         st.compute_s += now_s() - t1;
-        act_in_.post(comm_, prev);
+        act_in(a).post(comm_);
         update(a);
         break;
       }
       case Op::forward: {
         if (const double t0 = now_s(); params_needed && params_needed(a.chunk))
           trace.span("wait parameter all-gather", "wait", t0, now_s(), a.mb);
-        act_out = last ? nullptr : act_out_.acquire(comm_, act_tag(v, a.mb, M), a.mb, "send activation", next, trace);
+        act_out = last ? nullptr : act_out_ring(a).acquire(comm_, act_tag(v, a.mb, M), a.mb, "send activation", trace);
         const double t0 = now_s();
         if (first || last) load_inputs(a.mb), update(a);
         st.loss_sum += stage_.forward(a.chunk, a.mb, staged && !last ? dev_out_.data() : act_out);
@@ -152,20 +163,21 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
       }
       case Op::send_act: {
         const int tag = act_tag(v, a.mb, M);
-        const size_t slot = act_out_.slot_of(tag, a);
-        act_out_.reqs[slot] = comm_.isend(act_out_.bufs[slot].data(), n, next, tag);
+        SendRing& ring = act_out_ring(a);
+        const size_t slot = ring.slot_of(tag, a);
+        ring.reqs[slot] = comm_.isend(ring.bufs[slot].data(), n, ring.peer, tag);
         break;
       }
       case Op::recv_grad: {
         const double t0 = now_s();
-        grad_in = grad_in_.wait(comm_, {"recv gradient", next, a.mb});
+        grad_in = grad_in_ring(a).wait(comm_, {"recv gradient", next(a), a.mb});
         trace.span("wait " + to_string(a), "wait", t0, now_s(), a.mb);
         grad_in_for = a;
         break;
       }
       case Op::backward:
       case Op::backward_input: {
-        grad_out = first ? nullptr : grad_out_.acquire(comm_, grad_tag(v - 1, a.mb, M), a.mb, "send gradient", prev, trace);
+        grad_out = first ? nullptr : grad_out_ring(a).acquire(comm_, grad_tag(v - 1, a.mb, M), a.mb, "send gradient", trace);
         if (!last && (grad_in_for.mb != a.mb || grad_in_for.chunk != a.chunk))
           throw std::logic_error("schedule runs backward " + to_string(a) + " without receiving its gradient first");
         const double t0 = now_s();
@@ -185,7 +197,7 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
         if (rs > 0) trace.span("R" + to_string(a).substr(1), "recompute", t0, t0 + rs, a.mb);
         trace.span(to_string(a), "backward", t0 + rs, t1, a.mb);
         update(a);
-        if (!last) grad_in_.post(comm_, next);  // its receive buffer is free again
+        if (!last) grad_in_ring(a).post(comm_);  // its receive buffer is free again
         break;
       }
       case Op::backward_weight: {
@@ -200,15 +212,15 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
       }
       case Op::send_grad: {
         const int tag = grad_tag(v - 1, a.mb, M);
-        const size_t slot = grad_out_.slot_of(tag, a);
-        grad_out_.reqs[slot] = comm_.isend(grad_out_.bufs[slot].data(), n, prev, tag);
+        SendRing& ring = grad_out_ring(a);
+        const size_t slot = ring.slot_of(tag, a);
+        ring.reqs[slot] = comm_.isend(ring.bufs[slot].data(), n, ring.peer, tag);
         break;
       }
     }
   }
   const double t0 = now_s();
-  act_out_.drain(comm_, "send activation", next);
-  grad_out_.drain(comm_, "send gradient", prev);
+  for (auto& [link, ring] : out_) ring.drain(comm_, link.grad ? "send gradient" : "send activation");
   trace.span("wait sends", "wait", t0, now_s());
   st.wait_s = comm_.wait_seconds() - wait0;
   return st;

@@ -45,7 +45,7 @@ Plan make_plan(const RunSpec& spec) {
   const bool recompute = spec.parallel.recompute != Recompute::none;
   std::vector<double> fwd, bwd;
   for (double c : costs) fwd.push_back(c / 3), bwd.push_back(2 * c / 3 + (recompute ? c / 3 : 0));
-  const SimResult sim = simulate(lists, fwd, bwd);
+  const SimResult sim = simulate(lists, fwd, bwd, {}, schedule.placement);
   // The classic GPipe chart gives a forward and a backward one slot each; a chart of a schedule
   // that splits the backward gives its B and its W one slot each.
   const std::vector<double> unit(P * V, 1.0), unit_bwd(P * V, schedule.splits_backward ? 2.0 : 1.0);
@@ -54,9 +54,9 @@ Plan make_plan(const RunSpec& spec) {
   plan.world = P * spec.parallel.dp;
   plan.bubble_theory = schedule.bubble(spec.pipeline_shape());
   plan.bubble_sim = sim.mean_bubble();
-  plan.chart = render_chart(simulate(lists, unit, unit_bwd));
+  plan.chart = render_chart(simulate(lists, unit, unit_bwd, {}, schedule.placement));
   for (int s = 0; s < P; ++s) {
-    const std::vector<ChunkRange> chunks = chunks_of(blocks, P, s);
+    const std::vector<ChunkRange> chunks = chunks_of(blocks, spec.chunk_placement(), s);
     StagePlan sp;
     const std::vector<ParamTensor> params = rank_params(spec, chunks, P * V);
     for (auto& t : params) sp.params += t.size;
@@ -136,8 +136,8 @@ std::string schedule_comparison(const RunSpec& spec) {
   const int mode = static_cast<int>(spec.parallel.recompute);
   const int V = std::max(2, spec.parallel.virtual_stages);
   os << "schedules for pp " << spec.parallel.pp << ", M=" << spec.parallel.micro_batches << ", recompute "
-     << name_of(spec.parallel.recompute) << " (bubble with even stages | simulated with the cost model); interleaved with "
-     << V << " chunks per stage, holding chunk-micro-batches:\n";
+     << name_of(spec.parallel.recompute) << " (bubble with even stages | simulated with the cost model); chunked "
+     << "schedules (" << V << " chunks per stage, a V of 2) hold chunk-micro-batches:\n";
   char line[256];
   std::snprintf(line, sizeof line, "  %-11s %8s %10s   %-24s %s\n", "", "bubble", "simulated", "held per stage",
                 "activation peak (largest stage)");
@@ -146,7 +146,7 @@ std::string schedule_comparison(const RunSpec& spec) {
     const std::string& name = kind->name;
     RunSpec s = spec;
     s.parallel.schedule = kind;
-    s.parallel.virtual_stages = kind->chunked ? V : 1;
+    s.parallel.virtual_stages = !kind->chunked ? 1 : kind->placement == Placement::vee ? 2 : V;
     if (s.parallel.partition == Partition::explicit_list && s.parallel.virtual_stages != spec.parallel.virtual_stages)
       s.parallel.partition = Partition::uniform;  // the explicit list has one entry per chunk of the spec's layout
     const LayoutProblem unfit = kind->splits_backward && s.parallel.recompute != Recompute::none

@@ -5,6 +5,7 @@
 
 #include "pipetrain/schedule/generators.hpp"
 #include "pipetrain/schedule/simulate.hpp"
+#include "pipetrain/schedule/v_schedules.hpp"
 
 namespace pipetrain {
 namespace {
@@ -52,6 +53,26 @@ std::vector<ScheduleKind> built_in() {
                   "with F = B = W", "one slot per forward, input-gradient (B) or weight-gradient (W) pass"};
   zb.splits_backward = true;
   all.push_back(zb);
+  ScheduleKind zbv{"zb-v", "two chunks per rank in a V, B and W apart: near-zero bubble at 1f1b's memory; "
+                           "virtual_stages = 2, recompute = none",
+                   [](int stage, const PipelineShape& s) { return zb_v_schedule(stage, s.stages, s.micro_batches); },
+                   [](const PipelineShape& s) {  // from its own lists with F = B = W per chunk
+                     std::vector<ActionList> lists;
+                     for (int st = 0; st < s.stages; ++st) lists.push_back(zb_v_schedule(st, s.stages, s.micro_batches));
+                     const std::vector<double> one(2 * s.stages, 1.0), two(2 * s.stages, 2.0);
+                     return 1.0 - 6.0 * s.micro_batches / simulate(lists, one, two, one, Placement::vee).makespan;
+                   },
+                   "with F = B = W", "one slot per chunk's forward, input-gradient (B) or weight-gradient (W) pass "
+                                    "(F3.1: micro-batch 3 through the stage's chunk 1, the way back up the V)"};
+  zbv.chunked = true;
+  zbv.splits_backward = true;
+  zbv.placement = Placement::vee;
+  zbv.check = [](const PipelineShape& s) -> LayoutProblem {
+    if (s.chunks != 2)
+      return {"parallel.virtual_stages", "schedule = zb-v needs virtual_stages = 2 (its two chunks per rank form the V)"};
+    return {};
+  };
+  all.push_back(zbv);
   return all;
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <stdexcept>
+#include <tuple>
 
 namespace pipetrain {
 
@@ -13,73 +14,123 @@ double SimResult::mean_bubble() const {
   return bubble.empty() ? 0 : sum / bubble.size();
 }
 
+namespace {
+
+// A message between virtual stages: an activation from `from` to from+1 or a gradient from `from`
+// to from-1, of one micro-batch.
+struct MessageKey {
+  bool grad;
+  int from, mb;
+  bool operator<(const MessageKey& o) const { return std::tie(grad, from, mb) < std::tie(o.grad, o.from, o.mb); }
+};
+
+struct Message {
+  double issued = -1;  // when its sender sent it (-1: not yet)
+  int receiver = -1;   // the rank taking it, and its place in that rank's receives from its link
+  size_t index = 0;
+};
+
+// A link's ring: messages of one kind (0: activations, 1: gradients) with one peer.
+using Link = std::pair<int, int>;  // (kind, peer)
+
+// One rank's progress through its list, with its rings per link.
+struct RankState {
+  size_t next = 0;
+  double clock = 0;
+  std::map<Link, std::vector<double>> freed;     // when each receive's buffer was handed back
+  std::map<Link, std::vector<MessageKey>> made;  // the messages its computes produced, in order
+};
+
+}  // namespace
+
 SimResult simulate(const std::vector<ActionList>& lists, const std::vector<double>& fwd, const std::vector<double>& bwd,
-                   const std::vector<double>& wgt) {
+                   const std::vector<double>& wgt, Placement placement) {
   const int P = static_cast<int>(lists.size()), n_virtual = static_cast<int>(fwd.size());
+  const ChunkPlacement place{P, std::max(1, n_virtual / std::max(1, P)), placement};
   SimResult r;
   r.busy.assign(P, 0);
   r.spans.resize(P);
-  std::vector<size_t> next(P, 0);
-  std::vector<double> clock(P, 0);
-  // When the activation from virtual stage v to v+1 (the gradient from v+1 to v) of a micro-batch
-  // was sent, keyed by (v, mb).
-  std::map<std::pair<int, int>, double> act_sent, grad_sent;
-  // Per rank: messages it has produced towards its next / previous rank, and when it took each
-  // message from its previous / next rank (a receive frees a ring slot in the executor).
-  std::vector<int> acts_made(P, 0), grads_made(P, 0);
-  std::vector<std::vector<double>> acts_taken(P), grads_taken(P);
-  // A compute whose result goes to rank `to` waits until `to` has taken enough earlier messages.
-  auto room = [&](int made, const std::vector<double>& taken, double& at) {
-    const int need = made - kMessageRing - 1;  // messages the receiver must have taken
-    if (need <= 0) return true;
-    if (static_cast<int>(taken.size()) < need) return false;
-    at = std::max(at, taken[need - 1]);
-    return true;
+  std::vector<RankState> rank(P);
+  std::map<MessageKey, Message> messages;
+  auto key_of_receive = [&](const Action& a, int v) {
+    return a.op == Op::recv_act ? MessageKey{false, v - 1, a.mb} : MessageKey{true, v + 1, a.mb};
+  };
+  // The peer a message of this action's chunk comes from or goes to.
+  auto peer = [&](const Action& a, int v) {
+    const bool down = a.op == Op::recv_act || a.op == Op::send_grad || a.op == Op::backward ||
+                      a.op == Op::backward_input;  // towards v - 1
+    return place.stage_of(down ? v - 1 : v + 1);
+  };
+  auto from_peer = [&](const Action& a, int v) {  // a receive's sender
+    return place.stage_of(a.op == Op::recv_act ? v - 1 : v + 1);
+  };
+  for (int s = 0; s < P; ++s) {
+    std::map<Link, size_t> taken;
+    for (const Action& a : lists[s])
+      if (a.op == Op::recv_act || a.op == Op::recv_grad) {
+        const int v = place.vstage(s, a.chunk);
+        Message& m = messages[key_of_receive(a, v)];
+        m.receiver = s, m.index = taken[{a.op == Op::recv_grad, from_peer(a, v)}]++;
+      }
+  }
+  // When the receive of message m from `sender` was posted: at the start for the first
+  // kMessageRing of its link, else when the buffer kMessageRing receives earlier was handed back
+  // (-1: not yet known).
+  auto posted = [&](const Message& m, bool grad, int sender) -> double {
+    if (m.receiver < 0) return -1;  // nobody receives it: its send can never complete
+    if (m.index < static_cast<size_t>(kMessageRing)) return 0;
+    const std::vector<double>& freed = rank[m.receiver].freed[{grad, sender}];
+    return m.index - kMessageRing < freed.size() ? freed[m.index - kMessageRing] : -1;
   };
   for (bool progress = true; progress;) {
     progress = false;
     for (int s = 0; s < P; ++s) {
-      for (; next[s] < lists[s].size(); ++next[s], progress = true) {
-        const Action& a = lists[s][next[s]];
-        const int v = a.chunk * P + s;
+      RankState& me = rank[s];
+      for (; me.next < lists[s].size(); ++me.next, progress = true) {
+        const Action& a = lists[s][me.next];
+        const int v = place.vstage(s, a.chunk);
         if (v >= n_virtual) throw std::logic_error("no costs for virtual stage " + std::to_string(v));
         if (a.op == Op::recv_act || a.op == Op::recv_grad) {
-          const auto& sent = a.op == Op::recv_act ? act_sent : grad_sent;
-          auto it = sent.find({a.op == Op::recv_act ? v - 1 : v, a.mb});
-          if (it == sent.end()) break;  // blocked until the peer sends
-          clock[s] = std::max(clock[s], it->second);
-          if (a.op == Op::recv_act) acts_taken[s].push_back(clock[s]);
-        } else if (a.op == Op::send_act) {
-          act_sent[{v, a.mb}] = clock[s];
-        } else if (a.op == Op::send_grad) {
-          grad_sent[{v - 1, a.mb}] = clock[s];
+          const Message& m = messages.at(key_of_receive(a, v));
+          if (m.issued < 0) break;  // blocked until the peer sends
+          me.clock = std::max(me.clock, m.issued);
+          if (a.op == Op::recv_act) me.freed[{0, from_peer(a, v)}].push_back(me.clock);  // copied into the stage at once
+        } else if (a.op == Op::send_act || a.op == Op::send_grad) {
+          messages[{a.op == Op::send_grad, v, a.mb}].issued = me.clock;
         } else {
-          double start = clock[s];
+          double start = me.clock;
           const bool makes_act = a.op == Op::forward && v + 1 < n_virtual;
           const bool makes_grad = (a.op == Op::backward || a.op == Op::backward_input) && v > 0;
-          if (makes_act && !room(acts_made[s], acts_taken[(s + 1) % P], start)) break;
-          if (makes_grad && !room(grads_made[s], grads_taken[(s + P - 1) % P], start)) break;
-          acts_made[s] += makes_act, grads_made[s] += makes_grad;
-          // the gradient received for this backward: its buffer is free once the backward has run
-          const bool took_grad = (a.op == Op::backward || a.op == Op::backward_input) && v + 1 < n_virtual;
+          if (makes_act || makes_grad) {  // the link's send buffer must be free again
+            std::vector<MessageKey>& made = me.made[{makes_grad, peer(a, v)}];
+            if (made.size() >= static_cast<size_t>(kMessageRing)) {
+              const Message& earlier = messages[made[made.size() - kMessageRing]];
+              const double at = posted(earlier, makes_grad, s);
+              if (earlier.issued < 0 || at < 0) break;
+              start = std::max({start, earlier.issued, at});
+            }
+            made.push_back({makes_grad, v, a.mb});
+          }
           const double w = wgt.empty() ? bwd[v] / 2 : wgt[v];
           const double cost = a.op == Op::forward            ? fwd[v]
                               : a.op == Op::backward_weight ? w
                               : a.op == Op::backward_input  ? bwd[v] - w
                                                             : bwd[v];
           r.spans[s].push_back({start, start + cost, a});
-          clock[s] = start + cost;
+          me.clock = start + cost;
           r.busy[s] += cost;
-          if (took_grad) grads_taken[s].push_back(clock[s]);
+          // the gradient received for this backward: its buffer is free once the backward has run
+          if ((a.op == Op::backward || a.op == Op::backward_input) && v + 1 < n_virtual)
+            me.freed[{1, place.stage_of(v + 1)}].push_back(me.clock);
         }
       }
     }
   }
   for (int s = 0; s < P; ++s) {
-    if (next[s] < lists[s].size())
+    if (rank[s].next < lists[s].size())
       throw std::logic_error("schedule deadlocks: stage " + std::to_string(s) + " waits forever at " +
-                             to_string(lists[s][next[s]]));
-    r.makespan = std::max(r.makespan, clock[s]);
+                             to_string(lists[s][rank[s].next]));
+    r.makespan = std::max(r.makespan, rank[s].clock);
   }
   for (int s = 0; s < P; ++s) r.bubble.push_back(r.makespan > 0 ? 1 - r.busy[s] / r.makespan : 0);
   return r;

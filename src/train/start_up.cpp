@@ -75,9 +75,10 @@ void read_spec_and_data(Run& run) {
   if (opt.eval_only && run.spec.eval.every_steps == 0) run.spec.eval.every_steps = 1;  // load validation data
   const RunSpec& spec = run.spec;
   run.shape = step_shape(spec);
-  run.topo = Topology::of(run.world.rank(), spec.parallel.pp, spec.parallel.dp, spec.parallel.order);
+  run.topo = Topology::of(run.world.rank(), spec.parallel.pp, spec.parallel.dp, spec.parallel.order,
+                          spec.chunk_placement().head_stage() == 0);
   run.blocks = partition_blocks(spec);
-  if (run.topo.first_stage() || run.topo.last_stage()) {
+  if (run.topo.first_stage() || run.topo.holds_head()) {
     run.data = std::make_unique<Dataset>(spec);
     if (spec.eval.every_steps > 0) {
       run.val = std::make_unique<Dataset>(spec, Split::val);
@@ -145,7 +146,7 @@ void open_init_source(Run& run) {
 void build_model(Run& run) {
   const RunSpec& spec = run.spec;
   const StepShape& shape = run.shape;
-  run.stage = std::make_unique<Stage>(spec, chunks_of(run.blocks, shape.stages, run.topo.stage), shape.virtual_stages(),
+  run.stage = std::make_unique<Stage>(spec, chunks_of(run.blocks, shape.chunk_placement(), run.topo.stage), shape.virtual_stages(),
                                       shape.micro_batches, shape.grad_scale());
   if (run.init) {
     run.world.require_agreed([&] {  // each rank reads only its own stage's tensors
@@ -229,7 +230,7 @@ void prepare_steps(Run& run) {
   // after the step (no overlap yet).
   Stage& stage = *run.stage;
   const ParamTensor* wte = stage.find("wte.weight");
-  run.tied_wte = spec.model.tie_embeddings && spec.parallel.pp > 1 ? wte : nullptr;
+  run.tied_wte = spec.model.tie_embeddings && run.topo.tied_apart() ? wte : nullptr;
   run.grad_staging.resize(run.on_gpu() && (spec.parallel.dp > 1 || run.tied_wte) ? stage.grads().size() : 0);
   const size_t bucket = std::max<size_t>(1, static_cast<size_t>(spec.comm.bucket_mb * (1 << 20) / sizeof(float)));
   const OptimizerShard& shard = run.adam->shard();

@@ -1,7 +1,7 @@
 """Activation bytes: the stashed-activation peak per stage equals in-flight micro-batches x bytes
 per micro-batch, exactly, for each recompute mode and schedule: GPipe holds all M micro-batches,
 1F1B at most P - stage. The formula is written out here independently of the C++ accounting: what
-each mode keeps between a micro-batch's forward and its backward. zb-h1 and interleaved are checked
+each mode keeps between a micro-batch's forward and its backward. zb-h1, zb-v and interleaved are checked
 against plan's prediction from the same per-micro-batch sizes."""
 import json
 import os
@@ -88,6 +88,15 @@ def zero_bubble_as_planned():
     """zb-h1: a micro-batch also holds its layers' output gradients from B to W."""
     for pp, dp in [(2, 1), (4, 1), (2, 2)]:
         as_planned("zb-h1", pp, dp, [])
+
+
+@scenario
+def zero_bubble_v_as_planned():
+    """zb-v: rank 0 holds the first and the last chunk (embedding and head), every rank two chunks
+    in a V, each micro-batch held from its F to its W."""
+    for pp, dp, extra in [(2, 1, []), (2, 2, ["parallel.micro_batches=2"]), (4, 1, ["model.n_layer=8",
+                                                                                    "parallel.micro_batches=8"])]:
+        as_planned("zb-v", pp, dp, ["parallel.virtual_stages=2", *extra])
 
 
 @scenario

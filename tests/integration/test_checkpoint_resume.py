@@ -1,7 +1,7 @@
 """Checkpoints: a 2x2 run stopped by a real SIGUSR1 saves the stop step, resumes from it and
-reproduces every loss bit for bit; a 2x2 checkpoint resumes as 4x1, 1x2, 1x1 and interleaved 2x1
-with every remaining step's loss within 1e-6 and gradient norm within 1e-5 (and the interleaved
-run's checkpoint as 1x1); a rank SIGKILLed in the middle of a checkpoint write leaves the previous
+reproduces every loss bit for bit; a 2x2 checkpoint resumes as 4x1, 1x2, 1x1, interleaved 2x1 and
+zb-v 2x1 with every remaining step's loss within 1e-6 and gradient norm within 1e-5 (and the
+interleaved run's checkpoint as 1x1, the zb-v run's as interleaved); a rank SIGKILLed in the middle of a checkpoint write leaves the previous
 checkpoint, from which the next start resumes and completes with the same losses."""
 import os
 import re
@@ -130,6 +130,17 @@ def reshard_to_interleaved_and_back():
                    ckpt30, ref_losses)
     resume_as("1x1_again", "interleaved 2x1", 1, 1, [],
               os.path.join(il.run_dir, "checkpoints", "step_00000040"), ref_losses)
+
+
+@scenario
+def reshard_to_zero_bubble_v_and_back():
+    """The 2x2 checkpoint resumes as zb-v 2x1 (rank 0 holds the first and the last chunk, read
+    from both shards), whose own step-40 checkpoint then resumes as interleaved 2x1."""
+    ref = reference()
+    ckpt30, ref_losses = os.path.join(ref.run_dir, "checkpoints", "step_00000030"), losses(ref)[1]
+    v = resume_as("2x1_zb_v", "2x2", 2, 1, ["parallel.schedule=zb-v", "parallel.virtual_stages=2"], ckpt30, ref_losses)
+    resume_as("2x1_interleaved_again", "zb-v 2x1", 2, 1, ["parallel.schedule=interleaved", "parallel.virtual_stages=2"],
+              os.path.join(v.run_dir, "checkpoints", "step_00000040"), ref_losses)
 
 
 @scenario

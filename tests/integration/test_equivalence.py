@@ -105,6 +105,24 @@ def zero_bubble():
 
 
 @scenario
+def zero_bubble_v():
+    """zb-v: two chunks per rank in a V (the turn a message to itself, embedding and head on rank 0,
+    so a tied embedding needs no exchange), B and W apart; 2x1, 2x2, M < P, untied, and 4x1 on 8
+    blocks."""
+    ref = reference()
+    v = ["parallel.schedule=zb-v", "parallel.virtual_stages=2"]
+    for pp, dp, m in [(2, 1, 4), (2, 2, 2), (2, 1, 1)]:
+        same(f"zb-v {pp}x{dp} M={m} vs gpipe 1x1", run(f"zbv_{pp}x{dp}_m{m}", pp, dp, *v, f"parallel.micro_batches={m}"),
+             ref)
+    same("zb-v untied 2x1 vs untied 1x1", run("zbv_untied", 2, 1, *v, "model.tie_embeddings=false"),
+         reference("model.tie_embeddings=false"))
+    deep = reference("model.n_layer=8")
+    for m in (8, 2):
+        same(f"zb-v 4x1 M={m} vs gpipe 1x1 (8 blocks)", run(f"zbv_deep_m{m}", 4, 1, "model.n_layer=8", *v,
+                                                            f"parallel.micro_batches={m}"), deep)
+
+
+@scenario
 def interleaved():
     """Interleaved 1F1B: V chunks per rank, activations round the ring of stages; incl. M = P (all
     warm-up), block recompute, and 64 KiB buckets that start at each chunk's last backward."""

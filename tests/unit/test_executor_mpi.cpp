@@ -54,7 +54,7 @@ struct StepResult {
 // embedding's two halves are summed as the training loop does.
 StepResult pipeline_step(const RunSpec& spec, Comm& comm) {
   const int P = spec.parallel.pp, M = spec.parallel.micro_batches, s = comm.topo().stage;
-  Stage stage(spec, chunks_of(partition_blocks(spec), P, s), P, M, grad_scale(spec));
+  Stage stage(spec, chunks_of(partition_blocks(spec), spec.chunk_placement(), s), P, M, grad_scale(spec));
   stage.init_params(static_cast<uint64_t>(spec.run.seed));
   stage.zero_grads();
   Dataset data(spec);

@@ -266,7 +266,7 @@ TEST_CASE("a stage of two chunks lays them out one after the other and computes 
   RunSpec spec = small_spec(6, false);
   spec.train.global_batch = M;
   spec.parallel.micro_batches = M;
-  Stage both(spec, chunks_of({2, 1, 1, 2}, 2, 1), 4, M, 0.1f);
+  Stage both(spec, chunks_of({2, 1, 1, 2}, ChunkPlacement{2, 2}, 1), 4, M, 0.1f);
   Stage v1(spec, 1, 4, 2, 3, M, 0.1f), v3(spec, 3, 4, 4, 6, M, 0.1f);
   for (Stage* st : {&both, &v1, &v3}) st->init_params(5), st->zero_grads();
   REQUIRE(both.chunks() == 2);

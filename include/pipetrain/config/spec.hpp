@@ -96,6 +96,7 @@ struct RunSpec {
   PipelineShape pipeline_shape() const {
     return {parallel.pp, parallel.micro_batches, parallel.virtual_stages, model.n_layer};
   }
+  ChunkPlacement chunk_placement() const { return parallel.schedule->placement_of(pipeline_shape()); }
 };
 
 // The shape of one training step, from a validated spec: what a rank's stage, executor and
@@ -104,7 +105,9 @@ struct StepShape {
   int stages = 1, replicas = 1, micro_batches = 1, chunks = 1;  // P, D, M, V
   int samples = 1;                                              // per micro-batch: global_batch / (D M)
   int seq_len = 1, d_model = 1;                                 // T, C
+  Placement placement = Placement::loop;                        // the schedule's (schedule/placement.hpp)
   int virtual_stages() const { return stages * chunks; }
+  ChunkPlacement chunk_placement() const { return {stages, chunks, placement}; }
   size_t boundary_floats() const { return static_cast<size_t>(samples) * seq_len * d_model; }  // one activation
   // dLoss/d(token loss): the loss is the mean over the global batch's tokens (1/M per micro-batch,
   // 1/D per replica).

@@ -19,17 +19,24 @@ struct Topology {
   int world_rank = 0;
   int stage = 0, dp_rank = 0;
   RankOrder order = RankOrder::pp;
+  // The stage holding the LM head: the last, or the first when the schedule lays its chunks in a
+  // vee (schedule/placement.hpp), where the first stage holds both ends of the model.
+  bool head_on_first = false;
 
-  static Topology of(int world_rank, int pp, int dp, RankOrder order = RankOrder::pp) {
+  static Topology of(int world_rank, int pp, int dp, RankOrder order = RankOrder::pp, bool head_on_first = false) {
     const bool by_replica = order == RankOrder::dp;
     return Topology{pp, dp, world_rank, by_replica ? world_rank / dp : world_rank % pp,
-                    by_replica ? world_rank % dp : world_rank / pp, order};
+                    by_replica ? world_rank % dp : world_rank / pp, order, head_on_first};
   }
   int rank_of(int stage_index, int replica) const {
     return order == RankOrder::dp ? stage_index * dp + replica : replica * pp + stage_index;
   }
   bool first_stage() const { return stage == 0; }
   bool last_stage() const { return stage == pp - 1; }
+  int head_stage() const { return head_on_first ? 0 : pp - 1; }
+  bool holds_head() const { return stage == head_stage(); }
+  // A tied embedding's two halves sit on different stages and are summed between them.
+  bool tied_apart() const { return head_stage() != 0; }
 };
 
 // Which node runs which (stage, replica), and which traffic crosses nodes: the pipeline links

@@ -36,7 +36,8 @@ struct ParamTensor {
 // The named tensors a stage owns, in buffer order with offsets (no allocation): embeddings on the
 // first stage, blocks [block_begin, block_end), final LayerNorm and head on the last.
 std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end);
-// The tensors of all of a rank's chunks (virtual stages of n_virtual), chunk after chunk.
+// The tensors of all of a rank's chunks (virtual stages of n_virtual), chunk after chunk. A tied
+// head on the rank that also holds the embedding (a vee's first rank) uses wte itself, no copy.
 std::vector<ParamTensor> rank_params(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual);
 
 // Bytes one micro-batch keeps between its forward and its backward on a stage of `blocks` blocks,

@@ -1,12 +1,13 @@
 // Which blocks each pipeline stage owns. The model is cut into pp x V contiguous chunks, one per
-// virtual stage (V = parallel.virtual_stages, 1 unless the schedule is interleaved); rank `stage`
-// owns virtual stages stage, stage + pp, ... The first virtual stage also holds the embeddings and
-// the last the final LayerNorm, LM head and loss, which the cost model counts.
+// virtual stage (V = parallel.virtual_stages, 1 unless the schedule is chunked); the schedule's
+// placement (schedule/placement.hpp) says which rank owns which. The first virtual stage also holds
+// the embeddings and the last the final LayerNorm, LM head and loss, which the cost model counts.
 #pragma once
 #include <string>
 #include <vector>
 
 #include "pipetrain/config/spec.hpp"
+#include "pipetrain/schedule/placement.hpp"
 
 namespace pipetrain {
 
@@ -27,7 +28,7 @@ std::vector<int> partition_blocks(const RunSpec& spec);
 struct ChunkRange {
   int vstage, block_begin, block_end;
 };
-std::vector<ChunkRange> chunks_of(const std::vector<int>& blocks, int pp, int stage);
+std::vector<ChunkRange> chunks_of(const std::vector<int>& blocks, const ChunkPlacement& placement, int stage);
 
 // Estimated cost of each (virtual) stage of a partition.
 std::vector<double> stage_costs(const RunSpec& spec, const std::vector<int>& blocks);

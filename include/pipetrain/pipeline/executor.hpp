@@ -1,15 +1,17 @@
 // Runs one stage's action list for one step: forwards and backwards on the Stage's chunks,
-// activations and gradients to and from the neighbouring stages through Comm (round the ring of
-// stages under the interleaved schedule: the last stage's chunk c feeds the first stage's c+1). Receives are posted two ahead into a
-// small ring of buffers, so data arrives while this rank computes and a micro-batch's activations
-// exist only from its forward to its backward, whatever the schedule; sends are nonblocking from a
-// ring of buffers too.
+// activations and gradients to and from the ranks holding the neighbouring virtual stages through
+// Comm (wherever the schedule's placement puts them: round the ring of stages under the
+// interleaved schedule, down and back up in a vee, where the turn is a message to this rank
+// itself). Receives are posted two ahead into a small ring of buffers, so data arrives while this
+// rank computes and a micro-batch's activations exist only from its forward to its backward,
+// whatever the schedule; sends are nonblocking from a ring of buffers too.
 #pragma once
 #include <mpi.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <vector>
 
 #include "pipetrain/dist/comm.hpp"
@@ -46,26 +48,28 @@ class Executor {
 
  private:
   static constexpr size_t kRing = kMessageRing;
-  // Receives posted in the order the list consumes them, at most kRing ahead, round-robin over
-  // kRing buffers.
+  // One per incoming link (schedule/placement.hpp): receives posted in the order the list consumes
+  // them, at most kRing ahead, round-robin over kRing buffers.
   struct RecvRing {
+    int peer = -1;
     std::vector<std::vector<float>> bufs;
     std::vector<MPI_Request> reqs;
     std::vector<int> order;  // message tags in the order the list receives them
     size_t posted = 0, used = 0;
-    void post(Comm& comm, int peer);
+    void post(Comm& comm);
     float* wait(Comm& comm, const WaitLabel& label);  // the next one, in order
   };
-  // Buffers for outgoing messages, reused round-robin once their send completed; each remembers
+  // One per outgoing link: buffers reused round-robin once their send completed; each remembers
   // the message (tag) it holds so a send action finds its data whatever the action order.
   struct SendRing {
+    int peer = -1;
     std::vector<std::vector<float>> bufs;
     std::vector<MPI_Request> reqs;
     std::vector<int> tag, mb;
     size_t next = 0;
-    float* acquire(Comm& comm, int for_tag, int for_mb, const char* what, int peer, Trace& trace);
+    float* acquire(Comm& comm, int for_tag, int for_mb, const char* what, Trace& trace);
     size_t slot_of(int for_tag, const Action& a) const;
-    void drain(Comm& comm, const char* what, int peer);
+    void drain(Comm& comm, const char* what);
   };
   Stage& stage_;
   Comm& comm_;
@@ -73,8 +77,8 @@ class Executor {
   // On the GPU the stage reads and writes device memory while messages travel through the host
   // rings (comm.backend = mpi): its output, incoming and outgoing gradient are staged here.
   Floats dev_out_, dev_grad_in_, dev_grad_out_;
-  SendRing act_out_, grad_out_;
-  RecvRing act_in_, grad_in_;
+  std::map<MessageLink, SendRing> out_;  // keyed by link (grad, in = false, peer)
+  std::map<MessageLink, RecvRing> in_;   // (grad, in = true, peer)
 };
 
 }  // namespace pipetrain

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "pipetrain/schedule/actions.hpp"
+#include "pipetrain/schedule/placement.hpp"
 
 namespace pipetrain {
 
@@ -35,7 +36,10 @@ struct ScheduleKind {
   bool chunked = false;           // runs parallel.virtual_stages (>= 2) chunks per rank; others run 1
   bool splits_backward = false;   // B and W apart: W needs the activations kept (recompute = none)
   // Requirements beyond those every schedule shares (chunk count, one block per chunk).
-  std::function<LayoutProblem(const PipelineShape&)> check;
+  std::function<LayoutProblem(const PipelineShape&)> check = nullptr;
+  Placement placement = Placement::loop;  // how its chunks sit on the ranks (schedule/placement.hpp)
+
+  ChunkPlacement placement_of(const PipelineShape& s) const { return {s.stages, s.chunks, placement}; }
 };
 
 // Every registered schedule, in registration order (the built-in four first).
