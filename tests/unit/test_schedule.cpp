@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <stdexcept>
 
 #include "pipetrain/schedule/generators.hpp"
@@ -266,6 +267,15 @@ TEST_CASE("zb-h1: the paper's ZB-H1 makespan with F = B = W, 3M + P - 1 for M >=
       CHECK(zb == Approx(M >= P ? 3 * M + P - 1 : 2 * M + 2 * P - 1));
       if (P > 1) CHECK(zb < ofob);
     }
+  // Other costs with W no dearer than F or B: each stage idles (P-1)(F + B - W), the paper's figure.
+  for (auto [f, b, w] : {std::array<double, 3>{2, 2, 1}, {2, 3, 2}, {3, 2, 2}, {1, 2, 1}})
+    for (int P = 2; P <= 6; ++P)
+      for (int M = P; M <= 12; ++M) {
+        INFO("F=" << f << " B=" << b << " W=" << w << " P=" << P << " M=" << M);
+        const std::vector<double> fwd(P, f), bwd(P, b + w), wgt(P, w);
+        const double makespan = simulate(lists_of("zb-h1", P, M), fwd, bwd, wgt).makespan;
+        CHECK(makespan == Approx(M * (f + b + w) + (P - 1) * (f + b - w)));
+      }
 }
 
 TEST_CASE("zb-h1: every list runs each F, B and W once, in that order, with its messages; no deadlock",
@@ -313,16 +323,11 @@ TEST_CASE("zb-h1: 1F1B's P - s micro-batches between F and B (the paper's count)
 TEST_CASE("zb-h1: P=4, M=8 chart is the paper's ZB-H1, 27 slots", "[schedule]") {
   // 1F1B's forwards and B's; stage s runs W of micro-batch i after B of i + s, the last s at the end.
   const std::string want =
-      "t:        0   1   2   3   4   5   6   7   8   9   10  11  12  13  14  15  16  17  18  19  20  21  22  23  24  "
-      "25  26\n"
-      "Stage 0:  F0  F1  F2  F3  ·   ·   ·   B0  W0  F4  B1  W1  F5  B2  W2  F6  B3  W3  F7  B4  W4  B5  W5  B6  W6  "
-      "B7  W7\n"
-      "Stage 1:  ·   F0  F1  F2  ·   ·   B0  F3  B1  W0  F4  B2  W1  F5  B3  W2  F6  B4  W3  F7  B5  W4  B6  W5  B7  "
-      "W6  W7\n"
-      "Stage 2:  ·   ·   F0  F1  ·   B0  F2  B1  F3  B2  W0  F4  B3  W1  F5  B4  W2  F6  B5  W3  F7  B6  W4  B7  W5  "
-      "W6  W7\n"
-      "Stage 3:  ·   ·   ·   F0  B0  F1  B1  F2  B2  F3  B3  W0  F4  B4  W1  F5  B5  W2  F6  B6  W3  F7  B7  W4  W5  "
-      "W6  W7\n";
+      "t:        0   1   2   3   4   5   6   7   8   9   10  11  12  13  14  15  16  17  18  19  20  21  22  23  24  25  26\n"
+      "Stage 0:  F0  F1  F2  F3  ·   ·   ·   B0  W0  F4  B1  W1  F5  B2  W2  F6  B3  W3  F7  B4  W4  B5  W5  B6  W6  B7  W7\n"
+      "Stage 1:  ·   F0  F1  F2  ·   ·   B0  F3  B1  W0  F4  B2  W1  F5  B3  W2  F6  B4  W3  F7  B5  W4  B6  W5  B7  W6  W7\n"
+      "Stage 2:  ·   ·   F0  F1  ·   B0  F2  B1  F3  B2  W0  F4  B3  W1  F5  B4  W2  F6  B5  W3  F7  B6  W4  B7  W5  W6  W7\n"
+      "Stage 3:  ·   ·   ·   F0  B0  F1  B1  F2  B2  F3  B3  W0  F4  B4  W1  F5  B5  W2  F6  B6  W3  F7  B7  W4  W5  W6  W7\n";
   const std::vector<double> one(4, 1.0), two(4, 2.0);
   CHECK(render_chart(simulate(lists_of("zb-h1", 4, 8), one, two, one)) == want);
 }
