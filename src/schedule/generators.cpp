@@ -22,8 +22,15 @@ ActionList gpipe_schedule(int stage, int n_stages, int micro_batches) {
   return list;
 }
 
-ActionList one_f_one_b_schedule(int stage, int n_stages, int micro_batches) {
-  const bool first = stage == 0, last = stage == n_stages - 1;
+namespace {
+
+// 1F1B's order on one stage: min(P-1-s, M) warm-up forwards, then one forward and one backward
+// alternately, then the remaining backwards. weight_lag < 0: fused backwards. Otherwise each
+// backward is split, and W of micro-batch i runs right after B of micro-batch i + weight_lag (the
+// last weight_lag W's at the end).
+ActionList one_f_one_b_order(int stage, int n_stages, int micro_batches, int weight_lag) {
+  const bool first = stage == 0, last = stage == n_stages - 1, split = weight_lag >= 0;
+  const int M = micro_batches;
   ActionList list;
   auto forward = [&](int i) {
     if (!first) list.push_back({Op::recv_act, i});
@@ -32,53 +39,36 @@ ActionList one_f_one_b_schedule(int stage, int n_stages, int micro_batches) {
   };
   auto backward = [&](int i) {
     if (!last) list.push_back({Op::recv_grad, i});
-    list.push_back({Op::backward, i});
+    list.push_back({split ? Op::backward_input : Op::backward, i});
     if (!first) list.push_back({Op::send_grad, i});
+    if (split && i >= weight_lag) list.push_back({Op::backward_weight, i - weight_lag});
   };
   // Stage s must run P-1-s forwards before the first gradient can come back to it.
-  const int warmup = std::min(n_stages - 1 - stage, micro_batches);
+  const int warmup = std::min(n_stages - 1 - stage, M);
   for (int i = 0; i < warmup; ++i) forward(i);
-  for (int i = 0; i + warmup < micro_batches; ++i) forward(i + warmup), backward(i);
-  for (int i = std::max(0, micro_batches - warmup); i < micro_batches; ++i) backward(i);
+  for (int i = 0; i < M; ++i) {
+    if (i + warmup < M) forward(i + warmup);
+    backward(i);
+  }
+  if (split)
+    for (int i = std::max(0, M - weight_lag); i < M; ++i) list.push_back({Op::backward_weight, i});
   return list;
 }
 
+}  // namespace
+
+ActionList one_f_one_b_schedule(int stage, int n_stages, int micro_batches) {
+  return one_f_one_b_order(stage, n_stages, micro_batches, -1);
+}
+
 ActionList zb_h1_schedule(int stage, int n_stages, int micro_batches) {
-  const int P = n_stages, M = micro_batches;
-  // Unit-time list scheduling of all stages together: done_f[s][mb] / done_b[s][mb] is when that
-  // action finished (-1: not yet), so readiness follows the pipeline's data dependencies.
-  std::vector<std::vector<int>> done_f(P, std::vector<int>(M, -1)), done_b(P, std::vector<int>(M, -1));
-  std::vector<int> next_f(P, 0), next_b(P, 0), next_w(P, 0), held(P, 0);
-  std::vector<std::vector<Action>> order(P);
-  int finished = 0;
-  for (int t = 0; finished < P * 3 * M; ++t) {
-    for (int s = 0; s < P; ++s) {
-      const int b = next_b[s], f = next_f[s];
-      const bool b_ready = b < M && done_f[s][b] >= 0 && done_f[s][b] <= t &&
-                           (s == P - 1 || (done_b[s + 1][b] >= 0 && done_b[s + 1][b] <= t));
-      const bool f_ready = f < M && held[s] < P - s && (s == 0 || (done_f[s - 1][f] >= 0 && done_f[s - 1][f] <= t));
-      if (b_ready) {
-        done_b[s][b] = t + 1, order[s].push_back({Op::backward_input, b}), ++next_b[s];
-      } else if (f_ready) {
-        done_f[s][f] = t + 1, order[s].push_back({Op::forward, f}), ++next_f[s], ++held[s];
-      } else if (next_w[s] < next_b[s]) {
-        order[s].push_back({Op::backward_weight, next_w[s]++}), --held[s];
-      } else {
-        continue;  // idle this slot
-      }
-      ++finished;
-    }
-  }
-  const bool first = stage == 0, last = stage == P - 1;
-  ActionList list;
-  for (const Action& a : order[stage]) {
-    if (a.op == Op::forward && !first) list.push_back({Op::recv_act, a.mb});
-    if (a.op == Op::backward_input && !last) list.push_back({Op::recv_grad, a.mb});
-    list.push_back(a);
-    if (a.op == Op::forward && !last) list.push_back({Op::send_act, a.mb});
-    if (a.op == Op::backward_input && !first) list.push_back({Op::send_grad, a.mb});
-  }
-  return list;
+  // Stage s runs each W s micro-batches late. With unit costs a B then runs one slot after the next
+  // stage's B of the same micro-batch: the first gradients climb the pipeline one slot per stage (B
+  // alone, not 1F1B's B + W), so stage 0 waits P - 1 slots less for its first one. At the end,
+  // stage s runs its last B s slots before stage 0 runs its own, and the lag leaves it exactly the
+  // s + 1 W's that fill those slots and the one of stage 0's last W. So after its first forward no
+  // stage waits beyond 1F1B's warm-up (P - 1 - s slots): 3M + P - 1 slots in all for M >= P.
+  return one_f_one_b_order(stage, n_stages, micro_batches, stage);
 }
 
 ActionList interleaved_schedule(int stage, int n_stages, int micro_batches, int chunks) {

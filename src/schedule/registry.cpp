@@ -1,5 +1,6 @@
 #include "pipetrain/schedule/registry.hpp"
 
+#include <algorithm>
 #include <deque>
 #include <stdexcept>
 
@@ -42,15 +43,16 @@ std::vector<ScheduleKind> built_in() {
     return {};
   };
   all.push_back(interleaved);
-  ScheduleKind zb{"zb-h1", "1f1b's memory, weight gradients deferred into the bubbles; needs recompute = none",
+  ScheduleKind zb{"zb-h1",
+                  "1f1b with weight gradients deferred into its bubbles, min(M, P) micro-batches held until W; "
+                  "needs recompute = none",
                   [](int stage, const PipelineShape& s) { return zb_h1_schedule(stage, s.stages, s.micro_batches); },
-                  [](const PipelineShape& s) {  // from its own lists with F = B = W, the unit of its paper
-                    std::vector<ActionList> lists;
-                    for (int st = 0; st < s.stages; ++st) lists.push_back(zb_h1_schedule(st, s.stages, s.micro_batches));
-                    const std::vector<double> one(s.stages, 1.0), two(s.stages, 2.0);
-                    return 1.0 - 3.0 * s.micro_batches / simulate(lists, one, two, one).makespan;
+                  [](const PipelineShape& s) {  // F = B = W, the unit of its paper: 3M slots of work per stage
+                    const double P = s.stages, M = s.micro_batches;  // in 3M + P - 1 slots, 2M + 2P - 1 if M < P
+                    return 1.0 - 3.0 * M / (2.0 * M + P - 1.0 + std::max(M, P));
                   },
-                  "with F = B = W", "one slot per forward, input-gradient (B) or weight-gradient (W) pass"};
+                  "closed form (P-1)/(3M+P-1) with F = B = W (M >= P; fewer: (2P-M-1)/(2M+2P-1))",
+                  "one slot per forward, input-gradient (B) or weight-gradient (W) pass"};
   zb.splits_backward = true;
   all.push_back(zb);
   ScheduleKind zbv{"zb-v", "two chunks per rank in a V, B and W apart: near-zero bubble at 1f1b's memory; "

@@ -195,9 +195,9 @@ def report_on_killed_run():
 @scenario
 def compare_schedules():
     """plan --compare-schedules: one row per schedule with the micro-batches each stage holds;
-    zb-h1's bubble below 1f1b's (equal to gpipe's), interleaved's (P-1)/(VM+P-1)."""
+    zb-h1's bubble (P-1)/(3M+P-1), below 1f1b's (equal to gpipe's), interleaved's (P-1)/(VM+P-1)."""
     a = settings()
-    # plan --compare-schedules: one line per schedule; zb-h1 holds what 1f1b holds, with less bubble;
+    # plan --compare-schedules: one line per schedule; zb-h1 holds min(M, P) until W on every stage;
     # interleaved (2 chunks per stage) holds 2(P-1-s) + P + 1 chunk-micro-batches for a bubble / V.
     cmp = subprocess.run([a.bin, "plan", "--config", tiny(), "--set", "parallel.pp=4", "--set", "parallel.micro_batches=8",
                           "--set", "model.n_layer=8", "--compare-schedules"], capture_output=True, text=True)
@@ -205,11 +205,13 @@ def compare_schedules():
     names = ["1f1b", "gpipe", "interleaved", "zb-h1"]
     expect(cmp.returncode == 0 and sorted(rows) == names, f"compare-schedules: four rows ({cmp.stdout!r})")
     if sorted(rows) == names:
-        expect(rows["gpipe"][3:7] == ["8"] * 4 and rows["1f1b"][3:7] == ["4", "3", "2", "1"] == rows["zb-h1"][3:7]
-               and rows["interleaved"][3:7] == ["11", "9", "7", "5"],
-               "compare-schedules: micro-batches held per stage, gpipe M, 1f1b and zb-h1 P - stage, interleaved in chunks")
+        expect(rows["gpipe"][3:7] == ["8"] * 4 and rows["1f1b"][3:7] == ["4", "3", "2", "1"]
+               and rows["zb-h1"][3:7] == ["4"] * 4 and rows["interleaved"][3:7] == ["11", "9", "7", "5"],
+               "compare-schedules: micro-batches held per stage, gpipe M, 1f1b P - stage, zb-h1 P (until W), "
+               "interleaved in chunks")
         expect(float(rows["zb-h1"][1]) < float(rows["1f1b"][1]) == float(rows["gpipe"][1]),
                "compare-schedules: zb-h1's bubble below 1f1b's, which equals gpipe's")
+        expect(abs(float(rows["zb-h1"][1]) - 3 / (3 * 8 + 3)) < 1e-4, "compare-schedules: zb-h1 (P-1)/(3M+P-1)")
         expect(abs(float(rows["interleaved"][1]) - 3 / (2 * 8 + 3)) < 1e-4, "compare-schedules: interleaved (P-1)/(VM+P-1)")
 
 

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <stdexcept>
 
 #include "pipetrain/schedule/generators.hpp"
@@ -237,20 +238,98 @@ TEST_CASE("every schedule: each micro-batch's F and B once per stage, F before B
       }
 }
 
-TEST_CASE("zb-h1: shorter than 1f1b with F = B = W, holding the same micro-batches per stage", "[schedule]") {
-  for (int P = 2; P <= 6; ++P)
-    for (int M = P; M <= 12; ++M) {
+namespace {
+
+// Most micro-batches whose forward has run and whose B has not: how the Zero Bubble paper counts
+// activation memory (most of a micro-batch's activations can go after B). Ours, max_in_flight,
+// counts until W, where the Stage releases them.
+int max_awaiting_b(const ActionList& list) {
+  int now = 0, peak = 0;
+  for (const Action& a : list) {
+    if (a.op == Op::forward) peak = std::max(peak, ++now);
+    if (a.op == Op::backward_input) --now;
+  }
+  return peak;
+}
+
+}  // namespace
+
+TEST_CASE("zb-h1: the paper's ZB-H1 makespan with F = B = W, 3M + P - 1 for M >= P", "[schedule]") {
+  for (int P = 1; P <= 6; ++P)
+    for (int M = 1; M <= 12; ++M) {
       INFO("P=" << P << " M=" << M);
       const std::vector<double> one(P, 1.0), two(P, 2.0);
-      const auto zb = lists_of("zb-h1", P, M), ofob = lists_of("1f1b", P, M);
-      const double zb_time = simulate(zb, one, two, one).makespan, ofob_time = simulate(ofob, one, two).makespan;
-      CHECK(ofob_time == Approx(3.0 * (M + P - 1)));
-      CHECK(zb_time < ofob_time);
-      CHECK(zb_time >= 3.0 * M + P - 1);  // the zero-bubble bound: (P-1) F+B-W slots of ramp
-      for (int s = 0; s < P; ++s) CHECK(max_in_flight(zb[s]) == max_in_flight(ofob[s]));
+      const double zb = simulate(lists_of("zb-h1", P, M), one, two, one).makespan;
+      const double ofob = simulate(lists_of("1f1b", P, M), one, two).makespan;  // W right after B
+      CHECK(ofob == Approx(3.0 * (M + P - 1)));
+      // Bubble (P-1)(F + B - W) against 1F1B's (P-1)(F + B + W); below, the last micro-batch's
+      // F, B and W chains bound it.
+      CHECK(zb == Approx(M >= P ? 3 * M + P - 1 : 2 * M + 2 * P - 1));
+      if (P > 1) CHECK(zb < ofob);
     }
+  // Other costs with W no dearer than F or B: each stage idles (P-1)(F + B - W), the paper's figure.
+  for (auto [f, b, w] : {std::array<double, 3>{2, 2, 1}, {2, 3, 2}, {3, 2, 2}, {1, 2, 1}})
+    for (int P = 2; P <= 6; ++P)
+      for (int M = P; M <= 12; ++M) {
+        INFO("F=" << f << " B=" << b << " W=" << w << " P=" << P << " M=" << M);
+        const std::vector<double> fwd(P, f), bwd(P, b + w), wgt(P, w);
+        const double makespan = simulate(lists_of("zb-h1", P, M), fwd, bwd, wgt).makespan;
+        CHECK(makespan == Approx(M * (f + b + w) + (P - 1) * (f + b - w)));
+      }
+}
+
+TEST_CASE("zb-h1: every list runs each F, B and W once, in that order, with its messages; no deadlock",
+          "[schedule]") {
+  for (int P = 1; P <= 8; ++P)
+    for (int M = 1; M <= 16; ++M) {
+      INFO("P=" << P << " M=" << M);
+      const auto lists = lists_of("zb-h1", P, M);
+      for (int s = 0; s < P; ++s) {
+        const ActionList& l = lists[s];
+        const bool first = s == 0, last = s == P - 1;
+        CHECK(l.size() == static_cast<size_t>(M) * (3 + 2 * !first + 2 * !last));
+        for (int mb = 0; mb < M; ++mb) {
+          auto at = [&](Op op) {
+            REQUIRE(std::count(l.begin(), l.end(), Action{op, mb}) == 1);
+            return std::find(l.begin(), l.end(), Action{op, mb}) - l.begin();
+          };
+          const auto f = at(Op::forward), b = at(Op::backward_input), w = at(Op::backward_weight);
+          CHECK(f < b);
+          CHECK(b < w);
+          // recv_act right before F, send_act right after it; recv_grad / send_grad around B
+          if (!first) CHECK(at(Op::recv_act) == f - 1);
+          if (!last) CHECK(at(Op::send_act) == f + 1);
+          if (!last) CHECK(at(Op::recv_grad) == b - 1);
+          if (!first) CHECK(at(Op::send_grad) == b + 1);
+        }
+      }
+      const std::vector<double> one(P, 1.0), two(P, 2.0);
+      CHECK_NOTHROW(simulate(lists, one, two, one));
+    }
+}
+
+TEST_CASE("zb-h1: 1F1B's P - s micro-batches between F and B (the paper's count), min(M, P) until W",
+          "[schedule]") {
+  for (int P = 1; P <= 8; ++P)
+    for (int M = 1; M <= 16; ++M)
+      for (int s = 0; s < P; ++s) {
+        INFO("P=" << P << " M=" << M << " stage " << s);
+        const ActionList zb = zb_h1_schedule(s, P, M);
+        CHECK(max_awaiting_b(zb) == max_in_flight(one_f_one_b_schedule(s, P, M)));
+        CHECK(max_in_flight(zb) == std::min(M, P));
+      }
+}
+
+TEST_CASE("zb-h1: P=4, M=8 chart is the paper's ZB-H1, 27 slots", "[schedule]") {
+  // 1F1B's forwards and B's; stage s runs W of micro-batch i after B of i + s, the last s at the end.
+  const std::string want =
+      "t:        0   1   2   3   4   5   6   7   8   9   10  11  12  13  14  15  16  17  18  19  20  21  22  23  24  25  26\n"
+      "Stage 0:  F0  F1  F2  F3  ·   ·   ·   B0  W0  F4  B1  W1  F5  B2  W2  F6  B3  W3  F7  B4  W4  B5  W5  B6  W6  B7  W7\n"
+      "Stage 1:  ·   F0  F1  F2  ·   ·   B0  F3  B1  W0  F4  B2  W1  F5  B3  W2  F6  B4  W3  F7  B5  W4  B6  W5  B7  W6  W7\n"
+      "Stage 2:  ·   ·   F0  F1  ·   B0  F2  B1  F3  B2  W0  F4  B3  W1  F5  B4  W2  F6  B5  W3  F7  B6  W4  B7  W5  W6  W7\n"
+      "Stage 3:  ·   ·   ·   F0  B0  F1  B1  F2  B2  F3  B3  W0  F4  B4  W1  F5  B5  W2  F6  B6  W3  F7  B7  W4  W5  W6  W7\n";
   const std::vector<double> one(4, 1.0), two(4, 2.0);
-  CHECK(simulate(lists_of("zb-h1", 4, 8), one, two, one).makespan == Approx(30));
+  CHECK(render_chart(simulate(lists_of("zb-h1", 4, 8), one, two, one)) == want);
 }
 
 TEST_CASE("1f1b: a stage holds at most P - stage micro-batches, GPipe all M", "[schedule]") {
@@ -274,13 +353,19 @@ TEST_CASE("1f1b: P=4, M=8 chart is the PipeDream-Flush diagram", "[schedule]") {
   CHECK(render_chart(simulate_unit(lists_of("1f1b", 4, 8))) == want);
 }
 
-TEST_CASE("schedule_bubble: the closed form for gpipe and 1f1b, zb-h1's own with F = B = W", "[schedule]") {
+TEST_CASE("schedule_bubble: the closed form for gpipe and 1f1b, zb-h1's with F = B = W", "[schedule]") {
   CHECK(schedule_bubble("gpipe", 4, 8) == Approx(3.0 / 11));
   CHECK(schedule_bubble("1f1b", 4, 8) == Approx(3.0 / 11));
-  CHECK(schedule_bubble("zb-h1", 4, 8) == Approx(1.0 - 24.0 / 30));  // 30 slots for 24 of work
+  CHECK(schedule_bubble("zb-h1", 4, 8) == Approx(3.0 / 27));  // 27 slots for 24 of work
   CHECK(schedule_bubble("zb-h1", 1, 8) == Approx(0.0));
-  for (int P = 2; P <= 6; ++P)
-    for (int M = P; M <= 12; ++M) CHECK(schedule_bubble("zb-h1", P, M) < schedule_bubble("1f1b", P, M));
+  for (int P = 1; P <= 8; ++P)
+    for (int M = 1; M <= 16; ++M) {  // the closed form is what its lists take
+      INFO("P=" << P << " M=" << M);
+      const std::vector<double> one(P, 1.0), two(P, 2.0);
+      const double makespan = simulate(lists_of("zb-h1", P, M), one, two, one).makespan;
+      CHECK(schedule_bubble("zb-h1", P, M) == Approx(1 - 3.0 * M / makespan));
+      if (P > 1) CHECK(schedule_bubble("zb-h1", P, M) < schedule_bubble("1f1b", P, M));
+    }
 }
 
 // ---- interleaved 1F1B: V chunks per rank, virtual stage v = chunk * P + stage ----

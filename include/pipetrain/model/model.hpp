@@ -181,7 +181,7 @@ class Stage {
 
   // Activations of the (chunk, micro-batch) pairs in flight. Slots are reused once a backward
   // releases them (keeping their capacity), so the memory held grows to the schedule's peak in
-  // flight (M for GPipe, P - stage for 1F1B), not to M.
+  // flight (M for GPipe, P - stage for 1F1B, P for zb-h1, which releases them at W), not to M.
   int key(int chunk, int mb) const { return chunk * M_ + mb; }
   Acts& stash(int chunk, int mb);  // its slot, taken from the free ones on first use
   void release(int chunk, int mb);

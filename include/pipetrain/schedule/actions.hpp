@@ -30,7 +30,7 @@ ActionList forward_only(const ActionList& list);
 
 // Most (chunk, micro-batch) pairs whose forward has run and whose parameter gradients are not yet
 // done: the activations a stage holds at its peak under this list (M for GPipe, min(M, P - stage)
-// for 1F1B; counted in chunks for interleaved).
+// for 1F1B, min(M, P) for zb-h1; counted in chunks for interleaved).
 int max_in_flight(const ActionList& list);
 
 // Peak bytes a stage holds under this list when a micro-batch keeps stash[chunk] bytes from its

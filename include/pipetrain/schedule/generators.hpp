@@ -21,12 +21,13 @@ ActionList one_f_one_b_schedule(int stage, int n_stages, int micro_batches);
 // 1F1B's, for more activations: stage 0 holds P + (P-1)/V stages' worth (1F1B: P).
 ActionList interleaved_schedule(int stage, int n_stages, int micro_batches, int chunks);
 
-// ZB-H1-style zero bubble ("Zero Bubble Pipeline Parallelism", Qi et al. 2023): backward split
-// into B (input gradient, sent upstream at once) and W (parameter gradient), listed by scheduling
-// unit costs F = B = W greedily on all stages together: B first, then F while the stage holds
-// fewer than P - stage micro-batches (1F1B's count; a micro-batch is held until its W), then a
-// pending W where the stage would otherwise wait. With unit costs at P = 4, M = 8 the step takes
-// 30 slots against 1F1B's 33 (the paper's hand-made H1, counting memory differently: 27).
+// ZB-H1 ("Zero Bubble Pipeline Parallelism", Qi et al. 2023): backward split into B (input
+// gradient, sent upstream at once) and W (parameter gradient); 1F1B's order of forwards and B's,
+// with stage s running W of micro-batch i right after B of micro-batch i + s (the last s W's at the
+// end). With unit costs F = B = W the step takes 3M + P - 1 slots for M >= P (2M + 2P - 1 below),
+// against 1F1B's 3(M + P - 1): 27 against 33 at P = 4, M = 8. Stage s holds min(M, P - s)
+// micro-batches between F and B, as 1F1B does (the paper's memory count), but min(M, P) between F
+// and W, where a micro-batch's activations are released here.
 ActionList zb_h1_schedule(int stage, int n_stages, int micro_batches);
 
 }  // namespace pipetrain
