@@ -76,6 +76,13 @@ void Comm::poll(MPI_Request& req, const WaitLabel& label) {
 
 void Comm::wait(MPI_Request& req, const WaitLabel& label) { poll(req, label); }
 
+void Comm::progress(std::vector<MPI_Request>& reqs) {
+  for (MPI_Request& r : reqs) {
+    int done = 0;
+    if (r != MPI_REQUEST_NULL) MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+  }
+}
+
 void Comm::wait_all(std::vector<MPI_Request>& reqs, const WaitLabel& label) {
   for (auto& r : reqs) poll(r, label);
   reqs.clear();

@@ -276,6 +276,7 @@ void Stage::compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, 
   for (int l = 0; l < c.L; ++l) {
     float* y = (l + 1 < c.L || c.last) ? w.xs[l + 1].data() : out;
     block_forward(c, l, w.xs[l].data(), w.blocks[l], y);
+    if (between_blocks_) between_blocks_();
   }
   if (c.last) *loss = head_forward(w.xs[c.L].data(), w.head, s.targets.data());
 }
@@ -373,6 +374,7 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
       if (split) block_backward_weight(c, l, a->xs[l].data(), a->blocks[l], w);
       if (done_from && l > 0) done_from(c.block_offset[l]);
     }
+    if (between_blocks_) between_blocks_();
   }
   if (c.first) {
     if (split && input) copy_values(hw.dembed.data(), dres_.data(), n);

@@ -74,6 +74,11 @@ void Executor::SendRing::drain(Comm& comm, const char* what) {
   for (size_t s = 0; s < kRing; ++s) comm.wait(reqs[s], {what, peer, mb[s]}), tag[s] = mb[s] = -1;  // none stale next step
 }
 
+void Executor::progress() {
+  for (auto& [link, ring] : in_) comm_.progress(ring.reqs);
+  for (auto& [link, ring] : out_) comm_.progress(ring.reqs);
+}
+
 StepStats Executor::run(const ActionList& actions, Trace& trace, const std::function<void(int)>& load_inputs,
                         const std::function<void(size_t)>& grads_done_from,
                         const std::function<bool(int)>& params_needed) {
@@ -104,6 +109,13 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
     if (a.op == Op::backward || a.op == Op::backward_input) has_backward[a.chunk * M + a.mb] = true;
 
   StepStats st;
+  // Messages keep moving while the stage computes (a paired forward's send while the backward
+  // after it runs): one test of each pending request between the stage's blocks.
+  stage_.set_between_blocks([this] { progress(); });
+  struct Unhook {
+    Stage& stage;
+    ~Unhook() { stage.set_between_blocks(nullptr); }
+  } unhook{stage_};
   const double wait0 = comm_.wait_seconds();
   const size_t n = stage_.boundary_floats(), bytes = n * sizeof(float);
   const bool staged = compute_device() == Device::gpu;

@@ -75,6 +75,29 @@ std::vector<ScheduleKind> built_in() {
     return {};
   };
   all.push_back(zbv);
+  ScheduleKind dualpipev{
+      "dualpipev", "two chunks per rank in a V, each forward paired with the other chunk's backward; "
+                   "virtual_stages = 2, M >= 2 pp, recompute = none",
+      [](int stage, const PipelineShape& s) { return dualpipe_v_schedule(stage, s.stages, s.micro_batches); },
+      [](const PipelineShape& s) {  // from its own lists with F = B = W per chunk
+        std::vector<ActionList> lists;
+        for (int st = 0; st < s.stages; ++st) lists.push_back(dualpipe_v_schedule(st, s.stages, s.micro_batches));
+        const std::vector<double> one(2 * s.stages, 1.0), two(2 * s.stages, 2.0);
+        return 1.0 - 6.0 * s.micro_batches / simulate(lists, one, two, one, Placement::vee).makespan;
+      },
+      "with F = B = W", zbv.chart_caption};
+  dualpipev.chunked = dualpipev.splits_backward = true;
+  dualpipev.placement = Placement::vee;
+  dualpipev.check = [](const PipelineShape& s) -> LayoutProblem {
+    if (s.chunks != 2)
+      return {"parallel.virtual_stages",
+              "schedule = dualpipev needs virtual_stages = 2 (its two chunks per rank form the V)"};
+    if (s.micro_batches < 2 * s.stages)
+      return {"parallel.micro_batches", "schedule = dualpipev needs micro_batches >= 2 x parallel.pp = " +
+                                            std::to_string(2 * s.stages) + " (every rank must reach its steady state)"};
+    return {};
+  };
+  all.push_back(dualpipev);
   return all;
 }
 

@@ -79,4 +79,42 @@ ActionList zb_v_schedule(int stage, int n_stages, int micro_batches) {
   return with_messages(ranks[stage].order, place, stage);
 }
 
+ActionList dualpipe_v_schedule(int stage, int n_stages, int micro_batches) {
+  const int P = n_stages, M = micro_batches, s = stage;
+  if (M < 2 * P) throw std::invalid_argument("dualpipev needs micro_batches >= 2 x pp");
+  std::vector<Action> order;
+  int next_f[2] = {0, 0}, next_b[2] = {0, 0};
+  std::deque<Action> pending_w;
+  bool split = false;  // the cool-down's backwards run as B now, W later
+  auto forward = [&](int c) { order.push_back({Op::forward, next_f[c]++, c}); };
+  auto backward = [&](int c) {
+    const int mb = next_b[c]++;
+    if (!split) return order.push_back({Op::backward, mb, c});
+    order.push_back({Op::backward_input, mb, c});
+    pending_w.push_back({Op::backward_weight, mb, c});
+  };
+  auto weight = [&] {
+    if (pending_w.empty()) return;
+    order.push_back(pending_w.front());
+    pending_w.pop_front();
+  };
+  auto pair = [&](int forward_chunk) { forward(forward_chunk), backward(1 - forward_chunk); };
+  for (int i = 0; i < 2 * (P - 1 - s); ++i) forward(0);                  // chunk 0 fills the way down
+  for (int i = 0; i <= s; ++i) forward(0), forward(1);                    // both chunks, the turn reached
+  split = true;
+  for (int i = 0; i < P - 1 - s; ++i) backward(1), weight(), forward(1);  // chunk 1's first backwards
+  split = false;
+  for (int i = 0; i < M - 2 * P + s + 1; ++i) pair(0), pair(1);           // steady state: F with the other's B
+  for (int i = 0; i < P - 1 - s; ++i) backward(1), pair(1);               // chunk 0's forwards are done
+  for (int i = 0; i <= s; ++i) {                                          // the last backwards, B and W
+    if (i == (s + 1) / 2 && s % 2 == 1) split = true;                     // apart from the middle on
+    backward(1);
+    if (i == (s + 1) / 2 && s % 2 == 0) split = true;
+    backward(0);
+  }
+  for (int i = 0; i < P - 1 - s; ++i) weight(), backward(0);
+  while (!pending_w.empty()) weight();
+  return with_messages(order, ChunkPlacement{P, 2, Placement::vee}, stage);
+}
+
 }  // namespace pipetrain

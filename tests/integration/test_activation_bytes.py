@@ -100,6 +100,13 @@ def zero_bubble_v_as_planned():
 
 
 @scenario
+def dualpipe_v_as_planned():
+    """dualpipev: fused backwards in the steady state, B and W apart at the ends."""
+    for pp, dp, extra in [(2, 1, []), (4, 1, ["model.n_layer=8", "parallel.micro_batches=8"])]:
+        as_planned("dualpipev", pp, dp, ["parallel.virtual_stages=2", *extra])
+
+
+@scenario
 def interleaved_as_planned():
     """Interleaved: a stage holds chunks of different sizes (embedding, head), under each recompute mode."""
     for pp, dp, extra in [(2, 1, ["parallel.virtual_stages=2"]),

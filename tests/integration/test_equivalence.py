@@ -123,6 +123,21 @@ def zero_bubble_v():
 
 
 @scenario
+def dualpipe_v():
+    """dualpipev: the V with each forward paired with the other chunk's full backward, B and W
+    apart in the cool-down; 2x1, 2x2, untied, and 4x1 on 8 blocks."""
+    v = ["parallel.schedule=dualpipev", "parallel.virtual_stages=2"]
+    ref = reference()
+    for pp, dp, m in [(2, 1, 4), (2, 2, 4), (2, 1, 8)]:
+        same(f"dualpipev {pp}x{dp} M={m} vs gpipe 1x1", run(f"dpv_{pp}x{dp}_m{m}", pp, dp, *v,
+                                                           f"parallel.micro_batches={m}"), ref)
+    same("dualpipev untied 2x1 vs untied 1x1", run("dpv_untied", 2, 1, *v, "model.tie_embeddings=false"),
+         reference("model.tie_embeddings=false"))
+    same("dualpipev 4x1 M=8 vs gpipe 1x1 (8 blocks)", run("dpv_deep", 4, 1, "model.n_layer=8", *v,
+                                                          "parallel.micro_batches=8"), reference("model.n_layer=8"))
+
+
+@scenario
 def interleaved():
     """Interleaved 1F1B: V chunks per rank, activations round the ring of stages; incl. M = P (all
     warm-up), block recompute, and 64 KiB buckets that start at each chunk's last backward."""

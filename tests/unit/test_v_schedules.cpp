@@ -1,7 +1,7 @@
-// Chunk placements (loop and vee) and the V-shaped zero-bubble schedule: every chunk's F, B and W
-// once per micro-batch in order, every message received by the rank the placement names in the
-// order it was sent on its link, no deadlock under the executor's ring model, 1F1B's memory, and a
-// step no longer than ZB-H1's with F = B = W.
+// Chunk placements (loop and vee) and the V-shaped schedules (zb-v, dualpipev): every chunk's F
+// and backward (fused, or B then W) once per micro-batch in order, every message received by the
+// rank the placement names in the order it was sent on its link, no deadlock under the executor's
+// ring model, and a step no longer than ZB-H1's with F = B = W (zb-v at 1F1B's peak memory).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -40,21 +40,24 @@ TEST_CASE("placement: a loop goes round the ranks, a vee down and back up", "[sc
 
 namespace {
 
-std::vector<ActionList> zb_v(int P, int M) {
+std::vector<ActionList> v_lists(const std::string& name, int P, int M) {
   std::vector<ActionList> lists;
-  for (int s = 0; s < P; ++s) lists.push_back(schedule_named("zb-v").generate(s, {P, M, 2, 2 * P}));
+  for (int s = 0; s < P; ++s) lists.push_back(schedule_named(name).generate(s, {P, M, 2, 2 * P}));
   return lists;
 }
+std::vector<ActionList> zb_v(int P, int M) { return v_lists("zb-v", P, M); }
 
 }  // namespace
 
-TEST_CASE("zb-v: each chunk's F, B, W once per micro-batch in order; messages match on every link; no deadlock",
+TEST_CASE("zb-v, dualpipev: each chunk's F and backward once per micro-batch in order; messages match on every "
+          "link; no deadlock",
           "[schedule]") {
+  for (const std::string name : {"zb-v", "dualpipev"})
   for (int P = 1; P <= 8; ++P)
-    for (int M = 1; M <= 16; ++M) {
-      INFO("P=" << P << " M=" << M);
+    for (int M = name == "zb-v" ? 1 : 2 * P; M <= 16; ++M) {
+      INFO(name << " P=" << P << " M=" << M);
       const ChunkPlacement vee{P, 2, Placement::vee};
-      const auto lists = zb_v(P, M);
+      const auto lists = v_lists(name, P, M);
       // (kind, from rank, to rank) -> the messages (virtual stage, mb) in the order sent / received
       std::map<std::tuple<int, int, int>, std::vector<std::pair<int, int>>> sent, received;
       for (int s = 0; s < P; ++s) {
@@ -72,11 +75,15 @@ TEST_CASE("zb-v: each chunk's F, B, W once per micro-batch in order; messages ma
           for (int mb = 0; mb < M; ++mb) {
             auto pos = [&](Op op) { return at.count({op, c, mb}) ? at[{op, c, mb}] : -1; };
             REQUIRE(pos(Op::forward) >= 0);
-            REQUIRE(pos(Op::forward) < pos(Op::backward_input));
-            REQUIRE(pos(Op::backward_input) < pos(Op::backward_weight));
-            REQUIRE(pos(Op::backward) == -1);
+            if (pos(Op::backward) >= 0) {  // fused, or split into B then W; never both
+              REQUIRE(pos(Op::forward) < pos(Op::backward));
+              REQUIRE((pos(Op::backward_input) == -1 && pos(Op::backward_weight) == -1));
+            } else {
+              REQUIRE(pos(Op::forward) < pos(Op::backward_input));
+              REQUIRE(pos(Op::backward_input) < pos(Op::backward_weight));
+            }
           }
-        CHECK(max_in_flight(lists[s]) <= 2 * P);  // 1F1B's peak: P whole micro-batches of two chunks
+        if (name == "zb-v") CHECK(max_in_flight(lists[s]) <= 2 * P);  // 1F1B's peak: P whole micro-batches of two chunks
       }
       REQUIRE(sent == received);  // same messages, same order on every link: tags cannot cross
       const std::vector<double> one(2 * P, 1.0), two(2 * P, 2.0);
@@ -107,6 +114,32 @@ TEST_CASE("zb-v: with F = B = W no longer than zb-h1, holding no more than 1f1b'
   const std::vector<double> one(8, 1.0), two(8, 2.0);
   CHECK(simulate(zb_v(4, 8), one, two, one, Placement::vee).makespan == Approx(52));
   CHECK(schedule_named("zb-v").bubble({4, 8, 2, 8}) == Approx(1.0 - 48.0 / 52));
+}
+
+TEST_CASE("dualpipev: with F = B = W no longer than zb-h1; its steady state pairs F with the other chunk's B",
+          "[schedule]") {
+  for (int P = 2; P <= 8; ++P)
+    for (int M = 2 * P; M <= 16; M += 2) {
+      INFO("P=" << P << " M=" << M);
+      std::vector<ActionList> h1;
+      for (int s = 0; s < P; ++s) h1.push_back(schedule_named("zb-h1").generate(s, {P, M, 1, P}));
+      const std::vector<double> one(2 * P, 1.0), two(2 * P, 2.0), st2(P, 2.0), st4(P, 4.0);
+      CHECK(simulate(v_lists("dualpipev", P, M), one, two, one, Placement::vee).makespan <=
+            simulate(h1, st2, st4, st2).makespan);
+    }
+  // P = 2, M = 8: rank 0's computes after its warm-up alternate a chunk's forward with the other
+  // chunk's fused backward.
+  std::vector<Action> computes;
+  const std::vector<ActionList> lists = v_lists("dualpipev", 2, 8);
+  for (const Action& a : lists[0])
+    if (a.op == Op::forward || a.op == Op::backward) computes.push_back(a);
+  int pairs = 0;
+  for (size_t i = 0; i + 1 < computes.size(); ++i)
+    if (computes[i].op == Op::forward && computes[i + 1].op == Op::backward && computes[i].chunk != computes[i + 1].chunk)
+      ++pairs;
+  CHECK(pairs >= 8);
+  CHECK(schedule_named("dualpipev").bubble({4, 8, 2, 8}) < schedule_named("zb-v").bubble({4, 8, 2, 8}));
+  CHECK(layout_problem(schedule_named("dualpipev"), {4, 6, 2, 8}).key == "parallel.micro_batches");
 }
 
 TEST_CASE("zb-v: the layout it needs", "[schedule]") {

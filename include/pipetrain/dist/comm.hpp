@@ -48,6 +48,10 @@ class Comm {
   // Waits, adding the time spent to wait_seconds(). Throws CommTimeout.
   void wait(MPI_Request& req, const WaitLabel& label);
   void wait_all(std::vector<MPI_Request>& reqs, const WaitLabel& label);
+  // One MPI_Test of each pending request (nulled when complete), without waiting: MPICH moves a
+  // large message only inside MPI calls, so a rank calling this between kernels lets its sends and
+  // receives travel while it computes.
+  void progress(std::vector<MPI_Request>& reqs);
 
   // In-place sums. data: over the D replicas of this stage; world: over all ranks;
   // tied: between first and last stage (no-op when P = 1).

@@ -146,6 +146,8 @@ class Stage {
   }
   // Seconds the last backward() spent re-running forwards (recompute modes), for the trace.
   double last_recompute_s() const { return recompute_s_; }
+  // Called after every block of a forward or backward (the executor keeps messages moving there).
+  void set_between_blocks(std::function<void()> f) { between_blocks_ = std::move(f); }
 
  private:
   struct Chunk {
@@ -174,6 +176,7 @@ class Stage {
   Recompute mode_;
   float grad_scale_;
   double recompute_s_ = 0;
+  std::function<void()> between_blocks_;
   std::vector<ParamTensor> params_;
   const Kernels& k_;  // the compute device's kernels
   Floats weights_, grads_;

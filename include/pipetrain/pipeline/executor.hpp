@@ -71,6 +71,8 @@ class Executor {
     size_t slot_of(int for_tag, const Action& a) const;
     void drain(Comm& comm, const char* what);
   };
+  // One MPI_Test of every pending message, called between the stage's blocks.
+  void progress();
   Stage& stage_;
   Comm& comm_;
   StepShape shape_;

@@ -14,4 +14,13 @@ namespace pipetrain {
 // W. With M >= 2P the step takes 6M + ~P chunk slots against ZB-H1's 6M + 2(P-1).
 ActionList zb_v_schedule(int stage, int n_stages, int micro_batches);
 
+// DualPipeV (DeepSeek-V3's DualPipe folded into a V, as in torch.distributed.pipelining): after a
+// warm-up, each step of the steady state pairs one chunk's forward with the other chunk's full
+// backward, so the pair's messages travel while its other half computes (the executor keeps MPI
+// progressing between blocks); the cool-down splits the last backwards into B and W to fill the
+// ramp. Per rank s: 2(P-1-s) forwards of chunk 0; s+1 forwards of each chunk; P-1-s times B of
+// chunk 1 and its forward; then pairs; then the backwards. Needs M >= 2P (every rank reaches the
+// steady state).
+ActionList dualpipe_v_schedule(int stage, int n_stages, int micro_batches);
+
 }  // namespace pipetrain
