@@ -195,15 +195,16 @@ def report_on_killed_run():
 @scenario
 def compare_schedules():
     """plan --compare-schedules: one row per schedule with the micro-batches each stage holds;
-    zb-h1's bubble (P-1)/(3M+P-1), below 1f1b's (equal to gpipe's), interleaved's (P-1)/(VM+P-1)."""
+    zb-h1's bubble (P-1)/(3M+P-1), below 1f1b's (equal to gpipe's), interleaved's (P-1)/(VM+P-1),
+    the V schedules below zb-h1 with 2P chunk-micro-batches (1F1B's peak) or so per rank."""
     a = settings()
     # plan --compare-schedules: one line per schedule; zb-h1 holds min(M, P) until W on every stage;
     # interleaved (2 chunks per stage) holds 2(P-1-s) + P + 1 chunk-micro-batches for a bubble / V.
     cmp = subprocess.run([a.bin, "plan", "--config", tiny(), "--set", "parallel.pp=4", "--set", "parallel.micro_batches=8",
                           "--set", "model.n_layer=8", "--compare-schedules"], capture_output=True, text=True)
     rows = {l.split()[0]: l.split() for l in cmp.stdout.splitlines()[2:]}
-    names = ["1f1b", "gpipe", "interleaved", "zb-h1"]
-    expect(cmp.returncode == 0 and sorted(rows) == names, f"compare-schedules: four rows ({cmp.stdout!r})")
+    names = ["1f1b", "dualpipev", "gpipe", "interleaved", "zb-h1", "zb-v"]
+    expect(cmp.returncode == 0 and sorted(rows) == names, f"compare-schedules: six rows ({cmp.stdout!r})")
     if sorted(rows) == names:
         expect(rows["gpipe"][3:7] == ["8"] * 4 and rows["1f1b"][3:7] == ["4", "3", "2", "1"]
                and rows["zb-h1"][3:7] == ["4"] * 4 and rows["interleaved"][3:7] == ["11", "9", "7", "5"],
@@ -213,6 +214,8 @@ def compare_schedules():
                "compare-schedules: zb-h1's bubble below 1f1b's, which equals gpipe's")
         expect(abs(float(rows["zb-h1"][1]) - 3 / (3 * 8 + 3)) < 1e-4, "compare-schedules: zb-h1 (P-1)/(3M+P-1)")
         expect(abs(float(rows["interleaved"][1]) - 3 / (2 * 8 + 3)) < 1e-4, "compare-schedules: interleaved (P-1)/(VM+P-1)")
+        expect(float(rows["dualpipev"][1]) < float(rows["zb-v"][1]) < float(rows["zb-h1"][1]) and
+               rows["zb-v"][3:7] == ["8"] * 4, "compare-schedules: dualpipev < zb-v < zb-h1, zb-v holding 2P chunks")
 
 
 @scenario
