@@ -122,7 +122,18 @@ RunSpec parse_spec(const std::string& text, const std::string& path, const std::
       spec.origins.emplace_back(full, at);
     }
   }
-  validate_spec(spec, world_size);
+  if (world_size != kAnyLayout) {
+    validate_spec(spec, world_size);
+    return spec;
+  }
+  RunSpec one_rank = spec;  // the model, data and training keys, on a layout that fits any of them
+  auto& p = one_rank.parallel;
+  p.pp = p.dp = p.virtual_stages = 1;
+  p.micro_batches = spec.train.global_batch > 0 ? spec.train.global_batch : 1;
+  p.schedule = &schedule_named("gpipe");
+  p.partition = Partition::uniform;
+  p.blocks_per_stage.clear();
+  validate_spec(one_rank, 0);
   return spec;
 }
 

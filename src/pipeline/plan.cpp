@@ -26,6 +26,18 @@ std::string bytes(double b) {
 
 }  // namespace
 
+double StagePlan::state_bytes(const RunSpec& spec) const {
+  return 8.0 * params + optim_bytes(spec.parallel.zero) + (spec.checkpoint.async ? snapshot_bytes : 0);
+}
+
+double StagePlan::memory_bytes(const RunSpec& spec) const {
+  const double T = spec.model.seq_len;
+  const double attention_scratch =
+      spec.run.device == Device::gpu ? 4.0 * spec.samples_per_micro_batch() * spec.model.n_head * T * T : 0;
+  return state_bytes(spec) + act_peak_bytes[static_cast<int>(spec.parallel.recompute)] + working_bytes +
+         attention_scratch;
+}
+
 std::string schedule_description(const RunSpec& spec) {
   const int V = spec.parallel.virtual_stages;
   return spec.parallel.schedule->name + (V > 1 ? " (" + std::to_string(V) + " chunks per stage)" : "");
@@ -54,6 +66,7 @@ Plan make_plan(const RunSpec& spec) {
   plan.world = P * spec.parallel.dp;
   plan.bubble_theory = schedule.bubble(spec.pipeline_shape());
   plan.bubble_sim = sim.mean_bubble();
+  plan.step_units = sim.makespan;
   plan.chart = render_chart(simulate(lists, unit, unit_bwd, {}, schedule.placement));
   for (int s = 0; s < P; ++s) {
     const std::vector<ChunkRange> chunks = chunks_of(blocks, spec.chunk_placement(), s);

@@ -26,6 +26,7 @@ struct MessageKey {
 
 struct Message {
   double issued = -1;  // when its sender sent it (-1: not yet)
+  double transfer = 0;  // how long it travels
   int receiver = -1;   // the rank taking it, and its place in that rank's receives from its link
   size_t index = 0;
 };
@@ -44,7 +45,7 @@ struct RankState {
 }  // namespace
 
 SimResult simulate(const std::vector<ActionList>& lists, const std::vector<double>& fwd, const std::vector<double>& bwd,
-                   const std::vector<double>& wgt, Placement placement) {
+                   const std::vector<double>& wgt, Placement placement, double message_s) {
   const int P = static_cast<int>(lists.size()), n_virtual = static_cast<int>(fwd.size());
   const ChunkPlacement place{P, std::max(1, n_virtual / std::max(1, P)), placement};
   SimResult r;
@@ -93,10 +94,12 @@ SimResult simulate(const std::vector<ActionList>& lists, const std::vector<doubl
         if (a.op == Op::recv_act || a.op == Op::recv_grad) {
           const Message& m = messages.at(key_of_receive(a, v));
           if (m.issued < 0) break;  // blocked until the peer sends
-          me.clock = std::max(me.clock, m.issued);
+          me.clock = std::max(me.clock, m.issued + m.transfer);
           if (a.op == Op::recv_act) me.freed[{0, from_peer(a, v)}].push_back(me.clock);  // copied into the stage at once
         } else if (a.op == Op::send_act || a.op == Op::send_grad) {
-          messages[{a.op == Op::send_grad, v, a.mb}].issued = me.clock;
+          Message& m = messages[{a.op == Op::send_grad, v, a.mb}];
+          m.issued = me.clock;
+          m.transfer = m.receiver == s ? 0 : message_s;
         } else {
           double start = me.clock;
           const bool makes_act = a.op == Op::forward && v + 1 < n_virtual;
@@ -107,7 +110,7 @@ SimResult simulate(const std::vector<ActionList>& lists, const std::vector<doubl
               const Message& earlier = messages[made[made.size() - kMessageRing]];
               const double at = posted(earlier, makes_grad, s);
               if (earlier.issued < 0 || at < 0) break;
-              start = std::max({start, earlier.issued, at});
+              start = std::max(start, std::max(earlier.issued, at) + earlier.transfer);
             }
             made.push_back({makes_grad, v, a.mb});
           }

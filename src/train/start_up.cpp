@@ -26,13 +26,8 @@ namespace {
 void check_memory_fits(const RunSpec& spec, int stage, int local_ranks) {
   const Plan plan = make_plan(spec);
   const StagePlan& s = plan.stages[stage];
-  const int mode = static_cast<int>(spec.parallel.recompute);
   const bool on_gpu = compute_device() == Device::gpu;
-  // weights, grads, AdamW, and an asynchronous save's snapshot
-  const double gib = 1024.0 * 1024 * 1024,
-               state = 8.0 * s.params + s.optim_bytes(spec.parallel.zero) + (spec.checkpoint.async ? s.snapshot_bytes : 0);
-  const double T = spec.model.seq_len, attention_scratch = 4.0 * spec.samples_per_micro_batch() * spec.model.n_head * T * T;
-  const double need = state + s.act_peak_bytes[mode] + s.working_bytes + (on_gpu ? attention_scratch : 0);
+  const double gib = 1024.0 * 1024 * 1024, state = s.state_bytes(spec), need = s.memory_bytes(spec);
   const int sharing = on_gpu ? (local_ranks + gpu::device_count() - 1) / gpu::device_count() : local_ranks;
   const double share = (on_gpu ? gpu::memory_total() : node_memory_bytes()) / sharing;
   if (need <= share) return;

@@ -116,7 +116,10 @@ struct StepShape {
 StepShape step_shape(const RunSpec& spec);
 
 // Reads `path` (empty: built-in defaults), applies "section.key=value" overrides, validates.
-// world_size > 0 also checks pp × dp against it. Throws SpecError naming key and file:line.
+// world_size > 0 also checks pp × dp against it; kAnyLayout leaves the layout keys unchecked (for a
+// caller that picks the layout itself) and checks the rest on one rank. Throws SpecError naming
+// key and file:line.
+constexpr int kAnyLayout = -1;
 RunSpec load_spec(const std::string& path, const std::vector<std::string>& overrides, int world_size);
 // The same for spec text already read; `path` names it in messages (empty: defaults, text unused).
 RunSpec parse_spec(const std::string& text, const std::string& path, const std::vector<std::string>& overrides,

@@ -5,7 +5,10 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "pipetrain/config/spec.hpp"
+#include "pipetrain/pipeline/costs.hpp"
 
 namespace pipetrain {
 
@@ -20,12 +23,18 @@ struct StagePlan {
   int in_flight = 0;          // micro-batches whose activations the schedule holds at its peak
   size_t act_peak_bytes[3];   // by recompute mode: none, stage, block
   size_t working_bytes = 0;   // scratch and buffers for the spec's recompute mode
+  // Weights, gradients, AdamW (the spec's zero), an asynchronous save's snapshot: the state kept.
+  double state_bytes(const RunSpec& spec) const;
+  // All a rank of this stage needs under the spec: the state, the activation peak of its recompute
+  // mode, working buffers, and on the GPU the attention kernel's score scratch.
+  double memory_bytes(const RunSpec& spec) const;
 };
 
 struct Plan {
   int world = 0;
   std::vector<StagePlan> stages;
   double bubble_theory = 0, bubble_sim = 0;
+  double step_units = 0;  // the simulated step with the cost model (per-token FLOP units; compares layouts of one M)
   std::string chart;  // unit-slot diagram, "" when too wide to draw
 };
 
@@ -34,6 +43,15 @@ Plan make_plan(const RunSpec& spec);
 std::string schedule_description(const RunSpec& spec);
 std::string plan_text(const RunSpec& spec, const Plan& plan);
 std::string plan_json(const RunSpec& spec, const Plan& plan);
+// What a step and the run cost on a machine, the answer to "should I burn the GPU hours": FLOPs
+// and bytes per step, the predicted step time and tokens/s with `costs`, wall time and
+// device-hours for run.steps, and memory per rank against `memory_per_rank` (0: not given).
+std::string budget_text(const RunSpec& spec, const Plan& plan, const MachineCosts& costs, double memory_per_rank);
+nlohmann::json budget_json(const RunSpec& spec, const Plan& plan, const MachineCosts& costs, double memory_per_rank);
+// "" unless the bubble simulated with the cost model is far above the schedule's even-stage
+// figure; then the cause (the heaviest chunk, e.g. the one carrying the LM head) and the partition
+// or chunk count that lowers the simulated step most, as a --set line.
+std::string imbalance_warning(const RunSpec& spec, const Plan& plan);
 // Every schedule on this spec's layout side by side: bubble with even stages and with the cost
 // model, micro-batches held per stage, activation peak (the spec's recompute mode).
 std::string schedule_comparison(const RunSpec& spec);

@@ -1,0 +1,60 @@
+// What a machine takes for the pieces of a training step: the planner's input. Per micro-batch of
+// a given number of samples, one block's forward (F), input-gradient (B) and weight-gradient (W)
+// passes, and the same for the embedding and for the LM head with its loss; AdamW per parameter; a
+// message between pipeline neighbours and an all-reduce over a data-parallel group, by size. They
+// come from `pipetrain plan --calibrate` (measured on this machine with the real kernels and, when
+// launched on two or more ranks, the real messages), or from a per-rank peak FLOP/s and a link
+// bandwidth for a machine not at hand.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "pipetrain/config/spec.hpp"
+
+namespace pipetrain {
+
+struct PassCosts {
+  double f = 0, b = 0, w = 0;  // seconds per micro-batch: forward, input gradient, weight gradient
+  double backward() const { return b + w; }
+};
+
+struct MachineCosts {
+  std::string source;                        // how they were obtained (plan says so)
+  int d_model = 0, n_head = 0, seq_len = 0, vocab = 0;  // the model shape measured
+  struct AtSize {
+    int samples = 1;  // per micro-batch
+    PassCosts block, embed, head;
+  };
+  std::vector<AtSize> compute;               // by increasing samples
+  double adamw_s_per_param = 0;
+  struct Transfer {
+    double bytes = 0, seconds = 0;
+  };
+  std::vector<Transfer> p2p;                 // one message between two ranks, by increasing size
+  std::vector<Transfer> allreduce;           // an all-reduce over allreduce_ranks ranks, by size
+  int allreduce_ranks = 2;
+
+  // Interpolated linearly between measured sizes, proportionally beyond them.
+  PassCosts block(int samples) const;
+  PassCosts embed(int samples) const;
+  PassCosts head(int samples) const;
+  double p2p_s(double bytes) const;
+  // Ring all-reduce over `ranks`: each rank moves 2(D-1)/D of the bytes in 2(D-1) steps, scaled
+  // from the measured group size. 0 for one rank.
+  double allreduce_s(double bytes, int ranks) const;
+  double adamw_s(double params) const { return adamw_s_per_param * params; }
+
+  nlohmann::json to_json() const;
+  // Throws SpecError naming `where` and the missing or bad field.
+  static MachineCosts from_json(const nlohmann::json& j, const std::string& where);
+  static MachineCosts read(const std::string& path);
+  // A machine described by its peak: each pass at `flops_per_s` x `efficiency` (the FLOPs of our
+  // kernels for `spec`'s model), messages at `link_bytes_per_s` after a 10 us latency, AdamW at a
+  // memory bandwidth of peak / 200 FLOP per byte.
+  static MachineCosts from_peak(const RunSpec& spec, double flops_per_s, double efficiency, double link_bytes_per_s);
+  // Refuses (SpecError) costs measured on another model width, head count, context or vocabulary.
+  void check_fits(const RunSpec& spec, const std::string& where) const;
+};
+
+}  // namespace pipetrain

@@ -1,0 +1,151 @@
+#include "pipetrain/pipeline/costs.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+namespace pipetrain {
+namespace {
+
+// Linear between the two neighbouring points of a curve sorted by x, proportional beyond its ends
+// (work grows with the size there, as the matrix products do).
+template <class Point, class X, class Y>
+double interpolate(const std::vector<Point>& pts, double x, X x_of, Y y_of) {
+  if (pts.empty()) return 0;
+  if (x <= x_of(pts.front())) return y_of(pts.front()) * x / x_of(pts.front());
+  for (size_t i = 1; i < pts.size(); ++i)
+    if (x <= x_of(pts[i])) {
+      const double x0 = x_of(pts[i - 1]), x1 = x_of(pts[i]), t = (x - x0) / (x1 - x0);
+      return y_of(pts[i - 1]) + t * (y_of(pts[i]) - y_of(pts[i - 1]));
+    }
+  return y_of(pts.back()) * x / x_of(pts.back());
+}
+
+PassCosts pass_at(const std::vector<MachineCosts::AtSize>& pts, int samples, PassCosts MachineCosts::AtSize::*which) {
+  auto x = [](const MachineCosts::AtSize& p) { return static_cast<double>(p.samples); };
+  PassCosts r;
+  for (double PassCosts::*part : {&PassCosts::f, &PassCosts::b, &PassCosts::w})
+    r.*part = interpolate(pts, samples, x, [&](const MachineCosts::AtSize& p) { return (p.*which).*part; });
+  return r;
+}
+
+double transfer_at(const std::vector<MachineCosts::Transfer>& pts, double bytes) {
+  if (pts.empty() || bytes <= 0) return 0;
+  if (bytes <= pts.front().bytes) return pts.front().seconds;  // latency-bound below the smallest size
+  return interpolate(pts, bytes, [](auto& p) { return p.bytes; }, [](auto& p) { return p.seconds; });
+}
+
+nlohmann::json pass_json(const PassCosts& p) { return {{"f", p.f}, {"b", p.b}, {"w", p.w}}; }
+PassCosts pass_from(const nlohmann::json& j) { return {j.at("f").get<double>(), j.at("b").get<double>(), j.at("w").get<double>()}; }
+
+}  // namespace
+
+PassCosts MachineCosts::block(int samples) const { return pass_at(compute, samples, &AtSize::block); }
+PassCosts MachineCosts::embed(int samples) const { return pass_at(compute, samples, &AtSize::embed); }
+PassCosts MachineCosts::head(int samples) const { return pass_at(compute, samples, &AtSize::head); }
+double MachineCosts::p2p_s(double bytes) const { return transfer_at(p2p, bytes); }
+
+double MachineCosts::allreduce_s(double bytes, int ranks) const {
+  if (ranks <= 1) return 0;
+  const double measured = transfer_at(allreduce, bytes), D0 = allreduce_ranks, D = ranks;
+  return measured * (2 * (D - 1) / D) / (2 * (D0 - 1) / D0);
+}
+
+nlohmann::json MachineCosts::to_json() const {
+  nlohmann::json j;
+  j["source"] = source;
+  j["model"] = {{"d_model", d_model}, {"n_head", n_head}, {"seq_len", seq_len}, {"vocab", vocab}};
+  for (const AtSize& a : compute)
+    j["compute"].push_back({{"samples", a.samples}, {"block", pass_json(a.block)}, {"embed", pass_json(a.embed)},
+                            {"head", pass_json(a.head)}});
+  j["adamw_s_per_param"] = adamw_s_per_param;
+  j["p2p"] = nlohmann::json::array();
+  for (const Transfer& t : p2p) j["p2p"].push_back({{"bytes", t.bytes}, {"seconds", t.seconds}});
+  j["allreduce"] = nlohmann::json::array();
+  for (const Transfer& t : allreduce) j["allreduce"].push_back({{"bytes", t.bytes}, {"seconds", t.seconds}});
+  j["allreduce_ranks"] = allreduce_ranks;
+  return j;
+}
+
+MachineCosts MachineCosts::from_json(const nlohmann::json& j, const std::string& where) {
+  MachineCosts c;
+  try {
+    c.source = j.value("source", std::string("a cost file"));
+    const auto& m = j.at("model");
+    c.d_model = m.at("d_model"), c.n_head = m.at("n_head"), c.seq_len = m.at("seq_len"), c.vocab = m.at("vocab");
+    for (const auto& a : j.at("compute"))
+      c.compute.push_back({a.at("samples").get<int>(), pass_from(a.at("block")), pass_from(a.at("embed")),
+                           pass_from(a.at("head"))});
+    c.adamw_s_per_param = j.at("adamw_s_per_param");
+    for (const auto& t : j.at("p2p")) c.p2p.push_back({t.at("bytes"), t.at("seconds")});
+    for (const auto& t : j.at("allreduce")) c.allreduce.push_back({t.at("bytes"), t.at("seconds")});
+    c.allreduce_ranks = j.at("allreduce_ranks");
+  } catch (const nlohmann::json::exception& e) {
+    throw SpecError(where + ": not a cost file (" + e.what() + "); write one with pipetrain plan --calibrate");
+  }
+  if (c.compute.empty()) throw SpecError(where + ": cost file has no compute measurements");
+  auto by_samples = [](const AtSize& a, const AtSize& b) { return a.samples < b.samples; };
+  auto by_bytes = [](const Transfer& a, const Transfer& b) { return a.bytes < b.bytes; };
+  std::sort(c.compute.begin(), c.compute.end(), by_samples);
+  std::sort(c.p2p.begin(), c.p2p.end(), by_bytes);
+  std::sort(c.allreduce.begin(), c.allreduce.end(), by_bytes);
+  for (const AtSize& a : c.compute)
+    if (a.samples < 1 || a.block.f <= 0 || a.block.b <= 0 || a.block.w < 0)
+      throw SpecError(where + ": compute entry for " + std::to_string(a.samples) + " samples has non-positive times");
+  if (c.allreduce_ranks < 2) throw SpecError(where + ": allreduce_ranks must be at least 2");
+  return c;
+}
+
+MachineCosts MachineCosts::read(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw SpecError("--costs " + path + ": cannot read it (write one with pipetrain plan --calibrate)");
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw SpecError("--costs " + path + ": not JSON (" + e.what() + ")");
+  }
+  return from_json(j, "--costs " + path);
+}
+
+MachineCosts MachineCosts::from_peak(const RunSpec& spec, double flops_per_s, double efficiency,
+                                     double link_bytes_per_s) {
+  MachineCosts c;
+  const double C = spec.model.d_model, T = spec.model.seq_len, V = spec.model.vocab, rate = flops_per_s * efficiency;
+  char what[160];
+  std::snprintf(what, sizeof what, "a peak of %.3g TFLOP/s per rank at %.0f%% of it, %.3g GB/s links", flops_per_s / 1e12,
+                100 * efficiency, link_bytes_per_s / 1e9);
+  c.source = what;
+  c.d_model = spec.model.d_model, c.n_head = spec.model.n_head, c.seq_len = spec.model.seq_len, c.vocab = spec.model.vocab;
+  // Per token, as our kernels count them: a block's products 24C^2 and attention 4TC forward; the
+  // input gradient repeats the products and doubles attention; the weight gradient the products.
+  const double n = T;  // tokens of one sample
+  MachineCosts::AtSize one;
+  one.samples = 1;
+  one.block = {n * (24 * C * C + 4 * T * C) / rate, n * (24 * C * C + 8 * T * C) / rate, n * 24 * C * C / rate};
+  one.head = {n * 2 * C * V / rate, n * 2 * C * V / rate, n * 2 * C * V / rate};
+  one.embed = {n * C / rate, 0, n * C / rate};
+  c.compute = {one};
+  // AdamW is memory-bound: 28 bytes per parameter read and written, at a memory bandwidth of the
+  // peak / 200 FLOP per byte (the balance of today's datacentre GPUs).
+  c.adamw_s_per_param = 28.0 / (flops_per_s / 200);
+  const double latency = 10e-6;
+  c.p2p = {{1, latency}, {1e9, latency + 1e9 / link_bytes_per_s}};
+  c.allreduce_ranks = 2;
+  c.allreduce = {{1, 2 * latency}, {1e9, 2 * latency + 1e9 / link_bytes_per_s}};  // 2(D-1)/D = 1 at D = 2
+  return c;
+}
+
+void MachineCosts::check_fits(const RunSpec& spec, const std::string& where) const {
+  const auto& m = spec.model;
+  if (d_model != m.d_model || n_head != m.n_head || seq_len != m.seq_len || vocab != m.vocab)
+    throw SpecError(where + ": measured on d_model " + std::to_string(d_model) + ", n_head " + std::to_string(n_head) +
+                    ", seq_len " + std::to_string(seq_len) + ", vocab " + std::to_string(vocab) +
+                    "; the spec has " + std::to_string(m.d_model) + ", " + std::to_string(m.n_head) + ", " +
+                    std::to_string(m.seq_len) + ", " + std::to_string(m.vocab) +
+                    " (calibrate with this spec: pipetrain plan --calibrate --config ...)");
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,63 @@
+#include "pipetrain/pipeline/step_time.hpp"
+
+#include <algorithm>
+
+#include "pipetrain/model/model.hpp"
+#include "pipetrain/model/partition.hpp"
+#include "pipetrain/schedule/registry.hpp"
+#include "pipetrain/schedule/simulate.hpp"
+
+namespace pipetrain {
+
+StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
+  const auto& par = spec.parallel;
+  const ScheduleKind& schedule = *par.schedule;
+  const ChunkPlacement place = spec.chunk_placement();
+  const int P = par.pp, D = par.dp, M = par.micro_batches, n_virtual = place.virtual_stages();
+  const int b = spec.samples_per_micro_batch();
+  const std::vector<int> blocks = partition_blocks(spec);
+  const PassCosts block = costs.block(b), embed = costs.embed(b), head = costs.head(b);
+  // Each virtual stage's passes; recompute re-runs the forward inside the backward.
+  std::vector<double> fwd, bwd, wgt;
+  for (int v = 0; v < n_virtual; ++v) {
+    PassCosts c{blocks[v] * block.f, blocks[v] * block.b, blocks[v] * block.w};
+    if (v == 0) c.f += embed.f, c.b += embed.b, c.w += embed.w;
+    if (v == n_virtual - 1) c.f += head.f, c.b += head.b, c.w += head.w;
+    const double again = par.recompute == Recompute::none ? 0 : blocks[v] * block.f;
+    fwd.push_back(c.f), bwd.push_back(c.backward() + again), wgt.push_back(c.w);
+  }
+  std::vector<ActionList> lists;
+  for (int s = 0; s < P; ++s) lists.push_back(schedule.generate(s, spec.pipeline_shape()));
+  const double boundary_bytes = sizeof(float) * static_cast<double>(b) * spec.model.seq_len * spec.model.d_model;
+  const SimResult sim = simulate(lists, fwd, bwd, wgt, place.kind, costs.p2p_s(boundary_bytes));
+
+  StepPrediction r;
+  r.pipeline_s = sim.makespan;
+  r.bubble = sim.mean_bubble();
+  const bool tied_apart = spec.model.tie_embeddings && place.head_stage() != 0;
+  const double tied_bytes = sizeof(float) * static_cast<double>(spec.model.vocab) * spec.model.d_model;
+  for (int s = 0; s < P; ++s) {
+    double params = 0;
+    for (const ParamTensor& t : rank_params(spec, chunks_of(blocks, place, s), n_virtual)) params += t.size;
+    const double finish = sim.spans[s].empty() ? 0 : sim.spans[s].back().end;
+    // ZeRO-1's reduce-scatter and all-gather move what one all-reduce moves.
+    double reduce = costs.allreduce_s(sizeof(float) * params, D);
+    if (tied_apart && (s == 0 || s == place.head_stage())) reduce += costs.allreduce_s(tied_bytes, 2);
+    const double optim = costs.adamw_s(par.zero ? params / D : params);
+    if (finish + reduce + optim > r.step_s) r.step_s = finish + reduce + optim, r.reduce_s = reduce, r.optimizer_s = optim;
+    if (D > 1) r.reduce_bytes += D * sizeof(float) * params;
+  }
+  const double tokens = static_cast<double>(spec.train.global_batch) * spec.model.seq_len;
+  r.tokens_per_s = r.step_s > 0 ? tokens / r.step_s : 0;
+  // As training_flops_per_token counts them, plus recompute's second forward of every block.
+  const double C = spec.model.d_model, T = spec.model.seq_len;
+  r.flops = tokens * (training_flops_per_token(spec) +
+                      (par.recompute == Recompute::none ? 0 : spec.model.n_layer * (24 * C * C + 4 * T * C)));
+  // Every boundary between virtual stages on different ranks carries an activation and a gradient
+  // per micro-batch, in every replica.
+  for (int v = 0; v + 1 < n_virtual; ++v)
+    if (place.stage_of(v) != place.stage_of(v + 1)) r.p2p_bytes += 2.0 * M * D * boundary_bytes;
+  return r;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,189 @@
+#include "pipetrain/tools/calibrate.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <vector>
+
+#include "pipetrain/compute/blas.hpp"
+#include "pipetrain/compute/device.hpp"
+#include "pipetrain/compute/parallel_for.hpp"
+#include "pipetrain/dist/comm.hpp"
+#include "pipetrain/model/model.hpp"
+#include "pipetrain/model/optim.hpp"
+#include "pipetrain/util/clock.hpp"
+
+namespace pipetrain {
+namespace {
+
+constexpr int kRepeats = 5;
+
+std::string cpu_model() {  // named next to every figure measured on it
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "an unknown CPU";
+}
+
+template <class F>
+double median_seconds(F&& run) {
+  run();  // warm-up: buffers sized, caches and pages touched
+  std::vector<double> t;
+  for (int i = 0; i < kRepeats; ++i) {
+    const double t0 = now_s();
+    run();
+    finish_compute();
+    t.push_back(now_s() - t0);
+  }
+  std::nth_element(t.begin(), t.begin() + kRepeats / 2, t.end());
+  return t[kRepeats / 2];
+}
+
+// F, B and W of one micro-batch through a one-block stage at virtual stage `vstage` of 3 (0: with
+// the embedding, 1: the block alone, 2: with the head and loss).
+PassCosts time_stage(const RunSpec& spec, int vstage) {
+  Stage stage(spec, {{vstage, vstage, vstage + 1}}, 3, 1, 1.0f / (spec.train.global_batch * spec.model.seq_len));
+  stage.init_params(1);
+  const size_t n = static_cast<size_t>(spec.train.global_batch) * spec.model.seq_len;
+  std::vector<int> tokens(n);
+  for (size_t i = 0; i < n; ++i) tokens[i] = static_cast<int>(i * 7919 % spec.model.vocab);
+  std::vector<float> noise(stage.boundary_floats());
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (float& x : noise) x = normal(rng);
+  Floats out(stage.boundary_floats()), dout(stage.boundary_floats()), dinp(stage.boundary_floats());
+  upload(dout.data(), noise.data(), noise.size() * sizeof(float));
+  auto inputs = [&] {
+    if (vstage == 0) stage.set_tokens(0, tokens.data());
+    else upload(stage.input_buffer(0, 0), noise.data(), noise.size() * sizeof(float));
+    if (vstage == 2) stage.set_targets(0, tokens.data());
+  };
+  const bool last = vstage == 2, first = vstage == 0;
+  PassCosts c;
+  c.f = median_seconds([&] {
+    inputs();
+    stage.forward(0, 0, last ? nullptr : out.data());
+    stage.discard(0, 0);
+  });
+  std::vector<double> b, w;
+  for (int i = 0; i <= kRepeats; ++i) {  // B and W need a forward before them: timed apart
+    inputs();
+    stage.forward(0, 0, last ? nullptr : out.data());
+    finish_compute();
+    double t0 = now_s();
+    stage.backward_input(0, 0, last ? nullptr : dout.data(), first ? nullptr : dinp.data());
+    finish_compute();
+    const double t1 = now_s();
+    stage.backward_weight(0, 0);
+    finish_compute();
+    if (i > 0) b.push_back(t1 - t0), w.push_back(now_s() - t1);  // the first warms up
+  }
+  std::nth_element(b.begin(), b.begin() + b.size() / 2, b.end());
+  std::nth_element(w.begin(), w.begin() + w.size() / 2, w.end());
+  c.b = b[b.size() / 2], c.w = w[w.size() / 2];
+  return c;
+}
+
+PassCosts minus(const PassCosts& a, const PassCosts& b) {
+  return {std::max(0.0, a.f - b.f), std::max(0.0, a.b - b.b), std::max(0.0, a.w - b.w)};
+}
+
+// A spec of three one-block virtual stages with `samples` per micro-batch, as a 1x1 run holds them.
+RunSpec one_block_spec(const RunSpec& spec, int samples) {
+  RunSpec s = spec;
+  s.model.n_layer = 3;
+  s.parallel.pp = s.parallel.dp = s.parallel.micro_batches = 1;
+  s.parallel.virtual_stages = 1;
+  s.parallel.recompute = Recompute::none;
+  s.parallel.schedule = &schedule_named("gpipe");
+  s.train.global_batch = samples;
+  return s;
+}
+
+double adamw_s_per_param(const RunSpec& spec) {
+  RunSpec s = one_block_spec(spec, 1);
+  Stage stage(s, {{1, 1, 2}}, 3, 1, 1.f);
+  stage.init_params(1);
+  AdamW opt(s.train, OptimizerShard(stage.params(), 0, 1));
+  const double t = median_seconds([&] { opt.step(stage.params(), stage.weights(), stage.grads(), 1e-4, 1.f); });
+  return t / static_cast<double>(stage.weights().size());
+}
+
+// Half the round trip of `bytes` between ranks 0 and 1 (the others wait).
+std::vector<MachineCosts::Transfer> time_messages(World& world, const std::vector<size_t>& sizes) {
+  Comm comm(world, Topology::of(world.rank(), world.size(), 1), WaitPolicy::automatic, 120);
+  std::vector<MachineCosts::Transfer> out;
+  for (size_t bytes : sizes) {
+    std::vector<float> buf(bytes / sizeof(float), 1.f);
+    const int me = world.rank();
+    auto trip = [&] {
+      if (me > 1) return;
+      MPI_Request r = me == 0 ? comm.isend(buf.data(), buf.size(), 1, 7) : comm.irecv(buf.data(), buf.size(), 0, 7);
+      comm.wait(r, {"calibration message"});
+      r = me == 0 ? comm.irecv(buf.data(), buf.size(), 1, 8) : comm.isend(buf.data(), buf.size(), 0, 8);
+      comm.wait(r, {"calibration message"});
+    };
+    out.push_back({static_cast<double>(bytes), median_seconds(trip) / 2});
+  }
+  return out;
+}
+
+std::vector<MachineCosts::Transfer> time_allreduces(World& world, const std::vector<size_t>& sizes) {
+  Comm comm(world, Topology::of(world.rank(), 1, world.size()), WaitPolicy::automatic, 120);
+  std::vector<MachineCosts::Transfer> out;
+  for (size_t bytes : sizes) {
+    std::vector<float> buf(bytes / sizeof(float), 1.f);
+    const double t = median_seconds([&] {
+      MPI_Request r = comm.iallreduce_data(buf.data(), buf.size());
+      comm.wait(r, {"calibration all-reduce"});
+    });
+    double slowest = t;  // every rank's view of the same collective: the slowest is what a step waits for
+    comm.allreduce_world(&slowest, 1);  // summed; averaged below
+    out.push_back({static_cast<double>(bytes), slowest / world.size()});
+  }
+  return out;
+}
+
+}  // namespace
+
+MachineCosts calibrate(const RunSpec& spec, World& world) {
+  MachineCosts c;
+  c.d_model = spec.model.d_model, c.n_head = spec.model.n_head, c.seq_len = spec.model.seq_len, c.vocab = spec.model.vocab;
+  const int threads = spec.parallel.threads_per_rank > 0 ? spec.parallel.threads_per_rank : world.cores_per_rank();
+  set_blas_threads(threads);
+  set_parallel_threads(threads);
+  Comm all(world, Topology::of(world.rank(), 1, world.size()), WaitPolicy::automatic, 600);
+  for (int b = 1; b <= spec.train.global_batch && (b == 1 || b * spec.model.seq_len <= 16384); b *= 2) {
+    const RunSpec s = one_block_spec(spec, b);
+    MachineCosts::AtSize at;
+    at.samples = b;
+    at.block = time_stage(s, 1);
+    at.embed = minus(time_stage(s, 0), at.block);
+    at.head = minus(time_stage(s, 2), at.block);
+    // The mean over ranks that measured at the same time.
+    std::vector<double> v = {at.block.f, at.block.b, at.block.w, at.embed.f, at.embed.b, at.embed.w,
+                             at.head.f,  at.head.b,  at.head.w};
+    all.allreduce_world(v.data(), v.size());
+    for (double& x : v) x /= world.size();
+    at.block = {v[0], v[1], v[2]}, at.embed = {v[3], v[4], v[5]}, at.head = {v[6], v[7], v[8]};
+    c.compute.push_back(at);
+  }
+  c.adamw_s_per_param = adamw_s_per_param(spec);
+  all.allreduce_world(&c.adamw_s_per_param, 1);
+  c.adamw_s_per_param /= world.size();
+  char what[200];
+  std::snprintf(what, sizeof what, "calibrated on %s (%s), %d rank(s) x %d thread(s)", world.hosts().at(0).c_str(),
+                compute_device() == Device::gpu ? "GPU" : cpu_model().c_str(), world.size(), threads);
+  c.source = what;
+  if (world.size() >= 2) {
+    std::vector<size_t> sizes;
+    for (size_t bytes = 4096; bytes <= (64u << 20); bytes *= 4) sizes.push_back(bytes);
+    c.p2p = time_messages(world, sizes);
+    c.allreduce = time_allreduces(world, sizes);
+    c.allreduce_ranks = world.size();
+  }
+  return c;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,177 @@
+"""The planner: `plan --calibrate` measures this machine with the real kernels (and messages on two
+ranks) into a cost file; `plan --costs` / `--peak-tflops` says what a step and the run cost (FLOPs,
+bytes, predicted step and tokens/s, wall time, device-hours, memory against a capacity); a layout
+whose stages are far from even gets a warning naming the heavy chunk and a fix that lowers the
+simulated bubble; `plan --auto` lists the layouts that fit, fastest first, with the line that runs
+the winner. How close the predictions come to measured runs is a benchmark
+(scripts/bench/planner.py), not a test."""
+import json
+import os
+import re
+import subprocess
+from tests.lib.harness import expect, launch, run_scenarios, scenario, settings, shared_path
+
+GPT2_V3 = ["--set", "parallel.pp=4", "--set", "parallel.dp=8", "--set", "parallel.micro_batches=16", "--set",
+           "parallel.schedule=interleaved", "--set", "parallel.virtual_stages=3", "--set", "parallel.partition=uniform",
+           "--set", "train.global_batch=128"]
+H200 = ["--peak-tflops", "989", "--link-gbps", "400", "--memory-per-rank", "141GiB"]
+
+
+def tiny():
+    return os.path.join(settings().configs, "tiny.toml")
+
+
+def plan(*argv, config=None):
+    a = settings()
+    return subprocess.run([a.bin, "plan", "--config", config or tiny(), *argv], capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+
+
+def costs_file():
+    """tiny.toml's costs, calibrated once on two ranks (shared by the scenarios)."""
+    a = settings()
+    path = shared_path("costs_2ranks.json")
+    if not os.path.exists(path):
+        r = subprocess.run([a.mpiexec, "-n", "2", a.bin, "plan", "--calibrate", "--config", tiny(), "--output", path],
+                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+        expect(r.returncode == 0, f"calibrate on 2 ranks: exit 0 (got {r.returncode}) {r.stderr[-300:]}")
+    return path
+
+
+@scenario
+def calibrate_writes_costs():
+    """One rank: compute and AdamW only (and says so); two ranks: also a message and an all-reduce by
+    size. Every time is positive, a micro-batch of more samples costs more, a bigger message longer."""
+    a = settings()
+    one = os.path.join(a.work, "costs_1rank.json")
+    r = plan("--calibrate", "--output", one)
+    expect(r.returncode == 0 and "launch on 2+ ranks" in r.stdout, f"1 rank: exit 0, says messages need 2 ranks "
+                                                                     f"({r.returncode}, {r.stdout[-200:]}{r.stderr[-200:]})")
+    for path, ranks in [(one, 1), (costs_file(), 2)]:
+        if not os.path.exists(path):
+            continue
+        c = json.load(open(path))
+        blocks = [x["block"] for x in c["compute"]]
+        expect(c["model"] == {"d_model": 64, "n_head": 4, "seq_len": 32, "vocab": 256},
+               f"{ranks} rank(s): the model measured is tiny.toml's")
+        expect([x["samples"] for x in c["compute"]] == [1, 2, 4, 8, 16], f"{ranks} rank(s): micro-batches of 1 to 16 "
+               f"samples ({[x['samples'] for x in c['compute']]})")
+        expect(all(b["f"] > 0 and b["b"] > 0 and b["w"] > 0 for b in blocks) and blocks[-1]["f"] > blocks[0]["f"],
+               f"{ranks} rank(s): block F, B, W positive, 16 samples dearer than 1")
+        expect(c["adamw_s_per_param"] > 0 and "calibrated on" in c["source"], f"{ranks} rank(s): AdamW and source")
+        if ranks == 2:
+            expect(len(c["p2p"]) == 8 and len(c["allreduce"]) == 8 and c["allreduce_ranks"] == 2 and
+                   c["p2p"][-1]["seconds"] > c["p2p"][0]["seconds"] and
+                   c["allreduce"][-1]["seconds"] > c["allreduce"][0]["seconds"],
+                   "2 ranks: messages and all-reduces of 4 KiB to 64 MiB, the largest slower than the smallest")
+        else:
+            expect(c["p2p"] == [] and c["allreduce"] == [], "1 rank: no message costs")
+
+
+@scenario
+def budget_of_a_run():
+    """plan --costs: FLOPs per step as the model counts them, pipeline bytes (2 boundaries x M x an
+    activation and a gradient), a predicted step and tokens/s that agree with each other, wall time
+    and rank-hours for run.steps, and the memory against --memory-per-rank."""
+    r = plan("--set", "parallel.pp=2", "--set", "parallel.micro_batches=4", "--costs", costs_file(),
+             "--memory-per-rank", "1GiB", "--json")
+    expect(r.returncode == 0, f"plan --costs --json: exit 0 ({r.stderr[-300:]})")
+    if r.returncode != 0:
+        return
+    b = json.loads(r.stdout)["budget"]
+    C, T, V, L, G = 64, 32, 256, 4, 16  # tiny.toml
+    flops = 3 * (L * (24 * C * C + 4 * T * C) + 2 * C * V) * G * T
+    expect(abs(b["flops_per_step"] - flops) < 1, f"FLOPs per step {b['flops_per_step']} == {flops}")
+    expect(b["p2p_bytes_per_step"] == 2 * 4 * 4 * (G // 4) * T * C, f"pipeline bytes {b['p2p_bytes_per_step']}: one "
+           "boundary, M = 4, activation and gradient of 4 samples x 32 tokens x 64 floats")
+    expect(b["reduce_bytes_per_step"] == 0, "no replicas: nothing all-reduced")
+    expect(0 < b["pipeline_s"] <= b["step_s"] and abs(b["tokens_per_s"] * b["step_s"] - G * T) < 1e-6 * G * T,
+           f"step {b['step_s']:.5f} s covers the pipeline, and tokens/s = tokens / step")
+    expect(abs(b["wall_s"] - 100 * b["step_s"]) < 1e-12 and abs(b["device_hours"] - 2 * b["wall_s"] / 3600) < 1e-12,
+           "wall time = run.steps x step, rank-hours = wall x 2 ranks")
+    expect(0 < b["memory_per_rank_bytes"] < 2 ** 30 and b["memory_capacity_bytes"] == 2 ** 30, "memory against 1 GiB")
+    text = plan("--set", "parallel.pp=2", "--costs", costs_file())
+    expect(re.search(r"predicted step [0-9.]+ ms .*tokens/s", text.stdout) and "rank-hours on 2 ranks" in text.stdout,
+           "the text says the same in words")
+
+
+@scenario
+def gpt2_head_heavy_chunk():
+    """GPT-2 124M as pp 4 x dp 8, M 16, interleaved V = 3 on an H200-like machine: the step's FLOPs,
+    bytes, time and GPU-hours, and the warning that the chunk with the LM head is the bottleneck
+    (simulated 0.463 against 0.059); its suggested --set lowers the simulated bubble."""
+    a = settings()
+    gpt2 = os.path.join(a.configs, "gpt2-124m.toml")
+    r = plan(*GPT2_V3, *H200, config=gpt2)
+    expect(r.returncode == 0, f"plan: exit 0 ({r.stderr[-300:]})")
+    out = r.stdout
+    expect("TFLOP (model)" in out and "pipeline messages" in out and "GPU-hours on 32 GPUs" in out and
+           "of 141 GiB (fits)" in out, "the budget: FLOPs, bytes, GPU-hours, memory against 141 GiB")
+    warn = re.search(r"warning: the simulated bubble ([0-9.]+) is far above interleaved's ([0-9.]+) .*chunk 11 \(rank 3, "
+                     r"1 block \+ the LM head\) does ([0-9]+)% of the work", out)
+    expect(warn is not None, f"the warning names chunk 11 with the LM head ({out[-900:]})")
+    if warn:
+        expect(abs(float(warn.group(1)) - 0.463) < 0.001 and abs(float(warn.group(2)) - 0.059) < 0.001,
+               f"simulated {warn.group(1)} against {warn.group(2)}")
+    fix = re.search(r"try ((?:--set \S+ ?)+):", out)
+    expect(fix is not None, "a fix is suggested as --set lines")
+    if not fix:
+        return
+    sets = [s for s in fix.group(1).split() if s != "--set"]
+    before = json.loads(plan(*GPT2_V3, "--json", config=gpt2).stdout)["bubble_sim"]
+    after = json.loads(plan(*GPT2_V3, *[x for s in sets for x in ("--set", s)], "--json", config=gpt2).stdout)["bubble_sim"]
+    expect(after < before, f"the fix {sets} lowers the simulated bubble: {before:.3f} -> {after:.3f}")
+
+
+@scenario
+def auto_picks_a_layout():
+    """plan --auto --world 4: every listed layout fits the memory given, fastest first; its --set line
+    plans and trains; --json says the same; a budget nothing fits exits 2 saying so."""
+    a = settings()
+    r = plan("--auto", "--world", "4", "--costs", costs_file(), "--memory-per-rank", "4MiB", "--json")
+    expect(r.returncode == 0, f"plan --auto: exit 0 ({r.stderr[-300:]})")
+    if r.returncode != 0:
+        return
+    j = json.loads(r.stdout)
+    best = j["best"]
+    expect(len(best) == 5 and j["considered"] > 50 and j["over_memory"] > 0,
+           f"5 best of {j['considered']} considered, {j['over_memory']} over 4 MiB")
+    expect(all(x["memory_bytes"] <= 4 * 2 ** 20 for x in best), "every listed layout fits 4 MiB")
+    expect([x["step_s"] for x in best] == sorted(x["step_s"] for x in best), "fastest first")
+    sets = best[0]["set"].split()[1::2]
+    p = json.loads(plan(*[x for s in sets for x in ("--set", s)], "--json").stdout)
+    expect(p["world"] == 4, f"the winner's --set line plans 4 ranks ({best[0]['set']})")
+    run = launch(a, 4, os.path.join(a.work, "auto_winner"), tiny(), ["run.steps=3", *sets])
+    expect(run.rc == 0 and len(run.metrics()) == 3, f"the winner trains (exit {run.rc}) {run.err[-200:]}")
+    text = plan("--auto", "--world", "4", "--costs", costs_file())
+    expect("run the first with:\n  --set parallel.pp=" in text.stdout, "the text ends with the line to run")
+    none = plan("--auto", "--world", "4", "--costs", costs_file(), "--memory-per-rank", "1MiB")
+    expect(none.returncode == 2 and "no layout fits" in none.stdout, f"nothing fits 1 MiB: exit 2 ({none.returncode})")
+
+
+@scenario
+def bad_planner_input():
+    """Exit 2 with one message naming the option or file: a missing cost file, a file that is not
+    one, costs of another model, --auto without --world or costs, half a peak, a byte count that is
+    not one."""
+    a = settings()
+    junk = os.path.join(a.work, "junk.json")
+    with open(junk, "w") as f:
+        f.write('{"source": "x"}')
+    cases = [
+        (["--costs", "/nonexistent/costs.json"], "--costs /nonexistent/costs.json: cannot read"),
+        (["--costs", junk], "not a cost file"),
+        (["--costs", costs_file(), "--set", "model.d_model=128"], "measured on d_model 64"),
+        (["--auto", "--costs", costs_file()], "plan --auto needs --world"),
+        (["--auto", "--world", "2"], "give --costs FILE"),
+        (["--peak-tflops", "100"], "--peak-tflops and --link-gbps describe a machine together"),
+        (["--memory-per-rank", "lots", "--peak-tflops", "1", "--link-gbps", "1"], "--memory-per-rank lots: not a byte count"),
+    ]
+    for argv, want in cases:
+        r = plan(*argv)
+        expect(r.returncode == 2 and want in r.stderr and r.stderr.count("error:") == 1,
+               f"{' '.join(argv)}: exit 2 saying '{want}' (got {r.returncode}: {r.stderr.strip()[-200:]})")
+
+
+if __name__ == "__main__":
+    run_scenarios()
