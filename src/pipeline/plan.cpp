@@ -200,7 +200,7 @@ std::string plan_json(const RunSpec& spec, const Plan& plan) {
                            {"optim_bytes_by_zero", {s.optim_bytes(0), s.optim_bytes(1)}},
                            {"snapshot_bytes", spec.checkpoint.async ? s.snapshot_bytes : 0}, {"cost_share", s.cost_share},
                            {"bubble_sim", s.bubble}, {"in_flight", s.in_flight}, {"act_peak_bytes", act},
-                           {"working_bytes", s.working_bytes}});
+                           {"working_bytes", s.working_bytes}, {"memory_bytes", s.memory_bytes(spec)}});
   }
   return j.dump(2) + "\n";
 }
