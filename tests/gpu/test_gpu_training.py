@@ -41,6 +41,7 @@ expect(all(x.get("gpu_mem_bytes", [0])[0] > 0 and x["gpu_mem_peak_bytes"][0] >= 
        "metrics.jsonl: gpu_mem_bytes and gpu_mem_peak_bytes per stage")
 for name, ranks, sets in [("gpu_2x1", 2, ["parallel.pp=2"]), ("gpu_1x2", 2, ["parallel.dp=2"]),
                           ("gpu_2x1_zb", 2, ["parallel.pp=2", "parallel.schedule=zb-h1"]),
+                          ("gpu_2x1_zbv", 2, ["parallel.pp=2", "parallel.schedule=zb-v", "parallel.virtual_stages=2"]),
                           ("gpu_1x2_zero1", 2, ["parallel.dp=2", "parallel.zero=1"])]:
     r = run(name, ranks, "run.device=gpu", *sets)
     expect(r.rc == 0, f"{name}: two ranks sharing the GPU, exit 0 (got {r.rc}) {r.err[-300:]}")
