@@ -56,12 +56,9 @@ SimResult simulate(const std::vector<ActionList>& lists, const std::vector<doubl
   auto key_of_receive = [&](const Action& a, int v) {
     return a.op == Op::recv_act ? MessageKey{false, v - 1, a.mb} : MessageKey{true, v + 1, a.mb};
   };
-  // The peer a message of this action's chunk comes from or goes to.
-  auto peer = [&](const Action& a, int v) {
-    const bool down = a.op == Op::recv_act || a.op == Op::send_grad || a.op == Op::backward ||
-                      a.op == Op::backward_input;  // towards v - 1
-    return place.stage_of(down ? v - 1 : v + 1);
-  };
+  // The rank a compute's result goes to (a forward's activation up, a backward's gradient down),
+  // and the rank a receive's message comes from.
+  auto to_peer = [&](const Action& a, int v) { return place.stage_of(a.op == Op::forward ? v + 1 : v - 1); };
   auto from_peer = [&](const Action& a, int v) {  // a receive's sender
     return place.stage_of(a.op == Op::recv_act ? v - 1 : v + 1);
   };
@@ -105,7 +102,7 @@ SimResult simulate(const std::vector<ActionList>& lists, const std::vector<doubl
           const bool makes_act = a.op == Op::forward && v + 1 < n_virtual;
           const bool makes_grad = (a.op == Op::backward || a.op == Op::backward_input) && v > 0;
           if (makes_act || makes_grad) {  // the link's send buffer must be free again
-            std::vector<MessageKey>& made = me.made[{makes_grad, peer(a, v)}];
+            std::vector<MessageKey>& made = me.made[{makes_grad, to_peer(a, v)}];
             if (made.size() >= static_cast<size_t>(kMessageRing)) {
               const Message& earlier = messages[made[made.size() - kMessageRing]];
               const double at = posted(earlier, makes_grad, s);

@@ -40,9 +40,11 @@ size_t peak_activation_bytes(const ActionList& list, const std::vector<size_t>& 
 // "F3", "B0", "recvA2", ...; chunks after the first get a suffix: "F3.1" is chunk 1's forward.
 std::string to_string(const Action& a);
 
-// Outgoing messages a rank may have in flight per direction: the executor's send and receive rings
-// hold this many, so a send of its k-th message waits until the receiver has taken message
-// k - kMessageRing - 1 (with rendezvous transfers, sends complete only into a posted receive).
+// Messages a rank may have in flight on one link (activations or gradients, to or from one peer:
+// schedule/placement.hpp): the executor's send and receive rings hold this many, so a compute
+// producing its k-th message on a link waits until message k - kMessageRing has completed, i.e.
+// its receiver posted the receive, which it does kMessageRing ahead of the one it is using (with
+// rendezvous transfers, sends complete only into a posted receive).
 constexpr int kMessageRing = 2;
 
 }  // namespace pipetrain
