@@ -21,11 +21,12 @@ double interpolate(const std::vector<Point>& pts, double x, X x_of, Y y_of) {
   return y_of(pts.back()) * x / x_of(pts.back());
 }
 
-PassCosts pass_at(const std::vector<MachineCosts::AtSize>& pts, int samples, PassCosts MachineCosts::AtSize::*which) {
+template <class Which>
+PassCosts pass_at(const std::vector<MachineCosts::AtSize>& pts, int samples, Which which) {
   auto x = [](const MachineCosts::AtSize& p) { return static_cast<double>(p.samples); };
   PassCosts r;
   for (double PassCosts::*part : {&PassCosts::f, &PassCosts::b, &PassCosts::w})
-    r.*part = interpolate(pts, samples, x, [&](const MachineCosts::AtSize& p) { return (p.*which).*part; });
+    r.*part = interpolate(pts, samples, x, [&](const MachineCosts::AtSize& p) { return which(p).*part; });
   return r;
 }
 
@@ -40,9 +41,24 @@ PassCosts pass_from(const nlohmann::json& j) { return {j.at("f").get<double>(), 
 
 }  // namespace
 
-PassCosts MachineCosts::block(int samples) const { return pass_at(compute, samples, &AtSize::block); }
-PassCosts MachineCosts::embed(int samples) const { return pass_at(compute, samples, &AtSize::embed); }
-PassCosts MachineCosts::head(int samples) const { return pass_at(compute, samples, &AtSize::head); }
+PassCosts MachineCosts::block(int samples) const {
+  return pass_at(compute, samples, [](const AtSize& a) { return a.block; });
+}
+PassCosts MachineCosts::embed(int samples) const {
+  return pass_at(compute, samples, [](const AtSize& a) { return a.embed; });
+}
+PassCosts MachineCosts::head(int samples) const {
+  return pass_at(compute, samples, [](const AtSize& a) { return a.head; });
+}
+
+PassCosts MachineCosts::block_under(Recompute mode, int samples) const {
+  const PassCosts plain = block(samples);
+  if (mode == Recompute::none) return plain;
+  const int i = mode == Recompute::block ? 0 : 1;
+  const PassCosts measured = pass_at(compute, samples, [&](const AtSize& a) { return a.block_recompute[i]; });
+  if (measured.f > 0) return measured;
+  return {plain.f, plain.f + plain.backward(), 0};  // not measured: the forward again, then the backward
+}
 double MachineCosts::p2p_s(double bytes) const { return transfer_at(p2p, bytes); }
 
 double MachineCosts::allreduce_s(double bytes, int ranks) const {
@@ -57,7 +73,8 @@ nlohmann::json MachineCosts::to_json() const {
   j["model"] = {{"d_model", d_model}, {"n_head", n_head}, {"seq_len", seq_len}, {"vocab", vocab}};
   for (const AtSize& a : compute)
     j["compute"].push_back({{"samples", a.samples}, {"block", pass_json(a.block)}, {"embed", pass_json(a.embed)},
-                            {"head", pass_json(a.head)}});
+                            {"head", pass_json(a.head)}, {"block_recompute_block", pass_json(a.block_recompute[0])},
+                            {"block_recompute_stage", pass_json(a.block_recompute[1])}});
   j["adamw_s_per_param"] = adamw_s_per_param;
   j["p2p"] = nlohmann::json::array();
   for (const Transfer& t : p2p) j["p2p"].push_back({{"bytes", t.bytes}, {"seconds", t.seconds}});
@@ -73,9 +90,12 @@ MachineCosts MachineCosts::from_json(const nlohmann::json& j, const std::string&
     c.source = j.value("source", std::string("a cost file"));
     const auto& m = j.at("model");
     c.d_model = m.at("d_model"), c.n_head = m.at("n_head"), c.seq_len = m.at("seq_len"), c.vocab = m.at("vocab");
-    for (const auto& a : j.at("compute"))
-      c.compute.push_back({a.at("samples").get<int>(), pass_from(a.at("block")), pass_from(a.at("embed")),
-                           pass_from(a.at("head"))});
+    for (const auto& a : j.at("compute")) {
+      AtSize at{a.at("samples").get<int>(), pass_from(a.at("block")), pass_from(a.at("embed")), pass_from(a.at("head")), {}};
+      if (a.contains("block_recompute_block")) at.block_recompute[0] = pass_from(a.at("block_recompute_block"));
+      if (a.contains("block_recompute_stage")) at.block_recompute[1] = pass_from(a.at("block_recompute_stage"));
+      c.compute.push_back(at);
+    }
     c.adamw_s_per_param = j.at("adamw_s_per_param");
     for (const auto& t : j.at("p2p")) c.p2p.push_back({t.at("bytes"), t.at("seconds")});
     for (const auto& t : j.at("allreduce")) c.allreduce.push_back({t.at("bytes"), t.at("seconds")});

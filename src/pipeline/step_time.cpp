@@ -16,15 +16,14 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
   const int P = par.pp, D = par.dp, M = par.micro_batches, n_virtual = place.virtual_stages();
   const int b = spec.samples_per_micro_batch();
   const std::vector<int> blocks = partition_blocks(spec);
-  const PassCosts block = costs.block(b), embed = costs.embed(b), head = costs.head(b);
-  // Each virtual stage's passes; recompute re-runs the forward inside the backward.
+  const PassCosts block = costs.block_under(par.recompute, b), embed = costs.embed(b), head = costs.head(b);
+  // Each virtual stage's passes (under recompute a block's backward re-runs its forward).
   std::vector<double> fwd, bwd, wgt;
   for (int v = 0; v < n_virtual; ++v) {
     PassCosts c{blocks[v] * block.f, blocks[v] * block.b, blocks[v] * block.w};
     if (v == 0) c.f += embed.f, c.b += embed.b, c.w += embed.w;
     if (v == n_virtual - 1) c.f += head.f, c.b += head.b, c.w += head.w;
-    const double again = par.recompute == Recompute::none ? 0 : blocks[v] * block.f;
-    fwd.push_back(c.f), bwd.push_back(c.backward() + again), wgt.push_back(c.w);
+    fwd.push_back(c.f), bwd.push_back(c.backward()), wgt.push_back(c.w);
   }
   std::vector<ActionList> lists;
   for (int s = 0; s < P; ++s) lists.push_back(schedule.generate(s, spec.pipeline_shape()));

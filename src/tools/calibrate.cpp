@@ -85,6 +85,34 @@ PassCosts time_stage(const RunSpec& spec, int vstage) {
   return c;
 }
 
+// One middle block under recompute `mode`: its forward (keeping what the mode keeps) and its whole
+// backward, which runs the forward again.
+PassCosts time_recompute(RunSpec spec, Recompute mode) {
+  spec.parallel.recompute = mode;
+  Stage stage(spec, {{1, 1, 2}}, 3, 1, 1.0f / (spec.train.global_batch * spec.model.seq_len));
+  stage.init_params(1);
+  std::vector<float> noise(stage.boundary_floats());
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (float& x : noise) x = normal(rng);
+  Floats out(noise.size()), dout(noise.size()), dinp(noise.size());
+  upload(dout.data(), noise.data(), noise.size() * sizeof(float));
+  std::vector<double> f, b;
+  for (int i = 0; i <= kRepeats; ++i) {
+    upload(stage.input_buffer(0, 0), noise.data(), noise.size() * sizeof(float));
+    double t0 = now_s();
+    stage.forward(0, 0, out.data());
+    finish_compute();
+    const double t1 = now_s();
+    stage.backward(0, 0, dout.data(), dinp.data());
+    finish_compute();
+    if (i > 0) f.push_back(t1 - t0), b.push_back(now_s() - t1);  // the first warms up
+  }
+  std::nth_element(f.begin(), f.begin() + f.size() / 2, f.end());
+  std::nth_element(b.begin(), b.begin() + b.size() / 2, b.end());
+  return {f[f.size() / 2], b[b.size() / 2], 0};
+}
+
 PassCosts minus(const PassCosts& a, const PassCosts& b) {
   return {std::max(0.0, a.f - b.f), std::max(0.0, a.b - b.b), std::max(0.0, a.w - b.w)};
 }
@@ -161,12 +189,15 @@ MachineCosts calibrate(const RunSpec& spec, World& world) {
     at.block = time_stage(s, 1);
     at.embed = minus(time_stage(s, 0), at.block);
     at.head = minus(time_stage(s, 2), at.block);
+    at.block_recompute[0] = time_recompute(s, Recompute::block);
+    at.block_recompute[1] = time_recompute(s, Recompute::stage);
     // The mean over ranks that measured at the same time.
-    std::vector<double> v = {at.block.f, at.block.b, at.block.w, at.embed.f, at.embed.b, at.embed.w,
-                             at.head.f,  at.head.b,  at.head.w};
+    PassCosts* parts[] = {&at.block, &at.embed, &at.head, &at.block_recompute[0], &at.block_recompute[1]};
+    std::vector<double> v;
+    for (PassCosts* c : parts) v.insert(v.end(), {c->f, c->b, c->w});
     all.allreduce_world(v.data(), v.size());
-    for (double& x : v) x /= world.size();
-    at.block = {v[0], v[1], v[2]}, at.embed = {v[3], v[4], v[5]}, at.head = {v[6], v[7], v[8]};
+    for (size_t i = 0; i < std::size(parts); ++i)
+      *parts[i] = {v[3 * i] / world.size(), v[3 * i + 1] / world.size(), v[3 * i + 2] / world.size()};
     c.compute.push_back(at);
   }
   c.adamw_s_per_param = adamw_s_per_param(spec);

@@ -25,6 +25,10 @@ struct MachineCosts {
   struct AtSize {
     int samples = 1;  // per micro-batch
     PassCosts block, embed, head;
+    // One block under recompute = block and = stage: f its forward (keeping what the mode keeps),
+    // b its whole backward with the forward run again (w 0). Absent (0) in costs from a peak,
+    // where a recomputing backward is taken as F + B + W.
+    PassCosts block_recompute[2];
   };
   std::vector<AtSize> compute;               // by increasing samples
   double adamw_s_per_param = 0;
@@ -39,6 +43,9 @@ struct MachineCosts {
   PassCosts block(int samples) const;
   PassCosts embed(int samples) const;
   PassCosts head(int samples) const;
+  // One block's passes under `mode`: for block and stage f and a backward b that re-runs the
+  // forward (w 0).
+  PassCosts block_under(Recompute mode, int samples) const;
   double p2p_s(double bytes) const;
   // Ring all-reduce over `ranks`: each rank moves 2(D-1)/D of the bytes in 2(D-1) steps, scaled
   // from the measured group size. 0 for one rank.

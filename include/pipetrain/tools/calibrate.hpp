@@ -11,7 +11,8 @@
 namespace pipetrain {
 
 // Compute: one block's F, B and W, the embedding's and the head's (a middle, a first and a last
-// one-block stage, each pass timed alone, median of 5 after a warm-up), at micro-batches of 1, 2,
+// one-block stage, each pass timed alone, median of 5 after a warm-up), a block's forward and
+// recomputing backward under recompute = block and = stage, at micro-batches of 1, 2,
 // 4, ... samples up to the spec's global batch (and at most 16384 tokens); every rank measures at
 // once, as ranks of one node compute at once in training, and the figures are averaged. AdamW per
 // parameter. With two or more ranks also a message between ranks 0 and 1 (half a round trip) and
