@@ -41,12 +41,13 @@ def plan_stages(sets):
 
 @scenario
 def matches_unsharded():
-    """zero = 1 against zero = 0 for 50 steps on 1x2, 2x2, interleaved 2x2 and zb-h1 1x2; each
+    """zero = 1 against zero = 0 for 50 steps on 1x2, 2x2, interleaved 2x2, zb-h1 1x2 and zb-v 2x2; each
     stage's optim_bytes is its replica's slab (plan's zero = 1 figure), half or so of zero = 0's."""
     a = settings()
     for name, pp, dp, extra in [("1x2", 1, 2, []), ("2x2", 2, 2, []),
                                 ("interleaved_2x2", 2, 2, ["parallel.schedule=interleaved", "parallel.virtual_stages=2"]),
-                                ("zbh1_1x2", 1, 2, ["parallel.schedule=zb-h1"])]:
+                                ("zbh1_1x2", 1, 2, ["parallel.schedule=zb-h1"]),
+                                ("zbv_2x2", 2, 2, ["parallel.schedule=zb-v", "parallel.virtual_stages=2"])]:
         sets = [f"run.steps={STEPS}", "log.every_steps=1", "checkpoint.every_steps=0"] + layout(pp, dp, extra)
         ref = launch(a, pp * dp, os.path.join(a.work, name + "_zero0"), tiny(), sets)
         got = launch(a, pp * dp, os.path.join(a.work, name + "_zero1"), tiny(), sets + ["parallel.zero=1"])
