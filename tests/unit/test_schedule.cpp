@@ -278,7 +278,7 @@ TEST_CASE("zb-h1: the paper's ZB-H1 makespan with F = B = W, 3M + P - 1 for M >=
       }
 }
 
-TEST_CASE("zb-h1: every list runs each F, B and W once, in that order, with its messages; no deadlock",
+TEST_CASE("zb-h1: every list runs each F, B and W once, in that order, with its messages, and no deadlock",
           "[schedule]") {
   for (int P = 1; P <= 8; ++P)
     for (int M = 1; M <= 16; ++M) {

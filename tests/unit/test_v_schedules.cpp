@@ -49,8 +49,8 @@ std::vector<ActionList> zb_v(int P, int M) { return v_lists("zb-v", P, M); }
 
 }  // namespace
 
-TEST_CASE("zb-v, dualpipev: each chunk's F and backward once per micro-batch in order; messages match on every "
-          "link; no deadlock",
+TEST_CASE("zb-v, dualpipev: each chunk's F and backward once per micro-batch in order, messages match on every "
+          "link, and no deadlock",
           "[schedule]") {
   for (const std::string name : {"zb-v", "dualpipev"})
   for (int P = 1; P <= 8; ++P)
@@ -116,7 +116,7 @@ TEST_CASE("zb-v: with F = B = W no longer than zb-h1, holding no more than 1f1b'
   CHECK(schedule_named("zb-v").bubble({4, 8, 2, 8}) == Approx(1.0 - 48.0 / 52));
 }
 
-TEST_CASE("dualpipev: with F = B = W no longer than zb-h1; its steady state pairs F with the other chunk's B",
+TEST_CASE("dualpipev: with F = B = W no longer than zb-h1, and its steady state pairs F with the other chunk's B",
           "[schedule]") {
   for (int P = 2; P <= 8; ++P)
     for (int M = 2 * P; M <= 16; M += 2) {
