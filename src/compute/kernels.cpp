@@ -243,18 +243,22 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
       const int m = std::min(kTileRows, T - t0), end = t0 + m;  // rows t0 .. end-1 see keys u < end
       product_rows(m, round_up(end, kTileCols), hs, scale, q + static_cast<size_t>(t0) * C3, C3, 1, kt.data(), Tp,
                    scores.data(), Tp);
+      // Each row's softmax over u <= t runs on whole 8-float vectors, the lanes past t giving exactly
+      // 0: rows this short spent most of their time in the scalar remainder of each loop otherwise.
       for (int t = t0; t < end; ++t) {
-        const float* s = scores.data() + static_cast<size_t>(t - t0) * Tp;
-        float* row = a + static_cast<size_t>(t) * T;
+        float* s = scores.data() + static_cast<size_t>(t - t0) * Tp;
+        const int w = round_up(t + 1, 8);  // <= round_up(end, kTileCols): scores computed there
         float mx = s[0];
 #pragma omp simd reduction(max : mx)
-        for (int u = 1; u <= t; ++u) mx = s[u] > mx ? s[u] : mx;
+        for (int u = 0; u < w; ++u) mx = u <= t && s[u] > mx ? s[u] : mx;
         float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-        for (int u = 0; u <= t; ++u) sum += (row[u] = fast_exp(s[u] - mx));
+        for (int u = 0; u < w; ++u) sum += (s[u] = u <= t ? fast_exp(s[u] - mx) : 0.f);
         const float inv = 1.f / sum;
-        for (int u = 0; u <= t; ++u) row[u] *= inv;
-        for (int u = t + 1; u < T; ++u) row[u] = 0.f;
+        float* row = a + static_cast<size_t>(t) * T;
+        const int n = std::min(w, T);
+        for (int u = 0; u < n; ++u) row[u] = s[u] * inv;
+        for (int u = n; u < T; ++u) row[u] = 0.f;
       }
       // out rows = att rows (zero past each row's own position) times v_u for u < end
       product_rows(m, hs, end, 1.f, a + static_cast<size_t>(t0) * T, T, 1, v, C3, o + static_cast<size_t>(t0) * C, C);
@@ -284,25 +288,26 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       float* dp = dpre.data() + static_cast<size_t>(t0) * Tp;
       product_rows(m, round_up(end, kTileCols), hs, 1.f, d + static_cast<size_t>(t0) * C, C, 1, vt.data(), Tp, dp, Tp);
       // softmax backward, in place: dpre = a * (datt - sum(a * datt)) for u <= t; zero for
-      // t < u < end, the part of the tile the products below read
+      // t < u < end, the part of the tile the products below read. As in forward on whole vectors
+      // where the row has room: a is 0 past t, so those lanes add nothing and come out 0.
       for (int t = t0; t < end; ++t) {
         const float* ar = a + static_cast<size_t>(t) * T;
         float* dr = dp + static_cast<size_t>(t - t0) * Tp;
+        const int w = std::min(round_up(t + 1, 8), T);
         float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-        for (int u = 0; u <= t; ++u) dot += ar[u] * dr[u];
-        for (int u = 0; u <= t; ++u) dr[u] = ar[u] * (dr[u] - dot);
-        for (int u = t + 1; u < end; ++u) dr[u] = 0.f;
+        for (int u = 0; u < w; ++u) dot += ar[u] * dr[u];
+        for (int u = 0; u < w; ++u) dr[u] = ar[u] * (dr[u] - dot);
+        for (int u = w; u < end; ++u) dr[u] = 0.f;
       }
       product_rows(m, hs, end, scale, dp, Tp, 1, k, C3, dq + static_cast<size_t>(t0) * C3, C3);
     }
     for (int u0 = 0; u0 < T; u0 += kTileRows) {
       const int m = std::min(kTileRows, T - u0), rows = T - u0;  // key rows u0.., query rows t >= u0
-      const size_t at = static_cast<size_t>(u0) * T + u0, pt = static_cast<size_t>(u0) * Tp + u0;
-      product_rows(m, hs, rows, 1.f, a + at, 1, T, d + static_cast<size_t>(u0) * C, C, dv + static_cast<size_t>(u0) * C3,
-                   C3);
-      product_rows(m, hs, rows, scale, dpre.data() + pt, 1, Tp, q + static_cast<size_t>(u0) * C3, C3,
-                   dk + static_cast<size_t>(u0) * C3, C3);
+      const size_t u = u0;
+      // A transposed: its rows are att's / dpre's columns u0.., read from row u0 on
+      product_rows(m, hs, rows, 1.f, a + u * T + u, 1, T, d + u * C, C, dv + u * C3, C3);
+      product_rows(m, hs, rows, scale, dpre.data() + u * Tp + u, 1, Tp, q + u * C3, C3, dk + u * C3, C3);
     }
   });
 }
