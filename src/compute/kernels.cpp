@@ -101,11 +101,14 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       }
       if (!dinp) continue;
       // dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * weight
+      // w, a local copy of the captured pointer: through the capture GCC reloaded it on every
+      // iteration and ran the reduction below as scalar code (a quarter of the speed)
+      const float* w = weight;
       float dnorm_mean = 0.f, dnorm_norm_mean = 0.f;
 #pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
       for (int c = 0; c < C; ++c) {
         float norm = (x[c] - m) * s;
-        float dnorm = weight[c] * d[c];
+        float dnorm = w[c] * d[c];
         dnorm_mean += dnorm;
         dnorm_norm_mean += dnorm * norm;
       }
@@ -115,7 +118,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 #pragma omp simd  // the arrays never overlap; too many pointers for GCC to version the loop itself
       for (int c = 0; c < C; ++c) {
         float norm = (x[c] - m) * s;
-        dx[c] += s * (weight[c] * d[c] - dnorm_mean - norm * dnorm_norm_mean);
+        dx[c] += s * (w[c] * d[c] - dnorm_mean - norm * dnorm_norm_mean);
       }
     }
   });
