@@ -101,11 +101,14 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       }
       if (!dinp) continue;
       // dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * weight
+      // w, a local copy of the captured pointer: through the capture GCC reloaded it on every
+      // iteration and ran the reduction below as scalar code (a quarter of the speed)
+      const float* w = weight;
       float dnorm_mean = 0.f, dnorm_norm_mean = 0.f;
 #pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
       for (int c = 0; c < C; ++c) {
         float norm = (x[c] - m) * s;
-        float dnorm = weight[c] * d[c];
+        float dnorm = w[c] * d[c];
         dnorm_mean += dnorm;
         dnorm_norm_mean += dnorm * norm;
       }
@@ -115,7 +118,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 #pragma omp simd  // the arrays never overlap; too many pointers for GCC to version the loop itself
       for (int c = 0; c < C; ++c) {
         float norm = (x[c] - m) * s;
-        dx[c] += s * (weight[c] * d[c] - dnorm_mean - norm * dnorm_norm_mean);
+        dx[c] += s * (w[c] * d[c] - dnorm_mean - norm * dnorm_norm_mean);
       }
     }
   });
@@ -160,67 +163,155 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   });
 }
 
-// Per (batch, head) the products are GEMMs on strided views of qkv: Q, K and V of head h are the
-// hs-wide column slices at offsets h*hs, C + h*hs and 2C + h*hs of rows with stride 3C.
+namespace {
+
+// Causal attention's products, tile by tile, so that only the lower triangle of each T x T score
+// matrix is computed: full-matrix sgemm calls did twice the arithmetic and then masked half of it
+// away. A tile is kTileRows x kTileCols outputs held in registers while the inner dimension runs
+// (8 vector accumulators: enough to keep the FMA units busy on AVX2, few enough not to spill).
+// Every output is one sum in sequence over the inner dimension, so the bits depend only on the
+// shapes, never on the thread count.
+constexpr int kTileRows = 4, kTileCols = 16;
+// 8 floats as one vector (GCC/Clang vector extension: one AVX register on x86-64-v3); aligned(4)
+// and may_alias let it load from and store to any position of a float array.
+typedef float Floats8 __attribute__((vector_size(32), aligned(4), may_alias));
+
+int round_up(int n, int m) { return (n + m - 1) / m * m; }
+
+// c[i][j] = alpha * sum_{p<k} a[i*as + p*ak] * b[p*ldb + j] for i < M, j < kTileCols: A is read by
+// rows (as = lda, ak = 1) or transposed (as = 1, ak = lda).
+template <int M>
+void product_tile(int k, float alpha, const float* a, size_t as, size_t ak, const float* b, size_t ldb, float* c,
+                  size_t ldc) {
+  constexpr int V = kTileCols / 8;
+  Floats8 acc[M][V] = {};
+  for (int p = 0; p < k; ++p, a += ak, b += ldb) {
+    Floats8 bv[V];
+    for (int j = 0; j < V; ++j) bv[j] = reinterpret_cast<const Floats8*>(b)[j];
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < V; ++j) acc[i][j] += a[i * as] * bv[j];
+  }
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < V; ++j) reinterpret_cast<Floats8*>(c + i * ldc)[j] = alpha * acc[i][j];
+}
+
+// C[m,n] = alpha * A[m,k] B[k,n] for one row tile (m <= kTileRows); columns past the last whole
+// tile (n not a multiple of kTileCols, e.g. an odd head size) by plain loops.
+void product_rows(int m, int n, int k, float alpha, const float* a, size_t as, size_t ak, const float* b,
+                  size_t ldb, float* c, size_t ldc) {
+  static constexpr decltype(&product_tile<1>) tiles[kTileRows + 1] = {nullptr, product_tile<1>, product_tile<2>,
+                                                                       product_tile<3>, product_tile<4>};
+  int j = 0;
+  for (; j + kTileCols <= n; j += kTileCols) tiles[m](k, alpha, a, as, ak, b + j, ldb, c + j, ldc);
+  for (int i = 0; i < m; ++i)
+    for (int jj = j; jj < n; ++jj) {
+      float s = 0.f;
+      for (int p = 0; p < k; ++p) s += a[i * as + p * ak] * b[p * ldb + jj];
+      c[i * ldc + jj] = alpha * s;
+    }
+}
+
+// xt[i][u] = x[u][i] for a head's T x hs slice (row stride ld), padded with zeros to Tp columns: the
+// score tiles then read 16 consecutive positions as one vector.
+void transpose_head(float* xt, const float* x, size_t ld, int T, int Tp, int hs) {
+  for (int i = 0; i < hs; ++i) {
+    float* row = xt + static_cast<size_t>(i) * Tp;
+    for (int u = 0; u < T; ++u) row[u] = x[u * ld + i];
+    for (int u = T; u < Tp; ++u) row[u] = 0.f;
+  }
+}
+
+}  // namespace
+
+// Per (batch, head), rows of T in tiles of kTileRows: the tile's scores against keys u < end of the
+// tile, the softmax of each row straight away (the scores are still in L1), then the tile's output
+// rows from its probabilities. Q, K and V of head h are the hs-wide column slices at offsets h*hs,
+// C + h*hs and 2C + h*hs of qkv's rows (stride 3C).
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
   KernelTimer timer(Kernel::attention);
-  const int hs = C / NH, C3 = 3 * C;
+  const int hs = C / NH, C3 = 3 * C, Tp = round_up(T, kTileCols);
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
-  // (batch, head) pairs are independent: one per chunk. OpenBLAS keeps products this small on the
-  // calling thread (larger ones it may thread, serialising concurrent callers).
+  // (batch, head) pairs are independent: one per chunk.
   parallel_for(static_cast<size_t>(B) * NH, 1, [&](size_t bh, size_t) {
+    thread_local std::vector<float> kt, scores;
+    kt.resize(static_cast<size_t>(hs) * Tp), scores.resize(static_cast<size_t>(kTileRows) * Tp);
     const int b = static_cast<int>(bh / NH), h = static_cast<int>(bh % NH);
     const float* q = qkv + static_cast<size_t>(b) * T * C3 + h * hs;
     const float* k = q + C;
     const float* v = q + 2 * C;
     float* a = att + (static_cast<size_t>(b) * NH + h) * T * T;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.f, a, T);
-    for (int t = 0; t < T; ++t) {
-      float* row = a + static_cast<size_t>(t) * T;
-      float mx = row[0];
-#pragma omp simd reduction(max : mx)
-      for (int u = 1; u <= t; ++u) mx = row[u] > mx ? row[u] : mx;
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int u = 0; u <= t; ++u) sum += (row[u] = fast_exp(row[u] - mx));
-      const float inv = 1.f / sum;
-      for (int u = 0; u <= t; ++u) row[u] *= inv;
-      for (int u = t + 1; u < T; ++u) row[u] = 0.f;
-    }
     float* o = out + static_cast<size_t>(b) * T * C + h * hs;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.f, a, T, v, C3, 0.f, o, C);
+    transpose_head(kt.data(), k, C3, T, Tp, hs);
+    for (int t0 = 0; t0 < T; t0 += kTileRows) {
+      const int m = std::min(kTileRows, T - t0), end = t0 + m;  // rows t0 .. end-1 see keys u < end
+      product_rows(m, round_up(end, kTileCols), hs, scale, q + static_cast<size_t>(t0) * C3, C3, 1, kt.data(), Tp,
+                   scores.data(), Tp);
+      // Each row's softmax over u <= t runs on whole 8-float vectors, the lanes past t giving exactly
+      // 0: rows this short spent most of their time in the scalar remainder of each loop otherwise.
+      for (int t = t0; t < end; ++t) {
+        float* s = scores.data() + static_cast<size_t>(t - t0) * Tp;
+        const int w = round_up(t + 1, 8);  // <= round_up(end, kTileCols): scores computed there
+        float mx = s[0];
+#pragma omp simd reduction(max : mx)
+        for (int u = 0; u < w; ++u) mx = u <= t && s[u] > mx ? s[u] : mx;
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int u = 0; u < w; ++u) sum += (s[u] = u <= t ? fast_exp(s[u] - mx) : 0.f);
+        const float inv = 1.f / sum;
+        float* row = a + static_cast<size_t>(t) * T;
+        const int n = std::min(w, T);
+        for (int u = 0; u < n; ++u) row[u] = s[u] * inv;
+        for (int u = n; u < T; ++u) row[u] = 0.f;
+      }
+      // out rows = att rows (zero past each row's own position) times v_u for u < end
+      product_rows(m, hs, end, 1.f, a + static_cast<size_t>(t0) * T, T, 1, v, C3, o + static_cast<size_t>(t0) * C, C);
+    }
   });
 }
 
+// out = att v, att = softmax(scale q k^T): datt = dout v^T and dq = scale dpre k by row tiles (only
+// u <= t), then dv = att^T dout and dk = scale dpre^T q by tiles of key rows u, over rows t >= u.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                         int NH) {
   KernelTimer timer(Kernel::attention);
-  const int hs = C / NH, C3 = 3 * C;
+  const int hs = C / NH, C3 = 3 * C, Tp = round_up(T, kTileCols);
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
   parallel_for(static_cast<size_t>(B) * NH, 1, [&](size_t bh, size_t) {
-    thread_local std::vector<float> datt;
-    datt.resize(static_cast<size_t>(T) * T);
+    thread_local std::vector<float> vt, dpre;
+    vt.resize(static_cast<size_t>(hs) * Tp), dpre.resize(static_cast<size_t>(T) * Tp);
     const int b = static_cast<int>(bh / NH), h = static_cast<int>(bh % NH);
     const size_t row0 = static_cast<size_t>(b) * T * C3 + h * hs;
     const float *q = qkv + row0, *k = q + C, *v = q + 2 * C;
     float *dq = dqkv + row0, *dk = dq + C, *dv = dq + 2 * C;
     const float* a = att + (static_cast<size_t>(b) * NH + h) * T * T;
     const float* d = dout + static_cast<size_t>(b) * T * C + h * hs;
-    // out = a v  =>  datt = d v^T,  dv = a^T d
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.f, d, C, v, C3, 0.f, datt.data(), T);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.f, a, T, d, C, 0.f, dv, C3);
-    // softmax backward, in place: dpre = a * (datt - sum(a * datt)); zero above the diagonal.
-    for (int t = 0; t < T; ++t) {
-      const float* ar = a + static_cast<size_t>(t) * T;
-      float* dr = datt.data() + static_cast<size_t>(t) * T;
-      float dot = 0.f;
-      for (int u = 0; u <= t; ++u) dot += ar[u] * dr[u];
-      for (int u = 0; u <= t; ++u) dr[u] = ar[u] * (dr[u] - dot);
-      for (int u = t + 1; u < T; ++u) dr[u] = 0.f;
+    transpose_head(vt.data(), v, C3, T, Tp, hs);
+    for (int t0 = 0; t0 < T; t0 += kTileRows) {
+      const int m = std::min(kTileRows, T - t0), end = t0 + m;
+      float* dp = dpre.data() + static_cast<size_t>(t0) * Tp;
+      product_rows(m, round_up(end, kTileCols), hs, 1.f, d + static_cast<size_t>(t0) * C, C, 1, vt.data(), Tp, dp, Tp);
+      // softmax backward, in place: dpre = a * (datt - sum(a * datt)) for u <= t; zero for
+      // t < u < end, the part of the tile the products below read. As in forward on whole vectors
+      // where the row has room: a is 0 past t, so those lanes add nothing and come out 0.
+      for (int t = t0; t < end; ++t) {
+        const float* ar = a + static_cast<size_t>(t) * T;
+        float* dr = dp + static_cast<size_t>(t - t0) * Tp;
+        const int w = std::min(round_up(t + 1, 8), T);
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int u = 0; u < w; ++u) dot += ar[u] * dr[u];
+        for (int u = 0; u < w; ++u) dr[u] = ar[u] * (dr[u] - dot);
+        for (int u = w; u < end; ++u) dr[u] = 0.f;
+      }
+      product_rows(m, hs, end, scale, dp, Tp, 1, k, C3, dq + static_cast<size_t>(t0) * C3, C3);
     }
-    // pre = scale q k^T  =>  dq = scale dpre k,  dk = scale dpre^T q
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt.data(), T, k, C3, 0.f, dq, C3);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, datt.data(), T, q, C3, 0.f, dk, C3);
+    for (int u0 = 0; u0 < T; u0 += kTileRows) {
+      const int m = std::min(kTileRows, T - u0), rows = T - u0;  // key rows u0.., query rows t >= u0
+      const size_t u = u0;
+      // A transposed: its rows are att's / dpre's columns u0.., read from row u0 on
+      product_rows(m, hs, rows, 1.f, a + u * T + u, 1, T, d + u * C, C, dv + u * C3, C3);
+      product_rows(m, hs, rows, scale, dpre.data() + u * Tp + u, 1, Tp, q + u * C3, C3, dk + u * C3, C3);
+    }
   });
 }
 

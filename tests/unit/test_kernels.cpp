@@ -2,8 +2,13 @@
 // for the tolerances). Each test builds loss = sum(out * R) for a random R, so dL/dout = R.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <array>
+#include <cmath>
+
 #include "gradcheck.hpp"
 #include "pipetrain/compute/kernels.hpp"
+#include "pipetrain/compute/parallel_for.hpp"
 
 using namespace pipetrain;
 using gradcheck::check;
@@ -58,17 +63,122 @@ TEST_CASE("matmul forward is inp * weight^T + bias", "[kernels]") {
 }
 
 TEST_CASE("attention backward matches finite differences", "[kernels]") {
-  const int B = 2, T = 5, C = 8, NH = 2;
-  auto qkv = randn(B * T * 3 * C, 1.f, 1), r = randn(B * T * C, 1.f, 2);
-  std::vector<float> out(B * T * C), att(B * NH * T * T);
-  auto loss = [&] {
+  // head size 4: the tiles' plain-loop columns; head size 16 with T = 7: whole vector tiles and a
+  // last row tile of 3
+  for (auto [B, T, C, NH] : {std::array<int, 4>{2, 5, 8, 2}, {1, 7, 32, 2}}) {
+    INFO("B " << B << " T " << T << " C " << C << " NH " << NH);
+    auto qkv = randn(B * T * 3 * C, 1.f, 1), r = randn(B * T * C, 1.f, 2);
+    std::vector<float> out(B * T * C), att(B * NH * T * T);
+    auto loss = [&] {
+      attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+      return dot(out, r);
+    };
+    loss();
+    std::vector<float> dqkv(qkv.size(), 0.5f);  // overwritten, not added to
+    attention_backward(dqkv.data(), r.data(), qkv.data(), att.data(), B, T, C, NH);
+    check("dqkv", loss, qkv.data(), dqkv.data(), qkv.size(), 40);
+  }
+}
+
+namespace {
+
+// Causal attention the plain way, in double: the full T x T scores with the upper triangle masked,
+// and backward through full T x T products. Fills att, out and dqkv like the kernels.
+void reference_attention(std::vector<double>& att, std::vector<double>& out, std::vector<double>& dqkv,
+                         const std::vector<float>& qkv, const std::vector<float>& dout, int B, int T, int C, int NH) {
+  const int hs = C / NH, C3 = 3 * C;
+  const double scale = 1 / std::sqrt(static_cast<double>(hs));
+  att.assign(static_cast<size_t>(B) * NH * T * T, 0), out.assign(static_cast<size_t>(B) * T * C, 0);
+  dqkv.assign(qkv.size(), 0);
+  auto q = [&](int b, int t, int h, int i) { return double(qkv[(b * T + t) * C3 + h * hs + i]); };
+  auto k = [&](int b, int t, int h, int i) { return double(qkv[(b * T + t) * C3 + C + h * hs + i]); };
+  auto v = [&](int b, int t, int h, int i) { return double(qkv[(b * T + t) * C3 + 2 * C + h * hs + i]); };
+  auto d = [&](int b, int t, int h, int i) { return double(dout[(b * T + t) * C + h * hs + i]); };
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < NH; ++h) {
+      double* p = att.data() + (static_cast<size_t>(b) * NH + h) * T * T;
+      std::vector<double> dp(static_cast<size_t>(T) * T, 0);
+      for (int t = 0; t < T; ++t) {
+        std::vector<double> s(T);
+        double mx = -INFINITY, z = 0;
+        for (int u = 0; u < T; ++u) {
+          s[u] = -INFINITY;  // the mask
+          if (u > t) continue;
+          s[u] = 0;
+          for (int i = 0; i < hs; ++i) s[u] += scale * q(b, t, h, i) * k(b, u, h, i);
+          mx = std::max(mx, s[u]);
+        }
+        for (int u = 0; u < T; ++u) z += (p[t * T + u] = std::exp(s[u] - mx));
+        for (int u = 0; u < T; ++u) p[t * T + u] /= z;
+        for (int i = 0; i < hs; ++i)
+          for (int u = 0; u < T; ++u) out[(b * T + t) * C + h * hs + i] += p[t * T + u] * v(b, u, h, i);
+        // datt = dout v^T over all u, then the softmax's backward (zero where p is)
+        double rowdot = 0;
+        for (int u = 0; u < T; ++u) {
+          for (int i = 0; i < hs; ++i) dp[t * T + u] += d(b, t, h, i) * v(b, u, h, i);
+          rowdot += p[t * T + u] * dp[t * T + u];
+        }
+        for (int u = 0; u < T; ++u) dp[t * T + u] = p[t * T + u] * (dp[t * T + u] - rowdot);
+      }
+      for (int t = 0; t < T; ++t)
+        for (int u = 0; u < T; ++u)
+          for (int i = 0; i < hs; ++i) {
+            dqkv[(b * T + t) * C3 + h * hs + i] += scale * dp[t * T + u] * k(b, u, h, i);
+            dqkv[(b * T + u) * C3 + C + h * hs + i] += scale * dp[t * T + u] * q(b, t, h, i);
+            dqkv[(b * T + u) * C3 + 2 * C + h * hs + i] += p[t * T + u] * d(b, t, h, i);
+          }
+    }
+}
+
+// Largest |got - want| relative to the largest |want|: float rounding keeps it below 1e-6 (5e-7 at
+// most for these shapes), a wrong or missing block of the triangle makes it O(1).
+double max_relative_error(const std::vector<float>& got, const std::vector<double>& want) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    err = std::max(err, std::abs(got[i] - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return err / scale;
+}
+
+}  // namespace
+
+TEST_CASE("blocked causal attention matches the full masked T x T computation", "[kernels]") {
+  // T around the 4-row and 16-column tiles (1, a part tile, whole tiles, one past); head sizes with
+  // no whole 16-column tile (3), whole tiles (16, 64) and whole tiles plus a rest (40)
+  for (int T : {1, 3, 4, 16, 17, 37, 64})
+    for (auto [C, NH] : {std::array<int, 2>{6, 2}, {32, 2}, {40, 1}, {128, 2}}) {
+      const int B = 2;
+      INFO("T " << T << " C " << C << " NH " << NH);
+      const auto qkv = randn(B * T * 3 * C, 1.f, 11), dout = randn(B * T * C, 1.f, 12);
+      std::vector<float> out(dout.size()), att(B * NH * T * T, -1.f), dqkv(qkv.size(), -1.f);
+      attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+      attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+      std::vector<double> ref_att, ref_out, ref_dqkv;
+      reference_attention(ref_att, ref_out, ref_dqkv, qkv, dout, B, T, C, NH);
+      CHECK(max_relative_error(att, ref_att) < 2e-6);
+      CHECK(max_relative_error(out, ref_out) < 2e-6);
+      CHECK(max_relative_error(dqkv, ref_dqkv) < 2e-6);
+      bool zero_above = true;  // the stored probabilities keep their exact zeros above the diagonal
+      for (int bh = 0; bh < B * NH; ++bh)
+        for (int t = 0; t < T; ++t)
+          for (int u = t + 1; u < T; ++u) zero_above = zero_above && att[(bh * T + t) * T + u] == 0.f;
+      CHECK(zero_above);
+    }
+}
+
+TEST_CASE("blocked causal attention gives the same bits on 1 and 2 threads", "[kernels][parallel]") {
+  const int B = 3, T = 37, C = 40, NH = 2;  // part tiles in both directions: 37 rows, head size 20
+  const auto qkv = randn(B * T * 3 * C, 1.f, 21), dout = randn(B * T * C, 1.f, 22);
+  auto run = [&](int threads) {
+    set_parallel_threads(threads);
+    std::vector<float> out(dout.size()), att(B * NH * T * T), dqkv(qkv.size());
     attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-    return dot(out, r);
+    attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+    set_parallel_threads(1);
+    return std::vector<std::vector<float>>{out, att, dqkv};
   };
-  loss();
-  std::vector<float> dqkv(qkv.size(), 0.5f);  // overwritten, not added to
-  attention_backward(dqkv.data(), r.data(), qkv.data(), att.data(), B, T, C, NH);
-  check("dqkv", loss, qkv.data(), dqkv.data(), qkv.size(), 40);
+  CHECK(run(1) == run(2));
 }
 
 TEST_CASE("attention is causal and matches a naive per-head reference", "[kernels]") {

@@ -29,7 +29,8 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 
 // Causal multi-head self-attention. qkv [B,T,3C] holds q, k, v packed in that order, heads as
 // contiguous slices of each; att [B,NH,T,T] keeps the softmax probabilities (zero above the
-// diagonal); out [B,T,C]. Scale 1/sqrt(C/NH).
+// diagonal); out [B,T,C]. Scale 1/sqrt(C/NH). Both compute only the causal lower triangle, in
+// small register tiles, never the masked scores above the diagonal.
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
                         int NH);

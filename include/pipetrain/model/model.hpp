@@ -81,6 +81,10 @@ struct Acts {
   std::vector<Floats> xs;
   std::vector<BlockActs> blocks;
   HeadActs head;
+  // Whether blocks and head hold a micro-batch's activations. release() leaves their sizes (and
+  // stale values) as they are, so that the next forward, which overwrites every element, finds
+  // them sized already instead of zeroing them all again; bytes() skips them in between.
+  bool acts_live = false;
   std::vector<BlockWGrads> wblocks;  // between backward_input and backward_weight only
   HeadWGrads whead;
   size_t bytes() const;  // what is held right now, counted from the buffers themselves
