@@ -70,13 +70,15 @@ std::string budget_text(const RunSpec& spec, const Plan& plan, const MachineCost
   os << "  per step: " << human(p.flops, "FLOP") << " (model" << (spec.parallel.recompute == Recompute::none ? "" : " + recompute")
      << "), pipeline messages " << human(p.p2p_bytes, "B", 1024) << ", gradients all-reduced "
      << human(p.reduce_bytes, "B", 1024) << "\n";
+  char figure[32];
+  std::snprintf(figure, sizeof figure, "%.4f", p.bubble);
   os << "  predicted step " << duration(p.step_s) << " (forwards and backwards " << duration(p.pipeline_s)
-     << ", bubble " << std::to_string(p.bubble).substr(0, 6) << "; reduction " << duration(p.reduce_s) << "; AdamW "
-     << duration(p.optimizer_s) << "): " << human(p.tokens_per_s, "tokens/s") << ", "
-     << human(p.flops / std::max(p.step_s, 1e-30) / world, "FLOP/s") << " per " << device << "\n";
-  os << "  run.steps = " << spec.run.steps << ": " << duration(p.step_s * spec.run.steps) << " wall, "
-     << std::to_string(p.step_s * spec.run.steps * world / 3600).substr(0, 8) << " " << device << "-hours on " << world
-     << " " << device << (world > 1 ? "s" : "") << "\n";
+     << ", bubble " << figure << "; reduction " << duration(p.reduce_s) << "; AdamW " << duration(p.optimizer_s)
+     << "): " << human(p.tokens_per_s, "tokens/s") << ", " << human(p.flops / std::max(p.step_s, 1e-30) / world, "FLOP/s")
+     << " per " << device << "\n";
+  std::snprintf(figure, sizeof figure, "%.3g", p.step_s * spec.run.steps * world / 3600);
+  os << "  run.steps = " << spec.run.steps << ": " << duration(p.step_s * spec.run.steps) << " wall, " << figure << " "
+     << device << "-hours on " << world << " " << device << (world > 1 ? "s" : "") << "\n";
   const double need = largest_need(spec, plan);
   os << "  memory per " << device << ": " << human(need, "B", 1024) << " on the fullest";
   if (memory_per_rank > 0)
