@@ -75,8 +75,17 @@ std::optional<Ending> advance_save(Run& run, Checkpointer::Until until, int64_t 
   if (!run.checkpointer->saving()) return std::nullopt;
   World::LongerAgreements saving(run.world, run.budget->save_agreement_s(run.spec.comm.timeout_s, World::kStartupAgreementS),
                                  "a checkpoint save; comm.timeout_s + 4x the longest save");
+  std::vector<Checkpointer::Outcome> outs = run.checkpointer->advance(until);
+  // A failed save may end while an earlier one is still being checksummed or published: let the
+  // others end first, so the failure names the checkpoint a resume would really find.
+  auto failed = [](const Checkpointer::Outcome& o) { return !o.saved; };
+  if (std::any_of(outs.begin(), outs.end(), failed)) {
+    const std::vector<Checkpointer::Outcome> rest = run.checkpointer->advance(Checkpointer::Until::all_ended);
+    outs.insert(outs.end(), rest.begin(), rest.end());
+    std::sort(outs.begin(), outs.end(), [](auto& a, auto& b) { return a.step < b.step; });
+  }
   std::optional<Ending> end;
-  for (const Checkpointer::Outcome& out : run.checkpointer->advance(until))
+  for (const Checkpointer::Outcome& out : outs)
     if (std::optional<Ending> e = background_save_ended(run, out, out.step == last_save); e && !end) end = e;
   return end;
 }
