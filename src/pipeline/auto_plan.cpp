@@ -38,13 +38,6 @@ std::string set_line(const RunSpec& s) {
          " --set parallel.zero=" + std::to_string(p.zero);
 }
 
-std::string bytes(double b) {
-  char buf[32];
-  if (b >= 1 << 30) std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
-  else std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1 << 20));
-  return buf;
-}
-
 }  // namespace
 
 AutoPlan auto_plan(const RunSpec& spec, int world, const MachineCosts& costs, double memory_per_rank, int keep) {
@@ -79,9 +72,7 @@ AutoPlan auto_plan(const RunSpec& spec, int world, const MachineCosts& costs, do
                   if (partition_blocks(uniform) == partition_blocks(s)) continue;
                 }
                 ++out.considered;
-                const Plan plan = make_plan(s);
-                double need = 0;
-                for (const StagePlan& st : plan.stages) need = std::max(need, st.memory_bytes(s));
+                const double need = make_plan(s).largest_memory_bytes(s);
                 if (memory_per_rank > 0 && need > memory_per_rank) {
                   ++out.over_memory;
                   continue;

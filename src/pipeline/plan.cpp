@@ -1,5 +1,6 @@
 #include "pipetrain/pipeline/plan.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -15,6 +16,8 @@ namespace {
 
 constexpr Recompute kModes[3] = {Recompute::none, Recompute::stage, Recompute::block};
 
+}  // namespace
+
 std::string bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
@@ -23,8 +26,6 @@ std::string bytes(double b) {
   std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", b, units[u]);
   return buf;
 }
-
-}  // namespace
 
 double StagePlan::state_bytes(const RunSpec& spec) const {
   return 8.0 * params + optim_bytes(spec.parallel.zero) + (spec.checkpoint.async ? snapshot_bytes : 0);
@@ -36,6 +37,12 @@ double StagePlan::memory_bytes(const RunSpec& spec) const {
       spec.run.device == Device::gpu ? 4.0 * spec.samples_per_micro_batch() * spec.model.n_head * T * T : 0;
   return state_bytes(spec) + act_peak_bytes[static_cast<int>(spec.parallel.recompute)] + working_bytes +
          attention_scratch;
+}
+
+double Plan::largest_memory_bytes(const RunSpec& spec) const {
+  double need = 0;
+  for (const StagePlan& s : stages) need = std::max(need, s.memory_bytes(spec));
+  return need;
 }
 
 std::string schedule_description(const RunSpec& spec) {

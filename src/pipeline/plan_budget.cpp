@@ -31,12 +31,6 @@ std::string duration(double s) {
   return buf;
 }
 
-double largest_need(const RunSpec& spec, const Plan& plan) {
-  double need = 0;
-  for (const StagePlan& s : plan.stages) need = std::max(need, s.memory_bytes(spec));
-  return need;
-}
-
 }  // namespace
 
 nlohmann::json budget_json(const RunSpec& spec, const Plan& plan, const MachineCosts& costs, double memory_per_rank) {
@@ -56,7 +50,7 @@ nlohmann::json budget_json(const RunSpec& spec, const Plan& plan, const MachineC
   j["run_steps"] = spec.run.steps;
   j["wall_s"] = p.step_s * spec.run.steps;
   j["device_hours"] = p.step_s * spec.run.steps * world / 3600;
-  j["memory_per_rank_bytes"] = largest_need(spec, plan);
+  j["memory_per_rank_bytes"] = plan.largest_memory_bytes(spec);
   if (memory_per_rank > 0) j["memory_capacity_bytes"] = memory_per_rank;
   return j;
 }
@@ -79,7 +73,7 @@ std::string budget_text(const RunSpec& spec, const Plan& plan, const MachineCost
   std::snprintf(figure, sizeof figure, "%.3g", p.step_s * spec.run.steps * world / 3600);
   os << "  run.steps = " << spec.run.steps << ": " << duration(p.step_s * spec.run.steps) << " wall, " << figure << " "
      << device << "-hours on " << world << " " << device << (world > 1 ? "s" : "") << "\n";
-  const double need = largest_need(spec, plan);
+  const double need = plan.largest_memory_bytes(spec);
   os << "  memory per " << device << ": " << human(need, "B", 1024) << " on the fullest";
   if (memory_per_rank > 0)
     os << " of " << human(memory_per_rank, "B", 1024) << (need <= memory_per_rank ? " (fits)" : " (DOES NOT FIT)");

@@ -17,6 +17,21 @@ double closed_form(const PipelineShape& s) {  // (P-1)/(VM+P-1), V = 1 unless ch
 
 const char* kOneSlot = "one slot per forward or backward (T_f = T_b, as in the classic GPipe diagram)";
 
+// A V schedule's bubble with F = B = W per chunk, from its own lists: each rank has 6M chunk slots
+// of work (two chunks, three passes, M micro-batches).
+double v_bubble(ActionList (*generate)(int, int, int), const PipelineShape& s) {
+  std::vector<ActionList> lists;
+  for (int st = 0; st < s.stages; ++st) lists.push_back(generate(st, s.stages, s.micro_batches));
+  const std::vector<double> one(2 * s.stages, 1.0), two(2 * s.stages, 2.0);
+  return 1.0 - 6.0 * s.micro_batches / simulate(lists, one, two, one, Placement::vee).makespan;
+}
+
+// What every V schedule needs of the layout: two chunks per rank.
+LayoutProblem v_chunks(const std::string& name, const PipelineShape& s) {
+  if (s.chunks == 2) return {};
+  return {"parallel.virtual_stages", "schedule = " + name + " needs virtual_stages = 2 (its two chunks per rank form the V)"};
+}
+
 std::vector<ScheduleKind> built_in() {
   std::vector<ScheduleKind> all;
   all.push_back({"gpipe", "all forwards, then all backwards; M micro-batches in flight",
@@ -58,40 +73,24 @@ std::vector<ScheduleKind> built_in() {
   ScheduleKind zbv{"zb-v", "two chunks per rank in a V, B and W apart: near-zero bubble at 1f1b's memory; "
                            "virtual_stages = 2, recompute = none",
                    [](int stage, const PipelineShape& s) { return zb_v_schedule(stage, s.stages, s.micro_batches); },
-                   [](const PipelineShape& s) {  // from its own lists with F = B = W per chunk
-                     std::vector<ActionList> lists;
-                     for (int st = 0; st < s.stages; ++st) lists.push_back(zb_v_schedule(st, s.stages, s.micro_batches));
-                     const std::vector<double> one(2 * s.stages, 1.0), two(2 * s.stages, 2.0);
-                     return 1.0 - 6.0 * s.micro_batches / simulate(lists, one, two, one, Placement::vee).makespan;
-                   },
+                   [](const PipelineShape& s) { return v_bubble(zb_v_schedule, s); },
                    "with F = B = W", "one slot per chunk's forward, input-gradient (B) or weight-gradient (W) pass "
                                     "(F3.1: micro-batch 3 through the stage's chunk 1, the way back up the V)"};
   zbv.chunked = true;
   zbv.splits_backward = true;
   zbv.placement = Placement::vee;
-  zbv.check = [](const PipelineShape& s) -> LayoutProblem {
-    if (s.chunks != 2)
-      return {"parallel.virtual_stages", "schedule = zb-v needs virtual_stages = 2 (its two chunks per rank form the V)"};
-    return {};
-  };
+  zbv.check = [](const PipelineShape& s) { return v_chunks("zb-v", s); };
   all.push_back(zbv);
   ScheduleKind dualpipev{
       "dualpipev", "two chunks per rank in a V, each forward paired with the other chunk's backward; "
                    "virtual_stages = 2, M >= 2 pp, recompute = none",
       [](int stage, const PipelineShape& s) { return dualpipe_v_schedule(stage, s.stages, s.micro_batches); },
-      [](const PipelineShape& s) {  // from its own lists with F = B = W per chunk
-        std::vector<ActionList> lists;
-        for (int st = 0; st < s.stages; ++st) lists.push_back(dualpipe_v_schedule(st, s.stages, s.micro_batches));
-        const std::vector<double> one(2 * s.stages, 1.0), two(2 * s.stages, 2.0);
-        return 1.0 - 6.0 * s.micro_batches / simulate(lists, one, two, one, Placement::vee).makespan;
-      },
+      [](const PipelineShape& s) { return v_bubble(dualpipe_v_schedule, s); },
       "with F = B = W", zbv.chart_caption};
   dualpipev.chunked = dualpipev.splits_backward = true;
   dualpipev.placement = Placement::vee;
   dualpipev.check = [](const PipelineShape& s) -> LayoutProblem {
-    if (s.chunks != 2)
-      return {"parallel.virtual_stages",
-              "schedule = dualpipev needs virtual_stages = 2 (its two chunks per rank form the V)"};
+    if (LayoutProblem p = v_chunks("dualpipev", s)) return p;
     if (s.micro_batches < 2 * s.stages)
       return {"parallel.micro_batches", "schedule = dualpipev needs micro_batches >= 2 x parallel.pp = " +
                                             std::to_string(2 * s.stages) + " (every rank must reach its steady state)"};

@@ -26,6 +26,11 @@ std::string cpu_model() {  // named next to every figure measured on it
   return "an unknown CPU";
 }
 
+double median(std::vector<double> t) {
+  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+  return t[t.size() / 2];
+}
+
 template <class F>
 double median_seconds(F&& run) {
   run();  // warm-up: buffers sized, caches and pages touched
@@ -36,8 +41,16 @@ double median_seconds(F&& run) {
     finish_compute();
     t.push_back(now_s() - t0);
   }
-  std::nth_element(t.begin(), t.begin() + kRepeats / 2, t.end());
-  return t[kRepeats / 2];
+  return median(t);
+}
+
+// A stage input or output gradient of n floats, standard normal, the same for a seed.
+std::vector<float> normal_noise(size_t n, unsigned seed) {
+  std::vector<float> noise(n);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (float& x : noise) x = normal(rng);
+  return noise;
 }
 
 // F, B and W of one micro-batch through a one-block stage at virtual stage `vstage` of 3 (0: with
@@ -48,11 +61,8 @@ PassCosts time_stage(const RunSpec& spec, int vstage) {
   const size_t n = static_cast<size_t>(spec.train.global_batch) * spec.model.seq_len;
   std::vector<int> tokens(n);
   for (size_t i = 0; i < n; ++i) tokens[i] = static_cast<int>(i * 7919 % spec.model.vocab);
-  std::vector<float> noise(stage.boundary_floats());
-  std::mt19937 rng(1);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  for (float& x : noise) x = normal(rng);
-  Floats out(stage.boundary_floats()), dout(stage.boundary_floats()), dinp(stage.boundary_floats());
+  const std::vector<float> noise = normal_noise(stage.boundary_floats(), 1);
+  Floats out(noise.size()), dout(noise.size()), dinp(noise.size());
   upload(dout.data(), noise.data(), noise.size() * sizeof(float));
   auto inputs = [&] {
     if (vstage == 0) stage.set_tokens(0, tokens.data());
@@ -79,9 +89,7 @@ PassCosts time_stage(const RunSpec& spec, int vstage) {
     finish_compute();
     if (i > 0) b.push_back(t1 - t0), w.push_back(now_s() - t1);  // the first warms up
   }
-  std::nth_element(b.begin(), b.begin() + b.size() / 2, b.end());
-  std::nth_element(w.begin(), w.begin() + w.size() / 2, w.end());
-  c.b = b[b.size() / 2], c.w = w[w.size() / 2];
+  c.b = median(b), c.w = median(w);
   return c;
 }
 
@@ -91,10 +99,7 @@ PassCosts time_recompute(RunSpec spec, Recompute mode) {
   spec.parallel.recompute = mode;
   Stage stage(spec, {{1, 1, 2}}, 3, 1, 1.0f / (spec.train.global_batch * spec.model.seq_len));
   stage.init_params(1);
-  std::vector<float> noise(stage.boundary_floats());
-  std::mt19937 rng(2);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  for (float& x : noise) x = normal(rng);
+  const std::vector<float> noise = normal_noise(stage.boundary_floats(), 2);
   Floats out(noise.size()), dout(noise.size()), dinp(noise.size());
   upload(dout.data(), noise.data(), noise.size() * sizeof(float));
   std::vector<double> f, b;
@@ -108,9 +113,7 @@ PassCosts time_recompute(RunSpec spec, Recompute mode) {
     finish_compute();
     if (i > 0) f.push_back(t1 - t0), b.push_back(now_s() - t1);  // the first warms up
   }
-  std::nth_element(f.begin(), f.begin() + f.size() / 2, f.end());
-  std::nth_element(b.begin(), b.begin() + b.size() / 2, b.end());
-  return {f[f.size() / 2], b[b.size() / 2], 0};
+  return {median(f), median(b), 0};
 }
 
 PassCosts minus(const PassCosts& a, const PassCosts& b) {

@@ -36,9 +36,12 @@ struct Plan {
   double bubble_theory = 0, bubble_sim = 0;
   double step_units = 0;  // the simulated step with the cost model (per-token FLOP units; compares layouts of one M)
   std::string chart;  // unit-slot diagram, "" when too wide to draw
+  double largest_memory_bytes(const RunSpec& spec) const;  // the fullest stage's memory_bytes
 };
 
 Plan make_plan(const RunSpec& spec);
+// "3.1 MiB": a byte count as plan prints it.
+std::string bytes(double b);
 // "interleaved (2 chunks per stage)", "gpipe": the schedule as the start line and plan show it.
 std::string schedule_description(const RunSpec& spec);
 std::string plan_text(const RunSpec& spec, const Plan& plan);
