@@ -127,7 +127,7 @@ print(f"--auto --world 2 within {a.memory}: {first['layout']}, predicted {1e3 * 
 
 bubbles = []
 if a.bubbles:
-    print(f"\nmeasured bubble at P = 2 against the simulation with calibrated costs (mean of the two stages)")
+    print("\nmeasured bubble at P = 2 against the simulation with calibrated costs (mean of the two stages)")
     print(f"{'schedule':12} " + " ".join(f"{'M=' + str(m):>20}" for m in (4, 8, 16)))
     for schedule in ["gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev"]:
         cells = []
