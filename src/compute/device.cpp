@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "pipetrain/compute/gpu.hpp"
+#include "pipetrain/compute/gpu_kernels.hpp"
 #include "pipetrain/compute/profile.hpp"
 
 #ifndef PIPETRAIN_HAVE_CUDA
@@ -25,6 +26,16 @@ void set_compute_device(Device d, int local_rank) {
     gpu::select_device(local_rank);
   }
   g_device = d;
+}
+
+void use_spec_device(const RunSpec& spec, int local_rank) {
+  if (spec.run.device != Device::gpu) return;
+  try {
+    set_compute_device(Device::gpu, local_rank);
+  } catch (const std::runtime_error& e) {
+    throw SpecError(spec.origin("run.device") + ": run.device = gpu: " + e.what());
+  }
+  gpu::set_matmul_dtype(spec.model.dtype);
 }
 
 void copy_values(float* dst, const float* src, size_t n) {

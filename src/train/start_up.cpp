@@ -104,14 +104,7 @@ void check_ranks_and_device(Run& run) {
   if (spec.checkpoint.async && !run.world.threads_allowed())
     throw SpecError(spec.origin("checkpoint.async") + ": checkpoint.async = true needs MPI_THREAD_FUNNELED (a writer "
                     "thread runs beside the one that calls MPI), which this MPI did not grant; set it to false");
-  if (spec.run.device == Device::gpu) {
-    try {
-      set_compute_device(Device::gpu, run.world.local_rank());
-    } catch (const std::runtime_error& e) {
-      throw SpecError(spec.origin("run.device") + ": run.device = gpu: " + e.what());
-    }
-    gpu::set_matmul_dtype(spec.model.dtype);
-  }
+  use_spec_device(spec, run.world.local_rank());
   check_memory_fits(spec, run.topo.stage, run.world.local_ranks());
 }
 

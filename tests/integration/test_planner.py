@@ -153,7 +153,7 @@ def auto_picks_a_layout():
 def bad_planner_input():
     """Exit 2 with one message naming the option or file: a missing cost file, a file that is not
     one, costs of another model, --auto without --world or costs, half a peak, a byte count that is
-    not one."""
+    not one, and calibrating a GPU spec where there is no GPU."""
     a = settings()
     junk = os.path.join(a.work, "junk.json")
     with open(junk, "w") as f:
@@ -171,6 +171,14 @@ def bad_planner_input():
         r = plan(*argv)
         expect(r.returncode == 2 and want in r.stderr and r.stderr.count("error:") == 1,
                f"{' '.join(argv)}: exit 2 saying '{want}' (got {r.returncode}: {r.stderr.strip()[-200:]})")
+    # Calibration measures where training runs: a GPU spec on a build or machine without one is refused.
+    gpu = subprocess.run([a.bin, "plan", "--calibrate", "--config", os.path.join(a.configs, "gpt2-124m.toml"), "--set",
+                          "run.device=gpu", "--output", os.path.join(a.work, "gpu.json")], capture_output=True, text=True,
+                         timeout=120, stdin=subprocess.DEVNULL)
+    if gpu.returncode != 0:  # a machine with a GPU and a CUDA build calibrates it
+        expect(gpu.returncode == 2 and "run.device = gpu" in gpu.stderr and "Abort" not in gpu.stderr and
+               not os.path.exists(os.path.join(a.work, "gpu.json")),
+               f"--calibrate of a GPU spec without a GPU: exit 2 naming run.device, no cost file ({gpu.stderr[-200:]})")
 
 
 if __name__ == "__main__":

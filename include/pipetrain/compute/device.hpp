@@ -3,7 +3,7 @@
 #pragma once
 #include <cstddef>
 
-#include "pipetrain/config/choices.hpp"  // Device
+#include "pipetrain/config/spec.hpp"
 
 namespace pipetrain {
 
@@ -12,6 +12,9 @@ Device compute_device();
 // when this build has no CUDA or the node has no GPU.
 void set_compute_device(Device d, int local_rank = 0);
 bool cuda_built();  // this binary contains the CUDA kernels
+// The device `spec` asks for (run.device; on the GPU, model.dtype's matrix-product inputs), for a
+// rank that is `local_rank` on its node; throws SpecError naming run.device when it cannot be had.
+void use_spec_device(const RunSpec& spec, int local_rank);
 
 // Copies and zeroing within the compute device's memory.
 void copy_values(float* dst, const float* src, size_t n);
