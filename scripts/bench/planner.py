@@ -27,6 +27,7 @@ ap.add_argument("--steps", type=int, default=30)
 ap.add_argument("--skip", type=int, default=5)
 ap.add_argument("--memory", default="48MiB")
 ap.add_argument("--bubbles", action="store_true")
+ap.add_argument("--only", help="only the layouts whose name contains this text (no --auto part)")
 ap.add_argument("--out")
 a = ap.parse_args()
 mpiexec = shutil.which("mpiexec.mpich") or "mpiexec"
@@ -71,12 +72,16 @@ def layout_sets(pp, dp, m, schedule="gpipe", extra=()):
             *v, *extra]
 
 
-# The fixed overhead of a process (MPI, BLAS, libraries, data) beyond what plan counts.
+# The fixed overhead of a process (MPI and its transport's buffers, BLAS, libraries, data) beyond
+# what plan counts, measured with a minimal model on as many ranks as the layout (MPI sets up its
+# shared-memory transport per peer).
 minimal = ["model.n_layer=1", "model.d_model=8", "model.n_head=1", "model.seq_len=8", "train.global_batch=4",
            "parallel.micro_batches=1"]
 costs = {1: calibrate(1), 2: calibrate(2)}
-m_min = train("minimal", 1, minimal)
-overhead = m_min["rss"] - predict(minimal)["memory"]
+overhead = {}
+for ranks in (1, 2):
+    sets = minimal + [f"parallel.dp={ranks}"]
+    overhead[ranks] = train(f"minimal_{ranks}", ranks, sets)["rss"] - predict(sets)["memory"]
 
 cases = [
     ("1x1 gpipe M=4", 1, layout_sets(1, 1, 4)),
@@ -95,13 +100,16 @@ cases = [
     ("1x2 M=8 stage", 2, layout_sets(1, 2, 8, extra=["parallel.recompute=stage"])),
 ]
 rows = []
-print(f"planner benchmark: {a.config}, {a.steps} steps (median after {a.skip}); fixed overhead {overhead / MIB:.1f} MiB")
+if a.only:
+    cases = [c for c in cases if a.only in c[0]]
+print(f"planner benchmark: {a.config}, {a.steps} steps (median after {a.skip}); fixed overhead "
+      f"{overhead[1] / MIB:.1f} MiB on 1 rank, {overhead[2] / MIB:.1f} MiB on 2")
 print(f"{'layout':28} {'predicted':>10} {'measured':>10} {'error':>7}   {'mem pred':>9} {'RSS':>9} {'error':>7}")
 for name, ranks, sets in cases:
     pj = predict(sets, costs[ranks])
     p = pj["budget"]
     m = train(name.replace(" ", "_").replace("=", ""), ranks, sets)
-    mem_pred = pj["memory"] + overhead
+    mem_pred = pj["memory"] + overhead[ranks]
     row = {"layout": name, "ranks": ranks, "sets": sets, "predicted_s": p["step_s"], "measured_s": m["step_s"],
            "error": p["step_s"] / m["step_s"] - 1, "memory_predicted": mem_pred, "rss": m["rss"],
            "memory_error": mem_pred / m["rss"] - 1}
@@ -112,13 +120,15 @@ errors = [abs(r["error"]) for r in rows]
 mem_errors = [abs(r["memory_error"]) for r in rows]
 print(f"step time: median |error| {100 * statistics.median(errors):.1f}%, worst {100 * max(errors):.1f}%; "
       f"memory: median {100 * statistics.median(mem_errors):.1f}%, worst {100 * max(mem_errors):.1f}%")
+if a.only:
+    raise SystemExit(0)
 
 auto = json.loads(subprocess.run([a.bin, "plan", "--config", a.config, "--auto", "--world", "2", "--costs", costs[2],
                                   "--memory-per-rank", a.memory, "--json"], check=True, capture_output=True,
                                  text=True).stdout)
 first = auto["best"][0]
 chosen = train("auto_first", 2, first["set"].split()[1::2])
-fitting = [r for r in rows if r["ranks"] == 2 and r["memory_predicted"] - overhead <= auto.get("memory_per_rank", 1e30)]
+fitting = [r for r in rows if r["ranks"] == 2 and r["memory_predicted"] - overhead[2] <= auto.get("memory_per_rank", 1e30)]
 fastest = min(fitting, key=lambda r: r["measured_s"])
 auto_ratio = chosen["step_s"] / fastest["measured_s"]
 print(f"--auto --world 2 within {a.memory}: {first['layout']}, predicted {1e3 * first['step_s']:.1f} ms, measured "
