@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "pipetrain/util/clock.hpp"
 #include "pipetrain/compute/kernels.hpp"
@@ -95,6 +96,18 @@ size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks,
   return bytes + work;
 }
 
+std::vector<int> buffer_pools(const std::vector<ChunkRange>& chunks, int n_virtual) {
+  std::vector<std::tuple<int, bool, bool>> shapes;
+  std::vector<int> pool;
+  for (const ChunkRange& c : chunks) {
+    const auto shape = std::make_tuple(c.block_end - c.block_begin, c.vstage == 0, c.vstage == n_virtual - 1);
+    auto it = std::find(shapes.begin(), shapes.end(), shape);
+    pool.push_back(static_cast<int>(it - shapes.begin()));
+    if (it == shapes.end()) shapes.push_back(shape);
+  }
+  return pool;
+}
+
 size_t Acts::bytes() const {
   size_t n = (tokens.size() + targets.size()) * sizeof(int);
   auto count = [&](const Floats& v) { n += v.size() * sizeof(float); };
@@ -103,9 +116,20 @@ size_t Acts::bytes() const {
     for (auto& b : blocks) for_each_block_buffer(b, count);
     for_each_head_buffer(head, count);
   }
-  for (auto& w : wblocks) for_each_wgrad_buffer(w, count);
-  for_each_head_wgrad_buffer(whead, count);
   return n;
+}
+
+size_t WGrads::bytes() const {
+  size_t n = 0;
+  auto count = [&](const Floats& v) { n += v.size() * sizeof(float); };
+  for (auto& w : blocks) for_each_wgrad_buffer(w, count);
+  for_each_head_wgrad_buffer(head, count);
+  return n;
+}
+
+void WGrads::release() {
+  for (auto& w : blocks) for_each_wgrad_buffer(w, [](Floats& v) { v.clear(); });
+  for_each_head_wgrad_buffer(head, [](Floats& v) { v.clear(); });
 }
 
 void Acts::release() {
@@ -113,8 +137,6 @@ void Acts::release() {
   targets.clear();
   for (auto& x : xs) x.clear();
   acts_live = false;
-  for (auto& w : wblocks) for_each_wgrad_buffer(w, [](Floats& v) { v.clear(); });
-  for_each_head_wgrad_buffer(whead, [](Floats& v) { v.clear(); });
 }
 
 std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end) {
@@ -195,6 +217,11 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
   }
 
   slot_of_.assign(static_cast<size_t>(micro_batches) * chunks.size(), -1);
+  wslot_of_ = slot_of_;
+  pool_of_ = buffer_pools(chunks, n_virtual);
+  const size_t n_pools = *std::max_element(pool_of_.begin(), pool_of_.end()) + 1;
+  acts_pools_ = std::vector<Pool<Acts>>(n_pools);  // built in place: a pool's deque cannot move without throwing
+  wgrad_pools_ = std::vector<Pool<WGrads>>(n_pools);
   const size_t N = static_cast<size_t>(B_) * T_, C = C_;
   attproj_.resize(N * C);
   fcproj_.resize(N * C);
@@ -264,8 +291,6 @@ void Stage::size_acts(const Chunk& c, Acts& a) {
   if (c.last) {
     a.head.lnf.resize(N * C), a.head.lnf_mean.resize(N), a.head.lnf_rstd.resize(N);
     a.head.probs.resize(N * V_);
-  } else {
-    for_each_head_buffer(a.head, [](Floats& v) { v.clear(); });  // from an earlier use of the slot
   }
   a.acts_live = true;
 }
@@ -338,13 +363,14 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
     a = &work_;
   }
   const size_t n = boundary_floats();
+  WGrads* kept = split ? &wgrads(chunk, mb) : nullptr;
   if (split && input) {
-    s.wblocks.resize(L);
-    for (auto& w : s.wblocks) size_wgrads(w, n, true);
-    if (c.last) s.whead.dlogits.resize(static_cast<size_t>(B_) * T_ * V_), s.whead.dlnf.resize(n);
-    if (c.first) s.whead.dembed.resize(n);
+    kept->blocks.resize(L);
+    for (auto& w : kept->blocks) size_wgrads(w, n, true);
+    if (c.last) kept->head.dlogits.resize(static_cast<size_t>(B_) * T_ * V_), kept->head.dlnf.resize(n);
+    if (c.first) kept->head.dembed.resize(n);
   }
-  HeadWGrads& hw = split ? s.whead : hscratch_;
+  HeadWGrads& hw = split ? kept->head : hscratch_;
   if (c.last) {
     if (input) {
       if (mode_ == Recompute::block) {
@@ -363,7 +389,7 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
     copy_values(dres_.data(), dout, n);
   }
   for (int l = L - 1; l >= 0; --l) {
-    BlockWGrads& w = split ? s.wblocks[l] : wscratch_;
+    BlockWGrads& w = split ? kept->blocks[l] : wscratch_;
     if (input) {
       if (mode_ == Recompute::block) {
         recompute_s_ -= now_s();
@@ -394,21 +420,42 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
   }
 }
 
-Acts& Stage::stash(int chunk, int mb) {
-  int& slot = slot_of_[key(chunk, mb)];
+template <class T>
+T& Stage::take(std::vector<Pool<T>>& pools, int pool, int& slot) {
+  Pool<T>& p = pools[pool];
   if (slot < 0) {
-    if (free_.empty()) free_.push_back(static_cast<int>(pool_.size())), pool_.emplace_back();
-    slot = free_.back();
-    free_.pop_back();
+    if (p.free.empty()) p.free.push_back(static_cast<int>(p.slots.size())), p.slots.emplace_back();
+    slot = p.free.back();
+    p.free.pop_back();
   }
-  return pool_[slot];
+  return p.slots[slot];
+}
+
+template <class T>
+void Stage::give_back(std::vector<Pool<T>>& pools, int pool, int& slot) {
+  if (slot < 0) return;
+  pools[pool].slots[slot].release();
+  pools[pool].free.push_back(slot);
+  slot = -1;
+}
+
+Acts& Stage::stash(int chunk, int mb) {
+  return take(acts_pools_, pool_of_[chunk], slot_of_[key(chunk, mb)]);
+}
+
+WGrads& Stage::wgrads(int chunk, int mb) {
+  return take(wgrad_pools_, pool_of_[chunk], wslot_of_[key(chunk, mb)]);
 }
 
 void Stage::release(int chunk, int mb) {
-  int& slot = slot_of_[key(chunk, mb)];
-  pool_[slot].release();
-  free_.push_back(slot);
-  slot = -1;
+  give_back(acts_pools_, pool_of_[chunk], slot_of_[key(chunk, mb)]);
+  give_back(wgrad_pools_, pool_of_[chunk], wslot_of_[key(chunk, mb)]);
+}
+
+size_t Stage::stash_bytes(int chunk, int mb) const {
+  const int pool = pool_of_[chunk], slot = slot_of_[key(chunk, mb)], wslot = wslot_of_[key(chunk, mb)];
+  return (slot < 0 ? 0 : acts_pools_[pool].slots[slot].bytes()) +
+         (wslot < 0 ? 0 : wgrad_pools_[pool].slots[wslot].bytes());
 }
 
 void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out) {

@@ -35,7 +35,8 @@ double StagePlan::memory_bytes(const RunSpec& spec) const {
   const double T = spec.model.seq_len;
   const double attention_scratch =
       spec.run.device == Device::gpu ? 4.0 * spec.samples_per_micro_batch() * spec.model.n_head * T * T : 0;
-  return state_bytes(spec) + act_peak_bytes[static_cast<int>(spec.parallel.recompute)] + working_bytes +
+  return state_bytes(spec) + act_held_bytes[static_cast<int>(spec.parallel.recompute)] + working_bytes +
+         reduce_scratch_bytes +
          attention_scratch;
 }
 
@@ -98,8 +99,14 @@ Plan make_plan(const RunSpec& spec) {
     }
     sp.bubble = sim.bubble[s];
     sp.in_flight = max_in_flight(lists[s]);
-    for (int m = 0; m < 3; ++m) sp.act_peak_bytes[m] = peak_activation_bytes(lists[s], stash[m], wgrads);
+    const std::vector<int> pools = buffer_pools(chunks, P * V);
+    for (int m = 0; m < 3; ++m) {
+      sp.act_peak_bytes[m] = peak_activation_bytes(lists[s], stash[m], wgrads);
+      sp.act_held_bytes[m] = held_activation_bytes(lists[s], stash[m], wgrads, pools);
+    }
     sp.working_bytes = working_bytes(spec, chunks, P * V);
+    const size_t D = spec.parallel.dp;
+    sp.reduce_scratch_bytes = sizeof(float) * sp.params * (D - 1) / D;
     plan.stages.push_back(sp);
   }
   return plan;
@@ -127,7 +134,8 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
   os << "\n\nmemory per stage (activations of the micro-batches in flight at the schedule's peak, by recompute\n"
         "mode; " << p.schedule->name << " keeps" << (p.virtual_stages > 1 ? " (chunk-micro-batches)" : "");
   for (size_t s = 0; s < plan.stages.size(); ++s) os << (s ? ", " : " ") << plan.stages[s].in_flight;
-  os << "; working: scratch and buffers under recompute = " << name_of(p.recompute) << "):\n";
+  os << "; working: scratch and buffers under recompute = " << name_of(p.recompute)
+     << (p.dp > 1 ? ", and MPI's for the gradient reduction" : "") << "):\n";
   // AdamW per replica, whole and sharded over this layout's dp (zero = 1); the spec's mode marked.
   const std::string adam0 = std::string(p.zero == 0 ? "*" : "") + "AdamW",
                     adam1 = std::string(p.zero == 1 ? "*" : "") + "zero=1 /" + std::to_string(p.dp);
@@ -139,7 +147,8 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
     std::snprintf(line, sizeof line, "  %-8zu %12s %12s %12s %12s | %12s %12s %12s | %12s\n", s,
                   bytes(4.0 * sp.params).c_str(), bytes(4.0 * sp.params).c_str(), bytes(sp.optim_bytes(0)).c_str(),
                   bytes(sp.optim_bytes(1)).c_str(), bytes(sp.act_peak_bytes[0]).c_str(),
-                  bytes(sp.act_peak_bytes[1]).c_str(), bytes(sp.act_peak_bytes[2]).c_str(), bytes(sp.working_bytes).c_str());
+                  bytes(sp.act_peak_bytes[1]).c_str(), bytes(sp.act_peak_bytes[2]).c_str(),
+                  bytes(sp.working_bytes + sp.reduce_scratch_bytes).c_str());
     os << line;
   }
   os << "  (* the spec's parallel.zero; zero = 1 keeps each replica's AdamW state for its row slab of every tensor)\n";
@@ -200,14 +209,14 @@ std::string plan_json(const RunSpec& spec, const Plan& plan) {
   j["bubble_sim"] = plan.bubble_sim;
   j["stages"] = nlohmann::json::array();
   for (auto& s : plan.stages) {
-    nlohmann::json act;
-    for (int m = 0; m < 3; ++m) act[name_of(kModes[m])] = s.act_peak_bytes[m];
+    nlohmann::json act, held;
+    for (int m = 0; m < 3; ++m) act[name_of(kModes[m])] = s.act_peak_bytes[m], held[name_of(kModes[m])] = s.act_held_bytes[m];
     j["stages"].push_back({{"blocks", s.blocks}, {"params", s.params}, {"param_bytes", 4 * s.params},
                            {"grad_bytes", 4 * s.params}, {"optim_bytes", s.optim_bytes(spec.parallel.zero)},
                            {"optim_bytes_by_zero", {s.optim_bytes(0), s.optim_bytes(1)}},
                            {"snapshot_bytes", spec.checkpoint.async ? s.snapshot_bytes : 0}, {"cost_share", s.cost_share},
-                           {"bubble_sim", s.bubble}, {"in_flight", s.in_flight}, {"act_peak_bytes", act},
-                           {"working_bytes", s.working_bytes}, {"memory_bytes", s.memory_bytes(spec)}});
+                           {"bubble_sim", s.bubble}, {"in_flight", s.in_flight}, {"act_peak_bytes", act}, {"act_held_bytes", held},
+                           {"working_bytes", s.working_bytes}, {"reduce_scratch_bytes", s.reduce_scratch_bytes}, {"memory_bytes", s.memory_bytes(spec)}});
   }
   return j.dump(2) + "\n";
 }

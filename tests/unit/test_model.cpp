@@ -342,3 +342,11 @@ TEST_CASE("block tensor table: parameter names, shapes, offsets and the layers' 
   CHECK(std::all_of(w.begin() + bias->offset, w.begin() + bias->offset + bias->size, [](float v) { return v == 0.f; }));
   CHECK(std::any_of(w.begin() + proj->offset, w.begin() + proj->offset + proj->size, [](float v) { return v != 0.f; }));
 }
+
+TEST_CASE("buffer pools: a rank's chunks share one only when they have the same shape", "[model]") {
+  // A vee over 4 virtual stages on rank 0: the first chunk (embedding) and the last (head).
+  CHECK(buffer_pools({{0, 0, 2}, {3, 6, 8}}, 4) == std::vector<int>{0, 1});
+  // Interleaved middle chunks of equal size share; an uneven one gets its own.
+  CHECK(buffer_pools({{1, 2, 4}, {3, 6, 8}, {5, 10, 11}}, 7) == std::vector<int>{0, 0, 1});
+  CHECK(buffer_pools({{1, 2, 4}}, 3) == std::vector<int>{0});
+}

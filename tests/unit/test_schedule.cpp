@@ -488,3 +488,21 @@ TEST_CASE("forward_only: every schedule's forwards alone run each micro-batch on
         CHECK(simulate(lists, one, one).makespan == Approx(V * M + P - 1));  // the forward pipeline, no gaps
       }
 }
+
+TEST_CASE("held activation bytes: each buffer pool keeps its own peak, split-backward gradients a pool of their own",
+          "[schedule]") {
+  const Op F = Op::forward, B = Op::backward, Bi = Op::backward_input, W = Op::backward_weight;
+  // Chunk 0 peaks at two micro-batches early, chunk 1 at two later: never four at once.
+  const ActionList list = {{F, 0, 0}, {F, 1, 0}, {B, 0, 0}, {B, 1, 0}, {F, 0, 1}, {F, 1, 1}, {B, 0, 1}, {B, 1, 1}};
+  const std::vector<size_t> stash = {100, 100}, none = {0, 0};
+  CHECK(peak_activation_bytes(list, stash, none) == 200);
+  CHECK(held_activation_bytes(list, stash, none, {0, 0}) == 200);  // one pool: its slots serve both chunks
+  CHECK(held_activation_bytes(list, stash, none, {0, 1}) == 400);  // two pools: each keeps its two slots
+  // Chunks of different sizes in their own pools: each slot keeps only its own chunk's size.
+  CHECK(held_activation_bytes(list, {100, 30}, none, {0, 1}) == 2 * 100 + 2 * 30);
+  // B..W gradients: two pending at once at most, while three micro-batches' activations are live.
+  const ActionList split = {{F, 0, 0}, {F, 1, 0}, {F, 2, 0}, {Bi, 0, 0}, {Bi, 1, 0}, {W, 0, 0},
+                            {Bi, 2, 0}, {W, 1, 0}, {W, 2, 0}};
+  CHECK(peak_activation_bytes(split, {100}, {10}) == 320);
+  CHECK(held_activation_bytes(split, {100}, {10}, {0}) == 3 * 100 + 2 * 10);
+}

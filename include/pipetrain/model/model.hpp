@@ -58,6 +58,11 @@ size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages,
 // largest chunk that backward re-runs into. Its chunks share all of these.
 size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual);
 
+// Which buffer pool each of a rank's chunks draws its micro-batches' buffers from: chunks of one
+// shape (blocks, first, last) share one, so a released slot is only ever reused at its own size.
+// Pools are numbered from 0 in the order of their first chunk.
+std::vector<int> buffer_pools(const std::vector<ChunkRange>& chunks, int n_virtual);
+
 using Floats = Array<float>;  // on the rank's compute device
 
 struct BlockActs {
@@ -75,6 +80,13 @@ struct BlockWGrads {
 struct HeadWGrads {
   Floats dlogits, dlnf, dembed;  // dembed: the stage input's gradient (first stage)
 };
+// What a split backward keeps of one micro-batch from B to W.
+struct WGrads {
+  std::vector<BlockWGrads> blocks;
+  HeadWGrads head;
+  size_t bytes() const;
+  void release();  // drop contents, keep capacity
+};
 // One micro-batch's activations. xs[l] is block l's input; on the last stage xs[L] is the head input.
 struct Acts {
   Array<int> tokens, targets;
@@ -85,8 +97,6 @@ struct Acts {
   // stale values) as they are, so that the next forward, which overwrites every element, finds
   // them sized already instead of zeroing them all again; bytes() skips them in between.
   bool acts_live = false;
-  std::vector<BlockWGrads> wblocks;  // between backward_input and backward_weight only
-  HeadWGrads whead;
   size_t bytes() const;  // what is held right now, counted from the buffers themselves
   void release();        // drop contents, keep capacity (no allocator churn between steps)
 };
@@ -144,10 +154,9 @@ class Stage {
   void discard(int chunk, int mb) {
     if (slot_of_[key(chunk, mb)] >= 0) release(chunk, mb);
   }
-  size_t stash_bytes(int chunk, int mb) const {
-    const int slot = slot_of_[key(chunk, mb)];
-    return slot < 0 ? 0 : pool_[slot].bytes();
-  }
+  // What micro-batch mb holds on `chunk`: its activations and, between a split B and its W, the
+  // output gradients.
+  size_t stash_bytes(int chunk, int mb) const;
   // Seconds the last backward() spent re-running forwards (recompute modes), for the trace.
   double last_recompute_s() const { return recompute_s_; }
   // Called after every block of a forward or backward (the executor keeps messages moving there).
@@ -186,15 +195,29 @@ class Stage {
   Floats weights_, grads_;
   size_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0, head_ = 0;
 
-  // Activations of the (chunk, micro-batch) pairs in flight. Slots are reused once a backward
-  // releases them (keeping their capacity), so the memory held grows to the schedule's peak in
-  // flight (M for GPipe, P - stage for 1F1B, P for zb-h1, which releases them at W), not to M.
+  // Buffers of the (chunk, micro-batch) pairs in flight, in slots reused once released (keeping
+  // their capacity), so the memory held grows to the schedule's peak in flight (M for GPipe,
+  // P - stage for 1F1B, P for zb-h1, which releases them at W), not to M. Each shape of chunk has
+  // its own pools (buffer_pools), activations and split-backward gradients separate ones, so no
+  // slot keeps a larger chunk's or a split backward's capacity while it holds something smaller;
+  // plan predicts what they hold (held_activation_bytes).
+  template <class T>
+  struct Pool {
+    std::deque<T> slots;  // a deque: growing it never moves the slots in use
+    std::vector<int> free;
+  };
+  template <class T>
+  static T& take(std::vector<Pool<T>>& pools, int pool, int& slot);
+  template <class T>
+  static void give_back(std::vector<Pool<T>>& pools, int pool, int& slot);
   int key(int chunk, int mb) const { return chunk * M_ + mb; }
-  Acts& stash(int chunk, int mb);  // its slot, taken from the free ones on first use
+  Acts& stash(int chunk, int mb);      // its slot, taken from the free ones on first use
+  WGrads& wgrads(int chunk, int mb);   // likewise, from B to W
   void release(int chunk, int mb);
-  std::deque<Acts> pool_;  // a deque: growing it never moves the slots in use
-  std::vector<int> slot_of_;  // per key(chunk, mb): its slot in pool_, or -1
-  std::vector<int> free_;
+  std::vector<int> pool_of_;             // per chunk
+  std::vector<Pool<Acts>> acts_pools_;
+  std::vector<Pool<WGrads>> wgrad_pools_;
+  std::vector<int> slot_of_, wslot_of_;  // per key(chunk, mb): its slot in its pool, or -1
   Acts work_;                // recompute target when mode != none
   // scratch for one micro-batch
   Floats attproj_, fcproj_, logits_, dres_, dx_, datty_, dfch_gelu_;

@@ -22,11 +22,15 @@ struct StagePlan {
   double bubble = 0;          // simulated with the cost model
   int in_flight = 0;          // micro-batches whose activations the schedule holds at its peak
   size_t act_peak_bytes[3];   // by recompute mode: none, stage, block
+  size_t act_held_bytes[3];   // what the stage's reused activation buffers keep allocated (held_activation_bytes)
   size_t working_bytes = 0;   // scratch and buffers for the spec's recompute mode
+  // With replicas, MPI's scratch for the gradient reduction: (D-1)/D of the gradients (measured with
+  // MPICH at D = 2: half of them, for the all-reduce and for ZeRO-1's reduce-scatter alike).
+  size_t reduce_scratch_bytes = 0;
   // Weights, gradients, AdamW (the spec's zero), an asynchronous save's snapshot: the state kept.
   double state_bytes(const RunSpec& spec) const;
-  // All a rank of this stage needs under the spec: the state, the activation peak of its recompute
-  // mode, working buffers, and on the GPU the attention kernel's score scratch.
+  // All a rank of this stage needs under the spec: the state, the activation buffers held under
+  // its recompute mode, working buffers, the reduction's scratch, and on the GPU the attention kernel's score scratch.
   double memory_bytes(const RunSpec& spec) const;
 };
 
