@@ -5,6 +5,7 @@
 #include <thread>
 
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <iostream>
@@ -22,6 +23,7 @@
 #include "pipetrain/dist/signals.hpp"
 #include "pipetrain/tools/smoke.hpp"
 #include "pipetrain/tools/calibrate.hpp"
+#include "pipetrain/tools/costs_from_run.hpp"
 #include "pipetrain/util/files.hpp"
 #include "pipetrain/data/corpus_formats.hpp"
 #include "pipetrain/data/prepare.hpp"
@@ -217,7 +219,7 @@ double parse_bytes(const std::string& text) {
 }
 
 ExitCode plan_main(const std::vector<std::string>& args) {
-  std::string config, costs_file, output = "costs.json";
+  std::string config, costs_file, from_run, output = "costs.json";
   std::vector<std::string> overrides;
   int world = 0;
   double peak_tflops = 0, link_gbps = 0, efficiency = 0.5;
@@ -232,8 +234,11 @@ ExitCode plan_main(const std::vector<std::string>& args) {
                                           "this many consecutive ranks")(
       "calibrate", "measure this machine's costs for the spec's model (kernels; messages when launched on 2+ "
                    "ranks) and write them to --output")(
+      "from-run", po::value<std::string>(&from_run), "with --calibrate: take the costs from a finished run's trace "
+                                                      "(RUN_DIR, trained with log.trace_steps > 0) instead of measuring")(
       "output", po::value<std::string>(&output), "where --calibrate writes its cost file (default costs.json)")(
-      "costs", po::value<std::string>(&costs_file), "a cost file from --calibrate: predict the step time and the run's cost")(
+      "costs", po::value<std::string>(&costs_file), "a cost file from --calibrate, or a finished run's directory (its "
+                                                    "trace): predict the step time and the run's cost")(
       "peak-tflops", po::value<double>(&peak_tflops), "for a machine not at hand: each rank's peak TFLOP/s ...")(
       "link-gbps", po::value<double>(&link_gbps), "... and its link bandwidth in GB/s")(
       "efficiency", po::value<double>(&efficiency), "... and the share of the peak the kernels reach (default 0.5)")(
@@ -243,22 +248,28 @@ ExitCode plan_main(const std::vector<std::string>& args) {
               "zero, within --memory-per-rank, ranked by the step time predicted with --costs (or the peak)");
   po::variables_map vm;
   if (auto done = parse("plan", desc, args, vm)) return *done;
+  auto say_written = [&](const MachineCosts& costs, const char* no_messages) {
+    write_file_atomically(output, costs.to_json().dump(2) + "\n");
+    std::printf("%s\nwrote %s: per micro-batch of 1 sample, one block F %.3g ms, B %.3g ms, W %.3g ms; head F %.3g ms"
+                "%s\n", costs.source.c_str(), output.c_str(), 1e3 * costs.block(1).f, 1e3 * costs.block(1).b,
+                1e3 * costs.block(1).w, 1e3 * costs.head(1).f, costs.p2p.empty() ? no_messages : "");
+  };
+  if (vm.count("calibrate") && !from_run.empty())
+    return run_offline([&] {
+      say_written(costs_from_run(from_run), " (from a run's trace: no message costs)");
+      return ExitCode::ok;
+    });
   if (vm.count("calibrate"))
     return run_mpi([&](World& mpi) {
       const RunSpec spec = load_spec(config, overrides, 0);
       const MachineCosts costs = calibrate(spec, mpi);
-      if (mpi.rank() == 0) {
-        write_file_atomically(output, costs.to_json().dump(2) + "\n");
-        std::printf("%s\nwrote %s: per micro-batch of 1 sample, one block F %.3g ms, B %.3g ms, W %.3g ms; head F %.3g ms"
-                    "%s\n", costs.source.c_str(), output.c_str(), 1e3 * costs.block(1).f, 1e3 * costs.block(1).b,
-                    1e3 * costs.block(1).w, 1e3 * costs.head(1).f,
-                    costs.p2p.empty() ? " (one rank: no message costs; launch on 2+ ranks to measure them)" : "");
-      }
+      if (mpi.rank() == 0) say_written(costs, " (one rank: no message costs; launch on 2+ ranks to measure them)");
       return ExitCode::ok;
     });
   return run_offline([&] {
     const bool automatic = vm.count("auto") > 0;
     if (automatic && world < 1) throw SpecError("plan --auto needs --world N, the ranks to lay out");
+    if (!from_run.empty()) throw SpecError("--from-run goes with --calibrate (plan --costs takes a run directory itself)");
     // --auto replaces the layout: the spec is read for its model, batch and data, on one rank.
     const RunSpec spec = load_spec(config, overrides, automatic ? kAnyLayout : world);
     const double capacity = memory.empty() ? 0 : parse_bytes(memory);
@@ -266,7 +277,10 @@ ExitCode plan_main(const std::vector<std::string>& args) {
       throw SpecError("--peak-tflops and --link-gbps describe a machine together: give both");
     if (efficiency <= 0 || efficiency > 1) throw SpecError("--efficiency " + std::to_string(efficiency) + " must be in (0, 1]");
     std::optional<MachineCosts> costs;
-    if (!costs_file.empty()) costs = MachineCosts::read(costs_file), costs->check_fits(spec, "--costs " + costs_file);
+    if (!costs_file.empty()) {
+      costs = std::filesystem::is_directory(costs_file) ? costs_from_run(costs_file) : MachineCosts::read(costs_file);
+      costs->check_fits(spec, "--costs " + costs_file);
+    }
     else if (peak_tflops > 0) costs = MachineCosts::from_peak(spec, peak_tflops * 1e12, efficiency, link_gbps * 1e9);
     if (automatic) {
       if (!costs) throw SpecError("plan --auto predicts step times: give --costs FILE (plan --calibrate) or --peak-tflops and --link-gbps");

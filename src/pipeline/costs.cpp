@@ -133,20 +133,14 @@ MachineCosts MachineCosts::read(const std::string& path) {
 MachineCosts MachineCosts::from_peak(const RunSpec& spec, double flops_per_s, double efficiency,
                                      double link_bytes_per_s) {
   MachineCosts c;
-  const double C = spec.model.d_model, T = spec.model.seq_len, V = spec.model.vocab, rate = flops_per_s * efficiency;
+  const double rate = flops_per_s * efficiency;
   char what[160];
   std::snprintf(what, sizeof what, "a peak of %.3g TFLOP/s per rank at %.0f%% of it, %.3g GB/s links", flops_per_s / 1e12,
                 100 * efficiency, link_bytes_per_s / 1e9);
   c.source = what;
   c.d_model = spec.model.d_model, c.n_head = spec.model.n_head, c.seq_len = spec.model.seq_len, c.vocab = spec.model.vocab;
-  // Per token, as our kernels count them: a block's products 24C^2 and attention 4TC forward; the
-  // input gradient repeats the products and doubles attention; the weight gradient the products.
-  const double n = T;  // tokens of one sample
-  MachineCosts::AtSize one;
-  one.samples = 1;
-  one.block = {n * (24 * C * C + 4 * T * C) / rate, n * (24 * C * C + 8 * T * C) / rate, n * 24 * C * C / rate};
-  one.head = {n * 2 * C * V / rate, n * 2 * C * V / rate, n * 2 * C * V / rate};
-  one.embed = {n * C / rate, 0, n * C / rate};
+  AtSize one = flops_per_sample(spec);
+  for (PassCosts* p : {&one.block, &one.embed, &one.head}) p->f /= rate, p->b /= rate, p->w /= rate;
   c.compute = {one};
   // AdamW is memory-bound: 28 bytes per parameter read and written, at a memory bandwidth of the
   // peak / 200 FLOP per byte (the balance of today's datacentre GPUs).
@@ -156,6 +150,19 @@ MachineCosts MachineCosts::from_peak(const RunSpec& spec, double flops_per_s, do
   c.allreduce_ranks = 2;
   c.allreduce = {{1, 2 * latency}, {1e9, 2 * latency + 1e9 / link_bytes_per_s}};  // 2(D-1)/D = 1 at D = 2
   return c;
+}
+
+MachineCosts::AtSize MachineCosts::flops_per_sample(const RunSpec& spec) {
+  const double C = spec.model.d_model, T = spec.model.seq_len, V = spec.model.vocab;
+  // Per token, as our kernels count them: a block's products 24C^2 and attention 4TC forward; the
+  // input gradient repeats the products and doubles attention; the weight gradient the products.
+  const double n = T;  // tokens of one sample
+  AtSize one;
+  one.samples = 1;
+  one.block = {n * (24 * C * C + 4 * T * C), n * (24 * C * C + 8 * T * C), n * 24 * C * C};
+  one.head = {n * 2 * C * V, n * 2 * C * V, n * 2 * C * V};
+  one.embed = {n * C, 0, n * C};
+  return one;
 }
 
 void MachineCosts::check_fits(const RunSpec& spec, const std::string& where) const {

@@ -67,7 +67,7 @@ std::string budget_text(const RunSpec& spec, const Plan& plan, const MachineCost
   char figure[32];
   std::snprintf(figure, sizeof figure, "%.4f", p.bubble);
   os << "  predicted step " << duration(p.step_s) << " (forwards and backwards " << duration(p.pipeline_s)
-     << ", bubble " << figure << "; reduction " << duration(p.reduce_s) << "; AdamW " << duration(p.optimizer_s)
+     << ", bubble " << figure << "; reduction " << duration(p.reduce_s) << "; agreement and update " << duration(p.optimizer_s)
      << "): " << human(p.tokens_per_s, "tokens/s") << ", " << human(p.flops / std::max(p.step_s, 1e-30) / world, "FLOP/s")
      << " per " << device << "\n";
   std::snprintf(figure, sizeof figure, "%.3g", p.step_s * spec.run.steps * world / 3600);

@@ -32,9 +32,9 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
 
   StepPrediction r;
   r.pipeline_s = sim.makespan;
-  r.bubble = sim.mean_bubble();
   const bool tied_apart = spec.model.tie_embeddings && place.head_stage() != 0;
   const double tied_bytes = sizeof(float) * static_cast<double>(spec.model.vocab) * spec.model.d_model;
+  std::vector<double> working(P);  // per stage: computing, reducing gradients, updating
   for (int s = 0; s < P; ++s) {
     double params = 0;
     for (const ParamTensor& t : rank_params(spec, chunks_of(blocks, place, s), n_virtual)) params += t.size;
@@ -42,10 +42,15 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
     // ZeRO-1's reduce-scatter and all-gather move what one all-reduce moves.
     double reduce = costs.allreduce_s(sizeof(float) * params, D);
     if (tied_apart && (s == 0 || s == place.head_stage())) reduce += costs.allreduce_s(tied_bytes, 2);
-    const double optim = costs.adamw_s(par.zero ? params / D : params);
+    // The step agreement (norm, stop, finite: three doubles over every rank), then the update.
+    const double optim = costs.allreduce_s(3 * sizeof(double), P * D) + costs.adamw_s(par.zero ? params / D : params);
+    working[s] = sim.busy[s] + reduce + optim;
     if (finish + reduce + optim > r.step_s) r.step_s = finish + reduce + optim, r.reduce_s = reduce, r.optimizer_s = optim;
     if (D > 1) r.reduce_bytes += D * sizeof(float) * params;
   }
+  // As metrics' bubble_measured counts it: the share of the step a rank waits for others, in the
+  // pipeline and at the step's end for the slowest rank (the gradient reduction is work).
+  for (int s = 0; s < P; ++s) r.bubble += r.step_s > 0 ? (1 - working[s] / r.step_s) / P : 0;
   const double tokens = static_cast<double>(spec.train.global_batch) * spec.model.seq_len;
   r.tokens_per_s = r.step_s > 0 ? tokens / r.step_s : 0;
   // As training_flops_per_token counts them, plus recompute's second forward of every block.

@@ -1,6 +1,7 @@
 #include "pipetrain/tools/calibrate.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -18,6 +19,10 @@ namespace pipetrain {
 namespace {
 
 constexpr int kRepeats = 5;
+// The whole sweep over micro-batch sizes is measured this many times and each figure is the
+// median over the sweeps: a burst of noise (another tenant, a frequency step) that outlasts one
+// size's repeats then spoils one sweep, not that size's figure.
+constexpr int kSweeps = 3;
 
 std::string cpu_model() {  // named next to every figure measured on it
   std::ifstream in("/proc/cpuinfo");
@@ -136,8 +141,15 @@ double adamw_s_per_param(const RunSpec& spec) {
   RunSpec s = one_block_spec(spec, 1);
   Stage stage(s, {{1, 1, 2}}, 3, 1, 1.f);
   stage.init_params(1);
-  AdamW opt(s.train, OptimizerShard(stage.params(), 0, 1));
-  const double t = median_seconds([&] { opt.step(stage.params(), stage.weights(), stage.grads(), 1e-4, 1.f); });
+  const OptimizerShard whole(stage.params(), 0, 1);
+  AdamW opt(s.train, whole);
+  // A step's work per parameter besides the passes: zeroing the gradients, their norm, AdamW.
+  const double t = median_seconds([&] {
+    stage.zero_grads();
+    volatile double norm = grad_sq_sum(stage.params(), stage.grads(), whole);
+    (void)norm;
+    opt.step(stage.params(), stage.weights(), stage.grads(), 1e-4, 1.f);
+  });
   return t / static_cast<double>(stage.weights().size());
 }
 
@@ -186,22 +198,34 @@ MachineCosts calibrate(const RunSpec& spec, World& world) {
   set_blas_threads(threads);
   set_parallel_threads(threads);
   Comm all(world, Topology::of(world.rank(), 1, world.size()), WaitPolicy::automatic, 600);
-  for (int b = 1; b <= spec.train.global_batch && (b == 1 || b * spec.model.seq_len <= 16384); b *= 2) {
-    const RunSpec s = one_block_spec(spec, b);
+  std::vector<int> sizes;
+  for (int b = 1; b <= spec.train.global_batch && (b == 1 || b * spec.model.seq_len <= 16384); b *= 2) sizes.push_back(b);
+  auto parts_of = [](MachineCosts::AtSize& at) {
+    return std::array<PassCosts*, 5>{&at.block, &at.embed, &at.head, &at.block_recompute[0], &at.block_recompute[1]};
+  };
+  // v[size][field][sweep]: the 15 figures of each size, as measured in each sweep.
+  std::vector<std::vector<std::vector<double>>> v(sizes.size(), std::vector<std::vector<double>>(15));
+  for (int sweep = 0; sweep < kSweeps; ++sweep)
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const RunSpec s = one_block_spec(spec, sizes[i]);
+      MachineCosts::AtSize at;
+      at.block = time_stage(s, 1);
+      at.embed = minus(time_stage(s, 0), at.block);
+      at.head = minus(time_stage(s, 2), at.block);
+      at.block_recompute[0] = time_recompute(s, Recompute::block);
+      at.block_recompute[1] = time_recompute(s, Recompute::stage);
+      // The mean over ranks that measured at the same time.
+      std::vector<double> mean;
+      for (PassCosts* p : parts_of(at)) mean.insert(mean.end(), {p->f, p->b, p->w});
+      all.allreduce_world(mean.data(), mean.size());
+      for (size_t k = 0; k < mean.size(); ++k) v[i][k].push_back(mean[k] / world.size());
+    }
+  for (size_t i = 0; i < sizes.size(); ++i) {
     MachineCosts::AtSize at;
-    at.samples = b;
-    at.block = time_stage(s, 1);
-    at.embed = minus(time_stage(s, 0), at.block);
-    at.head = minus(time_stage(s, 2), at.block);
-    at.block_recompute[0] = time_recompute(s, Recompute::block);
-    at.block_recompute[1] = time_recompute(s, Recompute::stage);
-    // The mean over ranks that measured at the same time.
-    PassCosts* parts[] = {&at.block, &at.embed, &at.head, &at.block_recompute[0], &at.block_recompute[1]};
-    std::vector<double> v;
-    for (PassCosts* c : parts) v.insert(v.end(), {c->f, c->b, c->w});
-    all.allreduce_world(v.data(), v.size());
-    for (size_t i = 0; i < std::size(parts); ++i)
-      *parts[i] = {v[3 * i] / world.size(), v[3 * i + 1] / world.size(), v[3 * i + 2] / world.size()};
+    at.samples = sizes[i];
+    const auto parts = parts_of(at);
+    for (size_t k = 0; k < parts.size(); ++k)
+      *parts[k] = {median(v[i][3 * k]), median(v[i][3 * k + 1]), median(v[i][3 * k + 2])};
     c.compute.push_back(at);
   }
   c.adamw_s_per_param = adamw_s_per_param(spec);

@@ -149,11 +149,64 @@ def auto_picks_a_layout():
     expect(none.returncode == 2 and "no layout fits" in none.stdout, f"nothing fits 1 MiB: exit 2 ({none.returncode})")
 
 
+def median(xs):
+    xs = sorted(xs)
+    h = len(xs) // 2
+    return xs[h] if len(xs) % 2 else (xs[h - 1] + xs[h]) / 2
+
+
+@scenario
+def costs_from_a_finished_run():
+    """A finished run's trace is a cost file: on 3 stages the middle one times a block alone, the
+    last one's remainder is the head (recomputed here from the trace itself); a 1-rank run's own
+    costs predict its measured step within 25%; a run without a trace is refused naming the file."""
+    a = settings()
+    sets = ["parallel.micro_batches=4", "run.steps=5", "log.trace_steps=5", "checkpoint.every_steps=0"]
+    deep = launch(a, 3, os.path.join(a.work, "traced_3x1"), tiny(), ["parallel.pp=3", *sets])
+    expect(deep.rc == 0, f"3x1 traced run: exit 0 ({deep.err[-300:]})")
+    out = os.path.join(a.work, "costs_from_3x1.json")
+    r = plan("--calibrate", "--from-run", deep.run_dir, "--output", out)
+    expect(r.returncode == 0 and "trace of run" in r.stdout, f"--calibrate --from-run: exit 0 ({r.stdout[-200:]}{r.stderr[-300:]})")
+    if r.returncode == 0:
+        c = json.load(open(out))
+        blocks = json.loads(plan("--json", config=os.path.join(deep.run_dir, "config.toml")).stdout)["partition"]
+        events = json.load(open(os.path.join(deep.run_dir, "trace.json")))["traceEvents"]
+        fwd = [[e["dur"] * 1e-6 for e in events if e.get("ph") == "X" and e["pid"] == s and e["name"][0] == "F"
+                and e["cat"] == "forward" and e["args"]["step"] >= 2] for s in range(3)]
+        at = c["compute"][0]
+        block_f, head_f = median(fwd[1]) / blocks[1], max(0, median(fwd[2]) - blocks[2] * median(fwd[1]) / blocks[1])
+        expect(at["samples"] == 4 and abs(at["block"]["f"] - block_f) <= 1e-9 + 1e-6 * block_f and
+               abs(at["head"]["f"] - head_f) <= 1e-9 + 1e-6 * head_f,
+               f"a block's F = the middle stage's median F / {blocks[1]} blocks ({at['block']['f']} vs {block_f}); the "
+               f"head's = the last stage's remainder ({at['head']['f']} vs {head_f}); per micro-batch of 4 samples")
+        expect(at["block"]["b"] > 0 and at["block"]["w"] > 0 and c["adamw_s_per_param"] > 0 and c["p2p"] == [],
+               "B and W from the fused backward, AdamW from the optimizer spans, no message costs")
+    one = launch(a, 1, os.path.join(a.work, "traced_1x1"), tiny(), [*sets[:1], "run.steps=12", "log.trace_steps=12",
+                                                                    "checkpoint.every_steps=0"])
+    expect(one.rc == 0, f"1x1 traced run: exit 0 ({one.err[-300:]})")
+    if one.rc == 0:
+        p = plan("--costs", one.run_dir, "--json", config=os.path.join(one.run_dir, "config.toml"))
+        expect(p.returncode == 0, f"plan --costs RUN_DIR: exit 0 ({p.stderr[-300:]})")
+        if p.returncode == 0:
+            predicted = json.loads(p.stdout)["budget"]["step_s"]
+            measured = median([m["step_time_s"] for m in one.metrics()[1:]])
+            expect(abs(predicted / measured - 1) < 0.25, f"its own costs predict its step: {1e3 * predicted:.2f} ms "
+                                                          f"vs {1e3 * measured:.2f} ms measured")
+    bare = os.path.join(a.work, "no_trace")
+    os.makedirs(bare, exist_ok=True)
+    if deep.rc == 0:
+        open(os.path.join(bare, "config.toml"), "w").write(open(os.path.join(deep.run_dir, "config.toml")).read())
+    r = plan("--costs", bare)
+    expect(r.returncode == 2 and "trace.json" in r.stderr and "Traceback" not in r.stderr,
+           f"a run directory without a trace: exit 2 naming trace.json ({r.returncode}, {r.stderr[-200:]})")
+
+
 @scenario
 def bad_planner_input():
     """Exit 2 with one message naming the option or file: a missing cost file, a file that is not
     one, costs of another model, --auto without --world or costs, half a peak, a byte count that is
-    not one, and calibrating a GPU spec where there is no GPU."""
+    not one, --from-run without --calibrate or of no run, and calibrating a GPU spec where there is
+    no GPU."""
     a = settings()
     junk = os.path.join(a.work, "junk.json")
     with open(junk, "w") as f:
@@ -166,6 +219,8 @@ def bad_planner_input():
         (["--auto", "--world", "2"], "give --costs FILE"),
         (["--peak-tflops", "100"], "--peak-tflops and --link-gbps describe a machine together"),
         (["--memory-per-rank", "lots", "--peak-tflops", "1", "--link-gbps", "1"], "--memory-per-rank lots: not a byte count"),
+        (["--from-run", a.work], "--from-run goes with --calibrate"),
+        (["--calibrate", "--from-run", "/nonexistent/run"], "/nonexistent/run/config.toml"),
     ]
     for argv, want in cases:
         r = plan(*argv)

@@ -61,7 +61,8 @@ TEST_CASE("costs from a peak: each pass at our kernels' FLOPs, messages at the l
   CHECK(c.p2p_s(1e6) == Approx(10e-6 + 1e6 / 1e9).epsilon(1e-6));
 }
 
-TEST_CASE("predicted step: the simulated pipeline, then reduction and AdamW on the slowest rank", "[costs]") {
+TEST_CASE("predicted step: the simulated pipeline, then reduction, the step agreement and the update on the slowest rank",
+          "[costs]") {
   RunSpec spec;  // 4 blocks, M = 4, global batch 16: 4 samples per micro-batch on 1 replica
   spec.parallel.pp = 2;
   spec.model.tie_embeddings = false;  // tied, the two stages would also sum wte's gradient
@@ -70,11 +71,14 @@ TEST_CASE("predicted step: the simulated pipeline, then reduction and AdamW on t
   c.adamw_s_per_param = 0;
   const StepPrediction p = predict_step(spec, c);
   // Two blocks per stage: F = 6, backward = 2 x (6 + 3) = 18 per micro-batch; GPipe with M = 4:
-  // (M + P - 1) x (F + backward) = 5 x 24.
+  // (M + P - 1) x (F + backward) = 5 x 24. Then the step agreement, a 24-byte all-reduce over both.
+  const double agree = c.allreduce_s(3 * sizeof(double), 2);
+  CHECK(agree == Approx(4e-3));
   CHECK(p.pipeline_s == Approx(120));
-  CHECK(p.step_s == Approx(120));
-  CHECK(p.bubble == Approx(1.0 / 5));
-  CHECK(p.tokens_per_s == Approx(16.0 * 32 / 120));
+  CHECK(p.step_s == Approx(120 + agree));
+  // Each stage works 4 x 24 + the agreement and waits the rest, as bubble_measured counts it.
+  CHECK(p.bubble == Approx(1 - (96 + agree) / (120 + agree)));
+  CHECK(p.tokens_per_s == Approx(16.0 * 32 / (120 + agree)));
   spec.model.tie_embeddings = true;
   CHECK(predict_step(spec, c).reduce_s == Approx(c.allreduce_s(4.0 * 256 * 64, 2)));  // wte's gradient, 2 ranks
   spec.model.tie_embeddings = false;
@@ -84,5 +88,5 @@ TEST_CASE("predicted step: the simulated pipeline, then reduction and AdamW on t
   CHECK(d.reduce_s > 0);
   CHECK(d.step_s == Approx(d.pipeline_s + d.reduce_s + d.optimizer_s));
   spec.parallel.zero = 1;
-  CHECK(predict_step(spec, c).optimizer_s == Approx(d.optimizer_s / 2));  // each replica updates half
+  CHECK(predict_step(spec, c).optimizer_s - agree == Approx((d.optimizer_s - agree) / 2));  // each replica updates half
 }

@@ -1,10 +1,11 @@
 // What a machine takes for the pieces of a training step: the planner's input. Per micro-batch of
 // a given number of samples, one block's forward (F), input-gradient (B) and weight-gradient (W)
-// passes, and the same for the embedding and for the LM head with its loss; AdamW per parameter; a
-// message between pipeline neighbours and an all-reduce over a data-parallel group, by size. They
-// come from `pipetrain plan --calibrate` (measured on this machine with the real kernels and, when
-// launched on two or more ranks, the real messages), or from a per-rank peak FLOP/s and a link
-// bandwidth for a machine not at hand.
+// passes, and the same for the embedding and for the LM head with its loss; the update (zeroing
+// gradients, their norm, AdamW) per parameter; a message between pipeline neighbours and an
+// all-reduce over a data-parallel group, by size. They come from `pipetrain plan --calibrate`
+// (measured on this machine with the real kernels and, when launched on two or more ranks, the
+// real messages), from a finished run's trace (tools/costs_from_run.hpp), or from a per-rank peak
+// FLOP/s and a link bandwidth for a machine not at hand.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
@@ -31,7 +32,7 @@ struct MachineCosts {
     PassCosts block_recompute[2];
   };
   std::vector<AtSize> compute;               // by increasing samples
-  double adamw_s_per_param = 0;
+  double adamw_s_per_param = 0;              // the update: zeroing gradients, their norm and AdamW
   struct Transfer {
     double bytes = 0, seconds = 0;
   };
@@ -60,6 +61,9 @@ struct MachineCosts {
   // kernels for `spec`'s model), messages at `link_bytes_per_s` after a 10 us latency, AdamW at a
   // memory bandwidth of peak / 200 FLOP per byte.
   static MachineCosts from_peak(const RunSpec& spec, double flops_per_s, double efficiency, double link_bytes_per_s);
+  // The FLOPs of each pass per sample, as our kernels count them, in the seconds' places (from_peak
+  // divides them by a rate; a run's measured passes are shared out in their proportions).
+  static AtSize flops_per_sample(const RunSpec& spec);
   // Refuses (SpecError) costs measured on another model width, head count, context or vocabulary.
   void check_fits(const RunSpec& spec, const std::string& where) const;
 };

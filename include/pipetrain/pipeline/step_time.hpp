@@ -10,7 +10,7 @@ namespace pipetrain {
 struct StepPrediction {
   double step_s = 0;         // the slowest rank's
   double pipeline_s = 0;     // the forwards and backwards (the simulated makespan)
-  double bubble = 0;         // idle share of the pipeline part, mean over ranks
+  double bubble = 0;         // share of the step a rank waits for others, mean over ranks (as bubble_measured)
   double reduce_s = 0;       // gradient reduction (+ parameter gather under zero = 1, + tied sum) of the slowest rank
   double optimizer_s = 0;    // AdamW on the slowest rank
   double tokens_per_s = 0;

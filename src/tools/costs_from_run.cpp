@@ -1,0 +1,172 @@
+#include "pipetrain/tools/costs_from_run.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
+
+#include "pipetrain/model/model.hpp"
+#include "pipetrain/model/partition.hpp"
+#include "pipetrain/util/errors.hpp"
+#include "pipetrain/util/files.hpp"
+
+namespace pipetrain {
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
+// What a virtual stage holds.
+struct Shape {
+  int blocks;
+  bool first, last;
+};
+
+// One kind of pass (forward, input gradient, ...) shared out over a block, the embedding and the
+// head: `t` per virtual stage (seconds), `unit` the pass's FLOPs for each part.
+struct Parts {
+  double block = 0, embed = 0, head = 0;
+};
+Parts share_out(const std::vector<double>& t, const std::vector<Shape>& shapes, Parts unit) {
+  auto flops = [&](const Shape& s) {
+    return s.blocks * unit.block + (s.first ? unit.embed : 0) + (s.last ? unit.head : 0);
+  };
+  std::vector<double> per_block;
+  for (size_t v = 0; v < shapes.size(); ++v)
+    if (!shapes[v].first && !shapes[v].last && shapes[v].blocks > 0) per_block.push_back(t[v] / shapes[v].blocks);
+  Parts p;
+  if (per_block.empty()) {  // no stage times a block alone: the FLOPs' proportions throughout
+    double time = 0, work = 0;
+    for (size_t v = 0; v < shapes.size(); ++v) time += t[v], work += flops(shapes[v]);
+    const double s = work > 0 ? time / work : 0;
+    return {unit.block * s, unit.embed * s, unit.head * s};
+  }
+  p.block = median(per_block);
+  for (size_t v = 0; v < shapes.size(); ++v) {
+    const Shape& s = shapes[v];
+    if (!s.first && !s.last) continue;
+    const double rest = std::max(0.0, t[v] - s.blocks * p.block);  // the embedding's and/or the head's
+    const double e = s.first ? unit.embed : 0, h = s.last ? unit.head : 0;
+    if (e + h > 0) {
+      if (s.first) p.embed = rest * e / (e + h);
+      if (s.last) p.head = rest * h / (e + h);
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+MachineCosts costs_from_run(const std::string& run_dir) {
+  const std::string config = run_dir + "/config.toml", trace_file = run_dir + "/trace.json";
+  const RunSpec spec = load_spec(config, {}, kAnyLayout);
+  nlohmann::json trace;
+  try {
+    trace = nlohmann::json::parse(read_input_file(trace_file, "the run's trace"));
+  } catch (const nlohmann::json::exception& e) {
+    throw SpecError(trace_file + ": not a trace (" + e.what() + ")");
+  }
+  const ChunkPlacement placement = spec.chunk_placement();
+  const int VS = placement.virtual_stages();
+
+  // The spans, by (virtual stage, kind); kinds F, B (fused), b (split input half), W, R.
+  struct Span {
+    char op;
+    int stage, dp, step, chunk, mb;
+    double seconds;
+  };
+  std::vector<Span> spans;
+  // Per rank (stage * dp count + dp), per step: zeroing the gradients, their norm and AdamW.
+  std::map<int, std::map<int, double>> update;
+  int last_step = 0;
+  for (const auto& e : trace.value("traceEvents", nlohmann::json::array())) {
+    if (e.value("ph", "") != "X") continue;
+    const std::string name = e.value("name", ""), cat = e.value("cat", "");
+    const int stage = e.value("pid", 0), dp = e.value("tid", 0), step = e.at("args").value("step", 0);
+    last_step = std::max(last_step, step);
+    const double seconds = e.value("dur", 0.0) * 1e-6;
+    if (name == "zero grads" || name == "gradient norm" || name == "optimizer")
+      update[stage * spec.parallel.dp + dp][step] += seconds;
+    if (cat != "forward" && cat != "backward" && cat != "recompute") continue;
+    int mb = 0, chunk = 0;
+    if (std::sscanf(name.c_str() + 1, "%d.%d", &mb, &chunk) < 1) continue;
+    spans.push_back({name[0], stage, dp, step, chunk, mb, seconds});
+  }
+  if (spans.empty())
+    throw SpecError(trace_file + ": no forward or backward spans (train with log.trace_steps > 0 to measure)");
+  const int first_step = last_step > 1 ? 2 : 1;  // the first step also sizes every buffer
+  std::set<std::tuple<int, int, int, int, int>> split;  // (stage, dp, step, chunk, mb) whose backward has a W
+  for (const Span& s : spans)
+    if (s.op == 'W') split.insert({s.stage, s.dp, s.step, s.chunk, s.mb});
+  std::vector<std::map<char, std::vector<double>>> by_vstage(VS);
+  for (const Span& s : spans) {
+    if (s.step < first_step || s.stage >= placement.stages || s.chunk >= placement.chunks) continue;
+    char op = s.op;
+    if (op == 'B' && split.count({s.stage, s.dp, s.step, s.chunk, s.mb})) op = 'b';
+    by_vstage[placement.vstage(s.stage, s.chunk)][op].push_back(s.seconds);
+  }
+
+  const std::vector<int> blocks = partition_blocks(spec);
+  std::vector<Shape> shapes;
+  for (int v = 0; v < VS; ++v) shapes.push_back({blocks[v], v == 0, v == VS - 1});
+  const MachineCosts::AtSize unit = MachineCosts::flops_per_sample(spec);
+  auto flops = [&](const Shape& s, double PassCosts::*pass) {
+    return s.blocks * unit.block.*pass + (s.first ? unit.embed.*pass : 0) + (s.last ? unit.head.*pass : 0);
+  };
+  std::vector<double> f(VS), b(VS), w(VS), r(VS);
+  for (int v = 0; v < VS; ++v) {
+    auto& m = by_vstage[v];
+    if (m['F'].empty()) throw SpecError(trace_file + ": no forward of virtual stage " + std::to_string(v) + " traced");
+    f[v] = median(m['F']), r[v] = median(m['R']);
+    if (!m['b'].empty()) {
+      b[v] = median(m['b']), w[v] = median(m['W']);
+    } else {  // fused: input and weight halves in their FLOPs' proportions
+      const double fb = flops(shapes[v], &PassCosts::b), fw = flops(shapes[v], &PassCosts::w);
+      b[v] = median(m['B']) * fb / (fb + fw), w[v] = median(m['B']) * fw / (fb + fw);
+    }
+  }
+  auto parts = [&](const std::vector<double>& t, double PassCosts::*pass) {
+    return share_out(t, shapes, {unit.block.*pass, unit.embed.*pass, unit.head.*pass});
+  };
+  const Parts F = parts(f, &PassCosts::f), B = parts(b, &PassCosts::b), W = parts(w, &PassCosts::w);
+  const Parts R = parts(r, &PassCosts::f);  // a recompute re-runs forwards
+
+  MachineCosts c;
+  char what[256];
+  std::snprintf(what, sizeof what, "the trace of run %s (pp %d x dp %d, %s, M = %d, recompute %s), steps %d-%d",
+                run_dir.c_str(), spec.parallel.pp, spec.parallel.dp, spec.parallel.schedule->name.c_str(),
+                spec.parallel.micro_batches, name_of(spec.parallel.recompute), first_step, last_step);
+  c.source = what;
+  c.d_model = spec.model.d_model, c.n_head = spec.model.n_head, c.seq_len = spec.model.seq_len, c.vocab = spec.model.vocab;
+  MachineCosts::AtSize at;
+  at.samples = spec.samples_per_micro_batch();
+  at.block = {F.block, B.block, W.block};
+  at.embed = {F.embed, B.embed, W.embed};
+  at.head = {F.head, B.head, W.head};
+  if (spec.parallel.recompute != Recompute::none)  // the other mode stays unmeasured (0)
+    at.block_recompute[spec.parallel.recompute == Recompute::block ? 0 : 1] = {F.block, R.block + B.block + W.block, 0};
+  c.compute = {at};
+
+  std::vector<double> per_param;
+  for (const auto& [rank, by_step] : update) {
+    const int stage = rank / spec.parallel.dp;
+    std::vector<double> seconds;
+    for (const auto& [step, s] : by_step)
+      if (step >= first_step) seconds.push_back(s);
+    size_t params = 0;
+    for (const ParamTensor& t : rank_params(spec, chunks_of(blocks, placement, stage), VS)) params += t.size;
+    const double updated = spec.parallel.zero ? static_cast<double>(params) / spec.parallel.dp : params;
+    if (updated > 0) per_param.push_back(median(seconds) / updated);
+  }
+  c.adamw_s_per_param = median(per_param);
+  return c;
+}
+
+}  // namespace pipetrain
