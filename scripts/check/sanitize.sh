@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 log=build-asan.log
-cmake -S . -B build-asan -DPIPETRAIN_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$log" 2>&1 || { cat "$log"; exit 1; }
+cmake -S . -B build-asan -DPIPETRAIN_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug > "$log" 2>&1 || { cat "$log"; exit 1; }
 cmake --build build-asan -j "$(nproc)" --target pipetrain unit_tests >> "$log" 2>&1 || { tail -50 "$log"; exit 1; }
 rm -f "$log"
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
