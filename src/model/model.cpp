@@ -305,7 +305,7 @@ void Stage::compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, 
   for (int l = 0; l < c.L; ++l) {
     float* y = (l + 1 < c.L || c.last) ? w.xs[l + 1].data() : out;
     block_forward(c, l, w.xs[l].data(), w.blocks[l], y);
-    if (between_blocks_) between_blocks_();
+    poll();
   }
   if (c.last) *loss = head_forward(w.xs[c.L].data(), w.head, s.targets.data());
 }
@@ -404,7 +404,7 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
       if (split) block_backward_weight(c, l, a->xs[l].data(), a->blocks[l], w);
       if (done_from && l > 0) done_from(c.block_offset[l]);
     }
-    if (between_blocks_) between_blocks_();
+    poll();
   }
   if (c.first) {
     if (split && input) copy_values(hw.dembed.data(), dres_.data(), n);
@@ -463,13 +463,18 @@ void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, f
   BlockPtrs w = block_ptrs(weights_, c, l);
   k_.layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1w, w.ln1b, N, C);
   k_.matmul_forward(a.qkv.data(), a.ln1.data(), w.qkvw, w.qkvb, N, C, 3 * C);
+  poll();
   k_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B_, T_, C, NH_);
+  poll();
   k_.matmul_forward(attproj_.data(), a.atty.data(), w.projw, nullptr, N, C, C);
+  poll();
   k_.residual_forward(a.res2.data(), x, attproj_.data(), w.projb, N, C);
   k_.layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), w.ln2w, w.ln2b, N, C);
   k_.matmul_forward(a.fch.data(), a.ln2.data(), w.fcw, nullptr, N, C, 4 * C);
+  poll();
   k_.bias_gelu_forward(a.fch.data(), a.fch_gelu.data(), w.fcb, N, 4 * C);
   k_.matmul_forward(fcproj_.data(), a.fch_gelu.data(), w.fcprojw, nullptr, N, 4 * C, C);
+  poll();
   k_.residual_forward(out, a.res2.data(), fcproj_.data(), w.fcprojb, N, C);
 }
 
@@ -487,9 +492,11 @@ void Stage::block_backward_input(const Chunk& c, int l, const float* x, const Bl
   if (!g) copy_values(w.dout.data(), dout, NC);
   k_.matmul_backward(dfch_gelu_.data(), grad(&BlockPtrs::fcprojw), grad(&BlockPtrs::fcprojb), dout, a.fch_gelu.data(),
                   p.fcprojw, N, 4 * C, C);
+  poll();
   k_.gelu_backward(w.dfch.data(), a.fch.data(), dfch_gelu_.data(), 4 * NC);
   k_.matmul_backward(w.dln2.data(), grad(&BlockPtrs::fcw), grad(&BlockPtrs::fcb), w.dfch.data(), a.ln2.data(), p.fcw, N,
                   C, 4 * C);
+  poll();
   float* dres2 = dinp;  // accumulate d(res2) in dinp, then continue through the attention branch
   copy_values(dres2, dout, NC);
   k_.layernorm_backward(dres2, grad(&BlockPtrs::ln2w), grad(&BlockPtrs::ln2b), w.dln2.data(), a.res2.data(), p.ln2w,
@@ -498,9 +505,12 @@ void Stage::block_backward_input(const Chunk& c, int l, const float* x, const Bl
   // res2 = x + proj(attn(ln1(x)))
   k_.matmul_backward(datty_.data(), grad(&BlockPtrs::projw), grad(&BlockPtrs::projb), dres2, a.atty.data(), p.projw, N,
                   C, C);
+  poll();
   k_.attention_backward(w.dqkv.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, T_, C, NH_);
+  poll();
   k_.matmul_backward(w.dln1.data(), grad(&BlockPtrs::qkvw), grad(&BlockPtrs::qkvb), w.dqkv.data(), a.ln1.data(), p.qkvw,
                   N, C, 3 * C);
+  poll();
   k_.layernorm_backward(dinp, grad(&BlockPtrs::ln1w), grad(&BlockPtrs::ln1b), w.dln1.data(), x, p.ln1w,
                      a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
 }
@@ -509,11 +519,15 @@ void Stage::block_backward_weight(const Chunk& c, int l, const float* x, const B
   const int N = B_ * T_, C = C_;
   BlockPtrs g = block_ptrs(grads_, c, l);
   k_.matmul_backward(nullptr, g.fcprojw, g.fcprojb, w.dout.data(), a.fch_gelu.data(), nullptr, N, 4 * C, C);
+  poll();
   k_.matmul_backward(nullptr, g.fcw, g.fcb, w.dfch.data(), a.ln2.data(), nullptr, N, C, 4 * C);
+  poll();
   k_.layernorm_backward(nullptr, g.ln2w, g.ln2b, w.dln2.data(), a.res2.data(), nullptr, a.ln2_mean.data(),
                      a.ln2_rstd.data(), N, C);
   k_.matmul_backward(nullptr, g.projw, g.projb, w.dres2.data(), a.atty.data(), nullptr, N, C, C);
+  poll();
   k_.matmul_backward(nullptr, g.qkvw, g.qkvb, w.dqkv.data(), a.ln1.data(), nullptr, N, C, 3 * C);
+  poll();
   k_.layernorm_backward(nullptr, g.ln1w, g.ln1b, w.dln1.data(), x, nullptr, a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
 }
 

@@ -110,11 +110,11 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
 
   StepStats st;
   // Messages keep moving while the stage computes (a paired forward's send while the backward
-  // after it runs): one test of each pending request between the stage's blocks.
-  stage_.set_between_blocks([this] { progress(); });
+  // after it runs): one test of each pending request at the stage's poll points.
+  stage_.set_poll([this] { progress(); });
   struct Unhook {
     Stage& stage;
-    ~Unhook() { stage.set_between_blocks(nullptr); }
+    ~Unhook() { stage.set_poll(nullptr); }
   } unhook{stage_};
   const double wait0 = comm_.wait_seconds();
   const size_t n = stage_.boundary_floats(), bytes = n * sizeof(float);

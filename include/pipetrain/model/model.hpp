@@ -159,8 +159,10 @@ class Stage {
   size_t stash_bytes(int chunk, int mb) const;
   // Seconds the last backward() spent re-running forwards (recompute modes), for the trace.
   double last_recompute_s() const { return recompute_s_; }
-  // Called after every block of a forward or backward (the executor keeps messages moving there).
-  void set_between_blocks(std::function<void()> f) { between_blocks_ = std::move(f); }
+  // Called after each matrix product and attention kernel of a block and after every block (the
+  // executor keeps messages moving there: a rendezvous over TCP or RDMA advances only when its
+  // ranks look, so the finer the calls, the less a transfer waits on the compute around it).
+  void set_poll(std::function<void()> f) { poll_ = std::move(f); }
 
  private:
   struct Chunk {
@@ -189,7 +191,10 @@ class Stage {
   Recompute mode_;
   float grad_scale_;
   double recompute_s_ = 0;
-  std::function<void()> between_blocks_;
+  std::function<void()> poll_;
+  void poll() {
+    if (poll_) poll_();
+  }
   std::vector<ParamTensor> params_;
   const Kernels& k_;  // the compute device's kernels
   Floats weights_, grads_;
