@@ -8,14 +8,17 @@ prediction. Then `plan --auto --world 2` picks a layout within --memory, which i
 set against the fastest measured two-rank layout that fits. Prints tables and a JSON summary.
 
 usage: scripts/bench/planner.py [--bin build/pipetrain] [--config configs/small.toml] [--steps 30]
-                                [--skip 5] [--memory 48MiB] [--bubbles] [--out FILE]
---bubbles adds the P = 2 table: every schedule at M = 4, 8, 16, measured bubble against simulated."""
+                                [--skip 5] [--memory 48MiB] [--bubbles] [--cluster] [--only TEXT] [--out FILE]
+--bubbles adds the P = 2 table: every schedule at M = 4, 8, 16, measured bubble against simulated.
+--cluster (root) adds layouts across an emulated 2-node cluster (scripts/cluster/slurm-nodes.sh,
+one rank per node, TCP between them), calibrated there with srun."""
 import argparse
 import json
 import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 
 here = os.path.dirname(os.path.abspath(__file__))
@@ -27,6 +30,7 @@ ap.add_argument("--steps", type=int, default=30)
 ap.add_argument("--skip", type=int, default=5)
 ap.add_argument("--memory", default="48MiB")
 ap.add_argument("--bubbles", action="store_true")
+ap.add_argument("--cluster", action="store_true")
 ap.add_argument("--only", help="only the layouts whose name contains this text (no --auto part)")
 ap.add_argument("--out")
 a = ap.parse_args()
@@ -40,10 +44,13 @@ def flags(sets):
     return [x for s in sets for x in ("--set", s)]
 
 
-def calibrate(ranks):
-    path = os.path.join(work, f"costs_{ranks}.json")
-    subprocess.run([mpiexec, "-n", str(ranks), a.bin, "plan", "--calibrate", "--config", a.config, "--output", path],
-                   check=True, capture_output=True, stdin=subprocess.DEVNULL)
+def on_one_node(ranks, argv):
+    subprocess.run([mpiexec, "-n", str(ranks), *argv], check=True, capture_output=True, stdin=subprocess.DEVNULL)
+
+
+def calibrate(ranks, launch=on_one_node, name=None, sets=()):
+    path = os.path.join(work, f"costs_{name or ranks}.json")
+    launch(ranks, [a.bin, "plan", "--calibrate", "--config", a.config, "--output", path, *flags(sets)])
     return path
 
 
@@ -55,11 +62,9 @@ def predict(sets, costs=None):
     return j
 
 
-def train(name, ranks, sets):
+def train(name, ranks, sets, launch=on_one_node):
     d = os.path.join(work, name)
-    subprocess.run([mpiexec, "-n", str(ranks), a.bin, "train", "--config", a.config, "--run-dir", d,
-                    *flags(common + sets + [f"run.steps={a.steps}"])], check=True, capture_output=True,
-                   stdin=subprocess.DEVNULL)
+    launch(ranks, [a.bin, "train", "--config", a.config, "--run-dir", d, *flags(common + sets + [f"run.steps={a.steps}"])])
     lines = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))][a.skip:]
     return {"step_s": statistics.median(l["step_time_s"] for l in lines),
             "bubble": statistics.median(statistics.mean(l["bubble_measured"]) for l in lines),
@@ -100,22 +105,51 @@ cases = [
     ("1x2 M=8 stage", 2, layout_sets(1, 2, 8, extra=["parallel.recompute=stage"])),
 ]
 rows = []
+
+
+def compare(name, ranks, sets, costs_path, launch=on_one_node, fixed=None):
+    """Predicts and trains one layout (`fixed`: the processes' overhead there, default the
+    one-node figure for `ranks`); prints and returns its row."""
+    pj = predict(sets, costs_path)
+    p = pj["budget"]
+    m = train(name.replace(" ", "_").replace("=", "").replace(":", ""), ranks, sets, launch)
+    mem_pred = pj["memory"] + (overhead[ranks] if fixed is None else fixed)
+    row = {"layout": name, "ranks": ranks, "sets": sets, "predicted_s": p["step_s"], "measured_s": m["step_s"],
+           "error": p["step_s"] / m["step_s"] - 1, "memory_predicted": mem_pred, "rss": m["rss"],
+           "memory_error": mem_pred / m["rss"] - 1}
+    print(f"{name:28} {1e3 * p['step_s']:8.1f}ms {1e3 * m['step_s']:8.1f}ms {100 * row['error']:+6.1f}%   "
+          f"{mem_pred / MIB:7.1f}Mi {m['rss'] / MIB:7.1f}Mi {100 * row['memory_error']:+6.1f}%", flush=True)
+    return row
+
+
 if a.only:
     cases = [c for c in cases if a.only in c[0]]
 print(f"planner benchmark: {a.config}, {a.steps} steps (median after {a.skip}); fixed overhead "
       f"{overhead[1] / MIB:.1f} MiB on 1 rank, {overhead[2] / MIB:.1f} MiB on 2")
 print(f"{'layout':28} {'predicted':>10} {'measured':>10} {'error':>7}   {'mem pred':>9} {'RSS':>9} {'error':>7}")
 for name, ranks, sets in cases:
-    pj = predict(sets, costs[ranks])
-    p = pj["budget"]
-    m = train(name.replace(" ", "_").replace("=", ""), ranks, sets)
-    mem_pred = pj["memory"] + overhead[ranks]
-    row = {"layout": name, "ranks": ranks, "sets": sets, "predicted_s": p["step_s"], "measured_s": m["step_s"],
-           "error": p["step_s"] / m["step_s"] - 1, "memory_predicted": mem_pred, "rss": m["rss"],
-           "memory_error": mem_pred / m["rss"] - 1}
-    rows.append(row)
-    print(f"{name:28} {1e3 * p['step_s']:8.1f}ms {1e3 * m['step_s']:8.1f}ms {100 * row['error']:+6.1f}%   "
-          f"{mem_pred / MIB:7.1f}Mi {m['rss'] / MIB:7.1f}Mi {100 * row['memory_error']:+6.1f}%")
+    rows.append(compare(name, ranks, sets, costs[ranks]))
+if a.cluster:
+    # One rank on each of two emulated nodes: the pipeline's messages and the all-reduce cross TCP.
+    # The nodes share this machine's cores, and each would take them all: one BLAS thread per rank.
+    one_thread = ["parallel.threads_per_rank=1"]
+    sys.path.insert(0, root)
+    from tests.lib.emulated_cluster import Cluster
+    with Cluster(os.path.join(work, "cluster"), 2, 1) as cluster:
+        def across_nodes(ranks, argv):
+            p, _ = cluster.srun(ranks, 1, argv, timeout=900)
+            if p.returncode != 0:
+                raise SystemExit(f"srun {' '.join(argv[:2])}: exit {p.returncode}: {p.stderr[-500:]}")
+        cluster_costs = calibrate(2, across_nodes, "cluster", one_thread)
+        sets = minimal + one_thread + ["parallel.dp=2"]
+        fixed = train("minimal_cluster", 2, sets, across_nodes)["rss"] - predict(sets)["memory"]
+        for name, sets in [("2 nodes: 2x1 gpipe M=8", layout_sets(2, 1, 8)),
+                           ("2 nodes: 2x1 1f1b M=16", layout_sets(2, 1, 16, "1f1b")),
+                           ("2 nodes: 2x1 zb-h1 M=8", layout_sets(2, 1, 8, "zb-h1")),
+                           ("2 nodes: 2x1 interleaved M=8", layout_sets(2, 1, 8, "interleaved", ["parallel.virtual_stages=2"])),
+                           ("2 nodes: 1x2 M=4", layout_sets(1, 2, 4))]:
+            if not a.only or a.only in name:
+                rows.append(compare(name, 2, sets + one_thread, cluster_costs, across_nodes, fixed))
 errors = [abs(r["error"]) for r in rows]
 mem_errors = [abs(r["memory_error"]) for r in rows]
 print(f"step time: median |error| {100 * statistics.median(errors):.1f}%, worst {100 * max(errors):.1f}%; "
@@ -128,7 +162,7 @@ auto = json.loads(subprocess.run([a.bin, "plan", "--config", a.config, "--auto",
                                  text=True).stdout)
 first = auto["best"][0]
 chosen = train("auto_first", 2, first["set"].split()[1::2])
-fitting = [r for r in rows if r["ranks"] == 2 and r["memory_predicted"] - overhead[2] <= auto.get("memory_per_rank", 1e30)]
+fitting = [r for r in rows if r["ranks"] == 2 and not r["layout"].startswith("2 nodes") and r["memory_predicted"] - overhead[2] <= auto.get("memory_per_rank", 1e30)]
 fastest = min(fitting, key=lambda r: r["measured_s"])
 auto_ratio = chosen["step_s"] / fastest["measured_s"]
 print(f"--auto --world 2 within {a.memory}: {first['layout']}, predicted {1e3 * first['step_s']:.1f} ms, measured "
