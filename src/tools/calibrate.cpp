@@ -14,6 +14,7 @@
 #include "pipetrain/model/model.hpp"
 #include "pipetrain/model/optim.hpp"
 #include "pipetrain/util/clock.hpp"
+#include "pipetrain/util/stats.hpp"
 
 namespace pipetrain {
 namespace {
@@ -29,11 +30,6 @@ std::string cpu_model() {  // named next to every figure measured on it
   for (std::string line; std::getline(in, line);)
     if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
   return "an unknown CPU";
-}
-
-double median(std::vector<double> t) {
-  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-  return t[t.size() / 2];
 }
 
 template <class F>

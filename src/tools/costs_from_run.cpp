@@ -12,16 +12,10 @@
 #include "pipetrain/model/partition.hpp"
 #include "pipetrain/util/errors.hpp"
 #include "pipetrain/util/files.hpp"
+#include "pipetrain/util/stats.hpp"
 
 namespace pipetrain {
 namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
-}
 
 // What a virtual stage holds.
 struct Shape {
@@ -124,7 +118,7 @@ MachineCosts costs_from_run(const std::string& run_dir) {
   for (int v = 0; v < VS; ++v) {
     auto& m = by_vstage[v];
     if (m['F'].empty()) throw SpecError(trace_file + ": no forward of virtual stage " + std::to_string(v) + " traced");
-    f[v] = median(m['F']), r[v] = median(m['R']);
+    f[v] = median(m['F']), r[v] = m['R'].empty() ? 0 : median(m['R']);  // no recompute: none traced
     if (!m['b'].empty()) {
       b[v] = median(m['b']), w[v] = median(m['W']);
     } else {  // fused: input and weight halves in their FLOPs' proportions
@@ -165,7 +159,7 @@ MachineCosts costs_from_run(const std::string& run_dir) {
     const double updated = spec.parallel.zero ? static_cast<double>(params) / spec.parallel.dp : params;
     if (updated > 0) per_param.push_back(median(seconds) / updated);
   }
-  c.adamw_s_per_param = median(per_param);
+  c.adamw_s_per_param = per_param.empty() ? 0 : median(per_param);
   return c;
 }
 

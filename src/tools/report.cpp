@@ -14,18 +14,13 @@
 #include "pipetrain/pipeline/plan.hpp"
 #include "pipetrain/compute/profile.hpp"
 #include "pipetrain/tools/run_story.hpp"
+#include "pipetrain/util/stats.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace pipetrain {
 namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 // Median over logged steps of entry s of an array-valued key.
 double stage_median(const std::vector<json>& lines, const char* key, size_t s) {
