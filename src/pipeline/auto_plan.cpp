@@ -8,6 +8,7 @@
 #include "pipetrain/model/partition.hpp"
 #include "pipetrain/pipeline/plan.hpp"
 #include "pipetrain/schedule/registry.hpp"
+#include "pipetrain/util/files.hpp"
 
 namespace pipetrain {
 namespace {
@@ -94,7 +95,7 @@ std::string auto_plan_text(const AutoPlan& plan, int world, const MachineCosts& 
   std::ostringstream os;
   os << "plan --auto: " << plan.considered << " layouts of " << world << " rank" << (world > 1 ? "s" : "")
      << " considered";
-  if (memory_per_rank > 0) os << ", " << plan.over_memory << " over " << bytes(memory_per_rank) << " per rank";
+  if (memory_per_rank > 0) os << ", " << plan.over_memory << " over " << human_bytes(memory_per_rank) << " per rank";
   os << "; step times predicted with " << costs.source << "\n";
   if (plan.best.empty()) {
     os << "no layout fits: more ranks, a smaller model or a smaller global batch\n";
@@ -107,7 +108,7 @@ std::string auto_plan_text(const AutoPlan& plan, int world, const MachineCosts& 
   for (size_t i = 0; i < plan.best.size(); ++i) {
     const LayoutChoice& c = plan.best[i];
     std::snprintf(line, sizeof line, "  %-3zu %8.2f ms %12.0f %8.4f %11s   %s\n", i + 1, 1e3 * c.predicted.step_s,
-                  c.predicted.tokens_per_s, c.predicted.bubble, bytes(c.memory_bytes).c_str(), c.summary.c_str());
+                  c.predicted.tokens_per_s, c.predicted.bubble, human_bytes(c.memory_bytes).c_str(), c.summary.c_str());
     os << line;
   }
   os << "run the first with:\n  " << plan.best.front().sets << "\n";

@@ -10,6 +10,7 @@
 #include "pipetrain/model/partition.hpp"
 #include "pipetrain/schedule/registry.hpp"
 #include "pipetrain/schedule/simulate.hpp"
+#include "pipetrain/util/files.hpp"
 
 namespace pipetrain {
 namespace {
@@ -17,15 +18,6 @@ namespace {
 constexpr Recompute kModes[3] = {Recompute::none, Recompute::stage, Recompute::block};
 
 }  // namespace
-
-std::string bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  for (; b >= 1024 && u < 4; ++u) b /= 1024;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", b, units[u]);
-  return buf;
-}
 
 double StagePlan::state_bytes(const RunSpec& spec) const {
   return 8.0 * params + optim_bytes(spec.parallel.zero) + (spec.checkpoint.async ? snapshot_bytes : 0);
@@ -145,16 +137,16 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const auto& sp = plan.stages[s];
     std::snprintf(line, sizeof line, "  %-8zu %12s %12s %12s %12s | %12s %12s %12s | %12s\n", s,
-                  bytes(4.0 * sp.params).c_str(), bytes(4.0 * sp.params).c_str(), bytes(sp.optim_bytes(0)).c_str(),
-                  bytes(sp.optim_bytes(1)).c_str(), bytes(sp.act_peak_bytes[0]).c_str(),
-                  bytes(sp.act_peak_bytes[1]).c_str(), bytes(sp.act_peak_bytes[2]).c_str(),
-                  bytes(sp.working_bytes + sp.reduce_scratch_bytes).c_str());
+                  human_bytes(4.0 * sp.params).c_str(), human_bytes(4.0 * sp.params).c_str(),
+                  human_bytes(sp.optim_bytes(0)).c_str(), human_bytes(sp.optim_bytes(1)).c_str(),
+                  human_bytes(sp.act_peak_bytes[0]).c_str(), human_bytes(sp.act_peak_bytes[1]).c_str(),
+                  human_bytes(sp.act_peak_bytes[2]).c_str(), human_bytes(sp.working_bytes + sp.reduce_scratch_bytes).c_str());
     os << line;
   }
   os << "  (* the spec's parallel.zero; zero = 1 keeps each replica's AdamW state for its row slab of every tensor)\n";
   if (spec.checkpoint.async) {
     os << "  checkpoint.async: each save's host snapshot (the replica's slab of weights and moments):";
-    for (auto& sp : plan.stages) os << " " << bytes(sp.snapshot_bytes);
+    for (auto& sp : plan.stages) os << " " << human_bytes(sp.snapshot_bytes);
     os << "\n";
   }
   return os.str();
@@ -191,7 +183,7 @@ std::string schedule_comparison(const RunSpec& spec) {
     size_t peak = 0;
     for (auto& st : p.stages) held += (held.empty() ? "" : " ") + std::to_string(st.in_flight), peak = std::max(peak, st.act_peak_bytes[mode]);
     std::snprintf(line, sizeof line, "  %-11s %8.4f %10.4f   %-24s %s\n", name.c_str(), p.bubble_theory, p.bubble_sim,
-                  held.c_str(), bytes(peak).c_str());
+                  held.c_str(), human_bytes(peak).c_str());
     os << line;
   }
   return os.str();

@@ -93,7 +93,7 @@ std::string human_bytes(double b) {
   const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
   while (b >= 1024 && u < 4) b /= 1024, ++u;
-  std::snprintf(buf, sizeof buf, "%.1f %s", b, unit[u]);
+  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", b, unit[u]);  // whole bytes below a KiB
   return buf;
 }
 

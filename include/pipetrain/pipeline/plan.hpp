@@ -44,8 +44,6 @@ struct Plan {
 };
 
 Plan make_plan(const RunSpec& spec);
-// "3.1 MiB": a byte count as plan prints it.
-std::string bytes(double b);
 // "interleaved (2 chunks per stage)", "gpipe": the schedule as the start line and plan show it.
 std::string schedule_description(const RunSpec& spec);
 std::string plan_text(const RunSpec& spec, const Plan& plan);

@@ -36,7 +36,7 @@ std::string free_space_note(const std::string& path);
 // fsync a file or directory (so a rename that follows cannot overtake its contents on a crash).
 void sync_path(const std::string& path);
 
-// "12.3 MiB": bytes in binary units, one decimal.
+// "12.3 MiB": bytes in binary units, one decimal ("512 B" below a KiB).
 std::string human_bytes(double bytes);
 
 }  // namespace pipetrain
