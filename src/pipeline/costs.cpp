@@ -41,6 +41,14 @@ PassCosts pass_from(const nlohmann::json& j) { return {j.at("f").get<double>(), 
 
 }  // namespace
 
+PassCosts stage_passes(const PassCosts& block, const PassCosts& embed, const PassCosts& head, int blocks, bool first,
+                       bool last) {
+  PassCosts c{blocks * block.f, blocks * block.b, blocks * block.w};
+  if (first) c.f += embed.f, c.b += embed.b, c.w += embed.w;
+  if (last) c.f += head.f, c.b += head.b, c.w += head.w;
+  return c;
+}
+
 PassCosts MachineCosts::block(int samples) const {
   return pass_at(compute, samples, [](const AtSize& a) { return a.block; });
 }
@@ -130,15 +138,20 @@ MachineCosts MachineCosts::read(const std::string& path) {
   return from_json(j, "--costs " + path);
 }
 
+MachineCosts MachineCosts::for_model(const RunSpec& spec) {
+  MachineCosts c;
+  c.d_model = spec.model.d_model, c.n_head = spec.model.n_head, c.seq_len = spec.model.seq_len, c.vocab = spec.model.vocab;
+  return c;
+}
+
 MachineCosts MachineCosts::from_peak(const RunSpec& spec, double flops_per_s, double efficiency,
                                      double link_bytes_per_s) {
-  MachineCosts c;
+  MachineCosts c = for_model(spec);
   const double rate = flops_per_s * efficiency;
   char what[160];
   std::snprintf(what, sizeof what, "a peak of %.3g TFLOP/s per rank at %.0f%% of it, %.3g GB/s links", flops_per_s / 1e12,
                 100 * efficiency, link_bytes_per_s / 1e9);
   c.source = what;
-  c.d_model = spec.model.d_model, c.n_head = spec.model.n_head, c.seq_len = spec.model.seq_len, c.vocab = spec.model.vocab;
   AtSize one = flops_per_sample(spec);
   for (PassCosts* p : {&one.block, &one.embed, &one.head}) p->f /= rate, p->b /= rate, p->w /= rate;
   c.compute = {one};

@@ -20,9 +20,7 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
   // Each virtual stage's passes (under recompute a block's backward re-runs its forward).
   std::vector<double> fwd, bwd, wgt;
   for (int v = 0; v < n_virtual; ++v) {
-    PassCosts c{blocks[v] * block.f, blocks[v] * block.b, blocks[v] * block.w};
-    if (v == 0) c.f += embed.f, c.b += embed.b, c.w += embed.w;
-    if (v == n_virtual - 1) c.f += head.f, c.b += head.b, c.w += head.w;
+    const PassCosts c = stage_passes(block, embed, head, blocks[v], v == 0, v == n_virtual - 1);
     fwd.push_back(c.f), bwd.push_back(c.backward()), wgt.push_back(c.w);
   }
   std::vector<ActionList> lists;

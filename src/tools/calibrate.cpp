@@ -187,8 +187,7 @@ std::vector<MachineCosts::Transfer> time_allreduces(World& world, const std::vec
 }  // namespace
 
 MachineCosts calibrate(const RunSpec& spec, World& world) {
-  MachineCosts c;
-  c.d_model = spec.model.d_model, c.n_head = spec.model.n_head, c.seq_len = spec.model.seq_len, c.vocab = spec.model.vocab;
+  MachineCosts c = MachineCosts::for_model(spec);
   world.require_agreed([&] { use_spec_device(spec, world.local_rank()); });  // measured where training will run
   const int threads = spec.parallel.threads_per_rank > 0 ? spec.parallel.threads_per_rank : world.cores_per_rank();
   set_blas_threads(threads);

@@ -23,22 +23,26 @@ struct Shape {
   bool first, last;
 };
 
+// The FLOPs of one pass through a virtual stage, `unit` holding the parts' FLOPs per sample.
+double flops(const MachineCosts::AtSize& unit, const Shape& s, double PassCosts::*pass) {
+  return stage_passes(unit.block, unit.embed, unit.head, s.blocks, s.first, s.last).*pass;
+}
+
 // One kind of pass (forward, input gradient, ...) shared out over a block, the embedding and the
-// head: `t` per virtual stage (seconds), `unit` the pass's FLOPs for each part.
+// head: `t` its seconds per virtual stage.
 struct Parts {
   double block = 0, embed = 0, head = 0;
 };
-Parts share_out(const std::vector<double>& t, const std::vector<Shape>& shapes, Parts unit) {
-  auto flops = [&](const Shape& s) {
-    return s.blocks * unit.block + (s.first ? unit.embed : 0) + (s.last ? unit.head : 0);
-  };
+Parts share_out(const std::vector<double>& t, const std::vector<Shape>& shapes, const MachineCosts::AtSize& per_sample,
+                double PassCosts::*pass) {
+  const Parts unit{per_sample.block.*pass, per_sample.embed.*pass, per_sample.head.*pass};
   std::vector<double> per_block;
   for (size_t v = 0; v < shapes.size(); ++v)
     if (!shapes[v].first && !shapes[v].last && shapes[v].blocks > 0) per_block.push_back(t[v] / shapes[v].blocks);
   Parts p;
   if (per_block.empty()) {  // no stage times a block alone: the FLOPs' proportions throughout
     double time = 0, work = 0;
-    for (size_t v = 0; v < shapes.size(); ++v) time += t[v], work += flops(shapes[v]);
+    for (size_t v = 0; v < shapes.size(); ++v) time += t[v], work += flops(per_sample, shapes[v], pass);
     const double s = work > 0 ? time / work : 0;
     return {unit.block * s, unit.embed * s, unit.head * s};
   }
@@ -111,9 +115,6 @@ MachineCosts costs_from_run(const std::string& run_dir) {
   std::vector<Shape> shapes;
   for (int v = 0; v < VS; ++v) shapes.push_back({blocks[v], v == 0, v == VS - 1});
   const MachineCosts::AtSize unit = MachineCosts::flops_per_sample(spec);
-  auto flops = [&](const Shape& s, double PassCosts::*pass) {
-    return s.blocks * unit.block.*pass + (s.first ? unit.embed.*pass : 0) + (s.last ? unit.head.*pass : 0);
-  };
   std::vector<double> f(VS), b(VS), w(VS), r(VS);
   for (int v = 0; v < VS; ++v) {
     auto& m = by_vstage[v];
@@ -122,23 +123,20 @@ MachineCosts costs_from_run(const std::string& run_dir) {
     if (!m['b'].empty()) {
       b[v] = median(m['b']), w[v] = median(m['W']);
     } else {  // fused: input and weight halves in their FLOPs' proportions
-      const double fb = flops(shapes[v], &PassCosts::b), fw = flops(shapes[v], &PassCosts::w);
+      const double fb = flops(unit, shapes[v], &PassCosts::b), fw = flops(unit, shapes[v], &PassCosts::w);
       b[v] = median(m['B']) * fb / (fb + fw), w[v] = median(m['B']) * fw / (fb + fw);
     }
   }
-  auto parts = [&](const std::vector<double>& t, double PassCosts::*pass) {
-    return share_out(t, shapes, {unit.block.*pass, unit.embed.*pass, unit.head.*pass});
-  };
-  const Parts F = parts(f, &PassCosts::f), B = parts(b, &PassCosts::b), W = parts(w, &PassCosts::w);
-  const Parts R = parts(r, &PassCosts::f);  // a recompute re-runs forwards
+  const Parts F = share_out(f, shapes, unit, &PassCosts::f), B = share_out(b, shapes, unit, &PassCosts::b),
+              W = share_out(w, shapes, unit, &PassCosts::w);
+  const Parts R = share_out(r, shapes, unit, &PassCosts::f);  // a recompute re-runs forwards
 
-  MachineCosts c;
+  MachineCosts c = MachineCosts::for_model(spec);
   char what[256];
   std::snprintf(what, sizeof what, "the trace of run %s (pp %d x dp %d, %s, M = %d, recompute %s), steps %d-%d",
                 run_dir.c_str(), spec.parallel.pp, spec.parallel.dp, spec.parallel.schedule->name.c_str(),
                 spec.parallel.micro_batches, name_of(spec.parallel.recompute), first_step, last_step);
   c.source = what;
-  c.d_model = spec.model.d_model, c.n_head = spec.model.n_head, c.seq_len = spec.model.seq_len, c.vocab = spec.model.vocab;
   MachineCosts::AtSize at;
   at.samples = spec.samples_per_micro_batch();
   at.block = {F.block, B.block, W.block};

@@ -20,6 +20,11 @@ struct PassCosts {
   double backward() const { return b + w; }
 };
 
+// A virtual stage's passes: `blocks` blocks', plus the embedding's on the first and the head's on
+// the last (in whatever unit the parts are given: seconds, FLOPs).
+PassCosts stage_passes(const PassCosts& block, const PassCosts& embed, const PassCosts& head, int blocks, bool first,
+                       bool last);
+
 struct MachineCosts {
   std::string source;                        // how they were obtained (plan says so)
   int d_model = 0, n_head = 0, seq_len = 0, vocab = 0;  // the model shape measured
@@ -64,6 +69,8 @@ struct MachineCosts {
   // The FLOPs of each pass per sample, as our kernels count them, in the seconds' places (from_peak
   // divides them by a rate; a run's measured passes are shared out in their proportions).
   static AtSize flops_per_sample(const RunSpec& spec);
+  // No costs yet, for `spec`'s model shape (what check_fits compares).
+  static MachineCosts for_model(const RunSpec& spec);
   // Refuses (SpecError) costs measured on another model width, head count, context or vocabulary.
   void check_fits(const RunSpec& spec, const std::string& where) const;
 };
