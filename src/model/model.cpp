@@ -305,7 +305,6 @@ void Stage::compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, 
   for (int l = 0; l < c.L; ++l) {
     float* y = (l + 1 < c.L || c.last) ? w.xs[l + 1].data() : out;
     block_forward(c, l, w.xs[l].data(), w.blocks[l], y);
-    poll();
   }
   if (c.last) *loss = head_forward(w.xs[c.L].data(), w.head, s.targets.data());
 }
@@ -404,7 +403,6 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
       if (split) block_backward_weight(c, l, a->xs[l].data(), a->blocks[l], w);
       if (done_from && l > 0) done_from(c.block_offset[l]);
     }
-    poll();
   }
   if (c.first) {
     if (split && input) copy_values(hw.dembed.data(), dres_.data(), n);
@@ -535,6 +533,7 @@ double Stage::head_forward(const float* x, HeadActs& a, const int* targets) {
   const int N = B_ * T_, C = C_;
   k_.layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, weights_.data() + lnfw_, weights_.data() + lnfb_, N, C);
   k_.matmul_forward(logits_.data(), a.lnf.data(), weights_.data() + head_, nullptr, N, C, V_);
+  poll();
   return k_.softmax_crossentropy_forward(a.probs.data(), logits_.data(), targets, N, V_);
 }
 
@@ -544,6 +543,7 @@ void Stage::head_backward_input(const float* x, const HeadActs& a, const int* ta
   k_.softmax_crossentropy_backward(w.dlogits.data(), a.probs.data(), targets, grad_scale_, N, V_);
   k_.matmul_backward(w.dlnf.data(), fused ? grads_.data() + head_ : nullptr, nullptr, w.dlogits.data(), a.lnf.data(),
                   weights_.data() + head_, N, C, V_);
+  poll();
   k_.layernorm_backward(dinp, fused ? grads_.data() + lnfw_ : nullptr, fused ? grads_.data() + lnfb_ : nullptr, w.dlnf.data(), x,
                      weights_.data() + lnfw_, a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
 }
@@ -551,6 +551,7 @@ void Stage::head_backward_input(const float* x, const HeadActs& a, const int* ta
 void Stage::head_backward_weight(const float* x, const HeadActs& a, const HeadWGrads& w) {
   const int N = B_ * T_, C = C_;
   k_.matmul_backward(nullptr, grads_.data() + head_, nullptr, w.dlogits.data(), a.lnf.data(), nullptr, N, C, V_);
+  poll();
   k_.layernorm_backward(nullptr, grads_.data() + lnfw_, grads_.data() + lnfb_, w.dlnf.data(), x, nullptr, a.lnf_mean.data(),
                      a.lnf_rstd.data(), N, C);
 }

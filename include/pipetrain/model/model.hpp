@@ -159,9 +159,9 @@ class Stage {
   size_t stash_bytes(int chunk, int mb) const;
   // Seconds the last backward() spent re-running forwards (recompute modes), for the trace.
   double last_recompute_s() const { return recompute_s_; }
-  // Called after each matrix product and attention kernel of a block and after every block (the
-  // executor keeps messages moving there: a rendezvous over TCP or RDMA advances only when its
-  // ranks look, so the finer the calls, the less a transfer waits on the compute around it).
+  // Called after each matrix product and attention kernel, the head's included (the executor keeps
+  // messages moving there: a rendezvous over TCP or RDMA advances only when its ranks look, so the
+  // finer the calls, the less a transfer waits on the compute around it).
   void set_poll(std::function<void()> f) { poll_ = std::move(f); }
 
  private:
