@@ -25,15 +25,10 @@ Executor::Executor(Stage& stage, Comm& comm, const StepShape& shape) : stage_(st
   const size_t n = stage.boundary_floats();
   for (const MessageLink& link : message_links(shape.chunk_placement(), comm.topo().stage)) {
     if (link.in) {
-      RecvRing& r = in_[link];
-      r.peer = link.peer;
-      r.bufs.assign(kRing, std::vector<float>(n));
-      r.reqs.assign(kRing, MPI_REQUEST_NULL);
+      in_[link].open(link.peer, n);
     } else {
       SendRing& r = out_[link];
-      r.peer = link.peer;
-      r.bufs.assign(kRing, std::vector<float>(n));
-      r.reqs.assign(kRing, MPI_REQUEST_NULL);
+      r.open(link.peer, n);
       r.mb.assign(kRing, -1);
       r.tag.assign(kRing, -1);
     }

@@ -48,12 +48,20 @@ class Executor {
 
  private:
   static constexpr size_t kRing = kMessageRing;
-  // One per incoming link (schedule/placement.hpp): receives posted in the order the list consumes
-  // them, at most kRing ahead, round-robin over kRing buffers.
-  struct RecvRing {
+  // kRing buffers of one activation each and their requests, for the link with `peer`.
+  struct Ring {
     int peer = -1;
     std::vector<std::vector<float>> bufs;
     std::vector<MPI_Request> reqs;
+    void open(int with, size_t floats) {
+      peer = with;
+      bufs.assign(kRing, std::vector<float>(floats));
+      reqs.assign(kRing, MPI_REQUEST_NULL);
+    }
+  };
+  // One per incoming link (schedule/placement.hpp): receives posted in the order the list consumes
+  // them, at most kRing ahead, round-robin over kRing buffers.
+  struct RecvRing : Ring {
     std::vector<int> order;  // message tags in the order the list receives them
     size_t posted = 0, used = 0;
     void post(Comm& comm);
@@ -61,17 +69,14 @@ class Executor {
   };
   // One per outgoing link: buffers reused round-robin once their send completed; each remembers
   // the message (tag) it holds so a send action finds its data whatever the action order.
-  struct SendRing {
-    int peer = -1;
-    std::vector<std::vector<float>> bufs;
-    std::vector<MPI_Request> reqs;
+  struct SendRing : Ring {
     std::vector<int> tag, mb;
     size_t next = 0;
     float* acquire(Comm& comm, int for_tag, int for_mb, const char* what, Trace& trace);
     size_t slot_of(int for_tag, const Action& a) const;
     void drain(Comm& comm, const char* what);
   };
-  // One MPI_Test of every pending message, called between the stage's blocks.
+  // One MPI_Test of every pending message, called at the stage's poll points (Stage::set_poll).
   void progress();
   Stage& stage_;
   Comm& comm_;
