@@ -174,6 +174,9 @@ void validate_spec(const RunSpec& s, int world_size) {
       fail("parallel.partition", "assigns " + std::to_string(total) + " blocks but model.n_layer = " +
                                      std::to_string(m.n_layer));
   }
+  if (s.log.straggler_ratio > 0 && s.log.straggler_ratio <= 1)
+    fail("log.straggler_ratio", "straggler_ratio = " + (std::ostringstream() << s.log.straggler_ratio).str() +
+                                    " would call every rank a straggler: use a factor above 1 (e.g. 1.25), or 0 for no detection");
   if (s.train.min_lr > s.train.lr) fail("train.min_lr", "min_lr must not exceed train.lr");
   if (s.eval.every_steps > 0 && s.data.source == DataSource::text)
     fail("eval.every_steps", "validation needs held-out data: a token file with /val (pipetrain data prepare, "

@@ -300,6 +300,12 @@ std::vector<SpecKey> build_schema() {
       int_key("log", "every_steps", FIELD(int, log.every_steps), 1, big, "log a metrics line every N steps"),
       int_key("log", "trace_steps", FIELD(int, log.trace_steps), 0, 1000,
               "first steps of each launch recorded in trace.json (Chrome/Perfetto; 0 = no trace)"),
+      double_key("log", "straggler_ratio", FIELD(double, log.straggler_ratio), 0, 100,
+                 "a rank, node or link slower than its peers by this factor in two detection windows in a row is "
+                 "reported as a straggler (progress output, metrics.jsonl \"stragglers\"); 0 = no detection"),
+      int_key("log", "straggler_window", FIELD(int, log.straggler_window), 1, big,
+              "steps per straggler detection window: each rank's medians over them are compared at the first "
+              "logging step that completes one"),
       double_key("log", "peak_gflops", FIELD(double, log.peak_gflops), 0, 1e9,
                  "peak GFLOP/s of one rank for MFU (0 = one core's sgemm rate, measured at the run's first launch, x cores)"),
       choice_key<Backend>("comm", "backend", FIELD(Backend, comm.backend), "transport between ranks: mpi (the GPU build moves data through host copies over MPI too; NCCL is not there yet)"),

@@ -83,6 +83,12 @@ void Comm::progress(std::vector<MPI_Request>& reqs) {
   }
 }
 
+bool Comm::test(MPI_Request& req) {
+  int done = 1;
+  if (req != MPI_REQUEST_NULL) MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+  return done != 0;
+}
+
 void Comm::wait_all(std::vector<MPI_Request>& reqs, const WaitLabel& label) {
   for (auto& r : reqs) poll(r, label);
   reqs.clear();

@@ -22,7 +22,8 @@ void RankFigures::to(double* out) const {
                         optim_floats};
   out = std::copy(v, v + 13, out);
   out = std::copy(kernels.seconds.begin(), kernels.seconds.end(), out);
-  *out = kernels.gemm_flops;
+  *out++ = kernels.gemm_flops;
+  window.to(out);
 }
 
 RankFigures RankFigures::from(const double* in) {
@@ -32,6 +33,7 @@ RankFigures RankFigures::from(const double* in) {
   r.gpu_mem_bytes = in[10], r.gpu_mem_peak_bytes = in[11], r.optim_floats = in[12];
   std::copy(in + 13, in + 13 + kKernelClasses, r.kernels.seconds.begin());
   r.kernels.gemm_flops = in[13 + kKernelClasses];
+  r.window = WindowFigures::from(in + 14 + kKernelClasses);
   return r;
 }
 
@@ -129,7 +131,7 @@ std::string to_json(const StepLine& l) {
          (l.gpu_mem_bytes.empty() ? ""
                                   : ", \"gpu_mem_bytes\": " + array(l.gpu_mem_bytes, "%.0f") +
                                         ", \"gpu_mem_peak_bytes\": " + array(l.gpu_mem_peak_bytes, "%.0f")) +
-         "}";
+         (l.straggler_keys.empty() ? "" : ", " + l.straggler_keys) + "}";
 }
 
 std::string progress_line(const StepLine& l) {

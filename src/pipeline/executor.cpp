@@ -1,10 +1,12 @@
 #include "pipetrain/pipeline/executor.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
 #include "pipetrain/util/clock.hpp"
+#include "pipetrain/util/faults.hpp"
 
 namespace pipetrain {
 namespace {
@@ -13,6 +15,23 @@ namespace {
 // and 2(vM + mb) + 1 (gradient): unique within a step whatever order the schedule sends them in.
 int act_tag(int boundary, int mb, int M) { return 2 * (boundary * M + mb); }
 int grad_tag(int boundary, int mb, int M) { return 2 * (boundary * M + mb) + 1; }
+
+// Test hook (util/faults.hpp): a slowed rank's compute that began at t0 lasts `stretch` times as
+// long; it spins, holding its core as a throttled one would.
+void stretch_compute(double t0, double stretch) {
+  if (stretch <= 1) return;
+  const double until = t0 + stretch * (now_s() - t0);
+  while (now_s() < until) {
+  }
+}
+
+// A message's send time sits in the two floats after its data.
+void write_stamp(float* after_data, double t) { std::memcpy(after_data, &t, sizeof t); }
+double read_stamp(const float* after_data) {
+  double t;
+  std::memcpy(&t, after_data, sizeof t);
+  return t;
+}
 
 }  // namespace
 
@@ -37,17 +56,25 @@ Executor::Executor(Stage& stage, Comm& comm, const StepShape& shape) : stage_(st
     for (Floats* f : {&dev_out_, &dev_grad_in_, &dev_grad_out_}) f->resize(n);
 }
 
-void Executor::RecvRing::post(Comm& comm) {
+void Executor::RecvRing::post(Comm& comm, double clock_offset_s) {
+  posted_at.resize(kRing);
   for (; posted < order.size() && posted < used + kRing; ++posted) {
     const size_t slot = posted % kRing;
     reqs[slot] = comm.irecv(bufs[slot].data(), bufs[slot].size(), peer, order[posted]);
+    posted_at[slot] = now_s() + clock_offset_s;
   }
 }
 
-float* Executor::RecvRing::wait(Comm& comm, const WaitLabel& label) {
+float* Executor::RecvRing::wait(Comm& comm, const WaitLabel& label, double clock_offset_s, std::vector<double>& transfer_s) {
   const size_t slot = used++ % kRing;
+  const bool waited = !comm.test(reqs[slot]);
   comm.wait(reqs[slot], label);
-  return bufs[slot].data();
+  float* message = bufs[slot].data();
+  if (waited) {  // it arrived just now: it travelled from when it was sent or its receive posted, whichever came later
+    const double sent = read_stamp(message + bufs[slot].size() - kStampFloats);
+    transfer_s.push_back(now_s() + clock_offset_s - std::max(sent, posted_at[slot]));
+  }
+  return message;
 }
 
 float* Executor::SendRing::acquire(Comm& comm, int for_tag, int for_mb, const char* what, Trace& trace) {
@@ -104,6 +131,16 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
     if (a.op == Op::backward || a.op == Op::backward_input) has_backward[a.chunk * M + a.mb] = true;
 
   StepStats st;
+  const size_t n = stage_.boundary_floats(), bytes = n * sizeof(float);
+  const double stretch = fault_hooks().compute_stretch();
+  std::vector<double> own_turn;  // a vee's turn is a message to this rank itself: not a link
+  auto transfers_from = [&](int peer_stage) -> std::vector<double>& {
+    return peer_stage == stage ? own_turn : st.transfer_s[peer_stage];
+  };
+  auto send = [&](SendRing& ring, size_t slot, int tag) {
+    write_stamp(ring.bufs[slot].data() + n, now_s() + clock_offset_s_);
+    ring.reqs[slot] = comm_.isend(ring.bufs[slot].data(), n + kStampFloats, ring.peer, tag);
+  };
   // Messages keep moving while the stage computes (a paired forward's send while the backward
   // after it runs): one test of each pending request at the stage's poll points.
   stage_.set_poll([this] { progress(); });
@@ -112,7 +149,6 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
     ~Unhook() { stage.set_poll(nullptr); }
   } unhook{stage_};
   const double wait0 = comm_.wait_seconds();
-  const size_t n = stage_.boundary_floats(), bytes = n * sizeof(float);
   const bool staged = compute_device() == Device::gpu;
 
   // Activation bytes held, counted from the stage's buffers after every change.
@@ -131,7 +167,7 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
     if (a.op == Op::recv_act) act_in(a).order.push_back(act_tag(vstage(a) - 1, a.mb, M));
     if (a.op == Op::recv_grad) grad_in_ring(a).order.push_back(grad_tag(vstage(a), a.mb, M));
   }
-  for (auto& [link, ring] : in_) ring.post(comm_);
+  for (auto& [link, ring] : in_) ring.post(comm_, clock_offset_s_);
 
   float* act_out = nullptr;
   float* grad_out = nullptr;
@@ -143,12 +179,12 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
     switch (a.op) {
       case Op::recv_act: {
         const double t0 = now_s();
-        const float* in = act_in(a).wait(comm_, {"recv activation", prev(a), a.mb});
+        const float* in = act_in(a).wait(comm_, {"recv activation", prev(a), a.mb}, clock_offset_s_, transfers_from(prev(a)));
         const double t1 = now_s();
         trace.span("wait " + to_string(a), "wait", t0, t1, a.mb);
         upload(stage_.input_buffer(a.chunk, a.mb), in, n * sizeof(float));  // stashed until its backward
         st.compute_s += now_s() - t1;
-        act_in(a).post(comm_);
+        act_in(a).post(comm_, clock_offset_s_);
         update(a);
         break;
       }
@@ -156,13 +192,14 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
         if (const double t0 = now_s(); params_needed && params_needed(a.chunk))
           trace.span("wait parameter all-gather", "wait", t0, now_s(), a.mb);
         act_out = last ? nullptr : act_out_ring(a).acquire(comm_, act_tag(v, a.mb, M), a.mb, "send activation", trace);
-        const double t0 = now_s();
+        const double t0 = now_s(), cpu0 = thread_cpu_s();
         if (first || last) load_inputs(a.mb), update(a);
         st.loss_sum += stage_.forward(a.chunk, a.mb, staged && !last ? dev_out_.data() : act_out);
         if (staged && !last) download(act_out, dev_out_.data(), bytes);
         finish_compute();
+        stretch_compute(t0, stretch);
         const double t1 = now_s();
-        st.compute_s += t1 - t0;
+        st.compute_s += t1 - t0, st.compute_cpu_s += thread_cpu_s() - cpu0;
         trace.span(to_string(a), "forward", t0, t1, a.mb);
         update(a);
         if (!has_backward[a.chunk * M + a.mb]) stage_.discard(a.chunk, a.mb), update(a);
@@ -171,13 +208,12 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
       case Op::send_act: {
         const int tag = act_tag(v, a.mb, M);
         SendRing& ring = act_out_ring(a);
-        const size_t slot = ring.slot_of(tag, a);
-        ring.reqs[slot] = comm_.isend(ring.bufs[slot].data(), n, ring.peer, tag);
+        send(ring, ring.slot_of(tag, a), tag);
         break;
       }
       case Op::recv_grad: {
         const double t0 = now_s();
-        grad_in = grad_in_ring(a).wait(comm_, {"recv gradient", next(a), a.mb});
+        grad_in = grad_in_ring(a).wait(comm_, {"recv gradient", next(a), a.mb}, clock_offset_s_, transfers_from(next(a)));
         trace.span("wait " + to_string(a), "wait", t0, now_s(), a.mb);
         grad_in_for = a;
         break;
@@ -187,7 +223,7 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
         grad_out = first ? nullptr : grad_out_ring(a).acquire(comm_, grad_tag(v - 1, a.mb, M), a.mb, "send gradient", trace);
         if (!last && (grad_in_for.mb != a.mb || grad_in_for.chunk != a.chunk))
           throw std::logic_error("schedule runs backward " + to_string(a) + " without receiving its gradient first");
-        const double t0 = now_s();
+        const double t0 = now_s(), cpu0 = thread_cpu_s();
         const float* dout = grad_in;
         float* dinp = grad_out;
         if (staged) {
@@ -198,21 +234,23 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
         else stage_.backward_input(a.chunk, a.mb, dout, dinp);
         if (staged && !first) download(grad_out, dinp, bytes);
         finish_compute();
+        stretch_compute(t0, stretch);
         const double t1 = now_s(), rs = stage_.last_recompute_s();
-        st.compute_s += t1 - t0;
+        st.compute_s += t1 - t0, st.compute_cpu_s += thread_cpu_s() - cpu0;
         // Recompute shown first; under recompute = block it is really interleaved block by block.
         if (rs > 0) trace.span("R" + to_string(a).substr(1), "recompute", t0, t0 + rs, a.mb);
         trace.span(to_string(a), "backward", t0 + rs, t1, a.mb);
         update(a);
-        if (!last) grad_in_ring(a).post(comm_);  // its receive buffer is free again
+        if (!last) grad_in_ring(a).post(comm_, clock_offset_s_);  // its receive buffer is free again
         break;
       }
       case Op::backward_weight: {
-        const double t0 = now_s();
+        const double t0 = now_s(), cpu0 = thread_cpu_s();
         stage_.backward_weight(a.chunk, a.mb, done_hook(a));
         finish_compute();
+        stretch_compute(t0, stretch);
         const double t1 = now_s();
-        st.compute_s += t1 - t0;
+        st.compute_s += t1 - t0, st.compute_cpu_s += thread_cpu_s() - cpu0;
         trace.span(to_string(a), "backward", t0, t1, a.mb);
         update(a);
         break;
@@ -220,8 +258,7 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
       case Op::send_grad: {
         const int tag = grad_tag(v - 1, a.mb, M);
         SendRing& ring = grad_out_ring(a);
-        const size_t slot = ring.slot_of(tag, a);
-        ring.reqs[slot] = comm_.isend(ring.bufs[slot].data(), n, ring.peer, tag);
+        send(ring, ring.slot_of(tag, a), tag);
         break;
       }
     }

@@ -14,6 +14,7 @@
 #include "pipetrain/pipeline/plan.hpp"
 #include "pipetrain/compute/profile.hpp"
 #include "pipetrain/tools/run_story.hpp"
+#include "pipetrain/tools/straggler_report.hpp"
 #include "pipetrain/util/stats.hpp"
 
 namespace fs = std::filesystem;
@@ -212,6 +213,11 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
       if (!shares.empty()) say("      step by kernel: %s\n", shares.c_str());
     }
   }
+
+  // Who held the others up.
+  const StragglerReport stragglers = straggler_report(per_stage, have_spec ? spec.log.straggler_ratio : RunSpec{}.log.straggler_ratio);
+  say("%s", stragglers.text.c_str());
+  if (!stragglers.json.is_null()) doc["stragglers"] = stragglers.json;
 
   // The run's history across launches.
   doc["history"] = to_json(story);

@@ -187,16 +187,43 @@ double job_peak_gflops(Run& run) {
   return unit[0] * units;
 }
 
+// How world rank 0's clock reads against this rank's: ranks on rank 0's node read the same steady
+// clock; others estimate its offset. Messages carry their send time on rank 0's clock with it.
+double clock_offset_to_root(Run& run) {
+  const Comm::ClockOffset offset = run.comm->clock_offset_to_root(16, now_s);
+  const std::vector<std::string>& hosts = run.world.hosts();
+  return hosts[run.rank()] == hosts[0] ? 0.0 : offset.offset_s;
+}
+
 // The trace's time zero, as this rank's now_s() reads it: one instant of world rank 0's clock, so
 // the spans of all ranks share one time base (a reference each rank took itself after a common
 // reduction would differ by however long each was descheduled, milliseconds when ranks outnumber
-// cores). Ranks on rank 0's node read the same steady clock; others estimate its offset.
+// cores).
 double trace_time_zero(Run& run) {
   if (run.spec.log.trace_steps == 0) return now_s();
-  Comm::ClockOffset offset = run.comm->clock_offset_to_root(16, now_s);
-  const std::vector<std::string>& hosts = run.world.hosts();
-  if (hosts[run.rank()] == hosts[0]) offset = {};
-  return run.comm->broadcast_from_root(now_s()) - offset.offset_s;
+  return run.comm->broadcast_from_root(now_s()) - run.clock_offset_s;
+}
+
+// Straggler detection: every rank measures its windows, rank 0 compares them, knowing where each
+// rank sits and what share of the pipeline's work its stage has (plan's cost model).
+void prepare_straggler_detection(Run& run) {
+  const RunSpec& spec = run.spec;
+  if (spec.log.straggler_ratio <= 0) return;
+  run.straggler_window = std::make_unique<StragglerWindow>(spec.log.straggler_window);
+  // Where ranks outnumber cores, a pass's wall time mostly says which rank the kernel's scheduler
+  // let run: there the passes' CPU time is compared (the job's one choice, so all ranks compare alike).
+  double overcommitted = run.world.local_ranks() * run.blas_threads > run.world.cores() ? 1 : 0;
+  run.comm->allreduce_world(&overcommitted, 1);
+  run.straggler_cpu_time = overcommitted > 0;
+  if (run.rank() != 0) return;
+  std::vector<RankPlace> places;
+  for (int r = 0; r < run.world.size(); ++r) {
+    const Topology t = Topology::of(r, spec.parallel.pp, spec.parallel.dp, spec.parallel.order);
+    places.push_back({t.stage, t.dp_rank, run.world.hosts()[r]});
+  }
+  std::vector<double> share;
+  for (const StagePlan& s : make_plan(spec).stages) share.push_back(s.cost_share);
+  run.stragglers = std::make_unique<StragglerDetector>(places, share, spec.log.straggler_ratio);
 }
 
 // The schedule and everything the loop reads that does not change from step to step.
@@ -204,6 +231,8 @@ void prepare_steps(Run& run) {
   const RunSpec& spec = run.spec;
   const int T = spec.model.seq_len;
   run.executor = std::make_unique<Executor>(*run.stage, *run.comm, run.shape);
+  run.clock_offset_s = clock_offset_to_root(run);
+  run.executor->set_clock_offset(run.clock_offset_s);
   run.actions = spec.parallel.schedule->generate(run.topo.stage, spec.pipeline_shape());
   run.eval_actions = forward_only(run.actions);
   run.inputs.resize(static_cast<size_t>(spec.samples_per_micro_batch()) * T);
@@ -230,6 +259,7 @@ void prepare_steps(Run& run) {
   run.metrics = std::make_unique<MetricsWriter>(run.rank() == 0 && !run.opt.eval_only ? run.run_dir + "/metrics.jsonl" : "");
   run.budget = std::make_unique<TimeBudget>(spec.run.time_limit, run.launched_s);
   run.bad_steps = std::make_unique<BadSteps>(spec.train.max_bad_steps);
+  prepare_straggler_detection(run);
 }
 
 // "pp 2 x dp 2, gpipe" (", 2 chunks per stage" when interleaved): how a layout is named in notes.
@@ -317,6 +347,10 @@ void print_start(const Run& run) {
       std::printf("note: %s since the checkpoint (LR schedule / optimizer change from here on)\n", change.c_str());
   }
   if (!run.init_note.empty()) std::printf("%s\n", run.init_note.c_str());
+  if (run.stragglers)
+    std::printf("stragglers: a rank, node or link %gx slower than its peers in two windows of %d steps in a row is "
+                "reported%s\n", spec.log.straggler_ratio, spec.log.straggler_window,
+                run.straggler_cpu_time ? " (passes timed in CPU time: ranks outnumber cores)" : "");
   if (run.start_step >= spec.run.steps) std::printf("run already complete (%d steps)\n", spec.run.steps);
   std::fflush(stdout);
 }

@@ -75,6 +75,9 @@ StepResult train_step(Run& run, int step) {
   run.budget->step_took(r.step_s);
   r.waited_s = comm.wait_seconds();
   r.kernels = take_kernel_totals();
+  if (run.straggler_window)
+    run.straggler_window->add_step(run.straggler_cpu_time ? r.stats.compute_cpu_s : r.stats.compute_s, r.waited_s,
+                                   r.stats.transfer_s);
   return r;
 }
 
@@ -93,6 +96,7 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   mine.gpu_mem_bytes = static_cast<double>(gpu::memory_allocated());
   mine.gpu_mem_peak_bytes = static_cast<double>(gpu::memory_peak());
   mine.kernels = r.kernels;
+  if (run.straggler_window) mine.window = run.straggler_window->close_if_full();
   double packed[RankFigures::kFields];
   mine.to(packed);
   std::vector<double> all;
@@ -111,8 +115,16 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   line.peak_gflops = run.peak_gflops;
   line.mfu = line.gflops / run.peak_gflops;
   line.val_loss = val_loss;
+  std::vector<std::string> straggler_news;
+  if (run.stragglers && figures[0].window.steps > 0) {
+    std::vector<WindowFigures> windows;
+    for (const RankFigures& f : figures) windows.push_back(f.window);
+    straggler_news = run.stragglers->observe(windows, done);
+    line.straggler_keys = run.stragglers->json_keys();
+  }
   run.metrics->write(to_json(line));
   std::printf("%s\n", progress_line(line).c_str());
+  for (const std::string& news : straggler_news) std::printf("%s\n", news.c_str());
   std::fflush(stdout);
 }
 

@@ -11,7 +11,7 @@ namespace {
 const char* const kVariables[] = {"PIPETRAIN_TEST_STALL",          "PIPETRAIN_TEST_NAN",
                                   "PIPETRAIN_TEST_KILL_IN_OPTIMIZER", "PIPETRAIN_TEST_KILL_IN_SAVE",
                                   "PIPETRAIN_TEST_STALL_IN_SAVE",  "PIPETRAIN_TEST_HANG_IN_FINALIZE",
-                                  "PIPETRAIN_TEST_KILL_IN_SNAPSHOT"};
+                                  "PIPETRAIN_TEST_KILL_IN_SNAPSHOT", "PIPETRAIN_TEST_SLOW_COMPUTE"};
 static_assert(sizeof kVariables / sizeof kVariables[0] == kFaultPoints);
 
 }  // namespace
@@ -25,6 +25,12 @@ void FaultHooks::arm(int rank, const std::function<const char*(const char*)>& ge
     long long step = 0;
     char plus = 0;
     const bool rank_only = static_cast<FaultPoint>(p) == FaultPoint::hang_in_finalize;
+    if (static_cast<FaultPoint>(p) == FaultPoint::slow_compute) {  // R:S:F, from step S on
+      double factor = 0;
+      if (std::sscanf(v, "%d:%lld:%lf", &r, &step, &factor) == 3 && r == rank && factor >= 1)
+        hooks_[p] = Hook{step, true, factor};
+      continue;
+    }
     const int got = std::sscanf(v, rank_only ? "%d" : "%d:%lld%c", &r, &step, &plus);
     if (got < (rank_only ? 1 : 2) || r != rank) continue;
     hooks_[p] = Hook{rank_only ? 0 : step, plus == '+'};
@@ -47,7 +53,8 @@ void FaultHooks::reach(FaultPoint point, int64_t step) const {
     case FaultPoint::kill_in_snapshot: raise(SIGKILL); break;
     case FaultPoint::hang_in_finalize:
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-    case FaultPoint::nan_in_gradient: break;  // the caller puts the NaN where it belongs
+    case FaultPoint::nan_in_gradient:
+    case FaultPoint::slow_compute: break;  // the caller puts the NaN where it belongs, stretches its compute
   }
 }
 

@@ -49,3 +49,18 @@ TEST_CASE("fault hooks: nothing set, malformed values and an unarmed process fir
   CHECK_FALSE(unarmed.fires(FaultPoint::hang_in_finalize));
   CHECK_FALSE(unarmed.fires(FaultPoint::kill_in_save, 0));
 }
+
+TEST_CASE("fault hooks: slow compute stretches one rank's compute from its step on", "[faults]") {
+  const std::map<std::string, std::string> env = {{"PIPETRAIN_TEST_SLOW_COMPUTE", "2:5:1.5"}};
+  FaultHooks mine = armed(2, env), other = armed(1, env), bad = armed(2, {{"PIPETRAIN_TEST_SLOW_COMPUTE", "2:5:0.5"}});
+  for (int step : {0, 4}) {
+    mine.start_step(step);
+    CHECK(mine.compute_stretch() == 1.0);
+  }
+  for (int step : {5, 6, 300}) {
+    mine.start_step(step), other.start_step(step), bad.start_step(step);
+    CHECK(mine.compute_stretch() == 1.5);
+    CHECK(other.compute_stretch() == 1.0);
+    CHECK(bad.compute_stretch() == 1.0);  // a factor below 1 cannot speed a rank up: ignored
+  }
+}

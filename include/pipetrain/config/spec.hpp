@@ -76,6 +76,8 @@ struct RunSpec {
     int every_steps = 1;
     double peak_gflops = 0;  // per rank, for MFU; 0 = measure sgemm at start
     int trace_steps = 3;     // steps of each launch recorded in trace.json (0 = none)
+    double straggler_ratio = 1.25;  // slower than its peers by this: a straggler (0 = no detection)
+    int straggler_window = 10;      // steps per detection window (observe/stragglers.hpp)
   } log;
   struct Comm {
     Backend backend = Backend::mpi;

@@ -52,6 +52,8 @@ class Comm {
   // large message only inside MPI calls, so a rank calling this between kernels lets its sends and
   // receives travel while it computes.
   void progress(std::vector<MPI_Request>& reqs);
+  // One MPI_Test of `req` (nulled when complete): whether it is complete.
+  bool test(MPI_Request& req);
 
   // In-place sums. data: over the D replicas of this stage; world: over all ranks;
   // tied: between first and last stage (no-op when P = 1).

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "pipetrain/compute/profile.hpp"
+#include "pipetrain/observe/stragglers.hpp"
 
 namespace pipetrain {
 
@@ -24,7 +25,8 @@ struct RankFigures {
   double loss_sum = 0;        // summed token loss (last stage only)
   double gpu_mem_bytes = 0, gpu_mem_peak_bytes = 0;  // device memory allocated now / at peak (GPU runs)
   KernelTotals kernels;       // this step's compute by kernel class (profile.hpp)
-  static constexpr size_t kFields = 13 + kKernelClasses + 1;
+  WindowFigures window;       // the straggler window this logging step closed (steps 0: none)
+  static constexpr size_t kFields = 13 + kKernelClasses + 1 + WindowFigures::kFields;
   void to(double* out) const;
   static RankFigures from(const double* in);
 };
@@ -43,6 +45,7 @@ struct StepLine {
   std::vector<double> gpu_mem_bytes, gpu_mem_peak_bytes;  // written only when some rank has a GPU
   std::vector<std::vector<double>> kernel_s;  // [kernel class][stage] seconds, averaged over dp
   std::vector<double> gemm_gflops;            // per stage: rate of the dense products inside the step
+  std::string straggler_keys;                 // "window" and "stragglers" as JSON keys, when a window closed
 };
 
 // Combines all ranks' figures (world order) into per-stage arrays: bubble and waits averaged over

@@ -23,9 +23,15 @@ namespace pipetrain {
 
 struct StepStats {
   double compute_s = 0;        // forward + backward (incl. recompute) time
+  double compute_cpu_s = 0;    // the same passes' CPU time (this thread's)
   double wait_s = 0;           // time blocked on pipeline peers
   double loss_sum = 0;         // summed token loss over this rank's micro-batches (last stage)
   size_t act_peak_bytes = 0;   // peak of activations held between forward and backward
+  // By sending stage (never this rank's own): how long each message this rank had to wait for
+  // took to come, from when it could first travel (sent, and its receive posted) to its arrival.
+  // Messages that arrived while the rank computed are left out: their arrival time is unknown,
+  // and a link nobody waits on costs the step nothing.
+  std::map<int, std::vector<double>> transfer_s;
 };
 
 class Executor {
@@ -45,17 +51,22 @@ class Executor {
 
   // The largest message tag a step of `shape` uses (it must fit below World::max_tag()).
   static int64_t max_tag(const StepShape& shape);
+  // How world rank 0's clock reads against this rank's now_s() (Comm::clock_offset_to_root):
+  // every message carries its send time on rank 0's clock, so the receiver can time its travel.
+  void set_clock_offset(double offset_s) { clock_offset_s_ = offset_s; }
 
  private:
   static constexpr size_t kRing = kMessageRing;
-  // kRing buffers of one activation each and their requests, for the link with `peer`.
+  // A message is one activation (or its gradient) and then its send time, a double in two floats.
+  static constexpr size_t kStampFloats = 2;
+  // kRing buffers of one message each and their requests, for the link with `peer`.
   struct Ring {
     int peer = -1;
     std::vector<std::vector<float>> bufs;
     std::vector<MPI_Request> reqs;
     void open(int with, size_t floats) {
       peer = with;
-      bufs.assign(kRing, std::vector<float>(floats));
+      bufs.assign(kRing, std::vector<float>(floats + kStampFloats));
       reqs.assign(kRing, MPI_REQUEST_NULL);
     }
   };
@@ -63,9 +74,11 @@ class Executor {
   // them, at most kRing ahead, round-robin over kRing buffers.
   struct RecvRing : Ring {
     std::vector<int> order;  // message tags in the order the list receives them
+    std::vector<double> posted_at;  // per buffer: when its receive was posted (rank 0's clock)
     size_t posted = 0, used = 0;
-    void post(Comm& comm);
-    float* wait(Comm& comm, const WaitLabel& label);  // the next one, in order
+    void post(Comm& comm, double clock_offset_s);
+    // The next message, in order; if it had not arrived yet, how long it travelled goes to `transfer_s`.
+    float* wait(Comm& comm, const WaitLabel& label, double clock_offset_s, std::vector<double>& transfer_s);
   };
   // One per outgoing link: buffers reused round-robin once their send completed; each remembers
   // the message (tag) it holds so a send action finds its data whatever the action order.
@@ -81,6 +94,7 @@ class Executor {
   Stage& stage_;
   Comm& comm_;
   StepShape shape_;
+  double clock_offset_s_ = 0;
   // On the GPU the stage reads and writes device memory while messages travel through the host
   // rings (comm.backend = mpi): its output, incoming and outgoing gradient are staged here.
   Floats dev_out_, dev_grad_in_, dev_grad_out_;

@@ -70,7 +70,11 @@ struct Run {
   double peak_per_unit = 0;                // of one core (one GPU): measured once per run, in events.jsonl
   double flops_per_step = 0, tokens_per_step = 0, bubble_theory = 0;
   Trace trace;
+  double clock_offset_s = 0;               // world rank 0's clock reads ~ now_s() + this (0 on its node)
   std::unique_ptr<MetricsWriter> metrics;  // rank 0 writes
+  std::unique_ptr<StragglerWindow> straggler_window;  // every rank, when log.straggler_ratio > 0
+  std::unique_ptr<StragglerDetector> stragglers;      // rank 0, likewise
+  bool straggler_cpu_time = false;         // windows compare the passes' CPU time, not wall time
   std::unique_ptr<TimeBudget> budget;
   std::unique_ptr<BadSteps> bad_steps;
   int64_t last_saved = -1;                 // the latest checkpoint of this run, -1: none yet

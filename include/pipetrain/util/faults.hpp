@@ -12,6 +12,8 @@
 //                                         checkpoint S into the snapshot (checkpoint.async)
 //   PIPETRAIN_TEST_STALL_IN_SAVE=R:S      rank R stops (SIGSTOP) before writing its shard of checkpoint S
 //   PIPETRAIN_TEST_HANG_IN_FINALIZE=R     rank R never returns from MPI_Finalize (as MPICH/UCX did)
+//   PIPETRAIN_TEST_SLOW_COMPUTE=R:S:F     from step S on, rank R's forwards and backwards take F times
+//                                         as long (it spins for the rest, as a throttled CPU or GPU would)
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -26,9 +28,10 @@ enum class FaultPoint {
   kill_in_save,
   stall_in_save,
   hang_in_finalize,
-  kill_in_snapshot
+  kill_in_snapshot,
+  slow_compute
 };
-constexpr int kFaultPoints = 7;
+constexpr int kFaultPoints = 8;
 
 class FaultHooks {
  public:
@@ -43,11 +46,15 @@ class FaultHooks {
   // Does what the point stands for (stop, die, hang) if it fires; nan_in_gradient only answers.
   void reach(FaultPoint point) const { reach(point, step_); }
   void reach(FaultPoint point, int64_t step) const;
+  // slow_compute's factor at the current step: how many times as long this rank's compute is to
+  // take (1 when the hook is not set or not yet due).
+  double compute_stretch() const { return fires(FaultPoint::slow_compute) ? hooks_[static_cast<int>(FaultPoint::slow_compute)].factor : 1.0; }
 
  private:
   struct Hook {
     int64_t step = -1;  // -1: not set for this rank
     bool from_on = false;
+    double factor = 1;  // slow_compute
   };
   Hook hooks_[kFaultPoints];
   int64_t step_ = -1;

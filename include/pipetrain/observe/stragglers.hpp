@@ -1,0 +1,111 @@
+// Straggler detection: which rank, node or link is persistently slower than its peers.
+//
+// Every rank keeps its compute and wait per step and how long each message it had to wait for took
+// to come (StragglerWindow). On the logging step that closes a window (at least log.straggler_window
+// steps), each rank's medians over the window travel to rank 0 in the metrics gather the logging
+// step makes anyway: no collective of its own. There StragglerDetector compares
+//   - each rank's compute with its peers': the replicas of its stage (the same work), or without
+//     replicas all other ranks, each divided by its stage's expected share of the work (plan's
+//     cost model), so a stage that holds the LM head is not taken for slow;
+//   - each node (2+ nodes) by the median of its ranks, against the other nodes;
+//   - each link's travel time with the other links of its kind (within a node, across nodes).
+// One over log.straggler_ratio in two windows in a row is reported, and again only when it has been
+// within the ratio for two windows in a row: a single noisy window never raises or clears one.
+#pragma once
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace pipetrain {
+
+// One rank's figures for a closed window, gathered to rank 0 as doubles.
+struct WindowFigures {
+  double steps = 0;                // steps in the window; 0: no window closed at this logging step
+  double compute_s = 0, wait_s = 0;  // medians per step
+  double link_from[2] = {-1, -1};  // the sending stage of up to two incoming links (-1: none)
+  double link_s[2] = {-1, -1};     // median travel time of their messages waited for (-1: none waited for)
+  static constexpr size_t kFields = 7;
+  void to(double* out) const;
+  static WindowFigures from(const double* in);
+};
+
+// One rank's measurements since the last closed window.
+class StragglerWindow {
+ public:
+  explicit StragglerWindow(int window_steps) : window_steps_(window_steps) {}
+  // One training step: its compute and waits, and the travel times of the messages this rank
+  // waited for, by sending stage.
+  void add_step(double compute_s, double wait_s, const std::map<int, std::vector<double>>& transfer_s);
+  // At a logging step: the window's figures if it holds window_steps steps or more (and a fresh
+  // window begins), else figures with steps = 0. Every rank logs the same steps, so all agree.
+  WindowFigures close_if_full();
+
+ private:
+  int window_steps_;
+  std::vector<double> compute_s_, wait_s_;
+  std::map<int, std::vector<double>> transfer_s_;
+};
+
+// Where a rank sits.
+struct RankPlace {
+  int stage = 0, replica = 0;
+  std::string node;
+};
+
+// A rank, node or link over the ratio.
+struct Straggler {
+  std::string kind;         // "rank", "node", "link"
+  std::string name;         // "rank 3 (stage 0, replica 1, node2)", "node node2", "link rank 1 -> rank 0 (node2 -> node1)"
+  double ratio = 0;         // its figure over its peers' median
+  double seconds = 0, peers_seconds = 0;  // the figures: compute per step (normalised for ranks and nodes) or travel time
+  int first_step = 0, last_step = 0;      // the window that showed it
+};
+
+class StragglerDetector {
+ public:
+  // `places` per world rank; `stage_share` each stage's expected share of the pipeline's compute
+  // (summing to 1); `ratio` log.straggler_ratio.
+  StragglerDetector(std::vector<RankPlace> places, std::vector<double> stage_share, double ratio);
+
+  // One closed window ending at `last_step` (1-based), all ranks' figures in world order. Returns
+  // the lines to print: stragglers found, and those that are no longer.
+  std::vector<std::string> observe(const std::vector<WindowFigures>& ranks, int last_step);
+
+  // Those flagged now (after observe), and per rank its compute ratio to its peers in the last window.
+  std::vector<Straggler> flagged() const;
+  const std::vector<double>& rank_ratio() const { return rank_ratio_; }
+
+  // The metrics.jsonl keys of the last window: "window" (per rank: stage, replica, node, compute,
+  // wait, the compute its peers suggest and the ratio to it; per node its ratio; the links' travel
+  // times) and "stragglers" (flagged now), as JSON text without the enclosing braces.
+  std::string json_keys() const;
+
+  // Below this a link's extra travel time is within what polling between kernels adds to any message.
+  static constexpr double kLinkFloorS = 1e-3;
+
+ private:
+  struct Track {
+    Straggler last;  // the latest window's figures
+    int over = 0, under = 0;  // windows in a row over / within the ratio
+    bool flagged = false;
+  };
+  void judge(const std::string& key, const Straggler& now, bool over, std::vector<std::string>& lines);
+
+  std::vector<RankPlace> places_;
+  std::vector<std::string> nodes_;  // each node once, in rank order
+  std::vector<double> share_;
+  double ratio_;
+  std::map<std::string, Track> tracks_;
+  std::vector<WindowFigures> last_;
+  std::vector<double> rank_ratio_, expected_s_;  // per rank: compute over its peers', the compute its peers suggest
+  std::vector<double> node_ratio_;
+  int first_step_ = 0, last_step_ = 0;
+  struct Link {
+    int from, to;
+    double seconds;
+  };
+  std::vector<Link> links_;
+};
+
+}  // namespace pipetrain
