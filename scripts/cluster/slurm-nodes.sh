@@ -13,11 +13,13 @@
 #   scripts/cluster/slurm-nodes.sh link-down DIR NODE   cut NODE's cable (processes keep running)
 #   scripts/cluster/slurm-nodes.sh link-up DIR NODE     plug it back
 #   scripts/cluster/slurm-nodes.sh slow DIR NODE RATE   limit NODE's outgoing bandwidth (e.g. 20mbit; off: no limit)
+#   scripts/cluster/slurm-nodes.sh throttle DIR NODE PCT  cap NODE's processes (slurmd, so its jobs too) at PCT% of
+#                                                       one CPU, as a throttled node would run (off: no cap)
 #   scripts/cluster/slurm-nodes.sh exec DIR NODE CMD…   run CMD on NODE (its network, hostname and IPC)
 #   export SLURM_CONF=DIR/slurm.conf            then sbatch/srun/squeue/scontrol from the root namespace
 set -eEuo pipefail
 cmd=${1:-}; dir=${2:-}
-[ -n "$cmd" ] && [ -n "$dir" ] || { sed -n '2,18p' "$0"; exit 2; }
+[ -n "$cmd" ] && [ -n "$dir" ] || { sed -n '2,20p' "$0"; exit 2; }
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 conf=$dir/slurm.conf
@@ -27,6 +29,18 @@ readonly prefix=ptc            # every namespace and link this script makes star
 readonly bridge=$prefix-br subnet=10.213.0 ctl_port=6917 node_port=6918
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# A node's CPU cap is a cpu cgroup of its own (v1 cpu controller, or v2 cpu.max) holding every
+# process in its network namespace; what slurmd starts later is born in it.
+cg_root() { if [ -f /sys/fs/cgroup/cpu/cpu.cfs_quota_us ]; then echo /sys/fs/cgroup/cpu; else echo /sys/fs/cgroup; fi; }
+cg_of() { echo "$(cg_root)/$prefix-$1"; }
+uncap() {  # NODE: its processes back in the root cgroup, the cap removed
+  local cg pid
+  cg=$(cg_of "$1")
+  [ -d "$cg" ] || return 0
+  for pid in $(cat "$cg/cgroup.procs" 2>/dev/null); do echo "$pid" > "$(cg_root)/cgroup.procs" 2>/dev/null || true; done
+  rmdir "$cg" 2>/dev/null || true
+}
 netns_of() { echo "$prefix-$1"; }
 veth_of() { echo "$prefix-${1#node}"; }     # root-side end of NODE's cable (15-char limit)
 need_node() {  # NODE must name a node of the cluster that is up
@@ -87,6 +101,7 @@ teardown() {
     kill -9 "$pid" 2>/dev/null || true
   fi
   rm -f "$dir/slurmctld.pid" "$dir"/slurmd.*.pid "$owner_file"
+  for cg in "$(cg_root)/$prefix"-*; do [ -d "$cg" ] && rmdir "$cg" 2>/dev/null; done || true
   for ns in $(ip netns list | awk '{print $1}' | grep "^$prefix-" || true); do
     ip netns del "$ns" 2>/dev/null || echo "slurm-nodes: could not remove namespace $ns" >&2
   done
@@ -179,9 +194,25 @@ slow)
   [[ $rate =~ ^[0-9]+[kmg]?bit$ ]] || { echo "slurm-nodes: slow needs a rate like 20mbit or off, got '$rate'" >&2; exit 2; }
   ip netns exec "$(netns_of "$node")" tc qdisc replace dev eth0 root tbf rate "$rate" burst 64kb latency 2s
   echo "slurm-nodes: $node sends at most $rate" ;;
+throttle)
+  node=${3:-}; pct=${4:-}; need_node "$node"
+  uncap "$node"
+  if [ "$pct" = off ]; then echo "slurm-nodes: $node runs uncapped"; exit 0; fi
+  [[ $pct =~ ^[1-9][0-9]*$ ]] || { echo "slurm-nodes: throttle needs a percentage of one CPU like 50, or off, got '$pct'" >&2; exit 2; }
+  cg=$(cg_of "$node")
+  mkdir "$cg"
+  if [ "$(cg_root)" = /sys/fs/cgroup ]; then
+    echo +cpu > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
+    echo "$((pct * 1000)) 100000" > "$cg/cpu.max"
+  else
+    echo 100000 > "$cg/cpu.cfs_period_us"
+    echo "$((pct * 1000))" > "$cg/cpu.cfs_quota_us"
+  fi
+  for pid in $(ip netns pids "$(netns_of "$node")"); do echo "$pid" > "$cg/cgroup.procs" 2>/dev/null || true; done
+  echo "slurm-nodes: $node capped at $pct% of one CPU" ;;
 exec)
   node=${3:-}; need_node "$node"; shift 3
   pid=$(cat "$dir/slurmd.$node.pid")   # join slurmd's namespaces: what its job steps see
   exec nsenter -t "$pid" -n -i -u -m -- "$@" ;;
-*) echo "slurm-nodes: unknown command '$cmd'" >&2; sed -n '2,18p' "$0" >&2; exit 2 ;;
+*) echo "slurm-nodes: unknown command '$cmd'" >&2; sed -n '2,20p' "$0" >&2; exit 2 ;;
 esac

@@ -6,6 +6,7 @@
 
 #include "pipetrain/compute/gpu.hpp"
 #include "pipetrain/compute/gpu_kernels.hpp"
+#include "pipetrain/compute/kernels.hpp"
 #include "pipetrain/compute/profile.hpp"
 
 #ifndef PIPETRAIN_HAVE_CUDA
@@ -36,6 +37,10 @@ void use_spec_device(const RunSpec& spec, int local_rank) {
     throw SpecError(spec.origin("run.device") + ": run.device = gpu: " + e.what());
   }
   gpu::set_matmul_dtype(spec.model.dtype);
+}
+
+double time_matrix_products(int n, int reps) {
+  return g_device == Device::gpu ? gpu::time_gemms(n, reps) : time_sgemms(n, reps);
 }
 
 void copy_values(float* dst, const float* src, size_t n) {

@@ -444,6 +444,14 @@ void softmax_crossentropy_backward(float* dlogits, const float* probs, const int
   });
 }
 
+double time_sgemms(int n, int reps) {
+  std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a), c(a.size());
+  const double t0 = now_s();
+  for (int r = 0; r < reps; ++r)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+  return now_s() - t0;
+}
+
 double measure_sgemm_gflops(int n, double seconds) {
   std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a), c(a.size());
   double best = 0, spent = 0;

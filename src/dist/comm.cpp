@@ -49,9 +49,11 @@ MPI_Request Comm::irecv(float* buf, size_t n, int peer_stage, int tag) {
   return r;
 }
 
-void Comm::poll(MPI_Request& req, const WaitLabel& label) {
+void Comm::poll(MPI_Request& req, const WaitLabel& label) { poll(req, label, mode_); }
+
+void Comm::poll(MPI_Request& req, const WaitLabel& label, WaitMode mode) {
   if (req == MPI_REQUEST_NULL) return;
-  if (poll_until_done(req, mode_, timeout_s_, wait_s_)) return;
+  if (poll_until_done(req, mode, timeout_s_, wait_s_)) return;
   std::string msg = "stage " + std::to_string(topo_.stage) + " (" + world_.where(topo_.world_rank) + ", dp " +
                     std::to_string(topo_.dp_rank) + ") waited more than " + seconds(timeout_s_) +
                     " (comm.timeout_s) for " + label.what;
@@ -187,6 +189,12 @@ void Comm::barrier() {
   MPI_Request r;
   MPI_Ibarrier(MPI_COMM_WORLD, &r);
   poll(r, {"barrier", -1, -1, Group::world});
+}
+
+void Comm::idle_barrier() {
+  MPI_Request r;
+  MPI_Ibarrier(MPI_COMM_WORLD, &r);
+  poll(r, {"barrier", -1, -1, Group::world}, WaitMode::idle);
 }
 
 double Comm::broadcast_from_root(double value) {

@@ -25,7 +25,10 @@ bool poll_until_done(MPI_Request& req, WaitMode mode, double timeout_s, double& 
   for (unsigned iter = 0;; ++iter) {
     MPI_Test(&req, &done, MPI_STATUS_IGNORE);
     if (done) break;
-    if (mode == WaitMode::yield) {
+    if (mode == WaitMode::idle) {
+      timespec ts{0, 1000000};
+      nanosleep(&ts, nullptr);
+    } else if (mode == WaitMode::yield) {
       if (iter < 64) {
         sched_yield();
       } else {

@@ -50,9 +50,14 @@ void StragglerWindow::add_step(double compute_s, double wait_s, const std::map<i
     transfer_s_[peer].insert(transfer_s_[peer].end(), seconds.begin(), seconds.end());
 }
 
-WindowFigures StragglerWindow::close_if_full() {
+bool StragglerWindow::long_enough(double now) const {
+  return static_cast<int>(compute_s_.size()) >= window_steps_ && now - opened_s_ >= kMinWindowS;
+}
+
+WindowFigures StragglerWindow::close(double now) {
   WindowFigures w;
-  if (compute_s_.empty() || static_cast<int>(compute_s_.size()) < window_steps_) return w;
+  closing_ = false, opened_s_ = now;
+  if (compute_s_.empty()) return w;
   w.steps = static_cast<double>(compute_s_.size());
   w.compute_s = median(compute_s_), w.wait_s = median(wait_s_);
   int k = 0;
@@ -66,8 +71,9 @@ WindowFigures StragglerWindow::close_if_full() {
   return w;
 }
 
-StragglerDetector::StragglerDetector(std::vector<RankPlace> places, std::vector<double> stage_share, double ratio)
-    : places_(std::move(places)), share_(std::move(stage_share)), ratio_(ratio) {
+StragglerDetector::StragglerDetector(std::vector<RankPlace> places, std::vector<double> stage_share, double ratio,
+                                     bool judge_links)
+    : places_(std::move(places)), share_(std::move(stage_share)), ratio_(ratio), judge_links_(judge_links) {
   for (const RankPlace& p : places_)
     if (std::find(nodes_.begin(), nodes_.end(), p.node) == nodes_.end()) nodes_.push_back(p.node);
 }
@@ -85,8 +91,8 @@ void StragglerDetector::judge(const std::string& key, const Straggler& now, bool
       what = "delivers a message in " + ms(now.seconds) + ", " + times(now.ratio) + " the other links of its kind (" +
              ms(now.peers_seconds) + ")";
     else
-      what = "computes " + times(now.ratio) + " as long as its peers: " + ms(now.seconds) + " per step against " +
-             ms(now.peers_seconds);
+      what = "computes " + times(now.ratio) + " as long as " + (now.kind == "node" ? "the other nodes" : "its peers") + ": " +
+             ms(now.seconds) + " per step against " + ms(now.peers_seconds);
     lines.push_back("straggler: " + now.name + " " + what + steps);
   } else if (t.flagged && t.under >= 2) {
     t.flagged = false;
@@ -161,6 +167,7 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
   auto crosses = [&](const Link& l) { return places_[l.from].node != places_[l.to].node; };
   std::set<std::string> measured;
   for (const Link& l : links_) {
+    if (!judge_links_) break;  // measured and logged, not judged
     std::vector<double> peers;
     for (const Link& o : links_)
       if (&o != &l && crosses(o) == crosses(l)) peers.push_back(o.seconds);

@@ -9,7 +9,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "pipetrain/compute/device.hpp"
 #include "pipetrain/util/clock.hpp"
+#include "pipetrain/util/stats.hpp"
 #include "pipetrain/dist/comm.hpp"
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/dist/launch.hpp"
@@ -158,6 +160,82 @@ void check_all_reduce(Comm& comm, std::vector<Row>& rows) {
   }
 }
 
+// The machine this rank runs on: its kernel's boot id, the same for emulated nodes that share one.
+std::string machine_id() {
+  std::string id;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> id;
+  return id;
+}
+
+// Every rank times the same fixed workload (matrix products on its compute device; the median of
+// three runs of ~0.1 s each, long enough for a CPU quota's period to show). Ranks on one machine
+// take turns, so each is timed alone on its cores; machines run at once. A rank slower than the
+// median of all by `ratio` fails, and so does a node whose ranks' median is slower than the other
+// nodes' by it.
+void check_compute(Comm& comm, double ratio, std::vector<Row>& rows) {
+  const int rank = comm.topo().world_rank, world = comm.world().size();
+  const auto& host = comm.world().hosts();
+  std::vector<std::string> machines;
+  comm.gather_to_root(machine_id(), machines);
+  std::vector<double> turn(world, 0);  // rank 0 assigns: the how-manieth rank of its machine
+  if (rank == 0)
+    for (int r = 0; r < world; ++r) turn[r] = std::count(machines.begin(), machines.begin() + r, machines[r]);
+  comm.allreduce_world(turn.data(), world);
+  const int turns = static_cast<int>(*std::max_element(turn.begin(), turn.end())) + 1;
+
+  constexpr int n = 256;
+  double reps = 1;  // as many products as take rank 0 about 0.1 s
+  if (rank == 0) {
+    time_matrix_products(n, 1);  // warm-up
+    while (time_matrix_products(n, static_cast<int>(reps)) < 0.1 && reps < (1 << 20)) reps *= 2;
+  }
+  comm.idle_barrier();  // the others leave rank 0 its cores meanwhile
+  reps = comm.broadcast_from_root(reps);
+  double mine = 0;
+  for (int t = 0; t < turns; ++t) {
+    comm.idle_barrier();
+    if (turn[rank] == t) {
+      time_matrix_products(n, 1);
+      std::vector<double> runs;
+      for (int i = 0; i < 3; ++i) runs.push_back(time_matrix_products(n, static_cast<int>(reps)));
+      mine = median(runs);
+    }
+  }
+  comm.idle_barrier();
+  std::vector<double> seconds;
+  comm.gather_to_root(&mine, 1, seconds);
+  if (rank != 0) return;
+  const double all = median(seconds);
+  int slowest = 0;
+  for (int r = 0; r < world; ++r) {
+    if (seconds[r] > seconds[slowest]) slowest = r;
+    if (seconds[r] > ratio * all)
+      rows.push_back({"compute", "rank " + std::to_string(r) + " (" + host[r] + ")",
+                      fmt("%.1f ms", 1e3 * seconds[r]) + fmt(", %.2fx the median", seconds[r] / all), false});
+  }
+  rows.push_back({"compute", fmt("%.0f products of 256x256 per rank", reps),
+                  fmt("median %.1f ms", 1e3 * all) + fmt(", slowest %.2fx", seconds[slowest] / all) + " (rank " +
+                      std::to_string(slowest) + ")",
+                  seconds[slowest] <= ratio * all});
+  std::vector<std::string> nodes;
+  for (const std::string& h : host)
+    if (std::find(nodes.begin(), nodes.end(), h) == nodes.end()) nodes.push_back(h);
+  if (nodes.size() < 2) return;
+  std::vector<double> node_s;
+  for (const std::string& node : nodes) {
+    std::vector<double> v;
+    for (int r = 0; r < world; ++r)
+      if (host[r] == node) v.push_back(seconds[r]);
+    node_s.push_back(median(v));
+  }
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    std::vector<double> others = node_s;
+    others.erase(others.begin() + static_cast<long>(i));
+    const double x = node_s[i] / median(others);
+    rows.push_back({"compute", "node " + nodes[i], fmt("%.1f ms", 1e3 * node_s[i]) + fmt(", %.2fx the other nodes", x), x <= ratio});
+  }
+}
+
 // Parallel HDF5 in the checkpoint directory.
 void check_checkpoint_dir(Comm& comm, const std::string& run_dir, const std::string& tag, std::vector<Row>& rows) {
   const int rank = comm.topo().world_rank;
@@ -211,7 +289,12 @@ void check_training(const SmokeOptions& opt, const RunSpec& spec, World& w, cons
 ExitCode run_smoke(const SmokeOptions& opt, World& w) {
   const int world = w.size(), rank = w.rank();
   RunSpec spec;
-  if (ExitCode code = w.run_agreed([&] { spec = smoke_spec(opt, world); }); code != ExitCode::ok) return code;
+  if (ExitCode code = w.run_agreed([&] {
+        spec = smoke_spec(opt, world);
+        use_spec_device(spec, w.local_rank());  // the compute check times the device training would use
+      });
+      code != ExitCode::ok)
+    return code;
   w.set_finalize(spec.comm.finalize, spec.comm.finalize_timeout_s);
   const Topology topo = Topology::of(rank, spec.parallel.pp, spec.parallel.dp, spec.parallel.order);
   Comm comm(w, topo, spec.comm.wait, std::min(spec.comm.timeout_s, 30.0));  // a smoke test answers fast
@@ -224,6 +307,7 @@ ExitCode run_smoke(const SmokeOptions& opt, World& w) {
   const LaunchInfo launch = LaunchInfo::from_environment();
 
   check_placement(comm, launch, rows);
+  if (spec.log.straggler_ratio > 0) check_compute(comm, spec.log.straggler_ratio, rows);
   check_links(comm, rows);
   check_all_reduce(comm, rows);
   check_checkpoint_dir(comm, run_dir, tag, rows);

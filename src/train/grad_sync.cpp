@@ -105,7 +105,7 @@ void ParamGather::wait_all() {
 }
 
 StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, const OptimizerShard& shard,
-                   std::vector<float>* staging, bool out_of_time, double loss_sum, Trace& trace) {
+                   std::vector<float>* staging, bool out_of_time, bool window_long_enough, double loss_sum, Trace& trace) {
   TraceLaps laps(trace);
   Floats& g = stage.grads();
   if (staging) download(staging->data(), g.data(), g.size() * sizeof(float)), laps.mark("gradients to host", "comm");
@@ -120,11 +120,12 @@ StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, const Optimiz
   const double norm_s = now_s() - norm_t0;
   laps.mark("gradient norm", "optimizer");
   const bool bad = !std::isfinite(sq) || !std::isfinite(loss_sum);
-  double sums[3] = {bad ? 0.0 : sq, stop_requested() || out_of_time ? 1.0 : 0.0, bad ? 1.0 : 0.0};
-  comm.allreduce_world(sums, 3);
+  double sums[4] = {bad ? 0.0 : sq, stop_requested() || out_of_time ? 1.0 : 0.0, bad ? 1.0 : 0.0,
+                    window_long_enough ? 1.0 : 0.0};
+  comm.allreduce_world(sums, 4);
   laps.mark("wait step agreement (norm, stop, finite)", "wait");
   const bool finite = sums[2] == 0;
-  return {dp_wait, finite ? std::sqrt(sums[0]) : NAN, sums[1] > 0, finite, norm_s};
+  return {dp_wait, finite ? std::sqrt(sums[0]) : NAN, sums[1] > 0, finite, sums[3] > 0, norm_s};
 }
 
 }  // namespace pipetrain

@@ -209,7 +209,7 @@ double trace_time_zero(Run& run) {
 void prepare_straggler_detection(Run& run) {
   const RunSpec& spec = run.spec;
   if (spec.log.straggler_ratio <= 0) return;
-  run.straggler_window = std::make_unique<StragglerWindow>(spec.log.straggler_window);
+  run.straggler_window = std::make_unique<StragglerWindow>(spec.log.straggler_window, now_s());
   // Where ranks outnumber cores, a pass's wall time mostly says which rank the kernel's scheduler
   // let run: there the passes' CPU time is compared (the job's one choice, so all ranks compare alike).
   double overcommitted = run.world.local_ranks() * run.blas_threads > run.world.cores() ? 1 : 0;
@@ -223,7 +223,7 @@ void prepare_straggler_detection(Run& run) {
   }
   std::vector<double> share;
   for (const StagePlan& s : make_plan(spec).stages) share.push_back(s.cost_share);
-  run.stragglers = std::make_unique<StragglerDetector>(places, share, spec.log.straggler_ratio);
+  run.stragglers = std::make_unique<StragglerDetector>(places, share, spec.log.straggler_ratio, !run.straggler_cpu_time);
 }
 
 // The schedule and everything the loop reads that does not change from step to step.
@@ -348,9 +348,9 @@ void print_start(const Run& run) {
   }
   if (!run.init_note.empty()) std::printf("%s\n", run.init_note.c_str());
   if (run.stragglers)
-    std::printf("stragglers: a rank, node or link %gx slower than its peers in two windows of %d steps in a row is "
-                "reported%s\n", spec.log.straggler_ratio, spec.log.straggler_window,
-                run.straggler_cpu_time ? " (passes timed in CPU time: ranks outnumber cores)" : "");
+    std::printf("stragglers: a rank, node or link %gx slower than its peers in two windows (%d steps, %g s at least) in a "
+                "row is reported%s\n", spec.log.straggler_ratio, spec.log.straggler_window, StragglerWindow::kMinWindowS,
+                run.straggler_cpu_time ? " (ranks outnumber cores: passes timed in CPU time, links not judged)" : "");
   if (run.start_step >= spec.run.steps) std::printf("run already complete (%d steps)\n", spec.run.steps);
   std::fflush(stdout);
 }

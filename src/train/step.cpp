@@ -54,8 +54,9 @@ StepResult train_step(Run& run, int step) {
   // The step boundary carries the time budget's verdict, so every rank stops alike.
   const double sync_t0 = now_s();
   const bool out_of_time = run.budget->nearly_out(sync_t0, sync_t0 - t0);
+  const bool window_long_enough = run.rank() == 0 && run.straggler_window && run.straggler_window->long_enough(sync_t0);
   r.sync = sync_step(stage, comm, *run.reducer, run.adam->shard(), run.grad_staging.empty() ? nullptr : &run.grad_staging,
-                     out_of_time, r.stats.loss_sum, run.trace);
+                     out_of_time, window_long_enough, r.stats.loss_sum, run.trace);
   const double opt_t0 = now_s();
 
   // A NaN/Inf anywhere skips the update on every rank alike: parameters and AdamW state stay as
@@ -75,9 +76,11 @@ StepResult train_step(Run& run, int step) {
   run.budget->step_took(r.step_s);
   r.waited_s = comm.wait_seconds();
   r.kernels = take_kernel_totals();
-  if (run.straggler_window)
+  if (run.straggler_window) {
     run.straggler_window->add_step(run.straggler_cpu_time ? r.stats.compute_cpu_s : r.stats.compute_s, r.waited_s,
                                    r.stats.transfer_s);
+    if (r.sync.window_long_enough) run.straggler_window->agree_to_close();
+  }
   return r;
 }
 
@@ -96,7 +99,7 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   mine.gpu_mem_bytes = static_cast<double>(gpu::memory_allocated());
   mine.gpu_mem_peak_bytes = static_cast<double>(gpu::memory_peak());
   mine.kernels = r.kernels;
-  if (run.straggler_window) mine.window = run.straggler_window->close_if_full();
+  if (run.straggler_window && run.straggler_window->closing()) mine.window = run.straggler_window->close(now_s());
   double packed[RankFigures::kFields];
   mine.to(packed);
   std::vector<double> all;

@@ -68,6 +68,8 @@ def cases():
          ["parallel.pp", "pp x virtual_stages = 6 chunks", "model.n_layer = 4"]),
         ("GPU asked of a build or machine without one", None, ["parallel.pp=2", "parallel.dp=2", "run.device=gpu"],
          ["--set run.device=gpu", "run.device = gpu"]),
+        ("straggler ratio not above 1", None, ["parallel.pp=2", "parallel.dp=2", "log.straggler_ratio=0.9"],
+         ["--set log.straggler_ratio=0.9", "log.straggler_ratio", "above 1"]),
         ("bf16 on the CPU", None, ["parallel.pp=2", "parallel.dp=2", "model.dtype=bf16"], ["model.dtype", "run.device"]),
         ("zb-h1 with recompute", None, ["parallel.pp=2", "parallel.dp=2", "parallel.schedule=zb-h1",
                                         "parallel.recompute=block"], ["parallel.recompute", "zb-h1"]),

@@ -104,9 +104,10 @@ TEST_CASE("grad sync: the norm covers the summed gradient, and a NaN or stop on 
     // slabs, sharded) is 1, and the global norm counts each element once.
     std::fill(g.begin(), g.end(), 0.5f);
     reducer.begin_step();
-    StepSync sync = sync_step(stage, replicas(), reducer, shard, nullptr, false, 1.0, no_trace);
+    StepSync sync = sync_step(stage, replicas(), reducer, shard, nullptr, false, false, 1.0, no_trace);
     CHECK(sync.finite);
     CHECK_FALSE(sync.stop);
+    CHECK_FALSE(sync.window_long_enough);
     CHECK(sync.norm == Approx(std::sqrt(static_cast<double>(g.size()))));
     for (const OptimizerShard::Slab& s : shard.slabs())
       CHECK(std::all_of(g.begin() + s.begin, g.begin() + s.end, [](float v) { return v == 1.0f; }));
@@ -115,20 +116,21 @@ TEST_CASE("grad sync: the norm covers the summed gradient, and a NaN or stop on 
     std::fill(g.begin(), g.end(), 0.5f);
     if (rank == 1) g[g.size() / 2] = NAN;
     reducer.begin_step();
-    sync = sync_step(stage, replicas(), reducer, shard, nullptr, false, 1.0, no_trace);
+    sync = sync_step(stage, replicas(), reducer, shard, nullptr, false, false, 1.0, no_trace);
     CHECK_FALSE(sync.finite);
 
     // A NaN in one rank's loss only: both skip too.
     std::fill(g.begin(), g.end(), 0.5f);
     reducer.begin_step();
-    sync = sync_step(stage, replicas(), reducer, shard, nullptr, false, rank == 0 ? NAN : 1.0, no_trace);
+    sync = sync_step(stage, replicas(), reducer, shard, nullptr, false, false, rank == 0 ? NAN : 1.0, no_trace);
     CHECK_FALSE(sync.finite);
 
-    // One rank out of time: both stop.
+    // One rank out of time: both stop. Rank 0 says the straggler window is long enough: both close it.
     std::fill(g.begin(), g.end(), 0.5f);
     reducer.begin_step();
-    sync = sync_step(stage, replicas(), reducer, shard, nullptr, rank == 1, 1.0, no_trace);
+    sync = sync_step(stage, replicas(), reducer, shard, nullptr, rank == 1, rank == 0, 1.0, no_trace);
     CHECK(sync.stop);
     CHECK(sync.finite);
+    CHECK(sync.window_long_enough);
   }
 }

@@ -87,6 +87,10 @@ TEST_CASE("stragglers: a slow link is compared with the links of its kind, above
   const std::vector<std::string> lines = d.observe(links(0.020, 0.001), 50);
   REQUIRE(lines.size() == 1);
   CHECK(lines[0].find("straggler: link rank 1 -> rank 0 (b -> a) delivers a message in 20.00 ms, 20.00x") == 0);
+  // Where ranks outnumber cores, links are measured but not judged.
+  StragglerDetector crowded({{0, 0, "a"}, {1, 0, "b"}}, {0.5, 0.5}, 1.25, /*judge_links=*/false);
+  for (int w = 1; w <= 3; ++w) CHECK(crowded.observe(links(0.020, 0.001), 10 * w).empty());
+  CHECK(crowded.json_keys().find("\"links\":[{") != std::string::npos);
   // Nobody waits on it any more (no figure): cleared after two such windows.
   d.observe(window({1.0, 1.0}), 60);
   const std::vector<std::string> quiet = d.observe(window({1.0, 1.0}), 70);
@@ -94,13 +98,18 @@ TEST_CASE("stragglers: a slow link is compared with the links of its kind, above
   CHECK(quiet[0].find("straggler cleared: link rank 1 -> rank 0") == 0);
 }
 
-TEST_CASE("stragglers: a window closes after its steps, with medians of what each step measured", "[stragglers]") {
-  StragglerWindow w(3);
+TEST_CASE("stragglers: a window lasts its steps and a second at least, with medians of what each step measured", "[stragglers]") {
+  StragglerWindow w(3, 100.0);  // opened at t = 100 s
   w.add_step(1.0, 0.1, {{1, {0.002, 0.004}}});
   w.add_step(9.0, 0.3, {});
-  CHECK(w.close_if_full().steps == 0);  // 2 of 3 steps: no window yet, nothing lost
+  CHECK_FALSE(w.long_enough(200.0));  // 2 of 3 steps
   w.add_step(2.0, 0.2, {{1, {0.003}}, {3, {0.5}}});
-  const WindowFigures f = w.close_if_full();
+  CHECK_FALSE(w.long_enough(100.5));  // 3 steps in half a second: a hiccup could fill it
+  CHECK(w.long_enough(101.0));
+  CHECK_FALSE(w.closing());
+  w.agree_to_close();
+  CHECK(w.closing());
+  const WindowFigures f = w.close(101.2);
   CHECK(f.steps == 3);
   CHECK(f.compute_s == 2.0);  // the median: the step with 9 s does not move it
   CHECK(f.wait_s == Approx(0.2));
@@ -111,7 +120,10 @@ TEST_CASE("stragglers: a window closes after its steps, with medians of what eac
   double packed[WindowFigures::kFields];
   f.to(packed);
   CHECK(WindowFigures::from(packed).link_s[1] == Approx(0.5));
-  CHECK(w.close_if_full().steps == 0);  // a fresh window
+  CHECK_FALSE(w.closing());  // a fresh window, opened at 101.2 s
+  w.add_step(1.0, 0.1, {}), w.add_step(1.0, 0.1, {}), w.add_step(1.0, 0.1, {});
+  CHECK_FALSE(w.long_enough(102.0));
+  CHECK(w.long_enough(102.2));
 }
 
 TEST_CASE("stragglers: the metrics keys carry the window and those flagged", "[stragglers]") {

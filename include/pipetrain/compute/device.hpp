@@ -16,6 +16,10 @@ bool cuda_built();  // this binary contains the CUDA kernels
 // rank that is `local_rank` on its node; throws SpecError naming run.device when it cannot be had.
 void use_spec_device(const RunSpec& spec, int local_rank);
 
+// Seconds for `reps` products of n x n matrices on the compute device: a fixed workload whose time
+// compares one rank's speed with another's.
+double time_matrix_products(int n, int reps);
+
 // Copies and zeroing within the compute device's memory.
 void copy_values(float* dst, const float* src, size_t n);
 void zero_values(float* dst, size_t n);

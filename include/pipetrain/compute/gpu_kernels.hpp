@@ -54,5 +54,7 @@ double sum_of_squares(const float* x, size_t n);
 // GEMM rate of this GPU on n x n x n products in the current matmul dtype (GFLOP/s, best of
 // repeats for ~`seconds`): MFU's denominator when log.peak_gflops is 0.
 double measure_gemm_gflops(int n = 4096, double seconds = 0.2);
+// Seconds for `reps` n x n x n products queued back to back, until the last has finished.
+double time_gemms(int n, int reps);
 
 }  // namespace pipetrain::gpu

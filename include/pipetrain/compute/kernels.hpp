@@ -58,5 +58,7 @@ void softmax_crossentropy_backward(float* dlogits, const float* probs, const int
 // sgemm rate this process reaches on n x n x n products (best of repeats for ~`seconds`), in
 // GFLOP/s: the peak MFU is measured against when log.peak_gflops is 0.
 double measure_sgemm_gflops(int n = 256, double seconds = 0.05);
+// Seconds for `reps` products of n x n matrices, one after the other: a fixed amount of work.
+double time_sgemms(int n, int reps);
 
 }  // namespace pipetrain

@@ -80,6 +80,9 @@ class Comm {
   // `initiator`); returns seconds per round trip. A barrier lets the other ranks wait politely.
   double ping_pong(int peer, bool initiator, std::vector<char>& buf, int reps);
   void barrier();
+  // A barrier for a wait known to be long (another rank's turn at a timed workload): it tests once
+  // a millisecond, leaving the cores to the rank that works. Gives up after comm.timeout_s too.
+  void idle_barrier();
   // World rank 0's `value` on every rank.
   double broadcast_from_root(double value);
   // The first replica's (dp rank 0's) `n` values on every replica of this stage.
@@ -108,6 +111,7 @@ class Comm {
 
  private:
   void poll(MPI_Request& req, const WaitLabel& label);
+  void poll(MPI_Request& req, const WaitLabel& label, WaitMode mode);
   World& world_;
   Topology topo_;
   MPI_Comm pipe_ = MPI_COMM_NULL, data_ = MPI_COMM_NULL, tied_ = MPI_COMM_NULL;

@@ -19,7 +19,7 @@ struct CommTimeout : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class WaitMode { spin, yield };
+enum class WaitMode { spin, yield, idle };  // idle: a wait known to be long tests once a millisecond
 
 // Polls `req` with MPI_Test until it completes (true) or `timeout_s` passes (false), adding the
 // time spent to `waited`. yield gives the core away between polls (ranks outnumber cores).

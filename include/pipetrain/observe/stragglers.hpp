@@ -1,14 +1,17 @@
 // Straggler detection: which rank, node or link is persistently slower than its peers.
 //
 // Every rank keeps its compute and wait per step and how long each message it had to wait for took
-// to come (StragglerWindow). On the logging step that closes a window (at least log.straggler_window
-// steps), each rank's medians over the window travel to rank 0 in the metrics gather the logging
+// to come (StragglerWindow). A window lasts log.straggler_window steps and at least kMinWindowS
+// seconds (rank 0's clock says so in the step agreement every step makes anyway), so that a
+// hiccup of the host is never a whole window however short the steps. At the first logging step
+// after, each rank's medians over the window travel to rank 0 in the metrics gather the logging
 // step makes anyway: no collective of its own. There StragglerDetector compares
 //   - each rank's compute with its peers': the replicas of its stage (the same work), or without
 //     replicas all other ranks, each divided by its stage's expected share of the work (plan's
 //     cost model), so a stage that holds the LM head is not taken for slow;
 //   - each node (2+ nodes) by the median of its ranks, against the other nodes;
-//   - each link's travel time with the other links of its kind (within a node, across nodes).
+//   - each link's travel time with the other links of its kind (within a node, across nodes);
+//     not where ranks outnumber cores: there a message's travel mostly says when its sender got a core.
 // One over log.straggler_ratio in two windows in a row is reported, and again only when it has been
 // within the ratio for two windows in a row: a single noisy window never raises or clears one.
 #pragma once
@@ -33,16 +36,24 @@ struct WindowFigures {
 // One rank's measurements since the last closed window.
 class StragglerWindow {
  public:
-  explicit StragglerWindow(int window_steps) : window_steps_(window_steps) {}
+  static constexpr double kMinWindowS = 1.0;
+  // A window opened at `now` (now_s()) of at least `window_steps` steps.
+  StragglerWindow(int window_steps, double now) : window_steps_(window_steps), opened_s_(now) {}
   // One training step: its compute and waits, and the travel times of the messages this rank
   // waited for, by sending stage.
   void add_step(double compute_s, double wait_s, const std::map<int, std::vector<double>>& transfer_s);
-  // At a logging step: the window's figures if it holds window_steps steps or more (and a fresh
-  // window begins), else figures with steps = 0. Every rank logs the same steps, so all agree.
-  WindowFigures close_if_full();
+  // Whether the window holds its steps and has lasted kMinWindowS at `now` (rank 0 asks; its
+  // answer, agreed by all ranks, is agree_to_close()).
+  bool long_enough(double now) const;
+  void agree_to_close() { closing_ = true; }
+  bool closing() const { return closing_; }
+  // At the next logging step after agree_to_close(): the window's figures; a fresh window opens at `now`.
+  WindowFigures close(double now);
 
  private:
   int window_steps_;
+  double opened_s_;
+  bool closing_ = false;
   std::vector<double> compute_s_, wait_s_;
   std::map<int, std::vector<double>> transfer_s_;
 };
@@ -65,8 +76,8 @@ struct Straggler {
 class StragglerDetector {
  public:
   // `places` per world rank; `stage_share` each stage's expected share of the pipeline's compute
-  // (summing to 1); `ratio` log.straggler_ratio.
-  StragglerDetector(std::vector<RankPlace> places, std::vector<double> stage_share, double ratio);
+  // (summing to 1); `ratio` log.straggler_ratio; `judge_links` false where ranks outnumber cores.
+  StragglerDetector(std::vector<RankPlace> places, std::vector<double> stage_share, double ratio, bool judge_links = true);
 
   // One closed window ending at `last_step` (1-based), all ranks' figures in world order. Returns
   // the lines to print: stragglers found, and those that are no longer.
@@ -96,6 +107,7 @@ class StragglerDetector {
   std::vector<std::string> nodes_;  // each node once, in rank order
   std::vector<double> share_;
   double ratio_;
+  bool judge_links_;
   std::map<std::string, Track> tracks_;
   std::vector<WindowFigures> last_;
   std::vector<double> rank_ratio_, expected_s_;  // per rank: compute over its peers', the compute its peers suggest

@@ -78,6 +78,7 @@ struct StepSync {
   double norm;       // global gradient norm over all stages, before clipping
   bool stop;         // some rank received a stop signal
   bool finite;       // every rank's loss and gradients are finite: the update may be applied
+  bool window_long_enough;  // the straggler window may close (observe/stragglers.hpp)
   double norm_s;     // compute time of the squared norm (counted as compute, not waiting)
 };
 
@@ -85,12 +86,14 @@ struct StepSync {
 // all-reduce over all ranks carries the squared norm (each rank's share: the first replica's whole
 // buffer unsharded, every replica's own slabs sharded), the stop flag and a non-finite flag: the
 // step's only world-wide synchronisation, so every rank decides alike whether to stop and whether
-// to apply the update. A NaN anywhere reaches the rank that checks it through the sums.
+// to apply the update. A NaN anywhere reaches the rank that checks it through the sums. It also
+// carries `window_long_enough` (rank 0's say that the straggler window has run its course), so
+// every rank closes the window at the same logging step.
 // On the GPU (comm.backend = mpi) the sums run on `staging`, a host copy of the gradients the
 // reducer was built on. `trace` gets a span per part: waits inside the collectives as waits (a late
 // peer and the transfer itself are not told apart; comm_wait_s counts them alike), host copies as
 // all-reduce work, the norm as optimizer work.
 StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, const OptimizerShard& shard,
-                   std::vector<float>* staging, bool out_of_time, double loss_sum, Trace& trace);
+                   std::vector<float>* staging, bool out_of_time, bool window_long_enough, double loss_sum, Trace& trace);
 
 }  // namespace pipetrain

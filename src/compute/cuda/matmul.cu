@@ -7,6 +7,7 @@
 
 #include "pipetrain/compute/gpu.hpp"
 #include "pipetrain/compute/gpu_kernels.hpp"
+#include "pipetrain/util/clock.hpp"
 #include "reduce.cuh"
 
 namespace pipetrain::gpu {
@@ -68,6 +69,19 @@ double measure_gemm_gflops(int n, double seconds) {
   }
   cudaEventDestroy(start), cudaEventDestroy(stop);
   return best;
+}
+
+double time_gemms(int n, int reps) {
+  const size_t nn = static_cast<size_t>(n) * n;
+  Buffer<float> a(nn), b(nn), c(nn);
+  zero(a.data(), nn * sizeof(float)), zero(b.data(), nn * sizeof(float));
+  const void* A = operand(a.data(), nn, 2);
+  const void* B = operand(b.data(), nn, 3);
+  PT_CUDA(cudaStreamSynchronize(stream()));
+  const double t0 = now_s();
+  for (int r = 0; r < reps; ++r) gemm(CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, A, n, B, n, 0.f, c.data(), n);
+  PT_CUDA(cudaStreamSynchronize(stream()));
+  return now_s() - t0;
 }
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {

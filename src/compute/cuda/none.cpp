@@ -47,5 +47,6 @@ void adamw_update(float*, const float*, float*, float*, size_t, float, float, fl
 }
 double sum_of_squares(const float*, size_t) { no_cuda(); }
 double measure_gemm_gflops(int, double) { no_cuda(); }
+double time_gemms(int, int) { no_cuda(); }
 
 }  // namespace pipetrain::gpu

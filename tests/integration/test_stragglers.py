@@ -1,0 +1,89 @@
+"""Straggler detection on one machine (the emulated cluster's drill is tests/drills/straggler_drill.py):
+- a 2x2 run whose replica 1 of stage 0 (rank 2) computes 1.5x as long from step 101 on
+  (PIPETRAIN_TEST_SLOW_COMPUTE) names that rank, and only it, in the progress output within 3
+  windows, lists it as "stragglers" in metrics.jsonl, and `report` names it the slowest rank with
+  time lost to it;
+- clean 2x2, 1x2 and 2x1 runs of 1000 steps flag nothing (the largest ratio to peers is printed);
+- log.straggler_ratio = 0 turns detection off: no window in the log.
+The tiny model's steps take milliseconds, so its windows are as long as a window's second at
+least makes them (about 100 steps). The 2x2 runs put 4 ranks on this machine's 2 cores: they are
+bound so that the replicas of a stage share a core (mpiexec -bind-to user:0,1,0,1), since the
+comparison of replicas would otherwise see the cores, and this VM's two cores at times differ in
+speed by a quarter for seconds (a slower core is a straggler too, but not this test's)."""
+import json
+import os
+import re
+import subprocess
+from tests.lib.harness import launch, expect, run_scenarios, scenario, settings
+
+COMMON = ["log.trace_steps=0", "checkpoint.every_steps=0"]
+REPLICAS_SHARE_CORES = ["-bind-to", "user:0,1,0,1"]  # ranks 0..3 are (stage, replica) (0,0) (1,0) (0,1) (1,1)
+
+
+def tiny():
+    return os.path.join(settings().configs, "tiny.toml")
+
+
+def flagged_lines(out):
+    return [line for line in out.splitlines() if line.startswith("straggler: ")]
+
+
+@scenario
+def slowed_rank_named():
+    """Rank 2 slowed by half from step 101 (0-based step 100): named within 3 windows, nothing else is."""
+    a = settings()
+    slow_from = 100
+    r = launch(a, 4, os.path.join(a.work, "slowed"), tiny(), ["parallel.pp=2", "parallel.dp=2", "run.steps=600", *COMMON],
+               env={"PIPETRAIN_TEST_SLOW_COMPUTE": f"2:{slow_from}:1.5"}, timeout=300, launcher_args=REPLICAS_SHARE_CORES)
+    expect(r.rc == 0, f"2x2 with a slowed rank: exit 0 ({r.err[-200:]})")
+    lines = flagged_lines(r.out)
+    expect(len(lines) == 1 and lines[0].startswith("straggler: rank 2 (stage 0, replica 1, "),
+           f"the progress output names rank 2 and nothing else: {lines}")
+    m = re.search(r"computes ([0-9.]+)x", lines[0]) if lines else None
+    expect(m and 1.3 <= float(m.group(1)) <= 2.5, f"its ratio to its replica is about 1.5 ({m.group(1) if m else None})")
+    metrics = r.metrics()
+    spans = [(l["window"]["first_step"], l["window"]["last_step"]) for l in metrics if "window" in l]
+    expect(spans and spans[0][0] == 1 and all(b[0] == a[1] + 1 and b[1] - b[0] + 1 >= 10 for a, b in zip(spans, spans[1:])),
+           f"windows follow each other, each of 10 steps or more: {spans}")
+    found = re.search(r"\(steps \d+-(\d+)\)", lines[0]) if lines else None
+    delay = sum(1 for _, last in spans if slow_from < last <= int(found.group(1))) if found else None
+    expect(delay is not None and delay <= 3, f"named within 3 windows of the slowdown (the {delay}th window after it)")
+    named = {s["name"] for l in metrics for s in l.get("stragglers", [])}
+    expect(len(named) == 1 and next(iter(named)).startswith("rank 2 "), f"metrics.jsonl's stragglers name rank 2 only: {named}")
+    rep = subprocess.run([a.bin, "report", r.run_dir], capture_output=True, text=True)
+    expect(rep.returncode == 0 and "slowest rank: rank 2 (stage 0, replica 1, " in rep.stdout,
+           f"report names rank 2 the slowest: {rep.stdout[-600:]}")
+    lost = re.search(r"time lost to stragglers: ([0-9.]+) s of ([0-9.]+) s", rep.stdout)
+    expect(lost and float(lost.group(1)) > 0, f"report counts time lost to it ({lost.group(0) if lost else None})")
+    doc = json.loads(subprocess.run([a.bin, "report", r.run_dir, "--json"], capture_output=True, text=True).stdout)
+    expect(doc.get("stragglers", {}).get("slowest_rank", {}).get("rank") == 2, "report --json: the slowest rank is 2")
+
+
+@scenario
+def no_false_alarms():
+    """Clean runs of 1000 steps on 2x2 (4 ranks on 2 cores), 1x2 and 2x1 flag nothing."""
+    a = settings()
+    for pp, dp in [(2, 2), (1, 2), (2, 1)]:
+        r = launch(a, pp * dp, os.path.join(a.work, f"clean_{pp}x{dp}"), tiny(),
+                   [f"parallel.pp={pp}", f"parallel.dp={dp}", "run.steps=1000", *COMMON], timeout=300,
+                   launcher_args=REPLICAS_SHARE_CORES if pp * dp == 4 else ())
+        expect(r.rc == 0, f"clean {pp}x{dp}: exit 0 ({r.err[-200:]})")
+        metrics = r.metrics()
+        windows = [l["window"]["ratio"] for l in metrics if "window" in l]
+        flagged = [s["name"] for l in metrics for s in l.get("stragglers", [])]
+        largest = max((x for w in windows for x in w), default=float("nan"))
+        expect(not flagged_lines(r.out) and not flagged and len(windows) >= 4,
+               f"clean {pp}x{dp}: nothing flagged in {len(windows)} windows (largest ratio to peers {largest:.2f})")
+
+
+@scenario
+def detection_off():
+    """log.straggler_ratio = 0: no detection, no window keys in metrics.jsonl."""
+    a = settings()
+    r = launch(a, 2, os.path.join(a.work, "off"), tiny(), ["parallel.pp=2", "run.steps=30", "log.straggler_ratio=0", *COMMON])
+    expect(r.rc == 0 and not any("window" in l or "stragglers" in l for l in r.metrics()) and "stragglers:" not in r.out,
+           f"log.straggler_ratio = 0: no windows logged ({r.rc})")
+
+
+if __name__ == "__main__":
+    run_scenarios()
