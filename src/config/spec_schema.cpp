@@ -304,8 +304,8 @@ std::vector<SpecKey> build_schema() {
                  "a rank, node or link slower than its peers by this factor in two detection windows in a row is "
                  "reported as a straggler (progress output, metrics.jsonl \"stragglers\"); 0 = no detection"),
       int_key("log", "straggler_window", FIELD(int, log.straggler_window), 1, big,
-              "steps per straggler detection window: each rank's medians over them are compared at the first "
-              "logging step that completes one"),
+              "steps per straggler detection window (which also lasts one second at least): each rank's medians "
+              "over it are compared at the first logging step after"),
       double_key("log", "peak_gflops", FIELD(double, log.peak_gflops), 0, 1e9,
                  "peak GFLOP/s of one rank for MFU (0 = one core's sgemm rate, measured at the run's first launch, x cores)"),
       choice_key<Backend>("comm", "backend", FIELD(Backend, comm.backend), "transport between ranks: mpi (the GPU build moves data through host copies over MPI too; NCCL is not there yet)"),
