@@ -28,13 +28,15 @@ run oversubscribed scripts/bench/oversubscribed.py --repeats "$repeats"
 run memory scripts/bench/memory.py --steps "$memory_steps"
 run zero_memory scripts/bench/zero_memory.py
 run async_checkpoint scripts/bench/async_checkpoint.py
+run stragglers scripts/bench/stragglers.py
 /usr/bin/python3 - "$out" <<'PY'
 import json, os, sys
 r = {}
-for name in ("kernels", "pipeline", "oversubscribed", "memory", "zero_memory", "async_checkpoint"):
+for name in ("kernels", "pipeline", "oversubscribed", "memory", "zero_memory", "async_checkpoint", "stragglers"):
     with open(os.path.join(sys.argv[1], name + ".txt")) as f:
         r[name] = json.loads(f.read().strip().splitlines()[-1])
 k, p, o, m, z, c = r["kernels"], r["pipeline"], r["oversubscribed"], r["memory"], r["zero_memory"], r["async_checkpoint"]
+st = r["stragglers"]
 f = lambda t: " / ".join(f"{x:.2f}" for x in t)
 rows = [
     ("step time, pipetrain / PyTorch (small GPT)", f(k["pipetrain (OpenBLAS default threads)"]), "<= 0.80"),
@@ -54,6 +56,7 @@ rows = [
     ("  sync / none (a core free)", f"{c['core_free']['sync_ratio']:.3f}", ""),
     ("  async / none, sync / none (no core free)",
      f"{c['all_cores']['async_ratio']:.3f}, {c['all_cores']['sync_ratio']:.3f}", ""),
+    ("straggler detection on / off, wall per logged step (2x1, 2x2)", f"{st['2x1']['ratio']:.3f}, {st['2x2']['ratio']:.3f}", "<= 1.05"),
 ]
 w = max(len(r[0]) for r in rows)
 print(f"\n{'benchmark':{w}s}  {'min / median / max':22s}  target")
