@@ -47,39 +47,50 @@ void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const
 
 void set_matmul_dtype(Dtype dtype) { g_dtype = dtype; }
 
+namespace {
+
+// Two zeroed n x n operands in the matmul dtype and an output: what the GEMM timers multiply.
+struct SquareProduct {
+  explicit SquareProduct(int n) : n(n), nn(static_cast<size_t>(n) * n), a(nn), b(nn), c(nn) {
+    zero(a.data(), nn * sizeof(float)), zero(b.data(), nn * sizeof(float));
+    A = operand(a.data(), nn, 2), B = operand(b.data(), nn, 3);
+  }
+  void run() { gemm(CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, A, n, B, n, 0.f, c.data(), n); }
+  double flops() const { return 2.0 * n * nn; }
+  int n;
+  size_t nn;
+  Buffer<float> a, b, c;
+  const void* A = nullptr;
+  const void* B = nullptr;
+};
+
+}  // namespace
+
 double measure_gemm_gflops(int n, double seconds) {
-  const size_t nn = static_cast<size_t>(n) * n;
-  Buffer<float> a(nn), b(nn), c(nn);
-  zero(a.data(), nn * sizeof(float)), zero(b.data(), nn * sizeof(float));
-  const void* A = operand(a.data(), nn, 2);
-  const void* B = operand(b.data(), nn, 3);
+  SquareProduct p(n);
   cudaEvent_t start, stop;
   PT_CUDA(cudaEventCreate(&start));
   PT_CUDA(cudaEventCreate(&stop));
   double best = 0, spent = 0;
   for (int rep = 0; rep < 100 && (rep < 3 || spent < seconds); ++rep) {  // the first run warms up
     PT_CUDA(cudaEventRecord(start, stream()));
-    gemm(CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, A, n, B, n, 0.f, c.data(), n);
+    p.run();
     PT_CUDA(cudaEventRecord(stop, stream()));
     PT_CUDA(cudaEventSynchronize(stop));
     float ms = 0;
     PT_CUDA(cudaEventElapsedTime(&ms, start, stop));
     spent += ms / 1e3;
-    if (rep > 0) best = std::max(best, 2.0 * n * nn / (ms / 1e3) / 1e9);
+    if (rep > 0) best = std::max(best, p.flops() / (ms / 1e3) / 1e9);
   }
   cudaEventDestroy(start), cudaEventDestroy(stop);
   return best;
 }
 
 double time_gemms(int n, int reps) {
-  const size_t nn = static_cast<size_t>(n) * n;
-  Buffer<float> a(nn), b(nn), c(nn);
-  zero(a.data(), nn * sizeof(float)), zero(b.data(), nn * sizeof(float));
-  const void* A = operand(a.data(), nn, 2);
-  const void* B = operand(b.data(), nn, 3);
+  SquareProduct p(n);
   PT_CUDA(cudaStreamSynchronize(stream()));
   const double t0 = now_s();
-  for (int r = 0; r < reps; ++r) gemm(CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, A, n, B, n, 0.f, c.data(), n);
+  for (int r = 0; r < reps; ++r) p.run();
   PT_CUDA(cudaStreamSynchronize(stream()));
   return now_s() - t0;
 }
