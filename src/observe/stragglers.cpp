@@ -76,6 +76,10 @@ StragglerDetector::StragglerDetector(std::vector<RankPlace> places, std::vector<
     : places_(std::move(places)), share_(std::move(stage_share)), ratio_(ratio), judge_links_(judge_links) {
   for (const RankPlace& p : places_)
     if (std::find(nodes_.begin(), nodes_.end(), p.node) == nodes_.end()) nodes_.push_back(p.node);
+  // Nodes compare without the cost model only when each holds the same stages.
+  std::map<std::string, std::multiset<int>> stages_on;
+  for (const RankPlace& p : places_) stages_on[p.node].insert(p.stage);
+  for (const auto& [node, stages] : stages_on) nodes_alike_ = nodes_alike_ && stages == stages_on.begin()->second;
 }
 
 void StragglerDetector::judge(const std::string& key, const Straggler& now, bool over, std::vector<std::string>& lines) {
@@ -123,6 +127,7 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
   for (size_t r = 0; r < R; ++r) per_work[r] = ranks[r].compute_s / share(r);
   rank_ratio_.assign(R, 1.0);
   expected_s_.assign(R, 0.0);
+  rank_threshold_.assign(R, ratio_);
   for (size_t r = 0; r < R; ++r) {
     std::vector<double> peers;
     for (size_t q = 0; q < R; ++q)
@@ -131,10 +136,12 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
     if (!(peer > 0)) continue;  // a single rank has no peers
     rank_ratio_[r] = per_work[r] / peer;
     expected_s_[r] = peer * share(r);
+    if (peers.empty()) rank_threshold_[r] = ratio_ * kModelError;
     const RankPlace& p = places_[r];
     const std::string name = "rank " + std::to_string(r) + " (stage " + std::to_string(p.stage) + ", replica " +
                              std::to_string(p.replica) + ", " + p.node + ")";
-    judge(name, window({"rank", name, rank_ratio_[r], ranks[r].compute_s, peer * share(r)}), rank_ratio_[r] > ratio_, lines);
+    judge(name, window({"rank", name, rank_ratio_[r], ranks[r].compute_s, peer * share(r)}),
+          rank_ratio_[r] > rank_threshold_[r], lines);
   }
 
   // Nodes: the median of their ranks' compute per unit of work, against the other nodes'.
@@ -151,7 +158,8 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
       const double peer = median_without(node_value, n);
       const double ratio = node_ratio_[n] = peer > 0 ? node_value[n] / peer : 1.0;
       const std::string name = "node " + nodes_[n];
-      judge(name, window({"node", name, ratio, node_compute[n], peer * node_share[n]}), ratio > ratio_, lines);
+      judge(name, window({"node", name, ratio, node_compute[n], peer * node_share[n]}),
+            ratio > ratio_ * (nodes_alike_ ? 1.0 : kModelError), lines);
     }
   }
 
@@ -209,6 +217,7 @@ std::string StragglerDetector::json_keys() const {
   for (const Link& l : links_) links.push_back({{"from", l.from}, {"to", l.to}, {"s", l.seconds}});
   w["rank_node"] = node, w["rank_stage"] = stage, w["rank_replica"] = replica;
   w["compute_s"] = compute, w["wait_s"] = wait, w["expected_s"] = expected_s_, w["ratio"] = rank_ratio_;
+  w["threshold"] = rank_threshold_;
   w["node_ratio"] = node_ratio_, w["links"] = links;
   json flagged_now = json::array();
   for (const Straggler& s : flagged())

@@ -1,6 +1,7 @@
 #include "pipetrain/tools/straggler_report.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 
@@ -49,7 +50,8 @@ StragglerReport straggler_report(const std::vector<json>& lines, double ratio) {
     double excess = 0;
     for (size_t r = 0; r < R; ++r) {
       compute[r].push_back(at(w, "compute_s", r)), wait[r].push_back(at(w, "wait_s", r)), ratio_of[r].push_back(at(w, "ratio", r));
-      if (at(w, "ratio", r) > ratio) excess = std::max(excess, at(w, "compute_s", r) - at(w, "expected_s", r));
+      const double over = std::isnan(at(w, "threshold", r)) ? ratio : at(w, "threshold", r);  // older logs: the ratio
+      if (at(w, "ratio", r) > over) excess = std::max(excess, at(w, "compute_s", r) - at(w, "expected_s", r));
     }
     for (size_t n = 0; n < nodes.size(); ++n) node_ratio[n].push_back(at(w, "node_ratio", n));
     for (const json& k : w.value("links", json::array()))

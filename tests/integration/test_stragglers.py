@@ -16,7 +16,7 @@ import re
 import subprocess
 from tests.lib.harness import launch, expect, run_scenarios, scenario, settings
 
-COMMON = ["log.trace_steps=0", "checkpoint.every_steps=0"]
+COMMON = ["log.trace_steps=0", "checkpoint.every_steps=0", "log.every_steps=10"]
 REPLICAS_SHARE_CORES = ["-bind-to", "user:0,1,0,1"]  # ranks 0..3 are (stage, replica) (0,0) (1,0) (0,1) (1,1)
 
 

@@ -53,9 +53,12 @@ TEST_CASE("stragglers: stages are compared through their expected share of the w
   StragglerDetector d({{0, 0, "a"}, {1, 0, "a"}}, {0.4, 0.6}, 1.25);
   for (int w = 1; w <= 3; ++w) CHECK(d.observe(window({1.0, 1.5}), 10 * w).empty());
   CHECK(d.rank_ratio()[1] == Approx(1.0));
+  // 1.4x through the cost model is within its error (flagged above 1.25 x kModelError = 1.5625).
+  for (int w = 4; w <= 6; ++w) CHECK(d.observe(window({1.4, 1.5}), 10 * w).empty());
+  CHECK(d.json_keys().find("\"threshold\":[1.5625,1.5625]") != std::string::npos);
   // Now stage 0 takes twice what its share says.
-  d.observe(window({2.0, 1.5}), 40);
-  const std::vector<std::string> lines = d.observe(window({2.0, 1.5}), 50);
+  d.observe(window({2.0, 1.5}), 70);
+  const std::vector<std::string> lines = d.observe(window({2.0, 1.5}), 80);
   REQUIRE(lines.size() == 1);
   CHECK(lines[0].find("rank 0 (stage 0, replica 0, a) computes 2.00x") != std::string::npos);
 }

@@ -10,6 +10,8 @@
 //     replicas all other ranks, each divided by its stage's expected share of the work (plan's
 //     cost model), so a stage that holds the LM head is not taken for slow;
 //   - each node (2+ nodes) by the median of its ranks, against the other nodes;
+//   a comparison that goes through the cost model (other stages' work) allows for its error:
+//   there the threshold is log.straggler_ratio x kModelError;
 //   - each link's travel time with the other links of its kind (within a node, across nodes);
 //     not where ranks outnumber cores: there a message's travel mostly says when its sender got a core.
 // One over log.straggler_ratio in two windows in a row is reported, and again only when it has been
@@ -88,12 +90,17 @@ class StragglerDetector {
   const std::vector<double>& rank_ratio() const { return rank_ratio_; }
 
   // The metrics.jsonl keys of the last window: "window" (per rank: stage, replica, node, compute,
-  // wait, the compute its peers suggest and the ratio to it; per node its ratio; the links' travel
-  // times) and "stragglers" (flagged now), as JSON text without the enclosing braces.
+  // wait, the compute its peers suggest, the ratio to it and the ratio it is flagged above; per
+  // node its ratio; the links' travel times) and "stragglers" (flagged now), as JSON text without
+  // the enclosing braces.
   std::string json_keys() const;
 
   // Below this a link's extra travel time is within what polling between kernels adds to any message.
   static constexpr double kLinkFloorS = 1e-3;
+  // How far plan's FLOP shares of two stages were from their measured compute on the 2-core test
+  // machine (a 2 x 1 tiny run measures stage 1 at 1.01-1.45x stage 0 where plan says 1.17x, by
+  // where the ranks run): comparisons across stages flag at the ratio times this.
+  static constexpr double kModelError = 1.25;
 
  private:
   struct Track {
@@ -111,6 +118,8 @@ class StragglerDetector {
   std::map<std::string, Track> tracks_;
   std::vector<WindowFigures> last_;
   std::vector<double> rank_ratio_, expected_s_;  // per rank: compute over its peers', the compute its peers suggest
+  std::vector<double> rank_threshold_;           // per rank: the ratio it is flagged above
+  bool nodes_alike_ = true;                      // every node holds the same stages
   std::vector<double> node_ratio_;
   int first_step_ = 0, last_step_ = 0;
   struct Link {
