@@ -15,11 +15,13 @@
 #   scripts/cluster/slurm-nodes.sh slow DIR NODE RATE   limit NODE's outgoing bandwidth (e.g. 20mbit; off: no limit)
 #   scripts/cluster/slurm-nodes.sh throttle DIR NODE PCT  cap NODE's processes (slurmd, so its jobs too) at PCT% of
 #                                                       one CPU, as a throttled node would run (off: no cap)
+#   scripts/cluster/slurm-nodes.sh pin DIR NODE CPUS    run NODE's processes (and jobs) on these host CPUs only
+#                                                       (a list for taskset, e.g. 1 or 0-3), as a node has its own
 #   scripts/cluster/slurm-nodes.sh exec DIR NODE CMD…   run CMD on NODE (its network, hostname and IPC)
 #   export SLURM_CONF=DIR/slurm.conf            then sbatch/srun/squeue/scontrol from the root namespace
 set -eEuo pipefail
 cmd=${1:-}; dir=${2:-}
-[ -n "$cmd" ] && [ -n "$dir" ] || { sed -n '2,20p' "$0"; exit 2; }
+[ -n "$cmd" ] && [ -n "$dir" ] || { sed -n '2,22p' "$0"; exit 2; }
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 conf=$dir/slurm.conf
@@ -201,18 +203,25 @@ throttle)
   [[ $pct =~ ^[1-9][0-9]*$ ]] || { echo "slurm-nodes: throttle needs a percentage of one CPU like 50, or off, got '$pct'" >&2; exit 2; }
   cg=$(cg_of "$node")
   mkdir "$cg"
+  # A short period (5 ms) spreads the cap over every millisecond-long kernel, as a slower clock
+  # would, rather than stopping the node for 60 ms of every 100 ms.
   if [ "$(cg_root)" = /sys/fs/cgroup ]; then
     echo +cpu > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
-    echo "$((pct * 1000)) 100000" > "$cg/cpu.max"
+    echo "$((pct * 50)) 5000" > "$cg/cpu.max"
   else
-    echo 100000 > "$cg/cpu.cfs_period_us"
-    echo "$((pct * 1000))" > "$cg/cpu.cfs_quota_us"
+    echo 5000 > "$cg/cpu.cfs_period_us"
+    echo "$((pct * 50))" > "$cg/cpu.cfs_quota_us"
   fi
   for pid in $(ip netns pids "$(netns_of "$node")"); do echo "$pid" > "$cg/cgroup.procs" 2>/dev/null || true; done
   echo "slurm-nodes: $node capped at $pct% of one CPU" ;;
+pin)
+  node=${3:-}; cpus=${4:-}; need_node "$node"
+  [[ $cpus =~ ^[0-9]+([-,][0-9]+)*$ ]] || { echo "slurm-nodes: pin needs host CPUs like 1 or 0-3, got '$cpus'" >&2; exit 2; }
+  for pid in $(ip netns pids "$(netns_of "$node")"); do taskset -a -p -c "$cpus" "$pid" > /dev/null; done
+  echo "slurm-nodes: $node runs on CPUs $cpus" ;;
 exec)
   node=${3:-}; need_node "$node"; shift 3
   pid=$(cat "$dir/slurmd.$node.pid")   # join slurmd's namespaces: what its job steps see
   exec nsenter -t "$pid" -n -i -u -m -- "$@" ;;
-*) echo "slurm-nodes: unknown command '$cmd'" >&2; sed -n '2,20p' "$0" >&2; exit 2 ;;
+*) echo "slurm-nodes: unknown command '$cmd'" >&2; sed -n '2,22p' "$0" >&2; exit 2 ;;
 esac

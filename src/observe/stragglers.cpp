@@ -144,6 +144,10 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
           rank_ratio_[r] > rank_threshold_[r], lines);
   }
 
+  // Ranks slow in this window, themselves or as part of a slow node: their links are late because of them.
+  std::vector<bool> slow(R, false);
+  for (size_t r = 0; r < R; ++r) slow[r] = rank_ratio_[r] > rank_threshold_[r];
+
   // Nodes: the median of their ranks' compute per unit of work, against the other nodes'.
   node_ratio_.assign(nodes_.size(), 1.0);
   if (nodes_.size() >= 2) {
@@ -158,8 +162,9 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
       const double peer = median_without(node_value, n);
       const double ratio = node_ratio_[n] = peer > 0 ? node_value[n] / peer : 1.0;
       const std::string name = "node " + nodes_[n];
-      judge(name, window({"node", name, ratio, node_compute[n], peer * node_share[n]}),
-            ratio > ratio_ * (nodes_alike_ ? 1.0 : kModelError), lines);
+      const bool over = ratio > ratio_ * (nodes_alike_ ? 1.0 : kModelError);
+      judge(name, window({"node", name, ratio, node_compute[n], peer * node_share[n]}), over, lines);
+      for (size_t r = 0; r < R && over; ++r) slow[r] = slow[r] || places_[r].node == nodes_[n];
     }
   }
 
@@ -185,7 +190,10 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
                              places_[l.from].node + (crosses(l) ? " -> " + places_[l.to].node : "") + ")";
     measured.insert(name);
     const double ratio = l.seconds / peer;
-    judge(name, window({"link", name, ratio, l.seconds, peer}), ratio > ratio_ && l.seconds - peer > kLinkFloorS, lines);
+    // A slow sender passes its messages on late and a slow receiver takes them in late: not the link's doing.
+    const bool ends_slow = slow[l.from] || slow[l.to];
+    judge(name, window({"link", name, ratio, l.seconds, peer}),
+          ratio > ratio_ && l.seconds - peer > kLinkFloorS && !ends_slow, lines);
   }
   // A flagged link nobody waited on this window costs nothing now: it counts as within the ratio.
   for (auto& [key, t] : tracks_)

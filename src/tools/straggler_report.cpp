@@ -72,7 +72,7 @@ StragglerReport straggler_report(const std::vector<json>& lines, double ratio) {
   t += "  stragglers: " + std::to_string(windows.size()) + " windows, steps " +
        std::to_string((*windows.front())["window"].value("first_step", 0)) + "-" + std::to_string(last.value("last_step", 0)) +
        ", reported above " + fmt("%.2fx", ratio) + " their peers\n";
-  t += "    rank  stage  replica  node          compute/step   wait/step   x peers\n";
+  t += "    rank  stage  replica  node          own time/step  wait/step   x peers\n";
   size_t slowest_rank = 0;
   for (size_t r = 0; r < R; ++r) {
     const double c = median(compute[r]), w = median(wait[r]), x = median(ratio_of[r]);
@@ -87,7 +87,7 @@ StragglerReport straggler_report(const std::vector<json>& lines, double ratio) {
        fmt("%.2fx", median(ratio_of[slowest_rank])) + " its peers\n";
   out.json["slowest_rank"] = {{"rank", slowest_rank}, {"ratio", median(ratio_of[slowest_rank])}};
   if (nodes.size() >= 2) {
-    t += "    node          ranks        compute/step   wait/step   x other nodes\n";
+    t += "    node          ranks        own time/step  wait/step   x other nodes\n";
     size_t slowest_node = 0;
     for (size_t n = 0; n < nodes.size(); ++n) {
       std::vector<double> c, w;

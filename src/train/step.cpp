@@ -77,7 +77,10 @@ StepResult train_step(Run& run, int step) {
   r.waited_s = comm.wait_seconds();
   r.kernels = take_kernel_totals();
   if (run.straggler_window) {
-    run.straggler_window->add_step(run.straggler_cpu_time ? r.stats.compute_cpu_s : r.stats.compute_s, r.waited_s,
+    // The rank's own time: the step less its waits for peers (its passes, its update, and whatever
+    // held it up besides a peer: a throttled clock hits every part); where ranks outnumber cores,
+    // the CPU time of its passes (observe/stragglers.hpp).
+    run.straggler_window->add_step(run.straggler_cpu_time ? r.stats.compute_cpu_s : r.step_s - r.waited_s, r.waited_s,
                                    r.stats.transfer_s);
     if (r.sync.window_long_enough) run.straggler_window->agree_to_close();
   }

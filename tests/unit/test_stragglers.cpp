@@ -90,6 +90,13 @@ TEST_CASE("stragglers: a slow link is compared with the links of its kind, above
   const std::vector<std::string> lines = d.observe(links(0.020, 0.001), 50);
   REQUIRE(lines.size() == 1);
   CHECK(lines[0].find("straggler: link rank 1 -> rank 0 (b -> a) delivers a message in 20.00 ms, 20.00x") == 0);
+  // A link from a rank that is slow itself is late because of that rank: only the rank is named.
+  StragglerDetector capped({{0, 0, "a"}, {1, 0, "b"}}, {0.5, 0.5}, 1.25);
+  std::vector<WindowFigures> slow_sender = links(0.020, 0.001);
+  slow_sender[1].compute_s = 3.0;
+  capped.observe(slow_sender, 10);
+  for (const std::string& l : capped.observe(slow_sender, 20)) CHECK(l.find("link") == std::string::npos);
+  REQUIRE(capped.flagged().size() == 2);  // rank 1 and node b
   // Where ranks outnumber cores, links are measured but not judged.
   StragglerDetector crowded({{0, 0, "a"}, {1, 0, "b"}}, {0.5, 0.5}, 1.25, /*judge_links=*/false);
   for (int w = 1; w <= 3; ++w) CHECK(crowded.observe(links(0.020, 0.001), 10 * w).empty());

@@ -1,7 +1,7 @@
 // Straggler detection: which rank, node or link is persistently slower than its peers.
 //
-// Every rank keeps its compute and wait per step and how long each message it had to wait for took
-// to come (StragglerWindow). A window lasts log.straggler_window steps and at least kMinWindowS
+// Every rank keeps its own time (the step less its waits) and waits per step, and how long each
+// message it had to wait for took to come (StragglerWindow). A window lasts log.straggler_window steps and at least kMinWindowS
 // seconds (rank 0's clock says so in the step agreement every step makes anyway), so that a
 // hiccup of the host is never a whole window however short the steps. At the first logging step
 // after, each rank's medians over the window travel to rank 0 in the metrics gather the logging
@@ -12,8 +12,9 @@
 //   - each node (2+ nodes) by the median of its ranks, against the other nodes;
 //   a comparison that goes through the cost model (other stages' work) allows for its error:
 //   there the threshold is log.straggler_ratio x kModelError;
-//   - each link's travel time with the other links of its kind (within a node, across nodes);
-//     not where ranks outnumber cores: there a message's travel mostly says when its sender got a core.
+//   - each link's travel time with the other links of its kind (within a node, across nodes),
+//     unless either end is slow itself (its messages are late because of it); not where ranks
+//     outnumber cores: there a message's travel mostly says when its sender got a core.
 // One over log.straggler_ratio in two windows in a row is reported, and again only when it has been
 // within the ratio for two windows in a row: a single noisy window never raises or clears one.
 #pragma once
