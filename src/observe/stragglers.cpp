@@ -32,34 +32,34 @@ double median_without(const std::vector<double>& v, size_t skip) {
 }  // namespace
 
 void WindowFigures::to(double* out) const {
-  const double v[kFields] = {steps, compute_s, wait_s, link_from[0], link_from[1], link_s[0], link_s[1]};
+  const double v[kFields] = {steps, own_s, wait_s, link_from[0], link_from[1], link_s[0], link_s[1]};
   std::copy(v, v + kFields, out);
 }
 
 WindowFigures WindowFigures::from(const double* in) {
   WindowFigures w;
-  w.steps = in[0], w.compute_s = in[1], w.wait_s = in[2];
+  w.steps = in[0], w.own_s = in[1], w.wait_s = in[2];
   w.link_from[0] = in[3], w.link_from[1] = in[4], w.link_s[0] = in[5], w.link_s[1] = in[6];
   return w;
 }
 
-void StragglerWindow::add_step(double compute_s, double wait_s, const std::map<int, std::vector<double>>& transfer_s) {
-  compute_s_.push_back(compute_s);
+void StragglerWindow::add_step(double own_s, double wait_s, const std::map<int, std::vector<double>>& transfer_s) {
+  own_s_.push_back(own_s);
   wait_s_.push_back(wait_s);
   for (const auto& [peer, seconds] : transfer_s)
     transfer_s_[peer].insert(transfer_s_[peer].end(), seconds.begin(), seconds.end());
 }
 
 bool StragglerWindow::long_enough(double now) const {
-  return static_cast<int>(compute_s_.size()) >= window_steps_ && now - opened_s_ >= kMinWindowS;
+  return static_cast<int>(own_s_.size()) >= window_steps_ && now - opened_s_ >= kMinWindowS;
 }
 
 WindowFigures StragglerWindow::close(double now) {
   WindowFigures w;
   closing_ = false, opened_s_ = now;
-  if (compute_s_.empty()) return w;
-  w.steps = static_cast<double>(compute_s_.size());
-  w.compute_s = median(compute_s_), w.wait_s = median(wait_s_);
+  if (own_s_.empty()) return w;
+  w.steps = static_cast<double>(own_s_.size());
+  w.own_s = median(own_s_), w.wait_s = median(wait_s_);
   int k = 0;
   for (const auto& [peer, seconds] : transfer_s_) {  // a rank's incoming links: from the stages before and after it
     if (k == 2) break;
@@ -67,7 +67,7 @@ WindowFigures StragglerWindow::close(double now) {
     w.link_s[k] = seconds.empty() ? -1 : median(seconds);
     ++k;
   }
-  compute_s_.clear(), wait_s_.clear(), transfer_s_.clear();
+  own_s_.clear(), wait_s_.clear(), transfer_s_.clear();
   return w;
 }
 
@@ -124,7 +124,7 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
 
   // Ranks: compute per unit of expected work, against their replicas' (or, with none, everyone's).
   std::vector<double> per_work(R);
-  for (size_t r = 0; r < R; ++r) per_work[r] = ranks[r].compute_s / share(r);
+  for (size_t r = 0; r < R; ++r) per_work[r] = ranks[r].own_s / share(r);
   rank_ratio_.assign(R, 1.0);
   expected_s_.assign(R, 0.0);
   rank_threshold_.assign(R, ratio_);
@@ -140,7 +140,7 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
     const RankPlace& p = places_[r];
     const std::string name = "rank " + std::to_string(r) + " (stage " + std::to_string(p.stage) + ", replica " +
                              std::to_string(p.replica) + ", " + p.node + ")";
-    judge(name, window({"rank", name, rank_ratio_[r], ranks[r].compute_s, peer * share(r)}),
+    judge(name, window({"rank", name, rank_ratio_[r], ranks[r].own_s, peer * share(r)}),
           rank_ratio_[r] > rank_threshold_[r], lines);
   }
 
@@ -155,7 +155,7 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
     for (size_t n = 0; n < nodes_.size(); ++n) {
       std::vector<double> v, c, s;
       for (size_t r = 0; r < R; ++r)
-        if (places_[r].node == nodes_[n]) v.push_back(per_work[r]), c.push_back(ranks[r].compute_s), s.push_back(share(r));
+        if (places_[r].node == nodes_[n]) v.push_back(per_work[r]), c.push_back(ranks[r].own_s), s.push_back(share(r));
       node_value[n] = median(v), node_compute[n] = median(c), node_share[n] = median(s);
     }
     for (size_t n = 0; n < nodes_.size(); ++n) {
@@ -220,11 +220,11 @@ std::string StragglerDetector::json_keys() const {
   for (size_t r = 0; r < places_.size() && r < last_.size(); ++r) {
     node.push_back(std::find(nodes_.begin(), nodes_.end(), places_[r].node) - nodes_.begin());
     stage.push_back(places_[r].stage), replica.push_back(places_[r].replica);
-    compute.push_back(last_[r].compute_s), wait.push_back(last_[r].wait_s);
+    compute.push_back(last_[r].own_s), wait.push_back(last_[r].wait_s);
   }
   for (const Link& l : links_) links.push_back({{"from", l.from}, {"to", l.to}, {"s", l.seconds}});
   w["rank_node"] = node, w["rank_stage"] = stage, w["rank_replica"] = replica;
-  w["compute_s"] = compute, w["wait_s"] = wait, w["expected_s"] = expected_s_, w["ratio"] = rank_ratio_;
+  w["own_s"] = compute, w["wait_s"] = wait, w["expected_s"] = expected_s_, w["ratio"] = rank_ratio_;
   w["threshold"] = rank_threshold_;
   w["node_ratio"] = node_ratio_, w["links"] = links;
   json flagged_now = json::array();

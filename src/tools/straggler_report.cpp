@@ -30,11 +30,11 @@ StragglerReport straggler_report(const std::vector<json>& lines, double ratio) {
   // The windows of the last rank count logged (a run resumed on another layout had other ranks).
   std::vector<const json*> windows;
   for (const json& l : lines)
-    if (l.contains("window") && l["window"].is_object() && l["window"].contains("compute_s")) windows.push_back(&l);
+    if (l.contains("window") && l["window"].is_object() && l["window"].contains("own_s")) windows.push_back(&l);
   if (windows.empty()) return {"", nullptr};
   const json& last = (*windows.back())["window"];
-  const size_t R = last["compute_s"].size();
-  windows.erase(std::remove_if(windows.begin(), windows.end(), [&](const json* l) { return (*l)["window"]["compute_s"].size() != R; }),
+  const size_t R = last["own_s"].size();
+  windows.erase(std::remove_if(windows.begin(), windows.end(), [&](const json* l) { return (*l)["window"]["own_s"].size() != R; }),
                 windows.end());
   const std::vector<std::string> nodes = last.value("nodes", std::vector<std::string>{});
 
@@ -49,9 +49,9 @@ StragglerReport straggler_report(const std::vector<json>& lines, double ratio) {
     const double steps = w.value("last_step", 0) - w.value("first_step", 0) + 1;
     double excess = 0;
     for (size_t r = 0; r < R; ++r) {
-      compute[r].push_back(at(w, "compute_s", r)), wait[r].push_back(at(w, "wait_s", r)), ratio_of[r].push_back(at(w, "ratio", r));
+      compute[r].push_back(at(w, "own_s", r)), wait[r].push_back(at(w, "wait_s", r)), ratio_of[r].push_back(at(w, "ratio", r));
       const double over = std::isnan(at(w, "threshold", r)) ? ratio : at(w, "threshold", r);  // older logs: the ratio
-      if (at(w, "ratio", r) > over) excess = std::max(excess, at(w, "compute_s", r) - at(w, "expected_s", r));
+      if (at(w, "ratio", r) > over) excess = std::max(excess, at(w, "own_s", r) - at(w, "expected_s", r));
     }
     for (size_t n = 0; n < nodes.size(); ++n) node_ratio[n].push_back(at(w, "node_ratio", n));
     for (const json& k : w.value("links", json::array()))
@@ -77,7 +77,7 @@ StragglerReport straggler_report(const std::vector<json>& lines, double ratio) {
   for (size_t r = 0; r < R; ++r) {
     const double c = median(compute[r]), w = median(wait[r]), x = median(ratio_of[r]);
     if (x > median(ratio_of[slowest_rank])) slowest_rank = r;
-    ranks.push_back({{"rank", r}, {"where", place(r)}, {"compute_s", c}, {"wait_s", w}, {"ratio", x}});
+    ranks.push_back({{"rank", r}, {"where", place(r)}, {"own_s", c}, {"wait_s", w}, {"ratio", x}});
     if (R <= 32 || x > ratio)  // a large job lists only its ranks over the ratio
       t += fmt("    %4zu", r) + fmt("  %5.0f", at(last, "rank_stage", r)) + fmt("  %7.0f", at(last, "rank_replica", r)) + "  " +
            fmt("%-12s", nodes.at(static_cast<size_t>(at(last, "rank_node", r))).c_str()) + fmt("  %9.2f ms", 1e3 * c) +
@@ -97,7 +97,7 @@ StragglerReport straggler_report(const std::vector<json>& lines, double ratio) {
           c.push_back(median(compute[r])), w.push_back(median(wait[r])), members += (members.empty() ? "" : ",") + std::to_string(r);
       const double x = median(node_ratio[n]);
       if (x > median(node_ratio[slowest_node])) slowest_node = n;
-      node_rows.push_back({{"node", nodes[n]}, {"ranks", members}, {"compute_s", median(c)}, {"wait_s", median(w)}, {"ratio", x}});
+      node_rows.push_back({{"node", nodes[n]}, {"ranks", members}, {"own_s", median(c)}, {"wait_s", median(w)}, {"ratio", x}});
       t += "    " + fmt("%-12s", nodes[n].c_str()) + "  " + fmt("%-11s", members.c_str()) + fmt("  %9.2f ms", 1e3 * median(c)) +
            fmt("  %7.2f ms", 1e3 * median(w)) + fmt("   %5.2f", x) + "\n";
     }

@@ -11,7 +11,7 @@ namespace {
 // A window of `computes` (per rank, seconds per step), no links.
 std::vector<WindowFigures> window(const std::vector<double>& computes, double steps = 10) {
   std::vector<WindowFigures> w(computes.size());
-  for (size_t r = 0; r < computes.size(); ++r) w[r].steps = steps, w[r].compute_s = computes[r];
+  for (size_t r = 0; r < computes.size(); ++r) w[r].steps = steps, w[r].own_s = computes[r];
   return w;
 }
 
@@ -93,7 +93,7 @@ TEST_CASE("stragglers: a slow link is compared with the links of its kind, above
   // A link from a rank that is slow itself is late because of that rank: only the rank is named.
   StragglerDetector capped({{0, 0, "a"}, {1, 0, "b"}}, {0.5, 0.5}, 1.25);
   std::vector<WindowFigures> slow_sender = links(0.020, 0.001);
-  slow_sender[1].compute_s = 3.0;
+  slow_sender[1].own_s = 3.0;
   capped.observe(slow_sender, 10);
   for (const std::string& l : capped.observe(slow_sender, 20)) CHECK(l.find("link") == std::string::npos);
   REQUIRE(capped.flagged().size() == 2);  // rank 1 and node b
@@ -121,7 +121,7 @@ TEST_CASE("stragglers: a window lasts its steps and a second at least, with medi
   CHECK(w.closing());
   const WindowFigures f = w.close(101.2);
   CHECK(f.steps == 3);
-  CHECK(f.compute_s == 2.0);  // the median: the step with 9 s does not move it
+  CHECK(f.own_s == 2.0);  // the median: the step with 9 s does not move it
   CHECK(f.wait_s == Approx(0.2));
   CHECK(f.link_from[0] == 1);
   CHECK(f.link_s[0] == Approx(0.003));

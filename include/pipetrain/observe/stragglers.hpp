@@ -28,7 +28,7 @@ namespace pipetrain {
 // One rank's figures for a closed window, gathered to rank 0 as doubles.
 struct WindowFigures {
   double steps = 0;                // steps in the window; 0: no window closed at this logging step
-  double compute_s = 0, wait_s = 0;  // medians per step
+  double own_s = 0, wait_s = 0;  // medians per step: its own time (step less waits, or its passes' CPU time), its waits
   double link_from[2] = {-1, -1};  // the sending stage of up to two incoming links (-1: none)
   double link_s[2] = {-1, -1};     // median travel time of their messages waited for (-1: none waited for)
   static constexpr size_t kFields = 7;
@@ -44,7 +44,7 @@ class StragglerWindow {
   StragglerWindow(int window_steps, double now) : window_steps_(window_steps), opened_s_(now) {}
   // One training step: its compute and waits, and the travel times of the messages this rank
   // waited for, by sending stage.
-  void add_step(double compute_s, double wait_s, const std::map<int, std::vector<double>>& transfer_s);
+  void add_step(double own_s, double wait_s, const std::map<int, std::vector<double>>& transfer_s);
   // Whether the window holds its steps and has lasted kMinWindowS at `now` (rank 0 asks; its
   // answer, agreed by all ranks, is agree_to_close()).
   bool long_enough(double now) const;
@@ -57,7 +57,7 @@ class StragglerWindow {
   int window_steps_;
   double opened_s_;
   bool closing_ = false;
-  std::vector<double> compute_s_, wait_s_;
+  std::vector<double> own_s_, wait_s_;
   std::map<int, std::vector<double>> transfer_s_;
 };
 
