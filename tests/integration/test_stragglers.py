@@ -6,10 +6,15 @@
 - clean 2x2, 1x2 and 2x1 runs of 600 steps flag nothing (the largest ratio to peers is printed);
 - log.straggler_ratio = 0 turns detection off: no window in the log.
 The tiny model's steps take milliseconds, so its windows are as long as a window's second at
-least makes them (about 100 steps). The 2x2 runs put 4 ranks on this machine's 2 cores: they are
-bound so that the replicas of a stage share a core (mpiexec -bind-to user:0,1,0,1), since the
-comparison of replicas would otherwise see the cores, and this VM's two cores at times differ in
-speed by a quarter for seconds (a slower core is a straggler too, but not this test's)."""
+least makes them (about 100 steps).
+
+The ranks a comparison sets side by side run on one core: this 2-core VM's core 0 runs a rank up
+to 35% slower than core 1 at times (the same 1 x 2 run pinned both ways: 6.9 against 5.1 ms of own
+time per step, whichever rank sits on core 0), which the detector rightly names, but it is the
+machine's straggler, not this test's. So the 2 x 2 runs bind the replicas of a stage to one core
+(mpiexec -bind-to user:0,1,0,1), the 1 x 2 runs both replicas on core 1 (both then time their
+passes in CPU time, ranks outnumbering cores); the 2 x 1 run is left where the kernel puts it, and
+its two stages compare through plan's cost model, within its 1.25x allowance."""
 import json
 import os
 import re
@@ -17,7 +22,8 @@ import subprocess
 from tests.lib.harness import launch, expect, run_scenarios, scenario, settings
 
 COMMON = ["log.trace_steps=0", "checkpoint.every_steps=0", "log.every_steps=10"]
-REPLICAS_SHARE_CORES = ["-bind-to", "user:0,1,0,1"]  # ranks 0..3 are (stage, replica) (0,0) (1,0) (0,1) (1,1)
+REPLICAS_SHARE_CORES = {4: ["-bind-to", "user:0,1,0,1"],  # ranks 0..3 are (stage, replica) (0,0) (1,0) (0,1) (1,1)
+                        2: ["-bind-to", "user:1,1"]}       # 1 x 2: both replicas
 
 
 def tiny():
@@ -34,7 +40,7 @@ def slowed_rank_named():
     a = settings()
     slow_from = 100
     r = launch(a, 4, os.path.join(a.work, "slowed"), tiny(), ["parallel.pp=2", "parallel.dp=2", "run.steps=450", *COMMON],
-               env={"PIPETRAIN_TEST_SLOW_COMPUTE": f"2:{slow_from}:1.5"}, timeout=300, launcher_args=REPLICAS_SHARE_CORES)
+               env={"PIPETRAIN_TEST_SLOW_COMPUTE": f"2:{slow_from}:1.5"}, timeout=300, launcher_args=REPLICAS_SHARE_CORES[4])
     expect(r.rc == 0, f"2x2 with a slowed rank: exit 0 ({r.err[-200:]})")
     lines = flagged_lines(r.out)
     expect(len(lines) == 1 and lines[0].startswith("straggler: rank 2 (stage 0, replica 1, "),
@@ -66,7 +72,7 @@ def no_false_alarms():
     for pp, dp in [(2, 2), (1, 2), (2, 1)]:
         r = launch(a, pp * dp, os.path.join(a.work, f"clean_{pp}x{dp}"), tiny(),
                    [f"parallel.pp={pp}", f"parallel.dp={dp}", "run.steps=600", *COMMON], timeout=300,
-                   launcher_args=REPLICAS_SHARE_CORES if pp * dp == 4 else ())
+                   launcher_args=REPLICAS_SHARE_CORES[pp * dp] if dp > 1 else ())
         expect(r.rc == 0, f"clean {pp}x{dp}: exit 0 ({r.err[-200:]})")
         metrics = r.metrics()
         windows = [l["window"]["ratio"] for l in metrics if "window" in l]
