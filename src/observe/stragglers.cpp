@@ -21,14 +21,6 @@ std::string times(double ratio) {
   return buf;
 }
 
-// The median of `v` without entry `skip`.
-double median_without(const std::vector<double>& v, size_t skip) {
-  std::vector<double> rest;
-  for (size_t i = 0; i < v.size(); ++i)
-    if (i != skip) rest.push_back(v[i]);
-  return median(rest);
-}
-
 }  // namespace
 
 void WindowFigures::to(double* out) const {

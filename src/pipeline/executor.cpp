@@ -133,6 +133,7 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
   StepStats st;
   const size_t n = stage_.boundary_floats(), bytes = n * sizeof(float);
   const double stretch = fault_hooks().compute_stretch();
+  auto cpu_now = [&] { return time_cpu_ ? thread_cpu_s() : 0.0; };
   std::vector<double> own_turn;  // a vee's turn is a message to this rank itself: not a link
   auto transfers_from = [&](int peer_stage) -> std::vector<double>& {
     return peer_stage == stage ? own_turn : st.transfer_s[peer_stage];
@@ -192,14 +193,14 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
         if (const double t0 = now_s(); params_needed && params_needed(a.chunk))
           trace.span("wait parameter all-gather", "wait", t0, now_s(), a.mb);
         act_out = last ? nullptr : act_out_ring(a).acquire(comm_, act_tag(v, a.mb, M), a.mb, "send activation", trace);
-        const double t0 = now_s(), cpu0 = thread_cpu_s();
+        const double t0 = now_s(), cpu0 = cpu_now();
         if (first || last) load_inputs(a.mb), update(a);
         st.loss_sum += stage_.forward(a.chunk, a.mb, staged && !last ? dev_out_.data() : act_out);
         if (staged && !last) download(act_out, dev_out_.data(), bytes);
         finish_compute();
         stretch_compute(t0, stretch);
         const double t1 = now_s();
-        st.compute_s += t1 - t0, st.compute_cpu_s += thread_cpu_s() - cpu0;
+        st.compute_s += t1 - t0, st.compute_cpu_s += cpu_now() - cpu0;
         trace.span(to_string(a), "forward", t0, t1, a.mb);
         update(a);
         if (!has_backward[a.chunk * M + a.mb]) stage_.discard(a.chunk, a.mb), update(a);
@@ -223,7 +224,7 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
         grad_out = first ? nullptr : grad_out_ring(a).acquire(comm_, grad_tag(v - 1, a.mb, M), a.mb, "send gradient", trace);
         if (!last && (grad_in_for.mb != a.mb || grad_in_for.chunk != a.chunk))
           throw std::logic_error("schedule runs backward " + to_string(a) + " without receiving its gradient first");
-        const double t0 = now_s(), cpu0 = thread_cpu_s();
+        const double t0 = now_s(), cpu0 = cpu_now();
         const float* dout = grad_in;
         float* dinp = grad_out;
         if (staged) {
@@ -236,7 +237,7 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
         finish_compute();
         stretch_compute(t0, stretch);
         const double t1 = now_s(), rs = stage_.last_recompute_s();
-        st.compute_s += t1 - t0, st.compute_cpu_s += thread_cpu_s() - cpu0;
+        st.compute_s += t1 - t0, st.compute_cpu_s += cpu_now() - cpu0;
         // Recompute shown first; under recompute = block it is really interleaved block by block.
         if (rs > 0) trace.span("R" + to_string(a).substr(1), "recompute", t0, t0 + rs, a.mb);
         trace.span(to_string(a), "backward", t0 + rs, t1, a.mb);
@@ -245,12 +246,12 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
         break;
       }
       case Op::backward_weight: {
-        const double t0 = now_s(), cpu0 = thread_cpu_s();
+        const double t0 = now_s(), cpu0 = cpu_now();
         stage_.backward_weight(a.chunk, a.mb, done_hook(a));
         finish_compute();
         stretch_compute(t0, stretch);
         const double t1 = now_s();
-        st.compute_s += t1 - t0, st.compute_cpu_s += thread_cpu_s() - cpu0;
+        st.compute_s += t1 - t0, st.compute_cpu_s += cpu_now() - cpu0;
         trace.span(to_string(a), "backward", t0, t1, a.mb);
         update(a);
         break;

@@ -170,8 +170,8 @@ std::string machine_id() {
 // Every rank times the same fixed workload (matrix products on its compute device; the median of
 // three runs of ~0.1 s each, long enough for a CPU quota's period to show). Ranks on one machine
 // take turns, so each is timed alone on its cores; machines run at once. A rank slower than the
-// median of all by `ratio` fails, and so does a node whose ranks' median is slower than the other
-// nodes' by it.
+// median of the others by `ratio` fails, and so does a node whose ranks' median is slower than the
+// other nodes' by it.
 void check_compute(Comm& comm, double ratio, std::vector<Row>& rows) {
   const int rank = comm.topo().world_rank, world = comm.world().size();
   const auto& host = comm.world().hosts();
@@ -205,16 +205,10 @@ void check_compute(Comm& comm, double ratio, std::vector<Row>& rows) {
   std::vector<double> seconds;
   comm.gather_to_root(&mine, 1, seconds);
   if (rank != 0) return;
-  // Each against the median of the others (of two, one rank 2x slower is 2x the other, not 1.33x the mean).
-  auto others_median = [](const std::vector<double>& v, size_t skip) {
-    std::vector<double> rest = v;
-    rest.erase(rest.begin() + static_cast<long>(skip));
-    return median(rest);
-  };
   int slowest = 0;
   for (int r = 0; r < world; ++r) {
     if (seconds[r] > seconds[slowest]) slowest = r;
-    const double x = world > 1 ? seconds[r] / others_median(seconds, r) : 1.0;
+    const double x = world > 1 ? seconds[r] / median_without(seconds, r) : 1.0;
     if (x > ratio)
       rows.push_back({"compute", "rank " + std::to_string(r) + " (" + host[r] + ")",
                       fmt("%.1f ms", 1e3 * seconds[r]) + fmt(", %.2fx the other ranks", x), false});
@@ -233,7 +227,7 @@ void check_compute(Comm& comm, double ratio, std::vector<Row>& rows) {
     node_s.push_back(median(v));
   }
   for (size_t i = 0; i < nodes.size(); ++i) {
-    const double x = node_s[i] / others_median(node_s, i);
+    const double x = node_s[i] / median_without(node_s, i);
     rows.push_back({"compute", "node " + nodes[i], fmt("%.1f ms", 1e3 * node_s[i]) + fmt(", %.2fx the other nodes", x), x <= ratio});
   }
 }

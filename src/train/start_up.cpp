@@ -215,6 +215,7 @@ void prepare_straggler_detection(Run& run) {
   double overcommitted = run.world.local_ranks() * run.blas_threads > run.world.cores() ? 1 : 0;
   run.comm->allreduce_world(&overcommitted, 1);
   run.straggler_cpu_time = overcommitted > 0;
+  run.executor->time_cpu(run.straggler_cpu_time);
   if (run.rank() != 0) return;
   std::vector<RankPlace> places;
   for (int r = 0; r < run.world.size(); ++r) {

@@ -23,7 +23,7 @@ namespace pipetrain {
 
 struct StepStats {
   double compute_s = 0;        // forward + backward (incl. recompute) time
-  double compute_cpu_s = 0;    // the same passes' CPU time (this thread's)
+  double compute_cpu_s = 0;    // the same passes' CPU time (this thread's), when asked for (Executor::time_cpu)
   double wait_s = 0;           // time blocked on pipeline peers
   double loss_sum = 0;         // summed token loss over this rank's micro-batches (last stage)
   size_t act_peak_bytes = 0;   // peak of activations held between forward and backward
@@ -54,6 +54,9 @@ class Executor {
   // How world rank 0's clock reads against this rank's now_s() (Comm::clock_offset_to_root):
   // every message carries its send time on rank 0's clock, so the receiver can time its travel.
   void set_clock_offset(double offset_s) { clock_offset_s_ = offset_s; }
+  // Also time the passes in CPU time (StepStats::compute_cpu_s): two system calls per pass, so only
+  // when straggler detection compares CPU time (ranks outnumbering cores).
+  void time_cpu(bool on) { time_cpu_ = on; }
 
  private:
   static constexpr size_t kRing = kMessageRing;
@@ -95,6 +98,7 @@ class Executor {
   Comm& comm_;
   StepShape shape_;
   double clock_offset_s_ = 0;
+  bool time_cpu_ = false;
   // On the GPU the stage reads and writes device memory while messages travel through the host
   // rings (comm.backend = mpi): its output, incoming and outgoing gradient are staged here.
   Floats dev_out_, dev_grad_in_, dev_grad_out_;
