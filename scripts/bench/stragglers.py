@@ -2,10 +2,10 @@
 """Straggler detection's cost (not a test): the same training with detection on (the defaults) and off
 (log.straggler_ratio = 0), alternated --reps times per layout, every step logged. The figure is the
 wall time per step including its logging, from the first to the last metrics.jsonl line, median
-over the repetitions; the ratio on/off is the overhead. What the executor always does (a send
-time in every message, a CPU-clock read around every pass, like the kernel timers) is in both;
-detection adds the window's bookkeeping per step, one double in the step agreement, 7 doubles per
-rank in the logging step's gather, and rank 0's comparison once a window (a second at least). Also the wall per step of the logged steps that closed a window against the others. The
+over the repetitions; the ratio on/off is the overhead. The send time every message carries is
+in both; detection adds the window's bookkeeping per step, one double in the step agreement, 7
+doubles per rank in the logging step's gather, rank 0's comparison once a window (a second at
+least), and where ranks outnumber cores (the 2x2 here) two CPU-clock reads per pass. Also the wall per step of the logged steps that closed a window against the others. The
 last line is a JSON summary for scripts/bench.sh.
 
 usage: scripts/bench/stragglers.py [--bin build/pipetrain] [--steps 400] [--reps 3] [--config configs/tiny.toml]"""
