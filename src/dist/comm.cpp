@@ -51,9 +51,9 @@ MPI_Request Comm::irecv(float* buf, size_t n, int peer_stage, int tag) {
 
 void Comm::poll(MPI_Request& req, const WaitLabel& label) { poll(req, label, mode_); }
 
-void Comm::poll(MPI_Request& req, const WaitLabel& label, WaitMode mode) {
+void Comm::poll(MPI_Request& req, const WaitLabel& label, WaitMode mode, bool* pending) {
   if (req == MPI_REQUEST_NULL) return;
-  if (poll_until_done(req, mode, timeout_s_, wait_s_)) return;
+  if (poll_until_done(req, mode, timeout_s_, wait_s_, pending)) return;
   std::string msg = "stage " + std::to_string(topo_.stage) + " (" + world_.where(topo_.world_rank) + ", dp " +
                     std::to_string(topo_.dp_rank) + ") waited more than " + seconds(timeout_s_) +
                     " (comm.timeout_s) for " + label.what;
@@ -76,19 +76,17 @@ void Comm::poll(MPI_Request& req, const WaitLabel& label, WaitMode mode) {
   throw CommTimeout(msg);
 }
 
-void Comm::wait(MPI_Request& req, const WaitLabel& label) { poll(req, label); }
+bool Comm::wait(MPI_Request& req, const WaitLabel& label) {
+  bool pending = false;
+  poll(req, label, mode_, &pending);
+  return pending;
+}
 
 void Comm::progress(std::vector<MPI_Request>& reqs) {
   for (MPI_Request& r : reqs) {
     int done = 0;
     if (r != MPI_REQUEST_NULL) MPI_Test(&r, &done, MPI_STATUS_IGNORE);
   }
-}
-
-bool Comm::test(MPI_Request& req) {
-  int done = 1;
-  if (req != MPI_REQUEST_NULL) MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-  return done != 0;
 }
 
 void Comm::wait_all(std::vector<MPI_Request>& reqs, const WaitLabel& label) {

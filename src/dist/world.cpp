@@ -18,12 +18,13 @@ namespace pipetrain {
 // The one polling loop. Spinning on MPI_Test keeps latency lowest when every rank has a core;
 // when ranks outnumber cores the spinner steals the core its peer needs to produce the data,
 // so yield, and after a short while sleep briefly so the scheduler really runs someone else.
-bool poll_until_done(MPI_Request& req, WaitMode mode, double timeout_s, double& waited) {
+bool poll_until_done(MPI_Request& req, WaitMode mode, double timeout_s, double& waited, bool* pending) {
   // Timed from the first test: a test may itself do the work (progress of a collective, a copy).
   const double t0 = now_s();
   int done = 0;
   for (unsigned iter = 0;; ++iter) {
     MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (pending && iter == 0) *pending = !done;
     if (done) break;
     if (mode == WaitMode::idle) {
       timespec ts{0, 1000000};

@@ -67,8 +67,7 @@ void Executor::RecvRing::post(Comm& comm, double clock_offset_s) {
 
 float* Executor::RecvRing::wait(Comm& comm, const WaitLabel& label, double clock_offset_s, std::vector<double>& transfer_s) {
   const size_t slot = used++ % kRing;
-  const bool waited = !comm.test(reqs[slot]);
-  comm.wait(reqs[slot], label);
+  const bool waited = comm.wait(reqs[slot], label);
   float* message = bufs[slot].data();
   if (waited) {  // it arrived just now: it travelled from when it was sent or its receive posted, whichever came later
     const double sent = read_stamp(message + bufs[slot].size() - kStampFloats);

@@ -58,7 +58,9 @@ def metrics_and_trace(mode):
     for s in range(2):
         untimed = statistics.median(1 - (sum(l["kernel_s"][k][s] for k in classes) + l["comm_wait_s"][s]) / l["rank_step_s"][s]
                                     for l in lines[1:])
-        expect(abs(untimed) <= 0.02, f"{mode}: stage {s}: kernels + waits are its step within 2% (other {untimed:.2%})")
+        # About 2%: on the 2-core VM the median over 11 steps ran 0.8-2.1% (3 runs alternated with
+        # the same test on the build before straggler detection, which ran 0.8-2.1% too); 3% bounds it.
+        expect(abs(untimed) <= 0.03, f"{mode}: stage {s}: kernels + waits are its step within 3% (other {untimed:.2%})")
     predicted = plan(sets)
     want = [st["act_peak_bytes"][mode] for st in predicted["stages"]]
     expect(lines[-1]["act_peak_bytes"] == want, f"{mode}: act_peak_bytes {lines[-1]['act_peak_bytes']} == plan {want}")

@@ -45,15 +45,14 @@ class Comm {
   // the request is waited on.
   MPI_Request isend(const float* buf, size_t n, int peer_stage, int tag);
   MPI_Request irecv(float* buf, size_t n, int peer_stage, int tag);
-  // Waits, adding the time spent to wait_seconds(). Throws CommTimeout.
-  void wait(MPI_Request& req, const WaitLabel& label);
+  // Waits, adding the time spent to wait_seconds(). Throws CommTimeout. True when the request was
+  // still incomplete at the wait's first test (it completed during the wait).
+  bool wait(MPI_Request& req, const WaitLabel& label);
   void wait_all(std::vector<MPI_Request>& reqs, const WaitLabel& label);
   // One MPI_Test of each pending request (nulled when complete), without waiting: MPICH moves a
   // large message only inside MPI calls, so a rank calling this between kernels lets its sends and
   // receives travel while it computes.
   void progress(std::vector<MPI_Request>& reqs);
-  // One MPI_Test of `req` (nulled when complete): whether it is complete.
-  bool test(MPI_Request& req);
 
   // In-place sums. data: over the D replicas of this stage; world: over all ranks;
   // tied: between first and last stage (no-op when P = 1).
@@ -111,7 +110,8 @@ class Comm {
 
  private:
   void poll(MPI_Request& req, const WaitLabel& label);
-  void poll(MPI_Request& req, const WaitLabel& label, WaitMode mode);
+  // As wait(); `pending` as poll_until_done's.
+  void poll(MPI_Request& req, const WaitLabel& label, WaitMode mode, bool* pending = nullptr);
   World& world_;
   Topology topo_;
   MPI_Comm pipe_ = MPI_COMM_NULL, data_ = MPI_COMM_NULL, tied_ = MPI_COMM_NULL;

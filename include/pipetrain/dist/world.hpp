@@ -23,7 +23,8 @@ enum class WaitMode { spin, yield, idle };  // idle: a wait known to be long tes
 
 // Polls `req` with MPI_Test until it completes (true) or `timeout_s` passes (false), adding the
 // time spent to `waited`. yield gives the core away between polls (ranks outnumber cores).
-bool poll_until_done(MPI_Request& req, WaitMode mode, double timeout_s, double& waited);
+// `pending`, when given, says whether the first test found it incomplete.
+bool poll_until_done(MPI_Request& req, WaitMode mode, double timeout_s, double& waited, bool* pending = nullptr);
 
 class World {
  public:
