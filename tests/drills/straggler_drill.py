@@ -17,7 +17,7 @@ and a summary; exit 0 when all passed. Needs root (exit 77 without). Single-mach
 rank slowed by a fault hook, no false alarms on clean runs) is tests/integration/test_stragglers.py.
 
 usage (from the repository root): python3 -m tests.drills.straggler_drill [--bin build/pipetrain] [--trials 3]
-                             [--drills throttle,link] [--steps 300] [--slow-at 100] [--cap 40] [--rate 20mbit] [--work DIR]
+                             [--drills throttle,link] [--steps 300] [--slow-at 100] [--cap 25] [--rate 20mbit] [--work DIR]
 
 The runs log every 10 steps, as real ones do (rank 0's progress lines travel through srun's I/O
 forwarding, which on a 2-core host takes CPU from rank 0 alone), with windows of 30 steps."""
@@ -39,7 +39,7 @@ ap.add_argument("--trials", type=int, default=3)
 ap.add_argument("--drills", default="throttle,link")
 ap.add_argument("--steps", type=int, default=300)
 ap.add_argument("--slow-at", type=int, default=100, help="the step after which the node or link is slowed")
-ap.add_argument("--cap", type=int, default=40, help="throttle: node2's CPU cap, %% of one CPU")
+ap.add_argument("--cap", type=int, default=25, help="throttle: node2's CPU cap, %% of one CPU")
 ap.add_argument("--rate", default="20mbit", help="link: node2's outgoing bandwidth")
 ap.add_argument("--work", default=None, help="keep runs and logs here, emptied first (default: a temporary directory, removed)")
 a = ap.parse_args()
