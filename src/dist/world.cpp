@@ -81,6 +81,13 @@ int World::cores() const {
 
 int World::cores_per_rank() const { return std::max(1, cores() / local_ranks_); }
 
+std::vector<std::string> World::nodes() const {
+  std::vector<std::string> nodes;
+  for (const std::string& h : hosts_)
+    if (std::find(nodes.begin(), nodes.end(), h) == nodes.end()) nodes.push_back(h);
+  return nodes;
+}
+
 std::string World::where(int rank) const {
   return "rank " + std::to_string(rank) + " on " + (rank < static_cast<int>(hosts_.size()) ? hosts_[rank] : "?");
 }

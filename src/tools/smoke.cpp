@@ -215,9 +215,7 @@ void check_compute(Comm& comm, double ratio, std::vector<Row>& rows) {
   }
   rows.push_back({"compute", fmt("%.0f products of 256x256 per rank", reps),
                   fmt("median %.1f ms", 1e3 * median(seconds)) + ", slowest rank " + std::to_string(slowest), true});
-  std::vector<std::string> nodes;
-  for (const std::string& h : host)
-    if (std::find(nodes.begin(), nodes.end(), h) == nodes.end()) nodes.push_back(h);
+  const std::vector<std::string> nodes = comm.world().nodes();
   if (nodes.size() < 2) return;
   std::vector<double> node_s;
   for (const std::string& node : nodes) {

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
@@ -74,14 +73,11 @@ int record_launch(const Run& run) {
     fs::rename(trace, run.run_dir + "/traces/launch_" + std::to_string(launch - 1) + ".json", ec);
   }
   const RunSpec& spec = run.spec;
-  json hosts = json::array();
-  for (const std::string& h : run.world.hosts())  // each node once, in rank order
-    if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
   append(path, {{"event", "launch"},
                 {"launch", launch},
                 {"job_id", run.launch.job_id.empty() ? json(nullptr) : json(run.launch.job_id)},
                 {"restart_count", run.launch.restart_count},
-                {"hosts", hosts},
+                {"hosts", run.world.nodes()},
                 {"ranks", run.world.size()},
                 {"ranks_per_node", run.world.local_ranks()},
                 {"threads_per_rank", run.blas_threads},

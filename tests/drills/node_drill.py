@@ -29,7 +29,7 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.lib.emulated_cluster import Cluster, latest_checkpoint_step, losses, max_rel_diff, metrics
+from tests.lib.emulated_cluster import Cluster, drill_verdict, latest_checkpoint_step, losses, max_rel_diff, metrics, wait_for
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(REPO, "build", "pipetrain"))
@@ -66,15 +66,6 @@ def reference():
     if p.returncode != 0:
         sys.exit(f"node-drill: the uninterrupted reference run failed: {p.stderr[-500:]}")
     return losses(run_dir)
-
-
-def wait_for(cond, timeout, poll=0.1):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(poll)
-    return False
 
 
 def trial(cluster, drill, n, ref):
@@ -170,12 +161,7 @@ def main():
                 for node, state in cluster.node_states().items():  # every node back for the next trial
                     if state != "idle":
                         cluster.control("revive", node)
-    left = cluster.leftovers()
-    if left:
-        print(f"node drill: down left {left}")
-    summary = ", ".join(f"{d} {sum(r['ok'] for r in rows)}/{len(rows)}" for d, rows in results.items())
-    passed = all(r["ok"] for rows in results.values() for r in rows) and not left
-    print(f"node drills {'passed' if passed else 'FAILED'}: {summary}")
+    passed = drill_verdict("node", results, cluster)
     if not a.work:
         shutil.rmtree(work, ignore_errors=True)
     sys.exit(0 if passed else 1)

@@ -28,10 +28,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.lib.emulated_cluster import Cluster, metrics
+from tests.lib.emulated_cluster import Cluster, drill_verdict, metrics, wait_for
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(REPO, "build", "pipetrain"))
@@ -58,15 +57,6 @@ SETS = ["parallel.pp=2", "parallel.dp=1", f"run.steps={a.steps}", "log.trace_ste
         "comm.wait=yield", "log.every_steps=10", f"log.straggler_window={WINDOW}"]
 
 
-def wait_for(cond, timeout, poll=0.05):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(poll)
-    return False
-
-
 def srun(cluster, argv):
     cmd = ["srun", "--nodes=2", "--ntasks-per-node=1", "--mpi=pmi2", "--kill-on-bad-exit=1", *argv]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env)
@@ -87,7 +77,7 @@ def trial(cluster, drill, n):
     p = srun(cluster, argv)
     row = {"ok": False}
     try:
-        if not wait_for(lambda: max((m["step"] for m in metrics(run_dir)), default=0) >= a.slow_at, 120):
+        if not wait_for(lambda: max((m["step"] for m in metrics(run_dir)), default=0) >= a.slow_at, 120, poll=0.05):
             p.kill()
             return dict(row, why=f"never reached step {a.slow_at}: {p.communicate()[1][-300:]}")
         slow(cluster, drill, True)
@@ -149,16 +139,11 @@ def main():
                 results[drill].append(row)
                 print(f"({drill}) trial {n}: {'ok  ' if row['ok'] else 'FAIL'} slowed after step {row.get('slowed_at', '-')} | "
                       f"named after {row.get('delay', '-')} windows {row.get('why', '')}", flush=True)
-    left = cluster.leftovers()
-    if left:
-        print(f"straggler drill: down left {left}")
     for drill, rows in results.items():
         print(f"report of the last ({drill}) trial:\n{rows[-1].get('report', '')}", end="")
         if drill == "throttle":
             print(f"smoke on the capped cluster: {rows[-1].get('smoke_text', '')}")
-    summary = ", ".join(f"{d} {sum(r['ok'] for r in rows)}/{len(rows)}" for d, rows in results.items())
-    passed = all(r["ok"] for rows in results.values() for r in rows) and not left
-    print(f"straggler drills {'passed' if passed else 'FAILED'}: {summary}")
+    passed = drill_verdict("straggler", results, cluster)
     if not a.work:
         shutil.rmtree(work, ignore_errors=True)
     sys.exit(0 if passed else 1)

@@ -121,3 +121,26 @@ def max_rel_diff(a, b):
     if [s for s, _ in a] != [s for s, _ in b]:
         return float("inf")
     return max((abs(x - y) / max(abs(x), abs(y), 1e-30) for (_, x), (_, y) in zip(a, b)), default=0.0)
+
+
+def wait_for(cond, timeout, poll=0.1):
+    """Polls cond() until it holds (True) or `timeout` seconds pass (False)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(poll)
+    return False
+
+
+def drill_verdict(name, results, cluster):
+    """A drill's last lines, once its cluster is down: what `down` left behind, then
+    "<name> drills passed|FAILED: a 1/1, ..." (the line CTest matches). `results` maps each drill to
+    its trials' rows (each with "ok"). True when every trial passed and nothing was left."""
+    left = cluster.leftovers()
+    if left:
+        print(f"{name} drill: down left {left}")
+    summary = ", ".join(f"{d} {sum(r['ok'] for r in rows)}/{len(rows)}" for d, rows in results.items())
+    passed = all(r["ok"] for rows in results.values() for r in rows) and not left
+    print(f"{name} drills {'passed' if passed else 'FAILED'}: {summary}")
+    return passed

@@ -40,6 +40,7 @@ class World {
   int cores() const;           // cores this process may run on (its affinity mask)
   int cores_per_rank() const;  // cores this rank can use without taking them from its node's other ranks
   const std::vector<std::string>& hosts() const { return hosts_; }  // every rank's node
+  std::vector<std::string> nodes() const;  // each node once, in rank order
   std::string where(int rank) const;  // "rank 3 on node2"
   // "; some rank on node1, node2 is lost or stalled": who to suspect when a world-wide wait times out.
   std::string suspects() const;
