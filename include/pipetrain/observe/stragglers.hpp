@@ -1,12 +1,12 @@
 // Straggler detection: which rank, node or link is persistently slower than its peers.
 //
 // Every rank keeps its own time (the step less its waits) and waits per step, and how long each
-// message it had to wait for took to come (StragglerWindow). A window lasts log.straggler_window steps and at least kMinWindowS
-// seconds (rank 0's clock says so in the step agreement every step makes anyway), so that a
-// hiccup of the host is never a whole window however short the steps. At the first logging step
+// message it had to wait for took to come (StragglerWindow). A window lasts log.straggler_window
+// steps and at least kMinWindowS seconds (rank 0's clock says so in the step agreement every step
+// makes anyway), so that a hiccup of the host is never a whole window however short the steps. At the first logging step
 // after, each rank's medians over the window travel to rank 0 in the metrics gather the logging
 // step makes anyway: no collective of its own. There StragglerDetector compares
-//   - each rank's compute with its peers': the replicas of its stage (the same work), or without
+//   - each rank's own time with its peers': the replicas of its stage (the same work), or without
 //     replicas all other ranks, each divided by its stage's expected share of the work (plan's
 //     cost model), so a stage that holds the LM head is not taken for slow;
 //   - each node (2+ nodes) by the median of its ranks, against the other nodes;
