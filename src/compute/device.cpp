@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <stdexcept>
 
 #include "pipetrain/compute/gpu.hpp"
@@ -21,18 +22,25 @@ Device g_device = Device::cpu;
 Device compute_device() { return g_device; }
 bool cuda_built() { return PIPETRAIN_HAVE_CUDA; }
 
-void set_compute_device(Device d, int local_rank) {
+void set_compute_device(Device d, int local_rank, int local_ranks) {
   if (d == Device::gpu) {
     if (!cuda_built()) throw std::runtime_error("this pipetrain was built without CUDA (cmake -DPIPETRAIN_CUDA=ON)");
-    gpu::select_device(local_rank);
+    const int n = gpu::device_count();
+    if (n == 0) throw std::runtime_error("CUDA: no GPU visible to this process (CUDA_VISIBLE_DEVICES, driver?)");
+    const int device = local_rank % n;
+    // Read before the context is made: in exclusive-process mode the second rank would otherwise
+    // fail with a bare "busy or unavailable", and the first would run on alone.
+    const std::string problem = gpu::sharing_problem(gpu::device_info(device), device, (local_ranks + n - 1) / n);
+    if (!problem.empty()) throw std::runtime_error(problem);
+    gpu::select_device(device);
   }
   g_device = d;
 }
 
-void use_spec_device(const RunSpec& spec, int local_rank) {
+void use_spec_device(const RunSpec& spec, int local_rank, int local_ranks) {
   if (spec.run.device != Device::gpu) return;
   try {
-    set_compute_device(Device::gpu, local_rank);
+    set_compute_device(Device::gpu, local_rank, local_ranks);
   } catch (const std::runtime_error& e) {
     throw SpecError(spec.origin("run.device") + ": run.device = gpu: " + e.what());
   }

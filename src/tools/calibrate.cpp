@@ -188,7 +188,7 @@ std::vector<MachineCosts::Transfer> time_allreduces(World& world, const std::vec
 
 MachineCosts calibrate(const RunSpec& spec, World& world) {
   MachineCosts c = MachineCosts::for_model(spec);
-  world.require_agreed([&] { use_spec_device(spec, world.local_rank()); });  // measured where training will run
+  world.require_agreed([&] { use_spec_device(spec, world.local_rank(), world.local_ranks()); });  // measured where training will run
   const int threads = spec.parallel.threads_per_rank > 0 ? spec.parallel.threads_per_rank : world.cores_per_rank();
   set_blas_threads(threads);
   set_parallel_threads(threads);

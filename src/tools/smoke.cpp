@@ -285,7 +285,7 @@ ExitCode run_smoke(const SmokeOptions& opt, World& w) {
   RunSpec spec;
   if (ExitCode code = w.run_agreed([&] {
         spec = smoke_spec(opt, world);
-        use_spec_device(spec, w.local_rank());  // the compute check times the device training would use
+        use_spec_device(spec, w.local_rank(), w.local_ranks());  // the compute check times the device training would use
       });
       code != ExitCode::ok)
     return code;

@@ -104,7 +104,7 @@ void check_ranks_and_device(Run& run) {
   if (spec.checkpoint.async && !run.world.threads_allowed())
     throw SpecError(spec.origin("checkpoint.async") + ": checkpoint.async = true needs MPI_THREAD_FUNNELED (a writer "
                     "thread runs beside the one that calls MPI), which this MPI did not grant; set it to false");
-  use_spec_device(spec, run.world.local_rank());
+  use_spec_device(spec, run.world.local_rank(), run.world.local_ranks());
   check_memory_fits(spec, run.topo.stage, run.world.local_ranks());
 }
 

@@ -337,12 +337,21 @@ TEST_CASE("whole stages on the GPU match the CPU: loss, output, input and parame
   }
 }
 
+// --gpu-info: only says what the GPUs are (the GPU check's first lines), without testing.
 int main(int argc, char** argv) {
-  if (gpu::device_count() == 0) {
-    std::printf("no GPU visible: GPU kernel tests skipped\n");
-    return 77;  // SKIP_RETURN_CODE in tests/CMakeLists.txt
+  const bool info_only = argc > 1 && std::strcmp(argv[1], "--gpu-info") == 0;
+  try {
+    const int n = gpu::device_count();
+    if (n == 0) {
+      std::printf("no GPU visible%s\n", info_only ? "" : ": GPU kernel tests skipped");
+      return 77;  // SKIP_RETURN_CODE in tests/CMakeLists.txt
+    }
+    for (int d = 0; d < (info_only ? n : 1); ++d) std::printf("GPU %d: %s\n", d, gpu::describe(gpu::device_info(d)).c_str());
+    if (info_only) return 0;
+    gpu::select_device(0);
+  } catch (const std::exception& e) {  // a GPU that is there but unusable fails, never skips
+    std::fprintf(stderr, "GPU kernel tests: %s\n", e.what());
+    return 1;
   }
-  gpu::select_device(0);
-  std::printf("GPU: %s\n", gpu::device_name().c_str());
   return Catch::Session().run(argc, argv);
 }

@@ -8,13 +8,15 @@
 namespace pipetrain {
 
 Device compute_device();
-// gpu: selects GPU local_rank % (GPUs on the node); throws std::runtime_error naming the reason
-// when this build has no CUDA or the node has no GPU.
-void set_compute_device(Device d, int local_rank = 0);
+// gpu: selects GPU local_rank % (GPUs on the node) for one of local_ranks ranks on the node;
+// throws std::runtime_error naming the reason when this build has no CUDA, the node has no GPU,
+// CUDA cannot use it (with CUDA's error), or its compute mode forbids the sharing.
+void set_compute_device(Device d, int local_rank = 0, int local_ranks = 1);
 bool cuda_built();  // this binary contains the CUDA kernels
 // The device `spec` asks for (run.device; on the GPU, model.dtype's matrix-product inputs), for a
-// rank that is `local_rank` on its node; throws SpecError naming run.device when it cannot be had.
-void use_spec_device(const RunSpec& spec, int local_rank);
+// rank that is `local_rank` of `local_ranks` on its node; throws SpecError naming run.device when it
+// cannot be had.
+void use_spec_device(const RunSpec& spec, int local_rank, int local_ranks);
 
 // Seconds for `reps` products of n x n matrices on the compute device: a fixed workload whose time
 // compares one rank's speed with another's.

@@ -9,11 +9,30 @@
 
 namespace pipetrain::gpu {
 
-// GPUs this process can use; 0 when there is none or no usable driver (never throws).
+// GPUs this process can use: 0 where the machine has none or no NVIDIA driver at all. Any other
+// CUDA error (a driver older than this build's runtime, a stub driver library, no permission on the
+// device files) throws std::runtime_error with CUDA's own words, so a broken GPU machine fails
+// loudly instead of passing as one without a GPU.
 int device_count();
-// Uses device local_rank % device_count() (SLURM_LOCALID / the MPI node-local rank), so ranks on
-// one node spread over its GPUs and several ranks can share one. Returns the device index.
-int select_device(int local_rank);
+
+enum class ComputeMode { shared, exclusive_process, prohibited };
+struct DeviceInfo {
+  std::string name;
+  size_t memory_bytes = 0;
+  int capability_major = 0, capability_minor = 0;
+  ComputeMode mode = ComputeMode::shared;
+  int driver_cuda = 0, runtime_cuda = 0;  // CUDA versions as 1000 * major + 10 * minor
+};
+// What device `device` is, read without creating a context on it (so without claiming a GPU in
+// exclusive-process mode).
+DeviceInfo device_info(int device);
+// One line: name, memory, compute capability, compute mode, the driver's and runtime's CUDA.
+std::string describe(const DeviceInfo& info);
+// Why `ranks_sharing` processes cannot share device `device`, or "" when they can.
+std::string sharing_problem(const DeviceInfo& info, int device, int ranks_sharing);
+
+// Makes `device` this process's GPU (creating its context).
+void select_device(int device);
 std::string device_name();
 
 void* device_alloc(size_t bytes);  // cudaMalloc; throws on failure, naming the size

@@ -11,7 +11,8 @@ namespace {
 }  // namespace
 
 int device_count() { return 0; }
-int select_device(int) { no_cuda(); }
+DeviceInfo device_info(int) { no_cuda(); }
+void select_device(int) { no_cuda(); }
 std::string device_name() { no_cuda(); }
 void* device_alloc(size_t) { no_cuda(); }
 void device_free(void*) {}

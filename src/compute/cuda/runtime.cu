@@ -1,5 +1,7 @@
 #include <algorithm>
 #include <array>
+#include <cstdlib>
+#include <string>
 #include <unordered_map>
 
 #include "check.cuh"
@@ -48,20 +50,42 @@ void release(void* p) {
 
 int device_count() {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no device / no driver" error
-    return 0;
-  }
-  return n;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaSuccess) return n;
+  cudaGetLastError();  // clear the error so later calls do not report it again
+  // No NVIDIA driver library at all reads as "insufficient driver" with driver version 0: a
+  // machine without a GPU. A driver that is there but older than this build's runtime, a stub
+  // library, or a device that cannot be opened are faults to name.
+  int driver = 0;
+  cudaDriverGetVersion(&driver);
+  if (e == cudaErrorNoDevice || (e == cudaErrorInsufficientDriver && driver == 0)) return 0;
+  int runtime_version = 0;
+  cudaRuntimeGetVersion(&runtime_version);
+  throw std::runtime_error(std::string("CUDA: cannot use the GPUs: cudaGetDeviceCount failed: ") +
+                           cudaGetErrorString(e) + " (" + cudaGetErrorName(e) + "; the driver supports CUDA " +
+                           std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10) +
+                           ", this pipetrain was built with CUDA " + std::to_string(runtime_version / 1000) + "." +
+                           std::to_string(runtime_version % 1000 / 10) + ")");
 }
 
-int select_device(int local_rank) {
-  const int n = device_count();
-  if (n == 0) throw std::runtime_error("CUDA: no GPU visible to this process (CUDA_VISIBLE_DEVICES, driver?)");
-  const int device = local_rank % n;
-  PT_CUDA(cudaSetDevice(device));
-  return device;
+DeviceInfo device_info(int device) {
+  cudaDeviceProp prop;
+  PT_CUDA(cudaGetDeviceProperties(&prop, device));
+  DeviceInfo info;
+  info.name = prop.name;
+  info.memory_bytes = prop.totalGlobalMem;
+  info.capability_major = prop.major, info.capability_minor = prop.minor;
+  int mode = cudaComputeModeDefault;
+  PT_CUDA(cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, device));
+  info.mode = mode == cudaComputeModeExclusiveProcess ? ComputeMode::exclusive_process
+              : mode == cudaComputeModeProhibited     ? ComputeMode::prohibited
+                                                      : ComputeMode::shared;
+  PT_CUDA(cudaDriverGetVersion(&info.driver_cuda));
+  PT_CUDA(cudaRuntimeGetVersion(&info.runtime_cuda));
+  return info;
 }
+
+void select_device(int device) { PT_CUDA(cudaSetDevice(device)); }
 
 std::string device_name() {
   int device = 0;
@@ -98,6 +122,17 @@ void* scratch(int slot, size_t bytes) {
     r.scratch_bytes[slot] = bytes;
   }
   return r.scratch[slot];
+}
+
+void check_launch(const char* file, int line) {
+  check(cudaGetLastError(), "kernel launch", file, line);
+  // Kernels run asynchronously: a fault inside one surfaces at the next synchronising call, far
+  // from its cause. PIPETRAIN_CUDA_SYNC=1 waits after every launch, so the launch site is named.
+  static const bool sync_each = [] {
+    const char* v = std::getenv("PIPETRAIN_CUDA_SYNC");
+    return v && *v && std::string(v) != "0";
+  }();
+  if (sync_each) check(cudaStreamSynchronize(stream()), "kernel (waited for: PIPETRAIN_CUDA_SYNC=1)", file, line);
 }
 
 void* device_alloc(size_t bytes) { return allocate(bytes); }
