@@ -289,6 +289,9 @@ std::vector<SpecKey> build_schema() {
               "global batches of validation samples per evaluation (the same samples every time)"),
       int_key("checkpoint", "every_steps", FIELD(int, checkpoint.every_steps), 0, big,
               "save every N steps (0 = only at the end and on a stop signal)"),
+      bool_key("checkpoint", "at_end", FIELD(bool, checkpoint.at_end),
+               "save when the run reaches run.steps; false for benchmarks and smoke runs that keep nothing "
+               "(every_steps and a stop signal still save)"),
       int_key("checkpoint", "keep_last", FIELD(int, checkpoint.keep_last), 0, big,
               "complete checkpoints to keep, oldest removed first (0 = keep all)"),
       choice_key<OnSaveError>("checkpoint", "on_error", FIELD(OnSaveError, checkpoint.on_error),

@@ -14,7 +14,7 @@ bool log_due(const RunSpec& spec, int done, bool stopping, bool evaluated) {
 
 bool save_due(const RunSpec& spec, int done, bool stopping) {
   const int every = spec.checkpoint.every_steps;
-  return stopping || done == spec.run.steps || (every > 0 && done % every == 0);
+  return stopping || (done == spec.run.steps && spec.checkpoint.at_end) || (every > 0 && done % every == 0);
 }
 
 bool TimeBudget::nearly_out(double now_s, double step_s) const {

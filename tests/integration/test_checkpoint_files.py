@@ -222,5 +222,17 @@ def other_model_refused():
            f"the run directory's own checkpoint of another model: how to go on ({r.err.strip()!r})")
 
 
+@scenario
+def nothing_saved_at_end_when_asked():
+    """checkpoint.at_end = false (benchmarks): the periodic save is written, the end of the run adds
+    nothing."""
+    a = settings()
+    r = launch(a, 1, os.path.join(a.work, "no_final"), tiny(), ["run.steps=7", "checkpoint.every_steps=5",
+                                                                 "checkpoint.at_end=false"])
+    ck = os.path.join(r.run_dir, "checkpoints")
+    saved = sorted(n for n in os.listdir(ck) if n.startswith("step_")) if os.path.isdir(ck) else []
+    expect(r.rc == 0 and saved == ["step_00000005"], f"only step 5 saved, not step 7 (exit {r.rc}, saved {saved})")
+
+
 if __name__ == "__main__":
     run_scenarios()

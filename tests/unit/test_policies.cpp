@@ -22,6 +22,10 @@ TEST_CASE("policies: saves every N steps, at the end and when stopping", "[polic
   const RunSpec only_end = spec_with({"run.steps=25", "checkpoint.every_steps=0"});
   CHECK_FALSE(save_due(only_end, 10, false));
   CHECK(save_due(only_end, 25, false));
+  const RunSpec nothing_at_end = spec_with({"run.steps=25", "checkpoint.every_steps=0", "checkpoint.at_end=false"});
+  CHECK_FALSE(save_due(nothing_at_end, 25, false));
+  CHECK(save_due(nothing_at_end, 13, true));  // a stop still saves
+  CHECK(save_due(spec_with({"run.steps=20", "checkpoint.every_steps=10", "checkpoint.at_end=false"}), 20, false));
 }
 
 TEST_CASE("policies: evaluation every N steps and at the end, but not when stopping early", "[policies]") {

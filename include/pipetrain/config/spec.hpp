@@ -67,7 +67,8 @@ struct RunSpec {
     int batches = 4;      // global batches of validation samples, the same ones every time
   } eval;
   struct Checkpoint {
-    int every_steps = 50;  // also saved at the end of the run and on a stop signal
+    int every_steps = 50;  // also saved at the end of the run (unless at_end = false) and on a stop signal
+    bool at_end = true;    // false: a run that reaches run.steps keeps nothing new (benchmarks)
     int keep_last = 3;     // 0 keeps all
     OnSaveError on_error = OnSaveError::warn;  // a failed save: warn and train on | stop (exit 1)
     bool async = false;    // write in the background from a host snapshot while training goes on
