@@ -13,8 +13,9 @@ const char* mode_name(ComputeMode m) {
     default: return "default (shared)";
   }
 }
-std::string cuda_version(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
 }  // namespace
+
+std::string cuda_version(int version) { return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10); }
 
 std::string describe(const DeviceInfo& info) {
   char memory[32];

@@ -10,7 +10,6 @@ RUNPATH. The same pipetrain as built, without that RUNPATH, must fail to start t
 really hides the host's libraries.
 
 usage: python3 -m tests.gpu.test_gpu_bundle --repo ROOT --work DIR"""
-import argparse
 import json
 import os
 import re
@@ -18,14 +17,9 @@ import shutil
 import subprocess
 import tarfile
 
-from tests.lib.harness import expect, finish
+from tests.lib.harness import expect, finish, parse_script_args
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--repo", required=True)
-ap.add_argument("--work", required=True)
-a = ap.parse_args()
-shutil.rmtree(a.work, ignore_errors=True)
-os.makedirs(a.work)
+a = parse_script_args()
 bundle = os.path.join(a.work, "bundle.tar.xz")
 made = subprocess.run([os.path.join(a.repo, "scripts", "gpu", "bundle.sh"), bundle], capture_output=True, text=True,
                       timeout=900)

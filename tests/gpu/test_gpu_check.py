@@ -11,20 +11,13 @@ wrong (CUDA builds; runs without a GPU, faking each failure a lent GPU machine c
   - an unknown stage is a usage error.
 
 usage: python3 -m tests.gpu.test_gpu_check --repo ROOT --work DIR"""
-import argparse
 import os
-import shutil
 import subprocess
 import time
 
-from tests.lib.harness import expect, finish
+from tests.lib.harness import expect, finish, parse_script_args
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--repo", required=True)
-ap.add_argument("--work", required=True)
-a = ap.parse_args()
-shutil.rmtree(a.work, ignore_errors=True)
-os.makedirs(a.work)
+a = parse_script_args()
 check = os.path.join(a.repo, "scripts", "gpu", "check.sh")
 NO_BUNDLE = os.path.join(a.work, "no-bundle.tar.xz")
 

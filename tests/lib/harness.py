@@ -28,6 +28,18 @@ def parse_args():
     return a
 
 
+def parse_script_args():
+    """--repo ROOT --work DIR, for tests of the repository's scripts; DIR is emptied."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--repo", required=True)
+    p.add_argument("--work", required=True)
+    a = p.parse_args()
+    a.repo, a.work = os.path.abspath(a.repo), os.path.abspath(a.work)
+    shutil.rmtree(a.work, ignore_errors=True)
+    os.makedirs(a.work)
+    return a
+
+
 class Run:
     def __init__(self, rc, out, err, seconds, run_dir):
         self.rc, self.out, self.err, self.seconds, self.run_dir = rc, out, err, seconds, run_dir

@@ -31,9 +31,11 @@ std::string describe(const DeviceInfo& info);
 // Why `ranks_sharing` processes cannot share device `device`, or "" when they can.
 std::string sharing_problem(const DeviceInfo& info, int device, int ranks_sharing);
 
+// "13.0" for CUDA's version number 13000.
+std::string cuda_version(int version);
+
 // Makes `device` this process's GPU (creating its context).
 void select_device(int device);
-std::string device_name();
 
 void* device_alloc(size_t bytes);  // cudaMalloc; throws on failure, naming the size
 void device_free(void* p);

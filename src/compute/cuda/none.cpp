@@ -13,7 +13,6 @@ namespace {
 int device_count() { return 0; }
 DeviceInfo device_info(int) { no_cuda(); }
 void select_device(int) { no_cuda(); }
-std::string device_name() { no_cuda(); }
 void* device_alloc(size_t) { no_cuda(); }
 void device_free(void*) {}
 void copy_to_device(void*, const void*, size_t) { no_cuda(); }

@@ -63,9 +63,8 @@ int device_count() {
   cudaRuntimeGetVersion(&runtime_version);
   throw std::runtime_error(std::string("CUDA: cannot use the GPUs: cudaGetDeviceCount failed: ") +
                            cudaGetErrorString(e) + " (" + cudaGetErrorName(e) + "; the driver supports CUDA " +
-                           std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10) +
-                           ", this pipetrain was built with CUDA " + std::to_string(runtime_version / 1000) + "." +
-                           std::to_string(runtime_version % 1000 / 10) + ")");
+                           cuda_version(driver) + ", this pipetrain was built with CUDA " +
+                           cuda_version(runtime_version) + ")");
 }
 
 DeviceInfo device_info(int device) {
@@ -86,14 +85,6 @@ DeviceInfo device_info(int device) {
 }
 
 void select_device(int device) { PT_CUDA(cudaSetDevice(device)); }
-
-std::string device_name() {
-  int device = 0;
-  PT_CUDA(cudaGetDevice(&device));
-  cudaDeviceProp prop;
-  PT_CUDA(cudaGetDeviceProperties(&prop, device));
-  return prop.name;
-}
 
 cudaStream_t stream() {
   Runtime& r = runtime();
