@@ -2,7 +2,7 @@
 # Installs dependencies, builds, and runs every test (Catch2 unit tests + MPI integration tests),
 # then builds the CUDA variant and runs its tests (the GPU tests where a GPU is; the GPU check's
 # failure handling and the bundle for GPU machines everywhere), the unit tests and one MPI test
-# under ASan + UBSan, the checkpoint writer thread under TSan, and each fuzzer for 25 s. Each phase
+# under ASan + UBSan, the checkpoint writer thread under TSan, and the fuzzers side by side for 35 s. Each phase
 # prints its wall time, so a slow phase is seen before the whole run outgrows its budget.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,5 +25,5 @@ if [ $# -eq 0 ]; then
   [ $cuda -eq 0 ] && phase ctest-cuda bash -c "cd build-cuda && ctest --output-on-failure -R '^gpu_'"
   [ $cuda -eq 0 ] || [ $cuda -eq 77 ] || exit $cuda
   phase sanitize scripts/check/sanitize.sh
-  phase fuzz scripts/check/fuzz.sh 25
+  phase fuzz scripts/check/fuzz.sh 35
 fi
