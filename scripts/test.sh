@@ -2,8 +2,9 @@
 # Installs dependencies, builds, and runs every test (Catch2 unit tests + MPI integration tests),
 # then builds the CUDA variant and runs its tests (the GPU tests where a GPU is; the GPU check's
 # failure handling and the bundle for GPU machines everywhere), the unit tests and one MPI test
-# under ASan + UBSan, the checkpoint writer thread under TSan, and the fuzzers side by side for 35 s. Each phase
-# prints its wall time, so a slow phase is seen before the whole run outgrows its budget.
+# under ASan + UBSan, the checkpoint writer thread under TSan, and the fuzzers side by side for
+# 35 s. Each phase prints its wall time, so a slow phase is seen before the whole run outgrows its
+# budget.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 phase() {  # phase NAME COMMAND...: runs COMMAND, says how long it took, returns its status
