@@ -135,8 +135,8 @@ def large_input_shows_progress():
 
 @scenario
 def prepare_bad_input():
-    """A missing or empty input, an existing output, --val-fraction 1, a missing output folder: exit
-    2, one message naming what is wrong, nothing written or left behind."""
+    """A missing or empty input, an existing output, --val-fraction 1, an output folder that cannot be
+    made: exit 2, one message naming what is wrong, nothing written or left behind."""
     a = settings()
     empty = os.path.join(a.work, "empty.txt")
     open(empty, "w").close()
@@ -147,7 +147,10 @@ def prepare_bad_input():
             ("empty input", ["--input", empty, "--output", os.path.join(a.work, "o2.h5")], "empty"),
             ("output exists", ["--input", corpus(), "--output", existing], "--force"),
             ("fraction 1", ["--input", corpus(), "--output", os.path.join(a.work, "o3.h5"), "--val-fraction", "1"], "[0, 1)"),
-            ("no output dir", ["--input", corpus(), "--output", "/nonexistent/dir/o.h5"], "/nonexistent/dir/o.h5")]:
+            # A missing folder is made; one under a file cannot be, even by root (a path like
+            # /nonexistent/dir would be made where the tests run as root).
+            ("output folder cannot be made", ["--input", corpus(), "--output", os.path.join(existing, "dir", "o.h5")],
+             "cannot create the folder " + os.path.join(existing, "dir"))]:
         p = prepare(*argv)
         expect(p.returncode == 2 and want in p.stderr and p.stderr.count("error") == 1,
                f"prepare, {name}: exit 2 naming it ({p.returncode}: {p.stderr.strip()})")
