@@ -23,17 +23,20 @@ cp "$(readlink -f "$(command -v mpiexec.mpich)")" "$dir/bin/mpiexec"
 cp "$(command -v hydra_pmi_proxy)" "$dir/bin/"
 system='/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*)\.so'
 cuda='/(libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so'
-for exe in "$dir"/bin/*; do
-  ldd "$exe" | awk '/=> \// {print $3}'
-done | sort -u | grep -vE "$system|$cuda" | while read -r lib; do cp -L "$lib" "$dir/lib/"; done
-if [ -d /usr/lib/x86_64-linux-gnu/ucx ]; then
-  mkdir -p "$dir/lib/ucx"
-  cp -d /usr/lib/x86_64-linux-gnu/ucx/*.so* "$dir/lib/ucx/"  # the links stay links
-  for module in "$dir"/lib/ucx/*.so*; do  # a module's own libraries (libibverbs, ...) travel too
-    ldd "$module" | awk '/=> \// {print $3}'
+# bundle_libraries_of FILE...: copies into lib/ the libraries FILEs load that are neither glibc's nor
+# CUDA's and not there yet.
+bundle_libraries_of() {
+  for file in "$@"; do
+    ldd "$file" | awk '/=> \// {print $3}'
   done | sort -u | grep -vE "$system|$cuda" | while read -r lib; do
     [ -e "$dir/lib/$(basename "$lib")" ] || cp -L "$lib" "$dir/lib/"
   done
+}
+bundle_libraries_of "$dir"/bin/*
+if [ -d /usr/lib/x86_64-linux-gnu/ucx ]; then
+  mkdir -p "$dir/lib/ucx"
+  cp -d /usr/lib/x86_64-linux-gnu/ucx/*.so* "$dir/lib/ucx/"  # the links stay links
+  bundle_libraries_of "$dir"/lib/ucx/*.so*  # a module's own libraries (libibverbs, ...) travel too
 fi
 strip --strip-unneeded "$dir"/lib/*.so* "$dir"/lib/ucx/*.so* 2> /dev/null || true
 # Each program and library finds the bundle's libraries by its own RUNPATH, so nothing is put on
