@@ -17,14 +17,20 @@ int act_tag(int boundary, int mb, int M) { return 2 * (boundary * M + mb); }
 int grad_tag(int boundary, int mb, int M) { return 2 * (boundary * M + mb) + 1; }
 
 // Test hook (util/faults.hpp): a slowed rank's compute that began at t0 (cpu0 on its thread's CPU
-// clock) lasts `stretch` times as long on both clocks; it spins, holding its core as a throttled
-// one would. Both, because ranks sharing a core are timed in CPU time: a spin measured on the wall
-// clock alone would get only the share of the core its neighbour leaves it.
-void stretch_compute(double t0, double cpu0, double stretch) {
+// clock) lasts `stretch` times as long on the clock its passes are timed with; it spins, holding
+// its core as a throttled one would. Ranks sharing a core are timed in CPU time: a spin measured
+// on the wall clock would get only the share of the core its neighbour leaves it, and one measured
+// on both would count, as CPU, the time its neighbour held the core during the pass.
+void stretch_compute(double t0, double cpu0, double stretch, bool cpu_timed) {
   if (stretch <= 1) return;
-  const double wall_until = t0 + stretch * (now_s() - t0);
-  const double cpu_until = cpu0 + stretch * (thread_cpu_s() - cpu0);
-  while (now_s() < wall_until || thread_cpu_s() < cpu_until) {
+  if (cpu_timed) {
+    const double until = cpu0 + stretch * (thread_cpu_s() - cpu0);
+    while (thread_cpu_s() < until) {
+    }
+  } else {
+    const double until = t0 + stretch * (now_s() - t0);
+    while (now_s() < until) {
+    }
   }
 }
 
@@ -135,8 +141,7 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
   StepStats st;
   const size_t n = stage_.boundary_floats(), bytes = n * sizeof(float);
   const double stretch = fault_hooks().compute_stretch();
-  // the slowed rank's stretch needs its CPU clock even where passes are timed on the wall clock
-  auto cpu_now = [&] { return time_cpu_ || stretch > 1 ? thread_cpu_s() : 0.0; };
+  auto cpu_now = [&] { return time_cpu_ ? thread_cpu_s() : 0.0; };
   std::vector<double> own_turn;  // a vee's turn is a message to this rank itself: not a link
   auto transfers_from = [&](int peer_stage) -> std::vector<double>& {
     return peer_stage == stage ? own_turn : st.transfer_s[peer_stage];
@@ -201,7 +206,7 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
         st.loss_sum += stage_.forward(a.chunk, a.mb, staged && !last ? dev_out_.data() : act_out);
         if (staged && !last) download(act_out, dev_out_.data(), bytes);
         finish_compute();
-        stretch_compute(t0, cpu0, stretch);
+        stretch_compute(t0, cpu0, stretch, time_cpu_);
         const double t1 = now_s();
         st.compute_s += t1 - t0, st.compute_cpu_s += cpu_now() - cpu0;
         trace.span(to_string(a), "forward", t0, t1, a.mb);
@@ -238,7 +243,7 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
         else stage_.backward_input(a.chunk, a.mb, dout, dinp);
         if (staged && !first) download(grad_out, dinp, bytes);
         finish_compute();
-        stretch_compute(t0, cpu0, stretch);
+        stretch_compute(t0, cpu0, stretch, time_cpu_);
         const double t1 = now_s(), rs = stage_.last_recompute_s();
         st.compute_s += t1 - t0, st.compute_cpu_s += cpu_now() - cpu0;
         // Recompute shown first; under recompute = block it is really interleaved block by block.
@@ -252,7 +257,7 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
         const double t0 = now_s(), cpu0 = cpu_now();
         stage_.backward_weight(a.chunk, a.mb, done_hook(a));
         finish_compute();
-        stretch_compute(t0, cpu0, stretch);
+        stretch_compute(t0, cpu0, stretch, time_cpu_);
         const double t1 = now_s();
         st.compute_s += t1 - t0, st.compute_cpu_s += cpu_now() - cpu0;
         trace.span(to_string(a), "backward", t0, t1, a.mb);

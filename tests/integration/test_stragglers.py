@@ -1,8 +1,8 @@
 """Straggler detection on one machine (the emulated cluster's drill is tests/drills/straggler_drill.py):
-- a 2x2 run whose replica 1 of stage 0 (rank 2) computes 1.5x as long from step 101 on
+- a 2x2 run whose replica 1 of stage 0 (rank 2) computes twice as long from step 101 on
   (PIPETRAIN_TEST_SLOW_COMPUTE) names that rank, and only it, in the progress output within 3
-  windows, lists it as "stragglers" in metrics.jsonl, and `report` names it the slowest rank with
-  time lost to it;
+  windows, with a ratio to its replica of about 2, lists it as "stragglers" in metrics.jsonl, and
+  `report` names it the slowest rank with time lost to it;
 - clean 2x2, 1x2 and 2x1 runs of 600 steps flag nothing (the largest ratio to peers is printed);
 - log.straggler_ratio = 0 turns detection off: no window in the log.
 The tiny model's steps take milliseconds, so its windows are as long as a window's second at
@@ -14,7 +14,13 @@ time per step, whichever rank sits on core 0), which the detector rightly names,
 machine's straggler, not this test's. So the 2 x 2 runs bind the replicas of a stage to one core
 (mpiexec -bind-to user:0,1,0,1), the 1 x 2 runs both replicas on core 1 (both then time their
 passes in CPU time, ranks outnumbering cores); the 2 x 1 run is left where the kernel puts it, and
-its two stages compare through plan's cost model, within its 1.25x allowance."""
+its two stages compare through plan's cost model, within its 1.25x allowance.
+
+Ranks sharing a core time their passes in CPU time, and a pass's CPU time grows when its
+neighbour takes the core in the middle of it (the caches it finds cold again). A slowed rank's
+peer waits for it, polling, and so cuts into its passes more often than before: 12 runs of the
+2x2 here measured 2.09x-2.67x for a slowdown of 2 (1.28x-1.71x for 1.5, whose lower end is too
+near the 1.25 threshold to judge). So the slowdown is 2, and "about 2" is 1.6x-3.2x."""
 import json
 import os
 import re
@@ -36,17 +42,17 @@ def flagged_lines(out):
 
 @scenario
 def slowed_rank_named():
-    """Rank 2 slowed by half from step 101 (0-based step 100): named within 3 windows, nothing else is."""
+    """Rank 2 slowed to half speed from step 101 (0-based step 100): named within 3 windows, nothing else is."""
     a = settings()
     slow_from = 100
     r = launch(a, 4, os.path.join(a.work, "slowed"), tiny(), ["parallel.pp=2", "parallel.dp=2", "run.steps=450", *COMMON],
-               env={"PIPETRAIN_TEST_SLOW_COMPUTE": f"2:{slow_from}:1.5"}, timeout=300, launcher_args=REPLICAS_SHARE_CORES[4])
+               env={"PIPETRAIN_TEST_SLOW_COMPUTE": f"2:{slow_from}:2"}, timeout=300, launcher_args=REPLICAS_SHARE_CORES[4])
     expect(r.rc == 0, f"2x2 with a slowed rank: exit 0 ({r.err[-200:]})")
     lines = flagged_lines(r.out)
     expect(len(lines) == 1 and lines[0].startswith("straggler: rank 2 (stage 0, replica 1, "),
            f"the progress output names rank 2 and nothing else: {lines}")
     m = re.search(r"computes ([0-9.]+)x", lines[0]) if lines else None
-    expect(m and 1.3 <= float(m.group(1)) <= 2.5, f"its ratio to its replica is about 1.5 ({m.group(1) if m else None})")
+    expect(m and 1.6 <= float(m.group(1)) <= 3.2, f"its ratio to its replica is about 2 ({m.group(1) if m else None})")
     metrics = r.metrics()
     spans = [(l["window"]["first_step"], l["window"]["last_step"]) for l in metrics if "window" in l]
     expect(spans and spans[0][0] == 1 and all(b[0] == a[1] + 1 and b[1] - b[0] + 1 >= 10 for a, b in zip(spans, spans[1:])),

@@ -13,8 +13,8 @@
 //   PIPETRAIN_TEST_STALL_IN_SAVE=R:S      rank R stops (SIGSTOP) before writing its shard of checkpoint S
 //   PIPETRAIN_TEST_HANG_IN_FINALIZE=R     rank R never returns from MPI_Finalize (as MPICH/UCX did)
 //   PIPETRAIN_TEST_SLOW_COMPUTE=R:S:F     from step S on, rank R's forwards and backwards take F times
-//                                         as long on the wall and CPU clocks (it spins for the rest, as a
-//                                         throttled CPU or GPU would)
+//                                         as long on the clock they are timed with (it spins for the
+//                                         rest, holding its core as a throttled CPU or GPU would)
 #pragma once
 #include <cstdint>
 #include <functional>
