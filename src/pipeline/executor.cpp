@@ -23,14 +23,9 @@ int grad_tag(int boundary, int mb, int M) { return 2 * (boundary * M + mb) + 1; 
 // on both would count, as CPU, the time its neighbour held the core during the pass.
 void stretch_compute(double t0, double cpu0, double stretch, bool cpu_timed) {
   if (stretch <= 1) return;
-  if (cpu_timed) {
-    const double until = cpu0 + stretch * (thread_cpu_s() - cpu0);
-    while (thread_cpu_s() < until) {
-    }
-  } else {
-    const double until = t0 + stretch * (now_s() - t0);
-    while (now_s() < until) {
-    }
+  double (*const clock)() = cpu_timed ? thread_cpu_s : now_s;
+  const double start = cpu_timed ? cpu0 : t0, until = start + stretch * (clock() - start);
+  while (clock() < until) {
   }
 }
 
