@@ -1,7 +1,9 @@
 // pipetrain: subcommand dispatch only.
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <thread>
 
 #include <cstdio>
@@ -9,6 +11,7 @@
 #include <functional>
 #include <optional>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -24,6 +27,7 @@
 #include "pipetrain/tools/smoke.hpp"
 #include "pipetrain/tools/calibrate.hpp"
 #include "pipetrain/tools/costs_from_run.hpp"
+#include "pipetrain/util/atomic_output.hpp"
 #include "pipetrain/util/files.hpp"
 #include "pipetrain/data/corpus_formats.hpp"
 #include "pipetrain/data/prepare.hpp"
@@ -147,22 +151,25 @@ ExitCode eval_main(const std::vector<std::string>& args) {
   TrainOptions opt;
   opt.eval_only = true;
   opt.resume.clear();  // no "auto": eval names its checkpoint
-  int batches = 0;
   po::options_description desc("pipetrain eval --checkpoint PATH [options]   (launch with mpiexec / srun)");
   desc.add_options()("help,h", "show this help")(
-      "checkpoint", po::value<std::string>(&opt.resume), "checkpoint directory (RUN_DIR/checkpoints/step_N)")(
+      "checkpoint", po::value<std::string>(&opt.resume),
+      "a checkpoint (RUN_DIR/checkpoints/step_N), or a run directory, its checkpoints folder or latest file: the newest intact one")(
       "config", po::value<std::string>(&opt.config),
       "run spec (TOML); omitted: the checkpoint's own, laid out as pp 1 x dp ranks")(
       "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(),
-      "override one key, e.g. --set parallel.pp=2 (repeatable)")(
-      "batches", po::value<int>(&batches), "validation batches (default eval.batches)");
+      "override one key, e.g. --set parallel.pp=2 (dp fills the ranks pp leaves; repeatable)")(
+      "batches", po::value<int>(&opt.eval_batches), "validation batches (default eval.batches)");
   po::variables_map vm;
   if (auto done = parse("eval", desc, args, vm)) return *done;
   if (opt.resume.empty()) {
     std::fprintf(stderr, "pipetrain eval: error: which checkpoint? (pipetrain eval --checkpoint PATH)\n");
     return ExitCode::bad_input;
   }
-  if (batches != 0) opt.overrides.push_back("eval.batches=" + std::to_string(batches));
+  if (vm.count("batches") && opt.eval_batches < 1) {
+    std::fprintf(stderr, "pipetrain eval: error: --batches %d: must be at least 1\n", opt.eval_batches);
+    return ExitCode::bad_input;
+  }
   return run_mpi([&](World& world) { return run_train(opt, world); });
 }
 
@@ -170,7 +177,8 @@ ExitCode generate_main(const std::vector<std::string>& args) {
   GenerateOptions opt;
   po::options_description desc("pipetrain generate --checkpoint PATH --prompt TEXT [options]   (no MPI launch needed)");
   desc.add_options()("help,h", "show this help")(
-      "checkpoint", po::value<std::string>(&opt.checkpoint), "checkpoint directory (any saved layout)")(
+      "checkpoint", po::value<std::string>(&opt.checkpoint),
+      "a checkpoint (any saved layout), or a run directory, its checkpoints folder or latest file: the newest intact one")(
       "prompt", po::value<std::string>(&opt.prompt), "text to continue")(
       "tokens", po::value<int>(&opt.tokens)->default_value(200), "tokens to generate")(
       "temperature", po::value<double>(&opt.temperature)->default_value(1.0), "sampling temperature (0: greedy)")(
@@ -219,7 +227,7 @@ double parse_bytes(const std::string& text) {
 }
 
 ExitCode plan_main(const std::vector<std::string>& args) {
-  std::string config, costs_file, from_run, output = "costs.json";
+  std::string config, costs_file, from_run, output;
   std::vector<std::string> overrides;
   int world = 0;
   double peak_tflops = 0, link_gbps = 0, efficiency = 0.5;
@@ -236,7 +244,8 @@ ExitCode plan_main(const std::vector<std::string>& args) {
                    "ranks) and write them to --output")(
       "from-run", po::value<std::string>(&from_run), "with --calibrate: take the costs from a finished run's trace "
                                                       "(RUN_DIR, trained with log.trace_steps > 0) instead of measuring")(
-      "output", po::value<std::string>(&output), "where --calibrate writes its cost file (default costs.json)")(
+      "output", po::value<std::string>(&output)->default_value("costs.json"), "where --calibrate writes its cost file")(
+      "force", "--calibrate: replace an existing cost file")(
       "costs", po::value<std::string>(&costs_file), "a cost file from --calibrate, or a finished run's directory (its "
                                                     "trace): predict the step time and the run's cost")(
       "peak-tflops", po::value<double>(&peak_tflops), "for a machine not at hand: each rank's peak TFLOP/s ...")(
@@ -248,19 +257,29 @@ ExitCode plan_main(const std::vector<std::string>& args) {
               "zero, within --memory-per-rank, ranked by the step time predicted with --costs (or the peak)");
   po::variables_map vm;
   if (auto done = parse("plan", desc, args, vm)) return *done;
+  std::vector<std::string> inputs;  // what --calibrate reads: never its output
+  for (const std::string& in : {config, from_run})
+    if (!in.empty()) inputs.push_back(in);
+  const OutputRule costs_rule{"plan --calibrate", "--output", "a cost file", MachineCosts::is_cost_file, inputs,
+                              vm.count("force") > 0};
   auto say_written = [&](const MachineCosts& costs, const char* no_messages) {
     write_file_atomically(output, costs.to_json().dump(2) + "\n");
     std::printf("%s\nwrote %s: per micro-batch of 1 sample, one block F %.3g ms, B %.3g ms, W %.3g ms; head F %.3g ms"
-                "%s\n", costs.source.c_str(), output.c_str(), 1e3 * costs.block(1).f, 1e3 * costs.block(1).b,
+                "%s\n", costs.source.c_str(), std::filesystem::absolute(output).c_str(), 1e3 * costs.block(1).f, 1e3 * costs.block(1).b,
                 1e3 * costs.block(1).w, 1e3 * costs.head(1).f, costs.p2p.empty() ? no_messages : "");
+    if (vm["output"].defaulted()) std::printf("(the default --output, in the current folder; --output FILE puts it elsewhere)\n");
   };
   if (vm.count("calibrate") && !from_run.empty())
     return run_offline([&] {
+      check_output(output, costs_rule);
       say_written(costs_from_run(from_run), " (from a run's trace: no message costs)");
       return ExitCode::ok;
     });
   if (vm.count("calibrate"))
     return run_mpi([&](World& mpi) {
+      mpi.require_agreed([&] {
+        if (mpi.rank() == 0) check_output(output, costs_rule);
+      });
       const RunSpec spec = load_spec(config, overrides, 0);
       const MachineCosts costs = calibrate(spec, mpi);
       if (mpi.rank() == 0) say_written(costs, " (one rank: no message costs; launch on 2+ ranks to measure them)");
@@ -273,9 +292,13 @@ ExitCode plan_main(const std::vector<std::string>& args) {
     // --auto replaces the layout: the spec is read for its model, batch and data, on one rank.
     const RunSpec spec = load_spec(config, overrides, automatic ? kAnyLayout : world);
     const double capacity = memory.empty() ? 0 : parse_bytes(memory);
-    if ((peak_tflops > 0) != (link_gbps > 0))
+    for (const auto& [option, value] : {std::pair{"peak-tflops", peak_tflops}, std::pair{"link-gbps", link_gbps}})
+      if (vm.count(option) && !(value > 0 && std::isfinite(value)))
+        throw SpecError(std::string("--") + option + " " + (std::ostringstream() << value).str() + " is not a positive number");
+    if (vm.count("peak-tflops") != vm.count("link-gbps"))
       throw SpecError("--peak-tflops and --link-gbps describe a machine together: give both");
-    if (efficiency <= 0 || efficiency > 1) throw SpecError("--efficiency " + std::to_string(efficiency) + " must be in (0, 1]");
+    if (!(efficiency > 0 && efficiency <= 1))
+      throw SpecError("--efficiency " + (std::ostringstream() << efficiency).str() + " must be in (0, 1]");
     std::optional<MachineCosts> costs;
     if (!costs_file.empty()) {
       costs = std::filesystem::is_directory(costs_file) ? costs_from_run(costs_file) : MachineCosts::read(costs_file);
@@ -455,7 +478,8 @@ ExitCode export_main(const std::vector<std::string>& args) {
   ModelExportOptions opt;
   po::options_description desc("pipetrain export --checkpoint PATH --format hf|llmc --output OUT [options]   (no MPI)");
   desc.add_options()("help,h", "show this help")(
-      "checkpoint", po::value<std::string>(&opt.checkpoint), "checkpoint directory (any saved layout)")(
+      "checkpoint", po::value<std::string>(&opt.checkpoint),
+      "a checkpoint (any saved layout), or a run directory, its checkpoints folder or latest file: the newest intact one")(
       "format", po::value<std::string>(&opt.format),
       "hf (a Hugging Face GPT-2 directory: config.json, model.safetensors) | llmc (llm.c's model file)")(
       "output", po::value<std::string>(&opt.output), "the directory (hf) or file (llmc) to write")(
@@ -473,11 +497,14 @@ ExitCode export_main(const std::vector<std::string>& args) {
 }
 
 ExitCode ckpt_main(const std::vector<std::string>& args) {
-  if (args.size() != 2 || (args[0] != "inspect" && args[0] != "verify")) {
-    std::fprintf(args.size() == 1 && (args[0] == "--help" || args[0] == "-h") ? stdout : stderr,
-                 "usage: pipetrain ckpt inspect|verify PATH   (PATH: a checkpoint directory, e.g. "
-                 "RUN_DIR/checkpoints/step_00000100)\n");
-    return args.size() == 1 && (args[0] == "--help" || args[0] == "-h") ? ExitCode::ok : ExitCode::bad_input;
+  const bool help = std::any_of(args.begin(), args.end(), [](const std::string& a) { return a == "--help" || a == "-h"; });
+  if (help || args.size() != 2 || (args[0] != "inspect" && args[0] != "verify")) {
+    std::fputs("usage: pipetrain ckpt inspect|verify PATH\n"
+               "  PATH: a checkpoint (RUN_DIR/checkpoints/step_00000100), or a run directory, its checkpoints folder\n"
+               "  or its latest file: inspect shows the newest checkpoint there; verify checks the newest intact one\n"
+               "  and the one latest names (exit 2 when latest names a missing or damaged checkpoint)\n",
+               help ? stdout : stderr);
+    return help ? ExitCode::ok : ExitCode::bad_input;
   }
   return run_offline([&] { return args[0] == "inspect" ? ckpt_inspect(args[1]) : ckpt_verify(args[1]); });
 }

@@ -227,6 +227,25 @@ std::string verify_checkpoint(const std::string& dir, int part, int parts) {
       m.partition.size() != static_cast<size_t>(m.pp) * m.virtual_stages || n_layer == m.spec.end() ||
       std::to_string(blocks) != n_layer->second)
     return mpath + "layout, partition and shard list do not agree";
+  // The model the manifest's spec describes: every tensor it has listed in exactly one shard, at
+  // the shape each loader will ask for.
+  std::map<std::string, std::vector<int>> shape_of;
+  try {
+    const RunSpec spec = spec_of_checkpoint(dir, {}, 1);
+    for (const ParamTensor& p : stage_params(spec, 0, 1, 0, spec.model.n_layer)) shape_of[p.name] = p.shape;
+  } catch (const SpecError& e) {
+    return e.what();
+  }
+  std::map<std::string, std::string> listed_in;
+  for (const auto& s : m.shards)
+    for (const auto& t : s.tensors) {
+      if (!shape_of.count(t))
+        return mpath + s.file + " lists tensor " + t + ", which the model its spec describes does not have";
+      if (!listed_in.emplace(t, s.file).second)
+        return mpath + "tensor " + t + " is listed in both " + listed_in[t] + " and " + s.file;
+    }
+  for (const auto& [name, shape] : shape_of)
+    if (!listed_in.count(name)) return mpath + "no shard lists tensor " + name + " of the model its spec describes";
   for (size_t i = 0; i < m.shards.size(); ++i) {
     if (static_cast<int>(i % parts) != part) continue;
     const auto& s = m.shards[i];
@@ -244,7 +263,12 @@ std::string verify_checkpoint(const std::string& dir, int part, int parts) {
         return path + ": holds step " + std::to_string(r.step()) + " (format " + std::to_string(r.format_version()) +
                "), the manifest says step " + std::to_string(m.step);
       for (auto& t : s.tensors)
-        if (!r.has(t)) return path + ": lacks tensor " + t + " listed in the manifest";
+        for (const char* group : {"params", "optim/exp_avg", "optim/exp_avg_sq"})
+          if (std::string why = r.problem(group, t, shape_of[t]); !why.empty())
+            return why + " (the model manifest.json's spec describes: the manifest and its shard disagree)";
+      for (const TensorInfo& t : r.tensors())
+        if (std::find(s.tensors.begin(), s.tensors.end(), t.name) == s.tensors.end())
+          return path + ": holds tensor " + t.name + ", which manifest.json does not list for it";
     } catch (const std::exception& e) {
       return e.what();
     }
@@ -262,6 +286,45 @@ std::string verify_checkpoint(const std::string& dir, int part, int parts) {
              std::to_string(m.tokenizer.bytes) + " bytes, checksum " + hex(m.tokenizer.checksum) + " (corrupted)";
   }
   return "";
+}
+
+std::vector<std::string> checkpoints_named_by(const std::string& path) {
+  std::error_code ec;
+  const fs::path p(path);
+  if (fs::exists(p / "manifest.json", ec)) return {path};
+  fs::path folder;
+  if (p.filename() == "latest" && fs::is_regular_file(p, ec)) folder = p.parent_path();
+  else if (fs::is_directory(p / "checkpoints", ec)) folder = p / "checkpoints";
+  else if (fs::is_directory(p, ec)) folder = p;
+  std::vector<std::string> out;
+  if (!folder.empty())
+    for (auto& [step, dir] : list_checkpoints(folder.string())) out.push_back(dir);
+  return out;
+}
+
+std::string resolve_checkpoint(const std::string& path, const std::string& command) {
+  const std::vector<std::string> candidates = checkpoints_named_by(path);
+  if (candidates.empty()) {
+    std::error_code ec;
+    throw SpecError(command + ": " + path + (fs::exists(path, ec) ? " is not a checkpoint" : ": no such file or folder") +
+                    " (give a checkpoint RUN_DIR/checkpoints/step_N, a run directory, its checkpoints folder or "
+                    "its latest file)");
+  }
+  const bool exact = candidates.size() == 1 && candidates[0] == path;
+  std::vector<std::string> skipped;
+  for (const std::string& c : candidates) {
+    const std::string problem = verify_checkpoint(c);
+    if (problem.empty()) {
+      if (!exact)
+        std::fprintf(stderr, "%s: using %s, the newest intact checkpoint of %s\n", command.c_str(), c.c_str(),
+                     path.c_str());
+      return c;
+    }
+    if (exact) throw SpecError(command + ": checkpoint " + c + " is unusable: " + problem);
+    std::fprintf(stderr, "%s: warning: skipping %s: %s\n", command.c_str(), c.c_str(), problem.c_str());
+  }
+  throw SpecError(command + ": " + path + ": none of its " + std::to_string(candidates.size()) +
+                  " checkpoint(s) is intact (each said why above)");
 }
 
 std::vector<std::string> changed_training_keys(const Manifest& m, const RunSpec& spec) {
@@ -285,10 +348,19 @@ RunSpec spec_of_checkpoint(const std::string& dir, const std::vector<std::string
   }
   std::string toml;
   for (const auto& [section, lines] : sections) toml += "[" + section + "]\n" + lines;
-  std::vector<std::string> sets = {"parallel.pp=1", "parallel.dp=" + std::to_string(std::max(1, world_size)),
+  const int world = std::max(1, world_size);
+  std::vector<std::string> sets = {"parallel.pp=1", "parallel.dp=" + std::to_string(world),
                                    "parallel.partition=uniform", "parallel.schedule=gpipe",
                                    "parallel.virtual_stages=1"};
   sets.insert(sets.end(), overrides.begin(), overrides.end());
+  // dp fills the ranks the user's pp leaves (eval --set parallel.pp=2 on 4 ranks: dp 2), unless
+  // they set dp too.
+  try {
+    const RunSpec asked = parse_spec(toml, dir + "/manifest.json", sets, kAnyLayout);
+    if (asked.parallel.dp == world && asked.parallel.pp > 1 && world % asked.parallel.pp == 0)
+      sets.insert(sets.begin() + 2, "parallel.dp=" + std::to_string(world / asked.parallel.pp));
+  } catch (const SpecError&) {
+  }  // the parse below says what is wrong
   return parse_spec(toml, dir + "/manifest.json", sets, world_size);
 }
 
@@ -612,11 +684,15 @@ void Checkpointer::discard_newer_than(int64_t step) {
 
 std::string Checkpointer::select(const std::string& resume) {
   if (resume == "never") return "";
-  const bool explicit_path = resume != "auto";
+  // An explicit PATH that is a run directory, its checkpoints folder or its latest file is taken
+  // as auto is: the newest intact checkpoint there, falling back past damaged ones.
   std::vector<std::string> candidates;
-  if (explicit_path) candidates.push_back(resume);
-  else
+  if (resume == "auto")
     for (auto& [step, path] : list_checkpoints(dir_)) candidates.push_back(path);
+  else
+    candidates = checkpoints_named_by(resume);
+  if (resume != "auto" && candidates.empty()) candidates.push_back(resume);  // verify says why it is none
+  const bool explicit_path = resume != "auto" && candidates.size() == 1 && candidates[0] == resume;
   const int rank = comm_.world().rank(), world = comm_.world().size();
   for (size_t i = 0; i < candidates.size(); ++i) {
     const std::string& c = candidates[i];
@@ -624,6 +700,8 @@ std::string Checkpointer::select(const std::string& resume) {
     const World::Failure f = comm_.world().first_failure(problem.empty() ? ExitCode::ok : ExitCode::bad_input);
     if (f.rank < 0) {
       const std::string why = incompatibility(Manifest::read(c), spec_);  // same verdict on every rank
+      if (why.empty() && resume != "auto" && c != resume && rank == 0)
+        std::fprintf(stderr, "pipetrain: using %s, the newest intact checkpoint of %s\n", c.c_str(), resume.c_str());
       if (why.empty()) return c;
       if (rank == 0)
         std::fprintf(stderr, "pipetrain: error: cannot resume from %s: %s (%s)\n", c.c_str(), why.c_str(),
@@ -689,18 +767,45 @@ int64_t Checkpointer::load(const std::string& dir, Stage& stage, AdamW& opt) {
 }
 
 ExitCode ckpt_verify(const std::string& path) {
-  const std::string problem = verify_checkpoint(path);
-  if (!problem.empty()) {
-    report_error(problem);
-    return ExitCode::bad_input;
+  std::error_code ec;
+  if (fs::exists(fs::path(path) / "manifest.json", ec)) {  // one checkpoint
+    if (const std::string problem = verify_checkpoint(path); !problem.empty()) throw SpecError(problem);
+    const Manifest m = Manifest::read(path);
+    std::printf("%s: ok (step %lld, %zu shards match their checksums and the manifest)\n", path.c_str(),
+                static_cast<long long>(m.step), m.shards.size());
+    return ExitCode::ok;
   }
-  const Manifest m = Manifest::read(path);
-  std::printf("%s: ok (step %lld, %zu shards match their checksums)\n", path.c_str(), static_cast<long long>(m.step),
-              m.shards.size());
+  // A folder of them: the newest intact one, and the one `latest` names, which a resume or a
+  // requeued job would be pointed at.
+  const std::vector<std::string> all = checkpoints_named_by(path);
+  const std::string newest = resolve_checkpoint(path, "ckpt verify");
+  const fs::path latest = fs::path(all.front()).parent_path() / "latest";
+  std::string named;
+  try {
+    named = read_input_file(latest.string(), "ckpt verify", 4096);
+  } catch (const SpecError&) {
+    throw SpecError("ckpt verify: " + latest.string() + " is missing; the newest intact checkpoint is " + newest);
+  }
+  named.erase(named.find_last_not_of(" \n\r\t") + 1);
+  const std::string target = (latest.parent_path() / named).string();
+  const std::string problem = named.empty() || named.find('/') != std::string::npos
+                                  ? "it names no checkpoint of this folder"
+                                  : fs::exists(target, ec) ? verify_checkpoint(target) : target + " does not exist";
+  if (!problem.empty())
+    throw SpecError("ckpt verify: " + latest.string() + " names " + (named.empty() ? "nothing" : named) + ": " + problem +
+                    "; the newest intact checkpoint is " + newest);
+  const Manifest m = Manifest::read(target);
+  std::printf("%s: ok (latest names step %lld, %zu shards match their checksums and the manifest)%s\n", target.c_str(),
+              static_cast<long long>(m.step), m.shards.size(),
+              target == newest ? "" : ("; the newest intact checkpoint is " + newest).c_str());
   return ExitCode::ok;
 }
 
-ExitCode ckpt_inspect(const std::string& path) {
+ExitCode ckpt_inspect(const std::string& given) {
+  // A folder of checkpoints: its newest (inspect reads what the manifest says; verify judges it).
+  const std::vector<std::string> named = checkpoints_named_by(given);
+  const std::string path = named.empty() ? given : named.front();
+  if (path != given) std::fprintf(stderr, "ckpt inspect: %s, the newest checkpoint of %s\n", path.c_str(), given.c_str());
   const Manifest m = Manifest::read(path);  // a SpecError naming the file is the command's bad input
   std::ostringstream partition;
   for (size_t i = 0; i < m.partition.size(); ++i) partition << (i ? "," : "") << m.partition[i];

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -188,18 +189,40 @@ bool ShardReader::has(const std::string& name) const {
   return H5Lexists(file_, "params", H5P_DEFAULT) > 0 && H5Lexists(file_, p.c_str(), H5P_DEFAULT) > 0;
 }
 
-void ShardReader::read(const std::string& group, const std::string& name, const std::vector<int>& shape,
-                       float* out) const {
+namespace {
+
+std::string dims_text(const std::vector<hsize_t>& dims) {
+  std::string out;
+  for (size_t d = 0; d < dims.size(); ++d) out += (d ? "x" : "") + std::to_string(dims[d]);
+  return dims.empty() ? "a scalar" : out;
+}
+
+}  // namespace
+
+std::string ShardReader::problem(const std::string& group, const std::string& name, const std::vector<int>& shape) const {
   const std::string dname = group + "/" + name;
   if (H5Lexists(file_, group.c_str(), H5P_DEFAULT) <= 0 || H5Lexists(file_, dname.c_str(), H5P_DEFAULT) <= 0)
-    fail(path_, "has no dataset " + dname);
+    return path_ + ": has no dataset " + dname;
   Handle ds(H5Dopen2(file_, dname.c_str(), H5P_DEFAULT), H5Dclose);
+  if (ds < 0) return path_ + ": " + dname + " is not a dataset";
   Handle space(H5Dget_space(ds), H5Sclose);
-  std::vector<hsize_t> dims(H5Sget_simple_extent_ndims(space));
+  std::vector<hsize_t> dims(std::max(0, H5Sget_simple_extent_ndims(space)));
   H5Sget_simple_extent_dims(space, dims.data(), nullptr);
-  if (dims.size() != shape.size() || !std::equal(dims.begin(), dims.end(), shape.begin(),
-                                                 [](hsize_t a, int b) { return a == static_cast<hsize_t>(b); }))
-    fail(path_, dname + " has another shape than this model's " + name);
+  const std::vector<hsize_t> want(shape.begin(), shape.end());
+  if (dims != want)
+    return path_ + ": " + dname + " is " + dims_text(dims) + ", not the " + dims_text(want) + " the model has for " + name;
+  Handle type(H5Dget_type(ds), H5Tclose);
+  if (H5Tget_class(type) != H5T_FLOAT || H5Tget_size(type) != sizeof(float))
+    return path_ + ": " + dname + " is stored as " + (H5Tget_class(type) == H5T_INTEGER ? "integers" : "another type") +
+           " of " + std::to_string(H5Tget_size(type)) + " bytes, not 32-bit floats (reading it would convert the values)";
+  return "";
+}
+
+void ShardReader::read(const std::string& group, const std::string& name, const std::vector<int>& shape,
+                       float* out) const {
+  if (const std::string why = problem(group, name, shape); !why.empty()) throw std::runtime_error(why);
+  const std::string dname = group + "/" + name;
+  Handle ds(H5Dopen2(file_, dname.c_str(), H5P_DEFAULT), H5Dclose);
   if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) fail(path_, "cannot read " + dname);
 }
 

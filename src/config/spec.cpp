@@ -51,6 +51,17 @@ std::string origin_of(const std::vector<std::pair<std::string, std::string>>& or
 std::string suggest_key(const std::string& full, const std::string& key_name, const std::vector<std::string>& dotted) {
   for (auto& d : dotted)
     if (d.substr(d.find('.') + 1) == key_name) return d;
+  // The names other trainers give the same settings, too far from ours for the edit distance.
+  static const std::pair<const char*, const char*> kOtherNames[] = {
+      {"learning_rate", "train.lr"},       {"max_lr", "train.lr"},          {"lr_min", "train.min_lr"},
+      {"min_learning_rate", "train.min_lr"}, {"warmup", "train.warmup_steps"}, {"warmup_iters", "train.warmup_steps"},
+      {"batch_size", "train.global_batch"}, {"max_steps", "run.steps"},     {"max_iters", "run.steps"},
+      {"train_iters", "run.steps"},         {"clip_grad", "train.grad_clip"}, {"gradient_clipping", "train.grad_clip"},
+      {"n_embd", "model.d_model"},          {"hidden_size", "model.d_model"}, {"num_layers", "model.n_layer"},
+      {"num_attention_heads", "model.n_head"}, {"block_size", "model.seq_len"}, {"vocab_size", "model.vocab"},
+      {"pipeline_parallel_size", "parallel.pp"}, {"data_parallel_size", "parallel.dp"}};
+  for (auto& [other, ours] : kOtherNames)
+    if (key_name == other) return ours;
   return closest_match(full, dotted);
 }
 
@@ -121,6 +132,12 @@ RunSpec parse_spec(const std::string& text, const std::string& path, const std::
       it->set(spec, node, at);
       spec.origins.emplace_back(full, at);
     }
+  }
+  // A schedule that always runs the same chunk count implies it: virtual_stages defaults to it
+  // (an explicit value that contradicts it is still refused, by the schedule's check).
+  if (spec.parallel.schedule->implied_chunks > 0 && origin_of(spec.origins, "parallel.virtual_stages").empty()) {
+    spec.parallel.virtual_stages = spec.parallel.schedule->implied_chunks;
+    spec.origins.emplace_back("parallel.virtual_stages", origin_of(spec.origins, "parallel.schedule"));
   }
   if (world_size != kAnyLayout) {
     validate_spec(spec, world_size);

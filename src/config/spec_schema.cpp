@@ -255,7 +255,8 @@ std::vector<SpecKey> build_schema() {
                  "rank order, i.e. what shares a node: pp = a pipeline's stages are consecutive ranks (p2p stays "
                  "in a node), dp = a stage's replicas are (the gradient all-reduce stays in a node)"),
       int_key("parallel", "virtual_stages", FIELD(int, parallel.virtual_stages), 1, 1024,
-              "model chunks per rank under schedule = interleaved (rank s runs virtual stages s, s+pp, ...)"),
+              "model chunks per rank under schedule = interleaved (rank s runs virtual stages s, s+pp, ...); "
+              "zb-v and dualpipev run 2, their default"),
       partition_key(),
       int_key("parallel", "threads_per_rank", FIELD(int, parallel.threads_per_rank), 0, 1024,
               "BLAS threads per rank (0 = OPENBLAS_NUM_THREADS if set, else cores of the node / ranks on it)"),

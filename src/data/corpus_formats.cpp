@@ -78,9 +78,14 @@ Segment nanogpt_segment(const std::string& path, const std::string& dtype) {
 }
 
 // PREFIX.idx + PREFIX.bin (PREFIX may be given with either suffix).
-Segment megatron_segment(std::string prefix) {
+std::string megatron_prefix(std::string prefix) {
   for (const char* suffix : {".idx", ".bin"})
     if (prefix.size() > 4 && prefix.compare(prefix.size() - 4, 4, suffix) == 0) prefix.resize(prefix.size() - 4);
+  return prefix;
+}
+
+Segment megatron_segment(const std::string& given) {
+  const std::string prefix = megatron_prefix(given);
   const std::string idx_path = prefix + ".idx", bin_path = prefix + ".bin";
   const BinaryReader idx(idx_path), bin(bin_path);
   if (idx.size() < kMegatronHeader)
@@ -146,6 +151,22 @@ Segment segment_of(const TokenImportOptions& opt, const std::string& path) {
   return s;
 }
 
+// The files an import reads (a Megatron prefix is two).
+std::vector<std::string> input_files(const TokenImportOptions& opt) {
+  std::vector<std::string> files;
+  for (const auto* list : {&opt.inputs, &opt.val})
+    for (const std::string& in : *list) {
+      if (opt.format != "megatron") files.push_back(in);
+      else files.push_back(megatron_prefix(in) + ".idx"), files.push_back(megatron_prefix(in) + ".bin");
+    }
+  return files;
+}
+
+bool is_llmc_shard(const std::string& path) {
+  return file_starts_with(path, &kLlmcMagic16, 4) || file_starts_with(path, &kLlmcMagic32, 4);
+}
+bool is_megatron_index(const std::string& path) { return file_starts_with(path, kMegatronMagic, 9); }
+
 // Streams a segment's ids into the writer; negative or over-32-bit ids name the file and offset.
 void stream(const Segment& s, TokenFileWriter& out) {
   const BinaryReader in(s.path);
@@ -177,7 +198,7 @@ void stream(const Segment& s, TokenFileWriter& out) {
 struct StagedFile {
   AtomicOutput output;
   BinaryWriter writer;
-  StagedFile(const std::string& path, bool force) : output(path, force), writer(output.staging()) {}
+  StagedFile(const std::string& path, const OutputRule& rule) : output(path, rule), writer(output.staging()) {}
   void commit() { writer.close(), output.commit(); }
 };
 
@@ -205,6 +226,8 @@ std::string import_tokens(const TokenImportOptions& opt) {
   if (opt.format != "llmc" && opt.format != "nanogpt" && opt.format != "megatron")
     throw SpecError(what + ": --format " + opt.format + " (llmc, nanogpt or megatron)");
   if (opt.inputs.empty()) throw SpecError(what + ": no input file given");
+  if (opt.output.empty()) throw SpecError(what + ": no --output given");
+  check_output(opt.output, token_file_output(what, input_files(opt), opt.force));
   if (opt.vocab_size < 0 || opt.vocab_size > (int64_t{1} << 32))
     throw SpecError(what + ": --vocab-size " + std::to_string(opt.vocab_size) + " is not in [1, 2^32] (ids are 32-bit)");
   if (opt.val.empty() && !(opt.val_fraction >= 0 && opt.val_fraction < 1))
@@ -222,7 +245,7 @@ std::string import_tokens(const TokenImportOptions& opt) {
     n_train -= n_val;
   }
   TokenFileWriter::Options w;
-  w.output = opt.output, w.force = opt.force, w.compress = opt.compress, w.what = what;
+  w.output = opt.output, w.force = opt.force, w.compress = opt.compress, w.what = what, w.inputs = input_files(opt);
   w.vocab = opt.vocab_size, w.width = opt.vocab_size > 0 ? token_width_for(opt.vocab_size) : widest;
   w.tokenizer = "none";
   TokenFileWriter out(w, n_train, n_val);
@@ -243,6 +266,15 @@ std::string export_tokens(const TokenExportOptions& opt) {
   const std::string what = "data export";
   if (opt.format != "llmc" && opt.format != "megatron") throw SpecError(what + ": --format " + opt.format + " (llmc or megatron)");
   if (opt.output.empty()) throw SpecError(what + ": no --output given");
+  const std::vector<std::string> inputs = {opt.input};
+  const std::string prefix = megatron_prefix(opt.output);  // --output mx, mx.idx or mx.bin: mx.idx + mx.bin
+  const OutputRule llmc_rule{what, "--output", "an llm.c token shard", is_llmc_shard, inputs, opt.force};
+  const OutputRule idx_rule{what, "--output", "a Megatron index", is_megatron_index, inputs, opt.force};
+  // A .bin holds bare ids: it is a Megatron dataset's only beside that dataset's index.
+  const OutputRule bin_rule{what, "--output", "a Megatron data file",
+                            [&](const std::string&) { return is_megatron_index(prefix + ".idx"); }, inputs, opt.force};
+  if (opt.format == "llmc") check_output(opt.output, llmc_rule);
+  else check_output(prefix + ".idx", idx_rule), check_output(prefix + ".bin", bin_rule);
   const TokenFile in(opt.input, opt.val ? Split::val : Split::train);
   const int64_t vocab = in.vocab_size();
   if (in.size() == 0)  // neither format has a use for an empty corpus, and imports refuse one
@@ -255,7 +287,7 @@ std::string export_tokens(const TokenExportOptions& opt) {
     int32_t header[256] = {};
     header[0] = width == 2 ? kLlmcMagic16 : kLlmcMagic32, header[1] = width == 2 ? 1 : 7;
     header[2] = static_cast<int32_t>(in.size());
-    StagedFile out(opt.output, opt.force);
+    StagedFile out(opt.output, llmc_rule);
     out.writer.write(header, sizeof header);
     for_each_block(in, [&](const uint32_t* ids, size_t n) { write_narrowed(out.writer, ids, n, width, buf); });
     out.commit();
@@ -265,7 +297,7 @@ std::string export_tokens(const TokenExportOptions& opt) {
   const int width = token_width_for(vocab);
   const uint8_t code = width == 1 ? 1 : width == 2 ? 8 : 4;  // uint8, uint16, int32
   const uint64_t n_seq = (in.size() + kMegatronSequence - 1) / kMegatronSequence, n_doc = 2;  // one document
-  StagedFile bin(opt.output + ".bin", opt.force), idx(opt.output + ".idx", opt.force);
+  StagedFile idx(prefix + ".idx", idx_rule), bin(prefix + ".bin", bin_rule);
   for_each_block(in, [&](const uint32_t* ids, size_t n) { write_narrowed(bin.writer, ids, n, width, buf); });
   const uint64_t version = 1;
   BinaryWriter& w = idx.writer;
@@ -285,10 +317,10 @@ std::string export_tokens(const TokenExportOptions& opt) {
     idx.commit();
   } catch (...) {
     std::error_code ignored;
-    std::filesystem::remove(opt.output + ".bin", ignored);
+    std::filesystem::remove(prefix + ".bin", ignored);
     throw;
   }
-  return opt.output + ".idx/.bin: " + str(in.size()) + " tokens, Megatron indexed dataset (" +
+  return prefix + ".idx and " + prefix + ".bin: " + str(in.size()) + " tokens, Megatron indexed dataset (" +
          (code == 1 ? "uint8" : code == 8 ? "uint16" : "int32") + ", " + str(n_seq) + " sequences, one document)";
 }
 

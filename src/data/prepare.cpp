@@ -145,6 +145,13 @@ std::vector<TokenRun> encode_to_spool(const PrepareOptions& opt, const Tokenizer
   return runs;
 }
 
+// What data prepare reads: the text files and a tokenizer model.
+std::vector<std::string> inputs_of(const PrepareOptions& opt) {
+  std::vector<std::string> inputs = opt.inputs;
+  if (!opt.tokenizer_model.empty()) inputs.push_back(opt.tokenizer_model);
+  return inputs;
+}
+
 // Everything that can be refused before the inputs are read (a tokenizer's training can take
 // minutes: an existing output is refused here, not only when the writer would find it).
 void check_options(const PrepareOptions& opt) {
@@ -152,8 +159,7 @@ void check_options(const PrepareOptions& opt) {
   if (opt.output.empty()) throw SpecError("data prepare: no --output file given");
   if (!(opt.val_fraction >= 0 && opt.val_fraction < 1))
     throw SpecError("data prepare: --val-fraction " + std::to_string(opt.val_fraction) + " is not in [0, 1)");
-  std::error_code ec;
-  if (fs::exists(opt.output, ec) && !opt.force) throw SpecError("data prepare: " + opt.output + " exists (--force replaces it)");
+  check_output(opt.output, token_file_output("data prepare", inputs_of(opt), opt.force));
   if (opt.tokenizer == "bytes") {
     if (opt.vocab_size || !opt.tokenizer_model.empty())
       throw SpecError("data prepare: --vocab-size and --tokenizer-model need --tokenizer sentencepiece");
@@ -185,13 +191,18 @@ std::string prepare_token_file(const PrepareOptions& opt) {
       tok = Tokenizer::sentencepiece(train_sentencepiece(t, total, &note), "the trained tokenizer");
     }
     std::fprintf(stderr, "data prepare: %s\n", note.c_str());
+    if (!tok.normalisation().empty())
+      std::fprintf(stderr, "data prepare: warning: --tokenizer-model %s normalises its text: %s (the token file "
+                           "records it; data inspect and generate say so)\n", opt.tokenizer_model.c_str(),
+                   tok.normalisation().c_str());
   }
   TokenFileWriter::Options w;
-  w.output = opt.output, w.force = opt.force, w.compress = opt.compress, w.what = "data prepare";
+  w.output = opt.output, w.force = opt.force, w.compress = opt.compress, w.what = "data prepare", w.inputs = inputs_of(opt);
   w.vocab = tok.vocab_size(), w.width = token_width_for(w.vocab);
   w.tokenizer = tok.name(), w.tokenizer_model = tok.model_bytes();
   nlohmann::json how = {{"val_fraction", opt.val_fraction}, {"tokenizer", tok.name()}};
   if (!tok.is_bytes()) how["tokenizer_note"] = note;
+  if (!tok.normalisation().empty()) how["tokenizer_normalises"] = tok.normalisation();
   // Every input gives its last --val-fraction to /val, so held-out text comes from every source.
   auto held_out = [&](uint64_t n) { return static_cast<uint64_t>(std::floor(static_cast<double>(n) * opt.val_fraction)); };
 
@@ -235,7 +246,8 @@ std::string prepare_token_file(const PrepareOptions& opt) {
 
 std::string inspect_token_file(const std::string& path, int sample_tokens) {
   const TokenFileInfo info = read_token_file_info(path);
-  const Tokenizer tok = info.tokenizer == "sentencepiece" ? Tokenizer::sentencepiece(info.tokenizer_model, path) : Tokenizer();
+  const Tokenizer tok = info.tokenizer == "sentencepiece" ? Tokenizer::sentencepiece(info.tokenizer_model, path + ": /tokenizer_model")
+                                                          : Tokenizer();
   std::ostringstream out;
   const char* dtype = token_dtype_name(info.width);
   out << path << ": token file format " << info.format << "\n";
@@ -245,6 +257,8 @@ std::string inspect_token_file(const std::string& path, int sample_tokens) {
   if (!tok.is_bytes())
     out << " (" << tok.vocab_size() << " pieces, model " << human_bytes(static_cast<double>(info.tokenizer_model.size())) << ")";
   out << "\n";
+  if (!tok.normalisation().empty())
+    out << "  the tokenizer normalises its text: " << tok.normalisation() << " (decoded text is not the original)\n";
   if (!info.sources.empty()) out << "  sources " << info.sources << "\n";
   const size_t n = std::min<size_t>(info.train, static_cast<size_t>(std::max(0, sample_tokens)));
   if (n > 0) {

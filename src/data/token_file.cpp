@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <nlohmann/json.hpp>
 
+#include "pipetrain/util/binary_file.hpp"
 #include "pipetrain/util/errors.hpp"
 #include "pipetrain/util/files.hpp"
 #include "pipetrain/util/hdf5.hpp"
@@ -208,10 +209,26 @@ TokenFileInfo read_token_file_info(const std::string& path) {
   return info;
 }
 
+bool is_token_file(const std::string& path) {
+  static const unsigned char kHdf5Signature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+  if (!file_starts_with(path, kHdf5Signature, sizeof kHdf5Signature)) return false;
+  try {
+    read_token_file_info(path);
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+OutputRule token_file_output(const std::string& command, const std::vector<std::string>& inputs, bool force) {
+  return {command, "--output", "a token file", is_token_file, inputs, force};
+}
+
 // ---- writing ----
 
 TokenFileWriter::TokenFileWriter(Options opt, uint64_t train, uint64_t val)
-    : opt_(std::move(opt)), output_(opt_.output, opt_.force), train_(train), val_(val) {
+    : opt_(std::move(opt)), output_(opt_.output, token_file_output(opt_.what, opt_.inputs, opt_.force)),
+      train_(train), val_(val) {
   // HDF5 1.8's object format stores attributes of any size densely: `sources` lists every input,
   // which for a corpus of a thousand shards is well over the 64 KiB of the oldest format.
   Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);

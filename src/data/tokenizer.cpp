@@ -27,7 +27,10 @@ class LineSample : public sentencepiece::SentenceIterator {
     while (true) {
       if (++piece_ < pieces_.size()) {
         value_ = pieces_[piece_];
-        if (!value_.empty()) return;
+        if (!value_.empty()) {
+          ++text_given_;
+          return;
+        }
         continue;
       }
       if (!next_line()) {
@@ -41,7 +44,9 @@ class LineSample : public sentencepiece::SentenceIterator {
   const std::string& value() const override { return value_; }
   sentencepiece::util::Status status() const override { return {}; }
   uint64_t lines_used() const { return used_; }
+  uint64_t lines_seen() const { return line_no_; }
   uint64_t bytes_used() const { return bytes_; }
+  uint64_t text_given() const { return text_given_; }  // non-empty pieces handed to the trainer
 
  private:
   bool next_line() {
@@ -59,7 +64,7 @@ class LineSample : public sentencepiece::SentenceIterator {
     }
   }
   const std::vector<std::string>& inputs_;
-  uint64_t stride_, line_no_ = 0, used_ = 0, bytes_ = 0;
+  uint64_t stride_, line_no_ = 0, used_ = 0, bytes_ = 0, text_given_ = 0;
   size_t file_ = 0, piece_ = 0;
   std::ifstream in_;
   std::string line_, value_;
@@ -119,11 +124,17 @@ Tokenizer Tokenizer::sentencepiece(const std::string& model_bytes, const std::st
   std::vector<int> ids;
   t.sp_->Encode("\n", &ids);
   t.newline_.assign(ids.begin(), ids.end());
-  // Text is encoded line by line with the newline's ids between lines: a model that normalises the
-  // newline away, or has no byte piece for it, would silently join the lines.
-  if (ids.empty() || t.decode(ids) != "\n")
-    throw SpecError(origin + ": this SentencePiece model cannot encode a newline as itself (it normalises "
-                             "whitespace or has no byte fallback); train one with pipetrain data prepare");
+  // Text is encoded line by line with the newline's ids between lines. A model that normalises
+  // whitespace (SentencePiece's default, T5's, ...) cannot give a newline back: the user chose it,
+  // so it is used, and what it does to the text is said (normalisation()).
+  if (ids.empty() || t.decode(ids) != "\n") {
+    std::vector<uint32_t> two_lines;
+    t.encode("a\nb", &two_lines);
+    const std::string back = t.decode(std::vector<int>(two_lines.begin(), two_lines.end()));
+    t.normalisation_ = back == "a b" || back == " a b" ? "newlines become spaces"
+                       : back == "ab"                  ? "newlines vanish (lines join)"
+                                                       : "newlines do not come back as newlines";
+  }
   return t;
 }
 
@@ -197,6 +208,13 @@ std::string train_sentencepiece(const SentencePieceTraining& t, uint64_t total, 
   {
     QuietStderr quiet;
     status = sentencepiece::SentencePieceTrainer::Train(args, &lines, &model);
+  }
+  if (lines.text_given() == 0) {  // SentencePiece would only say "[!sentences_.empty()]"
+    std::string files;
+    for (const auto& in : t.inputs) files += (files.empty() ? "" : ", ") + in;
+    throw SpecError("data prepare: --input " + files + ": no text to train a SentencePiece tokenizer on (" +
+                    (t.inputs.size() > 1 ? "they hold" : "it holds") + " only line ends" +
+                    (lines.lines_used() < lines.lines_seen() ? " in the lines sampled" : "") + ")");
   }
   if (!status.ok() || model.empty()) {
     const std::string why = status.ok() ? "no model came out" : status.ToString();

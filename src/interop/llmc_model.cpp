@@ -29,10 +29,7 @@ std::vector<int64_t> stored_shape(const LlmcHeader& h, const std::string& name) 
 
 }  // namespace
 
-bool LlmcFile::looks_like(const std::string& path) {
-  int32_t magic = 0;
-  return BinaryReader(path).read_at(0, &magic, 4) && magic == kLlmcMagic;
-}
+bool LlmcFile::looks_like(const std::string& path) { return file_starts_with(path, &kLlmcMagic, 4); }
 
 LlmcFile::LlmcFile(const std::string& path) : file_(path) {
   auto bad = [&](const std::string& why) { return SpecError(path + ": not a valid llm.c model file (" + why + ")"); };

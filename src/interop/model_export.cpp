@@ -90,6 +90,20 @@ void write_llmc_file(const std::string& file, const RunSpec& spec, const Weights
   out.close();
 }
 
+// What an export to `format` may replace: a Hugging Face directory holding nothing but the files
+// write_hf writes, or an llm.c model file.
+bool is_export_of(const std::string& format, const std::string& path) {
+  if (format == "llmc") return LlmcFile::looks_like(path);
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return false;
+  for (const auto& e : fs::directory_iterator(path, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file(ec) || (name != "config.json" && name != "model.safetensors" && name != kTokenizerFile))
+      return false;
+  }
+  return !ec;
+}
+
 }  // namespace
 
 ExitCode run_export(const ModelExportOptions& opt) {
@@ -99,21 +113,24 @@ ExitCode run_export(const ModelExportOptions& opt) {
     throw SpecError("export: --dtype \"" + opt.dtype + "\" is not one of fp32 | bf16");
   if (opt.output.empty()) throw SpecError("export: which output? (--output PATH)");
   const StoredFloat dtype = opt.dtype == "bf16" ? StoredFloat::bf16 : StoredFloat::f32;
-  if (!fs::exists(opt.checkpoint + "/manifest.json"))
-    throw SpecError("export: " + opt.checkpoint + " is not a pipetrain checkpoint (no manifest.json; "
-                    "a checkpoint is RUN_DIR/checkpoints/step_N)");
-  if (const std::string problem = verify_checkpoint(opt.checkpoint); !problem.empty())
-    throw SpecError("export: " + problem);
-  const RunSpec spec = spec_of_checkpoint(opt.checkpoint, {}, 1);
+  const OutputRule rule{"export", "--output",
+                        opt.format == "hf" ? "a Hugging Face export directory (config.json, model.safetensors, " +
+                                                 std::string(kTokenizerFile) + " only)"
+                                           : "an llm.c model file",
+                        [&](const std::string& path) { return is_export_of(opt.format, path); }, {opt.checkpoint},
+                        opt.force};
+  check_output(opt.output, rule);
+  const std::string checkpoint = resolve_checkpoint(opt.checkpoint, "export");
+  const RunSpec spec = spec_of_checkpoint(checkpoint, {}, 1);
   if (opt.format == "llmc" && !spec.model.tie_embeddings)
-    throw SpecError("export: " + opt.checkpoint + " has an untied head (model.tie_embeddings = false); llm.c's "
+    throw SpecError("export: " + checkpoint + " has an untied head (model.tie_embeddings = false); llm.c's "
                     "model file always ties it to wte, so the head would be lost (use --format hf)");
-  AtomicOutput output(opt.output, opt.force);
-  const auto ckpt = WeightsSource::open(opt.checkpoint);
-  if (opt.format == "hf") write_hf(output.staging(), spec, *ckpt, dtype, opt.checkpoint);
+  AtomicOutput output(opt.output, rule);
+  const auto ckpt = WeightsSource::open(checkpoint);
+  if (opt.format == "hf") write_hf(output.staging(), spec, *ckpt, dtype, checkpoint);
   else write_llmc_file(output.staging(), spec, *ckpt, dtype);
   output.commit();
-  std::printf("exported %s (%s, %d blocks, d_model %d, vocab %d, %s head) to %s as %s, %s\n", opt.checkpoint.c_str(),
+  std::printf("exported %s (%s, %d blocks, d_model %d, vocab %d, %s head) to %s as %s, %s\n", checkpoint.c_str(),
               ckpt->kind().c_str(), spec.model.n_layer, spec.model.d_model, spec.model.vocab,
               spec.model.tie_embeddings ? "tied" : "untied", opt.output.c_str(),
               opt.format == "hf" ? "a Hugging Face GPT-2 directory" : "an llm.c model file", dtype_name(dtype));

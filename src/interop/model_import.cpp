@@ -1,6 +1,7 @@
 #include "pipetrain/interop/model_import.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "pipetrain/util/binary_file.hpp"
@@ -70,11 +71,18 @@ void ModelImport::load(const std::vector<ParamTensor>& params, float* weights) c
     const std::vector<int64_t> held = *source_->shape(from);
     if (static_cast<size_t>(held[0]) == static_cast<size_t>(p.shape[0])) {
       source_->read(from, weights + p.offset);
-      continue;
+    } else {
+      longer.resize(static_cast<size_t>(held[0] * held[1]));  // the position table, cut to its first rows
+      source_->read(from, longer.data());
+      std::copy(longer.begin(), longer.begin() + p.size, weights + p.offset);
     }
-    longer.resize(static_cast<size_t>(held[0] * held[1]));  // the position table, cut to its first rows
-    source_->read(from, longer.data());
-    std::copy(longer.begin(), longer.begin() + p.size, weights + p.offset);
+    // A NaN or Inf would train into every weight and fail every save: refused here, by name.
+    const float* w = weights + p.offset;
+    const size_t bad = static_cast<size_t>(std::find_if(w, w + p.size, [](float x) { return !std::isfinite(x); }) - w);
+    if (bad < p.size)
+      throw SpecError("train.init_from: " + source_->path() + ": tensor " + from + " holds " +
+                      (std::isnan(w[bad]) ? "NaN" : "Inf") + " (at element " + std::to_string(bad) +
+                      "): a model to start from must be finite");
   }
 }
 

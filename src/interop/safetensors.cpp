@@ -1,6 +1,8 @@
 #include "pipetrain/interop/safetensors.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "pipetrain/util/errors.hpp"
@@ -79,6 +81,25 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
   } catch (const json::exception& e) {
     throw bad(std::string("header: ") + e.what());
   }
+  // The tensors tile the data area: each starts where the one before ends, from byte 0 to the
+  // file's end. An overlap would give two tensors the same bytes, a hole hide bytes no tensor owns.
+  std::vector<const SafetensorsEntry*> by_offset;
+  for (const auto& e : entries_) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return std::tie(a->begin, a->end) < std::tie(b->begin, b->end); });
+  uint64_t covered = 0;
+  const SafetensorsEntry* before = nullptr;
+  auto range = [](const SafetensorsEntry& e) { return e.name + " [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ")"; };
+  for (const SafetensorsEntry* e : by_offset) {
+    if (e->begin < covered)
+      throw bad("tensors " + range(*before) + " and " + range(*e) + " overlap: the format gives each tensor its own bytes");
+    if (e->begin > covered)
+      throw bad(std::to_string(e->begin - covered) + " bytes before tensor " + range(*e) +
+                " belong to no tensor: the tensors must tile the data area");
+    covered = e->end, before = e;
+  }
+  if (covered != data_bytes)
+    throw bad(std::to_string(data_bytes - covered) + " bytes after the last tensor belong to no tensor: the tensors "
+              "must tile the data area");
 }
 
 const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {

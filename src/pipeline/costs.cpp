@@ -1,6 +1,7 @@
 #include "pipetrain/pipeline/costs.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -136,6 +137,17 @@ MachineCosts MachineCosts::read(const std::string& path) {
     throw SpecError("--costs " + path + ": not JSON (" + e.what() + ")");
   }
   return from_json(j, "--costs " + path);
+}
+
+bool MachineCosts::is_cost_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;
+  try {
+    read(path);
+    return true;
+  } catch (const SpecError&) {
+    return false;
+  }
 }
 
 MachineCosts MachineCosts::for_model(const RunSpec& spec) {

@@ -77,6 +77,7 @@ std::vector<ScheduleKind> built_in() {
                    "with F = B = W", "one slot per chunk's forward, input-gradient (B) or weight-gradient (W) pass "
                                     "(F3.1: micro-batch 3 through the stage's chunk 1, the way back up the V)"};
   zbv.chunked = true;
+  zbv.implied_chunks = 2;
   zbv.splits_backward = true;
   zbv.placement = Placement::vee;
   zbv.check = [](const PipelineShape& s) { return v_chunks("zb-v", s); };
@@ -88,6 +89,7 @@ std::vector<ScheduleKind> built_in() {
       [](const PipelineShape& s) { return v_bubble(dualpipe_v_schedule, s); },
       "with F = B = W", zbv.chart_caption};
   dualpipev.chunked = dualpipev.splits_backward = true;
+  dualpipev.implied_chunks = 2;
   dualpipev.placement = Placement::vee;
   dualpipev.check = [](const PipelineShape& s) -> LayoutProblem {
     if (LayoutProblem p = v_chunks("dualpipev", s)) return p;

@@ -112,7 +112,10 @@ Tokenizer tokenizer_of(const std::string& checkpoint) {
   const Manifest m = Manifest::read(checkpoint);
   if (m.tokenizer.file.empty()) return Tokenizer();
   const std::string path = checkpoint + "/" + m.tokenizer.file;
-  return Tokenizer::sentencepiece(read_input_file(path, "generate: the checkpoint's tokenizer", 1 << 30), path);
+  Tokenizer tok = Tokenizer::sentencepiece(read_input_file(path, "generate: the checkpoint's tokenizer", 1 << 30), path);
+  if (!tok.normalisation().empty())
+    std::fprintf(stderr, "generate: the checkpoint's tokenizer normalises its text: %s\n", tok.normalisation().c_str());
+  return tok;
 }
 
 // Prints generated tokens as they come, decoded from all tokens so far (a SentencePiece piece's
@@ -185,9 +188,10 @@ ExitCode run_generate(const GenerateOptions& opt) {
                   "run.device=cpu", "model.dtype=fp32", "parallel.pp=1", "parallel.dp=1", "parallel.partition=uniform",
                   "parallel.schedule=gpipe", "parallel.virtual_stages=1"})
     sets.push_back(s);
-  const RunSpec spec = opt.config.empty() ? spec_of_checkpoint(opt.checkpoint, sets, 1) : load_spec(opt.config, sets, 1);
+  const std::string checkpoint = resolve_checkpoint(opt.checkpoint, "generate");
+  const RunSpec spec = opt.config.empty() ? spec_of_checkpoint(checkpoint, sets, 1) : load_spec(opt.config, sets, 1);
   const int V = spec.model.vocab, T = spec.model.seq_len;
-  const Tokenizer tok = tokenizer_of(opt.checkpoint);
+  const Tokenizer tok = tokenizer_of(checkpoint);
   std::vector<uint32_t> prompt_ids;
   tok.encode(opt.prompt, &prompt_ids);
   std::vector<int> tokens(prompt_ids.begin(), prompt_ids.end());
@@ -196,7 +200,7 @@ ExitCode run_generate(const GenerateOptions& opt) {
       throw SpecError("generate: the prompt has token " + std::to_string(t) + " (" + tok.name() + "), beyond model.vocab = " +
                       std::to_string(V));
   Stage stage(spec, 0, 1, 0, spec.model.n_layer, 1, 1.f);
-  read_checkpoint_tensors(opt.checkpoint, stage.params(), stage.weights().host().data(), nullptr, nullptr, nullptr);
+  read_checkpoint_tensors(checkpoint, stage.params(), stage.weights().host().data(), nullptr, nullptr, nullptr);
   CachedGpt cached(spec, stage);
 
   SplitMix64 rng{opt.seed * 0x9e3779b97f4a7c15ULL + 1};

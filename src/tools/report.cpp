@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "pipetrain/ckpt/checkpoint.hpp"
@@ -15,6 +16,7 @@
 #include "pipetrain/compute/profile.hpp"
 #include "pipetrain/tools/run_story.hpp"
 #include "pipetrain/tools/straggler_report.hpp"
+#include "pipetrain/util/atomic_output.hpp"
 #include "pipetrain/util/stats.hpp"
 
 namespace fs = std::filesystem;
@@ -95,6 +97,15 @@ std::string plots_script() {
   return std::string(PIPETRAIN_SOURCE_DIR) + "/scripts/analysis/plots.py";
 }
 
+// What --plots may replace: a folder of plots.py's PNG files and nothing else.
+bool is_plots_folder(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return false;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (!e.is_regular_file(ec) || e.path().extension() != ".png") return false;
+  return !ec;
+}
+
 }  // namespace
 
 ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bool as_json) {
@@ -108,6 +119,11 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
     report_error(run_dir + ": no such run directory");
     return ExitCode::bad_input;
   }
+  // The plots are drawn into a staging folder and renamed into place whole.
+  std::optional<AtomicOutput> plots;
+  if (!plots_dir.empty())
+    plots.emplace(plots_dir, OutputRule{"report", "--plots", "a folder of report plots (PNG files only)",
+                                        is_plots_folder, {run_dir}, true});
   std::vector<std::string> missing;
   say("run %s\n", run_dir.c_str());
 
@@ -129,12 +145,26 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
   size_t bad_lines = 0;
   std::ifstream in(run_dir + "/metrics.jsonl");
   if (!in) missing.push_back("metrics.jsonl: nothing was logged (the run died before its first step?)");
+  size_t inconsistent = 0;
   for (std::string line; std::getline(in, line);) {
     json j = json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("step")) lines.push_back(std::move(j));
-    else if (!line.empty()) ++bad_lines;
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
+      bad_lines += !line.empty();
+      continue;
+    }
+    // Each per-stage array holds one entry per stage of the line's own pp: one that does not was
+    // damaged or written by something else, and would be taken for another layout's step.
+    const int pp = j.value("pp", -1);
+    bool fits = pp >= 1;
+    for (const char* key : {"bubble_measured", "act_peak_bytes", "mem_peak_bytes"})
+      fits = fits && j.contains(key) && j[key].is_array() && j[key].size() == static_cast<size_t>(pp);
+    if (fits || !j.contains("pp")) lines.push_back(std::move(j));  // lines of old runs carry no pp
+    else ++inconsistent;
   }
   if (bad_lines) missing.push_back(std::to_string(bad_lines) + " unreadable line(s) in metrics.jsonl (cut short by a kill?)");
+  if (inconsistent)
+    missing.push_back(std::to_string(inconsistent) + " line(s) of metrics.jsonl left out: their per-stage arrays do not "
+                      "have one entry per stage of their own pp (damaged?)");
   if (!have_spec && lines.empty()) {
     report_error(run_dir + " holds neither config.toml nor metrics.jsonl");
     return ExitCode::bad_input;
@@ -169,6 +199,8 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
                 fmt("%.1f%%", 100 * scalar_median(lines, "mfu")).c_str());
   }
   const RunStory story = run_story(run_dir, lines);  // the launches: for the bubble note and the history
+  if (story.unreadable)
+    missing.push_back(std::to_string(story.unreadable) + " unreadable line(s) in events.jsonl (cut short by a kill?)");
   // The per-stage figures come from the steps of the last logged layout (a run resumed on another
   // layout logged its earlier steps with other stages and batch shapes); the prediction is for the
   // spec's layout, shown only when the two are the same (a last launch may have logged no step).
@@ -246,8 +278,8 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
   doc["missing"] = missing;
   if (as_json) std::printf("%s\n", doc.dump(2).c_str());
 
-  if (plots_dir.empty()) return ExitCode::ok;
-  std::string cmd = "/usr/bin/python3 '" + plots_script() + "' '" + run_dir + "' '" + plots_dir + "'";
+  if (!plots) return ExitCode::ok;
+  std::string cmd = "/usr/bin/python3 '" + plots_script() + "' '" + run_dir + "' '" + plots->staging() + "'";
   if (predicted) {  // bubble.png draws the simulation's bubble of each stage too
     cmd += " --sim-bubble ";
     for (size_t s = 0; s < plan.stages.size(); ++s) cmd += (s ? "," : "") + fmt("%.6f", plan.stages[s].bubble);
@@ -258,6 +290,7 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
     report_error("plotting failed (" + cmd + "); it needs /usr/bin/python3 with matplotlib (Debian: python3-matplotlib)");
     return ExitCode::fault;
   }
+  plots->commit();
   return ExitCode::ok;
 }
 

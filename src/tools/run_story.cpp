@@ -15,7 +15,10 @@ RunStory run_story(const std::string& run_dir, const std::vector<json>& metrics)
   std::ifstream in(run_dir + "/events.jsonl");
   for (std::string line; std::getline(in, line);) {
     const json e = json::parse(line, nullptr, false);
-    if (!e.is_object() || !e.contains("launch") || !e["launch"].is_number_integer()) continue;  // a line cut by a kill
+    if (!e.is_object() || !e.contains("launch") || !e["launch"].is_number_integer()) {  // a line cut by a kill?
+      story.unreadable += !line.empty();
+      continue;
+    }
     const std::string kind = e.value("event", "");
     if (kind == "launch") {
       LaunchStory l;

@@ -49,8 +49,8 @@ void check_validation_fits(const RunSpec& spec, size_t val_tokens, bool eval_com
   const int64_t need = static_cast<int64_t>(spec.eval.batches) * spec.train.global_batch;
   if (need <= windows) return;
   const int64_t fit = windows / spec.train.global_batch;
-  throw SpecError(spec.origin("eval.batches") + ": " + (eval_command ? "--batches" : "eval.batches") + " = " +
-                  std::to_string(spec.eval.batches) + " needs " + std::to_string(need) + " validation windows of " +
+  throw SpecError(spec.origin("eval.batches") + ": " + (eval_command ? "eval" : "eval.batches = " + std::to_string(spec.eval.batches)) +
+                  " needs " + std::to_string(need) + " validation windows of " +
                   std::to_string(T) + " tokens, but the " + std::to_string(val_tokens) + " held-out tokens hold " +
                   std::to_string(windows) + (fit > 0 ? "; at most " + std::to_string(fit) + " batches fit"
                                                      : "; not one batch of train.global_batch fits (more validation data)"));
@@ -65,9 +65,17 @@ void read_spec_and_data(Run& run) {
   if (run.launch.in_step && run.launch.ntasks > 1 && world == 1)
     throw SpecError("srun started " + std::to_string(run.launch.ntasks) +
                     " tasks but MPI sees 1 rank: launch with srun --mpi=pmi2 (MPICH)");
-  run.spec = opt.eval_only && opt.config.empty() ? spec_of_checkpoint(opt.resume, opt.overrides, world)
-                                                 : load_spec(opt.config, opt.overrides, world);
+  // eval may name a run directory or its checkpoints: its spec is that of the newest one (the
+  // model is the same in all; Checkpointer::select picks the newest intact one to load).
+  const std::vector<std::string> named = opt.eval_only ? checkpoints_named_by(opt.resume) : std::vector<std::string>{};
+  run.spec = opt.eval_only && opt.config.empty()
+                 ? spec_of_checkpoint(named.empty() ? opt.resume : named.front(), opt.overrides, world)
+                 : load_spec(opt.config, opt.overrides, world);
   if (opt.eval_only && run.spec.eval.every_steps == 0) run.spec.eval.every_steps = 1;  // load validation data
+  if (opt.eval_batches > 0) {
+    run.spec.eval.batches = opt.eval_batches;
+    run.spec.origins.emplace_back("eval.batches", "--batches " + std::to_string(opt.eval_batches));
+  }
   const RunSpec& spec = run.spec;
   run.shape = step_shape(spec);
   run.topo = Topology::of(run.world.rank(), spec.parallel.pp, spec.parallel.dp, spec.parallel.order,

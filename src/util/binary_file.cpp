@@ -24,6 +24,15 @@ BinaryReader::BinaryReader(const std::string& path) : path_(path), fd_(::open(pa
   size_ = static_cast<uint64_t>(st.st_size);
 }
 
+bool file_starts_with(const std::string& path, const void* head, size_t n) {
+  std::vector<unsigned char> got(n);
+  try {
+    return BinaryReader(path).read_at(0, got.data(), n) && std::memcmp(got.data(), head, n) == 0;
+  } catch (const SpecError&) {
+    return false;
+  }
+}
+
 BinaryReader::~BinaryReader() {
   if (fd_ >= 0) ::close(fd_);
 }

@@ -36,8 +36,9 @@ std::string read_input_file(const std::string& path, const std::string& what, si
   return data;
 }
 
-RunDirLock::RunDirLock(const std::string& dir) {
+RunDirLock::RunDirLock(const std::string& dir) : dir_(dir) {
   std::error_code ec;
+  created_ = !fs::exists(dir, ec);
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir))  // say why (a read-only file system, a permission), not what follows from it
     throw SpecError("run dir " + dir + ": cannot create (" + (ec ? ec.message() : std::string("a file is in the way")) + ")");
@@ -78,7 +79,14 @@ RunDirLock::~RunDirLock() {
   // The owner line goes with the lock: a file naming a pid that ended looks like a stale lock.
   // The file itself stays (removing it would race a run waiting to open it).
   [[maybe_unused]] const int emptied = ftruncate(fd_, 0);  // best effort: the lock is what matters
+  // A run refused at start-up leaves no trace: a directory this lock made that holds nothing else
+  // goes (a run dir that was written to, or held anything before, stays).
+  std::error_code ec;
+  bool only_lock = created_;
+  for (const auto& e : fs::directory_iterator(dir_, ec)) only_lock = only_lock && e.path().filename() == ".lock";
+  if (only_lock) fs::remove(dir_ + "/.lock", ec);
   close(fd_);  // drops the lock
+  if (only_lock) fs::remove(dir_, ec);
 }
 
 std::string free_space_note(const std::string& path) {

@@ -73,7 +73,8 @@ def cases():
         ("bf16 on the CPU", None, ["parallel.pp=2", "parallel.dp=2", "model.dtype=bf16"], ["model.dtype", "run.device"]),
         ("zb-h1 with recompute", None, ["parallel.pp=2", "parallel.dp=2", "parallel.schedule=zb-h1",
                                         "parallel.recompute=block"], ["parallel.recompute", "zb-h1"]),
-        ("zb-v without two chunks", None, ["parallel.pp=2", "parallel.dp=2", "parallel.schedule=zb-v"],
+        ("zb-v with other than two chunks", None, ["parallel.pp=2", "parallel.dp=2", "parallel.schedule=zb-v",
+                                                   "parallel.virtual_stages=3"],
          ["parallel.virtual_stages", "zb-v needs virtual_stages = 2"]),
         ("dualpipev with too few micro-batches", None, ["parallel.pp=2", "parallel.dp=2", "parallel.schedule=dualpipev",
                                                         "parallel.virtual_stages=2", "parallel.micro_batches=2"],
@@ -87,7 +88,7 @@ def cases():
 GROUPS = {
     'keys_types_and_values': ['unknown key', 'key in wrong section', 'unknown section', 'wrong type', 'out of range', 'enum typo', 'malformed --set', 'empty out_dir'],
     'spec_files_that_are_not_toml': ['not TOML', 'binary spec file', 'spec nested 100000 deep', 'spec file of 2 MiB', 'duplicate key'],
-    'inconsistent_combinations': ['pp x dp != ranks', 'global_batch not divisible', 'more stages than blocks', 'n_head does not divide d_model', 'explicit partition wrong sum', 'tensor too large', 'virtual_stages without interleaved', 'interleaved with M not a multiple of pp', 'interleaved chunks outnumber blocks', 'zb-h1 with recompute', 'zb-v without two chunks',
+    'inconsistent_combinations': ['pp x dp != ranks', 'global_batch not divisible', 'more stages than blocks', 'n_head does not divide d_model', 'explicit partition wrong sum', 'tensor too large', 'virtual_stages without interleaved', 'interleaved with M not a multiple of pp', 'interleaved chunks outnumber blocks', 'zb-h1 with recompute', 'zb-v with other than two chunks',
                                   'dualpipev with too few micro-batches'],
     'data_files': ['text data file missing', 'data.path is a directory', 'text data shorter than seq_len+2', 'text data file empty'],
     'devices_and_memory': ['GPU asked of a build or machine without one', 'bf16 on the CPU', 'model too big for the node'],

@@ -504,7 +504,8 @@ def many_long_named_inputs():
 @scenario
 def existing_output_needs_force():
     """An existing output, without --force: exit 2 naming it and --force, the file untouched (import
-    and both exports); with --force it is replaced."""
+    and both exports). With --force a file of another kind is still refused (--force replaces only
+    what the command writes) and one of the command's own kind is replaced."""
     src = write_nanogpt(work("t.bin"), np.arange(500))
     for name in ("out.h5", "out.llmc", "out.idx", "out.bin"):
         open(work(name), "w").write("keep me")
@@ -516,13 +517,18 @@ def existing_output_needs_force():
     os.remove(work("out.bin"))
     p = data("export", work("made.h5"), "--format", "megatron", "--output", work("out"))
     failed("megatron export onto an existing .idx", p, work("out.idx"), "--force")
+    p = data("import", "--format", "nanogpt", src, "--output", work("out.h5"), "--force")
+    failed("import --force onto a file that is not a token file", p, work("out.h5"), "not a token file")
+    p = data("export", work("made.h5"), "--format", "llmc", "--output", work("out.llmc"), "--force")
+    failed("llmc export --force onto a file that is not a shard", p, work("out.llmc"), "not an llm.c token shard")
     expect(all(open(work(n)).read() == "keep me" for n in ("out.h5", "out.llmc", "out.idx")) and
            not os.path.exists(work("out.bin")) and not any(is_temporary(n) for n in os.listdir(settings().work)),
            "existing outputs untouched, no .bin and no temporary file left")
-    got = imported("nanogpt", [src], work("out.h5"), "--val-fraction", "0")
-    expect(got is not None and same(got["train"], np.arange(500)), "import --force replaces the file")
-    expect(made is not None and exported(work("made.h5"), "llmc", work("out.llmc"), "--force") and
-           same(read_llmc(work("out.llmc"))[3], np.arange(500)), "export --force replaces the shard")
+    got = imported("nanogpt", [src], work("made.h5"), "--val-fraction", "0.5")
+    expect(got is not None and same(got["train"], np.arange(250)), "import --force replaces a token file")
+    expect(made is not None and exported(work("made.h5"), "llmc", work("shard.llmc"), "--force") and
+           exported(work("made.h5"), "llmc", work("shard.llmc"), "--force") and
+           same(read_llmc(work("shard.llmc"))[3], np.arange(250)), "export --force replaces a shard")
 
 
 def train(name, ranks, *sets):

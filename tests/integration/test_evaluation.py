@@ -145,7 +145,7 @@ def bad_input():
     ckpt = os.path.join(token_file_reference().run_dir, "checkpoints", "step_00000010")
     e = subprocess.run([a.mpiexec, "-n", "1", a.bin, "eval", "--checkpoint", ckpt, "--batches", "1000"],
                        capture_output=True, text=True, timeout=60)
-    expect(e.returncode == 2 and "--batches = 1000" in e.stderr and "batches fit" in e.stderr,
+    expect(e.returncode == 2 and "--batches 1000" in e.stderr and "eval.batches" not in e.stderr and "batches fit" in e.stderr,
            f"eval --batches beyond the validation tokens: exit 2, never wrapping around ({e.stderr.strip()})")
     e = subprocess.run([a.mpiexec, "-n", "1", a.bin, "eval"], capture_output=True, text=True, timeout=60)
     expect(e.returncode == 2 and "--checkpoint" in e.stderr, f"eval without --checkpoint: exit 2 ({e.stderr.strip()})")

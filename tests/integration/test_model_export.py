@@ -496,8 +496,10 @@ def refusals_exit_2():
     refused("an unknown format", export(models["tied"], "onnx", os.path.join(a.work, "x")), "--format", "onnx")
     refused("an unknown dtype", export(models["tied"], "hf", os.path.join(a.work, "x"), "--dtype", "fp8"),
             "--dtype", "fp8")
-    refused("not a checkpoint", export(os.path.dirname(models["tied"]), "hf", os.path.join(a.work, "x")),
-            "not a pipetrain checkpoint")
+    no_checkpoints = os.path.join(a.work, "no_checkpoints")
+    os.makedirs(no_checkpoints)
+    refused("not a checkpoint", export(no_checkpoints, "hf", os.path.join(a.work, "x")), no_checkpoints,
+            "is not a checkpoint")
     leftovers = [f for f in os.listdir(a.work) if ".tmp-" in f or ".old-" in f or f == "x"]
     expect(not leftovers, f"refused and replaced exports leave nothing behind ({leftovers})")
 

@@ -120,8 +120,9 @@ def decode_gives_the_text_back():
 def given_model_and_sampling():
     """--tokenizer-model reuses a model (the same ids as the file it came from); a model from
     spm_train's defaults (it normalises whitespace and has no byte fallback, so it cannot keep a
-    newline) is refused with exit 2 naming it; an input larger than --sample-mb trains on every
-    k-th line and says so."""
+    newline) is the user's choice: used, with one warning of what it does to the text, recorded in
+    the token file and said by data inspect; an input larger than --sample-mb trains on every
+    k-th line and says so; a file of only line ends is refused naming it."""
     path = token_file("bpe")
     again = shared_path("sp_given.h5")
     p = prepare(again, "--tokenizer", "sentencepiece", "--tokenizer-model", model_of(path), "--val-fraction", "0.05")
@@ -132,10 +133,24 @@ def given_model_and_sampling():
     t = subprocess.run(["spm_train", f"--input={corpus()}", f"--model_prefix={prefix}", "--vocab_size=50"],
                        capture_output=True, text=True, timeout=120)
     expect(t.returncode == 0, f"spm_train with its defaults ({t.stderr.strip()[-200:]})")
-    refused = os.path.join(a.work, "refused.h5")
-    p = prepare(refused, "--tokenizer", "sentencepiece", "--tokenizer-model", prefix + ".model")
-    expect(p.returncode == 2 and prefix + ".model" in p.stderr and "newline" in p.stderr and not os.path.exists(refused),
-           f"a model that cannot keep newlines: exit 2 naming it ({p.returncode}: {p.stderr.strip()})")
+    normalised = os.path.join(a.work, "normalised.h5")
+    p = prepare(normalised, "--tokenizer", "sentencepiece", "--tokenizer-model", prefix + ".model")
+    expect(p.returncode == 0 and p.stderr.count("warning") == 1 and prefix + ".model" in p.stderr and
+           "newlines become spaces" in p.stderr,
+           f"a model that normalises newlines: used, with one warning naming it ({p.returncode}: {p.stderr.strip()})")
+    if p.returncode == 0:
+        with h5py.File(normalised) as f:
+            sources = json.loads(f.attrs["sources"])
+        expect(sources.get("tokenizer_normalises") == "newlines become spaces", f"the token file records it ({sources})")
+        i = subprocess.run([a.bin, "data", "inspect", normalised], capture_output=True, text=True)
+        expect(i.returncode == 0 and "normalises its text: newlines become spaces" in i.stdout,
+               f"data inspect says so ({i.stdout.strip()[-300:]})")
+    blank = os.path.join(a.work, "blank.txt")
+    open(blank, "w").write("\n" * 100)
+    p = subprocess.run([a.bin, "data", "prepare", "--input", blank, "--output", os.path.join(a.work, "blank.h5"),
+                        "--tokenizer", "sentencepiece", "--vocab-size", "300"], capture_output=True, text=True)
+    expect(p.returncode == 2 and blank in p.stderr and "only line ends" in p.stderr and "sentences_" not in p.stderr,
+           f"a file of only line ends: exit 2 naming it ({p.returncode}: {p.stderr.strip()})")
     sampled = shared_path("sp_sampled.h5")
     p = prepare(sampled, "--tokenizer", "sentencepiece", "--vocab-size", "300", "--sample-mb", "0.05")
     expect(p.returncode == 0 and "trained on a sample: every " in p.stderr,

@@ -59,6 +59,17 @@ struct Manifest {
 // recorded size and checksum. Returns "" when fine, else what is wrong (naming the file).
 std::string verify_checkpoint(const std::string& dir, int part = 0, int parts = 1);
 
+// The checkpoints a path names, newest first: PATH itself when it is one (a folder holding
+// manifest.json); for a run directory, its checkpoints folder, or that folder's `latest` file,
+// every step_N checkpoint of that folder. Empty when PATH is none of these.
+std::vector<std::string> checkpoints_named_by(const std::string& path);
+
+// For the commands that read one checkpoint (eval, generate, export, ckpt): the checkpoint PATH
+// names, verified (checksums, the manifest against the shards). Where PATH names a folder of
+// them, the newest intact one, saying on stderr which it took and which it skipped as damaged.
+// SpecError naming PATH and what is wrong when there is none.
+std::string resolve_checkpoint(const std::string& path, const std::string& command);
+
 // The spec keys a checkpoint must agree on to be loaded (model shape, data stream, batch).
 // Returns "" or a message naming the first key that differs.
 std::string incompatibility(const Manifest& m, const RunSpec& spec);

@@ -65,8 +65,10 @@ class ShardReader {
   int format_version() const { return format_; }
   std::vector<TensorInfo> tensors() const;  // the /params datasets
   bool has(const std::string& name) const;
-  // Reads group ("params", "optim/exp_avg", "optim/exp_avg_sq") / name into out, checking the
-  // stored shape equals `shape`.
+  // What keeps group ("params", "optim/exp_avg", "optim/exp_avg_sq") / name from being read as a
+  // tensor of `shape`: missing, another shape, not stored as 32-bit floats; "" when nothing does.
+  std::string problem(const std::string& group, const std::string& name, const std::vector<int>& shape) const;
+  // Reads group / name into out; std::runtime_error with problem() when there is one.
   void read(const std::string& group, const std::string& name, const std::vector<int>& shape, float* out) const;
 
  private:

@@ -75,6 +75,7 @@ class TokenFileWriter {
     int width = 1;          // bytes per token (token_width_for(vocab) when the vocabulary is known)
     std::string tokenizer = "bytes", tokenizer_model;
     std::string what;       // the command, for messages: "data prepare"
+    std::vector<std::string> inputs;  // what the command reads: never the output (token_file_output)
   };
   TokenFileWriter(Options opt, uint64_t train, uint64_t val);
   ~TokenFileWriter();
@@ -101,6 +102,13 @@ class TokenFileWriter {
   std::vector<uint8_t> narrow8_;  // ids converted to the stored width (1 or 2 bytes; 4 are the ids)
   std::vector<uint16_t> narrow16_;
 };
+
+// Whether `path` is a token file pipetrain reads (an HDF5 file with its attributes and /train).
+bool is_token_file(const std::string& path);
+
+// The output rule (check_output) of `command` writing a token file from `inputs`: --force replaces
+// only a token file.
+OutputRule token_file_output(const std::string& command, const std::vector<std::string>& inputs, bool force);
 
 // The total size of input files, each checked to be a readable, non-empty regular file first
 // (SpecError "<what> <path>: <why>").

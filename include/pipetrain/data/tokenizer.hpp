@@ -21,9 +21,11 @@ namespace pipetrain {
 class Tokenizer {
  public:
   Tokenizer();  // bytes
-  // A SentencePiece model from its serialized bytes; SpecError naming `origin` if it is not one, or
-  // if it cannot give a newline back as itself (a normalising model without byte fallback).
+  // A SentencePiece model from its serialized bytes; SpecError naming `origin` if it is not one.
   static Tokenizer sentencepiece(const std::string& model_bytes, const std::string& origin);
+  // What the model's normalisation does to text, "newlines become spaces"; "" when any text
+  // decodes back to itself (bytes, and the models data prepare trains).
+  const std::string& normalisation() const { return normalisation_; }
 
   bool is_bytes() const { return !sp_; }
   const char* name() const { return sp_ ? "sentencepiece" : "bytes"; }
@@ -39,6 +41,7 @@ class Tokenizer {
   std::shared_ptr<sentencepiece::SentencePieceProcessor> sp_;
   std::string model_;
   std::vector<uint32_t> newline_;  // the ids of "\n"
+  std::string normalisation_;
 };
 
 // Training a SentencePiece model on text files. Inputs over `sample_bytes` are sampled: every k-th

@@ -62,6 +62,8 @@ struct MachineCosts {
   // Throws SpecError naming `where` and the missing or bad field.
   static MachineCosts from_json(const nlohmann::json& j, const std::string& where);
   static MachineCosts read(const std::string& path);
+  // Whether `path` holds a cost file (what plan --calibrate --force may replace).
+  static bool is_cost_file(const std::string& path);
   // A machine described by its peak: each pass at `flops_per_s` x `efficiency` (the FLOPs of our
   // kernels for `spec`'s model), messages at `link_bytes_per_s` after a 10 us latency, AdamW at a
   // memory bandwidth of peak / 200 FLOP per byte.

@@ -32,6 +32,7 @@ struct RunStory {
   double wall_s = 0;           // first launch's start to the last launch's end
   double idle_s = 0;           // summed time between launches
   double goodput = 0;          // useful_steps x ideal_step_s / wall_s
+  size_t unreadable = 0;       // lines of events.jsonl that are not a launch or stop record
 };
 
 // metrics: the parsed lines of metrics.jsonl. A run without events.jsonl (older runs) has no

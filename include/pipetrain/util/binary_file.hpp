@@ -27,6 +27,10 @@ class BinaryReader {
   uint64_t size_ = 0;
 };
 
+// Whether `path` is a regular file whose first n bytes are `head` (telling file kinds apart; never
+// throws).
+bool file_starts_with(const std::string& path, const void* head, size_t n);
+
 class BinaryWriter {
  public:
   explicit BinaryWriter(const std::string& path);

@@ -13,7 +13,8 @@ std::string read_input_file(const std::string& path, const std::string& what, si
 // Marks a run directory (created if missing) as in use while this object lives: an fcntl write
 // lock on DIR/.lock, which the kernel drops when the process ends however it ends (SIGKILL, OOM),
 // so a stale file never blocks a resume. The file says who holds it, for the message a second
-// run gets (a SpecError). On file systems without locks it warns and does not lock.
+// run gets (a SpecError). On file systems without locks it warns and does not lock. A directory
+// the lock created and nothing else wrote to (a start refused) is removed with the lock.
 class RunDirLock {
  public:
   explicit RunDirLock(const std::string& dir);
@@ -23,6 +24,8 @@ class RunDirLock {
 
  private:
   int fd_ = -1;
+  std::string dir_;
+  bool created_ = false;  // the directory did not exist before this lock
 };
 
 // Replaces `path` with `text` atomically: path.tmp, fsync, rename, fsync of the folder, so a crash
