@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """Plots of one run directory (called by `pipetrain report RUN_DIR --plots DIR`, or directly as
-`plots.py RUN_DIR OUT [--sim-bubble B0,B1,...]`):
-loss.png (loss curve), bubble.png (measured bubble per stage over steps, the schedule simulation's
+`plots.py RUN_DIR OUT [--sim-bubble B0,B1,...] [--shown-as DIR]`):
+loss.png (loss curve, a dotted line where a launch resumed), bubble.png (measured bubble per stage over steps, the schedule simulation's
 bubble per stage and the closed form (P-1)/(M+P-1)), memory.png (per stage: activations,
 parameters+gradients+AdamW, process RSS), gantt.png (one traced step: every span of every rank,
 coloured by what it was, with a legend for each colour; waits inside collectives are waits).
+Legends sit beside the axes, never over the data.
 Writes what its inputs allow and says what it skipped. The figure functions return the figure,
 so tests can check what is drawn."""
 import json
@@ -42,14 +43,29 @@ def read_jsonl(path):
     return out
 
 
-def loss_figure(lines):
+def legend_beside(ax, **kwargs):
+    """The legend to the right of the axes, where it hides no curve or bar."""
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0, **kwargs)
+
+
+def resumes(events):
+    """(step, launch) of every launch that resumed from a checkpoint, from events.jsonl's records."""
+    return [(e["resumed_from"], e.get("launch")) for e in events
+            if e.get("event") == "launch" and isinstance(e.get("resumed_from"), int)]
+
+
+def loss_figure(lines, events=()):
     steps = [l["step"] for l in lines]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, [l["loss"] for l in lines], label="training (this step's batch)")
     val = [l for l in lines if l.get("val_loss") is not None]
     if val:
         ax.plot([l["step"] for l in val], [l["val_loss"] for l in val], "o-", label="validation (held-out batches)")
-    ax.legend()
+    for i, (step, launch) in enumerate(resumes(events)):
+        ax.axvline(step, color="grey", linestyle=":", label="resumed from a checkpoint" if i == 0 else None)
+        ax.annotate(f"launch {launch}", (step, 1), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
+                    va="top", ha="right", color="grey")
+    legend_beside(ax)
     ax.set(xlabel="step", ylabel="loss (mean token cross-entropy)", title="loss")
     return fig
 
@@ -83,7 +99,7 @@ def bubble_figure(lines, sim_bubble=None, crowded=None):
     if crowded:
         title += f"\n({crowded}: waiting for a core is measured as bubble; the simulation does not count it)"
     ax.set(xlabel="step", ylabel="bubble fraction", title=title, ylim=(0, 1))
-    ax.legend(fontsize=8)
+    legend_beside(ax, fontsize=8)
     return fig
 
 
@@ -102,7 +118,7 @@ def memory_figure(lines):
         ax.bar([s + i * width for s in range(P)], vals, width, label=name)
     ax.set_xticks([s + width * (len(kinds) - 1) / 2 for s in range(P)], [f"stage {s}" for s in range(P)])
     ax.set(ylabel="MiB", title=f"memory per stage (step {last['step']})")
-    ax.legend()
+    legend_beside(ax)
     return fig
 
 
@@ -149,6 +165,7 @@ def latest_trace(run_dir):
 
 def main(argv):
     run_dir, out = argv[1], argv[2]
+    shown = argv[argv.index("--shown-as") + 1] if "--shown-as" in argv else out  # where the report renames out to
     sim_bubble = None
     if "--sim-bubble" in argv:
         sim_bubble = [float(x) for x in argv[argv.index("--sim-bubble") + 1].split(",")]
@@ -161,9 +178,10 @@ def main(argv):
         plt.close(fig)
         written.append(name)
 
+    events = read_jsonl(os.path.join(run_dir, "events.jsonl"))
     if lines:
-        save(loss_figure(lines), "loss.png")
-        crowded = oversubscription(read_jsonl(os.path.join(run_dir, "events.jsonl")))
+        save(loss_figure(lines, events), "loss.png")
+        crowded = oversubscription(events)
         save(bubble_figure(lines, sim_bubble, crowded), "bubble.png")
         if sim_bubble:
             written[-1] += " (measured, simulated, closed form)"
@@ -177,7 +195,7 @@ def main(argv):
             written[-1] += f" (from {os.path.relpath(trace_path, run_dir)}: the last launch traced no step)"
     else:
         print("plots: no trace.json: skipped the schedule Gantt")
-    print("plots written to " + out + ": " + ", ".join(written))
+    print("plots written to " + shown + ": " + ", ".join(written))
 
 
 if __name__ == "__main__":

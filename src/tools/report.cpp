@@ -279,7 +279,8 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
   if (as_json) std::printf("%s\n", doc.dump(2).c_str());
 
   if (!plots) return ExitCode::ok;
-  std::string cmd = "/usr/bin/python3 '" + plots_script() + "' '" + run_dir + "' '" + plots->staging() + "'";
+  std::string cmd = "/usr/bin/python3 '" + plots_script() + "' '" + run_dir + "' '" + plots->staging() + "' --shown-as '" +
+                    plots_dir + "'";
   if (predicted) {  // bubble.png draws the simulation's bubble of each stage too
     cmd += " --sim-bubble ";
     for (size_t s = 0; s < plan.stages.size(); ++s) cmd += (s ? "," : "") + fmt("%.6f", plan.stages[s].bubble);

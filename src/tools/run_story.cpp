@@ -2,10 +2,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
+
+#include "pipetrain/ckpt/checkpoint.hpp"
 
 #include "pipetrain/util/clock.hpp"
 
+namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace pipetrain {
@@ -53,8 +58,16 @@ RunStory run_story(const std::string& run_dir, const std::vector<json>& metrics)
       l.last_step = std::max(l.last_step, step);
       l.end = std::max(l.end, m.value("time", 0.0));  // a launch without a stop record ended after its last step
     }
-    story.useful_steps = std::max<int64_t>(story.useful_steps, m.value("step", 0));
+    story.reached_step = std::max<int64_t>(story.reached_step, m.value("step", 0));
   }
+  // Useful work is what a checkpoint holds: the steps after the newest one (a NaN stop, a kill
+  // before the next save) were computed for nothing.
+  for (const std::string& dir : checkpoints_named_by(run_dir + "/checkpoints")) {
+    const std::string name = fs::path(dir).filename().string();  // step_NNNNNNNN, newest first
+    story.saved_step = std::strtoll(name.c_str() + 5, nullptr, 10);
+    break;
+  }
+  story.useful_steps = std::min(story.reached_step, story.saved_step);
   if (story.launches.empty()) return story;
   for (size_t i = 1; i < story.launches.size(); ++i) {
     LaunchStory &before = story.launches[i - 1], &l = story.launches[i];
@@ -87,8 +100,9 @@ json to_json(const RunStory& s) {
                         {"steps_recomputed", l.recomputed},
                         {"idle_before_s", l.idle_before},
                         {"oversubscribed", l.oversubscribed()}});
-  return {{"launches", launches},   {"useful_steps", s.useful_steps}, {"ideal_step_s", s.ideal_step_s},
-          {"wall_s", s.wall_s},     {"idle_s", s.idle_s},             {"goodput", s.goodput}};
+  return {{"launches", launches},   {"useful_steps", s.useful_steps}, {"reached_step", s.reached_step},
+          {"saved_step", s.saved_step}, {"ideal_step_s", s.ideal_step_s}, {"wall_s", s.wall_s},
+          {"idle_s", s.idle_s},     {"goodput", s.goodput}};
 }
 
 std::string describe(const RunStory& s) {
@@ -115,7 +129,12 @@ std::string describe(const RunStory& s) {
   std::snprintf(buf, sizeof buf,
                 "  goodput: %.1f%% = %lld useful steps x %.1f ms ideal step / %.1f s wall (%.1f s idle between launches)\n",
                 100 * s.goodput, static_cast<long long>(s.useful_steps), 1e3 * s.ideal_step_s, s.wall_s, s.idle_s);
-  return out + buf;
+  out += buf;
+  if (s.reached_step > s.useful_steps)
+    out += "    (useful: the steps a checkpoint holds; " + std::to_string(s.reached_step - s.useful_steps) + " step(s) after " +
+           (s.saved_step > 0 ? "the newest checkpoint, step " + std::to_string(s.saved_step) + "," : "the start, with no checkpoint,") +
+           " were lost)\n";
+  return out;
 }
 
 }  // namespace pipetrain

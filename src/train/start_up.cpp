@@ -360,7 +360,9 @@ void print_start(const Run& run) {
     std::printf("stragglers: a rank, node or link %gx slower than its peers in two windows (%d steps, %g s at least) in a "
                 "row is reported%s\n", spec.log.straggler_ratio, spec.log.straggler_window, StragglerWindow::kMinWindowS,
                 run.straggler_cpu_time ? " (ranks outnumber cores: passes timed in CPU time, links not judged)" : "");
-  if (run.start_step >= spec.run.steps) std::printf("run already complete (%d steps)\n", spec.run.steps);
+  if (run.start_step >= spec.run.steps)
+    std::printf("run already complete (%d steps): nothing to train; --set run.steps=N (N > %d) trains it further, "
+                "a new run.name (or --run-dir) starts another run\n", spec.run.steps, spec.run.steps);
   std::fflush(stdout);
 }
 

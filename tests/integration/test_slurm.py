@@ -6,8 +6,9 @@ with no step lost, each start resuming from the step the previous one saved; job
 passes, and fails naming a broken checkpoint directory. The two drills compare against one
 uninterrupted mpiexec run, made once. Nothing that would fail the same way is requeued: a binary
 that cannot run (exit 127), a failure before the first step, a NaN stop, a second fault without a
-newer checkpoint. Arguments add to the default layout (pp 2, dp = tasks / pp), and each job writes
-its own output file."""
+newer checkpoint. Arguments add to the default layout (pp 2, dp = tasks / pp), --config after the
+script is the spec, a finished run is said first and starts nothing, and each job writes its own
+output file, fresh at its first start."""
 import contextlib
 import json
 import os
@@ -252,6 +253,40 @@ def fault_without_progress_requeued_once():
         expect("(fault 1 of at most 3)" in log and log.count("requeueing to resume") == 1, "the first fault was requeued")
         expect(log.count("no newer checkpoint than at the previous fault (none)") == 1 and log.count("not requeueing") == 1,
                f"the second ended the job, saying why: {log[-300:]!r}")
+
+
+@scenario
+def config_argument_finished_run_and_fresh_output():
+    """--config FILE after the script is the spec (not refused as given twice); a job submitted
+    again on a finished run says so in its first lines, with how to go on, and starts nothing; a
+    job's first start moves an earlier job's output of the same file name aside instead of
+    appending to it."""
+    a = settings()
+    cfg = os.path.join(a.work, "six_steps.toml")
+    open(cfg, "w").write(open(tiny()).read().replace("steps = 100", "steps = 6"))
+    args = ["--config", cfg, "--set", "run.name=cfgarg", "--set", f"run.out_dir={runs()}", "--set", "log.trace_steps=0"]
+    with cluster_up() as cluster:
+        jid, out = submit(cluster, "train.sbatch", "cfgarg", *args)
+        info = cluster.wait_done(jid, 180)
+        log = open(out).read()
+        metrics = os.path.join(runs(), "cfgarg", "metrics.jsonl")
+        last = json.loads(open(metrics).read().splitlines()[-1]) if os.path.exists(metrics) else {}
+        expect(info.get("ExitCode") == "0:0" and f"config {cfg}" in log and last.get("step") == 6,
+               f"--config after the script: the run trains that spec's 6 steps ({info.get('ExitCode')}): {log[-300:]!r}")
+        again_out = os.path.join(a.work, "again.out")
+        open(again_out, "w").write("an earlier cluster's job 1 wrote this\n")
+        jid = cluster.sbatch(os.path.join(os.path.dirname(a.configs), "jobs", "train.sbatch"), again_out, args,
+                             env={"PIPETRAIN": a.bin, "CONFIG": tiny()})
+        info = cluster.wait_done(jid, 120)
+        log = open(again_out).read()
+        head = "\n".join(log.splitlines()[:3])
+        expect(info.get("ExitCode") == "0:0" and "found a finished run" in head and "run.steps=N" in head and
+               "run.name=NEW" in head and not re.search(r"job \d+: start ", log),
+               f"a finished run is said first, with how to go on, and nothing starts ({info.get('ExitCode')}): {log!r}")
+        earlier = [n for n in os.listdir(a.work) if n.startswith("again.out.earlier-")]
+        expect("an earlier cluster's job" not in log and len(earlier) == 1 and
+               open(os.path.join(a.work, earlier[0])).read() == "an earlier cluster's job 1 wrote this\n",
+               f"the earlier job's output moved aside, this job's file fresh ({earlier})")
 
 
 @scenario

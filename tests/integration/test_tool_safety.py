@@ -15,6 +15,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -412,6 +413,46 @@ def eval_layout_and_defaults():
            f"report warns of the garbage events.jsonl line ({r.stdout.strip()[-400:]})")
     expect("per-stage arrays do not have one entry per stage of their own pp" in r.stdout and "earlier layout" not in r.stdout,
            f"report names the line with wrong-length arrays as damaged, not of an earlier layout ({r.stdout.strip()[-400:]})")
+
+
+@scenario
+def goodput_counts_saved_steps_and_plots():
+    """Goodput counts only the steps a checkpoint holds: a run stopped by NaN steps before any
+    checkpoint reports 0 useful steps and 0% goodput, one resumed past its last save counts up to
+    that save; loss.png marks the resume and every legend sits beside its axes."""
+    a = settings()
+    nan = launch(a, 1, work("nan"), tiny(), ["run.steps=20", "log.trace_steps=0", "train.max_bad_steps=3",
+                                             "checkpoint.at_end=false"], env={"PIPETRAIN_TEST_NAN": "0:3+"})
+    expect(nan.rc == 1, f"the NaN run stops with exit 1 ({nan.rc}: {nan.err[-200:]})")
+    r = pt("report", nan.run_dir, "--json")
+    h = json.loads(r.stdout) if r.returncode == 0 else {}
+    story = h.get("history", h)
+    expect(story.get("useful_steps") == 0 and story.get("goodput") == 0 and story.get("reached_step", 0) >= 3,
+           f"no checkpoint: 0 useful steps, goodput 0 ({ {k: story.get(k) for k in ('useful_steps', 'reached_step', 'goodput')} })")
+    text = pt("report", nan.run_dir).stdout
+    expect("were lost" in text, f"the report says the steps were lost ({text[-300:]})")
+    run = work("resumed")
+    first = launch(a, 1, run, tiny(), ["run.steps=6", "log.trace_steps=0", "checkpoint.every_steps=3"])
+    second = launch(a, 1, run, tiny(), ["run.steps=8", "log.trace_steps=0", "checkpoint.every_steps=3",
+                                        "checkpoint.at_end=false"])
+    expect(first.rc == 0 and second.rc == 0, f"two launches ({first.rc}, {second.rc})")
+    h = json.loads(pt("report", run, "--json").stdout)
+    story = h.get("history", h)
+    expect(story.get("useful_steps") == 6 and story.get("reached_step") == 8,
+           f"resumed past its last save: useful = the saved step 6 of 8 reached ({story.get('useful_steps')}, {story.get('reached_step')})")
+    sys.path.insert(0, os.path.join(os.path.dirname(a.configs), "scripts", "analysis"))
+    import plots
+    events = [json.loads(l) for l in open(os.path.join(run, "events.jsonl"))]
+    lines = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))]
+    fig = plots.loss_figure(lines, events)
+    ax = fig.axes[0]
+    marks = [l.get_xdata()[0] for l in ax.get_lines() if l.get_linestyle() == ":"]
+    expect(marks == [6], f"loss.png marks the resume at step 6 ({marks})")
+    for name, figure in (("loss", fig), ("bubble", plots.bubble_figure(lines)), ("memory", plots.memory_figure(lines))):
+        figure.canvas.draw()
+        axes = figure.axes[0].get_window_extent()
+        legend = figure.axes[0].get_legend().get_window_extent()
+        expect(legend.x0 >= axes.x1, f"{name}: the legend sits beside the axes ({legend.x0:.0f} >= {axes.x1:.0f})")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,9 @@ struct LaunchStory {
 
 struct RunStory {
   std::vector<LaunchStory> launches;
-  int64_t useful_steps = 0;    // the last step reached: each counted once, however often computed
+  int64_t reached_step = 0;    // the last step logged
+  int64_t saved_step = 0;      // the newest checkpoint's step (0: none)
+  int64_t useful_steps = 0;    // steps a checkpoint holds: each counted once, however often computed
   double ideal_step_s = 0;     // median step time over every logged step
   double wall_s = 0;           // first launch's start to the last launch's end
   double idle_s = 0;           // summed time between launches
