@@ -311,7 +311,6 @@ std::string resolve_checkpoint(const std::string& path, const std::string& comma
                     "its latest file)");
   }
   const bool exact = candidates.size() == 1 && candidates[0] == path;
-  std::vector<std::string> skipped;
   for (const std::string& c : candidates) {
     const std::string problem = verify_checkpoint(c);
     if (problem.empty()) {
