@@ -59,8 +59,9 @@ def metrics_and_trace(mode):
         untimed = statistics.median(1 - (sum(l["kernel_s"][k][s] for k in classes) + l["comm_wait_s"][s]) / l["rank_step_s"][s]
                                     for l in lines[1:])
         # On the 2-core VM the median over 11 steps ran 0.8-1.8% (3 runs of each mode), alternated with
-        # the build before straggler detection, which ran 0.8-2.1%: 3% bounds both.
-        expect(abs(untimed) <= 0.03, f"{mode}: stage {s}: kernels + waits are its step within 3% (other {untimed:.2%})")
+        # the build before straggler detection, which ran 0.8-2.1%, and 1.2-2.1% in 6 runs alone; one
+        # full CI run met 3.4%. 5%, the bound of compute + wait above, leaves that noise room.
+        expect(abs(untimed) <= 0.05, f"{mode}: stage {s}: kernels + waits are its step within 5% (other {untimed:.2%})")
     predicted = plan(sets)
     want = [st["act_peak_bytes"][mode] for st in predicted["stages"]]
     expect(lines[-1]["act_peak_bytes"] == want, f"{mode}: act_peak_bytes {lines[-1]['act_peak_bytes']} == plan {want}")

@@ -277,6 +277,17 @@ def bad_input_corpus():
     refusal("init_from weights holding a NaN", ["train", "--config", tiny(), "--run-dir", work("r4"), "--set",
                                                f"train.init_from={work('nan_hf')}"], ["wte.weight", "NaN", work("nan_hf")],
             ranks=1)
+    p = pt("export", "--checkpoint", ck, "--format", "llmc", "--output", work("model.bin"))
+    expect(p.returncode == 0, f"export llmc: exit 0 ({p.stderr.strip()})")
+    raw = open(work("model.bin"), "rb").read()
+    open(work("short.bin"), "wb").write(raw[:len(raw) // 2])
+    os.remove(work("model.bin"))
+    refusal("init_from a truncated llm.c model file", ["train", "--config", tiny(), "--run-dir", work("r5"), "--set",
+                                                       f"train.init_from={work('short.bin')}"],
+            [work("short.bin"), "train.init_from"], ranks=1)
+    open(work("costs.json"), "w").write('{"source": "a hand edit", "model": {"d_model": 64}}')
+    refusal("plan --costs with a damaged cost file", ["plan", "--config", tiny(), "--costs", work("costs.json")],
+            [work("costs.json"), "not a cost file"])
     flipped = work("flipped")
     shutil.copytree(ck, flipped)
     shard = os.path.join(flipped, "stage_000.h5")

@@ -86,7 +86,7 @@ TEST_CASE("output rule: --force replaces only what the command writes") {
   CHECK(refusal((t.dir / "new.bin").string(), rule({}, false)).empty());
 }
 
-TEST_CASE("output rule: a refused AtomicOutput creates nothing; a committed one replaces its own kind") {
+TEST_CASE("output rule: a refused AtomicOutput creates nothing, a committed one replaces its own kind") {
   TempDir t;
   const std::string other = t.write("other.bin", "the user's data"), own = t.write("own.bin", "OWN old");
   CHECK_THROWS_AS(AtomicOutput(other, rule({}, true)), SpecError);
