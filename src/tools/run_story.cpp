@@ -7,7 +7,6 @@
 #include <fstream>
 
 #include "pipetrain/ckpt/checkpoint.hpp"
-
 #include "pipetrain/util/clock.hpp"
 
 namespace fs = std::filesystem;
@@ -62,11 +61,8 @@ RunStory run_story(const std::string& run_dir, const std::vector<json>& metrics)
   }
   // Useful work is what a checkpoint holds: the steps after the newest one (a NaN stop, a kill
   // before the next save) were computed for nothing.
-  for (const std::string& dir : checkpoints_named_by(run_dir + "/checkpoints")) {
-    const std::string name = fs::path(dir).filename().string();  // step_NNNNNNNN, newest first
-    story.saved_step = std::strtoll(name.c_str() + 5, nullptr, 10);
-    break;
-  }
+  const std::vector<std::string> saved = checkpoints_named_by(run_dir + "/checkpoints");  // newest first
+  if (!saved.empty()) story.saved_step = std::strtoll(fs::path(saved.front()).filename().c_str() + 5, nullptr, 10);  // step_N
   story.useful_steps = std::min(story.reached_step, story.saved_step);
   if (story.launches.empty()) return story;
   for (size_t i = 1; i < story.launches.size(); ++i) {

@@ -20,7 +20,7 @@ import sys
 import h5py
 import numpy as np
 
-from tests.lib.harness import expect, is_temporary, launch, run_scenarios, scenario, settings, shared_path, shared_run
+from tests.lib.harness import expect, is_temporary, launch, run_scenarios, scenario, settings, shared_run
 
 STEPS = 4
 STEP = f"step_{STEPS:08d}"
