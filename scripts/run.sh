@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
-scripts/build.sh
+scripts/build.sh pipetrain  # the binary alone: the tests are built by scripts/test.sh
 # MPICH's launcher by name: an OpenMPI install would otherwise own plain `mpiexec`.
 MPIEXEC=${MPIEXEC:-$(command -v mpiexec.mpich || echo mpiexec)}
 run_dir=runs/quickstart-$(date +%Y%m%d-%H%M%S)  # a new run each time (same dir would resume)
