@@ -776,9 +776,8 @@ ExitCode ckpt_verify(const std::string& path) {
   }
   // A folder of them: the newest intact one, and the one `latest` names, which a resume or a
   // requeued job would be pointed at.
-  const std::vector<std::string> all = checkpoints_named_by(path);
   const std::string newest = resolve_checkpoint(path, "ckpt verify");
-  const fs::path latest = fs::path(all.front()).parent_path() / "latest";
+  const fs::path latest = fs::path(newest).parent_path() / "latest";
   std::string named;
   try {
     named = read_input_file(latest.string(), "ckpt verify", 4096);

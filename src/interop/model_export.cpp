@@ -94,14 +94,9 @@ void write_llmc_file(const std::string& file, const RunSpec& spec, const Weights
 // write_hf writes, or an llm.c model file.
 bool is_export_of(const std::string& format, const std::string& path) {
   if (format == "llmc") return LlmcFile::looks_like(path);
-  std::error_code ec;
-  if (!fs::is_directory(path, ec)) return false;
-  for (const auto& e : fs::directory_iterator(path, ec)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_regular_file(ec) || (name != "config.json" && name != "model.safetensors" && name != kTokenizerFile))
-      return false;
-  }
-  return !ec;
+  return folder_holds_only(path, [](const std::string& name) {
+    return name == "config.json" || name == "model.safetensors" || name == kTokenizerFile;
+  });
 }
 
 }  // namespace

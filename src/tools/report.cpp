@@ -99,11 +99,7 @@ std::string plots_script() {
 
 // What --plots may replace: a folder of plots.py's PNG files and nothing else.
 bool is_plots_folder(const std::string& dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return false;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (!e.is_regular_file(ec) || e.path().extension() != ".png") return false;
-  return !ec;
+  return folder_holds_only(dir, [](const std::string& name) { return fs::path(name).extension() == ".png"; });
 }
 
 }  // namespace

@@ -51,6 +51,14 @@ std::string what_is_at(const std::string& path) {
 
 }  // namespace
 
+bool folder_holds_only(const std::string& dir, const std::function<bool(const std::string& name)>& allowed) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return false;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (!e.is_regular_file(ec) || !allowed(e.path().filename().string())) return false;
+  return !ec;
+}
+
 std::string protected_folder_kind(const std::string& dir) {
   std::error_code ec;
   const fs::path d(dir);

@@ -77,7 +77,8 @@ RunDirLock::RunDirLock(const std::string& dir) : dir_(dir) {
 RunDirLock::~RunDirLock() {
   if (fd_ < 0) return;
   // The owner line goes with the lock: a file naming a pid that ended looks like a stale lock.
-  // The file itself stays (removing it would race a run waiting to open it).
+  // The file itself stays in a run directory (removing it would race a run waiting to open it),
+  // except with the directory this lock made and nothing else wrote to.
   [[maybe_unused]] const int emptied = ftruncate(fd_, 0);  // best effort: the lock is what matters
   // A run refused at start-up leaves no trace: a directory this lock made that holds nothing else
   // goes (a run dir that was written to, or held anything before, stays).

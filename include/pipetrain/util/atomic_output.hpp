@@ -38,6 +38,10 @@ struct OutputRule {
 //  - exists but rule.is_own says it is not rule.kind.
 void check_output(const std::string& path, const OutputRule& rule);
 
+// Whether `dir` is a folder holding only regular files that `allowed(name)` accepts (an empty folder
+// too): how a command tells a folder it wrote from one of the user's.
+bool folder_holds_only(const std::string& dir, const std::function<bool(const std::string& name)>& allowed);
+
 // The checkpoint, checkpoints folder or run directory `dir` is ("a pipetrain checkpoint"), or ""
 // for any other path: by the names the run directory's layout gives them (docs/design.md).
 std::string protected_folder_kind(const std::string& dir);
