@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "pipetrain/ckpt/checkpoint.hpp"
+#include "pipetrain/compute/blas_kernels.hpp"
 #include "pipetrain/dist/world.hpp"
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/tools/generate.hpp"
@@ -520,6 +521,11 @@ ExitCode dispatch(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
+  // Commands that compute settle their BLAS kernels first: that may restart the process, which
+  // must happen before MPI starts.
+  for (const char* computes : {"train", "eval", "generate", "smoke", "plan"})
+    if (cmd == computes)
+      if (int refused = settle_blas_kernels(argv)) return static_cast<ExitCode>(refused);
   if (cmd == "train") return train_main(args);
   if (cmd == "ckpt") return ckpt_main(args);
   if (cmd == "plan") return plan_main(args);

@@ -17,9 +17,11 @@
 namespace pipetrain {
 namespace {
 Device g_device = Device::cpu;
+int g_gpu = -1;
 }
 
 Device compute_device() { return g_device; }
+int compute_gpu() { return g_gpu; }
 bool cuda_built() { return PIPETRAIN_HAVE_CUDA; }
 
 void set_compute_device(Device d, int local_rank, int local_ranks) {
@@ -33,6 +35,7 @@ void set_compute_device(Device d, int local_rank, int local_ranks) {
     const std::string problem = gpu::sharing_problem(gpu::device_info(device), device, (local_ranks + n - 1) / n);
     if (!problem.empty()) throw std::runtime_error(problem);
     gpu::select_device(device);
+    g_gpu = device;
   }
   g_device = d;
 }

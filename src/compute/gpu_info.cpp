@@ -15,6 +15,15 @@ const char* mode_name(ComputeMode m) {
 }
 }  // namespace
 
+double peak_gflops(const DeviceInfo& info, Dtype dtype) {
+  const int cc = 10 * info.capability_major + info.capability_minor;
+  // FLOPs per SM per cycle (2 per fused multiply-add): fp32 lanes x 2; dense bf16 tensor-core rate.
+  int per_sm = 0;
+  if (dtype == Dtype::fp32) per_sm = cc >= 86 ? 256 : cc >= 70 ? 128 : 0;
+  else per_sm = cc >= 100 && cc < 110 ? 8192 : cc == 90 ? 4096 : cc == 80 ? 2048 : cc == 86 || cc == 89 ? 1024 : 0;
+  return per_sm * static_cast<double>(info.multiprocessors) * info.clock_khz / 1e6;
+}
+
 std::string cuda_version(int version) { return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10); }
 
 std::string describe(const DeviceInfo& info) {

@@ -126,6 +126,7 @@ std::string to_json(const StepLine& l) {
          ", \"param_bytes\": " + array(l.param_bytes, "%.0f") + ", \"grad_bytes\": " + array(l.grad_bytes, "%.0f") +
          ", \"optim_bytes\": " + array(l.optim_bytes, "%.0f") + ", \"gflops\": " + num(l.gflops, "%.6g") +
          ", \"peak_gflops\": " + num(l.peak_gflops, "%.6g") + ", \"mfu\": " + num(l.mfu, "%.6g") +
+         ", \"sgemm_gflops\": " + num(l.sgemm_gflops, "%.6g") + ", \"sgemm_share\": " + num(l.sgemm_share, "%.6g") +
          ", \"kernel_s\": " + kernel_object(l.kernel_s) + ", \"gemm_gflops\": " + array(l.gemm_gflops) +
          (l.val_loss >= 0 ? ", \"val_loss\": " + num(l.val_loss, "%.17g") : "") +
          (l.gpu_mem_bytes.empty() ? ""
@@ -137,9 +138,9 @@ std::string to_json(const StepLine& l) {
 std::string progress_line(const StepLine& l) {
   char buf[256];
   std::snprintf(buf, sizeof buf,
-                "step %*d/%d | loss %.4f | lr %.2e | gnorm %.3f | %8.0f tok/s | %7.1f ms | %5.1f GFLOP/s MFU %4.1f%% | bubble",
+                "step %*d/%d | loss %.4f | lr %.2e | gnorm %.3f | %8.0f tok/s | %7.1f ms | %5.1f GFLOP/s MFU %4.1f%% (%3.0f%% of sgemm) | bubble",
                 static_cast<int>(std::to_string(l.steps).size()), l.step, l.steps, l.loss, l.lr, l.grad_norm,
-                l.tokens_per_s, 1e3 * l.step_time_s, l.gflops, 100 * l.mfu);
+                l.tokens_per_s, 1e3 * l.step_time_s, l.gflops, 100 * l.mfu, 100 * l.sgemm_share);
   std::string s = buf;
   for (double b : l.bubble_measured) s += " " + num(b, "%.2f");
   s += " (theory " + num(l.bubble_theory, "%.2f") + ")";

@@ -36,7 +36,7 @@ std::vector<json> launch_records(const std::string& path) {
   return launches;
 }
 
-const char* peak_key(bool gpu) { return gpu ? "peak_gflops_per_gpu" : "peak_gflops_per_core"; }
+std::string per_unit(const char* figure, bool gpu) { return std::string(figure) + (gpu ? "_per_gpu" : "_per_core"); }
 
 // One record: appended whole (a single write on an O_APPEND descriptor) and fsynced. The history
 // is a log, not the run's state: a record that cannot be written is a warning, never a stop.
@@ -89,14 +89,18 @@ int record_launch(const Run& run) {
                 {"build", build_id()},
                 {"resumed_from", run.resumed_from.empty() ? json(nullptr) : json(run.start_step)},
                 {"last_logged_before", run.last_logged_before},
-                {peak_key(run.on_gpu()), run.peak_per_unit}});
+                {per_unit("hardware_peak_gflops", run.on_gpu()), run.peak_per_unit},
+                {per_unit("sgemm_gflops", run.on_gpu()), run.sgemm_per_unit},
+                {"peak_basis", run.peak_basis}});
   return launch;
 }
 
-double recorded_peak_per_unit(const std::string& run_dir, bool gpu) {
+RecordedPeaks recorded_peaks(const std::string& run_dir, bool gpu) {
+  const std::string peak = per_unit("hardware_peak_gflops", gpu), sgemm = per_unit("sgemm_gflops", gpu);
   for (const json& launch : launch_records(run_dir + "/events.jsonl"))
-    if (launch.contains(peak_key(gpu)) && launch[peak_key(gpu)].is_number()) return launch[peak_key(gpu)].get<double>();
-  return 0;
+    if (launch.contains(peak) && launch[peak].is_number() && launch.contains(sgemm) && launch[sgemm].is_number())
+      return {launch[peak].get<double>(), launch[sgemm].get<double>(), launch.value("peak_basis", "")};
+  return {};
 }
 
 void record_stop(const Run& run, const std::string& reason, ExitCode code, int64_t step) {

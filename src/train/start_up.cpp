@@ -3,6 +3,10 @@
 #include <filesystem>
 
 #include "pipetrain/compute/blas.hpp"
+#include "pipetrain/compute/blas_kernels.hpp"
+#include "pipetrain/compute/cpu_features.hpp"
+#include "pipetrain/compute/device.hpp"
+#include "pipetrain/compute/gpu.hpp"
 #include "pipetrain/compute/gpu_kernels.hpp"
 #include "pipetrain/compute/kernels.hpp"
 #include "pipetrain/compute/parallel_for.hpp"
@@ -163,36 +167,51 @@ void build_model(Run& run) {
   run.last_saved = run.resumed_from.empty() ? -1 : run.start_step;
 }
 
-// The job's peak GFLOP/s, MFU's denominator: log.peak_gflops x ranks when set; otherwise the GEMM
-// rate of one core (one GPU) times the cores (GPUs) the job computes on: each node's ranks x BLAS
-// threads, at most the cores it may use. The rate of one core is measured once per run, at its
-// first launch, by each node's first rank alone with one thread (ranks sharing cores would
-// measure each other), and kept in events.jsonl: a requeued launch reuses it, so MFU does not
-// jump at a requeue with the noise of a new measurement.
-double job_peak_gflops(Run& run) {
+// MFU's denominators, fixed for the run. The peak is the hardware's: one core's FLOPs per cycle x
+// clock (cpu_features), one GPU's SMs x clock x FLOPs per SM and cycle, or log.peak_gflops per
+// rank where the user knows better. Beside it, the rate the BLAS reaches on square sgemm (one
+// core's, one thread; one GPU's GEMM), so the share of what the library can do is known too. Both
+// are found once per run, at its first launch, by each node's first rank alone (ranks sharing
+// cores would measure each other), and kept in events.jsonl: a requeued launch reuses them, so MFU
+// does not jump at a requeue with the noise of a new measurement. A job's figures are one unit's x
+// the units it computes on: each node's ranks x BLAS threads, at most its cores (its GPUs).
+void find_peaks(Run& run) {
   const RunSpec& spec = run.spec;
-  if (spec.log.peak_gflops > 0 || run.opt.eval_only) return spec.log.peak_gflops * run.world.size();
+  if (run.opt.eval_only) return;
   const bool gpu = run.on_gpu();
-  double unit[2] = {run.rank() == 0 ? recorded_peak_per_unit(run.run_dir, gpu) : 0, 0};  // {rate, who measured}
-  run.comm->allreduce_world(unit, 1);
-  if (unit[0] <= 0) {
+  RecordedPeaks recorded = run.rank() == 0 ? recorded_peaks(run.run_dir, gpu) : RecordedPeaks{};
+  double unit[3] = {recorded.peak, recorded.sgemm, 0};  // {peak, sgemm, who measured}
+  run.comm->allreduce_world(unit, 2);
+  run.peak_basis = recorded.basis;  // rank 0 measures or reads the figures, and alone says how they were found
+  if (unit[0] <= 0 || unit[1] <= 0) {
+    unit[0] = unit[1] = 0;
     if (gpu) {
-      unit[0] = gpu::measure_gemm_gflops(), unit[1] = 1;
+      const gpu::DeviceInfo info = gpu::device_info(compute_gpu());
+      unit[0] = gpu::peak_gflops(info, spec.model.dtype), unit[1] = gpu::measure_gemm_gflops(), unit[2] = 1;
+      run.peak_basis = info.name + ": " + std::to_string(info.multiprocessors) + " SMs x " +
+                       std::to_string(info.clock_khz / 1000) + " MHz, " + name_of(spec.model.dtype);
     } else if (run.world.local_rank() == 0) {
       set_blas_threads(1);
-      unit[0] = measure_sgemm_gflops(), unit[1] = 1;
+      const CorePeak core = core_peak();
+      unit[0] = core.gflops, unit[1] = measure_sgemm_gflops(), unit[2] = 1;
+      run.peak_basis = core.basis;
       set_blas_threads(run.blas_threads);
     }
-    run.comm->allreduce_world(unit, 2);
-    unit[0] /= unit[1];  // the mean over the nodes (GPUs)
+    run.comm->allreduce_world(unit, 3);
+    unit[0] /= unit[2], unit[1] /= unit[2];  // the mean over the nodes (GPUs)
+    if (unit[0] <= 0) {  // a CPU or GPU the tables do not know: the BLAS's rate is the best figure left
+      unit[0] = unit[1];
+      run.peak_basis = "the measured GEMM rate: this " + std::string(gpu ? "GPU" : "CPU") + "'s FLOPs per cycle are unknown";
+    }
   }
-  run.peak_per_unit = unit[0];
+  run.peak_per_unit = unit[0], run.sgemm_per_unit = unit[1];
   double units = gpu ? 1.0
                  : run.world.local_rank() == 0
                      ? std::min(run.world.local_ranks() * run.blas_threads, std::max(1, run.world.cores()))
                      : 0.0;
   run.comm->allreduce_world(&units, 1);
-  return unit[0] * units;
+  run.peak_gflops = spec.log.peak_gflops > 0 ? spec.log.peak_gflops * run.world.size() : unit[0] * units;
+  run.sgemm_gflops = unit[1] * units;
 }
 
 // How world rank 0's clock reads against this rank's: ranks on rank 0's node read the same steady
@@ -246,7 +265,7 @@ void prepare_steps(Run& run) {
   run.eval_actions = forward_only(run.actions);
   run.inputs.resize(static_cast<size_t>(spec.samples_per_micro_batch()) * T);
   run.targets.resize(run.inputs.size());
-  run.peak_gflops = job_peak_gflops(run);
+  find_peaks(run);
   run.trace = Trace(spec.log.trace_steps, trace_time_zero(run));
   run.flops_per_step = training_flops_per_token(spec) * spec.train.global_batch * T;
   run.tokens_per_step = static_cast<double>(spec.train.global_batch) * T;
@@ -337,12 +356,14 @@ void print_start(const Run& run) {
   std::printf("%s\n%s", run.launch.describe().c_str(), node_map(run.world.hosts(), run.topo).c_str());
   std::printf("partition (%s):\n%s", name_of(spec.parallel.partition), describe_partition(spec, run.blocks).c_str());
   std::printf("run dir: %s%s%s\n", run.run_dir.c_str(), run.run_dir_note.empty() ? "" : " | ", run.run_dir_note.c_str());
-  char peak[128];
-  if (spec.log.peak_gflops > 0) std::snprintf(peak, sizeof peak, "log.peak_gflops x ranks");
-  else std::snprintf(peak, sizeof peak, "%.1f per %s x %.0f, measured at the run's first launch", run.peak_per_unit,
-                     run.on_gpu() ? "GPU" : "core", run.peak_gflops / run.peak_per_unit);
-  std::printf("peak %.1f GFLOP/s (%s), %.3g GFLOP per step | %s\n", run.peak_gflops, peak, run.flops_per_step / 1e9,
-              blas_description().c_str());
+  const char* unit = run.on_gpu() ? "GPU" : "core";
+  char per_unit[96];
+  std::snprintf(per_unit, sizeof per_unit, ", %.1f per %s x %.0f", run.peak_per_unit, unit, run.sgemm_gflops / run.sgemm_per_unit);
+  const std::string peak = spec.log.peak_gflops > 0 ? "log.peak_gflops x ranks" : run.peak_basis + per_unit;
+  std::printf("peak %.1f GFLOP/s (%s) | sgemm %.1f GFLOP/s per %s | both fixed at the run's first launch | %.3g GFLOP per step\n",
+              run.peak_gflops, peak.c_str(), run.sgemm_per_unit, unit, run.flops_per_step / 1e9);
+  std::printf("%s%s%s\n", blas_description().c_str(), blas_kernel_decision().note.empty() ? "" : " | ",
+              blas_kernel_decision().note.c_str());
   if (!run.resumed_from.empty()) {
     std::printf("resumed from %s\n", run.resumed_from.c_str());
     const Manifest saved = Manifest::read(run.resumed_from);

@@ -120,6 +120,8 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   line.gflops = run.flops_per_step / r.step_s / 1e9;
   line.peak_gflops = run.peak_gflops;
   line.mfu = line.gflops / run.peak_gflops;
+  line.sgemm_gflops = run.sgemm_gflops;
+  line.sgemm_share = line.gflops / run.sgemm_gflops;
   line.val_loss = val_loss;
   std::vector<std::string> straggler_news;
   if (run.stragglers && figures[0].window.steps > 0) {

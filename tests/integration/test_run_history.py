@@ -28,7 +28,7 @@ def history_across_launches():
     """A 2x1 launch stopped by run.time_limit, resumed as 1x2 to the end: two launch and two stop
     records (time_limit with exit 3, then complete with exit 0) with their layouts, resume step,
     version and hosts; metrics lines numbered by launch with rising wall times and the layout of
-    their launch; one peak (one core's rate, measured at launch 1) over both launches, so MFU does
+    their launch; one peak and one sgemm rate (one core's, found at launch 1) over both launches, so MFU does
     not jump; launch 1's trace kept under traces/; the note on the new layout; a fresh start
     (--resume never) sets the history aside."""
     a = settings()
@@ -53,16 +53,16 @@ def history_across_launches():
         expect(l1["version"].startswith("pipetrain ") and l1["build"] in l1["version"] and l1["ranks"] == 2 and l1["hosts"],
                f"version, build, ranks and hosts: {l1}")
         expect(l1["unix"] <= s1["unix"] <= l2["unix"] <= s2["unix"], "records in time order")
-        expect(l1["peak_gflops_per_core"] > 0 and l2["peak_gflops_per_core"] == l1["peak_gflops_per_core"],
-               f"one core's peak measured once, reused by launch 2: {l1.get('peak_gflops_per_core')}, "
-               f"{l2.get('peak_gflops_per_core')}")
+        keys = ["hardware_peak_gflops_per_core", "sgemm_gflops_per_core", "peak_basis"]
+        expect(all(l1.get(k) and l2.get(k) == l1[k] for k in keys),
+               f"one core's peak and sgemm rate found once, reused by launch 2: {[(l1.get(k), l2.get(k)) for k in keys]}")
     lines = second.metrics()
     stop_step = ev[1]["step"] if len(ev) > 1 else -1
     expect([m["launch"] for m in lines] == [1] * stop_step + [2] * (40 - stop_step) and
            all((m["pp"], m["dp"]) == ((2, 1) if m["launch"] == 1 else (1, 2)) for m in lines),
            "every metrics line names its launch and layout")
-    peaks = {m["peak_gflops"] for m in lines}
-    expect(len(peaks) == 1, f"MFU does not jump at the requeue: one peak_gflops over both launches ({peaks})")
+    peaks = {(m["peak_gflops"], m["sgemm_gflops"]) for m in lines}
+    expect(len(peaks) == 1, f"MFU does not jump at the requeue: one peak_gflops and sgemm_gflops over both launches ({peaks})")
     times = [m["time"] for m in lines]
     expect(times == sorted(times) and abs(times[-1] - time.time()) < 120, "metrics times are wall clock, rising")
     traces = os.path.join(run_dir, "traces", "launch_1.json")

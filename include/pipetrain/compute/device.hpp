@@ -8,6 +8,7 @@
 namespace pipetrain {
 
 Device compute_device();
+int compute_gpu();  // the GPU this rank selected (-1 on the CPU)
 // gpu: selects GPU local_rank % (GPUs on the node) for one of local_ranks ranks on the node;
 // throws std::runtime_error naming the reason when this build has no CUDA, the node has no GPU,
 // CUDA cannot use it (with CUDA's error), or its compute mode forbids the sharing.

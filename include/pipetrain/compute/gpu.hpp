@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "pipetrain/config/choices.hpp"
+
 namespace pipetrain::gpu {
 
 // GPUs this process can use: 0 where the machine has none or no NVIDIA driver at all. Any other
@@ -22,6 +24,7 @@ struct DeviceInfo {
   int capability_major = 0, capability_minor = 0;
   ComputeMode mode = ComputeMode::shared;
   int driver_cuda = 0, runtime_cuda = 0;  // CUDA versions as 1000 * major + 10 * minor
+  int multiprocessors = 0, clock_khz = 0;  // SMs and their maximum clock
 };
 // What device `device` is, read without creating a context on it (so without claiming a GPU in
 // exclusive-process mode).
@@ -30,6 +33,11 @@ DeviceInfo device_info(int device);
 std::string describe(const DeviceInfo& info);
 // Why `ranks_sharing` processes cannot share device `device`, or "" when they can.
 std::string sharing_problem(const DeviceInfo& info, int device, int ranks_sharing);
+
+// The device's dense peak GFLOP/s for matrix products with `dtype` inputs (fp32 on the CUDA cores,
+// bf16 on the tensor cores, both accumulating in fp32): SMs x maximum clock x FLOPs per SM and
+// cycle of its compute capability; 0 for a capability this table does not know.
+double peak_gflops(const DeviceInfo& info, Dtype dtype);
 
 // "13.0" for CUDA's version number 13000.
 std::string cuda_version(int version);

@@ -36,7 +36,8 @@ struct StepLine {
   double time = 0;                              // wall clock when logged (Unix seconds)
   int launch = 0, pp = 0, dp = 0;               // which launch of the run, on which layout
   double loss = 0, lr = 0, grad_norm = 0, step_time_s = 0, tokens_per_s = 0, bubble_theory = 0;
-  double gflops = 0, peak_gflops = 0, mfu = 0;  // achieved model FLOP rate of the job, its peak, ratio
+  double gflops = 0, peak_gflops = 0, mfu = 0;  // achieved model FLOP rate of the job, the hardware's peak, ratio
+  double sgemm_gflops = 0, sgemm_share = 0;      // the job's BLAS GEMM rate (measured), gflops / that
   double val_loss = -1;                         // validation loss after this step (< 0: not evaluated)
   bool skipped = false;                         // NaN/Inf loss or gradient: the update was not applied
   int bad_steps = 0;                            // steps skipped so far in this launch

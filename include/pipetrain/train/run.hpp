@@ -66,8 +66,10 @@ struct Run {
   const ParamTensor* tied_wte = nullptr;
 
   // What the loop logs and decides with.
-  double peak_gflops = 0;                  // the job's, for MFU
-  double peak_per_unit = 0;                // of one core (one GPU): measured once per run, in events.jsonl
+  // MFU's denominators, fixed at the run's first launch and kept in events.jsonl.
+  double peak_gflops = 0, sgemm_gflops = 0;      // the job's: the hardware's peak; its BLAS GEMM rate
+  double peak_per_unit = 0, sgemm_per_unit = 0;  // the same of one core (one GPU)
+  std::string peak_basis;                        // how peak_per_unit was found, for the start line
   double flops_per_step = 0, tokens_per_step = 0, bubble_theory = 0;
   Trace trace;
   double clock_offset_s = 0;               // world rank 0's clock reads ~ now_s() + this (0 on its node)

@@ -25,8 +25,13 @@ namespace pipetrain {
 // The previous launch's trace.json is kept as traces/launch_K.json first.
 int record_launch(const Run& run);
 
-// The GEMM rate of one core (gpu: one GPU) the run's first launch recorded, 0 if none.
-double recorded_peak_per_unit(const std::string& run_dir, bool gpu);
+// MFU's denominators of one core (gpu: one GPU) as the run's first launch recorded them; zeros if
+// none did.
+struct RecordedPeaks {
+  double peak = 0, sgemm = 0;
+  std::string basis;
+};
+RecordedPeaks recorded_peaks(const std::string& run_dir, bool gpu);
 
 // Rank 0: appends the stop record of this launch.
 void record_stop(const Run& run, const std::string& reason, ExitCode code, int64_t step);

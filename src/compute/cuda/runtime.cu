@@ -79,6 +79,8 @@ DeviceInfo device_info(int device) {
   info.mode = mode == cudaComputeModeExclusiveProcess ? ComputeMode::exclusive_process
               : mode == cudaComputeModeProhibited     ? ComputeMode::prohibited
                                                       : ComputeMode::shared;
+  PT_CUDA(cudaDeviceGetAttribute(&info.multiprocessors, cudaDevAttrMultiProcessorCount, device));
+  PT_CUDA(cudaDeviceGetAttribute(&info.clock_khz, cudaDevAttrClockRate, device));
   PT_CUDA(cudaDriverGetVersion(&info.driver_cuda));
   PT_CUDA(cudaRuntimeGetVersion(&info.runtime_cuda));
   return info;
