@@ -59,6 +59,7 @@ World::World(int* argc, char*** argv) {
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
   MPI_Comm_size(node, &local_ranks_);
   MPI_Comm_rank(node, &local_rank_);
+  count_node_cores(node);
   MPI_Comm_free(&node);
   fault_hooks().arm(rank_, [](const char* name) { return std::getenv(name); });
 
@@ -73,13 +74,24 @@ World::World(int* argc, char*** argv) {
   for (int r = 0; r < size_; ++r) hosts_.emplace_back(&all[static_cast<size_t>(r) * kHostLen]);
 }
 
-int World::cores() const {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+// Under binding (mpiexec -bind-to core, srun --cpu-bind) each rank's own mask holds its share of
+// the node, one core perhaps, but the node computes on all of them: its cores are the union of its
+// ranks' masks, which the node's ranks OR together.
+void World::count_node_cores(MPI_Comm node) {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof mask, &mask) != 0) {
+    const int n = std::min<int>(CPU_SETSIZE, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    for (int c = 0; c < n; ++c) CPU_SET(c, &mask);
+  }
+  own_cores_ = CPU_COUNT(&mask);
+  MPI_Request req;
+  MPI_Iallreduce(MPI_IN_PLACE, &mask, static_cast<int>(sizeof mask), MPI_BYTE, MPI_BOR, node, &req);
+  wait_agreed(req);
+  node_cores_ = CPU_COUNT(&mask);
 }
 
-int World::cores_per_rank() const { return std::max(1, cores() / local_ranks_); }
+int World::cores_per_rank() const { return std::max(1, std::min(own_cores_, node_cores_ / local_ranks_)); }
 
 std::vector<std::string> World::nodes() const {
   std::vector<std::string> nodes;

@@ -173,6 +173,7 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
     doc["loss"] = {{"first", first.value("loss", json(nullptr))}, {"last", last.value("loss", json(nullptr))}};
     doc["step_time_median_s"] = scalar_median(lines, "step_time_s");
     doc["mfu_median"] = scalar_median(lines, "mfu");
+    doc["sgemm_share_median"] = scalar_median(lines, "sgemm_share");
     if (have_spec)
       say("  progress: %d of %d steps%s\n", last_step, spec.run.steps,
                   last_step >= spec.run.steps ? " (complete)" : " (incomplete: stopped or killed; resume continues it)");
@@ -189,10 +190,11 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
     if (latest_val)
       say("  val_loss: %.4f at step %d (best %.4f at step %d)\n", (*latest_val)["val_loss"].get<double>(),
                   (*latest_val)["step"].get<int>(), (*best_val)["val_loss"].get<double>(), (*best_val)["step"].get<int>());
-    say("  step time: median %s, %s tokens/s, %s GFLOP/s, MFU %s\n",
+    say("  step time: median %s, %s tokens/s, %s GFLOP/s, MFU %s (%s of sgemm)\n",
                 fmt("%.1f ms", 1e3 * scalar_median(lines, "step_time_s")).c_str(),
                 fmt("%.0f", scalar_median(lines, "tokens_per_s")).c_str(), fmt("%.1f", scalar_median(lines, "gflops")).c_str(),
-                fmt("%.1f%%", 100 * scalar_median(lines, "mfu")).c_str());
+                fmt("%.1f%%", 100 * scalar_median(lines, "mfu")).c_str(),
+                fmt("%.0f%%", 100 * scalar_median(lines, "sgemm_share")).c_str());
   }
   const RunStory story = run_story(run_dir, lines);  // the launches: for the bubble note and the history
   if (story.unreadable)

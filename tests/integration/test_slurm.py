@@ -61,6 +61,24 @@ def stops_and_resumes(log):
             for i, (stop, _) in enumerate(events) if stop]
 
 
+def starts(log):
+    """Each start of a requeued job, from its job log: (how it ended, the step it resumed from or
+    None, the step its exit-3 stop saved or None). Endings: "exit 3", "unstarted" (a USR1 before
+    the step), "complete", "fault requeue", "finished" (no requeue) or "from outside" (no word
+    from the script: Slurm ended or requeued it)."""
+    story = []
+    for part in re.split(r"^pipetrain job \d+: start ", log, flags=re.M)[1:]:
+        resumed = re.search(r"^resumed from \S*/step_(\d+)$", part, re.M)
+        stop = re.search(r"after step (\d+); checkpoint saved, exit 3$", part, re.M)
+        ending = ("exit 3" if "checkpointed (exit 3), requeueing" in part else
+                  "unstarted" if "requeueing without starting" in part else
+                  "complete" if "run complete" in part else
+                  "fault requeue" if "requeueing to resume from the last checkpoint" in part else
+                  "finished" if "not requeueing" in part else "from outside")
+        story.append((ending, int(resumed.group(1)) if resumed else None, int(stop.group(1)) if stop else None))
+    return story
+
+
 def run_args(name, steps, *sets):
     """A run's arguments without a layout (the job script adds its own)."""
     args = []
@@ -153,11 +171,17 @@ def time_limit_drill():
         # "DUE TO TIME LIMIT". Whichever came first, Slurm's USR1 or pipetrain's budget, it stopped in time.
         expect("DUE TO TIME LIMIT" not in log and "exit 3" in log, "checkpointed before the limit, never killed by it")
         # Slurm's USR1 can reach a requeued job's script before its step starts (its signal timer
-        # is checked every 30 s): that start requeues again without running, and is no launch.
-        pairs, unstarted = stops_and_resumes(log), log.count("requeueing without starting")
-        expect(len(pairs) == int(info.get("Restarts", 0)) - unstarted and all(stop == resumed for stop, resumed in pairs),
-               f"each start resumed from the step the previous stop saved (stop step, resumed step: {pairs}; "
-               f"{unstarted} start(s) requeued before running)")
+        # is checked every 30 s): that start requeues again without running. Every start is
+        # accounted for by how it ended, and each that stopped with exit 3 is resumed from the
+        # step it saved by the next start that ran.
+        story = starts(log)
+        ran = [s for s in story if s[0] != "unstarted"]
+        resumes_match = all(a[2] is not None and b[1] == a[2] for a, b in zip(ran, ran[1:]) if a[0] == "exit 3")
+        expect(len(story) == int(info.get("Restarts", 0)) + 1 and story[-1][0] == "complete"
+               and all(s[0] in ("exit 3", "unstarted") for s in story[:-1]) and resumes_match,
+               f"every start ended by a checkpointed stop (or a requeue before starting) and the next one resumed "
+               f"from its step; the last completed ({int(info.get('Restarts', 0))} restarts; per start "
+               f"(ending, resumed from, stopped at): {story})")
         got = losses(os.path.join(runs(), "timelimit"))
         expect([s for s, _ in got] == list(range(1, STEPS + 1)) and got == ref_losses, "no step lost, same losses")
 

@@ -4,7 +4,11 @@
   windows, with a ratio to its replica of about 2, lists it as "stragglers" in metrics.jsonl, and
   `report` names it the slowest rank with time lost to it;
 - clean 2x2, 1x2 and 2x1 runs of 600 steps flag nothing (the largest ratio to peers is printed);
-- log.straggler_ratio = 0 turns detection off: no window in the log.
+- log.straggler_ratio = 0 turns detection off: no window in the log;
+- ranks bound one to a core (mpiexec -bind-to, as srun --cpu-bind does on many clusters) count the
+  node's cores as the union of their masks, so a 1x2 run on 2 cores is not taken for "ranks
+  outnumber cores": it waits by spinning and compares wall time, and a busy process outside the job
+  on rank 1's core gets rank 1 named, while the same bound run without it names no one.
 The tiny model's steps take milliseconds, so its windows are as long as a window's second at
 least makes them (about 100 steps).
 
@@ -86,6 +90,60 @@ def no_false_alarms():
         largest = max((x for w in windows for x in w), default=float("nan"))
         expect(not flagged_lines(r.out) and not flagged and len(windows) >= 3,
                f"clean {pp}x{dp}: nothing flagged in {len(windows)} windows (largest ratio to peers {largest:.2f})")
+
+
+def bound_run(name, busy_core=None):
+    """A 1x2 run of 600 steps, rank r bound to core r, judged at log.straggler_ratio = 1.5 (this
+    VM's core 0 computes the same work up to 1.26x as long as core 1, whichever rank runs there);
+    with three busy processes outside the job on `busy_core` while it runs (a quarter of the core
+    left to the rank)."""
+    a = settings()
+    busy = [subprocess.Popen(["taskset", "-c", str(busy_core), "/usr/bin/python3", "-c", "while True: pass"])
+            for _ in range(3 if busy_core is not None else 0)]
+    try:
+        return launch(a, 2, os.path.join(a.work, name), tiny(),
+                      ["parallel.dp=2", "run.steps=600", "log.straggler_ratio=1.5", *COMMON], timeout=300,
+                      launcher_args=["-bind-to", "user:0,1"])
+    finally:
+        for b in busy:
+            b.kill()
+            b.wait()
+
+
+def bound_cores_counted(r, what):
+    with open(os.path.join(r.run_dir, "events.jsonl")) as f:
+        launch_record = json.loads(f.readline())
+    expect(r.rc == 0 and launch_record.get("node_cores") == 2 and "| wait spin |" in r.out,
+           f"{what}: exit 0, the node's 2 cores counted though each rank's mask holds one, so ranks wait by "
+           f"spinning ({r.rc}, node_cores {launch_record.get('node_cores')})")
+
+
+@scenario
+def bound_rank_sharing_its_core_named():
+    """Ranks bound to cores 0 and 1, a busy process outside the job on core 1: rank 1 is named, alone."""
+    if os.cpu_count() < 2:
+        print("skipped: needs 2 cores")
+        raise SystemExit(77)
+    r = bound_run("bound_busy", busy_core=1)
+    bound_cores_counted(r, "bound 1x2 beside a busy process")
+    lines = flagged_lines(r.out)
+    expect(len(lines) == 1 and lines[0].startswith("straggler: rank 1 (stage 0, replica 1, "),
+           f"rank 1, whose core the busy process shares, is named, and nothing else: {lines}")
+
+
+@scenario
+def bound_clean_run_names_no_one():
+    """The same bound 1x2 run without the busy process: nothing flagged."""
+    if os.cpu_count() < 2:
+        print("skipped: needs 2 cores")
+        raise SystemExit(77)
+    r = bound_run("bound_clean")
+    bound_cores_counted(r, "bound 1x2")
+    metrics = r.metrics() if r.rc == 0 else []
+    windows = [l["window"]["ratio"] for l in metrics if "window" in l]
+    largest = max((x for w in windows for x in w), default=float("nan"))
+    expect(not flagged_lines(r.out) and len(windows) >= 3,
+           f"bound 1x2: nothing flagged in {len(windows)} windows (largest ratio to peers {largest:.2f})")
 
 
 @scenario

@@ -37,7 +37,8 @@ class World {
   int size() const { return size_; }
   int local_ranks() const { return local_ranks_; }  // ranks on this rank's node
   int local_rank() const { return local_rank_; }    // this rank's index among them
-  int cores() const;           // cores this process may run on (its affinity mask)
+  int cores() const { return node_cores_; }  // cores this rank's node computes on: the union of its ranks' affinity masks
+  int own_cores() const { return own_cores_; }  // cores this rank may run on (its own affinity mask)
   int cores_per_rank() const;  // cores this rank can use without taking them from its node's other ranks
   const std::vector<std::string>& hosts() const { return hosts_; }  // every rank's node
   std::vector<std::string> nodes() const;  // each node once, in rank order
@@ -96,7 +97,9 @@ class World {
   [[noreturn]] void abort(ExitCode code);
 
  private:
+  void count_node_cores(MPI_Comm node);
   int rank_ = 0, size_ = 1, local_ranks_ = 1, local_rank_ = 0;
+  int own_cores_ = 1, node_cores_ = 1;
   int thread_level_ = MPI_THREAD_SINGLE;
   std::vector<std::string> hosts_;
   double agree_timeout_s_ = kStartupAgreementS;
