@@ -6,6 +6,8 @@ namespace pipetrain {
 
 void set_blas_threads(int threads) { openblas_set_num_threads(threads); }
 
+std::string blas_kernel_family() { return openblas_get_corename(); }
+
 std::string blas_description() {
   const int threads = openblas_get_num_threads();
   return std::string("OpenBLAS ") + openblas_get_corename() + " kernels, " + std::to_string(threads) +

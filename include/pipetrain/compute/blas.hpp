@@ -6,6 +6,8 @@ namespace pipetrain {
 
 void set_blas_threads(int threads);
 
+// The kernel family OpenBLAS runs: "SkylakeX", "Haswell", ...
+std::string blas_kernel_family();
 // e.g. "OpenBLAS SkylakeX kernels, 2 threads per rank"
 std::string blas_description();
 
