@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -32,11 +33,17 @@ std::string cpu_model() {  // named next to every figure measured on it
   return "an unknown CPU";
 }
 
+// Starts every timed repeat on all of the calibration's ranks at once: training runs every core
+// at once, and on many machines busy cores slow each other (shared caches, memory bandwidth, a
+// hyperthread sibling, a power budget), which a kernel timed beside idle or polling ranks misses.
+using Together = std::function<void()>;
+
 template <class F>
-double median_seconds(F&& run) {
+double median_seconds(const Together& together, F&& run) {
   run();  // warm-up: buffers sized, caches and pages touched
   std::vector<double> t;
   for (int i = 0; i < kRepeats; ++i) {
+    together();
     const double t0 = now_s();
     run();
     finish_compute();
@@ -56,7 +63,7 @@ std::vector<float> normal_noise(size_t n, unsigned seed) {
 
 // F, B and W of one micro-batch through a one-block stage at virtual stage `vstage` of 3 (0: with
 // the embedding, 1: the block alone, 2: with the head and loss).
-PassCosts time_stage(const RunSpec& spec, int vstage) {
+PassCosts time_stage(const Together& together, const RunSpec& spec, int vstage) {
   Stage stage(spec, {{vstage, vstage, vstage + 1}}, 3, 1, 1.0f / (spec.train.global_batch * spec.model.seq_len));
   stage.init_params(1);
   const size_t n = static_cast<size_t>(spec.train.global_batch) * spec.model.seq_len;
@@ -72,7 +79,7 @@ PassCosts time_stage(const RunSpec& spec, int vstage) {
   };
   const bool last = vstage == 2, first = vstage == 0;
   PassCosts c;
-  c.f = median_seconds([&] {
+  c.f = median_seconds(together, [&] {
     inputs();
     stage.forward(0, 0, last ? nullptr : out.data());
     stage.discard(0, 0);
@@ -82,6 +89,7 @@ PassCosts time_stage(const RunSpec& spec, int vstage) {
     inputs();
     stage.forward(0, 0, last ? nullptr : out.data());
     finish_compute();
+    together();
     double t0 = now_s();
     stage.backward_input(0, 0, last ? nullptr : dout.data(), first ? nullptr : dinp.data());
     finish_compute();
@@ -96,7 +104,7 @@ PassCosts time_stage(const RunSpec& spec, int vstage) {
 
 // One middle block under recompute `mode`: its forward (keeping what the mode keeps) and its whole
 // backward, which runs the forward again.
-PassCosts time_recompute(RunSpec spec, Recompute mode) {
+PassCosts time_recompute(const Together& together, RunSpec spec, Recompute mode) {
   spec.parallel.recompute = mode;
   Stage stage(spec, {{1, 1, 2}}, 3, 1, 1.0f / (spec.train.global_batch * spec.model.seq_len));
   stage.init_params(1);
@@ -106,6 +114,7 @@ PassCosts time_recompute(RunSpec spec, Recompute mode) {
   std::vector<double> f, b;
   for (int i = 0; i <= kRepeats; ++i) {
     upload(stage.input_buffer(0, 0), noise.data(), noise.size() * sizeof(float));
+    together();
     double t0 = now_s();
     stage.forward(0, 0, out.data());
     finish_compute();
@@ -133,14 +142,14 @@ RunSpec one_block_spec(const RunSpec& spec, int samples) {
   return s;
 }
 
-double adamw_s_per_param(const RunSpec& spec) {
+double adamw_s_per_param(const Together& together, const RunSpec& spec) {
   RunSpec s = one_block_spec(spec, 1);
   Stage stage(s, {{1, 1, 2}}, 3, 1, 1.f);
   stage.init_params(1);
   const OptimizerShard whole(stage.params(), 0, 1);
   AdamW opt(s.train, whole);
   // A step's work per parameter besides the passes: zeroing the gradients, their norm, AdamW.
-  const double t = median_seconds([&] {
+  const double t = median_seconds(together, [&] {
     stage.zero_grads();
     volatile double norm = grad_sq_sum(stage.params(), stage.grads(), whole);
     (void)norm;
@@ -163,7 +172,7 @@ std::vector<MachineCosts::Transfer> time_messages(World& world, const std::vecto
       r = me == 0 ? comm.irecv(buf.data(), buf.size(), 1, 8) : comm.isend(buf.data(), buf.size(), 0, 8);
       comm.wait(r, {"calibration message"});
     };
-    out.push_back({static_cast<double>(bytes), median_seconds(trip) / 2});
+    out.push_back({static_cast<double>(bytes), median_seconds([] {}, trip) / 2});
   }
   return out;
 }
@@ -173,7 +182,7 @@ std::vector<MachineCosts::Transfer> time_allreduces(World& world, const std::vec
   std::vector<MachineCosts::Transfer> out;
   for (size_t bytes : sizes) {
     std::vector<float> buf(bytes / sizeof(float), 1.f);
-    const double t = median_seconds([&] {
+    const double t = median_seconds([] {}, [&] {
       MPI_Request r = comm.iallreduce_data(buf.data(), buf.size());
       comm.wait(r, {"calibration all-reduce"});
     });
@@ -193,6 +202,9 @@ MachineCosts calibrate(const RunSpec& spec, World& world) {
   set_blas_threads(threads);
   set_parallel_threads(threads);
   Comm all(world, Topology::of(world.rank(), 1, world.size()), WaitPolicy::automatic, 600);
+  const Together together = [&] {
+    if (world.size() > 1) all.barrier();
+  };
   std::vector<int> sizes;
   for (int b = 1; b <= spec.train.global_batch && (b == 1 || b * spec.model.seq_len <= 16384); b *= 2) sizes.push_back(b);
   auto parts_of = [](MachineCosts::AtSize& at) {
@@ -204,11 +216,11 @@ MachineCosts calibrate(const RunSpec& spec, World& world) {
     for (size_t i = 0; i < sizes.size(); ++i) {
       const RunSpec s = one_block_spec(spec, sizes[i]);
       MachineCosts::AtSize at;
-      at.block = time_stage(s, 1);
-      at.embed = minus(time_stage(s, 0), at.block);
-      at.head = minus(time_stage(s, 2), at.block);
-      at.block_recompute[0] = time_recompute(s, Recompute::block);
-      at.block_recompute[1] = time_recompute(s, Recompute::stage);
+      at.block = time_stage(together, s, 1);
+      at.embed = minus(time_stage(together, s, 0), at.block);
+      at.head = minus(time_stage(together, s, 2), at.block);
+      at.block_recompute[0] = time_recompute(together, s, Recompute::block);
+      at.block_recompute[1] = time_recompute(together, s, Recompute::stage);
       // The mean over ranks that measured at the same time.
       std::vector<double> mean;
       for (PassCosts* p : parts_of(at)) mean.insert(mean.end(), {p->f, p->b, p->w});
@@ -223,7 +235,7 @@ MachineCosts calibrate(const RunSpec& spec, World& world) {
       *parts[k] = {median(v[i][3 * k]), median(v[i][3 * k + 1]), median(v[i][3 * k + 2])};
     c.compute.push_back(at);
   }
-  c.adamw_s_per_param = adamw_s_per_param(spec);
+  c.adamw_s_per_param = adamw_s_per_param(together, spec);
   all.allreduce_world(&c.adamw_s_per_param, 1);
   c.adamw_s_per_param /= world.size();
   char what[200];
