@@ -36,10 +36,12 @@ def prepare(*extra):
 
 
 def whole():
-    """The whole corpus as /train of a token file, /val empty (made once)."""
+    """The whole corpus as /train of a token file, /val empty (made once, and again when the README
+    changed: corpus() drops the old one)."""
+    text = corpus()
     path = shared_path("whole.h5")
     if not os.path.exists(path):
-        p = prepare("--input", corpus(), "--output", path, "--val-fraction", "0")
+        p = prepare("--input", text, "--output", path, "--val-fraction", "0")
         expect(p.returncode == 0 and "train" in p.stdout, f"prepare: exit 0 ({p.stderr.strip()})")
     return path
 
