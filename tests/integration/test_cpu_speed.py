@@ -21,7 +21,7 @@ import os
 import re
 import subprocess
 import tempfile
-from tests.lib.harness import launch, expect, run_scenarios, scenario, settings
+from tests.lib.harness import launch, expect, needs_cores, run_scenarios, scenario, settings
 
 FAMILY_LEVEL = {"SkylakeX": 4, "Cooperlake": 4, "SapphireRapids": 4, "Haswell": 3, "Zen": 3, "Sandybridge": 2,
                 "Bulldozer": 2, "Piledriver": 2, "Steamroller": 2, "Excavator": 2, "Prescott": 1, "Core2": 1,
@@ -214,9 +214,7 @@ def smoke_fails_a_capped_rank():
 def smoke_names_load_outside_the_job():
     """Ranks bound to cores 0 and 1, three busy processes outside the job on core 1: PASS, with a
     node load warning naming them and rank 1's slowness put down to it."""
-    if os.cpu_count() < 2:
-        print("skipped: needs 2 cores")
-        raise SystemExit(77)
+    needs_cores(2)
     busy = [subprocess.Popen(["taskset", "-c", "1", "/usr/bin/python3", "-c", "while True: pass"]) for _ in range(3)]
     try:
         p, table = smoke("busy", launcher_args=["-bind-to", "user:0,1"])

@@ -29,7 +29,7 @@ import json
 import os
 import re
 import subprocess
-from tests.lib.harness import launch, expect, run_scenarios, scenario, settings
+from tests.lib.harness import launch, expect, needs_cores, run_scenarios, scenario, settings
 
 COMMON = ["log.trace_steps=0", "checkpoint.every_steps=0", "log.every_steps=10"]
 REPLICAS_SHARE_CORES = {4: ["-bind-to", "user:0,1,0,1"],  # ranks 0..3 are (stage, replica) (0,0) (1,0) (0,1) (1,1)
@@ -121,9 +121,7 @@ def bound_cores_counted(r, what):
 @scenario
 def bound_rank_sharing_its_core_named():
     """Ranks bound to cores 0 and 1, a busy process outside the job on core 1: rank 1 is named, alone."""
-    if os.cpu_count() < 2:
-        print("skipped: needs 2 cores")
-        raise SystemExit(77)
+    needs_cores(2)
     r = bound_run("bound_busy", busy_core=1)
     bound_cores_counted(r, "bound 1x2 beside a busy process")
     lines = flagged_lines(r.out)
@@ -134,9 +132,7 @@ def bound_rank_sharing_its_core_named():
 @scenario
 def bound_clean_run_names_no_one():
     """The same bound 1x2 run without the busy process: nothing flagged."""
-    if os.cpu_count() < 2:
-        print("skipped: needs 2 cores")
-        raise SystemExit(77)
+    needs_cores(2)
     r = bound_run("bound_clean")
     bound_cores_counted(r, "bound 1x2")
     metrics = r.metrics() if r.rc == 0 else []

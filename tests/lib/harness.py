@@ -94,6 +94,13 @@ def scenario(fn):
     return fn
 
 
+def needs_cores(n):
+    """Skips the scenario (exit 77, which CTest shows as skipped) on a machine with fewer than n cores."""
+    if (os.cpu_count() or 1) < n:
+        print(f"skipped: needs {n} cores")
+        raise SystemExit(77)
+
+
 def settings():
     """--bin, --mpiexec, --configs and --work of this run (--work: the scenario's own directory)."""
     return _settings
