@@ -197,6 +197,7 @@ void find_peaks(Run& run) {
       run.peak_basis = core.basis;
       set_blas_threads(run.blas_threads);
     }
+    run.comm->idle_barrier();  // the others wait asleep meanwhile: ranks polling on its core would slow the clock it measures
     run.comm->allreduce_world(unit, 3);
     unit[0] /= unit[2], unit[1] /= unit[2];  // the mean over the nodes (GPUs)
     if (unit[0] <= 0) {  // a CPU or GPU the tables do not know: the BLAS's rate is the best figure left

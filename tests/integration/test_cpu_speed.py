@@ -127,6 +127,13 @@ def mfu_against_the_hardware():
            f"({[(l['peak_gflops'], l['sgemm_gflops'], l['mfu'], l['sgemm_share']) for l in lines[:1]]})")
     expect(re.search(r"MFU +[0-9.]+% \( *[0-9]+% of sgemm\)", r.out) is not None, "the progress line shows both, labelled")
 
+    # Ranks outnumbering cores do not slow the clock the node's first rank measures (they wait asleep).
+    crowded = os.path.join(a.work, "mfu_crowded")
+    r = launch(a, 2 * os.cpu_count(), crowded, tiny(), ["parallel.pp=2", f"parallel.dp={os.cpu_count()}", "run.steps=2"])
+    crowded_peak = launch_record(crowded).get("hardware_peak_gflops_per_core", 0) if r.rc == 0 else 0
+    expect(abs(crowded_peak / peak - 1) < 0.15,
+           f"{2 * os.cpu_count()} ranks on {os.cpu_count()} cores find the same peak per core ({crowded_peak:.1f} vs {peak:.1f})")
+
     r = launch(a, 2, os.path.join(a.work, "mfu_given"), tiny(), ["parallel.dp=2", "run.steps=2", "log.peak_gflops=50"])
     lines = r.metrics() if r.rc == 0 else []
     expect(lines and all(l["peak_gflops"] == 100 and l["sgemm_gflops"] > 0 for l in lines),
