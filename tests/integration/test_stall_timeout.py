@@ -70,12 +70,14 @@ def finalize(hang, how):
     a = settings()
     env = {"PIPETRAIN_TEST_HANG_IN_FINALIZE": str(hang)} if hang is not None else {}
     t0 = time.time()
-    # A rank that leaves without MPI_Finalize (skip) is a failure to Hydra's auto-cleanup, which may
-    # kill the others before they leave too (exit 9 under load); srun has no such rule.
+    # A rank that leaves without MPI_Finalize (skip, or a watchdog that gave up on it) is a failure
+    # to Hydra's auto-cleanup, which may kill the others before they leave too: exit 9 under load,
+    # and once in a CI run exit 1 when ranks 0 and 2's watchdogs ended them a moment before rank
+    # 1's could end it. srun has no such rule.
     r = launch(a, 3, os.path.join(a.work, f"finalize_{hang}_{how}"), os.path.join(a.configs, "tiny.toml"),
                ["parallel.pp=3", "run.steps=3", "log.trace_steps=0", "comm.finalize_timeout_s=2",
                 f"comm.finalize={how}"], env=env, timeout=60,
-               launcher_args=["-disable-auto-cleanup"] if how == "skip" else [])
+               launcher_args=["-disable-auto-cleanup"] if how == "skip" or hang is not None else [])
     elapsed = time.time() - t0
     what = f"finalize {how}, hang on rank {hang}"
     said = "MPI_Finalize did not return within comm.finalize_timeout_s = 2 s" in r.err
