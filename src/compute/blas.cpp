@@ -10,7 +10,7 @@ std::string blas_kernel_family() { return openblas_get_corename(); }
 
 std::string blas_description() {
   const int threads = openblas_get_num_threads();
-  return std::string("OpenBLAS ") + openblas_get_corename() + " kernels, " + std::to_string(threads) +
+  return "OpenBLAS " + blas_kernel_family() + " kernels, " + std::to_string(threads) +
          (threads == 1 ? " thread" : " threads") + " per rank";
 }
 

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "pipetrain/compute/blas.hpp"
 #include "pipetrain/util/errors.hpp"
 
 namespace pipetrain {
@@ -58,13 +59,13 @@ std::string joined(const std::vector<std::string>& parts) {
 
 // Falls back below kernels that computed wrong products, or refuses when none are left.
 KernelDecision fall_back(const KernelSituation& s) {
-  std::vector<std::string> rejected = s.rejected;
-  rejected.push_back(s.running + ": " + s.wrong);
   KernelDecision d;
-  d.family = next_below(level_of_kernels(s.running), rejected);
+  d.rejected = s.rejected;
+  d.rejected.push_back(s.running + ": " + s.wrong);
+  d.family = next_below(level_of_kernels(s.running), d.rejected);
   if (d.family.empty()) {
     d.action = KernelDecision::refuse;
-    d.note = "no OpenBLAS kernels compute correct products on this CPU: " + joined(rejected);
+    d.note = "no OpenBLAS kernels compute correct products on this CPU: " + joined(d.rejected);
   } else {
     d.action = KernelDecision::restart;
   }
@@ -109,6 +110,7 @@ KernelDecision decide_kernels(const KernelSituation& s) {
     if (d.below_cpu) {
       d.action = KernelDecision::restart;
       d.family = kernels_for(s.cpu);
+      d.rejected = s.rejected;
     }
     return d;
   }
@@ -202,7 +204,7 @@ constexpr const char* kRejectedVar = "PIPETRAIN_OPENBLAS_REJECTED";
 int settle_blas_kernels(char** argv) {
   KernelSituation s;
   s.cpu = cpu_features().level;
-  s.running = openblas_get_corename();
+  s.running = blas_kernel_family();
   s.openblas_chose = env_or_empty(kChoseVar);
   if (s.openblas_chose.empty()) s.user_coretype = env_or_empty("OPENBLAS_CORETYPE"), s.user_l2_size = env_or_empty("OPENBLAS_L2_SIZE");
   s.rejected = split(env_or_empty(kRejectedVar), '\n');
@@ -214,8 +216,8 @@ int settle_blas_kernels(char** argv) {
     return code(settled.user_chose ? ExitCode::bad_input : ExitCode::fault);
   }
   if (settled.action == KernelDecision::keep) return 0;
-  std::string rejected = env_or_empty(kRejectedVar);
-  if (!s.wrong.empty()) rejected += s.running + ": " + s.wrong + "\n";
+  std::string rejected;
+  for (const std::string& r : settled.rejected) rejected += r + "\n";
   setenv(kChoseVar, s.openblas_chose.empty() ? s.running.c_str() : s.openblas_chose.c_str(), 1);
   setenv(kRejectedVar, rejected.c_str(), 1);
   setenv("OPENBLAS_CORETYPE", settled.family.c_str(), 1);

@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <random>
 #include <vector>
 
 #include "pipetrain/compute/blas.hpp"
+#include "pipetrain/compute/cpu_features.hpp"
 #include "pipetrain/compute/device.hpp"
 #include "pipetrain/compute/parallel_for.hpp"
 #include "pipetrain/dist/comm.hpp"
@@ -27,10 +27,8 @@ constexpr int kRepeats = 5;
 constexpr int kSweeps = 3;
 
 std::string cpu_model() {  // named next to every figure measured on it
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "an unknown CPU";
+  const std::string& name = cpu_features().model_name;
+  return name.empty() ? "an unknown CPU" : name;
 }
 
 // Starts every timed repeat on all of the calibration's ranks at once: training runs every core

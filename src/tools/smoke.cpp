@@ -256,11 +256,9 @@ void check_compute(Comm& comm, double ratio, std::vector<Row>& rows) {
                         (node_busy ? "; its node is busy outside the job (see node load)" : ""),
                     node_busy, node_busy});
   }
-  std::vector<double> all;
-  for (double v : seconds) all.push_back(v);
   rows.push_back({"compute", fmt("%.0f products of 256x256 per rank", reps) + fmt(", %.0f trials", kTrials),
-                  fmt("best median %.1f ms", 1e3 * median(best)) + fmt(", spread %.1f", 1e3 * *std::min_element(all.begin(), all.end())) +
-                      fmt("-%.1f ms", 1e3 * *std::max_element(all.begin(), all.end())) + ", slowest rank " + std::to_string(slowest),
+                  fmt("best median %.1f ms", 1e3 * median(best)) + fmt(", spread %.1f", 1e3 * *std::min_element(seconds.begin(), seconds.end())) +
+                      fmt("-%.1f ms", 1e3 * *std::max_element(seconds.begin(), seconds.end())) + ", slowest rank " + std::to_string(slowest),
                   true});
   const std::vector<std::string> nodes = comm.world().nodes();
   if (nodes.size() < 2) return;

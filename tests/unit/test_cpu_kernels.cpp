@@ -127,6 +127,7 @@ TEST_CASE("kernels that compute wrong products are never kept: the next family d
   KernelDecision d = decide_kernels(s);
   CHECK(d.action == KernelDecision::restart);
   CHECK(d.family == "Haswell");
+  CHECK(d.rejected == std::vector<std::string>{"SkylakeX: C[0,0] = 7 where the reference is 1"});  // handed to the restart
 
   KernelSituation next = situation(SimdLevel::avx512, "Haswell");
   next.openblas_chose = "Prescott";

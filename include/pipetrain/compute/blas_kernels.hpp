@@ -32,6 +32,7 @@ struct KernelSituation {
 struct KernelDecision {
   enum Action { keep, restart, refuse } action = keep;
   std::string family;  // restart: the family to restart with
+  std::vector<std::string> rejected;  // restart: the situation's rejected families, with the running one if it failed
   std::string note;    // keep: the start line's note ("" when there is nothing to say); refuse: the message
   bool below_cpu = false;   // keep: the kernels kept run below what the CPU runs
   bool user_chose = false;  // keep: the environment chose them

@@ -38,7 +38,6 @@ class World {
   int local_ranks() const { return local_ranks_; }  // ranks on this rank's node
   int local_rank() const { return local_rank_; }    // this rank's index among them
   int cores() const { return node_cores_; }  // cores this rank's node computes on: the union of its ranks' affinity masks
-  int own_cores() const { return own_cores_; }  // cores this rank may run on (its own affinity mask)
   int cores_per_rank() const;  // cores this rank can use without taking them from its node's other ranks
   const std::vector<std::string>& hosts() const { return hosts_; }  // every rank's node
   std::vector<std::string> nodes() const;  // each node once, in rank order
