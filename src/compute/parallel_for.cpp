@@ -94,8 +94,6 @@ void set_parallel_threads(int threads) {
   if (threads != pool().threads()) pool().resize(std::max(1, threads));
 }
 
-int parallel_threads() { return pool().threads(); }
-
 void parallel_for(size_t n, size_t grain, const std::function<void(size_t, size_t)>& body) {
   grain = std::max<size_t>(grain, 1);
   const size_t chunks = chunk_count(n, grain);

@@ -112,12 +112,6 @@ MPI_Request Comm::iallgather_data(float* buf, const std::vector<int>& counts, co
   return r;
 }
 
-void Comm::allreduce_data(double* buf, size_t n) {
-  MPI_Request r;
-  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, data_, &r);
-  poll(r, {"all-reduce over the data group", -1, -1, Group::data});
-}
-
 void Comm::allreduce_world(double* buf, size_t n) {
   MPI_Request r;
   MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &r);

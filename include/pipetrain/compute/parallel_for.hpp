@@ -10,7 +10,6 @@ namespace pipetrain {
 // Threads parallel_for uses, the caller included (1 = run inline; the default). Call it between
 // steps, never from inside a parallel_for.
 void set_parallel_threads(int threads);
-int parallel_threads();
 
 // Runs body(begin, end) for the chunks [0, grain), [grain, 2 grain), ... of [0, n) and returns when
 // all are done. The chunks depend only on n and grain, never on the thread count, so a reduction

@@ -94,7 +94,6 @@ struct RunSpec {
   std::string origin(const std::string& dotted_key) const;
 
   // Derived sizes (valid after validation).
-  int head_dim() const { return model.d_model / model.n_head; }
   int samples_per_micro_batch() const { return train.global_batch / (parallel.dp * parallel.micro_batches); }
   PipelineShape pipeline_shape() const {
     return {parallel.pp, parallel.micro_batches, parallel.virtual_stages, model.n_layer};

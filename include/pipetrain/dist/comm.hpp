@@ -63,7 +63,6 @@ class Comm {
   // the wait). All-gather: every rank's part, at its offset, ends up on every rank.
   MPI_Request ireduce_scatter_data(float* buf, const std::vector<int>& counts);
   MPI_Request iallgather_data(float* buf, const std::vector<int>& counts, const std::vector<int>& offsets);
-  void allreduce_data(double* buf, size_t n);
   void allreduce_world(double* buf, size_t n);
   void allreduce_tied(float* buf, size_t n);
 

@@ -43,7 +43,7 @@ struct ScheduleKind {
   ChunkPlacement placement_of(const PipelineShape& s) const { return {s.stages, s.chunks, placement}; }
 };
 
-// Every registered schedule, in registration order (the built-in four first).
+// Every registered schedule, in registration order (the built-in six first).
 const std::vector<const ScheduleKind*>& all_schedules();
 // The schedule of that name, or null.
 const ScheduleKind* find_schedule(const std::string& name);
