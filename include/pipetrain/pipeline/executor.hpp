@@ -6,8 +6,6 @@
 // rank computes and a micro-batch's activations exist only from its forward to its backward,
 // whatever the schedule; sends are nonblocking from a ring of buffers too.
 #pragma once
-#include <mpi.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -16,8 +14,10 @@
 
 #include "pipetrain/dist/comm.hpp"
 #include "pipetrain/model/model.hpp"
-#include "pipetrain/schedule/actions.hpp"
 #include "pipetrain/observe/trace.hpp"
+#include "pipetrain/pipeline/device_staging.hpp"
+#include "pipetrain/pipeline/message_rings.hpp"
+#include "pipetrain/schedule/actions.hpp"
 
 namespace pipetrain {
 
@@ -50,7 +50,7 @@ class Executor {
                 const std::function<bool(int)>& params_needed = nullptr);
 
   // The largest message tag a step of `shape` uses (it must fit below World::max_tag()).
-  static int64_t max_tag(const StepShape& shape);
+  static int64_t max_tag(const StepShape& shape) { return MessageLinks::max_tag(shape); }
   // How world rank 0's clock reads against this rank's now_s() (Comm::clock_offset_to_root):
   // every message carries its send time on rank 0's clock, so the receiver can time its travel.
   void set_clock_offset(double offset_s) { clock_offset_s_ = offset_s; }
@@ -59,51 +59,28 @@ class Executor {
   void time_cpu(bool on) { time_cpu_ = on; }
 
  private:
-  static constexpr size_t kRing = kMessageRing;
-  // A message is one activation (or its gradient) and then its send time, a double in two floats.
-  static constexpr size_t kStampFloats = 2;
-  // kRing buffers of one message each and their requests, for the link with `peer`.
-  struct Ring {
-    int peer = -1;
-    std::vector<std::vector<float>> bufs;
-    std::vector<MPI_Request> reqs;
-    void open(int with, size_t floats) {
-      peer = with;
-      bufs.assign(kRing, std::vector<float>(floats + kStampFloats));
-      reqs.assign(kRing, MPI_REQUEST_NULL);
-    }
-  };
-  // One per incoming link (schedule/placement.hpp): receives posted in the order the list consumes
-  // them, at most kRing ahead, round-robin over kRing buffers.
-  struct RecvRing : Ring {
-    std::vector<int> order;  // message tags in the order the list receives them
-    std::vector<double> posted_at;  // per buffer: when its receive was posted (rank 0's clock)
-    size_t posted = 0, used = 0;
-    void post(Comm& comm, double clock_offset_s);
-    // The next message, in order; if it had not arrived yet, how long it travelled goes to `transfer_s`.
-    float* wait(Comm& comm, const WaitLabel& label, double clock_offset_s, std::vector<double>& transfer_s);
-  };
-  // One per outgoing link: buffers reused round-robin once their send completed; each remembers
-  // the message (tag) it holds so a send action finds its data whatever the action order.
-  struct SendRing : Ring {
-    std::vector<int> tag, mb;
-    size_t next = 0;
-    float* acquire(Comm& comm, int for_tag, int for_mb, const char* what, Trace& trace);
-    size_t slot_of(int for_tag, const Action& a) const;
-    void drain(Comm& comm, const char* what);
-  };
-  // One MPI_Test of every pending message, called at the stage's poll points (Stage::set_poll).
-  void progress();
+  struct Step;  // what one run() carries from action to action
+  // One handler per operation (kHandlers in executor.cpp, in Op's order).
+  void recv_act(Step& s, const Action& a);
+  void forward(Step& s, const Action& a);
+  void send_act(Step& s, const Action& a);
+  void recv_grad(Step& s, const Action& a);
+  void backward(Step& s, const Action& a);  // also backward_input
+  void send_grad(Step& s, const Action& a);
+  void backward_weight(Step& s, const Action& a);
+  // Runs `pass` (returning the seconds it spent recomputing first) as one timed pass of `a`.
+  template <class Pass>
+  void timed_pass(Step& s, const Action& a, const char* category, Pass&& pass);
+  // Activation bytes held, counted from the stage's buffers after every change.
+  void count_held(Step& s, const Action& a);
+
   Stage& stage_;
   Comm& comm_;
   StepShape shape_;
+  MessageLinks links_;
+  DeviceStaging staging_;
   double clock_offset_s_ = 0;
   bool time_cpu_ = false;
-  // On the GPU the stage reads and writes device memory while messages travel through the host
-  // rings (comm.backend = mpi): its output, incoming and outgoing gradient are staged here.
-  Floats dev_out_, dev_grad_in_, dev_grad_out_;
-  std::map<MessageLink, SendRing> out_;  // keyed by link (grad, in = false, peer)
-  std::map<MessageLink, RecvRing> in_;   // (grad, in = true, peer)
 };
 
 }  // namespace pipetrain
