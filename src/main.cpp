@@ -21,13 +21,10 @@
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/tools/generate.hpp"
 #include "pipetrain/interop/model_export.hpp"
-#include "pipetrain/pipeline/auto_plan.hpp"
-#include "pipetrain/pipeline/plan.hpp"
+#include "pipetrain/tools/plan_command.hpp"
 #include "pipetrain/tools/report.hpp"
 #include "pipetrain/dist/signals.hpp"
 #include "pipetrain/tools/smoke.hpp"
-#include "pipetrain/tools/calibrate.hpp"
-#include "pipetrain/tools/costs_from_run.hpp"
 #include "pipetrain/util/atomic_output.hpp"
 #include "pipetrain/util/files.hpp"
 #include "pipetrain/data/corpus_formats.hpp"
@@ -209,137 +206,46 @@ ExitCode smoke_main(const std::vector<std::string>& args) {
   return run_mpi([&](World& world) { return run_smoke(opt, world); });
 }
 
-// "80GiB", "141e9", "64 GB", "1048576": a byte count for --memory-per-rank.
-double parse_bytes(const std::string& text) {
-  size_t used = 0;
-  double value = -1;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-  }
-  std::string unit = text.substr(used);
-  unit.erase(0, unit.find_first_not_of(' '));
-  const std::pair<const char*, double> units[] = {{"", 1},          {"B", 1},         {"KB", 1e3},  {"MB", 1e6},
-                                                  {"GB", 1e9},      {"TB", 1e12},     {"KiB", 1024.0}, {"MiB", 1048576.0},
-                                                  {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
-  for (auto& [name, scale] : units)
-    if (unit == name && value > 0) return value * scale;
-  throw SpecError("--memory-per-rank " + text + ": not a byte count (e.g. 80GiB, 141e9, 64GB)");
-}
-
 ExitCode plan_main(const std::vector<std::string>& args) {
-  std::string config, costs_file, from_run, output;
-  std::vector<std::string> overrides;
-  int world = 0;
-  double peak_tflops = 0, link_gbps = 0, efficiency = 0.5;
-  std::string memory;
+  PlanOptions opt;
+  double peak_tflops = 0, link_gbps = 0;
   po::options_description desc("pipetrain plan [options]   (no MPI launch needed)");
-  desc.add_options()("help,h", "show this help")("config", po::value<std::string>(&config), "run spec (TOML)")(
-      "set", po::value<std::vector<std::string>>(&overrides)->composing(), "override one key (repeatable)")(
-      "world", po::value<int>(&world), "rank count to plan for (checked against pp x dp; default pp x dp)")(
+  desc.add_options()("help,h", "show this help")("config", po::value<std::string>(&opt.config), "run spec (TOML)")(
+      "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(), "override one key (repeatable)")(
+      "world", po::value<int>(&opt.world), "rank count to plan for (checked against pp x dp; default pp x dp)")(
       "json", "print the prediction as JSON")(
       "compare-schedules", "one line per pipeline schedule for this layout: bubble and activation peak")(
       "ranks-per-node", po::value<int>(), "show the node map and the traffic crossing nodes when each node runs "
                                           "this many consecutive ranks")(
       "calibrate", "measure this machine's costs for the spec's model (kernels; messages when launched on 2+ "
                    "ranks) and write them to --output")(
-      "from-run", po::value<std::string>(&from_run), "with --calibrate: take the costs from a finished run's trace "
-                                                      "(RUN_DIR, trained with log.trace_steps > 0) instead of measuring")(
-      "output", po::value<std::string>(&output)->default_value("costs.json"), "where --calibrate writes its cost file")(
+      "from-run", po::value<std::string>(&opt.from_run), "with --calibrate: take the costs from a finished run's "
+                                                          "trace (RUN_DIR, trained with log.trace_steps > 0) instead of measuring")(
+      "output", po::value<std::string>(&opt.output)->default_value(opt.output), "where --calibrate writes its cost file")(
       "force", "--calibrate: replace an existing cost file")(
-      "costs", po::value<std::string>(&costs_file), "a cost file from --calibrate, or a finished run's directory (its "
-                                                    "trace): predict the step time and the run's cost")(
+      "costs", po::value<std::string>(&opt.costs), "a cost file from --calibrate, or a finished run's directory (its "
+                                                   "trace): predict the step time and the run's cost")(
       "peak-tflops", po::value<double>(&peak_tflops), "for a machine not at hand: each rank's peak TFLOP/s ...")(
       "link-gbps", po::value<double>(&link_gbps), "... and its link bandwidth in GB/s")(
-      "efficiency", po::value<double>(&efficiency), "... and the share of the peak the kernels reach (default 0.5)")(
-      "memory-per-rank", po::value<std::string>(&memory), "each rank's device or node memory, e.g. 141GiB: checked "
-                                                          "against the largest stage's need")(
+      "efficiency", po::value<double>(&opt.efficiency), "... and the share of the peak the kernels reach (default 0.5)")(
+      "memory-per-rank", po::value<std::string>(&opt.memory_per_rank), "each rank's device or node memory, e.g. "
+                                                                       "141GiB: checked against the largest stage's need")(
       "auto", "pick the layout: every pp x dp = --world, micro-batches, schedule, chunks, recompute, partition and "
               "zero, within --memory-per-rank, ranked by the step time predicted with --costs (or the peak)");
   po::variables_map vm;
   if (auto done = parse("plan", desc, args, vm)) return *done;
-  std::vector<std::string> inputs;  // what --calibrate reads: never its output
-  for (const std::string& in : {config, from_run})
-    if (!in.empty()) inputs.push_back(in);
-  const OutputRule costs_rule{"plan --calibrate", "--output", "a cost file", MachineCosts::is_cost_file, inputs,
-                              vm.count("force") > 0};
-  auto say_written = [&](const MachineCosts& costs, const char* no_messages) {
-    write_file_atomically(output, costs.to_json().dump(2) + "\n");
-    std::printf("%s\nwrote %s: per micro-batch of 1 sample, one block F %.3g ms, B %.3g ms, W %.3g ms; head F %.3g ms"
-                "%s\n", costs.source.c_str(), std::filesystem::absolute(output).c_str(), 1e3 * costs.block(1).f, 1e3 * costs.block(1).b,
-                1e3 * costs.block(1).w, 1e3 * costs.head(1).f, costs.p2p.empty() ? no_messages : "");
-    if (vm["output"].defaulted()) std::printf("(the default --output, in the current folder; --output FILE puts it elsewhere)\n");
-  };
-  if (vm.count("calibrate") && !from_run.empty())
-    return run_offline([&] {
-      check_output(output, costs_rule);
-      say_written(costs_from_run(from_run), " (from a run's trace: no message costs)");
-      return ExitCode::ok;
-    });
-  if (vm.count("calibrate"))
-    return run_mpi([&](World& mpi) {
-      mpi.require_agreed([&] {
-        if (mpi.rank() == 0) check_output(output, costs_rule);
-      });
-      const RunSpec spec = load_spec(config, overrides, 0);
-      const MachineCosts costs = calibrate(spec, mpi);
-      if (mpi.rank() == 0) say_written(costs, " (one rank: no message costs; launch on 2+ ranks to measure them)");
-      return ExitCode::ok;
-    });
-  return run_offline([&] {
-    const bool automatic = vm.count("auto") > 0;
-    if (automatic && world < 1) throw SpecError("plan --auto needs --world N, the ranks to lay out");
-    if (!from_run.empty()) throw SpecError("--from-run goes with --calibrate (plan --costs takes a run directory itself)");
-    // --auto replaces the layout: the spec is read for its model, batch and data, on one rank.
-    const RunSpec spec = load_spec(config, overrides, automatic ? kAnyLayout : world);
-    const double capacity = memory.empty() ? 0 : parse_bytes(memory);
-    for (const auto& [option, value] : {std::pair{"peak-tflops", peak_tflops}, std::pair{"link-gbps", link_gbps}})
-      if (vm.count(option) && !(value > 0 && std::isfinite(value)))
-        throw SpecError(std::string("--") + option + " " + (std::ostringstream() << value).str() + " is not a positive number");
-    if (vm.count("peak-tflops") != vm.count("link-gbps"))
-      throw SpecError("--peak-tflops and --link-gbps describe a machine together: give both");
-    if (!(efficiency > 0 && efficiency <= 1))
-      throw SpecError("--efficiency " + (std::ostringstream() << efficiency).str() + " must be in (0, 1]");
-    std::optional<MachineCosts> costs;
-    if (!costs_file.empty()) {
-      costs = std::filesystem::is_directory(costs_file) ? costs_from_run(costs_file) : MachineCosts::read(costs_file);
-      costs->check_fits(spec, "--costs " + costs_file);
-    }
-    else if (peak_tflops > 0) costs = MachineCosts::from_peak(spec, peak_tflops * 1e12, efficiency, link_gbps * 1e9);
-    if (automatic) {
-      if (!costs) throw SpecError("plan --auto predicts step times: give --costs FILE (plan --calibrate) or --peak-tflops and --link-gbps");
-      const AutoPlan best = auto_plan(spec, world, *costs, capacity);
-      std::cout << (vm.count("json") ? auto_plan_json(best, world, *costs, capacity)
-                                     : auto_plan_text(best, world, *costs, capacity));
-      return best.best.empty() ? ExitCode::bad_input : ExitCode::ok;
-    }
-    if (vm.count("compare-schedules")) {
-      std::cout << schedule_comparison(spec);
-      return ExitCode::ok;
-    }
-    const Plan plan = make_plan(spec);
-    if (vm.count("json")) {
-      nlohmann::json j = nlohmann::json::parse(plan_json(spec, plan));
-      if (costs) j["budget"] = budget_json(spec, plan, *costs, capacity);
-      const std::string warning = imbalance_warning(spec, plan);
-      if (!warning.empty()) j["warning"] = warning.substr(1, warning.size() - 2);
-      std::cout << j.dump(2) << "\n";
-    } else {
-      std::cout << plan_text(spec, plan) << imbalance_warning(spec, plan);
-      if (costs) std::cout << budget_text(spec, plan, *costs, capacity);
-      else std::cout << "\n(cost of a step and of the run: give --costs FILE from plan --calibrate, or --peak-tflops and "
-                        "--link-gbps)\n";
-    }
-    if (vm.count("ranks-per-node")) {
-      const int per_node = vm["ranks-per-node"].as<int>();
-      if (per_node < 1) throw SpecError("--ranks-per-node " + std::to_string(per_node) + " must be at least 1");
-      const Topology layout = Topology::of(0, spec.parallel.pp, spec.parallel.dp, spec.parallel.order);
-      std::vector<std::string> hosts;
-      for (int r = 0; r < spec.parallel.pp * spec.parallel.dp; ++r) hosts.push_back("node" + std::to_string(r / per_node));
-      std::cout << "\n" << node_map(hosts, layout);
-    }
-    return ExitCode::ok;
-  });
+  opt.json = vm.count("json") > 0;
+  opt.compare_schedules = vm.count("compare-schedules") > 0;
+  if (vm.count("ranks-per-node")) opt.ranks_per_node = vm["ranks-per-node"].as<int>();
+  opt.automatic = vm.count("auto") > 0;
+  if (vm.count("peak-tflops")) opt.peak_tflops = peak_tflops;
+  if (vm.count("link-gbps")) opt.link_gbps = link_gbps;
+  opt.calibrate = vm.count("calibrate") > 0;
+  opt.output_given = !vm["output"].defaulted();
+  opt.force = vm.count("force") > 0;
+  if (opt.calibrate && !opt.from_run.empty()) return run_offline([&] { return run_calibrate_from_run(opt); });
+  if (opt.calibrate) return run_mpi([&](World& world) { return run_calibrate(opt, world); });
+  return run_offline([&] { return run_plan(opt); });
 }
 
 ExitCode report_main(const std::vector<std::string>& args) {

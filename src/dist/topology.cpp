@@ -5,6 +5,12 @@
 
 namespace pipetrain {
 
+std::vector<std::string> nodes_filled_in_order(int ranks, int per_node) {
+  std::vector<std::string> hosts;
+  for (int r = 0; r < ranks; ++r) hosts.push_back("node" + std::to_string(r / per_node));
+  return hosts;
+}
+
 std::string node_map(const std::vector<std::string>& host_of_rank, const Topology& layout) {
   const int P = layout.pp, D = layout.dp;
   std::map<std::string, std::string> on_node;  // node -> "s0/d0 s1/d0 ..."

@@ -12,7 +12,7 @@
 
 #include "pipetrain/ckpt/checkpoint.hpp"
 #include "pipetrain/config/spec.hpp"
-#include "pipetrain/pipeline/plan.hpp"
+#include "pipetrain/planner/plan.hpp"
 #include "pipetrain/compute/profile.hpp"
 #include "pipetrain/tools/run_story.hpp"
 #include "pipetrain/tools/straggler_report.hpp"

@@ -11,7 +11,7 @@
 #include "pipetrain/compute/kernels.hpp"
 #include "pipetrain/compute/parallel_for.hpp"
 #include "pipetrain/model/partition.hpp"
-#include "pipetrain/pipeline/plan.hpp"
+#include "pipetrain/planner/plan.hpp"
 #include "pipetrain/train/run.hpp"
 #include "pipetrain/train/run_dir.hpp"
 #include "pipetrain/train/run_history.hpp"

@@ -118,7 +118,11 @@ def gpt2_head_heavy_chunk():
     if not fix:
         return
     sets = [s for s in fix.group(1).split() if s != "--set"]
-    before = json.loads(plan(*GPT2_V3, "--json", config=gpt2).stdout)["bubble_sim"]
+    j = json.loads(plan(*GPT2_V3, "--json", config=gpt2).stdout)
+    warning = j.get("warning", {})
+    expect("chunk 11 (rank 3" in warning.get("cause", "") and warning.get("advice", "").startswith("try --set"),
+           f"--json carries the same warning: its cause and advice ({warning})")
+    before = j["bubble_sim"]
     after = json.loads(plan(*GPT2_V3, *[x for s in sets for x in ("--set", s)], "--json", config=gpt2).stdout)["bubble_sim"]
     expect(after < before, f"the fix {sets} lowers the simulated bubble: {before:.3f} -> {after:.3f}")
 

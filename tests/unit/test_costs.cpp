@@ -4,8 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include "pipetrain/config/spec.hpp"
-#include "pipetrain/pipeline/costs.hpp"
-#include "pipetrain/pipeline/step_time.hpp"
+#include "pipetrain/planner/costs.hpp"
+#include "pipetrain/planner/step_time.hpp"
 #include "pipetrain/schedule/registry.hpp"
 
 using namespace pipetrain;

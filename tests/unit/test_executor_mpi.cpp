@@ -15,7 +15,7 @@
 #include "pipetrain/model/partition.hpp"
 #include "pipetrain/observe/trace.hpp"
 #include "pipetrain/pipeline/executor.hpp"
-#include "pipetrain/pipeline/plan.hpp"
+#include "pipetrain/planner/plan.hpp"
 #include "pipetrain/schedule/generators.hpp"
 #include "pipetrain/schedule/registry.hpp"
 

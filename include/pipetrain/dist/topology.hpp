@@ -43,5 +43,8 @@ struct Topology {
 // (stage s to s+1 of a replica) whose ends sit on different nodes, and the data groups (a
 // stage's replicas) spread over several. `host_of_rank` holds each world rank's node name.
 std::string node_map(const std::vector<std::string>& host_of_rank, const Topology& layout);
+// A layout not launched yet, as launchers fill nodes: `ranks` consecutive ranks, `per_node` to a
+// node named node0, node1, ... (what node_map takes for `plan --ranks-per-node`).
+std::vector<std::string> nodes_filled_in_order(int ranks, int per_node);
 
 }  // namespace pipetrain

@@ -1,12 +1,12 @@
 // `pipetrain plan --calibrate`: measures this machine's costs for a spec's model with the real
-// kernels and writes them as a cost file (pipeline/costs.hpp) that `plan --costs` and
+// kernels and writes them as a cost file (planner/costs.hpp) that `plan --costs` and
 // `plan --auto` read.
 #pragma once
 #include <string>
 
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/dist/world.hpp"
-#include "pipetrain/pipeline/costs.hpp"
+#include "pipetrain/planner/costs.hpp"
 
 namespace pipetrain {
 

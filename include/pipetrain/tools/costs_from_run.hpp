@@ -4,7 +4,7 @@
 #pragma once
 #include <string>
 
-#include "pipetrain/pipeline/costs.hpp"
+#include "pipetrain/planner/costs.hpp"
 
 namespace pipetrain {
 

@@ -1,4 +1,4 @@
-#include "pipetrain/pipeline/costs.hpp"
+#include "pipetrain/planner/costs.hpp"
 
 #include <algorithm>
 #include <filesystem>

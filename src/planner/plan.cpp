@@ -1,4 +1,4 @@
-#include "pipetrain/pipeline/plan.hpp"
+#include "pipetrain/planner/plan.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -189,7 +189,7 @@ std::string schedule_comparison(const RunSpec& spec) {
   return os.str();
 }
 
-std::string plan_json(const RunSpec& spec, const Plan& plan) {
+nlohmann::json plan_json(const RunSpec& spec, const Plan& plan) {
   nlohmann::json j;
   j["world"] = plan.world;
   j["pp"] = spec.parallel.pp;
@@ -210,7 +210,7 @@ std::string plan_json(const RunSpec& spec, const Plan& plan) {
                            {"bubble_sim", s.bubble}, {"in_flight", s.in_flight}, {"act_peak_bytes", act}, {"act_held_bytes", held},
                            {"working_bytes", s.working_bytes}, {"reduce_scratch_bytes", s.reduce_scratch_bytes}, {"memory_bytes", s.memory_bytes(spec)}});
   }
-  return j.dump(2) + "\n";
+  return j;
 }
 
 }  // namespace pipetrain

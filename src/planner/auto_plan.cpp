@@ -1,4 +1,4 @@
-#include "pipetrain/pipeline/auto_plan.hpp"
+#include "pipetrain/planner/auto_plan.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "pipetrain/model/partition.hpp"
-#include "pipetrain/pipeline/plan.hpp"
+#include "pipetrain/planner/plan.hpp"
 #include "pipetrain/schedule/registry.hpp"
 #include "pipetrain/util/files.hpp"
 

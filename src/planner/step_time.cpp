@@ -1,4 +1,4 @@
-#include "pipetrain/pipeline/step_time.hpp"
+#include "pipetrain/planner/step_time.hpp"
 
 #include <algorithm>
 

@@ -2,13 +2,14 @@
 // the schedule's slot chart (stages x time slots, the classic GPipe diagram), bubble from simulating the actual action lists with per-stage
 // costs next to (P-1)/(M+P-1), and per-stage memory for every recompute mode.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "pipetrain/config/spec.hpp"
-#include "pipetrain/pipeline/costs.hpp"
+#include "pipetrain/planner/costs.hpp"
 
 namespace pipetrain {
 
@@ -47,16 +48,19 @@ Plan make_plan(const RunSpec& spec);
 // "interleaved (2 chunks per stage)", "gpipe": the schedule as the start line and plan show it.
 std::string schedule_description(const RunSpec& spec);
 std::string plan_text(const RunSpec& spec, const Plan& plan);
-std::string plan_json(const RunSpec& spec, const Plan& plan);
+nlohmann::json plan_json(const RunSpec& spec, const Plan& plan);
 // What a step and the run cost on a machine, the answer to "should I burn the GPU hours": FLOPs
 // and bytes per step, the predicted step time and tokens/s with `costs`, wall time and
 // device-hours for run.steps, and memory per rank against `memory_per_rank` (0: not given).
 std::string budget_text(const RunSpec& spec, const Plan& plan, const MachineCosts& costs, double memory_per_rank);
 nlohmann::json budget_json(const RunSpec& spec, const Plan& plan, const MachineCosts& costs, double memory_per_rank);
-// "" unless the bubble simulated with the cost model is far above the schedule's even-stage
-// figure; then the cause (the heaviest chunk, e.g. the one carrying the LM head) and the partition
-// or chunk count that lowers the simulated step most, as a --set line.
-std::string imbalance_warning(const RunSpec& spec, const Plan& plan);
+// Where the bubble simulated with the cost model is far above the schedule's even-stage figure:
+// the cause (the heaviest chunk, e.g. the one carrying the LM head) and the partition or chunk
+// count that lowers the simulated step most, as a --set line (or that none does).
+struct ImbalanceWarning {
+  std::string cause, advice;
+};
+std::optional<ImbalanceWarning> imbalance_warning(const RunSpec& spec, const Plan& plan);
 // Every schedule on this spec's layout side by side: bubble with even stages and with the cost
 // model, micro-batches held per stage, activation peak (the spec's recompute mode).
 std::string schedule_comparison(const RunSpec& spec);

@@ -5,8 +5,8 @@
 #include <sstream>
 
 #include "pipetrain/model/partition.hpp"
-#include "pipetrain/pipeline/plan.hpp"
-#include "pipetrain/pipeline/step_time.hpp"
+#include "pipetrain/planner/plan.hpp"
+#include "pipetrain/planner/step_time.hpp"
 #include "pipetrain/schedule/registry.hpp"
 
 namespace pipetrain {
@@ -81,25 +81,28 @@ std::string budget_text(const RunSpec& spec, const Plan& plan, const MachineCost
   return os.str();
 }
 
-std::string imbalance_warning(const RunSpec& spec, const Plan& plan) {
+std::optional<ImbalanceWarning> imbalance_warning(const RunSpec& spec, const Plan& plan) {
   const double excess = plan.bubble_sim - plan.bubble_theory;
-  if (excess < 0.1 || plan.bubble_sim < 2 * plan.bubble_theory) return "";
+  if (excess < 0.1 || plan.bubble_sim < 2 * plan.bubble_theory) return std::nullopt;
   const std::vector<int> blocks = partition_blocks(spec);
   const std::vector<double> costs = stage_costs(spec, blocks);
   double total = 0;
   size_t heaviest = 0;
-  for (size_t v = 0; v < costs.size(); ++v) total += costs[v], heaviest = costs[v] > costs[heaviest] ? v : heaviest;
+  for (size_t v = 0; v < costs.size(); ++v) {
+    total += costs[v];
+    if (costs[v] > costs[heaviest]) heaviest = v;
+  }
   const ChunkPlacement place = spec.chunk_placement();
   char line[400];
   std::snprintf(line, sizeof line,
-                "\nwarning: the simulated bubble %.3f is far above %s's %.3f with even stages: %s %zu (rank %d, %d "
-                "block%s%s) does %.0f%% of the work where an even share is %.0f%%\n",
+                "the simulated bubble %.3f is far above %s's %.3f with even stages: %s %zu (rank %d, %d "
+                "block%s%s) does %.0f%% of the work where an even share is %.0f%%",
                 plan.bubble_sim, spec.parallel.schedule->name.c_str(), plan.bubble_theory,
                 place.chunks > 1 ? "chunk" : "stage", heaviest, place.stage_of(heaviest),
                 blocks[heaviest], blocks[heaviest] == 1 ? "" : "s",
                 heaviest + 1 == costs.size() ? " + the LM head" : heaviest == 0 ? " + the embedding" : "",
                 100 * costs[heaviest] / total, 100.0 / costs.size());
-  std::string out = line;
+  ImbalanceWarning warning{line, ""};
   // Candidate fixes, judged by the simulated step (bubble and work together): a balanced partition,
   // and other chunk counts of the same schedule or plain 1f1b.
   struct Fix {
@@ -128,16 +131,20 @@ std::string imbalance_warning(const RunSpec& spec, const Plan& plan) {
   double best_units = now, best_bubble = plan.bubble_sim;
   for (const Fix& f : fixes) {
     const Plan p = make_plan(f.spec);
-    if (p.step_units < best_units * 0.99) best = &f, best_units = p.step_units, best_bubble = p.bubble_sim;
+    if (p.step_units < best_units * 0.99) {
+      best = &f;
+      best_units = p.step_units;
+      best_bubble = p.bubble_sim;
+    }
   }
   if (best) {
-    std::snprintf(line, sizeof line, "  try %s: simulated bubble %.3f, step %.0f%% of this layout's\n", best->sets.c_str(),
+    std::snprintf(line, sizeof line, "try %s: simulated bubble %.3f, step %.0f%% of this layout's", best->sets.c_str(),
                   best_bubble, 100 * best_units / now);
-    out += line;
+    warning.advice = line;
   } else {
-    out += "  no other partition or chunk count of this schedule simulates a shorter step; fewer stages would\n";
+    warning.advice = "no other partition or chunk count of this schedule simulates a shorter step; fewer stages would lower the bubble";
   }
-  return out;
+  return warning;
 }
 
 }  // namespace pipetrain

@@ -1,14 +1,14 @@
 // `pipetrain plan --auto`: the layout to run. Every layout of `world` ranks (pp x dp, micro-batches,
 // schedule, virtual stages, recompute, partition, zero) the spec's model allows is planned; those
 // over the memory budget are dropped, the rest ranked by the step time predicted with the
-// machine's costs (pipeline/step_time.hpp).
+// machine's costs (planner/step_time.hpp).
 #pragma once
 #include <string>
 #include <vector>
 
 #include "pipetrain/config/spec.hpp"
-#include "pipetrain/pipeline/costs.hpp"
-#include "pipetrain/pipeline/step_time.hpp"
+#include "pipetrain/planner/costs.hpp"
+#include "pipetrain/planner/step_time.hpp"
 
 namespace pipetrain {
 

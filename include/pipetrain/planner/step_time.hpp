@@ -1,9 +1,9 @@
 // A step's time on a machine, predicted: every rank's action list simulated with the machine's
-// per-pass costs (pipeline/costs.hpp) and message time, then each rank's data-parallel gradient
+// per-pass costs (planner/costs.hpp) and message time, then each rank's data-parallel gradient
 // reduction, tied-embedding sum and AdamW after its last backward.
 #pragma once
 #include "pipetrain/config/spec.hpp"
-#include "pipetrain/pipeline/costs.hpp"
+#include "pipetrain/planner/costs.hpp"
 
 namespace pipetrain {
 

@@ -1,0 +1,149 @@
+#include "pipetrain/tools/plan_command.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "pipetrain/dist/topology.hpp"
+#include "pipetrain/planner/auto_plan.hpp"
+#include "pipetrain/planner/plan.hpp"
+#include "pipetrain/tools/calibrate.hpp"
+#include "pipetrain/tools/costs_from_run.hpp"
+#include "pipetrain/util/atomic_output.hpp"
+#include "pipetrain/util/files.hpp"
+
+namespace pipetrain {
+namespace {
+
+std::string number(double value) { return (std::ostringstream() << value).str(); }
+
+// --calibrate writes a cost file: never over one of its inputs, over another cost file only with --force.
+OutputRule costs_rule(const PlanOptions& opt) {
+  std::vector<std::string> inputs;
+  for (const std::string& in : {opt.config, opt.from_run})
+    if (!in.empty()) inputs.push_back(in);
+  return {"plan --calibrate", "--output", "a cost file", MachineCosts::is_cost_file, inputs, opt.force};
+}
+
+void write_costs(const PlanOptions& opt, const MachineCosts& costs, const char* no_messages) {
+  write_file_atomically(opt.output, costs.to_json().dump(2) + "\n");
+  std::printf("%s\nwrote %s: per micro-batch of 1 sample, one block F %.3g ms, B %.3g ms, W %.3g ms; head F %.3g ms%s\n",
+              costs.source.c_str(), std::filesystem::absolute(opt.output).c_str(), 1e3 * costs.block(1).f,
+              1e3 * costs.block(1).b, 1e3 * costs.block(1).w, 1e3 * costs.head(1).f,
+              costs.p2p.empty() ? no_messages : "");
+  if (!opt.output_given) std::printf("(the default --output, in the current folder; --output FILE puts it elsewhere)\n");
+}
+
+void check_machine_options(const PlanOptions& opt) {
+  for (const auto& [option, value] : {std::pair{"peak-tflops", opt.peak_tflops}, std::pair{"link-gbps", opt.link_gbps}})
+    if (value && !(*value > 0 && std::isfinite(*value)))
+      throw SpecError(std::string("--") + option + " " + number(*value) + " is not a positive number");
+  if (opt.peak_tflops.has_value() != opt.link_gbps.has_value())
+    throw SpecError("--peak-tflops and --link-gbps describe a machine together: give both");
+  if (!(opt.efficiency > 0 && opt.efficiency <= 1))
+    throw SpecError("--efficiency " + number(opt.efficiency) + " must be in (0, 1]");
+}
+
+// The costs the predictions use: a cost file or a run's trace (--costs), the machine described
+// (--peak-tflops, --link-gbps), or none.
+std::optional<MachineCosts> chosen_costs(const PlanOptions& opt, const RunSpec& spec) {
+  if (!opt.costs.empty()) {
+    MachineCosts costs =
+        std::filesystem::is_directory(opt.costs) ? costs_from_run(opt.costs) : MachineCosts::read(opt.costs);
+    costs.check_fits(spec, "--costs " + opt.costs);
+    return costs;
+  }
+  if (opt.peak_tflops) return MachineCosts::from_peak(spec, *opt.peak_tflops * 1e12, opt.efficiency, *opt.link_gbps * 1e9);
+  return std::nullopt;
+}
+
+ExitCode print_auto_plan(const PlanOptions& opt, const RunSpec& spec, const std::optional<MachineCosts>& costs,
+                         double capacity) {
+  if (!costs)
+    throw SpecError("plan --auto predicts step times: give --costs FILE (plan --calibrate) or --peak-tflops and --link-gbps");
+  const AutoPlan best = auto_plan(spec, opt.world, *costs, capacity);
+  std::cout << (opt.json ? auto_plan_json(best, opt.world, *costs, capacity)
+                         : auto_plan_text(best, opt.world, *costs, capacity));
+  return best.best.empty() ? ExitCode::bad_input : ExitCode::ok;
+}
+
+void print_plan(const PlanOptions& opt, const RunSpec& spec, const std::optional<MachineCosts>& costs, double capacity) {
+  const Plan plan = make_plan(spec);
+  const std::optional<ImbalanceWarning> warning = imbalance_warning(spec, plan);
+  if (opt.json) {
+    nlohmann::json j = plan_json(spec, plan);
+    if (costs) j["budget"] = budget_json(spec, plan, *costs, capacity);
+    if (warning) j["warning"] = {{"cause", warning->cause}, {"advice", warning->advice}};
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  std::cout << plan_text(spec, plan);
+  if (warning) std::cout << "\nwarning: " << warning->cause << "\n  " << warning->advice << "\n";
+  if (costs) {
+    std::cout << budget_text(spec, plan, *costs, capacity);
+  } else {
+    std::cout << "\n(cost of a step and of the run: give --costs FILE from plan --calibrate, or --peak-tflops and "
+                 "--link-gbps)\n";
+  }
+}
+
+}  // namespace
+
+double parse_bytes(const std::string& text, const std::string& option) {
+  size_t used = 0;
+  double value = -1;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+  }
+  std::string unit = text.substr(used);
+  unit.erase(0, unit.find_first_not_of(' '));
+  const std::pair<const char*, double> units[] = {
+      {"", 1},           {"B", 1},           {"KB", 1e3},           {"MB", 1e6},           {"GB", 1e9},
+      {"TB", 1e12},      {"KiB", 1024.0},    {"MiB", 1048576.0},    {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  for (const auto& [name, scale] : units)
+    if (unit == name && value > 0) return value * scale;
+  throw SpecError(option + " " + text + ": not a byte count (e.g. 80GiB, 141e9, 64GB)");
+}
+
+ExitCode run_plan(const PlanOptions& opt) {
+  if (opt.automatic && opt.world < 1) throw SpecError("plan --auto needs --world N, the ranks to lay out");
+  if (!opt.from_run.empty()) throw SpecError("--from-run goes with --calibrate (plan --costs takes a run directory itself)");
+  // --auto replaces the layout: the spec is read for its model, batch and data, on one rank.
+  const RunSpec spec = load_spec(opt.config, opt.overrides, opt.automatic ? kAnyLayout : opt.world);
+  const double capacity = opt.memory_per_rank.empty() ? 0 : parse_bytes(opt.memory_per_rank, "--memory-per-rank");
+  check_machine_options(opt);
+  const std::optional<MachineCosts> costs = chosen_costs(opt, spec);
+  if (opt.automatic) return print_auto_plan(opt, spec, costs, capacity);
+  if (opt.compare_schedules) {
+    std::cout << schedule_comparison(spec);
+    return ExitCode::ok;
+  }
+  print_plan(opt, spec, costs, capacity);
+  if (opt.ranks_per_node) {
+    if (*opt.ranks_per_node < 1)
+      throw SpecError("--ranks-per-node " + std::to_string(*opt.ranks_per_node) + " must be at least 1");
+    const Topology layout = Topology::of(0, spec.parallel.pp, spec.parallel.dp, spec.parallel.order);
+    std::cout << "\n" << node_map(nodes_filled_in_order(spec.parallel.pp * spec.parallel.dp, *opt.ranks_per_node), layout);
+  }
+  return ExitCode::ok;
+}
+
+ExitCode run_calibrate_from_run(const PlanOptions& opt) {
+  check_output(opt.output, costs_rule(opt));
+  write_costs(opt, costs_from_run(opt.from_run), " (from a run's trace: no message costs)");
+  return ExitCode::ok;
+}
+
+ExitCode run_calibrate(const PlanOptions& opt, World& world) {
+  world.require_agreed([&] {
+    if (world.rank() == 0) check_output(opt.output, costs_rule(opt));
+  });
+  const MachineCosts costs = calibrate(load_spec(opt.config, opt.overrides, 0), world);
+  if (world.rank() == 0) write_costs(opt, costs, " (one rank: no message costs; launch on 2+ ranks to measure them)");
+  return ExitCode::ok;
+}
+
+}  // namespace pipetrain
