@@ -97,8 +97,12 @@ std::string write_shard(const std::string& path, const std::vector<ShardTensor>&
     count[0] = r1 - r0;
     const hsize_t n = (r1 - r0) * row;
     Handle memspace(H5Screate_simple(1, n ? &n : &row, nullptr), H5Sclose);
-    if (n) H5Sselect_hyperslab(filespace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
-    else H5Sselect_none(filespace), H5Sselect_none(memspace);
+    if (n) {
+      H5Sselect_hyperslab(filespace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+    } else {
+      H5Sselect_none(filespace);
+      H5Sselect_none(memspace);
+    }
     const std::pair<const char*, const float*> arrays[] = {
         {"params/", t.param}, {"optim/exp_avg/", t.exp_avg}, {"optim/exp_avg_sq/", t.exp_avg_sq}};
     for (auto& [group_name, data] : arrays) {
@@ -144,8 +148,13 @@ std::string write_slabs(const std::string& path, const std::vector<SlabBytes>& s
     while (left > 0 && error.empty()) {
       const ssize_t n = ::pwrite(fd, p, left, at);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) error = path + ": cannot write (" + std::strerror(n < 0 ? errno : ENOSPC) + ")";
-      else p += n, left -= static_cast<size_t>(n), at += n;
+      if (n <= 0) {
+        error = path + ": cannot write (" + std::strerror(n < 0 ? errno : ENOSPC) + ")";
+      } else {
+        p += n;
+        left -= static_cast<size_t>(n);
+        at += n;
+      }
     }
   }
   if (error.empty() && ::fsync(fd) != 0) error = path + ": cannot sync (" + std::strerror(errno) + ")";
@@ -249,7 +258,10 @@ uint64_t file_checksum(const std::string& path, uint64_t* bytes) {
   std::fclose(f);
   if (bad) fail(path, "read error");
   uint64_t h = total * p1;
-  for (uint64_t l : lane) h = (h ^ (l * p2)) * p1, h ^= h >> 29;
+  for (uint64_t l : lane) {
+    h = (h ^ (l * p2)) * p1;
+    h ^= h >> 29;
+  }
   if (bytes) *bytes = total;
   return h;
 }

@@ -138,7 +138,9 @@ std::string check_sgemm_against_reference() {
                           {CblasNoTrans, CblasNoTrans, 256, 768, 320, 0.f}, {CblasTrans, CblasNoTrans, 256, 768, 320, 1.f}};
   uint64_t seed = 0x9e3779b97f4a7c15ull;
   auto uniform = [&seed] {  // xorshift: values in [-1, 1)
-    seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+    seed ^= seed << 13;
+    seed ^= seed >> 7;
+    seed ^= seed << 17;
     return static_cast<float>(seed >> 40) / static_cast<float>(1 << 23) - 1.f;
   };
   const int threads = openblas_get_num_threads();
@@ -161,7 +163,10 @@ std::string check_sgemm_against_reference() {
       for (int j = 0; j < s.n; ++j) {
         if (step > 1 && (i * s.n + j) % step != 0 && i != 0 && i != s.m - 1 && j != 0 && j != s.n - 1) continue;
         double ref = s.beta * c0[static_cast<size_t>(i) * s.n + j], magnitude = std::fabs(ref);
-        for (int p = 0; p < s.k; ++p) ref += static_cast<double>(A(i, p)) * B(p, j), magnitude += std::fabs(A(i, p) * B(p, j));
+        for (int p = 0; p < s.k; ++p) {
+          ref += static_cast<double>(A(i, p)) * B(p, j);
+          magnitude += std::fabs(A(i, p) * B(p, j));
+        }
         // fp32 sums of k terms in any order stay within k x 2^-24 of the magnitude summed.
         const double got = c[static_cast<size_t>(i) * s.n + j], bound = 2.0 * (s.k + 1) * std::ldexp(magnitude, -24) + 1e-30;
         const double ratio = std::isfinite(got) ? std::fabs(got - ref) / bound : INFINITY;
@@ -206,7 +211,10 @@ int settle_blas_kernels(char** argv) {
   s.cpu = cpu_features().level;
   s.running = blas_kernel_family();
   s.openblas_chose = env_or_empty(kChoseVar);
-  if (s.openblas_chose.empty()) s.user_coretype = env_or_empty("OPENBLAS_CORETYPE"), s.user_l2_size = env_or_empty("OPENBLAS_L2_SIZE");
+  if (s.openblas_chose.empty()) {
+    s.user_coretype = env_or_empty("OPENBLAS_CORETYPE");
+    s.user_l2_size = env_or_empty("OPENBLAS_L2_SIZE");
+  }
   s.rejected = split(env_or_empty(kRejectedVar), '\n');
   s.wrong = check_sgemm_against_reference();
   settled = decide_kernels(s);

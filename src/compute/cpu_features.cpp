@@ -112,7 +112,9 @@ CpuFeatures read_cpu_features() {
   const Regs zero = cpuid(0);
   max_leaf = zero.a;
   char vendor[13] = {};
-  std::memcpy(vendor, &zero.b, 4), std::memcpy(vendor + 4, &zero.d, 4), std::memcpy(vendor + 8, &zero.c, 4);
+  std::memcpy(vendor, &zero.b, 4);
+  std::memcpy(vendor + 4, &zero.d, 4);
+  std::memcpy(vendor + 8, &zero.c, 4);
   f.vendor = vendor;
   const unsigned eax = cpuid(1).a, base_family = (eax >> 8) & 0xf, base_model = (eax >> 4) & 0xf;
   f.family = static_cast<int>(base_family == 0xf ? base_family + ((eax >> 20) & 0xff) : base_family);

@@ -52,7 +52,10 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* to
       const float* d = dout + (static_cast<size_t>(b) * T + t) * C;
       float* de = dwte + static_cast<size_t>(tokens[b * T + t]) * C;
       float* dp = dwpe + static_cast<size_t>(t) * C;
-      for (int c = 0; c < C; ++c) de[c] += d[c], dp[c] += d[c];
+      for (int c = 0; c < C; ++c) {
+        de[c] += d[c];
+        dp[c] += d[c];
+      }
     }
 }
 
@@ -122,7 +125,10 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       }
     }
   });
-  for (int c = 0; c < C && dweight; ++c) dweight[c] += sums[c], dbias[c] += sums[C + c];
+  for (int c = 0; c < C && dweight; ++c) {
+    dweight[c] += sums[c];
+    dbias[c] += sums[C + c];
+  }
 }
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
@@ -234,7 +240,8 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
   // (batch, head) pairs are independent: one per chunk.
   parallel_for(static_cast<size_t>(B) * NH, 1, [&](size_t bh, size_t) {
     thread_local std::vector<float> kt, scores;
-    kt.resize(static_cast<size_t>(hs) * Tp), scores.resize(static_cast<size_t>(kTileRows) * Tp);
+    kt.resize(static_cast<size_t>(hs) * Tp);
+    scores.resize(static_cast<size_t>(kTileRows) * Tp);
     const int b = static_cast<int>(bh / NH), h = static_cast<int>(bh % NH);
     const float* q = qkv + static_cast<size_t>(b) * T * C3 + h * hs;
     const float* k = q + C;
@@ -278,7 +285,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
   parallel_for(static_cast<size_t>(B) * NH, 1, [&](size_t bh, size_t) {
     thread_local std::vector<float> vt, dpre;
-    vt.resize(static_cast<size_t>(hs) * Tp), dpre.resize(static_cast<size_t>(T) * Tp);
+    vt.resize(static_cast<size_t>(hs) * Tp);
+    dpre.resize(static_cast<size_t>(T) * Tp);
     const int b = static_cast<int>(bh / NH), h = static_cast<int>(bh % NH);
     const size_t row0 = static_cast<size_t>(b) * T * C3 + h * hs;
     const float *q = qkv + row0, *k = q + C, *v = q + 2 * C;

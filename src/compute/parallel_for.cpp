@@ -103,7 +103,9 @@ void parallel_for(size_t n, size_t grain, const std::function<void(size_t, size_
   }
   auto job = std::make_shared<Job>();
   job->body = &body;
-  job->n = n, job->grain = grain, job->chunks = chunks;
+  job->n = n;
+  job->grain = grain;
+  job->chunks = chunks;
   pool().run(job);
 }
 

@@ -41,8 +41,10 @@ std::string show_double(double v) {
 std::string show_string(const std::string& v) {
   std::string out = "\"";
   for (char c : v) {
-    if (c == '"' || c == '\\') out += '\\', out += c;
-    else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {  // TOML forbids raw control chars
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {  // TOML forbids raw control chars
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\u%04x", c);
       out += buf;
@@ -350,7 +352,10 @@ std::string closest_match(const std::string& word, const std::vector<std::string
   size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;
   for (auto& c : candidates) {
     size_t d = edit_distance(word, c);
-    if (d < best_d) best_d = d, best = c;
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
   }
   return best;
 }

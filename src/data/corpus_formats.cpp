@@ -50,11 +50,16 @@ Segment llmc_segment(const std::string& path) {
   int32_t h[256];
   read_exactly(in, 0, sizeof h, h);
   int version, width;
-  if (h[0] == kLlmcMagic16) version = 1, width = 2;
-  else if (h[0] == kLlmcMagic32) version = 7, width = 4;
-  else
+  if (h[0] == kLlmcMagic16) {
+    version = 1;
+    width = 2;
+  } else if (h[0] == kLlmcMagic32) {
+    version = 7;
+    width = 4;
+  } else {
     throw SpecError(path + ": not an llm.c token shard: magic " + std::to_string(h[0]) + " (expected " +
                     std::to_string(kLlmcMagic16) + " or " + std::to_string(kLlmcMagic32) + ")");
+  }
   if (h[1] != version)
     throw SpecError(path + ": llm.c shard version " + std::to_string(h[1]) + " with magic " + std::to_string(h[0]) +
                     " (expected version " + std::to_string(version) + ")");
@@ -117,7 +122,8 @@ Segment megatron_segment(const std::string& given) {
   std::vector<int64_t> pointers;
   for (uint64_t first = 0; first < n; first += kBlockTokens) {
     const uint64_t k = std::min<uint64_t>(kBlockTokens, n - first);
-    lengths.resize(k), pointers.resize(k);
+    lengths.resize(k);
+    pointers.resize(k);
     read_exactly(idx, kMegatronHeader + 4 * first, 4 * k, lengths.data());
     read_exactly(idx, kMegatronHeader + 4 * n + 8 * first, 8 * k, pointers.data());
     for (uint64_t i = 0; i < k; ++i) {
@@ -125,7 +131,8 @@ Segment megatron_segment(const std::string& given) {
         throw SpecError(idx_path + ": sequence " + str(first + i) + " has length " + std::to_string(lengths[i]) +
                         " at byte " + std::to_string(pointers[i]) + " of the .bin (expected byte " + str(next) +
                         ": sequences back to back)");
-      next += static_cast<uint64_t>(lengths[i]) * width, tokens += static_cast<uint64_t>(lengths[i]);
+      next += static_cast<uint64_t>(lengths[i]) * width;
+      tokens += static_cast<uint64_t>(lengths[i]);
     }
   }
   if (bin.size() != next)
@@ -156,8 +163,12 @@ std::vector<std::string> input_files(const TokenImportOptions& opt) {
   std::vector<std::string> files;
   for (const auto* list : {&opt.inputs, &opt.val})
     for (const std::string& in : *list) {
-      if (opt.format != "megatron") files.push_back(in);
-      else files.push_back(megatron_prefix(in) + ".idx"), files.push_back(megatron_prefix(in) + ".bin");
+      if (opt.format != "megatron") {
+        files.push_back(in);
+      } else {
+        files.push_back(megatron_prefix(in) + ".idx");
+        files.push_back(megatron_prefix(in) + ".bin");
+      }
     }
   return files;
 }
@@ -199,7 +210,10 @@ struct StagedFile {
   AtomicOutput output;
   BinaryWriter writer;
   StagedFile(const std::string& path, const OutputRule& rule) : output(path, rule), writer(output.staging()) {}
-  void commit() { writer.close(), output.commit(); }
+  void commit() {
+    writer.close();
+    output.commit();
+  }
 };
 
 // Calls body(ids, n) for every block of a token file's split.
@@ -236,8 +250,14 @@ std::string import_tokens(const TokenImportOptions& opt) {
   std::vector<Segment> train, val;
   uint64_t n_train = 0, n_val = 0;
   int widest = 1;
-  for (const auto& in : opt.inputs) train.push_back(segment_of(opt, in)), n_train += train.back().count;
-  for (const auto& in : opt.val) val.push_back(segment_of(opt, in)), n_val += val.back().count;
+  for (const auto& in : opt.inputs) {
+    train.push_back(segment_of(opt, in));
+    n_train += train.back().count;
+  }
+  for (const auto& in : opt.val) {
+    val.push_back(segment_of(opt, in));
+    n_val += val.back().count;
+  }
   for (const auto* list : {&train, &val})
     for (const auto& s : *list) widest = std::max(widest, std::min(s.width, 4));
   if (val.empty()) {
@@ -245,8 +265,13 @@ std::string import_tokens(const TokenImportOptions& opt) {
     n_train -= n_val;
   }
   TokenFileWriter::Options w;
-  w.output = opt.output, w.force = opt.force, w.compress = opt.compress, w.what = what, w.inputs = input_files(opt);
-  w.vocab = opt.vocab_size, w.width = opt.vocab_size > 0 ? token_width_for(opt.vocab_size) : widest;
+  w.output = opt.output;
+  w.force = opt.force;
+  w.compress = opt.compress;
+  w.what = what;
+  w.inputs = input_files(opt);
+  w.vocab = opt.vocab_size;
+  w.width = opt.vocab_size > 0 ? token_width_for(opt.vocab_size) : widest;
   w.tokenizer = "none";
   TokenFileWriter out(w, n_train, n_val);
   for (const auto& s : train) stream(s, out);
@@ -273,8 +298,12 @@ std::string export_tokens(const TokenExportOptions& opt) {
   // A .bin holds bare ids: it is a Megatron dataset's only beside that dataset's index.
   const OutputRule bin_rule{what, "--output", "a Megatron data file",
                             [&](const std::string&) { return is_megatron_index(prefix + ".idx"); }, inputs, opt.force};
-  if (opt.format == "llmc") check_output(opt.output, llmc_rule);
-  else check_output(prefix + ".idx", idx_rule), check_output(prefix + ".bin", bin_rule);
+  if (opt.format == "llmc") {
+    check_output(opt.output, llmc_rule);
+  } else {
+    check_output(prefix + ".idx", idx_rule);
+    check_output(prefix + ".bin", bin_rule);
+  }
   const TokenFile in(opt.input, opt.val ? Split::val : Split::train);
   const int64_t vocab = in.vocab_size();
   if (in.size() == 0)  // neither format has a use for an empty corpus, and imports refuse one
@@ -285,7 +314,8 @@ std::string export_tokens(const TokenExportOptions& opt) {
       throw SpecError(what + ": " + opt.input + " holds " + str(in.size()) + " tokens; an llm.c shard holds at most 2^31 - 1");
     const int width = std::max(2, token_width_for(vocab));  // llm.c shards are uint16 or uint32
     int32_t header[256] = {};
-    header[0] = width == 2 ? kLlmcMagic16 : kLlmcMagic32, header[1] = width == 2 ? 1 : 7;
+    header[0] = width == 2 ? kLlmcMagic16 : kLlmcMagic32;
+    header[1] = width == 2 ? 1 : 7;
     header[2] = static_cast<int32_t>(in.size());
     StagedFile out(opt.output, llmc_rule);
     out.writer.write(header, sizeof header);
@@ -301,7 +331,11 @@ std::string export_tokens(const TokenExportOptions& opt) {
   for_each_block(in, [&](const uint32_t* ids, size_t n) { write_narrowed(bin.writer, ids, n, width, buf); });
   const uint64_t version = 1;
   BinaryWriter& w = idx.writer;
-  w.write(kMegatronMagic, 9), w.write(&version, 8), w.write(&code, 1), w.write(&n_seq, 8), w.write(&n_doc, 8);
+  w.write(kMegatronMagic, 9);
+  w.write(&version, 8);
+  w.write(&code, 1);
+  w.write(&n_seq, 8);
+  w.write(&n_doc, 8);
   std::vector<int32_t> lengths(n_seq);
   std::vector<int64_t> pointers(n_seq);
   for (uint64_t i = 0; i < n_seq; ++i) {
@@ -309,7 +343,9 @@ std::string export_tokens(const TokenExportOptions& opt) {
     pointers[i] = static_cast<int64_t>(i * kMegatronSequence * width);
   }
   const int64_t docs[2] = {0, static_cast<int64_t>(n_seq)};
-  w.write(lengths.data(), 4 * n_seq), w.write(pointers.data(), 8 * n_seq), w.write(docs, sizeof docs);
+  w.write(lengths.data(), 4 * n_seq);
+  w.write(pointers.data(), 8 * n_seq);
+  w.write(docs, sizeof docs);
   // The data first, then the index: a prefix whose index exists always has its data. When the
   // index cannot be published, the new data goes too, so no pair is ever half new.
   bin.commit();

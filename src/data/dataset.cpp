@@ -111,7 +111,10 @@ size_t Dataset::window_start(int64_t g) {
 void Dataset::sample(int64_t g, int* inputs, int* targets) {
   const size_t start = window_start(g);
   auto copy = [&](const auto* w) {
-    for (int t = 0; t < T_; ++t) inputs[t] = static_cast<int>(w[t]), targets[t] = static_cast<int>(w[t + 1]);
+    for (int t = 0; t < T_; ++t) {
+      inputs[t] = static_cast<int>(w[t]);
+      targets[t] = static_cast<int>(w[t + 1]);
+    }
   };
   if (file_) {
     file_->read(start, window_.size(), window_.data());  // checks every id against the file's vocab_size

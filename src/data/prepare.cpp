@@ -68,7 +68,8 @@ void append_range(const TokenRun& run, uint64_t from, uint64_t n, TokenFileWrite
   std::vector<uint32_t> ids;
   for (uint64_t done = 0; done < n;) {
     const size_t k = static_cast<size_t>(std::min<uint64_t>(kBlock / 4, n - done));
-    raw.resize(k * run.width), ids.resize(k);
+    raw.resize(k * run.width);
+    ids.resize(k);
     if (!in.read_at(run.offset + (from + done) * run.width, raw.data(), raw.size()))
       throw SpecError("data prepare: " + run.source + ": shorter than when it was counted (changed while read?)");
     widen_ids(raw.data(), k, run.width, ids.data());
@@ -111,7 +112,8 @@ std::vector<TokenRun> encode_to_spool(const PrepareOptions& opt, const Tokenizer
             continue;
           }
           const size_t cut = line_end != std::string::npos ? line_end + 1 : text_cut(text, 0, text.size() - 1);
-          carry = text.substr(cut), text.resize(cut);
+          carry = text.substr(cut);
+          text.resize(cut);
         }
         progress.add(text.size());
         texts.push_back(std::move(text));
@@ -197,9 +199,15 @@ std::string prepare_token_file(const PrepareOptions& opt) {
                    tok.normalisation().c_str());
   }
   TokenFileWriter::Options w;
-  w.output = opt.output, w.force = opt.force, w.compress = opt.compress, w.what = "data prepare", w.inputs = inputs_of(opt);
-  w.vocab = tok.vocab_size(), w.width = token_width_for(w.vocab);
-  w.tokenizer = tok.name(), w.tokenizer_model = tok.model_bytes();
+  w.output = opt.output;
+  w.force = opt.force;
+  w.compress = opt.compress;
+  w.what = "data prepare";
+  w.inputs = inputs_of(opt);
+  w.vocab = tok.vocab_size();
+  w.width = token_width_for(w.vocab);
+  w.tokenizer = tok.name();
+  w.tokenizer_model = tok.model_bytes();
   nlohmann::json how = {{"val_fraction", opt.val_fraction}, {"tokenizer", tok.name()}};
   if (!tok.is_bytes()) how["tokenizer_note"] = note;
   if (!tok.normalisation().empty()) how["tokenizer_normalises"] = tok.normalisation();
@@ -224,7 +232,10 @@ std::string prepare_token_file(const PrepareOptions& opt) {
     runs = encode_to_spool(opt, tok, spool_path, spool.get(), total);
   }
   uint64_t n_train = 0, n_val = 0;
-  for (const TokenRun& r : runs) n_val += held_out(r.count), n_train += r.count - held_out(r.count);
+  for (const TokenRun& r : runs) {
+    n_val += held_out(r.count);
+    n_train += r.count - held_out(r.count);
+  }
   TokenFileWriter out(w, n_train, n_val);
   Progress progress(tok.is_bytes() ? "read" : "written", tok.is_bytes() ? total : 4 * (n_train + n_val));
   for (const TokenRun& r : runs) append_range(r, 0, r.count - held_out(r.count), out, progress);

@@ -74,7 +74,8 @@ void describe_tokens(hid_t data, const std::string& what, size_t* n, int* width)
   if (H5Tget_class(type) != H5T_INTEGER || H5Tget_sign(type) != H5T_SGN_NONE || (w != 1 && w != 2 && w != 4) ||
       H5Sget_simple_extent_ndims(space) != 1 || H5Sget_simple_extent_dims(space, &dims, nullptr) < 0)
     throw SpecError(what + " is not a 1-D array of unsigned 8-, 16- or 32-bit token ids");
-  *n = dims, *width = static_cast<int>(w);
+  *n = dims;
+  *width = static_cast<int>(w);
 }
 
 // Opens a token file read-only and checks its format version; the caller owns the id.
@@ -134,7 +135,9 @@ std::string sources_json(const std::vector<std::string>& inputs, const std::stri
   char when[32];
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   nlohmann::json j = extra_json.empty() ? nlohmann::json::object() : nlohmann::json::parse(extra_json);
-  j["inputs"] = list, j["created"] = when, j["by"] = by;
+  j["inputs"] = list;
+  j["created"] = when;
+  j["by"] = by;
   return j.dump();
 }
 
@@ -151,7 +154,8 @@ TokenFile::TokenFile(const std::string& path, Split split) : path_(path), datase
   try {
     describe_tokens(data_, path + ": /" + dataset_, &size_, &width_);
   } catch (...) {
-    H5Dclose(data_), H5Fclose(file_);
+    H5Dclose(data_);
+    H5Fclose(file_);
     throw;
   }
 }
@@ -268,8 +272,14 @@ TokenFileWriter::~TokenFileWriter() { close_all(); }
 
 void TokenFileWriter::close_all() {
   for (int64_t* d : {&train_ds_, &val_ds_})
-    if (*d >= 0) H5Dclose(*d), *d = -1;
-  if (file_ >= 0) H5Fclose(file_), file_ = -1;
+    if (*d >= 0) {
+      H5Dclose(*d);
+      *d = -1;
+    }
+  if (file_ >= 0) {
+    H5Fclose(file_);
+    file_ = -1;
+  }
 }
 
 int64_t TokenFileWriter::vocab() const { return opt_.vocab > 0 ? opt_.vocab : static_cast<int64_t>(max_id_) + 1; }
@@ -293,7 +303,10 @@ void TokenFileWriter::append(const uint32_t* ids, size_t n, const std::string& s
   auto narrow = [&](auto& out) {
     out.resize(n);
     using Stored = typename std::decay_t<decltype(out)>::value_type;
-    for (size_t i = 0; i < n; ++i) largest = std::max(largest, ids[i]), out[i] = static_cast<Stored>(ids[i]);
+    for (size_t i = 0; i < n; ++i) {
+      largest = std::max(largest, ids[i]);
+      out[i] = static_cast<Stored>(ids[i]);
+    }
     stored = out.data();
   };
   if (opt_.width == 1) narrow(narrow8_);

@@ -58,7 +58,8 @@ class LineSample : public sentencepiece::SentenceIterator {
         continue;
       }
       if (line_no_++ % stride_ == 0) {
-        ++used_, bytes_ += line_.size() + 1;
+        ++used_;
+        bytes_ += line_.size() + 1;
         return true;
       }
     }
@@ -79,11 +80,17 @@ class QuietStderr {
   QuietStderr() : saved_(::dup(2)) {
     std::fflush(stderr);
     const int null = ::open("/dev/null", O_WRONLY);
-    if (null >= 0) ::dup2(null, 2), ::close(null);
+    if (null >= 0) {
+      ::dup2(null, 2);
+      ::close(null);
+    }
   }
   ~QuietStderr() {
     std::fflush(stderr);
-    if (saved_ >= 0) ::dup2(saved_, 2), ::close(saved_);
+    if (saved_ >= 0) {
+      ::dup2(saved_, 2);
+      ::close(saved_);
+    }
   }
   QuietStderr(const QuietStderr&) = delete;
   QuietStderr& operator=(const QuietStderr&) = delete;
@@ -175,7 +182,10 @@ std::string Tokenizer::decode(const std::vector<int>& ids) const {
       sp_->Decode(std::vector<int>(ids.begin() + from, ids.begin() + end), &part);
       text += part;
     }
-    if (end < ids.size()) text += "<" + std::to_string(ids[end]) + ">", ++end;
+    if (end < ids.size()) {
+      text += "<" + std::to_string(ids[end]) + ">";
+      ++end;
+    }
     from = end;
   }
   return text;

@@ -154,7 +154,10 @@ void Comm::gather_to_root(const std::string& mine, std::vector<std::string>& out
   std::string all;
   if (topo_.world_rank == 0) {
     int total = 0;
-    for (int l : lens) offsets.push_back(total), total += l;
+    for (int l : lens) {
+      offsets.push_back(total);
+      total += l;
+    }
     all.resize(total);
   }
   MPI_Igatherv(padded.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, 0, MPI_COMM_WORLD, &r);

@@ -159,9 +159,11 @@ ExitCode World::run_agreed(const std::function<void()>& step) {
   try {
     step();
   } catch (const SpecError& e) {
-    message = e.what(), code = ExitCode::bad_input;
+    message = e.what();
+    code = ExitCode::bad_input;
   } catch (const std::exception& e) {
-    message = e.what(), code = ExitCode::fault;
+    message = e.what();
+    code = ExitCode::fault;
   }
   const Failure f = first_failure(code);
   if (f.rank == rank_) report(code, message);
@@ -181,7 +183,8 @@ void World::finalize(ExitCode code) {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  std::fflush(stdout), std::fflush(stderr);  // everything said and saved before it can hang
+  std::fflush(stdout);
+  std::fflush(stderr);  // everything said and saved before it can hang
   const int exit_code = static_cast<int>(code);
   if (finalize_ == FinalizePolicy::skip || (finalize_ == FinalizePolicy::automatic && local_ranks_ < size_)) {
     // Every rank is past its last MPI call once the barrier completes, so leaving without

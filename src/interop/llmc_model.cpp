@@ -39,7 +39,12 @@ LlmcFile::LlmcFile(const std::string& path) : file_(path) {
   if (h[1] != kVersionFp32 && h[1] != kVersionBf16)
     throw bad("version " + std::to_string(h[1]) + "; pipetrain reads 3 (fp32) and 5 (bf16)");
   h_.dtype = h[1] == kVersionFp32 ? StoredFloat::f32 : StoredFloat::bf16;
-  h_.max_seq_len = h[2], h_.vocab = h[3], h_.n_layer = h[4], h_.n_head = h[5], h_.channels = h[6], h_.padded_vocab = h[7];
+  h_.max_seq_len = h[2];
+  h_.vocab = h[3];
+  h_.n_layer = h[4];
+  h_.n_head = h[5];
+  h_.channels = h[6];
+  h_.padded_vocab = h[7];
   for (int i = 2; i <= 7; ++i)
     if (h[i] <= 0 || h[i] > (1 << 24)) throw bad("header field " + std::to_string(i) + " = " + std::to_string(h[i]));
   if (h_.n_layer > 4096) throw bad(std::to_string(h_.n_layer) + " layers");  // model.n_layer's limit
@@ -74,8 +79,12 @@ void write_llmc(BinaryWriter& out, const LlmcHeader& h,
   int32_t header[kHeaderInts] = {0};
   header[0] = kLlmcMagic;
   header[1] = h.dtype == StoredFloat::bf16 ? kVersionBf16 : kVersionFp32;
-  header[2] = h.max_seq_len, header[3] = h.vocab, header[4] = h.n_layer, header[5] = h.n_head;
-  header[6] = h.channels, header[7] = h.padded_vocab;
+  header[2] = h.max_seq_len;
+  header[3] = h.vocab;
+  header[4] = h.n_layer;
+  header[5] = h.n_head;
+  header[6] = h.channels;
+  header[7] = h.padded_vocab;
   out.write(header, sizeof header);
   std::vector<float> values;
   std::vector<unsigned char> bytes;

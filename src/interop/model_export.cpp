@@ -82,8 +82,12 @@ void write_hf(const std::string& dir, const RunSpec& spec, const WeightsSource& 
 
 void write_llmc_file(const std::string& file, const RunSpec& spec, const WeightsSource& ckpt, StoredFloat dtype) {
   LlmcHeader h;
-  h.max_seq_len = spec.model.seq_len, h.vocab = spec.model.vocab, h.n_layer = spec.model.n_layer;
-  h.n_head = spec.model.n_head, h.channels = spec.model.d_model, h.padded_vocab = llmc_padded_vocab(spec.model.vocab);
+  h.max_seq_len = spec.model.seq_len;
+  h.vocab = spec.model.vocab;
+  h.n_layer = spec.model.n_layer;
+  h.n_head = spec.model.n_head;
+  h.channels = spec.model.d_model;
+  h.padded_vocab = llmc_padded_vocab(spec.model.vocab);
   h.dtype = dtype;
   BinaryWriter out(file);
   write_llmc(out, h, [&](const std::string& name, float* values) { ckpt.read(name, values); });

@@ -19,7 +19,10 @@ const char* spelling(StoredFloat t) { return t == StoredFloat::f32 ? "F32" : t =
 
 bool stored_float(const std::string& dtype, StoredFloat* t) {
   for (StoredFloat c : {StoredFloat::f32, StoredFloat::bf16, StoredFloat::f16})
-    if (dtype == spelling(c)) return *t = c, true;
+    if (dtype == spelling(c)) {
+      *t = c;
+      return true;
+    }
   return false;
 }
 
@@ -65,7 +68,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
       e.shape = t.at("shape").get<std::vector<int64_t>>();
       const auto offsets = t.at("data_offsets").get<std::vector<uint64_t>>();
       if (offsets.size() != 2) throw bad(name + ": data_offsets needs [begin, end]");
-      e.begin = offsets[0], e.end = offsets[1];
+      e.begin = offsets[0];
+      e.end = offsets[1];
       uint64_t count = 1;  // checked for overflow here: element_count() trusts its shape
       for (int64_t d : e.shape) {
         if (d < 0 || (d > 0 && count > UINT64_MAX / static_cast<uint64_t>(d) / 8)) throw bad(name + ": bad shape");
@@ -95,7 +99,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     if (e->begin > covered)
       throw bad(std::to_string(e->begin - covered) + " bytes before tensor " + range(*e) +
                 " belong to no tensor: the tensors must tile the data area");
-    covered = e->end, before = e;
+    covered = e->end;
+    before = e;
   }
   if (covered != data_bytes)
     throw bad(std::to_string(data_bytes - covered) + " bytes after the last tensor belong to no tensor: the tensors "

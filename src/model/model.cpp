@@ -51,8 +51,14 @@ void for_each_head_wgrad_buffer(W& w, F f) {
 // reads them where they already are).
 void size_wgrads(BlockWGrads& w, size_t NC, bool keep_copies) {
   KernelTimer timer(Kernel::memory);
-  w.dfch.resize(4 * NC), w.dln2.resize(NC), w.dqkv.resize(3 * NC), w.dln1.resize(NC);
-  if (keep_copies) w.dout.resize(NC), w.dres2.resize(NC);
+  w.dfch.resize(4 * NC);
+  w.dln2.resize(NC);
+  w.dqkv.resize(3 * NC);
+  w.dln1.resize(NC);
+  if (keep_copies) {
+    w.dout.resize(NC);
+    w.dres2.resize(NC);
+  }
 }
 
 }  // namespace
@@ -209,7 +215,10 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
     c.offset = c.first ? 0 : c.block_offset.front();
     chunks_.push_back(std::move(c));
   }
-  if (has_embedding()) wte_ = find("wte.weight")->offset, wpe_ = find("wpe.weight")->offset;
+  if (has_embedding()) {
+    wte_ = find("wte.weight")->offset;
+    wpe_ = find("wpe.weight")->offset;
+  }
   if (has_head()) {
     lnfw_ = find("ln_f.weight")->offset;
     lnfb_ = find("ln_f.bias")->offset;
@@ -230,7 +239,11 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
   datty_.resize(N * C);
   dfch_gelu_.resize(4 * N * C);
   size_wgrads(wscratch_, N * C, false);
-  if (has_head()) logits_.resize(N * V_), hscratch_.dlogits.resize(N * V_), hscratch_.dlnf.resize(N * C);
+  if (has_head()) {
+    logits_.resize(N * V_);
+    hscratch_.dlogits.resize(N * V_);
+    hscratch_.dlnf.resize(N * C);
+  }
 }
 
 const ParamTensor* Stage::find(const std::string& name) const {
@@ -283,13 +296,23 @@ void Stage::size_acts(const Chunk& c, Acts& a) {
   for (auto& x : a.xs) x.resize(N * C);
   a.blocks.resize(c.L);
   for (auto& b : a.blocks) {
-    b.ln1.resize(N * C), b.ln1_mean.resize(N), b.ln1_rstd.resize(N), b.qkv.resize(3 * N * C);
-    b.att.resize(static_cast<size_t>(B_) * NH_ * T_ * T_), b.atty.resize(N * C), b.res2.resize(N * C);
-    b.ln2.resize(N * C), b.ln2_mean.resize(N), b.ln2_rstd.resize(N), b.fch.resize(4 * N * C);
+    b.ln1.resize(N * C);
+    b.ln1_mean.resize(N);
+    b.ln1_rstd.resize(N);
+    b.qkv.resize(3 * N * C);
+    b.att.resize(static_cast<size_t>(B_) * NH_ * T_ * T_);
+    b.atty.resize(N * C);
+    b.res2.resize(N * C);
+    b.ln2.resize(N * C);
+    b.ln2_mean.resize(N);
+    b.ln2_rstd.resize(N);
+    b.fch.resize(4 * N * C);
     b.fch_gelu.resize(4 * N * C);
   }
   if (c.last) {
-    a.head.lnf.resize(N * C), a.head.lnf_mean.resize(N), a.head.lnf_rstd.resize(N);
+    a.head.lnf.resize(N * C);
+    a.head.lnf_mean.resize(N);
+    a.head.lnf_rstd.resize(N);
     a.head.probs.resize(N * V_);
   }
   a.acts_live = true;
@@ -321,8 +344,10 @@ double Stage::forward(int chunk, int mb, float* out) {
   if (mode_ == Recompute::block) {  // keep each block's input (and the head's)
     KernelTimer timer(Kernel::memory);
     s.xs.resize(work_.xs.size());
-    for (size_t i = 0; i < work_.xs.size(); ++i)
-      s.xs[i].resize(work_.xs[i].size()), copy_values(s.xs[i].data(), work_.xs[i].data(), work_.xs[i].size());
+    for (size_t i = 0; i < work_.xs.size(); ++i) {
+      s.xs[i].resize(work_.xs[i].size());
+      copy_values(s.xs[i].data(), work_.xs[i].data(), work_.xs[i].size());
+    }
   }
   // Recompute::stage keeps only what set_tokens / input_buffer / set_targets put in s.
   return loss;
@@ -366,7 +391,10 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
   if (split && input) {
     kept->blocks.resize(L);
     for (auto& w : kept->blocks) size_wgrads(w, n, true);
-    if (c.last) kept->head.dlogits.resize(static_cast<size_t>(B_) * T_ * V_), kept->head.dlnf.resize(n);
+    if (c.last) {
+      kept->head.dlogits.resize(static_cast<size_t>(B_) * T_ * V_);
+      kept->head.dlnf.resize(n);
+    }
     if (c.first) kept->head.dembed.resize(n);
   }
   HeadWGrads& hw = split ? kept->head : hscratch_;
@@ -422,7 +450,10 @@ template <class T>
 T& Stage::take(std::vector<Pool<T>>& pools, int pool, int& slot) {
   Pool<T>& p = pools[pool];
   if (slot < 0) {
-    if (p.free.empty()) p.free.push_back(static_cast<int>(p.slots.size())), p.slots.emplace_back();
+    if (p.free.empty()) {
+      p.free.push_back(static_cast<int>(p.slots.size()));
+      p.slots.emplace_back();
+    }
     slot = p.free.back();
     p.free.pop_back();
   }

@@ -26,7 +26,8 @@ OptimizerShard::OptimizerShard(const std::vector<ParamTensor>& params, int rank,
 }
 
 void OptimizerShard::rank_parts(const ParamTensor& p, std::vector<int>& counts, std::vector<int>& offsets) const {
-  counts.resize(size_), offsets.resize(size_);
+  counts.resize(size_);
+  offsets.resize(size_);
   const size_t row = row_elements(p);
   for (int r = 0; r < size_; ++r) {
     const RowRange rr = row_slab(static_cast<size_t>(p.shape[0]), r, size_);

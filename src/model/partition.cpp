@@ -68,7 +68,10 @@ std::vector<int> balanced(const RunSpec& spec) {
     for (int e = s + 1; e <= L; ++e)
       for (int b = s; b < e; ++b) {
         double v = std::max(best[s - 1][b], cost(s, b, e));
-        if (v < best[s][e] * (1 - 1e-12)) best[s][e] = v, cut[s][e] = b;
+        if (v < best[s][e] * (1 - 1e-12)) {
+          best[s][e] = v;
+          cut[s][e] = b;
+        }
       }
   std::vector<int> blocks(P);
   for (int s = P - 1, e = L; s >= 0; --s) {

@@ -30,8 +30,13 @@ void WindowFigures::to(double* out) const {
 
 WindowFigures WindowFigures::from(const double* in) {
   WindowFigures w;
-  w.steps = in[0], w.own_s = in[1], w.wait_s = in[2];
-  w.link_from[0] = in[3], w.link_from[1] = in[4], w.link_s[0] = in[5], w.link_s[1] = in[6];
+  w.steps = in[0];
+  w.own_s = in[1];
+  w.wait_s = in[2];
+  w.link_from[0] = in[3];
+  w.link_from[1] = in[4];
+  w.link_s[0] = in[5];
+  w.link_s[1] = in[6];
   return w;
 }
 
@@ -48,10 +53,12 @@ bool StragglerWindow::long_enough(double now) const {
 
 WindowFigures StragglerWindow::close(double now) {
   WindowFigures w;
-  closing_ = false, opened_s_ = now;
+  closing_ = false;
+  opened_s_ = now;
   if (own_s_.empty()) return w;
   w.steps = static_cast<double>(own_s_.size());
-  w.own_s = median(own_s_), w.wait_s = median(wait_s_);
+  w.own_s = median(own_s_);
+  w.wait_s = median(wait_s_);
   int k = 0;
   for (const auto& [peer, seconds] : transfer_s_) {  // a rank's incoming links: from the stages before and after it
     if (k == 2) break;
@@ -59,7 +66,9 @@ WindowFigures StragglerWindow::close(double now) {
     w.link_s[k] = seconds.empty() ? -1 : median(seconds);
     ++k;
   }
-  own_s_.clear(), wait_s_.clear(), transfer_s_.clear();
+  own_s_.clear();
+  wait_s_.clear();
+  transfer_s_.clear();
   return w;
 }
 
@@ -110,7 +119,8 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
     return s > 0 ? s : 1 / P;
   };
   auto window = [&](Straggler s) {
-    s.first_step = first_step_, s.last_step = last_step_;
+    s.first_step = first_step_;
+    s.last_step = last_step_;
     return s;
   };
 
@@ -147,8 +157,14 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
     for (size_t n = 0; n < nodes_.size(); ++n) {
       std::vector<double> v, c, s;
       for (size_t r = 0; r < R; ++r)
-        if (places_[r].node == nodes_[n]) v.push_back(per_work[r]), c.push_back(ranks[r].own_s), s.push_back(share(r));
-      node_value[n] = median(v), node_compute[n] = median(c), node_share[n] = median(s);
+        if (places_[r].node == nodes_[n]) {
+          v.push_back(per_work[r]);
+          c.push_back(ranks[r].own_s);
+          s.push_back(share(r));
+        }
+      node_value[n] = median(v);
+      node_compute[n] = median(c);
+      node_share[n] = median(s);
     }
     for (size_t n = 0; n < nodes_.size(); ++n) {
       const double peer = median_without(node_value, n);
@@ -211,14 +227,22 @@ std::string StragglerDetector::json_keys() const {
        wait = json::array(), links = json::array();
   for (size_t r = 0; r < places_.size() && r < last_.size(); ++r) {
     node.push_back(std::find(nodes_.begin(), nodes_.end(), places_[r].node) - nodes_.begin());
-    stage.push_back(places_[r].stage), replica.push_back(places_[r].replica);
-    compute.push_back(last_[r].own_s), wait.push_back(last_[r].wait_s);
+    stage.push_back(places_[r].stage);
+    replica.push_back(places_[r].replica);
+    compute.push_back(last_[r].own_s);
+    wait.push_back(last_[r].wait_s);
   }
   for (const Link& l : links_) links.push_back({{"from", l.from}, {"to", l.to}, {"s", l.seconds}});
-  w["rank_node"] = node, w["rank_stage"] = stage, w["rank_replica"] = replica;
-  w["own_s"] = compute, w["wait_s"] = wait, w["expected_s"] = expected_s_, w["ratio"] = rank_ratio_;
+  w["rank_node"] = node;
+  w["rank_stage"] = stage;
+  w["rank_replica"] = replica;
+  w["own_s"] = compute;
+  w["wait_s"] = wait;
+  w["expected_s"] = expected_s_;
+  w["ratio"] = rank_ratio_;
   w["threshold"] = rank_threshold_;
-  w["node_ratio"] = node_ratio_, w["links"] = links;
+  w["node_ratio"] = node_ratio_;
+  w["links"] = links;
   json flagged_now = json::array();
   for (const Straggler& s : flagged())
     flagged_now.push_back({{"kind", s.kind}, {"name", s.name}, {"ratio", s.ratio}, {"seconds", s.seconds},

@@ -45,7 +45,10 @@ size_t held_activation_bytes(const ActionList& list, const std::vector<size_t>& 
     if (a.op == Op::forward) acts_peak[p] = std::max(acts_peak[p], ++acts[p]);
     if (a.op == Op::backward_input) kept_peak[p] = std::max(kept_peak[p], ++kept[p]);
     if (a.op == Op::backward) --acts[p];
-    if (a.op == Op::backward_weight) --acts[p], --kept[p];
+    if (a.op == Op::backward_weight) {
+      --acts[p];
+      --kept[p];
+    }
   }
   size_t held = 0;
   for (size_t p = 0; p < pools; ++p) held += acts_peak[p] * acts_size[p] + kept_peak[p] * kept_size[p];

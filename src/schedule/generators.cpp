@@ -99,7 +99,10 @@ ActionList interleaved_schedule(int stage, int n_stages, int micro_batches, int 
   // come back, and every stage runs the first group through all but its last chunk first.
   const int warmup = M == P ? total : std::min(total, 2 * (P - 1 - stage) + (V - 1) * P);
   for (int k = 0; k < warmup; ++k) forward(k);
-  for (int k = 0; k + warmup < total; ++k) forward(k + warmup), backward(k);
+  for (int k = 0; k + warmup < total; ++k) {
+    forward(k + warmup);
+    backward(k);
+  }
   for (int k = std::max(0, total - warmup); k < total; ++k) backward(k);
   return list;
 }

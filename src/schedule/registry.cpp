@@ -107,7 +107,10 @@ struct Registry {
   std::deque<ScheduleKind> kinds;
   std::vector<const ScheduleKind*> order;
   Registry() {
-    for (ScheduleKind& k : built_in()) kinds.push_back(std::move(k)), order.push_back(&kinds.back());
+    for (ScheduleKind& k : built_in()) {
+      kinds.push_back(std::move(k));
+      order.push_back(&kinds.back());
+    }
   }
 };
 

@@ -68,7 +68,8 @@ SimResult simulate(const std::vector<ActionList>& lists, const std::vector<doubl
       if (a.op == Op::recv_act || a.op == Op::recv_grad) {
         const int v = place.vstage(s, a.chunk);
         Message& m = messages[key_of_receive(a, v)];
-        m.receiver = s, m.index = taken[{a.op == Op::recv_grad, from_peer(a, v)}]++;
+        m.receiver = s;
+        m.index = taken[{a.op == Op::recv_grad, from_peer(a, v)}]++;
       }
   }
   // When the receive of message m from `sender` was posted: at the start for the first
@@ -145,8 +146,10 @@ std::string render_chart(const SimResult& sim, int max_slots) {
   size_t width = 4;  // the classic chart's columns; wider for chunk labels such as "B12.1"
   for (int s = 0; s < P; ++s)
     for (const SimSpan& sp : sim.spans[s])
-      for (long t = std::lround(sp.start); t < std::lround(sp.end) && t < slots; ++t)
-        cells[s][t] = to_string(sp.action), width = std::max(width, cells[s][t].size() + 1);
+      for (long t = std::lround(sp.start); t < std::lround(sp.end) && t < slots; ++t) {
+        cells[s][t] = to_string(sp.action);
+        width = std::max(width, cells[s][t].size() + 1);
+      }
   const std::string last_label = "Stage " + std::to_string(P - 1) + ":";
   const size_t label_width = std::max<size_t>(10, last_label.size() + 2);
   auto pad = [](std::string s, size_t width, size_t display) { return s + std::string(width > display ? width - display : 1, ' '); };

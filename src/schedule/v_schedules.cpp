@@ -98,21 +98,40 @@ ActionList dualpipe_v_schedule(int stage, int n_stages, int micro_batches) {
     order.push_back(pending_w.front());
     pending_w.pop_front();
   };
-  auto pair = [&](int forward_chunk) { forward(forward_chunk), backward(1 - forward_chunk); };
+  auto pair = [&](int forward_chunk) {
+    forward(forward_chunk);
+    backward(1 - forward_chunk);
+  };
   for (int i = 0; i < 2 * (P - 1 - s); ++i) forward(0);                  // chunk 0 fills the way down
-  for (int i = 0; i <= s; ++i) forward(0), forward(1);                    // both chunks, the turn reached
+  for (int i = 0; i <= s; ++i) {                                          // both chunks, the turn reached
+    forward(0);
+    forward(1);
+  }
   split = true;
-  for (int i = 0; i < P - 1 - s; ++i) backward(1), weight(), forward(1);  // chunk 1's first backwards
+  for (int i = 0; i < P - 1 - s; ++i) {                                   // chunk 1's first backwards
+    backward(1);
+    weight();
+    forward(1);
+  }
   split = false;
-  for (int i = 0; i < M - 2 * P + s + 1; ++i) pair(0), pair(1);           // steady state: F with the other's B
-  for (int i = 0; i < P - 1 - s; ++i) backward(1), pair(1);               // chunk 0's forwards are done
+  for (int i = 0; i < M - 2 * P + s + 1; ++i) {                           // steady state: F with the other's B
+    pair(0);
+    pair(1);
+  }
+  for (int i = 0; i < P - 1 - s; ++i) {                                   // chunk 0's forwards are done
+    backward(1);
+    pair(1);
+  }
   for (int i = 0; i <= s; ++i) {                                          // the last backwards, B and W
     if (i == (s + 1) / 2 && s % 2 == 1) split = true;                     // apart from the middle on
     backward(1);
     if (i == (s + 1) / 2 && s % 2 == 0) split = true;
     backward(0);
   }
-  for (int i = 0; i < P - 1 - s; ++i) weight(), backward(0);
+  for (int i = 0; i < P - 1 - s; ++i) {
+    weight();
+    backward(0);
+  }
   while (!pending_w.empty()) weight();
   return with_messages(order, ChunkPlacement{P, 2, Placement::vee}, stage);
 }

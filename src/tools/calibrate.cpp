@@ -94,9 +94,13 @@ PassCosts time_stage(const Together& together, const RunSpec& spec, int vstage) 
     const double t1 = now_s();
     stage.backward_weight(0, 0);
     finish_compute();
-    if (i > 0) b.push_back(t1 - t0), w.push_back(now_s() - t1);  // the first warms up
+    if (i > 0) {  // the first warms up
+      b.push_back(t1 - t0);
+      w.push_back(now_s() - t1);
+    }
   }
-  c.b = median(b), c.w = median(w);
+  c.b = median(b);
+  c.w = median(w);
   return c;
 }
 
@@ -119,7 +123,10 @@ PassCosts time_recompute(const Together& together, RunSpec spec, Recompute mode)
     const double t1 = now_s();
     stage.backward(0, 0, dout.data(), dinp.data());
     finish_compute();
-    if (i > 0) f.push_back(t1 - t0), b.push_back(now_s() - t1);  // the first warms up
+    if (i > 0) {  // the first warms up
+      f.push_back(t1 - t0);
+      b.push_back(now_s() - t1);
+    }
   }
   return {median(f), median(b), 0};
 }

@@ -42,7 +42,10 @@ Parts share_out(const std::vector<double>& t, const std::vector<Shape>& shapes, 
   Parts p;
   if (per_block.empty()) {  // no stage times a block alone: the FLOPs' proportions throughout
     double time = 0, work = 0;
-    for (size_t v = 0; v < shapes.size(); ++v) time += t[v], work += flops(per_sample, shapes[v], pass);
+    for (size_t v = 0; v < shapes.size(); ++v) {
+      time += t[v];
+      work += flops(per_sample, shapes[v], pass);
+    }
     const double s = work > 0 ? time / work : 0;
     return {unit.block * s, unit.embed * s, unit.head * s};
   }
@@ -119,12 +122,15 @@ MachineCosts costs_from_run(const std::string& run_dir) {
   for (int v = 0; v < VS; ++v) {
     auto& m = by_vstage[v];
     if (m['F'].empty()) throw SpecError(trace_file + ": no forward of virtual stage " + std::to_string(v) + " traced");
-    f[v] = median(m['F']), r[v] = m['R'].empty() ? 0 : median(m['R']);  // no recompute: none traced
+    f[v] = median(m['F']);
+    r[v] = m['R'].empty() ? 0 : median(m['R']);  // no recompute: none traced
     if (!m['b'].empty()) {
-      b[v] = median(m['b']), w[v] = median(m['W']);
+      b[v] = median(m['b']);
+      w[v] = median(m['W']);
     } else {  // fused: input and weight halves in their FLOPs' proportions
       const double fb = flops(unit, shapes[v], &PassCosts::b), fw = flops(unit, shapes[v], &PassCosts::w);
-      b[v] = median(m['B']) * fb / (fb + fw), w[v] = median(m['B']) * fw / (fb + fw);
+      b[v] = median(m['B']) * fb / (fb + fw);
+      w[v] = median(m['B']) * fw / (fb + fw);
     }
   }
   const Parts F = share_out(f, shapes, unit, &PassCosts::f), B = share_out(b, shapes, unit, &PassCosts::b),

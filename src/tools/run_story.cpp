@@ -36,7 +36,8 @@ RunStory run_story(const std::string& run_dir, const std::vector<json>& metrics)
       if (!story.launches.empty())
         story.launches.back().last_step = std::max(story.launches.back().last_step, e.value("last_logged_before", int64_t{0}));
       l.ended = "no stop record";
-      l.ranks_per_node = e.value("ranks_per_node", 0), l.threads_per_rank = e.value("threads_per_rank", 0);
+      l.ranks_per_node = e.value("ranks_per_node", 0);
+      l.threads_per_rank = e.value("threads_per_rank", 0);
       l.node_cores = e.value("node_cores", 0);
       story.launches.push_back(l);
     } else if (kind == "stop" && !story.launches.empty() && story.launches.back().launch == e["launch"].get<int>()) {

@@ -133,7 +133,10 @@ void check_links(Comm& comm, std::vector<Row>& rows) {
   for (const Link& l : links) {
     double best_lat = 1e30, best_bw = 0;
     for (const Link& o : links)
-      if (o.crosses_nodes == l.crosses_nodes) best_lat = std::min(best_lat, o.latency_s), best_bw = std::max(best_bw, o.mib_per_s);
+      if (o.crosses_nodes == l.crosses_nodes) {
+        best_lat = std::min(best_lat, o.latency_s);
+        best_bw = std::max(best_bw, o.mib_per_s);
+      }
     const bool lat_ok = l.latency_s <= kMaxLatencyS && l.latency_s <= kSlowFactor * best_lat + 1e-4;
     const bool bw_ok = l.mib_per_s >= kMinBandwidthMiBs && l.mib_per_s * kSlowFactor >= best_bw;
     rows.push_back({"p2p latency", l.where, fmt("%.1f us", l.latency_s * 1e6) + (lat_ok ? "" : fmt(" (best %.1f us)", best_lat * 1e6)), lat_ok});

@@ -49,14 +49,17 @@ StragglerReport straggler_report(const std::vector<json>& lines, double ratio) {
     const double steps = w.value("last_step", 0) - w.value("first_step", 0) + 1;
     double excess = 0;
     for (size_t r = 0; r < R; ++r) {
-      compute[r].push_back(at(w, "own_s", r)), wait[r].push_back(at(w, "wait_s", r)), ratio_of[r].push_back(at(w, "ratio", r));
+      compute[r].push_back(at(w, "own_s", r));
+      wait[r].push_back(at(w, "wait_s", r));
+      ratio_of[r].push_back(at(w, "ratio", r));
       const double over = std::isnan(at(w, "threshold", r)) ? ratio : at(w, "threshold", r);  // older logs: the ratio
       if (at(w, "ratio", r) > over) excess = std::max(excess, at(w, "own_s", r) - at(w, "expected_s", r));
     }
     for (size_t n = 0; n < nodes.size(); ++n) node_ratio[n].push_back(at(w, "node_ratio", n));
     for (const json& k : w.value("links", json::array()))
       link_s[{k.value("from", -1), k.value("to", -1)}].push_back(k.value("s", 0.0));
-    lost_s += steps * excess, covered_steps += steps;
+    lost_s += steps * excess;
+    covered_steps += steps;
     step_times.push_back(l->value("step_time_s", 0.0));
   }
   const double stepping_s = covered_steps * median(step_times);
@@ -93,8 +96,11 @@ StragglerReport straggler_report(const std::vector<json>& lines, double ratio) {
       std::vector<double> c, w;
       std::string members;
       for (size_t r = 0; r < R; ++r)
-        if (static_cast<size_t>(at(last, "rank_node", r)) == n)
-          c.push_back(median(compute[r])), w.push_back(median(wait[r])), members += (members.empty() ? "" : ",") + std::to_string(r);
+        if (static_cast<size_t>(at(last, "rank_node", r)) == n) {
+          c.push_back(median(compute[r]));
+          w.push_back(median(wait[r]));
+          members += (members.empty() ? "" : ",") + std::to_string(r);
+        }
       const double x = median(node_ratio[n]);
       if (x > median(node_ratio[slowest_node])) slowest_node = n;
       node_rows.push_back({{"node", nodes[n]}, {"ranks", members}, {"own_s", median(c)}, {"wait_s", median(w)}, {"ratio", x}});
@@ -136,7 +142,8 @@ StragglerReport straggler_report(const std::vector<json>& lines, double ratio) {
       Seen& e = seen[s.value("name", "?")];
       const int step = l.value("step", 0);
       if (!e.first) e.first = step;
-      e.last = step, e.worst = std::max(e.worst, s.value("ratio", 0.0));
+      e.last = step;
+      e.worst = std::max(e.worst, s.value("ratio", 0.0));
     }
   json flagged = json::array();
   for (const auto& [name, e] : seen) {
@@ -146,8 +153,12 @@ StragglerReport straggler_report(const std::vector<json>& lines, double ratio) {
   if (seen.empty()) t += "    flagged: none\n";
   t += "    time lost to stragglers: " + fmt("%.2f s", lost_s) + " of " + fmt("%.2f s", stepping_s) + " of steps (" +
        fmt("%.1f%%", stepping_s > 0 ? 100 * lost_s / stepping_s : 0) + ")\n";
-  out.json["ranks"] = ranks, out.json["nodes"] = node_rows, out.json["links"] = links, out.json["flagged"] = flagged;
-  out.json["lost_s"] = lost_s, out.json["stepping_s"] = stepping_s;
+  out.json["ranks"] = ranks;
+  out.json["nodes"] = node_rows;
+  out.json["links"] = links;
+  out.json["flagged"] = flagged;
+  out.json["lost_s"] = lost_s;
+  out.json["stepping_s"] = stepping_s;
   return out;
 }
 

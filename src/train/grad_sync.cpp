@@ -108,10 +108,16 @@ StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, const Optimiz
                    std::vector<float>* staging, bool out_of_time, bool window_long_enough, double loss_sum, Trace& trace) {
   TraceLaps laps(trace);
   Floats& g = stage.grads();
-  if (staging) download(staging->data(), g.data(), g.size() * sizeof(float)), laps.mark("gradients to host", "comm");
+  if (staging) {
+    download(staging->data(), g.data(), g.size() * sizeof(float));
+    laps.mark("gradients to host", "comm");
+  }
   const double dp_wait = reducer.finish(trace);
   laps.restart();
-  if (staging) upload(g.data(), staging->data(), g.size() * sizeof(float)), laps.mark("gradients to device", "comm");
+  if (staging) {
+    upload(g.data(), staging->data(), g.size() * sizeof(float));
+    laps.mark("gradients to device", "comm");
+  }
   // Each rank checks what it vouches for: unsharded, the first replica the whole (summed) buffer;
   // sharded, every replica its slabs. Each rank checks its own loss.
   const bool counts = shard.sharded() || comm.topo().dp_rank == 0;

@@ -187,25 +187,31 @@ void find_peaks(Run& run) {
     unit[0] = unit[1] = 0;
     if (gpu) {
       const gpu::DeviceInfo info = gpu::device_info(compute_gpu());
-      unit[0] = gpu::peak_gflops(info, spec.model.dtype), unit[1] = gpu::measure_gemm_gflops(), unit[2] = 1;
+      unit[0] = gpu::peak_gflops(info, spec.model.dtype);
+      unit[1] = gpu::measure_gemm_gflops();
+      unit[2] = 1;
       run.peak_basis = info.name + ": " + std::to_string(info.multiprocessors) + " SMs x " +
                        std::to_string(info.clock_khz / 1000) + " MHz, " + name_of(spec.model.dtype);
     } else if (run.world.local_rank() == 0) {
       set_blas_threads(1);
       const CorePeak core = core_peak();
-      unit[0] = core.gflops, unit[1] = measure_sgemm_gflops(), unit[2] = 1;
+      unit[0] = core.gflops;
+      unit[1] = measure_sgemm_gflops();
+      unit[2] = 1;
       run.peak_basis = core.basis;
       set_blas_threads(run.blas_threads);
     }
     run.comm->idle_barrier();  // the others wait asleep meanwhile: ranks polling on its core would slow the clock it measures
     run.comm->allreduce_world(unit, 3);
-    unit[0] /= unit[2], unit[1] /= unit[2];  // the mean over the nodes (GPUs)
+    unit[0] /= unit[2];
+    unit[1] /= unit[2];  // the mean over the nodes (GPUs)
     if (unit[0] <= 0) {  // a CPU or GPU the tables do not know: the BLAS's rate is the best figure left
       unit[0] = unit[1];
       run.peak_basis = "the measured GEMM rate: this " + std::string(gpu ? "GPU" : "CPU") + "'s FLOPs per cycle are unknown";
     }
   }
-  run.peak_per_unit = unit[0], run.sgemm_per_unit = unit[1];
+  run.peak_per_unit = unit[0];
+  run.sgemm_per_unit = unit[1];
   double units = gpu ? 1.0
                  : run.world.local_rank() == 0
                      ? std::min(run.world.local_ranks() * run.blas_threads, std::max(1, run.world.cores()))

@@ -89,7 +89,8 @@ StepResult train_step(Run& run, int step) {
 
 void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   RankFigures mine;
-  mine.stage = run.topo.stage, mine.dp_rank = run.topo.dp_rank;
+  mine.stage = run.topo.stage;
+  mine.dp_rank = run.topo.dp_rank;
   mine.compute_s = r.stats.compute_s + r.local_s;
   mine.rank_step_s = r.step_s;
   mine.param_count = static_cast<double>(run.stage->weights().size());
@@ -112,10 +113,18 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   std::vector<RankFigures> figures;
   for (int rank = 0; rank < run.world.size(); ++rank) figures.push_back(RankFigures::from(&all[rank * RankFigures::kFields]));
   StepLine line = combine(figures, run.spec.parallel.pp, run.tokens_per_step);
-  line.step = done, line.steps = run.spec.run.steps, line.lr = r.lr, line.grad_norm = r.sync.norm;
-  line.time = wall_clock_s(), line.launch = run.launch_index, line.pp = run.spec.parallel.pp, line.dp = run.spec.parallel.dp;
-  line.step_time_s = r.step_s, line.tokens_per_s = run.tokens_per_step / r.step_s;
-  line.skipped = !r.sync.finite, line.bad_steps = run.bad_steps->total();
+  line.step = done;
+  line.steps = run.spec.run.steps;
+  line.lr = r.lr;
+  line.grad_norm = r.sync.norm;
+  line.time = wall_clock_s();
+  line.launch = run.launch_index;
+  line.pp = run.spec.parallel.pp;
+  line.dp = run.spec.parallel.dp;
+  line.step_time_s = r.step_s;
+  line.tokens_per_s = run.tokens_per_step / r.step_s;
+  line.skipped = !r.sync.finite;
+  line.bad_steps = run.bad_steps->total();
   line.bubble_theory = run.bubble_theory;
   line.gflops = run.flops_per_step / r.step_s / 1e9;
   line.peak_gflops = run.peak_gflops;

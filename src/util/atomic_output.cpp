@@ -103,9 +103,12 @@ AtomicOutput::AtomicOutput(const std::string& path, const OutputRule& rule) : pa
   check_output(path_, rule);
   std::error_code ec;
   const fs::path parent = fs::path(path_).parent_path();
-  if (!parent.empty() && !fs::is_directory(parent, ec) && (fs::create_directories(parent, ec), !fs::is_directory(parent)))
-    throw SpecError(rule.command + ": " + rule.option + " " + path + ": cannot create the folder " + parent.string() +
-                    (ec ? " (" + ec.message() + ")" : ""));
+  if (!parent.empty() && !fs::is_directory(parent, ec)) {
+    fs::create_directories(parent, ec);
+    if (!fs::is_directory(parent))
+      throw SpecError(rule.command + ": " + rule.option + " " + path + ": cannot create the folder " + parent.string() +
+                      (ec ? " (" + ec.message() + ")" : ""));
+  }
   staging_ = path_ + ".tmp-" + std::to_string(::getpid());
   fs::remove_all(staging_, ec);  // a leftover of an earlier attempt by a process with this pid
 }

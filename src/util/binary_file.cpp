@@ -43,7 +43,9 @@ bool BinaryReader::read_at(uint64_t offset, void* out, size_t n) const {
     const ssize_t got = ::pread(fd_, p, n, static_cast<off_t>(offset));
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) return false;
-    p += got, n -= static_cast<size_t>(got), offset += static_cast<uint64_t>(got);
+    p += got;
+    n -= static_cast<size_t>(got);
+    offset += static_cast<uint64_t>(got);
   }
   return true;
 }

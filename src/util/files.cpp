@@ -101,7 +101,10 @@ std::string human_bytes(double b) {
   char buf[32];
   const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
   std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", b, unit[u]);  // whole bytes below a KiB
   return buf;
 }

@@ -37,7 +37,10 @@ inline void check(const std::string& what, const std::function<double()>& loss, 
   double analytic_dir = 0;
   // unit-norm direction, so the step is eps whatever n is (third-order terms stay ~eps^2)
   const float unit = 1.f / std::sqrt(static_cast<float>(n));
-  for (size_t i = 0; i < n; ++i) dir[i] = sign(gen) > 0 ? unit : -unit, analytic_dir += grad[i] * dir[i];
+  for (size_t i = 0; i < n; ++i) {
+    dir[i] = sign(gen) > 0 ? unit : -unit;
+    analytic_dir += grad[i] * dir[i];
+  }
   for (size_t i = 0; i < n; ++i) x[i] = saved[i] + eps * dir[i];
   double up = loss();
   for (size_t i = 0; i < n; ++i) x[i] = saved[i] - eps * dir[i];

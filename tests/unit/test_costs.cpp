@@ -14,7 +14,10 @@ namespace {
 
 MachineCosts two_sizes() {
   MachineCosts c;
-  c.d_model = 64, c.n_head = 4, c.seq_len = 32, c.vocab = 256;
+  c.d_model = 64;
+  c.n_head = 4;
+  c.seq_len = 32;
+  c.vocab = 256;
   c.compute = {{1, {1, 2, 1}, {0, 0, 0}, {0, 0, 0}, {}}, {4, {3, 6, 3}, {0, 0, 0}, {0, 0, 0}, {}}};
   c.p2p = {{1000, 1e-3}, {2000, 2e-3}};
   c.allreduce = {{1000, 4e-3}, {2000, 8e-3}};
@@ -82,7 +85,9 @@ TEST_CASE("predicted step: the simulated pipeline, then reduction, the step agre
   spec.model.tie_embeddings = true;
   CHECK(predict_step(spec, c).reduce_s == Approx(c.allreduce_s(4.0 * 256 * 64, 2)));  // wte's gradient, 2 ranks
   spec.model.tie_embeddings = false;
-  spec.parallel.dp = 2, spec.parallel.pp = 1, spec.parallel.micro_batches = 2;  // 4 samples each, 4 blocks
+  spec.parallel.dp = 2;
+  spec.parallel.pp = 1;
+  spec.parallel.micro_batches = 2;  // 4 samples each, 4 blocks
   c.adamw_s_per_param = 1e-9;
   const StepPrediction d = predict_step(spec, c);
   CHECK(d.reduce_s > 0);

@@ -29,13 +29,17 @@ std::set<std::string> linux_cpu_flags() {
 
 CpuFeatures cpu(const char* vendor, int family, int model, SimdLevel level) {
   CpuFeatures f;
-  f.vendor = vendor, f.family = family, f.model = model, f.level = level;
+  f.vendor = vendor;
+  f.family = family;
+  f.model = model;
+  f.level = level;
   return f;
 }
 
 KernelSituation situation(SimdLevel cpu, const char* running) {
   KernelSituation s;
-  s.cpu = cpu, s.running = running;
+  s.cpu = cpu;
+  s.running = running;
   return s;
 }
 

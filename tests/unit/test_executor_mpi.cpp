@@ -97,7 +97,10 @@ double worst_grad_diff(const Grads& mine, const Grads& reference) {
     const std::vector<float>& ref = reference.at(name);
     REQUIRE(ref.size() == g.size());
     double diff = 0, scale = 0;
-    for (size_t i = 0; i < g.size(); ++i) diff = std::max(diff, std::fabs(double{g[i]} - ref[i])), scale = std::max(scale, std::fabs(double{ref[i]}));
+    for (size_t i = 0; i < g.size(); ++i) {
+      diff = std::max(diff, std::fabs(double{g[i]} - ref[i]));
+      scale = std::max(scale, std::fabs(double{ref[i]}));
+    }
     worst = std::max(worst, diff / std::max(scale, 1e-30));
   }
   return worst;

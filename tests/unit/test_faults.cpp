@@ -41,7 +41,8 @@ TEST_CASE("fault hooks fire for their rank and step only", "[faults]") {
 TEST_CASE("fault hooks: nothing set, malformed values and an unarmed process fire nothing", "[faults]") {
   FaultHooks none = armed(0, {}), bad = armed(0, {{"PIPETRAIN_TEST_STALL", "zero:one"}});
   for (int step : {0, 1, 5}) {
-    none.start_step(step), bad.start_step(step);
+    none.start_step(step);
+    bad.start_step(step);
     CHECK_FALSE(none.fires(FaultPoint::stall_at_step));
     CHECK_FALSE(bad.fires(FaultPoint::stall_at_step));
   }
@@ -58,7 +59,9 @@ TEST_CASE("fault hooks: slow compute stretches one rank's compute from its step 
     CHECK(mine.compute_stretch() == 1.0);
   }
   for (int step : {5, 6, 300}) {
-    mine.start_step(step), other.start_step(step), bad.start_step(step);
+    mine.start_step(step);
+    other.start_step(step);
+    bad.start_step(step);
     CHECK(mine.compute_stretch() == 1.5);
     CHECK(other.compute_stretch() == 1.0);
     CHECK(bad.compute_stretch() == 1.0);  // a factor below 1 cannot speed a rank up: ignored

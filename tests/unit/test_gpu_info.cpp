@@ -11,9 +11,11 @@ gpu::DeviceInfo h200(gpu::ComputeMode mode) {
   gpu::DeviceInfo info;
   info.name = "NVIDIA H200";
   info.memory_bytes = size_t{150} * 1000 * 1000 * 1000;
-  info.capability_major = 9, info.capability_minor = 0;
+  info.capability_major = 9;
+  info.capability_minor = 0;
   info.mode = mode;
-  info.driver_cuda = 13000, info.runtime_cuda = 12080;
+  info.driver_cuda = 13000;
+  info.runtime_cuda = 12080;
   return info;
 }
 }  // namespace
@@ -36,11 +38,14 @@ TEST_CASE("ranks may share a GPU in the default compute mode only") {
 
 TEST_CASE("a GPU's dense peak: SMs x maximum clock x FLOPs per SM and cycle of its capability and dtype") {
   gpu::DeviceInfo a100;  // NVIDIA's A100 figures: 19.5 TFLOP/s fp32, 312 bf16 dense, at 1410 MHz on 108 SMs
-  a100.capability_major = 8, a100.multiprocessors = 108, a100.clock_khz = 1410000;
+  a100.capability_major = 8;
+  a100.multiprocessors = 108;
+  a100.clock_khz = 1410000;
   CHECK(gpu::peak_gflops(a100, Dtype::fp32) == Approx(19492).epsilon(1e-3));
   CHECK(gpu::peak_gflops(a100, Dtype::bf16) == Approx(311869).epsilon(1e-3));
   gpu::DeviceInfo h100 = h200(gpu::ComputeMode::shared);  // H100 SXM's 66.9 TFLOP/s fp32 on 132 SMs at 1980 MHz
-  h100.multiprocessors = 132, h100.clock_khz = 1980000;
+  h100.multiprocessors = 132;
+  h100.clock_khz = 1980000;
   CHECK(gpu::peak_gflops(h100, Dtype::fp32) == Approx(66908).epsilon(1e-3));
   gpu::DeviceInfo unknown = a100;
   unknown.capability_major = 6;

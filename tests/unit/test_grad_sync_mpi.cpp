@@ -28,9 +28,18 @@ RunSpec tiny_replicated() {
 // Three tensors over 23 floats: 3 rows of 3, 5 rows of 2, 4 single elements.
 std::vector<ParamTensor> three_tensors() {
   std::vector<ParamTensor> p(3);
-  p[0].name = "a", p[0].shape = {3, 3}, p[0].offset = 0, p[0].size = 9;
-  p[1].name = "b", p[1].shape = {5, 2}, p[1].offset = 9, p[1].size = 10;
-  p[2].name = "c", p[2].shape = {4}, p[2].offset = 19, p[2].size = 4;
+  p[0].name = "a";
+  p[0].shape = {3, 3};
+  p[0].offset = 0;
+  p[0].size = 9;
+  p[1].name = "b";
+  p[1].shape = {5, 2};
+  p[1].offset = 9;
+  p[1].size = 10;
+  p[2].name = "c";
+  p[2].shape = {4};
+  p[2].offset = 19;
+  p[2].size = 4;
   return p;
 }
 

@@ -102,7 +102,11 @@ TEST_CASE("safetensors: a malformed file is refused naming it", "[interop]") {
 TEST_CASE("llm.c file: header, padded token table, and the tensors back as written", "[interop]") {
   TempDir tmp;
   LlmcHeader h;
-  h.max_seq_len = 8, h.vocab = 200, h.n_layer = 2, h.n_head = 2, h.channels = 4;
+  h.max_seq_len = 8;
+  h.vocab = 200;
+  h.n_layer = 2;
+  h.n_head = 2;
+  h.channels = 4;
   h.padded_vocab = llmc_padded_vocab(h.vocab);
   CHECK(h.padded_vocab == 256);
   CHECK(llmc_padded_vocab(256) == 256);

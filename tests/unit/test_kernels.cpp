@@ -88,7 +88,8 @@ void reference_attention(std::vector<double>& att, std::vector<double>& out, std
                          const std::vector<float>& qkv, const std::vector<float>& dout, int B, int T, int C, int NH) {
   const int hs = C / NH, C3 = 3 * C;
   const double scale = 1 / std::sqrt(static_cast<double>(hs));
-  att.assign(static_cast<size_t>(B) * NH * T * T, 0), out.assign(static_cast<size_t>(B) * T * C, 0);
+  att.assign(static_cast<size_t>(B) * NH * T * T, 0);
+  out.assign(static_cast<size_t>(B) * T * C, 0);
   dqkv.assign(qkv.size(), 0);
   auto q = [&](int b, int t, int h, int i) { return double(qkv[(b * T + t) * C3 + h * hs + i]); };
   auto k = [&](int b, int t, int h, int i) { return double(qkv[(b * T + t) * C3 + C + h * hs + i]); };

@@ -8,10 +8,17 @@ using namespace pipetrain;
 
 TEST_CASE("manifest: to_json and parse round trip every field", "[manifest][ckpt]") {
   Manifest m;
-  m.format = 1, m.step = 120, m.spec_hash = "00ab", m.pp = 2, m.dp = 3, m.virtual_stages = 2;
+  m.format = 1;
+  m.step = 120;
+  m.spec_hash = "00ab";
+  m.pp = 2;
+  m.dp = 3;
+  m.virtual_stages = 2;
   m.spec = {{"model.n_layer", "4"}, {"run.seed", "7"}};
   m.partition = {1, 1, 1, 1};
-  m.samples_consumed = 120 * 16, m.optimizer_steps = 118, m.write_s = 0.25;
+  m.samples_consumed = 120 * 16;
+  m.optimizer_steps = 118;
+  m.write_s = 0.25;
   m.shards = {{"stage_000.h5", 1234, 0xfeedbeefcafe, {"wte.weight", "h.0.ln_1.weight"}},
               {"stage_001.h5", 99, 42, {"h.3.mlp.c_proj.bias"}}};
   const Manifest back = Manifest::parse(m.to_json(), "test/manifest.json");

@@ -13,8 +13,15 @@ namespace {
 
 RankFigures rank(int stage, int dp, double compute, double bubble_wait, double act, double loss) {
   RankFigures r;
-  r.stage = stage, r.dp_rank = dp, r.compute_s = compute, r.bubble_wait_s = bubble_wait, r.comm_wait_s = bubble_wait + 0.1;
-  r.rank_step_s = compute + bubble_wait, r.act_peak_bytes = act, r.mem_peak_bytes = 1000 + act, r.param_count = 10 + stage;
+  r.stage = stage;
+  r.dp_rank = dp;
+  r.compute_s = compute;
+  r.bubble_wait_s = bubble_wait;
+  r.comm_wait_s = bubble_wait + 0.1;
+  r.rank_step_s = compute + bubble_wait;
+  r.act_peak_bytes = act;
+  r.mem_peak_bytes = 1000 + act;
+  r.param_count = 10 + stage;
   r.optim_floats = 10 + stage;
   r.loss_sum = loss;
   r.kernels.seconds[static_cast<int>(Kernel::gemm)] = compute / 2;
@@ -44,8 +51,17 @@ TEST_CASE("metrics: a 2x2 job's figures combine per stage", "[metrics]") {
 TEST_CASE("metrics: the JSON line parses, carries every key, and writes a skipped step's NaN as null", "[metrics]") {
   const std::vector<RankFigures> ranks = {rank(0, 0, 1.0, 0.5, 100, 0), rank(1, 0, 1.0, 0.5, 100, 20)};
   StepLine line = combine(ranks, 2, 32);
-  line.step = 7, line.steps = 10, line.lr = 1e-3, line.grad_norm = NAN, line.skipped = true, line.bad_steps = 1;
-  line.step_time_s = 0.5, line.tokens_per_s = 64, line.bubble_theory = 0.2, line.gflops = 1, line.peak_gflops = 10;
+  line.step = 7;
+  line.steps = 10;
+  line.lr = 1e-3;
+  line.grad_norm = NAN;
+  line.skipped = true;
+  line.bad_steps = 1;
+  line.step_time_s = 0.5;
+  line.tokens_per_s = 64;
+  line.bubble_theory = 0.2;
+  line.gflops = 1;
+  line.peak_gflops = 10;
   line.mfu = 0.1;
   nlohmann::json j = nlohmann::json::parse(to_json(line));
   for (const char* key : {"step", "loss", "lr", "grad_norm", "skipped", "bad_steps", "step_time_s", "tokens_per_s",

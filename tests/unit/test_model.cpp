@@ -248,8 +248,12 @@ TEST_CASE("split backward in the fused order is bit-identical to the fused backw
       forward_all(st, M, N, C, V, 1);
       for (int mb = 0; mb < M; ++mb) {
         auto r = randn(N * C, 1.f, 7 + mb);
-        if (split) st.backward_input(0, mb, r.data(), dinp.data()), st.backward_weight(0, mb);
-        else st.backward(0, mb, r.data(), dinp.data());
+        if (split) {
+          st.backward_input(0, mb, r.data(), dinp.data());
+          st.backward_weight(0, mb);
+        } else {
+          st.backward(0, mb, r.data(), dinp.data());
+        }
       }
       grads.push_back(st.grads().host());
     }
@@ -268,7 +272,10 @@ TEST_CASE("a stage of two chunks lays them out one after the other and computes 
   spec.parallel.micro_batches = M;
   Stage both(spec, chunks_of({2, 1, 1, 2}, ChunkPlacement{2, 2}, 1), 4, M, 0.1f);
   Stage v1(spec, 1, 4, 2, 3, M, 0.1f), v3(spec, 3, 4, 4, 6, M, 0.1f);
-  for (Stage* st : {&both, &v1, &v3}) st->init_params(5), st->zero_grads();
+  for (Stage* st : {&both, &v1, &v3}) {
+    st->init_params(5);
+    st->zero_grads();
+  }
   REQUIRE(both.chunks() == 2);
   CHECK(!both.has_embedding());
   CHECK(both.has_head());

@@ -16,7 +16,11 @@ RunSpec spec_with(std::initializer_list<std::string> sets) { return parse_spec("
 
 ParamTensor tensor(const std::string& name, size_t offset, size_t size, bool decay, bool tied_copy = false) {
   ParamTensor p;
-  p.name = name, p.offset = offset, p.size = size, p.decay = decay, p.tied_copy = tied_copy;
+  p.name = name;
+  p.offset = offset;
+  p.size = size;
+  p.decay = decay;
+  p.tied_copy = tied_copy;
   p.shape = {static_cast<int>(size)};
   return p;
 }
@@ -28,7 +32,8 @@ TEST_CASE("optim: AdamW follows PyTorch's update, decaying only the tensors mark
   const auto& t = spec.train;
   const std::vector<ParamTensor> params = {tensor("w", 0, 3, true), tensor("b", 3, 2, false)};
   Floats weights, grads;
-  weights.resize(5), grads.resize(5);
+  weights.resize(5);
+  grads.resize(5);
   std::vector<double> w = {0.5, -1.0, 2.0, 0.25, -0.75}, m(5, 0), v(5, 0);
   for (size_t i = 0; i < 5; ++i) weights.host()[i] = static_cast<float>(w[i]);
   AdamW adam(t, OptimizerShard(params, 0, 1));
@@ -78,8 +83,10 @@ TEST_CASE("optim: the global norm counts a tied embedding's copy once", "[optim]
 TEST_CASE("optim: ZeRO-1 shards are row slabs that cover every element once, in rank order", "[optim][zero]") {
   std::vector<ParamTensor> params = {tensor("wte.weight", 0, 0, true), tensor("ln.bias", 35, 3, false),
                                      tensor("h.0.w", 38, 0, true)};
-  params[0].shape = {7, 5}, params[0].size = 35;  // 7 rows of 5
-  params[2].shape = {2, 3}, params[2].size = 6;   // fewer rows than some rank counts
+  params[0].shape = {7, 5};  // 7 rows of 5
+  params[0].size = 35;
+  params[2].shape = {2, 3};  // fewer rows than some rank counts
+  params[2].size = 6;
   const size_t total = 44;
   for (int D : {1, 2, 3, 4}) {
     std::vector<int> owner(total, -1);
@@ -118,9 +125,12 @@ TEST_CASE("optim: ZeRO-1 shards are row slabs that cover every element once, in 
 TEST_CASE("optim: sharded AdamW updates each rank's slabs exactly as the whole update does", "[optim][zero]") {
   const RunSpec spec = spec_with({"train.weight_decay=0.1"});
   std::vector<ParamTensor> params = {tensor("w", 0, 0, true), tensor("b", 12, 3, false)};
-  params[0].shape = {4, 3}, params[0].size = 12;
+  params[0].shape = {4, 3};
+  params[0].size = 12;
   Floats whole, sharded, grads;
-  whole.resize(15), sharded.resize(15), grads.resize(15);
+  whole.resize(15);
+  sharded.resize(15);
+  grads.resize(15);
   for (size_t i = 0; i < 15; ++i) whole.host()[i] = sharded.host()[i] = 0.1f * static_cast<float>(i) - 0.7f;
   AdamW all(spec.train, OptimizerShard(params, 0, 1));
   std::vector<AdamW> ranks;

@@ -73,12 +73,15 @@ TEST_CASE("policies: a save's agreements allow comm.timeout_s + 4x the longest s
 
 TEST_CASE("policies: NaN steps stop the run only after max_bad_steps in a row", "[policies]") {
   BadSteps bad(3);
-  bad.record(false), bad.record(false);
+  bad.record(false);
+  bad.record(false);
   CHECK_FALSE(bad.too_many());
   bad.record(true);  // an applied update resets the streak
   CHECK(bad.in_a_row() == 0);
   CHECK(bad.total() == 2);
-  bad.record(false), bad.record(false), bad.record(false);
+  bad.record(false);
+  bad.record(false);
+  bad.record(false);
   CHECK(bad.too_many());
   CHECK(bad.total() == 5);
 }

@@ -216,7 +216,9 @@ TEST_CASE("every schedule: each micro-batch's F and B once per stage, F before B
         for (int s = 0; s < P; ++s) {
           auto f = mbs(only(lists[s], Op::forward)), b = mbs(only(lists[s], backward));
           auto w = mbs(only(lists[s], Op::backward_weight));
-          std::sort(f.begin(), f.end()), std::sort(b.begin(), b.end()), std::sort(w.begin(), w.end());
+          std::sort(f.begin(), f.end());
+          std::sort(b.begin(), b.end());
+          std::sort(w.begin(), w.end());
           REQUIRE(f == range(0, M, 1));
           REQUIRE(b == range(0, M, 1));
           REQUIRE(w == (split ? range(0, M, 1) : std::vector<int>{}));
@@ -397,7 +399,8 @@ TEST_CASE("interleaved: every chunk runs each micro-batch once, sends match rece
         const auto lists = interleaved(P, M, V);
         for (int s = 0; s < P; ++s) {
           auto f = units(lists[s], Op::forward, P, s), b = units(lists[s], Op::backward, P, s);
-          std::sort(f.begin(), f.end()), std::sort(b.begin(), b.end());
+          std::sort(f.begin(), f.end());
+          std::sort(b.begin(), b.end());
           std::vector<std::pair<int, int>> all;
           for (int c = 0; c < V; ++c)
             for (int mb = 0; mb < M; ++mb) all.push_back({c * P + s, mb});

@@ -11,7 +11,10 @@ namespace {
 // A window of `computes` (per rank, seconds per step), no links.
 std::vector<WindowFigures> window(const std::vector<double>& computes, double steps = 10) {
   std::vector<WindowFigures> w(computes.size());
-  for (size_t r = 0; r < computes.size(); ++r) w[r].steps = steps, w[r].own_s = computes[r];
+  for (size_t r = 0; r < computes.size(); ++r) {
+    w[r].steps = steps;
+    w[r].own_s = computes[r];
+  }
   return w;
 }
 
@@ -80,8 +83,10 @@ TEST_CASE("stragglers: a slow link is compared with the links of its kind, above
   StragglerDetector d({{0, 0, "a"}, {1, 0, "b"}}, {0.5, 0.5}, 1.25);
   auto links = [](double into_0, double into_1) {
     std::vector<WindowFigures> w = window({1.0, 1.0});
-    w[0].link_from[0] = 1, w[0].link_s[0] = into_0;  // rank 0 receives gradients from stage 1
-    w[1].link_from[0] = 0, w[1].link_s[0] = into_1;
+    w[0].link_from[0] = 1;  // rank 0 receives gradients from stage 1
+    w[0].link_s[0] = into_0;
+    w[1].link_from[0] = 0;
+    w[1].link_s[0] = into_1;
     return w;
   };
   // Both tiny: far apart in ratio but within what polling adds to any message.
@@ -131,7 +136,9 @@ TEST_CASE("stragglers: a window lasts its steps and a second at least, with medi
   f.to(packed);
   CHECK(WindowFigures::from(packed).link_s[1] == Approx(0.5));
   CHECK_FALSE(w.closing());  // a fresh window, opened at 101.2 s
-  w.add_step(1.0, 0.1, {}), w.add_step(1.0, 0.1, {}), w.add_step(1.0, 0.1, {});
+  w.add_step(1.0, 0.1, {});
+  w.add_step(1.0, 0.1, {});
+  w.add_step(1.0, 0.1, {});
   CHECK_FALSE(w.long_enough(102.0));
   CHECK(w.long_enough(102.2));
 }

@@ -22,7 +22,9 @@ namespace {
 std::string write_tokens(const TempDir& tmp, int64_t vocab, const std::vector<uint32_t>& ids, uint64_t val) {
   TokenFileWriter::Options o;
   o.output = (tmp.dir / ("t" + std::to_string(vocab) + ".h5")).string();
-  o.vocab = vocab, o.width = token_width_for(vocab), o.what = "test";
+  o.vocab = vocab;
+  o.width = token_width_for(vocab);
+  o.what = "test";
   TokenFileWriter w(o, ids.size() - val, val);
   w.append(ids.data(), ids.size() / 2, "ids", 0);  // two appends straddling nothing in particular
   w.append(ids.data() + ids.size() / 2, ids.size() - ids.size() / 2, "ids", ids.size() / 2);
@@ -65,7 +67,9 @@ TEST_CASE("an id at or above the vocabulary is refused when written, naming the 
   TempDir tmp;
   TokenFileWriter::Options o;
   o.output = (tmp.dir / "bad.h5").string();
-  o.vocab = 1000, o.width = 2, o.what = "test";
+  o.vocab = 1000;
+  o.width = 2;
+  o.what = "test";
   std::vector<uint32_t> ids(100, 5);
   ids[42] = 1000;
   {

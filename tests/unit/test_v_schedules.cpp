@@ -96,9 +96,10 @@ TEST_CASE("zb-v: with F = B = W no longer than zb-h1, holding no more than 1f1b'
     for (int M = P; M <= 16; M += P) {
       INFO("P=" << P << " M=" << M);
       std::vector<ActionList> h1, ofob;
-      for (int s = 0; s < P; ++s)
-        h1.push_back(schedule_named("zb-h1").generate(s, {P, M, 1, P})),
-            ofob.push_back(schedule_named("1f1b").generate(s, {P, M, 1, P}));
+      for (int s = 0; s < P; ++s) {
+        h1.push_back(schedule_named("zb-h1").generate(s, {P, M, 1, P}));
+        ofob.push_back(schedule_named("1f1b").generate(s, {P, M, 1, P}));
+      }
       // A chunk is half a stage: per chunk F = B = W = 1, per stage 2.
       const std::vector<double> one(2 * P, 1.0), two(2 * P, 2.0), st2(P, 2.0), st4(P, 4.0);
       const double v = simulate(zb_v(P, M), one, two, one, Placement::vee).makespan;
@@ -106,8 +107,10 @@ TEST_CASE("zb-v: with F = B = W no longer than zb-h1, holding no more than 1f1b'
       CHECK(v <= h);
       CHECK(v >= 6.0 * M);  // the work itself
       int peak_v = 0, peak_1f1b = 0;
-      for (int s = 0; s < P; ++s)
-        peak_v = std::max(peak_v, max_in_flight(zb_v(P, M)[s])), peak_1f1b = std::max(peak_1f1b, max_in_flight(ofob[s]));
+      for (int s = 0; s < P; ++s) {
+        peak_v = std::max(peak_v, max_in_flight(zb_v(P, M)[s]));
+        peak_1f1b = std::max(peak_1f1b, max_in_flight(ofob[s]));
+      }
       CHECK(peak_v <= 2 * peak_1f1b);  // in chunks: at most 1F1B's peak of whole micro-batches
     }
   // The figures the docs quote: P = 4, M = 8 takes 52 chunk slots for 48 of work.

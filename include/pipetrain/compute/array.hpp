@@ -53,7 +53,10 @@ class Array {
   const std::vector<T>& host() const { return on_gpu_ ? cpu_only() : host_; }
 
   void swap(Array& o) noexcept {
-    std::swap(on_gpu_, o.on_gpu_), host_.swap(o.host_), std::swap(dev_, o.dev_), std::swap(size_, o.size_);
+    std::swap(on_gpu_, o.on_gpu_);
+    host_.swap(o.host_);
+    std::swap(dev_, o.dev_);
+    std::swap(size_, o.size_);
   }
 
  private:

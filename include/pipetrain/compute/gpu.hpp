@@ -66,7 +66,8 @@ class Buffer {
   explicit Buffer(size_t n) : n_(n), p_(static_cast<T*>(n ? device_alloc(n * sizeof(T)) : nullptr)) {}
   Buffer(Buffer&& o) noexcept : n_(std::exchange(o.n_, 0)), p_(std::exchange(o.p_, nullptr)) {}
   Buffer& operator=(Buffer&& o) noexcept {
-    std::swap(n_, o.n_), std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    std::swap(p_, o.p_);
     return *this;
   }
   ~Buffer() { device_free(p_); }

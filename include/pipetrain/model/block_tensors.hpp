@@ -53,7 +53,10 @@ inline std::string block_tensor_name(int block, const BlockTensor& t) {
 // A block's pointers, its tensors laid out one after another from `first` (the stage's buffers).
 inline BlockPtrs block_ptrs_from(float* first, size_t C) {
   BlockPtrs b;
-  for (const BlockTensor& t : kBlockTensors) b.*t.field = first, first += size_of(t, C);
+  for (const BlockTensor& t : kBlockTensors) {
+    b.*t.field = first;
+    first += size_of(t, C);
+  }
   return b;
 }
 

@@ -19,7 +19,10 @@ class Trace {
   Trace(int steps, double t_ref) : steps_(steps), t_ref_(t_ref) {}
 
   // The step (0-based, counted from this launch) whose spans are recorded next.
-  void set_step(int step, int launch_step) { step_ = step, recording_ = launch_step < steps_; }
+  void set_step(int step, int launch_step) {
+    step_ = step;
+    recording_ = launch_step < steps_;
+  }
   // t0, t1: now_s() values. mb < 0: not tied to a micro-batch.
   void span(const std::string& name, const char* category, double t0, double t1, int mb = -1);
 

@@ -48,9 +48,14 @@ inline std::set<MessageLink> message_links(const ChunkPlacement& p, int stage) {
   std::set<MessageLink> links;
   for (int c = 0; c < p.chunks; ++c) {
     const int v = p.vstage(stage, c);
-    if (v > 0) links.insert({false, true, p.stage_of(v - 1)}), links.insert({true, false, p.stage_of(v - 1)});
-    if (v + 1 < p.virtual_stages())
-      links.insert({false, false, p.stage_of(v + 1)}), links.insert({true, true, p.stage_of(v + 1)});
+    if (v > 0) {
+      links.insert({false, true, p.stage_of(v - 1)});
+      links.insert({true, false, p.stage_of(v - 1)});
+    }
+    if (v + 1 < p.virtual_stages()) {
+      links.insert({false, false, p.stage_of(v + 1)});
+      links.insert({true, true, p.stage_of(v + 1)});
+    }
   }
   return links;
 }

@@ -20,7 +20,10 @@ class TimeBudget {
  public:
   TimeBudget(double limit_s, double launched_s) : limit_s_(limit_s), launched_s_(launched_s) {}
   void step_took(double s) { max_step_s_ = std::max(max_step_s_, s); }
-  void save_took(double s) { max_save_s_ = std::max(max_save_s_, s), saved_ = true; }
+  void save_took(double s) {
+    max_save_s_ = std::max(max_save_s_, s);
+    saved_ = true;
+  }
   void eval_took(double s) { max_eval_s_ = std::max(max_eval_s_, s); }
   // At `now_s`, in a step running for `step_s` so far: would another one overrun the limit?
   bool nearly_out(double now_s, double step_s) const;
@@ -41,7 +44,14 @@ class TimeBudget {
 class BadSteps {
  public:
   explicit BadSteps(int max_in_a_row) : max_(max_in_a_row) {}
-  void record(bool applied) { applied ? in_a_row_ = 0 : (++in_a_row_, ++total_); }
+  void record(bool applied) {
+    if (applied) {
+      in_a_row_ = 0;
+    } else {
+      ++in_a_row_;
+      ++total_;
+    }
+  }
   int in_a_row() const { return in_a_row_; }
   int total() const { return total_; }  // in this launch
   bool too_many() const { return in_a_row_ >= max_; }

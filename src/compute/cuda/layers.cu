@@ -50,7 +50,10 @@ __global__ void layernorm_forward_k(float* out, float* mean, float* rstd, const 
   const float r = 1.f / sqrtf(warp_sum(v) / C + 1e-5f);
   float* o = out + static_cast<size_t>(row) * C;
   for (int c = lane; c < C; c += 32) o[c] = (x[c] - m) * r * weight[c] + bias[c];
-  if (lane == 0) mean[row] = m, rstd[row] = r;
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
 }
 __global__ void layernorm_backward_input_k(float* dinp, const float* dout, const float* inp, const float* weight,
                                            const float* mean, const float* rstd, int N, int C) {
@@ -133,7 +136,8 @@ __global__ void adamw_k(float* w, const float* grad, float* m, float* v, size_t 
   if (i >= n) return;
   const float g = grad[i] * grad_mul;
   const float mi = beta1 * m[i] + (1.f - beta1) * g, vi = beta2 * v[i] + (1.f - beta2) * g * g;
-  m[i] = mi, v[i] = vi;
+  m[i] = mi;
+  v[i] = vi;
   w[i] = w[i] * decay - step_size * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
 }
 

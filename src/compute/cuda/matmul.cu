@@ -52,8 +52,10 @@ namespace {
 // Two zeroed n x n operands in the matmul dtype and an output: what the GEMM timers multiply.
 struct SquareProduct {
   explicit SquareProduct(int n) : n(n), nn(static_cast<size_t>(n) * n), a(nn), b(nn), c(nn) {
-    zero(a.data(), nn * sizeof(float)), zero(b.data(), nn * sizeof(float));
-    A = operand(a.data(), nn, 2), B = operand(b.data(), nn, 3);
+    zero(a.data(), nn * sizeof(float));
+    zero(b.data(), nn * sizeof(float));
+    A = operand(a.data(), nn, 2);
+    B = operand(b.data(), nn, 3);
   }
   void run() { gemm(CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, A, n, B, n, 0.f, c.data(), n); }
   double flops() const { return 2.0 * n * nn; }
@@ -82,7 +84,8 @@ double measure_gemm_gflops(int n, double seconds) {
     spent += ms / 1e3;
     if (rep > 0) best = std::max(best, p.flops() / (ms / 1e3) / 1e9);
   }
-  cudaEventDestroy(start), cudaEventDestroy(stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
   return best;
 }
 

@@ -42,7 +42,10 @@ void release(void* p) {
   if (!p) return;
   Runtime& r = runtime();
   auto it = r.sizes.find(p);
-  if (it != r.sizes.end()) r.allocated -= it->second, r.sizes.erase(it);
+  if (it != r.sizes.end()) {
+    r.allocated -= it->second;
+    r.sizes.erase(it);
+  }
   cudaFree(p);  // no throw: called from destructors
 }
 
@@ -73,7 +76,8 @@ DeviceInfo device_info(int device) {
   DeviceInfo info;
   info.name = prop.name;
   info.memory_bytes = prop.totalGlobalMem;
-  info.capability_major = prop.major, info.capability_minor = prop.minor;
+  info.capability_major = prop.major;
+  info.capability_minor = prop.minor;
   int mode = cudaComputeModeDefault;
   PT_CUDA(cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, device));
   info.mode = mode == cudaComputeModeExclusiveProcess ? ComputeMode::exclusive_process
@@ -110,7 +114,8 @@ void* scratch(int slot, size_t bytes) {
   if (r.scratch_bytes.at(slot) < bytes) {
     PT_CUDA(cudaStreamSynchronize(stream()));  // the old buffer may still be in use
     release(r.scratch[slot]);
-    r.scratch[slot] = nullptr, r.scratch_bytes[slot] = 0;
+    r.scratch[slot] = nullptr;
+    r.scratch_bytes[slot] = 0;
     r.scratch[slot] = allocate(bytes);
     r.scratch_bytes[slot] = bytes;
   }
