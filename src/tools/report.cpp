@@ -1,44 +1,29 @@
 #include "pipetrain/tools/report.hpp"
 
-#include <algorithm>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
 #include <vector>
 
-#include "pipetrain/ckpt/checkpoint.hpp"
-#include "pipetrain/config/spec.hpp"
-#include "pipetrain/planner/plan.hpp"
-#include "pipetrain/compute/profile.hpp"
-#include "pipetrain/tools/run_story.hpp"
-#include "pipetrain/tools/straggler_report.hpp"
+#include "pipetrain/tools/run_summary.hpp"
 #include "pipetrain/util/atomic_output.hpp"
-#include "pipetrain/util/stats.hpp"
+
+extern char** environ;
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace pipetrain {
 namespace {
-
-// Median over logged steps of entry s of an array-valued key.
-double stage_median(const std::vector<json>& lines, const char* key, size_t s) {
-  std::vector<double> v;
-  for (auto& l : lines)
-    if (l.contains(key) && l[key].is_array() && s < l[key].size() && l[key][s].is_number()) v.push_back(l[key][s].get<double>());
-  return median(v);
-}
-
-double scalar_median(const std::vector<json>& lines, const char* key) {
-  std::vector<double> v;
-  for (auto& l : lines)
-    if (l.contains(key) && l[key].is_number()) v.push_back(l[key].get<double>());
-  return median(v);
-}
 
 // printf of one value, "n/a" when the log did not have it (older or cut-short runs).
 std::string fmt(const char* format, double v) {
@@ -48,48 +33,127 @@ std::string fmt(const char* format, double v) {
   return buf;
 }
 
-// "gemm 78.0% (201 GFLOP/s), attention 10.1%, ..., waiting 5.2%, other 0.4%": where stage s's own
-// step time went over the logged steps (each part's seconds summed over the steps, over the steps'
-// summed time, so the parts add up to 100%): each kernel class, the waits for peers (p2p,
-// collectives, a late replica), and what neither covers; empty for logs without kernel_s.
-std::string step_shares(const std::vector<json>& lines, size_t s) {
-  auto at_stage = [&](const json& l, const char* key, const char* sub = nullptr) {
-    const json* v = l.contains(key) ? &l[key] : nullptr;
-    if (v && sub) v = v->is_object() && v->contains(sub) ? &(*v)[sub] : nullptr;
-    return v && v->is_array() && s < v->size() && (*v)[s].is_number() ? (*v)[s].get<double>() : 0.0;
-  };
-  double step = 0;
-  bool timed = false;
-  for (const json& l : lines) step += at_stage(l, "rank_step_s"), timed = timed || l.contains("kernel_s");
-  if (!timed || step <= 0) return "";
-  std::string out;
-  double covered = 0;
-  for (int k = 0; k <= kKernelClasses; ++k) {  // the kernel classes, then the waits
-    const bool waits = k == kKernelClasses;
-    const char* name = waits ? "waiting" : kernel_name(static_cast<Kernel>(k));
-    double seconds = 0;
-    for (const json& l : lines) seconds += waits ? at_stage(l, "comm_wait_s") : at_stage(l, "kernel_s", name);
-    covered += seconds / step;
-    out += (k ? ", " : "") + std::string(name) + " " + fmt("%.1f%%", 100 * seconds / step);
-    if (k == static_cast<int>(Kernel::gemm)) out += " (" + fmt("%.0f", stage_median(lines, "gemm_gflops", s)) + " GFLOP/s)";
-  }
-  return out + ", other " + fmt("%.1f%%", 100 * (1 - covered));
-}
-
-// trace.json, or when the last launch traced nothing, the newest earlier launch's traces/launch_K.json
-// (relative to the run directory; "" when there is none).
-std::string latest_trace(const std::string& run_dir) {
-  std::error_code ec;
-  if (fs::exists(run_dir + "/trace.json", ec)) return "trace.json";
-  int newest = 0;
-  for (auto& e : fs::directory_iterator(run_dir + "/traces", ec)) {
-    int k = 0;
-    if (std::sscanf(e.path().filename().c_str(), "launch_%d.json", &k) == 1) newest = std::max(newest, k);
-  }
-  return newest ? "traces/launch_" + std::to_string(newest) + ".json" : "";
-}
-
 std::string mib(double b) { return fmt("%.2f MiB", b / (1 << 20)); }
+
+// "gemm 78.0% (201 GFLOP/s), attention 10.1%, ..., waiting 5.2%, other 0.4%"
+std::string shares_text(const StageFigures& f) {
+  std::string out;
+  for (const auto& [name, share] : f.step_shares) {
+    out += (out.empty() ? "" : ", ") + name + " " + fmt("%.1f%%", 100 * share);
+    if (name == "gemm") out += " (" + fmt("%.0f", f.gemm_gflops) + " GFLOP/s)";
+  }
+  return out;
+}
+
+void text_measured(const RunSummary& r, std::string& out) {
+  if (r.logged_steps == 0) return;
+  if (r.spec)
+    out += "  progress: " + std::to_string(r.last_step) + " of " + std::to_string(r.spec->run.steps) + " steps" +
+           (r.last_step >= r.spec->run.steps ? " (complete)" : " (incomplete: stopped or killed; resume continues it)") +
+           "\n";
+  out += "  loss: " + fmt("%.4f", r.first_loss) + " at step " + std::to_string(r.first_step) + " -> " +
+         fmt("%.4f", r.last_loss) + " at step " + std::to_string(r.last_step) + "\n";
+  if (r.latest_val)
+    out += "  val_loss: " + fmt("%.4f", r.latest_val->loss) + " at step " + std::to_string(r.latest_val->step) +
+           " (best " + fmt("%.4f", r.best_val->loss) + " at step " + std::to_string(r.best_val->step) + ")\n";
+  out += "  step time: median " + fmt("%.1f ms", 1e3 * r.step_time_s) + ", " + fmt("%.0f", r.tokens_per_s) +
+         " tokens/s, " + fmt("%.1f", r.gflops) + " GFLOP/s, MFU " + fmt("%.1f%%", 100 * r.mfu) + " (" +
+         fmt("%.0f%%", 100 * r.sgemm_share) + " of sgemm)\n";
+}
+
+void text_stages(const RunSummary& r, std::string& out) {
+  if (r.stages == 0) return;
+  if (r.spec && !r.predicted)
+    out += "  per stage: of the logged steps' layout, pp " + std::to_string(r.stages) + " x dp " +
+           std::to_string(r.logged_dp) + " (config.toml's pp " + std::to_string(r.spec->parallel.pp) + " x dp " +
+           std::to_string(r.spec->parallel.dp) + " logged no step: no prediction)\n";
+  if (r.predicted)
+    out += "  bubble of the " + r.spec->parallel.schedule->name + " schedule with even stages = " +
+           fmt("%.3f", r.bubble_theory) + "; per stage: measured median vs simulated\n";
+  if (const auto& l = r.oversubscribed)
+    out += "    (the launch measured ran " + std::to_string(l->ranks_per_node) + " ranks x " +
+           std::to_string(l->threads_per_rank) + " threads on a node of " + std::to_string(l->node_cores) +
+           " cores: time a rank waited for a core is measured as bubble, which the simulation does not count)\n";
+  if (r.earlier_layout_steps)
+    out += "    (" + std::to_string(r.earlier_layout_steps) +
+           " logged steps of an earlier layout left out of the per-stage figures)\n";
+  for (size_t s = 0; s < r.stages; ++s) {
+    const StageFigures& f = r.per_stage[s];
+    out += "    stage " + std::to_string(s) + ": bubble " + fmt("%.3f", f.bubble);
+    if (r.predicted) out += " (sim " + fmt("%.3f", f.bubble_sim) + ")";
+    out += " | activations " + mib(f.act_peak_bytes);
+    if (r.predicted) out += " (plan " + mib(f.act_plan_bytes) + ")";
+    out += " | RSS " + mib(f.rss_bytes) + " | params+grads+AdamW " + mib(f.state_bytes) + "\n";
+    if (!f.step_shares.empty()) out += "      step by kernel: " + shares_text(f) + "\n";
+  }
+}
+
+std::string report_text(const RunSummary& r) {
+  std::string out = "run " + r.run_dir + "\n";
+  if (const auto& s = r.spec)
+    out += "  spec: pp " + std::to_string(s->parallel.pp) + " x dp " + std::to_string(s->parallel.dp) + ", M=" +
+           std::to_string(s->parallel.micro_batches) + ", recompute " + name_of(s->parallel.recompute) + ", " +
+           std::to_string(s->run.steps) + " steps, " + std::to_string(s->model.n_layer) + "-block GPT d_model " +
+           std::to_string(s->model.d_model) + "\n";
+  text_measured(r, out);
+  text_stages(r, out);
+  out += r.stragglers.text + describe(r.story);
+  if (!r.checkpoints.empty()) {
+    out += "  checkpoints:";
+    for (const std::string& n : r.checkpoints) out += " " + n;
+    out += "\n    latest " + (r.latest_checkpoint.empty() ? "?" : r.latest_checkpoint) + ": " +
+           (r.latest_problem.empty() ? "intact" : r.latest_problem) + "\n";
+  }
+  if (!r.trace.empty()) out += "  trace: " + r.trace + " (open in Perfetto / chrome://tracing)\n";
+  for (const std::string& m : r.missing) out += "  missing: " + m + "\n";
+  return out;
+}
+
+json stage_json(const StageFigures& f) {
+  json shares = json::object();
+  for (const auto& [name, share] : f.step_shares) shares[name] = share;
+  return {{"bubble", f.bubble},         {"bubble_sim", f.bubble_sim},   {"act_peak_bytes", f.act_peak_bytes},
+          {"act_plan_bytes", f.act_plan_bytes}, {"rss_bytes", f.rss_bytes}, {"state_bytes", f.state_bytes},
+          {"step_shares", shares},      {"gemm_gflops", f.gemm_gflops}};
+}
+
+// The same facts as report_text, NaN (a figure the log lacks) as null.
+json report_json(const RunSummary& r) {
+  json doc = {{"run_dir", r.run_dir}};
+  if (const auto& s = r.spec)
+    doc["spec"] = {{"pp", s->parallel.pp},          {"dp", s->parallel.dp},
+                   {"micro_batches", s->parallel.micro_batches}, {"recompute", name_of(s->parallel.recompute)},
+                   {"steps", s->run.steps},         {"n_layer", s->model.n_layer},
+                   {"d_model", s->model.d_model},   {"schedule", s->parallel.schedule->name}};
+  if (r.logged_steps) {
+    doc["progress"] = {{"step", r.last_step},
+                       {"of", r.spec ? json(r.spec->run.steps) : json(nullptr)},
+                       {"complete", r.spec && r.last_step >= r.spec->run.steps}};
+    doc["loss"] = {{"first", r.first_loss}, {"first_step", r.first_step}, {"last", r.last_loss}, {"last_step", r.last_step}};
+    if (r.latest_val)
+      doc["val_loss"] = {{"latest", r.latest_val->loss}, {"latest_step", r.latest_val->step},
+                         {"best", r.best_val->loss},     {"best_step", r.best_val->step}};
+    doc["step_time_median_s"] = r.step_time_s;
+    doc["tokens_per_s_median"] = r.tokens_per_s;
+    doc["gflops_median"] = r.gflops;
+    doc["mfu_median"] = r.mfu;
+    doc["sgemm_share_median"] = r.sgemm_share;
+  }
+  if (r.stages) {
+    doc["layout"] = {{"pp", r.stages}, {"dp", r.logged_dp}, {"predicted", r.predicted},
+                     {"bubble_theory", r.bubble_theory}, {"earlier_layout_steps", r.earlier_layout_steps},
+                     {"oversubscribed", r.oversubscribed.has_value()}};
+    doc["stages"] = json::array();
+    for (const StageFigures& f : r.per_stage) doc["stages"].push_back(stage_json(f));
+  }
+  if (!r.stragglers.json.is_null()) doc["stragglers"] = r.stragglers.json;
+  doc["history"] = to_json(r.story);
+  if (!r.checkpoints.empty())
+    doc["checkpoints"] = {{"saved", r.checkpoints}, {"latest", r.latest_checkpoint}, {"intact", r.latest_problem.empty()}};
+  doc["trace"] = r.trace.empty() ? json(nullptr) : json(r.trace);
+  doc["missing"] = r.missing;
+  return doc;
+}
 
 // scripts/analysis/plots.py next to the sources this binary was built from, or PIPETRAIN_SCRIPTS.
 std::string plots_script() {
@@ -102,191 +166,44 @@ bool is_plots_folder(const std::string& dir) {
   return folder_holds_only(dir, [](const std::string& name) { return fs::path(name).extension() == ".png"; });
 }
 
+// Runs the plotter as its own process with an argument vector (no shell: any character in a path
+// is only that character); returns "" when it drew, else what went wrong.
+std::string draw_plots(const RunSummary& r, const std::string& staging, const std::string& shown_as) {
+  std::vector<std::string> args = {"/usr/bin/python3", plots_script(), r.run_dir, staging, "--shown-as", shown_as};
+  if (r.predicted) {  // bubble.png draws the simulation's bubble of each stage too
+    std::string sims;
+    for (size_t s = 0; s < r.per_stage.size(); ++s) sims += (s ? "," : "") + fmt("%.6f", r.per_stage[s].bubble_sim);
+    args.insert(args.end(), {"--sim-bubble", sims});
+  }
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::fflush(stdout);  // the report before the plotter's lines
+  pid_t pid = 0;
+  if (const int err = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ))
+    return std::string("cannot start ") + argv[0] + ": " + std::strerror(err);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  return WIFEXITED(status) ? "plots.py exited " + std::to_string(WEXITSTATUS(status)) : "plots.py was killed";
+}
+
 }  // namespace
 
 ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bool as_json) {
-  // The text report goes to stdout; with --json a document of the same figures does instead.
-  json doc = {{"run_dir", run_dir}};
-  auto say = [&](const char* format, auto... args) {
-    if (!as_json) std::printf(format, args...);
-  };
   std::error_code ec;
-  if (!fs::is_directory(run_dir, ec)) {
-    report_error(run_dir + ": no such run directory");
-    return ExitCode::bad_input;
-  }
+  if (!fs::is_directory(run_dir, ec)) throw SpecError(run_dir + ": no such run directory");
   // The plots are drawn into a staging folder and renamed into place whole.
   std::optional<AtomicOutput> plots;
   if (!plots_dir.empty())
     plots.emplace(plots_dir, OutputRule{"report", "--plots", "a folder of report plots (PNG files only)",
                                         is_plots_folder, {run_dir}, true});
-  std::vector<std::string> missing;
-  say("run %s\n", run_dir.c_str());
-
-  // The spec, and from it the prediction.
-  RunSpec spec;
-  bool have_spec = false;
-  try {
-    spec = load_spec(run_dir + "/config.toml", {}, 0);
-    have_spec = true;
-    say("  spec: pp %d x dp %d, M=%d, recompute %s, %d steps, %d-block GPT d_model %d\n", spec.parallel.pp,
-                spec.parallel.dp, spec.parallel.micro_batches, name_of(spec.parallel.recompute), spec.run.steps,
-                spec.model.n_layer, spec.model.d_model);
-  } catch (const SpecError& e) {
-    missing.push_back(std::string("config.toml (") + e.what() + "): no prediction to compare with");
-  }
-
-  // What was measured.
-  std::vector<json> lines;
-  size_t bad_lines = 0;
-  std::ifstream in(run_dir + "/metrics.jsonl");
-  if (!in) missing.push_back("metrics.jsonl: nothing was logged (the run died before its first step?)");
-  size_t inconsistent = 0;
-  for (std::string line; std::getline(in, line);) {
-    json j = json::parse(line, nullptr, false);
-    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) {
-      bad_lines += !line.empty();
-      continue;
-    }
-    // Each per-stage array holds one entry per stage of the line's own pp: one that does not was
-    // damaged or written by something else, and would be taken for another layout's step.
-    const int pp = j.value("pp", -1);
-    bool fits = pp >= 1;
-    for (const char* key : {"bubble_measured", "act_peak_bytes", "mem_peak_bytes"})
-      fits = fits && j.contains(key) && j[key].is_array() && j[key].size() == static_cast<size_t>(pp);
-    if (fits || !j.contains("pp")) lines.push_back(std::move(j));  // lines of old runs carry no pp
-    else ++inconsistent;
-  }
-  if (bad_lines) missing.push_back(std::to_string(bad_lines) + " unreadable line(s) in metrics.jsonl (cut short by a kill?)");
-  if (inconsistent)
-    missing.push_back(std::to_string(inconsistent) + " line(s) of metrics.jsonl left out: their per-stage arrays do not "
-                      "have one entry per stage of their own pp (damaged?)");
-  if (!have_spec && lines.empty()) {
-    report_error(run_dir + " holds neither config.toml nor metrics.jsonl");
-    return ExitCode::bad_input;
-  }
-  if (!lines.empty()) {
-    const json &first = lines.front(), &last = lines.back();
-    const int last_step = last["step"].get<int>();
-    doc["progress"] = {{"step", last_step}, {"of", have_spec ? json(spec.run.steps) : json(nullptr)},
-                       {"complete", have_spec && last_step >= spec.run.steps}};
-    doc["loss"] = {{"first", first.value("loss", json(nullptr))}, {"last", last.value("loss", json(nullptr))}};
-    doc["step_time_median_s"] = scalar_median(lines, "step_time_s");
-    doc["mfu_median"] = scalar_median(lines, "mfu");
-    doc["sgemm_share_median"] = scalar_median(lines, "sgemm_share");
-    if (have_spec)
-      say("  progress: %d of %d steps%s\n", last_step, spec.run.steps,
-                  last_step >= spec.run.steps ? " (complete)" : " (incomplete: stopped or killed; resume continues it)");
-    say("  loss: %.4f at step %d -> %.4f at step %d\n", first.value("loss", NAN), first["step"].get<int>(),
-                last.value("loss", NAN), last_step);
-    const json* latest_val = nullptr;  // the last evaluation and the best one
-    const json* best_val = nullptr;
-    for (const json& l : lines)
-      if (l.contains("val_loss")) {
-        latest_val = &l;
-        if (!best_val || l["val_loss"].get<double>() < (*best_val)["val_loss"].get<double>()) best_val = &l;
-      }
-    if (latest_val) doc["val_loss"] = {{"latest", (*latest_val)["val_loss"]}, {"best", (*best_val)["val_loss"]}};
-    if (latest_val)
-      say("  val_loss: %.4f at step %d (best %.4f at step %d)\n", (*latest_val)["val_loss"].get<double>(),
-                  (*latest_val)["step"].get<int>(), (*best_val)["val_loss"].get<double>(), (*best_val)["step"].get<int>());
-    say("  step time: median %s, %s tokens/s, %s GFLOP/s, MFU %s (%s of sgemm)\n",
-                fmt("%.1f ms", 1e3 * scalar_median(lines, "step_time_s")).c_str(),
-                fmt("%.0f", scalar_median(lines, "tokens_per_s")).c_str(), fmt("%.1f", scalar_median(lines, "gflops")).c_str(),
-                fmt("%.1f%%", 100 * scalar_median(lines, "mfu")).c_str(),
-                fmt("%.0f%%", 100 * scalar_median(lines, "sgemm_share")).c_str());
-  }
-  const RunStory story = run_story(run_dir, lines);  // the launches: for the bubble note and the history
-  if (story.unreadable)
-    missing.push_back(std::to_string(story.unreadable) + " unreadable line(s) in events.jsonl (cut short by a kill?)");
-  // The per-stage figures come from the steps of the last logged layout (a run resumed on another
-  // layout logged its earlier steps with other stages and batch shapes); the prediction is for the
-  // spec's layout, shown only when the two are the same (a last launch may have logged no step).
-  auto stages_of = [](const json& l) { return l.value("bubble_measured", json::array()).size(); };
-  const size_t P = !lines.empty() ? stages_of(lines.back()) : have_spec ? spec.parallel.pp : 0;
-  const int logged_dp = lines.empty() ? -1 : lines.back().value("dp", -1);
-  std::vector<json> per_stage;
-  for (auto& l : lines)
-    if (l.contains("bubble_measured") && l["bubble_measured"].is_array() && stages_of(l) == P && l.value("dp", -1) == logged_dp)
-      per_stage.push_back(l);
-  const bool predicted = have_spec && static_cast<size_t>(spec.parallel.pp) == P && (logged_dp < 0 || spec.parallel.dp == logged_dp);
-  Plan plan;
-  if (predicted) plan = make_plan(spec);
-  const int mode = have_spec ? static_cast<int>(spec.parallel.recompute) : 0;
-  if (P > 0) {
-    if (have_spec && !predicted)
-      say("  per stage: of the logged steps' layout, pp %zu x dp %d (config.toml's pp %d x dp %d logged no step: no "
-          "prediction)\n", P, logged_dp, spec.parallel.pp, spec.parallel.dp);
-    if (predicted)
-      say("  bubble of the %s schedule with even stages = %.3f; per stage: measured median vs simulated\n",
-                  spec.parallel.schedule->name.c_str(), plan.bubble_theory);
-    const int logged_launch = lines.empty() ? -1 : lines.back().value("launch", -1);
-    auto measured_by = std::find_if(story.launches.begin(), story.launches.end(),
-                                    [&](const LaunchStory& l) { return l.launch == logged_launch; });
-    if (measured_by != story.launches.end() && measured_by->oversubscribed()) {
-      const LaunchStory& l = *measured_by;
-      say("    (the launch measured ran %d ranks x %d threads on a node of %d cores: time a rank waited for a core is "
-          "measured as bubble, which the simulation does not count)\n",
-          l.ranks_per_node, l.threads_per_rank, l.node_cores);
-    }
-    if (per_stage.size() < lines.size())
-      say("    (%zu logged steps of an earlier layout left out of the per-stage figures)\n",
-                  lines.size() - per_stage.size());
-    for (size_t s = 0; s < P; ++s) {
-      say("    stage %zu: bubble %s", s, fmt("%.3f", stage_median(per_stage, "bubble_measured", s)).c_str());
-      if (predicted) say(" (sim %.3f)", plan.stages[s].bubble);
-      say(" | activations %s", mib(stage_median(per_stage, "act_peak_bytes", s)).c_str());
-      if (predicted) say(" (plan %s)", mib(plan.stages[s].act_peak_bytes[mode]).c_str());
-      say(" | RSS %s | params+grads+AdamW %s\n", mib(stage_median(per_stage, "mem_peak_bytes", s)).c_str(),
-                  mib(stage_median(per_stage, "param_bytes", s) * 4).c_str());
-      const std::string shares = step_shares(per_stage, s);
-      if (!shares.empty()) say("      step by kernel: %s\n", shares.c_str());
-    }
-  }
-
-  // Who held the others up.
-  const StragglerReport stragglers = straggler_report(per_stage, have_spec ? spec.log.straggler_ratio : RunSpec{}.log.straggler_ratio);
-  say("%s", stragglers.text.c_str());
-  if (!stragglers.json.is_null()) doc["stragglers"] = stragglers.json;
-
-  // The run's history across launches.
-  doc["history"] = to_json(story);
-  say("%s", describe(story).c_str());
-
-  // What survived.
-  const std::string ck = run_dir + "/checkpoints";
-  std::vector<std::string> names;
-  for (auto& e : fs::directory_iterator(ck, ec))
-    if (e.path().filename().string().rfind("step_", 0) == 0) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  if (names.empty()) missing.push_back("checkpoints: none saved; a restart begins at step 0");
-  else {
-    std::string latest;
-    std::ifstream(ck + "/latest") >> latest;
-    say("  checkpoints:");
-    for (auto& n : names) say(" %s", n.c_str());
-    const std::string problem = latest.empty() ? "no latest file" : verify_checkpoint(ck + "/" + latest);
-    doc["checkpoints"] = {{"saved", names}, {"latest", latest}, {"intact", problem.empty()}};
-    say("\n    latest %s: %s\n", latest.empty() ? "?" : latest.c_str(), problem.empty() ? "intact" : problem.c_str());
-  }
-  const std::string trace = latest_trace(run_dir);
-  if (!trace.empty()) say("  trace: %s (open in Perfetto / chrome://tracing)\n", trace.c_str());
-  else missing.push_back("trace.json: not written (log.trace_steps = 0, or the run died before its traced steps ended)");
-  for (auto& m : missing) say("  missing: %s\n", m.c_str());
-  doc["missing"] = missing;
-  if (as_json) std::printf("%s\n", doc.dump(2).c_str());
-
+  const RunSummary summary = summarize_run(run_dir);
+  std::fputs(as_json ? (report_json(summary).dump(2) + "\n").c_str() : report_text(summary).c_str(), stdout);
   if (!plots) return ExitCode::ok;
-  std::string cmd = "/usr/bin/python3 '" + plots_script() + "' '" + run_dir + "' '" + plots->staging() + "' --shown-as '" +
-                    plots_dir + "'";
-  if (predicted) {  // bubble.png draws the simulation's bubble of each stage too
-    cmd += " --sim-bubble ";
-    for (size_t s = 0; s < plan.stages.size(); ++s) cmd += (s ? "," : "") + fmt("%.6f", plan.stages[s].bubble);
-  }
-  std::fflush(stdout);  // the report before the plotter's lines
-  const int rc = std::system(cmd.c_str());
-  if (rc != 0) {
-    report_error("plotting failed (" + cmd + "); it needs /usr/bin/python3 with matplotlib (Debian: python3-matplotlib)");
+  if (const std::string problem = draw_plots(summary, plots->staging(), plots_dir); !problem.empty()) {
+    report_error("plotting failed (" + problem + "); it needs /usr/bin/python3 with matplotlib (Debian: python3-matplotlib)");
     return ExitCode::fault;
   }
   plots->commit();

@@ -12,6 +12,7 @@ or temporary file, and changed nothing that existed."""
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -464,6 +465,42 @@ def goodput_counts_saved_steps_and_plots():
         axes = figure.axes[0].get_window_extent()
         legend = figure.axes[0].get_legend().get_window_extent()
         expect(legend.x0 >= axes.x1, f"{name}: the legend sits beside the axes ({legend.x0:.0f} >= {axes.x1:.0f})")
+
+
+
+@scenario
+def report_text_and_json_agree():
+    """report's text and --json are two renderings of one summary: the same step time, tokens/s,
+    per-stage bubble and activations, checkpoints and trace; and --plots draws for a run directory
+    and a plots folder whose names hold a quote and a space (the plotter gets an argument vector,
+    no shell)."""
+    a = settings()
+    run = work("it's a run")
+    r = launch(a, 2, run, tiny(), ["parallel.pp=2", "run.steps=6", "checkpoint.every_steps=3", "log.trace_steps=2"])
+    expect(r.rc == 0, f"a 2-stage run ({r.rc}: {r.err[-200:]})")
+    if r.rc != 0:
+        return
+    text = pt("report", run).stdout
+    doc = json.loads(pt("report", run, "--json").stdout)
+    m = re.search(r"step time: median ([0-9.]+) ms, ([0-9]+) tokens/s", text)
+    nan = float("nan")
+    expect(m is not None and m.group(1) == f"{1e3 * doc.get('step_time_median_s', nan):.1f}" and
+           m.group(2) == f"{doc.get('tokens_per_s_median', nan):.0f}",
+           f"step time and tokens/s ({m and m.groups()}, {doc.get('step_time_median_s')}, {doc.get('tokens_per_s_median')})")
+    stages = re.findall(r"stage ([0-9]+): bubble ([0-9.]+) \(sim ([0-9.]+)\) \| activations ([0-9.]+) MiB", text)
+    expect(len(stages) == 2 == len(doc.get("stages", [])) and doc.get("layout", {}).get("predicted"),
+           f"two stages, predicted, in both ({stages}, {doc.get('layout')})")
+    for (s, bubble, sim, act), j in zip(stages, doc.get("stages", [])):
+        expect(bubble == f"{j['bubble']:.3f}" and sim == f"{j['bubble_sim']:.3f}" and act == f"{j['act_peak_bytes'] / 2**20:.2f}",
+               f"stage {s}: bubble {bubble}, sim {sim}, activations {act} MiB in both ({j})")
+    expect(f"latest {doc['checkpoints']['latest']}: intact" in text and doc["checkpoints"]["intact"],
+           f"the latest checkpoint, intact, in both ({doc.get('checkpoints')})")
+    expect(f"trace: {doc.get('trace')} " in text, f"the trace named in both ({doc.get('trace')})")
+    plots_dir = work("plots 'q'")
+    p = pt("report", run, "--plots", plots_dir)
+    pngs = sorted(os.listdir(plots_dir)) if os.path.isdir(plots_dir) else []
+    expect(p.returncode == 0 and "loss.png" in pngs and "bubble.png" in pngs,
+           f"plots drawn for paths with a quote and a space (exit {p.returncode}: {p.stderr[-300:]}; {pngs})")
 
 
 if __name__ == "__main__":

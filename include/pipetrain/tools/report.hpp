@@ -1,8 +1,8 @@
-// `pipetrain report RUN_DIR [--plots DIR] [--json]`: what a finished or killed run did, from its
-// files alone (config.toml, metrics.jsonl, events.jsonl, checkpoints/, trace.json), next to what
-// plan predicts, with its launches, idle time, recomputed steps and goodput; says what is missing
-// instead of failing. --json prints the same figures as one JSON document for scripts. Plots are drawn by scripts/analysis/plots.py (matplotlib) only when
-// asked for, so the C++ side never needs Python.
+// `pipetrain report RUN_DIR [--plots DIR] [--json]`: what a finished or killed run did
+// (tools/run_summary.hpp gathers it from the run directory's files), rendered as text or, with
+// --json, as one JSON document of the same facts for scripts. Plots are drawn by
+// scripts/analysis/plots.py (matplotlib), started with an argument vector, only when asked for, so
+// the C++ side never needs Python.
 #pragma once
 #include <string>
 
@@ -10,7 +10,8 @@
 
 namespace pipetrain {
 
-// Returns the exit code: 0 when a report was printed, 2 when RUN_DIR holds nothing to report on.
+// Returns ok when a report was printed, fault when plotting failed; throws SpecError when RUN_DIR
+// holds nothing to report on or --plots names a folder it may not replace.
 ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bool as_json = false);
 
 }  // namespace pipetrain
