@@ -40,6 +40,22 @@ std::vector<const Action*> last_backwards(const ActionList& actions, int chunks)
 }  // namespace
 
 struct Executor::Step {
+  Step(const ActionList& list, Trace& tr, const std::function<void(int)>& load,
+       const std::function<void(size_t)>& grads_done, const std::function<bool(int)>& params, int micro_batches,
+       int chunks)
+      : actions(list),
+        trace(tr),
+        load_inputs(load),
+        grads_done_from(grads_done),
+        params_needed(params),
+        M(micro_batches),
+        last_backward(last_backwards(list, chunks)),
+        has_backward(static_cast<size_t>(micro_batches) * chunks, false),
+        held(static_cast<size_t>(micro_batches) * chunks, 0) {
+    for (const Action& a : list)
+      if (a.op == Op::backward || a.op == Op::backward_input) has_backward[a.chunk * M + a.mb] = true;
+  }
+
   const ActionList& actions;
   Trace& trace;
   const std::function<void(int)>& load_inputs;
@@ -81,11 +97,7 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
                                           &Executor::recv_grad, &Executor::backward,  &Executor::send_grad,
                                           &Executor::backward,  &Executor::backward_weight};
   static_assert(std::size(kHandlers) == static_cast<size_t>(Op::backward_weight) + 1, "one handler per Op");
-  const int M = shape_.micro_batches, cells = M * stage_.chunks();
-  Step s{actions, trace, load_inputs, grads_done_from, params_needed, M, last_backwards(actions, stage_.chunks()),
-         std::vector<bool>(cells, false), std::vector<size_t>(cells, 0)};
-  for (const Action& a : actions)
-    if (a.op == Op::backward || a.op == Op::backward_input) s.has_backward[a.chunk * M + a.mb] = true;
+  Step s(actions, trace, load_inputs, grads_done_from, params_needed, shape_.micro_batches, stage_.chunks());
   // Messages keep moving while the stage computes (a paired forward's send while the backward
   // after it runs): one test of each pending request at the stage's poll points.
   stage_.set_poll([this] { links_.progress(comm_); });
