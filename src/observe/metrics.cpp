@@ -17,10 +17,7 @@
 namespace pipetrain {
 
 void RankFigures::to(double* out) const {
-  const double v[13] = {stage,          dp_rank,        compute_s,   bubble_wait_s, comm_wait_s,   rank_step_s,
-                        act_peak_bytes, mem_peak_bytes, param_count, loss_sum,      gpu_mem_bytes, gpu_mem_peak_bytes,
-                        optim_floats};
-  out = std::copy(v, v + 13, out);
+  for (double RankFigures::*field : kRankScalars) *out++ = this->*field;
   out = std::copy(kernels.seconds.begin(), kernels.seconds.end(), out);
   *out++ = kernels.gemm_flops;
   window.to(out);
@@ -28,47 +25,130 @@ void RankFigures::to(double* out) const {
 
 RankFigures RankFigures::from(const double* in) {
   RankFigures r;
-  r.stage = in[0], r.dp_rank = in[1], r.compute_s = in[2], r.bubble_wait_s = in[3], r.comm_wait_s = in[4];
-  r.rank_step_s = in[5], r.act_peak_bytes = in[6], r.mem_peak_bytes = in[7], r.param_count = in[8], r.loss_sum = in[9];
-  r.gpu_mem_bytes = in[10], r.gpu_mem_peak_bytes = in[11], r.optim_floats = in[12];
-  std::copy(in + 13, in + 13 + kKernelClasses, r.kernels.seconds.begin());
-  r.kernels.gemm_flops = in[13 + kKernelClasses];
-  r.window = WindowFigures::from(in + 14 + kKernelClasses);
+  for (double RankFigures::*field : kRankScalars) r.*field = *in++;
+  std::copy(in, in + kKernelClasses, r.kernels.seconds.begin());
+  in += kKernelClasses;
+  r.kernels.gemm_flops = *in++;
+  r.window = WindowFigures::from(in);
   return r;
 }
 
+namespace {
+
+// How a figure is written: 6 or 10 significant digits (the log stays short), every digit (loss and
+// gradient norm: resumed runs are compared with uninterrupted ones bit for bit), milliseconds (Unix
+// time), or a whole number (bytes).
+enum class Digits { six, ten, all, millis, whole };
+
+nlohmann::ordered_json figure(double v, Digits digits) {
+  if (!std::isfinite(v)) return nullptr;  // JSON has no NaN or Inf (a skipped step's loss)
+  switch (digits) {
+    case Digits::all:
+      return v;
+    case Digits::whole:
+      return static_cast<int64_t>(std::llround(v));
+    case Digits::millis:
+      return std::round(v * 1e3) / 1e3;
+    default: {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, digits == Digits::six ? "%.6g" : "%.10g", v);
+      return std::strtod(buf, nullptr);  // written as the shortest decimal that reads back the same
+    }
+  }
+}
+
+// One per-stage key of metrics.jsonl: what each rank gives, how a stage's replicas combine, how it
+// is written. A new per-stage key is a StepLine member and a row here (and its rank figure in
+// kRankScalars).
+enum class OverReplicas { mean, max };
+struct StageKey {
+  const char* key;
+  std::vector<double> StepLine::*values;
+  double (*of_rank)(const RankFigures&);
+  OverReplicas combine;
+  Digits digits;
+  bool gpu_only;  // written only where some rank has a GPU
+};
+const StageKey kStageKeys[] = {
+    // The share of the pipelined part of the step the rank spent waiting for peers.
+    {"bubble_measured", &StepLine::bubble_measured,
+     [](const RankFigures& r) {
+       const double busy = r.compute_s + r.bubble_wait_s;
+       return busy > 0 ? r.bubble_wait_s / busy : 0;
+     },
+     OverReplicas::mean, Digits::six, false},
+    {"act_peak_bytes", &StepLine::act_peak_bytes, [](const RankFigures& r) { return r.act_peak_bytes; },
+     OverReplicas::max, Digits::whole, false},
+    {"mem_peak_bytes", &StepLine::mem_peak_bytes, [](const RankFigures& r) { return r.mem_peak_bytes; },
+     OverReplicas::max, Digits::whole, false},
+    {"comm_wait_s", &StepLine::comm_wait_s, [](const RankFigures& r) { return r.comm_wait_s; }, OverReplicas::mean,
+     Digits::six, false},
+    {"compute_s", &StepLine::compute_s, [](const RankFigures& r) { return r.compute_s; }, OverReplicas::mean,
+     Digits::six, false},
+    {"rank_step_s", &StepLine::rank_step_s, [](const RankFigures& r) { return r.rank_step_s; }, OverReplicas::mean,
+     Digits::six, false},
+    {"param_bytes", &StepLine::param_bytes, [](const RankFigures& r) { return 4 * r.param_count; },
+     OverReplicas::max, Digits::whole, false},
+    {"grad_bytes", &StepLine::grad_bytes, [](const RankFigures& r) { return 4 * r.param_count; },
+     OverReplicas::max, Digits::whole, false},
+    // The stage's largest share of the AdamW moments (ZeRO-1 slabs differ by a row).
+    {"optim_bytes", &StepLine::optim_bytes, [](const RankFigures& r) { return 8 * r.optim_floats; },
+     OverReplicas::max, Digits::whole, false},
+    {"gpu_mem_bytes", &StepLine::gpu_mem_bytes, [](const RankFigures& r) { return r.gpu_mem_bytes; },
+     OverReplicas::max, Digits::whole, true},
+    {"gpu_mem_peak_bytes", &StepLine::gpu_mem_peak_bytes, [](const RankFigures& r) { return r.gpu_mem_peak_bytes; },
+     OverReplicas::max, Digits::whole, true},
+};
+
+// The step's scalar figures, in the order the line shows them.
+struct ScalarKey {
+  const char* key;
+  double StepLine::*value;
+  Digits digits;
+};
+const ScalarKey kScalarKeys[] = {
+    {"loss", &StepLine::loss, Digits::all},
+    {"lr", &StepLine::lr, Digits::ten},
+    {"grad_norm", &StepLine::grad_norm, Digits::all},
+    {"step_time_s", &StepLine::step_time_s, Digits::six},
+    {"tokens_per_s", &StepLine::tokens_per_s, Digits::six},
+    {"bubble_theory", &StepLine::bubble_theory, Digits::six},
+    {"gflops", &StepLine::gflops, Digits::six},
+    {"peak_gflops", &StepLine::peak_gflops, Digits::six},
+    {"mfu", &StepLine::mfu, Digits::six},
+    {"sgemm_gflops", &StepLine::sgemm_gflops, Digits::six},
+    {"sgemm_share", &StepLine::sgemm_share, Digits::six},
+};
+
+// printf of one figure for the progress line; "null" where it is not finite.
+std::string num(double v, const char* format) {
+  if (!std::isfinite(v)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+nlohmann::ordered_json figures(const std::vector<double>& values, Digits digits) {
+  nlohmann::ordered_json a = nlohmann::ordered_json::array();
+  for (double v : values) a.push_back(figure(v, digits));
+  return a;
+}
+
+}  // namespace
+
 StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_per_step) {
   StepLine line;
-  line.bubble_measured.assign(pp, 0);
-  line.act_peak_bytes.assign(pp, 0);
-  line.mem_peak_bytes.assign(pp, 0);
-  line.comm_wait_s.assign(pp, 0);
-  line.compute_s.assign(pp, 0);
-  line.rank_step_s.assign(pp, 0);
-  line.param_bytes.assign(pp, 0);
-  line.grad_bytes.assign(pp, 0);
-  line.optim_bytes.assign(pp, 0);
+  for (const StageKey& k : kStageKeys) (line.*k.values).assign(pp, 0);
   line.kernel_s.assign(kKernelClasses, std::vector<double>(pp, 0));
   line.gemm_gflops.assign(pp, 0);
   std::vector<double> gemm_flops(pp, 0);
   std::vector<int> count(pp, 0);
   double loss_sum = 0;
-  for (auto& r : ranks) {
+  for (const RankFigures& r : ranks) {
     const int s = static_cast<int>(r.stage);
-    // bubble: share of the pipelined part of the step this rank spent waiting for peers
-    const double busy = r.compute_s + r.bubble_wait_s;
-    line.bubble_measured[s] += busy > 0 ? r.bubble_wait_s / busy : 0;
-    line.comm_wait_s[s] += r.comm_wait_s;
-    line.compute_s[s] += r.compute_s;
-    line.rank_step_s[s] += r.rank_step_s;
-    line.param_bytes[s] = line.grad_bytes[s] = 4 * r.param_count;
-    line.optim_bytes[s] = std::max(line.optim_bytes[s], 8 * r.optim_floats);  // the stage's largest share
-    line.act_peak_bytes[s] = std::max(line.act_peak_bytes[s], r.act_peak_bytes);
-    line.mem_peak_bytes[s] = std::max(line.mem_peak_bytes[s], r.mem_peak_bytes);
-    if (r.gpu_mem_peak_bytes > 0) {
-      line.gpu_mem_bytes.resize(pp, 0), line.gpu_mem_peak_bytes.resize(pp, 0);
-      line.gpu_mem_bytes[s] = std::max(line.gpu_mem_bytes[s], r.gpu_mem_bytes);
-      line.gpu_mem_peak_bytes[s] = std::max(line.gpu_mem_peak_bytes[s], r.gpu_mem_peak_bytes);
+    for (const StageKey& k : kStageKeys) {
+      double& v = (line.*k.values)[s];
+      v = k.combine == OverReplicas::max ? std::max(v, k.of_rank(r)) : v + k.of_rank(r);
     }
     for (int k = 0; k < kKernelClasses; ++k) line.kernel_s[k][s] += r.kernels.seconds[k];
     gemm_flops[s] += r.kernels.gemm_flops;
@@ -76,10 +156,8 @@ StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_pe
     loss_sum += r.loss_sum;
   }
   for (int s = 0; s < pp; ++s) {
-    line.bubble_measured[s] /= count[s];
-    line.comm_wait_s[s] /= count[s];
-    line.compute_s[s] /= count[s];
-    line.rank_step_s[s] /= count[s];
+    for (const StageKey& k : kStageKeys)
+      if (k.combine == OverReplicas::mean) (line.*k.values)[s] /= count[s];
     const double gemm_s = line.kernel_s[static_cast<int>(Kernel::gemm)][s];
     line.gemm_gflops[s] = gemm_s > 0 ? gemm_flops[s] / gemm_s / 1e9 : 0;  // summed over replicas, like the time
     for (int k = 0; k < kKernelClasses; ++k) line.kernel_s[k][s] /= count[s];
@@ -88,51 +166,23 @@ StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_pe
   return line;
 }
 
-namespace {
-
-std::string num(double v, const char* fmt = "%.10g") {
-  if (!std::isfinite(v)) return "null";  // JSON has no NaN or Inf (a skipped step's loss)
-  char buf[64];
-  std::snprintf(buf, sizeof buf, fmt, v);
-  return buf;
-}
-
-std::string array(const std::vector<double>& v, const char* fmt = "%.6g") {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + num(v[i], fmt);
-  return s + "]";
-}
-
-std::string kernel_object(const std::vector<std::vector<double>>& kernel_s) {
-  std::string s = "{";
-  for (size_t k = 0; k < kernel_s.size(); ++k)
-    s += (k ? ", \"" : "\"") + std::string(kernel_name(static_cast<Kernel>(k))) + "\": " + array(kernel_s[k]);
-  return s + "}";
-}
-
-}  // namespace
-
 std::string to_json(const StepLine& l) {
-  // loss and grad_norm with all 17 digits: resumed runs are compared with uninterrupted ones bit for bit
-  return "{\"step\": " + std::to_string(l.step) + ", \"time\": " + num(l.time, "%.3f") + ", \"launch\": " +
-         std::to_string(l.launch) + ", \"pp\": " + std::to_string(l.pp) + ", \"dp\": " + std::to_string(l.dp) +
-         ", \"loss\": " + num(l.loss, "%.17g") + ", \"lr\": " + num(l.lr) +
-         ", \"grad_norm\": " + num(l.grad_norm, "%.17g") + ", \"skipped\": " + (l.skipped ? "true" : "false") +
-         ", \"bad_steps\": " + std::to_string(l.bad_steps) + ", \"step_time_s\": " + num(l.step_time_s, "%.6g") +
-         ", \"tokens_per_s\": " + num(l.tokens_per_s, "%.6g") + ", \"bubble_theory\": " + num(l.bubble_theory, "%.6g") +
-         ", \"bubble_measured\": " + array(l.bubble_measured) + ", \"act_peak_bytes\": " + array(l.act_peak_bytes, "%.0f") +
-         ", \"mem_peak_bytes\": " + array(l.mem_peak_bytes, "%.0f") + ", \"comm_wait_s\": " + array(l.comm_wait_s) +
-         ", \"compute_s\": " + array(l.compute_s) + ", \"rank_step_s\": " + array(l.rank_step_s) +
-         ", \"param_bytes\": " + array(l.param_bytes, "%.0f") + ", \"grad_bytes\": " + array(l.grad_bytes, "%.0f") +
-         ", \"optim_bytes\": " + array(l.optim_bytes, "%.0f") + ", \"gflops\": " + num(l.gflops, "%.6g") +
-         ", \"peak_gflops\": " + num(l.peak_gflops, "%.6g") + ", \"mfu\": " + num(l.mfu, "%.6g") +
-         ", \"sgemm_gflops\": " + num(l.sgemm_gflops, "%.6g") + ", \"sgemm_share\": " + num(l.sgemm_share, "%.6g") +
-         ", \"kernel_s\": " + kernel_object(l.kernel_s) + ", \"gemm_gflops\": " + array(l.gemm_gflops) +
-         (l.val_loss >= 0 ? ", \"val_loss\": " + num(l.val_loss, "%.17g") : "") +
-         (l.gpu_mem_bytes.empty() ? ""
-                                  : ", \"gpu_mem_bytes\": " + array(l.gpu_mem_bytes, "%.0f") +
-                                        ", \"gpu_mem_peak_bytes\": " + array(l.gpu_mem_peak_bytes, "%.0f")) +
-         (l.straggler_keys.empty() ? "" : ", " + l.straggler_keys) + "}";
+  nlohmann::ordered_json j = {{"step", l.step}, {"time", figure(l.time, Digits::millis)}, {"launch", l.launch},
+                              {"pp", l.pp},     {"dp", l.dp},                             {"skipped", l.skipped},
+                              {"bad_steps", l.bad_steps}};
+  for (const ScalarKey& k : kScalarKeys) j[k.key] = figure(l.*k.value, k.digits);
+  if (l.val_loss >= 0) j["val_loss"] = figure(l.val_loss, Digits::all);
+  const bool gpu = std::any_of(l.gpu_mem_peak_bytes.begin(), l.gpu_mem_peak_bytes.end(), [](double b) { return b > 0; });
+  for (const StageKey& k : kStageKeys)
+    if (gpu || !k.gpu_only) j[k.key] = figures(l.*k.values, k.digits);
+  nlohmann::ordered_json kernels = nlohmann::ordered_json::object();
+  for (size_t k = 0; k < l.kernel_s.size(); ++k)
+    kernels[kernel_name(static_cast<Kernel>(k))] = figures(l.kernel_s[k], Digits::six);
+  j["kernel_s"] = kernels;
+  j["gemm_gflops"] = figures(l.gemm_gflops, Digits::six);
+  if (l.straggler_window.is_object())
+    for (const auto& [key, value] : l.straggler_window.items()) j[key] = value;
+  return j.dump();
 }
 
 std::string progress_line(const StepLine& l) {

@@ -220,7 +220,7 @@ std::vector<Straggler> StragglerDetector::flagged() const {
   return out;
 }
 
-std::string StragglerDetector::json_keys() const {
+nlohmann::json StragglerDetector::window_json() const {
   using json = nlohmann::json;
   json w = {{"first_step", first_step_}, {"last_step", last_step_}, {"nodes", nodes_}};
   json node = json::array(), stage = json::array(), replica = json::array(), compute = json::array(),
@@ -247,7 +247,7 @@ std::string StragglerDetector::json_keys() const {
   for (const Straggler& s : flagged())
     flagged_now.push_back({{"kind", s.kind}, {"name", s.name}, {"ratio", s.ratio}, {"seconds", s.seconds},
                            {"peers_seconds", s.peers_seconds}});
-  return "\"window\": " + w.dump() + ", \"stragglers\": " + flagged_now.dump();
+  return {{"window", w}, {"stragglers", flagged_now}};
 }
 
 }  // namespace pipetrain

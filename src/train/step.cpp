@@ -104,14 +104,14 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   mine.gpu_mem_peak_bytes = static_cast<double>(gpu::memory_peak());
   mine.kernels = r.kernels;
   if (run.straggler_window && run.straggler_window->closing()) mine.window = run.straggler_window->close(now_s());
-  double packed[RankFigures::kFields];
+  double packed[kRankFigureFields];
   mine.to(packed);
   std::vector<double> all;
-  run.comm->gather_to_root(packed, RankFigures::kFields, all);
+  run.comm->gather_to_root(packed, kRankFigureFields, all);
   if (run.rank() != 0) return;
 
   std::vector<RankFigures> figures;
-  for (int rank = 0; rank < run.world.size(); ++rank) figures.push_back(RankFigures::from(&all[rank * RankFigures::kFields]));
+  for (int rank = 0; rank < run.world.size(); ++rank) figures.push_back(RankFigures::from(&all[rank * kRankFigureFields]));
   StepLine line = combine(figures, run.spec.parallel.pp, run.tokens_per_step);
   line.step = done;
   line.steps = run.spec.run.steps;
@@ -137,7 +137,7 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
     std::vector<WindowFigures> windows;
     for (const RankFigures& f : figures) windows.push_back(f.window);
     straggler_news = run.stragglers->observe(windows, done);
-    line.straggler_keys = run.stragglers->json_keys();
+    line.straggler_window = run.stragglers->window_json();
   }
   run.metrics->write(to_json(line));
   std::printf("%s\n", progress_line(line).c_str());

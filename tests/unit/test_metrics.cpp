@@ -2,6 +2,7 @@
 // stage's replicas, peaks as maxima, the loss over the global batch), and the JSON line.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -45,7 +46,37 @@ TEST_CASE("metrics: a 2x2 job's figures combine per stage", "[metrics]") {
   CHECK(line.param_bytes[1] == 4 * 11);
   CHECK(line.optim_bytes[1] == 8 * 11);
   CHECK(line.gemm_gflops[0] == Approx(4e9 / 2.0 / 1e9));          // flops over gemm seconds, both summed over replicas
-  CHECK(line.gpu_mem_bytes.empty());                              // CPU ranks: no GPU keys
+  CHECK_FALSE(nlohmann::json::parse(to_json(line)).contains("gpu_mem_bytes"));  // CPU ranks: no GPU keys
+}
+
+TEST_CASE("metrics: a rank's figures travel as doubles and come back whole", "[metrics]") {
+  RankFigures r = rank(1, 1, 2.5, 0.75, 123, 9);
+  double v = 1;
+  for (double RankFigures::*field : kRankScalars) r.*field = v++;  // a distinct value in every field
+  for (double& s : r.kernels.seconds) s = v++;
+  r.kernels.gemm_flops = v++;
+  r.window.steps = v++;
+  r.window.link_s[1] = v++;
+  std::vector<double> packed(kRankFigureFields);
+  r.to(packed.data());
+  const RankFigures back = RankFigures::from(packed.data());
+  for (double RankFigures::*field : kRankScalars) CHECK(back.*field == r.*field);
+  CHECK(back.kernels.seconds == r.kernels.seconds);
+  CHECK(back.kernels.gemm_flops == r.kernels.gemm_flops);
+  CHECK(back.window.steps == r.window.steps);
+  CHECK(back.window.link_s[1] == r.window.link_s[1]);
+}
+
+TEST_CASE("metrics: GPU memory is written where a rank has a GPU; figures keep 6 digits, bytes whole", "[metrics]") {
+  std::vector<RankFigures> ranks = {rank(0, 0, 1.0, 0.5, 100, 0), rank(0, 1, 1.0, 0.5, 100, 0)};
+  ranks[1].gpu_mem_bytes = 5e8;
+  ranks[1].gpu_mem_peak_bytes = 7e8;
+  ranks[0].compute_s = 1.0 / 3;
+  const nlohmann::json j = nlohmann::json::parse(to_json(combine(ranks, 1, 32)));
+  CHECK(j["gpu_mem_bytes"] == nlohmann::json({500000000}));
+  CHECK(j["gpu_mem_peak_bytes"][0].is_number_integer());
+  CHECK(j["compute_s"][0].get<double>() == 0.666667);  // (1/3 + 1) / 2 to 6 significant digits
+  CHECK(j["act_peak_bytes"][0].is_number_integer());
 }
 
 TEST_CASE("metrics: the JSON line parses, carries every key, and writes a skipped step's NaN as null", "[metrics]") {

@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -11,7 +13,8 @@
 
 namespace pipetrain {
 
-// What one rank contributes for one logged step (gathered to rank 0 as doubles).
+// What one rank contributes for one logged step (gathered to rank 0 as doubles: kRankScalars, then
+// the kernel classes' seconds, the GEMM FLOPs and the straggler window's figures).
 struct RankFigures {
   double stage = 0, dp_rank = 0;
   double compute_s = 0;       // forward/backward/recompute, optimizer, data: all local work
@@ -26,10 +29,16 @@ struct RankFigures {
   double gpu_mem_bytes = 0, gpu_mem_peak_bytes = 0;  // device memory allocated now / at peak (GPU runs)
   KernelTotals kernels;       // this step's compute by kernel class (profile.hpp)
   WindowFigures window;       // the straggler window this logging step closed (steps 0: none)
-  static constexpr size_t kFields = 13 + kKernelClasses + 1 + WindowFigures::kFields;
-  void to(double* out) const;
+  void to(double* out) const;  // kRankFigureFields doubles
   static RankFigures from(const double* in);
 };
+// The scalars of RankFigures in the order they travel: a new figure is a member and a row here.
+inline constexpr double RankFigures::*kRankScalars[] = {
+    &RankFigures::stage,          &RankFigures::dp_rank,        &RankFigures::compute_s,   &RankFigures::bubble_wait_s,
+    &RankFigures::comm_wait_s,    &RankFigures::rank_step_s,    &RankFigures::act_peak_bytes,
+    &RankFigures::mem_peak_bytes, &RankFigures::param_count,    &RankFigures::optim_floats, &RankFigures::loss_sum,
+    &RankFigures::gpu_mem_bytes,  &RankFigures::gpu_mem_peak_bytes};
+inline constexpr size_t kRankFigureFields = std::size(kRankScalars) + kKernelClasses + 1 + WindowFigures::kFields;
 
 struct StepLine {
   int step = 0, steps = 0;
@@ -41,16 +50,17 @@ struct StepLine {
   double val_loss = -1;                         // validation loss after this step (< 0: not evaluated)
   bool skipped = false;                         // NaN/Inf loss or gradient: the update was not applied
   int bad_steps = 0;                            // steps skipped so far in this launch
+  // Per stage, each combined from its ranks' figures by one row of kStageKeys (metrics.cpp).
   std::vector<double> bubble_measured, act_peak_bytes, mem_peak_bytes, comm_wait_s, compute_s, rank_step_s;
   std::vector<double> param_bytes, grad_bytes, optim_bytes;
   std::vector<double> gpu_mem_bytes, gpu_mem_peak_bytes;  // written only when some rank has a GPU
   std::vector<std::vector<double>> kernel_s;  // [kernel class][stage] seconds, averaged over dp
   std::vector<double> gemm_gflops;            // per stage: rate of the dense products inside the step
-  std::string straggler_keys;                 // "window" and "stragglers" as JSON keys, when a window closed
+  nlohmann::json straggler_window;            // "window" and "stragglers", when a window closed (else null)
 };
 
-// Combines all ranks' figures (world order) into per-stage arrays: bubble and waits averaged over
-// the dp replicas of a stage, memory as the maximum; loss = summed loss / tokens per step.
+// Combines all ranks' figures (world order) into per-stage arrays (kStageKeys: bubble and waits
+// averaged over the dp replicas of a stage, memory as the maximum); loss = summed loss / tokens per step.
 StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_per_step);
 
 std::string to_json(const StepLine& line);

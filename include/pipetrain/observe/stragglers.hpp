@@ -20,6 +20,7 @@
 #pragma once
 #include <map>
 #include <set>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -92,9 +93,9 @@ class StragglerDetector {
 
   // The metrics.jsonl keys of the last window: "window" (per rank: stage, replica, node, compute,
   // wait, the compute its peers suggest, the ratio to it and the ratio it is flagged above; per
-  // node its ratio; the links' travel times) and "stragglers" (flagged now), as JSON text without
-  // the enclosing braces.
-  std::string json_keys() const;
+  // node its ratio; the links' travel times) and "stragglers" (flagged now): the two keys a logging
+  // step's metrics.jsonl line takes over.
+  nlohmann::json window_json() const;
 
   // Below this a link's extra travel time is within what polling between kernels adds to any message.
   static constexpr double kLinkFloorS = 1e-3;
