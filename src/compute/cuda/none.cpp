@@ -25,23 +25,15 @@ size_t memory_peak() { return 0; }
 size_t memory_total() { return 0; }
 
 void set_matmul_dtype(Dtype) { no_cuda(); }
-void encoder_forward(float*, const int*, const float*, const float*, int, int, int) { no_cuda(); }
-void encoder_backward(float*, float*, const float*, const int*, int, int, int) { no_cuda(); }
-void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int, int) { no_cuda(); }
-void layernorm_backward(float*, float*, float*, const float*, const float*, const float*, const float*, const float*,
-                        int, int) {
-  no_cuda();
-}
-void matmul_forward(float*, const float*, const float*, const float*, int, int, int) { no_cuda(); }
-void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int, int) { no_cuda(); }
-void attention_forward(float*, float*, const float*, int, int, int, int) { no_cuda(); }
-void attention_backward(float*, const float*, const float*, const float*, int, int, int, int) { no_cuda(); }
+// Every layer kernel of the list, answering "no CUDA" (its parameters unused).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#define PIPETRAIN_NO_CUDA_KERNEL(ret, name, params) \
+  ret name params { no_cuda(); }
+PIPETRAIN_LAYER_KERNELS(PIPETRAIN_NO_CUDA_KERNEL)
+#undef PIPETRAIN_NO_CUDA_KERNEL
+#pragma GCC diagnostic pop
 void gelu_forward(float*, const float*, size_t) { no_cuda(); }
-void bias_gelu_forward(float*, float*, const float*, int, int) { no_cuda(); }
-void gelu_backward(float*, const float*, const float*, size_t) { no_cuda(); }
-void residual_forward(float*, const float*, const float*, const float*, int, int) { no_cuda(); }
-double softmax_crossentropy_forward(float*, const float*, const int*, int, int) { no_cuda(); }
-void softmax_crossentropy_backward(float*, const float*, const int*, float, int, int) { no_cuda(); }
 void adamw_update(float*, const float*, float*, float*, size_t, float, float, float, float, float, float, float) {
   no_cuda();
 }

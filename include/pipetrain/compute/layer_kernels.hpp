@@ -1,0 +1,52 @@
+// The layer kernels, listed once: the CPU declares them (kernels.hpp), the GPU declares them in
+// pipetrain::gpu (gpu_kernels.hpp), a build without CUDA stubs them (cuda/none.cpp), and the
+// table Stage calls them through is made from the same list (ops.hpp, ops.cpp).
+//
+// Contract, on either device. Activations are row-major [N, C] with N = batch x time tokens;
+// weights follow PyTorch's nn.Linear layout [out_features, in_features]. Every backward ACCUMULATES
+// (+=) into the parameter gradients, so they sum over micro-batches for free. Input gradients are
+// OVERWRITTEN (no zeroing pass), except LayerNorm's, which adds to its dinp: that is where the
+// residual branch's gradient already waits. A null dinp asks a backward for the parameter
+// gradients only, a null dweight for the input gradient only; the two halves give the same bits
+// alone as together (zero-bubble schedules run them apart).
+//
+//   encoder: out[N,C] = wte[token] + wpe[t].
+//   layernorm: over the last dim with eps 1e-5; mean/rstd [N] are kept for backward.
+//   matmul: out[N,OC] = inp[N,C] weight[OC,C]^T + bias[OC] (bias may be null).
+//   attention: causal multi-head self-attention. qkv [B,T,3C] holds q, k, v packed in that order,
+//     heads as contiguous slices of each; att [B,NH,T,T] keeps the softmax probabilities (zero
+//     above the diagonal); out [B,T,C]. Scale 1/sqrt(C/NH).
+//   bias_gelu: the MLP's bias and GELU (tanh approximation) in one pass: pre[N,C] += bias (kept:
+//     backward needs it), out = gelu(pre).
+//   residual: out[N,C] = a + b + bias: a residual add with the branch's output-projection bias folded in.
+//   softmax_crossentropy: probs = softmax(logits) row-wise; forward returns the summed token loss
+//     sum_i -log probs[i, target_i] (the GPU waits for its stream); backward writes
+//     dlogits = (probs - onehot(target)) * scale, scale = dLoss/dtoken-loss.
+#pragma once
+#include <cstddef>
+
+// X(return type, name, parameters) for every layer kernel.
+#define PIPETRAIN_LAYER_KERNELS(X)                                                                               \
+  X(void, encoder_forward, (float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C)) \
+  X(void, encoder_backward, (float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C))   \
+  X(void, layernorm_forward,                                                                                     \
+    (float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int N, int C)) \
+  X(void, layernorm_backward,                                                                                    \
+    (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,           \
+     const float* mean, const float* rstd, int N, int C))                                                         \
+  X(void, matmul_forward, (float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC)) \
+  X(void, matmul_backward,                                                                                       \
+    (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int N,    \
+     int C, int OC))                                                                                              \
+  X(void, attention_forward, (float* out, float* att, const float* qkv, int B, int T, int C, int NH))             \
+  X(void, attention_backward,                                                                                    \
+    (float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH))           \
+  X(void, bias_gelu_forward, (float* pre, float* out, const float* bias, int N, int C))                          \
+  X(void, gelu_backward, (float* dinp, const float* inp, const float* dout, size_t n))                           \
+  X(void, residual_forward, (float* out, const float* a, const float* b, const float* bias, int N, int C))        \
+  X(double, softmax_crossentropy_forward, (float* probs, const float* logits, const int* targets, int N, int V))  \
+  X(void, softmax_crossentropy_backward,                                                                         \
+    (float* dlogits, const float* probs, const int* targets, float scale, int N, int V))
+
+// A declaration of one kernel of the list.
+#define PIPETRAIN_DECLARE_KERNEL(ret, name, params) ret name params;
