@@ -7,6 +7,11 @@
 #include "pipetrain/util/stats.hpp"
 
 namespace pipetrain {
+
+const char* name_of(StragglerKind kind) {
+  static const char* const names[] = {"rank", "node", "link"};
+  return names[static_cast<int>(kind)];
+}
 namespace {
 
 std::string ms(double s) {
@@ -92,11 +97,11 @@ void StragglerDetector::judge(const std::string& key, const Straggler& now, bool
   if (!t.flagged && t.over >= 2) {
     t.flagged = true;
     std::string what;
-    if (now.kind == "link")
+    if (now.kind == StragglerKind::link)
       what = "delivers a message in " + ms(now.seconds) + ", " + times(now.ratio) + " the other links of its kind (" +
              ms(now.peers_seconds) + ")";
     else
-      what = "computes " + times(now.ratio) + " as long as " + (now.kind == "node" ? "the other nodes" : "its peers") + ": " +
+      what = "computes " + times(now.ratio) + " as long as " + (now.kind == StragglerKind::node ? "the other nodes" : "its peers") + ": " +
              ms(now.seconds) + " per step against " + ms(now.peers_seconds);
     lines.push_back("straggler: " + now.name + " " + what + steps);
   } else if (t.flagged && t.under >= 2) {
@@ -142,7 +147,7 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
     const RankPlace& p = places_[r];
     const std::string name = "rank " + std::to_string(r) + " (stage " + std::to_string(p.stage) + ", replica " +
                              std::to_string(p.replica) + ", " + p.node + ")";
-    judge(name, window({"rank", name, rank_ratio_[r], ranks[r].own_s, peer * share(r)}),
+    judge(name, window({StragglerKind::rank, name, rank_ratio_[r], ranks[r].own_s, peer * share(r)}),
           rank_ratio_[r] > rank_threshold_[r], lines);
   }
 
@@ -171,7 +176,7 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
       const double ratio = node_ratio_[n] = peer > 0 ? node_value[n] / peer : 1.0;
       const std::string name = "node " + nodes_[n];
       const bool over = ratio > ratio_ * (nodes_alike_ ? 1.0 : kModelError);
-      judge(name, window({"node", name, ratio, node_compute[n], peer * node_share[n]}), over, lines);
+      judge(name, window({StragglerKind::node, name, ratio, node_compute[n], peer * node_share[n]}), over, lines);
       for (size_t r = 0; r < R && over; ++r) slow[r] = slow[r] || places_[r].node == nodes_[n];
     }
   }
@@ -200,12 +205,12 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
     const double ratio = l.seconds / peer;
     // A slow sender passes its messages on late and a slow receiver takes them in late: not the link's doing.
     const bool ends_slow = slow[l.from] || slow[l.to];
-    judge(name, window({"link", name, ratio, l.seconds, peer}),
+    judge(name, window({StragglerKind::link, name, ratio, l.seconds, peer}),
           ratio > ratio_ && l.seconds - peer > kLinkFloorS && !ends_slow, lines);
   }
   // A flagged link nobody waited on this window costs nothing now: it counts as within the ratio.
   for (auto& [key, t] : tracks_)
-    if (t.last.kind == "link" && !measured.count(key)) {
+    if (t.last.kind == StragglerKind::link && !measured.count(key)) {
       Straggler quiet = window(t.last);
       quiet.ratio = 1.0;
       judge(key, quiet, false, lines);
@@ -245,7 +250,7 @@ nlohmann::json StragglerDetector::window_json() const {
   w["links"] = links;
   json flagged_now = json::array();
   for (const Straggler& s : flagged())
-    flagged_now.push_back({{"kind", s.kind}, {"name", s.name}, {"ratio", s.ratio}, {"seconds", s.seconds},
+    flagged_now.push_back({{"kind", name_of(s.kind)}, {"name", s.name}, {"ratio", s.ratio}, {"seconds", s.seconds},
                            {"peers_seconds", s.peers_seconds}});
   return {{"window", w}, {"stragglers", flagged_now}};
 }

@@ -54,12 +54,19 @@ AutoPlan auto_plan(const RunSpec& spec, int world, const MachineCosts& costs, do
             for (Partition part : {Partition::uniform, Partition::balanced})
               for (int zero = 0; zero <= (dp > 1 ? 1 : 0); ++zero) {
                 if (kind->splits_backward && mode != Recompute::none) continue;
-                // One stage: every schedule and partition is the same step, planned once as gpipe.
-                if (pp == 1 && (part == Partition::balanced || kind->name != "gpipe")) continue;
+                // One stage: every schedule and partition is the same step, planned once, as the
+                // first registered schedule (gpipe).
+                if (pp == 1 && (part == Partition::balanced || kind != all_schedules().front())) continue;
                 RunSpec s = spec;
                 auto& p = s.parallel;
-                p.pp = pp, p.dp = dp, p.micro_batches = M, p.schedule = kind, p.virtual_stages = V;
-                p.recompute = mode, p.partition = part, p.zero = zero;
+                p.pp = pp;
+                p.dp = dp;
+                p.micro_batches = M;
+                p.schedule = kind;
+                p.virtual_stages = V;
+                p.recompute = mode;
+                p.partition = part;
+                p.zero = zero;
                 p.blocks_per_stage.clear();
                 s.origins.clear();
                 try {

@@ -45,8 +45,13 @@ PassCosts pass_from(const nlohmann::json& j) { return {j.at("f").get<double>(), 
 PassCosts stage_passes(const PassCosts& block, const PassCosts& embed, const PassCosts& head, int blocks, bool first,
                        bool last) {
   PassCosts c{blocks * block.f, blocks * block.b, blocks * block.w};
-  if (first) c.f += embed.f, c.b += embed.b, c.w += embed.w;
-  if (last) c.f += head.f, c.b += head.b, c.w += head.w;
+  auto add = [&c](const PassCosts& x) {
+    c.f += x.f;
+    c.b += x.b;
+    c.w += x.w;
+  };
+  if (first) add(embed);
+  if (last) add(head);
   return c;
 }
 
@@ -98,7 +103,10 @@ MachineCosts MachineCosts::from_json(const nlohmann::json& j, const std::string&
   try {
     c.source = j.value("source", std::string("a cost file"));
     const auto& m = j.at("model");
-    c.d_model = m.at("d_model"), c.n_head = m.at("n_head"), c.seq_len = m.at("seq_len"), c.vocab = m.at("vocab");
+    c.d_model = m.at("d_model");
+    c.n_head = m.at("n_head");
+    c.seq_len = m.at("seq_len");
+    c.vocab = m.at("vocab");
     for (const auto& a : j.at("compute")) {
       AtSize at{a.at("samples").get<int>(), pass_from(a.at("block")), pass_from(a.at("embed")), pass_from(a.at("head")), {}};
       if (a.contains("block_recompute_block")) at.block_recompute[0] = pass_from(a.at("block_recompute_block"));
@@ -152,7 +160,10 @@ bool MachineCosts::is_cost_file(const std::string& path) {
 
 MachineCosts MachineCosts::for_model(const RunSpec& spec) {
   MachineCosts c;
-  c.d_model = spec.model.d_model, c.n_head = spec.model.n_head, c.seq_len = spec.model.seq_len, c.vocab = spec.model.vocab;
+  c.d_model = spec.model.d_model;
+  c.n_head = spec.model.n_head;
+  c.seq_len = spec.model.seq_len;
+  c.vocab = spec.model.vocab;
   return c;
 }
 
@@ -165,7 +176,11 @@ MachineCosts MachineCosts::from_peak(const RunSpec& spec, double flops_per_s, do
                 100 * efficiency, link_bytes_per_s / 1e9);
   c.source = what;
   AtSize one = flops_per_sample(spec);
-  for (PassCosts* p : {&one.block, &one.embed, &one.head}) p->f /= rate, p->b /= rate, p->w /= rate;
+  for (PassCosts* p : {&one.block, &one.embed, &one.head}) {
+    p->f /= rate;
+    p->b /= rate;
+    p->w /= rate;
+  }
   c.compute = {one};
   // AdamW is memory-bound: 28 bytes per parameter read and written, at a memory bandwidth of the
   // peak / 200 FLOP per byte (the balance of today's datacentre GPUs).

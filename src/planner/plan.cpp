@@ -56,7 +56,10 @@ Plan make_plan(const RunSpec& spec) {
   // Backward costs twice the forward; recompute re-runs the forward inside the backward.
   const bool recompute = spec.parallel.recompute != Recompute::none;
   std::vector<double> fwd, bwd;
-  for (double c : costs) fwd.push_back(c / 3), bwd.push_back(2 * c / 3 + (recompute ? c / 3 : 0));
+  for (double c : costs) {
+    fwd.push_back(c / 3);
+    bwd.push_back(2 * c / 3 + (recompute ? c / 3 : 0));
+  }
   const SimResult sim = simulate(lists, fwd, bwd, {}, schedule.placement);
   // The classic GPipe chart gives a forward and a backward one slot each; a chart of a schedule
   // that splits the backward gives its B and its W one slot each.
@@ -122,7 +125,10 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
                 p.schedule->bubble_formula.c_str(), plan.bubble_theory,
                 p.recompute == Recompute::none ? "" : " + recompute", plan.bubble_sim);
   os << line << "  per stage:";
-  for (auto& s : plan.stages) std::snprintf(line, sizeof line, " %.4f", s.bubble), os << line;
+  for (auto& s : plan.stages) {
+    std::snprintf(line, sizeof line, " %.4f", s.bubble);
+    os << line;
+  }
   os << "\n\nmemory per stage (activations of the micro-batches in flight at the schedule's peak, by recompute\n"
         "mode; " << p.schedule->name << " keeps" << (p.virtual_stages > 1 ? " (chunk-micro-batches)" : "");
   for (size_t s = 0; s < plan.stages.size(); ++s) os << (s ? ", " : " ") << plan.stages[s].in_flight;
@@ -181,7 +187,10 @@ std::string schedule_comparison(const RunSpec& spec) {
     const Plan p = make_plan(s);
     std::string held;
     size_t peak = 0;
-    for (auto& st : p.stages) held += (held.empty() ? "" : " ") + std::to_string(st.in_flight), peak = std::max(peak, st.act_peak_bytes[mode]);
+    for (auto& st : p.stages) {
+      held += (held.empty() ? "" : " ") + std::to_string(st.in_flight);
+      peak = std::max(peak, st.act_peak_bytes[mode]);
+    }
     std::snprintf(line, sizeof line, "  %-11s %8.4f %10.4f   %-24s %s\n", name.c_str(), p.bubble_theory, p.bubble_sim,
                   held.c_str(), human_bytes(peak).c_str());
     os << line;
@@ -202,7 +211,10 @@ nlohmann::json plan_json(const RunSpec& spec, const Plan& plan) {
   j["stages"] = nlohmann::json::array();
   for (auto& s : plan.stages) {
     nlohmann::json act, held;
-    for (int m = 0; m < 3; ++m) act[name_of(kModes[m])] = s.act_peak_bytes[m], held[name_of(kModes[m])] = s.act_held_bytes[m];
+    for (int m = 0; m < 3; ++m) {
+      act[name_of(kModes[m])] = s.act_peak_bytes[m];
+      held[name_of(kModes[m])] = s.act_held_bytes[m];
+    }
     j["stages"].push_back({{"blocks", s.blocks}, {"params", s.params}, {"param_bytes", 4 * s.params},
                            {"grad_bytes", 4 * s.params}, {"optim_bytes", s.optim_bytes(spec.parallel.zero)},
                            {"optim_bytes_by_zero", {s.optim_bytes(0), s.optim_bytes(1)}},

@@ -21,7 +21,9 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
   std::vector<double> fwd, bwd, wgt;
   for (int v = 0; v < n_virtual; ++v) {
     const PassCosts c = stage_passes(block, embed, head, blocks[v], v == 0, v == n_virtual - 1);
-    fwd.push_back(c.f), bwd.push_back(c.backward()), wgt.push_back(c.w);
+    fwd.push_back(c.f);
+    bwd.push_back(c.backward());
+    wgt.push_back(c.w);
   }
   std::vector<ActionList> lists;
   for (int s = 0; s < P; ++s) lists.push_back(schedule.generate(s, spec.pipeline_shape()));
@@ -43,7 +45,11 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
     // The step agreement (norm, stop, finite: three doubles over every rank), then the update.
     const double optim = costs.allreduce_s(3 * sizeof(double), P * D) + costs.adamw_s(par.zero ? params / D : params);
     working[s] = sim.busy[s] + reduce + optim;
-    if (finish + reduce + optim > r.step_s) r.step_s = finish + reduce + optim, r.reduce_s = reduce, r.optimizer_s = optim;
+    if (finish + reduce + optim > r.step_s) {
+      r.step_s = finish + reduce + optim;
+      r.reduce_s = reduce;
+      r.optimizer_s = optim;
+    }
     if (D > 1) r.reduce_bytes += D * sizeof(float) * params;
   }
   // As metrics' bubble_measured counts it: the share of the step a rank waits for others, in the

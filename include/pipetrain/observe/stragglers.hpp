@@ -69,8 +69,12 @@ struct RankPlace {
 };
 
 // A rank, node or link over the ratio.
+// What a straggler is; its spelling (name_of) goes into metrics.jsonl's "stragglers".
+enum class StragglerKind { rank, node, link };
+const char* name_of(StragglerKind kind);
+
 struct Straggler {
-  std::string kind;         // "rank", "node", "link"
+  StragglerKind kind;
   std::string name;         // "rank 3 (stage 0, replica 1, node2)", "node node2", "link rank 1 -> rank 0 (node2 -> node1)"
   double ratio = 0;         // its figure over its peers' median
   double seconds = 0, peers_seconds = 0;  // the figures: compute per step (normalised for ranks and nodes) or travel time
