@@ -267,6 +267,7 @@ ExitCode report_main(const std::vector<std::string>& args) {
 
 ExitCode data_prepare(const std::vector<std::string>& args) {
   PrepareOptions opt;
+  std::string tokenizer;
   po::options_description desc("pipetrain data prepare --input FILE... --output DATA.h5 [options]   (no MPI)");
   desc.add_options()("help,h", "show this help")(
       "input", po::value<std::vector<std::string>>(&opt.inputs)->multitoken()->composing(),
@@ -274,7 +275,7 @@ ExitCode data_prepare(const std::vector<std::string>& args) {
                                              "the token file to write (HDF5: /train, /val)")(
       "val-fraction", po::value<double>(&opt.val_fraction)->default_value(0.1, "0.1"),
       "share of each input's tokens, from its end, held out as /val")(
-      "tokenizer", po::value<std::string>(&opt.tokenizer)->default_value("bytes"), "bytes | sentencepiece")(
+      "tokenizer", po::value<std::string>(&tokenizer)->default_value("bytes"), "bytes | sentencepiece")(
       "vocab-size", po::value<int>(&opt.vocab_size), "sentencepiece: pieces to train (byte fallback on)")(
       "model-type", po::value<std::string>(&opt.model_type)->default_value("bpe"), "sentencepiece: bpe | unigram")(
       "tokenizer-model", po::value<std::string>(&opt.tokenizer_model), "sentencepiece: use this .model instead of training one")(
@@ -285,6 +286,8 @@ ExitCode data_prepare(const std::vector<std::string>& args) {
   opt.compress = vm.count("compress") > 0;
   opt.force = vm.count("force") > 0;
   return run_offline([&] {
+    opt.tokenizer =
+        parse_choice("data prepare: --tokenizer", tokenizer, {TokenizerKind::bytes, TokenizerKind::sentencepiece});
     std::printf("%s\n", prepare_token_file(opt).c_str());
     return ExitCode::ok;
   });
@@ -292,9 +295,10 @@ ExitCode data_prepare(const std::vector<std::string>& args) {
 
 ExitCode data_import(const std::vector<std::string>& args) {
   TokenImportOptions opt;
+  std::string format;
   po::options_description desc("pipetrain data import --format llmc|nanogpt|megatron INPUT... --output DATA.h5 [options]");
   desc.add_options()("help,h", "show this help")(
-      "format", po::value<std::string>(&opt.format), "llmc (llm.c shards) | nanogpt (headerless) | megatron (PREFIX of .idx/.bin)")(
+      "format", po::value<std::string>(&format), "llmc (llm.c shards) | nanogpt (headerless) | megatron (PREFIX of .idx/.bin)")(
       "input", po::value<std::vector<std::string>>(&opt.inputs)->multitoken()->composing(), "the training inputs, in order")(
       "output", po::value<std::string>(&opt.output), "the token file to write")(
       "vocab-size", po::value<int64_t>(&opt.vocab_size), "ids must be below this (default: the largest id + 1)")(
@@ -314,6 +318,8 @@ ExitCode data_import(const std::vector<std::string>& args) {
     return ExitCode::bad_input;
   }
   return run_offline([&] {
+    opt.format = parse_choice("data import: --format", format,
+                              {CorpusFormat::llmc, CorpusFormat::nanogpt, CorpusFormat::megatron});
     std::printf("%s\n", import_tokens(opt).c_str());
     return ExitCode::ok;
   });
@@ -321,10 +327,10 @@ ExitCode data_import(const std::vector<std::string>& args) {
 
 ExitCode data_export(const std::vector<std::string>& args) {
   TokenExportOptions opt;
-  std::string split = "train";
+  std::string split = "train", format;
   po::options_description desc("pipetrain data export DATA.h5 --format llmc|megatron --output OUT [options]");
   desc.add_options()("help,h", "show this help")("input", po::value<std::string>(&opt.input), "the token file")(
-      "format", po::value<std::string>(&opt.format), "llmc (a shard file OUT) | megatron (OUT.idx + OUT.bin)")(
+      "format", po::value<std::string>(&format), "llmc (a shard file OUT) | megatron (OUT.idx + OUT.bin)")(
       "output", po::value<std::string>(&opt.output), "the file (llmc) or prefix (megatron) to write")(
       "split", po::value<std::string>(&split)->default_value("train"), "train | val")("force", "replace existing output");
   po::positional_options_description pos;
@@ -339,6 +345,7 @@ ExitCode data_export(const std::vector<std::string>& args) {
     return ExitCode::bad_input;
   }
   return run_offline([&] {
+    opt.format = parse_choice("data export: --format", format, {CorpusFormat::llmc, CorpusFormat::megatron});
     std::printf("%s\n", export_tokens(opt).c_str());
     return ExitCode::ok;
   });
@@ -383,24 +390,29 @@ ExitCode data_main(const std::vector<std::string>& args) {
 
 ExitCode export_main(const std::vector<std::string>& args) {
   ModelExportOptions opt;
+  std::string format, dtype;
   po::options_description desc("pipetrain export --checkpoint PATH --format hf|llmc --output OUT [options]   (no MPI)");
   desc.add_options()("help,h", "show this help")(
       "checkpoint", po::value<std::string>(&opt.checkpoint),
       "a checkpoint (any saved layout), or a run directory, its checkpoints folder or latest file: the newest intact one")(
-      "format", po::value<std::string>(&opt.format),
+      "format", po::value<std::string>(&format),
       "hf (a Hugging Face GPT-2 directory: config.json, model.safetensors) | llmc (llm.c's model file)")(
       "output", po::value<std::string>(&opt.output), "the directory (hf) or file (llmc) to write")(
-      "dtype", po::value<std::string>(&opt.dtype)->default_value("fp32"), "fp32 | bf16 (rounded to nearest even)")(
+      "dtype", po::value<std::string>(&dtype)->default_value("fp32"), "fp32 | bf16 (rounded to nearest even)")(
       "force", "replace an existing output");
   po::variables_map vm;
   if (auto done = parse("export", desc, args, vm)) return *done;
-  if (opt.checkpoint.empty() || opt.format.empty()) {
+  if (opt.checkpoint.empty() || format.empty()) {
     std::fprintf(stderr, "pipetrain export: error: %s (pipetrain export --checkpoint PATH --format hf|llmc --output OUT)\n",
                  opt.checkpoint.empty() ? "which checkpoint?" : "which format?");
     return ExitCode::bad_input;
   }
   opt.force = vm.count("force") > 0;
-  return run_offline([&] { return run_export(opt); });
+  return run_offline([&] {
+    opt.format = parse_choice("export: --format", format, {ExportFormat::hf, ExportFormat::llmc});
+    opt.dtype = parse_choice("export: --dtype", dtype, {Dtype::fp32, Dtype::bf16});
+    return run_export(opt);
+  });
 }
 
 ExitCode ckpt_main(const std::vector<std::string>& args) {

@@ -152,8 +152,9 @@ Segment megatron_segment(const std::string& given) {
 }
 
 Segment segment_of(const TokenImportOptions& opt, const std::string& path) {
-  const Segment s = opt.format == "llmc" ? llmc_segment(path) : opt.format == "nanogpt" ? nanogpt_segment(path, opt.dtype)
-                                                                                          : megatron_segment(path);
+  const Segment s = opt.format == CorpusFormat::llmc      ? llmc_segment(path)
+                    : opt.format == CorpusFormat::nanogpt ? nanogpt_segment(path, opt.dtype)
+                                                          : megatron_segment(path);
   if (s.count == 0) throw SpecError(path + ": holds no tokens");
   return s;
 }
@@ -163,7 +164,7 @@ std::vector<std::string> input_files(const TokenImportOptions& opt) {
   std::vector<std::string> files;
   for (const auto* list : {&opt.inputs, &opt.val})
     for (const std::string& in : *list) {
-      if (opt.format != "megatron") {
+      if (opt.format != CorpusFormat::megatron) {
         files.push_back(in);
       } else {
         files.push_back(megatron_prefix(in) + ".idx");
@@ -237,8 +238,6 @@ void write_narrowed(BinaryWriter& out, const uint32_t* ids, size_t n, int width,
 
 std::string import_tokens(const TokenImportOptions& opt) {
   const std::string what = "data import";
-  if (opt.format != "llmc" && opt.format != "nanogpt" && opt.format != "megatron")
-    throw SpecError(what + ": --format " + opt.format + " (llmc, nanogpt or megatron)");
   if (opt.inputs.empty()) throw SpecError(what + ": no input file given");
   if (opt.output.empty()) throw SpecError(what + ": no --output given");
   check_output(opt.output, token_file_output(what, input_files(opt), opt.force));
@@ -272,24 +271,24 @@ std::string import_tokens(const TokenImportOptions& opt) {
   w.inputs = input_files(opt);
   w.vocab = opt.vocab_size;
   w.width = opt.vocab_size > 0 ? token_width_for(opt.vocab_size) : widest;
-  w.tokenizer = "none";
+  w.tokenizer = TokenizerKind::none;
   TokenFileWriter out(w, n_train, n_val);
   for (const auto& s : train) stream(s, out);
   for (const auto& s : val) stream(s, out);
   std::vector<std::string> files;
   for (const auto* list : {&train, &val})
     for (const auto& s : *list) files.push_back(s.path);
-  nlohmann::json how = {{"format", opt.format}, {"train_files", opt.inputs.size()}};
+  nlohmann::json how = {{"format", name_of(opt.format)}, {"train_files", opt.inputs.size()}};
   if (val.empty()) how["val_fraction"] = opt.val_fraction;
   out.commit(sources_json(files, "pipetrain data import", how.dump()));
-  return opt.output + ": " + str(n_train) + " train and " + str(n_val) + " validation tokens (" + opt.format + ", vocab " +
+  return opt.output + ": " + str(n_train) + " train and " + str(n_val) + " validation tokens (" + name_of(opt.format) + ", vocab " +
          std::to_string(out.vocab()) + (opt.vocab_size > 0 ? "" : " = largest id + 1") + ", uint" +
          std::to_string(8 * w.width) + ") from " + std::to_string(files.size()) + " file(s)";
 }
 
 std::string export_tokens(const TokenExportOptions& opt) {
   const std::string what = "data export";
-  if (opt.format != "llmc" && opt.format != "megatron") throw SpecError(what + ": --format " + opt.format + " (llmc or megatron)");
+  if (opt.format == CorpusFormat::nanogpt) throw SpecError(what + ": --format nanogpt is not one of llmc | megatron");
   if (opt.output.empty()) throw SpecError(what + ": no --output given");
   const std::vector<std::string> inputs = {opt.input};
   const std::string prefix = megatron_prefix(opt.output);  // --output mx, mx.idx or mx.bin: mx.idx + mx.bin
@@ -298,7 +297,7 @@ std::string export_tokens(const TokenExportOptions& opt) {
   // A .bin holds bare ids: it is a Megatron dataset's only beside that dataset's index.
   const OutputRule bin_rule{what, "--output", "a Megatron data file",
                             [&](const std::string&) { return is_megatron_index(prefix + ".idx"); }, inputs, opt.force};
-  if (opt.format == "llmc") {
+  if (opt.format == CorpusFormat::llmc) {
     check_output(opt.output, llmc_rule);
   } else {
     check_output(prefix + ".idx", idx_rule);
@@ -309,7 +308,7 @@ std::string export_tokens(const TokenExportOptions& opt) {
   if (in.size() == 0)  // neither format has a use for an empty corpus, and imports refuse one
     throw SpecError(what + ": " + opt.input + ": /" + (opt.val ? "val" : "train") + " holds no tokens");
   std::vector<uint8_t> buf;
-  if (opt.format == "llmc") {
+  if (opt.format == CorpusFormat::llmc) {
     if (in.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
       throw SpecError(what + ": " + opt.input + " holds " + str(in.size()) + " tokens; an llm.c shard holds at most 2^31 - 1");
     const int width = std::max(2, token_width_for(vocab));  // llm.c shards are uint16 or uint32

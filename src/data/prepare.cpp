@@ -162,17 +162,20 @@ void check_options(const PrepareOptions& opt) {
   if (!(opt.val_fraction >= 0 && opt.val_fraction < 1))
     throw SpecError("data prepare: --val-fraction " + std::to_string(opt.val_fraction) + " is not in [0, 1)");
   check_output(opt.output, token_file_output("data prepare", inputs_of(opt), opt.force));
-  if (opt.tokenizer == "bytes") {
-    if (opt.vocab_size || !opt.tokenizer_model.empty())
-      throw SpecError("data prepare: --vocab-size and --tokenizer-model need --tokenizer sentencepiece");
-  } else if (opt.tokenizer == "sentencepiece") {
-    if (opt.tokenizer_model.empty() && opt.vocab_size <= 0)
-      throw SpecError("data prepare: --tokenizer sentencepiece needs --vocab-size N (pieces to train) or --tokenizer-model FILE");
-    if (!opt.tokenizer_model.empty() && opt.vocab_size > 0)
-      throw SpecError("data prepare: --vocab-size with --tokenizer-model: the model's own vocabulary is used, drop --vocab-size");
-    if (!(opt.sample_mb > 0)) throw SpecError("data prepare: --sample-mb must be positive");
-  } else {
-    throw SpecError("data prepare: --tokenizer " + opt.tokenizer + " (bytes or sentencepiece)");
+  switch (opt.tokenizer) {
+    case TokenizerKind::bytes:
+      if (opt.vocab_size || !opt.tokenizer_model.empty())
+        throw SpecError("data prepare: --vocab-size and --tokenizer-model need --tokenizer sentencepiece");
+      break;
+    case TokenizerKind::sentencepiece:
+      if (opt.tokenizer_model.empty() && opt.vocab_size <= 0)
+        throw SpecError("data prepare: --tokenizer sentencepiece needs --vocab-size N (pieces to train) or --tokenizer-model FILE");
+      if (!opt.tokenizer_model.empty() && opt.vocab_size > 0)
+        throw SpecError("data prepare: --vocab-size with --tokenizer-model: the model's own vocabulary is used, drop --vocab-size");
+      if (!(opt.sample_mb > 0)) throw SpecError("data prepare: --sample-mb must be positive");
+      break;
+    case TokenizerKind::none:
+      throw SpecError("data prepare: --tokenizer none: a token file prepared from text has a tokenizer (bytes or sentencepiece)");
   }
 }
 
@@ -183,7 +186,7 @@ std::string prepare_token_file(const PrepareOptions& opt) {
   const uint64_t total = input_bytes(opt.inputs, "data prepare: --input");
   Tokenizer tok;
   std::string note;
-  if (opt.tokenizer == "sentencepiece") {
+  if (opt.tokenizer == TokenizerKind::sentencepiece) {
     if (!opt.tokenizer_model.empty()) {
       tok = Tokenizer::sentencepiece(read_input_file(opt.tokenizer_model, "data prepare: --tokenizer-model", 1 << 30),
                                      "data prepare: --tokenizer-model " + opt.tokenizer_model);
@@ -206,7 +209,7 @@ std::string prepare_token_file(const PrepareOptions& opt) {
   w.inputs = inputs_of(opt);
   w.vocab = tok.vocab_size();
   w.width = token_width_for(w.vocab);
-  w.tokenizer = tok.name();
+  w.tokenizer = tok.kind();
   w.tokenizer_model = tok.model_bytes();
   nlohmann::json how = {{"val_fraction", opt.val_fraction}, {"tokenizer", tok.name()}};
   if (!tok.is_bytes()) how["tokenizer_note"] = note;
@@ -257,14 +260,14 @@ std::string prepare_token_file(const PrepareOptions& opt) {
 
 std::string inspect_token_file(const std::string& path, int sample_tokens) {
   const TokenFileInfo info = read_token_file_info(path);
-  const Tokenizer tok = info.tokenizer == "sentencepiece" ? Tokenizer::sentencepiece(info.tokenizer_model, path + ": /tokenizer_model")
+  const Tokenizer tok = info.tokenizer == TokenizerKind::sentencepiece ? Tokenizer::sentencepiece(info.tokenizer_model, path + ": /tokenizer_model")
                                                           : Tokenizer();
   std::ostringstream out;
   const char* dtype = token_dtype_name(info.width);
   out << path << ": token file format " << info.format << "\n";
   out << "  /train  " << info.train << " tokens  " << dtype << (info.compressed ? "  gzip" : "") << "\n";
   out << "  /val    " << info.val << " tokens  " << dtype << (info.compressed ? "  gzip" : "") << "\n";
-  out << "  vocab_size " << info.vocab_size << "  tokenizer " << info.tokenizer;
+  out << "  vocab_size " << info.vocab_size << "  tokenizer " << name_of(info.tokenizer);
   if (!tok.is_bytes())
     out << " (" << tok.vocab_size() << " pieces, model " << human_bytes(static_cast<double>(info.tokenizer_model.size())) << ")";
   out << "\n";
@@ -279,7 +282,7 @@ std::string inspect_token_file(const std::string& path, int sample_tokens) {
     out << "  first ids:";
     for (size_t i = 0; i < std::min<size_t>(n, 16); ++i) out << " " << ids[i];
     out << (n > 16 ? " ..." : "") << "\n";
-    if (info.tokenizer == "none") {
+    if (info.tokenizer == TokenizerKind::none) {
       out << "  (imported ids: their tokenizer is not part of the file)\n";
     } else {
       const std::string text = tok.decode(as_int);

@@ -184,8 +184,13 @@ TokenFileInfo read_token_file_info(const std::string& path) {
   TokenFileInfo info;
   info.format = static_cast<int>(read_scalar_attr(file, "format_version"));
   info.vocab_size = read_scalar_attr(file, "vocab_size");
-  info.tokenizer = read_string_attr(file, "tokenizer");
-  if (info.tokenizer.empty()) info.tokenizer = info.format == 1 ? "bytes" : "none";  // files made by other tools
+  const std::string tokenizer = read_string_attr(file, "tokenizer");
+  if (tokenizer.empty()) {
+    info.tokenizer = info.format == 1 ? TokenizerKind::bytes : TokenizerKind::none;  // files made by other tools
+  } else {
+    info.tokenizer = parse_choice(path + ": tokenizer", tokenizer,
+                                  {TokenizerKind::bytes, TokenizerKind::sentencepiece, TokenizerKind::none});
+  }
   info.sources = read_string_attr(file, "sources");
   for (Split split : {Split::train, Split::val}) {
     const char* name = dataset_name(split);
@@ -198,7 +203,7 @@ TokenFileInfo read_token_file_info(const std::string& path) {
     Handle dcpl(H5Dget_create_plist(data), H5Pclose);
     info.compressed = info.compressed || H5Pget_nfilters(dcpl) > 0;
   }
-  if (info.tokenizer == "sentencepiece") {
+  if (info.tokenizer == TokenizerKind::sentencepiece) {
     if (H5Lexists(file, "tokenizer_model", H5P_DEFAULT) <= 0)
       throw SpecError(path + ": tokenizer sentencepiece but no /tokenizer_model");
     Handle data(H5Dopen2(file, "tokenizer_model", H5P_DEFAULT), H5Dclose);
@@ -207,8 +212,6 @@ TokenFileInfo read_token_file_info(const std::string& path) {
     info.tokenizer_model.resize(n > 0 ? static_cast<size_t>(n) : 0);
     if (n <= 0 || H5Dread(data, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, info.tokenizer_model.data()) < 0)
       throw SpecError(path + ": cannot read /tokenizer_model");
-  } else if (info.tokenizer != "bytes" && info.tokenizer != "none") {
-    throw SpecError(path + ": unknown tokenizer \"" + info.tokenizer + "\" (bytes, sentencepiece or none)");
   }
   return info;
 }
@@ -241,7 +244,7 @@ TokenFileWriter::TokenFileWriter(Options opt, uint64_t train, uint64_t val)
   if (file_ < 0) throw SpecError(opt_.what + ": " + opt_.output + ": cannot create (not writable?)");
   try {
     write_attr(file_, "format_version", kTokenFileFormat);
-    write_attr(file_, "tokenizer", opt_.tokenizer);
+    write_attr(file_, "tokenizer", std::string(name_of(opt_.tokenizer)));
     auto create = [&](const char* name, hsize_t n) {
       Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
       Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);

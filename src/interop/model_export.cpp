@@ -96,8 +96,8 @@ void write_llmc_file(const std::string& file, const RunSpec& spec, const Weights
 
 // What an export to `format` may replace: a Hugging Face directory holding nothing but the files
 // write_hf writes, or an llm.c model file.
-bool is_export_of(const std::string& format, const std::string& path) {
-  if (format == "llmc") return LlmcFile::looks_like(path);
+bool is_export_of(ExportFormat format, const std::string& path) {
+  if (format == ExportFormat::llmc) return LlmcFile::looks_like(path);
   return folder_holds_only(path, [](const std::string& name) {
     return name == "config.json" || name == "model.safetensors" || name == kTokenizerFile;
   });
@@ -106,14 +106,10 @@ bool is_export_of(const std::string& format, const std::string& path) {
 }  // namespace
 
 ExitCode run_export(const ModelExportOptions& opt) {
-  if (opt.format != "hf" && opt.format != "llmc")
-    throw SpecError("export: --format \"" + opt.format + "\" is not one of hf | llmc");
-  if (opt.dtype != "fp32" && opt.dtype != "bf16")
-    throw SpecError("export: --dtype \"" + opt.dtype + "\" is not one of fp32 | bf16");
   if (opt.output.empty()) throw SpecError("export: which output? (--output PATH)");
-  const StoredFloat dtype = opt.dtype == "bf16" ? StoredFloat::bf16 : StoredFloat::f32;
+  const StoredFloat dtype = opt.dtype == Dtype::bf16 ? StoredFloat::bf16 : StoredFloat::f32;
   const OutputRule rule{"export", "--output",
-                        opt.format == "hf" ? "a Hugging Face export directory (config.json, model.safetensors, " +
+                        opt.format == ExportFormat::hf ? "a Hugging Face export directory (config.json, model.safetensors, " +
                                                  std::string(kTokenizerFile) + " only)"
                                            : "an llm.c model file",
                         [&](const std::string& path) { return is_export_of(opt.format, path); }, {opt.checkpoint},
@@ -121,18 +117,18 @@ ExitCode run_export(const ModelExportOptions& opt) {
   check_output(opt.output, rule);
   const std::string checkpoint = resolve_checkpoint(opt.checkpoint, "export");
   const RunSpec spec = spec_of_checkpoint(checkpoint, {}, 1);
-  if (opt.format == "llmc" && !spec.model.tie_embeddings)
+  if (opt.format == ExportFormat::llmc && !spec.model.tie_embeddings)
     throw SpecError("export: " + checkpoint + " has an untied head (model.tie_embeddings = false); llm.c's "
                     "model file always ties it to wte, so the head would be lost (use --format hf)");
   AtomicOutput output(opt.output, rule);
   const auto ckpt = WeightsSource::open(checkpoint);
-  if (opt.format == "hf") write_hf(output.staging(), spec, *ckpt, dtype, checkpoint);
+  if (opt.format == ExportFormat::hf) write_hf(output.staging(), spec, *ckpt, dtype, checkpoint);
   else write_llmc_file(output.staging(), spec, *ckpt, dtype);
   output.commit();
   std::printf("exported %s (%s, %d blocks, d_model %d, vocab %d, %s head) to %s as %s, %s\n", checkpoint.c_str(),
               ckpt->kind().c_str(), spec.model.n_layer, spec.model.d_model, spec.model.vocab,
               spec.model.tie_embeddings ? "tied" : "untied", opt.output.c_str(),
-              opt.format == "hf" ? "a Hugging Face GPT-2 directory" : "an llm.c model file", dtype_name(dtype));
+              opt.format == ExportFormat::hf ? "a Hugging Face GPT-2 directory" : "an llm.c model file", dtype_name(dtype));
   return ExitCode::ok;
 }
 

@@ -282,3 +282,15 @@ TEST_CASE("resolved_toml escapes every control character TOML forbids", "[config
   RunSpec t = load_spec(tmp.write("resolved.toml", resolved_toml(s)), {}, 0);
   CHECK(t.run.out_dir == s.run.out_dir);
 }
+
+TEST_CASE("a command-line choice is parsed once, naming the value and what is allowed", "[config]") {
+  CHECK(parse_choice("data import: --format", "megatron", {CorpusFormat::llmc, CorpusFormat::megatron}) ==
+        CorpusFormat::megatron);
+  try {
+    parse_choice("data export: --format", "nanogpt", {CorpusFormat::llmc, CorpusFormat::megatron});
+    FAIL("nanogpt is not an export format");
+  } catch (const SpecError& e) {
+    CHECK(std::string(e.what()) == "data export: --format nanogpt is not one of llmc | megatron");
+  }
+  CHECK_THROWS_AS(parse_choice("export: --dtype", "fp16", {Dtype::fp32, Dtype::bf16}), SpecError);
+}

@@ -1,12 +1,16 @@
-// The run spec's choice keys as types. The schema turns the TOML strings into these once, so
+// The run spec's choice keys (and the tools' command-line choices) as types. The schema turns the
+// TOML strings into these once (parse_choice the command line's), so
 // everywhere past parsing a choice is an enum (a switch the compiler checks), never a string
 // compared against a literal. parallel.schedule is a choice too, but an open one: it names an
 // entry of the schedule registry (schedule/registry.hpp).
 #pragma once
 #include <array>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <utility>
+
+#include "pipetrain/util/errors.hpp"
 
 namespace pipetrain {
 
@@ -20,6 +24,10 @@ enum class OnSaveError { warn, stop };            // checkpoint.on_error
 enum class Backend { mpi };                       // comm.backend
 enum class WaitPolicy { automatic, spin, yield }; // comm.wait ("auto")
 enum class FinalizePolicy { automatic, mpi, skip };  // comm.finalize ("auto")
+// The tools' command-line choices, parsed where the command line is read.
+enum class CorpusFormat { llmc, nanogpt, megatron };     // data import / data export --format
+enum class ExportFormat { hf, llmc };                    // export --format
+enum class TokenizerKind { bytes, sentencepiece, none };  // data prepare --tokenizer; a token file's (none: imported ids)
 
 // Each enum's spellings in the spec, in declaration order.
 template <class E>
@@ -39,6 +47,9 @@ PIPETRAIN_CHOICES(OnSaveError, "warn", "stop")
 PIPETRAIN_CHOICES(Backend, "mpi")
 PIPETRAIN_CHOICES(WaitPolicy, "auto", "spin", "yield")
 PIPETRAIN_CHOICES(FinalizePolicy, "auto", "mpi", "skip")
+PIPETRAIN_CHOICES(CorpusFormat, "llmc", "nanogpt", "megatron")
+PIPETRAIN_CHOICES(ExportFormat, "hf", "llmc")
+PIPETRAIN_CHOICES(TokenizerKind, "bytes", "sentencepiece", "none")
 #undef PIPETRAIN_CHOICES
 
 // The spelling of a value, e.g. name_of(Recompute::block) == "block".
@@ -53,6 +64,18 @@ std::optional<E> choice_named(const std::string& name) {
   for (size_t i = 0; i < Choices<E>::names.size(); ++i)
     if (name == Choices<E>::names[i]) return static_cast<E>(i);
   return std::nullopt;
+}
+
+// The value among `allowed` that `text` spells, else SpecError "<what> <text> is not one of a | b":
+// how a command-line choice enters (what: "data import: --format").
+template <class E>
+E parse_choice(const std::string& what, const std::string& text, std::initializer_list<E> allowed) {
+  std::string names;
+  for (E e : allowed) {
+    if (text == name_of(e)) return e;
+    names += (names.empty() ? "" : " | ") + std::string(name_of(e));
+  }
+  throw SpecError(what + " " + text + " is not one of " + names);
 }
 
 }  // namespace pipetrain

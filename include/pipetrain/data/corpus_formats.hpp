@@ -15,10 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/config/choices.hpp"
+
 namespace pipetrain {
 
 struct TokenImportOptions {
-  std::string format;                       // llmc | nanogpt | megatron
+  CorpusFormat format = CorpusFormat::llmc;
   std::vector<std::string> inputs, val;     // val: separate held-out inputs (else --val-fraction)
   std::string output;
   int64_t vocab_size = 0;                   // 0: the largest id + 1
@@ -33,7 +35,8 @@ struct TokenImportOptions {
 std::string import_tokens(const TokenImportOptions& opt);
 
 struct TokenExportOptions {
-  std::string input, format, output;  // format: llmc | megatron (output: a file / a PREFIX)
+  std::string input, output;  // output: a file (llmc) / a PREFIX (megatron)
+  CorpusFormat format = CorpusFormat::llmc;  // llmc or megatron
   bool val = false;                   // the /val tokens instead of /train
   bool force = false;
 };

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/config/choices.hpp"
+
 namespace pipetrain {
 
 struct PrepareOptions {
@@ -13,7 +15,7 @@ struct PrepareOptions {
   double val_fraction = 0.1;  // the last tokens of each input
   bool compress = false;      // gzip level 4
   bool force = false;         // replace an existing output
-  std::string tokenizer = "bytes";  // bytes | sentencepiece
+  TokenizerKind tokenizer = TokenizerKind::bytes;  // bytes or sentencepiece
   int vocab_size = 0;               // sentencepiece: pieces to train
   std::string model_type = "bpe";   // sentencepiece: bpe | unigram
   std::string tokenizer_model;      // sentencepiece: a .model file to use instead of training one

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/config/choices.hpp"
+
 #include "pipetrain/util/atomic_output.hpp"
 
 namespace pipetrain {
@@ -52,7 +54,7 @@ class TokenFile {
 struct TokenFileInfo {
   int format = 0;
   int64_t vocab_size = 0;
-  std::string tokenizer;        // "bytes" | "sentencepiece" | "none" (imported ids, tokenizer unknown)
+  TokenizerKind tokenizer = TokenizerKind::none;  // none: imported ids, their tokenizer unknown
   std::string tokenizer_model;  // the SentencePiece model's bytes ("" for bytes)
   std::string sources;          // JSON
   size_t train = 0, val = 0;    // token counts
@@ -73,7 +75,8 @@ class TokenFileWriter {
     bool compress = false;  // gzip level 4
     int64_t vocab = 0;
     int width = 1;          // bytes per token (token_width_for(vocab) when the vocabulary is known)
-    std::string tokenizer = "bytes", tokenizer_model;
+    TokenizerKind tokenizer = TokenizerKind::bytes;
+    std::string tokenizer_model;
     std::string what;       // the command, for messages: "data prepare"
     std::vector<std::string> inputs;  // what the command reads: never the output (token_file_output)
   };

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/config/choices.hpp"
+
 namespace sentencepiece {
 class SentencePieceProcessor;
 }
@@ -28,7 +30,8 @@ class Tokenizer {
   const std::string& normalisation() const { return normalisation_; }
 
   bool is_bytes() const { return !sp_; }
-  const char* name() const { return sp_ ? "sentencepiece" : "bytes"; }
+  TokenizerKind kind() const { return sp_ ? TokenizerKind::sentencepiece : TokenizerKind::bytes; }
+  const char* name() const { return name_of(kind()); }
   int vocab_size() const;
   const std::string& model_bytes() const { return model_; }  // "" for bytes
 

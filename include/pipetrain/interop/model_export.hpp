@@ -4,15 +4,17 @@
 #pragma once
 #include <string>
 
+#include "pipetrain/config/choices.hpp"
+
 #include "pipetrain/util/errors.hpp"
 
 namespace pipetrain {
 
 struct ModelExportOptions {
   std::string checkpoint;  // a checkpoint directory
-  std::string format;      // hf | llmc
+  ExportFormat format = ExportFormat::hf;
   std::string output;      // the directory (hf) or file (llmc) to write
-  std::string dtype = "fp32";  // fp32 | bf16
+  Dtype dtype = Dtype::fp32;  // bf16: rounded to nearest even
   bool force = false;      // replace an existing output
 };
 
