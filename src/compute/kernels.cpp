@@ -227,6 +227,23 @@ void transpose_head(float* xt, const float* x, size_t ld, int T, int Tp, int hs)
   }
 }
 
+// Row t's softmax over u <= t of its scores s, into row[0, len) (zero past t). It runs on whole
+// 8-float vectors, the lanes past t giving exactly 0: rows this short spent most of their time in
+// the scalar remainder of each loop otherwise. s must hold round_up(t + 1, 8) scores.
+void causal_softmax_row(float* s, int t, float* row, int len) {
+  const int w = round_up(t + 1, 8);
+  float mx = s[0];
+#pragma omp simd reduction(max : mx)
+  for (int u = 0; u < w; ++u) mx = u <= t && s[u] > mx ? s[u] : mx;
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int u = 0; u < w; ++u) sum += (s[u] = u <= t ? fast_exp(s[u] - mx) : 0.f);
+  const float inv = 1.f / sum;
+  const int n = std::min(w, len);
+  for (int u = 0; u < n; ++u) row[u] = s[u] * inv;
+  for (int u = n; u < len; ++u) row[u] = 0.f;
+}
+
 }  // namespace
 
 // Per (batch, head), rows of T in tiles of kTileRows: the tile's scores against keys u < end of the
@@ -253,25 +270,43 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
       const int m = std::min(kTileRows, T - t0), end = t0 + m;  // rows t0 .. end-1 see keys u < end
       product_rows(m, round_up(end, kTileCols), hs, scale, q + static_cast<size_t>(t0) * C3, C3, 1, kt.data(), Tp,
                    scores.data(), Tp);
-      // Each row's softmax over u <= t runs on whole 8-float vectors, the lanes past t giving exactly
-      // 0: rows this short spent most of their time in the scalar remainder of each loop otherwise.
-      for (int t = t0; t < end; ++t) {
-        float* s = scores.data() + static_cast<size_t>(t - t0) * Tp;
-        const int w = round_up(t + 1, 8);  // <= round_up(end, kTileCols): scores computed there
-        float mx = s[0];
-#pragma omp simd reduction(max : mx)
-        for (int u = 0; u < w; ++u) mx = u <= t && s[u] > mx ? s[u] : mx;
-        float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-        for (int u = 0; u < w; ++u) sum += (s[u] = u <= t ? fast_exp(s[u] - mx) : 0.f);
-        const float inv = 1.f / sum;
-        float* row = a + static_cast<size_t>(t) * T;
-        const int n = std::min(w, T);
-        for (int u = 0; u < n; ++u) row[u] = s[u] * inv;
-        for (int u = n; u < T; ++u) row[u] = 0.f;
-      }
+      for (int t = t0; t < end; ++t)
+        causal_softmax_row(scores.data() + static_cast<size_t>(t - t0) * Tp, t, a + static_cast<size_t>(t) * T, T);
       // out rows = att rows (zero past each row's own position) times v_u for u < end
       product_rows(m, hs, end, 1.f, a + static_cast<size_t>(t0) * T, T, 1, v, C3, o + static_cast<size_t>(t0) * C, C);
+    }
+  });
+}
+
+// As attention_forward, for n new tokens of one sequence at positions pos .. pos+n-1: their keys
+// and values join the caches ([pos + n, C] rows), and their queries attend to every cached
+// position up to their own, with the same tile products and row softmax.
+void attention_forward_cached(float* out, const float* qkv, float* k_cache, float* v_cache, int pos, int n, int C,
+                              int NH) {
+  KernelTimer timer(Kernel::attention);
+  const int hs = C / NH, C3 = 3 * C, total = pos + n, Tp = round_up(total, kTileCols);
+  const float scale = 1.f / std::sqrt(static_cast<float>(hs));
+  for (int i = 0; i < n; ++i) {
+    const float* row = qkv + static_cast<size_t>(i) * C3;
+    std::copy(row + C, row + 2 * C, k_cache + static_cast<size_t>(pos + i) * C);
+    std::copy(row + 2 * C, row + 3 * C, v_cache + static_cast<size_t>(pos + i) * C);
+  }
+  parallel_for(NH, 1, [&](size_t head, size_t) {
+    thread_local std::vector<float> kt, scores, probs;
+    kt.resize(static_cast<size_t>(hs) * Tp);
+    scores.resize(static_cast<size_t>(kTileRows) * Tp);
+    probs.resize(static_cast<size_t>(kTileRows) * Tp);
+    const int h = static_cast<int>(head);
+    transpose_head(kt.data(), k_cache + h * hs, C, total, Tp, hs);
+    for (int i0 = 0; i0 < n; i0 += kTileRows) {
+      const int m = std::min(kTileRows, n - i0), end = pos + i0 + m;  // rows see keys u < end
+      product_rows(m, round_up(end, kTileCols), hs, scale, qkv + static_cast<size_t>(i0) * C3 + h * hs, C3, 1,
+                   kt.data(), Tp, scores.data(), Tp);
+      for (int i = 0; i < m; ++i)
+        causal_softmax_row(scores.data() + static_cast<size_t>(i) * Tp, pos + i0 + i,
+                           probs.data() + static_cast<size_t>(i) * Tp, end);
+      product_rows(m, hs, end, 1.f, probs.data(), Tp, 1, v_cache + h * hs, C, out + static_cast<size_t>(i0) * C + h * hs,
+                   C);
     }
   });
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <tuple>
 
 #include "pipetrain/util/clock.hpp"
@@ -289,9 +290,9 @@ float* Stage::input_buffer(int chunk, int mb) {
   return xs[0].data();
 }
 
-void Stage::size_acts(const Chunk& c, Acts& a) {
+void Stage::size_acts(const Chunk& c, Acts& a, const Tokens& tok) {
   KernelTimer timer(Kernel::memory);
-  const size_t N = static_cast<size_t>(B_) * T_, C = C_;
+  const size_t N = tok.rows(), C = C_;
   a.xs.resize(c.L + (c.last ? 1 : 0));
   for (auto& x : a.xs) x.resize(N * C);
   a.blocks.resize(c.L);
@@ -300,7 +301,7 @@ void Stage::size_acts(const Chunk& c, Acts& a) {
     b.ln1_mean.resize(N);
     b.ln1_rstd.resize(N);
     b.qkv.resize(3 * N * C);
-    b.att.resize(static_cast<size_t>(B_) * NH_ * T_ * T_);
+    b.att.resize(tok.cache ? 0 : static_cast<size_t>(tok.B) * NH_ * tok.T * tok.T);  // generation keeps none
     b.atty.resize(N * C);
     b.res2.resize(N * C);
     b.ln2.resize(N * C);
@@ -321,15 +322,15 @@ void Stage::size_acts(const Chunk& c, Acts& a) {
 // Runs a whole chunk for the micro-batch whose inputs are in `s` (tokens / received input /
 // targets), filling every activation of `w` (which may be `s` itself).
 void Stage::compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, double* loss) {
-  size_acts(c, w);
+  size_acts(c, w, micro_batch());
   const size_t n_in = boundary_floats();
   if (c.first) k_.encoder_forward(w.xs[0].data(), s.tokens.data(), weights_.data() + wte_, weights_.data() + wpe_, B_, T_, C_);
   else if (&w != &s) copy_values(w.xs[0].data(), s.xs[0].data(), n_in);
   for (int l = 0; l < c.L; ++l) {
     float* y = (l + 1 < c.L || c.last) ? w.xs[l + 1].data() : out;
-    block_forward(c, l, w.xs[l].data(), w.blocks[l], y);
+    block_forward(c, l, w.xs[l].data(), w.blocks[l], y, micro_batch());
   }
-  if (c.last) *loss = head_forward(w.xs[c.L].data(), w.head, s.targets.data());
+  if (c.last) *loss = head_forward(w.xs[c.L].data(), w.head, s.targets.data(), micro_batch());
 }
 
 double Stage::forward(int chunk, int mb, float* out) {
@@ -382,7 +383,7 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
     recompute_s_ += now_s();
     a = &work_;
   } else if (mode_ == Recompute::block) {
-    size_acts(c, work_);
+    size_acts(c, work_, micro_batch());
     for (size_t i = 0; i < s.xs.size(); ++i) copy_values(work_.xs[i].data(), s.xs[i].data(), s.xs[i].size());
     a = &work_;
   }
@@ -402,7 +403,7 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
     if (input) {
       if (mode_ == Recompute::block) {
         recompute_s_ -= now_s();
-        head_forward(a->xs[L].data(), a->head, s.targets.data());
+        head_forward(a->xs[L].data(), a->head, s.targets.data(), micro_batch());
         recompute_s_ += now_s();
       }
       zero_values(dres_.data(), dres_.size());
@@ -420,7 +421,7 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
     if (input) {
       if (mode_ == Recompute::block) {
         recompute_s_ -= now_s();
-        block_forward(c, l, a->xs[l].data(), a->blocks[l], dx_.data());
+        block_forward(c, l, a->xs[l].data(), a->blocks[l], dx_.data(), micro_batch());
         recompute_s_ += now_s();
       }
       const BlockPtrs g = block_ptrs(grads_, c, l);
@@ -487,13 +488,18 @@ size_t Stage::stash_bytes(int chunk, int mb) const {
          (wslot < 0 ? 0 : wgrad_pools_[pool].slots[wslot].bytes());
 }
 
-void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out) {
-  const int N = B_ * T_, C = C_;
+void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out, const Tokens& tok) {
+  const int N = tok.rows(), C = C_;
   BlockPtrs w = block_ptrs(weights_, c, l);
   k_.layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1w, w.ln1b, N, C);
   k_.matmul_forward(a.qkv.data(), a.ln1.data(), w.qkvw, w.qkvb, N, C, 3 * C);
   poll();
-  k_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B_, T_, C, NH_);
+  if (tok.cache) {
+    attention_forward_cached(a.atty.data(), a.qkv.data(), tok.cache->k[l].data(), tok.cache->v[l].data(),
+                             tok.cache->pos, tok.T, C, NH_);
+  } else {
+    k_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), tok.B, tok.T, C, NH_);
+  }
   poll();
   k_.matmul_forward(attproj_.data(), a.atty.data(), w.projw, nullptr, N, C, C);
   poll();
@@ -560,12 +566,37 @@ void Stage::block_backward_weight(const Chunk& c, int l, const float* x, const B
   k_.layernorm_backward(nullptr, g.ln1w, g.ln1b, w.dln1.data(), x, nullptr, a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
 }
 
-double Stage::head_forward(const float* x, HeadActs& a, const int* targets) {
-  const int N = B_ * T_, C = C_;
+double Stage::head_forward(const float* x, HeadActs& a, const int* targets, const Tokens& tok) {
+  const int N = tok.rows(), C = C_;
   k_.layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, weights_.data() + lnfw_, weights_.data() + lnfb_, N, C);
   k_.matmul_forward(logits_.data(), a.lnf.data(), weights_.data() + head_, nullptr, N, C, V_);
   poll();
   return k_.softmax_crossentropy_forward(a.probs.data(), logits_.data(), targets, N, V_);
+}
+
+void Stage::forward_cached(const int* tokens, int n, KvCache& cache, float* probs) {
+  const Chunk& c = chunks_.front();
+  if (chunks() != 1 || !c.first || !c.last || compute_device() != Device::cpu)
+    throw std::logic_error("forward_cached runs a whole model on the CPU");
+  if (n < 1 || cache.pos + n > T_) throw std::logic_error("the KV cache holds model.seq_len positions");
+  const size_t C = C_;
+  if (cache.k.empty()) {
+    cache.k.resize(c.L);
+    cache.v.resize(c.L);
+    for (int l = 0; l < c.L; ++l) {
+      cache.k[l].resize(static_cast<size_t>(T_) * C);
+      cache.v[l].resize(static_cast<size_t>(T_) * C);
+    }
+  }
+  const Tokens tok{1, n, &cache};
+  Acts& a = generation_;
+  size_acts(c, a, tok);
+  k_.encoder_forward(a.xs[0].data(), tokens, weights_.data() + wte_, weights_.data() + wpe_ + cache.pos * C, 1, n, C_);
+  for (int l = 0; l < c.L; ++l) block_forward(c, l, a.xs[l].data(), a.blocks[l], a.xs[l + 1].data(), tok);
+  const std::vector<int> targets(n, 0);  // the loss is not wanted, only the probabilities
+  head_forward(a.xs[c.L].data(), a.head, targets.data(), tok);
+  copy_values(probs, a.head.probs.data(), static_cast<size_t>(n) * V_);
+  cache.pos += n;
 }
 
 void Stage::head_backward_input(const float* x, const HeadActs& a, const int* targets, float* dinp, HeadWGrads& w,

@@ -17,82 +17,6 @@
 namespace pipetrain {
 namespace {
 
-// The whole model for one sequence, one token at a time, with every block's keys and values of
-// the tokens so far cached. Weights are the Stage's (one stage holding all blocks).
-class CachedGpt {
- public:
-  CachedGpt(const RunSpec& spec, Stage& stage)
-      : C_(spec.model.d_model), NH_(spec.model.n_head), L_(spec.model.n_layer), V_(spec.model.vocab),
-        T_(spec.model.seq_len), w_(stage.weights().host().data()), k_(L_), v_(L_) {
-    auto at = [&](const std::string& name) { return w_ + stage.find(name)->offset; };
-    wte_ = at("wte.weight"), wpe_ = at("wpe.weight"), lnfw_ = at("ln_f.weight"), lnfb_ = at("ln_f.bias");
-    head_ = spec.model.tie_embeddings ? wte_ : at("lm_head.weight");
-    for (int l = 0; l < L_; ++l) {
-      BlockPtrs b;
-      for (const BlockTensor& t : kBlockTensors) b.*t.field = at(block_tensor_name(l, t));
-      blocks_.push_back(b);
-      k_[l].resize(static_cast<size_t>(T_) * C_), v_[l].resize(static_cast<size_t>(T_) * C_);
-    }
-  }
-  void reset() { n_ = 0; }
-  int cached() const { return n_; }
-
-  // Runs token `tok` at the next position; probs (V) = the next token's distribution.
-  void step(int tok, float* probs) {
-    const size_t C = C_;
-    const int t = n_++, hs = C_ / NH_;
-    std::vector<float> x(C), ln(C), qkv(3 * C), y(C), tmp(C), fc(4 * C), act(4 * C), logits(V_);
-    float mean, rstd;
-    for (size_t c = 0; c < C; ++c) x[c] = wte_[tok * C + c] + wpe_[t * C + c];
-    const float scale = 1.f / std::sqrt(static_cast<float>(hs));
-    std::vector<float> att(t + 1);
-    for (int l = 0; l < L_; ++l) {
-      const BlockPtrs& b = blocks_[l];
-      layernorm_forward(ln.data(), &mean, &rstd, x.data(), b.ln1w, b.ln1b, 1, C_);
-      matmul_forward(qkv.data(), ln.data(), b.qkvw, b.qkvb, 1, C_, 3 * C_);
-      std::copy(qkv.begin() + C, qkv.begin() + 2 * C, k_[l].begin() + t * C);
-      std::copy(qkv.begin() + 2 * C, qkv.end(), v_[l].begin() + t * C);
-      for (int h = 0; h < NH_; ++h) {  // this token's query against every cached key
-        const float* q = qkv.data() + h * hs;
-        // as attention_forward computes it: scaled scores, fast_exp, times the sum's inverse
-        float mx = -INFINITY, sum = 0;
-        for (int u = 0; u <= t; ++u) {
-          const float* k = k_[l].data() + u * C + h * hs;
-          float s = 0;
-          for (int i = 0; i < hs; ++i) s += scale * q[i] * k[i];
-          mx = std::max(mx, att[u] = s);
-        }
-        for (int u = 0; u <= t; ++u) sum += (att[u] = fast_exp(att[u] - mx));
-        const float inv = 1.f / sum;
-        for (int u = 0; u <= t; ++u) att[u] *= inv;
-        for (int i = 0; i < hs; ++i) {
-          float acc = 0;
-          for (int u = 0; u <= t; ++u) acc += att[u] * v_[l][u * C + h * hs + i];
-          y[h * hs + i] = acc;
-        }
-      }
-      matmul_forward(tmp.data(), y.data(), b.projw, b.projb, 1, C_, C_);
-      for (size_t c = 0; c < C; ++c) x[c] += tmp[c];
-      layernorm_forward(ln.data(), &mean, &rstd, x.data(), b.ln2w, b.ln2b, 1, C_);
-      matmul_forward(fc.data(), ln.data(), b.fcw, b.fcb, 1, C_, 4 * C_);
-      gelu_forward(act.data(), fc.data(), 4 * C);
-      matmul_forward(tmp.data(), act.data(), b.fcprojw, b.fcprojb, 1, 4 * C_, C_);
-      for (size_t c = 0; c < C; ++c) x[c] += tmp[c];
-    }
-    layernorm_forward(ln.data(), &mean, &rstd, x.data(), lnfw_, lnfb_, 1, C_);
-    matmul_forward(logits.data(), ln.data(), head_, nullptr, 1, C_, V_);
-    const int target = 0;  // the loss is not needed, only the probabilities
-    softmax_crossentropy_forward(probs, logits.data(), &target, 1, V_);
-  }
-
- private:
-  int C_, NH_, L_, V_, T_, n_ = 0;
-  float* w_;  // the stage's weights (read only here)
-  const float *wte_, *wpe_, *lnfw_, *lnfb_, *head_;
-  std::vector<BlockPtrs> blocks_;
-  std::vector<std::vector<float>> k_, v_;  // per block: [T, C] keys / values of the cached tokens
-};
-
 // The next-token distribution of tokens[from, end) by the training forward, recomputing them all:
 // the window padded to seq_len (causal attention: the padding cannot reach earlier positions).
 void recompute(Stage& stage, const RunSpec& spec, const std::vector<int>& tokens, size_t from, float* probs) {
@@ -201,10 +125,10 @@ ExitCode run_generate(const GenerateOptions& opt) {
                       std::to_string(V));
   Stage stage(spec, 0, 1, 0, spec.model.n_layer, 1, 1.f);
   read_checkpoint_tensors(checkpoint, stage.params(), stage.weights().host().data(), nullptr, nullptr, nullptr);
-  CachedGpt cached(spec, stage);
+  KvCache cache;  // the window's keys and values so far
 
   SplitMix64 rng{opt.seed * 0x9e3779b97f4a7c15ULL + 1};
-  std::vector<float> probs(V);
+  std::vector<float> probs(V), all_probs;
   size_t from = 0;  // the window's first token
   std::fwrite(opt.prompt.data(), 1, opt.prompt.size(), stdout);
   TextOut out(tok);
@@ -212,10 +136,14 @@ ExitCode run_generate(const GenerateOptions& opt) {
   for (int i = 0; i < opt.tokens; ++i) {
     if (tokens.size() - from > static_cast<size_t>(T)) {  // slide: keep the last T / 2
       from = tokens.size() - std::max(1, T / 2);
-      cached.reset();
+      cache.pos = 0;
     }
-    if (opt.use_cache) {
-      while (from + cached.cached() < tokens.size()) cached.step(tokens[from + cached.cached()], probs.data());
+    if (opt.use_cache) {  // the tokens the cache has not seen yet (the prompt at first, then one)
+      const size_t seen = from + cache.pos;
+      const int n = static_cast<int>(tokens.size() - seen);
+      all_probs.resize(static_cast<size_t>(n) * V);
+      stage.forward_cached(tokens.data() + seen, n, cache, all_probs.data());
+      std::copy(all_probs.end() - V, all_probs.end(), probs.begin());
     } else {
       recompute(stage, spec, tokens, from, probs.data());
     }

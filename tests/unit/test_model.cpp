@@ -357,3 +357,34 @@ TEST_CASE("buffer pools: a rank's chunks share one only when they have the same 
   CHECK(buffer_pools({{1, 2, 4}, {3, 6, 8}, {5, 10, 11}}, 7) == std::vector<int>{0, 0, 1});
   CHECK(buffer_pools({{1, 2, 4}}, 3) == std::vector<int>{0});
 }
+
+TEST_CASE("forward_cached: a prompt then one token at a time gives forward()'s probabilities", "[model]") {
+  // One sequence of seq_len 20 (several attention tiles, a window past one 16-column tile), heads
+  // 16 wide: the cached path's tile products and row softmax are the training ones.
+  RunSpec spec = small_spec(3, true);
+  spec.model.d_model = 32;
+  spec.model.seq_len = 20;
+  spec.model.vocab = 13;
+  spec.train.global_batch = 1;
+  const int T = spec.model.seq_len, V = spec.model.vocab;
+  Stage st(spec, 0, 1, 0, 3, 1, 1.f);
+  st.init_params(3);
+  perturb(st, 5);
+  const std::vector<int> tokens = random_tokens(T, V, 9), targets(T, 0);
+  st.set_tokens(0, tokens.data());
+  st.set_targets(0, targets.data());
+  st.forward(0, 0, nullptr);
+  const std::vector<float> full(st.head_probs(0).host().begin(), st.head_probs(0).host().end());
+  st.discard(0, 0);
+
+  KvCache cache;
+  std::vector<float> probs(static_cast<size_t>(T) * V);
+  const int prompt = 7;
+  st.forward_cached(tokens.data(), prompt, cache, probs.data());
+  for (int t = prompt; t < T; ++t) st.forward_cached(tokens.data() + t, 1, cache, probs.data() + static_cast<size_t>(t) * V);
+  CHECK(cache.pos == T);
+  float worst = 0;
+  for (size_t i = 0; i < full.size(); ++i) worst = std::max(worst, std::abs(probs[i] - full[i]));
+  CHECK(worst < 1e-5f);  // the same layers; only the matrix products' row counts differ
+  CHECK_THROWS_AS(st.forward_cached(tokens.data(), 1, cache, probs.data()), std::logic_error);  // full
+}

@@ -87,6 +87,13 @@ struct WGrads {
   size_t bytes() const;
   void release();  // drop contents, keep capacity
 };
+// Keys and values of the tokens one sequence has run so far, per block ([seq_len, C] each), so
+// that generation runs only its new tokens through the model (Stage::forward_cached).
+struct KvCache {
+  int pos = 0;  // positions cached
+  std::vector<Floats> k, v;
+};
+
 // One micro-batch's activations. xs[l] is block l's input; on the last stage xs[L] is the head input.
 struct Acts {
   Array<int> tokens, targets;
@@ -150,6 +157,10 @@ class Stage {
   // Softmax probabilities [tokens, vocab] of micro-batch mb's last forward on the head, kept until
   // its backward or discard; recompute = none only (other modes do not keep them).
   const Floats& head_probs(int mb) { return stash(chunks() - 1, mb).head.probs; }
+  // Generation, on a stage holding the whole model on the CPU: runs n new tokens of one sequence at
+  // positions cache.pos .. through the same layers as forward(), their attention over the cached
+  // keys and values (which they join); probs [n, vocab]: each position's next-token distribution.
+  void forward_cached(const int* tokens, int n, KvCache& cache, float* probs);
   // Drops what a forward kept (an evaluation has no backward).
   void discard(int chunk, int mb) {
     if (slot_of_[key(chunk, mb)] >= 0) release(chunk, mb);
@@ -171,16 +182,24 @@ class Stage {
     size_t offset;      // of its first tensor in the flat buffers
     std::vector<size_t> block_offset;
   };
+  // The tokens a forward runs: a micro-batch (B_ sequences of T_), or T new tokens of one sequence
+  // whose earlier keys and values are in `cache` (generation).
+  struct Tokens {
+    int B, T;
+    KvCache* cache = nullptr;
+    int rows() const { return B * T; }
+  };
+  Tokens micro_batch() const { return {B_, T_}; }
   BlockPtrs block_ptrs(Floats& base, const Chunk& c, int local_block);
-  void size_acts(const Chunk& c, Acts& a);
+  void size_acts(const Chunk& c, Acts& a, const Tokens& tok);
   void compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, double* loss);
-  void block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out);
+  void block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out, const Tokens& tok);
   void backward_pass(int chunk, int mb, const float* dout, float* dinp, bool input, bool weight,
                      const std::function<void(size_t)>& done_from);
   void block_backward_input(const Chunk& c, int l, const float* x, const BlockActs& a, const float* dout, float* dinp,
                             BlockWGrads& w, const BlockPtrs* fused_grads);
   void block_backward_weight(const Chunk& c, int l, const float* x, const BlockActs& a, const BlockWGrads& w);
-  double head_forward(const float* x, HeadActs& a, const int* targets);
+  double head_forward(const float* x, HeadActs& a, const int* targets, const Tokens& tok);
   void head_backward_input(const float* x, const HeadActs& a, const int* targets, float* dinp, HeadWGrads& w,
                            bool fused);
   void head_backward_weight(const float* x, const HeadActs& a, const HeadWGrads& w);
@@ -224,6 +243,7 @@ class Stage {
   std::vector<Pool<WGrads>> wgrad_pools_;
   std::vector<int> slot_of_, wslot_of_;  // per key(chunk, mb): its slot in its pool, or -1
   Acts work_;                // recompute target when mode != none
+  Acts generation_;          // forward_cached's activations
   // scratch for one micro-batch
   Floats attproj_, fcproj_, logits_, dres_, dx_, datty_, dfch_gelu_;
   BlockWGrads wscratch_;  // a fused backward's output gradients, one block at a time
