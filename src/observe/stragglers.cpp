@@ -111,32 +111,39 @@ void StragglerDetector::judge(const std::string& key, const Straggler& now, bool
   }
 }
 
+double StragglerDetector::share(size_t rank) const {
+  const double s = share_[places_[rank].stage];
+  return s > 0 ? s : 1 / static_cast<double>(share_.size());
+}
+
+Straggler StragglerDetector::in_window(Straggler s) const {
+  s.first_step = first_step_;
+  s.last_step = last_step_;
+  return s;
+}
+
 std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigures>& ranks, int last_step) {
   std::vector<std::string> lines;
   if (ranks.empty() || ranks[0].steps <= 0 || ranks.size() != places_.size()) return lines;
   last_ = ranks;
   last_step_ = last_step;
   first_step_ = last_step - static_cast<int>(ranks[0].steps) + 1;
-  const size_t R = ranks.size();
-  const double P = static_cast<double>(share_.size());
-  auto share = [&](size_t r) {
-    const double s = share_[places_[r].stage];
-    return s > 0 ? s : 1 / P;
-  };
-  auto window = [&](Straggler s) {
-    s.first_step = first_step_;
-    s.last_step = last_step_;
-    return s;
-  };
+  std::vector<double> per_work(ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r) per_work[r] = ranks[r].own_s / share(r);
+  std::vector<bool> slow = observe_ranks(ranks, per_work, lines);
+  observe_nodes(ranks, per_work, slow, lines);
+  observe_links(ranks, slow, lines);
+  return lines;
+}
 
-  // Ranks: compute per unit of expected work, against their replicas' (or, with none, everyone's).
-  std::vector<double> per_work(R);
-  for (size_t r = 0; r < R; ++r) per_work[r] = ranks[r].own_s / share(r);
+std::vector<bool> StragglerDetector::observe_ranks(const std::vector<WindowFigures>& ranks,
+                                                   const std::vector<double>& per_work, std::vector<std::string>& lines) {
+  const size_t R = ranks.size();
   rank_ratio_.assign(R, 1.0);
   expected_s_.assign(R, 0.0);
   rank_threshold_.assign(R, ratio_);
   for (size_t r = 0; r < R; ++r) {
-    std::vector<double> peers;
+    std::vector<double> peers;  // its replicas (or, with none, everyone: through the cost model)
     for (size_t q = 0; q < R; ++q)
       if (q != r && places_[q].stage == places_[r].stage) peers.push_back(per_work[q]);
     const double peer = peers.empty() ? median_without(per_work, r) : median(peers);
@@ -147,41 +154,47 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
     const RankPlace& p = places_[r];
     const std::string name = "rank " + std::to_string(r) + " (stage " + std::to_string(p.stage) + ", replica " +
                              std::to_string(p.replica) + ", " + p.node + ")";
-    judge(name, window({StragglerKind::rank, name, rank_ratio_[r], ranks[r].own_s, peer * share(r)}),
+    judge(name, in_window({StragglerKind::rank, name, rank_ratio_[r], ranks[r].own_s, peer * share(r)}),
           rank_ratio_[r] > rank_threshold_[r], lines);
   }
-
-  // Ranks slow in this window, themselves or as part of a slow node: their links are late because of them.
+  // Ranks slow in this window, themselves or (observe_nodes) as part of a slow node: their links
+  // are late because of them.
   std::vector<bool> slow(R, false);
   for (size_t r = 0; r < R; ++r) slow[r] = rank_ratio_[r] > rank_threshold_[r];
+  return slow;
+}
 
-  // Nodes: the median of their ranks' compute per unit of work, against the other nodes'.
+void StragglerDetector::observe_nodes(const std::vector<WindowFigures>& ranks, const std::vector<double>& per_work,
+                                      std::vector<bool>& slow, std::vector<std::string>& lines) {
+  const size_t R = ranks.size();
   node_ratio_.assign(nodes_.size(), 1.0);
-  if (nodes_.size() >= 2) {
-    std::vector<double> node_value(nodes_.size()), node_compute(nodes_.size()), node_share(nodes_.size());
-    for (size_t n = 0; n < nodes_.size(); ++n) {
-      std::vector<double> v, c, s;
-      for (size_t r = 0; r < R; ++r)
-        if (places_[r].node == nodes_[n]) {
-          v.push_back(per_work[r]);
-          c.push_back(ranks[r].own_s);
-          s.push_back(share(r));
-        }
-      node_value[n] = median(v);
-      node_compute[n] = median(c);
-      node_share[n] = median(s);
-    }
-    for (size_t n = 0; n < nodes_.size(); ++n) {
-      const double peer = median_without(node_value, n);
-      const double ratio = node_ratio_[n] = peer > 0 ? node_value[n] / peer : 1.0;
-      const std::string name = "node " + nodes_[n];
-      const bool over = ratio > ratio_ * (nodes_alike_ ? 1.0 : kModelError);
-      judge(name, window({StragglerKind::node, name, ratio, node_compute[n], peer * node_share[n]}), over, lines);
-      for (size_t r = 0; r < R && over; ++r) slow[r] = slow[r] || places_[r].node == nodes_[n];
-    }
+  if (nodes_.size() < 2) return;
+  std::vector<double> node_value(nodes_.size()), node_compute(nodes_.size()), node_share(nodes_.size());
+  for (size_t n = 0; n < nodes_.size(); ++n) {
+    std::vector<double> v, c, s;
+    for (size_t r = 0; r < R; ++r)
+      if (places_[r].node == nodes_[n]) {
+        v.push_back(per_work[r]);
+        c.push_back(ranks[r].own_s);
+        s.push_back(share(r));
+      }
+    node_value[n] = median(v);
+    node_compute[n] = median(c);
+    node_share[n] = median(s);
   }
+  for (size_t n = 0; n < nodes_.size(); ++n) {
+    const double peer = median_without(node_value, n);
+    const double ratio = node_ratio_[n] = peer > 0 ? node_value[n] / peer : 1.0;
+    const std::string name = "node " + nodes_[n];
+    const bool over = ratio > ratio_ * (nodes_alike_ ? 1.0 : kModelError);
+    judge(name, in_window({StragglerKind::node, name, ratio, node_compute[n], peer * node_share[n]}), over, lines);
+    for (size_t r = 0; r < R && over; ++r) slow[r] = slow[r] || places_[r].node == nodes_[n];
+  }
+}
 
-  // Links: travel time against the other links of their kind (within a node, across nodes).
+void StragglerDetector::observe_links(const std::vector<WindowFigures>& ranks, const std::vector<bool>& slow,
+                                      std::vector<std::string>& lines) {
+  const size_t R = ranks.size();
   std::map<std::pair<int, int>, size_t> rank_at;  // (stage, replica) -> world rank
   for (size_t r = 0; r < R; ++r) rank_at[{places_[r].stage, places_[r].replica}] = r;
   links_.clear();
@@ -205,17 +218,16 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
     const double ratio = l.seconds / peer;
     // A slow sender passes its messages on late and a slow receiver takes them in late: not the link's doing.
     const bool ends_slow = slow[l.from] || slow[l.to];
-    judge(name, window({StragglerKind::link, name, ratio, l.seconds, peer}),
+    judge(name, in_window({StragglerKind::link, name, ratio, l.seconds, peer}),
           ratio > ratio_ && l.seconds - peer > kLinkFloorS && !ends_slow, lines);
   }
   // A flagged link nobody waited on this window costs nothing now: it counts as within the ratio.
   for (auto& [key, t] : tracks_)
     if (t.last.kind == StragglerKind::link && !measured.count(key)) {
-      Straggler quiet = window(t.last);
+      Straggler quiet = in_window(t.last);
       quiet.ratio = 1.0;
       judge(key, quiet, false, lines);
     }
-  return lines;
 }
 
 std::vector<Straggler> StragglerDetector::flagged() const {

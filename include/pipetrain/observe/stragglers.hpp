@@ -68,11 +68,11 @@ struct RankPlace {
   std::string node;
 };
 
-// A rank, node or link over the ratio.
 // What a straggler is; its spelling (name_of) goes into metrics.jsonl's "stragglers".
 enum class StragglerKind { rank, node, link };
 const char* name_of(StragglerKind kind);
 
+// A rank, node or link over the ratio.
 struct Straggler {
   StragglerKind kind;
   std::string name;         // "rank 3 (stage 0, replica 1, node2)", "node node2", "link rank 1 -> rank 0 (node2 -> node1)"
@@ -115,6 +115,18 @@ class StragglerDetector {
     bool flagged = false;
   };
   void judge(const std::string& key, const Straggler& now, bool over, std::vector<std::string>& lines);
+  // The three comparisons of one window. Ranks: compute per unit of expected work (per_work)
+  // against their replicas'; returns which ranks are slow. Nodes: their ranks' median against the
+  // other nodes', marking the ranks of a slow node slow too. Links: travel time against the other
+  // links of their kind, not blamed for slow ends.
+  std::vector<bool> observe_ranks(const std::vector<WindowFigures>& ranks, const std::vector<double>& per_work,
+                                  std::vector<std::string>& lines);
+  void observe_nodes(const std::vector<WindowFigures>& ranks, const std::vector<double>& per_work,
+                     std::vector<bool>& slow, std::vector<std::string>& lines);
+  void observe_links(const std::vector<WindowFigures>& ranks, const std::vector<bool>& slow,
+                     std::vector<std::string>& lines);
+  double share(size_t rank) const;  // its stage's expected share of the pipeline's compute
+  Straggler in_window(Straggler s) const;  // s, dated with this window's steps
 
   std::vector<RankPlace> places_;
   std::vector<std::string> nodes_;  // each node once, in rank order
