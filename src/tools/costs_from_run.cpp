@@ -63,45 +63,56 @@ Parts share_out(const std::vector<double>& t, const std::vector<Shape>& shapes, 
   return p;
 }
 
-}  // namespace
+// What a run's trace holds for the cost file: its forward, backward and recompute spans, and per
+// rank (stage * dp count + dp) and step the seconds of the update (zeroing the gradients, their
+// norm and AdamW).
+struct Span {
+  char op;  // F, B (fused), W; B becomes b (the split input half) where the same pass has a W
+  int stage, dp, step, chunk, mb;
+  double seconds;
+};
+struct TraceFigures {
+  std::vector<Span> spans;
+  std::map<int, std::map<int, double>> update;
+  int last_step = 0;
+};
 
-MachineCosts costs_from_run(const std::string& run_dir) {
-  const std::string config = run_dir + "/config.toml", trace_file = run_dir + "/trace.json";
-  const RunSpec spec = load_spec(config, {}, kAnyLayout);
+TraceFigures read_trace(const std::string& trace_file, const RunSpec& spec) {
   nlohmann::json trace;
   try {
     trace = nlohmann::json::parse(read_input_file(trace_file, "the run's trace"));
   } catch (const nlohmann::json::exception& e) {
     throw SpecError(trace_file + ": not a trace (" + e.what() + ")");
   }
-  const ChunkPlacement placement = spec.chunk_placement();
-  const int VS = placement.virtual_stages();
-
-  // The spans, by (virtual stage, kind); kinds F, B (fused), b (split input half), W, R.
-  struct Span {
-    char op;
-    int stage, dp, step, chunk, mb;
-    double seconds;
-  };
-  std::vector<Span> spans;
-  // Per rank (stage * dp count + dp), per step: zeroing the gradients, their norm and AdamW.
-  std::map<int, std::map<int, double>> update;
-  int last_step = 0;
+  TraceFigures t;
   for (const auto& e : trace.value("traceEvents", nlohmann::json::array())) {
     if (e.value("ph", "") != "X") continue;
     const std::string name = e.value("name", ""), cat = e.value("cat", "");
     const int stage = e.value("pid", 0), dp = e.value("tid", 0), step = e.at("args").value("step", 0);
-    last_step = std::max(last_step, step);
+    t.last_step = std::max(t.last_step, step);
     const double seconds = e.value("dur", 0.0) * 1e-6;
     if (name == "zero grads" || name == "gradient norm" || name == "optimizer")
-      update[stage * spec.parallel.dp + dp][step] += seconds;
+      t.update[stage * spec.parallel.dp + dp][step] += seconds;
     if (cat != "forward" && cat != "backward" && cat != "recompute") continue;
     int mb = 0, chunk = 0;
     if (std::sscanf(name.c_str() + 1, "%d.%d", &mb, &chunk) < 1) continue;
-    spans.push_back({name[0], stage, dp, step, chunk, mb, seconds});
+    t.spans.push_back({name[0], stage, dp, step, chunk, mb, seconds});
   }
-  if (spans.empty())
+  if (t.spans.empty())
     throw SpecError(trace_file + ": no forward or backward spans (train with log.trace_steps > 0 to measure)");
+  return t;
+}
+
+}  // namespace
+
+MachineCosts costs_from_run(const std::string& run_dir) {
+  const std::string config = run_dir + "/config.toml", trace_file = run_dir + "/trace.json";
+  const RunSpec spec = load_spec(config, {}, kAnyLayout);
+  const TraceFigures trace = read_trace(trace_file, spec);
+  const std::vector<Span>& spans = trace.spans;
+  const int last_step = trace.last_step;
+  const ChunkPlacement placement = spec.chunk_placement();
+  const int VS = placement.virtual_stages();
   const int first_step = last_step > 1 ? 2 : 1;  // the first step also sizes every buffer
   std::set<std::tuple<int, int, int, int, int>> split;  // (stage, dp, step, chunk, mb) whose backward has a W
   for (const Span& s : spans)
@@ -153,7 +164,7 @@ MachineCosts costs_from_run(const std::string& run_dir) {
   c.compute = {at};
 
   std::vector<double> per_param;
-  for (const auto& [rank, by_step] : update) {
+  for (const auto& [rank, by_step] : trace.update) {
     const int stage = rank / spec.parallel.dp;
     std::vector<double> seconds;
     for (const auto& [step, s] : by_step)
