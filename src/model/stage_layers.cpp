@@ -1,0 +1,143 @@
+// The layers of a Stage, forward beside backward: a transformer block (LayerNorm, attention,
+// MLP, each with its residual), the head (final LayerNorm, the LM head, softmax and loss), and
+// generation's forward over a KV cache, which runs the same block and head code. model.cpp holds
+// the Stage around them: parameters, buffers, and the passes the executor calls.
+#include <stdexcept>
+#include <vector>
+
+#include "pipetrain/compute/kernels.hpp"
+#include "pipetrain/model/model.hpp"
+
+namespace pipetrain {
+
+void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out, const Tokens& tok) {
+  const int N = tok.rows(), C = C_;
+  BlockPtrs w = block_ptrs(weights_, c, l);
+  k_.layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1w, w.ln1b, N, C);
+  k_.matmul_forward(a.qkv.data(), a.ln1.data(), w.qkvw, w.qkvb, N, C, 3 * C);
+  poll();
+  if (tok.cache) {
+    attention_forward_cached(a.atty.data(), a.qkv.data(), tok.cache->k[l].data(), tok.cache->v[l].data(),
+                             tok.cache->pos, tok.T, C, NH_);
+  } else {
+    k_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), tok.B, tok.T, C, NH_);
+  }
+  poll();
+  k_.matmul_forward(attproj_.data(), a.atty.data(), w.projw, nullptr, N, C, C);
+  poll();
+  k_.residual_forward(a.res2.data(), x, attproj_.data(), w.projb, N, C);
+  k_.layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), w.ln2w, w.ln2b, N, C);
+  k_.matmul_forward(a.fch.data(), a.ln2.data(), w.fcw, nullptr, N, C, 4 * C);
+  poll();
+  k_.bias_gelu_forward(a.fch.data(), a.fch_gelu.data(), w.fcb, N, 4 * C);
+  k_.matmul_forward(fcproj_.data(), a.fch_gelu.data(), w.fcprojw, nullptr, N, 4 * C, C);
+  poll();
+  k_.residual_forward(out, a.res2.data(), fcproj_.data(), w.fcprojb, N, C);
+}
+
+// dout may not alias dinp. Both residual branches pass dout straight through to their input.
+// With `g` (a fused backward) each kernel also adds its parameter gradients in the same pass;
+// without (the input half of a split backward) the output gradients the parameters need are left
+// in w for block_backward_weight. Either way the bits come out the same.
+void Stage::block_backward_input(const Chunk& c, int l, const float* x, const BlockActs& a, const float* dout,
+                                 float* dinp, BlockWGrads& w, const BlockPtrs* g) {
+  const int N = B_ * T_, C = C_;
+  const size_t NC = static_cast<size_t>(N) * C;
+  BlockPtrs p = block_ptrs(weights_, c, l);
+  auto grad = [&](float* BlockPtrs::*field) { return g ? g->*field : nullptr; };
+  // out = res2 + mlp(ln2(res2))
+  if (!g) copy_values(w.dout.data(), dout, NC);
+  k_.matmul_backward(dfch_gelu_.data(), grad(&BlockPtrs::fcprojw), grad(&BlockPtrs::fcprojb), dout, a.fch_gelu.data(),
+                  p.fcprojw, N, 4 * C, C);
+  poll();
+  k_.gelu_backward(w.dfch.data(), a.fch.data(), dfch_gelu_.data(), 4 * NC);
+  k_.matmul_backward(w.dln2.data(), grad(&BlockPtrs::fcw), grad(&BlockPtrs::fcb), w.dfch.data(), a.ln2.data(), p.fcw, N,
+                  C, 4 * C);
+  poll();
+  float* dres2 = dinp;  // accumulate d(res2) in dinp, then continue through the attention branch
+  copy_values(dres2, dout, NC);
+  k_.layernorm_backward(dres2, grad(&BlockPtrs::ln2w), grad(&BlockPtrs::ln2b), w.dln2.data(), a.res2.data(), p.ln2w,
+                     a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
+  if (!g) copy_values(w.dres2.data(), dres2, NC);
+  // res2 = x + proj(attn(ln1(x)))
+  k_.matmul_backward(datty_.data(), grad(&BlockPtrs::projw), grad(&BlockPtrs::projb), dres2, a.atty.data(), p.projw, N,
+                  C, C);
+  poll();
+  k_.attention_backward(w.dqkv.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, T_, C, NH_);
+  poll();
+  k_.matmul_backward(w.dln1.data(), grad(&BlockPtrs::qkvw), grad(&BlockPtrs::qkvb), w.dqkv.data(), a.ln1.data(), p.qkvw,
+                  N, C, 3 * C);
+  poll();
+  k_.layernorm_backward(dinp, grad(&BlockPtrs::ln1w), grad(&BlockPtrs::ln1b), w.dln1.data(), x, p.ln1w,
+                     a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
+}
+
+void Stage::block_backward_weight(const Chunk& c, int l, const float* x, const BlockActs& a, const BlockWGrads& w) {
+  const int N = B_ * T_, C = C_;
+  BlockPtrs g = block_ptrs(grads_, c, l);
+  k_.matmul_backward(nullptr, g.fcprojw, g.fcprojb, w.dout.data(), a.fch_gelu.data(), nullptr, N, 4 * C, C);
+  poll();
+  k_.matmul_backward(nullptr, g.fcw, g.fcb, w.dfch.data(), a.ln2.data(), nullptr, N, C, 4 * C);
+  poll();
+  k_.layernorm_backward(nullptr, g.ln2w, g.ln2b, w.dln2.data(), a.res2.data(), nullptr, a.ln2_mean.data(),
+                     a.ln2_rstd.data(), N, C);
+  k_.matmul_backward(nullptr, g.projw, g.projb, w.dres2.data(), a.atty.data(), nullptr, N, C, C);
+  poll();
+  k_.matmul_backward(nullptr, g.qkvw, g.qkvb, w.dqkv.data(), a.ln1.data(), nullptr, N, C, 3 * C);
+  poll();
+  k_.layernorm_backward(nullptr, g.ln1w, g.ln1b, w.dln1.data(), x, nullptr, a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
+}
+
+double Stage::head_forward(const float* x, HeadActs& a, const int* targets, const Tokens& tok) {
+  const int N = tok.rows(), C = C_;
+  k_.layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, weights_.data() + lnfw_, weights_.data() + lnfb_, N, C);
+  k_.matmul_forward(logits_.data(), a.lnf.data(), weights_.data() + head_, nullptr, N, C, V_);
+  poll();
+  return k_.softmax_crossentropy_forward(a.probs.data(), logits_.data(), targets, N, V_);
+}
+
+void Stage::forward_cached(const int* tokens, int n, KvCache& cache, float* probs) {
+  const Chunk& c = chunks_.front();
+  if (chunks() != 1 || !c.first || !c.last || compute_device() != Device::cpu)
+    throw std::logic_error("forward_cached runs a whole model on the CPU");
+  if (n < 1 || cache.pos + n > T_) throw std::logic_error("the KV cache holds model.seq_len positions");
+  const size_t C = C_;
+  if (cache.k.empty()) {
+    cache.k.resize(c.L);
+    cache.v.resize(c.L);
+    for (int l = 0; l < c.L; ++l) {
+      cache.k[l].resize(static_cast<size_t>(T_) * C);
+      cache.v[l].resize(static_cast<size_t>(T_) * C);
+    }
+  }
+  const Tokens tok{1, n, &cache};
+  Acts& a = generation_;
+  size_acts(c, a, tok);
+  k_.encoder_forward(a.xs[0].data(), tokens, weights_.data() + wte_, weights_.data() + wpe_ + cache.pos * C, 1, n, C_);
+  for (int l = 0; l < c.L; ++l) block_forward(c, l, a.xs[l].data(), a.blocks[l], a.xs[l + 1].data(), tok);
+  const std::vector<int> targets(n, 0);  // the loss is not wanted, only the probabilities
+  head_forward(a.xs[c.L].data(), a.head, targets.data(), tok);
+  copy_values(probs, a.head.probs.data(), static_cast<size_t>(n) * V_);
+  cache.pos += n;
+}
+
+void Stage::head_backward_input(const float* x, const HeadActs& a, const int* targets, float* dinp, HeadWGrads& w,
+                                bool fused) {
+  const int N = B_ * T_, C = C_;
+  k_.softmax_crossentropy_backward(w.dlogits.data(), a.probs.data(), targets, grad_scale_, N, V_);
+  k_.matmul_backward(w.dlnf.data(), fused ? grads_.data() + head_ : nullptr, nullptr, w.dlogits.data(), a.lnf.data(),
+                  weights_.data() + head_, N, C, V_);
+  poll();
+  k_.layernorm_backward(dinp, fused ? grads_.data() + lnfw_ : nullptr, fused ? grads_.data() + lnfb_ : nullptr, w.dlnf.data(), x,
+                     weights_.data() + lnfw_, a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
+}
+
+void Stage::head_backward_weight(const float* x, const HeadActs& a, const HeadWGrads& w) {
+  const int N = B_ * T_, C = C_;
+  k_.matmul_backward(nullptr, grads_.data() + head_, nullptr, w.dlogits.data(), a.lnf.data(), nullptr, N, C, V_);
+  poll();
+  k_.layernorm_backward(nullptr, grads_.data() + lnfw_, grads_.data() + lnfb_, w.dlnf.data(), x, nullptr, a.lnf_mean.data(),
+                     a.lnf_rstd.data(), N, C);
+}
+
+}  // namespace pipetrain
