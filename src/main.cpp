@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "pipetrain/ckpt/checkpoint.hpp"
 #include "pipetrain/compute/blas_kernels.hpp"
 #include "pipetrain/dist/world.hpp"
 #include "pipetrain/config/spec.hpp"
+#include "pipetrain/tools/ckpt_command.hpp"
 #include "pipetrain/tools/generate.hpp"
 #include "pipetrain/interop/model_export.hpp"
 #include "pipetrain/tools/plan_command.hpp"
@@ -115,19 +115,21 @@ ExitCode run_mpi(const std::function<ExitCode(World&)>& body) {
 
 ExitCode train_main(const std::vector<std::string>& args) {
   TrainOptions opt;
+  std::string resume;
   po::options_description desc("pipetrain train [options]");
   desc.add_options()("help,h", "show this help")(
       "config", po::value<std::string>(&opt.config), "run spec (TOML); omitted: built-in defaults (tiny model)")(
       "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(),
       "override one key: --set section.key=value (repeatable)")(
       "run-dir", po::value<std::string>(&opt.run_dir), "run directory (default: run.out_dir/run.name)")(
-      "resume", po::value<std::string>(&opt.resume)->default_value("auto"),
+      "resume", po::value<std::string>(&resume)->default_value("auto"),
       "auto (newest intact checkpoint of the run dir, else fresh) | never | PATH (a checkpoint directory)")(
       "print-spec", "print the resolved spec (all keys and defaults) and exit")(
       "print-run-dir", "print the run directory (--run-dir, else run.out_dir/run.name) and exit; one process, no MPI")(
       "spec-reference", "print the run-spec key reference as a Markdown table and exit");
   po::variables_map vm;
   if (auto done = parse("train", desc, args, vm)) return *done;
+  opt.resume = ResumeFrom::parse(resume);
   if (vm.count("spec-reference")) {
     std::cout << spec_reference_markdown();
     return ExitCode::ok;
@@ -148,10 +150,10 @@ ExitCode train_main(const std::vector<std::string>& args) {
 ExitCode eval_main(const std::vector<std::string>& args) {
   TrainOptions opt;
   opt.eval_only = true;
-  opt.resume.clear();  // no "auto": eval names its checkpoint
+  std::string checkpoint;  // a path: eval names its checkpoint (no auto, no never)
   po::options_description desc("pipetrain eval --checkpoint PATH [options]   (launch with mpiexec / srun)");
   desc.add_options()("help,h", "show this help")(
-      "checkpoint", po::value<std::string>(&opt.resume),
+      "checkpoint", po::value<std::string>(&checkpoint),
       "a checkpoint (RUN_DIR/checkpoints/step_N), or a run directory, its checkpoints folder or latest file: the newest intact one")(
       "config", po::value<std::string>(&opt.config),
       "run spec (TOML); omitted: the checkpoint's own, laid out as pp 1 x dp ranks")(
@@ -160,7 +162,7 @@ ExitCode eval_main(const std::vector<std::string>& args) {
       "batches", po::value<int>(&opt.eval_batches), "validation batches (default eval.batches)");
   po::variables_map vm;
   if (auto done = parse("eval", desc, args, vm)) return *done;
-  if (opt.resume.empty()) {
+  if (checkpoint.empty()) {
     std::fprintf(stderr, "pipetrain eval: error: which checkpoint? (pipetrain eval --checkpoint PATH)\n");
     return ExitCode::bad_input;
   }
@@ -168,6 +170,7 @@ ExitCode eval_main(const std::vector<std::string>& args) {
     std::fprintf(stderr, "pipetrain eval: error: --batches %d: must be at least 1\n", opt.eval_batches);
     return ExitCode::bad_input;
   }
+  opt.resume = {ResumeMode::path, checkpoint};
   return run_mpi([&](World& world) { return run_train(opt, world); });
 }
 

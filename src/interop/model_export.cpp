@@ -4,7 +4,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "pipetrain/ckpt/checkpoint.hpp"
+#include "pipetrain/ckpt/manifest.hpp"
+#include "pipetrain/ckpt/resume.hpp"
 #include "pipetrain/util/atomic_output.hpp"
 #include "pipetrain/util/binary_file.hpp"
 #include "pipetrain/interop/gpt2_layout.hpp"

@@ -6,7 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "pipetrain/ckpt/checkpoint.hpp"
+#include "pipetrain/ckpt/manifest.hpp"
 #include "pipetrain/ckpt/shard_io.hpp"
 #include "pipetrain/interop/gpt2_layout.hpp"
 #include "pipetrain/interop/llmc_model.hpp"

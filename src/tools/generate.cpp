@@ -5,7 +5,8 @@
 #include <cstdio>
 #include <numeric>
 
-#include "pipetrain/ckpt/checkpoint.hpp"
+#include "pipetrain/ckpt/manifest.hpp"
+#include "pipetrain/ckpt/resume.hpp"
 #include "pipetrain/data/tokenizer.hpp"
 #include "pipetrain/util/files.hpp"
 #include "pipetrain/util/clock.hpp"

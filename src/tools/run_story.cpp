@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "pipetrain/ckpt/checkpoint.hpp"
+#include "pipetrain/ckpt/resume.hpp"
 #include "pipetrain/util/clock.hpp"
 
 namespace fs = std::filesystem;

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "pipetrain/ckpt/checkpoint.hpp"
+#include "pipetrain/ckpt/manifest.hpp"
 #include "pipetrain/compute/profile.hpp"
 #include "pipetrain/planner/plan.hpp"
 #include "pipetrain/util/stats.hpp"

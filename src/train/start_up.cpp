@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "pipetrain/ckpt/resume.hpp"
 #include "pipetrain/compute/blas.hpp"
 #include "pipetrain/compute/blas_kernels.hpp"
 #include "pipetrain/compute/cpu_features.hpp"
@@ -70,10 +71,11 @@ void read_spec_and_data(Run& run) {
     throw SpecError("srun started " + std::to_string(run.launch.ntasks) +
                     " tasks but MPI sees 1 rank: launch with srun --mpi=pmi2 (MPICH)");
   // eval may name a run directory or its checkpoints: its spec is that of the newest one (the
-  // model is the same in all; Checkpointer::select picks the newest intact one to load).
-  const std::vector<std::string> named = opt.eval_only ? checkpoints_named_by(opt.resume) : std::vector<std::string>{};
+  // model is the same in all; select_checkpoint picks the newest intact one to load).
+  const std::vector<std::string> named =
+      opt.eval_only ? checkpoints_named_by(opt.resume.path) : std::vector<std::string>{};
   run.spec = opt.eval_only && opt.config.empty()
-                 ? spec_of_checkpoint(named.empty() ? opt.resume : named.front(), opt.overrides, world)
+                 ? spec_of_checkpoint(named.empty() ? opt.resume.path : named.front(), opt.overrides, world)
                  : load_spec(opt.config, opt.overrides, world);
   if (opt.eval_only && run.spec.eval.every_steps == 0) run.spec.eval.every_steps = 1;  // load validation data
   if (opt.eval_batches > 0) {
@@ -163,7 +165,7 @@ void build_model(Run& run) {
   const bool zero = spec.parallel.zero == 1;
   run.adam = std::make_unique<AdamW>(spec.train, OptimizerShard(run.stage->params(), zero ? run.topo.dp_rank : 0,
                                                                 zero ? spec.parallel.dp : 1));
-  if (!run.resumed_from.empty()) run.start_step = run.checkpointer->load(run.resumed_from, *run.stage, *run.adam);
+  if (!run.resumed_from.empty()) run.start_step = load_checkpoint(run.resumed_from, *run.stage, *run.adam, run.world);
   run.last_saved = run.resumed_from.empty() ? -1 : run.start_step;
 }
 
@@ -330,7 +332,7 @@ ExitCode start_up(Run& run) {
     return code;
   run.checkpointer = std::make_unique<Checkpointer>(spec, run.run_dir, *run.comm);
   run.checkpointer->set_tokenizer(run.tokenizer_model);
-  run.resumed_from = run.checkpointer->select(run.opt.resume);
+  run.resumed_from = select_checkpoint(run.opt.resume, run.checkpointer->dir(), spec, world);
   // init_from applies to a fresh start only: a requeued fine-tuning job resumes its own checkpoint.
   if (run.resumed_from.empty() && !spec.train.init_from.empty())
     if (ExitCode code = world.run_agreed([&] { open_init_source(run); }); code != ExitCode::ok) return code;

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "pipetrain/ckpt/checkpoint.hpp"
+#include "pipetrain/ckpt/manifest.hpp"
 #include "pipetrain/config/spec.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

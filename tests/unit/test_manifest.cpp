@@ -1,8 +1,9 @@
-// The checkpoint manifest (ckpt/checkpoint.hpp): what is written is what is read back, and a
-// malformed one is refused naming the file.
+// The checkpoint manifest (ckpt/manifest.hpp): what is written is what is read back, and a
+// malformed one is refused naming the file. And how --resume's text is read (ckpt/resume.hpp).
 #include <catch2/catch.hpp>
 
-#include "pipetrain/ckpt/checkpoint.hpp"
+#include "pipetrain/ckpt/manifest.hpp"
+#include "pipetrain/ckpt/resume.hpp"
 
 using namespace pipetrain;
 
@@ -45,4 +46,14 @@ TEST_CASE("manifest: malformed text is a SpecError naming the file", "[manifest]
   CHECK_THROWS_WITH(Manifest::parse("{not json", "run/checkpoints/step_1/manifest.json"),
                     Catch::Contains("run/checkpoints/step_1/manifest.json"));
   CHECK_THROWS_AS(Manifest::parse("{}", "m.json"), SpecError);
+}
+
+TEST_CASE("resume: --resume's text is read once: auto, never, anything else a path", "[ckpt]") {
+  CHECK(ResumeFrom().mode == ResumeMode::automatic);  // --resume's default
+  CHECK(ResumeFrom::parse("auto").mode == ResumeMode::automatic);
+  CHECK(ResumeFrom::parse("never").mode == ResumeMode::never);
+  const ResumeFrom named = ResumeFrom::parse("runs/a/checkpoints/step_00000010");
+  CHECK(named.mode == ResumeMode::path);
+  CHECK(named.path == "runs/a/checkpoints/step_00000010");
+  CHECK(ResumeFrom::parse("./auto").mode == ResumeMode::path);  // a folder of that name, spelt as a path
 }

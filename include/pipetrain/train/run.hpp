@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "pipetrain/ckpt/checkpoint.hpp"
+#include "pipetrain/ckpt/save.hpp"
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/data/dataset.hpp"
 #include "pipetrain/dist/comm.hpp"

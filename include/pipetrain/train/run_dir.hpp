@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-#include "pipetrain/ckpt/checkpoint.hpp"
+#include "pipetrain/ckpt/save.hpp"
 #include "pipetrain/config/spec.hpp"
 
 namespace pipetrain {

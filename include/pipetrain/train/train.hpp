@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/ckpt/resume.hpp"
 #include "pipetrain/dist/world.hpp"
 
 namespace pipetrain {
@@ -11,8 +12,8 @@ struct TrainOptions {
   std::string config;                 // empty: built-in defaults
   std::vector<std::string> overrides; // --set section.key=value
   std::string run_dir;                // empty: run.out_dir/run.name
-  std::string resume = "auto";        // auto | never | PATH: a checkpoint, or a run directory (its newest)
-  bool eval_only = false;             // pipetrain eval: load `resume` (a PATH), print the validation
+  ResumeFrom resume;                  // --resume auto (default) | never | PATH: a checkpoint or a run directory
+  bool eval_only = false;             // pipetrain eval: load `resume` (a path), print the validation
                                       // loss, write nothing; no config = the checkpoint's own spec
   int eval_batches = 0;               // eval --batches N (0: eval.batches)
 };
