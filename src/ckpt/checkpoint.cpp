@@ -635,7 +635,7 @@ double Checkpointer::write(int64_t step, Stage& stage, const AdamW& opt, const s
                      host_view(opt.exp_avg_sq(), v_copy), floats);
     check_finite(tensors, floats, nullptr, step);
     fault_hooks().reach(FaultPoint::stall_in_save, step);  // test-only: stop answering mid-save
-    const std::string error = write_shard(shard, tensors, step, comm_.data_handle(), topo.dp_rank, topo.dp);
+    const std::string error = write_shard(shard, tensors, step, comm_);
     if (!error.empty()) throw std::runtime_error("checkpoint not saved: " + error + " (" + free_space_note(dir_) + ")");
     sync_path(shard);  // every writer: on network file systems one client's fsync covers only its writes
     if (topo.dp_rank != 0) return;

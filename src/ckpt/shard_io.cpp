@@ -22,11 +22,12 @@ namespace {
 
 // Network/parallel file systems often lack the locks HDF5 1.10 takes by default; checkpoints are
 // written once and then only read, so locking buys nothing here.
-hid_t file_access(MPI_Comm group) {
+// `group`: open collectively over its data-parallel group (MPI-IO); null: one process alone.
+hid_t file_access(const Comm* group) {
   hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
   H5Pset_file_locking(fapl, false, true);
-  if (group != MPI_COMM_NULL) {
-    H5Pset_fapl_mpio(fapl, group, MPI_INFO_NULL);
+  if (group) {
+    group->use_data_group_for_hdf5(fapl);
     // Metadata (300+ dataset headers) written once, collectively, instead of rank 0 alone
     // flushing it piecemeal while the others wait.
     H5Pset_coll_metadata_write(fapl, true);
@@ -61,8 +62,9 @@ void add_datasets(const std::string& path, hid_t file, const std::vector<TensorI
 }  // namespace
 
 std::string write_shard(const std::string& path, const std::vector<ShardTensor>& tensors, int64_t step,
-                        MPI_Comm group, int rank, int size) {
-  Handle fapl(file_access(group), H5Pclose);
+                        const Comm& comm) {
+  const int rank = comm.topo().dp_rank, size = comm.topo().dp;
+  Handle fapl(file_access(&comm), H5Pclose);
   hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
   if (file < 0) return path + ": cannot create checkpoint shard";
   // Dataset creation is collective: after a local failure keep making the same calls (skipping
@@ -121,7 +123,7 @@ std::string write_shard(const std::string& path, const std::vector<ShardTensor>&
 }
 
 std::vector<uint64_t> create_shard_file(const std::string& path, const std::vector<TensorInfo>& tensors, int64_t step) {
-  Handle fapl(file_access(MPI_COMM_NULL), H5Pclose);
+  Handle fapl(file_access(nullptr), H5Pclose);
   const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
   if (file < 0) fail(path, "cannot create checkpoint shard");
   std::vector<uint64_t> offsets;
@@ -163,7 +165,7 @@ std::string write_slabs(const std::string& path, const std::vector<SlabBytes>& s
 }
 
 ShardReader::ShardReader(const std::string& path) : path_(path) {
-  Handle fapl(file_access(MPI_COMM_NULL), H5Pclose);
+  Handle fapl(file_access(nullptr), H5Pclose);
   file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);
   if (file_ < 0) fail(path, "cannot open checkpoint shard (missing or not HDF5)");
   step_ = read_scalar_attr(file_, "step");

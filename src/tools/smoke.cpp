@@ -74,7 +74,7 @@ std::string check_checkpoint_io(Comm& comm, const std::string& dir) {
   const float* slab = data.data() + row_slab(1024, t.dp_rank, t.dp).begin * 1024;  // this replica's rows
   const std::vector<ShardTensor> tensors = {{"smoke.weight", {1024, 1024}, slab, slab, slab}};
   if (!fs::is_directory(dir, ec)) error = "checkpoint directory " + dir + ": cannot create";
-  else error = write_shard(path, tensors, 0, comm.data_handle(), t.dp_rank, t.dp);
+  else error = write_shard(path, tensors, 0, comm);
   if (error.empty() && t.dp_rank == 0) {
     try {
       std::vector<float> back(data.size());
@@ -152,8 +152,7 @@ void check_all_reduce(Comm& comm, std::vector<Row>& rows) {
     std::vector<float> buf(4 << 20, 1.0f);  // 16 MiB
     const double t0 = now_s();
     for (int i = 0; i < 3; ++i) {
-      MPI_Request r = comm.iallreduce_data(buf.data(), buf.size());
-      std::vector<MPI_Request> reqs{r};
+      std::vector<Request> reqs{comm.iallreduce_data(buf.data(), buf.size())};
       comm.wait_all(reqs, {"smoke-test all-reduce", -1, -1, Group::data});
     }
     const double bw = 3.0 * buf.size() * sizeof(float) / (now_s() - t0) / (1 << 20);

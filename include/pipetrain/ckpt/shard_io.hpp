@@ -3,11 +3,11 @@
 // format_version. Written collectively by the stage's data-parallel group through MPI-IO, each
 // replica writing its slab (a range of rows) of every tensor; read by any process, any layout.
 #pragma once
-#include <mpi.h>
-
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "pipetrain/dist/comm.hpp"
 
 namespace pipetrain {
 
@@ -23,12 +23,12 @@ struct ShardTensor {
   const float* exp_avg_sq;
 };
 
-// Collective over `group` (the stage's data communicator): every member passes the same tensor
-// list; member `rank` of `size` writes its row slab, rows [rank*n0/size, (rank+1)*n0/size), of each.
+// Collective over the stage's data-parallel group of `comm`: every member passes the same tensor
+// list; replica r of D writes its row slab, rows [r*n0/D, (r+1)*n0/D), of each.
 // Returns "" or what failed on this rank; it never leaves the collective calls early, so the
 // other replicas do not hang. The caller agrees on the outcome across ranks.
 std::string write_shard(const std::string& path, const std::vector<ShardTensor>& tensors, int64_t step,
-                        MPI_Comm group, int rank, int size);
+                        const Comm& comm);
 
 struct TensorInfo {
   std::string name;
