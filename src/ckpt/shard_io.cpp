@@ -22,16 +22,9 @@ namespace {
 
 // Network/parallel file systems often lack the locks HDF5 1.10 takes by default; checkpoints are
 // written once and then only read, so locking buys nothing here.
-hid_t file_access(MPI_Comm group) {
+hid_t file_access() {
   hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
   H5Pset_file_locking(fapl, false, true);
-  if (group != MPI_COMM_NULL) {
-    H5Pset_fapl_mpio(fapl, group, MPI_INFO_NULL);
-    // Metadata (300+ dataset headers) written once, collectively, instead of rank 0 alone
-    // flushing it piecemeal while the others wait.
-    H5Pset_coll_metadata_write(fapl, true);
-    H5Pset_all_coll_metadata_ops(fapl, true);
-  }
   return fapl;
 }
 
@@ -60,68 +53,8 @@ void add_datasets(const std::string& path, hid_t file, const std::vector<TensorI
 
 }  // namespace
 
-std::string write_shard(const std::string& path, const std::vector<ShardTensor>& tensors, int64_t step,
-                        MPI_Comm group, int rank, int size) {
-  Handle fapl(file_access(group), H5Pclose);
-  hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-  if (file < 0) return path + ": cannot create checkpoint shard";
-  // Dataset creation is collective: after a local failure keep making the same calls (skipping
-  // this rank's writes) so the other replicas never wait on a rank that left; report at the end.
-  std::string error;
-  auto check = [&](bool ok, const std::string& what) {
-    if (!ok && error.empty()) error = path + ": " + what;
-  };
-  check(write_scalar_attr(file, "step", step) >= 0, "cannot write attribute step");
-  check(write_scalar_attr(file, "format_version", kCheckpointFormat) >= 0, "cannot write attribute format_version");
-  Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
-  H5Pset_create_intermediate_group(lcpl, 1);
-  Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
-  // Each replica's slab is one contiguous byte range of the file (row-major, contiguous layout),
-  // so independent writes reach the disk directly; two-phase collective buffering only adds a
-  // shuffle between ranks.
-  H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_INDEPENDENT);
-  // Parallel HDF5 allocates datasets early; without this it would first write fill values.
-  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-  H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
-
-  size_t written = 0;
-  for (const ShardTensor& t : tensors) {
-    std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-    hsize_t row = 1;
-    for (size_t i = 1; i < dims.size(); ++i) row *= dims[i];
-    const RowRange slab = row_slab(dims[0], rank, size);
-    const hsize_t r0 = slab.begin, r1 = slab.end;
-    Handle filespace(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
-    std::vector<hsize_t> start(dims.size(), 0), count(dims);
-    start[0] = r0;
-    count[0] = r1 - r0;
-    const hsize_t n = (r1 - r0) * row;
-    Handle memspace(H5Screate_simple(1, n ? &n : &row, nullptr), H5Sclose);
-    if (n) {
-      H5Sselect_hyperslab(filespace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
-    } else {
-      H5Sselect_none(filespace);
-      H5Sselect_none(memspace);
-    }
-    const std::pair<const char*, const float*> arrays[] = {
-        {"params/", t.param}, {"optim/exp_avg/", t.exp_avg}, {"optim/exp_avg_sq/", t.exp_avg_sq}};
-    for (auto& [group_name, data] : arrays) {
-      const std::string dname = std::string(group_name) + t.name;
-      Handle ds(H5Dcreate2(file, dname.c_str(), H5T_IEEE_F32LE, filespace, lcpl, dcpl, H5P_DEFAULT), H5Dclose);
-      check(ds >= 0, "cannot create dataset " + dname);
-      if (ds >= 0 && error.empty())
-        check(H5Dwrite(ds, H5T_NATIVE_FLOAT, memspace, filespace, dxpl, data) >= 0,
-              "cannot write dataset " + dname);
-    }
-    if (++written == (tensors.size() + 1) / 2) fault_hooks().reach(FaultPoint::kill_in_save, step);  // test-only
-  }
-  // No H5Fflush: through MPI-IO it fsyncs on every rank; the caller fsyncs the closed file.
-  check(H5Fclose(file) >= 0, "cannot close checkpoint shard (metadata not written)");
-  return error;
-}
-
 std::vector<uint64_t> create_shard_file(const std::string& path, const std::vector<TensorInfo>& tensors, int64_t step) {
-  Handle fapl(file_access(MPI_COMM_NULL), H5Pclose);
+  Handle fapl(file_access(), H5Pclose);
   const hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
   if (file < 0) fail(path, "cannot create checkpoint shard");
   std::vector<uint64_t> offsets;
@@ -163,7 +96,7 @@ std::string write_slabs(const std::string& path, const std::vector<SlabBytes>& s
 }
 
 ShardReader::ShardReader(const std::string& path) : path_(path) {
-  Handle fapl(file_access(MPI_COMM_NULL), H5Pclose);
+  Handle fapl(file_access(), H5Pclose);
   file_ = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);
   if (file_ < 0) fail(path, "cannot open checkpoint shard (missing or not HDF5)");
   step_ = read_scalar_attr(file_, "step");

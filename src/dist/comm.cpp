@@ -1,5 +1,8 @@
 #include "pipetrain/dist/comm.hpp"
 
+#include <mpi.h>
+
+#include "mpi_handles.hpp"
 #include "pipetrain/util/clock.hpp"
 
 #include <cmath>
@@ -16,12 +19,16 @@ std::string seconds(double s) {
 
 }  // namespace
 
+struct Comm::Groups {
+  MPI_Comm pipe = MPI_COMM_NULL, data = MPI_COMM_NULL, tied = MPI_COMM_NULL;
+};
+
 Comm::Comm(World& world, const Topology& topo, WaitPolicy wait, double timeout_s)
-    : world_(world), topo_(topo), timeout_s_(timeout_s) {
-  MPI_Comm_split(MPI_COMM_WORLD, topo.dp_rank, topo.stage, &pipe_);
-  MPI_Comm_split(MPI_COMM_WORLD, topo.stage, topo.dp_rank, &data_);
+    : world_(world), topo_(topo), groups_(std::make_unique<Groups>()), timeout_s_(timeout_s) {
+  MPI_Comm_split(MPI_COMM_WORLD, topo.dp_rank, topo.stage, &groups_->pipe);
+  MPI_Comm_split(MPI_COMM_WORLD, topo.stage, topo.dp_rank, &groups_->data);
   bool tied_member = topo.tied_apart() && (topo.first_stage() || topo.holds_head());
-  MPI_Comm_split(MPI_COMM_WORLD, tied_member ? topo.dp_rank : MPI_UNDEFINED, topo.stage, &tied_);
+  MPI_Comm_split(MPI_COMM_WORLD, tied_member ? topo.dp_rank : MPI_UNDEFINED, topo.stage, &groups_->tied);
   switch (wait) {
     case WaitPolicy::spin: mode_ = WaitMode::spin; break;
     case WaitPolicy::yield: mode_ = WaitMode::yield; break;
@@ -33,27 +40,28 @@ Comm::~Comm() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  for (MPI_Comm* c : {&pipe_, &data_, &tied_})
+  for (MPI_Comm* c : {&groups_->pipe, &groups_->data, &groups_->tied})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
-MPI_Request Comm::isend(const float* buf, size_t n, int peer_stage, int tag) {
-  MPI_Request r;
-  MPI_Isend(buf, static_cast<int>(n), MPI_FLOAT, peer_stage, tag, pipe_, &r);
+Request Comm::isend(const float* buf, size_t n, int peer_stage, int tag) {
+  Request r;
+  MPI_Isend(buf, static_cast<int>(n), MPI_FLOAT, peer_stage, tag, groups_->pipe, RequestOut(r));
   return r;
 }
 
-MPI_Request Comm::irecv(float* buf, size_t n, int peer_stage, int tag) {
-  MPI_Request r;
-  MPI_Irecv(buf, static_cast<int>(n), MPI_FLOAT, peer_stage, tag, pipe_, &r);
+Request Comm::irecv(float* buf, size_t n, int peer_stage, int tag) {
+  Request r;
+  MPI_Irecv(buf, static_cast<int>(n), MPI_FLOAT, peer_stage, tag, groups_->pipe, RequestOut(r));
   return r;
 }
 
-void Comm::poll(MPI_Request& req, const WaitLabel& label) { poll(req, label, mode_); }
-
-void Comm::poll(MPI_Request& req, const WaitLabel& label, WaitMode mode, bool* pending) {
-  if (req == MPI_REQUEST_NULL) return;
-  if (poll_until_done(req, mode, timeout_s_, wait_s_, pending)) return;
+void Comm::poll(Request& req, const WaitLabel& label, WaitMode mode, bool* pending) {
+  if (!req.active()) return;
+  MPI_Request m = MpiHandles::get(req);
+  const bool done = poll_until_done(m, mode, timeout_s_, wait_s_, pending);
+  req = MpiHandles::make(m);
+  if (done) return;
   std::string msg = "stage " + std::to_string(topo_.stage) + " (" + world_.where(topo_.world_rank) + ", dp " +
                     std::to_string(topo_.dp_rank) + ") waited more than " + seconds(timeout_s_) +
                     " (comm.timeout_s) for " + label.what;
@@ -76,68 +84,72 @@ void Comm::poll(MPI_Request& req, const WaitLabel& label, WaitMode mode, bool* p
   throw CommTimeout(msg);
 }
 
-bool Comm::wait(MPI_Request& req, const WaitLabel& label) {
+bool Comm::wait(Request& req, const WaitLabel& label) {
   bool pending = false;
   poll(req, label, mode_, &pending);
   return pending;
 }
 
-void Comm::progress(std::vector<MPI_Request>& reqs) {
-  for (MPI_Request& r : reqs) {
+void Comm::progress(std::vector<Request>& reqs) {
+  for (Request& r : reqs) {
+    if (!r.active()) continue;
+    MPI_Request m = MpiHandles::get(r);
     int done = 0;
-    if (r != MPI_REQUEST_NULL) MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    MPI_Test(&m, &done, MPI_STATUS_IGNORE);
+    r = MpiHandles::make(m);
   }
 }
 
-void Comm::wait_all(std::vector<MPI_Request>& reqs, const WaitLabel& label) {
+void Comm::wait_all(std::vector<Request>& reqs, const WaitLabel& label) {
   for (auto& r : reqs) poll(r, label);
   reqs.clear();
 }
 
-MPI_Request Comm::iallreduce_data(float* buf, size_t n) {
-  MPI_Request r;
-  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_FLOAT, MPI_SUM, data_, &r);
+Request Comm::iallreduce_data(float* buf, size_t n) {
+  Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_FLOAT, MPI_SUM, groups_->data, RequestOut(r));
   return r;
 }
 
-MPI_Request Comm::ireduce_scatter_data(float* buf, const std::vector<int>& counts) {
-  MPI_Request r;
-  MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts.data(), MPI_FLOAT, MPI_SUM, data_, &r);
+Request Comm::ireduce_scatter_data(float* buf, const std::vector<int>& counts) {
+  Request r;
+  MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts.data(), MPI_FLOAT, MPI_SUM, groups_->data, RequestOut(r));
   return r;
 }
 
-MPI_Request Comm::iallgather_data(float* buf, const std::vector<int>& counts, const std::vector<int>& offsets) {
-  MPI_Request r;
-  MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts.data(), offsets.data(), MPI_FLOAT, data_, &r);
+Request Comm::iallgather_data(float* buf, const std::vector<int>& counts, const std::vector<int>& offsets) {
+  Request r;
+  MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts.data(), offsets.data(), MPI_FLOAT, groups_->data,
+                  RequestOut(r));
   return r;
 }
 
 void Comm::allreduce_world(double* buf, size_t n) {
-  MPI_Request r;
-  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &r);
+  Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, RequestOut(r));
   poll(r, {"step-boundary all-reduce (gradient norm, stop signal)", -1, -1, Group::world});
 }
 
 void Comm::allreduce_tied(float* buf, size_t n) {
-  if (tied_ == MPI_COMM_NULL) return;
-  MPI_Request r;
-  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_FLOAT, MPI_SUM, tied_, &r);
+  if (groups_->tied == MPI_COMM_NULL) return;
+  Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_FLOAT, MPI_SUM, groups_->tied, RequestOut(r));
   poll(r, {"tied-embedding gradient sum between first and last stage", -1, -1, Group::tied});
 }
 
 void Comm::gather_to_root(const double* mine, size_t n, std::vector<double>& out) {
   out.assign(topo_.world_rank == 0 ? n * static_cast<size_t>(world_.size()) : 0, 0.0);
-  MPI_Request r;
+  Request r;
   MPI_Igather(mine, static_cast<int>(n), MPI_DOUBLE, out.data(), static_cast<int>(n), MPI_DOUBLE, 0,
-              MPI_COMM_WORLD, &r);
+              MPI_COMM_WORLD, RequestOut(r));
   poll(r, {"gather of step metrics to rank 0", -1, -1, Group::world});
 }
 
 void Comm::gather_to_root(const uint64_t* mine, size_t n, std::vector<uint64_t>& out) {
   out.assign(topo_.world_rank == 0 ? n * static_cast<size_t>(world_.size()) : 0, 0);
-  MPI_Request r;
+  Request r;
   MPI_Igather(mine, static_cast<int>(n), MPI_UINT64_T, out.data(), static_cast<int>(n), MPI_UINT64_T, 0,
-              MPI_COMM_WORLD, &r);
+              MPI_COMM_WORLD, RequestOut(r));
   poll(r, {"gather to rank 0", -1, -1, Group::world});
 }
 
@@ -148,8 +160,8 @@ void Comm::gather_to_root(const std::string& mine, std::vector<std::string>& out
   const std::string padded = mine + '\0';
   int len = static_cast<int>(padded.size());
   std::vector<int> lens(topo_.world_rank == 0 ? n : 0), offsets;
-  MPI_Request r;
-  MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD, &r);
+  Request r;
+  MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, 0, MPI_COMM_WORLD, RequestOut(r));
   poll(r, {"gather of trace sizes to rank 0", -1, -1, Group::world});
   std::string all;
   if (topo_.world_rank == 0) {
@@ -160,7 +172,7 @@ void Comm::gather_to_root(const std::string& mine, std::vector<std::string>& out
     }
     all.resize(total);
   }
-  MPI_Igatherv(padded.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, 0, MPI_COMM_WORLD, &r);
+  MPI_Igatherv(padded.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, 0, MPI_COMM_WORLD, RequestOut(r));
   poll(r, {"gather of traces to rank 0", -1, -1, Group::world});
   out.clear();
   for (int i = 0; i < static_cast<int>(lens.size()); ++i) out.push_back(all.substr(offsets[i], lens[i] - 1));
@@ -170,10 +182,10 @@ double Comm::ping_pong(int peer, bool initiator, std::vector<char>& buf, int rep
   const int n = static_cast<int>(buf.size()), tag = 77;
   const double t0 = now_s();
   for (int i = 0; i < reps; ++i) {
-    MPI_Request r;
+    Request r;
     for (int leg = 0; leg < 2; ++leg) {
-      if ((leg == 0) == initiator) MPI_Isend(buf.data(), n, MPI_CHAR, peer, tag, MPI_COMM_WORLD, &r);
-      else MPI_Irecv(buf.data(), n, MPI_CHAR, peer, tag, MPI_COMM_WORLD, &r);
+      if ((leg == 0) == initiator) MPI_Isend(buf.data(), n, MPI_CHAR, peer, tag, MPI_COMM_WORLD, RequestOut(r));
+      else MPI_Irecv(buf.data(), n, MPI_CHAR, peer, tag, MPI_COMM_WORLD, RequestOut(r));
       poll(r, {"smoke-test ping-pong", -1, -1, Group::none, peer});
     }
   }
@@ -181,27 +193,27 @@ double Comm::ping_pong(int peer, bool initiator, std::vector<char>& buf, int rep
 }
 
 void Comm::barrier() {
-  MPI_Request r;
-  MPI_Ibarrier(MPI_COMM_WORLD, &r);
+  Request r;
+  MPI_Ibarrier(MPI_COMM_WORLD, RequestOut(r));
   poll(r, {"barrier", -1, -1, Group::world});
 }
 
 void Comm::idle_barrier() {
-  MPI_Request r;
-  MPI_Ibarrier(MPI_COMM_WORLD, &r);
+  Request r;
+  MPI_Ibarrier(MPI_COMM_WORLD, RequestOut(r));
   poll(r, {"barrier", -1, -1, Group::world}, WaitMode::idle);
 }
 
 double Comm::broadcast_from_root(double value) {
-  MPI_Request r;
-  MPI_Ibcast(&value, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD, &r);
+  Request r;
+  MPI_Ibcast(&value, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD, RequestOut(r));
   poll(r, {"broadcast from rank 0", -1, -1, Group::world});
   return value;
 }
 
 void Comm::broadcast_in_data(uint64_t* values, size_t n) {
-  MPI_Request r;
-  MPI_Ibcast(values, static_cast<int>(n), MPI_UINT64_T, 0, data_, &r);
+  Request r;
+  MPI_Ibcast(values, static_cast<int>(n), MPI_UINT64_T, 0, groups_->data, RequestOut(r));
   poll(r, {"broadcast from the first replica", -1, -1, Group::data});
 }
 
@@ -212,19 +224,19 @@ Comm::ClockOffset Comm::clock_offset_to_root(int rounds, const std::function<dou
     if (me != 0 && me != peer) continue;
     for (int i = 0; i < rounds; ++i) {
       double root_time = 0;
-      MPI_Request r;
+      Request r;
       if (me == 0) {
-        MPI_Irecv(&root_time, 1, MPI_DOUBLE, peer, tag, MPI_COMM_WORLD, &r);
+        MPI_Irecv(&root_time, 1, MPI_DOUBLE, peer, tag, MPI_COMM_WORLD, RequestOut(r));
         poll(r, {"clock exchange", -1, -1, Group::none, peer});
         root_time = clock();
-        MPI_Isend(&root_time, 1, MPI_DOUBLE, peer, tag, MPI_COMM_WORLD, &r);
+        MPI_Isend(&root_time, 1, MPI_DOUBLE, peer, tag, MPI_COMM_WORLD, RequestOut(r));
         poll(r, {"clock exchange", -1, -1, Group::none, peer});
         continue;
       }
       const double sent = clock();
-      MPI_Isend(&sent, 1, MPI_DOUBLE, 0, tag, MPI_COMM_WORLD, &r);
+      MPI_Isend(&sent, 1, MPI_DOUBLE, 0, tag, MPI_COMM_WORLD, RequestOut(r));
       poll(r, {"clock exchange", -1, -1, Group::none, 0});
-      MPI_Irecv(&root_time, 1, MPI_DOUBLE, 0, tag, MPI_COMM_WORLD, &r);
+      MPI_Irecv(&root_time, 1, MPI_DOUBLE, 0, tag, MPI_COMM_WORLD, RequestOut(r));
       poll(r, {"clock exchange", -1, -1, Group::none, 0});
       const double received = clock();
       if ((received - sent) / 2 < best.error_s) best = {root_time - (sent + received) / 2, (received - sent) / 2};
@@ -235,9 +247,9 @@ Comm::ClockOffset Comm::clock_offset_to_root(int rounds, const std::function<dou
 
 bool Comm::all_equal(uint64_t value) {
   uint64_t lo = value, hi = value;
-  MPI_Request r[2];
-  MPI_Iallreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD, &r[0]);
-  MPI_Iallreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD, &r[1]);
+  Request r[2];
+  MPI_Iallreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD, RequestOut(r[0]));
+  MPI_Iallreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD, RequestOut(r[1]));
   poll(r[0], {"start-up agreement"});
   poll(r[1], {"start-up agreement"});
   return lo == hi;
@@ -246,10 +258,10 @@ bool Comm::all_equal(uint64_t value) {
 bool Comm::boundary_agrees(const std::vector<int64_t>& send_desc, const std::vector<int64_t>& recv_desc) {
   const int n = static_cast<int>(recv_desc.size());
   std::vector<int64_t> got(recv_desc.size(), -1);
-  MPI_Request r[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  Request r[2];
   if (!topo_.last_stage())
-    MPI_Isend(send_desc.data(), static_cast<int>(send_desc.size()), MPI_INT64_T, topo_.stage + 1, 0, pipe_, &r[0]);
-  if (!topo_.first_stage()) MPI_Irecv(got.data(), n, MPI_INT64_T, topo_.stage - 1, 0, pipe_, &r[1]);
+    MPI_Isend(send_desc.data(), static_cast<int>(send_desc.size()), MPI_INT64_T, topo_.stage + 1, 0, groups_->pipe, RequestOut(r[0]));
+  if (!topo_.first_stage()) MPI_Irecv(got.data(), n, MPI_INT64_T, topo_.stage - 1, 0, groups_->pipe, RequestOut(r[1]));
   poll(r[0], {"start-up shape handshake", topo_.stage + 1});
   poll(r[1], {"start-up shape handshake", topo_.stage - 1});
   return topo_.first_stage() || got == recv_desc;

@@ -1,5 +1,7 @@
 #include "pipetrain/dist/world.hpp"
 
+#include <mpi.h>
+
 #include <sched.h>
 #include <time.h>
 #include <unistd.h>
@@ -11,6 +13,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "mpi_handles.hpp"
 #include "pipetrain/util/clock.hpp"
 #include "pipetrain/util/faults.hpp"
 
@@ -49,18 +52,17 @@ bool poll_until_done(MPI_Request& req, WaitMode mode, double timeout_s, double& 
 World::World(int* argc, char*** argv) {
   // Threads besides the main one exist (BLAS, an asynchronous checkpoint's writer) but only the
   // main thread calls MPI: MPI_THREAD_FUNNELED says exactly that.
-  int initialized = 0;
+  int initialized = 0, thread_level = MPI_THREAD_SINGLE;
   MPI_Initialized(&initialized);
-  if (!initialized) MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &thread_level_);
-  else MPI_Query_thread(&thread_level_);
+  if (!initialized) {
+    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &thread_level);
+  } else {
+    MPI_Query_thread(&thread_level);
+  }
+  threads_funneled_ = thread_level >= MPI_THREAD_FUNNELED;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
-  MPI_Comm_size(node, &local_ranks_);
-  MPI_Comm_rank(node, &local_rank_);
-  count_node_cores(node);
-  MPI_Comm_free(&node);
+  learn_node();
   fault_hooks().arm(rank_, [](const char* name) { return std::getenv(name); });
 
   // Every rank's host name, so a timeout can say on which node the peer it waited for runs.
@@ -68,8 +70,8 @@ World::World(int* argc, char*** argv) {
   char host[kHostLen] = "?";
   gethostname(host, kHostLen - 1);
   std::vector<char> all(static_cast<size_t>(kHostLen) * size_);
-  MPI_Request req;
-  MPI_Iallgather(host, kHostLen, MPI_CHAR, all.data(), kHostLen, MPI_CHAR, MPI_COMM_WORLD, &req);
+  Request req;
+  MPI_Iallgather(host, kHostLen, MPI_CHAR, all.data(), kHostLen, MPI_CHAR, MPI_COMM_WORLD, RequestOut(req));
   wait_agreed(req);
   for (int r = 0; r < size_; ++r) hosts_.emplace_back(&all[static_cast<size_t>(r) * kHostLen]);
 }
@@ -77,7 +79,11 @@ World::World(int* argc, char*** argv) {
 // Under binding (mpiexec -bind-to core, srun --cpu-bind) each rank's own mask holds its share of
 // the node, one core perhaps, but the node computes on all of them: its cores are the union of its
 // ranks' masks, which the node's ranks OR together.
-void World::count_node_cores(MPI_Comm node) {
+void World::learn_node() {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &local_ranks_);
+  MPI_Comm_rank(node, &local_rank_);
   cpu_set_t mask;
   CPU_ZERO(&mask);
   if (sched_getaffinity(0, sizeof mask, &mask) != 0) {
@@ -85,10 +91,11 @@ void World::count_node_cores(MPI_Comm node) {
     for (int c = 0; c < n; ++c) CPU_SET(c, &mask);
   }
   own_cores_ = CPU_COUNT(&mask);
-  MPI_Request req;
-  MPI_Iallreduce(MPI_IN_PLACE, &mask, static_cast<int>(sizeof mask), MPI_BYTE, MPI_BOR, node, &req);
+  Request req;
+  MPI_Iallreduce(MPI_IN_PLACE, &mask, static_cast<int>(sizeof mask), MPI_BYTE, MPI_BOR, node, RequestOut(req));
   wait_agreed(req);
   node_cores_ = CPU_COUNT(&mask);
+  MPI_Comm_free(&node);
 }
 
 int World::cores_per_rank() const { return std::max(1, std::min(own_cores_, node_cores_ / local_ranks_)); }
@@ -134,9 +141,12 @@ World::LongerAgreements::LongerAgreements(World& world, double seconds, const ch
 
 World::LongerAgreements::~LongerAgreements() { world_.bound_agreements(seconds_, what_); }
 
-void World::wait_agreed(MPI_Request& req) {
+void World::wait_agreed(Request& req) {
   double waited = 0;
-  if (!poll_until_done(req, WaitMode::yield, agree_timeout_s_, waited)) {
+  MPI_Request m = MpiHandles::get(req);
+  const bool done = poll_until_done(m, WaitMode::yield, agree_timeout_s_, waited);
+  req = MpiHandles::make(m);
+  if (!done) {
     char bound[32];
     std::snprintf(bound, sizeof bound, "%g s", agree_timeout_s_);
     throw CommTimeout(std::string("an agreement of all ranks (") + agree_phase_ + ") did not complete within " + bound +
@@ -147,8 +157,8 @@ void World::wait_agreed(MPI_Request& req) {
 World::Failure World::first_failure(ExitCode code) {
   // MIN of both: the lowest failing rank, and the highest code (the most severe: bad input over fault)
   int v[2] = {code != ExitCode::ok ? rank_ : INT_MAX, -static_cast<int>(code)};
-  MPI_Request req;
-  MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &req);
+  Request req;
+  MPI_Iallreduce(MPI_IN_PLACE, v, 2, MPI_INT, MPI_MIN, MPI_COMM_WORLD, RequestOut(req));
   wait_agreed(req);
   return v[0] == INT_MAX ? Failure{-1, ExitCode::ok} : Failure{v[0], static_cast<ExitCode>(-v[1])};
 }

@@ -23,7 +23,7 @@ void Ring::open(int with, size_t data_floats) {
   peer = with;
   floats = data_floats;
   bufs.assign(kMessageRing, std::vector<float>(floats + kStampFloats));
-  reqs.assign(kMessageRing, MPI_REQUEST_NULL);
+  reqs.assign(kMessageRing, Request());
 }
 
 void RecvRing::post(Comm& comm, double clock_offset_s) {

@@ -172,7 +172,7 @@ std::vector<MachineCosts::Transfer> time_messages(World& world, const std::vecto
     const int me = world.rank();
     auto trip = [&] {
       if (me > 1) return;
-      MPI_Request r = me == 0 ? comm.isend(buf.data(), buf.size(), 1, 7) : comm.irecv(buf.data(), buf.size(), 0, 7);
+      Request r = me == 0 ? comm.isend(buf.data(), buf.size(), 1, 7) : comm.irecv(buf.data(), buf.size(), 0, 7);
       comm.wait(r, {"calibration message"});
       r = me == 0 ? comm.irecv(buf.data(), buf.size(), 1, 8) : comm.isend(buf.data(), buf.size(), 0, 8);
       comm.wait(r, {"calibration message"});
@@ -188,7 +188,7 @@ std::vector<MachineCosts::Transfer> time_allreduces(World& world, const std::vec
   for (size_t bytes : sizes) {
     std::vector<float> buf(bytes / sizeof(float), 1.f);
     const double t = median_seconds([] {}, [&] {
-      MPI_Request r = comm.iallreduce_data(buf.data(), buf.size());
+      Request r = comm.iallreduce_data(buf.data(), buf.size());
       comm.wait(r, {"calibration all-reduce"});
     });
     double slowest = t;  // every rank's view of the same collective: the slowest is what a step waits for

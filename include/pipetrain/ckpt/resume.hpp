@@ -28,8 +28,6 @@ struct ResumeFrom {
   // The command line's spelling: "auto", "never", anything else a path. The one place the text is
   // read; below the command line only the mode is compared.
   static ResumeFrom parse(const std::string& text);
-  // A literal in code (`train.resume = "never"`) reads as on the command line.
-  ResumeFrom(const char* text) : ResumeFrom(parse(text)) {}
 };
 
 // The checkpoints a path names, newest first: PATH itself when it is one (a folder holding

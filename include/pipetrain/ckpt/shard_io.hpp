@@ -1,10 +1,8 @@
 // HDF5 shard files: one per pipeline stage, holding /params/<name>, /optim/exp_avg/<name> and
 // /optim/exp_avg_sq/<name> for the tensors that stage owns, with root attributes step and
-// format_version. Written collectively by the stage's data-parallel group through MPI-IO, each
-// replica writing its slab (a range of rows) of every tensor; read by any process, any layout.
+// format_version. The stage's first replica creates the file, every replica writes its slab (a
+// range of rows) of every tensor with plain POSIX writes; read by any process, any layout.
 #pragma once
-#include <mpi.h>
-
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -14,7 +12,7 @@ namespace pipetrain {
 constexpr int kCheckpointFormat = 1;
 
 // One named tensor's three arrays: each points at this replica's row slab (row_slab() of its first
-// dimension), all that write_shard reads of it.
+// dimension), all that a save writes of it.
 struct ShardTensor {
   std::string name;
   std::vector<int> shape;
@@ -23,19 +21,12 @@ struct ShardTensor {
   const float* exp_avg_sq;
 };
 
-// Collective over `group` (the stage's data communicator): every member passes the same tensor
-// list; member `rank` of `size` writes its row slab, rows [rank*n0/size, (rank+1)*n0/size), of each.
-// Returns "" or what failed on this rank; it never leaves the collective calls early, so the
-// other replicas do not hang. The caller agrees on the outcome across ranks.
-std::string write_shard(const std::string& path, const std::vector<ShardTensor>& tensors, int64_t step,
-                        MPI_Comm group, int rank, int size);
-
 struct TensorInfo {
   std::string name;
   std::vector<int64_t> shape;
 };
 
-// The asynchronous save writes a shard in two parts, so that only the thread that trains ever
+// A save writes a shard in two parts, so that only the thread that trains ever
 // calls HDF5 (not thread-safe here). create_shard_file (one process: the stage's first replica,
 // on the training thread) creates the file with every dataset allocated, contiguous and unfilled,
 // and returns the byte offset of each dataset's data in the file: for each tensor, params,

@@ -4,15 +4,15 @@
 // polling MPI_Test, yielding the core when ranks outnumber cores (MPICH's blocking calls spin), and
 // giving up after comm.timeout_s with an error that names what was awaited.
 #pragma once
-#include <mpi.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "pipetrain/dist/request.hpp"
 #include "pipetrain/dist/topology.hpp"
 #include "pipetrain/dist/world.hpp"
 
@@ -43,26 +43,26 @@ class Comm {
 
   // Pipeline p2p with the neighbouring stage of the same replica. Buffers must stay alive until
   // the request is waited on.
-  MPI_Request isend(const float* buf, size_t n, int peer_stage, int tag);
-  MPI_Request irecv(float* buf, size_t n, int peer_stage, int tag);
+  Request isend(const float* buf, size_t n, int peer_stage, int tag);
+  Request irecv(float* buf, size_t n, int peer_stage, int tag);
   // Waits, adding the time spent to wait_seconds(). Throws CommTimeout. True when the request was
   // still incomplete at the wait's first test (it completed during the wait).
-  bool wait(MPI_Request& req, const WaitLabel& label);
-  void wait_all(std::vector<MPI_Request>& reqs, const WaitLabel& label);
+  bool wait(Request& req, const WaitLabel& label);
+  void wait_all(std::vector<Request>& reqs, const WaitLabel& label);
   // One MPI_Test of each pending request (nulled when complete), without waiting: MPICH moves a
   // large message only inside MPI calls, so a rank calling this between kernels lets its sends and
   // receives travel while it computes.
-  void progress(std::vector<MPI_Request>& reqs);
+  void progress(std::vector<Request>& reqs);
 
   // In-place sums. data: over the D replicas of this stage; world: over all ranks;
   // tied: between first and last stage (no-op when P = 1).
-  MPI_Request iallreduce_data(float* buf, size_t n);
+  Request iallreduce_data(float* buf, size_t n);
   // ZeRO-1 over the data group, in place on one tensor's range `buf` whose part r is counts[r]
   // elements at offsets[r] (consecutive, in rank order). Reduce-scatter: this rank's summed part
   // is left at the START of buf (MPI's in-place rule; the caller moves it to offsets[rank] after
   // the wait). All-gather: every rank's part, at its offset, ends up on every rank.
-  MPI_Request ireduce_scatter_data(float* buf, const std::vector<int>& counts);
-  MPI_Request iallgather_data(float* buf, const std::vector<int>& counts, const std::vector<int>& offsets);
+  Request ireduce_scatter_data(float* buf, const std::vector<int>& counts);
+  Request iallgather_data(float* buf, const std::vector<int>& counts, const std::vector<int>& offsets);
   void allreduce_world(double* buf, size_t n);
   void allreduce_tied(float* buf, size_t n);
 
@@ -71,9 +71,6 @@ class Comm {
   void gather_to_root(const uint64_t* mine, size_t n, std::vector<uint64_t>& out);
   // Gathers one string of any length from every rank to world rank 0 (out has world entries there).
   void gather_to_root(const std::string& mine, std::vector<std::string>& out);
-  // The data-parallel communicator, for parallel HDF5's MPI-IO driver (which makes its own MPI
-  // calls on it); nothing else should use the raw handle.
-  MPI_Comm data_handle() const { return data_; }
   // Smoke test: `reps` round trips of n bytes with world rank `peer` (this rank starts when
   // `initiator`); returns seconds per round trip. A barrier lets the other ranks wait politely.
   double ping_pong(int peer, bool initiator, std::vector<char>& buf, int reps);
@@ -108,12 +105,13 @@ class Comm {
   void reset_wait_seconds() { wait_s_ = 0; }
 
  private:
-  void poll(MPI_Request& req, const WaitLabel& label);
-  // As wait(); `pending` as poll_until_done's.
-  void poll(MPI_Request& req, const WaitLabel& label, WaitMode mode, bool* pending = nullptr);
+  // As wait(), throwing CommTimeout naming `label`; `pending`: whether the first test found it incomplete.
+  void poll(Request& req, const WaitLabel& label, WaitMode mode, bool* pending = nullptr);
+  void poll(Request& req, const WaitLabel& label) { poll(req, label, mode_); }
   World& world_;
   Topology topo_;
-  MPI_Comm pipe_ = MPI_COMM_NULL, data_ = MPI_COMM_NULL, tied_ = MPI_COMM_NULL;
+  struct Groups;  // the pipeline, data and tied-embedding communicators (comm.cpp)
+  std::unique_ptr<Groups> groups_;
   WaitMode mode_ = WaitMode::spin;
   double timeout_s_;
   double wait_s_ = 0;

@@ -3,13 +3,12 @@
 // policy for ending across nodes), where every rank runs, and how long an agreement of all ranks
 // may take. Like Comm, it is part of the one module that calls MPI.
 #pragma once
-#include <mpi.h>
-
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "pipetrain/config/choices.hpp"
+#include "pipetrain/dist/request.hpp"
 #include "pipetrain/util/errors.hpp"
 
 namespace pipetrain {
@@ -20,11 +19,6 @@ struct CommTimeout : std::runtime_error {
 };
 
 enum class WaitMode { spin, yield, idle };  // idle: a wait known to be long tests once a millisecond
-
-// Polls `req` with MPI_Test until it completes (true) or `timeout_s` passes (false), adding the
-// time spent to `waited`. yield gives the core away between polls (ranks outnumber cores).
-// `pending`, when given, says whether the first test found it incomplete.
-bool poll_until_done(MPI_Request& req, WaitMode mode, double timeout_s, double& waited, bool* pending = nullptr);
 
 class World {
  public:
@@ -47,7 +41,7 @@ class World {
   int max_tag() const;  // the largest message tag this MPI accepts (MPI_TAG_UB, at least 32767)
   // Whether MPI granted MPI_THREAD_FUNNELED (other threads may run while the main thread calls
   // MPI), which an asynchronous checkpoint's writer thread needs.
-  bool threads_allowed() const { return thread_level_ >= MPI_THREAD_FUNNELED; }
+  bool threads_allowed() const { return threads_funneled_; }
 
   // Agreements of all ranks. run_agreed runs `step` on every rank and agrees on the outcome: if any
   // rank threw, the lowest failing rank prints its message once and every rank returns the same
@@ -80,8 +74,6 @@ class World {
     double seconds_;
     const char* what_;
   };
-  // Waits for a request every rank takes part in, within the agreement bound.
-  void wait_agreed(MPI_Request& req);
 
   // How a finished run leaves MPI (comm.finalize): MPICH 4.0 over UCX/TCP hangs in MPI_Finalize
   // with 3+ ranks on different nodes (a rank closing its endpoints waits for a peer already in the
@@ -96,10 +88,13 @@ class World {
   [[noreturn]] void abort(ExitCode code);
 
  private:
-  void count_node_cores(MPI_Comm node);
+  // Waits for a request every rank takes part in, within the agreement bound.
+  void wait_agreed(Request& req);
+  // This node's ranks (local_ranks_, local_rank_) and cores (own_cores_, node_cores_).
+  void learn_node();
   int rank_ = 0, size_ = 1, local_ranks_ = 1, local_rank_ = 0;
   int own_cores_ = 1, node_cores_ = 1;
-  int thread_level_ = MPI_THREAD_SINGLE;
+  bool threads_funneled_ = false;  // MPI granted MPI_THREAD_FUNNELED or more
   std::vector<std::string> hosts_;
   double agree_timeout_s_ = kStartupAgreementS;
   const char* agree_phase_ = "start-up";

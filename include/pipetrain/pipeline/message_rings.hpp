@@ -4,8 +4,6 @@
 // without blocking, a buffer reused once its send completed. Every message is one activation (or
 // its gradient) followed by its send time on rank 0's clock, so the receiver can time its travel.
 #pragma once
-#include <mpi.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -25,7 +23,7 @@ struct Ring {
   int peer = -1;
   size_t floats = 0;  // of data, without the stamp
   std::vector<std::vector<float>> bufs;
-  std::vector<MPI_Request> reqs;
+  std::vector<Request> reqs;
   void open(int with, size_t data_floats);
 };
 

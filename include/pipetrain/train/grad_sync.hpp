@@ -48,7 +48,7 @@ class GradReducer {
   const OptimizerShard& shard_;
   const ParamTensor* tied_;
   size_t next_tensor_ = 0;  // sharded: params_[next_tensor_ - 1] is the last tensor not yet posted
-  std::vector<MPI_Request> reqs_;
+  std::vector<Request> reqs_;
   std::vector<const ParamTensor*> posted_;  // sharded: the tensor of each request
   std::vector<int> counts_, offsets_;
 };
@@ -68,7 +68,7 @@ class ParamGather {
   Stage& stage_;
   const OptimizerShard& shard_;
   std::vector<float>* staging_;
-  std::vector<std::vector<MPI_Request>> reqs_;  // per chunk
+  std::vector<std::vector<Request>> reqs_;  // per chunk
   std::vector<int> chunk_of_;                   // per tensor
   std::vector<int> counts_, offsets_;
 };
