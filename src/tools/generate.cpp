@@ -1,3 +1,4 @@
+#include "pipetrain/tools/cli.hpp"
 #include "pipetrain/tools/generate.hpp"
 
 #include <algorithm>
@@ -157,6 +158,30 @@ ExitCode run_generate(const GenerateOptions& opt) {
   std::fprintf(stderr, "generated %d tokens in %.2f s (%.0f tokens/s, %s)\n", opt.tokens, secs, opt.tokens / secs,
                opt.use_cache ? "KV cache" : "recomputing the window");
   return ExitCode::ok;
+}
+
+ExitCode generate_command(const std::vector<std::string>& args) {
+  GenerateOptions opt;
+  po::options_description desc("pipetrain generate --checkpoint PATH --prompt TEXT [options]   (no MPI launch needed)");
+  desc.add_options()("help,h", "show this help")(
+      "checkpoint", po::value<std::string>(&opt.checkpoint),
+      "a checkpoint (any saved layout), or a run directory, its checkpoints folder or latest file: the newest intact one")(
+      "prompt", po::value<std::string>(&opt.prompt), "text to continue")(
+      "tokens", po::value<int>(&opt.tokens)->default_value(200), "tokens to generate")(
+      "temperature", po::value<double>(&opt.temperature)->default_value(1.0), "sampling temperature (0: greedy)")(
+      "top-k", po::value<int>(&opt.top_k)->default_value(0), "sample among the k likeliest only (0: all)")(
+      "seed", po::value<uint64_t>(&opt.seed)->default_value(0), "sampling seed: the same text for the same seed")(
+      "no-cache", "recompute the whole window for every token (the KV cache's reference)")(
+      "config", po::value<std::string>(&opt.config), "run spec (TOML); omitted: the checkpoint's own")(
+      "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(), "override one key (repeatable)");
+  po::variables_map vm;
+  if (auto done = parse_command_line("generate", desc, args, vm)) return *done;
+  if (opt.checkpoint.empty()) {
+    std::fprintf(stderr, "pipetrain generate: error: which checkpoint? (pipetrain generate --checkpoint PATH)\n");
+    return ExitCode::bad_input;
+  }
+  opt.use_cache = vm.count("no-cache") == 0;
+  return run_offline([&] { return run_generate(opt); });
 }
 
 }  // namespace pipetrain

@@ -1,3 +1,4 @@
+#include "pipetrain/tools/cli.hpp"
 #include "pipetrain/tools/plan_command.hpp"
 
 #include <cmath>
@@ -144,6 +145,48 @@ ExitCode run_calibrate(const PlanOptions& opt, World& world) {
   const MachineCosts costs = calibrate(load_spec(opt.config, opt.overrides, 0), world);
   if (world.rank() == 0) write_costs(opt, costs, " (one rank: no message costs; launch on 2+ ranks to measure them)");
   return ExitCode::ok;
+}
+
+ExitCode plan_command(const std::vector<std::string>& args) {
+  PlanOptions opt;
+  double peak_tflops = 0, link_gbps = 0;
+  po::options_description desc("pipetrain plan [options]   (no MPI launch needed)");
+  desc.add_options()("help,h", "show this help")("config", po::value<std::string>(&opt.config), "run spec (TOML)")(
+      "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(), "override one key (repeatable)")(
+      "world", po::value<int>(&opt.world), "rank count to plan for (checked against pp x dp; default pp x dp)")(
+      "json", "print the prediction as JSON")(
+      "compare-schedules", "one line per pipeline schedule for this layout: bubble and activation peak")(
+      "ranks-per-node", po::value<int>(), "show the node map and the traffic crossing nodes when each node runs "
+                                          "this many consecutive ranks")(
+      "calibrate", "measure this machine's costs for the spec's model (kernels; messages when launched on 2+ "
+                   "ranks) and write them to --output")(
+      "from-run", po::value<std::string>(&opt.from_run), "with --calibrate: take the costs from a finished run's "
+                                                          "trace (RUN_DIR, trained with log.trace_steps > 0) instead of measuring")(
+      "output", po::value<std::string>(&opt.output)->default_value(opt.output), "where --calibrate writes its cost file")(
+      "force", "--calibrate: replace an existing cost file")(
+      "costs", po::value<std::string>(&opt.costs), "a cost file from --calibrate, or a finished run's directory (its "
+                                                   "trace): predict the step time and the run's cost")(
+      "peak-tflops", po::value<double>(&peak_tflops), "for a machine not at hand: each rank's peak TFLOP/s ...")(
+      "link-gbps", po::value<double>(&link_gbps), "... and its link bandwidth in GB/s")(
+      "efficiency", po::value<double>(&opt.efficiency), "... and the share of the peak the kernels reach (default 0.5)")(
+      "memory-per-rank", po::value<std::string>(&opt.memory_per_rank), "each rank's device or node memory, e.g. "
+                                                                       "141GiB: checked against the largest stage's need")(
+      "auto", "pick the layout: every pp x dp = --world, micro-batches, schedule, chunks, recompute, partition and "
+              "zero, within --memory-per-rank, ranked by the step time predicted with --costs (or the peak)");
+  po::variables_map vm;
+  if (auto done = parse_command_line("plan", desc, args, vm)) return *done;
+  opt.json = vm.count("json") > 0;
+  opt.compare_schedules = vm.count("compare-schedules") > 0;
+  if (vm.count("ranks-per-node")) opt.ranks_per_node = vm["ranks-per-node"].as<int>();
+  opt.automatic = vm.count("auto") > 0;
+  if (vm.count("peak-tflops")) opt.peak_tflops = peak_tflops;
+  if (vm.count("link-gbps")) opt.link_gbps = link_gbps;
+  opt.calibrate = vm.count("calibrate") > 0;
+  opt.output_given = !vm["output"].defaulted();
+  opt.force = vm.count("force") > 0;
+  if (opt.calibrate && !opt.from_run.empty()) return run_offline([&] { return run_calibrate_from_run(opt); });
+  if (opt.calibrate) return run_mpi([&](World& world) { return run_calibrate(opt, world); });
+  return run_offline([&] { return run_plan(opt); });
 }
 
 }  // namespace pipetrain

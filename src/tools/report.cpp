@@ -1,3 +1,4 @@
+#include "pipetrain/tools/cli.hpp"
 #include "pipetrain/tools/report.hpp"
 
 #include <spawn.h>
@@ -208,6 +209,23 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
   }
   plots->commit();
   return ExitCode::ok;
+}
+
+ExitCode report_command(const std::vector<std::string>& args) {
+  std::string run_dir, plots;
+  po::options_description desc("pipetrain report RUN_DIR [options]");
+  desc.add_options()("help,h", "show this help")("run-dir", po::value<std::string>(&run_dir), "run directory")(
+      "plots", po::value<std::string>(&plots), "also write PNG plots there (needs /usr/bin/python3 + matplotlib)")(
+      "json", "print the figures as one JSON document instead of text (for scripts)");
+  po::positional_options_description pos;
+  pos.add("run-dir", 1);
+  po::variables_map vm;
+  if (auto done = parse_command_line("report", desc, args, vm, pos)) return *done;
+  if (run_dir.empty()) {
+    std::fprintf(stderr, "pipetrain report: error: which run directory? (pipetrain report RUN_DIR)\n");
+    return ExitCode::bad_input;
+  }
+  return run_offline([&] { return run_report(run_dir, plots, vm.count("json") > 0); });
 }
 
 }  // namespace pipetrain

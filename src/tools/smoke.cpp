@@ -1,3 +1,4 @@
+#include "pipetrain/tools/cli.hpp"
 #include "pipetrain/tools/smoke.hpp"
 
 #include <unistd.h>
@@ -415,6 +416,17 @@ ExitCode run_smoke(const SmokeOptions& opt, World& w) {
     std::fflush(stdout);
   }
   return failures == 0 ? ExitCode::ok : ExitCode::fault;
+}
+
+ExitCode smoke_command(const std::vector<std::string>& args) {
+  SmokeOptions opt;
+  po::options_description desc("pipetrain smoke [options]   (launch like a job: srun --mpi=pmi2 / mpiexec)");
+  desc.add_options()("help,h", "show this help")("config", po::value<std::string>(&opt.config), "run spec (TOML)")(
+      "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(), "override one key (repeatable)")(
+      "run-dir", po::value<std::string>(&opt.run_dir), "where checkpoint I/O and training are tried (default run.out_dir/smoke)");
+  po::variables_map vm;
+  if (auto done = parse_command_line("smoke", desc, args, vm)) return *done;
+  return run_mpi([&](World& world) { return run_smoke(opt, world); });
 }
 
 }  // namespace pipetrain

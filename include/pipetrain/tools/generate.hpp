@@ -35,4 +35,7 @@ ExitCode run_generate(const GenerateOptions& opt);
 // inverse CDF in token order. temperature <= 0: the most likely token.
 int sample_token(const float* probs, int V, double temperature, int top_k, double u);
 
+// `pipetrain generate ...`: args are the words after the command.
+ExitCode generate_command(const std::vector<std::string>& args);
+
 }  // namespace pipetrain

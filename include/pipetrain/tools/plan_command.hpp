@@ -41,4 +41,7 @@ ExitCode run_calibrate_from_run(const PlanOptions& opt);
 // plan --calibrate on every rank of `world`.
 ExitCode run_calibrate(const PlanOptions& opt, World& world);
 
+// `pipetrain plan ...`: its options parsed into PlanOptions, then one of the above.
+ExitCode plan_command(const std::vector<std::string>& args);
+
 }  // namespace pipetrain

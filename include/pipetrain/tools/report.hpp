@@ -5,6 +5,7 @@
 // the C++ side never needs Python.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "pipetrain/util/errors.hpp"
 
@@ -13,5 +14,8 @@ namespace pipetrain {
 // Returns ok when a report was printed, fault when plotting failed; throws SpecError when RUN_DIR
 // holds nothing to report on or --plots names a folder it may not replace.
 ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bool as_json = false);
+
+// `pipetrain report RUN_DIR ...`: args are the words after the command.
+ExitCode report_command(const std::vector<std::string>& args);
 
 }  // namespace pipetrain

@@ -20,4 +20,7 @@ struct SmokeOptions {
 
 ExitCode run_smoke(const SmokeOptions& opt, World& world);
 
+// `pipetrain smoke ...`: args are the words after the command.
+ExitCode smoke_command(const std::vector<std::string>& args);
+
 }  // namespace pipetrain
