@@ -43,11 +43,11 @@ ExitCode train_main(const std::vector<std::string>& args) {
   TrainOptions opt;
   std::string resume;
   po::options_description desc("pipetrain train [options]");
-  desc.add_options()("help,h", "show this help")(
-      "config", po::value<std::string>(&opt.config), "run spec (TOML); omitted: built-in defaults (tiny model)")(
+  desc.add_options()("help,h", "show this help")("config", po::value<std::string>(&opt.config),
+                                                 "run spec (TOML); omitted: built-in defaults (tiny model)")(
       "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(),
-      "override one key: --set section.key=value (repeatable)")(
-      "run-dir", po::value<std::string>(&opt.run_dir), "run directory (default: run.out_dir/run.name)")(
+      "override one key: --set section.key=value (repeatable)")("run-dir", po::value<std::string>(&opt.run_dir),
+                                                                "run directory (default: run.out_dir/run.name)")(
       "resume", po::value<std::string>(&resume)->default_value("auto"),
       "auto (newest intact checkpoint of the run dir, else fresh) | never | PATH (a checkpoint directory)")(
       "print-spec", "print the resolved spec (all keys and defaults) and exit")(
@@ -78,9 +78,9 @@ ExitCode eval_main(const std::vector<std::string>& args) {
   opt.eval_only = true;
   std::string checkpoint;  // a path: eval names its checkpoint (no auto, no never)
   po::options_description desc("pipetrain eval --checkpoint PATH [options]   (launch with mpiexec / srun)");
-  desc.add_options()("help,h", "show this help")(
-      "checkpoint", po::value<std::string>(&checkpoint),
-      "a checkpoint (RUN_DIR/checkpoints/step_N), or a run directory, its checkpoints folder or latest file: the newest intact one")(
+  desc.add_options()("help,h", "show this help")("checkpoint", po::value<std::string>(&checkpoint),
+                                                 "a checkpoint (RUN_DIR/checkpoints/step_N), or a run directory, its "
+                                                 "checkpoints folder or latest file: the newest intact one")(
       "config", po::value<std::string>(&opt.config),
       "run spec (TOML); omitted: the checkpoint's own, laid out as pp 1 x dp ranks")(
       "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(),

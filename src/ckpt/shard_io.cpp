@@ -1,5 +1,5 @@
-#include "pipetrain/util/faults.hpp"
 #include "pipetrain/ckpt/shard_io.hpp"
+#include "pipetrain/util/faults.hpp"
 
 #include "pipetrain/model/optimizer_shard.hpp"
 #include "pipetrain/util/hdf5.hpp"
@@ -67,7 +67,6 @@ std::vector<uint64_t> create_shard_file(const std::string& path, const std::vect
   if (H5Fclose(file) < 0) fail(path, "cannot close checkpoint shard (metadata not written)");
   return offsets;
 }
-
 
 std::string write_slabs(const std::string& path, const std::vector<SlabBytes>& slabs, int64_t step) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
@@ -141,7 +140,8 @@ std::string dims_text(const std::vector<hsize_t>& dims) {
 
 }  // namespace
 
-std::string ShardReader::problem(const std::string& group, const std::string& name, const std::vector<int>& shape) const {
+std::string ShardReader::problem(const std::string& group, const std::string& name,
+                                 const std::vector<int>& shape) const {
   const std::string dname = group + "/" + name;
   if (H5Lexists(file_, group.c_str(), H5P_DEFAULT) <= 0 || H5Lexists(file_, dname.c_str(), H5P_DEFAULT) <= 0)
     return path_ + ": has no dataset " + dname;
@@ -152,11 +152,13 @@ std::string ShardReader::problem(const std::string& group, const std::string& na
   H5Sget_simple_extent_dims(space, dims.data(), nullptr);
   const std::vector<hsize_t> want(shape.begin(), shape.end());
   if (dims != want)
-    return path_ + ": " + dname + " is " + dims_text(dims) + ", not the " + dims_text(want) + " the model has for " + name;
+    return path_ + ": " + dname + " is " + dims_text(dims) + ", not the " + dims_text(want) + " the model has for " +
+           name;
   Handle type(H5Dget_type(ds), H5Tclose);
   if (H5Tget_class(type) != H5T_FLOAT || H5Tget_size(type) != sizeof(float))
     return path_ + ": " + dname + " is stored as " + (H5Tget_class(type) == H5T_INTEGER ? "integers" : "another type") +
-           " of " + std::to_string(H5Tget_size(type)) + " bytes, not 32-bit floats (reading it would convert the values)";
+           " of " + std::to_string(H5Tget_size(type)) +
+           " bytes, not 32-bit floats (reading it would convert the values)";
   return "";
 }
 

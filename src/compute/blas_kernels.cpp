@@ -23,17 +23,22 @@ SimdLevel level_of_kernels(const std::string& family) {
     if (family == f) return SimdLevel::avx2;
   for (const char* f : {"Sandybridge", "Bulldozer", "Piledriver", "Steamroller", "Excavator"})
     if (family == f) return SimdLevel::avx;
-  for (const char* f : {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Opteron_SSE3", "Barcelona", "Bobcat", "Nano"})
+  for (const char* f :
+       {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Opteron_SSE3", "Barcelona", "Bobcat", "Nano"})
     if (family == f) return SimdLevel::sse3;
   return SimdLevel::unknown;  // another architecture's kernels, or a family this table does not know
 }
 
 const char* kernels_for(SimdLevel level) {
   switch (level) {
-    case SimdLevel::avx512: return "SkylakeX";
-    case SimdLevel::avx2: return "Haswell";
-    case SimdLevel::avx: return "Sandybridge";
-    default: return "Prescott";
+    case SimdLevel::avx512:
+      return "SkylakeX";
+    case SimdLevel::avx2:
+      return "Haswell";
+    case SimdLevel::avx:
+      return "Sandybridge";
+    default:
+      return "Prescott";
   }
 }
 
@@ -45,7 +50,8 @@ std::string cpu_text(SimdLevel cpu) { return std::string("an ") + name_of(cpu) +
 std::string next_below(SimdLevel level, const std::vector<std::string>& rejected) {
   for (int l = static_cast<int>(level) - 1; l >= static_cast<int>(SimdLevel::sse3); --l) {
     const std::string family = kernels_for(static_cast<SimdLevel>(l));
-    const bool bad = std::any_of(rejected.begin(), rejected.end(), [&](const std::string& r) { return r.rfind(family + ":", 0) == 0; });
+    const bool bad = std::any_of(rejected.begin(), rejected.end(),
+                                 [&](const std::string& r) { return r.rfind(family + ":", 0) == 0; });
     if (!bad) return family;
   }
   return "";
@@ -98,7 +104,8 @@ KernelDecision decide_kernels(const KernelSituation& s) {
     if (!s.wrong.empty()) {
       d.action = KernelDecision::refuse;
       d.note = "OpenBLAS " + s.running + " kernels compute wrong products on this CPU (" + s.wrong +
-               "); OPENBLAS_L2_SIZE=" + s.user_l2_size + " is set in the environment, so pipetrain chooses no others: "
+               "); OPENBLAS_L2_SIZE=" + s.user_l2_size +
+               " is set in the environment, so pipetrain chooses no others: "
                "set OPENBLAS_CORETYPE to a kernel family that works here";
       return d;
     }
@@ -118,8 +125,7 @@ KernelDecision decide_kernels(const KernelSituation& s) {
   d.note = "OpenBLAS chose " + s.openblas_chose + " on " + cpu_text(s.cpu);
   if (s.running == s.openblas_chose)
     d.note += "; asking for other kernels changed nothing (an OpenBLAS built for one CPU type?)";
-  else
-    d.note += "; using " + s.running + " kernels";
+  else d.note += "; using " + s.running + " kernels";
   if (!s.rejected.empty()) d.note += " (wrong products from " + joined(s.rejected) + ")";
   return d;
 }
@@ -133,9 +139,10 @@ std::string check_sgemm_against_reference() {
   // The transposes of matmul_forward (N,T), its input gradient (N,N) and its weight gradient (T,N,
   // accumulating). Odd sizes reach the micro-kernel's edge tiles; k = 320 crosses OpenBLAS's
   // K blocking on every family.
-  const Shape shapes[] = {{CblasNoTrans, CblasTrans, 67, 61, 259, 0.f},  {CblasNoTrans, CblasNoTrans, 67, 61, 259, 0.f},
-                          {CblasTrans, CblasNoTrans, 67, 61, 259, 1.f},  {CblasNoTrans, CblasTrans, 256, 768, 320, 0.f},
-                          {CblasNoTrans, CblasNoTrans, 256, 768, 320, 0.f}, {CblasTrans, CblasNoTrans, 256, 768, 320, 1.f}};
+  const Shape shapes[] = {
+      {CblasNoTrans, CblasTrans, 67, 61, 259, 0.f},     {CblasNoTrans, CblasNoTrans, 67, 61, 259, 0.f},
+      {CblasTrans, CblasNoTrans, 67, 61, 259, 1.f},     {CblasNoTrans, CblasTrans, 256, 768, 320, 0.f},
+      {CblasNoTrans, CblasNoTrans, 256, 768, 320, 0.f}, {CblasTrans, CblasNoTrans, 256, 768, 320, 1.f}};
   uint64_t seed = 0x9e3779b97f4a7c15ull;
   auto uniform = [&seed] {  // xorshift: values in [-1, 1)
     seed ^= seed << 13;
@@ -148,15 +155,20 @@ std::string check_sgemm_against_reference() {
   std::string worst;
   double worst_ratio = 1;
   for (const Shape& s : shapes) {
-    std::vector<float> a(static_cast<size_t>(s.m) * s.k), b(static_cast<size_t>(s.k) * s.n), c(static_cast<size_t>(s.m) * s.n);
+    std::vector<float> a(static_cast<size_t>(s.m) * s.k), b(static_cast<size_t>(s.k) * s.n),
+        c(static_cast<size_t>(s.m) * s.n);
     for (float& x : a) x = uniform();
     for (float& x : b) x = uniform();
     for (float& x : c) x = uniform();
     const std::vector<float> c0 = c;
     const int lda = s.ta == CblasNoTrans ? s.k : s.m, ldb = s.tb == CblasNoTrans ? s.n : s.k;
     cblas_sgemm(CblasRowMajor, s.ta, s.tb, s.m, s.n, s.k, 1.f, a.data(), lda, b.data(), ldb, s.beta, c.data(), s.n);
-    auto A = [&](int i, int p) { return s.ta == CblasNoTrans ? a[static_cast<size_t>(i) * lda + p] : a[static_cast<size_t>(p) * lda + i]; };
-    auto B = [&](int p, int j) { return s.tb == CblasNoTrans ? b[static_cast<size_t>(p) * ldb + j] : b[static_cast<size_t>(j) * ldb + p]; };
+    auto A = [&](int i, int p) {
+      return s.ta == CblasNoTrans ? a[static_cast<size_t>(i) * lda + p] : a[static_cast<size_t>(p) * lda + i];
+    };
+    auto B = [&](int p, int j) {
+      return s.tb == CblasNoTrans ? b[static_cast<size_t>(p) * ldb + j] : b[static_cast<size_t>(j) * ldb + p];
+    };
     // Every entry of small products; of large ones, the edge rows and columns and a stride through the rest.
     const int step = s.m * s.n > 10000 ? 37 : 1;
     for (int i = 0; i < s.m; ++i)
@@ -168,13 +180,15 @@ std::string check_sgemm_against_reference() {
           magnitude += std::fabs(A(i, p) * B(p, j));
         }
         // fp32 sums of k terms in any order stay within k x 2^-24 of the magnitude summed.
-        const double got = c[static_cast<size_t>(i) * s.n + j], bound = 2.0 * (s.k + 1) * std::ldexp(magnitude, -24) + 1e-30;
+        const double got = c[static_cast<size_t>(i) * s.n + j],
+                     bound = 2.0 * (s.k + 1) * std::ldexp(magnitude, -24) + 1e-30;
         const double ratio = std::isfinite(got) ? std::fabs(got - ref) / bound : INFINITY;
         if (ratio > worst_ratio) {
           worst_ratio = ratio;
           std::ostringstream text;
-          text << "sgemm " << (s.ta == CblasNoTrans ? "N" : "T") << (s.tb == CblasNoTrans ? "N" : "T") << " " << s.m << "x"
-               << s.n << "x" << s.k << " gave C[" << i << "," << j << "] = " << got << " where the reference is " << ref;
+          text << "sgemm " << (s.ta == CblasNoTrans ? "N" : "T") << (s.tb == CblasNoTrans ? "N" : "T") << " " << s.m
+               << "x" << s.n << "x" << s.k << " gave C[" << i << "," << j << "] = " << got << " where the reference is "
+               << ref;
           worst = text.str();
         }
       }
@@ -230,7 +244,8 @@ int settle_blas_kernels(char** argv) {
   setenv(kRejectedVar, rejected.c_str(), 1);
   setenv("OPENBLAS_CORETYPE", settled.family.c_str(), 1);
   execv("/proc/self/exe", argv);  // OpenBLAS reads OPENBLAS_CORETYPE only as it loads
-  const std::string failed = "restarting with OpenBLAS " + settled.family + " kernels failed (" + std::strerror(errno) + ")";
+  const std::string failed =
+      "restarting with OpenBLAS " + settled.family + " kernels failed (" + std::strerror(errno) + ")";
   if (!s.wrong.empty()) {  // never go on with kernels that compute wrong products
     report_fault("OpenBLAS " + s.running + " kernels compute wrong products on this CPU (" + s.wrong + "); " + failed);
     return code(ExitCode::fault);

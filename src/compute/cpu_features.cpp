@@ -19,24 +19,33 @@ namespace pipetrain {
 
 const char* name_of(SimdLevel level) {
   switch (level) {
-    case SimdLevel::sse3: return "SSE3";
-    case SimdLevel::avx: return "AVX";
-    case SimdLevel::avx2: return "AVX2";
-    case SimdLevel::avx512: return "AVX-512";
-    default: return "unknown";
+    case SimdLevel::sse3:
+      return "SSE3";
+    case SimdLevel::avx:
+      return "AVX";
+    case SimdLevel::avx2:
+      return "AVX2";
+    case SimdLevel::avx512:
+      return "AVX-512";
+    default:
+      return "unknown";
   }
 }
 
 int CpuFeatures::fp32_flops_per_cycle() const {
   const bool amd = vendor == "AuthenticAMD";
   switch (level) {
-    case SimdLevel::avx512: return amd && family == 0x19 ? 32 : 64;  // Zen 4: 512-bit ops on 256-bit pipes
+    case SimdLevel::avx512:
+      return amd && family == 0x19 ? 32 : 64;  // Zen 4: 512-bit ops on 256-bit pipes
     case SimdLevel::avx2:
       if (amd && (family < 0x17 || (family == 0x17 && model < 0x30))) return 16;  // Zen 1 / Zen+: 128-bit pipes
       return 32;
-    case SimdLevel::avx: return 16;  // an 8-wide multiply and an 8-wide add per cycle, no FMA
-    case SimdLevel::sse3: return 8;
-    default: return 0;
+    case SimdLevel::avx:
+      return 16;  // an 8-wide multiply and an 8-wide add per cycle, no FMA
+    case SimdLevel::sse3:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -118,7 +127,8 @@ CpuFeatures read_cpu_features() {
   f.vendor = vendor;
   const unsigned eax = cpuid(1).a, base_family = (eax >> 8) & 0xf, base_model = (eax >> 4) & 0xf;
   f.family = static_cast<int>(base_family == 0xf ? base_family + ((eax >> 20) & 0xff) : base_family);
-  f.model = static_cast<int>(base_family == 0x6 || base_family == 0xf ? base_model | (((eax >> 16) & 0xf) << 4) : base_model);
+  f.model =
+      static_cast<int>(base_family == 0x6 || base_family == 0xf ? base_model | (((eax >> 16) & 0xf) << 4) : base_model);
   f.level = simd_level(max_leaf);
   f.model_name = brand_string();
 #endif
@@ -141,9 +151,10 @@ double measure_clock_ghz() {
     uint64_t x = 0;
     const double t0 = now_s();
     for (uint64_t i = 0; i < rounds; ++i)  // each add waits for the one before: one per cycle
-      __asm__ volatile("add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
-                       "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0"
-                       : "+r"(x));
+      __asm__ volatile(
+          "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+          "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0"
+          : "+r"(x));
     best = std::max(best, static_cast<double>(rounds * adds_per_round) / (now_s() - t0) / 1e9);
   }
   return best;

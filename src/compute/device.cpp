@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <string>
 #include <stdexcept>
+#include <string>
 
 #include "pipetrain/compute/gpu.hpp"
 #include "pipetrain/compute/gpu_kernels.hpp"
@@ -18,7 +18,7 @@ namespace pipetrain {
 namespace {
 Device g_device = Device::cpu;
 int g_gpu = -1;
-}
+}  // namespace
 
 Device compute_device() { return g_device; }
 int compute_gpu() { return g_gpu; }

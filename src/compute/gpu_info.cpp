@@ -8,9 +8,12 @@ namespace pipetrain::gpu {
 namespace {
 const char* mode_name(ComputeMode m) {
   switch (m) {
-    case ComputeMode::exclusive_process: return "exclusive-process";
-    case ComputeMode::prohibited: return "prohibited";
-    default: return "default (shared)";
+    case ComputeMode::exclusive_process:
+      return "exclusive-process";
+    case ComputeMode::prohibited:
+      return "prohibited";
+    default:
+      return "default (shared)";
   }
 }
 }  // namespace
@@ -24,7 +27,9 @@ double peak_gflops(const DeviceInfo& info, Dtype dtype) {
   return per_sm * static_cast<double>(info.multiprocessors) * info.clock_khz / 1e6;
 }
 
-std::string cuda_version(int version) { return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10); }
+std::string cuda_version(int version) {
+  return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+}
 
 std::string describe(const DeviceInfo& info) {
   char memory[32];

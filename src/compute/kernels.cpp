@@ -8,9 +8,9 @@
 #include <cstring>
 #include <vector>
 
-#include "pipetrain/util/clock.hpp"
 #include "pipetrain/compute/parallel_for.hpp"
 #include "pipetrain/compute/profile.hpp"
+#include "pipetrain/util/clock.hpp"
 
 namespace pipetrain {
 namespace {
@@ -59,8 +59,8 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* to
     }
 }
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C) {
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int N, int C) {
   KernelTimer timer(Kernel::layernorm);
   const float eps = 1e-5f;
   parallel_for(N, rows_per_chunk(C), [&](size_t begin, size_t end) {
@@ -203,10 +203,10 @@ void product_tile(int k, float alpha, const float* a, size_t as, size_t ak, cons
 
 // C[m,n] = alpha * A[m,k] B[k,n] for one row tile (m <= kTileRows); columns past the last whole
 // tile (n not a multiple of kTileCols, e.g. an odd head size) by plain loops.
-void product_rows(int m, int n, int k, float alpha, const float* a, size_t as, size_t ak, const float* b,
-                  size_t ldb, float* c, size_t ldc) {
+void product_rows(int m, int n, int k, float alpha, const float* a, size_t as, size_t ak, const float* b, size_t ldb,
+                  float* c, size_t ldc) {
   static constexpr decltype(&product_tile<1>) tiles[kTileRows + 1] = {nullptr, product_tile<1>, product_tile<2>,
-                                                                       product_tile<3>, product_tile<4>};
+                                                                      product_tile<3>, product_tile<4>};
   int j = 0;
   for (; j + kTileCols <= n; j += kTileCols) tiles[m](k, alpha, a, as, ak, b + j, ldb, c + j, ldc);
   for (int i = 0; i < m; ++i)
@@ -305,8 +305,8 @@ void attention_forward_cached(float* out, const float* qkv, float* k_cache, floa
       for (int i = 0; i < m; ++i)
         causal_softmax_row(scores.data() + static_cast<size_t>(i) * Tp, pos + i0 + i,
                            probs.data() + static_cast<size_t>(i) * Tp, end);
-      product_rows(m, hs, end, 1.f, probs.data(), Tp, 1, v_cache + h * hs, C, out + static_cast<size_t>(i0) * C + h * hs,
-                   C);
+      product_rows(m, hs, end, 1.f, probs.data(), Tp, 1, v_cache + h * hs, C,
+                   out + static_cast<size_t>(i0) * C + h * hs, C);
     }
   });
 }
@@ -474,8 +474,7 @@ double softmax_crossentropy_forward(float* probs, const float* logits, const int
   return loss;
 }
 
-void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float scale, int N,
-                                   int V) {
+void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float scale, int N, int V) {
   KernelTimer timer(Kernel::softmax);
   parallel_for(N, rows_per_chunk(V), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {

@@ -9,7 +9,7 @@ bool timing = false;  // a KernelTimer runs
 }  // namespace
 
 const char* kernel_name(Kernel k) {
-  static const char* names[kKernelClasses] = {"gemm",        "attention", "layernorm", "gelu",  "softmax",
+  static const char* names[kKernelClasses] = {"gemm",        "attention", "layernorm", "gelu", "softmax",
                                               "elementwise", "optimizer", "memory",    "input"};
   return names[static_cast<int>(k)];
 }

@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <sstream>
 
-#include "pipetrain/util/files.hpp"
 #include "pipetrain/config/spec_schema.hpp"
+#include "pipetrain/util/files.hpp"
 
 namespace pipetrain {
 namespace {
@@ -28,10 +28,12 @@ void apply_override(toml::table& root, const std::string& text,
   std::string value = text.substr(eq + 1);
   toml::table parsed;
   const auto& schema = spec_schema();
-  auto known = std::find_if(schema.begin(), schema.end(), [&](const SpecKey& k) { return k.dotted() == section + "." + key; });
+  auto known =
+      std::find_if(schema.begin(), schema.end(), [&](const SpecKey& k) { return k.dotted() == section + "." + key; });
   try {
     parsed = toml::parse("v = " + value);
-    if (known != schema.end() && known->takes_string && !parsed.get("v")->is_string()) parsed.insert_or_assign("v", value);
+    if (known != schema.end() && known->takes_string && !parsed.get("v")->is_string())
+      parsed.insert_or_assign("v", value);
   } catch (const toml::parse_error&) {
     parsed.insert_or_assign("v", value);
   }
@@ -52,21 +54,32 @@ std::string suggest_key(const std::string& full, const std::string& key_name, co
   for (auto& d : dotted)
     if (d.substr(d.find('.') + 1) == key_name) return d;
   // The names other trainers give the same settings, too far from ours for the edit distance.
-  static const std::pair<const char*, const char*> kOtherNames[] = {
-      {"learning_rate", "train.lr"},       {"max_lr", "train.lr"},          {"lr_min", "train.min_lr"},
-      {"min_learning_rate", "train.min_lr"}, {"warmup", "train.warmup_steps"}, {"warmup_iters", "train.warmup_steps"},
-      {"batch_size", "train.global_batch"}, {"max_steps", "run.steps"},     {"max_iters", "run.steps"},
-      {"train_iters", "run.steps"},         {"clip_grad", "train.grad_clip"}, {"gradient_clipping", "train.grad_clip"},
-      {"n_embd", "model.d_model"},          {"hidden_size", "model.d_model"}, {"num_layers", "model.n_layer"},
-      {"num_attention_heads", "model.n_head"}, {"block_size", "model.seq_len"}, {"vocab_size", "model.vocab"},
-      {"pipeline_parallel_size", "parallel.pp"}, {"data_parallel_size", "parallel.dp"}};
+  static const std::pair<const char*, const char*> kOtherNames[] = {{"learning_rate", "train.lr"},
+                                                                    {"max_lr", "train.lr"},
+                                                                    {"lr_min", "train.min_lr"},
+                                                                    {"min_learning_rate", "train.min_lr"},
+                                                                    {"warmup", "train.warmup_steps"},
+                                                                    {"warmup_iters", "train.warmup_steps"},
+                                                                    {"batch_size", "train.global_batch"},
+                                                                    {"max_steps", "run.steps"},
+                                                                    {"max_iters", "run.steps"},
+                                                                    {"train_iters", "run.steps"},
+                                                                    {"clip_grad", "train.grad_clip"},
+                                                                    {"gradient_clipping", "train.grad_clip"},
+                                                                    {"n_embd", "model.d_model"},
+                                                                    {"hidden_size", "model.d_model"},
+                                                                    {"num_layers", "model.n_layer"},
+                                                                    {"num_attention_heads", "model.n_head"},
+                                                                    {"block_size", "model.seq_len"},
+                                                                    {"vocab_size", "model.vocab"},
+                                                                    {"pipeline_parallel_size", "parallel.pp"},
+                                                                    {"data_parallel_size", "parallel.dp"}};
   for (auto& [other, ours] : kOtherNames)
     if (key_name == other) return ours;
   return closest_match(full, dotted);
 }
 
 }  // namespace
-
 
 std::string RunSpec::origin(const std::string& dotted_key) const {
   std::string o = origin_of(origins, dotted_key);
@@ -85,8 +98,8 @@ RunSpec parse_spec(const std::string& text, const std::string& path, const std::
     try {
       root = toml::parse(text, path);
     } catch (const toml::parse_error& e) {
-      throw SpecError(path + ":" + std::to_string(e.source().begin.line) + ": not valid TOML: " +
-                      std::string(e.description()));
+      throw SpecError(path + ":" + std::to_string(e.source().begin.line) +
+                      ": not valid TOML: " + std::string(e.description()));
     }
   }
   std::vector<std::pair<std::string, std::string>> set_by_cli;
@@ -163,47 +176,51 @@ void validate_spec(const RunSpec& s, int world_size) {
   // 64-bit products: each factor is range-checked, their product may still exceed int.
   const int64_t ranks = int64_t{p.pp} * p.dp, batch_divisor = int64_t{p.dp} * p.micro_batches;
   if (p.schedule->splits_backward && p.recompute != Recompute::none)
-    fail("parallel.recompute", std::string("recompute = ") + name_of(p.recompute) + " cannot be used with parallel.schedule = " +
-                               p.schedule->name + " (its weight-gradient passes need the activations kept; use recompute = none)");
+    fail("parallel.recompute", std::string("recompute = ") + name_of(p.recompute) +
+                                   " cannot be used with parallel.schedule = " + p.schedule->name +
+                                   " (its weight-gradient passes need the activations kept; use recompute = none)");
   if (m.d_model % m.n_head != 0)
-    fail("model.n_head", "n_head = " + std::to_string(m.n_head) + " does not divide model.d_model = " +
-                             std::to_string(m.d_model));
+    fail("model.n_head",
+         "n_head = " + std::to_string(m.n_head) + " does not divide model.d_model = " + std::to_string(m.d_model));
   if (world_size > 0 && ranks != world_size)
     fail("parallel.pp", "pp x dp = " + std::to_string(p.pp) + " x " + std::to_string(p.dp) + " = " +
-                            std::to_string(ranks) + " but " + std::to_string(world_size) +
-                            " MPI ranks were launched");
+                            std::to_string(ranks) + " but " + std::to_string(world_size) + " MPI ranks were launched");
   if (m.dtype == Dtype::bf16 && s.run.device != Device::gpu)
     fail("model.dtype", "dtype = bf16 needs run.device = \"gpu\" (the CPU kernels are fp32)");
   if (const LayoutProblem problem = layout_problem(*p.schedule, s.pipeline_shape())) fail(problem.key, problem.why);
   const int64_t chunks = int64_t{p.pp} * p.virtual_stages;
   if (s.train.global_batch % batch_divisor != 0)
-    fail("train.global_batch", "global_batch = " + std::to_string(s.train.global_batch) +
-                                   " is not divisible by parallel.dp x parallel.micro_batches = " +
-                                   std::to_string(batch_divisor));
+    fail("train.global_batch",
+         "global_batch = " + std::to_string(s.train.global_batch) +
+             " is not divisible by parallel.dp x parallel.micro_batches = " + std::to_string(batch_divisor));
   if (p.partition == Partition::explicit_list) {
     long total = 0;
     for (int b : p.blocks_per_stage) total += b;
     if (static_cast<int64_t>(p.blocks_per_stage.size()) != chunks)
-      fail("parallel.partition", "lists " + std::to_string(p.blocks_per_stage.size()) + " stages but parallel.pp = " +
-                                     std::to_string(p.pp) +
+      fail("parallel.partition", "lists " + std::to_string(p.blocks_per_stage.size()) +
+                                     " stages but parallel.pp = " + std::to_string(p.pp) +
                                      (p.virtual_stages > 1 ? " x virtual_stages = " + std::to_string(chunks) : ""));
     if (total != m.n_layer)
-      fail("parallel.partition", "assigns " + std::to_string(total) + " blocks but model.n_layer = " +
-                                     std::to_string(m.n_layer));
+      fail("parallel.partition",
+           "assigns " + std::to_string(total) + " blocks but model.n_layer = " + std::to_string(m.n_layer));
   }
   if (s.log.straggler_ratio > 0 && s.log.straggler_ratio <= 1)
-    fail("log.straggler_ratio", "straggler_ratio = " + (std::ostringstream() << s.log.straggler_ratio).str() +
-                                    " would call every rank a straggler: use a factor above 1 (e.g. 1.25), or 0 for no detection");
+    fail("log.straggler_ratio",
+         "straggler_ratio = " + (std::ostringstream() << s.log.straggler_ratio).str() +
+             " would call every rank a straggler: use a factor above 1 (e.g. 1.25), or 0 for no detection");
   if (s.train.min_lr > s.train.lr) fail("train.min_lr", "min_lr must not exceed train.lr");
   if (s.eval.every_steps > 0 && s.data.source == DataSource::text)
-    fail("eval.every_steps", "validation needs held-out data: a token file with /val (pipetrain data prepare, "
-                             "data.source = \"hdf5\") or data.source = \"synthetic\"");
+    fail("eval.every_steps",
+         "validation needs held-out data: a token file with /val (pipetrain data prepare, "
+         "data.source = \"hdf5\") or data.source = \"synthetic\"");
   if (s.data.source != DataSource::synthetic && s.data.path.empty())
     fail("data.path", std::string("data.source = \"") + name_of(s.data.source) + "\" needs data.path");
   if (s.data.source == DataSource::text && m.vocab < 256)
-    fail("model.vocab", "vocab = " + std::to_string(m.vocab) + " is too small for byte tokens of data.source = \"text\" (need >= 256)");
+    fail("model.vocab", "vocab = " + std::to_string(m.vocab) +
+                            " is too small for byte tokens of data.source = \"text\" (need >= 256)");
   if (s.data.source == DataSource::synthetic && m.vocab < 128)
-    fail("model.vocab", "vocab = " + std::to_string(m.vocab) + " is too small for the synthetic byte language (need >= 128)");
+    fail("model.vocab",
+         "vocab = " + std::to_string(m.vocab) + " is too small for the synthetic byte language (need >= 128)");
   // Buffers are indexed with int in BLAS and MPI counts: keep every per-micro-batch tensor below 2^31.
   const int64_t tokens = int64_t{s.train.global_batch} / batch_divisor * m.seq_len;
   const int64_t largest = std::max({tokens * 4 * m.d_model, tokens * m.vocab,
@@ -218,8 +235,14 @@ void validate_spec(const RunSpec& s, int world_size) {
 
 StepShape step_shape(const RunSpec& spec) {
   const auto& p = spec.parallel;
-  return {p.pp, p.dp, p.micro_batches, p.virtual_stages, spec.samples_per_micro_batch(), spec.model.seq_len,
-          spec.model.d_model, p.schedule->placement};
+  return {p.pp,
+          p.dp,
+          p.micro_batches,
+          p.virtual_stages,
+          spec.samples_per_micro_batch(),
+          spec.model.seq_len,
+          spec.model.d_model,
+          p.schedule->placement};
 }
 
 std::string resolved_toml(const RunSpec& spec) {

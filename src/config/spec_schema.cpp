@@ -12,20 +12,32 @@ namespace {
 std::string describe(const toml::node& n) {
   std::ostringstream os;
   switch (n.type()) {
-    case toml::node_type::string: os << "string "; break;
-    case toml::node_type::integer: os << "integer "; break;
-    case toml::node_type::floating_point: os << "float "; break;
-    case toml::node_type::boolean: os << "boolean "; break;
-    case toml::node_type::array: os << "array "; break;
-    case toml::node_type::table: return "a table";
-    default: os << "date/time "; break;
+    case toml::node_type::string:
+      os << "string ";
+      break;
+    case toml::node_type::integer:
+      os << "integer ";
+      break;
+    case toml::node_type::floating_point:
+      os << "float ";
+      break;
+    case toml::node_type::boolean:
+      os << "boolean ";
+      break;
+    case toml::node_type::array:
+      os << "array ";
+      break;
+    case toml::node_type::table:
+      return "a table";
+    default:
+      os << "date/time ";
+      break;
   }
   n.visit([&](auto&& v) { os << v; });
   return os.str();
 }
 
-[[noreturn]] void type_error(const std::string& where, const std::string& key, const char* want,
-                             const toml::node& n) {
+[[noreturn]] void type_error(const std::string& where, const std::string& key, const char* want, const toml::node& n) {
   throw SpecError(where + ": " + key + " must be " + want + ", got " + describe(n));
 }
 
@@ -67,8 +79,8 @@ SpecKey int_key(const char* sec, const char* key, IntRef ref, long long lo, long
     if (!n.is_integer()) type_error(where, dotted, "an integer", n);
     long long v = n.as_integer()->get();
     if (v < lo || v > hi)
-      throw SpecError(where + ": " + dotted + " = " + std::to_string(v) + " is out of range [" +
-                      std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      throw SpecError(where + ": " + dotted + " = " + std::to_string(v) + " is out of range [" + std::to_string(lo) +
+                      ", " + std::to_string(hi) + "]");
     ref(s) = static_cast<int>(v);
   };
   k.show = [=](const RunSpec& s) { return std::to_string(ref(const_cast<RunSpec&>(s))); };
@@ -96,8 +108,8 @@ SpecKey double_key(const char* sec, const char* key, DoubleRef ref, double lo, d
     else if (n.is_integer()) v = static_cast<double>(n.as_integer()->get());
     else type_error(where, dotted, "a number", n);
     if (!(v >= lo && v <= hi))
-      throw SpecError(where + ": " + dotted + " = " + show_double(v) + " is out of range [" +
-                      show_double(lo) + ", " + show_double(hi) + "]");
+      throw SpecError(where + ": " + dotted + " = " + show_double(v) + " is out of range [" + show_double(lo) + ", " +
+                      show_double(hi) + "]");
     ref(s) = v;
   };
   k.show = [=](const RunSpec& s) { return show_double(ref(const_cast<RunSpec&>(s))); };
@@ -230,21 +242,24 @@ std::vector<SpecKey> build_schema() {
       int_key("run", "steps", FIELD(int, run.steps), 1, big, "optimizer steps to train"),
       double_key("run", "time_limit", FIELD(double, run.time_limit), 0, 1e9,
                  "wall-clock seconds for this launch; checkpoint and exit 3 before it runs out (0 = none)"),
-      choice_key<Device>("run", "device", FIELD(Device, run.device),
-                 "where each rank computes: cpu, or gpu (one GPU per rank, the node's GPU local rank mod count; "
-                 "needs a build with PIPETRAIN_CUDA=ON)"),
+      choice_key<Device>(
+          "run", "device", FIELD(Device, run.device),
+          "where each rank computes: cpu, or gpu (one GPU per rank, the node's GPU local rank mod count; "
+          "needs a build with PIPETRAIN_CUDA=ON)"),
       int_key("model", "n_layer", FIELD(int, model.n_layer), 1, 4096, "transformer blocks"),
       int_key("model", "d_model", FIELD(int, model.d_model), 1, 1 << 16, "embedding width"),
       int_key("model", "n_head", FIELD(int, model.n_head), 1, 1024, "attention heads (must divide d_model)"),
       int_key("model", "seq_len", FIELD(int, model.seq_len), 1, 1 << 20, "tokens per sample (context length)"),
       int_key("model", "vocab", FIELD(int, model.vocab), 2, 1 << 20, "vocabulary size (256 = bytes)"),
-      choice_key<Dtype>("model", "dtype", FIELD(Dtype, model.dtype),
-                 "matrix-product inputs: fp32, or bf16 with fp32 accumulation and fp32 master weights (gpu only)"),
+      choice_key<Dtype>(
+          "model", "dtype", FIELD(Dtype, model.dtype),
+          "matrix-product inputs: fp32, or bf16 with fp32 accumulation and fp32 master weights (gpu only)"),
       bool_key("model", "tie_embeddings", FIELD(bool, model.tie_embeddings),
                "LM head shares wte.weight (gradient summed between first and last stage)"),
-      choice_key<DataSource>("data", "source", FIELD(DataSource, data.source),
-                 "synthetic (built-in learnable byte language), text (bytes of data.path) or hdf5 (the train "
-                 "tokens of a token file made by pipetrain data prepare, read by hyperslab)"),
+      choice_key<DataSource>(
+          "data", "source", FIELD(DataSource, data.source),
+          "synthetic (built-in learnable byte language), text (bytes of data.path) or hdf5 (the train "
+          "tokens of a token file made by pipetrain data prepare, read by hyperslab)"),
       string_key("data", "path", FIELD(std::string, data.path),
                  "input file for source = text, or the token file (pipetrain data prepare) for source = hdf5"),
       bool_key("data", "shuffle", FIELD(bool, data.shuffle), "seeded permutation of windows per epoch"),
@@ -253,9 +268,10 @@ std::vector<SpecKey> build_schema() {
       int_key("parallel", "micro_batches", FIELD(int, parallel.micro_batches), 1, 1 << 20,
               "micro-batches per step (M)"),
       schedule_key(),
-      choice_key<RankOrder>("parallel", "order", FIELD(RankOrder, parallel.order),
-                 "rank order, i.e. what shares a node: pp = a pipeline's stages are consecutive ranks (p2p stays "
-                 "in a node), dp = a stage's replicas are (the gradient all-reduce stays in a node)"),
+      choice_key<RankOrder>(
+          "parallel", "order", FIELD(RankOrder, parallel.order),
+          "rank order, i.e. what shares a node: pp = a pipeline's stages are consecutive ranks (p2p stays "
+          "in a node), dp = a stage's replicas are (the gradient all-reduce stays in a node)"),
       int_key("parallel", "virtual_stages", FIELD(int, parallel.virtual_stages), 1, 1024,
               "model chunks per rank under schedule = interleaved (rank s runs virtual stages s, s+pp, ...); "
               "zb-v and dualpipev run 2, their default"),
@@ -263,7 +279,7 @@ std::vector<SpecKey> build_schema() {
       int_key("parallel", "threads_per_rank", FIELD(int, parallel.threads_per_rank), 0, 1024,
               "BLAS threads per rank (0 = OPENBLAS_NUM_THREADS if set, else cores of the node / ranks on it)"),
       choice_key<Recompute>("parallel", "recompute", FIELD(Recompute, parallel.recompute),
-                 "activation recompute: keep everything, only each stage's input, or each block's input"),
+                            "activation recompute: keep everything, only each stage's input, or each block's input"),
       int_key("parallel", "zero", FIELD(int, parallel.zero), 0, 1,
               "1 = ZeRO-1: shard AdamW's state over the dp replicas of a stage (each keeps and updates one row "
               "slab of every tensor; gradients reduce-scattered, weights all-gathered); 0 = every replica keeps all"),
@@ -298,8 +314,8 @@ std::vector<SpecKey> build_schema() {
       int_key("checkpoint", "keep_last", FIELD(int, checkpoint.keep_last), 0, big,
               "complete checkpoints to keep, oldest removed first (0 = keep all)"),
       choice_key<OnSaveError>("checkpoint", "on_error", FIELD(OnSaveError, checkpoint.on_error),
-                 "a failed save (disk full, read-only, ...): warn and train on, or stop with exit 1; the "
-                 "previous checkpoint stays intact either way, and a failed final save always exits 1"),
+                              "a failed save (disk full, read-only, ...): warn and train on, or stop with exit 1; the "
+                              "previous checkpoint stays intact either way, and a failed final save always exits 1"),
       bool_key("checkpoint", "async", FIELD(bool, checkpoint.async),
                "write checkpoints in the background: training waits only while each rank copies its part into "
                "a host snapshot; the next save, a stop and the end of the run wait for the write"),
@@ -312,17 +328,21 @@ std::vector<SpecKey> build_schema() {
       int_key("log", "straggler_window", FIELD(int, log.straggler_window), 1, big,
               "steps per straggler detection window (which also lasts one second at least): each rank's medians "
               "over it are compared at the first logging step after"),
-      double_key("log", "peak_gflops", FIELD(double, log.peak_gflops), 0, 1e9,
-                 "peak GFLOP/s of one rank for MFU (0 = the hardware's: FLOPs per cycle x clock of each core, or the GPU's)"),
-      choice_key<Backend>("comm", "backend", FIELD(Backend, comm.backend), "transport between ranks: mpi (the GPU build moves data through host copies over MPI too; NCCL is not there yet)"),
+      double_key(
+          "log", "peak_gflops", FIELD(double, log.peak_gflops), 0, 1e9,
+          "peak GFLOP/s of one rank for MFU (0 = the hardware's: FLOPs per cycle x clock of each core, or the GPU's)"),
+      choice_key<Backend>("comm", "backend", FIELD(Backend, comm.backend),
+                          "transport between ranks: mpi (the GPU build moves data through host copies over MPI too; "
+                          "NCCL is not there yet)"),
       choice_key<WaitPolicy>("comm", "wait", FIELD(WaitPolicy, comm.wait),
-                 "how waits poll: auto yields when ranks outnumber cores"),
+                             "how waits poll: auto yields when ranks outnumber cores"),
       double_key("comm", "timeout_s", FIELD(double, comm.timeout_s), 0.001, 1e9,
                  "a wait longer than this is an error naming stage, peer, node and micro-batch; after "
                  "start-up it also bounds waits for all ranks to agree (in a save: + 4x the longest save)"),
-      choice_key<FinalizePolicy>("comm", "finalize", FIELD(FinalizePolicy, comm.finalize),
-                 "how a finished run leaves MPI: skip = barrier, then exit without MPI_Finalize (MPICH "
-                 "over UCX/TCP hangs in it with 3+ ranks across nodes); auto = skip when ranks span nodes"),
+      choice_key<FinalizePolicy>(
+          "comm", "finalize", FIELD(FinalizePolicy, comm.finalize),
+          "how a finished run leaves MPI: skip = barrier, then exit without MPI_Finalize (MPICH "
+          "over UCX/TCP hangs in it with 3+ ranks across nodes); auto = skip when ranks span nodes"),
       double_key("comm", "finalize_timeout_s", FIELD(double, comm.finalize_timeout_s), 0, 1e9,
                  "exit anyway if MPI_Finalize (or skip's barrier) has not returned this long after a "
                  "finished run; everything is saved first; 0 = wait forever"),

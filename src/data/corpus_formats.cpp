@@ -1,9 +1,8 @@
 #include "pipetrain/data/corpus_formats.hpp"
 
-
 #include <algorithm>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -103,9 +102,13 @@ Segment megatron_segment(const std::string& given) {
   const uint64_t version = value_at<uint64_t>(idx, 9);
   if (version != 1) throw SpecError(idx_path + ": Megatron index version " + str(version) + " (expected 1)");
   const uint8_t code = value_at<uint8_t>(idx, 17);
-  static const struct { int width; bool is_signed; const char* name; } kCodes[9] = {
-      {0, false, "?"},       {1, false, "uint8"},   {1, true, "int8"},     {2, true, "int16"}, {4, true, "int32"},
-      {8, true, "int64"},    {0, false, "float64"}, {0, false, "float32"}, {2, false, "uint16"}};
+  static const struct {
+    int width;
+    bool is_signed;
+    const char* name;
+  } kCodes[9] = {{0, false, "?"},       {1, false, "uint8"},   {1, true, "int8"},
+                 {2, true, "int16"},    {4, true, "int32"},    {8, true, "int64"},
+                 {0, false, "float64"}, {0, false, "float32"}, {2, false, "uint16"}};
   if (code < 1 || code > 8 || !kCodes[code].width)
     throw SpecError(idx_path + ": dtype code " + std::to_string(code) +
                     (code == 6 || code == 7 ? std::string(" (") + kCodes[code].name + "): floats are not token ids"
@@ -137,7 +140,8 @@ Segment megatron_segment(const std::string& given) {
   }
   if (bin.size() != next)
     throw SpecError(bin_path + ": " + str(bin.size()) + " bytes, but " + idx_path + " gives " + str(tokens) + " " +
-                    kCodes[code].name + " tokens (" + str(next) + " bytes): " + (bin.size() < next ? "truncated" : "trailing bytes"));
+                    kCodes[code].name + " tokens (" + str(next) +
+                    " bytes): " + (bin.size() < next ? "truncated" : "trailing bytes"));
   int64_t last = 0;
   for (uint64_t i = 0; i < d; ++i) {
     const int64_t doc = value_at<int64_t>(idx, kMegatronHeader + 12 * n + 8 * i);
@@ -147,7 +151,8 @@ Segment megatron_segment(const std::string& given) {
                       " (document indices rise from 0 to the sequence count " + str(n) + ")");
     last = doc;
   }
-  if (d == 0) throw SpecError(idx_path + ": no document indices (they rise from 0 to the sequence count " + str(n) + ")");
+  if (d == 0)
+    throw SpecError(idx_path + ": no document indices (they rise from 0 to the sequence count " + str(n) + ")");
   return {bin_path, 0, tokens, width, kCodes[code].is_signed};
 }
 
@@ -194,9 +199,15 @@ void stream(const Segment& s, TokenFileWriter& out) {
         int64_t v = 0;
         const uint8_t* p = raw.data() + i * s.width;
         if (s.width == 1) v = static_cast<int8_t>(*p);
-        else if (s.width == 2) { int16_t x; std::memcpy(&x, p, 2); v = x; }
-        else if (s.width == 4) { int32_t x; std::memcpy(&x, p, 4); v = x; }
-        else std::memcpy(&v, p, 8);
+        else if (s.width == 2) {
+          int16_t x;
+          std::memcpy(&x, p, 2);
+          v = x;
+        } else if (s.width == 4) {
+          int32_t x;
+          std::memcpy(&x, p, 4);
+          v = x;
+        } else std::memcpy(&v, p, 8);
         if (v < 0 || v > std::numeric_limits<uint32_t>::max())
           throw SpecError(s.path + ": token " + str(first + i) + " is " + std::to_string(v) + ", not a token id");
         ids[i] = static_cast<uint32_t>(v);
@@ -242,7 +253,8 @@ std::string import_tokens(const TokenImportOptions& opt) {
   if (opt.output.empty()) throw SpecError(what + ": no --output given");
   check_output(opt.output, token_file_output(what, input_files(opt), opt.force));
   if (opt.vocab_size < 0 || opt.vocab_size > (int64_t{1} << 32))
-    throw SpecError(what + ": --vocab-size " + std::to_string(opt.vocab_size) + " is not in [1, 2^32] (ids are 32-bit)");
+    throw SpecError(what + ": --vocab-size " + std::to_string(opt.vocab_size) +
+                    " is not in [1, 2^32] (ids are 32-bit)");
   if (opt.val.empty() && !(opt.val_fraction >= 0 && opt.val_fraction < 1))
     throw SpecError(what + ": --val-fraction " + std::to_string(opt.val_fraction) + " is not in [0, 1)");
   // Every input checked before a byte is written.
@@ -281,8 +293,8 @@ std::string import_tokens(const TokenImportOptions& opt) {
   nlohmann::json how = {{"format", name_of(opt.format)}, {"train_files", opt.inputs.size()}};
   if (val.empty()) how["val_fraction"] = opt.val_fraction;
   out.commit(sources_json(files, "pipetrain data import", how.dump()));
-  return opt.output + ": " + str(n_train) + " train and " + str(n_val) + " validation tokens (" + name_of(opt.format) + ", vocab " +
-         std::to_string(out.vocab()) + (opt.vocab_size > 0 ? "" : " = largest id + 1") + ", uint" +
+  return opt.output + ": " + str(n_train) + " train and " + str(n_val) + " validation tokens (" + name_of(opt.format) +
+         ", vocab " + std::to_string(out.vocab()) + (opt.vocab_size > 0 ? "" : " = largest id + 1") + ", uint" +
          std::to_string(8 * w.width) + ") from " + std::to_string(files.size()) + " file(s)";
 }
 
@@ -295,8 +307,12 @@ std::string export_tokens(const TokenExportOptions& opt) {
   const OutputRule llmc_rule{what, "--output", "an llm.c token shard", is_llmc_shard, inputs, opt.force};
   const OutputRule idx_rule{what, "--output", "a Megatron index", is_megatron_index, inputs, opt.force};
   // A .bin holds bare ids: it is a Megatron dataset's only beside that dataset's index.
-  const OutputRule bin_rule{what, "--output", "a Megatron data file",
-                            [&](const std::string&) { return is_megatron_index(prefix + ".idx"); }, inputs, opt.force};
+  const OutputRule bin_rule{what,
+                            "--output",
+                            "a Megatron data file",
+                            [&](const std::string&) { return is_megatron_index(prefix + ".idx"); },
+                            inputs,
+                            opt.force};
   if (opt.format == CorpusFormat::llmc) {
     check_output(opt.output, llmc_rule);
   } else {
@@ -310,7 +326,8 @@ std::string export_tokens(const TokenExportOptions& opt) {
   std::vector<uint8_t> buf;
   if (opt.format == CorpusFormat::llmc) {
     if (in.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
-      throw SpecError(what + ": " + opt.input + " holds " + str(in.size()) + " tokens; an llm.c shard holds at most 2^31 - 1");
+      throw SpecError(what + ": " + opt.input + " holds " + str(in.size()) +
+                      " tokens; an llm.c shard holds at most 2^31 - 1");
     const int width = std::max(2, token_width_for(vocab));  // llm.c shards are uint16 or uint32
     int32_t header[256] = {};
     header[0] = width == 2 ? kLlmcMagic16 : kLlmcMagic32;
@@ -322,9 +339,10 @@ std::string export_tokens(const TokenExportOptions& opt) {
     out.commit();
     return opt.output + ": " + str(in.size()) + " tokens, llm.c shard (uint" + std::to_string(8 * width) + ")";
   }
-  if (vocab > std::numeric_limits<int32_t>::max()) throw SpecError(what + ": vocab_size " + std::to_string(vocab) + " too large for Megatron");
+  if (vocab > std::numeric_limits<int32_t>::max())
+    throw SpecError(what + ": vocab_size " + std::to_string(vocab) + " too large for Megatron");
   const int width = token_width_for(vocab);
-  const uint8_t code = width == 1 ? 1 : width == 2 ? 8 : 4;  // uint8, uint16, int32
+  const uint8_t code = width == 1 ? 1 : width == 2 ? 8 : 4;                                   // uint8, uint16, int32
   const uint64_t n_seq = (in.size() + kMegatronSequence - 1) / kMegatronSequence, n_doc = 2;  // one document
   StagedFile idx(prefix + ".idx", idx_rule), bin(prefix + ".bin", bin_rule);
   for_each_block(in, [&](const uint32_t* ids, size_t n) { write_narrowed(bin.writer, ids, n, width, buf); });
@@ -356,7 +374,10 @@ std::string export_tokens(const TokenExportOptions& opt) {
     throw;
   }
   return prefix + ".idx and " + prefix + ".bin: " + str(in.size()) + " tokens, Megatron indexed dataset (" +
-         (code == 1 ? "uint8" : code == 8 ? "uint16" : "int32") + ", " + str(n_seq) + " sequences, one document)";
+         (code == 1   ? "uint8"
+          : code == 8 ? "uint16"
+                      : "int32") +
+         ", " + str(n_seq) + " sequences, one document)";
 }
 
 }  // namespace pipetrain

@@ -48,8 +48,12 @@ std::vector<uint8_t> synthetic_corpus(uint64_t seed, size_t n_bytes, uint64_t st
 }
 
 Dataset::Dataset(const RunSpec& spec, Split split)
-    : T_(spec.model.seq_len), B_(spec.train.global_batch), D_(spec.parallel.dp), M_(spec.parallel.micro_batches),
-      shuffle_(spec.data.shuffle && split == Split::train), seed_(static_cast<uint64_t>(spec.run.seed)) {
+    : T_(spec.model.seq_len),
+      B_(spec.train.global_batch),
+      D_(spec.parallel.dp),
+      M_(spec.parallel.micro_batches),
+      shuffle_(spec.data.shuffle && split == Split::train),
+      seed_(static_cast<uint64_t>(spec.run.seed)) {
   const bool val = split == Split::val;
   switch (spec.data.source) {
     case DataSource::synthetic:
@@ -78,8 +82,9 @@ Dataset::Dataset(const RunSpec& spec, Split split)
   }
   if (val && n_tokens() < static_cast<size_t>(T_) + 2)
     throw SpecError(spec.origin("eval.every_steps") + ": eval.every_steps = " + std::to_string(spec.eval.every_steps) +
-                    " but the validation tokens (" + std::to_string(n_tokens()) + ") are fewer than model.seq_len + 2 = " +
-                    std::to_string(T_ + 2) + (file_ ? " (a larger --val-fraction in pipetrain data prepare?)" : ""));
+                    " but the validation tokens (" + std::to_string(n_tokens()) +
+                    ") are fewer than model.seq_len + 2 = " + std::to_string(T_ + 2) +
+                    (file_ ? " (a larger --val-fraction in pipetrain data prepare?)" : ""));
   if (n_tokens() < static_cast<size_t>(T_) + 2) {
     const bool synthetic = spec.data.source == DataSource::synthetic;
     throw SpecError(spec.origin(synthetic ? "model.seq_len" : "data.path") + ": " +
@@ -127,7 +132,8 @@ void Dataset::sample(int64_t g, int* inputs, int* targets) {
 void Dataset::micro_batch(int64_t step, int dp_rank, int mb, int* inputs, int* targets) {
   const int per_rank = B_ / D_, per_mb = per_rank / M_;
   const int64_t first = step * B_ + static_cast<int64_t>(dp_rank) * per_rank + static_cast<int64_t>(mb) * per_mb;
-  for (int i = 0; i < per_mb; ++i) sample(first + i, inputs + static_cast<size_t>(i) * T_, targets + static_cast<size_t>(i) * T_);
+  for (int i = 0; i < per_mb; ++i)
+    sample(first + i, inputs + static_cast<size_t>(i) * T_, targets + static_cast<size_t>(i) * T_);
 }
 
 }  // namespace pipetrain

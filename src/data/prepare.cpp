@@ -36,7 +36,8 @@ File open_input(const std::string& path, const char* mode = "rb") {
 // A progress line on stderr every 1/20 of a large job (at least 64 MiB apart).
 class Progress {
  public:
-  Progress(const char* what, uint64_t total) : what_(what), total_(total), every_(std::max<uint64_t>(64ull << 20, total / 20)), next_(every_) {}
+  Progress(const char* what, uint64_t total)
+      : what_(what), total_(total), every_(std::max<uint64_t>(64ull << 20, total / 20)), next_(every_) {}
   void add(uint64_t n) {
     done_ += n;
     if (total_ > (64ull << 20) && done_ >= next_) {
@@ -54,11 +55,11 @@ class Progress {
 // A run of stored tokens to copy into the token file: an input's bytes (width 1) or its ids in
 // the SentencePiece spool (width 4).
 struct TokenRun {
-  std::string path;      // the file holding them
-  uint64_t offset = 0;   // byte offset of the first
+  std::string path;     // the file holding them
+  uint64_t offset = 0;  // byte offset of the first
   uint64_t count = 0;
   int width = 1;
-  std::string source;    // for messages: the input they came from
+  std::string source;  // for messages: the input they came from
 };
 
 // Appends tokens [from, from + n) of a run, block by block.
@@ -169,13 +170,16 @@ void check_options(const PrepareOptions& opt) {
       break;
     case TokenizerKind::sentencepiece:
       if (opt.tokenizer_model.empty() && opt.vocab_size <= 0)
-        throw SpecError("data prepare: --tokenizer sentencepiece needs --vocab-size N (pieces to train) or --tokenizer-model FILE");
+        throw SpecError(
+            "data prepare: --tokenizer sentencepiece needs --vocab-size N (pieces to train) or --tokenizer-model FILE");
       if (!opt.tokenizer_model.empty() && opt.vocab_size > 0)
-        throw SpecError("data prepare: --vocab-size with --tokenizer-model: the model's own vocabulary is used, drop --vocab-size");
+        throw SpecError(
+            "data prepare: --vocab-size with --tokenizer-model: the model's own vocabulary is used, drop --vocab-size");
       if (!(opt.sample_mb > 0)) throw SpecError("data prepare: --sample-mb must be positive");
       break;
     case TokenizerKind::none:
-      throw SpecError("data prepare: --tokenizer none: a token file prepared from text has a tokenizer (bytes or sentencepiece)");
+      throw SpecError(
+          "data prepare: --tokenizer none: a token file prepared from text has a tokenizer (bytes or sentencepiece)");
   }
 }
 
@@ -192,14 +196,16 @@ std::string prepare_token_file(const PrepareOptions& opt) {
                                      "data prepare: --tokenizer-model " + opt.tokenizer_model);
       note = "tokenizer " + opt.tokenizer_model;
     } else {
-      SentencePieceTraining t{opt.inputs, opt.vocab_size, opt.model_type, static_cast<uint64_t>(opt.sample_mb * (1 << 20))};
+      SentencePieceTraining t{opt.inputs, opt.vocab_size, opt.model_type,
+                              static_cast<uint64_t>(opt.sample_mb * (1 << 20))};
       tok = Tokenizer::sentencepiece(train_sentencepiece(t, total, &note), "the trained tokenizer");
     }
     std::fprintf(stderr, "data prepare: %s\n", note.c_str());
     if (!tok.normalisation().empty())
-      std::fprintf(stderr, "data prepare: warning: --tokenizer-model %s normalises its text: %s (the token file "
-                           "records it; data inspect and generate say so)\n", opt.tokenizer_model.c_str(),
-                   tok.normalisation().c_str());
+      std::fprintf(stderr,
+                   "data prepare: warning: --tokenizer-model %s normalises its text: %s (the token file "
+                   "records it; data inspect and generate say so)\n",
+                   opt.tokenizer_model.c_str(), tok.normalisation().c_str());
   }
   TokenFileWriter::Options w;
   w.output = opt.output;
@@ -215,7 +221,9 @@ std::string prepare_token_file(const PrepareOptions& opt) {
   if (!tok.is_bytes()) how["tokenizer_note"] = note;
   if (!tok.normalisation().empty()) how["tokenizer_normalises"] = tok.normalisation();
   // Every input gives its last --val-fraction to /val, so held-out text comes from every source.
-  auto held_out = [&](uint64_t n) { return static_cast<uint64_t>(std::floor(static_cast<double>(n) * opt.val_fraction)); };
+  auto held_out = [&](uint64_t n) {
+    return static_cast<uint64_t>(std::floor(static_cast<double>(n) * opt.val_fraction));
+  };
 
   const std::string spool_path = opt.output + ".spool." + std::to_string(::getpid());
   struct Remove {
@@ -247,21 +255,23 @@ std::string prepare_token_file(const PrepareOptions& opt) {
   const uint64_t count = n_train + n_val;
 
   char summary[512];
-  std::snprintf(summary, sizeof summary, "%s: %llu train and %llu validation tokens (%s, vocab %d, %s) from %zu file(s), %s%s%s",
-                opt.output.c_str(), static_cast<unsigned long long>(n_train),
-                static_cast<unsigned long long>(n_val), tok.name(), tok.vocab_size(),
-                token_dtype_name(w.width), opt.inputs.size(),
-                human_bytes(static_cast<double>(total)).c_str(),
-                tok.is_bytes() ? "" : (", " + std::to_string(static_cast<double>(total) / std::max<uint64_t>(1, count)).substr(0, 4) +
-                                       " bytes per token").c_str(),
-                opt.compress ? ", gzip" : "");
+  std::snprintf(
+      summary, sizeof summary, "%s: %llu train and %llu validation tokens (%s, vocab %d, %s) from %zu file(s), %s%s%s",
+      opt.output.c_str(), static_cast<unsigned long long>(n_train), static_cast<unsigned long long>(n_val), tok.name(),
+      tok.vocab_size(), token_dtype_name(w.width), opt.inputs.size(), human_bytes(static_cast<double>(total)).c_str(),
+      tok.is_bytes() ? ""
+                     : (", " + std::to_string(static_cast<double>(total) / std::max<uint64_t>(1, count)).substr(0, 4) +
+                        " bytes per token")
+                           .c_str(),
+      opt.compress ? ", gzip" : "");
   return summary;
 }
 
 std::string inspect_token_file(const std::string& path, int sample_tokens) {
   const TokenFileInfo info = read_token_file_info(path);
-  const Tokenizer tok = info.tokenizer == TokenizerKind::sentencepiece ? Tokenizer::sentencepiece(info.tokenizer_model, path + ": /tokenizer_model")
-                                                          : Tokenizer();
+  const Tokenizer tok = info.tokenizer == TokenizerKind::sentencepiece
+                            ? Tokenizer::sentencepiece(info.tokenizer_model, path + ": /tokenizer_model")
+                            : Tokenizer();
   std::ostringstream out;
   const char* dtype = token_dtype_name(info.width);
   out << path << ": token file format " << info.format << "\n";
@@ -269,7 +279,8 @@ std::string inspect_token_file(const std::string& path, int sample_tokens) {
   out << "  /val    " << info.val << " tokens  " << dtype << (info.compressed ? "  gzip" : "") << "\n";
   out << "  vocab_size " << info.vocab_size << "  tokenizer " << name_of(info.tokenizer);
   if (!tok.is_bytes())
-    out << " (" << tok.vocab_size() << " pieces, model " << human_bytes(static_cast<double>(info.tokenizer_model.size())) << ")";
+    out << " (" << tok.vocab_size() << " pieces, model "
+        << human_bytes(static_cast<double>(info.tokenizer_model.size())) << ")";
   out << "\n";
   if (!tok.normalisation().empty())
     out << "  the tokenizer normalises its text: " << tok.normalisation() << " (decoded text is not the original)\n";
@@ -286,7 +297,9 @@ std::string inspect_token_file(const std::string& path, int sample_tokens) {
       out << "  (imported ids: their tokenizer is not part of the file)\n";
     } else {
       const std::string text = tok.decode(as_int);
-      out << "  first " << n << " tokens decoded: " << nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+      out << "  first " << n
+          << " tokens decoded: " << nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+          << "\n";
     }
   }
   return out.str();

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <type_traits>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "pipetrain/util/binary_file.hpp"
 #include "pipetrain/util/errors.hpp"
@@ -29,9 +29,7 @@ constexpr hsize_t kChunk = 1 << 16;
 
 const char* dataset_name(Split split) { return split == Split::train ? "train" : "val"; }
 
-hid_t stored_type(int width) {
-  return width == 1 ? H5T_STD_U8LE : width == 2 ? H5T_STD_U16LE : H5T_STD_U32LE;
-}
+hid_t stored_type(int width) { return width == 1 ? H5T_STD_U8LE : width == 2 ? H5T_STD_U16LE : H5T_STD_U32LE; }
 
 void write_attr(hid_t obj, const char* name, int64_t value) {
   if (write_scalar_attr(obj, name, value) < 0) throw std::runtime_error(std::string("attribute ") + name);
@@ -81,7 +79,8 @@ void describe_tokens(hid_t data, const std::string& what, size_t* n, int* width)
 // Opens a token file read-only and checks its format version; the caller owns the id.
 hid_t open_token_file(const std::string& path) {
   const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (file < 0) throw SpecError(path + ": cannot open as an HDF5 token file (missing? made by pipetrain data prepare?)");
+  if (file < 0)
+    throw SpecError(path + ": cannot open as an HDF5 token file (missing? made by pipetrain data prepare?)");
   const int64_t format = read_scalar_attr(file, "format_version");
   if (format != 1 && format != kTokenFileFormat) {
     H5Fclose(file);
@@ -234,8 +233,10 @@ OutputRule token_file_output(const std::string& command, const std::vector<std::
 // ---- writing ----
 
 TokenFileWriter::TokenFileWriter(Options opt, uint64_t train, uint64_t val)
-    : opt_(std::move(opt)), output_(opt_.output, token_file_output(opt_.what, opt_.inputs, opt_.force)),
-      train_(train), val_(val) {
+    : opt_(std::move(opt)),
+      output_(opt_.output, token_file_output(opt_.what, opt_.inputs, opt_.force)),
+      train_(train),
+      val_(val) {
   // HDF5 1.8's object format stores attributes of any size densely: `sources` lists every input,
   // which for a corpus of a thousand shards is well over the 64 KiB of the oldest format.
   Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
@@ -260,7 +261,8 @@ TokenFileWriter::TokenFileWriter(Options opt, uint64_t train, uint64_t val)
     if (!opt_.tokenizer_model.empty()) {
       hsize_t n = opt_.tokenizer_model.size();
       Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
-      Handle d(H5Dcreate2(file_, "tokenizer_model", H5T_STD_U8LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+      Handle d(H5Dcreate2(file_, "tokenizer_model", H5T_STD_U8LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+               H5Dclose);
       if (d < 0 || H5Dwrite(d, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, opt_.tokenizer_model.data()) < 0)
         throw std::runtime_error("cannot write /tokenizer_model");
     }
@@ -293,11 +295,13 @@ void TokenFileWriter::write(int64_t dataset, uint64_t start, uint64_t n, const v
   H5Sselect_hyperslab(file_space, H5S_SELECT_SET, &s, nullptr, &c, nullptr);
   Handle mem_space(H5Screate_simple(1, &c, nullptr), H5Sclose);
   if (H5Dwrite(dataset, stored_type(opt_.width), mem_space, file_space, H5P_DEFAULT, data) < 0)
-    throw std::runtime_error(opt_.what + ": " + opt_.output + ": cannot write tokens (" + free_space_note(opt_.output) + ")");
+    throw std::runtime_error(opt_.what + ": " + opt_.output + ": cannot write tokens (" + free_space_note(opt_.output) +
+                             ")");
 }
 
 void TokenFileWriter::append(const uint32_t* ids, size_t n, const std::string& source, uint64_t source_offset) {
-  if (done_ + n > train_ + val_) throw SpecError(opt_.what + ": " + source + ": more tokens than counted (changed while read?)");
+  if (done_ + n > train_ + val_)
+    throw SpecError(opt_.what + ": " + source + ": more tokens than counted (changed while read?)");
   const uint64_t limit = opt_.vocab > 0 ? static_cast<uint64_t>(opt_.vocab) : (1ull << (8 * opt_.width));
   // One pass that narrows and finds the largest id (vectorised); the offender is looked up only
   // when there is one.
@@ -340,9 +344,10 @@ void TokenFileWriter::commit(const std::string& sources) {
       *h = -1;
       if (status < 0) throw std::runtime_error("cannot finish writing (disk full?)");
     }
-    output_.commit();  // fsync, rename into place
+    output_.commit();                  // fsync, rename into place
   } catch (const std::exception& e) {  // the disk, not the input: a fault
-    throw std::runtime_error(opt_.what + ": " + opt_.output + ": " + e.what() + " (" + free_space_note(opt_.output) + ")");
+    throw std::runtime_error(opt_.what + ": " + opt_.output + ": " + e.what() + " (" + free_space_note(opt_.output) +
+                             ")");
   }
 }
 

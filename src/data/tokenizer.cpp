@@ -125,8 +125,7 @@ Tokenizer::Tokenizer() = default;
 Tokenizer Tokenizer::sentencepiece(const std::string& model_bytes, const std::string& origin) {
   Tokenizer t;
   t.sp_ = std::make_shared<sentencepiece::SentencePieceProcessor>();
-  if (!t.sp_->LoadFromSerializedProto(model_bytes).ok())
-    throw SpecError(origin + ": not a SentencePiece model");
+  if (!t.sp_->LoadFromSerializedProto(model_bytes).ok()) throw SpecError(origin + ": not a SentencePiece model");
   t.model_ = model_bytes;
   std::vector<int> ids;
   t.sp_->Encode("\n", &ids);
@@ -203,14 +202,14 @@ std::string train_sentencepiece(const SentencePieceTraining& t, uint64_t total, 
   const std::unordered_map<std::string, std::string> args = {
       {"model_type", t.model_type},
       {"vocab_size", std::to_string(t.vocab_size)},
-      {"byte_fallback", "true"},           // every byte has a token: no text is ever unknown
-      {"character_coverage", "0.9995"},    // rare characters go to bytes rather than pieces
+      {"byte_fallback", "true"},         // every byte has a token: no text is ever unknown
+      {"character_coverage", "0.9995"},  // rare characters go to bytes rather than pieces
       {"normalization_rule_name", "identity"},
-      {"add_dummy_prefix", "false"},       // no extra "▁" in front of every line and every cut piece
+      {"add_dummy_prefix", "false"},  // no extra "▁" in front of every line and every cut piece
       {"remove_extra_whitespaces", "false"},
       {"split_digits", "true"},
       {"max_sentence_length", std::to_string(kMaxPiece)},
-      {"input_sentence_size", "0"},        // the sample is ours: every line the iterator gives
+      {"input_sentence_size", "0"},  // the sample is ours: every line the iterator gives
       {"num_threads", std::to_string(std::max(1u, std::thread::hardware_concurrency()))},
   };
   std::string model;
@@ -228,15 +227,17 @@ std::string train_sentencepiece(const SentencePieceTraining& t, uint64_t total, 
   }
   if (!status.ok() || model.empty()) {
     const std::string why = status.ok() ? "no model came out" : status.ToString();
-    const char* hint = why.find("too high") != std::string::npos             ? " (a smaller --vocab-size, or more text)"
-                       : why.find("required_chars") != std::string::npos ? " (a larger --vocab-size: every distinct character needs a piece)"
-                                                                         : "";
+    const char* hint = why.find("too high") != std::string::npos ? " (a smaller --vocab-size, or more text)"
+                       : why.find("required_chars") != std::string::npos
+                           ? " (a larger --vocab-size: every distinct character needs a piece)"
+                           : "";
     throw SpecError("data prepare: SentencePiece could not train a " + t.model_type + " model of " +
                     std::to_string(t.vocab_size) + " pieces: " + why + hint);
   }
   if (note)
     *note = stride > 1 ? "tokenizer trained on a sample: every " + std::to_string(stride) + "th line, " +
-                             human_bytes(static_cast<double>(lines.bytes_used())) + " of " + human_bytes(static_cast<double>(total))
+                             human_bytes(static_cast<double>(lines.bytes_used())) + " of " +
+                             human_bytes(static_cast<double>(total))
                        : "tokenizer trained on all " + human_bytes(static_cast<double>(total)) + " (" +
                              std::to_string(lines.lines_used()) + " lines)";
   return model;

@@ -30,9 +30,14 @@ Comm::Comm(World& world, const Topology& topo, WaitPolicy wait, double timeout_s
   bool tied_member = topo.tied_apart() && (topo.first_stage() || topo.holds_head());
   MPI_Comm_split(MPI_COMM_WORLD, tied_member ? topo.dp_rank : MPI_UNDEFINED, topo.stage, &groups_->tied);
   switch (wait) {
-    case WaitPolicy::spin: mode_ = WaitMode::spin; break;
-    case WaitPolicy::yield: mode_ = WaitMode::yield; break;
-    case WaitPolicy::automatic: mode_ = world.local_ranks() > world.cores() ? WaitMode::yield : WaitMode::spin;
+    case WaitPolicy::spin:
+      mode_ = WaitMode::spin;
+      break;
+    case WaitPolicy::yield:
+      mode_ = WaitMode::yield;
+      break;
+    case WaitPolicy::automatic:
+      mode_ = world.local_ranks() > world.cores() ? WaitMode::yield : WaitMode::spin;
   }
 }
 
@@ -75,7 +80,8 @@ void Comm::poll(Request& req, const WaitLabel& label, WaitMode mode, bool* pendi
   std::vector<int> members;
   if (label.group == Group::data)
     for (int d = 0; d < topo_.dp; ++d) members.push_back(topo_.rank_of(topo_.stage, d));
-  if (label.group == Group::tied) members = {topo_.rank_of(0, topo_.dp_rank), topo_.rank_of(topo_.head_stage(), topo_.dp_rank)};
+  if (label.group == Group::tied)
+    members = {topo_.rank_of(0, topo_.dp_rank), topo_.rank_of(topo_.head_stage(), topo_.dp_rank)};
   if (!members.empty()) {
     msg += "; one of its members is lost or stalled:";
     for (int r : members) msg += (r == members.front() ? " " : ", ") + world_.where(r);
@@ -140,16 +146,16 @@ void Comm::allreduce_tied(float* buf, size_t n) {
 void Comm::gather_to_root(const double* mine, size_t n, std::vector<double>& out) {
   out.assign(topo_.world_rank == 0 ? n * static_cast<size_t>(world_.size()) : 0, 0.0);
   Request r;
-  MPI_Igather(mine, static_cast<int>(n), MPI_DOUBLE, out.data(), static_cast<int>(n), MPI_DOUBLE, 0,
-              MPI_COMM_WORLD, RequestOut(r));
+  MPI_Igather(mine, static_cast<int>(n), MPI_DOUBLE, out.data(), static_cast<int>(n), MPI_DOUBLE, 0, MPI_COMM_WORLD,
+              RequestOut(r));
   poll(r, {"gather of step metrics to rank 0", -1, -1, Group::world});
 }
 
 void Comm::gather_to_root(const uint64_t* mine, size_t n, std::vector<uint64_t>& out) {
   out.assign(topo_.world_rank == 0 ? n * static_cast<size_t>(world_.size()) : 0, 0);
   Request r;
-  MPI_Igather(mine, static_cast<int>(n), MPI_UINT64_T, out.data(), static_cast<int>(n), MPI_UINT64_T, 0,
-              MPI_COMM_WORLD, RequestOut(r));
+  MPI_Igather(mine, static_cast<int>(n), MPI_UINT64_T, out.data(), static_cast<int>(n), MPI_UINT64_T, 0, MPI_COMM_WORLD,
+              RequestOut(r));
   poll(r, {"gather to rank 0", -1, -1, Group::world});
 }
 
@@ -172,7 +178,8 @@ void Comm::gather_to_root(const std::string& mine, std::vector<std::string>& out
     }
     all.resize(total);
   }
-  MPI_Igatherv(padded.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, 0, MPI_COMM_WORLD, RequestOut(r));
+  MPI_Igatherv(padded.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, 0, MPI_COMM_WORLD,
+               RequestOut(r));
   poll(r, {"gather of traces to rank 0", -1, -1, Group::world});
   out.clear();
   for (int i = 0; i < static_cast<int>(lens.size()); ++i) out.push_back(all.substr(offsets[i], lens[i] - 1));
@@ -260,7 +267,8 @@ bool Comm::boundary_agrees(const std::vector<int64_t>& send_desc, const std::vec
   std::vector<int64_t> got(recv_desc.size(), -1);
   Request r[2];
   if (!topo_.last_stage())
-    MPI_Isend(send_desc.data(), static_cast<int>(send_desc.size()), MPI_INT64_T, topo_.stage + 1, 0, groups_->pipe, RequestOut(r[0]));
+    MPI_Isend(send_desc.data(), static_cast<int>(send_desc.size()), MPI_INT64_T, topo_.stage + 1, 0, groups_->pipe,
+              RequestOut(r[0]));
   if (!topo_.first_stage()) MPI_Irecv(got.data(), n, MPI_INT64_T, topo_.stage - 1, 0, groups_->pipe, RequestOut(r[1]));
   poll(r[0], {"start-up shape handshake", topo_.stage + 1});
   poll(r[1], {"start-up shape handshake", topo_.stage - 1});

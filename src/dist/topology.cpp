@@ -19,8 +19,8 @@ std::string node_map(const std::vector<std::string>& host_of_rank, const Topolog
     const Topology t = Topology::of(r, P, D, layout.order);
     const std::string& h = host_of_rank[r];
     if (!on_node.count(h)) order_seen.push_back(h);
-    on_node[h] += (on_node[h].empty() ? "" : " ") + std::string("s") + std::to_string(t.stage) + "/d" +
-                  std::to_string(t.dp_rank);
+    on_node[h] +=
+        (on_node[h].empty() ? "" : " ") + std::string("s") + std::to_string(t.stage) + "/d" + std::to_string(t.dp_rank);
   }
   int links = 0, crossing = 0, spread = 0;
   for (int d = 0; d < D; ++d)

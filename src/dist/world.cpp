@@ -204,8 +204,10 @@ void World::finalize(ExitCode code) {
     double waited = 0;
     const double timeout = finalize_timeout_s_ > 0 ? finalize_timeout_s_ : 1e9;
     if (!poll_until_done(req, WaitMode::yield, timeout, waited))
-      std::fprintf(stderr, "pipetrain: rank %d: the closing barrier did not complete within comm.finalize_timeout_s = %g s; "
-                           "exiting with %d (everything was saved before)\n", rank_, timeout, exit_code);
+      std::fprintf(stderr,
+                   "pipetrain: rank %d: the closing barrier did not complete within comm.finalize_timeout_s = %g s; "
+                   "exiting with %d (everything was saved before)\n",
+                   rank_, timeout, exit_code);
     std::fflush(stderr);
     std::_Exit(exit_code);
   }
@@ -214,8 +216,10 @@ void World::finalize(ExitCode code) {
     const int rank = rank_;
     std::thread([timeout, rank, exit_code] {
       std::this_thread::sleep_for(std::chrono::duration<double>(timeout));
-      std::fprintf(stderr, "pipetrain: rank %d: MPI_Finalize did not return within comm.finalize_timeout_s = %g s; "
-                           "exiting with %d (everything was saved before)\n", rank, timeout, exit_code);
+      std::fprintf(stderr,
+                   "pipetrain: rank %d: MPI_Finalize did not return within comm.finalize_timeout_s = %g s; "
+                   "exiting with %d (everything was saved before)\n",
+                   rank, timeout, exit_code);
       std::fflush(stderr);
       std::_Exit(exit_code);
     }).detach();

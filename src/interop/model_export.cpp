@@ -6,13 +6,13 @@
 
 #include "pipetrain/ckpt/manifest.hpp"
 #include "pipetrain/ckpt/resume.hpp"
-#include "pipetrain/util/atomic_output.hpp"
-#include "pipetrain/util/binary_file.hpp"
 #include "pipetrain/interop/gpt2_layout.hpp"
 #include "pipetrain/interop/llmc_model.hpp"
 #include "pipetrain/interop/safetensors.hpp"
 #include "pipetrain/interop/weights_source.hpp"
 #include "pipetrain/model/model.hpp"
+#include "pipetrain/util/atomic_output.hpp"
+#include "pipetrain/util/binary_file.hpp"
 #include "pipetrain/util/files.hpp"
 
 namespace fs = std::filesystem;
@@ -109,17 +109,21 @@ bool is_export_of(ExportFormat format, const std::string& path) {
 ExitCode run_export(const ModelExportOptions& opt) {
   if (opt.output.empty()) throw SpecError("export: which output? (--output PATH)");
   const StoredFloat dtype = opt.dtype == Dtype::bf16 ? StoredFloat::bf16 : StoredFloat::f32;
-  const OutputRule rule{"export", "--output",
-                        opt.format == ExportFormat::hf ? "a Hugging Face export directory (config.json, model.safetensors, " +
-                                                 std::string(kTokenizerFile) + " only)"
-                                           : "an llm.c model file",
-                        [&](const std::string& path) { return is_export_of(opt.format, path); }, {opt.checkpoint},
-                        opt.force};
+  const OutputRule rule{
+      "export",
+      "--output",
+      opt.format == ExportFormat::hf
+          ? "a Hugging Face export directory (config.json, model.safetensors, " + std::string(kTokenizerFile) + " only)"
+          : "an llm.c model file",
+      [&](const std::string& path) { return is_export_of(opt.format, path); },
+      {opt.checkpoint},
+      opt.force};
   check_output(opt.output, rule);
   const std::string checkpoint = resolve_checkpoint(opt.checkpoint, "export");
   const RunSpec spec = spec_of_checkpoint(checkpoint, {}, 1);
   if (opt.format == ExportFormat::llmc && !spec.model.tie_embeddings)
-    throw SpecError("export: " + checkpoint + " has an untied head (model.tie_embeddings = false); llm.c's "
+    throw SpecError("export: " + checkpoint +
+                    " has an untied head (model.tie_embeddings = false); llm.c's "
                     "model file always ties it to wte, so the head would be lost (use --format hf)");
   AtomicOutput output(opt.output, rule);
   const auto ckpt = WeightsSource::open(checkpoint);
@@ -129,7 +133,8 @@ ExitCode run_export(const ModelExportOptions& opt) {
   std::printf("exported %s (%s, %d blocks, d_model %d, vocab %d, %s head) to %s as %s, %s\n", checkpoint.c_str(),
               ckpt->kind().c_str(), spec.model.n_layer, spec.model.d_model, spec.model.vocab,
               spec.model.tie_embeddings ? "tied" : "untied", opt.output.c_str(),
-              opt.format == ExportFormat::hf ? "a Hugging Face GPT-2 directory" : "an llm.c model file", dtype_name(dtype));
+              opt.format == ExportFormat::hf ? "a Hugging Face GPT-2 directory" : "an llm.c model file",
+              dtype_name(dtype));
   return ExitCode::ok;
 }
 

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
-#include "pipetrain/util/binary_file.hpp"
 #include "pipetrain/model/block_tensors.hpp"
+#include "pipetrain/util/binary_file.hpp"
 
 namespace pipetrain {
 
@@ -20,12 +20,13 @@ ModelImport::ModelImport(const std::string& path, const RunSpec& spec) {
   const int L = spec.model.n_layer, T = spec.model.seq_len;
   const bool source_tied = !src.shape("lm_head.weight");
   if (spec.model.tie_embeddings && !source_tied)
-    throw SpecError(where + "the source has its own lm_head.weight but model.tie_embeddings = true: its head "
+    throw SpecError(where +
+                    "the source has its own lm_head.weight but model.tie_embeddings = true: its head "
                     "would be lost (set model.tie_embeddings = false to keep it)");
   head_from_wte_ = !spec.model.tie_embeddings && source_tied;
   if (src.n_head() > 0 && src.n_head() != spec.model.n_head)
-    throw SpecError(where + "the source has " + std::to_string(src.n_head()) + " attention heads, model.n_head = " +
-                    std::to_string(spec.model.n_head));
+    throw SpecError(where + "the source has " + std::to_string(src.n_head()) +
+                    " attention heads, model.n_head = " + std::to_string(spec.model.n_head));
   const std::string past_last = block_tensor_name(L, kBlockTensors[0]);
   if (auto extra = src.shape(past_last))
     throw SpecError(where + "tensor " + past_last + ": the spec expects none (model.n_layer = " + std::to_string(L) +
@@ -39,10 +40,11 @@ ModelImport::ModelImport(const std::string& path, const RunSpec& spec) {
     const auto held = src.shape(from);
     const std::string tensor = "tensor " + p.name + (from == p.name ? "" : " (from " + from + ")");
     if (!held)
-      throw SpecError(where + tensor + ": the spec expects " + shape_text(want) + ", the source has no such tensor" +
-                      (p.name.rfind("h.", 0) == 0 ? " (fewer blocks than model.n_layer = " + std::to_string(L) + "?)" : ""));
-    const bool longer_positions = p.name == "wpe.weight" && held->size() == 2 && (*held)[1] == want[1] &&
-                                  (*held)[0] > want[0];
+      throw SpecError(
+          where + tensor + ": the spec expects " + shape_text(want) + ", the source has no such tensor" +
+          (p.name.rfind("h.", 0) == 0 ? " (fewer blocks than model.n_layer = " + std::to_string(L) + "?)" : ""));
+    const bool longer_positions =
+        p.name == "wpe.weight" && held->size() == 2 && (*held)[1] == want[1] && (*held)[0] > want[0];
     if (*held != want && !longer_positions)
       throw SpecError(where + tensor + ": the spec expects " + shape_text(want) + ", the source holds " +
                       shape_text(*held));
@@ -54,8 +56,8 @@ ModelImport::ModelImport(const std::string& path, const RunSpec& spec) {
   if (head_from_wte_) notes.push_back("lm_head.weight = a copy of wte.weight (the source ties its head)");
   char params[32];
   std::snprintf(params, sizeof params, "%.2fM", count / 1e6);
-  description_ = "initialised from " + path + " (" + src.kind() + "): " + params + " parameters, " +
-                 std::to_string(L) + " blocks";
+  description_ =
+      "initialised from " + path + " (" + src.kind() + "): " + params + " parameters, " + std::to_string(L) + " blocks";
   for (auto& n : notes) description_ += "; " + n;
   description_ += "; step 0, fresh optimizer state";
 }

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <tuple>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "pipetrain/util/errors.hpp"
 
@@ -89,13 +89,17 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
   // file's end. An overlap would give two tensors the same bytes, a hole hide bytes no tensor owns.
   std::vector<const SafetensorsEntry*> by_offset;
   for (const auto& e : entries_) by_offset.push_back(&e);
-  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return std::tie(a->begin, a->end) < std::tie(b->begin, b->end); });
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](auto* a, auto* b) { return std::tie(a->begin, a->end) < std::tie(b->begin, b->end); });
   uint64_t covered = 0;
   const SafetensorsEntry* before = nullptr;
-  auto range = [](const SafetensorsEntry& e) { return e.name + " [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ")"; };
+  auto range = [](const SafetensorsEntry& e) {
+    return e.name + " [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ")";
+  };
   for (const SafetensorsEntry* e : by_offset) {
     if (e->begin < covered)
-      throw bad("tensors " + range(*before) + " and " + range(*e) + " overlap: the format gives each tensor its own bytes");
+      throw bad("tensors " + range(*before) + " and " + range(*e) +
+                " overlap: the format gives each tensor its own bytes");
     if (e->begin > covered)
       throw bad(std::to_string(e->begin - covered) + " bytes before tensor " + range(*e) +
                 " belong to no tensor: the tensors must tile the data area");
@@ -103,7 +107,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     before = e;
   }
   if (covered != data_bytes)
-    throw bad(std::to_string(data_bytes - covered) + " bytes after the last tensor belong to no tensor: the tensors "
+    throw bad(std::to_string(data_bytes - covered) +
+              " bytes after the last tensor belong to no tensor: the tensors "
               "must tile the data area");
 }
 

@@ -92,9 +92,7 @@ class HfSource : public WeightsSource {
 class LlmcSource : public WeightsSource {
  public:
   explicit LlmcSource(const std::string& path) : WeightsSource(path), file_(path) {}
-  std::string kind() const override {
-    return std::string("llm.c model file, ") + dtype_name(file_.header().dtype);
-  }
+  std::string kind() const override { return std::string("llm.c model file, ") + dtype_name(file_.header().dtype); }
   int n_head() const override { return file_.header().n_head; }
   std::optional<std::vector<int64_t>> shape(const std::string& name) const override { return file_.shape(name); }
   void read(const std::string& name, float* out) const override { file_.read(name, out); }
@@ -156,7 +154,8 @@ std::unique_ptr<WeightsSource> WeightsSource::open(const std::string& path) {
     if (fs::exists(p / "manifest.json", ec)) return std::make_unique<CheckpointSource>(path);
     if (fs::exists(p / "model.safetensors", ec))
       return std::make_unique<HfSource>(path, (p / "model.safetensors").string(), (p / "config.json").string());
-    throw SpecError(path + ": not a model: a folder without manifest.json (a pipetrain checkpoint, "
+    throw SpecError(path +
+                    ": not a model: a folder without manifest.json (a pipetrain checkpoint, "
                     "RUN_DIR/checkpoints/step_N) or model.safetensors (a Hugging Face GPT-2 directory)");
   }
   if (!fs::exists(p, ec)) throw SpecError(path + ": no such file or directory");

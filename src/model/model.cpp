@@ -5,11 +5,11 @@
 #include <stdexcept>
 #include <tuple>
 
-#include "pipetrain/util/clock.hpp"
 #include "pipetrain/compute/kernels.hpp"
 #include "pipetrain/compute/profile.hpp"
-#include "pipetrain/util/rng.hpp"
 #include "pipetrain/schedule/actions.hpp"
+#include "pipetrain/util/clock.hpp"
+#include "pipetrain/util/rng.hpp"
 
 namespace pipetrain {
 namespace {
@@ -32,8 +32,8 @@ void fill_normal(float* out, size_t n, float stddev, uint64_t seed, const std::s
 // Visits every activation buffer of a block / the head (const or not).
 template <class Block, class F>
 void for_each_block_buffer(Block& a, F f) {
-  for (auto* v : {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.att, &a.atty, &a.res2, &a.ln2, &a.ln2_mean,
-                  &a.ln2_rstd, &a.fch, &a.fch_gelu})
+  for (auto* v : {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.att, &a.atty, &a.res2, &a.ln2, &a.ln2_mean, &a.ln2_rstd,
+                  &a.fch, &a.fch_gelu})
     f(*v);
 }
 template <class Head, class F>
@@ -88,17 +88,18 @@ size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks,
   const bool last = std::any_of(chunks.begin(), chunks.end(), [&](auto& c) { return c.vstage == n_virtual - 1; });
   const ChunkPlacement placement = spec.chunk_placement();
   const size_t links = message_links(placement, placement.stage_of(chunks.front().vstage)).size();
-  size_t floats = n * C * (5 + 4 + 9)              // attproj, fcproj, dres, dx, datty; dfch_gelu; the output
+  size_t floats = n * C * (5 + 4 + 9)               // attproj, fcproj, dres, dx, datty; dfch_gelu; the output
                                                     // gradients a fused block backward passes on
                   + (last ? 2 * n * V + n * C : 0)  // logits; the head's output gradients
                   + kMessageRing * links * n * C    // the executor's rings, one per message link
                   + T * T;                          // attention backward's score gradients
   size_t bytes = sizeof(float) * floats, work = 0;
   if (spec.parallel.recompute != Recompute::none)  // Stage::work_: one micro-batch's
-    for (const ChunkRange& c : chunks) {                             // activations, without its inputs
+    for (const ChunkRange& c : chunks) {           // activations, without its inputs
       const int ints = (c.vstage == 0 ? 1 : 0) + (c.vstage == n_virtual - 1 ? 1 : 0);
-      work = std::max(work, stash_bytes_per_micro_batch(spec, c.vstage, n_virtual, c.block_end - c.block_begin,
-                                                        Recompute::none) - sizeof(int) * n * ints);
+      work = std::max(
+          work, stash_bytes_per_micro_batch(spec, c.vstage, n_virtual, c.block_end - c.block_begin, Recompute::none) -
+                    sizeof(int) * n * ints);
     }
   return bytes + work;
 }
@@ -202,9 +203,17 @@ Stage::Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int 
 
 Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual, int micro_batches,
              float grad_scale)
-    : M_(micro_batches), B_(spec.samples_per_micro_batch()), T_(spec.model.seq_len), C_(spec.model.d_model),
-      NH_(spec.model.n_head), V_(spec.model.vocab), n_layer_(spec.model.n_layer), tied_(spec.model.tie_embeddings),
-      mode_(spec.parallel.recompute), grad_scale_(grad_scale), k_(kernels(compute_device())) {
+    : M_(micro_batches),
+      B_(spec.samples_per_micro_batch()),
+      T_(spec.model.seq_len),
+      C_(spec.model.d_model),
+      NH_(spec.model.n_head),
+      V_(spec.model.vocab),
+      n_layer_(spec.model.n_layer),
+      tied_(spec.model.tie_embeddings),
+      mode_(spec.parallel.recompute),
+      grad_scale_(grad_scale),
+      k_(kernels(compute_device())) {
   params_ = rank_params(spec, chunks, n_virtual);
   const size_t total = params_.empty() ? 0 : params_.back().offset + params_.back().size;
   weights_.resize(total);
@@ -259,26 +268,30 @@ void Stage::init_params(uint64_t seed) {
   for (auto& p : params_) {
     float* w = host.data() + p.offset;
     switch (p.init) {
-      case Init::zeros: std::fill(w, w + p.size, 0.f); break;
-      case Init::ones: std::fill(w, w + p.size, 1.f); break;
-      case Init::normal: fill_normal(w, p.size, 0.02f, seed, p.name); break;
-      case Init::residual_normal: fill_normal(w, p.size, resid_std, seed, p.name); break;
+      case Init::zeros:
+        std::fill(w, w + p.size, 0.f);
+        break;
+      case Init::ones:
+        std::fill(w, w + p.size, 1.f);
+        break;
+      case Init::normal:
+        fill_normal(w, p.size, 0.02f, seed, p.name);
+        break;
+      case Init::residual_normal:
+        fill_normal(w, p.size, resid_std, seed, p.name);
+        break;
     }
   }
   weights_.assign(host.data(), host.size());
 }
 
-void Stage::zero_grads() {
-  zero_values(grads_.data(), grads_.size());
-}
+void Stage::zero_grads() { zero_values(grads_.data(), grads_.size()); }
 
 BlockPtrs Stage::block_ptrs(Floats& base, const Chunk& c, int l) {
   return block_ptrs_from(base.data() + c.block_offset[l], C_);
 }
 
-void Stage::set_tokens(int mb, const int* tokens) {
-  stash(0, mb).tokens.assign(tokens, static_cast<size_t>(B_) * T_);
-}
+void Stage::set_tokens(int mb, const int* tokens) { stash(0, mb).tokens.assign(tokens, static_cast<size_t>(B_) * T_); }
 void Stage::set_targets(int mb, const int* targets) {
   stash(chunks() - 1, mb).targets.assign(targets, static_cast<size_t>(B_) * T_);
 }
@@ -324,7 +337,8 @@ void Stage::size_acts(const Chunk& c, Acts& a, const Tokens& tok) {
 void Stage::compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, double* loss) {
   size_acts(c, w, micro_batch());
   const size_t n_in = boundary_floats();
-  if (c.first) k_.encoder_forward(w.xs[0].data(), s.tokens.data(), weights_.data() + wte_, weights_.data() + wpe_, B_, T_, C_);
+  if (c.first)
+    k_.encoder_forward(w.xs[0].data(), s.tokens.data(), weights_.data() + wte_, weights_.data() + wpe_, B_, T_, C_);
   else if (&w != &s) copy_values(w.xs[0].data(), s.xs[0].data(), n_in);
   for (int l = 0; l < c.L; ++l) {
     float* y = (l + 1 < c.L || c.last) ? w.xs[l + 1].data() : out;
@@ -469,13 +483,9 @@ void Stage::give_back(std::vector<Pool<T>>& pools, int pool, int& slot) {
   slot = -1;
 }
 
-Acts& Stage::stash(int chunk, int mb) {
-  return take(acts_pools_, pool_of_[chunk], slot_of_[key(chunk, mb)]);
-}
+Acts& Stage::stash(int chunk, int mb) { return take(acts_pools_, pool_of_[chunk], slot_of_[key(chunk, mb)]); }
 
-WGrads& Stage::wgrads(int chunk, int mb) {
-  return take(wgrad_pools_, pool_of_[chunk], wslot_of_[key(chunk, mb)]);
-}
+WGrads& Stage::wgrads(int chunk, int mb) { return take(wgrad_pools_, pool_of_[chunk], wslot_of_[key(chunk, mb)]); }
 
 void Stage::release(int chunk, int mb) {
   give_back(acts_pools_, pool_of_[chunk], slot_of_[key(chunk, mb)]);

@@ -1,5 +1,5 @@
-#include "pipetrain/util/faults.hpp"
 #include "pipetrain/model/optim.hpp"
+#include "pipetrain/util/faults.hpp"
 
 #include <cmath>
 
@@ -68,7 +68,8 @@ void AdamW::step(const std::vector<ParamTensor>& params, Floats& weights, const 
     const float decay = params[slab.tensor].decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.f;
     if (weights.on_gpu()) {
       gpu::adamw_update(weights.data() + slab.begin, grads.data() + slab.begin, m_.data() + slab.state_offset,
-                        v_.data() + slab.state_offset, slab.size(), b1, b2, step_size, inv_sqrt_bc2, eps, decay, grad_mul);
+                        v_.data() + slab.state_offset, slab.size(), b1, b2, step_size, inv_sqrt_bc2, eps, decay,
+                        grad_mul);
       continue;
     }
     parallel_for(slab.size(), kAdamChunk, [&](size_t begin, size_t end) {

@@ -48,28 +48,28 @@ void Stage::block_backward_input(const Chunk& c, int l, const float* x, const Bl
   // out = res2 + mlp(ln2(res2))
   if (!g) copy_values(w.dout.data(), dout, NC);
   k_.matmul_backward(dfch_gelu_.data(), grad(&BlockPtrs::fcprojw), grad(&BlockPtrs::fcprojb), dout, a.fch_gelu.data(),
-                  p.fcprojw, N, 4 * C, C);
+                     p.fcprojw, N, 4 * C, C);
   poll();
   k_.gelu_backward(w.dfch.data(), a.fch.data(), dfch_gelu_.data(), 4 * NC);
   k_.matmul_backward(w.dln2.data(), grad(&BlockPtrs::fcw), grad(&BlockPtrs::fcb), w.dfch.data(), a.ln2.data(), p.fcw, N,
-                  C, 4 * C);
+                     C, 4 * C);
   poll();
   float* dres2 = dinp;  // accumulate d(res2) in dinp, then continue through the attention branch
   copy_values(dres2, dout, NC);
   k_.layernorm_backward(dres2, grad(&BlockPtrs::ln2w), grad(&BlockPtrs::ln2b), w.dln2.data(), a.res2.data(), p.ln2w,
-                     a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
+                        a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
   if (!g) copy_values(w.dres2.data(), dres2, NC);
   // res2 = x + proj(attn(ln1(x)))
   k_.matmul_backward(datty_.data(), grad(&BlockPtrs::projw), grad(&BlockPtrs::projb), dres2, a.atty.data(), p.projw, N,
-                  C, C);
+                     C, C);
   poll();
   k_.attention_backward(w.dqkv.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, T_, C, NH_);
   poll();
   k_.matmul_backward(w.dln1.data(), grad(&BlockPtrs::qkvw), grad(&BlockPtrs::qkvb), w.dqkv.data(), a.ln1.data(), p.qkvw,
-                  N, C, 3 * C);
+                     N, C, 3 * C);
   poll();
   k_.layernorm_backward(dinp, grad(&BlockPtrs::ln1w), grad(&BlockPtrs::ln1b), w.dln1.data(), x, p.ln1w,
-                     a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
+                        a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
 }
 
 void Stage::block_backward_weight(const Chunk& c, int l, const float* x, const BlockActs& a, const BlockWGrads& w) {
@@ -80,7 +80,7 @@ void Stage::block_backward_weight(const Chunk& c, int l, const float* x, const B
   k_.matmul_backward(nullptr, g.fcw, g.fcb, w.dfch.data(), a.ln2.data(), nullptr, N, C, 4 * C);
   poll();
   k_.layernorm_backward(nullptr, g.ln2w, g.ln2b, w.dln2.data(), a.res2.data(), nullptr, a.ln2_mean.data(),
-                     a.ln2_rstd.data(), N, C);
+                        a.ln2_rstd.data(), N, C);
   k_.matmul_backward(nullptr, g.projw, g.projb, w.dres2.data(), a.atty.data(), nullptr, N, C, C);
   poll();
   k_.matmul_backward(nullptr, g.qkvw, g.qkvb, w.dqkv.data(), a.ln1.data(), nullptr, N, C, 3 * C);
@@ -90,7 +90,8 @@ void Stage::block_backward_weight(const Chunk& c, int l, const float* x, const B
 
 double Stage::head_forward(const float* x, HeadActs& a, const int* targets, const Tokens& tok) {
   const int N = tok.rows(), C = C_;
-  k_.layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, weights_.data() + lnfw_, weights_.data() + lnfb_, N, C);
+  k_.layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, weights_.data() + lnfw_,
+                       weights_.data() + lnfb_, N, C);
   k_.matmul_forward(logits_.data(), a.lnf.data(), weights_.data() + head_, nullptr, N, C, V_);
   poll();
   return k_.softmax_crossentropy_forward(a.probs.data(), logits_.data(), targets, N, V_);
@@ -126,18 +127,18 @@ void Stage::head_backward_input(const float* x, const HeadActs& a, const int* ta
   const int N = B_ * T_, C = C_;
   k_.softmax_crossentropy_backward(w.dlogits.data(), a.probs.data(), targets, grad_scale_, N, V_);
   k_.matmul_backward(w.dlnf.data(), fused ? grads_.data() + head_ : nullptr, nullptr, w.dlogits.data(), a.lnf.data(),
-                  weights_.data() + head_, N, C, V_);
+                     weights_.data() + head_, N, C, V_);
   poll();
-  k_.layernorm_backward(dinp, fused ? grads_.data() + lnfw_ : nullptr, fused ? grads_.data() + lnfb_ : nullptr, w.dlnf.data(), x,
-                     weights_.data() + lnfw_, a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
+  k_.layernorm_backward(dinp, fused ? grads_.data() + lnfw_ : nullptr, fused ? grads_.data() + lnfb_ : nullptr,
+                        w.dlnf.data(), x, weights_.data() + lnfw_, a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
 }
 
 void Stage::head_backward_weight(const float* x, const HeadActs& a, const HeadWGrads& w) {
   const int N = B_ * T_, C = C_;
   k_.matmul_backward(nullptr, grads_.data() + head_, nullptr, w.dlogits.data(), a.lnf.data(), nullptr, N, C, V_);
   poll();
-  k_.layernorm_backward(nullptr, grads_.data() + lnfw_, grads_.data() + lnfb_, w.dlnf.data(), x, nullptr, a.lnf_mean.data(),
-                     a.lnf_rstd.data(), N, C);
+  k_.layernorm_backward(nullptr, grads_.data() + lnfw_, grads_.data() + lnfb_, w.dlnf.data(), x, nullptr,
+                        a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
 }
 
 }  // namespace pipetrain

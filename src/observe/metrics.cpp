@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -87,15 +87,15 @@ const StageKey kStageKeys[] = {
      Digits::six, false},
     {"rank_step_s", &StepLine::rank_step_s, [](const RankFigures& r) { return r.rank_step_s; }, OverReplicas::mean,
      Digits::six, false},
-    {"param_bytes", &StepLine::param_bytes, [](const RankFigures& r) { return 4 * r.param_count; },
-     OverReplicas::max, Digits::whole, false},
-    {"grad_bytes", &StepLine::grad_bytes, [](const RankFigures& r) { return 4 * r.param_count; },
-     OverReplicas::max, Digits::whole, false},
+    {"param_bytes", &StepLine::param_bytes, [](const RankFigures& r) { return 4 * r.param_count; }, OverReplicas::max,
+     Digits::whole, false},
+    {"grad_bytes", &StepLine::grad_bytes, [](const RankFigures& r) { return 4 * r.param_count; }, OverReplicas::max,
+     Digits::whole, false},
     // The stage's largest share of the AdamW moments (ZeRO-1 slabs differ by a row).
-    {"optim_bytes", &StepLine::optim_bytes, [](const RankFigures& r) { return 8 * r.optim_floats; },
-     OverReplicas::max, Digits::whole, false},
-    {"gpu_mem_bytes", &StepLine::gpu_mem_bytes, [](const RankFigures& r) { return r.gpu_mem_bytes; },
-     OverReplicas::max, Digits::whole, true},
+    {"optim_bytes", &StepLine::optim_bytes, [](const RankFigures& r) { return 8 * r.optim_floats; }, OverReplicas::max,
+     Digits::whole, false},
+    {"gpu_mem_bytes", &StepLine::gpu_mem_bytes, [](const RankFigures& r) { return r.gpu_mem_bytes; }, OverReplicas::max,
+     Digits::whole, true},
     {"gpu_mem_peak_bytes", &StepLine::gpu_mem_peak_bytes, [](const RankFigures& r) { return r.gpu_mem_peak_bytes; },
      OverReplicas::max, Digits::whole, true},
 };
@@ -167,12 +167,17 @@ StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_pe
 }
 
 std::string to_json(const StepLine& l) {
-  nlohmann::ordered_json j = {{"step", l.step}, {"time", figure(l.time, Digits::millis)}, {"launch", l.launch},
-                              {"pp", l.pp},     {"dp", l.dp},                             {"skipped", l.skipped},
+  nlohmann::ordered_json j = {{"step", l.step},
+                              {"time", figure(l.time, Digits::millis)},
+                              {"launch", l.launch},
+                              {"pp", l.pp},
+                              {"dp", l.dp},
+                              {"skipped", l.skipped},
                               {"bad_steps", l.bad_steps}};
   for (const ScalarKey& k : kScalarKeys) j[k.key] = figure(l.*k.value, k.digits);
   if (l.val_loss >= 0) j["val_loss"] = figure(l.val_loss, Digits::all);
-  const bool gpu = std::any_of(l.gpu_mem_peak_bytes.begin(), l.gpu_mem_peak_bytes.end(), [](double b) { return b > 0; });
+  const bool gpu =
+      std::any_of(l.gpu_mem_peak_bytes.begin(), l.gpu_mem_peak_bytes.end(), [](double b) { return b > 0; });
   for (const StageKey& k : kStageKeys)
     if (gpu || !k.gpu_only) j[k.key] = figures(l.*k.values, k.digits);
   nlohmann::ordered_json kernels = nlohmann::ordered_json::object();
@@ -188,7 +193,8 @@ std::string to_json(const StepLine& l) {
 std::string progress_line(const StepLine& l) {
   char buf[256];
   std::snprintf(buf, sizeof buf,
-                "step %*d/%d | loss %.4f | lr %.2e | gnorm %.3f | %8.0f tok/s | %7.1f ms | %5.1f GFLOP/s MFU %4.1f%% (%3.0f%% of sgemm) | bubble",
+                "step %*d/%d | loss %.4f | lr %.2e | gnorm %.3f | %8.0f tok/s | %7.1f ms | %5.1f GFLOP/s MFU %4.1f%% "
+                "(%3.0f%% of sgemm) | bubble",
                 static_cast<int>(std::to_string(l.steps).size()), l.step, l.steps, l.loss, l.lr, l.grad_norm,
                 l.tokens_per_s, 1e3 * l.step_time_s, l.gflops, 100 * l.mfu, 100 * l.sgemm_share);
   std::string s = buf;

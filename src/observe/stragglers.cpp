@@ -88,7 +88,8 @@ StragglerDetector::StragglerDetector(std::vector<RankPlace> places, std::vector<
   for (const auto& [node, stages] : stages_on) nodes_alike_ = nodes_alike_ && stages == stages_on.begin()->second;
 }
 
-void StragglerDetector::judge(const std::string& key, const Straggler& now, bool over, std::vector<std::string>& lines) {
+void StragglerDetector::judge(const std::string& key, const Straggler& now, bool over,
+                              std::vector<std::string>& lines) {
   Track& t = tracks_[key];
   t.last = now;
   t.over = over ? t.over + 1 : 0;
@@ -101,8 +102,9 @@ void StragglerDetector::judge(const std::string& key, const Straggler& now, bool
       what = "delivers a message in " + ms(now.seconds) + ", " + times(now.ratio) + " the other links of its kind (" +
              ms(now.peers_seconds) + ")";
     else
-      what = "computes " + times(now.ratio) + " as long as " + (now.kind == StragglerKind::node ? "the other nodes" : "its peers") + ": " +
-             ms(now.seconds) + " per step against " + ms(now.peers_seconds);
+      what = "computes " + times(now.ratio) + " as long as " +
+             (now.kind == StragglerKind::node ? "the other nodes" : "its peers") + ": " + ms(now.seconds) +
+             " per step against " + ms(now.peers_seconds);
     lines.push_back("straggler: " + now.name + " " + what + steps);
   } else if (t.flagged && t.under >= 2) {
     t.flagged = false;
@@ -137,7 +139,8 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
 }
 
 std::vector<bool> StragglerDetector::observe_ranks(const std::vector<WindowFigures>& ranks,
-                                                   const std::vector<double>& per_work, std::vector<std::string>& lines) {
+                                                   const std::vector<double>& per_work,
+                                                   std::vector<std::string>& lines) {
   const size_t R = ranks.size();
   rank_ratio_.assign(R, 1.0);
   expected_s_.assign(R, 0.0);
@@ -262,7 +265,10 @@ nlohmann::json StragglerDetector::window_json() const {
   w["links"] = links;
   json flagged_now = json::array();
   for (const Straggler& s : flagged())
-    flagged_now.push_back({{"kind", name_of(s.kind)}, {"name", s.name}, {"ratio", s.ratio}, {"seconds", s.seconds},
+    flagged_now.push_back({{"kind", name_of(s.kind)},
+                           {"name", s.name},
+                           {"ratio", s.ratio},
+                           {"seconds", s.seconds},
                            {"peers_seconds", s.peers_seconds}});
   return {{"window", w}, {"stragglers", flagged_now}};
 }

@@ -35,11 +35,13 @@ std::string Trace::file_json(const std::vector<std::string>& rank_events, const 
     first = false;
   };
   for (int s = 0; s < pp; ++s) {
-    std::snprintf(buf, sizeof buf, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"stage %d\"}}", s, s);
+    std::snprintf(buf, sizeof buf,
+                  "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"stage %d\"}}", s, s);
     add(buf);
     for (int d = 0; d < dp; ++d) {
       std::snprintf(buf, sizeof buf,
-                    "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"dp %d (rank %d)\"}}",
+                    "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"dp %d "
+                    "(rank %d)\"}}",
                     s, d, d, topo.rank_of(s, d));
       add(buf);
     }
@@ -58,6 +60,5 @@ void write_trace(const Trace& trace, Comm& comm, const std::string& run_dir) {
     std::fprintf(stderr, "pipetrain: warning: trace.json not written: %s\n", e.what());
   }
 }
-
 
 }  // namespace pipetrain

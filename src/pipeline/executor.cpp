@@ -61,7 +61,7 @@ struct Executor::Step {
   const std::function<void(int)>& load_inputs;
   const std::function<void(size_t)>& grads_done_from;
   const std::function<bool(int)>& params_needed;
-  const int M;  // micro-batches
+  const int M;                                     // micro-batches
   const std::vector<const Action*> last_backward;  // per chunk (last_backwards)
   std::vector<bool> has_backward;                  // per (chunk, mb): evaluation lists have none
   std::vector<size_t> held;                        // activation bytes per (chunk, mb)
@@ -93,8 +93,8 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
                         const std::function<void(size_t)>& grads_done_from,
                         const std::function<bool(int)>& params_needed) {
   using Handler = void (Executor::*)(Step&, const Action&);
-  static constexpr Handler kHandlers[] = {&Executor::recv_act,  &Executor::forward,   &Executor::send_act,
-                                          &Executor::recv_grad, &Executor::backward,  &Executor::send_grad,
+  static constexpr Handler kHandlers[] = {&Executor::recv_act,  &Executor::forward,        &Executor::send_act,
+                                          &Executor::recv_grad, &Executor::backward,       &Executor::send_grad,
                                           &Executor::backward,  &Executor::backward_weight};
   static_assert(std::size(kHandlers) == static_cast<size_t>(Op::backward_weight) + 1, "one handler per Op");
   Step s(actions, trace, load_inputs, grads_done_from, params_needed, shape_.micro_batches, stage_.chunks());
@@ -157,7 +157,8 @@ void Executor::forward(Step& s, const Action& a) {
   if (const double t0 = now_s(); s.params_needed && s.params_needed(a.chunk))
     s.trace.span("wait parameter all-gather", "wait", t0, now_s(), a.mb);
   const bool first = stage_.first(a.chunk), last = stage_.last(a.chunk);
-  s.act_out = last ? nullptr : links_.act_out(a).acquire(comm_, links_.act_out_tag(a), a.mb, "send activation", s.trace);
+  s.act_out =
+      last ? nullptr : links_.act_out(a).acquire(comm_, links_.act_out_tag(a), a.mb, "send activation", s.trace);
   timed_pass(s, a, "forward", [&] {
     if (first || last) {
       s.load_inputs(a.mb);
@@ -173,7 +174,9 @@ void Executor::forward(Step& s, const Action& a) {
   }
 }
 
-void Executor::send_act(Step&, const Action& a) { links_.act_out(a).send(comm_, links_.act_out_tag(a), a, clock_offset_s_); }
+void Executor::send_act(Step&, const Action& a) {
+  links_.act_out(a).send(comm_, links_.act_out_tag(a), a, clock_offset_s_);
+}
 
 void Executor::recv_grad(Step& s, const Action& a) {
   const double t0 = now_s();
@@ -186,7 +189,8 @@ void Executor::recv_grad(Step& s, const Action& a) {
 
 void Executor::backward(Step& s, const Action& a) {
   const bool first = stage_.first(a.chunk), last = stage_.last(a.chunk);
-  s.grad_out = first ? nullptr : links_.grad_out(a).acquire(comm_, links_.grad_out_tag(a), a.mb, "send gradient", s.trace);
+  s.grad_out =
+      first ? nullptr : links_.grad_out(a).acquire(comm_, links_.grad_out_tag(a), a.mb, "send gradient", s.trace);
   if (!last && (s.grad_in_for.mb != a.mb || s.grad_in_for.chunk != a.chunk))
     throw std::logic_error("schedule runs backward " + to_string(a) + " without receiving its gradient first");
   timed_pass(s, a, "backward", [&] {

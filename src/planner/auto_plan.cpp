@@ -33,8 +33,9 @@ std::string describe(const RunSpec& s) {
 std::string set_line(const RunSpec& s) {
   const auto& p = s.parallel;
   return "--set parallel.pp=" + std::to_string(p.pp) + " --set parallel.dp=" + std::to_string(p.dp) +
-         " --set parallel.micro_batches=" + std::to_string(p.micro_batches) + " --set parallel.schedule=" +
-         p.schedule->name + " --set parallel.virtual_stages=" + std::to_string(p.virtual_stages) +
+         " --set parallel.micro_batches=" + std::to_string(p.micro_batches) +
+         " --set parallel.schedule=" + p.schedule->name +
+         " --set parallel.virtual_stages=" + std::to_string(p.virtual_stages) +
          " --set parallel.recompute=" + name_of(p.recompute) + " --set parallel.partition=" + name_of(p.partition) +
          " --set parallel.zero=" + std::to_string(p.zero);
 }

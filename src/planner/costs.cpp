@@ -34,11 +34,14 @@ PassCosts pass_at(const std::vector<MachineCosts::AtSize>& pts, int samples, Whi
 double transfer_at(const std::vector<MachineCosts::Transfer>& pts, double bytes) {
   if (pts.empty() || bytes <= 0) return 0;
   if (bytes <= pts.front().bytes) return pts.front().seconds;  // latency-bound below the smallest size
-  return interpolate(pts, bytes, [](auto& p) { return p.bytes; }, [](auto& p) { return p.seconds; });
+  return interpolate(
+      pts, bytes, [](auto& p) { return p.bytes; }, [](auto& p) { return p.seconds; });
 }
 
 nlohmann::json pass_json(const PassCosts& p) { return {{"f", p.f}, {"b", p.b}, {"w", p.w}}; }
-PassCosts pass_from(const nlohmann::json& j) { return {j.at("f").get<double>(), j.at("b").get<double>(), j.at("w").get<double>()}; }
+PassCosts pass_from(const nlohmann::json& j) {
+  return {j.at("f").get<double>(), j.at("b").get<double>(), j.at("w").get<double>()};
+}
 
 }  // namespace
 
@@ -86,8 +89,11 @@ nlohmann::json MachineCosts::to_json() const {
   j["source"] = source;
   j["model"] = {{"d_model", d_model}, {"n_head", n_head}, {"seq_len", seq_len}, {"vocab", vocab}};
   for (const AtSize& a : compute)
-    j["compute"].push_back({{"samples", a.samples}, {"block", pass_json(a.block)}, {"embed", pass_json(a.embed)},
-                            {"head", pass_json(a.head)}, {"block_recompute_block", pass_json(a.block_recompute[0])},
+    j["compute"].push_back({{"samples", a.samples},
+                            {"block", pass_json(a.block)},
+                            {"embed", pass_json(a.embed)},
+                            {"head", pass_json(a.head)},
+                            {"block_recompute_block", pass_json(a.block_recompute[0])},
                             {"block_recompute_stage", pass_json(a.block_recompute[1])}});
   j["adamw_s_per_param"] = adamw_s_per_param;
   j["p2p"] = nlohmann::json::array();
@@ -108,7 +114,8 @@ MachineCosts MachineCosts::from_json(const nlohmann::json& j, const std::string&
     c.seq_len = m.at("seq_len");
     c.vocab = m.at("vocab");
     for (const auto& a : j.at("compute")) {
-      AtSize at{a.at("samples").get<int>(), pass_from(a.at("block")), pass_from(a.at("embed")), pass_from(a.at("head")), {}};
+      AtSize at{
+          a.at("samples").get<int>(), pass_from(a.at("block")), pass_from(a.at("embed")), pass_from(a.at("head")), {}};
       if (a.contains("block_recompute_block")) at.block_recompute[0] = pass_from(a.at("block_recompute_block"));
       if (a.contains("block_recompute_stage")) at.block_recompute[1] = pass_from(a.at("block_recompute_stage"));
       c.compute.push_back(at);
@@ -172,8 +179,8 @@ MachineCosts MachineCosts::from_peak(const RunSpec& spec, double flops_per_s, do
   MachineCosts c = for_model(spec);
   const double rate = flops_per_s * efficiency;
   char what[160];
-  std::snprintf(what, sizeof what, "a peak of %.3g TFLOP/s per rank at %.0f%% of it, %.3g GB/s links", flops_per_s / 1e12,
-                100 * efficiency, link_bytes_per_s / 1e9);
+  std::snprintf(what, sizeof what, "a peak of %.3g TFLOP/s per rank at %.0f%% of it, %.3g GB/s links",
+                flops_per_s / 1e12, 100 * efficiency, link_bytes_per_s / 1e9);
   c.source = what;
   AtSize one = flops_per_sample(spec);
   for (PassCosts* p : {&one.block, &one.embed, &one.head}) {
@@ -209,9 +216,9 @@ void MachineCosts::check_fits(const RunSpec& spec, const std::string& where) con
   const auto& m = spec.model;
   if (d_model != m.d_model || n_head != m.n_head || seq_len != m.seq_len || vocab != m.vocab)
     throw SpecError(where + ": measured on d_model " + std::to_string(d_model) + ", n_head " + std::to_string(n_head) +
-                    ", seq_len " + std::to_string(seq_len) + ", vocab " + std::to_string(vocab) +
-                    "; the spec has " + std::to_string(m.d_model) + ", " + std::to_string(m.n_head) + ", " +
-                    std::to_string(m.seq_len) + ", " + std::to_string(m.vocab) +
+                    ", seq_len " + std::to_string(seq_len) + ", vocab " + std::to_string(vocab) + "; the spec has " +
+                    std::to_string(m.d_model) + ", " + std::to_string(m.n_head) + ", " + std::to_string(m.seq_len) +
+                    ", " + std::to_string(m.vocab) +
                     " (calibrate with this spec: pipetrain plan --calibrate --config ...)");
 }
 

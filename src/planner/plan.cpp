@@ -28,8 +28,7 @@ double StagePlan::memory_bytes(const RunSpec& spec) const {
   const double attention_scratch =
       spec.run.device == Device::gpu ? 4.0 * spec.samples_per_micro_batch() * spec.model.n_head * T * T : 0;
   return state_bytes(spec) + act_held_bytes[static_cast<int>(spec.parallel.recompute)] + working_bytes +
-         reduce_scratch_bytes +
-         attention_scratch;
+         reduce_scratch_bytes + attention_scratch;
 }
 
 double Plan::largest_memory_bytes(const RunSpec& spec) const {
@@ -130,7 +129,8 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
     os << line;
   }
   os << "\n\nmemory per stage (activations of the micro-batches in flight at the schedule's peak, by recompute\n"
-        "mode; " << p.schedule->name << " keeps" << (p.virtual_stages > 1 ? " (chunk-micro-batches)" : "");
+        "mode; "
+     << p.schedule->name << " keeps" << (p.virtual_stages > 1 ? " (chunk-micro-batches)" : "");
   for (size_t s = 0; s < plan.stages.size(); ++s) os << (s ? ", " : " ") << plan.stages[s].in_flight;
   os << "; working: scratch and buffers under recompute = " << name_of(p.recompute)
      << (p.dp > 1 ? ", and MPI's for the gradient reduction" : "") << "):\n";
@@ -146,7 +146,8 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
                   human_bytes(4.0 * sp.params).c_str(), human_bytes(4.0 * sp.params).c_str(),
                   human_bytes(sp.optim_bytes(0)).c_str(), human_bytes(sp.optim_bytes(1)).c_str(),
                   human_bytes(sp.act_peak_bytes[0]).c_str(), human_bytes(sp.act_peak_bytes[1]).c_str(),
-                  human_bytes(sp.act_peak_bytes[2]).c_str(), human_bytes(sp.working_bytes + sp.reduce_scratch_bytes).c_str());
+                  human_bytes(sp.act_peak_bytes[2]).c_str(),
+                  human_bytes(sp.working_bytes + sp.reduce_scratch_bytes).c_str());
     os << line;
   }
   os << "  (* the spec's parallel.zero; zero = 1 keeps each replica's AdamW state for its row slab of every tensor)\n";
@@ -215,12 +216,21 @@ nlohmann::json plan_json(const RunSpec& spec, const Plan& plan) {
       act[name_of(kModes[m])] = s.act_peak_bytes[m];
       held[name_of(kModes[m])] = s.act_held_bytes[m];
     }
-    j["stages"].push_back({{"blocks", s.blocks}, {"params", s.params}, {"param_bytes", 4 * s.params},
-                           {"grad_bytes", 4 * s.params}, {"optim_bytes", s.optim_bytes(spec.parallel.zero)},
+    j["stages"].push_back({{"blocks", s.blocks},
+                           {"params", s.params},
+                           {"param_bytes", 4 * s.params},
+                           {"grad_bytes", 4 * s.params},
+                           {"optim_bytes", s.optim_bytes(spec.parallel.zero)},
                            {"optim_bytes_by_zero", {s.optim_bytes(0), s.optim_bytes(1)}},
-                           {"snapshot_bytes", spec.checkpoint.async ? s.snapshot_bytes : 0}, {"cost_share", s.cost_share},
-                           {"bubble_sim", s.bubble}, {"in_flight", s.in_flight}, {"act_peak_bytes", act}, {"act_held_bytes", held},
-                           {"working_bytes", s.working_bytes}, {"reduce_scratch_bytes", s.reduce_scratch_bytes}, {"memory_bytes", s.memory_bytes(spec)}});
+                           {"snapshot_bytes", spec.checkpoint.async ? s.snapshot_bytes : 0},
+                           {"cost_share", s.cost_share},
+                           {"bubble_sim", s.bubble},
+                           {"in_flight", s.in_flight},
+                           {"act_peak_bytes", act},
+                           {"act_held_bytes", held},
+                           {"working_bytes", s.working_bytes},
+                           {"reduce_scratch_bytes", s.reduce_scratch_bytes},
+                           {"memory_bytes", s.memory_bytes(spec)}});
   }
   return j;
 }

@@ -61,15 +61,15 @@ std::string budget_text(const RunSpec& spec, const Plan& plan, const MachineCost
   const char* device = spec.run.device == Device::gpu ? "GPU" : "rank";
   std::ostringstream os;
   os << "\ncost of a step and of the run (" << costs.source << "):\n";
-  os << "  per step: " << human(p.flops, "FLOP") << " (model" << (spec.parallel.recompute == Recompute::none ? "" : " + recompute")
-     << "), pipeline messages " << human(p.p2p_bytes, "B", 1024) << ", gradients all-reduced "
-     << human(p.reduce_bytes, "B", 1024) << "\n";
+  os << "  per step: " << human(p.flops, "FLOP") << " (model"
+     << (spec.parallel.recompute == Recompute::none ? "" : " + recompute") << "), pipeline messages "
+     << human(p.p2p_bytes, "B", 1024) << ", gradients all-reduced " << human(p.reduce_bytes, "B", 1024) << "\n";
   char figure[32];
   std::snprintf(figure, sizeof figure, "%.4f", p.bubble);
   os << "  predicted step " << duration(p.step_s) << " (forwards and backwards " << duration(p.pipeline_s)
-     << ", bubble " << figure << "; reduction " << duration(p.reduce_s) << "; agreement and update " << duration(p.optimizer_s)
-     << "): " << human(p.tokens_per_s, "tokens/s") << ", " << human(p.flops / std::max(p.step_s, 1e-30) / world, "FLOP/s")
-     << " per " << device << "\n";
+     << ", bubble " << figure << "; reduction " << duration(p.reduce_s) << "; agreement and update "
+     << duration(p.optimizer_s) << "): " << human(p.tokens_per_s, "tokens/s") << ", "
+     << human(p.flops / std::max(p.step_s, 1e-30) / world, "FLOP/s") << " per " << device << "\n";
   std::snprintf(figure, sizeof figure, "%.3g", p.step_s * spec.run.steps * world / 3600);
   os << "  run.steps = " << spec.run.steps << ": " << duration(p.step_s * spec.run.steps) << " wall, " << figure << " "
      << device << "-hours on " << world << " " << device << (world > 1 ? "s" : "") << "\n";
@@ -98,9 +98,11 @@ std::optional<ImbalanceWarning> imbalance_warning(const RunSpec& spec, const Pla
                 "the simulated bubble %.3f is far above %s's %.3f with even stages: %s %zu (rank %d, %d "
                 "block%s%s) does %.0f%% of the work where an even share is %.0f%%",
                 plan.bubble_sim, spec.parallel.schedule->name.c_str(), plan.bubble_theory,
-                place.chunks > 1 ? "chunk" : "stage", heaviest, place.stage_of(heaviest),
-                blocks[heaviest], blocks[heaviest] == 1 ? "" : "s",
-                heaviest + 1 == costs.size() ? " + the LM head" : heaviest == 0 ? " + the embedding" : "",
+                place.chunks > 1 ? "chunk" : "stage", heaviest, place.stage_of(heaviest), blocks[heaviest],
+                blocks[heaviest] == 1 ? "" : "s",
+                heaviest + 1 == costs.size() ? " + the LM head"
+                : heaviest == 0              ? " + the embedding"
+                                             : "",
                 100 * costs[heaviest] / total, 100.0 / costs.size());
   ImbalanceWarning warning{line, ""};
   // Candidate fixes, judged by the simulated step (bubble and work together): a balanced partition,
@@ -122,8 +124,8 @@ std::optional<ImbalanceWarning> imbalance_warning(const RunSpec& spec, const Pla
       RunSpec s = balanced;
       s.parallel.virtual_stages = V;
       if (V == 1) s.parallel.schedule = &schedule_named("1f1b");
-      add(std::string(V == 1 ? "--set parallel.schedule=1f1b " : "") + "--set parallel.virtual_stages=" +
-              std::to_string(V) + " --set parallel.partition=balanced",
+      add(std::string(V == 1 ? "--set parallel.schedule=1f1b " : "") +
+              "--set parallel.virtual_stages=" + std::to_string(V) + " --set parallel.partition=balanced",
           s);
     }
   const double now = plan.step_units;
@@ -142,7 +144,9 @@ std::optional<ImbalanceWarning> imbalance_warning(const RunSpec& spec, const Pla
                   best_bubble, 100 * best_units / now);
     warning.advice = line;
   } else {
-    warning.advice = "no other partition or chunk count of this schedule simulates a shorter step; fewer stages would lower the bubble";
+    warning.advice =
+        "no other partition or chunk count of this schedule simulates a shorter step; fewer stages would lower the "
+        "bubble";
   }
   return warning;
 }

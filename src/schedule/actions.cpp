@@ -20,7 +20,8 @@ int max_in_flight(const ActionList& list) {
   return peak;
 }
 
-size_t peak_activation_bytes(const ActionList& list, const std::vector<size_t>& stash, const std::vector<size_t>& wgrads) {
+size_t peak_activation_bytes(const ActionList& list, const std::vector<size_t>& stash,
+                             const std::vector<size_t>& wgrads) {
   size_t now = 0, peak = 0;
   for (const Action& a : list) {
     const size_t held = stash.at(a.chunk), split = wgrads.at(a.chunk);
@@ -33,8 +34,8 @@ size_t peak_activation_bytes(const ActionList& list, const std::vector<size_t>& 
   return peak;
 }
 
-size_t held_activation_bytes(const ActionList& list, const std::vector<size_t>& stash, const std::vector<size_t>& wgrads,
-                             const std::vector<int>& pool_of_chunk) {
+size_t held_activation_bytes(const ActionList& list, const std::vector<size_t>& stash,
+                             const std::vector<size_t>& wgrads, const std::vector<int>& pool_of_chunk) {
   const size_t pools = pool_of_chunk.empty() ? 0 : *std::max_element(pool_of_chunk.begin(), pool_of_chunk.end()) + 1;
   std::vector<int> acts(pools), acts_peak(pools), kept(pools), kept_peak(pools);
   std::vector<size_t> acts_size(pools), kept_size(pools);

@@ -29,7 +29,8 @@ double v_bubble(ActionList (*generate)(int, int, int), const PipelineShape& s) {
 // What every V schedule needs of the layout: two chunks per rank.
 LayoutProblem v_chunks(const std::string& name, const PipelineShape& s) {
   if (s.chunks == 2) return {};
-  return {"parallel.virtual_stages", "schedule = " + name + " needs virtual_stages = 2 (its two chunks per rank form the V)"};
+  return {"parallel.virtual_stages",
+          "schedule = " + name + " needs virtual_stages = 2 (its two chunks per rank form the V)"};
 }
 
 std::vector<ScheduleKind> built_in() {
@@ -37,23 +38,29 @@ std::vector<ScheduleKind> built_in() {
   all.push_back({"gpipe", "all forwards, then all backwards; M micro-batches in flight",
                  [](int stage, const PipelineShape& s) { return gpipe_schedule(stage, s.stages, s.micro_batches); },
                  closed_form, "closed form (P-1)/(M+P-1)", kOneSlot});
-  all.push_back({"1f1b", "one forward, one backward; at most P - stage in flight",
-                 [](int stage, const PipelineShape& s) { return one_f_one_b_schedule(stage, s.stages, s.micro_batches); },
-                 closed_form, "closed form (P-1)/(M+P-1)", kOneSlot});
+  all.push_back(
+      {"1f1b", "one forward, one backward; at most P - stage in flight",
+       [](int stage, const PipelineShape& s) { return one_f_one_b_schedule(stage, s.stages, s.micro_batches); },
+       closed_form, "closed form (P-1)/(M+P-1)", kOneSlot});
   ScheduleKind interleaved{
-      "interleaved", "1f1b over virtual_stages chunks per rank: bubble / V; M a multiple of pp",
-      [](int stage, const PipelineShape& s) { return interleaved_schedule(stage, s.stages, s.micro_batches, s.chunks); },
-      closed_form, "closed form (P-1)/(VM+P-1)",
+      "interleaved",
+      "1f1b over virtual_stages chunks per rank: bubble / V; M a multiple of pp",
+      [](int stage, const PipelineShape& s) {
+        return interleaved_schedule(stage, s.stages, s.micro_batches, s.chunks);
+      },
+      closed_form,
+      "closed form (P-1)/(VM+P-1)",
       "one slot per chunk's forward or backward (F3.1: micro-batch 3 through the stage's chunk 1; chunk 0 unmarked)"};
   interleaved.chunked = true;
   interleaved.check = [](const PipelineShape& s) -> LayoutProblem {
     if (s.chunks < 2)
       return {"parallel.virtual_stages", "schedule = interleaved needs virtual_stages >= 2 (with 1 it is plain 1f1b)"};
-    if (s.stages < 2) return {"parallel.pp", "schedule = interleaved needs pp >= 2 (chunks go round the ring of stages)"};
+    if (s.stages < 2)
+      return {"parallel.pp", "schedule = interleaved needs pp >= 2 (chunks go round the ring of stages)"};
     if (s.micro_batches % s.stages != 0)
       return {"parallel.micro_batches",
-              "micro_batches = " + std::to_string(s.micro_batches) + " must be a multiple of parallel.pp = " +
-                  std::to_string(s.stages) +
+              "micro_batches = " + std::to_string(s.micro_batches) +
+                  " must be a multiple of parallel.pp = " + std::to_string(s.stages) +
                   " for schedule = interleaved (micro-batches go through the chunks in groups of pp)"};
     return {};
   };
@@ -70,12 +77,14 @@ std::vector<ScheduleKind> built_in() {
                   "one slot per forward, input-gradient (B) or weight-gradient (W) pass"};
   zb.splits_backward = true;
   all.push_back(zb);
-  ScheduleKind zbv{"zb-v", "two chunks per rank in a V, B and W apart: near-zero bubble at 1f1b's memory; "
-                           "virtual_stages = 2, recompute = none",
+  ScheduleKind zbv{"zb-v",
+                   "two chunks per rank in a V, B and W apart: near-zero bubble at 1f1b's memory; "
+                   "virtual_stages = 2, recompute = none",
                    [](int stage, const PipelineShape& s) { return zb_v_schedule(stage, s.stages, s.micro_batches); },
                    [](const PipelineShape& s) { return v_bubble(zb_v_schedule, s); },
-                   "with F = B = W", "one slot per chunk's forward, input-gradient (B) or weight-gradient (W) pass "
-                                    "(F3.1: micro-batch 3 through the stage's chunk 1, the way back up the V)"};
+                   "with F = B = W",
+                   "one slot per chunk's forward, input-gradient (B) or weight-gradient (W) pass "
+                   "(F3.1: micro-batch 3 through the stage's chunk 1, the way back up the V)"};
   zbv.chunked = true;
   zbv.implied_chunks = 2;
   zbv.splits_backward = true;
@@ -83,11 +92,13 @@ std::vector<ScheduleKind> built_in() {
   zbv.check = [](const PipelineShape& s) { return v_chunks("zb-v", s); };
   all.push_back(zbv);
   ScheduleKind dualpipev{
-      "dualpipev", "two chunks per rank in a V, each forward paired with the other chunk's backward; "
-                   "virtual_stages = 2, M >= 2 pp, recompute = none",
+      "dualpipev",
+      "two chunks per rank in a V, each forward paired with the other chunk's backward; "
+      "virtual_stages = 2, M >= 2 pp, recompute = none",
       [](int stage, const PipelineShape& s) { return dualpipe_v_schedule(stage, s.stages, s.micro_batches); },
       [](const PipelineShape& s) { return v_bubble(dualpipe_v_schedule, s); },
-      "with F = B = W", zbv.chart_caption};
+      "with F = B = W",
+      zbv.chart_caption};
   dualpipev.chunked = dualpipev.splits_backward = true;
   dualpipev.implied_chunks = 2;
   dualpipev.placement = Placement::vee;
@@ -136,7 +147,8 @@ const ScheduleKind& schedule_named(const std::string& name) {
 
 const ScheduleKind& register_schedule(ScheduleKind kind) {
   if (find_schedule(kind.name)) throw std::invalid_argument("schedule " + kind.name + " is already registered");
-  if (!kind.generate || !kind.bubble) throw std::invalid_argument("schedule " + kind.name + " needs a generator and a bubble");
+  if (!kind.generate || !kind.bubble)
+    throw std::invalid_argument("schedule " + kind.name + " needs a generator and a bubble");
   Registry& r = registry();
   r.kinds.push_back(std::move(kind));
   r.order.push_back(&r.kinds.back());

@@ -25,9 +25,9 @@ struct MessageKey {
 };
 
 struct Message {
-  double issued = -1;  // when its sender sent it (-1: not yet)
+  double issued = -1;   // when its sender sent it (-1: not yet)
   double transfer = 0;  // how long it travels
-  int receiver = -1;   // the rank taking it, and its place in that rank's receives from its link
+  int receiver = -1;    // the rank taking it, and its place in that rank's receives from its link
   size_t index = 0;
 };
 
@@ -93,7 +93,8 @@ SimResult simulate(const std::vector<ActionList>& lists, const std::vector<doubl
           const Message& m = messages.at(key_of_receive(a, v));
           if (m.issued < 0) break;  // blocked until the peer sends
           me.clock = std::max(me.clock, m.issued + m.transfer);
-          if (a.op == Op::recv_act) me.freed[{0, from_peer(a, v)}].push_back(me.clock);  // copied into the stage at once
+          if (a.op == Op::recv_act)
+            me.freed[{0, from_peer(a, v)}].push_back(me.clock);  // copied into the stage at once
         } else if (a.op == Op::send_act || a.op == Op::send_grad) {
           Message& m = messages[{a.op == Op::send_grad, v, a.mb}];
           m.issued = me.clock;
@@ -113,7 +114,7 @@ SimResult simulate(const std::vector<ActionList>& lists, const std::vector<doubl
             made.push_back({makes_grad, v, a.mb});
           }
           const double w = wgt.empty() ? bwd[v] / 2 : wgt[v];
-          const double cost = a.op == Op::forward            ? fwd[v]
+          const double cost = a.op == Op::forward           ? fwd[v]
                               : a.op == Op::backward_weight ? w
                               : a.op == Op::backward_input  ? bwd[v] - w
                                                             : bwd[v];
@@ -152,7 +153,9 @@ std::string render_chart(const SimResult& sim, int max_slots) {
       }
   const std::string last_label = "Stage " + std::to_string(P - 1) + ":";
   const size_t label_width = std::max<size_t>(10, last_label.size() + 2);
-  auto pad = [](std::string s, size_t width, size_t display) { return s + std::string(width > display ? width - display : 1, ' '); };
+  auto pad = [](std::string s, size_t width, size_t display) {
+    return s + std::string(width > display ? width - display : 1, ' ');
+  };
   auto trim = [](std::string s) { return s.erase(s.find_last_not_of(' ') + 1); };
   std::string out = pad("t:", label_width, 2);
   for (int t = 0; t < slots; ++t) out += pad(std::to_string(t), width, std::to_string(t).size());

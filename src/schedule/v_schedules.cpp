@@ -18,7 +18,8 @@ ActionList with_messages(const std::vector<Action>& order, const ChunkPlacement&
   for (const Action& a : order) {
     const int v = place.vstage(stage, a.chunk);
     if (a.op == Op::forward && v > 0) list.push_back({Op::recv_act, a.mb, a.chunk});
-    if ((a.op == Op::backward_input || a.op == Op::backward) && v < last) list.push_back({Op::recv_grad, a.mb, a.chunk});
+    if ((a.op == Op::backward_input || a.op == Op::backward) && v < last)
+      list.push_back({Op::recv_grad, a.mb, a.chunk});
     list.push_back(a);
     if (a.op == Op::forward && v < last) list.push_back({Op::send_act, a.mb, a.chunk});
     if ((a.op == Op::backward_input || a.op == Op::backward) && v > 0) list.push_back({Op::send_grad, a.mb, a.chunk});
@@ -102,28 +103,28 @@ ActionList dualpipe_v_schedule(int stage, int n_stages, int micro_batches) {
     forward(forward_chunk);
     backward(1 - forward_chunk);
   };
-  for (int i = 0; i < 2 * (P - 1 - s); ++i) forward(0);                  // chunk 0 fills the way down
-  for (int i = 0; i <= s; ++i) {                                          // both chunks, the turn reached
+  for (int i = 0; i < 2 * (P - 1 - s); ++i) forward(0);  // chunk 0 fills the way down
+  for (int i = 0; i <= s; ++i) {                         // both chunks, the turn reached
     forward(0);
     forward(1);
   }
   split = true;
-  for (int i = 0; i < P - 1 - s; ++i) {                                   // chunk 1's first backwards
+  for (int i = 0; i < P - 1 - s; ++i) {  // chunk 1's first backwards
     backward(1);
     weight();
     forward(1);
   }
   split = false;
-  for (int i = 0; i < M - 2 * P + s + 1; ++i) {                           // steady state: F with the other's B
+  for (int i = 0; i < M - 2 * P + s + 1; ++i) {  // steady state: F with the other's B
     pair(0);
     pair(1);
   }
-  for (int i = 0; i < P - 1 - s; ++i) {                                   // chunk 0's forwards are done
+  for (int i = 0; i < P - 1 - s; ++i) {  // chunk 0's forwards are done
     backward(1);
     pair(1);
   }
-  for (int i = 0; i <= s; ++i) {                                          // the last backwards, B and W
-    if (i == (s + 1) / 2 && s % 2 == 1) split = true;                     // apart from the middle on
+  for (int i = 0; i <= s; ++i) {                       // the last backwards, B and W
+    if (i == (s + 1) / 2 && s % 2 == 1) split = true;  // apart from the middle on
     backward(1);
     if (i == (s + 1) / 2 && s % 2 == 0) split = true;
     backward(0);

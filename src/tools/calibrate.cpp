@@ -187,10 +187,11 @@ std::vector<MachineCosts::Transfer> time_allreduces(World& world, const std::vec
   std::vector<MachineCosts::Transfer> out;
   for (size_t bytes : sizes) {
     std::vector<float> buf(bytes / sizeof(float), 1.f);
-    const double t = median_seconds([] {}, [&] {
-      Request r = comm.iallreduce_data(buf.data(), buf.size());
-      comm.wait(r, {"calibration all-reduce"});
-    });
+    const double t = median_seconds([] {},
+                                    [&] {
+                                      Request r = comm.iallreduce_data(buf.data(), buf.size());
+                                      comm.wait(r, {"calibration all-reduce"});
+                                    });
     double slowest = t;  // every rank's view of the same collective: the slowest is what a step waits for
     comm.allreduce_world(&slowest, 1);  // summed; averaged below
     out.push_back({static_cast<double>(bytes), slowest / world.size()});
@@ -202,7 +203,8 @@ std::vector<MachineCosts::Transfer> time_allreduces(World& world, const std::vec
 
 MachineCosts calibrate(const RunSpec& spec, World& world) {
   MachineCosts c = MachineCosts::for_model(spec);
-  world.require_agreed([&] { use_spec_device(spec, world.local_rank(), world.local_ranks()); });  // measured where training will run
+  world.require_agreed(
+      [&] { use_spec_device(spec, world.local_rank(), world.local_ranks()); });  // measured where training will run
   const int threads = spec.parallel.threads_per_rank > 0 ? spec.parallel.threads_per_rank : world.cores_per_rank();
   set_blas_threads(threads);
   set_parallel_threads(threads);
@@ -211,7 +213,8 @@ MachineCosts calibrate(const RunSpec& spec, World& world) {
     if (world.size() > 1) all.barrier();
   };
   std::vector<int> sizes;
-  for (int b = 1; b <= spec.train.global_batch && (b == 1 || b * spec.model.seq_len <= 16384); b *= 2) sizes.push_back(b);
+  for (int b = 1; b <= spec.train.global_batch && (b == 1 || b * spec.model.seq_len <= 16384); b *= 2)
+    sizes.push_back(b);
   auto parts_of = [](MachineCosts::AtSize& at) {
     return std::array<PassCosts*, 5>{&at.block, &at.embed, &at.head, &at.block_recompute[0], &at.block_recompute[1]};
   };

@@ -1,5 +1,5 @@
-#include "pipetrain/tools/cli.hpp"
 #include "pipetrain/tools/ckpt_command.hpp"
+#include "pipetrain/tools/cli.hpp"
 
 #include <cstdint>
 #include <cstdio>
@@ -103,13 +103,15 @@ ExitCode ckpt_inspect(const std::string& given) {
 }
 
 ExitCode ckpt_command(const std::vector<std::string>& args) {
-  const bool help = std::any_of(args.begin(), args.end(), [](const std::string& a) { return a == "--help" || a == "-h"; });
+  const bool help =
+      std::any_of(args.begin(), args.end(), [](const std::string& a) { return a == "--help" || a == "-h"; });
   if (help || args.size() != 2 || (args[0] != "inspect" && args[0] != "verify")) {
-    std::fputs("usage: pipetrain ckpt inspect|verify PATH\n"
-               "  PATH: a checkpoint (RUN_DIR/checkpoints/step_00000100), or a run directory, its checkpoints folder\n"
-               "  or its latest file: inspect shows the newest checkpoint there; verify checks the newest intact one\n"
-               "  and the one latest names (exit 2 when latest names a missing or damaged checkpoint)\n",
-               help ? stdout : stderr);
+    std::fputs(
+        "usage: pipetrain ckpt inspect|verify PATH\n"
+        "  PATH: a checkpoint (RUN_DIR/checkpoints/step_00000100), or a run directory, its checkpoints folder\n"
+        "  or its latest file: inspect shows the newest checkpoint there; verify checks the newest intact one\n"
+        "  and the one latest names (exit 2 when latest names a missing or damaged checkpoint)\n",
+        help ? stdout : stderr);
     return help ? ExitCode::ok : ExitCode::bad_input;
   }
   return run_offline([&] { return args[0] == "inspect" ? ckpt_inspect(args[1]) : ckpt_verify(args[1]); });

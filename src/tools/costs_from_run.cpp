@@ -113,7 +113,7 @@ MachineCosts costs_from_run(const std::string& run_dir) {
   const int last_step = trace.last_step;
   const ChunkPlacement placement = spec.chunk_placement();
   const int VS = placement.virtual_stages();
-  const int first_step = last_step > 1 ? 2 : 1;  // the first step also sizes every buffer
+  const int first_step = last_step > 1 ? 2 : 1;         // the first step also sizes every buffer
   std::set<std::tuple<int, int, int, int, int>> split;  // (stage, dp, step, chunk, mb) whose backward has a W
   for (const Span& s : spans)
     if (s.op == 'W') split.insert({s.stage, s.dp, s.step, s.chunk, s.mb});

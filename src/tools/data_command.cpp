@@ -18,15 +18,17 @@ ExitCode data_prepare(const std::vector<std::string>& args) {
   desc.add_options()("help,h", "show this help")(
       "input", po::value<std::vector<std::string>>(&opt.inputs)->multitoken()->composing(),
       "text files, concatenated in order")("output", po::value<std::string>(&opt.output),
-                                             "the token file to write (HDF5: /train, /val)")(
+                                           "the token file to write (HDF5: /train, /val)")(
       "val-fraction", po::value<double>(&opt.val_fraction)->default_value(0.1, "0.1"),
       "share of each input's tokens, from its end, held out as /val")(
       "tokenizer", po::value<std::string>(&tokenizer)->default_value("bytes"), "bytes | sentencepiece")(
       "vocab-size", po::value<int>(&opt.vocab_size), "sentencepiece: pieces to train (byte fallback on)")(
       "model-type", po::value<std::string>(&opt.model_type)->default_value("bpe"), "sentencepiece: bpe | unigram")(
-      "tokenizer-model", po::value<std::string>(&opt.tokenizer_model), "sentencepiece: use this .model instead of training one")(
-      "sample-mb", po::value<double>(&opt.sample_mb)->default_value(64), "sentencepiece: train on about this many MiB of the text")(
-      "compress", "gzip the token datasets")("force", "replace an existing output file");
+      "tokenizer-model", po::value<std::string>(&opt.tokenizer_model),
+      "sentencepiece: use this .model instead of training one")(
+      "sample-mb", po::value<double>(&opt.sample_mb)->default_value(64),
+      "sentencepiece: train on about this many MiB of the text")("compress", "gzip the token datasets")(
+      "force", "replace an existing output file");
   po::variables_map vm;
   if (auto done = parse_command_line("data prepare", desc, args, vm)) return *done;
   opt.compress = vm.count("compress") > 0;
@@ -42,11 +44,13 @@ ExitCode data_prepare(const std::vector<std::string>& args) {
 ExitCode data_import(const std::vector<std::string>& args) {
   TokenImportOptions opt;
   std::string format;
-  po::options_description desc("pipetrain data import --format llmc|nanogpt|megatron INPUT... --output DATA.h5 [options]");
+  po::options_description desc(
+      "pipetrain data import --format llmc|nanogpt|megatron INPUT... --output DATA.h5 [options]");
   desc.add_options()("help,h", "show this help")(
-      "format", po::value<std::string>(&format), "llmc (llm.c shards) | nanogpt (headerless) | megatron (PREFIX of .idx/.bin)")(
-      "input", po::value<std::vector<std::string>>(&opt.inputs)->multitoken()->composing(), "the training inputs, in order")(
-      "output", po::value<std::string>(&opt.output), "the token file to write")(
+      "format", po::value<std::string>(&format),
+      "llmc (llm.c shards) | nanogpt (headerless) | megatron (PREFIX of .idx/.bin)")(
+      "input", po::value<std::vector<std::string>>(&opt.inputs)->multitoken()->composing(),
+      "the training inputs, in order")("output", po::value<std::string>(&opt.output), "the token file to write")(
       "vocab-size", po::value<int64_t>(&opt.vocab_size), "ids must be below this (default: the largest id + 1)")(
       "val-fraction", po::value<double>(&opt.val_fraction)->default_value(0.1, "0.1"),
       "share of the tokens, from the end, held out as /val (without --val)")(
@@ -78,7 +82,8 @@ ExitCode data_export(const std::vector<std::string>& args) {
   desc.add_options()("help,h", "show this help")("input", po::value<std::string>(&opt.input), "the token file")(
       "format", po::value<std::string>(&format), "llmc (a shard file OUT) | megatron (OUT.idx + OUT.bin)")(
       "output", po::value<std::string>(&opt.output), "the file (llmc) or prefix (megatron) to write")(
-      "split", po::value<std::string>(&split)->default_value("train"), "train | val")("force", "replace existing output");
+      "split", po::value<std::string>(&split)->default_value("train"), "train | val")("force",
+                                                                                      "replace existing output");
   po::positional_options_description pos;
   pos.add("input", 1);
   po::variables_map vm;
@@ -87,7 +92,8 @@ ExitCode data_export(const std::vector<std::string>& args) {
   opt.val = split == "val";
   if (opt.input.empty() || (split != "train" && split != "val")) {
     std::fprintf(stderr, "pipetrain data export: error: %s\n",
-                 opt.input.empty() ? "which token file? (pipetrain data export DATA.h5 ...)" : ("--split " + split + " (train or val)").c_str());
+                 opt.input.empty() ? "which token file? (pipetrain data export DATA.h5 ...)"
+                                   : ("--split " + split + " (train or val)").c_str());
     return ExitCode::bad_input;
   }
   return run_offline([&] {

@@ -12,9 +12,9 @@ ExitCode export_command(const std::vector<std::string>& args) {
   ModelExportOptions opt;
   std::string format, dtype;
   po::options_description desc("pipetrain export --checkpoint PATH --format hf|llmc --output OUT [options]   (no MPI)");
-  desc.add_options()("help,h", "show this help")(
-      "checkpoint", po::value<std::string>(&opt.checkpoint),
-      "a checkpoint (any saved layout), or a run directory, its checkpoints folder or latest file: the newest intact one")(
+  desc.add_options()("help,h", "show this help")("checkpoint", po::value<std::string>(&opt.checkpoint),
+                                                 "a checkpoint (any saved layout), or a run directory, its checkpoints "
+                                                 "folder or latest file: the newest intact one")(
       "format", po::value<std::string>(&format),
       "hf (a Hugging Face GPT-2 directory: config.json, model.safetensors) | llmc (llm.c's model file)")(
       "output", po::value<std::string>(&opt.output), "the directory (hf) or file (llmc) to write")(
@@ -23,7 +23,8 @@ ExitCode export_command(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (auto done = parse_command_line("export", desc, args, vm)) return *done;
   if (opt.checkpoint.empty() || format.empty()) {
-    std::fprintf(stderr, "pipetrain export: error: %s (pipetrain export --checkpoint PATH --format hf|llmc --output OUT)\n",
+    std::fprintf(stderr,
+                 "pipetrain export: error: %s (pipetrain export --checkpoint PATH --format hf|llmc --output OUT)\n",
                  opt.checkpoint.empty() ? "which checkpoint?" : "which format?");
     return ExitCode::bad_input;
   }

@@ -1,5 +1,5 @@
-#include "pipetrain/tools/cli.hpp"
 #include "pipetrain/tools/generate.hpp"
+#include "pipetrain/tools/cli.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -8,12 +8,12 @@
 
 #include "pipetrain/ckpt/manifest.hpp"
 #include "pipetrain/ckpt/resume.hpp"
-#include "pipetrain/data/tokenizer.hpp"
-#include "pipetrain/util/files.hpp"
-#include "pipetrain/util/clock.hpp"
-#include "pipetrain/config/spec.hpp"
 #include "pipetrain/compute/kernels.hpp"
+#include "pipetrain/config/spec.hpp"
+#include "pipetrain/data/tokenizer.hpp"
 #include "pipetrain/model/model.hpp"
+#include "pipetrain/util/clock.hpp"
+#include "pipetrain/util/files.hpp"
 #include "pipetrain/util/rng.hpp"
 
 namespace pipetrain {
@@ -38,7 +38,8 @@ Tokenizer tokenizer_of(const std::string& checkpoint) {
   const Manifest m = Manifest::read(checkpoint);
   if (m.tokenizer.file.empty()) return Tokenizer();
   const std::string path = checkpoint + "/" + m.tokenizer.file;
-  Tokenizer tok = Tokenizer::sentencepiece(read_input_file(path, "generate: the checkpoint's tokenizer", 1 << 30), path);
+  Tokenizer tok =
+      Tokenizer::sentencepiece(read_input_file(path, "generate: the checkpoint's tokenizer", 1 << 30), path);
   if (!tok.normalisation().empty())
     std::fprintf(stderr, "generate: the checkpoint's tokenizer normalises its text: %s\n", tok.normalisation().c_str());
   return tok;
@@ -123,8 +124,8 @@ ExitCode run_generate(const GenerateOptions& opt) {
   std::vector<int> tokens(prompt_ids.begin(), prompt_ids.end());
   for (int t : tokens)
     if (t >= V)
-      throw SpecError("generate: the prompt has token " + std::to_string(t) + " (" + tok.name() + "), beyond model.vocab = " +
-                      std::to_string(V));
+      throw SpecError("generate: the prompt has token " + std::to_string(t) + " (" + tok.name() +
+                      "), beyond model.vocab = " + std::to_string(V));
   Stage stage(spec, 0, 1, 0, spec.model.n_layer, 1, 1.f);
   read_checkpoint_tensors(checkpoint, stage.params(), stage.weights().host().data(), nullptr, nullptr, nullptr);
   KvCache cache;  // the window's keys and values so far
@@ -163,9 +164,9 @@ ExitCode run_generate(const GenerateOptions& opt) {
 ExitCode generate_command(const std::vector<std::string>& args) {
   GenerateOptions opt;
   po::options_description desc("pipetrain generate --checkpoint PATH --prompt TEXT [options]   (no MPI launch needed)");
-  desc.add_options()("help,h", "show this help")(
-      "checkpoint", po::value<std::string>(&opt.checkpoint),
-      "a checkpoint (any saved layout), or a run directory, its checkpoints folder or latest file: the newest intact one")(
+  desc.add_options()("help,h", "show this help")("checkpoint", po::value<std::string>(&opt.checkpoint),
+                                                 "a checkpoint (any saved layout), or a run directory, its checkpoints "
+                                                 "folder or latest file: the newest intact one")(
       "prompt", po::value<std::string>(&opt.prompt), "text to continue")(
       "tokens", po::value<int>(&opt.tokens)->default_value(200), "tokens to generate")(
       "temperature", po::value<double>(&opt.temperature)->default_value(1.0), "sampling temperature (0: greedy)")(

@@ -83,7 +83,8 @@ NodeLoad::Busy NodeLoad::finish() const {
   std::vector<std::pair<double, std::string>> used;  // (share of a core, "name (pid N)")
   for (const auto& [pid, now] : other_programs()) {
     const auto before = others_.find(pid);
-    const double share = (now.second - (before != others_.end() ? before->second.second : 0)) / std::max(b.seconds, 1e-3);
+    const double share =
+        (now.second - (before != others_.end() ? before->second.second : 0)) / std::max(b.seconds, 1e-3);
     if (share >= 0.1) used.push_back({share, now.first + " (pid " + std::to_string(pid) + ")"});
   }
   std::sort(used.rbegin(), used.rend());

@@ -1,5 +1,5 @@
-#include "pipetrain/tools/cli.hpp"
 #include "pipetrain/tools/plan_command.hpp"
+#include "pipetrain/tools/cli.hpp"
 
 #include <cmath>
 #include <cstdio>
@@ -30,11 +30,12 @@ OutputRule costs_rule(const PlanOptions& opt) {
 
 void write_costs(const PlanOptions& opt, const MachineCosts& costs, const char* no_messages) {
   write_file_atomically(opt.output, costs.to_json().dump(2) + "\n");
-  std::printf("%s\nwrote %s: per micro-batch of 1 sample, one block F %.3g ms, B %.3g ms, W %.3g ms; head F %.3g ms%s\n",
-              costs.source.c_str(), std::filesystem::absolute(opt.output).c_str(), 1e3 * costs.block(1).f,
-              1e3 * costs.block(1).b, 1e3 * costs.block(1).w, 1e3 * costs.head(1).f,
-              costs.p2p.empty() ? no_messages : "");
-  if (!opt.output_given) std::printf("(the default --output, in the current folder; --output FILE puts it elsewhere)\n");
+  std::printf(
+      "%s\nwrote %s: per micro-batch of 1 sample, one block F %.3g ms, B %.3g ms, W %.3g ms; head F %.3g ms%s\n",
+      costs.source.c_str(), std::filesystem::absolute(opt.output).c_str(), 1e3 * costs.block(1).f,
+      1e3 * costs.block(1).b, 1e3 * costs.block(1).w, 1e3 * costs.head(1).f, costs.p2p.empty() ? no_messages : "");
+  if (!opt.output_given)
+    std::printf("(the default --output, in the current folder; --output FILE puts it elsewhere)\n");
 }
 
 void check_machine_options(const PlanOptions& opt) {
@@ -56,21 +57,24 @@ std::optional<MachineCosts> chosen_costs(const PlanOptions& opt, const RunSpec& 
     costs.check_fits(spec, "--costs " + opt.costs);
     return costs;
   }
-  if (opt.peak_tflops) return MachineCosts::from_peak(spec, *opt.peak_tflops * 1e12, opt.efficiency, *opt.link_gbps * 1e9);
+  if (opt.peak_tflops)
+    return MachineCosts::from_peak(spec, *opt.peak_tflops * 1e12, opt.efficiency, *opt.link_gbps * 1e9);
   return std::nullopt;
 }
 
 ExitCode print_auto_plan(const PlanOptions& opt, const RunSpec& spec, const std::optional<MachineCosts>& costs,
                          double capacity) {
   if (!costs)
-    throw SpecError("plan --auto predicts step times: give --costs FILE (plan --calibrate) or --peak-tflops and --link-gbps");
+    throw SpecError(
+        "plan --auto predicts step times: give --costs FILE (plan --calibrate) or --peak-tflops and --link-gbps");
   const AutoPlan best = auto_plan(spec, opt.world, *costs, capacity);
   std::cout << (opt.json ? auto_plan_json(best, opt.world, *costs, capacity)
                          : auto_plan_text(best, opt.world, *costs, capacity));
   return best.best.empty() ? ExitCode::bad_input : ExitCode::ok;
 }
 
-void print_plan(const PlanOptions& opt, const RunSpec& spec, const std::optional<MachineCosts>& costs, double capacity) {
+void print_plan(const PlanOptions& opt, const RunSpec& spec, const std::optional<MachineCosts>& costs,
+                double capacity) {
   const Plan plan = make_plan(spec);
   const std::optional<ImbalanceWarning> warning = imbalance_warning(spec, plan);
   if (opt.json) {
@@ -102,8 +106,8 @@ double parse_bytes(const std::string& text, const std::string& option) {
   std::string unit = text.substr(used);
   unit.erase(0, unit.find_first_not_of(' '));
   const std::pair<const char*, double> units[] = {
-      {"", 1},           {"B", 1},           {"KB", 1e3},           {"MB", 1e6},           {"GB", 1e9},
-      {"TB", 1e12},      {"KiB", 1024.0},    {"MiB", 1048576.0},    {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+      {"", 1},      {"B", 1},        {"KB", 1e3},        {"MB", 1e6},           {"GB", 1e9},
+      {"TB", 1e12}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
   for (const auto& [name, scale] : units)
     if (unit == name && value > 0) return value * scale;
   throw SpecError(option + " " + text + ": not a byte count (e.g. 80GiB, 141e9, 64GB)");
@@ -111,7 +115,8 @@ double parse_bytes(const std::string& text, const std::string& option) {
 
 ExitCode run_plan(const PlanOptions& opt) {
   if (opt.automatic && opt.world < 1) throw SpecError("plan --auto needs --world N, the ranks to lay out");
-  if (!opt.from_run.empty()) throw SpecError("--from-run goes with --calibrate (plan --costs takes a run directory itself)");
+  if (!opt.from_run.empty())
+    throw SpecError("--from-run goes with --calibrate (plan --costs takes a run directory itself)");
   // --auto replaces the layout: the spec is read for its model, batch and data, on one rank.
   const RunSpec spec = load_spec(opt.config, opt.overrides, opt.automatic ? kAnyLayout : opt.world);
   const double capacity = opt.memory_per_rank.empty() ? 0 : parse_bytes(opt.memory_per_rank, "--memory-per-rank");
@@ -127,7 +132,8 @@ ExitCode run_plan(const PlanOptions& opt) {
     if (*opt.ranks_per_node < 1)
       throw SpecError("--ranks-per-node " + std::to_string(*opt.ranks_per_node) + " must be at least 1");
     const Topology layout = Topology::of(0, spec.parallel.pp, spec.parallel.dp, spec.parallel.order);
-    std::cout << "\n" << node_map(nodes_filled_in_order(spec.parallel.pp * spec.parallel.dp, *opt.ranks_per_node), layout);
+    std::cout << "\n"
+              << node_map(nodes_filled_in_order(spec.parallel.pp * spec.parallel.dp, *opt.ranks_per_node), layout);
   }
   return ExitCode::ok;
 }
@@ -156,23 +162,29 @@ ExitCode plan_command(const std::vector<std::string>& args) {
       "world", po::value<int>(&opt.world), "rank count to plan for (checked against pp x dp; default pp x dp)")(
       "json", "print the prediction as JSON")(
       "compare-schedules", "one line per pipeline schedule for this layout: bubble and activation peak")(
-      "ranks-per-node", po::value<int>(), "show the node map and the traffic crossing nodes when each node runs "
-                                          "this many consecutive ranks")(
-      "calibrate", "measure this machine's costs for the spec's model (kernels; messages when launched on 2+ "
-                   "ranks) and write them to --output")(
-      "from-run", po::value<std::string>(&opt.from_run), "with --calibrate: take the costs from a finished run's "
-                                                          "trace (RUN_DIR, trained with log.trace_steps > 0) instead of measuring")(
-      "output", po::value<std::string>(&opt.output)->default_value(opt.output), "where --calibrate writes its cost file")(
-      "force", "--calibrate: replace an existing cost file")(
-      "costs", po::value<std::string>(&opt.costs), "a cost file from --calibrate, or a finished run's directory (its "
-                                                   "trace): predict the step time and the run's cost")(
-      "peak-tflops", po::value<double>(&peak_tflops), "for a machine not at hand: each rank's peak TFLOP/s ...")(
+      "ranks-per-node", po::value<int>(),
+      "show the node map and the traffic crossing nodes when each node runs "
+      "this many consecutive ranks")(
+      "calibrate",
+      "measure this machine's costs for the spec's model (kernels; messages when launched on 2+ "
+      "ranks) and write them to --output")("from-run", po::value<std::string>(&opt.from_run),
+                                           "with --calibrate: take the costs from a finished run's "
+                                           "trace (RUN_DIR, trained with log.trace_steps > 0) instead of measuring")(
+      "output", po::value<std::string>(&opt.output)->default_value(opt.output),
+      "where --calibrate writes its cost file")("force", "--calibrate: replace an existing cost file")(
+      "costs", po::value<std::string>(&opt.costs),
+      "a cost file from --calibrate, or a finished run's directory (its "
+      "trace): predict the step time and the run's cost")("peak-tflops", po::value<double>(&peak_tflops),
+                                                          "for a machine not at hand: each rank's peak TFLOP/s ...")(
       "link-gbps", po::value<double>(&link_gbps), "... and its link bandwidth in GB/s")(
-      "efficiency", po::value<double>(&opt.efficiency), "... and the share of the peak the kernels reach (default 0.5)")(
-      "memory-per-rank", po::value<std::string>(&opt.memory_per_rank), "each rank's device or node memory, e.g. "
-                                                                       "141GiB: checked against the largest stage's need")(
-      "auto", "pick the layout: every pp x dp = --world, micro-batches, schedule, chunks, recompute, partition and "
-              "zero, within --memory-per-rank, ranked by the step time predicted with --costs (or the peak)");
+      "efficiency", po::value<double>(&opt.efficiency),
+      "... and the share of the peak the kernels reach (default 0.5)")(
+      "memory-per-rank", po::value<std::string>(&opt.memory_per_rank),
+      "each rank's device or node memory, e.g. "
+      "141GiB: checked against the largest stage's need")(
+      "auto",
+      "pick the layout: every pp x dp = --world, micro-batches, schedule, chunks, recompute, partition and "
+      "zero, within --memory-per-rank, ranked by the step time predicted with --costs (or the peak)");
   po::variables_map vm;
   if (auto done = parse_command_line("plan", desc, args, vm)) return *done;
   opt.json = vm.count("json") > 0;

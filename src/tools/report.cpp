@@ -1,5 +1,5 @@
-#include "pipetrain/tools/cli.hpp"
 #include "pipetrain/tools/report.hpp"
+#include "pipetrain/tools/cli.hpp"
 
 #include <spawn.h>
 #include <sys/wait.h>
@@ -49,9 +49,10 @@ std::string shares_text(const StageFigures& f) {
 void text_measured(const RunSummary& r, std::string& out) {
   if (r.logged_steps == 0) return;
   if (r.spec)
-    out += "  progress: " + std::to_string(r.last_step) + " of " + std::to_string(r.spec->run.steps) + " steps" +
-           (r.last_step >= r.spec->run.steps ? " (complete)" : " (incomplete: stopped or killed; resume continues it)") +
-           "\n";
+    out +=
+        "  progress: " + std::to_string(r.last_step) + " of " + std::to_string(r.spec->run.steps) + " steps" +
+        (r.last_step >= r.spec->run.steps ? " (complete)" : " (incomplete: stopped or killed; resume continues it)") +
+        "\n";
   out += "  loss: " + fmt("%.4f", r.first_loss) + " at step " + std::to_string(r.first_step) + " -> " +
          fmt("%.4f", r.last_loss) + " at step " + std::to_string(r.last_step) + "\n";
   if (r.latest_val)
@@ -69,8 +70,9 @@ void text_stages(const RunSummary& r, std::string& out) {
            std::to_string(r.logged_dp) + " (config.toml's pp " + std::to_string(r.spec->parallel.pp) + " x dp " +
            std::to_string(r.spec->parallel.dp) + " logged no step: no prediction)\n";
   if (r.predicted)
-    out += "  bubble of the " + r.spec->parallel.schedule->name + " schedule with even stages = " +
-           fmt("%.3f", r.bubble_theory) + "; per stage: measured median vs simulated\n";
+    out += "  bubble of the " + r.spec->parallel.schedule->name +
+           " schedule with even stages = " + fmt("%.3f", r.bubble_theory) +
+           "; per stage: measured median vs simulated\n";
   if (const auto& l = r.oversubscribed)
     out += "    (the launch measured ran " + std::to_string(l->ranks_per_node) + " ranks x " +
            std::to_string(l->threads_per_rank) + " threads on a node of " + std::to_string(l->node_cores) +
@@ -92,8 +94,8 @@ void text_stages(const RunSummary& r, std::string& out) {
 std::string report_text(const RunSummary& r) {
   std::string out = "run " + r.run_dir + "\n";
   if (const auto& s = r.spec)
-    out += "  spec: pp " + std::to_string(s->parallel.pp) + " x dp " + std::to_string(s->parallel.dp) + ", M=" +
-           std::to_string(s->parallel.micro_batches) + ", recompute " + name_of(s->parallel.recompute) + ", " +
+    out += "  spec: pp " + std::to_string(s->parallel.pp) + " x dp " + std::to_string(s->parallel.dp) +
+           ", M=" + std::to_string(s->parallel.micro_batches) + ", recompute " + name_of(s->parallel.recompute) + ", " +
            std::to_string(s->run.steps) + " steps, " + std::to_string(s->model.n_layer) + "-block GPT d_model " +
            std::to_string(s->model.d_model) + "\n";
   text_measured(r, out);
@@ -113,27 +115,39 @@ std::string report_text(const RunSummary& r) {
 json stage_json(const StageFigures& f) {
   json shares = json::object();
   for (const auto& [name, share] : f.step_shares) shares[name] = share;
-  return {{"bubble", f.bubble},         {"bubble_sim", f.bubble_sim},   {"act_peak_bytes", f.act_peak_bytes},
-          {"act_plan_bytes", f.act_plan_bytes}, {"rss_bytes", f.rss_bytes}, {"state_bytes", f.state_bytes},
-          {"step_shares", shares},      {"gemm_gflops", f.gemm_gflops}};
+  return {{"bubble", f.bubble},
+          {"bubble_sim", f.bubble_sim},
+          {"act_peak_bytes", f.act_peak_bytes},
+          {"act_plan_bytes", f.act_plan_bytes},
+          {"rss_bytes", f.rss_bytes},
+          {"state_bytes", f.state_bytes},
+          {"step_shares", shares},
+          {"gemm_gflops", f.gemm_gflops}};
 }
 
 // The same facts as report_text, NaN (a figure the log lacks) as null.
 json report_json(const RunSummary& r) {
   json doc = {{"run_dir", r.run_dir}};
   if (const auto& s = r.spec)
-    doc["spec"] = {{"pp", s->parallel.pp},          {"dp", s->parallel.dp},
-                   {"micro_batches", s->parallel.micro_batches}, {"recompute", name_of(s->parallel.recompute)},
-                   {"steps", s->run.steps},         {"n_layer", s->model.n_layer},
-                   {"d_model", s->model.d_model},   {"schedule", s->parallel.schedule->name}};
+    doc["spec"] = {{"pp", s->parallel.pp},
+                   {"dp", s->parallel.dp},
+                   {"micro_batches", s->parallel.micro_batches},
+                   {"recompute", name_of(s->parallel.recompute)},
+                   {"steps", s->run.steps},
+                   {"n_layer", s->model.n_layer},
+                   {"d_model", s->model.d_model},
+                   {"schedule", s->parallel.schedule->name}};
   if (r.logged_steps) {
     doc["progress"] = {{"step", r.last_step},
                        {"of", r.spec ? json(r.spec->run.steps) : json(nullptr)},
                        {"complete", r.spec && r.last_step >= r.spec->run.steps}};
-    doc["loss"] = {{"first", r.first_loss}, {"first_step", r.first_step}, {"last", r.last_loss}, {"last_step", r.last_step}};
+    doc["loss"] = {
+        {"first", r.first_loss}, {"first_step", r.first_step}, {"last", r.last_loss}, {"last_step", r.last_step}};
     if (r.latest_val)
-      doc["val_loss"] = {{"latest", r.latest_val->loss}, {"latest_step", r.latest_val->step},
-                         {"best", r.best_val->loss},     {"best_step", r.best_val->step}};
+      doc["val_loss"] = {{"latest", r.latest_val->loss},
+                         {"latest_step", r.latest_val->step},
+                         {"best", r.best_val->loss},
+                         {"best_step", r.best_val->step}};
     doc["step_time_median_s"] = r.step_time_s;
     doc["tokens_per_s_median"] = r.tokens_per_s;
     doc["gflops_median"] = r.gflops;
@@ -141,8 +155,11 @@ json report_json(const RunSummary& r) {
     doc["sgemm_share_median"] = r.sgemm_share;
   }
   if (r.stages) {
-    doc["layout"] = {{"pp", r.stages}, {"dp", r.logged_dp}, {"predicted", r.predicted},
-                     {"bubble_theory", r.bubble_theory}, {"earlier_layout_steps", r.earlier_layout_steps},
+    doc["layout"] = {{"pp", r.stages},
+                     {"dp", r.logged_dp},
+                     {"predicted", r.predicted},
+                     {"bubble_theory", r.bubble_theory},
+                     {"earlier_layout_steps", r.earlier_layout_steps},
                      {"oversubscribed", r.oversubscribed.has_value()}};
     doc["stages"] = json::array();
     for (const StageFigures& f : r.per_stage) doc["stages"].push_back(stage_json(f));
@@ -150,7 +167,8 @@ json report_json(const RunSummary& r) {
   if (!r.stragglers.json.is_null()) doc["stragglers"] = r.stragglers.json;
   doc["history"] = to_json(r.story);
   if (!r.checkpoints.empty())
-    doc["checkpoints"] = {{"saved", r.checkpoints}, {"latest", r.latest_checkpoint}, {"intact", r.latest_problem.empty()}};
+    doc["checkpoints"] = {
+        {"saved", r.checkpoints}, {"latest", r.latest_checkpoint}, {"intact", r.latest_problem.empty()}};
   doc["trace"] = r.trace.empty() ? json(nullptr) : json(r.trace);
   doc["missing"] = r.missing;
   return doc;
@@ -198,13 +216,15 @@ ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bo
   // The plots are drawn into a staging folder and renamed into place whole.
   std::optional<AtomicOutput> plots;
   if (!plots_dir.empty())
-    plots.emplace(plots_dir, OutputRule{"report", "--plots", "a folder of report plots (PNG files only)",
-                                        is_plots_folder, {run_dir}, true});
+    plots.emplace(
+        plots_dir,
+        OutputRule{"report", "--plots", "a folder of report plots (PNG files only)", is_plots_folder, {run_dir}, true});
   const RunSummary summary = summarize_run(run_dir);
   std::fputs(as_json ? (report_json(summary).dump(2) + "\n").c_str() : report_text(summary).c_str(), stdout);
   if (!plots) return ExitCode::ok;
   if (const std::string problem = draw_plots(summary, plots->staging(), plots_dir); !problem.empty()) {
-    report_error("plotting failed (" + problem + "); it needs /usr/bin/python3 with matplotlib (Debian: python3-matplotlib)");
+    report_error("plotting failed (" + problem +
+                 "); it needs /usr/bin/python3 with matplotlib (Debian: python3-matplotlib)");
     return ExitCode::fault;
   }
   plots->commit();

@@ -30,11 +30,14 @@ RunStory run_story(const std::string& run_dir, const std::vector<json>& metrics)
       l.start = l.end = e.value("unix", 0.0);
       l.job_id = e.contains("job_id") && e["job_id"].is_string() ? e["job_id"].get<std::string>() : "";
       if (e.contains("layout") && e["layout"].is_object())
-        l.layout = "pp " + std::to_string(e["layout"].value("pp", 0)) + " x dp " + std::to_string(e["layout"].value("dp", 0));
-      l.resumed_from = e.contains("resumed_from") && e["resumed_from"].is_number() ? e["resumed_from"].get<int64_t>() : -1;
+        l.layout =
+            "pp " + std::to_string(e["layout"].value("pp", 0)) + " x dp " + std::to_string(e["layout"].value("dp", 0));
+      l.resumed_from =
+          e.contains("resumed_from") && e["resumed_from"].is_number() ? e["resumed_from"].get<int64_t>() : -1;
       // The log is cut back to the resume step: how far the launch before got is in this record.
       if (!story.launches.empty())
-        story.launches.back().last_step = std::max(story.launches.back().last_step, e.value("last_logged_before", int64_t{0}));
+        story.launches.back().last_step =
+            std::max(story.launches.back().last_step, e.value("last_logged_before", int64_t{0}));
       l.ended = "no stop record";
       l.ranks_per_node = e.value("ranks_per_node", 0);
       l.threads_per_rank = e.value("threads_per_rank", 0);
@@ -63,7 +66,8 @@ RunStory run_story(const std::string& run_dir, const std::vector<json>& metrics)
   // Useful work is what a checkpoint holds: the steps after the newest one (a NaN stop, a kill
   // before the next save) were computed for nothing.
   const std::vector<std::string> saved = checkpoints_named_by(run_dir + "/checkpoints");  // newest first
-  if (!saved.empty()) story.saved_step = std::strtoll(fs::path(saved.front()).filename().c_str() + 5, nullptr, 10);  // step_N
+  if (!saved.empty())
+    story.saved_step = std::strtoll(fs::path(saved.front()).filename().c_str() + 5, nullptr, 10);  // step_N
   story.useful_steps = std::min(story.reached_step, story.saved_step);
   if (story.launches.empty()) return story;
   for (size_t i = 1; i < story.launches.size(); ++i) {
@@ -97,23 +101,28 @@ json to_json(const RunStory& s) {
                         {"steps_recomputed", l.recomputed},
                         {"idle_before_s", l.idle_before},
                         {"oversubscribed", l.oversubscribed()}});
-  return {{"launches", launches},   {"useful_steps", s.useful_steps}, {"reached_step", s.reached_step},
-          {"saved_step", s.saved_step}, {"ideal_step_s", s.ideal_step_s}, {"wall_s", s.wall_s},
-          {"idle_s", s.idle_s},     {"goodput", s.goodput}};
+  return {{"launches", launches},
+          {"useful_steps", s.useful_steps},
+          {"reached_step", s.reached_step},
+          {"saved_step", s.saved_step},
+          {"ideal_step_s", s.ideal_step_s},
+          {"wall_s", s.wall_s},
+          {"idle_s", s.idle_s},
+          {"goodput", s.goodput}};
 }
 
 std::string describe(const RunStory& s) {
-  if (s.launches.empty()) return "  launches: not recorded (no events.jsonl: a run from before pipetrain kept its history)\n";
+  if (s.launches.empty())
+    return "  launches: not recorded (no events.jsonl: a run from before pipetrain kept its history)\n";
   std::string out = "  launches:\n";
   char buf[512];
   for (const LaunchStory& l : s.launches) {
-    std::snprintf(buf, sizeof buf, "    %d  %s  %6.1f s  %-12s  %s  %s  ended: %s%s",
-                  l.launch, iso_utc(l.start).c_str(), l.end - l.start, l.layout.c_str(),
+    std::snprintf(buf, sizeof buf, "    %d  %s  %6.1f s  %-12s  %s  %s  ended: %s%s", l.launch,
+                  iso_utc(l.start).c_str(), l.end - l.start, l.layout.c_str(),
                   l.resumed_from >= 0 ? ("resumed at " + std::to_string(l.resumed_from)).c_str() : "fresh start",
                   l.first_step ? ("steps " + std::to_string(l.first_step) + "-" + std::to_string(l.last_step)).c_str()
                                : "no step logged",
-                  l.ended.c_str(),
-                  l.exit_code >= 0 ? (" (exit " + std::to_string(l.exit_code) + ")").c_str() : "");
+                  l.ended.c_str(), l.exit_code >= 0 ? (" (exit " + std::to_string(l.exit_code) + ")").c_str() : "");
     out += buf;
     if (!l.job_id.empty()) out += "  job " + l.job_id;
     if (l.launch > 1) {
@@ -123,13 +132,16 @@ std::string describe(const RunStory& s) {
     }
     out += "\n";
   }
-  std::snprintf(buf, sizeof buf,
-                "  goodput: %.1f%% = %lld useful steps x %.1f ms ideal step / %.1f s wall (%.1f s idle between launches)\n",
-                100 * s.goodput, static_cast<long long>(s.useful_steps), 1e3 * s.ideal_step_s, s.wall_s, s.idle_s);
+  std::snprintf(
+      buf, sizeof buf,
+      "  goodput: %.1f%% = %lld useful steps x %.1f ms ideal step / %.1f s wall (%.1f s idle between launches)\n",
+      100 * s.goodput, static_cast<long long>(s.useful_steps), 1e3 * s.ideal_step_s, s.wall_s, s.idle_s);
   out += buf;
   if (s.reached_step > s.useful_steps)
-    out += "    (useful: the steps a checkpoint holds; " + std::to_string(s.reached_step - s.useful_steps) + " step(s) after " +
-           (s.saved_step > 0 ? "the newest checkpoint, step " + std::to_string(s.saved_step) + "," : "the start, with no checkpoint,") +
+    out += "    (useful: the steps a checkpoint holds; " + std::to_string(s.reached_step - s.useful_steps) +
+           " step(s) after " +
+           (s.saved_step > 0 ? "the newest checkpoint, step " + std::to_string(s.saved_step) + ","
+                             : "the start, with no checkpoint,") +
            " were lost)\n";
   return out;
 }

@@ -60,7 +60,8 @@ std::vector<json> read_steps(const std::string& run_dir, std::vector<std::string
   if (unreadable)
     missing.push_back(std::to_string(unreadable) + " unreadable line(s) in metrics.jsonl (cut short by a kill?)");
   if (inconsistent)
-    missing.push_back(std::to_string(inconsistent) + " line(s) of metrics.jsonl left out: their per-stage arrays do not "
+    missing.push_back(std::to_string(inconsistent) +
+                      " line(s) of metrics.jsonl left out: their per-stage arrays do not "
                       "have one entry per stage of their own pp (damaged?)");
   return lines;
 }
@@ -200,7 +201,8 @@ RunSummary summarize_run(const std::string& run_dir) {
   summarize_steps(lines, r);
   r.story = run_story(run_dir, lines);
   if (r.story.unreadable)
-    r.missing.push_back(std::to_string(r.story.unreadable) + " unreadable line(s) in events.jsonl (cut short by a kill?)");
+    r.missing.push_back(std::to_string(r.story.unreadable) +
+                        " unreadable line(s) in events.jsonl (cut short by a kill?)");
   summarize_stages(lines, r);
   summarize_checkpoints(r);
   r.trace = latest_trace(run_dir);

@@ -1,5 +1,5 @@
-#include "pipetrain/tools/cli.hpp"
 #include "pipetrain/tools/smoke.hpp"
+#include "pipetrain/tools/cli.hpp"
 
 #include <unistd.h>
 
@@ -11,20 +11,20 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "pipetrain/ckpt/shard_io.hpp"
 #include "pipetrain/compute/blas.hpp"
 #include "pipetrain/compute/blas_kernels.hpp"
 #include "pipetrain/compute/cpu_features.hpp"
 #include "pipetrain/compute/device.hpp"
-#include "pipetrain/util/clock.hpp"
-#include "pipetrain/util/stats.hpp"
-#include "pipetrain/dist/comm.hpp"
 #include "pipetrain/config/spec.hpp"
+#include "pipetrain/dist/comm.hpp"
 #include "pipetrain/dist/launch.hpp"
-#include "pipetrain/ckpt/shard_io.hpp"
-#include "pipetrain/model/optimizer_shard.hpp"
 #include "pipetrain/dist/topology.hpp"
+#include "pipetrain/model/optimizer_shard.hpp"
 #include "pipetrain/tools/node_load.hpp"
 #include "pipetrain/train/train.hpp"
+#include "pipetrain/util/clock.hpp"
+#include "pipetrain/util/stats.hpp"
 
 namespace fs = std::filesystem;
 
@@ -74,7 +74,7 @@ std::string check_checkpoint_io(Comm& comm, const std::string& dir) {
   comm.barrier();
   const std::string path = dir + "/stage_" + std::to_string(t.stage) + ".h5";
   const RowRange rows = row_slab(1024, t.dp_rank, t.dp);  // this replica's rows
-  std::vector<uint64_t> offsets(3, 0);  // of params, exp_avg, exp_avg_sq in the file
+  std::vector<uint64_t> offsets(3, 0);                    // of params, exp_avg, exp_avg_sq in the file
   if (!fs::is_directory(dir, ec)) error = "checkpoint directory " + dir + ": cannot create";
   if (error.empty() && t.dp_rank == 0) {
     try {
@@ -88,7 +88,8 @@ std::string check_checkpoint_io(Comm& comm, const std::string& dir) {
   if (error.empty()) {
     const float* slab = data.data() + rows.begin * 1024;
     std::vector<SlabBytes> slabs;
-    for (uint64_t at : offsets) slabs.push_back({at + rows.begin * 1024 * sizeof(float), slab, (rows.end - rows.begin) * 1024});
+    for (uint64_t at : offsets)
+      slabs.push_back({at + rows.begin * 1024 * sizeof(float), slab, (rows.end - rows.begin) * 1024});
     error = write_slabs(path, slabs, 0);
   }
   comm.barrier();  // every slab written before the read-back
@@ -113,7 +114,8 @@ void check_placement(Comm& comm, const LaunchInfo& launch, std::vector<Row>& row
   comm.gather_to_root(launch.host + " local " + std::to_string(launch.localid) + " stage " +
                           std::to_string(topo.stage) + " dp " + std::to_string(topo.dp_rank),
                       where);
-  for (int r = 0; r < static_cast<int>(where.size()); ++r) rows.push_back({"rank", "rank " + std::to_string(r), where[r], true});
+  for (int r = 0; r < static_cast<int>(where.size()); ++r)
+    rows.push_back({"rank", "rank " + std::to_string(r), where[r], true});
 }
 
 // Every pipeline link, one at a time: latency of 8 B and bandwidth of 4 MiB round trips.
@@ -140,8 +142,8 @@ void check_links(Comm& comm, std::vector<Row>& rows) {
       comm.allreduce_world(figures, 2);  // rank 0 learns them; also keeps the links one at a time
       const auto& host = comm.world().hosts();
       const bool crosses = host[a] != host[b];
-      links.push_back({"stage " + std::to_string(s) + "->" + std::to_string(s + 1) + " dp " + std::to_string(d) +
-                           " (" + host[a] + (crosses ? "->" + host[b] : "") + ", ranks " + std::to_string(a) + "->" +
+      links.push_back({"stage " + std::to_string(s) + "->" + std::to_string(s + 1) + " dp " + std::to_string(d) + " (" +
+                           host[a] + (crosses ? "->" + host[b] : "") + ", ranks " + std::to_string(a) + "->" +
                            std::to_string(b) + ")",
                        figures[0], figures[1], crosses});
     }
@@ -156,8 +158,11 @@ void check_links(Comm& comm, std::vector<Row>& rows) {
       }
     const bool lat_ok = l.latency_s <= kMaxLatencyS && l.latency_s <= kSlowFactor * best_lat + 1e-4;
     const bool bw_ok = l.mib_per_s >= kMinBandwidthMiBs && l.mib_per_s * kSlowFactor >= best_bw;
-    rows.push_back({"p2p latency", l.where, fmt("%.1f us", l.latency_s * 1e6) + (lat_ok ? "" : fmt(" (best %.1f us)", best_lat * 1e6)), lat_ok});
-    rows.push_back({"p2p bandwidth", l.where, fmt("%.0f MiB/s", l.mib_per_s) + (bw_ok ? "" : fmt(" (best %.0f MiB/s)", best_bw)), bw_ok});
+    rows.push_back({"p2p latency", l.where,
+                    fmt("%.1f us", l.latency_s * 1e6) + (lat_ok ? "" : fmt(" (best %.1f us)", best_lat * 1e6)),
+                    lat_ok});
+    rows.push_back({"p2p bandwidth", l.where,
+                    fmt("%.0f MiB/s", l.mib_per_s) + (bw_ok ? "" : fmt(" (best %.0f MiB/s)", best_bw)), bw_ok});
   }
 }
 
@@ -237,7 +242,9 @@ void check_compute(Comm& comm, double ratio, std::vector<Row>& rows) {
   std::vector<std::string> others;
   comm.gather_to_root(mine, kTrials, seconds);
   comm.gather_to_root(used, 3, cpu);
-  comm.gather_to_root(turn[rank] == 0 ? fmt("load %.2f", busy.load_average) + (busy.busiest_others.empty() ? "" : "; " + busy.busiest_others) : "",
+  comm.gather_to_root(turn[rank] == 0 ? fmt("load %.2f", busy.load_average) +
+                                            (busy.busiest_others.empty() ? "" : "; " + busy.busiest_others)
+                                      : "",
                       others);
   if (rank != 0) return;
   auto time_of = [&](int r, int trial) { return seconds[static_cast<size_t>(r) * kTrials + trial]; };
@@ -249,7 +256,9 @@ void check_compute(Comm& comm, double ratio, std::vector<Row>& rows) {
   }
   for (int r = 0; r < world; ++r)
     if (turn[r] == 0 && outside_cores[machines[r]] >= kBusyCores)
-      rows.push_back({"node load", "node " + host[r], fmt("busy outside the job: %.1f cores; ", outside_cores[machines[r]]) + outside_who[machines[r]], true, true});
+      rows.push_back({"node load", "node " + host[r],
+                      fmt("busy outside the job: %.1f cores; ", outside_cores[machines[r]]) + outside_who[machines[r]],
+                      true, true});
   std::vector<double> best(world);
   for (int r = 0; r < world; ++r) {
     best[r] = time_of(r, 0);
@@ -276,8 +285,10 @@ void check_compute(Comm& comm, double ratio, std::vector<Row>& rows) {
                     node_busy, node_busy});
   }
   rows.push_back({"compute", fmt("%.0f products of 256x256 per rank", reps) + fmt(", %.0f trials", kTrials),
-                  fmt("best median %.1f ms", 1e3 * median(best)) + fmt(", spread %.1f", 1e3 * *std::min_element(seconds.begin(), seconds.end())) +
-                      fmt("-%.1f ms", 1e3 * *std::max_element(seconds.begin(), seconds.end())) + ", slowest rank " + std::to_string(slowest),
+                  fmt("best median %.1f ms", 1e3 * median(best)) +
+                      fmt(", spread %.1f", 1e3 * *std::min_element(seconds.begin(), seconds.end())) +
+                      fmt("-%.1f ms", 1e3 * *std::max_element(seconds.begin(), seconds.end())) + ", slowest rank " +
+                      std::to_string(slowest),
                   true});
   const std::vector<std::string> nodes = comm.world().nodes();
   if (nodes.size() < 2) return;
@@ -290,7 +301,8 @@ void check_compute(Comm& comm, double ratio, std::vector<Row>& rows) {
   }
   for (size_t i = 0; i < nodes.size(); ++i) {
     const double x = node_s[i] / median_without(node_s, i);
-    rows.push_back({"compute", "node " + nodes[i], fmt("%.1f ms", 1e3 * node_s[i]) + fmt(", %.2fx the other nodes", x), x <= ratio});
+    rows.push_back({"compute", "node " + nodes[i], fmt("%.1f ms", 1e3 * node_s[i]) + fmt(", %.2fx the other nodes", x),
+                    x <= ratio});
   }
 }
 
@@ -300,7 +312,8 @@ void check_blas_kernels(Comm& comm, std::vector<Row>& rows) {
   const KernelDecision& d = blas_kernel_decision();
   const SimdLevel cpu = cpu_features().level;
   std::string mine = blas_kernel_family() + " kernels on an " + name_of(cpu) + " CPU";
-  if (d.below_cpu) mine += std::string(", which runs ") + kernels_for(cpu) + (d.user_chose ? ": the environment's choice" : "");
+  if (d.below_cpu)
+    mine += std::string(", which runs ") + kernels_for(cpu) + (d.user_chose ? ": the environment's choice" : "");
   std::vector<std::string> all;
   comm.gather_to_root(std::string(d.below_cpu ? (d.user_chose ? "W" : "F") : "-") + mine, all);
   if (comm.topo().world_rank != 0) return;
@@ -324,7 +337,8 @@ void check_checkpoint_dir(Comm& comm, const std::string& run_dir, const std::str
   for (int r = 0; r < static_cast<int>(io_errors.size()); ++r)
     if (!io_errors[r].empty()) rows.push_back({"checkpoint I/O", "rank " + std::to_string(r), io_errors[r], false});
   if (rank == 0 && std::all_of(io_errors.begin(), io_errors.end(), [](auto& e) { return e.empty(); }))
-    rows.push_back({"checkpoint I/O", run_dir + "/checkpoints", "HDF5 shard written as saves do, read back equal", true});
+    rows.push_back(
+        {"checkpoint I/O", run_dir + "/checkpoints", "HDF5 shard written as saves do, read back equal", true});
 }
 
 // A 3-step tiny training run on this layout must lower the loss.
@@ -354,9 +368,11 @@ void check_training(const SmokeOptions& opt, const RunSpec& spec, World& w, cons
     std::vector<double> losses;
     std::ifstream in(train.run_dir + "/metrics.jsonl");
     for (std::string line; std::getline(in, line);) losses.push_back(nlohmann::json::parse(line).value("loss", NAN));
-    const bool falls = train_code == ExitCode::ok && losses.size() == 3 && std::isfinite(losses[2]) && losses[2] < losses[0];
+    const bool falls =
+        train_code == ExitCode::ok && losses.size() == 3 && std::isfinite(losses[2]) && losses[2] < losses[0];
     rows.push_back({"training", "3 steps, pp " + std::to_string(p.pp) + " x dp " + std::to_string(p.dp),
-                    losses.size() == 3 ? fmt("loss %.3f", losses[0]) + fmt(" -> %.3f", losses[2]) : "exit " + std::to_string(static_cast<int>(train_code)),
+                    losses.size() == 3 ? fmt("loss %.3f", losses[0]) + fmt(" -> %.3f", losses[2])
+                                       : "exit " + std::to_string(static_cast<int>(train_code)),
                     falls});
     std::error_code ec;
     fs::remove_all(train.run_dir, ec);
@@ -370,7 +386,8 @@ ExitCode run_smoke(const SmokeOptions& opt, World& w) {
   RunSpec spec;
   if (ExitCode code = w.run_agreed([&] {
         spec = smoke_spec(opt, world);
-        use_spec_device(spec, w.local_rank(), w.local_ranks());  // the compute check times the device training would use
+        use_spec_device(spec, w.local_rank(),
+                        w.local_ranks());  // the compute check times the device training would use
       });
       code != ExitCode::ok)
     return code;
@@ -400,7 +417,9 @@ ExitCode run_smoke(const SmokeOptions& opt, World& w) {
     std::printf("%-16s %-52s %-40s %s\n", "check", "where", "value", "result");
     for (auto& r : rows) {
       std::printf("%-16s %-52s %-40s %s\n", r.check.c_str(), r.where.c_str(), r.value.c_str(),
-                  !r.pass ? "FAIL" : r.warn ? "warn" : "ok");
+                  !r.pass  ? "FAIL"
+                  : r.warn ? "warn"
+                           : "ok");
       failures += r.pass ? 0 : 1;
     }
   }
@@ -423,7 +442,8 @@ ExitCode smoke_command(const std::vector<std::string>& args) {
   po::options_description desc("pipetrain smoke [options]   (launch like a job: srun --mpi=pmi2 / mpiexec)");
   desc.add_options()("help,h", "show this help")("config", po::value<std::string>(&opt.config), "run spec (TOML)")(
       "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(), "override one key (repeatable)")(
-      "run-dir", po::value<std::string>(&opt.run_dir), "where checkpoint I/O and training are tried (default run.out_dir/smoke)");
+      "run-dir", po::value<std::string>(&opt.run_dir),
+      "where checkpoint I/O and training are tried (default run.out_dir/smoke)");
   po::variables_map vm;
   if (auto done = parse_command_line("smoke", desc, args, vm)) return *done;
   return run_mpi([&](World& world) { return run_smoke(opt, world); });

@@ -21,7 +21,8 @@ std::string fmt(const char* format, T v) {
 
 // Entry i of array `key` of a window, NaN when absent.
 double at(const json& w, const char* key, size_t i) {
-  return w.contains(key) && w[key].is_array() && i < w[key].size() && w[key][i].is_number() ? w[key][i].get<double>() : NAN;
+  return w.contains(key) && w[key].is_array() && i < w[key].size() && w[key][i].is_number() ? w[key][i].get<double>()
+                                                                                            : NAN;
 }
 
 // The straggler windows of the last rank count logged (a run resumed on another layout had other
@@ -120,7 +121,8 @@ void node_rows(const WindowSeries& ws, StragglerReport& out) {
         }
       const double x = median(ws.node_ratio[n]);
       if (x > median(ws.node_ratio[slowest])) slowest = n;
-      rows.push_back({{"node", ws.nodes[n]}, {"ranks", members}, {"own_s", median(c)}, {"wait_s", median(w)}, {"ratio", x}});
+      rows.push_back(
+          {{"node", ws.nodes[n]}, {"ranks", members}, {"own_s", median(c)}, {"wait_s", median(w)}, {"ratio", x}});
       t += "    " + fmt("%-12s", ws.nodes[n].c_str()) + "  " + fmt("%-11s", members.c_str()) +
            fmt("  %9.2f ms", 1e3 * median(c)) + fmt("  %7.2f ms", 1e3 * median(w)) + fmt("   %5.2f", x) + "\n";
     }
@@ -139,7 +141,10 @@ void link_rows(const WindowSeries& ws, StragglerReport& out) {
     std::vector<double> others;
     for (const auto& [o, os] : ws.link_s)
       if (o != ends && (ws.node_of(o.first) != ws.node_of(o.second)) == crosses) others.push_back(median(os));
-    links.push_back({{"from", ends.first}, {"to", ends.second}, {"crosses_nodes", crosses}, {"s", median(s)},
+    links.push_back({{"from", ends.first},
+                     {"to", ends.second},
+                     {"crosses_nodes", crosses},
+                     {"s", median(s)},
                      {"ratio", others.empty() ? 1.0 : median(s) / median(others)}});
   }
   if (!links.empty()) {

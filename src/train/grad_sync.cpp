@@ -29,7 +29,8 @@ void GradReducer::post(const ParamTensor& p) {
 void GradReducer::done_from(size_t offset) {
   if (comm_.topo().dp == 1) return;
   if (shard_.sharded()) {  // whole tensors, from the last
-    for (; next_tensor_ > 0 && params_[next_tensor_ - 1].offset >= offset; --next_tensor_) post(params_[next_tensor_ - 1]);
+    for (; next_tensor_ > 0 && params_[next_tensor_ - 1].offset >= offset; --next_tensor_)
+      post(params_[next_tensor_ - 1]);
     return;
   }
   while (posted_from_ > offset) {
@@ -105,7 +106,8 @@ void ParamGather::wait_all() {
 }
 
 StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, const OptimizerShard& shard,
-                   std::vector<float>* staging, bool out_of_time, bool window_long_enough, double loss_sum, Trace& trace) {
+                   std::vector<float>* staging, bool out_of_time, bool window_long_enough, double loss_sum,
+                   Trace& trace) {
   TraceLaps laps(trace);
   Floats& g = stage.grads();
   if (staging) {

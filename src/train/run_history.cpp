@@ -3,13 +3,13 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <vector>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "pipetrain/dist/signals.hpp"
 #include "pipetrain/util/clock.hpp"
@@ -46,17 +46,22 @@ void append(const std::string& path, json record) {
   record["unix"] = std::round(now * 1000) / 1000;
   const std::string line = record.dump() + "\n";
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  const bool ok = fd >= 0 && ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) && ::fsync(fd) == 0;
+  const bool ok =
+      fd >= 0 && ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) && ::fsync(fd) == 0;
   if (fd >= 0) ::close(fd);
   if (!ok) std::fprintf(stderr, "pipetrain: warning: cannot append to %s; the run goes on without it\n", path.c_str());
 }
 
 std::string signal_name(int sig) {
   switch (sig) {
-    case SIGUSR1: return "SIGUSR1";
-    case SIGTERM: return "SIGTERM";
-    case SIGINT: return "SIGINT";
-    default: return "signal " + std::to_string(sig);
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGINT:
+      return "SIGINT";
+    default:
+      return "signal " + std::to_string(sig);
   }
 }
 
@@ -83,7 +88,9 @@ int record_launch(const Run& run) {
                 {"threads_per_rank", run.blas_threads},
                 {"node_cores", run.world.cores()},
                 {"layout",
-                 {{"pp", spec.parallel.pp}, {"dp", spec.parallel.dp}, {"schedule", spec.parallel.schedule->name},
+                 {{"pp", spec.parallel.pp},
+                  {"dp", spec.parallel.dp},
+                  {"schedule", spec.parallel.schedule->name},
                   {"virtual_stages", spec.parallel.virtual_stages}}},
                 {"version", version_string()},
                 {"build", build_id()},

@@ -42,8 +42,7 @@ void check_memory_fits(const RunSpec& spec, int stage, int local_ranks) {
                 "activations under recompute = %s %.1f GiB), but each of the %d ranks on this %s has %.1f GiB; "
                 "use more stages (parallel.pp), parallel.recompute, fewer or smaller micro-batches, or a smaller model",
                 stage, need / gib, spec.checkpoint.async ? " and the checkpoint snapshot" : "", state / gib,
-                name_of(spec.parallel.recompute), (need - state) / gib, sharing,
-                on_gpu ? "GPU" : "node", share / gib);
+                name_of(spec.parallel.recompute), (need - state) / gib, sharing, on_gpu ? "GPU" : "node", share / gib);
   throw SpecError(msg);
 }
 
@@ -54,11 +53,12 @@ void check_validation_fits(const RunSpec& spec, size_t val_tokens, bool eval_com
   const int64_t need = static_cast<int64_t>(spec.eval.batches) * spec.train.global_batch;
   if (need <= windows) return;
   const int64_t fit = windows / spec.train.global_batch;
-  throw SpecError(spec.origin("eval.batches") + ": " + (eval_command ? "eval" : "eval.batches = " + std::to_string(spec.eval.batches)) +
-                  " needs " + std::to_string(need) + " validation windows of " +
-                  std::to_string(T) + " tokens, but the " + std::to_string(val_tokens) + " held-out tokens hold " +
-                  std::to_string(windows) + (fit > 0 ? "; at most " + std::to_string(fit) + " batches fit"
-                                                     : "; not one batch of train.global_batch fits (more validation data)"));
+  throw SpecError(spec.origin("eval.batches") + ": " +
+                  (eval_command ? "eval" : "eval.batches = " + std::to_string(spec.eval.batches)) + " needs " +
+                  std::to_string(need) + " validation windows of " + std::to_string(T) + " tokens, but the " +
+                  std::to_string(val_tokens) + " held-out tokens hold " + std::to_string(windows) +
+                  (fit > 0 ? "; at most " + std::to_string(fit) + " batches fit"
+                           : "; not one batch of train.global_batch fits (more validation data)"));
 }
 
 // The spec (or for eval without --config, the checkpoint's own), this rank's place in the grid
@@ -107,16 +107,18 @@ void read_spec_and_data(Run& run) {
 void check_ranks_and_device(Run& run) {
   const RunSpec& spec = run.spec;
   const StepShape& shape = run.shape;
-  const std::vector<int64_t> boundary = {shape.samples, shape.seq_len, shape.d_model, static_cast<int64_t>(sizeof(float))};
+  const std::vector<int64_t> boundary = {shape.samples, shape.seq_len, shape.d_model,
+                                         static_cast<int64_t>(sizeof(float))};
   if (!run.comm->all_equal(spec_hash(spec)) || !run.comm->boundary_agrees(boundary, boundary))
     throw SpecError("ranks disagree on the run spec or stage shapes (different files or --set on different ranks?)");
   const int64_t tags = Executor::max_tag(shape);
   if (tags > run.world.max_tag())
-    throw SpecError(spec.origin("parallel.micro_batches") + ": parallel.micro_batches = " + std::to_string(shape.micro_batches) +
-                    " needs message tags up to " + std::to_string(tags) + " but this MPI allows " +
-                    std::to_string(run.world.max_tag()));
+    throw SpecError(spec.origin("parallel.micro_batches") +
+                    ": parallel.micro_batches = " + std::to_string(shape.micro_batches) + " needs message tags up to " +
+                    std::to_string(tags) + " but this MPI allows " + std::to_string(run.world.max_tag()));
   if (spec.checkpoint.async && !run.world.threads_allowed())
-    throw SpecError(spec.origin("checkpoint.async") + ": checkpoint.async = true needs MPI_THREAD_FUNNELED (a writer "
+    throw SpecError(spec.origin("checkpoint.async") +
+                    ": checkpoint.async = true needs MPI_THREAD_FUNNELED (a writer "
                     "thread runs beside the one that calls MPI), which this MPI did not grant; set it to false");
   use_spec_device(spec, run.world.local_rank(), run.world.local_ranks());
   check_memory_fits(spec, run.topo.stage, run.world.local_ranks());
@@ -148,8 +150,8 @@ void open_init_source(Run& run) {
 void build_model(Run& run) {
   const RunSpec& spec = run.spec;
   const StepShape& shape = run.shape;
-  run.stage = std::make_unique<Stage>(spec, chunks_of(run.blocks, shape.chunk_placement(), run.topo.stage), shape.virtual_stages(),
-                                      shape.micro_batches, shape.grad_scale());
+  run.stage = std::make_unique<Stage>(spec, chunks_of(run.blocks, shape.chunk_placement(), run.topo.stage),
+                                      shape.virtual_stages(), shape.micro_batches, shape.grad_scale());
   if (run.init) {
     run.world.require_agreed([&] {  // each rank reads only its own stage's tensors
       std::vector<float> host(run.stage->weights().size());
@@ -163,8 +165,8 @@ void build_model(Run& run) {
   }
   // ZeRO-1: this replica's row slabs; otherwise everything.
   const bool zero = spec.parallel.zero == 1;
-  run.adam = std::make_unique<AdamW>(spec.train, OptimizerShard(run.stage->params(), zero ? run.topo.dp_rank : 0,
-                                                                zero ? spec.parallel.dp : 1));
+  run.adam = std::make_unique<AdamW>(
+      spec.train, OptimizerShard(run.stage->params(), zero ? run.topo.dp_rank : 0, zero ? spec.parallel.dp : 1));
   if (!run.resumed_from.empty()) run.start_step = load_checkpoint(run.resumed_from, *run.stage, *run.adam, run.world);
   run.last_saved = run.resumed_from.empty() ? -1 : run.start_step;
 }
@@ -203,13 +205,15 @@ void find_peaks(Run& run) {
       run.peak_basis = core.basis;
       set_blas_threads(run.blas_threads);
     }
-    run.comm->idle_barrier();  // the others wait asleep meanwhile: ranks polling on its core would slow the clock it measures
+    run.comm->idle_barrier();  // the others wait asleep meanwhile: ranks polling on its core would slow the clock it
+                               // measures
     run.comm->allreduce_world(unit, 3);
     unit[0] /= unit[2];
     unit[1] /= unit[2];  // the mean over the nodes (GPUs)
     if (unit[0] <= 0) {  // a CPU or GPU the tables do not know: the BLAS's rate is the best figure left
       unit[0] = unit[1];
-      run.peak_basis = "the measured GEMM rate: this " + std::string(gpu ? "GPU" : "CPU") + "'s FLOPs per cycle are unknown";
+      run.peak_basis =
+          "the measured GEMM rate: this " + std::string(gpu ? "GPU" : "CPU") + "'s FLOPs per cycle are unknown";
     }
   }
   run.peak_per_unit = unit[0];
@@ -260,7 +264,8 @@ void prepare_straggler_detection(Run& run) {
   }
   std::vector<double> share;
   for (const StagePlan& s : make_plan(spec).stages) share.push_back(s.cost_share);
-  run.stragglers = std::make_unique<StragglerDetector>(places, share, spec.log.straggler_ratio, !run.straggler_cpu_time);
+  run.stragglers =
+      std::make_unique<StragglerDetector>(places, share, spec.log.straggler_ratio, !run.straggler_cpu_time);
 }
 
 // The schedule and everything the loop reads that does not change from step to step.
@@ -291,9 +296,11 @@ void prepare_steps(Run& run) {
   run.reducer = std::make_unique<GradReducer>(*run.comm, run.on_gpu() ? run.grad_staging : stage.grads().host(), bucket,
                                               stage.params(), shard, run.tied_wte);
   run.param_staging.resize(run.on_gpu() && shard.sharded() ? stage.weights().size() : 0);
-  run.param_gather = std::make_unique<ParamGather>(*run.comm, stage, shard, run.on_gpu() ? &run.param_staging : nullptr);
+  run.param_gather =
+      std::make_unique<ParamGather>(*run.comm, stage, shard, run.on_gpu() ? &run.param_staging : nullptr);
 
-  run.metrics = std::make_unique<MetricsWriter>(run.rank() == 0 && !run.opt.eval_only ? run.run_dir + "/metrics.jsonl" : "");
+  run.metrics =
+      std::make_unique<MetricsWriter>(run.rank() == 0 && !run.opt.eval_only ? run.run_dir + "/metrics.jsonl" : "");
   run.budget = std::make_unique<TimeBudget>(spec.run.time_limit, run.launched_s);
   run.bad_steps = std::make_unique<BadSteps>(spec.train.max_bad_steps);
   prepare_straggler_detection(run);
@@ -357,42 +364,53 @@ void print_start(const Run& run) {
   if (run.rank() != 0) return;
   const RunSpec& spec = run.spec;
   const int threads = run.blas_threads;
-  std::printf("%s: %d ranks = pp %d x dp %d | M=%d micro-batches of %d | schedule %s | recompute %s | "
-              "wait %s | %d BLAS thread%s per rank\n",
-              version_string().c_str(), run.world.size(), spec.parallel.pp, spec.parallel.dp, spec.parallel.micro_batches,
-              spec.samples_per_micro_batch(), schedule_description(spec).c_str(), name_of(spec.parallel.recompute),
-              run.comm->wait_mode() == WaitMode::yield ? "yield" : "spin", threads, threads == 1 ? "" : "s");
+  std::printf(
+      "%s: %d ranks = pp %d x dp %d | M=%d micro-batches of %d | schedule %s | recompute %s | "
+      "wait %s | %d BLAS thread%s per rank\n",
+      version_string().c_str(), run.world.size(), spec.parallel.pp, spec.parallel.dp, spec.parallel.micro_batches,
+      spec.samples_per_micro_batch(), schedule_description(spec).c_str(), name_of(spec.parallel.recompute),
+      run.comm->wait_mode() == WaitMode::yield ? "yield" : "spin", threads, threads == 1 ? "" : "s");
   std::printf("%s\n%s", run.launch.describe().c_str(), node_map(run.world.hosts(), run.topo).c_str());
   std::printf("partition (%s):\n%s", name_of(spec.parallel.partition), describe_partition(spec, run.blocks).c_str());
-  std::printf("run dir: %s%s%s\n", run.run_dir.c_str(), run.run_dir_note.empty() ? "" : " | ", run.run_dir_note.c_str());
+  std::printf("run dir: %s%s%s\n", run.run_dir.c_str(), run.run_dir_note.empty() ? "" : " | ",
+              run.run_dir_note.c_str());
   const char* unit = run.on_gpu() ? "GPU" : "core";
   char per_unit[96];
-  std::snprintf(per_unit, sizeof per_unit, ", %.1f per %s x %.0f", run.peak_per_unit, unit, run.sgemm_gflops / run.sgemm_per_unit);
+  std::snprintf(per_unit, sizeof per_unit, ", %.1f per %s x %.0f", run.peak_per_unit, unit,
+                run.sgemm_gflops / run.sgemm_per_unit);
   const std::string peak = spec.log.peak_gflops > 0 ? "log.peak_gflops x ranks" : run.peak_basis + per_unit;
-  std::printf("peak %.1f GFLOP/s (%s) | sgemm %.1f GFLOP/s per %s | both fixed at the run's first launch | %.3g GFLOP per step\n",
-              run.peak_gflops, peak.c_str(), run.sgemm_per_unit, unit, run.flops_per_step / 1e9);
+  std::printf(
+      "peak %.1f GFLOP/s (%s) | sgemm %.1f GFLOP/s per %s | both fixed at the run's first launch | %.3g GFLOP per "
+      "step\n",
+      run.peak_gflops, peak.c_str(), run.sgemm_per_unit, unit, run.flops_per_step / 1e9);
   std::printf("%s%s%s\n", blas_description().c_str(), blas_kernel_decision().note.empty() ? "" : " | ",
               blas_kernel_decision().note.c_str());
   if (!run.resumed_from.empty()) {
     std::printf("resumed from %s\n", run.resumed_from.c_str());
     const Manifest saved = Manifest::read(run.resumed_from);
-    const std::string was = layout_text(saved.pp, saved.dp, saved.spec.count("parallel.schedule")
-                                                                   ? unquoted(saved.spec.at("parallel.schedule")) : "?",
-                                        saved.virtual_stages),
+    const std::string was = layout_text(
+                          saved.pp, saved.dp,
+                          saved.spec.count("parallel.schedule") ? unquoted(saved.spec.at("parallel.schedule")) : "?",
+                          saved.virtual_stages),
                       now = layout_text(spec.parallel.pp, spec.parallel.dp, spec.parallel.schedule->name,
                                         spec.parallel.virtual_stages);
-    if (was != now) std::printf("note: resumed on another layout: saved as %s, now %s (resharded)\n", was.c_str(), now.c_str());
+    if (was != now)
+      std::printf("note: resumed on another layout: saved as %s, now %s (resharded)\n", was.c_str(), now.c_str());
     for (auto& change : changed_training_keys(saved, spec))
       std::printf("note: %s since the checkpoint (LR schedule / optimizer change from here on)\n", change.c_str());
   }
   if (!run.init_note.empty()) std::printf("%s\n", run.init_note.c_str());
   if (run.stragglers)
-    std::printf("stragglers: a rank, node or link %gx slower than its peers in two windows (%d steps, %g s at least) in a "
-                "row is reported%s\n", spec.log.straggler_ratio, spec.log.straggler_window, StragglerWindow::kMinWindowS,
-                run.straggler_cpu_time ? " (ranks outnumber cores: passes timed in CPU time, links not judged)" : "");
+    std::printf(
+        "stragglers: a rank, node or link %gx slower than its peers in two windows (%d steps, %g s at least) in a "
+        "row is reported%s\n",
+        spec.log.straggler_ratio, spec.log.straggler_window, StragglerWindow::kMinWindowS,
+        run.straggler_cpu_time ? " (ranks outnumber cores: passes timed in CPU time, links not judged)" : "");
   if (run.start_step >= spec.run.steps)
-    std::printf("run already complete (%d steps): nothing to train; --set run.steps=N (N > %d) trains it further, "
-                "a new run.name (or --run-dir) starts another run\n", spec.run.steps, spec.run.steps);
+    std::printf(
+        "run already complete (%d steps): nothing to train; --set run.steps=N (N > %d) trains it further, "
+        "a new run.name (or --run-dir) starts another run\n",
+        spec.run.steps, spec.run.steps);
   std::fflush(stdout);
 }
 
@@ -414,7 +432,8 @@ double evaluate(Run& run) {
   const RunSpec& spec = run.spec;
   double loss = 0;
   for (int batch = 0; batch < spec.eval.batches; ++batch)
-    loss += run.executor->run(run.eval_actions, run.trace, inputs_from(run, run.val.get(), batch), nullptr, params_ready(run))
+    loss += run.executor
+                ->run(run.eval_actions, run.trace, inputs_from(run, run.val.get(), batch), nullptr, params_ready(run))
                 .loss_sum;
   run.comm->allreduce_world(&loss, 1);
   return loss / (static_cast<double>(spec.eval.batches) * run.tokens_per_step);

@@ -47,16 +47,17 @@ StepResult train_step(Run& run, int step) {
   const bool replicas = spec.parallel.dp > 1;
   run.reducer->begin_step();
   const std::function<void(size_t)> grads_done = [&](size_t offset) { run.reducer->done_from(offset); };
-  r.stats = run.executor->run(run.actions, run.trace, inputs_from(run, run.data.get(), step),
-                              replicas && !run.on_gpu() ? grads_done : std::function<void(size_t)>(),
-                              params_ready(run));
+  r.stats =
+      run.executor->run(run.actions, run.trace, inputs_from(run, run.data.get(), step),
+                        replicas && !run.on_gpu() ? grads_done : std::function<void(size_t)>(), params_ready(run));
 
   // The step boundary carries the time budget's verdict, so every rank stops alike.
   const double sync_t0 = now_s();
   const bool out_of_time = run.budget->nearly_out(sync_t0, sync_t0 - t0);
   const bool window_long_enough = run.rank() == 0 && run.straggler_window && run.straggler_window->long_enough(sync_t0);
-  r.sync = sync_step(stage, comm, *run.reducer, run.adam->shard(), run.grad_staging.empty() ? nullptr : &run.grad_staging,
-                     out_of_time, window_long_enough, r.stats.loss_sum, run.trace);
+  r.sync =
+      sync_step(stage, comm, *run.reducer, run.adam->shard(), run.grad_staging.empty() ? nullptr : &run.grad_staging,
+                out_of_time, window_long_enough, r.stats.loss_sum, run.trace);
   const double opt_t0 = now_s();
 
   // A NaN/Inf anywhere skips the update on every rank alike: parameters and AdamW state stay as
@@ -64,11 +65,12 @@ StepResult train_step(Run& run, int step) {
   run.bad_steps->record(r.sync.finite);
   if (r.sync.finite) {
     run.param_gather->wait_all();  // (done already: every chunk ran a forward)
-    run.adam->step(stage.params(), stage.weights(), stage.grads(), r.lr, clip_coefficient(r.sync.norm, spec.train.grad_clip));
+    run.adam->step(stage.params(), stage.weights(), stage.grads(), r.lr,
+                   clip_coefficient(r.sync.norm, spec.train.grad_clip));
     run.param_gather->post();
   } else if (run.rank() == 0) {
-    std::printf("step %d: NaN or Inf in the loss or gradients; update skipped (%d in a row, %d this launch)\n", step + 1,
-                run.bad_steps->in_a_row(), run.bad_steps->total());
+    std::printf("step %d: NaN or Inf in the loss or gradients; update skipped (%d in a row, %d this launch)\n",
+                step + 1, run.bad_steps->in_a_row(), run.bad_steps->total());
   }
   run.trace.span(r.sync.finite ? "optimizer" : "update skipped (non-finite)", "optimizer", opt_t0, now_s());
   r.local_s += now_s() - opt_t0 + r.sync.norm_s;
@@ -111,7 +113,8 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   if (run.rank() != 0) return;
 
   std::vector<RankFigures> figures;
-  for (int rank = 0; rank < run.world.size(); ++rank) figures.push_back(RankFigures::from(&all[rank * kRankFigureFields]));
+  for (int rank = 0; rank < run.world.size(); ++rank)
+    figures.push_back(RankFigures::from(&all[rank * kRankFigureFields]));
   StepLine line = combine(figures, run.spec.parallel.pp, run.tokens_per_step);
   line.step = done;
   line.steps = run.spec.run.steps;

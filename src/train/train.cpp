@@ -53,8 +53,10 @@ std::optional<Ending> failed_save(Run& run, int64_t step, bool last_chance) {
     return Ending{ExitCode::fault, "failed_save"};
   }
   if (run.rank() == 0)
-    std::fprintf(stderr, "pipetrain: warning: checkpoint step %lld not saved; %s; training continues "
-                         "(checkpoint.on_error = warn)\n", static_cast<long long>(step), kept.c_str());
+    std::fprintf(stderr,
+                 "pipetrain: warning: checkpoint step %lld not saved; %s; training continues "
+                 "(checkpoint.on_error = warn)\n",
+                 static_cast<long long>(step), kept.c_str());
   return std::nullopt;
 }
 
@@ -73,7 +75,8 @@ std::optional<Ending> background_save_ended(Run& run, const Checkpointer::Outcom
 // the step of the run's last save, whose failure ends the run (-1: none).
 std::optional<Ending> advance_save(Run& run, Checkpointer::Until until, int64_t last_save = -1) {
   if (!run.checkpointer->saving()) return std::nullopt;
-  World::LongerAgreements saving(run.world, run.budget->save_agreement_s(run.spec.comm.timeout_s, World::kStartupAgreementS),
+  World::LongerAgreements saving(run.world,
+                                 run.budget->save_agreement_s(run.spec.comm.timeout_s, World::kStartupAgreementS),
                                  "a checkpoint save; comm.timeout_s + 4x the longest save");
   std::vector<Checkpointer::Outcome> outs = run.checkpointer->advance(until);
   // A failed save may end while an earlier one is still being checksummed or published: let the
@@ -100,7 +103,8 @@ std::optional<Ending> maybe_save(Run& run, int done, bool stopping) {
   const bool last_chance = stopping || done == spec.run.steps;
   if (std::optional<Ending> end = advance_save(run, Checkpointer::Until::room)) return end;
   const double t0 = now_s();
-  World::LongerAgreements saving(run.world, run.budget->save_agreement_s(spec.comm.timeout_s, World::kStartupAgreementS),
+  World::LongerAgreements saving(run.world,
+                                 run.budget->save_agreement_s(spec.comm.timeout_s, World::kStartupAgreementS),
                                  "a checkpoint save; comm.timeout_s + 4x the longest save");
   try {
     if (spec.checkpoint.async) {
@@ -129,17 +133,19 @@ std::optional<Ending> should_stop(Run& run, int done, bool stopping) {
     const int first = done - bad.in_a_row() + 1;
     if (run.rank() == 0)
       report_error(std::to_string(bad.in_a_row()) + " consecutive steps (" + std::to_string(first) + " to " +
-                       std::to_string(done) + ") had NaN or Inf in the loss or gradients (train.max_bad_steps = " +
-                       std::to_string(spec.train.max_bad_steps) + "); stopping. Parameters are those from before step " +
-                       std::to_string(first) +
-                       (run.last_saved >= 0 ? "; the latest checkpoint is step " + std::to_string(run.last_saved) : ""));
+                   std::to_string(done) + ") had NaN or Inf in the loss or gradients (train.max_bad_steps = " +
+                   std::to_string(spec.train.max_bad_steps) + "); stopping. Parameters are those from before step " +
+                   std::to_string(first) +
+                   (run.last_saved >= 0 ? "; the latest checkpoint is step " + std::to_string(run.last_saved) : ""));
     return Ending{ExitCode::fault, "bad_steps"};
   }
   if (!stopping || done == spec.run.steps) return std::nullopt;  // on the last step the run is simply complete
   if (run.rank() == 0) {
-    if (stop_signal()) std::printf("stopped by signal %d after step %d; checkpoint saved, exit 3\n", stop_signal(), done);
-    else std::printf("time budget run.time_limit = %g s nearly used after step %d; checkpoint saved, exit 3\n",
-                     spec.run.time_limit, done);
+    if (stop_signal())
+      std::printf("stopped by signal %d after step %d; checkpoint saved, exit 3\n", stop_signal(), done);
+    else
+      std::printf("time budget run.time_limit = %g s nearly used after step %d; checkpoint saved, exit 3\n",
+                  spec.run.time_limit, done);
   }
   return Ending{ExitCode::stopped, stop_signal() ? "signal" : "time_limit"};
 }
@@ -148,7 +154,8 @@ std::optional<Ending> should_stop(Run& run, int done, bool stopping) {
 // flight (the run ends otherwise than at a save) is waited for first.
 ExitCode finish(Run& run, Ending ending, int64_t step) {
   run.param_gather->wait_all();  // no collective may be left in flight at MPI_Finalize
-  if (std::optional<Ending> failed = advance_save(run, Checkpointer::Until::all_ended); failed && ending.code == ExitCode::ok)
+  if (std::optional<Ending> failed = advance_save(run, Checkpointer::Until::all_ended);
+      failed && ending.code == ExitCode::ok)
     ending = *failed;
   if (run.rank() == 0) record_stop(run, ending.reason, ending.code, step);
   return ending.code;
@@ -175,7 +182,8 @@ ExitCode run_train(const TrainOptions& opt, World& world) {
     // The ranks agreed on stopping in the step; evaluate if due, log (before saving, so a
     // checkpoint never covers a step missing from the log), save if due.
     const int done = step + 1;
-    if (std::optional<Ending> failed = advance_save(run, Checkpointer::Until::one_round)) return finish(run, *failed, done);
+    if (std::optional<Ending> failed = advance_save(run, Checkpointer::Until::one_round))
+      return finish(run, *failed, done);
     const bool stopping = result.sync.stop;
     const bool evaluating = eval_due(spec, done, stopping);
     const double val_loss = evaluating ? timed_evaluate(run) : -1;

@@ -76,8 +76,10 @@ void check_output(const std::string& path, const OutputRule& rule) {
   const fs::path out = resolved(path);
   for (const std::string& in : rule.inputs) {
     if (same_inode(path, in) || out == resolved(in))
-      throw SpecError(named + " is the input " + in + " of this command: writing it would destroy what is read "
-                      "(choose another " + rule.option + ")");
+      throw SpecError(named + " is the input " + in +
+                      " of this command: writing it would destroy what is read "
+                      "(choose another " +
+                      rule.option + ")");
     if (holds(out, resolved(in)))
       throw SpecError(named + " holds the input " + in + ": replacing it would destroy what is read (choose another " +
                       rule.option + ")");

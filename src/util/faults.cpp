@@ -8,10 +8,14 @@
 namespace pipetrain {
 namespace {
 
-const char* const kVariables[] = {"PIPETRAIN_TEST_STALL",          "PIPETRAIN_TEST_NAN",
-                                  "PIPETRAIN_TEST_KILL_IN_OPTIMIZER", "PIPETRAIN_TEST_KILL_IN_SAVE",
-                                  "PIPETRAIN_TEST_STALL_IN_SAVE",  "PIPETRAIN_TEST_HANG_IN_FINALIZE",
-                                  "PIPETRAIN_TEST_KILL_IN_SNAPSHOT", "PIPETRAIN_TEST_SLOW_COMPUTE"};
+const char* const kVariables[] = {"PIPETRAIN_TEST_STALL",
+                                  "PIPETRAIN_TEST_NAN",
+                                  "PIPETRAIN_TEST_KILL_IN_OPTIMIZER",
+                                  "PIPETRAIN_TEST_KILL_IN_SAVE",
+                                  "PIPETRAIN_TEST_STALL_IN_SAVE",
+                                  "PIPETRAIN_TEST_HANG_IN_FINALIZE",
+                                  "PIPETRAIN_TEST_KILL_IN_SNAPSHOT",
+                                  "PIPETRAIN_TEST_SLOW_COMPUTE"};
 static_assert(sizeof kVariables / sizeof kVariables[0] == kFaultPoints);
 
 }  // namespace
@@ -47,14 +51,19 @@ void FaultHooks::reach(FaultPoint point, int64_t step) const {
   if (!fires(point, step)) return;
   switch (point) {
     case FaultPoint::stall_at_step:
-    case FaultPoint::stall_in_save: raise(SIGSTOP); break;
+    case FaultPoint::stall_in_save:
+      raise(SIGSTOP);
+      break;
     case FaultPoint::kill_in_optimizer:
     case FaultPoint::kill_in_save:
-    case FaultPoint::kill_in_snapshot: raise(SIGKILL); break;
+    case FaultPoint::kill_in_snapshot:
+      raise(SIGKILL);
+      break;
     case FaultPoint::hang_in_finalize:
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     case FaultPoint::nan_in_gradient:
-    case FaultPoint::slow_compute: break;  // the caller puts the NaN where it belongs, stretches its compute
+    case FaultPoint::slow_compute:
+      break;  // the caller puts the NaN where it belongs, stretches its compute
   }
 }
 

@@ -41,7 +41,8 @@ RunDirLock::RunDirLock(const std::string& dir) : dir_(dir) {
   created_ = !fs::exists(dir, ec);
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir))  // say why (a read-only file system, a permission), not what follows from it
-    throw SpecError("run dir " + dir + ": cannot create (" + (ec ? ec.message() : std::string("a file is in the way")) + ")");
+    throw SpecError("run dir " + dir + ": cannot create (" + (ec ? ec.message() : std::string("a file is in the way")) +
+                    ")");
   const std::string path = dir + "/.lock";
   fd_ = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) throw SpecError("run dir " + dir + ": cannot create " + path + " (" + std::strerror(errno) + ")");
@@ -121,8 +122,8 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) throw std::runtime_error(tmp + ": cannot write (" + std::strerror(errno) + ")");
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 &&
-                  ::fsync(fileno(f)) == 0;
+  const bool ok =
+      std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
   std::fclose(f);
   if (!ok) throw std::runtime_error(tmp + ": cannot write");
   std::error_code ec;

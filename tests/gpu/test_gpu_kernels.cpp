@@ -346,7 +346,8 @@ int main(int argc, char** argv) {
       std::printf("no GPU visible%s\n", info_only ? "" : ": GPU kernel tests skipped");
       return 77;  // SKIP_RETURN_CODE in tests/CMakeLists.txt
     }
-    for (int d = 0; d < (info_only ? n : 1); ++d) std::printf("GPU %d: %s\n", d, gpu::describe(gpu::device_info(d)).c_str());
+    for (int d = 0; d < (info_only ? n : 1); ++d)
+      std::printf("GPU %d: %s\n", d, gpu::describe(gpu::device_info(d)).c_str());
     if (info_only) return 0;
     gpu::select_device(0);
   } catch (const std::exception& e) {  // a GPU that is there but unusable fails, never skips

@@ -28,8 +28,8 @@ inline std::vector<float> randn(size_t n, float stddev, uint32_t seed) {
 
 // Checks `grad` (analytic dL/dx) against finite differences of `loss` with respect to x[0..n):
 // a random direction over all elements plus up to `samples` single elements.
-inline void check(const std::string& what, const std::function<double()>& loss, float* x, const float* grad,
-                  size_t n, size_t samples = 12, float eps = 1e-2f) {
+inline void check(const std::string& what, const std::function<double()>& loss, float* x, const float* grad, size_t n,
+                  size_t samples = 12, float eps = 1e-2f) {
   INFO(what);
   std::mt19937 gen(1234);
   std::uniform_real_distribution<float> sign(-1.f, 1.f);

@@ -16,8 +16,7 @@
 
 using namespace pipetrain;
 
-TEST_CASE("background write: slabs written from another thread read back as the snapshot held them",
-          "[ckpt][async]") {
+TEST_CASE("background write: slabs written from another thread read back as the snapshot held them", "[ckpt][async]") {
   TempDir tmp;
   const std::string path = (tmp.dir / "stage_000.h5").string();
   const std::vector<TensorInfo> tensors = {{"wte.weight", {6, 4}}, {"ln.bias", {5}}};
@@ -28,8 +27,8 @@ TEST_CASE("background write: slabs written from another thread read back as the 
   std::vector<std::vector<float>> live;
   for (const TensorInfo& t : tensors)
     for (int k = 0; k < 3; ++k) {
-      std::vector<float> a(static_cast<size_t>(std::accumulate(t.shape.begin(), t.shape.end(), int64_t{1},
-                                                               std::multiplies<int64_t>())));
+      std::vector<float> a(
+          static_cast<size_t>(std::accumulate(t.shape.begin(), t.shape.end(), int64_t{1}, std::multiplies<int64_t>())));
       std::iota(a.begin(), a.end(), 100.0f * static_cast<float>(live.size()));
       live.push_back(a);
     }
@@ -42,7 +41,8 @@ TEST_CASE("background write: slabs written from another thread read back as the 
       const size_t rows = static_cast<size_t>(tensors[i].shape[0]), row = snapshot[3 * i].size() / rows;
       const size_t r0 = rows * replica / 2, r1 = rows * (replica + 1) / 2;
       for (int k = 0; k < 3; ++k)
-        slabs.push_back({offsets[3 * i + k] + r0 * row * sizeof(float), snapshot[3 * i + k].data() + r0 * row, (r1 - r0) * row});
+        slabs.push_back(
+            {offsets[3 * i + k] + r0 * row * sizeof(float), snapshot[3 * i + k].data() + r0 * row, (r1 - r0) * row});
     }
     BackgroundJob job;
     job.start([&] { return write_slabs(path, slabs, 42); });
@@ -82,5 +82,6 @@ TEST_CASE("background job: a failure or an exception comes back as its message",
   const std::string error = job.collect();
   CHECK(error.find(missing) != std::string::npos);
   CHECK(error.find("cannot open") != std::string::npos);
-  CHECK_THROWS_AS(create_shard_file((tmp.dir / "no" / "such" / "dir.h5").string(), {{"a", {1}}}, 0), std::runtime_error);
+  CHECK_THROWS_AS(create_shard_file((tmp.dir / "no" / "such" / "dir.h5").string(), {{"a", {1}}}, 0),
+                  std::runtime_error);
 }

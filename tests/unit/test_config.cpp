@@ -2,16 +2,16 @@
 // and the resolved TOML round trip (docs/design.md and docs/spec-reference.md).
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <random>
 #include <string>
-#include <unistd.h>
 
-#include "temp_dir.hpp"
 #include "pipetrain/config/spec.hpp"
+#include "temp_dir.hpp"
 
 using namespace pipetrain;
 using Catch::Matchers::Contains;
@@ -30,8 +30,7 @@ std::string spec_error(const std::function<void()>& f) {
 }
 
 // Loads a spec from TOML text written to <tmp>/file.toml.
-RunSpec load_text(const TempDir& tmp, const std::string& text, std::vector<std::string> overrides = {},
-                  int world = 0) {
+RunSpec load_text(const TempDir& tmp, const std::string& text, std::vector<std::string> overrides = {}, int world = 0) {
   return load_spec(tmp.write("file.toml", text), overrides, world);
 }
 
@@ -267,9 +266,8 @@ TEST_CASE("spec_hash changes when any one key changes", "[config]") {
   const RunSpec base = load_spec("", {}, 0);
   const uint64_t h = spec_hash(base);
   CHECK(spec_hash(load_spec("", {}, 0)) == h);
-  for (std::string o : {"run.seed=1235", "model.n_layer=8", "train.lr=0.002", "data.shuffle=false",
-                        "run.name=tinz", "parallel.recompute=stage", "parallel.partition=balanced",
-                        "comm.bucket_mb=8"}) {
+  for (std::string o : {"run.seed=1235", "model.n_layer=8", "train.lr=0.002", "data.shuffle=false", "run.name=tinz",
+                        "parallel.recompute=stage", "parallel.partition=balanced", "comm.bucket_mb=8"}) {
     INFO(o);
     CHECK(spec_hash(load_spec("", {o}, 0)) != h);
   }

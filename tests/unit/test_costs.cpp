@@ -33,7 +33,7 @@ TEST_CASE("costs: linear between measured sizes, proportional beyond, latency be
   CHECK(c.block(2).f == Approx(1 + 2.0 / 3));  // a third of the way from 1 to 4 samples
   CHECK(c.block(8).b == Approx(12));           // twice the largest measured
   CHECK(c.p2p_s(1500) == Approx(1.5e-3));
-  CHECK(c.p2p_s(10) == Approx(1e-3));          // latency-bound
+  CHECK(c.p2p_s(10) == Approx(1e-3));  // latency-bound
   CHECK(c.allreduce_s(1000, 1) == 0);
   CHECK(c.allreduce_s(1000, 2) == Approx(4e-3));
   CHECK(c.allreduce_s(1000, 4) == Approx(4e-3 * 1.5));  // 2(D-1)/D: 1 at D = 2, 1.5 at D = 4
@@ -64,12 +64,13 @@ TEST_CASE("costs from a peak: each pass at our kernels' FLOPs, messages at the l
   CHECK(c.p2p_s(1e6) == Approx(10e-6 + 1e6 / 1e9).epsilon(1e-6));
 }
 
-TEST_CASE("predicted step: the simulated pipeline, then reduction, the step agreement and the update on the slowest rank",
-          "[costs]") {
+TEST_CASE(
+    "predicted step: the simulated pipeline, then reduction, the step agreement and the update on the slowest rank",
+    "[costs]") {
   RunSpec spec;  // 4 blocks, M = 4, global batch 16: 4 samples per micro-batch on 1 replica
   spec.parallel.pp = 2;
   spec.model.tie_embeddings = false;  // tied, the two stages would also sum wte's gradient
-  MachineCosts c = two_sizes();  // no embedding or head cost, free messages
+  MachineCosts c = two_sizes();       // no embedding or head cost, free messages
   c.p2p.clear();
   c.adamw_s_per_param = 0;
   const StepPrediction p = predict_step(spec, c);

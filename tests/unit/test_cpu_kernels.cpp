@@ -55,17 +55,18 @@ TEST_CASE("cpuid's instruction sets agree with the flags the kernel read") {
       if (!f.count(n)) return false;
     return true;
   };
-  const SimdLevel want = has({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma"}) ? SimdLevel::avx512
-                         : has({"avx2", "fma"})                                                          ? SimdLevel::avx2
-                         : has({"avx"})                                                                   ? SimdLevel::avx
-                         : has({"pni"})                                                                   ? SimdLevel::sse3
-                                                                                                          : SimdLevel::unknown;
+  const SimdLevel want = has({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma"})
+                             ? SimdLevel::avx512
+                         : has({"avx2", "fma"}) ? SimdLevel::avx2
+                         : has({"avx"})         ? SimdLevel::avx
+                         : has({"pni"})         ? SimdLevel::sse3
+                                                : SimdLevel::unknown;
   CHECK(std::string(name_of(cpu_features().level)) == name_of(want));
   CHECK(!cpu_features().vendor.empty());
 }
 
 TEST_CASE("fp32 FLOPs per cycle: lanes x 2 x FMA pipes, by instruction set and, where pipes differ, family") {
-  CHECK(cpu("GenuineIntel", 6, 0xcf, SimdLevel::avx512).fp32_flops_per_cycle() == 64);  // 2 x 16 lanes x 2 pipes
+  CHECK(cpu("GenuineIntel", 6, 0xcf, SimdLevel::avx512).fp32_flops_per_cycle() == 64);     // 2 x 16 lanes x 2 pipes
   CHECK(cpu("AuthenticAMD", 0x19, 0x11, SimdLevel::avx512).fp32_flops_per_cycle() == 32);  // Zen 4: 256-bit pipes
   CHECK(cpu("AuthenticAMD", 0x1a, 0x02, SimdLevel::avx512).fp32_flops_per_cycle() == 64);  // Zen 5
   CHECK(cpu("GenuineIntel", 6, 0x3f, SimdLevel::avx2).fp32_flops_per_cycle() == 32);
@@ -94,7 +95,8 @@ TEST_CASE("kernel families map to the instruction sets they need, and back") {
   CHECK(level_of_kernels("Zen") == SimdLevel::avx2);
   CHECK(level_of_kernels("Cooperlake") == SimdLevel::avx512);
   CHECK(level_of_kernels("NEOVERSEN1") == SimdLevel::unknown);
-  for (SimdLevel l : {SimdLevel::sse3, SimdLevel::avx, SimdLevel::avx2, SimdLevel::avx512}) CHECK(level_of_kernels(kernels_for(l)) == l);
+  for (SimdLevel l : {SimdLevel::sse3, SimdLevel::avx, SimdLevel::avx2, SimdLevel::avx512})
+    CHECK(level_of_kernels(kernels_for(l)) == l);
 }
 
 TEST_CASE("OpenBLAS's fallback below the CPU is replaced by the CPU's kernels, and the restart says so") {
@@ -131,7 +133,8 @@ TEST_CASE("kernels that compute wrong products are never kept: the next family d
   KernelDecision d = decide_kernels(s);
   CHECK(d.action == KernelDecision::restart);
   CHECK(d.family == "Haswell");
-  CHECK(d.rejected == std::vector<std::string>{"SkylakeX: C[0,0] = 7 where the reference is 1"});  // handed to the restart
+  CHECK(d.rejected ==
+        std::vector<std::string>{"SkylakeX: C[0,0] = 7 where the reference is 1"});  // handed to the restart
 
   KernelSituation next = situation(SimdLevel::avx512, "Haswell");
   next.openblas_chose = "Prescott";
@@ -164,7 +167,9 @@ TEST_CASE("OPENBLAS_CORETYPE or OPENBLAS_L2_SIZE from the environment always win
   CHECK(d.action == KernelDecision::keep);
   CHECK(d.user_chose);
   CHECK(d.below_cpu);
-  CHECK(d.note == "from OPENBLAS_CORETYPE=Haswell in the environment; this AVX-512 CPU runs SkylakeX kernels, but the environment wins");
+  CHECK(d.note ==
+        "from OPENBLAS_CORETYPE=Haswell in the environment; this AVX-512 CPU runs SkylakeX kernels, but the "
+        "environment wins");
 
   s.wrong = "C[1,2] = inf where the reference is 3";
   d = decide_kernels(s);
@@ -180,6 +185,4 @@ TEST_CASE("OPENBLAS_CORETYPE or OPENBLAS_L2_SIZE from the environment always win
   CHECK(contains(d.note, "OPENBLAS_L2_SIZE=512"));
 }
 
-TEST_CASE("this machine's kernels agree with the reference product") {
-  CHECK(check_sgemm_against_reference() == "");
-}
+TEST_CASE("this machine's kernels agree with the reference product") { CHECK(check_sgemm_against_reference() == ""); }

@@ -2,16 +2,16 @@
 // micro-batch slicing over dp ranks, seeded per-epoch shuffling, the synthetic corpus, bad files.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
-#include <unistd.h>
 
-#include "temp_dir.hpp"
 #include "pipetrain/data/dataset.hpp"
+#include "temp_dir.hpp"
 
 using namespace pipetrain;
 using Catch::Matchers::Contains;
@@ -31,10 +31,12 @@ std::vector<uint8_t> write_corpus(const TempDir& tmp, size_t n, std::string* pat
 
 // T = 8, B = 12, D = 2, M = 3: 6 samples per dp rank, 2 per micro-batch.
 RunSpec text_spec(const std::string& path, bool shuffle, int64_t seed = 1234) {
-  return load_spec("", {"data.source=text", "data.path=" + path, std::string("data.shuffle=") + (shuffle ? "true" : "false"),
-                        "model.seq_len=8", "train.global_batch=12", "parallel.dp=2", "parallel.micro_batches=3",
-                        "run.seed=" + std::to_string(seed)},
-                   0);
+  return load_spec(
+      "",
+      {"data.source=text", "data.path=" + path, std::string("data.shuffle=") + (shuffle ? "true" : "false"),
+       "model.seq_len=8", "train.global_batch=12", "parallel.dp=2", "parallel.micro_batches=3",
+       "run.seed=" + std::to_string(seed)},
+      0);
 }
 
 std::vector<size_t> epoch_windows(Dataset& ds, int64_t epoch, int64_t E) {
@@ -97,8 +99,7 @@ TEST_CASE("micro_batch(step r j) holds global samples step*B + r*B/D + j*B/(D*M)
   }
 }
 
-TEST_CASE("shuffled epochs are seeded permutations of the stride-T windows that differ per epoch",
-          "[data]") {
+TEST_CASE("shuffled epochs are seeded permutations of the stride-T windows that differ per epoch", "[data]") {
   TempDir tmp;
   std::string path;
   const size_t N = 1000;

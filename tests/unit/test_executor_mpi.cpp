@@ -10,7 +10,6 @@
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/data/dataset.hpp"
 #include "pipetrain/dist/comm.hpp"
-#include "test_world.hpp"
 #include "pipetrain/model/model.hpp"
 #include "pipetrain/model/partition.hpp"
 #include "pipetrain/observe/trace.hpp"
@@ -18,6 +17,7 @@
 #include "pipetrain/planner/plan.hpp"
 #include "pipetrain/schedule/generators.hpp"
 #include "pipetrain/schedule/registry.hpp"
+#include "test_world.hpp"
 
 using namespace pipetrain;
 
@@ -26,8 +26,9 @@ namespace {
 constexpr int kSteps = 0;  // the data step every comparison reads
 
 RunSpec two_stage_spec(const std::string& schedule) {
-  return parse_spec("", "", {"parallel.pp=2", "parallel.schedule=" + schedule, "model.n_layer=4",
-                             "parallel.micro_batches=4", "train.global_batch=8"},
+  return parse_spec("", "",
+                    {"parallel.pp=2", "parallel.schedule=" + schedule, "model.n_layer=4", "parallel.micro_batches=4",
+                     "train.global_batch=8"},
                     test_world().size());
 }
 
@@ -58,7 +59,8 @@ StepResult pipeline_step(const RunSpec& spec, Comm& comm) {
   stage.init_params(static_cast<uint64_t>(spec.run.seed));
   stage.zero_grads();
   Dataset data(spec);
-  std::vector<int> inputs(static_cast<size_t>(spec.samples_per_micro_batch()) * spec.model.seq_len), targets(inputs.size());
+  std::vector<int> inputs(static_cast<size_t>(spec.samples_per_micro_batch()) * spec.model.seq_len),
+      targets(inputs.size());
   Executor executor(stage, comm, step_shape(spec));
   Trace trace;
   const StepStats st = executor.run(spec.parallel.schedule->generate(s, spec.pipeline_shape()), trace, [&](int mb) {
@@ -66,7 +68,8 @@ StepResult pipeline_step(const RunSpec& spec, Comm& comm) {
     if (stage.has_embedding()) stage.set_tokens(mb, inputs.data());
     if (stage.has_head()) stage.set_targets(mb, targets.data());
   });
-  if (const ParamTensor* wte = stage.find("wte.weight")) comm.allreduce_tied(stage.grads().data() + wte->offset, wte->size);
+  if (const ParamTensor* wte = stage.find("wte.weight"))
+    comm.allreduce_tied(stage.grads().data() + wte->offset, wte->size);
   return {st.loss_sum, grads_by_name(stage)};
 }
 
@@ -77,7 +80,8 @@ StepResult one_process_step(const RunSpec& spec) {
   stage.init_params(static_cast<uint64_t>(spec.run.seed));
   stage.zero_grads();
   Dataset data(spec);
-  std::vector<int> inputs(static_cast<size_t>(spec.samples_per_micro_batch()) * spec.model.seq_len), targets(inputs.size());
+  std::vector<int> inputs(static_cast<size_t>(spec.samples_per_micro_batch()) * spec.model.seq_len),
+      targets(inputs.size());
   StepResult r;
   for (int mb = 0; mb < M; ++mb) {
     data.micro_batch(kSteps, 0, mb, inputs.data(), targets.data());
@@ -125,9 +129,8 @@ TEST_CASE("registry: a schedule added as one entry is validated, planned and run
       {"gpipe-forward-order-backward", "gpipe with backwards in forward order (a test schedule)",
        [](int stage, const PipelineShape& s) {
          ActionList list = gpipe_schedule(stage, s.stages, s.micro_batches);
-         const auto backwards = std::find_if(list.begin(), list.end(), [](const Action& a) {
-           return a.op == Op::recv_grad || a.op == Op::backward;
-         });
+         const auto backwards = std::find_if(
+             list.begin(), list.end(), [](const Action& a) { return a.op == Op::recv_grad || a.op == Op::backward; });
          const int per_mb = static_cast<int>(list.end() - backwards) / s.micro_batches;
          std::vector<Action> rest(backwards, list.end());
          for (int i = 0; i < s.micro_batches; ++i)  // the last micro-batch's group first in GPipe: flip the groups
@@ -140,8 +143,9 @@ TEST_CASE("registry: a schedule added as one entry is validated, planned and run
   // Validated: the spec key accepts it, and the checks every schedule shares apply to it.
   const RunSpec spec = two_stage_spec(reversed.name);
   CHECK(spec.parallel.schedule == &reversed);
-  CHECK_THROWS_WITH(parse_spec("", "", {"parallel.pp=2", "parallel.schedule=" + reversed.name, "parallel.virtual_stages=2"}, 2),
-                    Catch::Contains("parallel.virtual_stages"));
+  CHECK_THROWS_WITH(
+      parse_spec("", "", {"parallel.pp=2", "parallel.schedule=" + reversed.name, "parallel.virtual_stages=2"}, 2),
+      Catch::Contains("parallel.virtual_stages"));
   // Planned: plan simulates its lists and draws them, B0 first on the last stage.
   const Plan plan = make_plan(spec);
   CHECK(plan.bubble_theory == Approx(1.0 / 5));

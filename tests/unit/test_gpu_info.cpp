@@ -22,7 +22,8 @@ gpu::DeviceInfo h200(gpu::ComputeMode mode) {
 
 TEST_CASE("describe names the GPU, its memory, capability, compute mode and CUDA versions") {
   CHECK(gpu::describe(h200(gpu::ComputeMode::shared)) ==
-        "NVIDIA H200, 139.7 GiB, compute capability 9.0, compute mode default (shared), driver CUDA 13.0, runtime CUDA 12.8");
+        "NVIDIA H200, 139.7 GiB, compute capability 9.0, compute mode default (shared), driver CUDA 13.0, runtime CUDA "
+        "12.8");
   CHECK(gpu::describe(h200(gpu::ComputeMode::exclusive_process)).find("compute mode exclusive-process") !=
         std::string::npos);
 }

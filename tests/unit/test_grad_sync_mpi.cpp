@@ -9,8 +9,8 @@
 
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/dist/comm.hpp"
-#include "test_world.hpp"
 #include "pipetrain/train/grad_sync.hpp"
+#include "test_world.hpp"
 
 using namespace pipetrain;
 
@@ -56,7 +56,8 @@ TEST_CASE("grad sync: buckets cut from the end sum every element over the replic
     for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(i + 100 * rank);
     GradReducer reducer(replicas(), grads, bucket, params, whole, nullptr);
     reducer.begin_step();
-    for (size_t offset : {size_t{20}, size_t{20}, size_t{11}, size_t{4}}) reducer.done_from(offset);  // as backward reports
+    for (size_t offset : {size_t{20}, size_t{20}, size_t{11}, size_t{4}})
+      reducer.done_from(offset);  // as backward reports
     reducer.finish(no_trace);
     INFO("bucket " << bucket);
     for (size_t i = 0; i < grads.size(); ++i) CHECK(grads[i] == static_cast<float>(2 * i + 100));
@@ -97,7 +98,8 @@ TEST_CASE("grad sync: ZeRO-1 leaves each rank its slab of every tensor summed, a
   for (size_t i = 0; i < w.size(); ++i) CHECK(w[i] == 1000.0f + static_cast<float>(i));
 }
 
-TEST_CASE("grad sync: the norm covers the summed gradient, and a NaN or stop on one rank holds for all", "[grad_sync][mpi]") {
+TEST_CASE("grad sync: the norm covers the summed gradient, and a NaN or stop on one rank holds for all",
+          "[grad_sync][mpi]") {
   REQUIRE(test_world().size() == 2);
   const int rank = test_world().rank();
   const RunSpec spec = tiny_replicated();

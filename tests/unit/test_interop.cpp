@@ -18,9 +18,9 @@ using namespace pipetrain;
 
 TEST_CASE("bf16: round to nearest, ties to even", "[interop]") {
   CHECK(bf16_from_float(1.0f) == 0x3f80);
-  CHECK(bf16_from_float(1.0f + 0x1p-8f) == 0x3f80);               // halfway, 1.0 is even: down
-  CHECK(bf16_from_float(1.0f + 0x1p-7f + 0x1p-8f) == 0x3f82);     // halfway, 1 + 2^-7 is odd: up
-  CHECK(bf16_from_float(1.0f + 0x1p-8f + 0x1p-20f) == 0x3f81);    // above halfway: up
+  CHECK(bf16_from_float(1.0f + 0x1p-8f) == 0x3f80);                // halfway, 1.0 is even: down
+  CHECK(bf16_from_float(1.0f + 0x1p-7f + 0x1p-8f) == 0x3f82);      // halfway, 1 + 2^-7 is odd: up
+  CHECK(bf16_from_float(1.0f + 0x1p-8f + 0x1p-20f) == 0x3f81);     // above halfway: up
   CHECK(bf16_from_float(-(1.0f + 0x1p-8f + 0x1p-20f)) == 0xbf81);  // the sign rides along
   CHECK(bf16_from_float(std::numeric_limits<float>::infinity()) == 0x7f80);
   CHECK(bf16_from_float(std::numeric_limits<float>::max()) == 0x7f80);  // rounds past bf16's largest
@@ -64,8 +64,9 @@ TEST_CASE("safetensors: write then read gives the names, shapes and values", "[i
       {"x.weight", {6, 5}, [&](float* out) { std::copy(a.begin(), a.end(), out); }},
       {"x.bias", {7}, [&](float* out) { std::copy(b.begin(), b.end(), out); }}};
   for (StoredFloat dtype : {StoredFloat::f32, StoredFloat::bf16}) {
-    const std::string path = write_file((tmp.dir / "m.safetensors").string(),
-                                        [&](BinaryWriter& w) { write_safetensors(w, tensors, dtype, {{"format", "pt"}}); });
+    const std::string path = write_file((tmp.dir / "m.safetensors").string(), [&](BinaryWriter& w) {
+      write_safetensors(w, tensors, dtype, {{"format", "pt"}});
+    });
     const std::string header = safetensors_header(tensors, dtype, {{"format", "pt"}});
     CHECK(header.size() % 8 == 0);
     CHECK(std::filesystem::file_size(path) == header.size() + (30 + 7) * stored_bytes(dtype));
@@ -91,7 +92,8 @@ TEST_CASE("safetensors: a malformed file is refused naming it", "[interop]") {
   TempDir tmp;
   const std::string good = safetensors_header({{"t", {2}, nullptr}}, StoredFloat::f32, {}) + std::string(8, '\0');
   const std::string truncated = tmp.write("short.safetensors", good.substr(0, good.size() - 4));
-  CHECK_THROWS_WITH(SafetensorsFile(truncated), Catch::Contains("short.safetensors") && Catch::Contains("data_offsets"));
+  CHECK_THROWS_WITH(SafetensorsFile(truncated),
+                    Catch::Contains("short.safetensors") && Catch::Contains("data_offsets"));
   std::string huge = good;
   huge[5] = 1;  // header length beyond the file
   CHECK_THROWS_AS(SafetensorsFile(tmp.write("huge.safetensors", huge)), SpecError);
@@ -145,9 +147,9 @@ TEST_CASE("GPT-2 layout: llm.c's tensor order, Hugging Face's names and Conv1D m
   // llm.c's train_gpt2.c fill_in_parameter_sizes: wte, wpe, ln1w, ln1b, qkvw, qkvb, attprojw,
   // attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb (each for all layers), lnfw, lnfb.
   std::vector<std::string> want = {"wte.weight", "wpe.weight"};
-  for (const char* t : {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
-                        "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
-                        "mlp.c_proj.weight", "mlp.c_proj.bias"})
+  for (const char* t :
+       {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+        "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"})
     for (int i = 0; i < 2; ++i) want.push_back("h." + std::to_string(i) + "." + t);
   want.push_back("ln_f.weight");
   want.push_back("ln_f.bias");
@@ -157,10 +159,10 @@ TEST_CASE("GPT-2 layout: llm.c's tensor order, Hugging Face's names and Conv1D m
   CHECK(hf_name("lm_head.weight") == "lm_head.weight");
   CHECK(name_from_hf("transformer.wte.weight") == "wte.weight");
   CHECK(name_from_hf("h.0.mlp.c_fc.bias") == "h.0.mlp.c_fc.bias");  // GPT2Model's names, without the prefix
-  CHECK(name_from_hf("transformer.h.0.attn.bias") == "");         // a mask buffer, not a parameter
+  CHECK(name_from_hf("transformer.h.0.attn.bias") == "");           // a mask buffer, not a parameter
   CHECK(name_from_hf("lm_head.weight") == "lm_head.weight");
-  for (const char* conv : {"h.0.attn.c_attn.weight", "h.0.attn.c_proj.weight", "h.0.mlp.c_fc.weight",
-                           "h.0.mlp.c_proj.weight"})
+  for (const char* conv :
+       {"h.0.attn.c_attn.weight", "h.0.attn.c_proj.weight", "h.0.mlp.c_fc.weight", "h.0.mlp.c_proj.weight"})
     CHECK(hf_transposed(conv));
   for (const char* plain : {"wte.weight", "wpe.weight", "lm_head.weight", "h.0.attn.c_attn.bias", "h.0.ln_1.weight"})
     CHECK_FALSE(hf_transposed(plain));

@@ -228,7 +228,8 @@ TEST_CASE("gelu backward matches finite differences and the tanh formula", "[ker
 
 TEST_CASE("fast_tanh stays within 1e-6 of std::tanh everywhere", "[kernels]") {
   double worst = 0;
-  for (float x = -20.f; x <= 20.f; x += 1e-3f) worst = std::max(worst, std::abs(double(fast_tanh(x)) - std::tanh(double(x))));
+  for (float x = -20.f; x <= 20.f; x += 1e-3f)
+    worst = std::max(worst, std::abs(double(fast_tanh(x)) - std::tanh(double(x))));
   CHECK(worst < 1e-6);
   CHECK(fast_tanh(0.f) == 0.f);
   CHECK(fast_tanh(100.f) == Approx(1.0).margin(1e-7));

@@ -37,15 +37,15 @@ TEST_CASE("metrics: a 2x2 job's figures combine per stage", "[metrics]") {
   const std::vector<RankFigures> ranks = {rank(0, 0, 1.0, 1.0, 100, 0), rank(1, 0, 2.0, 0.0, 50, 30),
                                           rank(0, 1, 3.0, 1.0, 300, 0), rank(1, 1, 2.0, 2.0, 70, 34)};
   const StepLine line = combine(ranks, 2, 64);
-  CHECK(line.loss == Approx(64.0 / 64));                          // summed token loss over the global batch's tokens
-  CHECK(line.bubble_measured[0] == Approx((0.5 + 0.25) / 2));     // wait / (compute + wait), mean over replicas
+  CHECK(line.loss == Approx(64.0 / 64));                       // summed token loss over the global batch's tokens
+  CHECK(line.bubble_measured[0] == Approx((0.5 + 0.25) / 2));  // wait / (compute + wait), mean over replicas
   CHECK(line.bubble_measured[1] == Approx((0.0 + 0.5) / 2));
   CHECK(line.compute_s[0] == Approx(2.0));
-  CHECK(line.act_peak_bytes[0] == 300);                           // the peak over replicas
+  CHECK(line.act_peak_bytes[0] == 300);  // the peak over replicas
   CHECK(line.mem_peak_bytes[1] == 1070);
   CHECK(line.param_bytes[1] == 4 * 11);
   CHECK(line.optim_bytes[1] == 8 * 11);
-  CHECK(line.gemm_gflops[0] == Approx(4e9 / 2.0 / 1e9));          // flops over gemm seconds, both summed over replicas
+  CHECK(line.gemm_gflops[0] == Approx(4e9 / 2.0 / 1e9));  // flops over gemm seconds, both summed over replicas
   CHECK_FALSE(nlohmann::json::parse(to_json(line)).contains("gpu_mem_bytes"));  // CPU ranks: no GPU keys
 }
 
@@ -95,10 +95,29 @@ TEST_CASE("metrics: the JSON line parses, carries every key, and writes a skippe
   line.peak_gflops = 10;
   line.mfu = 0.1;
   nlohmann::json j = nlohmann::json::parse(to_json(line));
-  for (const char* key : {"step", "loss", "lr", "grad_norm", "skipped", "bad_steps", "step_time_s", "tokens_per_s",
-                          "bubble_theory", "bubble_measured", "act_peak_bytes", "mem_peak_bytes", "comm_wait_s",
-                          "compute_s", "rank_step_s", "param_bytes", "grad_bytes", "optim_bytes", "gflops",
-                          "peak_gflops", "mfu", "kernel_s", "gemm_gflops"})
+  for (const char* key : {"step",
+                          "loss",
+                          "lr",
+                          "grad_norm",
+                          "skipped",
+                          "bad_steps",
+                          "step_time_s",
+                          "tokens_per_s",
+                          "bubble_theory",
+                          "bubble_measured",
+                          "act_peak_bytes",
+                          "mem_peak_bytes",
+                          "comm_wait_s",
+                          "compute_s",
+                          "rank_step_s",
+                          "param_bytes",
+                          "grad_bytes",
+                          "optim_bytes",
+                          "gflops",
+                          "peak_gflops",
+                          "mfu",
+                          "kernel_s",
+                          "gemm_gflops"})
     CHECK(j.contains(key));
   CHECK(j["grad_norm"].is_null());
   CHECK(j["skipped"] == true);

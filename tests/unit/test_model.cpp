@@ -88,7 +88,8 @@ TEST_CASE("full model on one stage: every parameter's gradient matches finite di
     std::vector<float> grads = st.grads().host();
     CHECK((st.find("lm_head.weight") != nullptr) == !tied);
     for (auto& p : st.params())
-      gradcheck::check((tied ? "tied " : "untied ") + p.name, loss, &st.weights().host()[p.offset], &grads[p.offset], p.size, 6);
+      gradcheck::check((tied ? "tied " : "untied ") + p.name, loss, &st.weights().host()[p.offset], &grads[p.offset],
+                       p.size, 6);
   }
 }
 
@@ -117,8 +118,7 @@ TEST_CASE("middle stage: input and parameter gradients match finite differences"
     gradcheck::check(p.name, loss, &st.weights().host()[p.offset], &grads[p.offset], p.size, 4);
 }
 
-TEST_CASE("recompute none, stage and block give identical gradients and stash what each mode says",
-          "[model]") {
+TEST_CASE("recompute none, stage and block give identical gradients and stash what each mode says", "[model]") {
   const int M = 2, b = 1, T = 4, C = 8, NH = 2, V = 11, L = 2;
   const size_t N = static_cast<size_t>(b) * T;
   for (int stage_id : {0, 1, 2}) {  // first, middle, last of 3 stages (2 blocks each)
@@ -195,7 +195,7 @@ TEST_CASE("split backward (input half, later weight half) gives the fused backwa
           "[model]") {
   const int M = 3, T = 4, C = 8, V = 11, L = 2;
   const size_t N = static_cast<size_t>(T);  // one sample per micro-batch
-  for (int stage_id : {0, 1, 2}) {  // first, middle, last of 3 stages
+  for (int stage_id : {0, 1, 2}) {          // first, middle, last of 3 stages
     std::vector<std::vector<float>> grads, dinps;
     for (bool split : {false, true}) {
       Stage st = third_of_six(stage_id, M, true, 9);
@@ -210,7 +210,8 @@ TEST_CASE("split backward (input half, later weight half) gives the fused backwa
         } else {
           st.backward_input(0, mb, r.data(), dinp.data());
           // it keeps every layer's output gradient: 11 C per token per block, plus the head's / embedding's
-          const size_t wgrads = 4 * (L * 11 * N * C + (st.has_head() ? N * (V + C) : 0) + (st.has_embedding() ? N * C : 0));
+          const size_t wgrads =
+              4 * (L * 11 * N * C + (st.has_head() ? N * (V + C) : 0) + (st.has_embedding() ? N * C : 0));
           CHECK(st.stash_bytes(0, mb) == before + wgrads);
         }
         all_dinp.insert(all_dinp.end(), dinp.begin(), dinp.end());
@@ -336,7 +337,7 @@ TEST_CASE("block tensor table: parameter names, shapes, offsets and the layers' 
       INFO(block_tensor_name(block, t));
       REQUIRE(p != nullptr);
       CHECK(p->shape == shape_of(t, C));
-      CHECK(p->decay == (t.cols > 0));  // decay on the 2-D weights only
+      CHECK(p->decay == (t.cols > 0));               // decay on the 2-D weights only
       CHECK(ptrs.*t.field == w.data() + p->offset);  // the layers read exactly the named tensor
     }
   }
@@ -381,7 +382,8 @@ TEST_CASE("forward_cached: a prompt then one token at a time gives forward()'s p
   std::vector<float> probs(static_cast<size_t>(T) * V);
   const int prompt = 7;
   st.forward_cached(tokens.data(), prompt, cache, probs.data());
-  for (int t = prompt; t < T; ++t) st.forward_cached(tokens.data() + t, 1, cache, probs.data() + static_cast<size_t>(t) * V);
+  for (int t = prompt; t < T; ++t)
+    st.forward_cached(tokens.data() + t, 1, cache, probs.data() + static_cast<size_t>(t) * V);
   CHECK(cache.pos == T);
   float worst = 0;
   for (size_t i = 0; i < full.size(); ++i) worst = std::max(worst, std::abs(probs[i] - full[i]));

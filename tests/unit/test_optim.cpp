@@ -76,7 +76,8 @@ TEST_CASE("optim: the global norm counts a tied embedding's copy once", "[optim]
   for (size_t i = 0; i < 5; ++i) grads.host()[i] = g[i];
   CHECK(grad_sq_sum(params, grads, OptimizerShard(params, 0, 1)) == Approx(1 + 4 + 9));
   // Sharded over 2 ranks, the two halves' sums add up to the same norm.
-  CHECK(grad_sq_sum(params, grads, OptimizerShard(params, 0, 2)) + grad_sq_sum(params, grads, OptimizerShard(params, 1, 2)) ==
+  CHECK(grad_sq_sum(params, grads, OptimizerShard(params, 0, 2)) +
+            grad_sq_sum(params, grads, OptimizerShard(params, 1, 2)) ==
         Approx(1 + 4 + 9));
 }
 
@@ -100,7 +101,7 @@ TEST_CASE("optim: ZeRO-1 shards are row slabs that cover every element once, in 
         CHECK(s.begin >= p.offset);
         CHECK(s.end <= p.offset + p.size);
         CHECK((s.begin - p.offset) % row_elements(p) == 0);  // whole rows
-        CHECK(s.state_offset == offset);                      // compact, in slab order
+        CHECK(s.state_offset == offset);                     // compact, in slab order
         offset += s.size();
         for (size_t i = s.begin; i < s.end; ++i) {
           CHECK(owner[i] == -1);

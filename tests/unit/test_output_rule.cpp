@@ -24,8 +24,12 @@ std::string read(const fs::path& p) {
 
 // A rule whose own kind is a file starting with "OWN".
 OutputRule rule(std::vector<std::string> inputs, bool force) {
-  return {"test", "--output", "an own file", [](const std::string& p) { return fs::is_regular_file(p) && read(p).rfind("OWN", 0) == 0; },
-          std::move(inputs), force};
+  return {"test",
+          "--output",
+          "an own file",
+          [](const std::string& p) { return fs::is_regular_file(p) && read(p).rfind("OWN", 0) == 0; },
+          std::move(inputs),
+          force};
 }
 
 std::string refusal(const std::string& path, const OutputRule& r) {
@@ -44,8 +48,8 @@ TEST_CASE("output rule: an input is never the output, however it is spelled") {
   const std::string in = t.write("text.txt", "the user's text");
   fs::create_symlink(in, t.dir / "link.txt");
   fs::create_hard_link(in, t.dir / "hard.txt");
-  for (const std::string& out : {in, (t.dir / "." / "text.txt").string(), (t.dir / "link.txt").string(),
-                                 (t.dir / "hard.txt").string()}) {
+  for (const std::string& out :
+       {in, (t.dir / "." / "text.txt").string(), (t.dir / "link.txt").string(), (t.dir / "hard.txt").string()}) {
     const std::string why = refusal(out, rule({in}, true));
     CHECK(why.find("is the input " + in) != std::string::npos);
   }
@@ -90,7 +94,8 @@ TEST_CASE("output rule: a refused AtomicOutput creates nothing, a committed one 
   TempDir t;
   const std::string other = t.write("other.bin", "the user's data"), own = t.write("own.bin", "OWN old");
   CHECK_THROWS_AS(AtomicOutput(other, rule({}, true)), SpecError);
-  CHECK_THROWS_AS(AtomicOutput((t.dir / "sub" / "x").string(), rule({(t.dir / "sub" / "x").string()}, true)), SpecError);
+  CHECK_THROWS_AS(AtomicOutput((t.dir / "sub" / "x").string(), rule({(t.dir / "sub" / "x").string()}, true)),
+                  SpecError);
   CHECK(!fs::exists(t.dir / "sub"));  // refused before its folder was made
   {
     AtomicOutput out(own, rule({}, true));

@@ -75,7 +75,8 @@ TEST_CASE("kernels give identical bits on 1, 2 and 3 threads", "[parallel][kerne
     matmul_backward(dinp.data(), dwm.data(), dbias.data(), wide.data(), x.data(), g.data(), N, C, 4 * C);
     std::vector<float> probs(logits.size());
     const double loss = softmax_crossentropy_forward(probs.data(), logits.data(), targets.data(), N, V);
-    std::vector<std::vector<float>> all = {out, mean, rstd, dx, dw, db, att, atty, dqkv, g, dg, dbias, dwm, dinp, probs};
+    std::vector<std::vector<float>> all = {out,  mean, rstd, dx,    dw,  db,   att,  atty,
+                                           dqkv, g,    dg,   dbias, dwm, dinp, probs};
     all.push_back({static_cast<float>(loss), static_cast<float>(loss - static_cast<float>(loss))});
     return all;
   };

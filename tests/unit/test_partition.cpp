@@ -95,9 +95,11 @@ TEST_CASE("stage_costs adds the embedding to the first and the head to the last 
 }
 
 TEST_CASE("balanced partition minimises the most expensive stage (brute force)", "[partition]") {
-  struct Shape { int d_model, seq_len, vocab; };
-  for (Shape sh : {Shape{64, 32, 256}, Shape{16, 32, 4096}, Shape{64, 32, 2048}, Shape{128, 512, 256},
-                   Shape{32, 8, 50000}})
+  struct Shape {
+    int d_model, seq_len, vocab;
+  };
+  for (Shape sh :
+       {Shape{64, 32, 256}, Shape{16, 32, 4096}, Shape{64, 32, 2048}, Shape{128, 512, 256}, Shape{32, 8, 50000}})
     for (int L = 1; L <= 10; ++L)
       for (int P = 1; P <= std::min(L, 5); ++P) {
         RunSpec s = spec_with(L, P, "balanced");

@@ -62,7 +62,8 @@ TEST_CASE("policies: the time budget keeps room for 1.5x the longest step, save 
   CHECK(budget.nearly_out(60, 30));  // a step slower than any before counts as the longest
 }
 
-TEST_CASE("policies: a save's agreements allow comm.timeout_s + 4x the longest save, the first save more", "[policies]") {
+TEST_CASE("policies: a save's agreements allow comm.timeout_s + 4x the longest save, the first save more",
+          "[policies]") {
   TimeBudget budget(0, 0);
   CHECK(budget.save_agreement_s(10, 600) == 600);
   budget.save_took(0.2);

@@ -53,8 +53,7 @@ SimResult simulate_unit(const std::vector<ActionList>& lists) {
   return simulate(lists, one, one);
 }
 
-const std::pair<int, int> kShapes[] = {{1, 1}, {1, 4}, {2, 1}, {2, 3}, {3, 5}, {4, 4},
-                                       {4, 8}, {5, 2}, {8, 16}, {7, 3}};
+const std::pair<int, int> kShapes[] = {{1, 1}, {1, 4}, {2, 1}, {2, 3}, {3, 5}, {4, 4}, {4, 8}, {5, 2}, {8, 16}, {7, 3}};
 
 }  // namespace
 
@@ -72,9 +71,9 @@ TEST_CASE("gpipe: M forwards then M backwards in reverse order on every stage", 
   }
   // The middle stage in full: each forward wrapped by its receive and send, same for backward.
   ActionList s1 = gpipe_schedule(1, P, 2);
-  ActionList want1 = {{Op::recv_act, 0},  {Op::forward, 0},  {Op::send_act, 0},  {Op::recv_act, 1},
-                      {Op::forward, 1},   {Op::send_act, 1}, {Op::recv_grad, 1}, {Op::backward, 1},
-                      {Op::send_grad, 1}, {Op::recv_grad, 0}, {Op::backward, 0}, {Op::send_grad, 0}};
+  ActionList want1 = {{Op::recv_act, 0},  {Op::forward, 0},   {Op::send_act, 0},  {Op::recv_act, 1},
+                      {Op::forward, 1},   {Op::send_act, 1},  {Op::recv_grad, 1}, {Op::backward, 1},
+                      {Op::send_grad, 1}, {Op::recv_grad, 0}, {Op::backward, 0},  {Op::send_grad, 0}};
   CHECK(s1 == want1);
 }
 
@@ -112,9 +111,7 @@ TEST_CASE("gpipe: each stage receives before computing and computes before sendi
     for (int s = 0; s < P; ++s) {
       INFO("P=" << P << " M=" << M << " stage " << s);
       ActionList list = gpipe_schedule(s, P, M);
-      auto pos = [&](Op op, int mb) {
-        return std::find(list.begin(), list.end(), Action{op, mb}) - list.begin();
-      };
+      auto pos = [&](Op op, int mb) { return std::find(list.begin(), list.end(), Action{op, mb}) - list.begin(); };
       for (int i = 0; i < M; ++i) {
         if (s > 0) CHECK(pos(Op::recv_act, i) < pos(Op::forward, i));
         if (s + 1 < P) CHECK(pos(Op::forward, i) < pos(Op::send_act, i));
@@ -127,9 +124,8 @@ TEST_CASE("gpipe: each stage receives before computing and computes before sendi
 
 TEST_CASE("simulator detects a deadlock", "[schedule]") {
   // Stage 0 waits for a gradient before it sends the activation stage 1 needs.
-  std::vector<ActionList> lists = {
-      {{Op::forward, 0}, {Op::recv_grad, 0}, {Op::send_act, 0}, {Op::backward, 0}},
-      {{Op::recv_act, 0}, {Op::forward, 0}, {Op::backward, 0}, {Op::send_grad, 0}}};
+  std::vector<ActionList> lists = {{{Op::forward, 0}, {Op::recv_grad, 0}, {Op::send_act, 0}, {Op::backward, 0}},
+                                   {{Op::recv_act, 0}, {Op::forward, 0}, {Op::backward, 0}, {Op::send_grad, 0}}};
   CHECK_THROWS_AS(simulate_unit(lists), std::logic_error);
   std::swap(lists[0][1], lists[0][2]);
   CHECK_NOTHROW(simulate_unit(lists));
@@ -310,8 +306,7 @@ TEST_CASE("zb-h1: every list runs each F, B and W once, in that order, with its 
     }
 }
 
-TEST_CASE("zb-h1: 1F1B's P - s micro-batches between F and B (the paper's count), min(M, P) until W",
-          "[schedule]") {
+TEST_CASE("zb-h1: 1F1B's P - s micro-batches between F and B (the paper's count), min(M, P) until W", "[schedule]") {
   for (int P = 1; P <= 8; ++P)
     for (int M = 1; M <= 16; ++M)
       for (int s = 0; s < P; ++s) {
@@ -325,11 +320,16 @@ TEST_CASE("zb-h1: 1F1B's P - s micro-batches between F and B (the paper's count)
 TEST_CASE("zb-h1: P=4, M=8 chart is the paper's ZB-H1, 27 slots", "[schedule]") {
   // 1F1B's forwards and B's; stage s runs W of micro-batch i after B of i + s, the last s at the end.
   const std::string want =
-      "t:        0   1   2   3   4   5   6   7   8   9   10  11  12  13  14  15  16  17  18  19  20  21  22  23  24  25  26\n"
-      "Stage 0:  F0  F1  F2  F3  ·   ·   ·   B0  W0  F4  B1  W1  F5  B2  W2  F6  B3  W3  F7  B4  W4  B5  W5  B6  W6  B7  W7\n"
-      "Stage 1:  ·   F0  F1  F2  ·   ·   B0  F3  B1  W0  F4  B2  W1  F5  B3  W2  F6  B4  W3  F7  B5  W4  B6  W5  B7  W6  W7\n"
-      "Stage 2:  ·   ·   F0  F1  ·   B0  F2  B1  F3  B2  W0  F4  B3  W1  F5  B4  W2  F6  B5  W3  F7  B6  W4  B7  W5  W6  W7\n"
-      "Stage 3:  ·   ·   ·   F0  B0  F1  B1  F2  B2  F3  B3  W0  F4  B4  W1  F5  B5  W2  F6  B6  W3  F7  B7  W4  W5  W6  W7\n";
+      "t:        0   1   2   3   4   5   6   7   8   9   10  11  12  13  14  15  16  17  18  19  20  21  22  23  24  "
+      "25  26\n"
+      "Stage 0:  F0  F1  F2  F3  ·   ·   ·   B0  W0  F4  B1  W1  F5  B2  W2  F6  B3  W3  F7  B4  W4  B5  W5  B6  W6  "
+      "B7  W7\n"
+      "Stage 1:  ·   F0  F1  F2  ·   ·   B0  F3  B1  W0  F4  B2  W1  F5  B3  W2  F6  B4  W3  F7  B5  W4  B6  W5  B7  "
+      "W6  W7\n"
+      "Stage 2:  ·   ·   F0  F1  ·   B0  F2  B1  F3  B2  W0  F4  B3  W1  F5  B4  W2  F6  B5  W3  F7  B6  W4  B7  W5  "
+      "W6  W7\n"
+      "Stage 3:  ·   ·   ·   F0  B0  F1  B1  F2  B2  F3  B3  W0  F4  B4  W1  F5  B5  W2  F6  B6  W3  F7  B7  W4  W5  "
+      "W6  W7\n";
   const std::vector<double> one(4, 1.0), two(4, 2.0);
   CHECK(render_chart(simulate(lists_of("zb-h1", 4, 8), one, two, one)) == want);
 }
@@ -423,7 +423,8 @@ TEST_CASE("interleaved: every chunk runs each micro-batch once, sends match rece
           REQUIRE(shifted(units(lists[s], Op::send_act, P, s), 1) == units(lists[to], Op::recv_act, P, to));
           REQUIRE(units(lists[to], Op::send_grad, P, to) == shifted(units(lists[s], Op::recv_grad, P, s), 1));
         }
-        CHECK(units(lists[0], Op::recv_act, P, 0).size() == static_cast<size_t>((V - 1) * M));  // chunk 0 of rank 0 reads tokens
+        CHECK(units(lists[0], Op::recv_act, P, 0).size() ==
+              static_cast<size_t>((V - 1) * M));  // chunk 0 of rank 0 reads tokens
         CHECK(units(lists[P - 1], Op::send_act, P, P - 1).size() == static_cast<size_t>((V - 1) * M));
         const std::vector<double> f(P * V, 1.0), b(P * V, 2.0);
         const SimResult sim = simulate(lists, f, b);  // throws on a deadlock
@@ -484,8 +485,7 @@ TEST_CASE("forward_only: every schedule's forwards alone run each micro-batch on
         for (int s = 0; s < P; ++s) lists.push_back(forward_only(make_schedule(name, s, P, M, V)));
         for (int s = 0; s < P; ++s) {
           CHECK(units(lists[s], Op::forward, P, s).size() == static_cast<size_t>(M * V));
-          for (const Action& a : lists[s])
-            CHECK((a.op == Op::forward || a.op == Op::recv_act || a.op == Op::send_act));
+          for (const Action& a : lists[s]) CHECK((a.op == Op::forward || a.op == Op::recv_act || a.op == Op::send_act));
         }
         const std::vector<double> one(P * V, 1.0);
         CHECK(simulate(lists, one, one).makespan == Approx(V * M + P - 1));  // the forward pipeline, no gaps
@@ -504,8 +504,8 @@ TEST_CASE("held activation bytes: each buffer pool keeps its own peak, split-bac
   // Chunks of different sizes in their own pools: each slot keeps only its own chunk's size.
   CHECK(held_activation_bytes(list, {100, 30}, none, {0, 1}) == 2 * 100 + 2 * 30);
   // B..W gradients: two pending at once at most, while three micro-batches' activations are live.
-  const ActionList split = {{F, 0, 0}, {F, 1, 0}, {F, 2, 0}, {Bi, 0, 0}, {Bi, 1, 0}, {W, 0, 0},
-                            {Bi, 2, 0}, {W, 1, 0}, {W, 2, 0}};
+  const ActionList split = {{F, 0, 0}, {F, 1, 0},  {F, 2, 0}, {Bi, 0, 0}, {Bi, 1, 0},
+                            {W, 0, 0}, {Bi, 2, 0}, {W, 1, 0}, {W, 2, 0}};
   CHECK(peak_activation_bytes(split, {100}, {10}) == 320);
   CHECK(held_activation_bytes(split, {100}, {10}, {0}) == 3 * 100 + 2 * 10);
 }

@@ -113,7 +113,8 @@ TEST_CASE("stragglers: a slow link is compared with the links of its kind, above
   CHECK(quiet[0].find("straggler cleared: link rank 1 -> rank 0") == 0);
 }
 
-TEST_CASE("stragglers: a window lasts its steps and a second at least, with medians of what each step measured", "[stragglers]") {
+TEST_CASE("stragglers: a window lasts its steps and a second at least, with medians of what each step measured",
+          "[stragglers]") {
   StragglerWindow w(3, 100.0);  // opened at t = 100 s
   w.add_step(1.0, 0.1, {{1, {0.002, 0.004}}});
   w.add_step(9.0, 0.3, {});

@@ -8,10 +8,10 @@
 #include <random>
 #include <string>
 
-#include "temp_dir.hpp"
 #include "pipetrain/data/dataset.hpp"
 #include "pipetrain/data/tokenizer.hpp"
 #include "pipetrain/util/errors.hpp"
+#include "temp_dir.hpp"
 
 using namespace pipetrain;
 using Catch::Matchers::Contains;
@@ -74,8 +74,8 @@ TEST_CASE("an id at or above the vocabulary is refused when written, naming the 
   ids[42] = 1000;
   {
     TokenFileWriter w(o, 100, 0);
-    REQUIRE_THROWS_WITH(w.append(ids.data(), ids.size(), "corpus.bin", 7), Contains("corpus.bin") && Contains("token 49") &&
-                                                                           Contains("1000"));
+    REQUIRE_THROWS_WITH(w.append(ids.data(), ids.size(), "corpus.bin", 7),
+                        Contains("corpus.bin") && Contains("token 49") && Contains("1000"));
   }
   CHECK(fs::is_empty(tmp.dir));  // the abandoned write left nothing
 }
@@ -85,8 +85,9 @@ TEST_CASE("training windows over a wide token file widen the ids to ints", "[dat
   std::vector<uint32_t> ids(400);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint32_t>(60000 + i);  // > 32767: no sign mix-ups
   const std::string path = write_tokens(tmp, 65536, ids, 0);
-  const RunSpec spec = load_spec("", {"data.source=hdf5", "data.path=" + path, "data.shuffle=false", "model.vocab=65536",
-                                      "model.seq_len=8", "train.global_batch=4", "parallel.micro_batches=1"},
+  const RunSpec spec = load_spec("",
+                                 {"data.source=hdf5", "data.path=" + path, "data.shuffle=false", "model.vocab=65536",
+                                  "model.seq_len=8", "train.global_batch=4", "parallel.micro_batches=1"},
                                  0);
   Dataset ds(spec);
   std::vector<int> in(8), out(8);

@@ -49,46 +49,48 @@ std::vector<ActionList> zb_v(int P, int M) { return v_lists("zb-v", P, M); }
 
 }  // namespace
 
-TEST_CASE("zb-v, dualpipev: each chunk's F and backward once per micro-batch in order, messages match on every "
-          "link, and no deadlock",
-          "[schedule]") {
+TEST_CASE(
+    "zb-v, dualpipev: each chunk's F and backward once per micro-batch in order, messages match on every "
+    "link, and no deadlock",
+    "[schedule]") {
   for (const std::string name : {"zb-v", "dualpipev"})
-  for (int P = 1; P <= 8; ++P)
-    for (int M = name == "zb-v" ? 1 : 2 * P; M <= 16; ++M) {
-      INFO(name << " P=" << P << " M=" << M);
-      const ChunkPlacement vee{P, 2, Placement::vee};
-      const auto lists = v_lists(name, P, M);
-      // (kind, from rank, to rank) -> the messages (virtual stage, mb) in the order sent / received
-      std::map<std::tuple<int, int, int>, std::vector<std::pair<int, int>>> sent, received;
-      for (int s = 0; s < P; ++s) {
-        std::map<std::tuple<Op, int, int>, int> at;  // (op, chunk, mb) -> position
-        for (int i = 0; i < static_cast<int>(lists[s].size()); ++i) {
-          const Action& a = lists[s][i];
-          REQUIRE(at.emplace(std::tuple{a.op, a.chunk, a.mb}, i).second);  // nothing twice
-          const int v = vee.vstage(s, a.chunk);
-          if (a.op == Op::send_act) sent[{0, s, vee.stage_of(v + 1)}].push_back({v, a.mb});
-          if (a.op == Op::recv_act) received[{0, vee.stage_of(v - 1), s}].push_back({v - 1, a.mb});
-          if (a.op == Op::send_grad) sent[{1, s, vee.stage_of(v - 1)}].push_back({v, a.mb});
-          if (a.op == Op::recv_grad) received[{1, vee.stage_of(v + 1), s}].push_back({v + 1, a.mb});
-        }
-        for (int c = 0; c < 2; ++c)
-          for (int mb = 0; mb < M; ++mb) {
-            auto pos = [&](Op op) { return at.count({op, c, mb}) ? at[{op, c, mb}] : -1; };
-            REQUIRE(pos(Op::forward) >= 0);
-            if (pos(Op::backward) >= 0) {  // fused, or split into B then W; never both
-              REQUIRE(pos(Op::forward) < pos(Op::backward));
-              REQUIRE((pos(Op::backward_input) == -1 && pos(Op::backward_weight) == -1));
-            } else {
-              REQUIRE(pos(Op::forward) < pos(Op::backward_input));
-              REQUIRE(pos(Op::backward_input) < pos(Op::backward_weight));
-            }
+    for (int P = 1; P <= 8; ++P)
+      for (int M = name == "zb-v" ? 1 : 2 * P; M <= 16; ++M) {
+        INFO(name << " P=" << P << " M=" << M);
+        const ChunkPlacement vee{P, 2, Placement::vee};
+        const auto lists = v_lists(name, P, M);
+        // (kind, from rank, to rank) -> the messages (virtual stage, mb) in the order sent / received
+        std::map<std::tuple<int, int, int>, std::vector<std::pair<int, int>>> sent, received;
+        for (int s = 0; s < P; ++s) {
+          std::map<std::tuple<Op, int, int>, int> at;  // (op, chunk, mb) -> position
+          for (int i = 0; i < static_cast<int>(lists[s].size()); ++i) {
+            const Action& a = lists[s][i];
+            REQUIRE(at.emplace(std::tuple{a.op, a.chunk, a.mb}, i).second);  // nothing twice
+            const int v = vee.vstage(s, a.chunk);
+            if (a.op == Op::send_act) sent[{0, s, vee.stage_of(v + 1)}].push_back({v, a.mb});
+            if (a.op == Op::recv_act) received[{0, vee.stage_of(v - 1), s}].push_back({v - 1, a.mb});
+            if (a.op == Op::send_grad) sent[{1, s, vee.stage_of(v - 1)}].push_back({v, a.mb});
+            if (a.op == Op::recv_grad) received[{1, vee.stage_of(v + 1), s}].push_back({v + 1, a.mb});
           }
-        if (name == "zb-v") CHECK(max_in_flight(lists[s]) <= 2 * P);  // 1F1B's peak: P whole micro-batches of two chunks
+          for (int c = 0; c < 2; ++c)
+            for (int mb = 0; mb < M; ++mb) {
+              auto pos = [&](Op op) { return at.count({op, c, mb}) ? at[{op, c, mb}] : -1; };
+              REQUIRE(pos(Op::forward) >= 0);
+              if (pos(Op::backward) >= 0) {  // fused, or split into B then W; never both
+                REQUIRE(pos(Op::forward) < pos(Op::backward));
+                REQUIRE((pos(Op::backward_input) == -1 && pos(Op::backward_weight) == -1));
+              } else {
+                REQUIRE(pos(Op::forward) < pos(Op::backward_input));
+                REQUIRE(pos(Op::backward_input) < pos(Op::backward_weight));
+              }
+            }
+          if (name == "zb-v")
+            CHECK(max_in_flight(lists[s]) <= 2 * P);  // 1F1B's peak: P whole micro-batches of two chunks
+        }
+        REQUIRE(sent == received);  // same messages, same order on every link: tags cannot cross
+        const std::vector<double> one(2 * P, 1.0), two(2 * P, 2.0);
+        CHECK_NOTHROW(simulate(lists, one, two, one, Placement::vee));
       }
-      REQUIRE(sent == received);  // same messages, same order on every link: tags cannot cross
-      const std::vector<double> one(2 * P, 1.0), two(2 * P, 2.0);
-      CHECK_NOTHROW(simulate(lists, one, two, one, Placement::vee));
-    }
 }
 
 TEST_CASE("zb-v: with F = B = W no longer than zb-h1, holding no more than 1f1b's peak", "[schedule]") {
@@ -138,7 +140,8 @@ TEST_CASE("dualpipev: with F = B = W no longer than zb-h1, and its steady state 
     if (a.op == Op::forward || a.op == Op::backward) computes.push_back(a);
   int pairs = 0;
   for (size_t i = 0; i + 1 < computes.size(); ++i)
-    if (computes[i].op == Op::forward && computes[i + 1].op == Op::backward && computes[i].chunk != computes[i + 1].chunk)
+    if (computes[i].op == Op::forward && computes[i + 1].op == Op::backward &&
+        computes[i].chunk != computes[i + 1].chunk)
       ++pairs;
   CHECK(pairs >= 8);
   CHECK(schedule_named("dualpipev").bubble({4, 8, 2, 8}) < schedule_named("zb-v").bubble({4, 8, 2, 8}));

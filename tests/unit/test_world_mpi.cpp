@@ -25,7 +25,8 @@ TEST_CASE("world: a failure on one rank ends the step on every rank with the sam
   CHECK(f.code == ExitCode::bad_input);
   CHECK_THROWS_AS(world.require_agreed([&] {
     if (world.rank() == 0) throw std::runtime_error("rank 0 broke (expected by the test)");
-  }), AgreedExit);
+  }),
+                  AgreedExit);
 }
 
 TEST_CASE("world: a save's longer agreement bound holds for its scope only", "[world][mpi]") {

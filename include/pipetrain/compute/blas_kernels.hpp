@@ -21,19 +21,19 @@ const char* kernels_for(SimdLevel level);
 // Everything the choice depends on, as one process start sees it.
 struct KernelSituation {
   SimdLevel cpu = SimdLevel::unknown;
-  std::string running;             // the family OpenBLAS runs now
-  std::string user_coretype;       // OPENBLAS_CORETYPE as the user set it, "" if not
-  std::string user_l2_size;        // OPENBLAS_L2_SIZE as the user set it, "" if not
-  std::string openblas_chose;      // what OpenBLAS chose itself, when this process is pipetrain's restart
+  std::string running;                // the family OpenBLAS runs now
+  std::string user_coretype;          // OPENBLAS_CORETYPE as the user set it, "" if not
+  std::string user_l2_size;           // OPENBLAS_L2_SIZE as the user set it, "" if not
+  std::string openblas_chose;         // what OpenBLAS chose itself, when this process is pipetrain's restart
   std::vector<std::string> rejected;  // "Family: why" for each family found computing wrong products
-  std::string wrong;               // "" when the running kernels passed the reference product, else why not
+  std::string wrong;                  // "" when the running kernels passed the reference product, else why not
 };
 
 struct KernelDecision {
   enum Action { keep, restart, refuse } action = keep;
-  std::string family;  // restart: the family to restart with
+  std::string family;                 // restart: the family to restart with
   std::vector<std::string> rejected;  // restart: the situation's rejected families, with the running one if it failed
-  std::string note;    // keep: the start line's note ("" when there is nothing to say); refuse: the message
+  std::string note;         // keep: the start line's note ("" when there is nothing to say); refuse: the message
   bool below_cpu = false;   // keep: the kernels kept run below what the CPU runs
   bool user_chose = false;  // keep: the environment chose them
 };

@@ -23,7 +23,7 @@ struct DeviceInfo {
   size_t memory_bytes = 0;
   int capability_major = 0, capability_minor = 0;
   ComputeMode mode = ComputeMode::shared;
-  int driver_cuda = 0, runtime_cuda = 0;  // CUDA versions as 1000 * major + 10 * minor
+  int driver_cuda = 0, runtime_cuda = 0;   // CUDA versions as 1000 * major + 10 * minor
   int multiprocessors = 0, clock_khz = 0;  // SMs and their maximum clock
 };
 // What device `device` is, read without creating a context on it (so without claiming a GPU in

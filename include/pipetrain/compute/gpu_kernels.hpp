@@ -21,8 +21,8 @@ void gelu_forward(float* out, const float* inp, size_t n);
 
 // One AdamW update of n values as AdamW::step does for one tensor: g = grad * grad_mul,
 // m, v moments, w *= decay, w -= step_size * m / (sqrt(v) * inv_sqrt_bc2 + eps).
-void adamw_update(float* w, const float* grad, float* m, float* v, size_t n, float beta1, float beta2,
-                  float step_size, float inv_sqrt_bc2, float eps, float decay, float grad_mul);
+void adamw_update(float* w, const float* grad, float* m, float* v, size_t n, float beta1, float beta2, float step_size,
+                  float inv_sqrt_bc2, float eps, float decay, float grad_mul);
 
 // Sum of squares of n values, accumulated in double in a fixed order (the gradient norm).
 double sum_of_squares(const float* x, size_t n);

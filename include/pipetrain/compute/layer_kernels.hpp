@@ -26,26 +26,27 @@
 #include <cstddef>
 
 // X(return type, name, parameters) for every layer kernel.
-#define PIPETRAIN_LAYER_KERNELS(X)                                                                               \
+#define PIPETRAIN_LAYER_KERNELS(X)                                                                                   \
   X(void, encoder_forward, (float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C)) \
   X(void, encoder_backward, (float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C))   \
-  X(void, layernorm_forward,                                                                                     \
-    (float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int N, int C)) \
-  X(void, layernorm_backward,                                                                                    \
-    (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,           \
-     const float* mean, const float* rstd, int N, int C))                                                         \
-  X(void, matmul_forward, (float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC)) \
-  X(void, matmul_backward,                                                                                       \
-    (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int N,    \
-     int C, int OC))                                                                                              \
-  X(void, attention_forward, (float* out, float* att, const float* qkv, int B, int T, int C, int NH))             \
-  X(void, attention_backward,                                                                                    \
-    (float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH))           \
-  X(void, bias_gelu_forward, (float* pre, float* out, const float* bias, int N, int C))                          \
-  X(void, gelu_backward, (float* dinp, const float* inp, const float* dout, size_t n))                           \
-  X(void, residual_forward, (float* out, const float* a, const float* b, const float* bias, int N, int C))        \
-  X(double, softmax_crossentropy_forward, (float* probs, const float* logits, const int* targets, int N, int V))  \
-  X(void, softmax_crossentropy_backward,                                                                         \
+  X(void, layernorm_forward,                                                                                         \
+    (float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int N, int C))  \
+  X(void, layernorm_backward,                                                                                        \
+    (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,            \
+     const float* mean, const float* rstd, int N, int C))                                                            \
+  X(void, matmul_forward,                                                                                            \
+    (float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC))                    \
+  X(void, matmul_backward,                                                                                           \
+    (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int N,     \
+     int C, int OC))                                                                                                 \
+  X(void, attention_forward, (float* out, float* att, const float* qkv, int B, int T, int C, int NH))                \
+  X(void, attention_backward,                                                                                        \
+    (float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH))               \
+  X(void, bias_gelu_forward, (float* pre, float* out, const float* bias, int N, int C))                              \
+  X(void, gelu_backward, (float* dinp, const float* inp, const float* dout, size_t n))                               \
+  X(void, residual_forward, (float* out, const float* a, const float* b, const float* bias, int N, int C))           \
+  X(double, softmax_crossentropy_forward, (float* probs, const float* logits, const int* targets, int N, int V))     \
+  X(void, softmax_crossentropy_backward,                                                                             \
     (float* dlogits, const float* probs, const int* targets, float scale, int N, int V))
 
 // A declaration of one kernel of the list.

@@ -14,28 +14,32 @@
 
 namespace pipetrain {
 
-enum class Device { cpu, gpu };                   // run.device
-enum class Dtype { fp32, bf16 };                  // model.dtype: matrix-product inputs
-enum class DataSource { synthetic, text, hdf5 };  // data.source
-enum class RankOrder { pp, dp };                  // parallel.order: what consecutive ranks share
+enum class Device { cpu, gpu };                             // run.device
+enum class Dtype { fp32, bf16 };                            // model.dtype: matrix-product inputs
+enum class DataSource { synthetic, text, hdf5 };            // data.source
+enum class RankOrder { pp, dp };                            // parallel.order: what consecutive ranks share
 enum class Partition { uniform, balanced, explicit_list };  // parallel.partition (a list: explicit_list)
-enum class Recompute { none, stage, block };      // parallel.recompute
-enum class OnSaveError { warn, stop };            // checkpoint.on_error
-enum class Backend { mpi };                       // comm.backend
-enum class WaitPolicy { automatic, spin, yield }; // comm.wait ("auto")
-enum class FinalizePolicy { automatic, mpi, skip };  // comm.finalize ("auto")
+enum class Recompute { none, stage, block };                // parallel.recompute
+enum class OnSaveError { warn, stop };                      // checkpoint.on_error
+enum class Backend { mpi };                                 // comm.backend
+enum class WaitPolicy { automatic, spin, yield };           // comm.wait ("auto")
+enum class FinalizePolicy { automatic, mpi, skip };         // comm.finalize ("auto")
 // The tools' command-line choices, parsed where the command line is read.
-enum class CorpusFormat { llmc, nanogpt, megatron };     // data import / data export --format
-enum class ExportFormat { hf, llmc };                    // export --format
-enum class TokenizerKind { bytes, sentencepiece, none };  // data prepare --tokenizer; a token file's (none: imported ids)
+enum class CorpusFormat { llmc, nanogpt, megatron };  // data import / data export --format
+enum class ExportFormat { hf, llmc };                 // export --format
+enum class TokenizerKind {
+  bytes,
+  sentencepiece,
+  none
+};  // data prepare --tokenizer; a token file's (none: imported ids)
 
 // Each enum's spellings in the spec, in declaration order.
 template <class E>
 struct Choices;
-#define PIPETRAIN_CHOICES(E, ...)                                    \
-  template <>                                                        \
-  struct Choices<E> {                                                \
-    static constexpr auto names = std::array{__VA_ARGS__};           \
+#define PIPETRAIN_CHOICES(E, ...)                          \
+  template <>                                              \
+  struct Choices<E> {                                      \
+    static constexpr auto names = std::array{__VA_ARGS__}; \
   };
 PIPETRAIN_CHOICES(Device, "cpu", "gpu")
 PIPETRAIN_CHOICES(Dtype, "fp32", "bf16")

@@ -41,13 +41,13 @@ struct RunSpec {
     int dp = 1;
     int micro_batches = 4;
     const ScheduleKind* schedule = &schedule_named("gpipe");  // an entry of the schedule registry
-    int virtual_stages = 1;             // model chunks per rank (interleaved schedule)
-    RankOrder order = RankOrder::pp;    // pp: a pipeline's stages are consecutive ranks | dp: a stage's replicas are
+    int virtual_stages = 1;                                   // model chunks per rank (interleaved schedule)
+    RankOrder order = RankOrder::pp;  // pp: a pipeline's stages are consecutive ranks | dp: a stage's replicas are
     Partition partition = Partition::uniform;  // explicit_list: blocks_per_stage holds the list
-    std::vector<int> blocks_per_stage;  // explicit partition, one entry per (virtual) stage
+    std::vector<int> blocks_per_stage;         // explicit partition, one entry per (virtual) stage
     Recompute recompute = Recompute::none;
-    int zero = 0;                       // 1: AdamW state sharded over the data-parallel replicas (ZeRO-1)
-    int threads_per_rank = 0;           // BLAS threads per rank; 0 = OPENBLAS_NUM_THREADS or cores / ranks per node
+    int zero = 0;              // 1: AdamW state sharded over the data-parallel replicas (ZeRO-1)
+    int threads_per_rank = 0;  // BLAS threads per rank; 0 = OPENBLAS_NUM_THREADS or cores / ranks per node
   } parallel;
   struct Train {
     int global_batch = 16;
@@ -71,12 +71,12 @@ struct RunSpec {
     bool at_end = true;    // false: a run that reaches run.steps keeps nothing new (benchmarks)
     int keep_last = 3;     // 0 keeps all
     OnSaveError on_error = OnSaveError::warn;  // a failed save: warn and train on | stop (exit 1)
-    bool async = false;    // write in the background from a host snapshot while training goes on
+    bool async = false;                        // write in the background from a host snapshot while training goes on
   } checkpoint;
   struct Log {
     int every_steps = 1;
-    double peak_gflops = 0;  // per rank, for MFU; 0 = measure sgemm at start
-    int trace_steps = 3;     // steps of each launch recorded in trace.json (0 = none)
+    double peak_gflops = 0;         // per rank, for MFU; 0 = measure sgemm at start
+    int trace_steps = 3;            // steps of each launch recorded in trace.json (0 = none)
     double straggler_ratio = 1.25;  // slower than its peers by this: a straggler (0 = no detection)
     int straggler_window = 10;      // steps per detection window (observe/stragglers.hpp)
   } log;
@@ -86,7 +86,7 @@ struct RunSpec {
     double timeout_s = 120;
     double bucket_mb = 4;
     FinalizePolicy finalize = FinalizePolicy::automatic;  // how a finished run leaves MPI
-    double finalize_timeout_s = 30;  // bound on that last wait (0 = wait forever)
+    double finalize_timeout_s = 30;                       // bound on that last wait (0 = wait forever)
   } comm;
 
   // Where each key was set ("file:line" or "--set"); keys left at their default are absent.

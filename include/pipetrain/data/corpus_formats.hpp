@@ -21,11 +21,11 @@ namespace pipetrain {
 
 struct TokenImportOptions {
   CorpusFormat format = CorpusFormat::llmc;
-  std::vector<std::string> inputs, val;     // val: separate held-out inputs (else --val-fraction)
+  std::vector<std::string> inputs, val;  // val: separate held-out inputs (else --val-fraction)
   std::string output;
-  int64_t vocab_size = 0;                   // 0: the largest id + 1
-  double val_fraction = 0.1;                // the last tokens of the inputs, when `val` is empty
-  std::string dtype = "uint16";             // nanogpt: uint8 | uint16 | uint32
+  int64_t vocab_size = 0;        // 0: the largest id + 1
+  double val_fraction = 0.1;     // the last tokens of the inputs, when `val` is empty
+  std::string dtype = "uint16";  // nanogpt: uint8 | uint16 | uint32
   bool compress = false, force = false;
 };
 
@@ -35,9 +35,9 @@ struct TokenImportOptions {
 std::string import_tokens(const TokenImportOptions& opt);
 
 struct TokenExportOptions {
-  std::string input, output;  // output: a file (llmc) / a PREFIX (megatron)
+  std::string input, output;                 // output: a file (llmc) / a PREFIX (megatron)
   CorpusFormat format = CorpusFormat::llmc;  // llmc or megatron
-  bool val = false;                   // the /val tokens instead of /train
+  bool val = false;                          // the /val tokens instead of /train
   bool force = false;
 };
 

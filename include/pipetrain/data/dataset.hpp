@@ -42,7 +42,7 @@ class Dataset {
 
  private:
   const std::vector<uint32_t>& epoch_permutation(int64_t epoch);
-  std::vector<uint8_t> tokens_;     // synthetic and text: the whole stream
+  std::vector<uint8_t> tokens_;      // synthetic and text: the whole stream
   std::unique_ptr<TokenFile> file_;  // hdf5: read by window
   std::vector<uint32_t> window_;     // hdf5: the T + 1 tokens of one sample
   int T_, B_, D_, M_;

@@ -12,14 +12,14 @@ namespace pipetrain {
 struct PrepareOptions {
   std::vector<std::string> inputs;
   std::string output;
-  double val_fraction = 0.1;  // the last tokens of each input
-  bool compress = false;      // gzip level 4
-  bool force = false;         // replace an existing output
+  double val_fraction = 0.1;                       // the last tokens of each input
+  bool compress = false;                           // gzip level 4
+  bool force = false;                              // replace an existing output
   TokenizerKind tokenizer = TokenizerKind::bytes;  // bytes or sentencepiece
-  int vocab_size = 0;               // sentencepiece: pieces to train
-  std::string model_type = "bpe";   // sentencepiece: bpe | unigram
-  std::string tokenizer_model;      // sentencepiece: a .model file to use instead of training one
-  double sample_mb = 64;            // sentencepiece: train on about this much of the text
+  int vocab_size = 0;                              // sentencepiece: pieces to train
+  std::string model_type = "bpe";                  // sentencepiece: bpe | unigram
+  std::string tokenizer_model;                     // sentencepiece: a .model file to use instead of training one
+  double sample_mb = 64;                           // sentencepiece: train on about this much of the text
 };
 
 // Writes the token file atomically. Bad input (unreadable or empty files, an existing output

@@ -55,10 +55,10 @@ struct TokenFileInfo {
   int format = 0;
   int64_t vocab_size = 0;
   TokenizerKind tokenizer = TokenizerKind::none;  // none: imported ids, their tokenizer unknown
-  std::string tokenizer_model;  // the SentencePiece model's bytes ("" for bytes)
-  std::string sources;          // JSON
-  size_t train = 0, val = 0;    // token counts
-  int width = 1;                // bytes per token
+  std::string tokenizer_model;                    // the SentencePiece model's bytes ("" for bytes)
+  std::string sources;                            // JSON
+  size_t train = 0, val = 0;                      // token counts
+  int width = 1;                                  // bytes per token
   bool compressed = false;
 };
 TokenFileInfo read_token_file_info(const std::string& path);  // SpecError naming the file
@@ -74,10 +74,10 @@ class TokenFileWriter {
     bool force = false;     // replace an existing output
     bool compress = false;  // gzip level 4
     int64_t vocab = 0;
-    int width = 1;          // bytes per token (token_width_for(vocab) when the vocabulary is known)
+    int width = 1;  // bytes per token (token_width_for(vocab) when the vocabulary is known)
     TokenizerKind tokenizer = TokenizerKind::bytes;
     std::string tokenizer_model;
-    std::string what;       // the command, for messages: "data prepare"
+    std::string what;                 // the command, for messages: "data prepare"
     std::vector<std::string> inputs;  // what the command reads: never the output (token_file_output)
   };
   TokenFileWriter(Options opt, uint64_t train, uint64_t val);

@@ -11,7 +11,7 @@ class Request {
   bool active() const { return active_; }
 
  private:
-  friend struct MpiHandles;  // dist's access (src/dist/mpi_handles.hpp)
+  friend struct MpiHandles;   // dist's access (src/dist/mpi_handles.hpp)
   std::uint64_t handle_ = 0;  // an MPI_Request's bytes: an int in MPICH, a pointer in Open MPI
   bool active_ = false;
 };

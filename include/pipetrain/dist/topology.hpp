@@ -25,8 +25,13 @@ struct Topology {
 
   static Topology of(int world_rank, int pp, int dp, RankOrder order = RankOrder::pp, bool head_on_first = false) {
     const bool by_replica = order == RankOrder::dp;
-    return Topology{pp, dp, world_rank, by_replica ? world_rank / dp : world_rank % pp,
-                    by_replica ? world_rank % dp : world_rank / pp, order, head_on_first};
+    return Topology{pp,
+                    dp,
+                    world_rank,
+                    by_replica ? world_rank / dp : world_rank % pp,
+                    by_replica ? world_rank % dp : world_rank / pp,
+                    order,
+                    head_on_first};
   }
   int rank_of(int stage_index, int replica) const {
     return order == RankOrder::dp ? stage_index * dp + replica : replica * pp + stage_index;

@@ -31,11 +31,13 @@ class World {
   int size() const { return size_; }
   int local_ranks() const { return local_ranks_; }  // ranks on this rank's node
   int local_rank() const { return local_rank_; }    // this rank's index among them
-  int cores() const { return node_cores_; }  // cores this rank's node computes on: the union of its ranks' affinity masks
+  int cores() const {
+    return node_cores_;
+  }                            // cores this rank's node computes on: the union of its ranks' affinity masks
   int cores_per_rank() const;  // cores this rank can use without taking them from its node's other ranks
   const std::vector<std::string>& hosts() const { return hosts_; }  // every rank's node
-  std::vector<std::string> nodes() const;  // each node once, in rank order
-  std::string where(int rank) const;  // "rank 3 on node2"
+  std::vector<std::string> nodes() const;                           // each node once, in rank order
+  std::string where(int rank) const;                                // "rank 3 on node2"
   // "; some rank on node1, node2 is lost or stalled": who to suspect when a world-wide wait times out.
   std::string suspects() const;
   int max_tag() const;  // the largest message tag this MPI accepts (MPI_TAG_UB, at least 32767)

@@ -43,7 +43,9 @@ inline float float_from_f16(uint16_t h) {
 // How a file stores its floats. Reading takes all three; export writes f32 or bf16.
 enum class StoredFloat { f32, bf16, f16 };
 inline size_t stored_bytes(StoredFloat t) { return t == StoredFloat::f32 ? 4 : 2; }
-inline const char* dtype_name(StoredFloat t) { return t == StoredFloat::f32 ? "fp32" : t == StoredFloat::bf16 ? "bf16" : "fp16"; }
+inline const char* dtype_name(StoredFloat t) {
+  return t == StoredFloat::f32 ? "fp32" : t == StoredFloat::bf16 ? "bf16" : "fp16";
+}
 
 // n values from their stored bytes (little-endian) to fp32.
 inline void decode_floats(const unsigned char* in, size_t n, StoredFloat t, float* out) {

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "pipetrain/util/binary_file.hpp"
 #include "pipetrain/interop/float_formats.hpp"
+#include "pipetrain/util/binary_file.hpp"
 
 namespace pipetrain {
 
@@ -30,7 +30,7 @@ inline int llmc_padded_vocab(int vocab) { return (vocab + 127) / 128 * 128; }
 // An llm.c model file, its header checked against its size.
 class LlmcFile {
  public:
-  explicit LlmcFile(const std::string& path);  // SpecError naming the file
+  explicit LlmcFile(const std::string& path);       // SpecError naming the file
   static bool looks_like(const std::string& path);  // starts with the magic number
 
   const LlmcHeader& header() const { return h_; }

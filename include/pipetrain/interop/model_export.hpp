@@ -13,9 +13,9 @@ namespace pipetrain {
 struct ModelExportOptions {
   std::string checkpoint;  // a checkpoint directory
   ExportFormat format = ExportFormat::hf;
-  std::string output;      // the directory (hf) or file (llmc) to write
+  std::string output;         // the directory (hf) or file (llmc) to write
   Dtype dtype = Dtype::fp32;  // bf16: rounded to nearest even
-  bool force = false;      // replace an existing output
+  bool force = false;         // replace an existing output
 };
 
 // Bad input (not a checkpoint, an unknown format or dtype, an existing output without force, an

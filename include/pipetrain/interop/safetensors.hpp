@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "pipetrain/util/binary_file.hpp"
 #include "pipetrain/interop/float_formats.hpp"
+#include "pipetrain/util/binary_file.hpp"
 
 namespace pipetrain {
 
 struct SafetensorsEntry {
-  std::string name, dtype;      // dtype as the file spells it: "F32", "BF16", "F16", ...
+  std::string name, dtype;  // dtype as the file spells it: "F32", "BF16", "F16", ...
   std::vector<int64_t> shape;
   uint64_t begin = 0, end = 0;  // byte range after the header
 };

@@ -18,11 +18,11 @@ struct BlockPtrs {
 };
 
 struct BlockTensor {
-  const char* name;           // after "h.{i}." (PyTorch's GPT-2 names)
-  int rows, cols;             // shape in units of d_model: [rows * C] when cols = 0, else [rows * C, cols * C]
-  bool decay;                 // AdamW weight decay (the 2-D weights)
+  const char* name;  // after "h.{i}." (PyTorch's GPT-2 names)
+  int rows, cols;    // shape in units of d_model: [rows * C] when cols = 0, else [rows * C, cols * C]
+  bool decay;        // AdamW weight decay (the 2-D weights)
   Init init;
-  float* BlockPtrs::*field;   // where its address goes
+  float* BlockPtrs::*field;  // where its address goes
 };
 
 inline constexpr BlockTensor kBlockTensors[] = {

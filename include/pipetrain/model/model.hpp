@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "pipetrain/compute/array.hpp"
-#include "pipetrain/config/spec.hpp"
 #include "pipetrain/compute/ops.hpp"
+#include "pipetrain/config/spec.hpp"
 #include "pipetrain/model/block_tensors.hpp"
 #include "pipetrain/model/partition.hpp"
 
@@ -122,7 +122,7 @@ class Stage {
   bool last(int chunk) const { return chunks_[chunk].last; }    // the last virtual stage: head and loss
   bool has_embedding() const { return chunks_.front().first; }
   bool has_head() const { return chunks_.back().last; }
-  size_t chunk_offset(int chunk) const { return chunks_[chunk].offset; }  // its first tensor in the flat buffers
+  size_t chunk_offset(int chunk) const { return chunks_[chunk].offset; }        // its first tensor in the flat buffers
   size_t boundary_floats() const { return static_cast<size_t>(B_) * T_ * C_; }  // one activation
 
   const std::vector<ParamTensor>& params() const { return params_; }
@@ -177,9 +177,9 @@ class Stage {
 
  private:
   struct Chunk {
-    int L;              // blocks
-    bool first, last;   // virtual stage 0 / the last one
-    size_t offset;      // of its first tensor in the flat buffers
+    int L;             // blocks
+    bool first, last;  // virtual stage 0 / the last one
+    size_t offset;     // of its first tensor in the flat buffers
     std::vector<size_t> block_offset;
   };
   // The tokens a forward runs: a micro-batch (B_ sequences of T_), or T new tokens of one sequence
@@ -235,15 +235,15 @@ class Stage {
   template <class T>
   static void give_back(std::vector<Pool<T>>& pools, int pool, int& slot);
   int key(int chunk, int mb) const { return chunk * M_ + mb; }
-  Acts& stash(int chunk, int mb);      // its slot, taken from the free ones on first use
-  WGrads& wgrads(int chunk, int mb);   // likewise, from B to W
+  Acts& stash(int chunk, int mb);     // its slot, taken from the free ones on first use
+  WGrads& wgrads(int chunk, int mb);  // likewise, from B to W
   void release(int chunk, int mb);
-  std::vector<int> pool_of_;             // per chunk
+  std::vector<int> pool_of_;  // per chunk
   std::vector<Pool<Acts>> acts_pools_;
   std::vector<Pool<WGrads>> wgrad_pools_;
   std::vector<int> slot_of_, wslot_of_;  // per key(chunk, mb): its slot in its pool, or -1
-  Acts work_;                // recompute target when mode != none
-  Acts generation_;          // forward_cached's activations
+  Acts work_;                            // recompute target when mode != none
+  Acts generation_;                      // forward_cached's activations
   // scratch for one micro-batch
   Floats attproj_, fcproj_, logits_, dres_, dx_, datty_, dfch_gelu_;
   BlockWGrads wscratch_;  // a fused backward's output gradients, one block at a time

@@ -27,26 +27,34 @@ struct RankFigures {
   double optim_floats = 0;    // floats of each AdamW moment this rank keeps (all params, or its ZeRO-1 slabs)
   double loss_sum = 0;        // summed token loss (last stage only)
   double gpu_mem_bytes = 0, gpu_mem_peak_bytes = 0;  // device memory allocated now / at peak (GPU runs)
-  KernelTotals kernels;       // this step's compute by kernel class (profile.hpp)
-  WindowFigures window;       // the straggler window this logging step closed (steps 0: none)
-  void to(double* out) const;  // kRankFigureFields doubles
+  KernelTotals kernels;                              // this step's compute by kernel class (profile.hpp)
+  WindowFigures window;                              // the straggler window this logging step closed (steps 0: none)
+  void to(double* out) const;                        // kRankFigureFields doubles
   static RankFigures from(const double* in);
 };
 // The scalars of RankFigures in the order they travel: a new figure is a member and a row here.
-inline constexpr double RankFigures::*kRankScalars[] = {
-    &RankFigures::stage,          &RankFigures::dp_rank,        &RankFigures::compute_s,   &RankFigures::bubble_wait_s,
-    &RankFigures::comm_wait_s,    &RankFigures::rank_step_s,    &RankFigures::act_peak_bytes,
-    &RankFigures::mem_peak_bytes, &RankFigures::param_count,    &RankFigures::optim_floats, &RankFigures::loss_sum,
-    &RankFigures::gpu_mem_bytes,  &RankFigures::gpu_mem_peak_bytes};
+inline constexpr double RankFigures::*kRankScalars[] = {&RankFigures::stage,
+                                                        &RankFigures::dp_rank,
+                                                        &RankFigures::compute_s,
+                                                        &RankFigures::bubble_wait_s,
+                                                        &RankFigures::comm_wait_s,
+                                                        &RankFigures::rank_step_s,
+                                                        &RankFigures::act_peak_bytes,
+                                                        &RankFigures::mem_peak_bytes,
+                                                        &RankFigures::param_count,
+                                                        &RankFigures::optim_floats,
+                                                        &RankFigures::loss_sum,
+                                                        &RankFigures::gpu_mem_bytes,
+                                                        &RankFigures::gpu_mem_peak_bytes};
 inline constexpr size_t kRankFigureFields = std::size(kRankScalars) + kKernelClasses + 1 + WindowFigures::kFields;
 
 struct StepLine {
   int step = 0, steps = 0;
-  double time = 0;                              // wall clock when logged (Unix seconds)
-  int launch = 0, pp = 0, dp = 0;               // which launch of the run, on which layout
+  double time = 0;                 // wall clock when logged (Unix seconds)
+  int launch = 0, pp = 0, dp = 0;  // which launch of the run, on which layout
   double loss = 0, lr = 0, grad_norm = 0, step_time_s = 0, tokens_per_s = 0, bubble_theory = 0;
   double gflops = 0, peak_gflops = 0, mfu = 0;  // achieved model FLOP rate of the job, the hardware's peak, ratio
-  double sgemm_gflops = 0, sgemm_share = 0;      // the job's BLAS GEMM rate (measured), gflops / that
+  double sgemm_gflops = 0, sgemm_share = 0;     // the job's BLAS GEMM rate (measured), gflops / that
   double val_loss = -1;                         // validation loss after this step (< 0: not evaluated)
   bool skipped = false;                         // NaN/Inf loss or gradient: the update was not applied
   int bad_steps = 0;                            // steps skipped so far in this launch
@@ -54,9 +62,9 @@ struct StepLine {
   std::vector<double> bubble_measured, act_peak_bytes, mem_peak_bytes, comm_wait_s, compute_s, rank_step_s;
   std::vector<double> param_bytes, grad_bytes, optim_bytes;
   std::vector<double> gpu_mem_bytes, gpu_mem_peak_bytes;  // written only when some rank has a GPU
-  std::vector<std::vector<double>> kernel_s;  // [kernel class][stage] seconds, averaged over dp
-  std::vector<double> gemm_gflops;            // per stage: rate of the dense products inside the step
-  nlohmann::json straggler_window;            // "window" and "stragglers", when a window closed (else null)
+  std::vector<std::vector<double>> kernel_s;              // [kernel class][stage] seconds, averaged over dp
+  std::vector<double> gemm_gflops;                        // per stage: rate of the dense products inside the step
+  nlohmann::json straggler_window;                        // "window" and "stragglers", when a window closed (else null)
 };
 
 // Combines all ranks' figures (world order) into per-stage arrays (kStageKeys: bubble and waits

@@ -3,9 +3,9 @@
 // Every rank keeps its own time (the step less its waits) and waits per step, and how long each
 // message it had to wait for took to come (StragglerWindow). A window lasts log.straggler_window
 // steps and at least kMinWindowS seconds (rank 0's clock says so in the step agreement every step
-// makes anyway), so that a hiccup of the host is never a whole window however short the steps. At the first logging step
-// after, each rank's medians over the window travel to rank 0 in the metrics gather the logging
-// step makes anyway: no collective of its own. There StragglerDetector compares
+// makes anyway), so that a hiccup of the host is never a whole window however short the steps. At the first logging
+// step after, each rank's medians over the window travel to rank 0 in the metrics gather the logging step makes anyway:
+// no collective of its own. There StragglerDetector compares
 //   - each rank's own time with its peers': the replicas of its stage (the same work), or without
 //     replicas all other ranks, each divided by its stage's expected share of the work (plan's
 //     cost model), so a stage that holds the LM head is not taken for slow;
@@ -19,8 +19,8 @@
 // within the ratio for two windows in a row: a single noisy window never raises or clears one.
 #pragma once
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,7 +28,7 @@ namespace pipetrain {
 
 // One rank's figures for a closed window, gathered to rank 0 as doubles.
 struct WindowFigures {
-  double steps = 0;                // steps in the window; 0: no window closed at this logging step
+  double steps = 0;              // steps in the window; 0: no window closed at this logging step
   double own_s = 0, wait_s = 0;  // medians per step: its own time (step less waits, or its passes' CPU time), its waits
   double link_from[2] = {-1, -1};  // the sending stage of up to two incoming links (-1: none)
   double link_s[2] = {-1, -1};     // median travel time of their messages waited for (-1: none waited for)
@@ -75,17 +75,19 @@ const char* name_of(StragglerKind kind);
 // A rank, node or link over the ratio.
 struct Straggler {
   StragglerKind kind;
-  std::string name;         // "rank 3 (stage 0, replica 1, node2)", "node node2", "link rank 1 -> rank 0 (node2 -> node1)"
-  double ratio = 0;         // its figure over its peers' median
-  double seconds = 0, peers_seconds = 0;  // the figures: compute per step (normalised for ranks and nodes) or travel time
-  int first_step = 0, last_step = 0;      // the window that showed it
+  std::string name;  // "rank 3 (stage 0, replica 1, node2)", "node node2", "link rank 1 -> rank 0 (node2 -> node1)"
+  double ratio = 0;  // its figure over its peers' median
+  double seconds = 0,
+         peers_seconds = 0;           // the figures: compute per step (normalised for ranks and nodes) or travel time
+  int first_step = 0, last_step = 0;  // the window that showed it
 };
 
 class StragglerDetector {
  public:
   // `places` per world rank; `stage_share` each stage's expected share of the pipeline's compute
   // (summing to 1); `ratio` log.straggler_ratio; `judge_links` false where ranks outnumber cores.
-  StragglerDetector(std::vector<RankPlace> places, std::vector<double> stage_share, double ratio, bool judge_links = true);
+  StragglerDetector(std::vector<RankPlace> places, std::vector<double> stage_share, double ratio,
+                    bool judge_links = true);
 
   // One closed window ending at `last_step` (1-based), all ranks' figures in world order. Returns
   // the lines to print: stragglers found, and those that are no longer.
@@ -110,7 +112,7 @@ class StragglerDetector {
 
  private:
   struct Track {
-    Straggler last;  // the latest window's figures
+    Straggler last;           // the latest window's figures
     int over = 0, under = 0;  // windows in a row over / within the ratio
     bool flagged = false;
   };
@@ -125,7 +127,7 @@ class StragglerDetector {
                      std::vector<bool>& slow, std::vector<std::string>& lines);
   void observe_links(const std::vector<WindowFigures>& ranks, const std::vector<bool>& slow,
                      std::vector<std::string>& lines);
-  double share(size_t rank) const;  // its stage's expected share of the pipeline's compute
+  double share(size_t rank) const;         // its stage's expected share of the pipeline's compute
   Straggler in_window(Straggler s) const;  // s, dated with this window's steps
 
   std::vector<RankPlace> places_;

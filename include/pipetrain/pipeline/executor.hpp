@@ -22,11 +22,11 @@
 namespace pipetrain {
 
 struct StepStats {
-  double compute_s = 0;        // forward + backward (incl. recompute) time
-  double compute_cpu_s = 0;    // the same passes' CPU time (this thread's), when asked for (Executor::time_cpu)
-  double wait_s = 0;           // time blocked on pipeline peers
-  double loss_sum = 0;         // summed token loss over this rank's micro-batches (last stage)
-  size_t act_peak_bytes = 0;   // peak of activations held between forward and backward
+  double compute_s = 0;       // forward + backward (incl. recompute) time
+  double compute_cpu_s = 0;   // the same passes' CPU time (this thread's), when asked for (Executor::time_cpu)
+  double wait_s = 0;          // time blocked on pipeline peers
+  double loss_sum = 0;        // summed token loss over this rank's micro-batches (last stage)
+  size_t act_peak_bytes = 0;  // peak of activations held between forward and backward
   // By sending stage (never this rank's own): how long each message this rank had to wait for
   // took to come, from when it could first travel (sent, and its receive posted) to its arrival.
   // Messages that arrived while the rank computed are left out: their arrival time is unknown,
@@ -40,11 +40,11 @@ class Executor {
   Executor(Stage& stage, Comm& comm, const StepShape& shape);
   // `load_inputs(mb)` sets tokens (first virtual stage) / targets (last) of micro-batch mb on the
   // stage; it is called just before that micro-batch's forward there. A micro-batch the list
-  // never runs backward for (forward_only lists: evaluation) is dropped right after its forward. Spans go to `trace` while it
-  // is recording. `grads_done_from` is handed to each chunk's last backward (when the chunks finish
-  // from the last to the first, as the buffers are laid out), so gradient all-reduces can start
-  // while the step still runs (see Stage::backward). `params_needed(chunk)` is called before each
-  // forward of a chunk (ZeRO-1 waits there for that chunk's updated weights; true if it waited).
+  // never runs backward for (forward_only lists: evaluation) is dropped right after its forward. Spans go to `trace`
+  // while it is recording. `grads_done_from` is handed to each chunk's last backward (when the chunks finish from the
+  // last to the first, as the buffers are laid out), so gradient all-reduces can start while the step still runs (see
+  // Stage::backward). `params_needed(chunk)` is called before each forward of a chunk (ZeRO-1 waits there for that
+  // chunk's updated weights; true if it waited).
   StepStats run(const ActionList& actions, Trace& trace, const std::function<void(int)>& load_inputs,
                 const std::function<void(size_t)>& grads_done_from = nullptr,
                 const std::function<bool(int)>& params_needed = nullptr);

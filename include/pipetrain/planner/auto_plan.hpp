@@ -13,11 +13,11 @@
 namespace pipetrain {
 
 struct LayoutChoice {
-  RunSpec spec;           // the spec with this layout
+  RunSpec spec;  // the spec with this layout
   StepPrediction predicted;
-  double memory_bytes;    // the fullest rank's
-  std::string sets;       // "--set parallel.pp=2 --set ...": the line that runs it
-  std::string summary;    // "pp 2 x dp 1, M 8, zb-v (2 chunks), recompute none, balanced, zero 0"
+  double memory_bytes;  // the fullest rank's
+  std::string sets;     // "--set parallel.pp=2 --set ...": the line that runs it
+  std::string summary;  // "pp 2 x dp 1, M 8, zb-v (2 chunks), recompute none, balanced, zero 0"
 };
 
 struct AutoPlan {

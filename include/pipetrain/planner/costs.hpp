@@ -26,7 +26,7 @@ PassCosts stage_passes(const PassCosts& block, const PassCosts& embed, const Pas
                        bool last);
 
 struct MachineCosts {
-  std::string source;                        // how they were obtained (plan says so)
+  std::string source;                                   // how they were obtained (plan says so)
   int d_model = 0, n_head = 0, seq_len = 0, vocab = 0;  // the model shape measured
   struct AtSize {
     int samples = 1;  // per micro-batch
@@ -36,13 +36,13 @@ struct MachineCosts {
     // where a recomputing backward is taken as F + B + W.
     PassCosts block_recompute[2];
   };
-  std::vector<AtSize> compute;               // by increasing samples
-  double adamw_s_per_param = 0;              // the update: zeroing gradients, their norm and AdamW
+  std::vector<AtSize> compute;   // by increasing samples
+  double adamw_s_per_param = 0;  // the update: zeroing gradients, their norm and AdamW
   struct Transfer {
     double bytes = 0, seconds = 0;
   };
-  std::vector<Transfer> p2p;                 // one message between two ranks, by increasing size
-  std::vector<Transfer> allreduce;           // an all-reduce over allreduce_ranks ranks, by size
+  std::vector<Transfer> p2p;        // one message between two ranks, by increasing size
+  std::vector<Transfer> allreduce;  // an all-reduce over allreduce_ranks ranks, by size
   int allreduce_ranks = 2;
 
   // Interpolated linearly between measured sizes, proportionally beyond them.

@@ -1,6 +1,6 @@
 // `pipetrain plan`: what a layout will do, predicted without launching it (no MPI): partition,
-// the schedule's slot chart (stages x time slots, the classic GPipe diagram), bubble from simulating the actual action lists with per-stage
-// costs next to (P-1)/(M+P-1), and per-stage memory for every recompute mode.
+// the schedule's slot chart (stages x time slots, the classic GPipe diagram), bubble from simulating the actual action
+// lists with per-stage costs next to (P-1)/(M+P-1), and per-stage memory for every recompute mode.
 #pragma once
 #include <optional>
 #include <string>
@@ -40,7 +40,7 @@ struct Plan {
   std::vector<StagePlan> stages;
   double bubble_theory = 0, bubble_sim = 0;
   double step_units = 0;  // the simulated step with the cost model (per-token FLOP units; compares layouts of one M)
-  std::string chart;  // unit-slot diagram, "" when too wide to draw
+  std::string chart;      // unit-slot diagram, "" when too wide to draw
   double largest_memory_bytes(const RunSpec& spec) const;  // the fullest stage's memory_bytes
 };
 

@@ -8,15 +8,15 @@
 namespace pipetrain {
 
 struct StepPrediction {
-  double step_s = 0;         // the slowest rank's
-  double pipeline_s = 0;     // the forwards and backwards (the simulated makespan)
-  double bubble = 0;         // share of the step a rank waits for others, mean over ranks (as bubble_measured)
-  double reduce_s = 0;       // gradient reduction (+ parameter gather under zero = 1, + tied sum) of the slowest rank
-  double optimizer_s = 0;    // AdamW on the slowest rank
+  double step_s = 0;       // the slowest rank's
+  double pipeline_s = 0;   // the forwards and backwards (the simulated makespan)
+  double bubble = 0;       // share of the step a rank waits for others, mean over ranks (as bubble_measured)
+  double reduce_s = 0;     // gradient reduction (+ parameter gather under zero = 1, + tied sum) of the slowest rank
+  double optimizer_s = 0;  // AdamW on the slowest rank
   double tokens_per_s = 0;
-  double flops = 0;          // per step, the whole job (recompute's extra forwards included)
-  double p2p_bytes = 0;      // pipeline messages per step, the whole job (a rank's messages to itself not counted)
-  double reduce_bytes = 0;   // gradients summed over replicas per step, the whole job
+  double flops = 0;         // per step, the whole job (recompute's extra forwards included)
+  double p2p_bytes = 0;     // pipeline messages per step, the whole job (a rank's messages to itself not counted)
+  double reduce_bytes = 0;  // gradients summed over replicas per step, the whole job
 };
 
 StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs);

@@ -35,14 +35,15 @@ int max_in_flight(const ActionList& list);
 
 // Peak bytes a stage holds under this list when a micro-batch keeps stash[chunk] bytes from its
 // forward to the end of its backward, plus wgrads[chunk] bytes from a split B to its W.
-size_t peak_activation_bytes(const ActionList& list, const std::vector<size_t>& stash, const std::vector<size_t>& wgrads);
+size_t peak_activation_bytes(const ActionList& list, const std::vector<size_t>& stash,
+                             const std::vector<size_t>& wgrads);
 
 // Bytes a stage keeps allocated under this list: its buffers are reused, never given back, from
 // pools shared by chunks of one shape (pool_of_chunk), activations and split-backward gradients
 // in separate pools; so it holds, per pool, the most entries ever live in it at once, each of its
 // chunks' size. At least peak_activation_bytes; equal when one pool's peaks coincide.
-size_t held_activation_bytes(const ActionList& list, const std::vector<size_t>& stash, const std::vector<size_t>& wgrads,
-                             const std::vector<int>& pool_of_chunk);
+size_t held_activation_bytes(const ActionList& list, const std::vector<size_t>& stash,
+                             const std::vector<size_t>& wgrads, const std::vector<int>& pool_of_chunk);
 
 // "F3", "B0", "recvA2", ...; chunks after the first get a suffix: "F3.1" is chunk 1's forward.
 std::string to_string(const Action& a);

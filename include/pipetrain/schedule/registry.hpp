@@ -31,11 +31,11 @@ struct ScheduleKind {
   std::function<ActionList(int stage, const PipelineShape&)> generate;
   // The bubble when every stage's forward and backward cost the same (metrics' bubble_theory).
   std::function<double(const PipelineShape&)> bubble;
-  std::string bubble_formula;     // how plan names that figure, e.g. "closed form (P-1)/(M+P-1)"
-  std::string chart_caption;      // what one slot of plan's chart shows
-  bool chunked = false;           // runs parallel.virtual_stages (>= 2) chunks per rank; others run 1
-  int implied_chunks = 0;         // the virtual_stages it always runs (a V: 2), the default for it; 0: none
-  bool splits_backward = false;   // B and W apart: W needs the activations kept (recompute = none)
+  std::string bubble_formula;    // how plan names that figure, e.g. "closed form (P-1)/(M+P-1)"
+  std::string chart_caption;     // what one slot of plan's chart shows
+  bool chunked = false;          // runs parallel.virtual_stages (>= 2) chunks per rank; others run 1
+  int implied_chunks = 0;        // the virtual_stages it always runs (a V: 2), the default for it; 0: none
+  bool splits_backward = false;  // B and W apart: W needs the activations kept (recompute = none)
   // Requirements beyond those every schedule shares (chunk count, one block per chunk).
   std::function<LayoutProblem(const PipelineShape&)> check = nullptr;
   Placement placement = Placement::loop;  // how its chunks sit on the ranks (schedule/placement.hpp)

@@ -4,8 +4,8 @@
 // against the cached keys and values of the tokens before it, so a token costs the same however
 // long the text so far; without it (--no-cache) each token recomputes the whole window through
 // Stage::forward, the training code: the cache's reference (the same arithmetic in another
-// summation order, so the same tokens unless a draw falls within rounding of a boundary). The context slides when full: the
-// last seq_len / 2 tokens are kept and the cache rebuilt from them.
+// summation order, so the same tokens unless a draw falls within rounding of a boundary). The context slides when full:
+// the last seq_len / 2 tokens are kept and the cache rebuilt from them.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,8 +16,8 @@
 namespace pipetrain {
 
 struct GenerateOptions {
-  std::string checkpoint, config;       // config empty: the checkpoint's own spec
-  std::vector<std::string> overrides;   // --set
+  std::string checkpoint, config;      // config empty: the checkpoint's own spec
+  std::vector<std::string> overrides;  // --set
   std::string prompt;
   int tokens = 200;
   double temperature = 1.0;  // 0: always the most likely token

@@ -12,10 +12,10 @@ class NodeLoad {
   NodeLoad();  // the interval starts now
 
   struct Busy {
-    double seconds = 0;        // the interval
-    double node_cpu_s = 0;     // CPU time all processes of the node used in it (not idle, not waiting for I/O)
-    double own_cpu_s = 0;      // this process's
-    double load_average = 0;   // the kernel's 1-minute load average at the end
+    double seconds = 0;          // the interval
+    double node_cpu_s = 0;       // CPU time all processes of the node used in it (not idle, not waiting for I/O)
+    double own_cpu_s = 0;        // this process's
+    double load_average = 0;     // the kernel's 1-minute load average at the end
     std::string busiest_others;  // "python3 (pid 812) 99% of a core, stress (pid 90) 45%": up to 3 using 10%+
   };
   // The interval ends now.

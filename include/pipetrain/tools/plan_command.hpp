@@ -13,16 +13,16 @@ namespace pipetrain {
 struct PlanOptions {
   std::string config;
   std::vector<std::string> overrides;
-  int world = 0;                       // --world: ranks to plan for (0: pp x dp)
-  bool json = false;                   // --json
-  bool compare_schedules = false;      // --compare-schedules
-  std::optional<int> ranks_per_node;   // --ranks-per-node
-  bool automatic = false;              // --auto
-  std::string costs;                   // --costs: a cost file or a run directory
-  std::optional<double> peak_tflops;   // --peak-tflops, --link-gbps, --efficiency: a machine not at hand
+  int world = 0;                      // --world: ranks to plan for (0: pp x dp)
+  bool json = false;                  // --json
+  bool compare_schedules = false;     // --compare-schedules
+  std::optional<int> ranks_per_node;  // --ranks-per-node
+  bool automatic = false;             // --auto
+  std::string costs;                  // --costs: a cost file or a run directory
+  std::optional<double> peak_tflops;  // --peak-tflops, --link-gbps, --efficiency: a machine not at hand
   std::optional<double> link_gbps;
   double efficiency = 0.5;
-  std::string memory_per_rank;         // --memory-per-rank, as given ("141GiB")
+  std::string memory_per_rank;  // --memory-per-rank, as given ("141GiB")
   // --calibrate: measure (or, with --from-run, read a run's trace) and write --output.
   bool calibrate = false;
   std::string from_run;

@@ -44,10 +44,10 @@ struct RunSummary {
   // Per stage, of the last logged layout (pp `stages` x dp `logged_dp`; -1: not logged).
   size_t stages = 0;
   int logged_dp = -1;
-  bool predicted = false;      // the spec's layout is the logged one: plan's figures apply
-  double bubble_theory = NAN;  // the schedule's with even stages (predicted only)
-  size_t earlier_layout_steps = 0;             // logged steps of another layout, left out per stage
-  std::optional<LaunchStory> oversubscribed;   // the launch measured, where it ran more threads than cores
+  bool predicted = false;                     // the spec's layout is the logged one: plan's figures apply
+  double bubble_theory = NAN;                 // the schedule's with even stages (predicted only)
+  size_t earlier_layout_steps = 0;            // logged steps of another layout, left out per stage
+  std::optional<LaunchStory> oversubscribed;  // the launch measured, where it ran more threads than cores
   std::vector<StageFigures> per_stage;
 
   StragglerReport stragglers;

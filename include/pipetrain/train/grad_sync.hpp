@@ -69,17 +69,17 @@ class ParamGather {
   const OptimizerShard& shard_;
   std::vector<float>* staging_;
   std::vector<std::vector<Request>> reqs_;  // per chunk
-  std::vector<int> chunk_of_;                   // per tensor
+  std::vector<int> chunk_of_;               // per tensor
   std::vector<int> counts_, offsets_;
 };
 
 struct StepSync {
-  double dp_wait_s;  // time waiting for the replicas' gradient sums (not pipeline bubble)
-  double norm;       // global gradient norm over all stages, before clipping
-  bool stop;         // some rank received a stop signal
-  bool finite;       // every rank's loss and gradients are finite: the update may be applied
+  double dp_wait_s;         // time waiting for the replicas' gradient sums (not pipeline bubble)
+  double norm;              // global gradient norm over all stages, before clipping
+  bool stop;                // some rank received a stop signal
+  bool finite;              // every rank's loss and gradients are finite: the update may be applied
   bool window_long_enough;  // the straggler window may close (observe/stragglers.hpp)
-  double norm_s;     // compute time of the squared norm (counted as compute, not waiting)
+  double norm_s;            // compute time of the squared norm (counted as compute, not waiting)
 };
 
 // After the schedule: finish the gradient sums (1/D is already in the loss scale), then one small
@@ -94,6 +94,7 @@ struct StepSync {
 // peer and the transfer itself are not told apart; comm_wait_s counts them alike), host copies as
 // all-reduce work, the norm as optimizer work.
 StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, const OptimizerShard& shard,
-                   std::vector<float>* staging, bool out_of_time, bool window_long_enough, double loss_sum, Trace& trace);
+                   std::vector<float>* staging, bool out_of_time, bool window_long_enough, double loss_sum,
+                   Trace& trace);
 
 }  // namespace pipetrain

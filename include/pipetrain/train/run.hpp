@@ -33,29 +33,29 @@ struct Run {
 
   // Agreed first: what to run and where this rank sits.
   RunSpec spec;
-  StepShape shape;                         // the step's sizes, derived once from the spec
+  StepShape shape;  // the step's sizes, derived once from the spec
   Topology topo;
-  std::vector<int> blocks;                 // per virtual stage
-  std::unique_ptr<Dataset> data, val;      // on the first and last stage; val when evaluating
+  std::vector<int> blocks;             // per virtual stage
+  std::unique_ptr<Dataset> data, val;  // on the first and last stage; val when evaluating
   std::unique_ptr<Comm> comm;
   int blas_threads = 1;
-  std::string tokenizer_model;             // rank 0: the token file's SentencePiece model, if any
+  std::string tokenizer_model;  // rank 0: the token file's SentencePiece model, if any
 
   // The run directory (rank 0 holds its lock) and where training resumes.
-  std::string run_dir, run_dir_note;       // note: what became of an earlier run's files
+  std::string run_dir, run_dir_note;  // note: what became of an earlier run's files
   std::unique_ptr<RunDirLock> lock;
   std::unique_ptr<Checkpointer> checkpointer;
-  std::string resumed_from;                // "" for a fresh start
+  std::string resumed_from;  // "" for a fresh start
   int64_t start_step = 0;
-  std::unique_ptr<ModelImport> init;       // a fresh start with train.init_from: its source, until loaded
-  std::string init_note;                   // what was loaded from where, for the start lines
+  std::unique_ptr<ModelImport> init;  // a fresh start with train.init_from: its source, until loaded
+  std::string init_note;              // what was loaded from where, for the start lines
 
   // This rank's model slice, optimizer and schedule.
   std::unique_ptr<Stage> stage;
   std::unique_ptr<AdamW> adam;
   std::unique_ptr<Executor> executor;
-  ActionList actions, eval_actions;        // eval: the forwards alone
-  std::vector<int> inputs, targets;        // one micro-batch's tokens, read just before its forward
+  ActionList actions, eval_actions;  // eval: the forwards alone
+  std::vector<int> inputs, targets;  // one micro-batch's tokens, read just before its forward
 
   // The step boundary: gradient sums over replicas (through `grad_staging` on the GPU) and the
   // tied embedding's halves (`tied_wte` where this stage takes part); with ZeRO-1 the updated
@@ -72,16 +72,16 @@ struct Run {
   std::string peak_basis;                        // how peak_per_unit was found, for the start line
   double flops_per_step = 0, tokens_per_step = 0, bubble_theory = 0;
   Trace trace;
-  double clock_offset_s = 0;               // world rank 0's clock reads ~ now_s() + this (0 on its node)
-  std::unique_ptr<MetricsWriter> metrics;  // rank 0 writes
+  double clock_offset_s = 0;                          // world rank 0's clock reads ~ now_s() + this (0 on its node)
+  std::unique_ptr<MetricsWriter> metrics;             // rank 0 writes
   std::unique_ptr<StragglerWindow> straggler_window;  // every rank, when log.straggler_ratio > 0
   std::unique_ptr<StragglerDetector> stragglers;      // rank 0, likewise
-  bool straggler_cpu_time = false;         // windows compare the passes' CPU time, not wall time
+  bool straggler_cpu_time = false;                    // windows compare the passes' CPU time, not wall time
   std::unique_ptr<TimeBudget> budget;
   std::unique_ptr<BadSteps> bad_steps;
-  int64_t last_saved = -1;                 // the latest checkpoint of this run, -1: none yet
-  int launch_index = 0;                    // 1 for the run's first launch (events.jsonl), rank 0
-  int64_t last_logged_before = 0;          // rank 0: the last step earlier launches logged (0: none)
+  int64_t last_saved = -1;         // the latest checkpoint of this run, -1: none yet
+  int launch_index = 0;            // 1 for the run's first launch (events.jsonl), rank 0
+  int64_t last_logged_before = 0;  // rank 0: the last step earlier launches logged (0: none)
 
   bool on_gpu() const { return compute_device() == Device::gpu; }
   int rank() const { return world.rank(); }

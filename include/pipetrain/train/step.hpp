@@ -6,13 +6,13 @@
 namespace pipetrain {
 
 struct StepResult {
-  StepStats stats;      // the executor's: compute, waits, loss, activation peak
-  StepSync sync;        // the step boundary's agreement: norm, stop, whether the update was applied
+  StepStats stats;  // the executor's: compute, waits, loss, activation peak
+  StepSync sync;    // the step boundary's agreement: norm, stop, whether the update was applied
   double lr = 0;
-  double step_s = 0;    // wall time of the step
-  double local_s = 0;   // compute outside the executor (zeroing, norm, optimizer)
-  double waited_s = 0;  // all waits of the step, before any evaluation or save
-  KernelTotals kernels; // this step's compute by kernel class
+  double step_s = 0;     // wall time of the step
+  double local_s = 0;    // compute outside the executor (zeroing, norm, optimizer)
+  double waited_s = 0;   // all waits of the step, before any evaluation or save
+  KernelTotals kernels;  // this step's compute by kernel class
 };
 
 // Step `step` (0-based): zero the gradients, run the schedule, agree at the step boundary, then

@@ -9,13 +9,13 @@
 namespace pipetrain {
 
 struct TrainOptions {
-  std::string config;                 // empty: built-in defaults
-  std::vector<std::string> overrides; // --set section.key=value
-  std::string run_dir;                // empty: run.out_dir/run.name
-  ResumeFrom resume;                  // --resume auto (default) | never | PATH: a checkpoint or a run directory
-  bool eval_only = false;             // pipetrain eval: load `resume` (a path), print the validation
-                                      // loss, write nothing; no config = the checkpoint's own spec
-  int eval_batches = 0;               // eval --batches N (0: eval.batches)
+  std::string config;                  // empty: built-in defaults
+  std::vector<std::string> overrides;  // --set section.key=value
+  std::string run_dir;                 // empty: run.out_dir/run.name
+  ResumeFrom resume;                   // --resume auto (default) | never | PATH: a checkpoint or a run directory
+  bool eval_only = false;              // pipetrain eval: load `resume` (a path), print the validation
+                                       // loss, write nothing; no config = the checkpoint's own spec
+  int eval_batches = 0;                // eval --batches N (0: eval.batches)
 };
 
 // Trains (or evaluates) on `world`: ok when the run is complete, stopped after a stop signal or

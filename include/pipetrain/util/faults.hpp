@@ -49,7 +49,9 @@ class FaultHooks {
   void reach(FaultPoint point, int64_t step) const;
   // slow_compute's factor at the current step: how many times as long this rank's compute is to
   // take (1 when the hook is not set or not yet due).
-  double compute_stretch() const { return fires(FaultPoint::slow_compute) ? hooks_[static_cast<int>(FaultPoint::slow_compute)].factor : 1.0; }
+  double compute_stretch() const {
+    return fires(FaultPoint::slow_compute) ? hooks_[static_cast<int>(FaultPoint::slow_compute)].factor : 1.0;
+  }
 
  private:
   struct Hook {

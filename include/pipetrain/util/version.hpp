@@ -6,7 +6,7 @@
 
 namespace pipetrain {
 
-const char* build_id();                // e.g. "d9526e0a1b2c-dirty"; "unknown" without git
-std::string version_string();          // "pipetrain 0.9.0 (build d9526e0a1b2c)"
+const char* build_id();        // e.g. "d9526e0a1b2c-dirty"; "unknown" without git
+std::string version_string();  // "pipetrain 0.9.0 (build d9526e0a1b2c)"
 
 }  // namespace pipetrain

@@ -120,7 +120,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   const float scale = 1.f / sqrtf(static_cast<float>(C / NH));
   float* dpre = static_cast<float*>(scratch(5, sizeof(float) * static_cast<size_t>(B) * NH * T * T));
   attention_backward_query_k<<<B * NH * T, kThreads, sizeof(float) * T, stream()>>>(dqkv, dpre, dout, qkv, att, T, C,
-                                                                                   NH, scale);
+                                                                                    NH, scale);
   PT_LAUNCHED();
   attention_backward_key_k<<<B * NH * T, kThreads, 0, stream()>>>(dqkv, dpre, dout, qkv, att, T, C, NH, scale);
   PT_LAUNCHED();

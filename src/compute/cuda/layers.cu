@@ -11,9 +11,7 @@ namespace {
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
-__device__ inline float gelu(float x) {
-  return 0.5f * x * (1.f + tanhf(kGeluScale * (x + 0.044715f * x * x * x)));
-}
+__device__ inline float gelu(float x) { return 0.5f * x * (1.f + tanhf(kGeluScale * (x + 0.044715f * x * x * x))); }
 
 __global__ void encoder_forward_k(float* out, const int* tokens, const float* wte, const float* wpe, int T, int C,
                                   size_t total) {
@@ -173,10 +171,10 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* to
   PT_LAUNCHED();
 }
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int N, int C) {
-  layernorm_forward_k<<<blocks_for(static_cast<size_t>(N) * 32), 256, 0, stream()>>>(out, mean, rstd, inp, weight,
-                                                                                    bias, N, C);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       int N, int C) {
+  layernorm_forward_k<<<blocks_for(static_cast<size_t>(N) * 32), 256, 0, stream()>>>(out, mean, rstd, inp, weight, bias,
+                                                                                     N, C);
   PT_LAUNCHED();
 }
 
@@ -188,7 +186,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   }
   if (dinp) {
     layernorm_backward_input_k<<<blocks_for(static_cast<size_t>(N) * 32), 256, 0, stream()>>>(dinp, dout, inp, weight,
-                                                                                           mean, rstd, N, C);
+                                                                                              mean, rstd, N, C);
     PT_LAUNCHED();
   }
 }
@@ -222,15 +220,14 @@ double softmax_crossentropy_forward(float* probs, const float* logits, const int
   for (float l : host) loss += l;
   return loss;
 }
-void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float scale, int N,
-                                   int V) {
+void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float scale, int N, int V) {
   const size_t n = static_cast<size_t>(N) * V;
   softmax_crossentropy_backward_k<<<blocks_for(n), 256, 0, stream()>>>(dlogits, probs, targets, scale, V, n);
   PT_LAUNCHED();
 }
 
-void adamw_update(float* w, const float* grad, float* m, float* v, size_t n, float beta1, float beta2,
-                  float step_size, float inv_sqrt_bc2, float eps, float decay, float grad_mul) {
+void adamw_update(float* w, const float* grad, float* m, float* v, size_t n, float beta1, float beta2, float step_size,
+                  float inv_sqrt_bc2, float eps, float decay, float grad_mul) {
   adamw_k<<<blocks_for(n), 256, 0, stream()>>>(w, grad, m, v, n, beta1, beta2, step_size, inv_sqrt_bc2, eps, decay,
                                                grad_mul);
   PT_LAUNCHED();

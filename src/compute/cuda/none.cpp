@@ -7,7 +7,9 @@
 
 namespace pipetrain::gpu {
 namespace {
-[[noreturn]] void no_cuda() { throw std::runtime_error("this pipetrain was built without CUDA (cmake -DPIPETRAIN_CUDA=ON)"); }
+[[noreturn]] void no_cuda() {
+  throw std::runtime_error("this pipetrain was built without CUDA (cmake -DPIPETRAIN_CUDA=ON)");
+}
 }  // namespace
 
 int device_count() { return 0; }

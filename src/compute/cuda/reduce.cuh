@@ -81,6 +81,8 @@ void column_sum_add(float* out, int N, int C, F f, int slot) {
   PT_LAUNCHED();
 }
 
-inline unsigned blocks_for(size_t n, unsigned threads = 256) { return static_cast<unsigned>((n + threads - 1) / threads); }
+inline unsigned blocks_for(size_t n, unsigned threads = 256) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
 
 }  // namespace pipetrain::gpu
