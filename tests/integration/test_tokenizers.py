@@ -213,8 +213,10 @@ def generate_from_the_checkpoint_alone():
 def readme_walkthrough():
     """The README's "Your corpus, your tokenizer" block runs as written (build/pipetrain and mpiexec
     pointed at this build): every command exits 0, generate continues the prompt, both exports are
-    written, and the fine-tuning run starts from the exported model (its first loss is the trained
-    model's last loss, far below the first loss of the run that trained it)."""
+    written, and the fine-tuning run starts from the exported model: its first loss is one more batch
+    of the trained model (within the spread of the trained run's last 20 losses, 0.2 either side: the
+    corpus is this repository's docs, so the numbers move as they are edited), far below the first
+    loss of the run that trained it."""
     a = settings()
     root = os.path.dirname(a.configs)
     readme = open(os.path.join(root, "README.md")).read()
@@ -234,9 +236,10 @@ def readme_walkthrough():
         expect(os.path.exists(os.path.join(runs, f)), f"the export wrote {f}")
     trained = [json.loads(line)["loss"] for line in open(os.path.join(runs, "docs-sp", "metrics.jsonl"))]
     tuned = json.loads(open(os.path.join(runs, "docs-sp-finetune", "metrics.jsonl")).readline())["loss"]
-    expect(abs(tuned - trained[-1]) < 0.3 and tuned < trained[0] - 1.0,
-           f"fine-tuning starts from the trained model: first loss {tuned:.3f}, the trained run's "
-           f"{trained[0]:.3f} at its first step and {trained[-1]:.3f} at its last")
+    late = trained[-20:]
+    expect(min(late) - 0.2 <= tuned <= max(late) + 0.2 and tuned < trained[0] - 1.0,
+           f"fine-tuning starts from the trained model: first loss {tuned:.3f}; the trained run's {trained[0]:.3f} at "
+           f"its first step and {min(late):.3f}-{max(late):.3f} over its last {len(late)}")
 
 
 @scenario

@@ -67,7 +67,7 @@ TEST_CASE("metrics: a rank's figures travel as doubles and come back whole", "[m
   CHECK(back.window.link_s[1] == r.window.link_s[1]);
 }
 
-TEST_CASE("metrics: GPU memory is written where a rank has a GPU; figures keep 6 digits, bytes whole", "[metrics]") {
+TEST_CASE("metrics: GPU memory is written where a rank has a GPU, figures keep 6 digits, bytes whole", "[metrics]") {
   std::vector<RankFigures> ranks = {rank(0, 0, 1.0, 0.5, 100, 0), rank(0, 1, 1.0, 0.5, 100, 0)};
   ranks[1].gpu_mem_bytes = 5e8;
   ranks[1].gpu_mem_peak_bytes = 7e8;
