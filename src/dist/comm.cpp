@@ -63,10 +63,7 @@ Request Comm::irecv(float* buf, size_t n, int peer_stage, int tag) {
 
 void Comm::poll(Request& req, const WaitLabel& label, WaitMode mode, bool* pending) {
   if (!req.active()) return;
-  MPI_Request m = MpiHandles::get(req);
-  const bool done = poll_until_done(m, mode, timeout_s_, wait_s_, pending);
-  req = MpiHandles::make(m);
-  if (done) return;
+  if (poll_until_done(req, mode, timeout_s_, wait_s_, pending)) return;
   std::string msg = "stage " + std::to_string(topo_.stage) + " (" + world_.where(topo_.world_rank) + ", dp " +
                     std::to_string(topo_.dp_rank) + ") waited more than " + seconds(timeout_s_) +
                     " (comm.timeout_s) for " + label.what;

@@ -44,5 +44,12 @@ class RequestOut {
 // time spent to `waited`. yield gives the core away between polls (ranks outnumber cores).
 // `pending`, when given, says whether the first test found it incomplete.
 bool poll_until_done(MPI_Request& req, WaitMode mode, double timeout_s, double& waited, bool* pending = nullptr);
+// The same for a Request (inactive once complete).
+inline bool poll_until_done(Request& req, WaitMode mode, double timeout_s, double& waited, bool* pending = nullptr) {
+  MPI_Request m = MpiHandles::get(req);
+  const bool done = poll_until_done(m, mode, timeout_s, waited, pending);
+  req = MpiHandles::make(m);
+  return done;
+}
 
 }  // namespace pipetrain

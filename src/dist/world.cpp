@@ -143,10 +143,7 @@ World::LongerAgreements::~LongerAgreements() { world_.bound_agreements(seconds_,
 
 void World::wait_agreed(Request& req) {
   double waited = 0;
-  MPI_Request m = MpiHandles::get(req);
-  const bool done = poll_until_done(m, WaitMode::yield, agree_timeout_s_, waited);
-  req = MpiHandles::make(m);
-  if (!done) {
+  if (!poll_until_done(req, WaitMode::yield, agree_timeout_s_, waited)) {
     char bound[32];
     std::snprintf(bound, sizeof bound, "%g s", agree_timeout_s_);
     throw CommTimeout(std::string("an agreement of all ranks (") + agree_phase_ + ") did not complete within " + bound +

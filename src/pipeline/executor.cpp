@@ -43,8 +43,7 @@ struct Executor::Step {
   Step(const ActionList& list, Trace& tr, const std::function<void(int)>& load,
        const std::function<void(size_t)>& grads_done, const std::function<bool(int)>& params, int micro_batches,
        int chunks)
-      : actions(list),
-        trace(tr),
+      : trace(tr),
         load_inputs(load),
         grads_done_from(grads_done),
         params_needed(params),
@@ -56,7 +55,6 @@ struct Executor::Step {
       if (a.op == Op::backward || a.op == Op::backward_input) has_backward[a.chunk * M + a.mb] = true;
   }
 
-  const ActionList& actions;
   Trace& trace;
   const std::function<void(int)>& load_inputs;
   const std::function<void(size_t)>& grads_done_from;

@@ -211,15 +211,13 @@ std::string draw_plots(const RunSummary& r, const std::string& staging, const st
 }  // namespace
 
 ExitCode run_report(const std::string& run_dir, const std::string& plots_dir, bool as_json) {
-  std::error_code ec;
-  if (!fs::is_directory(run_dir, ec)) throw SpecError(run_dir + ": no such run directory");
+  const RunSummary summary = summarize_run(run_dir);  // refuses a path that is no run directory
   // The plots are drawn into a staging folder and renamed into place whole.
   std::optional<AtomicOutput> plots;
   if (!plots_dir.empty())
     plots.emplace(
         plots_dir,
         OutputRule{"report", "--plots", "a folder of report plots (PNG files only)", is_plots_folder, {run_dir}, true});
-  const RunSummary summary = summarize_run(run_dir);
   std::fputs(as_json ? (report_json(summary).dump(2) + "\n").c_str() : report_text(summary).c_str(), stdout);
   if (!plots) return ExitCode::ok;
   if (const std::string problem = draw_plots(summary, plots->staging(), plots_dir); !problem.empty()) {
