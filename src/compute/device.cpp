@@ -47,7 +47,6 @@ void use_spec_device(const RunSpec& spec, int local_rank, int local_ranks) {
   } catch (const std::runtime_error& e) {
     throw SpecError(spec.origin("run.device") + ": run.device = gpu: " + e.what());
   }
-  gpu::set_matmul_dtype(spec.model.dtype);
 }
 
 double time_matrix_products(int n, int reps) {

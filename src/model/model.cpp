@@ -213,7 +213,7 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
       tied_(spec.model.tie_embeddings),
       mode_(spec.parallel.recompute),
       grad_scale_(grad_scale),
-      k_(kernels(compute_device())) {
+      k_(kernels(compute_device(), spec.model.dtype)) {
   params_ = rank_params(spec, chunks, n_virtual);
   const size_t total = params_.empty() ? 0 : params_.back().offset + params_.back().size;
   weights_.resize(total);

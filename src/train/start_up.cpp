@@ -192,7 +192,7 @@ void find_peaks(Run& run) {
     if (gpu) {
       const gpu::DeviceInfo info = gpu::device_info(compute_gpu());
       unit[0] = gpu::peak_gflops(info, spec.model.dtype);
-      unit[1] = gpu::measure_gemm_gflops();
+      unit[1] = gpu::measure_gemm_gflops(spec.model.dtype);
       unit[2] = 1;
       run.peak_basis = info.name + ": " + std::to_string(info.multiprocessors) + " SMs x " +
                        std::to_string(info.clock_khz / 1000) + " MHz, " + name_of(spec.model.dtype);
@@ -400,6 +400,7 @@ void print_start(const Run& run) {
       std::printf("note: %s since the checkpoint (LR schedule / optimizer change from here on)\n", change.c_str());
   }
   if (!run.init_note.empty()) std::printf("%s\n", run.init_note.c_str());
+  for (const std::string& note : spec.notes) std::printf("note: %s\n", note.c_str());
   if (run.stragglers)
     std::printf(
         "stragglers: a rank, node or link %gx slower than its peers in two windows (%d steps, %g s at least) in a "

@@ -14,6 +14,7 @@
 #include "pipetrain/compute/gpu.hpp"
 #include "pipetrain/compute/gpu_kernels.hpp"
 #include "pipetrain/compute/kernels.hpp"
+#include "pipetrain/compute/ops.hpp"
 #include "pipetrain/model/model.hpp"
 #include "pipetrain/model/optim.hpp"
 
@@ -122,13 +123,13 @@ TEST_CASE("matmul forward and backward match the CPU in fp32, and in bf16 on bf1
   for (auto dtype : {Dtype::fp32, Dtype::bf16}) {
     const bool bf16 = dtype == Dtype::bf16;
     INFO((bf16 ? "bf16" : "fp32"));
-    gpu::set_matmul_dtype(dtype);
+    const Kernels& k = kernels(Device::gpu, dtype);
     // The CPU reference sees the inputs the tensor cores see; what remains is accumulation order.
     Vec rx = bf16 ? rounded(x) : x, rw = bf16 ? rounded(w) : w, rd = bf16 ? rounded(dout) : dout;
     Vec out(N * OC);
     auto d_x = up(x), d_w = up(w), d_bias = up(bias), d_dout = up(dout), d_out = up(out);
     matmul_forward(out.data(), rx.data(), rw.data(), bias.data(), N, C, OC);
-    gpu::matmul_forward(d_out.data(), d_x.data(), d_w.data(), d_bias.data(), N, C, OC);
+    k.matmul_forward(d_out.data(), d_x.data(), d_w.data(), d_bias.data(), N, C, OC);
     CHECK(rel_err(down(d_out), out) < kFp32);
     for (int half = 0; half < 3; ++half) {
       INFO("half " << half);
@@ -141,8 +142,8 @@ TEST_CASE("matmul forward and backward match the CPU in fp32, and in bf16 on bf1
       if (params && bf16)
         for (int o = 0; o < OC; ++o)
           for (int n = 0; n < N; ++n) db[o] += dout[n * OC + o] - rd[n * OC + o];
-      gpu::matmul_backward(input ? d_dx.data() : nullptr, params ? d_dw.data() : nullptr,
-                           params ? d_db.data() : nullptr, d_dout.data(), d_x.data(), d_w.data(), N, C, OC);
+      k.matmul_backward(input ? d_dx.data() : nullptr, params ? d_dw.data() : nullptr, params ? d_db.data() : nullptr,
+                        d_dout.data(), d_x.data(), d_w.data(), N, C, OC);
       CHECK(rel_err(down(d_dx), dx) < kFp32);
       CHECK(rel_err(down(d_dw), dw) < kFp32);
       CHECK(rel_err(down(d_db), db) < kFp32);
@@ -153,7 +154,6 @@ TEST_CASE("matmul forward and backward match the CPU in fp32, and in bf16 on bf1
     matmul_forward(exact.data(), x.data(), w.data(), bias.data(), N, C, OC);
     CHECK(rel_err(down(d_out), exact) < (bf16 ? 1.0 / 128 : kFp32));
   }
-  gpu::set_matmul_dtype(Dtype::fp32);
 }
 
 TEST_CASE("causal attention forward and backward match the CPU", "[gpu]") {

@@ -11,12 +11,14 @@
 
 namespace pipetrain::gpu {
 
-// Matrix products take fp32 inputs and weights. bf16: both are rounded to bfloat16 on the way
-// into cuBLAS (fp32 accumulation and output, fp32 master weights untouched); fp32: plain SGEMM
-// (TF32 tensor cores off).
-void set_matmul_dtype(Dtype dtype);
-
+// Matrix products take fp32 inputs and weights; the list's matmul_forward/backward run plain
+// SGEMM (TF32 tensor cores off). The _bf16 twins round both to bfloat16 on the way into cuBLAS
+// (fp32 accumulation and output, fp32 master weights untouched): the kernel table for
+// model.dtype = bf16 holds them (ops.hpp).
 PIPETRAIN_LAYER_KERNELS(PIPETRAIN_DECLARE_KERNEL)
+void matmul_forward_bf16(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC);
+void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                          const float* weight, int N, int C, int OC);
 void gelu_forward(float* out, const float* inp, size_t n);
 
 // One AdamW update of n values as AdamW::step does for one tensor: g = grad * grad_mul,
@@ -27,10 +29,10 @@ void adamw_update(float* w, const float* grad, float* m, float* v, size_t n, flo
 // Sum of squares of n values, accumulated in double in a fixed order (the gradient norm).
 double sum_of_squares(const float* x, size_t n);
 
-// GEMM rate of this GPU on n x n x n products in the current matmul dtype (GFLOP/s, best of
-// repeats for ~`seconds`): MFU's denominator when log.peak_gflops is 0.
-double measure_gemm_gflops(int n = 4096, double seconds = 0.2);
-// Seconds for `reps` n x n x n products queued back to back, until the last has finished.
+// GEMM rate of this GPU on n x n x n products with `dtype` inputs (GFLOP/s, best of repeats for
+// ~`seconds`): MFU's denominator when log.peak_gflops is 0.
+double measure_gemm_gflops(Dtype dtype, int n = 4096, double seconds = 0.2);
+// Seconds for `reps` fp32 n x n x n products queued back to back, until the last has finished.
 double time_gemms(int n, int reps);
 
 }  // namespace pipetrain::gpu

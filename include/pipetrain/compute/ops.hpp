@@ -12,6 +12,7 @@ struct Kernels {
   PIPETRAIN_LAYER_KERNELS(PIPETRAIN_KERNEL_POINTER)
 #undef PIPETRAIN_KERNEL_POINTER
 };
-const Kernels& kernels(Device d);
+// The kernels of device `d`, with matrix products in `matmul` (bf16 exists on the GPU only).
+const Kernels& kernels(Device d, Dtype matmul = Dtype::fp32);
 
 }  // namespace pipetrain

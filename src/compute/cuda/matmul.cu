@@ -14,8 +14,6 @@ namespace pipetrain::gpu {
 
 namespace {
 
-Dtype g_dtype = Dtype::fp32;
-
 __global__ void add_bias_k(float* out, const float* bias, int OC, size_t n) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i < n) out[i] += bias[i % OC];
@@ -26,8 +24,8 @@ __global__ void to_bf16_k(__nv_bfloat16* out, const float* in, size_t n) {
 }
 
 // An operand as cuBLAS gets it: the fp32 array itself, or its bf16 rounding in scratch `slot`.
-const void* operand(const float* x, size_t n, int slot) {
-  if (g_dtype == Dtype::fp32) return x;
+const void* operand(Dtype dtype, const float* x, size_t n, int slot) {
+  if (dtype == Dtype::fp32) return x;
   auto* h = static_cast<__nv_bfloat16*>(scratch(slot, sizeof(__nv_bfloat16) * n));
   to_bf16_k<<<blocks_for(n), 256, 0, stream()>>>(h, x, n);
   PT_LAUNCHED();
@@ -35,32 +33,27 @@ const void* operand(const float* x, size_t n, int slot) {
 }
 
 // C[m,n] (column-major, fp32) = alpha op(A) op(B) + beta C, A and B from operand().
-void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* A, int lda, const void* B,
-          int ldb, float beta, float* C, int ldc) {
+void gemm(Dtype dtype, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* A, int lda,
+          const void* B, int ldb, float beta, float* C, int ldc) {
   const float alpha = 1.f;
-  const cudaDataType in = g_dtype == Dtype::fp32 ? CUDA_R_32F : CUDA_R_16BF;
+  const cudaDataType in = dtype == Dtype::fp32 ? CUDA_R_32F : CUDA_R_16BF;
   PT_CUDA(cublasGemmEx(cublas(), ta, tb, m, n, k, &alpha, A, in, lda, B, in, ldb, &beta, C, CUDA_R_32F, ldc,
                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-}  // namespace
-
-void set_matmul_dtype(Dtype dtype) { g_dtype = dtype; }
-
-namespace {
-
 // Two zeroed n x n operands in the matmul dtype and an output: what the GEMM timers multiply.
 struct SquareProduct {
-  explicit SquareProduct(int n) : n(n), nn(static_cast<size_t>(n) * n), a(nn), b(nn), c(nn) {
+  SquareProduct(int n, Dtype dtype) : n(n), nn(static_cast<size_t>(n) * n), dtype(dtype), a(nn), b(nn), c(nn) {
     zero(a.data(), nn * sizeof(float));
     zero(b.data(), nn * sizeof(float));
-    A = operand(a.data(), nn, 2);
-    B = operand(b.data(), nn, 3);
+    A = operand(dtype, a.data(), nn, 2);
+    B = operand(dtype, b.data(), nn, 3);
   }
-  void run() { gemm(CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, A, n, B, n, 0.f, c.data(), n); }
+  void run() { gemm(dtype, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, A, n, B, n, 0.f, c.data(), n); }
   double flops() const { return 2.0 * n * nn; }
   int n;
   size_t nn;
+  Dtype dtype;
   Buffer<float> a, b, c;
   const void* A = nullptr;
   const void* B = nullptr;
@@ -68,8 +61,8 @@ struct SquareProduct {
 
 }  // namespace
 
-double measure_gemm_gflops(int n, double seconds) {
-  SquareProduct p(n);
+double measure_gemm_gflops(Dtype dtype, int n, double seconds) {
+  SquareProduct p(n, dtype);
   cudaEvent_t start, stop;
   PT_CUDA(cudaEventCreate(&start));
   PT_CUDA(cudaEventCreate(&stop));
@@ -90,7 +83,7 @@ double measure_gemm_gflops(int n, double seconds) {
 }
 
 double time_gemms(int n, int reps) {
-  SquareProduct p(n);
+  SquareProduct p(n, Dtype::fp32);
   PT_CUDA(cudaStreamSynchronize(stream()));
   const double t0 = now_s();
   for (int r = 0; r < reps; ++r) p.run();
@@ -98,10 +91,14 @@ double time_gemms(int n, int reps) {
   return now_s() - t0;
 }
 
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
+namespace {
+
+void matmul_forward_in(Dtype dtype, float* out, const float* inp, const float* weight, const float* bias, int N, int C,
+                       int OC) {
   const size_t nc = static_cast<size_t>(N) * C, oc = static_cast<size_t>(OC) * C;
   // out^T [OC, N] = W [OC, C] inp^T [C, N]; W is stored as W^T [C, OC] column-major.
-  gemm(CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, operand(weight, oc, 2), C, operand(inp, nc, 3), C, 0.f, out, OC);
+  gemm(dtype, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, operand(dtype, weight, oc, 2), C, operand(dtype, inp, nc, 3), C, 0.f,
+       out, OC);
   if (bias) {
     const size_t n = static_cast<size_t>(N) * OC;
     add_bias_k<<<blocks_for(n), 256, 0, stream()>>>(out, bias, OC, n);
@@ -109,16 +106,35 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   }
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC) {
+void matmul_backward_in(Dtype dtype, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, int N, int C, int OC) {
   const size_t no = static_cast<size_t>(N) * OC;
-  const void* d = operand(dout, no, 4);
+  const void* d = operand(dtype, dout, no, 4);
   if (dinp)  // dinp^T [C, N] = W^T [C, OC] dout^T [OC, N]  (overwritten)
-    gemm(CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, operand(weight, static_cast<size_t>(OC) * C, 2), C, d, OC, 0.f, dinp, C);
+    gemm(dtype, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, operand(dtype, weight, static_cast<size_t>(OC) * C, 2), C, d, OC,
+         0.f, dinp, C);
   if (dweight) {  // dW^T [C, OC] += inp^T [C, N] dout [N, OC]
-    gemm(CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, operand(inp, static_cast<size_t>(N) * C, 3), C, d, OC, 1.f, dweight, C);
+    gemm(dtype, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, operand(dtype, inp, static_cast<size_t>(N) * C, 3), C, d, OC, 1.f,
+         dweight, C);
     if (dbias) column_sum_add(dbias, N, OC, Element{dout, OC}, 0);
   }
+}
+
+}  // namespace
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
+  matmul_forward_in(Dtype::fp32, out, inp, weight, bias, N, C, OC);
+}
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC) {
+  matmul_backward_in(Dtype::fp32, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+void matmul_forward_bf16(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
+  matmul_forward_in(Dtype::bf16, out, inp, weight, bias, N, C, OC);
+}
+void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                          const float* weight, int N, int C, int OC) {
+  matmul_backward_in(Dtype::bf16, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 
 }  // namespace pipetrain::gpu

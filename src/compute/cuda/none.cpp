@@ -26,7 +26,6 @@ size_t memory_allocated() { return 0; }
 size_t memory_peak() { return 0; }
 size_t memory_total() { return 0; }
 
-void set_matmul_dtype(Dtype) { no_cuda(); }
 // Every layer kernel of the list, answering "no CUDA" (its parameters unused).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-parameter"
@@ -40,7 +39,11 @@ void adamw_update(float*, const float*, float*, float*, size_t, float, float, fl
   no_cuda();
 }
 double sum_of_squares(const float*, size_t) { no_cuda(); }
-double measure_gemm_gflops(int, double) { no_cuda(); }
+void matmul_forward_bf16(float*, const float*, const float*, const float*, int, int, int) { no_cuda(); }
+void matmul_backward_bf16(float*, float*, float*, const float*, const float*, const float*, int, int, int) {
+  no_cuda();
+}
+double measure_gemm_gflops(Dtype, int, double) { no_cuda(); }
 double time_gemms(int, int) { no_cuda(); }
 
 }  // namespace pipetrain::gpu
