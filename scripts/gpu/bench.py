@@ -2,7 +2,7 @@
 """GPU benchmark (not a test; scripts/gpu/check.sh runs it on a GPU machine): GPT-2 124M
 (configs/gpt2-124m.toml, bf16 products, 32 x 1024 tokens per step) trained for a few steps
   - by pipetrain on one GPU (1x1),
-  - by pipetrain as a 2-stage pipeline of two ranks sharing that GPU (comm.backend = mpi),
+  - by pipetrain as a 2-stage pipeline of two ranks sharing that GPU (over MPI),
   - by PyTorch on the same GPU: the same model (nn.Linear layout, tanh GELU, tied head), bf16
     autocast, fused AdamW, scaled_dot_product_attention (flash), no torch.compile,
 and prints tokens/s, MFU against the GPU's nominal dense bf16 peak (--peak-tflops, H100/H200 SXM:

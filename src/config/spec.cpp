@@ -42,6 +42,17 @@ void apply_override(toml::table& root, const std::string& text,
   set_by_cli.emplace_back(section + "." + key, "--set " + text);
 }
 
+// Keys pipetrain once read and no longer does, with why. Specs and run directories written before
+// still hold them (config.toml, a checkpoint's manifest), so they are skipped with a note, not refused.
+const char* retired_because(const std::string& dotted) {
+  static const std::pair<const char*, const char*> kRetired[] = {
+      {"comm.backend", "ranks always exchange data over MPI (a GPU build through host copies)"},
+  };
+  for (auto& [key, why] : kRetired)
+    if (dotted == key) return why;
+  return nullptr;
+}
+
 std::string origin_of(const std::vector<std::pair<std::string, std::string>>& origins, const std::string& key) {
   for (auto it = origins.rbegin(); it != origins.rend(); ++it)
     if (it->first == key) return it->second;
@@ -136,6 +147,10 @@ RunSpec parse_spec(const std::string& text, const std::string& path, const std::
       std::string full = sec + "." + std::string(key_name.str());
       std::string at = origin_of(set_by_cli, full);
       if (at.empty()) at = where_in_file(path, node);
+      if (const char* why = retired_because(full)) {
+        spec.notes.push_back(at + ": " + full + " is no longer read (" + why + "); it can be deleted");
+        continue;
+      }
       auto it = std::find_if(schema.begin(), schema.end(), [&](const SpecKey& k) { return k.dotted() == full; });
       if (it == schema.end()) {
         // Suggest across sections too: `[train] micro_batches` should point at parallel.micro_batches.

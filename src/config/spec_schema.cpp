@@ -331,9 +331,6 @@ std::vector<SpecKey> build_schema() {
       double_key(
           "log", "peak_gflops", FIELD(double, log.peak_gflops), 0, 1e9,
           "peak GFLOP/s of one rank for MFU (0 = the hardware's: FLOPs per cycle x clock of each core, or the GPU's)"),
-      choice_key<Backend>("comm", "backend", FIELD(Backend, comm.backend),
-                          "transport between ranks: mpi (the GPU build moves data through host copies over MPI too; "
-                          "NCCL is not there yet)"),
       choice_key<WaitPolicy>("comm", "wait", FIELD(WaitPolicy, comm.wait),
                              "how waits poll: auto yields when ranks outnumber cores"),
       double_key("comm", "timeout_s", FIELD(double, comm.timeout_s), 0.001, 1e9,

@@ -197,6 +197,24 @@ std::string machine_id() {
   return id;
 }
 
+// Nodes (2+) compared by the median of their ranks' best times (`best`, by rank on `host`).
+void compare_nodes(const std::vector<std::string>& nodes, const std::vector<std::string>& host,
+                   const std::vector<double>& best, double ratio, std::vector<Row>& rows) {
+  if (nodes.size() < 2) return;
+  std::vector<double> node_s;
+  for (const std::string& node : nodes) {
+    std::vector<double> v;
+    for (size_t r = 0; r < best.size(); ++r)
+      if (host[r] == node) v.push_back(best[r]);
+    node_s.push_back(median(v));
+  }
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const double x = node_s[i] / median_without(node_s, i);
+    rows.push_back({"compute", "node " + nodes[i], fmt("%.1f ms", 1e3 * node_s[i]) + fmt(", %.2fx the other nodes", x),
+                    x <= ratio});
+  }
+}
+
 // Every rank times the same fixed workload (matrix products on its compute device, ~0.1 s) in
 // kTrials trials; in each, the ranks of a machine take turns, so each is timed alone on its cores,
 // while machines run at once. A capability is judged, not a moment's noise: a rank fails only when
@@ -290,20 +308,7 @@ void check_compute(Comm& comm, double ratio, std::vector<Row>& rows) {
                       fmt("-%.1f ms", 1e3 * *std::max_element(seconds.begin(), seconds.end())) + ", slowest rank " +
                       std::to_string(slowest),
                   true});
-  const std::vector<std::string> nodes = comm.world().nodes();
-  if (nodes.size() < 2) return;
-  std::vector<double> node_s;
-  for (const std::string& node : nodes) {
-    std::vector<double> v;
-    for (int r = 0; r < world; ++r)
-      if (host[r] == node) v.push_back(best[r]);
-    node_s.push_back(median(v));
-  }
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    const double x = node_s[i] / median_without(node_s, i);
-    rows.push_back({"compute", "node " + nodes[i], fmt("%.1f ms", 1e3 * node_s[i]) + fmt(", %.2fx the other nodes", x),
-                    x <= ratio});
-  }
+  compare_nodes(comm.world().nodes(), host, best, ratio, rows);
 }
 
 // Which BLAS kernels each rank computes with: a rank whose kernels run below its CPU fails, unless

@@ -1,7 +1,7 @@
 """GPU training (registered in CUDA builds only; exits 77, which CTest shows as skipped, where no
 GPU is visible). 1x1 on the GPU follows the CPU's losses (relative 1e-4 over 5 steps: the same
 fp32 arithmetic in another summation order); two ranks sharing one GPU as a 2-stage pipeline
-(comm.backend = mpi, staged through host memory), 1x2 data parallel and 1x2 with ZeRO-1 match the 1x1 GPU run
+(over MPI, staged through host memory), 1x2 data parallel and 1x2 with ZeRO-1 match the 1x1 GPU run
 within 1e-5; bf16 products train (the loss falls) within 2e-2 of fp32; a GPU checkpoint resumes on
 the CPU; metrics.jsonl carries the GPU memory."""
 import os

@@ -141,6 +141,19 @@ TEST_CASE("unknown keys and sections name file:line and suggest the right one", 
   }
 }
 
+TEST_CASE("a retired key is read past with a note naming where it was set", "[config]") {
+  // Run directories and checkpoints written before comm.backend was retired still hold it.
+  TempDir tmp;
+  const std::string file = tmp.write("old.toml", "[comm]\nbackend = \"mpi\"\ntimeout_s = 30\n");
+  const RunSpec spec = load_spec(file, {}, 0);
+  CHECK(spec.comm.timeout_s == 30);
+  REQUIRE(spec.notes.size() == 1);
+  CHECK_THAT(spec.notes[0], Contains(file + ":2"));
+  CHECK_THAT(spec.notes[0], Contains("comm.backend is no longer read"));
+  CHECK_THAT(resolved_toml(spec), !Contains("backend"));
+  CHECK(load_spec("", {}, 0).notes.empty());
+}
+
 TEST_CASE("wrong types or ranges or enum values name the key and line", "[config]") {
   TempDir tmp;
   const std::string file = (tmp.dir / "file.toml").string();

@@ -1,5 +1,9 @@
 // Where this rank computes: the CPU, or its GPU in a CUDA build (PIPETRAIN_CUDA=ON). Chosen once at
-// start-up, before any Stage exists; Arrays and ops follow it.
+// start-up, before any Stage exists; Arrays and ops follow it. It is the one piece of process
+// state the compute layer keeps, on purpose: CUDA binds a process's thread to one device
+// (cudaSetDevice), and every allocation must land where that binding says, so passing the device
+// to each Array would only let two disagree. What depends on the spec (model.dtype's products)
+// lives in the Stage's kernel table (ops.hpp).
 #pragma once
 #include <cstddef>
 
@@ -14,7 +18,7 @@ int compute_gpu();  // the GPU this rank selected (-1 on the CPU)
 // CUDA cannot use it (with CUDA's error), or its compute mode forbids the sharing.
 void set_compute_device(Device d, int local_rank = 0, int local_ranks = 1);
 bool cuda_built();  // this binary contains the CUDA kernels
-// The device `spec` asks for (run.device; on the GPU, model.dtype's matrix-product inputs), for a
+// The device `spec` asks for (run.device), for a
 // rank that is `local_rank` of `local_ranks` on its node; throws SpecError naming run.device when it
 // cannot be had.
 void use_spec_device(const RunSpec& spec, int local_rank, int local_ranks);

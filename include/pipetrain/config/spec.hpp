@@ -81,7 +81,6 @@ struct RunSpec {
     int straggler_window = 10;      // steps per detection window (observe/stragglers.hpp)
   } log;
   struct Comm {
-    Backend backend = Backend::mpi;
     WaitPolicy wait = WaitPolicy::automatic;
     double timeout_s = 120;
     double bucket_mb = 4;
@@ -92,6 +91,8 @@ struct RunSpec {
   // Where each key was set ("file:line" or "--set"); keys left at their default are absent.
   std::vector<std::pair<std::string, std::string>> origins;
   std::string origin(const std::string& dotted_key) const;
+  // What parsing skipped and the user should hear about (a retired key, "file:line: ...").
+  std::vector<std::string> notes;
 
   // Derived sizes (valid after validation).
   int samples_per_micro_batch() const { return train.global_batch / (parallel.dp * parallel.micro_batches); }

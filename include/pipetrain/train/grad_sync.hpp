@@ -89,7 +89,7 @@ struct StepSync {
 // to apply the update. A NaN anywhere reaches the rank that checks it through the sums. It also
 // carries `window_long_enough` (rank 0's say that the straggler window has run its course), so
 // every rank closes the window at the same logging step.
-// On the GPU (comm.backend = mpi) the sums run on `staging`, a host copy of the gradients the
+// On the GPU the sums run on `staging`, a host copy of the gradients the
 // reducer was built on. `trace` gets a span per part: waits inside the collectives as waits (a late
 // peer and the transfer itself are not told apart; comm_wait_s counts them alike), host copies as
 // all-reduce work, the norm as optimizer work.
