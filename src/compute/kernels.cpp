@@ -11,34 +11,19 @@
 #include "pipetrain/compute/parallel_for.hpp"
 #include "pipetrain/compute/profile.hpp"
 #include "pipetrain/util/clock.hpp"
+#include "row_chunks.hpp"
 
 namespace pipetrain {
-namespace {
-
-// About 16K floats of work per chunk: big enough that waking a thread pays, small enough to balance.
-size_t rows_per_chunk(int C) { return std::max<size_t>(1, 16384 / static_cast<size_t>(C)); }
-constexpr size_t kElementsPerChunk = 16384;
-
-// Row-parallel reduction: fn(begin, end, partial) adds rows [begin, end) into its chunk's zeroed
-// partial[width]; the partials are then added into out in chunk order, so the sums do not depend on
-// the thread count.
-template <class Fn>
-void reduce_row_chunks(int N, size_t rows, size_t width, float* out, Fn fn) {
-  const size_t chunks = chunk_count(N, rows);
-  std::vector<float> partial(chunks * width, 0.f);
-  parallel_for(N, rows, [&](size_t begin, size_t end) { fn(begin, end, partial.data() + begin / rows * width); });
-  for (size_t c = 0; c < chunks; ++c)
-    for (size_t j = 0; j < width; ++j) out[j] += partial[c * width + j];
-}
-
-}  // namespace
-
 void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
   KernelTimer timer(Kernel::elementwise);
   parallel_for(static_cast<size_t>(B) * T, rows_per_chunk(C), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       float* o = out + i * C;
       const float* e = wte + static_cast<size_t>(tokens[i]) * C;
+      if (!wpe) {
+        std::copy(e, e + C, o);
+        continue;
+      }
       const float* p = wpe + (i % T) * C;
       for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
     }
@@ -51,11 +36,10 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* to
     for (int t = 0; t < T; ++t) {
       const float* d = dout + (static_cast<size_t>(b) * T + t) * C;
       float* de = dwte + static_cast<size_t>(tokens[b * T + t]) * C;
+      for (int c = 0; c < C; ++c) de[c] += d[c];
+      if (!dwpe) continue;
       float* dp = dwpe + static_cast<size_t>(t) * C;
-      for (int c = 0; c < C; ++c) {
-        de[c] += d[c];
-        dp[c] += d[c];
-      }
+      for (int c = 0; c < C; ++c) dp[c] += d[c];
     }
 }
 
@@ -246,114 +230,138 @@ void causal_softmax_row(float* s, int t, float* row, int len) {
 
 }  // namespace
 
-// Per (batch, head), rows of T in tiles of kTileRows: the tile's scores against keys u < end of the
-// tile, the softmax of each row straight away (the scores are still in L1), then the tile's output
-// rows from its probabilities. Q, K and V of head h are the hs-wide column slices at offsets h*hs,
-// C + h*hs and 2C + h*hs of qkv's rows (stride 3C).
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+// Per (batch, key/value head), that head's keys transposed once, then for each query head that
+// reads them, rows of T in tiles of kTileRows: the tile's scores against keys u < end of the tile,
+// the softmax of each row straight away (the scores are still in L1), then the tile's output rows
+// from its probabilities. Q of head h and K, V of head g are the hs-wide column slices at offsets
+// h*hs, C + g*hs and C + KV + g*hs of qkv's rows (stride C + 2 KV).
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH, int NKV) {
   KernelTimer timer(Kernel::attention);
-  const int hs = C / NH, C3 = 3 * C, Tp = round_up(T, kTileCols);
+  const int hs = C / NH, KV = NKV * hs, C3 = C + 2 * KV, group = NH / NKV, Tp = round_up(T, kTileCols);
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
-  // (batch, head) pairs are independent: one per chunk.
-  parallel_for(static_cast<size_t>(B) * NH, 1, [&](size_t bh, size_t) {
+  // (batch, key/value head) pairs are independent: one per chunk.
+  parallel_for(static_cast<size_t>(B) * NKV, 1, [&](size_t bg, size_t) {
     thread_local std::vector<float> kt, scores;
     kt.resize(static_cast<size_t>(hs) * Tp);
     scores.resize(static_cast<size_t>(kTileRows) * Tp);
-    const int b = static_cast<int>(bh / NH), h = static_cast<int>(bh % NH);
-    const float* q = qkv + static_cast<size_t>(b) * T * C3 + h * hs;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* a = att + (static_cast<size_t>(b) * NH + h) * T * T;
-    float* o = out + static_cast<size_t>(b) * T * C + h * hs;
+    const int b = static_cast<int>(bg / NKV), g = static_cast<int>(bg % NKV);
+    const float* row0 = qkv + static_cast<size_t>(b) * T * C3;
+    const float* k = row0 + C + g * hs;
+    const float* v = k + KV;
     transpose_head(kt.data(), k, C3, T, Tp, hs);
-    for (int t0 = 0; t0 < T; t0 += kTileRows) {
-      const int m = std::min(kTileRows, T - t0), end = t0 + m;  // rows t0 .. end-1 see keys u < end
-      product_rows(m, round_up(end, kTileCols), hs, scale, q + static_cast<size_t>(t0) * C3, C3, 1, kt.data(), Tp,
-                   scores.data(), Tp);
-      for (int t = t0; t < end; ++t)
-        causal_softmax_row(scores.data() + static_cast<size_t>(t - t0) * Tp, t, a + static_cast<size_t>(t) * T, T);
-      // out rows = att rows (zero past each row's own position) times v_u for u < end
-      product_rows(m, hs, end, 1.f, a + static_cast<size_t>(t0) * T, T, 1, v, C3, o + static_cast<size_t>(t0) * C, C);
+    for (int h = g * group; h < (g + 1) * group; ++h) {
+      const float* q = row0 + h * hs;
+      float* a = att + (static_cast<size_t>(b) * NH + h) * T * T;
+      float* o = out + static_cast<size_t>(b) * T * C + h * hs;
+      for (int t0 = 0; t0 < T; t0 += kTileRows) {
+        const int m = std::min(kTileRows, T - t0), end = t0 + m;  // rows t0 .. end-1 see keys u < end
+        product_rows(m, round_up(end, kTileCols), hs, scale, q + static_cast<size_t>(t0) * C3, C3, 1, kt.data(), Tp,
+                     scores.data(), Tp);
+        for (int t = t0; t < end; ++t)
+          causal_softmax_row(scores.data() + static_cast<size_t>(t - t0) * Tp, t, a + static_cast<size_t>(t) * T, T);
+        // out rows = att rows (zero past each row's own position) times v_u for u < end
+        product_rows(m, hs, end, 1.f, a + static_cast<size_t>(t0) * T, T, 1, v, C3, o + static_cast<size_t>(t0) * C, C);
+      }
     }
   });
 }
 
 // As attention_forward, for n new tokens of one sequence at positions pos .. pos+n-1: their keys
-// and values join the caches ([pos + n, C] rows), and their queries attend to every cached
+// and values join the caches ([pos + n, KV] rows), and their queries attend to every cached
 // position up to their own, with the same tile products and row softmax.
 void attention_forward_cached(float* out, const float* qkv, float* k_cache, float* v_cache, int pos, int n, int C,
-                              int NH) {
+                              int NH, int NKV) {
   KernelTimer timer(Kernel::attention);
-  const int hs = C / NH, C3 = 3 * C, total = pos + n, Tp = round_up(total, kTileCols);
+  const int hs = C / NH, KV = NKV * hs, C3 = C + 2 * KV, group = NH / NKV, total = pos + n;
+  const int Tp = round_up(total, kTileCols);
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
   for (int i = 0; i < n; ++i) {
     const float* row = qkv + static_cast<size_t>(i) * C3;
-    std::copy(row + C, row + 2 * C, k_cache + static_cast<size_t>(pos + i) * C);
-    std::copy(row + 2 * C, row + 3 * C, v_cache + static_cast<size_t>(pos + i) * C);
+    std::copy(row + C, row + C + KV, k_cache + static_cast<size_t>(pos + i) * KV);
+    std::copy(row + C + KV, row + C3, v_cache + static_cast<size_t>(pos + i) * KV);
   }
-  parallel_for(NH, 1, [&](size_t head, size_t) {
+  parallel_for(NKV, 1, [&](size_t kv_head, size_t) {
     thread_local std::vector<float> kt, scores, probs;
     kt.resize(static_cast<size_t>(hs) * Tp);
     scores.resize(static_cast<size_t>(kTileRows) * Tp);
     probs.resize(static_cast<size_t>(kTileRows) * Tp);
-    const int h = static_cast<int>(head);
-    transpose_head(kt.data(), k_cache + h * hs, C, total, Tp, hs);
-    for (int i0 = 0; i0 < n; i0 += kTileRows) {
-      const int m = std::min(kTileRows, n - i0), end = pos + i0 + m;  // rows see keys u < end
-      product_rows(m, round_up(end, kTileCols), hs, scale, qkv + static_cast<size_t>(i0) * C3 + h * hs, C3, 1,
-                   kt.data(), Tp, scores.data(), Tp);
-      for (int i = 0; i < m; ++i)
-        causal_softmax_row(scores.data() + static_cast<size_t>(i) * Tp, pos + i0 + i,
-                           probs.data() + static_cast<size_t>(i) * Tp, end);
-      product_rows(m, hs, end, 1.f, probs.data(), Tp, 1, v_cache + h * hs, C,
-                   out + static_cast<size_t>(i0) * C + h * hs, C);
-    }
+    const int g = static_cast<int>(kv_head);
+    transpose_head(kt.data(), k_cache + g * hs, KV, total, Tp, hs);
+    for (int h = g * group; h < (g + 1) * group; ++h)
+      for (int i0 = 0; i0 < n; i0 += kTileRows) {
+        const int m = std::min(kTileRows, n - i0), end = pos + i0 + m;  // rows see keys u < end
+        product_rows(m, round_up(end, kTileCols), hs, scale, qkv + static_cast<size_t>(i0) * C3 + h * hs, C3, 1,
+                     kt.data(), Tp, scores.data(), Tp);
+        for (int i = 0; i < m; ++i)
+          causal_softmax_row(scores.data() + static_cast<size_t>(i) * Tp, pos + i0 + i,
+                             probs.data() + static_cast<size_t>(i) * Tp, end);
+        product_rows(m, hs, end, 1.f, probs.data(), Tp, 1, v_cache + g * hs, KV,
+                     out + static_cast<size_t>(i0) * C + h * hs, C);
+      }
   });
 }
 
 // out = att v, att = softmax(scale q k^T): datt = dout v^T and dq = scale dpre k by row tiles (only
 // u <= t), then dv = att^T dout and dk = scale dpre^T q by tiles of key rows u, over rows t >= u.
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                        int NH) {
+// A key/value head's dk and dv sum over the query heads that read it, in head order: the first
+// writes them, the others add theirs through a scratch copy.
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH,
+                        int NKV) {
   KernelTimer timer(Kernel::attention);
-  const int hs = C / NH, C3 = 3 * C, Tp = round_up(T, kTileCols);
+  const int hs = C / NH, KV = NKV * hs, C3 = C + 2 * KV, group = NH / NKV, Tp = round_up(T, kTileCols);
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
-  parallel_for(static_cast<size_t>(B) * NH, 1, [&](size_t bh, size_t) {
-    thread_local std::vector<float> vt, dpre;
+  parallel_for(static_cast<size_t>(B) * NKV, 1, [&](size_t bg, size_t) {
+    thread_local std::vector<float> vt, dpre, dkv;
     vt.resize(static_cast<size_t>(hs) * Tp);
     dpre.resize(static_cast<size_t>(T) * Tp);
-    const int b = static_cast<int>(bh / NH), h = static_cast<int>(bh % NH);
-    const size_t row0 = static_cast<size_t>(b) * T * C3 + h * hs;
-    const float *q = qkv + row0, *k = q + C, *v = q + 2 * C;
-    float *dq = dqkv + row0, *dk = dq + C, *dv = dq + 2 * C;
-    const float* a = att + (static_cast<size_t>(b) * NH + h) * T * T;
-    const float* d = dout + static_cast<size_t>(b) * T * C + h * hs;
+    if (group > 1) dkv.resize(2 * static_cast<size_t>(T) * hs);
+    const int b = static_cast<int>(bg / NKV), g = static_cast<int>(bg % NKV);
+    const size_t row0 = static_cast<size_t>(b) * T * C3;
+    const float *k = qkv + row0 + C + g * hs, *v = k + KV;
+    float *dk_head = dqkv + row0 + C + g * hs, *dv_head = dk_head + KV;
     transpose_head(vt.data(), v, C3, T, Tp, hs);
-    for (int t0 = 0; t0 < T; t0 += kTileRows) {
-      const int m = std::min(kTileRows, T - t0), end = t0 + m;
-      float* dp = dpre.data() + static_cast<size_t>(t0) * Tp;
-      product_rows(m, round_up(end, kTileCols), hs, 1.f, d + static_cast<size_t>(t0) * C, C, 1, vt.data(), Tp, dp, Tp);
-      // softmax backward, in place: dpre = a * (datt - sum(a * datt)) for u <= t; zero for
-      // t < u < end, the part of the tile the products below read. As in forward on whole vectors
-      // where the row has room: a is 0 past t, so those lanes add nothing and come out 0.
-      for (int t = t0; t < end; ++t) {
-        const float* ar = a + static_cast<size_t>(t) * T;
-        float* dr = dp + static_cast<size_t>(t - t0) * Tp;
-        const int w = std::min(round_up(t + 1, 8), T);
-        float dot = 0.f;
+    for (int h = g * group; h < (g + 1) * group; ++h) {
+      const float* q = qkv + row0 + h * hs;
+      float* dq = dqkv + row0 + h * hs;
+      const float* a = att + (static_cast<size_t>(b) * NH + h) * T * T;
+      const float* d = dout + static_cast<size_t>(b) * T * C + h * hs;
+      for (int t0 = 0; t0 < T; t0 += kTileRows) {
+        const int m = std::min(kTileRows, T - t0), end = t0 + m;
+        float* dp = dpre.data() + static_cast<size_t>(t0) * Tp;
+        product_rows(m, round_up(end, kTileCols), hs, 1.f, d + static_cast<size_t>(t0) * C, C, 1, vt.data(), Tp, dp,
+                     Tp);
+        // softmax backward, in place: dpre = a * (datt - sum(a * datt)) for u <= t; zero for
+        // t < u < end, the part of the tile the products below read. As in forward on whole vectors
+        // where the row has room: a is 0 past t, so those lanes add nothing and come out 0.
+        for (int t = t0; t < end; ++t) {
+          const float* ar = a + static_cast<size_t>(t) * T;
+          float* dr = dp + static_cast<size_t>(t - t0) * Tp;
+          const int w = std::min(round_up(t + 1, 8), T);
+          float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-        for (int u = 0; u < w; ++u) dot += ar[u] * dr[u];
-        for (int u = 0; u < w; ++u) dr[u] = ar[u] * (dr[u] - dot);
-        for (int u = w; u < end; ++u) dr[u] = 0.f;
+          for (int u = 0; u < w; ++u) dot += ar[u] * dr[u];
+          for (int u = 0; u < w; ++u) dr[u] = ar[u] * (dr[u] - dot);
+          for (int u = w; u < end; ++u) dr[u] = 0.f;
+        }
+        product_rows(m, hs, end, scale, dp, Tp, 1, k, C3, dq + static_cast<size_t>(t0) * C3, C3);
       }
-      product_rows(m, hs, end, scale, dp, Tp, 1, k, C3, dq + static_cast<size_t>(t0) * C3, C3);
-    }
-    for (int u0 = 0; u0 < T; u0 += kTileRows) {
-      const int m = std::min(kTileRows, T - u0), rows = T - u0;  // key rows u0.., query rows t >= u0
-      const size_t u = u0;
-      // A transposed: its rows are att's / dpre's columns u0.., read from row u0 on
-      product_rows(m, hs, rows, 1.f, a + u * T + u, 1, T, d + u * C, C, dv + u * C3, C3);
-      product_rows(m, hs, rows, scale, dpre.data() + u * Tp + u, 1, Tp, q + u * C3, C3, dk + u * C3, C3);
+      const bool first = h == g * group;  // writes dk, dv; later heads of the group add to them
+      float* dk = first ? dk_head : dkv.data();
+      float* dv = first ? dv_head : dkv.data() + static_cast<size_t>(T) * hs;
+      const size_t ld = first ? C3 : hs;
+      for (int u0 = 0; u0 < T; u0 += kTileRows) {
+        const int m = std::min(kTileRows, T - u0), rows = T - u0;  // key rows u0.., query rows t >= u0
+        const size_t u = u0;
+        // A transposed: its rows are att's / dpre's columns u0.., read from row u0 on
+        product_rows(m, hs, rows, 1.f, a + u * T + u, 1, T, d + u * C, C, dv + u * ld, ld);
+        product_rows(m, hs, rows, scale, dpre.data() + u * Tp + u, 1, Tp, q + u * C3, C3, dk + u * ld, ld);
+      }
+      if (first) continue;
+      for (int t = 0; t < T; ++t)
+        for (int i = 0; i < hs; ++i) {
+          dk_head[static_cast<size_t>(t) * C3 + i] += dk[static_cast<size_t>(t) * hs + i];
+          dv_head[static_cast<size_t>(t) * C3 + i] += dv[static_cast<size_t>(t) * hs + i];
+        }
     }
   });
 }
@@ -443,6 +451,11 @@ void residual_forward(float* out, const float* a, const float* b, const float* b
     for (size_t i = begin; i < end; ++i) {
       const float *x = a + i * C, *y = b + i * C;
       float* o = out + i * C;
+      if (!bias) {
+#pragma omp simd
+        for (int c = 0; c < C; ++c) o[c] = x[c] + y[c];
+        continue;
+      }
 #pragma omp simd
       for (int c = 0; c < C; ++c) o[c] = x[c] + y[c] + bias[c];
     }

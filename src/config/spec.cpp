@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <sstream>
 
 #include "pipetrain/config/spec_schema.hpp"
@@ -57,6 +58,40 @@ std::string origin_of(const std::vector<std::pair<std::string, std::string>>& or
   for (auto it = origins.rbegin(); it != origins.rend(); ++it)
     if (it->first == key) return it->second;
   return "";
+}
+
+// The llama family's defaults that follow from other keys, filled in once, so that config.toml and
+// every later reader hold the values the model is built with.
+void resolve_model_defaults(RunSpec& spec) {
+  auto& m = spec.model;
+  if (m.arch != Arch::llama) return;
+  if (origin_of(spec.origins, "model.tie_embeddings").empty()) m.tie_embeddings = false;
+  if (m.n_kv_head == 0) m.n_kv_head = m.n_head;
+  if (m.ffn_hidden == 0) m.ffn_hidden = llama_ffn_hidden(m.d_model, m.ffn_multiple_of);
+}
+
+// What a model spec cannot be: keys of the other family, and shapes the llama block cannot take.
+void validate_model(const RunSpec& s, const std::function<void(const std::string&, const std::string&)>& fail) {
+  const auto& m = s.model;
+  if (m.arch == Arch::gpt2) {
+    const RunSpec::Model d;
+    const std::pair<const char*, bool> llama_only[] = {
+        {"model.n_kv_head", m.n_kv_head != d.n_kv_head},
+        {"model.rope_theta", m.rope_theta != d.rope_theta},
+        {"model.ffn_hidden", m.ffn_hidden != d.ffn_hidden},
+        {"model.ffn_multiple_of", m.ffn_multiple_of != d.ffn_multiple_of},
+        {"model.norm_eps", m.norm_eps != d.norm_eps}};
+    for (const auto& [key, set] : llama_only)
+      if (set) fail(key, "belongs to model.arch = \"llama\"; this spec's model.arch is \"gpt2\"");
+    return;
+  }
+  if (m.n_kv_head > m.n_head || m.n_head % m.n_kv_head != 0)
+    fail("model.n_kv_head", "n_kv_head = " + std::to_string(m.n_kv_head) +
+                                " does not divide model.n_head = " + std::to_string(m.n_head) +
+                                " (each key/value head serves n_head / n_kv_head query heads)");
+  if (m.d_model % m.n_head == 0 && (m.d_model / m.n_head) % 2 != 0)
+    fail("model.n_head", "head_dim = d_model / n_head = " + std::to_string(m.d_model / m.n_head) +
+                             " is odd: rotary position embeddings rotate pairs of dimensions");
 }
 
 // Did-you-mean for an unknown key: the same key name in another section first (a key put under
@@ -163,6 +198,7 @@ RunSpec parse_spec(const std::string& text, const std::string& path, const std::
   }
   // A schedule that always runs the same chunk count implies it: virtual_stages defaults to it
   // (an explicit value that contradicts it is still refused, by the schedule's check).
+  resolve_model_defaults(spec);
   if (spec.parallel.schedule->implied_chunks > 0 && origin_of(spec.origins, "parallel.virtual_stages").empty()) {
     spec.parallel.virtual_stages = spec.parallel.schedule->implied_chunks;
     spec.origins.emplace_back("parallel.virtual_stages", origin_of(spec.origins, "parallel.schedule"));
@@ -197,6 +233,7 @@ void validate_spec(const RunSpec& s, int world_size) {
   if (m.d_model % m.n_head != 0)
     fail("model.n_head",
          "n_head = " + std::to_string(m.n_head) + " does not divide model.d_model = " + std::to_string(m.d_model));
+  validate_model(s, fail);
   if (world_size > 0 && ranks != world_size)
     fail("parallel.pp", "pp x dp = " + std::to_string(p.pp) + " x " + std::to_string(p.dp) + " = " +
                             std::to_string(ranks) + " but " + std::to_string(world_size) + " MPI ranks were launched");
@@ -238,7 +275,7 @@ void validate_spec(const RunSpec& s, int world_size) {
          "vocab = " + std::to_string(m.vocab) + " is too small for the synthetic byte language (need >= 128)");
   // Buffers are indexed with int in BLAS and MPI counts: keep every per-micro-batch tensor below 2^31.
   const int64_t tokens = int64_t{s.train.global_batch} / batch_divisor * m.seq_len;
-  const int64_t largest = std::max({tokens * 4 * m.d_model, tokens * m.vocab,
+  const int64_t largest = std::max({tokens * 4 * m.d_model, tokens * 2 * m.ffn_hidden, tokens * m.vocab,
                                     int64_t{s.train.global_batch} / batch_divisor * m.n_head * m.seq_len * m.seq_len});
   if (largest > INT32_MAX)
     fail("model.seq_len", "a micro-batch tensor would hold " + std::to_string(largest) +
@@ -246,6 +283,11 @@ void validate_spec(const RunSpec& s, int world_size) {
   if (s.run.out_dir.empty()) fail("run.out_dir", "must not be empty (use \".\" for the current folder)");
   if (s.run.name.empty() || s.run.name.find('/') != std::string::npos)
     fail("run.name", "must be a non-empty name without '/'");
+}
+
+int llama_ffn_hidden(int d_model, int multiple_of) {
+  const int64_t two_thirds = int64_t{8} * d_model / 3;  // 2/3 of 4 d_model, rounded down
+  return static_cast<int>((two_thirds + multiple_of - 1) / multiple_of * multiple_of);
 }
 
 StepShape step_shape(const RunSpec& spec) {

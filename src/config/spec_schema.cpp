@@ -246,6 +246,9 @@ std::vector<SpecKey> build_schema() {
           "run", "device", FIELD(Device, run.device),
           "where each rank computes: cpu, or gpu (one GPU per rank, the node's GPU local rank mod count; "
           "needs a build with PIPETRAIN_CUDA=ON)"),
+      choice_key<Arch>("model", "arch", FIELD(Arch, model.arch),
+                       "model family: gpt2 (LayerNorm, GELU MLP, learned positions, biases) or llama (RMSNorm, "
+                       "SwiGLU MLP, rotary positions, grouped-query attention, no biases)"),
       int_key("model", "n_layer", FIELD(int, model.n_layer), 1, 4096, "transformer blocks"),
       int_key("model", "d_model", FIELD(int, model.d_model), 1, 1 << 16, "embedding width"),
       int_key("model", "n_head", FIELD(int, model.n_head), 1, 1024, "attention heads (must divide d_model)"),
@@ -255,7 +258,17 @@ std::vector<SpecKey> build_schema() {
           "model", "dtype", FIELD(Dtype, model.dtype),
           "matrix-product inputs: fp32, or bf16 with fp32 accumulation and fp32 master weights (gpu only)"),
       bool_key("model", "tie_embeddings", FIELD(bool, model.tie_embeddings),
-               "LM head shares wte.weight (gradient summed between first and last stage)"),
+               "LM head shares wte.weight (gradient summed between first and last stage); llama: false "
+               "unless set"),
+      int_key("model", "n_kv_head", FIELD(int, model.n_kv_head), 0, 1024,
+              "llama: key/value heads of grouped-query attention (divides n_head; 1 = multi-query; 0 = n_head)"),
+      double_key("model", "rope_theta", FIELD(double, model.rope_theta), 1, 1e12,
+                 "llama: base of the rotary position frequencies"),
+      int_key("model", "ffn_hidden", FIELD(int, model.ffn_hidden), 0, 1 << 20,
+              "llama: SwiGLU hidden width (0 = 2/3 x 4 d_model rounded up to ffn_multiple_of)"),
+      int_key("model", "ffn_multiple_of", FIELD(int, model.ffn_multiple_of), 1, 1 << 16,
+              "llama: what the default ffn_hidden is rounded up to"),
+      double_key("model", "norm_eps", FIELD(double, model.norm_eps), 1e-12, 1, "llama: RMSNorm's epsilon"),
       choice_key<DataSource>(
           "data", "source", FIELD(DataSource, data.source),
           "synthetic (built-in learnable byte language), text (bytes of data.path) or hdf5 (the train "

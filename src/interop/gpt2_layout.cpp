@@ -10,7 +10,7 @@ namespace {
 const std::string kPrefix = "transformer.";
 
 const BlockTensor* block_tensor(const std::string& tensor) {
-  for (const BlockTensor& t : kBlockTensors)
+  for (const BlockTensor& t : kGpt2Block)
     if (tensor == t.name) return &t;
   return nullptr;
 }
@@ -45,7 +45,7 @@ bool hf_transposed(const std::string& name) {
   std::string tensor;
   if (!split_block_name(name, &block, &tensor)) return false;
   const BlockTensor* t = block_tensor(tensor);
-  return t && t->cols != 0;
+  return t && t->cols != Dim::none;
 }
 
 void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
@@ -54,10 +54,10 @@ void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
 }
 
 std::vector<std::string> llmc_order(int n_layer) {
-  // kBlockTensors lists a block's tensors in llm.c's order (ln1w, ln1b, qkvw, qkvb, attprojw,
+  // kGpt2Block lists a block's tensors in llm.c's order (ln1w, ln1b, qkvw, qkvb, attprojw,
   // attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb); a unit test pins it.
   std::vector<std::string> order = {"wte.weight", "wpe.weight"};
-  for (const BlockTensor& t : kBlockTensors)
+  for (const BlockTensor& t : kGpt2Block)
     for (int i = 0; i < n_layer; ++i) order.push_back(block_tensor_name(i, t));
   order.push_back("ln_f.weight");
   order.push_back("ln_f.bias");

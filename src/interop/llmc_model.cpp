@@ -18,10 +18,10 @@ std::vector<int64_t> stored_shape(const LlmcHeader& h, const std::string& name) 
   int block;
   std::string tensor;
   if (split_block_name(name, &block, &tensor))
-    for (const BlockTensor& t : kBlockTensors)
+    for (const BlockTensor& t : kGpt2Block)
       if (tensor == t.name) {
         std::vector<int64_t> s;
-        for (int d : shape_of(t, h.channels)) s.push_back(d);
+        for (int d : shape_of(t, gpt2_block_shape(h.channels))) s.push_back(d);
         return s;
       }
   return {C};  // ln_f.weight, ln_f.bias

@@ -121,6 +121,12 @@ ExitCode run_export(const ModelExportOptions& opt) {
   check_output(opt.output, rule);
   const std::string checkpoint = resolve_checkpoint(opt.checkpoint, "export");
   const RunSpec spec = spec_of_checkpoint(checkpoint, {}, 1);
+  if (spec.model.arch != Arch::gpt2)
+    throw SpecError("export: " + checkpoint + " is a model of the " + name_of(spec.model.arch) +
+                    " family (model.arch): " +
+                    (opt.format == ExportFormat::llmc
+                         ? "llm.c's model file holds GPT-2 only"
+                         : "this version exports GPT-2 only; the checkpoint itself resumes, evaluates and generates"));
   if (opt.format == ExportFormat::llmc && !spec.model.tie_embeddings)
     throw SpecError("export: " + checkpoint +
                     " has an untied head (model.tie_embeddings = false); llm.c's "

@@ -27,7 +27,7 @@ ModelImport::ModelImport(const std::string& path, const RunSpec& spec) {
   if (src.n_head() > 0 && src.n_head() != spec.model.n_head)
     throw SpecError(where + "the source has " + std::to_string(src.n_head()) +
                     " attention heads, model.n_head = " + std::to_string(spec.model.n_head));
-  const std::string past_last = block_tensor_name(L, kBlockTensors[0]);
+  const std::string past_last = block_tensor_name(L, block_tensors(spec.model.arch).front());
   if (auto extra = src.shape(past_last))
     throw SpecError(where + "tensor " + past_last + ": the spec expects none (model.n_layer = " + std::to_string(L) +
                     "), the source holds " + shape_text(*extra) + ": it has more blocks");

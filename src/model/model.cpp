@@ -50,11 +50,12 @@ void for_each_head_wgrad_buffer(W& w, F f) {
 }
 // keep_copies: also the block's output and d(res2), which only a split backward keeps (a fused one
 // reads them where they already are).
-void size_wgrads(BlockWGrads& w, size_t NC, bool keep_copies) {
+void size_wgrads(BlockWGrads& w, const BlockShape& s, size_t N, bool keep_copies) {
   KernelTimer timer(Kernel::memory);
-  w.dfch.resize(4 * NC);
+  const size_t NC = N * s.C;
+  w.dfch.resize(N * s.fc);
   w.dln2.resize(NC);
-  w.dqkv.resize(3 * NC);
+  w.dqkv.resize(N * s.qkv);
   w.dln1.resize(NC);
   if (keep_copies) {
     w.dout.resize(NC);
@@ -67,9 +68,12 @@ void size_wgrads(BlockWGrads& w, size_t NC, bool keep_copies) {
 size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks, Recompute mode) {
   const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, C = spec.model.d_model;
   const size_t NH = spec.model.n_head, V = spec.model.vocab, n = b * T, L = blocks;
+  const BlockShape s = block_shape(spec);
+  const size_t per_token = 5 * C + s.qkv + s.fc + s.ffn + 2 * s.norm_stats;  // 16C+4 for gpt2
   const bool first = stage == 0, last = stage == n_stages - 1;
   size_t floats = 0;
-  if (mode == Recompute::none) floats = L * (n * (16 * C + 4) + b * NH * T * T) + (last ? n * (2 * C + 2 + V) : 0);
+  if (mode == Recompute::none)
+    floats = L * (n * per_token + b * NH * T * T) + (last ? n * (2 * C + s.norm_stats + V) : 0);
   if (mode == Recompute::block) floats = n * C * (L + (last ? 1 : 0));
   if (mode == Recompute::stage) floats = first ? 0 : n * C;
   const size_t ints = n * ((first ? 1 : 0) + (last ? 1 : 0));
@@ -78,8 +82,9 @@ size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages,
 
 size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks) {
   const size_t n = static_cast<size_t>(spec.samples_per_micro_batch()) * spec.model.seq_len, C = spec.model.d_model;
+  const BlockShape s = block_shape(spec);
   const bool first = stage == 0, last = stage == n_stages - 1;
-  return sizeof(float) * n * (11 * C * blocks + (last ? spec.model.vocab + C : 0) + (first ? C : 0));
+  return sizeof(float) * n * ((4 * C + s.qkv + s.fc) * blocks + (last ? spec.model.vocab + C : 0) + (first ? C : 0));
 }
 
 size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual) {
@@ -88,8 +93,9 @@ size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks,
   const bool last = std::any_of(chunks.begin(), chunks.end(), [&](auto& c) { return c.vstage == n_virtual - 1; });
   const ChunkPlacement placement = spec.chunk_placement();
   const size_t links = message_links(placement, placement.stage_of(chunks.front().vstage)).size();
-  size_t floats = n * C * (5 + 4 + 9)               // attproj, fcproj, dres, dx, datty; dfch_gelu; the output
-                                                    // gradients a fused block backward passes on
+  const BlockShape s = block_shape(spec);
+  size_t floats = n * (5 * C + s.ffn                // attproj, fcproj, dres, dx, datty; the activation's gradient
+                       + s.fc + s.qkv + 2 * C)      // the output gradients a fused block backward passes on
                   + (last ? 2 * n * V + n * C : 0)  // logits; the head's output gradients
                   + kMessageRing * links * n * C    // the executor's rings, one per message link
                   + T * T;                          // attention backward's score gradients
@@ -149,6 +155,8 @@ void Acts::release() {
 
 std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end) {
   const int C = spec.model.d_model, V = spec.model.vocab, T = spec.model.seq_len;
+  const BlockShape shape = block_shape(spec);
+  const bool gpt2 = !shape.llama();  // learned positions and a norm with a bias
   const bool first = stage == 0, last = stage == n_stages - 1;
   std::vector<ParamTensor> params;
   size_t offset = 0;
@@ -167,13 +175,14 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
   };
   if (first) {
     add("wte.weight", {V, C}, true, Init::normal);
-    add("wpe.weight", {T, C}, true, Init::normal);
+    if (gpt2) add("wpe.weight", {T, C}, true, Init::normal);
   }
   for (int i = block_begin; i < block_end; ++i)
-    for (const BlockTensor& t : kBlockTensors) add(block_tensor_name(i, t), shape_of(t, C), t.decay, t.init);
+    for (const BlockTensor& t : block_tensors(shape.arch))
+      add(block_tensor_name(i, t), shape_of(t, shape), t.decay, t.init);
   if (last) {
     add("ln_f.weight", {C}, false, Init::ones);
-    add("ln_f.bias", {C}, false, Init::zeros);
+    if (gpt2) add("ln_f.bias", {C}, false, Init::zeros);
     if (!spec.model.tie_embeddings) add("lm_head.weight", {V, C}, true, Init::normal);
     else if (!first) add("wte.weight", {V, C}, true, Init::normal, /*tied_copy=*/true);  // copy of stage 0's
   }
@@ -210,6 +219,9 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
       NH_(spec.model.n_head),
       V_(spec.model.vocab),
       n_layer_(spec.model.n_layer),
+      shape_(block_shape(spec)),
+      rope_theta_(static_cast<float>(spec.model.rope_theta)),
+      norm_eps_(static_cast<float>(spec.model.norm_eps)),
       tied_(spec.model.tie_embeddings),
       mode_(spec.parallel.recompute),
       grad_scale_(grad_scale),
@@ -221,17 +233,17 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
   for (const ChunkRange& r : chunks) {
     Chunk c{r.block_end - r.block_begin, r.vstage == 0, r.vstage == n_virtual - 1, 0, {}};
     for (int i = r.block_begin; i < r.block_end; ++i)
-      c.block_offset.push_back(find(block_tensor_name(i, kBlockTensors[0]))->offset);
+      c.block_offset.push_back(find(block_tensor_name(i, block_tensors(shape_.arch).front()))->offset);
     c.offset = c.first ? 0 : c.block_offset.front();
     chunks_.push_back(std::move(c));
   }
   if (has_embedding()) {
     wte_ = find("wte.weight")->offset;
-    wpe_ = find("wpe.weight")->offset;
+    if (const ParamTensor* wpe = find("wpe.weight")) wpe_ = wpe->offset;
   }
   if (has_head()) {
     lnfw_ = find("ln_f.weight")->offset;
-    lnfb_ = find("ln_f.bias")->offset;
+    if (const ParamTensor* lnfb = find("ln_f.bias")) lnfb_ = lnfb->offset;
     head_ = find(tied_ ? "wte.weight" : "lm_head.weight")->offset;
   }
 
@@ -247,8 +259,8 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
   dres_.resize(N * C);
   dx_.resize(N * C);
   datty_.resize(N * C);
-  dfch_gelu_.resize(4 * N * C);
-  size_wgrads(wscratch_, N * C, false);
+  dfch_gelu_.resize(N * shape_.ffn);
+  size_wgrads(wscratch_, shape_, N, false);
   if (has_head()) {
     logits_.resize(N * V_);
     hscratch_.dlogits.resize(N * V_);
@@ -288,7 +300,7 @@ void Stage::init_params(uint64_t seed) {
 void Stage::zero_grads() { zero_values(grads_.data(), grads_.size()); }
 
 BlockPtrs Stage::block_ptrs(Floats& base, const Chunk& c, int l) {
-  return block_ptrs_from(base.data() + c.block_offset[l], C_);
+  return block_ptrs_from(base.data() + c.block_offset[l], shape_);
 }
 
 void Stage::set_tokens(int mb, const int* tokens) { stash(0, mb).tokens.assign(tokens, static_cast<size_t>(B_) * T_); }
@@ -311,21 +323,22 @@ void Stage::size_acts(const Chunk& c, Acts& a, const Tokens& tok) {
   a.blocks.resize(c.L);
   for (auto& b : a.blocks) {
     b.ln1.resize(N * C);
-    b.ln1_mean.resize(N);
+    const size_t means = shape_.norm_stats == 2 ? N : 0;  // RMSNorm keeps none
+    b.ln1_mean.resize(means);
     b.ln1_rstd.resize(N);
-    b.qkv.resize(3 * N * C);
+    b.qkv.resize(N * shape_.qkv);
     b.att.resize(tok.cache ? 0 : static_cast<size_t>(tok.B) * NH_ * tok.T * tok.T);  // generation keeps none
     b.atty.resize(N * C);
     b.res2.resize(N * C);
     b.ln2.resize(N * C);
-    b.ln2_mean.resize(N);
+    b.ln2_mean.resize(means);
     b.ln2_rstd.resize(N);
-    b.fch.resize(4 * N * C);
-    b.fch_gelu.resize(4 * N * C);
+    b.fch.resize(N * shape_.fc);
+    b.fch_gelu.resize(N * shape_.ffn);
   }
   if (c.last) {
     a.head.lnf.resize(N * C);
-    a.head.lnf_mean.resize(N);
+    a.head.lnf_mean.resize(shape_.norm_stats == 2 ? N : 0);
     a.head.lnf_rstd.resize(N);
     a.head.probs.resize(N * V_);
   }
@@ -338,7 +351,7 @@ void Stage::compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, 
   size_acts(c, w, micro_batch());
   const size_t n_in = boundary_floats();
   if (c.first)
-    k_.encoder_forward(w.xs[0].data(), s.tokens.data(), weights_.data() + wte_, weights_.data() + wpe_, B_, T_, C_);
+    k_.encoder_forward(w.xs[0].data(), s.tokens.data(), weights_.data() + wte_, tensor(weights_, wpe_), B_, T_, C_);
   else if (&w != &s) copy_values(w.xs[0].data(), s.xs[0].data(), n_in);
   for (int l = 0; l < c.L; ++l) {
     float* y = (l + 1 < c.L || c.last) ? w.xs[l + 1].data() : out;
@@ -405,7 +418,7 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
   WGrads* kept = split ? &wgrads(chunk, mb) : nullptr;
   if (split && input) {
     kept->blocks.resize(L);
-    for (auto& w : kept->blocks) size_wgrads(w, n, true);
+    for (auto& w : kept->blocks) size_wgrads(w, shape_, static_cast<size_t>(B_) * T_, true);
     if (c.last) {
       kept->head.dlogits.resize(static_cast<size_t>(B_) * T_ * V_);
       kept->head.dlnf.resize(n);
@@ -450,7 +463,7 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
   if (c.first) {
     if (split && input) copy_values(hw.dembed.data(), dres_.data(), n);
     if (weight)
-      k_.encoder_backward(grads_.data() + wte_, grads_.data() + wpe_, split ? hw.dembed.data() : dres_.data(),
+      k_.encoder_backward(grads_.data() + wte_, tensor(grads_, wpe_), split ? hw.dembed.data() : dres_.data(),
                           s.tokens.data(), B_, T_, C_);
   } else if (input) {
     copy_values(dinp, dres_.data(), n);

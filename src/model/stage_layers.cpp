@@ -1,7 +1,9 @@
-// The layers of a Stage, forward beside backward: a transformer block (LayerNorm, attention,
-// MLP, each with its residual), the head (final LayerNorm, the LM head, softmax and loss), and
-// generation's forward over a KV cache, which runs the same block and head code. model.cpp holds
-// the Stage around them: parameters, buffers, and the passes the executor calls.
+// The layers of a Stage, forward beside backward: a transformer block (norm, attention, MLP, each
+// with its residual), the head (final norm, the LM head, softmax and loss), and generation's
+// forward over a KV cache, which runs the same block and head code. One block serves both model
+// families: gpt2's LayerNorm, biases and GELU; llama's RMSNorm, rotary positions, grouped key/value
+// heads and SwiGLU (absent tensors are null pointers, which the kernels skip). model.cpp holds the
+// Stage around them: parameters, buffers, and the passes the executor calls.
 #include <stdexcept>
 #include <vector>
 
@@ -10,27 +12,50 @@
 
 namespace pipetrain {
 
+void Stage::norm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int N) {
+  if (shape_.llama()) k_.rmsnorm_forward(out, rstd, x, w, N, C_, norm_eps_);
+  else k_.layernorm_forward(out, mean, rstd, x, w, b, N, C_);
+}
+
+void Stage::norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* x, const float* w,
+                          const float* mean, const float* rstd, int N) {
+  if (shape_.llama()) k_.rmsnorm_backward(dinp, dw, dout, x, w, rstd, N, C_);
+  else k_.layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, N, C_);
+}
+
+void Stage::mlp_activation_forward(BlockActs& a, const float* fcb, int N) {
+  if (shape_.llama()) k_.swiglu_forward(a.fch_gelu.data(), a.fch.data(), N, shape_.ffn);
+  else k_.bias_gelu_forward(a.fch.data(), a.fch_gelu.data(), fcb, N, shape_.fc);
+}
+
+void Stage::mlp_activation_backward(float* dfch, const BlockActs& a, const float* dact, int N) {
+  if (shape_.llama()) k_.swiglu_backward(dfch, a.fch.data(), dact, N, shape_.ffn);
+  else k_.gelu_backward(dfch, a.fch.data(), dact, static_cast<size_t>(N) * shape_.fc);
+}
+
 void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out, const Tokens& tok) {
-  const int N = tok.rows(), C = C_;
+  const int N = tok.rows(), C = C_, NKV = shape_.NKV;
   BlockPtrs w = block_ptrs(weights_, c, l);
-  k_.layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1w, w.ln1b, N, C);
-  k_.matmul_forward(a.qkv.data(), a.ln1.data(), w.qkvw, w.qkvb, N, C, 3 * C);
+  norm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1w, w.ln1b, N);
+  k_.matmul_forward(a.qkv.data(), a.ln1.data(), w.qkvw, w.qkvb, N, C, shape_.qkv);
   poll();
+  if (shape_.llama())
+    k_.rope_forward(a.qkv.data(), tok.B, tok.T, C, NH_, NKV, rope_theta_, tok.cache ? tok.cache->pos : 0);
   if (tok.cache) {
     attention_forward_cached(a.atty.data(), a.qkv.data(), tok.cache->k[l].data(), tok.cache->v[l].data(),
-                             tok.cache->pos, tok.T, C, NH_);
+                             tok.cache->pos, tok.T, C, NH_, NKV);
   } else {
-    k_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), tok.B, tok.T, C, NH_);
+    k_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), tok.B, tok.T, C, NH_, NKV);
   }
   poll();
   k_.matmul_forward(attproj_.data(), a.atty.data(), w.projw, nullptr, N, C, C);
   poll();
   k_.residual_forward(a.res2.data(), x, attproj_.data(), w.projb, N, C);
-  k_.layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), w.ln2w, w.ln2b, N, C);
-  k_.matmul_forward(a.fch.data(), a.ln2.data(), w.fcw, nullptr, N, C, 4 * C);
+  norm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), w.ln2w, w.ln2b, N);
+  k_.matmul_forward(a.fch.data(), a.ln2.data(), w.fcw, nullptr, N, C, shape_.fc);
   poll();
-  k_.bias_gelu_forward(a.fch.data(), a.fch_gelu.data(), w.fcb, N, 4 * C);
-  k_.matmul_forward(fcproj_.data(), a.fch_gelu.data(), w.fcprojw, nullptr, N, 4 * C, C);
+  mlp_activation_forward(a, w.fcb, N);
+  k_.matmul_forward(fcproj_.data(), a.fch_gelu.data(), w.fcprojw, nullptr, N, shape_.ffn, C);
   poll();
   k_.residual_forward(out, a.res2.data(), fcproj_.data(), w.fcprojb, N, C);
 }
@@ -48,50 +73,51 @@ void Stage::block_backward_input(const Chunk& c, int l, const float* x, const Bl
   // out = res2 + mlp(ln2(res2))
   if (!g) copy_values(w.dout.data(), dout, NC);
   k_.matmul_backward(dfch_gelu_.data(), grad(&BlockPtrs::fcprojw), grad(&BlockPtrs::fcprojb), dout, a.fch_gelu.data(),
-                     p.fcprojw, N, 4 * C, C);
+                     p.fcprojw, N, shape_.ffn, C);
   poll();
-  k_.gelu_backward(w.dfch.data(), a.fch.data(), dfch_gelu_.data(), 4 * NC);
+  mlp_activation_backward(w.dfch.data(), a, dfch_gelu_.data(), N);
   k_.matmul_backward(w.dln2.data(), grad(&BlockPtrs::fcw), grad(&BlockPtrs::fcb), w.dfch.data(), a.ln2.data(), p.fcw, N,
-                     C, 4 * C);
+                     C, shape_.fc);
   poll();
   float* dres2 = dinp;  // accumulate d(res2) in dinp, then continue through the attention branch
   copy_values(dres2, dout, NC);
-  k_.layernorm_backward(dres2, grad(&BlockPtrs::ln2w), grad(&BlockPtrs::ln2b), w.dln2.data(), a.res2.data(), p.ln2w,
-                        a.ln2_mean.data(), a.ln2_rstd.data(), N, C);
+  norm_backward(dres2, grad(&BlockPtrs::ln2w), grad(&BlockPtrs::ln2b), w.dln2.data(), a.res2.data(), p.ln2w,
+                a.ln2_mean.data(), a.ln2_rstd.data(), N);
   if (!g) copy_values(w.dres2.data(), dres2, NC);
-  // res2 = x + proj(attn(ln1(x)))
+  // res2 = x + proj(attn(rope(qkv(ln1(x)))))
   k_.matmul_backward(datty_.data(), grad(&BlockPtrs::projw), grad(&BlockPtrs::projb), dres2, a.atty.data(), p.projw, N,
                      C, C);
   poll();
-  k_.attention_backward(w.dqkv.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, T_, C, NH_);
+  k_.attention_backward(w.dqkv.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, T_, C, NH_, shape_.NKV);
+  if (shape_.llama()) k_.rope_backward(w.dqkv.data(), B_, T_, C, NH_, shape_.NKV, rope_theta_, 0);
   poll();
   k_.matmul_backward(w.dln1.data(), grad(&BlockPtrs::qkvw), grad(&BlockPtrs::qkvb), w.dqkv.data(), a.ln1.data(), p.qkvw,
-                     N, C, 3 * C);
+                     N, C, shape_.qkv);
   poll();
-  k_.layernorm_backward(dinp, grad(&BlockPtrs::ln1w), grad(&BlockPtrs::ln1b), w.dln1.data(), x, p.ln1w,
-                        a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
+  norm_backward(dinp, grad(&BlockPtrs::ln1w), grad(&BlockPtrs::ln1b), w.dln1.data(), x, p.ln1w, a.ln1_mean.data(),
+                a.ln1_rstd.data(), N);
 }
 
 void Stage::block_backward_weight(const Chunk& c, int l, const float* x, const BlockActs& a, const BlockWGrads& w) {
   const int N = B_ * T_, C = C_;
   BlockPtrs g = block_ptrs(grads_, c, l);
-  k_.matmul_backward(nullptr, g.fcprojw, g.fcprojb, w.dout.data(), a.fch_gelu.data(), nullptr, N, 4 * C, C);
+  k_.matmul_backward(nullptr, g.fcprojw, g.fcprojb, w.dout.data(), a.fch_gelu.data(), nullptr, N, shape_.ffn, C);
   poll();
-  k_.matmul_backward(nullptr, g.fcw, g.fcb, w.dfch.data(), a.ln2.data(), nullptr, N, C, 4 * C);
+  k_.matmul_backward(nullptr, g.fcw, g.fcb, w.dfch.data(), a.ln2.data(), nullptr, N, C, shape_.fc);
   poll();
-  k_.layernorm_backward(nullptr, g.ln2w, g.ln2b, w.dln2.data(), a.res2.data(), nullptr, a.ln2_mean.data(),
-                        a.ln2_rstd.data(), N, C);
+  norm_backward(nullptr, g.ln2w, g.ln2b, w.dln2.data(), a.res2.data(), nullptr, a.ln2_mean.data(), a.ln2_rstd.data(),
+                N);
   k_.matmul_backward(nullptr, g.projw, g.projb, w.dres2.data(), a.atty.data(), nullptr, N, C, C);
   poll();
-  k_.matmul_backward(nullptr, g.qkvw, g.qkvb, w.dqkv.data(), a.ln1.data(), nullptr, N, C, 3 * C);
+  k_.matmul_backward(nullptr, g.qkvw, g.qkvb, w.dqkv.data(), a.ln1.data(), nullptr, N, C, shape_.qkv);
   poll();
-  k_.layernorm_backward(nullptr, g.ln1w, g.ln1b, w.dln1.data(), x, nullptr, a.ln1_mean.data(), a.ln1_rstd.data(), N, C);
+  norm_backward(nullptr, g.ln1w, g.ln1b, w.dln1.data(), x, nullptr, a.ln1_mean.data(), a.ln1_rstd.data(), N);
 }
 
 double Stage::head_forward(const float* x, HeadActs& a, const int* targets, const Tokens& tok) {
   const int N = tok.rows(), C = C_;
-  k_.layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, weights_.data() + lnfw_,
-                       weights_.data() + lnfb_, N, C);
+  norm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, weights_.data() + lnfw_, tensor(weights_, lnfb_),
+               N);
   k_.matmul_forward(logits_.data(), a.lnf.data(), weights_.data() + head_, nullptr, N, C, V_);
   poll();
   return k_.softmax_crossentropy_forward(a.probs.data(), logits_.data(), targets, N, V_);
@@ -102,19 +128,20 @@ void Stage::forward_cached(const int* tokens, int n, KvCache& cache, float* prob
   if (chunks() != 1 || !c.first || !c.last || compute_device() != Device::cpu)
     throw std::logic_error("forward_cached runs a whole model on the CPU");
   if (n < 1 || cache.pos + n > T_) throw std::logic_error("the KV cache holds model.seq_len positions");
-  const size_t C = C_;
+  const size_t C = C_, KV = shape_.kv;
   if (cache.k.empty()) {
     cache.k.resize(c.L);
     cache.v.resize(c.L);
     for (int l = 0; l < c.L; ++l) {
-      cache.k[l].resize(static_cast<size_t>(T_) * C);
-      cache.v[l].resize(static_cast<size_t>(T_) * C);
+      cache.k[l].resize(static_cast<size_t>(T_) * KV);
+      cache.v[l].resize(static_cast<size_t>(T_) * KV);
     }
   }
   const Tokens tok{1, n, &cache};
   Acts& a = generation_;
   size_acts(c, a, tok);
-  k_.encoder_forward(a.xs[0].data(), tokens, weights_.data() + wte_, weights_.data() + wpe_ + cache.pos * C, 1, n, C_);
+  const float* wpe = tensor(weights_, wpe_);
+  k_.encoder_forward(a.xs[0].data(), tokens, weights_.data() + wte_, wpe ? wpe + cache.pos * C : nullptr, 1, n, C_);
   for (int l = 0; l < c.L; ++l) block_forward(c, l, a.xs[l].data(), a.blocks[l], a.xs[l + 1].data(), tok);
   const std::vector<int> targets(n, 0);  // the loss is not wanted, only the probabilities
   head_forward(a.xs[c.L].data(), a.head, targets.data(), tok);
@@ -129,16 +156,16 @@ void Stage::head_backward_input(const float* x, const HeadActs& a, const int* ta
   k_.matmul_backward(w.dlnf.data(), fused ? grads_.data() + head_ : nullptr, nullptr, w.dlogits.data(), a.lnf.data(),
                      weights_.data() + head_, N, C, V_);
   poll();
-  k_.layernorm_backward(dinp, fused ? grads_.data() + lnfw_ : nullptr, fused ? grads_.data() + lnfb_ : nullptr,
-                        w.dlnf.data(), x, weights_.data() + lnfw_, a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
+  norm_backward(dinp, fused ? grads_.data() + lnfw_ : nullptr, fused ? tensor(grads_, lnfb_) : nullptr, w.dlnf.data(),
+                x, weights_.data() + lnfw_, a.lnf_mean.data(), a.lnf_rstd.data(), N);
 }
 
 void Stage::head_backward_weight(const float* x, const HeadActs& a, const HeadWGrads& w) {
   const int N = B_ * T_, C = C_;
   k_.matmul_backward(nullptr, grads_.data() + head_, nullptr, w.dlogits.data(), a.lnf.data(), nullptr, N, C, V_);
   poll();
-  k_.layernorm_backward(nullptr, grads_.data() + lnfw_, grads_.data() + lnfb_, w.dlnf.data(), x, nullptr,
-                        a.lnf_mean.data(), a.lnf_rstd.data(), N, C);
+  norm_backward(nullptr, grads_.data() + lnfw_, tensor(grads_, lnfb_), w.dlnf.data(), x, nullptr, a.lnf_mean.data(),
+                a.lnf_rstd.data(), N);
 }
 
 }  // namespace pipetrain

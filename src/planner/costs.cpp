@@ -5,6 +5,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "pipetrain/model/block_tensors.hpp"
+
 namespace pipetrain {
 namespace {
 
@@ -84,10 +86,18 @@ double MachineCosts::allreduce_s(double bytes, int ranks) const {
   return measured * (2 * (D - 1) / D) / (2 * (D0 - 1) / D0);
 }
 
+// The block a cost was measured on beyond d_model and n_head: "gpt2", or llama's key/value heads
+// and SwiGLU width (the products that differ).
+std::string block_family(const RunSpec& spec) {
+  if (spec.model.arch == Arch::gpt2) return "gpt2";
+  const BlockShape s = block_shape(spec);
+  return "llama, " + std::to_string(s.NKV) + " key/value heads, SwiGLU " + std::to_string(s.ffn);
+}
+
 nlohmann::json MachineCosts::to_json() const {
   nlohmann::json j;
   j["source"] = source;
-  j["model"] = {{"d_model", d_model}, {"n_head", n_head}, {"seq_len", seq_len}, {"vocab", vocab}};
+  j["model"] = {{"d_model", d_model}, {"n_head", n_head}, {"seq_len", seq_len}, {"vocab", vocab}, {"family", family}};
   for (const AtSize& a : compute)
     j["compute"].push_back({{"samples", a.samples},
                             {"block", pass_json(a.block)},
@@ -113,6 +123,7 @@ MachineCosts MachineCosts::from_json(const nlohmann::json& j, const std::string&
     c.n_head = m.at("n_head");
     c.seq_len = m.at("seq_len");
     c.vocab = m.at("vocab");
+    c.family = m.value("family", std::string("gpt2"));  // files from before the llama family
     for (const auto& a : j.at("compute")) {
       AtSize at{
           a.at("samples").get<int>(), pass_from(a.at("block")), pass_from(a.at("embed")), pass_from(a.at("head")), {}};
@@ -171,6 +182,7 @@ MachineCosts MachineCosts::for_model(const RunSpec& spec) {
   c.n_head = spec.model.n_head;
   c.seq_len = spec.model.seq_len;
   c.vocab = spec.model.vocab;
+  c.family = block_family(spec);
   return c;
 }
 
@@ -201,12 +213,14 @@ MachineCosts MachineCosts::from_peak(const RunSpec& spec, double flops_per_s, do
 
 MachineCosts::AtSize MachineCosts::flops_per_sample(const RunSpec& spec) {
   const double C = spec.model.d_model, T = spec.model.seq_len, V = spec.model.vocab;
-  // Per token, as our kernels count them: a block's products 24C^2 and attention 4TC forward; the
-  // input gradient repeats the products and doubles attention; the weight gradient the products.
+  // Per token, as our kernels count them: a block's products (2 x block_weight_macs: 24C^2 for
+  // gpt2) and attention 4TC forward; the input gradient repeats the products and doubles
+  // attention; the weight gradient the products.
   const double n = T;  // tokens of one sample
+  const double products = 2 * block_weight_macs(block_shape(spec));
   AtSize one;
   one.samples = 1;
-  one.block = {n * (24 * C * C + 4 * T * C), n * (24 * C * C + 8 * T * C), n * 24 * C * C};
+  one.block = {n * (products + 4 * T * C), n * (products + 8 * T * C), n * products};
   one.head = {n * 2 * C * V, n * 2 * C * V, n * 2 * C * V};
   one.embed = {n * C, 0, n * C};
   return one;
@@ -214,12 +228,13 @@ MachineCosts::AtSize MachineCosts::flops_per_sample(const RunSpec& spec) {
 
 void MachineCosts::check_fits(const RunSpec& spec, const std::string& where) const {
   const auto& m = spec.model;
-  if (d_model != m.d_model || n_head != m.n_head || seq_len != m.seq_len || vocab != m.vocab)
+  if (d_model != m.d_model || n_head != m.n_head || seq_len != m.seq_len || vocab != m.vocab ||
+      family != block_family(spec))
     throw SpecError(where + ": measured on d_model " + std::to_string(d_model) + ", n_head " + std::to_string(n_head) +
-                    ", seq_len " + std::to_string(seq_len) + ", vocab " + std::to_string(vocab) + "; the spec has " +
-                    std::to_string(m.d_model) + ", " + std::to_string(m.n_head) + ", " + std::to_string(m.seq_len) +
-                    ", " + std::to_string(m.vocab) +
-                    " (calibrate with this spec: pipetrain plan --calibrate --config ...)");
+                    ", seq_len " + std::to_string(seq_len) + ", vocab " + std::to_string(vocab) + " (" + family +
+                    "); the spec has " + std::to_string(m.d_model) + ", " + std::to_string(m.n_head) + ", " +
+                    std::to_string(m.seq_len) + ", " + std::to_string(m.vocab) + " (" + block_family(spec) +
+                    ") (calibrate with this spec: pipetrain plan --calibrate --config ...)");
 }
 
 }  // namespace pipetrain

@@ -59,8 +59,9 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
   r.tokens_per_s = r.step_s > 0 ? tokens / r.step_s : 0;
   // As training_flops_per_token counts them, plus recompute's second forward of every block.
   const double C = spec.model.d_model, T = spec.model.seq_len;
+  const double block_forward = 2 * block_weight_macs(block_shape(spec)) + 4 * T * C;
   r.flops = tokens * (training_flops_per_token(spec) +
-                      (par.recompute == Recompute::none ? 0 : spec.model.n_layer * (24 * C * C + 4 * T * C)));
+                      (par.recompute == Recompute::none ? 0 : spec.model.n_layer * block_forward));
   // Every boundary between virtual stages on different ranks carries an activation and a gradient
   // per micro-batch, in every replica.
   for (int v = 0; v + 1 < n_virtual; ++v)

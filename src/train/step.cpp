@@ -13,13 +13,13 @@ namespace {
 
 // Test-only (PIPETRAIN_TEST_NAN): a NaN in this rank's gradient, as one arising in its backward
 // would be (backward accumulates into it, the data-parallel all-reduce carries it to the stage's
-// replicas). It goes into a tensor no other stage holds (wpe on the first stage, else the first
-// tensor; never the tied wte, whose exchange would carry it to the first stage): the other stages
-// skip the update only because all ranks agree on it.
+// replicas). It goes into a tensor no other stage holds (the first one that is not wte: never the
+// tied wte, whose exchange would carry it to the first stage): the other stages skip the update
+// only because all ranks agree on it.
 void poison_gradient(Stage& stage) {
   const float nan = NAN;
-  const ParamTensor* wpe = stage.find("wpe.weight");
-  upload(stage.grads().data() + (wpe ? wpe->offset : 0), &nan, sizeof nan);
+  for (const ParamTensor& p : stage.params())
+    if (p.name != "wte.weight") return upload(stage.grads().data() + p.offset, &nan, sizeof nan);
 }
 
 }  // namespace

@@ -158,23 +158,56 @@ TEST_CASE("matmul forward and backward match the CPU in fp32, and in bf16 on bf1
 
 TEST_CASE("causal attention forward and backward match the CPU", "[gpu]") {
   struct Shape {
-    int B, T, C, NH;
+    int B, T, C, NH, NKV;
   };
-  // the second has more rows than the kernels' 128 threads and a head size over a warp
-  for (Shape s : {Shape{2, 9, 16, 4}, Shape{1, 150, 96, 2}}) {
-    const int B = s.B, T = s.T, C = s.C, NH = s.NH;
-    INFO("T " << T);
-    Vec qkv = randn(B * T * 3 * C, 1, 1), dout = randn(B * T * C, 1, 2);
-    Vec out(B * T * C), att(B * NH * T * T), dqkv = randn(B * T * 3 * C, 1, 3);  // dqkv: overwritten
+  // the second has more rows than the kernels' 128 threads and a head size over a warp; the last
+  // two group query heads (2 per key/value head, and multi-query)
+  for (Shape s : {Shape{2, 9, 16, 4, 4}, Shape{1, 150, 96, 2, 2}, Shape{2, 9, 32, 4, 2}, Shape{1, 40, 32, 4, 1}}) {
+    const int B = s.B, T = s.T, C = s.C, NH = s.NH, NKV = s.NKV, C3 = C + 2 * NKV * (C / NH);
+    INFO("T " << T << " NKV " << NKV);
+    Vec qkv = randn(B * T * C3, 1, 1), dout = randn(B * T * C, 1, 2);
+    Vec out(B * T * C), att(B * NH * T * T), dqkv = randn(B * T * C3, 1, 3);  // dqkv: overwritten
     auto d_qkv = up(qkv), d_dout = up(dout), d_out = up(out), d_att = up(Vec(att.size(), -1.f)), d_dqkv = up(dqkv);
-    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-    gpu::attention_forward(d_out.data(), d_att.data(), d_qkv.data(), B, T, C, NH);
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NKV);
+    gpu::attention_forward(d_out.data(), d_att.data(), d_qkv.data(), B, T, C, NH, NKV);
     CHECK(rel_err(down(d_out), out) < kFp32);
     CHECK(rel_err(down(d_att), att) < kFp32);  // incl. the zeros above the diagonal
-    attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
-    gpu::attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_att.data(), B, T, C, NH);
+    attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, NKV);
+    gpu::attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_att.data(), B, T, C, NH, NKV);
     CHECK(rel_err(down(d_dqkv), dqkv) < kFp32);
   }
+}
+
+TEST_CASE("the llama family's RMSNorm, rotary embeddings and SwiGLU match the CPU", "[gpu]") {
+  const int N = 263, C = 64, B = 1, NH = 4, NKV = 2, C3 = C + 2 * NKV * (C / NH), H = 45;
+  Vec x = randn(N * C, 2, 1), w = randn(C, 1, 2), dout = randn(N * C, 1, 3), out(N * C), rstd(N);
+  auto d_x = up(x), d_w = up(w), d_dout = up(dout), d_out = up(out), d_rstd = up(rstd);
+  rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+  gpu::rmsnorm_forward(d_out.data(), d_rstd.data(), d_x.data(), d_w.data(), N, C, 1e-5f);
+  CHECK(rel_err(down(d_out), out) < kFp32);
+  CHECK(rel_err(down(d_rstd), rstd) < kFp32);
+  Vec dx = randn(N * C, 1, 4), dw = randn(C, 1, 5);  // both accumulate
+  auto d_dx = up(dx), d_dw = up(dw);
+  rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
+  gpu::rmsnorm_backward(d_dx.data(), d_dw.data(), d_dout.data(), d_x.data(), d_w.data(), d_rstd.data(), N, C);
+  CHECK(rel_err(down(d_dx), dx) < kFp32);
+  CHECK(rel_err(down(d_dw), dw) < kFp32);
+  Vec qkv = randn(N * C3, 1, 6);
+  auto d_qkv = up(qkv);
+  rope_forward(qkv.data(), B, N, C, NH, NKV, 10000.f, 5);
+  gpu::rope_forward(d_qkv.data(), B, N, C, NH, NKV, 10000.f, 5);
+  CHECK(rel_err(down(d_qkv), qkv) < kFp32);
+  rope_backward(qkv.data(), B, N, C, NH, NKV, 10000.f, 5);
+  gpu::rope_backward(d_qkv.data(), B, N, C, NH, NKV, 10000.f, 5);
+  CHECK(rel_err(down(d_qkv), qkv) < kFp32);
+  Vec gu = randn(N * 2 * H, 2, 7), act(N * H), dact = randn(N * H, 1, 8), dgu(N * 2 * H);
+  auto d_gu = up(gu), d_act = up(act), d_dact = up(dact), d_dgu = up(dgu);
+  swiglu_forward(act.data(), gu.data(), N, H);
+  gpu::swiglu_forward(d_act.data(), d_gu.data(), N, H);
+  CHECK(rel_err(down(d_act), act) < kFp32);
+  swiglu_backward(dgu.data(), gu.data(), dact.data(), N, H);
+  gpu::swiglu_backward(d_dgu.data(), d_gu.data(), d_dact.data(), N, H);
+  CHECK(rel_err(down(d_dgu), dgu) < kFp32);
 }
 
 TEST_CASE("GELU, bias + GELU, residual, softmax cross-entropy match the CPU", "[gpu]") {
@@ -316,15 +349,19 @@ TEST_CASE("whole stages on the GPU match the CPU: loss, output, input and parame
   struct Case {
     int stage, n_stages, b0, b1;
     const char* recompute;
-    bool split, tied;
+    bool split, tied, llama;
   };
-  for (const Case& c : {Case{0, 1, 0, 4, "none", false, true}, Case{0, 1, 0, 4, "none", true, false},
-                        Case{1, 3, 1, 3, "block", false, true}, Case{2, 3, 3, 4, "stage", false, true},
-                        Case{0, 3, 0, 1, "none", true, true}}) {
+  for (const Case& c : {Case{0, 1, 0, 4, "none", false, true, false}, Case{0, 1, 0, 4, "none", true, false, false},
+                        Case{1, 3, 1, 3, "block", false, true, false}, Case{2, 3, 3, 4, "stage", false, true, false},
+                        Case{0, 3, 0, 1, "none", true, true, false}, Case{0, 1, 0, 4, "none", false, false, true},
+                        Case{1, 3, 1, 3, "none", true, false, true}, Case{2, 3, 3, 4, "stage", false, true, true}}) {
     INFO("stage " << c.stage << "/" << c.n_stages << " recompute " << c.recompute << (c.split ? " split" : "")
-                  << (c.tied ? " tied" : " untied"));
+                  << (c.tied ? " tied" : " untied") << (c.llama ? " llama" : " gpt2"));
     spec.parallel.recompute = *choice_named<Recompute>(c.recompute);
     spec.model.tie_embeddings = c.tied;
+    spec.model.arch = c.llama ? Arch::llama : Arch::gpt2;
+    spec.model.n_kv_head = c.llama ? 2 : 0;  // grouped: 2 query heads per key/value head
+    spec.model.ffn_hidden = c.llama ? 96 : 0;
     set_compute_device(Device::cpu);
     const StageResult cpu = run_stage(spec, c.stage, c.n_stages, c.b0, c.b1, c.split);
     set_compute_device(Device::gpu);

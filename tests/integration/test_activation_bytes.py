@@ -2,7 +2,8 @@
 per micro-batch, exactly, for each recompute mode and schedule: GPipe holds all M micro-batches,
 1F1B at most P - stage. The formula is written out here independently of the C++ accounting: what
 each mode keeps between a micro-batch's forward and its backward. zb-h1, zb-v and interleaved are checked
-against plan's prediction from the same per-micro-batch sizes."""
+against plan's prediction from the same per-micro-batch sizes. The llama family keeps other
+activations (its own formula below) and its peak is checked against both."""
 import json
 import os
 import subprocess
@@ -114,6 +115,46 @@ def interleaved_as_planned():
                           (2, 2, ["parallel.virtual_stages=2", "parallel.recompute=stage", "parallel.micro_batches=2"]),
                           (4, 1, ["parallel.virtual_stages=2", "model.n_layer=8"])]:
         as_planned("interleaved", pp, dp, extra)
+
+
+# llama-tiny.toml: 4 query heads, 2 key/value heads of 16, a SwiGLU 192 wide
+LLAMA_KV, LLAMA_FFN = 2 * 16, 192
+
+
+def llama_per_micro_batch(mode, stage, P, blocks, M=M):
+    """What a llama micro-batch keeps: per block its input, the RMSNorm outputs (2C), q, k and v
+    (C + 2 KV), the attention output and res2 (2C), gate and up (2 FFN) and the SwiGLU output (FFN),
+    one rstd per norm; on the last stage the head's input, final norm and its rstd, probabilities."""
+    if mode != "none":
+        return per_micro_batch(mode, stage, P, blocks, 1, M)
+    b, last, first = B // M, stage == P - 1, stage == 0
+    n = b * T
+    floats = blocks * (n * (5 * C + (C + 2 * LLAMA_KV) + 3 * LLAMA_FFN + 2) + b * NH * T * T)
+    if last:
+        floats += n * (2 * C + 1 + V)
+    return 4 * floats + 4 * n * ((1 if first else 0) + (1 if last else 0))
+
+
+@scenario
+def llama_as_formula_and_planned():
+    """The llama family on GPipe 2x1, each recompute mode: the measured peak is M x the formula above,
+    and plan predicts it."""
+    a = settings()
+    config = os.path.join(a.configs, "llama-tiny.toml")
+    for mode in ["none", "stage", "block"]:
+        sets = ["run.steps=2", "parallel.pp=2", f"parallel.recompute={mode}"]
+        r = launch(a, 2, os.path.join(a.work, f"llama_{mode}"), config, sets)
+        expect(r.rc == 0, f"llama 2x1 {mode}: exit 0 (got {r.rc}) {r.err[-200:]}")
+        if r.rc != 0:
+            continue
+        got = r.metrics()[-1]["act_peak_bytes"]
+        want = [M * llama_per_micro_batch(mode, s, 2, L // 2) for s in range(2)]
+        expect(got == want, f"llama 2x1 recompute={mode}: act_peak_bytes {got} == {M} x formula = {want}")
+        flags = [x for s in sets for x in ("--set", s)]
+        plan = json.loads(subprocess.run([a.bin, "plan", "--config", config, "--json", *flags], check=True,
+                                         capture_output=True, text=True).stdout)
+        planned = [st["act_peak_bytes"][mode] for st in plan["stages"]]
+        expect(got == planned, f"llama 2x1 recompute={mode}: act_peak_bytes {got} == plan {planned}")
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def calibrate_writes_costs():
             continue
         c = json.load(open(path))
         blocks = [x["block"] for x in c["compute"]]
-        expect(c["model"] == {"d_model": 64, "n_head": 4, "seq_len": 32, "vocab": 256},
+        expect(c["model"] == {"d_model": 64, "n_head": 4, "seq_len": 32, "vocab": 256, "family": "gpt2"},
                f"{ranks} rank(s): the model measured is tiny.toml's")
         expect([x["samples"] for x in c["compute"]] == [1, 2, 4, 8, 16], f"{ranks} rank(s): micro-batches of 1 to 16 "
                f"samples ({[x['samples'] for x in c['compute']]})")

@@ -1,8 +1,9 @@
-"""An independent formulation: the same GPT written in PyTorch (tests/lib/torch_gpt.py), loaded
-from pipetrain's checkpoint after step 1, must give pipetrain's loss and gradient norm of step 2
-on the same batch, and one torch.optim.AdamW step (decay on 2-D weights only, clip_grad_norm_)
-must land on pipetrain's weights and both moments after step 2 - tied and untied heads, and as
-a 2-stage pipeline. Weight decay is strong enough here that decay on the wrong tensors would miss
+"""An independent formulation: the same GPT written in PyTorch (tests/lib/torch_gpt.py), and the
+llama family likewise (tests/lib/torch_llama.py), loaded from pipetrain's checkpoint after step 1,
+must give pipetrain's loss and gradient norm of step 2 on the same batch, and one
+torch.optim.AdamW step (decay on 2-D weights only, clip_grad_norm_) must land on pipetrain's
+weights and both moments after step 2 - tied and untied heads, grouped key/value heads, and as a
+2-stage pipeline. Weight decay is strong enough here that decay on the wrong tensors would miss
 the weights by over 100x their tolerance."""
 import json
 import os
@@ -13,11 +14,16 @@ L, C, H, T, V, B = 2, 32, 2, 16, 256, 8
 WORDS = ["pipeline", "stage", "bubble", "micro", "batch", "gradient", "adam", "tensor", "rank", "node"]
 
 
-def crosscheck(tie, pp):
-    """Runs pipetrain for 2 steps (tied or untied head, pp stages) and holds its step 2 to PyTorch's:
-    loss, gradient norm, the weights and both AdamW moments after the update."""
+# The llama shape checked: 4 query heads over 2 key/value heads (or n_kv_head as asked), SwiGLU 48.
+LLAMA_HEADS, LLAMA_FFN, LLAMA_THETA = 4, 48, 500.0
+
+
+def crosscheck(tie, pp, llama_kv=0):
+    """Runs pipetrain for 2 steps (tied or untied head, pp stages; llama_kv > 0: the llama family
+    with that many key/value heads) and holds its step 2 to PyTorch's: loss, gradient norm, the
+    weights and both AdamW moments after the update."""
     import torch  # only the scenarios need it (--list does not)
-    from tests.lib import torch_gpt
+    from tests.lib import torch_gpt, torch_llama
 
     args = settings()
     torch.set_num_threads(1)
@@ -25,8 +31,11 @@ def crosscheck(tie, pp):
     with open(text, "w") as f:  # a deterministic little corpus
         f.write(" ".join(WORDS[(i * 7 + i // 3) % len(WORDS)] for i in range(4000)))
     data = open(text, "rb").read()
-    name = f"tie{int(tie)}_pp{pp}"
-    sets = [f"model.n_layer={L}", f"model.d_model={C}", f"model.n_head={H}", f"model.seq_len={T}",
+    name = f"tie{int(tie)}_pp{pp}" + (f"_llama_kv{llama_kv}" if llama_kv else "")
+    heads = LLAMA_HEADS if llama_kv else H
+    family = [f"model.arch=llama", f"model.n_kv_head={llama_kv}", f"model.ffn_hidden={LLAMA_FFN}",
+              f"model.rope_theta={LLAMA_THETA}"] if llama_kv else []
+    sets = family + [f"model.n_layer={L}", f"model.d_model={C}", f"model.n_head={heads}", f"model.seq_len={T}",
             f"model.tie_embeddings={'true' if tie else 'false'}", "data.source=text", f"data.path={text}",
             "data.shuffle=false", f"train.global_batch={B}", "parallel.micro_batches=2", f"parallel.pp={pp}",
             "run.steps=2", "checkpoint.every_steps=1", "checkpoint.keep_last=0", "train.grad_clip=0.5",
@@ -36,7 +45,11 @@ def crosscheck(tie, pp):
     metrics = r.metrics()
     ck1 = os.path.join(r.run_dir, "checkpoints", "step_00000001")
     ck2 = os.path.join(r.run_dir, "checkpoints", "step_00000002")
-    model = torch_gpt.from_checkpoint(ck1, dict(n_layer=L, d_model=C, n_head=H, seq_len=T, vocab=V, tie=tie))
+    if llama_kv:
+        model = torch_llama.from_checkpoint(ck1, dict(n_layer=L, d_model=C, n_head=heads, n_kv_head=llama_kv,
+                                                      ffn_hidden=LLAMA_FFN, vocab=V, tie=tie, rope_theta=LLAMA_THETA))
+    else:
+        model = torch_gpt.from_checkpoint(ck1, dict(n_layer=L, d_model=C, n_head=H, seq_len=T, vocab=V, tie=tie))
     x, y = torch_gpt.text_batch(data, 1, B, T)  # the batch of step 2 (0-based step 1)
     loss = model(x, y)
     loss.backward()
@@ -113,6 +126,25 @@ def untied_head():
 def tied_head_two_stages():
     """Tied embeddings on a 2-stage pipeline: the same."""
     crosscheck(True, 2)
+
+
+@scenario
+def llama_grouped_query():
+    """The llama family (RMSNorm, rotary positions with rope_theta 500, 2 key/value heads for 4
+    query heads, SwiGLU, untied head), one stage: the same against the PyTorch Llama."""
+    crosscheck(False, 1, llama_kv=2)
+
+
+@scenario
+def llama_multi_query_tied_two_stages():
+    """Multi-query attention (1 key/value head) with a tied head, on a 2-stage pipeline: the same."""
+    crosscheck(True, 2, llama_kv=1)
+
+
+@scenario
+def llama_multi_head():
+    """n_kv_head = n_head (plain multi-head attention): the same."""
+    crosscheck(False, 1, llama_kv=LLAMA_HEADS)
 
 
 if __name__ == "__main__":

@@ -141,6 +141,42 @@ TEST_CASE("unknown keys and sections name file:line and suggest the right one", 
   }
 }
 
+TEST_CASE("model.arch = llama: defaults that follow from the shape, and every impossible combination named",
+          "[config]") {
+  TempDir tmp;
+  SECTION("the Llama rules fill in what is not set") {
+    const RunSpec s = load_spec("", {"model.arch=llama", "model.d_model=4096", "model.n_head=32"}, 0);
+    CHECK(s.model.ffn_hidden == 11008);   // 2/3 x 4 x 4096 = 10922, rounded up to 256: Llama 2 7B's
+    CHECK(s.model.n_kv_head == 32);       // multi-head unless set
+    CHECK_FALSE(s.model.tie_embeddings);  // untied unless set
+    CHECK(load_spec("", {"model.arch=llama", "model.tie_embeddings=true"}, 0).model.tie_embeddings);
+    CHECK(load_spec("", {"model.arch=llama", "model.ffn_hidden=100"}, 0).model.ffn_hidden == 100);
+    const RunSpec back = load_spec(tmp.write("llama.toml", resolved_toml(s)), {}, 0);  // config.toml reads back
+    CHECK(resolved_toml(back) == resolved_toml(s));
+  }
+  SECTION("a gpt2 spec keeps its meaning and refuses the llama keys") {
+    const RunSpec g = load_spec("", {}, 0);
+    CHECK(g.model.arch == Arch::gpt2);
+    CHECK(g.model.tie_embeddings);
+    for (const char* key : {"model.n_kv_head=2", "model.rope_theta=500000", "model.ffn_hidden=128",
+                            "model.ffn_multiple_of=64", "model.norm_eps=1e-6"}) {
+      INFO(key);
+      const std::string msg = spec_error([&] { load_spec("", {key}, 0); });
+      CHECK_THAT(msg, Contains(std::string(key).substr(0, std::string(key).find('='))));
+      CHECK_THAT(msg, Contains("belongs to model.arch = \"llama\""));
+    }
+  }
+  SECTION("key/value heads must divide the query heads; rotary needs an even head size") {
+    std::string msg = load_error(tmp, "[model]\narch = \"llama\"\nn_head = 4\nn_kv_head = 3\n");
+    CHECK_THAT(msg, Contains(":4"));
+    CHECK_THAT(msg, Contains("n_kv_head = 3 does not divide model.n_head = 4"));
+    msg = load_error(tmp, "[model]\narch = \"llama\"\nn_head = 2\nn_kv_head = 4\n");
+    CHECK_THAT(msg, Contains("model.n_kv_head"));
+    msg = load_error(tmp, "[model]\narch = \"llama\"\nd_model = 60\nn_head = 4\n");
+    CHECK_THAT(msg, Contains("head_dim = d_model / n_head = 15 is odd"));
+  }
+}
+
 TEST_CASE("a retired key is read past with a note naming where it was set", "[config]") {
   // Run directories and checkpoints written before comm.backend was retired still hold it.
   TempDir tmp;

@@ -64,18 +64,20 @@ TEST_CASE("matmul forward is inp * weight^T + bias", "[kernels]") {
 
 TEST_CASE("attention backward matches finite differences", "[kernels]") {
   // head size 4: the tiles' plain-loop columns; head size 16 with T = 7: whole vector tiles and a
-  // last row tile of 3
-  for (auto [B, T, C, NH] : {std::array<int, 4>{2, 5, 8, 2}, {1, 7, 32, 2}}) {
-    INFO("B " << B << " T " << T << " C " << C << " NH " << NH);
-    auto qkv = randn(B * T * 3 * C, 1.f, 1), r = randn(B * T * C, 1.f, 2);
+  // last row tile of 3; grouped key/value heads (2 of 4 query heads each, and multi-query)
+  for (auto [B, T, C, NH, NKV] :
+       {std::array<int, 5>{2, 5, 8, 2, 2}, {1, 7, 32, 2, 2}, {2, 5, 16, 4, 2}, {1, 6, 16, 4, 1}}) {
+    INFO("B " << B << " T " << T << " C " << C << " NH " << NH << " NKV " << NKV);
+    const int C3 = C + 2 * NKV * (C / NH);
+    auto qkv = randn(B * T * C3, 1.f, 1), r = randn(B * T * C, 1.f, 2);
     std::vector<float> out(B * T * C), att(B * NH * T * T);
     auto loss = [&] {
-      attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+      attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NKV);
       return dot(out, r);
     };
     loss();
     std::vector<float> dqkv(qkv.size(), 0.5f);  // overwritten, not added to
-    attention_backward(dqkv.data(), r.data(), qkv.data(), att.data(), B, T, C, NH);
+    attention_backward(dqkv.data(), r.data(), qkv.data(), att.data(), B, T, C, NH, NKV);
     check("dqkv", loss, qkv.data(), dqkv.data(), qkv.size(), 40);
   }
 }
@@ -83,17 +85,19 @@ TEST_CASE("attention backward matches finite differences", "[kernels]") {
 namespace {
 
 // Causal attention the plain way, in double: the full T x T scores with the upper triangle masked,
-// and backward through full T x T products. Fills att, out and dqkv like the kernels.
+// and backward through full T x T products; query head h reads key/value head h / (NH / NKV).
+// Fills att, out and dqkv like the kernels.
 void reference_attention(std::vector<double>& att, std::vector<double>& out, std::vector<double>& dqkv,
-                         const std::vector<float>& qkv, const std::vector<float>& dout, int B, int T, int C, int NH) {
-  const int hs = C / NH, C3 = 3 * C;
+                         const std::vector<float>& qkv, const std::vector<float>& dout, int B, int T, int C, int NH,
+                         int NKV) {
+  const int hs = C / NH, KV = NKV * hs, C3 = C + 2 * KV, group = NH / NKV;
   const double scale = 1 / std::sqrt(static_cast<double>(hs));
   att.assign(static_cast<size_t>(B) * NH * T * T, 0);
   out.assign(static_cast<size_t>(B) * T * C, 0);
   dqkv.assign(qkv.size(), 0);
   auto q = [&](int b, int t, int h, int i) { return double(qkv[(b * T + t) * C3 + h * hs + i]); };
-  auto k = [&](int b, int t, int h, int i) { return double(qkv[(b * T + t) * C3 + C + h * hs + i]); };
-  auto v = [&](int b, int t, int h, int i) { return double(qkv[(b * T + t) * C3 + 2 * C + h * hs + i]); };
+  auto k = [&](int b, int t, int h, int i) { return double(qkv[(b * T + t) * C3 + C + h / group * hs + i]); };
+  auto v = [&](int b, int t, int h, int i) { return double(qkv[(b * T + t) * C3 + C + KV + h / group * hs + i]); };
   auto d = [&](int b, int t, int h, int i) { return double(dout[(b * T + t) * C + h * hs + i]); };
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < NH; ++h) {
@@ -125,8 +129,8 @@ void reference_attention(std::vector<double>& att, std::vector<double>& out, std
         for (int u = 0; u < T; ++u)
           for (int i = 0; i < hs; ++i) {
             dqkv[(b * T + t) * C3 + h * hs + i] += scale * dp[t * T + u] * k(b, u, h, i);
-            dqkv[(b * T + u) * C3 + C + h * hs + i] += scale * dp[t * T + u] * q(b, t, h, i);
-            dqkv[(b * T + u) * C3 + 2 * C + h * hs + i] += p[t * T + u] * d(b, t, h, i);
+            dqkv[(b * T + u) * C3 + C + h / group * hs + i] += scale * dp[t * T + u] * q(b, t, h, i);
+            dqkv[(b * T + u) * C3 + C + KV + h / group * hs + i] += p[t * T + u] * d(b, t, h, i);
           }
     }
 }
@@ -148,15 +152,16 @@ TEST_CASE("blocked causal attention matches the full masked T x T computation", 
   // T around the 4-row and 16-column tiles (1, a part tile, whole tiles, one past); head sizes with
   // no whole 16-column tile (3), whole tiles (16, 64) and whole tiles plus a rest (40)
   for (int T : {1, 3, 4, 16, 17, 37, 64})
-    for (auto [C, NH] : {std::array<int, 2>{6, 2}, {32, 2}, {40, 1}, {128, 2}}) {
-      const int B = 2;
-      INFO("T " << T << " C " << C << " NH " << NH);
-      const auto qkv = randn(B * T * 3 * C, 1.f, 11), dout = randn(B * T * C, 1.f, 12);
+    for (auto [C, NH, NKV] :
+         {std::array<int, 3>{6, 2, 2}, {32, 2, 2}, {40, 1, 1}, {128, 2, 2}, {64, 4, 2}, {64, 4, 1}}) {
+      const int B = 2, C3 = C + 2 * NKV * (C / NH);
+      INFO("T " << T << " C " << C << " NH " << NH << " NKV " << NKV);
+      const auto qkv = randn(B * T * C3, 1.f, 11), dout = randn(B * T * C, 1.f, 12);
       std::vector<float> out(dout.size()), att(B * NH * T * T, -1.f), dqkv(qkv.size(), -1.f);
-      attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-      attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+      attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NKV);
+      attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, NKV);
       std::vector<double> ref_att, ref_out, ref_dqkv;
-      reference_attention(ref_att, ref_out, ref_dqkv, qkv, dout, B, T, C, NH);
+      reference_attention(ref_att, ref_out, ref_dqkv, qkv, dout, B, T, C, NH, NKV);
       CHECK(max_relative_error(att, ref_att) < 2e-6);
       CHECK(max_relative_error(out, ref_out) < 2e-6);
       CHECK(max_relative_error(dqkv, ref_dqkv) < 2e-6);
@@ -170,23 +175,26 @@ TEST_CASE("blocked causal attention matches the full masked T x T computation", 
 
 TEST_CASE("blocked causal attention gives the same bits on 1 and 2 threads", "[kernels][parallel]") {
   const int B = 3, T = 37, C = 40, NH = 2;  // part tiles in both directions: 37 rows, head size 20
-  const auto qkv = randn(B * T * 3 * C, 1.f, 21), dout = randn(B * T * C, 1.f, 22);
-  auto run = [&](int threads) {
-    set_parallel_threads(threads);
-    std::vector<float> out(dout.size()), att(B * NH * T * T), dqkv(qkv.size());
-    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-    attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
-    set_parallel_threads(1);
-    return std::vector<std::vector<float>>{out, att, dqkv};
-  };
-  CHECK(run(1) == run(2));
+  for (const int NKV : {2, 1}) {
+    const int C3 = C + 2 * NKV * (C / NH);
+    const auto qkv = randn(B * T * C3, 1.f, 21), dout = randn(B * T * C, 1.f, 22);
+    auto run = [&](int threads) {
+      set_parallel_threads(threads);
+      std::vector<float> out(dout.size()), att(B * NH * T * T), dqkv(qkv.size());
+      attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NKV);
+      attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, NKV);
+      set_parallel_threads(1);
+      return std::vector<std::vector<float>>{out, att, dqkv};
+    };
+    CHECK(run(1) == run(2));
+  }
 }
 
 TEST_CASE("attention is causal and matches a naive per-head reference", "[kernels]") {
   const int B = 1, T = 4, C = 6, NH = 2, hs = C / NH;
   auto qkv = randn(B * T * 3 * C, 1.f, 7);
   std::vector<float> out(B * T * C), att(B * NH * T * T);
-  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NH);
   for (int h = 0; h < NH; ++h)
     for (int t = 0; t < T; ++t) {
       // naive: softmax over u <= t of q_t . k_u / sqrt(hs), then sum of p_u v_u

@@ -4,6 +4,7 @@
 
 #include "pipetrain/ckpt/manifest.hpp"
 #include "pipetrain/ckpt/resume.hpp"
+#include "pipetrain/config/spec_schema.hpp"
 
 using namespace pipetrain;
 
@@ -56,4 +57,19 @@ TEST_CASE("resume: --resume's text is read once: auto, never, anything else a pa
   CHECK(named.mode == ResumeMode::path);
   CHECK(named.path == "runs/a/checkpoints/step_00000010");
   CHECK(ResumeFrom::parse("./auto").mode == ResumeMode::path);  // a folder of that name, spelt as a path
+}
+
+TEST_CASE("a checkpoint written before a model key existed holds that key's default", "[manifest][ckpt]") {
+  // Checkpoints from before model.arch and the llama keys: a gpt2 run resumes from them, a llama
+  // run does not (naming the key).
+  const RunSpec gpt2 = load_spec("", {}, 0);
+  Manifest old;
+  for (const SpecKey& k : spec_schema())
+    if (k.dotted() != "model.arch" && k.dotted() != "model.n_kv_head") old.spec[k.dotted()] = k.show(gpt2);
+  CHECK(incompatibility(old, gpt2).empty());
+  const RunSpec llama = load_spec("", {"model.arch=llama"}, 0);
+  CHECK(incompatibility(old, llama).rfind("model.arch differs: checkpoint has \"gpt2\"", 0) == 0);
+  Manifest changed = old;
+  changed.spec["model.d_model"] = "128";
+  CHECK(incompatibility(changed, gpt2) == "model.d_model differs: checkpoint has 128, this run has 64");
 }

@@ -324,23 +324,37 @@ TEST_CASE("a stage of two chunks lays them out one after the other and computes 
 }
 
 TEST_CASE("block tensor table: parameter names, shapes, offsets and the layers' pointers agree", "[model]") {
+  for (const Arch arch : {Arch::gpt2, Arch::llama}) {
+    INFO(name_of(arch));
+    RunSpec spec = small_spec(3, true);
+    spec.model.arch = arch;
+    spec.model.n_kv_head = arch == Arch::llama ? 1 : 0;  // grouped: k and v narrower than q
+    spec.model.ffn_hidden = arch == Arch::llama ? 12 : 0;
+    const BlockShape shape = block_shape(spec);
+    Stage st(spec, 0, 1, 0, 3, 1, 1.f);
+    std::vector<float>& w = st.weights().host();
+    for (int block = 0; block < 3; ++block) {
+      const ParamTensor* first = st.find(block_tensor_name(block, block_tensors(arch).front()));
+      REQUIRE(first != nullptr);
+      const BlockPtrs ptrs = block_ptrs_from(w.data() + first->offset, shape);
+      size_t next = first->offset;
+      for (const BlockTensor& t : block_tensors(arch)) {
+        const ParamTensor* p = st.find(block_tensor_name(block, t));
+        INFO(block_tensor_name(block, t));
+        REQUIRE(p != nullptr);
+        CHECK(p->shape == shape_of(t, shape));
+        CHECK(p->offset == next);  // one after another: k, v continue q's product, up continues gate's
+        next = p->offset + p->size;
+        CHECK(p->decay == (t.cols != Dim::none));                   // decay on the 2-D weights only
+        if (t.field) CHECK(ptrs.*t.field == w.data() + p->offset);  // the layers read exactly the named tensor
+      }
+    }
+    CHECK((st.find("wpe.weight") != nullptr) == (arch == Arch::gpt2));  // llama: rotary positions
+    CHECK((st.find("ln_f.bias") != nullptr) == (arch == Arch::gpt2));   // RMSNorm has no bias
+  }
   const RunSpec spec = small_spec(3, true);
-  const int C = spec.model.d_model;
   Stage st(spec, 0, 1, 0, 3, 1, 1.f);
   std::vector<float>& w = st.weights().host();
-  for (int block = 0; block < 3; ++block) {
-    const ParamTensor* first = st.find(block_tensor_name(block, kBlockTensors[0]));
-    REQUIRE(first != nullptr);
-    const BlockPtrs ptrs = block_ptrs_from(w.data() + first->offset, C);
-    for (const BlockTensor& t : kBlockTensors) {
-      const ParamTensor* p = st.find(block_tensor_name(block, t));
-      INFO(block_tensor_name(block, t));
-      REQUIRE(p != nullptr);
-      CHECK(p->shape == shape_of(t, C));
-      CHECK(p->decay == (t.cols > 0));               // decay on the 2-D weights only
-      CHECK(ptrs.*t.field == w.data() + p->offset);  // the layers read exactly the named tensor
-    }
-  }
   // Initialisation follows the table: LayerNorm weights 1, biases 0, weights drawn.
   st.init_params(7);
   const ParamTensor* ln = st.find("h.1.ln_2.weight");
@@ -361,9 +375,16 @@ TEST_CASE("buffer pools: a rank's chunks share one only when they have the same 
 
 TEST_CASE("forward_cached: a prompt then one token at a time gives forward()'s probabilities", "[model]") {
   // One sequence of seq_len 20 (several attention tiles, a window past one 16-column tile), heads
-  // 16 wide: the cached path's tile products and row softmax are the training ones.
+  // 16 wide: the cached path's tile products and row softmax are the training ones. The llama
+  // family too: rotary angles from each token's own position, a cache of its key/value heads only.
+  const Arch arch = GENERATE(Arch::gpt2, Arch::llama);
+  INFO(name_of(arch));
   RunSpec spec = small_spec(3, true);
-  spec.model.d_model = 32;
+  spec.model.arch = arch;
+  spec.model.d_model = 64;
+  spec.model.n_head = arch == Arch::llama ? 4 : 2;
+  spec.model.n_kv_head = arch == Arch::llama ? 2 : 0;
+  spec.model.ffn_hidden = arch == Arch::llama ? 40 : 0;
   spec.model.seq_len = 20;
   spec.model.vocab = 13;
   spec.train.global_batch = 1;
@@ -385,6 +406,7 @@ TEST_CASE("forward_cached: a prompt then one token at a time gives forward()'s p
   for (int t = prompt; t < T; ++t)
     st.forward_cached(tokens.data() + t, 1, cache, probs.data() + static_cast<size_t>(t) * V);
   CHECK(cache.pos == T);
+  CHECK(cache.k[0].size() == static_cast<size_t>(T) * block_shape(spec).kv);  // NKV heads, not NH
   float worst = 0;
   for (size_t i = 0; i < full.size(); ++i) worst = std::max(worst, std::abs(probs[i] - full[i]));
   CHECK(worst < 1e-5f);  // the same layers; only the matrix products' row counts differ

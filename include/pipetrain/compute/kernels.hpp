@@ -11,10 +11,11 @@ namespace pipetrain {
 PIPETRAIN_LAYER_KERNELS(PIPETRAIN_DECLARE_KERNEL)
 
 // Causal attention for n new tokens of one sequence at positions pos .. pos+n-1 (generation with a
-// KV cache): qkv [n, 3C] as attention_forward's; their keys and values are written into k_cache and
-// v_cache at rows pos .. pos+n-1 ([positions, C] each), and out [n, C] attends over rows 0 .. own.
+// KV cache): qkv [n, C + 2 KV] as attention_forward's; their keys and values are written into
+// k_cache and v_cache at rows pos .. pos+n-1 ([positions, KV] each: only the NKV key/value heads),
+// and out [n, C] attends over rows 0 .. own.
 void attention_forward_cached(float* out, const float* qkv, float* k_cache, float* v_cache, int pos, int n, int C,
-                              int NH);
+                              int NH, int NKV);
 
 // tanh for the GELU: a rational approximation within a few ulps of std::tanh, vectorisable.
 float fast_tanh(float x);

@@ -10,15 +10,24 @@
 // gradients only, a null dweight for the input gradient only; the two halves give the same bits
 // alone as together (zero-bubble schedules run them apart).
 //
-//   encoder: out[N,C] = wte[token] + wpe[t].
+//   encoder: out[N,C] = wte[token] + wpe[t] (wpe may be null: no position table, llama).
 //   layernorm: over the last dim with eps 1e-5; mean/rstd [N] are kept for backward.
+//   rmsnorm: out = x / sqrt(mean(x^2) + eps) * weight over the last dim; rstd [N] kept for backward.
+//     Its backward adds to dinp, as LayerNorm's.
 //   matmul: out[N,OC] = inp[N,C] weight[OC,C]^T + bias[OC] (bias may be null).
-//   attention: causal multi-head self-attention. qkv [B,T,3C] holds q, k, v packed in that order,
-//     heads as contiguous slices of each; att [B,NH,T,T] keeps the softmax probabilities (zero
-//     above the diagonal); out [B,T,C]. Scale 1/sqrt(C/NH).
+//   rope: rotary position embeddings, rotate-half convention, applied in place to the q and k heads
+//     of qkv [B,T,C+2KV] (rows as attention's): in head dims (i, i + hs/2), i < hs/2, the pair is
+//     rotated by angle (pos0 + t) theta^(-2i/hs). Backward rotates dq and dk back (dv untouched).
+//   attention: causal self-attention with NH query heads and NKV key/value heads (NKV divides NH;
+//     query head h reads key/value head h / (NH/NKV), grouped-query attention; NKV = NH is
+//     multi-head). qkv [B,T,C+2KV], KV = NKV C/NH, holds q, k, v packed in that order, heads as
+//     contiguous slices of each; att [B,NH,T,T] keeps the softmax probabilities (zero above the
+//     diagonal); out [B,T,C]. Scale 1/sqrt(C/NH).
 //   bias_gelu: the MLP's bias and GELU (tanh approximation) in one pass: pre[N,C] += bias (kept:
 //     backward needs it), out = gelu(pre).
-//   residual: out[N,C] = a + b + bias: a residual add with the branch's output-projection bias folded in.
+//   swiglu: out[N,H] = silu(gate) * up, where each row of gate_up [N,2H] is gate then up.
+//   residual: out[N,C] = a + b + bias: a residual add with the branch's output-projection bias
+//     folded in (bias may be null).
 //   softmax_crossentropy: probs = softmax(logits) row-wise; forward returns the summed token loss
 //     sum_i -log probs[i, target_i] (the GPU waits for its stream); backward writes
 //     dlogits = (probs - onehot(target)) * scale, scale = dLoss/dtoken-loss.
@@ -26,27 +35,35 @@
 #include <cstddef>
 
 // X(return type, name, parameters) for every layer kernel.
-#define PIPETRAIN_LAYER_KERNELS(X)                                                                                   \
-  X(void, encoder_forward, (float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C)) \
-  X(void, encoder_backward, (float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C))   \
-  X(void, layernorm_forward,                                                                                         \
-    (float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int N, int C))  \
-  X(void, layernorm_backward,                                                                                        \
-    (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,            \
-     const float* mean, const float* rstd, int N, int C))                                                            \
-  X(void, matmul_forward,                                                                                            \
-    (float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC))                    \
-  X(void, matmul_backward,                                                                                           \
-    (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int N,     \
-     int C, int OC))                                                                                                 \
-  X(void, attention_forward, (float* out, float* att, const float* qkv, int B, int T, int C, int NH))                \
-  X(void, attention_backward,                                                                                        \
-    (float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH))               \
-  X(void, bias_gelu_forward, (float* pre, float* out, const float* bias, int N, int C))                              \
-  X(void, gelu_backward, (float* dinp, const float* inp, const float* dout, size_t n))                               \
-  X(void, residual_forward, (float* out, const float* a, const float* b, const float* bias, int N, int C))           \
-  X(double, softmax_crossentropy_forward, (float* probs, const float* logits, const int* targets, int N, int V))     \
-  X(void, softmax_crossentropy_backward,                                                                             \
+#define PIPETRAIN_LAYER_KERNELS(X)                                                                                    \
+  X(void, encoder_forward, (float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C))  \
+  X(void, encoder_backward, (float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C))    \
+  X(void, layernorm_forward,                                                                                          \
+    (float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int N, int C))   \
+  X(void, layernorm_backward,                                                                                         \
+    (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,             \
+     const float* mean, const float* rstd, int N, int C))                                                             \
+  X(void, rmsnorm_forward, (float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps)) \
+  X(void, rmsnorm_backward,                                                                                           \
+    (float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, const float* rstd, int N, \
+     int C))                                                                                                          \
+  X(void, matmul_forward,                                                                                             \
+    (float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC))                     \
+  X(void, matmul_backward,                                                                                            \
+    (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int N,      \
+     int C, int OC))                                                                                                  \
+  X(void, rope_forward, (float* qkv, int B, int T, int C, int NH, int NKV, float theta, int pos0))                    \
+  X(void, rope_backward, (float* dqkv, int B, int T, int C, int NH, int NKV, float theta, int pos0))                  \
+  X(void, attention_forward, (float* out, float* att, const float* qkv, int B, int T, int C, int NH, int NKV))        \
+  X(void, attention_backward,                                                                                         \
+    (float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH, int NKV))       \
+  X(void, bias_gelu_forward, (float* pre, float* out, const float* bias, int N, int C))                               \
+  X(void, gelu_backward, (float* dinp, const float* inp, const float* dout, size_t n))                                \
+  X(void, swiglu_forward, (float* out, const float* gate_up, int N, int H))                                           \
+  X(void, swiglu_backward, (float* dgate_up, const float* gate_up, const float* dout, int N, int H))                  \
+  X(void, residual_forward, (float* out, const float* a, const float* b, const float* bias, int N, int C))            \
+  X(double, softmax_crossentropy_forward, (float* probs, const float* logits, const int* targets, int N, int V))      \
+  X(void, softmax_crossentropy_backward,                                                                              \
     (float* dlogits, const float* probs, const int* targets, float scale, int N, int V))
 
 // A declaration of one kernel of the list.

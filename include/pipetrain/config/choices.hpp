@@ -16,6 +16,7 @@ namespace pipetrain {
 
 enum class Device { cpu, gpu };                             // run.device
 enum class Dtype { fp32, bf16 };                            // model.dtype: matrix-product inputs
+enum class Arch { gpt2, llama };                            // model.arch: the model family
 enum class DataSource { synthetic, text, hdf5 };            // data.source
 enum class RankOrder { pp, dp };                            // parallel.order: what consecutive ranks share
 enum class Partition { uniform, balanced, explicit_list };  // parallel.partition (a list: explicit_list)
@@ -42,6 +43,7 @@ struct Choices;
   };
 PIPETRAIN_CHOICES(Device, "cpu", "gpu")
 PIPETRAIN_CHOICES(Dtype, "fp32", "bf16")
+PIPETRAIN_CHOICES(Arch, "gpt2", "llama")
 PIPETRAIN_CHOICES(DataSource, "synthetic", "text", "hdf5")
 PIPETRAIN_CHOICES(RankOrder, "pp", "dp")
 PIPETRAIN_CHOICES(Partition, "uniform", "balanced", "explicit")

@@ -23,13 +23,20 @@ struct RunSpec {
     Device device = Device::cpu;
   } run;
   struct Model {
+    Arch arch = Arch::gpt2;
     int n_layer = 4;
     int d_model = 64;
     int n_head = 4;
     int seq_len = 32;
     int vocab = 256;
-    Dtype dtype = Dtype::fp32;  // matrix-product inputs (bf16 on the GPU only)
-    bool tie_embeddings = true;
+    Dtype dtype = Dtype::fp32;   // matrix-product inputs (bf16 on the GPU only)
+    bool tie_embeddings = true;  // llama: false unless set
+    // The llama family's (model/arch.hpp); a gpt2 spec leaves them at their defaults.
+    int n_kv_head = 0;  // key/value heads (grouped-query attention); 0 = n_head
+    double rope_theta = 10000;
+    int ffn_hidden = 0;  // SwiGLU width; 0 = 2/3 x 4 d_model rounded up to ffn_multiple_of
+    int ffn_multiple_of = 256;
+    double norm_eps = 1e-5;  // RMSNorm's
   } model;
   struct Data {
     DataSource source = DataSource::synthetic;
@@ -117,6 +124,8 @@ struct StepShape {
   float grad_scale() const { return 1.0f / (static_cast<float>(samples) * seq_len * micro_batches * replicas); }
 };
 StepShape step_shape(const RunSpec& spec);
+// The llama family's default SwiGLU width: 2/3 of 4 d_model, rounded up to a multiple.
+int llama_ffn_hidden(int d_model, int multiple_of);
 
 // Reads `path` (empty: built-in defaults), applies "section.key=value" overrides, validates.
 // world_size > 0 also checks pp × dp against it; kAnyLayout leaves the layout keys unchecked (for a

@@ -1,6 +1,6 @@
 // How pipetrain's parameters (design.md "Model and parameter names": PyTorch nn.Linear layout,
 // [out, in]) appear in the two outside formats, derived from the one table of a block's tensors
-// (kBlockTensors) so that a tensor added there is mapped here too.
+// (kGpt2Block) so that a tensor added there is mapped here too.
 //
 // Hugging Face GPT-2: the same names under "transformer." (the head is "lm_head.weight", and only
 // untied models store it), and the block matrices in Conv1D layout, [in, out]: transposed.

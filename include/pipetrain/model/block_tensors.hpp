@@ -1,49 +1,126 @@
-// One transformer block's tensors, in the order they sit in the parameter buffers: the single list
-// from which a stage's named parameters (stage_params), the per-block pointers the layers use
-// (BlockPtrs), generate's lookup by name and the initialisation are all derived. Reordering or
-// adding a line here changes all of them together.
+// One transformer block's shape and tensors, per model family, in the order they sit in the
+// parameter buffers: the single list from which a stage's named parameters (stage_params), the
+// per-block pointers the layers use (BlockPtrs), generate's lookup by name and the initialisation
+// are all derived. Reordering or adding a line here changes all of them together.
+//
+// gpt2: LayerNorm, q/k/v packed in one matrix with biases, a GELU MLP 4 d_model wide.
+// llama: RMSNorm (weight only), q, k and v as three matrices laid out one after another (so they
+// are one [C + 2 kv, C] product, the packed qkv of the kernels), grouped-query attention with
+// rotary positions, a SwiGLU MLP whose gate and up matrices likewise form one [2 ffn, C]
+// product, and no biases. Tensor names after "h.{i}." are PyTorch's GPT-2 / Hugging Face Llama's.
 #pragma once
 #include <cstddef>
 #include <string>
 #include <vector>
 
+#include "pipetrain/config/spec.hpp"
+
 namespace pipetrain {
 
-// How a tensor starts: GPT-2's init (N(0, 0.02); residual output projections N(0, 0.02/sqrt(2L)))
-enum class Init { zeros, ones, normal, residual_normal };
+// The widths a block's products and activations have, from the spec.
+struct BlockShape {
+  Arch arch = Arch::gpt2;
+  int C = 0, NH = 0, NKV = 0;  // d_model, query heads, key/value heads (= NH for gpt2)
+  int head_dim = 0;
+  int kv = 0;          // NKV x head_dim: the width of k and of v
+  int qkv = 0;         // C + 2 kv: the q, k, v product's output
+  int fc = 0;          // the MLP's first product's output: 4C (gpt2), 2 ffn (llama: gate | up)
+  int ffn = 0;         // the MLP's hidden width, the last product's input: 4C, or ffn_hidden
+  int norm_stats = 0;  // floats per token a norm keeps for backward: mean and rstd, or rstd
+  bool llama() const { return arch == Arch::llama; }
+};
+BlockShape block_shape(const RunSpec& spec);
+// A GPT-2 block of width C (the interop formats, which are GPT-2's).
+BlockShape gpt2_block_shape(int C);
+
+// Multiply-adds per token of a block's weight products (q/k/v, output, the MLP's two or three).
+double block_weight_macs(const BlockShape& s);
 
 // Addresses of one block's tensors (weights or their gradients), named as the layers use them.
+// A family without a tensor leaves its pointer null (llama: every bias, ln1b, ln2b).
 struct BlockPtrs {
-  float *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+  float *ln1w = nullptr, *ln1b = nullptr, *qkvw = nullptr, *qkvb = nullptr, *projw = nullptr, *projb = nullptr,
+        *ln2w = nullptr, *ln2b = nullptr, *fcw = nullptr, *fcb = nullptr, *fcprojw = nullptr, *fcprojb = nullptr;
 };
+
+// How a tensor starts: N(0, 0.02); residual output projections N(0, 0.02/sqrt(2L)) (GPT-2's init)
+enum class Init { zeros, ones, normal, residual_normal };
+
+// A tensor dimension, as one of the block's widths.
+enum class Dim { none, C, qkv, fc, ffn, kv };
 
 struct BlockTensor {
-  const char* name;  // after "h.{i}." (PyTorch's GPT-2 names)
-  int rows, cols;    // shape in units of d_model: [rows * C] when cols = 0, else [rows * C, cols * C]
+  const char* name;  // after "h.{i}."
+  Dim rows, cols;    // [rows] when cols = none, else [rows, cols]
   bool decay;        // AdamW weight decay (the 2-D weights)
   Init init;
-  float* BlockPtrs::*field;  // where its address goes
+  float* BlockPtrs::*field;  // where its address goes (null: the continuation of the tensor before)
 };
 
-inline constexpr BlockTensor kBlockTensors[] = {
-    {"ln_1.weight", 1, 0, false, Init::ones, &BlockPtrs::ln1w},
-    {"ln_1.bias", 1, 0, false, Init::zeros, &BlockPtrs::ln1b},
-    {"attn.c_attn.weight", 3, 1, true, Init::normal, &BlockPtrs::qkvw},  // q, k, v packed along the output
-    {"attn.c_attn.bias", 3, 0, false, Init::zeros, &BlockPtrs::qkvb},
-    {"attn.c_proj.weight", 1, 1, true, Init::residual_normal, &BlockPtrs::projw},
-    {"attn.c_proj.bias", 1, 0, false, Init::zeros, &BlockPtrs::projb},
-    {"ln_2.weight", 1, 0, false, Init::ones, &BlockPtrs::ln2w},
-    {"ln_2.bias", 1, 0, false, Init::zeros, &BlockPtrs::ln2b},
-    {"mlp.c_fc.weight", 4, 1, true, Init::normal, &BlockPtrs::fcw},
-    {"mlp.c_fc.bias", 4, 0, false, Init::zeros, &BlockPtrs::fcb},
-    {"mlp.c_proj.weight", 1, 4, true, Init::residual_normal, &BlockPtrs::fcprojw},
-    {"mlp.c_proj.bias", 1, 0, false, Init::zeros, &BlockPtrs::fcprojb},
+inline constexpr BlockTensor kGpt2Block[] = {
+    {"ln_1.weight", Dim::C, Dim::none, false, Init::ones, &BlockPtrs::ln1w},
+    {"ln_1.bias", Dim::C, Dim::none, false, Init::zeros, &BlockPtrs::ln1b},
+    {"attn.c_attn.weight", Dim::qkv, Dim::C, true, Init::normal, &BlockPtrs::qkvw},  // q, k, v packed
+    {"attn.c_attn.bias", Dim::qkv, Dim::none, false, Init::zeros, &BlockPtrs::qkvb},
+    {"attn.c_proj.weight", Dim::C, Dim::C, true, Init::residual_normal, &BlockPtrs::projw},
+    {"attn.c_proj.bias", Dim::C, Dim::none, false, Init::zeros, &BlockPtrs::projb},
+    {"ln_2.weight", Dim::C, Dim::none, false, Init::ones, &BlockPtrs::ln2w},
+    {"ln_2.bias", Dim::C, Dim::none, false, Init::zeros, &BlockPtrs::ln2b},
+    {"mlp.c_fc.weight", Dim::fc, Dim::C, true, Init::normal, &BlockPtrs::fcw},
+    {"mlp.c_fc.bias", Dim::fc, Dim::none, false, Init::zeros, &BlockPtrs::fcb},
+    {"mlp.c_proj.weight", Dim::C, Dim::ffn, true, Init::residual_normal, &BlockPtrs::fcprojw},
+    {"mlp.c_proj.bias", Dim::C, Dim::none, false, Init::zeros, &BlockPtrs::fcprojb},
 };
 
-inline std::vector<int> shape_of(const BlockTensor& t, int C) {
-  return t.cols ? std::vector<int>{t.rows * C, t.cols * C} : std::vector<int>{t.rows * C};
+inline constexpr BlockTensor kLlamaBlock[] = {
+    {"input_layernorm.weight", Dim::C, Dim::none, false, Init::ones, &BlockPtrs::ln1w},
+    {"self_attn.q_proj.weight", Dim::C, Dim::C, true, Init::normal, &BlockPtrs::qkvw},
+    {"self_attn.k_proj.weight", Dim::kv, Dim::C, true, Init::normal, nullptr},  // rows of the qkv product
+    {"self_attn.v_proj.weight", Dim::kv, Dim::C, true, Init::normal, nullptr},
+    {"self_attn.o_proj.weight", Dim::C, Dim::C, true, Init::residual_normal, &BlockPtrs::projw},
+    {"post_attention_layernorm.weight", Dim::C, Dim::none, false, Init::ones, &BlockPtrs::ln2w},
+    {"mlp.gate_proj.weight", Dim::ffn, Dim::C, true, Init::normal, &BlockPtrs::fcw},
+    {"mlp.up_proj.weight", Dim::ffn, Dim::C, true, Init::normal, nullptr},  // rows of the gate | up product
+    {"mlp.down_proj.weight", Dim::C, Dim::ffn, true, Init::residual_normal, &BlockPtrs::fcprojw},
+};
+
+// A family's block tensors, as a range.
+struct BlockTensors {
+  const BlockTensor* first;
+  const BlockTensor* last;
+  const BlockTensor* begin() const { return first; }
+  const BlockTensor* end() const { return last; }
+  const BlockTensor& front() const { return *first; }
+};
+inline BlockTensors block_tensors(Arch arch) {
+  if (arch == Arch::llama) return {std::begin(kLlamaBlock), std::end(kLlamaBlock)};
+  return {std::begin(kGpt2Block), std::end(kGpt2Block)};
 }
-inline size_t size_of(const BlockTensor& t, size_t C) { return t.rows * C * (t.cols ? t.cols * C : 1); }
+
+inline int extent(Dim d, const BlockShape& s) {
+  switch (d) {
+    case Dim::none:
+      return 1;
+    case Dim::C:
+      return s.C;
+    case Dim::qkv:
+      return s.qkv;
+    case Dim::fc:
+      return s.fc;
+    case Dim::ffn:
+      return s.ffn;
+    case Dim::kv:
+      return s.kv;
+  }
+  return 0;
+}
+inline std::vector<int> shape_of(const BlockTensor& t, const BlockShape& s) {
+  return t.cols == Dim::none ? std::vector<int>{extent(t.rows, s)}
+                             : std::vector<int>{extent(t.rows, s), extent(t.cols, s)};
+}
+inline size_t size_of(const BlockTensor& t, const BlockShape& s) {
+  return static_cast<size_t>(extent(t.rows, s)) * extent(t.cols, s);
+}
 
 // The global name of a block tensor: "h.3.attn.c_attn.weight".
 inline std::string block_tensor_name(int block, const BlockTensor& t) {
@@ -51,11 +128,11 @@ inline std::string block_tensor_name(int block, const BlockTensor& t) {
 }
 
 // A block's pointers, its tensors laid out one after another from `first` (the stage's buffers).
-inline BlockPtrs block_ptrs_from(float* first, size_t C) {
+inline BlockPtrs block_ptrs_from(float* first, const BlockShape& s) {
   BlockPtrs b;
-  for (const BlockTensor& t : kBlockTensors) {
-    b.*t.field = first;
-    first += size_of(t, C);
+  for (const BlockTensor& t : block_tensors(s.arch)) {
+    if (t.field) b.*t.field = first;
+    first += size_of(t, s);
   }
   return b;
 }

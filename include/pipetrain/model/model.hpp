@@ -1,6 +1,8 @@
 // The GPT slice one rank owns: one chunk of contiguous blocks (several under the interleaved
 // schedule, see partition.hpp), plus the embeddings on the first virtual stage and the final
-// LayerNorm + LM head + loss on the last. Parameters, gradients and optimizer state of all the
+// norm + LM head + loss on the last. Both model families (gpt2, llama: block_tensors.hpp) run
+// the same layer code; where they differ (the norm, rotary positions, the MLP's activation) a
+// layer asks the family. Parameters, gradients and optimizer state of all the
 // rank's chunks live in one set of flat buffers (one contiguous range per named tensor, chunk after
 // chunk) so gradient buckets and checkpoints are slices of one array. Names are global (h.{i} uses
 // the global block index).
@@ -42,14 +44,16 @@ std::vector<ParamTensor> rank_params(const RunSpec& spec, const std::vector<Chun
 
 // Bytes one micro-batch keeps between its forward and its backward on a stage of `blocks` blocks,
 // by recompute mode (the formula Stage's buffers realise; plan predicts memory with it):
-// none: per block 16C+4 floats per token (input, ln1, qkv, attention output, res2, ln2, fc, gelu,
-// two mean/rstd pairs) plus b·heads·T² attention probabilities, and on the last stage the head's
-// input, ln_f output, mean/rstd and V probabilities per token; block: each block's input (+ the
-// head's); stage: the received input only. Plus tokens (first stage) and targets (last), 4 B each.
+// none: per block 5C + qkv + fc + ffn + 2 norm_stats floats per token (input, ln1, qkv, attention
+// output, res2, ln2, fc, its activation, each norm's statistics: 16C+4 for gpt2) plus b·heads·T²
+// attention probabilities, and on the last stage the head's input, final norm output and
+// statistics and V probabilities per token; block: each block's input (+ the head's); stage: the
+// received input only. Plus tokens (first stage) and targets (last), 4 B each.
 size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks, Recompute mode);
 
 // Bytes a split backward keeps from a micro-batch's input half (B) to its weight half (W): every
-// layer's output gradient (11 C floats per token per block, the head's V + C, the embedding's C).
+// layer's output gradient (4C + qkv + fc floats per token per block, 11 C for gpt2; the head's
+// V + C, the embedding's C).
 size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks);
 
 // Bytes a rank uses besides parameters, gradients, AdamW state and stashed activations: the
@@ -75,7 +79,7 @@ struct HeadActs {
 // produced by the input-gradient pass (B) and consumed by the weight-gradient pass (W). A split
 // backward keeps them between the two; a fused one uses one scratch set.
 struct BlockWGrads {
-  Floats dout, dfch, dln2, dres2, dqkv, dln1;  // 11 C floats per token
+  Floats dout, dfch, dln2, dres2, dqkv, dln1;  // 4C + fc + qkv floats per token
 };
 struct HeadWGrads {
   Floats dlogits, dlnf, dembed;  // dembed: the stage input's gradient (first stage)
@@ -87,8 +91,9 @@ struct WGrads {
   size_t bytes() const;
   void release();  // drop contents, keep capacity
 };
-// Keys and values of the tokens one sequence has run so far, per block ([seq_len, C] each), so
-// that generation runs only its new tokens through the model (Stage::forward_cached).
+// Keys and values of the tokens one sequence has run so far, per block ([seq_len, KV] each: the
+// key/value heads only), so that generation runs only its new tokens through the model
+// (Stage::forward_cached).
 struct KvCache {
   int pos = 0;  // positions cached
   std::vector<Floats> k, v;
@@ -203,9 +208,20 @@ class Stage {
   void head_backward_input(const float* x, const HeadActs& a, const int* targets, float* dinp, HeadWGrads& w,
                            bool fused);
   void head_backward_weight(const float* x, const HeadActs& a, const HeadWGrads& w);
+  // The layers where the families differ: LayerNorm or RMSNorm, GELU or SwiGLU.
+  void norm_forward(float* out, float* mean, float* rstd, const float* x, const float* w, const float* b, int N);
+  void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* x, const float* w,
+                     const float* mean, const float* rstd, int N);
+  void mlp_activation_forward(BlockActs& a, const float* fcb, int N);
+  void mlp_activation_backward(float* dfch, const BlockActs& a, const float* dact, int N);
+  // A tensor of `base` (weights_ or grads_) at `offset`; null where the family has none.
+  static constexpr size_t kAbsent = static_cast<size_t>(-1);
+  float* tensor(Floats& base, size_t offset) { return offset == kAbsent ? nullptr : base.data() + offset; }
 
   std::vector<Chunk> chunks_;
   int M_, B_, T_, C_, NH_, V_, n_layer_;
+  BlockShape shape_;
+  float rope_theta_, norm_eps_;
   bool tied_;
   Recompute mode_;
   float grad_scale_;
@@ -217,7 +233,7 @@ class Stage {
   std::vector<ParamTensor> params_;
   const Kernels& k_;  // the compute device's kernels
   Floats weights_, grads_;
-  size_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0, head_ = 0;
+  size_t wte_ = 0, wpe_ = kAbsent, lnfw_ = 0, lnfb_ = kAbsent, head_ = 0;
 
   // Buffers of the (chunk, micro-batch) pairs in flight, in slots reused once released (keeping
   // their capacity), so the memory held grows to the schedule's peak in flight (M for GPipe,

@@ -28,6 +28,7 @@ PassCosts stage_passes(const PassCosts& block, const PassCosts& embed, const Pas
 struct MachineCosts {
   std::string source;                                   // how they were obtained (plan says so)
   int d_model = 0, n_head = 0, seq_len = 0, vocab = 0;  // the model shape measured
+  std::string family = "gpt2";                          // and its block (block_family)
   struct AtSize {
     int samples = 1;  // per micro-batch
     PassCosts block, embed, head;

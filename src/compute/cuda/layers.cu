@@ -19,7 +19,7 @@ __global__ void encoder_forward_k(float* out, const int* tokens, const float* wt
   if (i >= total) return;
   const size_t n = i / C;
   const int c = static_cast<int>(i % C), t = static_cast<int>(n % T);
-  out[i] = wte[static_cast<size_t>(tokens[n]) * C + c] + wpe[static_cast<size_t>(t) * C + c];
+  out[i] = wte[static_cast<size_t>(tokens[n]) * C + c] + (wpe ? wpe[static_cast<size_t>(t) * C + c] : 0.f);
 }
 __global__ void encoder_backward_wte_k(float* dwte, const float* dout, const int* tokens, int C, size_t total) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
@@ -101,7 +101,7 @@ __global__ void gelu_backward_k(float* dinp, const float* inp, const float* dout
 }
 __global__ void residual_forward_k(float* out, const float* a, const float* b, const float* bias, int C, size_t n) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  if (i < n) out[i] = a[i] + b[i] + bias[i % C];
+  if (i < n) out[i] = a[i] + b[i] + (bias ? bias[i % C] : 0.f);
 }
 
 // One block per row: probabilities and the row's loss log(sum exp(l - max)) + max - l[target].
@@ -167,6 +167,7 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* to
   const size_t total = static_cast<size_t>(B) * T * C;
   encoder_backward_wte_k<<<blocks_for(total), 256, 0, stream()>>>(dwte, dout, tokens, C, total);
   PT_LAUNCHED();
+  if (!dwpe) return;  // no position table (llama)
   encoder_backward_wpe_k<<<blocks_for(static_cast<size_t>(T) * C), 256, 0, stream()>>>(dwpe, dout, B, T, C);
   PT_LAUNCHED();
 }
