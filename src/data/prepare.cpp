@@ -148,10 +148,23 @@ std::vector<TokenRun> encode_to_spool(const PrepareOptions& opt, const Tokenizer
   return runs;
 }
 
+// The tokenizer model file --tokenizer-model names: the file itself, or a Hugging Face model
+// directory's tokenizer.model (the Llama family keeps its SentencePiece model there).
+std::string tokenizer_model_file(const std::string& given) {
+  std::error_code ec;
+  if (given.empty() || !std::filesystem::is_directory(given, ec)) return given;
+  const std::string file = given + "/tokenizer.model";
+  if (!std::filesystem::exists(file, ec))
+    throw SpecError("data prepare: --tokenizer-model " + given +
+                    ": a folder without tokenizer.model (a Hugging Face Llama-family directory keeps its "
+                    "SentencePiece model there; a tokenizer.json alone is not read)");
+  return file;
+}
+
 // What data prepare reads: the text files and a tokenizer model.
 std::vector<std::string> inputs_of(const PrepareOptions& opt) {
   std::vector<std::string> inputs = opt.inputs;
-  if (!opt.tokenizer_model.empty()) inputs.push_back(opt.tokenizer_model);
+  if (!opt.tokenizer_model.empty()) inputs.push_back(tokenizer_model_file(opt.tokenizer_model));
   return inputs;
 }
 
@@ -192,9 +205,10 @@ std::string prepare_token_file(const PrepareOptions& opt) {
   std::string note;
   if (opt.tokenizer == TokenizerKind::sentencepiece) {
     if (!opt.tokenizer_model.empty()) {
-      tok = Tokenizer::sentencepiece(read_input_file(opt.tokenizer_model, "data prepare: --tokenizer-model", 1 << 30),
-                                     "data prepare: --tokenizer-model " + opt.tokenizer_model);
-      note = "tokenizer " + opt.tokenizer_model;
+      const std::string file = tokenizer_model_file(opt.tokenizer_model);
+      tok = Tokenizer::sentencepiece(read_input_file(file, "data prepare: --tokenizer-model", 1 << 30),
+                                     "data prepare: --tokenizer-model " + file);
+      note = "tokenizer " + file;
     } else {
       SentencePieceTraining t{opt.inputs, opt.vocab_size, opt.model_type,
                               static_cast<uint64_t>(opt.sample_mb * (1 << 20))};

@@ -7,6 +7,7 @@
 #include "pipetrain/ckpt/manifest.hpp"
 #include "pipetrain/ckpt/resume.hpp"
 #include "pipetrain/interop/gpt2_layout.hpp"
+#include "pipetrain/interop/llama_layout.hpp"
 #include "pipetrain/interop/llmc_model.hpp"
 #include "pipetrain/interop/safetensors.hpp"
 #include "pipetrain/interop/weights_source.hpp"
@@ -21,10 +22,42 @@ using json = nlohmann::json;
 namespace pipetrain {
 namespace {
 
+// The Hugging Face configuration of a LlamaForCausalLM computing what pipetrain's llama family
+// computes: SiLU-gated MLP, RMSNorm, plain rotary embeddings (no scaling), no biases, no dropout.
+json hf_llama_config(const RunSpec& spec, StoredFloat dtype) {
+  const auto& m = spec.model;
+  const BlockShape s = block_shape(spec);
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"vocab_size", m.vocab},
+          {"hidden_size", m.d_model},
+          {"intermediate_size", s.ffn},
+          {"num_hidden_layers", m.n_layer},
+          {"num_attention_heads", m.n_head},
+          {"num_key_value_heads", s.NKV},
+          {"head_dim", s.head_dim},
+          {"hidden_act", "silu"},
+          {"max_position_embeddings", m.seq_len},
+          {"rms_norm_eps", m.norm_eps},
+          {"rope_theta", m.rope_theta},
+          {"rope_scaling", nullptr},
+          {"attention_bias", false},
+          {"attention_dropout", 0.0},
+          {"mlp_bias", false},
+          {"pretraining_tp", 1},
+          {"initializer_range", 0.02},
+          {"use_cache", true},
+          {"tie_word_embeddings", m.tie_embeddings},
+          {"bos_token_id", nullptr},
+          {"eos_token_id", nullptr},
+          {"torch_dtype", dtype == StoredFloat::bf16 ? "bfloat16" : "float32"}};
+}
+
 // The Hugging Face configuration of a GPT2LMHeadModel computing what pipetrain computes: pre-LN
 // blocks with GELU (tanh), LayerNorm eps 1e-5, attention scaled by 1/sqrt(head_dim), no dropout
 // (pipetrain trains without it), no special tokens (byte vocabulary).
 std::string hf_config(const RunSpec& spec, StoredFloat dtype) {
+  if (spec.model.arch == Arch::llama) return hf_llama_config(spec, dtype).dump(2) + "\n";
   const auto& m = spec.model;
   const json c = {{"architectures", {"GPT2LMHeadModel"}},
                   {"model_type", "gpt2"},
@@ -56,12 +89,13 @@ void write_hf(const std::string& dir, const RunSpec& spec, const WeightsSource& 
               const std::string& checkpoint) {
   fs::create_directory(dir);
   std::vector<SafetensorsTensor> tensors;
+  const bool llama = spec.model.arch == Arch::llama;
   for (const ParamTensor& p : stage_params(spec, 0, 1, 0, spec.model.n_layer)) {
     const std::string name = p.name;
     std::vector<int64_t> shape(p.shape.begin(), p.shape.end());
-    const bool conv1d = hf_transposed(name);
+    const bool conv1d = !llama && hf_transposed(name);
     if (conv1d) std::swap(shape[0], shape[1]);
-    tensors.push_back({hf_name(name), shape, [&ckpt, name, conv1d, shape](float* out) {
+    tensors.push_back({llama ? hf_llama_name(name) : hf_name(name), shape, [&ckpt, name, conv1d, shape](float* out) {
                          if (!conv1d) return ckpt.read(name, out);
                          std::vector<float> linear(static_cast<size_t>(shape[0] * shape[1]));  // [out, in]
                          ckpt.read(name, linear.data());
@@ -121,12 +155,9 @@ ExitCode run_export(const ModelExportOptions& opt) {
   check_output(opt.output, rule);
   const std::string checkpoint = resolve_checkpoint(opt.checkpoint, "export");
   const RunSpec spec = spec_of_checkpoint(checkpoint, {}, 1);
-  if (spec.model.arch != Arch::gpt2)
+  if (spec.model.arch != Arch::gpt2 && opt.format == ExportFormat::llmc)
     throw SpecError("export: " + checkpoint + " is a model of the " + name_of(spec.model.arch) +
-                    " family (model.arch): " +
-                    (opt.format == ExportFormat::llmc
-                         ? "llm.c's model file holds GPT-2 only"
-                         : "this version exports GPT-2 only; the checkpoint itself resumes, evaluates and generates"));
+                    " family (model.arch): llm.c's model file holds GPT-2 only (use --format hf)");
   if (opt.format == ExportFormat::llmc && !spec.model.tie_embeddings)
     throw SpecError("export: " + checkpoint +
                     " has an untied head (model.tie_embeddings = false); llm.c's "
@@ -139,7 +170,9 @@ ExitCode run_export(const ModelExportOptions& opt) {
   std::printf("exported %s (%s, %d blocks, d_model %d, vocab %d, %s head) to %s as %s, %s\n", checkpoint.c_str(),
               ckpt->kind().c_str(), spec.model.n_layer, spec.model.d_model, spec.model.vocab,
               spec.model.tie_embeddings ? "tied" : "untied", opt.output.c_str(),
-              opt.format == ExportFormat::hf ? "a Hugging Face GPT-2 directory" : "an llm.c model file",
+              opt.format == ExportFormat::llmc ? "an llm.c model file"
+              : spec.model.arch == Arch::llama ? "a Hugging Face Llama directory"
+                                               : "a Hugging Face GPT-2 directory",
               dtype_name(dtype));
   return ExitCode::ok;
 }

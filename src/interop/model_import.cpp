@@ -24,9 +24,7 @@ ModelImport::ModelImport(const std::string& path, const RunSpec& spec) {
                     "the source has its own lm_head.weight but model.tie_embeddings = true: its head "
                     "would be lost (set model.tie_embeddings = false to keep it)");
   head_from_wte_ = !spec.model.tie_embeddings && source_tied;
-  if (src.n_head() > 0 && src.n_head() != spec.model.n_head)
-    throw SpecError(where + "the source has " + std::to_string(src.n_head()) +
-                    " attention heads, model.n_head = " + std::to_string(spec.model.n_head));
+  if (const std::string differs = src.mismatch(spec); !differs.empty()) throw SpecError(where + differs);
   const std::string past_last = block_tensor_name(L, block_tensors(spec.model.arch).front());
   if (auto extra = src.shape(past_last))
     throw SpecError(where + "tensor " + past_last + ": the spec expects none (model.n_layer = " + std::to_string(L) +

@@ -25,10 +25,10 @@ ExitCode data_prepare(const std::vector<std::string>& args) {
       "vocab-size", po::value<int>(&opt.vocab_size), "sentencepiece: pieces to train (byte fallback on)")(
       "model-type", po::value<std::string>(&opt.model_type)->default_value("bpe"), "sentencepiece: bpe | unigram")(
       "tokenizer-model", po::value<std::string>(&opt.tokenizer_model),
-      "sentencepiece: use this .model instead of training one")(
-      "sample-mb", po::value<double>(&opt.sample_mb)->default_value(64),
-      "sentencepiece: train on about this many MiB of the text")("compress", "gzip the token datasets")(
-      "force", "replace an existing output file");
+      "sentencepiece: use this .model instead of training one (or a Hugging Face model directory's "
+      "tokenizer.model: give the directory)")("sample-mb", po::value<double>(&opt.sample_mb)->default_value(64),
+                                              "sentencepiece: train on about this many MiB of the text")(
+      "compress", "gzip the token datasets")("force", "replace an existing output file");
   po::variables_map vm;
   if (auto done = parse_command_line("data prepare", desc, args, vm)) return *done;
   opt.compress = vm.count("compress") > 0;

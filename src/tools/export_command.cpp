@@ -16,8 +16,9 @@ ExitCode export_command(const std::vector<std::string>& args) {
                                                  "a checkpoint (any saved layout), or a run directory, its checkpoints "
                                                  "folder or latest file: the newest intact one")(
       "format", po::value<std::string>(&format),
-      "hf (a Hugging Face GPT-2 directory: config.json, model.safetensors) | llmc (llm.c's model file)")(
-      "output", po::value<std::string>(&opt.output), "the directory (hf) or file (llmc) to write")(
+      "hf (a Hugging Face GPT-2 or Llama directory, by model.arch: config.json, model.safetensors) | llmc (llm.c's "
+      "model file, GPT-2 only)")("output", po::value<std::string>(&opt.output),
+                                 "the directory (hf) or file (llmc) to write")(
       "dtype", po::value<std::string>(&dtype)->default_value("fp32"), "fp32 | bf16 (rounded to nearest even)")(
       "force", "replace an existing output");
   po::variables_map vm;

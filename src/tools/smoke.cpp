@@ -353,7 +353,8 @@ void check_training(const SmokeOptions& opt, const RunSpec& spec, World& w, cons
   TrainOptions train;
   train.config = opt.config;
   train.overrides = opt.overrides;
-  for (const char* s : {"run.steps=3", "checkpoint.every_steps=0", "log.trace_steps=0", "train.warmup_steps=1"})
+  for (const char* s :
+       {"run.steps=3", "checkpoint.every_steps=0", "log.every_steps=1", "log.trace_steps=0", "train.warmup_steps=1"})
     train.overrides.push_back(s);
   const auto& p = spec.parallel;
   for (const std::string& s : std::vector<std::string>{

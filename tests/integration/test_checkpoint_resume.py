@@ -87,13 +87,13 @@ def signal_stop(name, extra):
     expect(again.rc == 0 and "run already complete" in again.out, "starting a finished run again does nothing")
 
 
-def resume_as(name, origin, pp, dp, extra, ckpt, ref_losses):
+def resume_as(name, origin, pp, dp, extra, ckpt, ref_losses, config=None):
     """`ckpt` resumed as pp x dp (+ extra): it continues at the next step, and every remaining
     step's loss and gradient norm stay within float rounding of the uninterrupted run."""
     a = settings()
     at = int(os.path.basename(ckpt)[5:])
     sets = BASE[:-2] + [f"parallel.pp={pp}", f"parallel.dp={dp}", *extra]
-    r = launch(a, pp * dp, os.path.join(a.work, f"reshard_{name}"), tiny(), sets, extra=["--resume", ckpt])
+    r = launch(a, pp * dp, os.path.join(a.work, f"reshard_{name}"), config or tiny(), sets, extra=["--resume", ckpt])
     expect(r.rc == 0, f"resume {origin} -> {name}: exit 0 (got {r.rc}) {r.err[-300:]}")
     if r.rc != 0:
         return r
@@ -118,6 +118,21 @@ def reshard_to_other_layouts():
     ckpt30, ref_losses = os.path.join(ref.run_dir, "checkpoints", "step_00000030"), losses(ref)[1]
     for pp, dp in [(4, 1), (1, 2), (1, 1)]:
         resume_as(f"{pp}x{dp}", "2x2", pp, dp, [], ckpt30, ref_losses)
+
+
+@scenario
+def llama_reshards():
+    """The llama family (configs/llama-tiny.toml, grouped key/value heads): its 2x2 checkpoint of
+    step 30 resumes as 4x1 and as zb-v 2x1, whose step-40 checkpoint resumes as 1x1."""
+    llama = os.path.join(settings().configs, "llama-tiny.toml")
+    ref = shared_run("llama_reference", 4, llama, BASE + ["log.every_steps=1"])
+    expect(ref.rc == 0, f"uninterrupted llama 2x2 run: exit 0 (got {ref.rc}) {ref.err[-300:]}")
+    ckpt30, ref_losses = os.path.join(ref.run_dir, "checkpoints", "step_00000030"), losses(ref)[1]
+    resume_as("llama_4x1", "llama 2x2", 4, 1, ["log.every_steps=1"], ckpt30, ref_losses, llama)
+    v = resume_as("llama_zbv", "llama 2x2", 2, 1, ["log.every_steps=1", "parallel.schedule=zb-v"], ckpt30, ref_losses,
+                  llama)
+    resume_as("llama_1x1", "llama zb-v 2x1", 1, 1, ["log.every_steps=1"],
+              os.path.join(v.run_dir, "checkpoints", "step_00000040"), ref_losses, llama)
 
 
 @scenario

@@ -199,7 +199,7 @@ def untied_head():
 def llama_layouts():
     """The llama family (RMSNorm, rotary positions, 2 key/value heads for 4 query heads, SwiGLU, an
     untied head) over 20 steps: GPipe on 2x1, 4x1, 1x2, 2x2; 1F1B, interleaved, zb-h1, zb-v and
-    dualpipev; recompute block and stage - each gives its 1x1 numbers."""
+    dualpipev; recompute block and stage; ZeRO-1 on 2x2 - each gives its 1x1 numbers."""
     ref = reference(*LLAMA)
     expect(ref and ref[-1]["loss"] < ref[0]["loss"] - 0.5, "llama 1x1: the loss falls")
     for pp, dp in [(2, 1), (4, 1), (1, 2), (2, 2)]:
@@ -210,7 +210,8 @@ def llama_layouts():
                                ("zb-v", 2, 1, ["parallel.schedule=zb-v"]),
                                ("dualpipev", 2, 1, ["parallel.schedule=dualpipev"]),
                                ("recompute_block", 2, 2, ["parallel.recompute=block"]),
-                               ("recompute_stage", 2, 1, ["parallel.recompute=stage"])]:
+                               ("recompute_stage", 2, 1, ["parallel.recompute=stage"]),
+                               ("zero1", 2, 2, ["parallel.zero=1"])]:
         same(f"llama {name} {pp}x{dp} vs 1x1", run(f"llama_{name}", pp, dp, *LLAMA, *sets), ref)
 
 

@@ -96,6 +96,35 @@ def budget_of_a_run():
 
 
 @scenario
+def llama_published_shapes():
+    """configs/smollm-135m.toml and tinyllama-1.1b.toml: plan counts the published parameters
+    (134,515,008 and 1,100,048,384), FLOPs per step as the llama block counts them (its q/k/v, output
+    and three SwiGLU products), and a budget on an H200-class GPU that fits its memory."""
+    a = settings()
+    for name, params, kv, ffn in [("smollm-135m", 134515008, 3, 1536), ("tinyllama-1.1b", 1100048384, 4, 5632)]:
+        config = os.path.join(a.configs, f"{name}.toml")
+        r = plan("--peak-tflops", "989", "--link-gbps", "400", "--memory-per-rank", "141GB", "--json", config=config)
+        expect(r.returncode == 0, f"{name}: plan exit 0 ({r.stderr[-300:]})")
+        if r.returncode != 0:
+            continue
+        j = json.loads(r.stdout)
+        counted = sum(st["params"] for st in j["stages"])
+        expect(counted == params, f"{name}: {counted} parameters == the published {params}")
+        spec = {line.split(" = ")[0].strip(): line.split(" = ")[1].split("#")[0].strip()
+                for line in open(config) if " = " in line and not line.startswith("#")}
+        C, L, H, T, V = (int(spec[k]) for k in ("d_model", "n_layer", "n_head", "seq_len", "vocab"))
+        G, hs = int(spec["global_batch"]), C // H
+        macs = C * (C + 2 * kv * hs) + C * C + 3 * C * ffn  # q, k, v; o; gate, up, down
+        flops = 3 * (L * (2 * macs + 4 * T * C) + 2 * C * V) * G * T
+        recompute = L * (2 * macs + 4 * T * C) * G * T if spec.get("recompute") == '"block"' else 0
+        b = j["budget"]
+        expect(abs(b["flops_per_step"] - flops - recompute) < 1e-9 * flops,
+               f"{name}: FLOPs per step {b['flops_per_step']:.4g} == {flops + recompute:.4g}")
+        expect(0 < b["memory_per_rank_bytes"] < 141e9, f"{name}: fits a 141 GB GPU "
+               f"({b['memory_per_rank_bytes'] / 2 ** 30:.1f} GiB)")
+
+
+@scenario
 def gpt2_head_heavy_chunk():
     """GPT-2 124M as pp 4 x dp 8, M 16, interleaved V = 3 on an H200-like machine: the step's FLOPs,
     bytes, time and GPU-hours, and the warning that the chunk with the LM head is the bottleneck

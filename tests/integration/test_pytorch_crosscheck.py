@@ -50,6 +50,8 @@ def crosscheck(tie, pp, llama_kv=0):
                                                       ffn_hidden=LLAMA_FFN, vocab=V, tie=tie, rope_theta=LLAMA_THETA))
     else:
         model = torch_gpt.from_checkpoint(ck1, dict(n_layer=L, d_model=C, n_head=H, seq_len=T, vocab=V, tie=tie))
+    def load(ckpt, group="params"):  # a checkpoint's tensors by the PyTorch model's names
+        return torch_llama.load_hf_named(ckpt, group) if llama_kv else torch_gpt.load(model, ckpt, group)
     x, y = torch_gpt.text_batch(data, 1, B, T)  # the batch of step 2 (0-based step 1)
     loss = model(x, y)
     loss.backward()
@@ -62,7 +64,7 @@ def crosscheck(tie, pp, llama_kv=0):
 
     # One AdamW step from the step-1 optimizer state must reach pipetrain's step-2 state.
     spec = json.load(open(os.path.join(ck1, "manifest.json")))["spec"]
-    m1, v1 = torch_gpt.load(model, ck1, "optim/exp_avg"), torch_gpt.load(model, ck1, "optim/exp_avg_sq")
+    m1, v1 = load(ck1, "optim/exp_avg"), load(ck1, "optim/exp_avg_sq")
     torch.nn.utils.clip_grad_norm_(list(params.values()), float(spec["train.grad_clip"]))
 
     def adamw_step(tensors, decayed):
@@ -84,7 +86,7 @@ def crosscheck(tie, pp, llama_kv=0):
         misplaced[n].grad = p.grad.clone()
     adamw_step(misplaced, lambda n: params[n].dim() != 2)
     opt = adamw_step(params, lambda n: params[n].dim() == 2)  # decay on 2-D weights only
-    w2 = torch_gpt.load(model, ck2)
+    w2 = load(ck2)
     # The key bias (rows C..2C of attn.c_attn.bias) has an exactly zero gradient (softmax ignores a
     # shift shared by all scores): both sides hold float noise ~1e-12 there, which AdamW divides by
     # eps and so amplifies into different ~1e-7 updates. Those rows carry no signal; compare the rest.
@@ -93,11 +95,11 @@ def crosscheck(tie, pp, llama_kv=0):
     worst = max(((signal(n, params[n].detach()) - signal(n, w2[n])).abs().max() /
                  signal(n, w2[n]).abs().max().clamp(min=1e-12)).item() for n in params)
     expect(worst < 1e-5, f"{name}: weights after one AdamW step match PyTorch's (worst relative {worst:.1e})")
-    m2 = torch_gpt.load(model, ck2, "optim/exp_avg")
+    m2 = load(ck2, "optim/exp_avg")
     worst_m = max(((opt.state[params[n]]["exp_avg"] - m2[n]).abs().max() / m2[n].abs().max().clamp(min=1e-20)).item()
                   for n in params)
     expect(worst_m < 1e-4, f"{name}: AdamW first moments match (worst relative {worst_m:.1e})")
-    v2 = torch_gpt.load(model, ck2, "optim/exp_avg_sq")
+    v2 = load(ck2, "optim/exp_avg_sq")
     worst_v = max(((opt.state[params[n]]["exp_avg_sq"] - v2[n]).abs().max() / v2[n].abs().max().clamp(min=1e-20)).item()
                   for n in params)
     expect(worst_v < 1e-4, f"{name}: AdamW second moments match (worst relative {worst_v:.1e})")

@@ -157,6 +157,39 @@ def given_model_and_sampling():
            f"a sampled training says so: {p.stderr.strip()}")
 
 
+@scenario
+def llama_tokenizer_from_a_hugging_face_directory():
+    """A Llama-family SentencePiece model (BPE, byte fallback, digits split, a dummy prefix, unk/bos/eos
+    ids 0/1/2) kept as tokenizer.model in a Hugging Face directory: --tokenizer-model takes the
+    directory, and the token file's first line's ids are the Python sentencepiece module's; a
+    directory without tokenizer.model exits 2 naming it."""
+    a = settings()
+    hf = os.path.join(a.work, "hf_llama")
+    os.makedirs(hf, exist_ok=True)
+    sentencepiece.SentencePieceTrainer.train(
+        input=corpus(), model_prefix=os.path.join(hf, "tokenizer"), vocab_size=300, model_type="bpe",
+        byte_fallback=True, split_digits=True, add_dummy_prefix=True, normalization_rule_name="identity",
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+    json.dump({"model_type": "llama"}, open(os.path.join(hf, "config.json"), "w"))
+    out = os.path.join(a.work, "llama_tokens.h5")
+    p = prepare(out, "--tokenizer", "sentencepiece", "--tokenizer-model", hf, "--val-fraction", "0")
+    expect(p.returncode == 0, f"prepare with a Hugging Face directory: exit 0 ({p.stderr.strip()[-300:]})")
+    if p.returncode == 0:
+        sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(hf, "tokenizer.model"))
+        first = open(corpus(), encoding="utf-8").read().split("\n")[0]
+        want = sp.encode(first)
+        with h5py.File(out) as f:
+            got = f["train"][:len(want)].astype(np.int64).tolist()
+            stored = bytes(f["tokenizer_model"][:])
+        expect(got == want, f"the first line's ids are sentencepiece's ({got[:8]}.. vs {want[:8]}..)")
+        expect(stored == open(os.path.join(hf, "tokenizer.model"), "rb").read(), "the token file keeps that model")
+    empty = os.path.join(a.work, "no_tokenizer")
+    os.makedirs(empty, exist_ok=True)
+    p = prepare(os.path.join(a.work, "none.h5"), "--tokenizer", "sentencepiece", "--tokenizer-model", empty)
+    expect(p.returncode == 2 and empty in p.stderr and "tokenizer.model" in p.stderr,
+           f"a folder without tokenizer.model: exit 2 naming it ({p.returncode}: {p.stderr.strip()})")
+
+
 def trained_checkpoint():
     """The step-300 checkpoint of a 2x1 run on the BPE token file."""
     a = settings()

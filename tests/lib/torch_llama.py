@@ -1,8 +1,16 @@
 """The llama family of docs/design.md ("Model and parameter names") written independently in
 PyTorch from the published formulas: RMSNorm, rotary position embeddings (rotate-half), grouped-
 query attention (each key/value head repeated for the query heads that read it), a SwiGLU MLP, no
-biases. Loaded from a pipetrain checkpoint by name, like torch_gpt."""
+biases. Its modules carry Hugging Face LlamaForCausalLM's names (model.embed_tokens,
+model.layers.{i}.self_attn.q_proj, ..., model.norm, lm_head), so a Hugging Face directory loads by
+name (from_hf, with this file's own safetensors reader); a pipetrain checkpoint loads through the
+name map of design.md (from_checkpoint)."""
+import json
 import math
+import os
+import struct
+
+import numpy as np
 
 import torch
 import torch.nn as nn
@@ -71,19 +79,41 @@ class Block(nn.Module):
 class Llama(nn.Module):
     def __init__(self, n_layer, d, n_head, n_kv_head, ffn, vocab, tie, theta=10000.0, eps=1e-5):
         super().__init__()
-        self.wte = nn.Embedding(vocab, d)
-        self.h = nn.ModuleList(Block(d, n_head, n_kv_head, ffn, theta, eps) for _ in range(n_layer))
-        self.ln_f = RMSNorm(d, eps)
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(vocab, d)
+        self.model.layers = nn.ModuleList(Block(d, n_head, n_kv_head, ffn, theta, eps) for _ in range(n_layer))
+        self.model.norm = RMSNorm(d, eps)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         if tie:
-            self.lm_head.weight = self.wte.weight
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, idx, targets):
-        x = self.wte(idx)
-        for block in self.h:
+        x = self.model.embed_tokens(idx)
+        for block in self.model.layers:
             x = block(x)
-        logits = self.lm_head(self.ln_f(x))
+        logits = self.lm_head(self.model.norm(x))
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def hf_name(name):
+    """Hugging Face's name of a pipetrain llama tensor (design.md, "Model and parameter names")."""
+    top = {"wte.weight": "model.embed_tokens.weight", "ln_f.weight": "model.norm.weight"}
+    return top.get(name, "model.layers." + name[2:] if name.startswith("h.") else name)
+
+
+def load_hf_named(ckpt_dir, group="params"):
+    """A checkpoint's `group` ("params", "optim/exp_avg", ...) by Hugging Face names."""
+    return {hf_name(n): t for n, t in load(None, ckpt_dir, group).items()}
+
+
+def filled(m, weights):
+    """m with `weights` (Hugging Face name -> tensor) copied in; every parameter must be there."""
+    missing = set(dict(m.named_parameters())) - set(weights)
+    assert not missing, f"weights lack {sorted(missing)}"
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            p.copy_(weights[name])
+    return m
 
 
 def from_checkpoint(ckpt_dir, spec):
@@ -91,10 +121,43 @@ def from_checkpoint(ckpt_dir, spec):
     n_kv_head, ffn_hidden, vocab, tie, and optionally rope_theta, norm_eps)."""
     m = Llama(spec["n_layer"], spec["d_model"], spec["n_head"], spec["n_kv_head"], spec["ffn_hidden"], spec["vocab"],
               spec["tie"], spec.get("rope_theta", 10000.0), spec.get("norm_eps", 1e-5))
-    weights = load(m, ckpt_dir)
-    missing = set(dict(m.named_parameters())) - set(weights)
-    assert not missing, f"checkpoint lacks {sorted(missing)}"
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            p.copy_(weights[name])
-    return m
+    return filled(m, load_hf_named(ckpt_dir))
+
+
+def read_safetensors(path):
+    """name -> float32 tensor of a safetensors file (8-byte header length, JSON header, packed data;
+    F32, BF16 = the top half of a float32, F16)."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        raw = data[t["data_offsets"][0]:t["data_offsets"][1]]
+        if t["dtype"] == "F32":
+            a = np.frombuffer(raw, "<f4")
+        elif t["dtype"] == "BF16":
+            a = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
+        elif t["dtype"] == "F16":
+            a = np.frombuffer(raw, "<f2").astype(np.float32)
+        else:
+            raise ValueError(f"{path}: {name}: dtype {t['dtype']}")
+        out[name] = torch.from_numpy(a.reshape(t["shape"]).copy())
+    return out
+
+
+def from_hf(directory):
+    """A Llama from a Hugging Face directory: config.json's shape and constants, the weights of
+    model.safetensors or of the shards model.safetensors.index.json lists."""
+    cfg = json.load(open(os.path.join(directory, "config.json")))
+    index = os.path.join(directory, "model.safetensors.index.json")
+    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
+    weights = {}
+    for f in files:
+        weights.update(read_safetensors(os.path.join(directory, f)))
+    m = Llama(cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"],
+              cfg.get("num_key_value_heads", cfg["num_attention_heads"]), cfg["intermediate_size"], cfg["vocab_size"],
+              cfg.get("tie_word_embeddings", False), cfg.get("rope_theta", 10000.0), cfg.get("rms_norm_eps", 1e-6))
+    return filled(m, weights), cfg

@@ -18,7 +18,8 @@ struct PrepareOptions {
   TokenizerKind tokenizer = TokenizerKind::bytes;  // bytes or sentencepiece
   int vocab_size = 0;                              // sentencepiece: pieces to train
   std::string model_type = "bpe";                  // sentencepiece: bpe | unigram
-  std::string tokenizer_model;                     // sentencepiece: a .model file to use instead of training one
+  std::string tokenizer_model;                     // sentencepiece: a .model file to use instead of training one, or a
+                                                   // directory holding tokenizer.model (a Hugging Face Llama's)
   double sample_mb = 64;                           // sentencepiece: train on about this much of the text
 };
 

@@ -1,14 +1,17 @@
 // A model's weights in one of the forms pipetrain reads: a Hugging Face GPT-2 directory
-// (model.safetensors, config.json) or a bare .safetensors file, an llm.c model file, or a
-// pipetrain checkpoint directory. Whatever the form, tensors are looked up by pipetrain's names
-// and come out in pipetrain's layout ([out, in]; Conv1D matrices transposed, llm.c's padding rows
-// dropped), so the code that uses them (train.init_from, export) knows no format.
+// (model.safetensors, config.json) or a bare .safetensors file, a Hugging Face Llama directory
+// (config.json with model_type llama; model.safetensors, or shards listed by
+// model.safetensors.index.json), an llm.c model file, or a pipetrain checkpoint directory. Whatever the form, tensors
+// are looked up by pipetrain's names and come out in pipetrain's layout ([out, in]; Conv1D matrices transposed, llm.c's
+// padding rows dropped), so the code that uses them (train.init_from, export) knows no format.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "pipetrain/config/spec.hpp"
 
 namespace pipetrain {
 
@@ -22,8 +25,10 @@ class WeightsSource {
   const std::string& path() const { return path_; }
   // The form, for the start line: "Hugging Face GPT-2 directory, BF16".
   virtual std::string kind() const = 0;
-  // The attention heads the source declares (0 when it cannot say: a bare .safetensors file).
-  virtual int n_head() const = 0;
+  // What the source declares about its model that its tensors' shapes cannot tell and the spec
+  // disagrees with (the family, the heads, rotary and norm constants): "" when nothing, else one
+  // phrase naming the spec key ("the source has 12 attention heads, model.n_head = 4").
+  virtual std::string mismatch(const RunSpec& spec) const = 0;
   // Tensor `name`'s shape in pipetrain's layout, or nothing when the source does not hold it (a
   // tied model holds no lm_head.weight).
   virtual std::optional<std::vector<int64_t>> shape(const std::string& name) const = 0;

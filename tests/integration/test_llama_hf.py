@@ -1,0 +1,295 @@
+"""Hugging Face Llama in and out. `pipetrain export --format hf` of a llama checkpoint writes a
+LlamaForCausalLM directory that an independent PyTorch Llama (tests/lib/torch_llama.py: written from
+the published formulas, Hugging Face's names, its own safetensors reader) evaluates to `pipetrain
+eval`'s loss; a random Llama written here as a Hugging Face directory (one file or shards with an
+index, F32/BF16/F16) and loaded by `train.init_from` on 2 stages starts at PyTorch's loss and follows
+PyTorch's AdamW for 10 steps; what pipetrain cannot compute is refused naming the key.
+
+Batches are the token file's in order (data.shuffle = false): global sample g of step s starts at
+((s B + g) T) mod (N - T - 1) of /train (design.md, "Data order")."""
+import json
+import os
+import random
+import struct
+import subprocess
+
+import h5py
+import numpy as np
+import torch
+
+from tests.lib import torch_llama
+from tests.lib.harness import expect, launch, rel_diff, run_scenarios, scenario, settings, shared_path, shared_run
+
+T, B, V = 32, 16, 256  # llama-tiny.toml: seq_len, global_batch, vocab
+BASE = ["log.trace_steps=0", "log.every_steps=1", "data.source=hdf5", "data.shuffle=false"]
+
+
+def token_file():
+    """Byte tokens of a small text in a 16-word language (made once per module run)."""
+    path = shared_path("tokens.h5")
+    if not os.path.exists(path):
+        rng = random.Random(5)
+        words = ["rotary", "norm", "gate", "query", "key", "value", "head", "group", "layer", "token",
+                 "stage", "rank", "batch", "step", "loss", "model"]
+        text = shared_path("text.txt")
+        with open(text, "w") as f:
+            f.write(" ".join(rng.choice(words) for _ in range(20000)))
+        p = subprocess.run([settings().bin, "data", "prepare", "--input", text, "--output", path],
+                           capture_output=True, text=True)
+        expect(p.returncode == 0, f"data prepare: exit 0 ({p.stderr.strip()})")
+    return path
+
+
+def batch(split, step):
+    """Inputs and targets [B, T] of global batch `step` of `split`, in order."""
+    with h5py.File(token_file(), "r") as f:
+        tokens = np.asarray(f[split][:], dtype=np.int64)
+    span = len(tokens) - T - 1
+    starts = [((step * B + g) * T) % span for g in range(B)]
+    x = np.stack([tokens[s:s + T] for s in starts])
+    y = np.stack([tokens[s + 1:s + T + 1] for s in starts])
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def config():
+    return os.path.join(settings().configs, "llama-tiny.toml")
+
+
+def trained(name, ranks, *sets):
+    """The step-6 checkpoint of a llama-tiny run on the token file (shared by the scenarios)."""
+    r = shared_run(name, ranks, config(), BASE + ["run.steps=6", f"data.path={token_file()}", *sets])
+    expect(r.rc == 0, f"training {name}: exit 0 ({r.rc}) {r.err[-300:]}")
+    return os.path.join(r.run_dir, "checkpoints", "step_00000006")
+
+
+def export(ckpt, out, *extra):
+    return subprocess.run([settings().bin, "export", "--checkpoint", ckpt, "--format", "hf", "--output", out, *extra],
+                          capture_output=True, text=True, timeout=60)
+
+
+def eval_loss(ckpt):
+    a = settings()
+    e = subprocess.run([a.mpiexec, "-n", "1", a.bin, "eval", "--checkpoint", ckpt, "--batches", "1"],
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    expect(e.returncode == 0 and "val_loss " in e.stdout, f"eval {ckpt}: exit 0 ({e.stderr.strip()[-200:]})")
+    return float(e.stdout.split("val_loss ")[1].split()[0]) if "val_loss " in e.stdout else float("nan")
+
+
+def write_safetensors(path, tensors, dtype):
+    """A safetensors file of `tensors` (name -> float32 array) stored as dtype F32, BF16 (rounded to
+    nearest even) or F16, written from the format's description."""
+    header, offset, blobs = {}, 0, []
+    for name, a in tensors.items():
+        if dtype == "F32":
+            raw = a.astype("<f4").tobytes()
+        elif dtype == "F16":
+            raw = a.astype("<f2").tobytes()
+        else:
+            u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+            raw = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+        blobs.append(raw)
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def random_llama(directory, shards=1, dtypes=("F32",), tie=False, **config_changes):
+    """A random Llama (2 blocks of 64, 4 query heads over 2 key/value heads, SwiGLU 96, rope_theta
+    500, rms_norm_eps 1e-5) as a Hugging Face directory: config.json and model.safetensors, or
+    `shards` files with model.safetensors.index.json, the i-th shard stored as dtypes[i % len]."""
+    os.makedirs(directory, exist_ok=True)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": V, "hidden_size": 64,
+           "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "hidden_act": "silu", "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 500.0,
+           "rope_scaling": None, "attention_bias": False, "tie_word_embeddings": tie, "torch_dtype": "float32"}
+    cfg.update(config_changes)
+    rng = np.random.default_rng(3)
+    d, kv, f = 64, 32, 96
+    w = {"model.embed_tokens.weight": rng.normal(0, 0.5, (V, d)), "model.norm.weight": 1 + rng.normal(0, 0.1, d)}
+    if not tie:
+        w["lm_head.weight"] = rng.normal(0, 0.1, (V, d))
+    for i in range(2):
+        p = f"model.layers.{i}."
+        w.update({p + "input_layernorm.weight": 1 + rng.normal(0, 0.1, d),
+                  p + "self_attn.q_proj.weight": rng.normal(0, 0.15, (d, d)),
+                  p + "self_attn.k_proj.weight": rng.normal(0, 0.15, (kv, d)),
+                  p + "self_attn.v_proj.weight": rng.normal(0, 0.15, (kv, d)),
+                  p + "self_attn.o_proj.weight": rng.normal(0, 0.1, (d, d)),
+                  p + "post_attention_layernorm.weight": 1 + rng.normal(0, 0.1, d),
+                  p + "mlp.gate_proj.weight": rng.normal(0, 0.15, (f, d)),
+                  p + "mlp.up_proj.weight": rng.normal(0, 0.15, (f, d)),
+                  p + "mlp.down_proj.weight": rng.normal(0, 0.1, (d, f))})
+    w = {k: v.astype(np.float32) for k, v in w.items()}
+    if shards == 1:
+        write_safetensors(os.path.join(directory, "model.safetensors"), w, dtypes[0])
+    else:
+        names = sorted(w)
+        weight_map = {}
+        for s in range(shards):
+            file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+            part = {n: w[n] for n in names[s::shards]}
+            write_safetensors(os.path.join(directory, file), part, dtypes[s % len(dtypes)])
+            weight_map.update({n: file for n in part})
+        json.dump({"metadata": {}, "weight_map": weight_map},
+                  open(os.path.join(directory, "model.safetensors.index.json"), "w"))
+    json.dump(cfg, open(os.path.join(directory, "config.json"), "w"))
+    return directory
+
+
+FROM_RANDOM = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=2", "model.ffn_hidden=96",
+               "model.rope_theta=500", "train.warmup_steps=0", "train.lr=1e-3", "train.min_lr=1e-3",
+               "train.grad_clip=0", "train.weight_decay=0.1", "parallel.pp=2"]
+
+
+def run_from(name, source, steps, *sets):
+    a = settings()
+    r = launch(a, 2, os.path.join(a.work, name), config(),
+               BASE + [f"run.steps={steps}", f"data.path={token_file()}", f"train.init_from={source}", *FROM_RANDOM,
+                       *sets])
+    expect(r.rc == 0, f"{name}: exit 0 ({r.rc}) {r.err.strip()[-300:]}")
+    return r
+
+
+# --- scenarios ------------------------------------------------------------------------------------
+
+@scenario
+def export_matches_torch():
+    """The Hugging Face export of an untied llama-tiny (2 key/value heads), a tied multi-query one and
+    one saved as 2x2: LlamaForCausalLM's config and names, lm_head only when untied; the PyTorch
+    Llama built from the directory alone gives `pipetrain eval`'s loss within 1e-5."""
+    a = settings()
+    x, y = batch("val", 0)
+    for name, ranks, sets in [("untied", 1, []), ("tied_mqa", 1, ["model.tie_embeddings=true", "model.n_kv_head=1"]),
+                              ("2x2", 4, ["parallel.pp=2", "parallel.dp=2"])]:
+        ckpt = trained(name, ranks, *sets)
+        out = os.path.join(a.work, f"hf_{name}")
+        p = export(ckpt, out)
+        expect(p.returncode == 0 and "Hugging Face Llama directory" in p.stdout,
+               f"{name}: export exit 0, says what it wrote ({p.stderr.strip()[-200:]})")
+        if p.returncode != 0:
+            continue
+        model, cfg = torch_llama.from_hf(out)
+        tied, kv = name.startswith("tied"), 1 if "mqa" in name else 2
+        expect(cfg["architectures"] == ["LlamaForCausalLM"] and cfg["model_type"] == "llama" and
+               cfg["hidden_size"] == 64 and cfg["num_hidden_layers"] == 4 and cfg["num_attention_heads"] == 4 and
+               cfg["num_key_value_heads"] == kv and cfg["intermediate_size"] == 192 and cfg["hidden_act"] == "silu" and
+               cfg["rms_norm_eps"] == 1e-5 and cfg["rope_theta"] == 10000 and cfg["tie_word_embeddings"] == tied and
+               cfg["vocab_size"] == V and cfg["max_position_embeddings"] == T,
+               f"{name}: config.json describes the model ({kv} key/value heads, tied {tied})")
+        weights = torch_llama.read_safetensors(os.path.join(out, "model.safetensors"))
+        expect(("lm_head.weight" in weights) == (not tied) and
+               weights["model.layers.0.self_attn.k_proj.weight"].shape == (kv * 16, 64) and
+               weights["model.layers.3.mlp.down_proj.weight"].shape == (64, 192),
+               f"{name}: Hugging Face's names and [out, in] shapes, lm_head only when untied")
+        with torch.no_grad():
+            got = model(x, y).item()
+        want = eval_loss(ckpt)
+        expect(rel_diff(got, want) <= 1e-5, f"{name}: PyTorch Llama of the export {got:.7f} == eval {want:.7f} "
+                                            f"(rel {rel_diff(got, want):.1e})")
+
+
+@scenario
+def init_from_random_llama_follows_torch():
+    """A random Llama written here (rope_theta 500, grouped key/value heads) loaded by train.init_from
+    on 2 stages: the first loss is PyTorch's on the first batch within 1e-5, and 10 steps at a
+    constant learning rate without clipping follow torch.optim.AdamW (decay on 2-D weights) within
+    1e-5 at every step."""
+    a = settings()
+    source = random_llama(os.path.join(a.work, "random"))
+    r = run_from("from_random", source, 10)
+    expect("initialised from " + source + " (Hugging Face Llama directory, F32)" in r.out,
+           "the start line names the source")
+    got = [m["loss"] for m in r.metrics()] if r.rc == 0 else []
+    model, _ = torch_llama.from_hf(source)
+    params = dict(model.named_parameters())
+    opt = torch.optim.AdamW([{"params": [p for p in params.values() if p.dim() == 2], "weight_decay": 0.1},
+                             {"params": [p for p in params.values() if p.dim() != 2], "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    want = []
+    for step in range(10):
+        x, y = batch("train", step)
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    worst = max((rel_diff(g, w) for g, w in zip(got, want)), default=1.0)
+    expect(len(got) == 10 and worst <= 1e-5,
+           f"10 steps: pipetrain {[round(v, 5) for v in got[:3]]}.. == PyTorch {[round(v, 5) for v in want[:3]]}.. "
+           f"(worst rel {worst:.1e})")
+    expect(got and got[-1] < got[0] - 0.1, "and the loss falls")
+
+
+@scenario
+def init_from_shards_and_half_precision():
+    """The same random Llama as 3 shards with an index, stored F32, BF16 and F16 by turns: loaded
+    whole, with the first loss PyTorch's on the same (rounded) weights within 1e-5."""
+    a = settings()
+    source = random_llama(os.path.join(a.work, "sharded"), shards=3, dtypes=("F32", "BF16", "F16"))
+    r = run_from("from_sharded", source, 1)
+    expect("Hugging Face Llama directory, sharded" in r.out, "the start line says the source is sharded")
+    model, _ = torch_llama.from_hf(source)
+    x, y = batch("train", 0)
+    with torch.no_grad():
+        want = model(x, y).item()
+    got = r.metrics()[0]["loss"] if r.rc == 0 else float("nan")
+    expect(rel_diff(got, want) <= 1e-5, f"first loss {got:.7f} == PyTorch's {want:.7f} (rel {rel_diff(got, want):.1e})")
+
+
+@scenario
+def export_init_export_same_bytes():
+    """export -> init_from -> export of an untied llama gives the same model.safetensors bytes."""
+    a = settings()
+    first = os.path.join(a.work, "round1")
+    expect(export(trained("untied", 1), first).returncode == 0, "first export: exit 0")
+    r = launch(a, 1, os.path.join(a.work, "round_run"), config(),
+               BASE + ["run.steps=1", f"data.path={token_file()}", f"train.init_from={first}", "train.lr=0",
+                       "train.min_lr=0", "train.weight_decay=0"])
+    expect(r.rc == 0, f"init_from the export with lr 0: exit 0 ({r.err.strip()[-200:]})")
+    second = os.path.join(a.work, "round2")
+    p = export(os.path.join(r.run_dir, "checkpoints", "step_00000001"), second)
+    expect(p.returncode == 0, "second export: exit 0")
+    same = p.returncode == 0 and open(os.path.join(first, "model.safetensors"), "rb").read() == \
+        open(os.path.join(second, "model.safetensors"), "rb").read()
+    expect(same, "model.safetensors: the same bytes")
+
+
+@scenario
+def refusals_exit_2():
+    """What pipetrain's llama block does not compute, or a spec that disagrees with the source, exits
+    2 with one line naming the key: rope_scaling, hidden_act, attention_bias, num_key_value_heads
+    against model.n_kv_head, rope_theta, a GPT-2 spec, a shard the index lists but the folder lacks,
+    and llm.c export of a llama checkpoint."""
+    a = settings()
+    cases = [("rope_scaling", {"rope_scaling": {"type": "linear", "factor": 2.0}}, [], ["rope_scaling"]),
+             ("hidden_act", {"hidden_act": "gelu"}, [], ["hidden_act", "silu"]),
+             ("attention_bias", {"attention_bias": True}, [], ["attention_bias"]),
+             ("kv_heads", {}, ["model.n_kv_head=4"], ["num_key_value_heads", "model.n_kv_head"]),
+             ("theta", {}, ["model.rope_theta=10000"], ["rope_theta", "model.rope_theta"]),
+             ("arch", {}, ["model.arch=gpt2", "model.n_kv_head=0", "model.ffn_hidden=0", "model.rope_theta=10000",
+                           "model.ffn_multiple_of=256", "model.tie_embeddings=false"], ["Llama", "model.arch"])]
+    for name, change, sets, words in cases:
+        source = random_llama(os.path.join(a.work, f"bad_{name}"), **change)
+        r = launch(a, 1, os.path.join(a.work, f"refused_{name}"), config(),
+                   BASE + ["run.steps=1", f"data.path={token_file()}", f"train.init_from={source}", *FROM_RANDOM[:-1],
+                           *sets])
+        errors = [line for line in r.err.splitlines() if "error" in line]
+        expect(r.rc == 2 and len(errors) == 1 and all(w in errors[0] for w in words),
+               f"{name}: exit 2 naming {', '.join(words)} ({r.rc}: {r.err.strip()[-300:]})")
+    sharded = random_llama(os.path.join(a.work, "missing_shard"), shards=2)
+    os.remove(os.path.join(sharded, "model-00002-of-00002.safetensors"))
+    r = launch(a, 1, os.path.join(a.work, "refused_shard"), config(),
+               BASE + ["run.steps=1", f"data.path={token_file()}", f"train.init_from={sharded}", *FROM_RANDOM[:-1]])
+    expect(r.rc == 2 and "model-00002-of-00002.safetensors" in r.err, f"a missing shard is named ({r.err[-200:]})")
+    p = subprocess.run([a.bin, "export", "--checkpoint", trained("untied", 1), "--format", "llmc", "--output",
+                        os.path.join(a.work, "llama.bin")], capture_output=True, text=True)
+    expect(p.returncode == 2 and "llm.c" in p.stderr and "llama" in p.stderr,
+           f"llm.c export of llama: exit 2 naming both ({p.stderr.strip()})")
+
+
+if __name__ == "__main__":
+    run_scenarios()
