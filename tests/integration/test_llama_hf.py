@@ -9,7 +9,6 @@ Batches are the token file's in order (data.shuffle = false): global sample g of
 ((s B + g) T) mod (N - T - 1) of /train (design.md, "Data order")."""
 import json
 import os
-import random
 import struct
 import subprocess
 
@@ -17,27 +16,12 @@ import h5py
 import numpy as np
 import torch
 
+from tests.integration.test_model_export import token_file  # the same little corpus, prepared once per module
 from tests.lib import torch_llama
-from tests.lib.harness import expect, launch, rel_diff, run_scenarios, scenario, settings, shared_path, shared_run
+from tests.lib.harness import expect, launch, rel_diff, run_scenarios, scenario, settings, shared_run
 
 T, B, V = 32, 16, 256  # llama-tiny.toml: seq_len, global_batch, vocab
 BASE = ["log.trace_steps=0", "log.every_steps=1", "data.source=hdf5", "data.shuffle=false"]
-
-
-def token_file():
-    """Byte tokens of a small text in a 16-word language (made once per module run)."""
-    path = shared_path("tokens.h5")
-    if not os.path.exists(path):
-        rng = random.Random(5)
-        words = ["rotary", "norm", "gate", "query", "key", "value", "head", "group", "layer", "token",
-                 "stage", "rank", "batch", "step", "loss", "model"]
-        text = shared_path("text.txt")
-        with open(text, "w") as f:
-            f.write(" ".join(rng.choice(words) for _ in range(20000)))
-        p = subprocess.run([settings().bin, "data", "prepare", "--input", text, "--output", path],
-                           capture_output=True, text=True)
-        expect(p.returncode == 0, f"data prepare: exit 0 ({p.stderr.strip()})")
-    return path
 
 
 def batch(split, step):
