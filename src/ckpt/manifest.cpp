@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "pipetrain/ckpt/shard_io.hpp"
+#include "pipetrain/config/spec_schema.hpp"
 #include "pipetrain/model/model.hpp"
 #include "pipetrain/util/files.hpp"
 
@@ -47,6 +48,13 @@ std::vector<std::pair<int64_t, std::string>> checkpoints_in(const std::string& f
   }
   std::sort(out.rbegin(), out.rend());
   return out;
+}
+
+std::string Manifest::spec_value(const std::string& dotted) const {
+  if (auto it = spec.find(dotted); it != spec.end()) return it->second;
+  for (const SpecKey& k : spec_schema())
+    if (k.dotted() == dotted) return k.show(RunSpec{});
+  throw std::logic_error("no spec key " + dotted);
 }
 
 std::string Manifest::to_json() const {

@@ -71,15 +71,10 @@ bool must_match(const std::string& key) {  // model.dtype only changes how produ
 }  // namespace
 
 std::string incompatibility(const Manifest& m, const RunSpec& spec) {
-  const RunSpec defaults;
   for (auto& k : spec_schema()) {
     const std::string key = k.dotted();
     if (!must_match(key)) continue;
-    auto it = m.spec.find(key);
-    const std::string mine = k.show(spec);
-    // A key added after the checkpoint was written (model.arch and the llama keys): it was saved
-    // with what is now the key's default.
-    const std::string saved = it == m.spec.end() ? k.show(defaults) : it->second;
+    const std::string mine = k.show(spec), saved = m.spec_value(key);
     if (saved != mine) return key + " differs: checkpoint has " + saved + ", this run has " + mine;
   }
   return "";

@@ -62,7 +62,8 @@ namespace {
 // cos and sin of each position's angles, [T, hs/2] each: position p, pair i turns by
 // p theta^(-2i/hs) (computed in double, then rounded).
 struct RotaryTable {
-  RotaryTable(int T, int hs, float theta, int pos0) : half(hs / 2), cos(static_cast<size_t>(T) * half), sin(cos) {
+  RotaryTable(int T, int hs, float theta, int pos0)
+      : T(T), hs(hs), theta(theta), pos0(pos0), half(hs / 2), cos(static_cast<size_t>(T) * half), sin(cos) {
     for (int t = 0; t < T; ++t)
       for (int i = 0; i < half; ++i) {
         const double angle = (pos0 + t) * std::pow(static_cast<double>(theta), -2.0 * i / hs);
@@ -70,16 +71,27 @@ struct RotaryTable {
         sin[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(angle));
       }
   }
-  int half;
+  bool is_for(int t, int h, float th, int p) const { return T == t && hs == h && theta == th && pos0 == p; }
+  int T, hs;
+  float theta;
+  int pos0, half;
   std::vector<float> cos, sin;
 };
+
+// The table for these positions: every block's forward and backward of a run asks for the same
+// one, so the last is kept rather than its T x hs/2 sines and cosines recomputed each call.
+const RotaryTable& rotary_table(int T, int hs, float theta, int pos0) {
+  thread_local RotaryTable last(0, 0, 1.f, 0);
+  if (!last.is_for(T, hs, theta, pos0)) last = RotaryTable(T, hs, theta, pos0);
+  return last;
+}
 
 // Rotates every q and k head of qkv's rows by its position's angles; `inverse` turns the other way
 // (the transpose of the rotation: what backward applies to dq and dk).
 void rotate(float* qkv, int B, int T, int C, int NH, int NKV, float theta, int pos0, bool inverse) {
   KernelTimer timer(Kernel::elementwise);
   const int hs = C / NH, heads = NH + NKV, C3 = C + 2 * NKV * hs;
-  const RotaryTable table(T, hs, theta, pos0);
+  const RotaryTable& table = rotary_table(T, hs, theta, pos0);
   const int half = table.half;
   const float sign = inverse ? -1.f : 1.f;
   parallel_for(static_cast<size_t>(B) * T, rows_per_chunk(C3), [&](size_t begin, size_t end) {

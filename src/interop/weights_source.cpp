@@ -1,7 +1,6 @@
 #include "pipetrain/interop/weights_source.hpp"
 
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -37,18 +36,29 @@ std::string gpt2_mismatch(const char* form, int heads, const RunSpec& spec) {
   return heads_mismatch(heads, spec);
 }
 
-// model.safetensors (GPT2LMHeadModel's names, or GPT2Model's without "transformer."), with the
-// config.json beside it when there is one: what it declares must be the block pipetrain computes.
+// A Hugging Face directory's config.json, read once.
+json read_hf_config(const std::string& path) {
+  try {
+    return json::parse(read_input_file(path, "Hugging Face config", 1 << 20));
+  } catch (const json::exception& e) {
+    throw SpecError(path + ": not valid JSON (" + e.what() + ")");
+  }
+}
+
+// model.safetensors (GPT2LMHeadModel's names, or GPT2Model's without "transformer."), in a
+// directory or alone, with the directory's config.json when there is one (`config`, read from
+// `config_path`): what it declares must be the block pipetrain computes.
 class HfSource : public WeightsSource {
  public:
-  HfSource(const std::string& path, const std::string& file, const std::string& config)
-      : WeightsSource(path), st_(file), directory_(!config.empty()) {
+  HfSource(const std::string& path, const std::string& file, bool directory, const json* config,
+           const std::string& config_path)
+      : WeightsSource(path), st_(file), directory_(directory) {
     for (const SafetensorsEntry& e : st_.entries()) {
       const std::string name = name_from_hf(e.name);
       if (!name.empty() && !by_name_.count(name)) by_name_[name] = &e;
     }
     if (by_name_.empty()) throw SpecError(file + ": holds no GPT-2 tensors (transformer.wte.weight, ...)");
-    if (!config.empty() && fs::exists(config)) check_config(config);
+    if (config) check_config(*config, config_path);
   }
 
   std::string kind() const override {
@@ -79,13 +89,7 @@ class HfSource : public WeightsSource {
  private:
   // What the config declares must agree with pipetrain's block: a GPT-2, GELU with the tanh
   // approximation, LayerNorm eps 1e-5. The heads are checked against the spec by the caller.
-  void check_config(const std::string& config) {
-    json c;
-    try {
-      c = json::parse(read_input_file(config, "Hugging Face config", 1 << 20));
-    } catch (const json::exception& e) {
-      throw SpecError(config + ": not valid JSON (" + e.what() + ")");
-    }
+  void check_config(const json& c, const std::string& config) {
     auto refuse = [&](const std::string& key, const std::string& why) {
       throw SpecError(config + ": " + key + " = " + c[key].dump() + ": " + why);
     };
@@ -248,14 +252,12 @@ class CheckpointSource : public WeightsSource {
   // The model keys that shapes cannot tell apart, as the checkpoint's spec has them (a key it
   // predates: its default).
   std::string mismatch(const RunSpec& spec) const override {
-    const RunSpec defaults;
     for (const SpecKey& k : spec_schema()) {
       const std::string key = k.dotted();
       if (key != "model.arch" && key != "model.n_head" && key != "model.n_kv_head" && key != "model.rope_theta" &&
           key != "model.norm_eps")
         continue;
-      auto it = manifest_.spec.find(key);
-      const std::string saved = it == manifest_.spec.end() ? k.show(defaults) : it->second;
+      const std::string saved = manifest_.spec_value(key);
       if (saved != k.show(spec)) return "the checkpoint has " + key + " = " + saved + ", this spec " + k.show(spec);
     }
     return "";
@@ -292,17 +294,14 @@ std::unique_ptr<WeightsSource> WeightsSource::open(const std::string& path) {
   const fs::path p(path);
   if (fs::is_directory(p, ec)) {
     if (fs::exists(p / "manifest.json", ec)) return std::make_unique<CheckpointSource>(path);
-    if (const std::string config = (p / "config.json").string(); fs::exists(config, ec)) {
-      json c;
-      try {
-        c = json::parse(read_input_file(config, "Hugging Face config", 1 << 20));
-      } catch (const json::exception& e) {
-        throw SpecError(config + ": not valid JSON (" + e.what() + ")");
-      }
-      if (c.value("model_type", "") == "llama") return std::make_unique<HfLlamaSource>(path, c, config);
-    }
+    const std::string config_path = (p / "config.json").string();
+    std::optional<json> config;
+    if (fs::exists(config_path, ec)) config = read_hf_config(config_path);
+    if (config && config->value("model_type", "") == "llama")
+      return std::make_unique<HfLlamaSource>(path, *config, config_path);
     if (fs::exists(p / "model.safetensors", ec))
-      return std::make_unique<HfSource>(path, (p / "model.safetensors").string(), (p / "config.json").string());
+      return std::make_unique<HfSource>(path, (p / "model.safetensors").string(), true, config ? &*config : nullptr,
+                                        config_path);
     throw SpecError(path +
                     ": not a model: a folder without manifest.json (a pipetrain checkpoint, "
                     "RUN_DIR/checkpoints/step_N), model.safetensors (a Hugging Face GPT-2 or Llama directory) "
@@ -310,7 +309,7 @@ std::unique_ptr<WeightsSource> WeightsSource::open(const std::string& path) {
   }
   if (!fs::exists(p, ec)) throw SpecError(path + ": no such file or directory");
   if (LlmcFile::looks_like(path)) return std::make_unique<LlmcSource>(path);
-  if (SafetensorsFile::looks_like(path)) return std::make_unique<HfSource>(path, path, "");
+  if (SafetensorsFile::looks_like(path)) return std::make_unique<HfSource>(path, path, false, nullptr, "");
   throw SpecError(path + ": not a model: neither an llm.c model file (magic " + std::to_string(kLlmcMagic) +
                   ") nor a safetensors file");
 }

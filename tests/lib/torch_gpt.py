@@ -63,16 +63,20 @@ def load(model, ckpt_dir, group="params"):
     return out
 
 
-def from_checkpoint(ckpt_dir, spec):
-    """A GPT with the checkpoint's weights; spec: the model keys (n_layer, d_model, ...)."""
-    m = GPT(spec["n_layer"], spec["d_model"], spec["n_head"], spec["seq_len"], spec["vocab"], spec["tie"])
-    weights = load(m, ckpt_dir)
+def filled(m, weights):
+    """m with `weights` (parameter name -> tensor) copied in; every parameter must be there."""
     missing = set(dict(m.named_parameters())) - set(weights)
-    assert not missing, f"checkpoint lacks {sorted(missing)}"
+    assert not missing, f"weights lack {sorted(missing)}"
     with torch.no_grad():
         for name, p in m.named_parameters():
             p.copy_(weights[name])
     return m
+
+
+def from_checkpoint(ckpt_dir, spec):
+    """A GPT with the checkpoint's weights; spec: the model keys (n_layer, d_model, ...)."""
+    m = GPT(spec["n_layer"], spec["d_model"], spec["n_head"], spec["seq_len"], spec["vocab"], spec["tie"])
+    return filled(m, load(m, ckpt_dir))
 
 
 def text_batch(data, step, batch, seq_len):

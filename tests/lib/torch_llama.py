@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tests.lib.torch_gpt import load, text_batch  # noqa: F401  (text_batch: the same data order)
+from tests.lib.torch_gpt import filled, load, text_batch  # noqa: F401  (text_batch: the same data order)
 
 
 class RMSNorm(nn.Module):
@@ -104,16 +104,6 @@ def hf_name(name):
 def load_hf_named(ckpt_dir, group="params"):
     """A checkpoint's `group` ("params", "optim/exp_avg", ...) by Hugging Face names."""
     return {hf_name(n): t for n, t in load(None, ckpt_dir, group).items()}
-
-
-def filled(m, weights):
-    """m with `weights` (Hugging Face name -> tensor) copied in; every parameter must be there."""
-    missing = set(dict(m.named_parameters())) - set(weights)
-    assert not missing, f"weights lack {sorted(missing)}"
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            p.copy_(weights[name])
-    return m
 
 
 def from_checkpoint(ckpt_dir, spec):

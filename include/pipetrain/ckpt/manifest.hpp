@@ -20,6 +20,9 @@ struct Manifest {
   int64_t step = 0;
   std::string spec_hash;
   std::map<std::string, std::string> spec;  // every spec key -> its value as TOML text
+  // The value of spec key `dotted` the checkpoint was saved with, as TOML text. A key added after
+  // it was written (model.arch and the llama keys) holds what is now the key's default.
+  std::string spec_value(const std::string& dotted) const;
   int pp = 0, dp = 0;
   int virtual_stages = 1;        // chunks per stage (interleaved schedule); shard s holds all of stage s's
   std::vector<int> partition;    // blocks per virtual stage (pp x virtual_stages entries)

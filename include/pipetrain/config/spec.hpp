@@ -31,7 +31,7 @@ struct RunSpec {
     int vocab = 256;
     Dtype dtype = Dtype::fp32;   // matrix-product inputs (bf16 on the GPU only)
     bool tie_embeddings = true;  // llama: false unless set
-    // The llama family's (model/arch.hpp); a gpt2 spec leaves them at their defaults.
+    // The llama family's (model/block_tensors.hpp); a gpt2 spec leaves them at their defaults.
     int n_kv_head = 0;  // key/value heads (grouped-query attention); 0 = n_head
     double rope_theta = 10000;
     int ffn_hidden = 0;  // SwiGLU width; 0 = 2/3 x 4 d_model rounded up to ffn_multiple_of
