@@ -177,16 +177,20 @@ RunSpec spec_of(const Manifest& m, const std::string& dir, const std::vector<std
   std::string toml;
   for (const auto& [section, lines] : sections) toml += "[" + section + "]\n" + lines;
   const int world = std::max(1, world_size);
-  std::vector<std::string> sets = {"parallel.pp=1", "parallel.dp=" + std::to_string(world),
-                                   "parallel.partition=uniform", "parallel.schedule=gpipe",
+  std::vector<std::string> sets = {"parallel.tp=1",
+                                   "parallel.pp=1",
+                                   "parallel.dp=" + std::to_string(world),
+                                   "parallel.partition=uniform",
+                                   "parallel.schedule=gpipe",
                                    "parallel.virtual_stages=1"};
   sets.insert(sets.end(), overrides.begin(), overrides.end());
-  // dp fills the ranks the user's pp leaves (eval --set parallel.pp=2 on 4 ranks: dp 2), unless
-  // they set dp too.
+  // dp fills the ranks the user's tp and pp leave (eval --set parallel.pp=2 on 4 ranks: dp 2),
+  // unless they set dp too.
   try {
     const RunSpec asked = parse_spec(toml, dir + "/manifest.json", sets, kAnyLayout);
-    if (asked.parallel.dp == world && asked.parallel.pp > 1 && world % asked.parallel.pp == 0)
-      sets.insert(sets.begin() + 2, "parallel.dp=" + std::to_string(world / asked.parallel.pp));
+    const int cell = asked.parallel.tp * asked.parallel.pp;
+    if (asked.parallel.dp == world && cell > 1 && world % cell == 0)
+      sets.insert(sets.begin() + 3, "parallel.dp=" + std::to_string(world / cell));
   } catch (const SpecError&) {
   }  // the parse below says what is wrong
   return parse_spec(toml, dir + "/manifest.json", sets, world_size);

@@ -164,7 +164,7 @@ void read_checkpoint_tensors(const std::string& dir, const std::vector<ParamTens
   for (auto& s : m.shards)
     for (auto& t : s.tensors) shard_of[t] = dir + "/" + s.file;
   std::map<std::string, std::unique_ptr<ShardReader>> open;
-  std::vector<float> whole;
+  std::vector<float> whole, part;
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamTensor& p = params[i];
     auto it = shard_of.find(p.name);
@@ -172,14 +172,21 @@ void read_checkpoint_tensors(const std::string& dir, const std::vector<ParamTens
     try {
       auto& reader = open[it->second];
       if (!reader) reader = std::make_unique<ShardReader>(it->second);
-      reader->read("params", p.name, p.shape, weights + p.offset);
+      // The checkpoint holds whole tensors: a tensor rank takes its part.
+      auto read_part = [&](const char* group, float* out) {
+        if (!p.split()) return reader->read(group, p.name, p.shape, out);
+        whole.resize(p.tp.whole_size());
+        reader->read(group, p.name, p.tp.whole, whole.data());
+        take_part(p.tp, p.shape, whole.data(), out);
+      };
+      read_part("params", weights + p.offset);
       if (!shard) continue;
       // The moments of the shard's slab of the tensor, at its place in the optimizer's buffers.
       const OptimizerShard::Slab& slab = shard->slabs()[i];
-      whole.resize(p.size);
+      part.resize(p.size);
       for (auto [group, out] : {std::pair{"optim/exp_avg", exp_avg}, std::pair{"optim/exp_avg_sq", exp_avg_sq}}) {
-        reader->read(group, p.name, p.shape, whole.data());
-        std::copy_n(whole.data() + (slab.begin - p.offset), slab.size(), out + slab.state_offset);
+        read_part(group, part.data());
+        std::copy_n(part.data() + (slab.begin - p.offset), slab.size(), out + slab.state_offset);
       }
     } catch (const std::runtime_error& e) {  // a checkpoint that does not fit is bad input
       throw SpecError(std::string("cannot load checkpoint: ") + e.what());

@@ -170,7 +170,7 @@ std::vector<uint64_t> Checkpointer::snapshot_and_create(PendingSave& p, Stage& s
     check_finite(tensors, floats, copy, p.step);
     fault_hooks().reach(FaultPoint::stall_in_save, p.step);  // test-only: stop answering mid-save
     for (const ShardTensor& t : tensors) p.names.push_back(t.name);
-    if (comm_.topo().dp_rank != 0) return;
+    if (!comm_.topo().leads_stage()) return;
     std::vector<TensorInfo> infos;
     for (const ShardTensor& t : tensors)
       infos.push_back({t.name, std::vector<int64_t>(t.shape.begin(), t.shape.end())});
@@ -183,19 +183,24 @@ std::vector<uint64_t> Checkpointer::snapshot_and_create(PendingSave& p, Stage& s
   return offsets;
 }
 
-// Where each of this rank's slabs goes: its dataset's offset, which the stage's first replica
-// broadcasts, plus the rows before this replica's.
+// Where each of this rank's slabs goes: its dataset's offset, which the stage's first rank
+// broadcasts, plus where this replica's rows of this tensor rank's part lie in the whole tensor
+// (one run unless tensor ranks split it: then a run per row of a column split, per group of rows
+// of a row split).
 void Checkpointer::place_slabs(PendingSave& p, const Stage& stage, const std::vector<ShardTensor>& tensors,
                                const std::vector<size_t>& floats, std::vector<uint64_t> offsets) const {
   const Topology& topo = comm_.topo();
   offsets.resize(3 * tensors.size());
-  comm_.broadcast_in_data(offsets.data(), offsets.size());
+  comm_.broadcast_in_stage(offsets.data(), offsets.size());
   size_t i = 0;
   for (const ParamTensor& t : stage.params()) {
     if (t.tied_copy) continue;
-    const uint64_t before = row_slab(t.shape[0], topo.dp_rank, topo.dp).begin * row_elements(t) * sizeof(float);
+    const size_t begin = row_slab(t.shape[0], topo.dp_rank, topo.dp).begin * row_elements(t);
+    const std::vector<ElementRun> runs = whole_runs(t.tp, t.shape, begin, begin + floats[i]);
     const float* arrays[3] = {tensors[i].param, tensors[i].exp_avg, tensors[i].exp_avg_sq};
-    for (int k = 0; k < 3; ++k) p.slabs.push_back({offsets[3 * i + k] + before, arrays[k], floats[i]});
+    for (int k = 0; k < 3; ++k)
+      for (const ElementRun& r : runs)
+        p.slabs.push_back({offsets[3 * i + k] + r.whole * sizeof(float), arrays[k] + (r.local - begin), r.count});
     ++i;
   }
 }
@@ -277,7 +282,7 @@ void Checkpointer::end_failed(const double running[], const double failed[], std
 void Checkpointer::begin_checksum(PendingSave& p) {
   release_snapshot(p);
   std::function<std::string()> work;
-  if (comm_.topo().dp_rank == 0) {
+  if (comm_.topo().leads_stage()) {
     std::string problem;
     try {
       check_shard(p.shard, p.names);
@@ -348,7 +353,7 @@ std::vector<ShardTensor> Checkpointer::slab_tensors(const Stage& stage, const Ad
     const size_t row = row_elements(p), begin = p.offset + rows.begin * row;
     const OptimizerShard::Slab& kept = opt.shard().slabs()[i];
     const size_t state = kept.state_offset + (begin - kept.begin);
-    tensors.push_back({p.name, p.shape, w + begin, m + state, v + state});
+    tensors.push_back({p.name, p.tp.whole, w + begin, m + state, v + state});
     floats.push_back((rows.end - rows.begin) * row);
   }
   return tensors;
@@ -382,7 +387,7 @@ Manifest Checkpointer::manifest(int64_t step, int64_t optimizer_steps, const std
     for (auto& p :
          rank_params(spec_, chunks_of(partition, spec_.chunk_placement(), s), static_cast<int>(partition.size())))
       if (!p.tied_copy) m.shards[s].tensors.push_back(p.name);
-    const int r = topo.rank_of(s, 0);  // each stage's first replica checksummed its shard
+    const int r = topo.rank_of(s, 0, 0);  // each stage's first rank checksummed its shard
     m.shards[s].checksum = sums[3 * r + 1];
     m.shards[s].bytes = sums[3 * r + 2];
   }

@@ -14,29 +14,40 @@
 #include "row_chunks.hpp"
 
 namespace pipetrain {
-void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                     int v_begin, int v_rows) {
   KernelTimer timer(Kernel::elementwise);
   parallel_for(static_cast<size_t>(B) * T, rows_per_chunk(C), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       float* o = out + i * C;
-      const float* e = wte + static_cast<size_t>(tokens[i]) * C;
-      if (!wpe) {
+      const int row = tokens[i] - v_begin;
+      const float* p = wpe ? wpe + (i % T) * C : nullptr;
+      if (row < 0 || row >= v_rows) {  // another tensor rank's token
+        if (p) std::copy(p, p + C, o);
+        else std::fill(o, o + C, 0.f);
+        continue;
+      }
+      const float* e = wte + static_cast<size_t>(row) * C;
+      if (!p) {
         std::copy(e, e + C, o);
         continue;
       }
-      const float* p = wpe + (i % T) * C;
       for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
     }
   });
 }
 
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C) {
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v_begin,
+                      int v_rows) {
   KernelTimer timer(Kernel::elementwise);
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       const float* d = dout + (static_cast<size_t>(b) * T + t) * C;
-      float* de = dwte + static_cast<size_t>(tokens[b * T + t]) * C;
-      for (int c = 0; c < C; ++c) de[c] += d[c];
+      const int row = tokens[b * T + t] - v_begin;
+      if (row >= 0 && row < v_rows) {
+        float* de = dwte + static_cast<size_t>(row) * C;
+        for (int c = 0; c < C; ++c) de[c] += d[c];
+      }
       if (!dwpe) continue;
       float* dp = dwpe + static_cast<size_t>(t) * C;
       for (int c = 0; c < C; ++c) dp[c] += d[c];
@@ -487,14 +498,16 @@ double softmax_crossentropy_forward(float* probs, const float* logits, const int
   return loss;
 }
 
-void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float scale, int N, int V) {
+void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float scale, int N, int V,
+                                   int v_begin) {
   KernelTimer timer(Kernel::softmax);
   parallel_for(N, rows_per_chunk(V), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       const float* p = probs + i * V;
       float* d = dlogits + i * V;
       for (int j = 0; j < V; ++j) d[j] = p[j] * scale;
-      d[targets[i]] -= scale;
+      const int t = targets[i] - v_begin;
+      if (t >= 0 && t < V) d[t] -= scale;
     }
   });
 }

@@ -9,8 +9,8 @@ bool timing = false;  // a KernelTimer runs
 }  // namespace
 
 const char* kernel_name(Kernel k) {
-  static const char* names[kKernelClasses] = {"gemm",        "attention", "layernorm", "gelu", "softmax",
-                                              "elementwise", "optimizer", "memory",    "input"};
+  static const char* names[kKernelClasses] = {"gemm",        "attention", "layernorm", "gelu",  "softmax",
+                                              "elementwise", "optimizer", "memory",    "input", "tp_comm"};
   return names[static_cast<int>(k)];
 }
 

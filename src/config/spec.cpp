@@ -94,6 +94,29 @@ void validate_model(const RunSpec& s, const std::function<void(const std::string
                              " is odd: rotary position embeddings rotate pairs of dimensions");
 }
 
+// Every width parallel.tp splits must divide evenly: query heads, key/value heads, the MLP's hidden
+// width. The vocabulary need not (its rows are split as evenly as they go).
+void validate_tensor_parallel(const RunSpec& s,
+                              const std::function<void(const std::string&, const std::string&)>& fail) {
+  const auto& m = s.model;
+  const int tp = s.parallel.tp;
+  if (tp == 1) return;
+  const std::string tp_is = "tp = " + std::to_string(tp);
+  if (m.n_head % tp != 0)
+    fail("parallel.tp", tp_is + " does not divide model.n_head = " + std::to_string(m.n_head) +
+                            " (each tensor rank holds n_head / tp attention heads)");
+  if (m.vocab < tp) fail("parallel.tp", tp_is + " exceeds model.vocab = " + std::to_string(m.vocab));
+  if (m.arch != Arch::llama) return;
+  const int kv_heads = m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
+  if (kv_heads % tp != 0)
+    fail("parallel.tp", tp_is + " does not divide model.n_kv_head = " + std::to_string(kv_heads) +
+                            " (each tensor rank holds n_kv_head / tp key/value heads; replicating them is not built)");
+  const int ffn = m.ffn_hidden > 0 ? m.ffn_hidden : llama_ffn_hidden(m.d_model, m.ffn_multiple_of);
+  if (ffn % tp != 0)
+    fail("parallel.tp", tp_is + " does not divide the MLP's hidden width " + std::to_string(ffn) +
+                            " (model.ffn_hidden; each tensor rank holds ffn / tp of it)");
+}
+
 // Did-you-mean for an unknown key: the same key name in another section first (a key put under
 // the wrong header), else the nearest section.key by edit distance.
 std::string suggest_key(const std::string& full, const std::string& key_name, const std::vector<std::string>& dotted) {
@@ -119,7 +142,9 @@ std::string suggest_key(const std::string& full, const std::string& key_name, co
                                                                     {"block_size", "model.seq_len"},
                                                                     {"vocab_size", "model.vocab"},
                                                                     {"pipeline_parallel_size", "parallel.pp"},
-                                                                    {"data_parallel_size", "parallel.dp"}};
+                                                                    {"data_parallel_size", "parallel.dp"},
+                                                                    {"tensor_parallel_size", "parallel.tp"},
+                                                                    {"tensor_model_parallel_size", "parallel.tp"}};
   for (auto& [other, ours] : kOtherNames)
     if (key_name == other) return ours;
   return closest_match(full, dotted);
@@ -209,7 +234,7 @@ RunSpec parse_spec(const std::string& text, const std::string& path, const std::
   }
   RunSpec one_rank = spec;  // the model, data and training keys, on a layout that fits any of them
   auto& p = one_rank.parallel;
-  p.pp = p.dp = p.virtual_stages = 1;
+  p.tp = p.pp = p.dp = p.virtual_stages = 1;
   p.micro_batches = spec.train.global_batch > 0 ? spec.train.global_batch : 1;
   p.schedule = &schedule_named("gpipe");
   p.partition = Partition::uniform;
@@ -225,7 +250,7 @@ void validate_spec(const RunSpec& s, int world_size) {
   const auto& m = s.model;
   const auto& p = s.parallel;
   // 64-bit products: each factor is range-checked, their product may still exceed int.
-  const int64_t ranks = int64_t{p.pp} * p.dp, batch_divisor = int64_t{p.dp} * p.micro_batches;
+  const int64_t ranks = int64_t{p.tp} * p.pp * p.dp, batch_divisor = int64_t{p.dp} * p.micro_batches;
   if (p.schedule->splits_backward && p.recompute != Recompute::none)
     fail("parallel.recompute", std::string("recompute = ") + name_of(p.recompute) +
                                    " cannot be used with parallel.schedule = " + p.schedule->name +
@@ -234,9 +259,12 @@ void validate_spec(const RunSpec& s, int world_size) {
     fail("model.n_head",
          "n_head = " + std::to_string(m.n_head) + " does not divide model.d_model = " + std::to_string(m.d_model));
   validate_model(s, fail);
+  validate_tensor_parallel(s, fail);
   if (world_size > 0 && ranks != world_size)
-    fail("parallel.pp", "pp x dp = " + std::to_string(p.pp) + " x " + std::to_string(p.dp) + " = " +
-                            std::to_string(ranks) + " but " + std::to_string(world_size) + " MPI ranks were launched");
+    fail(p.tp > 1 ? "parallel.tp" : "parallel.pp",
+         std::string(p.tp > 1 ? "tp x pp x dp = " + std::to_string(p.tp) + " x " : "pp x dp = ") +
+             std::to_string(p.pp) + " x " + std::to_string(p.dp) + " = " + std::to_string(ranks) + " but " +
+             std::to_string(world_size) + " MPI ranks were launched");
   if (m.dtype == Dtype::bf16 && s.run.device != Device::gpu)
     fail("model.dtype", "dtype = bf16 needs run.device = \"gpu\" (the CPU kernels are fp32)");
   if (const LayoutProblem problem = layout_problem(*p.schedule, s.pipeline_shape())) fail(problem.key, problem.why);

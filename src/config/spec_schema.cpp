@@ -276,6 +276,9 @@ std::vector<SpecKey> build_schema() {
       string_key("data", "path", FIELD(std::string, data.path),
                  "input file for source = text, or the token file (pipetrain data prepare) for source = hdf5"),
       bool_key("data", "shuffle", FIELD(bool, data.shuffle), "seeded permutation of windows per epoch"),
+      int_key("parallel", "tp", FIELD(int, parallel.tp), 1, 1024,
+              "tensor-parallel ranks per stage: each holds n_head / tp attention heads, 1/tp of the MLP and "
+              "of the vocabulary (consecutive ranks, so a tensor group shares a node)"),
       int_key("parallel", "pp", FIELD(int, parallel.pp), 1, 65536, "pipeline stages"),
       int_key("parallel", "dp", FIELD(int, parallel.dp), 1, 1 << 20, "data-parallel replicas"),
       int_key("parallel", "micro_batches", FIELD(int, parallel.micro_batches), 1, 1 << 20,

@@ -20,15 +20,20 @@ std::string seconds(double s) {
 }  // namespace
 
 struct Comm::Groups {
-  MPI_Comm pipe = MPI_COMM_NULL, data = MPI_COMM_NULL, tied = MPI_COMM_NULL;
+  MPI_Comm pipe = MPI_COMM_NULL, data = MPI_COMM_NULL, tied = MPI_COMM_NULL, tensor = MPI_COMM_NULL,
+           stage = MPI_COMM_NULL;
 };
 
 Comm::Comm(World& world, const Topology& topo, WaitPolicy wait, double timeout_s)
     : world_(world), topo_(topo), groups_(std::make_unique<Groups>()), timeout_s_(timeout_s) {
-  MPI_Comm_split(MPI_COMM_WORLD, topo.dp_rank, topo.stage, &groups_->pipe);
-  MPI_Comm_split(MPI_COMM_WORLD, topo.stage, topo.dp_rank, &groups_->data);
+  // Every group but the tensor group and the stage's links ranks of one tensor rank.
+  const int tp = topo.tp, k = topo.tp_rank;
+  MPI_Comm_split(MPI_COMM_WORLD, topo.dp_rank * tp + k, topo.stage, &groups_->pipe);
+  MPI_Comm_split(MPI_COMM_WORLD, topo.stage * tp + k, topo.dp_rank, &groups_->data);
   bool tied_member = topo.tied_apart() && (topo.first_stage() || topo.holds_head());
-  MPI_Comm_split(MPI_COMM_WORLD, tied_member ? topo.dp_rank : MPI_UNDEFINED, topo.stage, &groups_->tied);
+  MPI_Comm_split(MPI_COMM_WORLD, tied_member ? topo.dp_rank * tp + k : MPI_UNDEFINED, topo.stage, &groups_->tied);
+  MPI_Comm_split(MPI_COMM_WORLD, topo.stage * topo.dp + topo.dp_rank, k, &groups_->tensor);
+  MPI_Comm_split(MPI_COMM_WORLD, topo.stage, topo.dp_rank * tp + k, &groups_->stage);
   switch (wait) {
     case WaitPolicy::spin:
       mode_ = WaitMode::spin;
@@ -45,7 +50,7 @@ Comm::~Comm() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  for (MPI_Comm* c : {&groups_->pipe, &groups_->data, &groups_->tied})
+  for (MPI_Comm* c : {&groups_->pipe, &groups_->data, &groups_->tied, &groups_->tensor, &groups_->stage})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
@@ -77,6 +82,8 @@ void Comm::poll(Request& req, const WaitLabel& label, WaitMode mode, bool* pendi
   std::vector<int> members;
   if (label.group == Group::data)
     for (int d = 0; d < topo_.dp; ++d) members.push_back(topo_.rank_of(topo_.stage, d));
+  if (label.group == Group::tensor)
+    for (int k = 0; k < topo_.tp; ++k) members.push_back(topo_.rank_of(topo_.stage, topo_.dp_rank, k));
   if (label.group == Group::tied)
     members = {topo_.rank_of(0, topo_.dp_rank), topo_.rank_of(topo_.head_stage(), topo_.dp_rank)};
   if (!members.empty()) {
@@ -85,6 +92,12 @@ void Comm::poll(Request& req, const WaitLabel& label, WaitMode mode, bool* pendi
   }
   if (label.group == Group::world) msg += world_.suspects();
   throw CommTimeout(msg);
+}
+
+void Comm::poll_in_compute(Request& req, const WaitLabel& label) {
+  const double waited = wait_s_;
+  poll(req, label);
+  wait_s_ = waited;
 }
 
 bool Comm::wait(Request& req, const WaitLabel& label) {
@@ -138,6 +151,24 @@ void Comm::allreduce_tied(float* buf, size_t n) {
   Request r;
   MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_FLOAT, MPI_SUM, groups_->tied, RequestOut(r));
   poll(r, {"tied-embedding gradient sum between first and last stage", -1, -1, Group::tied});
+}
+
+void Comm::allreduce_tensor(float* buf, size_t n) {
+  Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_FLOAT, MPI_SUM, groups_->tensor, RequestOut(r));
+  poll_in_compute(r, {"tensor-parallel sum", -1, -1, Group::tensor});
+}
+
+void Comm::allreduce_tensor(double* buf, size_t n) {
+  Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, groups_->tensor, RequestOut(r));
+  poll_in_compute(r, {"tensor-parallel sum (softmax statistics)", -1, -1, Group::tensor});
+}
+
+void Comm::allmax_tensor(float* buf, size_t n) {
+  Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_FLOAT, MPI_MAX, groups_->tensor, RequestOut(r));
+  poll_in_compute(r, {"tensor-parallel max (softmax statistics)", -1, -1, Group::tensor});
 }
 
 void Comm::gather_to_root(const double* mine, size_t n, std::vector<double>& out) {
@@ -219,6 +250,12 @@ void Comm::broadcast_in_data(uint64_t* values, size_t n) {
   Request r;
   MPI_Ibcast(values, static_cast<int>(n), MPI_UINT64_T, 0, groups_->data, RequestOut(r));
   poll(r, {"broadcast from the first replica", -1, -1, Group::data});
+}
+
+void Comm::broadcast_in_stage(uint64_t* values, size_t n) {
+  Request r;
+  MPI_Ibcast(values, static_cast<int>(n), MPI_UINT64_T, 0, groups_->stage, RequestOut(r));
+  poll(r, {"broadcast from the stage's first rank", -1, -1, Group::none});
 }
 
 Comm::ClockOffset Comm::clock_offset_to_root(int rounds, const std::function<double()>& clock) {

@@ -69,7 +69,11 @@ void ModelImport::load(const std::vector<ParamTensor>& params, float* weights) c
   for (const ParamTensor& p : params) {
     const std::string from = source_of(p.name);
     const std::vector<int64_t> held = *source_->shape(from);
-    if (static_cast<size_t>(held[0]) == static_cast<size_t>(p.shape[0])) {
+    if (p.split()) {  // a tensor rank's part of the whole tensor
+      longer.resize(p.tp.whole_size());
+      source_->read(from, longer.data());
+      take_part(p.tp, p.shape, longer.data(), weights + p.offset);
+    } else if (static_cast<size_t>(held[0]) == static_cast<size_t>(p.shape[0])) {
       source_->read(from, weights + p.offset);
     } else {
       longer.resize(static_cast<size_t>(held[0] * held[1]));  // the position table, cut to its first rows

@@ -11,11 +11,18 @@ BlockShape block_shape(const RunSpec& spec) {
   s.head_dim = m.d_model / m.n_head;
   const bool llama = m.arch == Arch::llama;
   s.NKV = llama && m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
+  s.q = s.C;
   s.kv = s.NKV * s.head_dim;
-  s.qkv = s.C + 2 * s.kv;
+  s.qkv = s.q + 2 * s.kv;
   s.ffn = llama ? (m.ffn_hidden > 0 ? m.ffn_hidden : llama_ffn_hidden(m.d_model, m.ffn_multiple_of)) : 4 * s.C;
   s.fc = llama ? 2 * s.ffn : s.ffn;
   s.norm_stats = llama ? 1 : 2;
+  return s;
+}
+
+BlockShape tensor_part(const BlockShape& whole, int tp) {
+  BlockShape s = whole;
+  for (int* width : {&s.NH, &s.NKV, &s.q, &s.kv, &s.qkv, &s.fc, &s.ffn}) *width /= tp;
   return s;
 }
 
@@ -27,7 +34,7 @@ BlockShape gpt2_block_shape(int C) {
 }
 
 double block_weight_macs(const BlockShape& s) {
-  return static_cast<double>(s.C) * s.qkv + static_cast<double>(s.C) * s.C + static_cast<double>(s.C) * s.fc +
+  return static_cast<double>(s.C) * s.qkv + static_cast<double>(s.q) * s.C + static_cast<double>(s.C) * s.fc +
          static_cast<double>(s.ffn) * s.C;
 }
 

@@ -29,6 +29,14 @@ void fill_normal(float* out, size_t n, float stddev, uint64_t seed, const std::s
   }
 }
 
+// A tensor rank's part of what fill_normal gives the whole tensor: the same weights on any tp.
+void fill_part_normal(const ParamTensor& p, float* out, float stddev, uint64_t seed) {
+  if (!p.split()) return fill_normal(out, p.size, stddev, seed, p.name);
+  std::vector<float> all(p.tp.whole_size());
+  fill_normal(all.data(), all.size(), stddev, seed, p.name);
+  take_part(p.tp, p.shape, all.data(), out);
+}
+
 // Visits every activation buffer of a block / the head (const or not).
 template <class Block, class F>
 void for_each_block_buffer(Block& a, F f) {
@@ -63,13 +71,20 @@ void size_wgrads(BlockWGrads& w, const BlockShape& s, size_t N, bool keep_copies
   }
 }
 
+// A tensor rank's block widths and the most vocabulary rows any rank of the group holds: what the
+// memory formulas count per rank.
+BlockShape rank_shape(const RunSpec& spec) { return tensor_part(block_shape(spec), spec.parallel.tp); }
+size_t rank_vocab(const RunSpec& spec) {
+  return (static_cast<size_t>(spec.model.vocab) + spec.parallel.tp - 1) / spec.parallel.tp;
+}
+
 }  // namespace
 
 size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks, Recompute mode) {
   const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, C = spec.model.d_model;
-  const size_t NH = spec.model.n_head, V = spec.model.vocab, n = b * T, L = blocks;
-  const BlockShape s = block_shape(spec);
-  const size_t per_token = 5 * C + s.qkv + s.fc + s.ffn + 2 * s.norm_stats;  // 16C+4 for gpt2
+  const BlockShape s = rank_shape(spec);
+  const size_t NH = s.NH, V = rank_vocab(spec), n = b * T, L = blocks;
+  const size_t per_token = 4 * C + s.q + s.qkv + s.fc + s.ffn + 2 * s.norm_stats;  // 16C+4 for gpt2 on one rank
   const bool first = stage == 0, last = stage == n_stages - 1;
   size_t floats = 0;
   if (mode == Recompute::none)
@@ -82,23 +97,25 @@ size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages,
 
 size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks) {
   const size_t n = static_cast<size_t>(spec.samples_per_micro_batch()) * spec.model.seq_len, C = spec.model.d_model;
-  const BlockShape s = block_shape(spec);
+  const BlockShape s = rank_shape(spec);
   const bool first = stage == 0, last = stage == n_stages - 1;
-  return sizeof(float) * n * ((4 * C + s.qkv + s.fc) * blocks + (last ? spec.model.vocab + C : 0) + (first ? C : 0));
+  return sizeof(float) * n * ((4 * C + s.qkv + s.fc) * blocks + (last ? rank_vocab(spec) + C : 0) + (first ? C : 0));
 }
 
 size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual) {
   const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, C = spec.model.d_model;
-  const size_t n = b * T, V = spec.model.vocab;
+  const size_t n = b * T, V = rank_vocab(spec);
   const bool last = std::any_of(chunks.begin(), chunks.end(), [&](auto& c) { return c.vstage == n_virtual - 1; });
   const ChunkPlacement placement = spec.chunk_placement();
   const size_t links = message_links(placement, placement.stage_of(chunks.front().vstage)).size();
-  const BlockShape s = block_shape(spec);
-  size_t floats = n * (5 * C + s.ffn                // attproj, fcproj, dres, dx, datty; the activation's gradient
-                       + s.fc + s.qkv + 2 * C)      // the output gradients a fused block backward passes on
-                  + (last ? 2 * n * V + n * C : 0)  // logits; the head's output gradients
-                  + kMessageRing * links * n * C    // the executor's rings, one per message link
-                  + T * T;                          // attention backward's score gradients
+  const BlockShape s = rank_shape(spec);
+  const bool split_vocab = spec.parallel.tp > 1;
+  size_t floats = n * (4 * C + s.q + s.ffn             // attproj, fcproj, dres, dx, datty; the activation's gradient
+                       + s.fc + s.qkv + 2 * C)         // the output gradients a fused block backward passes on
+                  + (last ? 2 * n * V + n * C : 0)     // logits; the head's output gradients
+                  + (last && split_vocab ? 5 * n : 0)  // a split vocabulary's row maxima and (double) sums
+                  + kMessageRing * links * n * C       // the executor's rings, one per message link
+                  + T * T;                             // attention backward's score gradients
   size_t bytes = sizeof(float) * floats, work = 0;
   if (spec.parallel.recompute != Recompute::none)  // Stage::work_: one micro-batch's
     for (const ChunkRange& c : chunks) {           // activations, without its inputs
@@ -153,19 +170,26 @@ void Acts::release() {
   acts_live = false;
 }
 
-std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end) {
+std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end,
+                                      TpPart tp) {
   const int C = spec.model.d_model, V = spec.model.vocab, T = spec.model.seq_len;
-  const BlockShape shape = block_shape(spec);
+  const BlockShape whole = block_shape(spec), shape = tensor_part(whole, tp.size);
+  const int V_part = static_cast<int>(part_rows(V, tp).size());
   const bool gpt2 = !shape.llama();  // learned positions and a norm with a bias
   const bool first = stage == 0, last = stage == n_stages - 1;
   std::vector<ParamTensor> params;
   size_t offset = 0;
-  auto add = [&](const std::string& name, std::vector<int> shape, bool decay, Init init, bool tied_copy = false) {
+  // `split`: the whole tensor's shape, the split axis and its groups, when tensor ranks split it.
+  auto add = [&](const std::string& name, std::vector<int> shape, bool decay, Init init, bool tied_copy = false,
+                 TpSlice split = {}) {
     ParamTensor p;
     p.name = name;
     p.init = init;
     p.size = 1;
     for (int d : shape) p.size *= static_cast<size_t>(d);
+    p.tp = std::move(split);
+    if (p.tp.whole.empty()) p.tp.whole = shape;
+    p.tp.part = tp;
     p.shape = std::move(shape);
     p.offset = offset;
     p.decay = decay;
@@ -173,28 +197,38 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
     offset += p.size;
     params.push_back(std::move(p));
   };
+  const TpSlice vocab_rows{{V, C}, 0, {V}, tp};  // wte and the LM head: the vocabulary's rows
   if (first) {
-    add("wte.weight", {V, C}, true, Init::normal);
+    add("wte.weight", {V_part, C}, true, Init::normal, false, vocab_rows);
     if (gpt2) add("wpe.weight", {T, C}, true, Init::normal);
   }
   for (int i = block_begin; i < block_end; ++i)
-    for (const BlockTensor& t : block_tensors(shape.arch))
-      add(block_tensor_name(i, t), shape_of(t, shape), t.decay, t.init);
+    for (const BlockTensor& t : block_tensors(shape.arch)) {
+      TpSlice split;
+      if (tp.size > 1 && (split_by_tp(t.rows) || split_by_tp(t.cols))) {
+        const Dim d = split_by_tp(t.rows) ? t.rows : t.cols;
+        split = {shape_of(t, whole), split_by_tp(t.rows) ? 0 : 1, split_groups(d, whole), tp};
+      }
+      add(block_tensor_name(i, t), shape_of(t, shape), t.decay, t.init, false, split);
+    }
   if (last) {
     add("ln_f.weight", {C}, false, Init::ones);
     if (gpt2) add("ln_f.bias", {C}, false, Init::zeros);
-    if (!spec.model.tie_embeddings) add("lm_head.weight", {V, C}, true, Init::normal);
-    else if (!first) add("wte.weight", {V, C}, true, Init::normal, /*tied_copy=*/true);  // copy of stage 0's
+    if (!spec.model.tie_embeddings) add("lm_head.weight", {V_part, C}, true, Init::normal, false, vocab_rows);
+    else if (!first) add("wte.weight", {V_part, C}, true, Init::normal, /*tied_copy=*/true, vocab_rows);
   }
+  if (tp.size == 1)
+    for (ParamTensor& p : params) p.tp.axis = -1;  // one rank holds everything whole
   return params;
 }
 
-std::vector<ParamTensor> rank_params(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual) {
+std::vector<ParamTensor> rank_params(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual,
+                                     TpPart tp) {
   std::vector<ParamTensor> params;
   for (const ChunkRange& c : chunks) {
     const size_t offset = params.empty() ? 0 : params.back().offset + params.back().size;
     size_t dropped = 0;  // a tied head's copy of wte, on the rank that holds wte itself (a vee)
-    for (ParamTensor& p : stage_params(spec, c.vstage, n_virtual, c.block_begin, c.block_end)) {
+    for (ParamTensor& p : stage_params(spec, c.vstage, n_virtual, c.block_begin, c.block_end, tp)) {
       if (p.tied_copy && std::any_of(params.begin(), params.end(), [&](auto& q) { return q.name == p.name; })) {
         dropped += p.size;
         continue;
@@ -207,26 +241,27 @@ std::vector<ParamTensor> rank_params(const RunSpec& spec, const std::vector<Chun
 }
 
 Stage::Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end, int micro_batches,
-             float grad_scale)
-    : Stage(spec, {{stage, block_begin, block_end}}, n_stages, micro_batches, grad_scale) {}
+             float grad_scale, TpPart tp)
+    : Stage(spec, {{stage, block_begin, block_end}}, n_stages, micro_batches, grad_scale, tp) {}
 
 Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual, int micro_batches,
-             float grad_scale)
+             float grad_scale, TpPart tp)
     : M_(micro_batches),
       B_(spec.samples_per_micro_batch()),
       T_(spec.model.seq_len),
       C_(spec.model.d_model),
-      NH_(spec.model.n_head),
-      V_(spec.model.vocab),
       n_layer_(spec.model.n_layer),
-      shape_(block_shape(spec)),
+      tp_(tp),
+      v_begin_(static_cast<int>(part_rows(spec.model.vocab, tp).begin)),
+      V_(static_cast<int>(part_rows(spec.model.vocab, tp).size())),
+      shape_(tensor_part(block_shape(spec), tp.size)),
       rope_theta_(static_cast<float>(spec.model.rope_theta)),
       norm_eps_(static_cast<float>(spec.model.norm_eps)),
       tied_(spec.model.tie_embeddings),
       mode_(spec.parallel.recompute),
       grad_scale_(grad_scale),
       k_(kernels(compute_device(), spec.model.dtype)) {
-  params_ = rank_params(spec, chunks, n_virtual);
+  params_ = rank_params(spec, chunks, n_virtual, tp);
   const size_t total = params_.empty() ? 0 : params_.back().offset + params_.back().size;
   weights_.resize(total);
   grads_.resize(total);
@@ -258,13 +293,17 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
   fcproj_.resize(N * C);
   dres_.resize(N * C);
   dx_.resize(N * C);
-  datty_.resize(N * C);
+  datty_.resize(N * shape_.q);
   dfch_gelu_.resize(N * shape_.ffn);
   size_wgrads(wscratch_, shape_, N, false);
   if (has_head()) {
     logits_.resize(N * V_);
     hscratch_.dlogits.resize(N * V_);
     hscratch_.dlnf.resize(N * C);
+    if (tp.size > 1) {
+      row_max_.resize(N);
+      softmax_stats_.resize(2 * N);
+    }
   }
 }
 
@@ -287,10 +326,8 @@ void Stage::init_params(uint64_t seed) {
         std::fill(w, w + p.size, 1.f);
         break;
       case Init::normal:
-        fill_normal(w, p.size, 0.02f, seed, p.name);
-        break;
       case Init::residual_normal:
-        fill_normal(w, p.size, resid_std, seed, p.name);
+        fill_part_normal(p, w, p.init == Init::normal ? 0.02f : resid_std, seed);
         break;
     }
   }
@@ -327,8 +364,8 @@ void Stage::size_acts(const Chunk& c, Acts& a, const Tokens& tok) {
     b.ln1_mean.resize(means);
     b.ln1_rstd.resize(N);
     b.qkv.resize(N * shape_.qkv);
-    b.att.resize(tok.cache ? 0 : static_cast<size_t>(tok.B) * NH_ * tok.T * tok.T);  // generation keeps none
-    b.atty.resize(N * C);
+    b.att.resize(tok.cache ? 0 : static_cast<size_t>(tok.B) * shape_.NH * tok.T * tok.T);  // generation keeps none
+    b.atty.resize(N * shape_.q);
     b.res2.resize(N * C);
     b.ln2.resize(N * C);
     b.ln2_mean.resize(means);
@@ -350,9 +387,11 @@ void Stage::size_acts(const Chunk& c, Acts& a, const Tokens& tok) {
 void Stage::compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, double* loss) {
   size_acts(c, w, micro_batch());
   const size_t n_in = boundary_floats();
-  if (c.first)
-    k_.encoder_forward(w.xs[0].data(), s.tokens.data(), weights_.data() + wte_, tensor(weights_, wpe_), B_, T_, C_);
-  else if (&w != &s) copy_values(w.xs[0].data(), s.xs[0].data(), n_in);
+  if (c.first) {  // tensor ranks: each its vocabulary rows' embeddings, one of them the positions; then summed
+    k_.encoder_forward(w.xs[0].data(), s.tokens.data(), weights_.data() + wte_,
+                       tp_.rank == 0 ? tensor(weights_, wpe_) : nullptr, B_, T_, C_, v_begin_, V_);
+    tensor_sum(w.xs[0].data(), n_in);
+  } else if (&w != &s) copy_values(w.xs[0].data(), s.xs[0].data(), n_in);
   for (int l = 0; l < c.L; ++l) {
     float* y = (l + 1 < c.L || c.last) ? w.xs[l + 1].data() : out;
     block_forward(c, l, w.xs[l].data(), w.blocks[l], y, micro_batch());
@@ -364,9 +403,10 @@ double Stage::forward(int chunk, int mb, float* out) {
   const Chunk& c = chunks_[chunk];
   Acts& s = stash(chunk, mb);
   double loss = 0;
+  const double counted = tp_.rank == 0 ? 1 : 0;  // a tensor group's loss counts once, on its first rank
   if (mode_ == Recompute::none) {
     compute_forward(c, s, s, out, &loss);
-    return loss;
+    return counted * loss;
   }
   compute_forward(c, work_, s, out, &loss);
   if (mode_ == Recompute::block) {  // keep each block's input (and the head's)
@@ -378,7 +418,7 @@ double Stage::forward(int chunk, int mb, float* out) {
     }
   }
   // Recompute::stage keeps only what set_tokens / input_buffer / set_targets put in s.
-  return loss;
+  return counted * loss;
 }
 
 void Stage::backward(int chunk, int mb, const float* dout, float* dinp, const std::function<void(size_t)>& done_from) {
@@ -464,7 +504,7 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
     if (split && input) copy_values(hw.dembed.data(), dres_.data(), n);
     if (weight)
       k_.encoder_backward(grads_.data() + wte_, tensor(grads_, wpe_), split ? hw.dembed.data() : dres_.data(),
-                          s.tokens.data(), B_, T_, C_);
+                          s.tokens.data(), B_, T_, C_, v_begin_, V_);
   } else if (input) {
     copy_values(dinp, dres_.data(), n);
   }

@@ -25,7 +25,9 @@ double grad_sq_sum(const std::vector<ParamTensor>& params, const Floats& grads, 
   KernelTimer timer(Kernel::optimizer);
   double sum = 0;
   for (const OptimizerShard::Slab& slab : shard.slabs()) {
-    if (params[slab.tensor].tied_copy) continue;  // counted once, on the first stage
+    const ParamTensor& p = params[slab.tensor];
+    if (p.tied_copy) continue;                       // counted once, on the first stage
+    if (!p.split() && p.tp.part.rank > 0) continue;  // whole on every tensor rank: counted on the first
     if (grads.on_gpu()) {
       sum += gpu::sum_of_squares(grads.data() + slab.begin, slab.size());
       continue;

@@ -2,8 +2,11 @@
 // with its residual), the head (final norm, the LM head, softmax and loss), and generation's
 // forward over a KV cache, which runs the same block and head code. One block serves both model
 // families: gpt2's LayerNorm, biases and GELU; llama's RMSNorm, rotary positions, grouped key/value
-// heads and SwiGLU (absent tensors are null pointers, which the kernels skip). model.cpp holds the
-// Stage around them: parameters, buffers, and the passes the executor calls.
+// heads and SwiGLU (absent tensors are null pointers, which the kernels skip). On a tensor rank
+// the widths are its part (tensor_parallel.hpp): the output products' partial sums and the input
+// gradients of the products fed by a whole activation are summed over the tensor group
+// (tensor_sum), and the loss's softmax runs over the group's vocabulary (softmax_loss). model.cpp
+// holds the Stage around them: parameters, buffers, and the passes the executor calls.
 #include <stdexcept>
 #include <vector>
 
@@ -34,22 +37,23 @@ void Stage::mlp_activation_backward(float* dfch, const BlockActs& a, const float
 }
 
 void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out, const Tokens& tok) {
-  const int N = tok.rows(), C = C_, NKV = shape_.NKV;
+  const int N = tok.rows(), C = C_, Q = shape_.q, NH = shape_.NH, NKV = shape_.NKV;
   BlockPtrs w = block_ptrs(weights_, c, l);
   norm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1w, w.ln1b, N);
   k_.matmul_forward(a.qkv.data(), a.ln1.data(), w.qkvw, w.qkvb, N, C, shape_.qkv);
   poll();
   if (shape_.llama())
-    k_.rope_forward(a.qkv.data(), tok.B, tok.T, C, NH_, NKV, rope_theta_, tok.cache ? tok.cache->pos : 0);
+    k_.rope_forward(a.qkv.data(), tok.B, tok.T, Q, NH, NKV, rope_theta_, tok.cache ? tok.cache->pos : 0);
   if (tok.cache) {
     attention_forward_cached(a.atty.data(), a.qkv.data(), tok.cache->k[l].data(), tok.cache->v[l].data(),
-                             tok.cache->pos, tok.T, C, NH_, NKV);
+                             tok.cache->pos, tok.T, Q, NH, NKV);
   } else {
-    k_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), tok.B, tok.T, C, NH_, NKV);
+    k_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), tok.B, tok.T, Q, NH, NKV);
   }
   poll();
-  k_.matmul_forward(attproj_.data(), a.atty.data(), w.projw, nullptr, N, C, C);
+  k_.matmul_forward(attproj_.data(), a.atty.data(), w.projw, nullptr, N, Q, C);
   poll();
+  tensor_sum(attproj_.data(), static_cast<size_t>(N) * C);
   k_.residual_forward(a.res2.data(), x, attproj_.data(), w.projb, N, C);
   norm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), w.ln2w, w.ln2b, N);
   k_.matmul_forward(a.fch.data(), a.ln2.data(), w.fcw, nullptr, N, C, shape_.fc);
@@ -57,6 +61,7 @@ void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, f
   mlp_activation_forward(a, w.fcb, N);
   k_.matmul_forward(fcproj_.data(), a.fch_gelu.data(), w.fcprojw, nullptr, N, shape_.ffn, C);
   poll();
+  tensor_sum(fcproj_.data(), static_cast<size_t>(N) * C);
   k_.residual_forward(out, a.res2.data(), fcproj_.data(), w.fcprojb, N, C);
 }
 
@@ -66,7 +71,7 @@ void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, f
 // in w for block_backward_weight. Either way the bits come out the same.
 void Stage::block_backward_input(const Chunk& c, int l, const float* x, const BlockActs& a, const float* dout,
                                  float* dinp, BlockWGrads& w, const BlockPtrs* g) {
-  const int N = B_ * T_, C = C_;
+  const int N = B_ * T_, C = C_, Q = shape_.q;
   const size_t NC = static_cast<size_t>(N) * C;
   BlockPtrs p = block_ptrs(weights_, c, l);
   auto grad = [&](float* BlockPtrs::*field) { return g ? g->*field : nullptr; };
@@ -79,6 +84,7 @@ void Stage::block_backward_input(const Chunk& c, int l, const float* x, const Bl
   k_.matmul_backward(w.dln2.data(), grad(&BlockPtrs::fcw), grad(&BlockPtrs::fcb), w.dfch.data(), a.ln2.data(), p.fcw, N,
                      C, shape_.fc);
   poll();
+  tensor_sum(w.dln2.data(), NC);
   float* dres2 = dinp;  // accumulate d(res2) in dinp, then continue through the attention branch
   copy_values(dres2, dout, NC);
   norm_backward(dres2, grad(&BlockPtrs::ln2w), grad(&BlockPtrs::ln2b), w.dln2.data(), a.res2.data(), p.ln2w,
@@ -86,14 +92,15 @@ void Stage::block_backward_input(const Chunk& c, int l, const float* x, const Bl
   if (!g) copy_values(w.dres2.data(), dres2, NC);
   // res2 = x + proj(attn(rope(qkv(ln1(x)))))
   k_.matmul_backward(datty_.data(), grad(&BlockPtrs::projw), grad(&BlockPtrs::projb), dres2, a.atty.data(), p.projw, N,
-                     C, C);
+                     Q, C);
   poll();
-  k_.attention_backward(w.dqkv.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, T_, C, NH_, shape_.NKV);
-  if (shape_.llama()) k_.rope_backward(w.dqkv.data(), B_, T_, C, NH_, shape_.NKV, rope_theta_, 0);
+  k_.attention_backward(w.dqkv.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, T_, Q, shape_.NH, shape_.NKV);
+  if (shape_.llama()) k_.rope_backward(w.dqkv.data(), B_, T_, Q, shape_.NH, shape_.NKV, rope_theta_, 0);
   poll();
   k_.matmul_backward(w.dln1.data(), grad(&BlockPtrs::qkvw), grad(&BlockPtrs::qkvb), w.dqkv.data(), a.ln1.data(), p.qkvw,
                      N, C, shape_.qkv);
   poll();
+  tensor_sum(w.dln1.data(), NC);
   norm_backward(dinp, grad(&BlockPtrs::ln1w), grad(&BlockPtrs::ln1b), w.dln1.data(), x, p.ln1w, a.ln1_mean.data(),
                 a.ln1_rstd.data(), N);
 }
@@ -107,7 +114,7 @@ void Stage::block_backward_weight(const Chunk& c, int l, const float* x, const B
   poll();
   norm_backward(nullptr, g.ln2w, g.ln2b, w.dln2.data(), a.res2.data(), nullptr, a.ln2_mean.data(), a.ln2_rstd.data(),
                 N);
-  k_.matmul_backward(nullptr, g.projw, g.projb, w.dres2.data(), a.atty.data(), nullptr, N, C, C);
+  k_.matmul_backward(nullptr, g.projw, g.projb, w.dres2.data(), a.atty.data(), nullptr, N, shape_.q, C);
   poll();
   k_.matmul_backward(nullptr, g.qkvw, g.qkvb, w.dqkv.data(), a.ln1.data(), nullptr, N, C, shape_.qkv);
   poll();
@@ -120,12 +127,22 @@ double Stage::head_forward(const float* x, HeadActs& a, const int* targets, cons
                N);
   k_.matmul_forward(logits_.data(), a.lnf.data(), weights_.data() + head_, nullptr, N, C, V_);
   poll();
-  return k_.softmax_crossentropy_forward(a.probs.data(), logits_.data(), targets, N, V_);
+  return softmax_loss(a, targets, N);
+}
+
+double Stage::softmax_loss(HeadActs& a, const int* targets, int N) {
+  if (tp_.size == 1) return k_.softmax_crossentropy_forward(a.probs.data(), logits_.data(), targets, N, V_);
+  k_.vocab_softmax_max(row_max_.data(), logits_.data(), N, V_);
+  group_->max(row_max_.data(), N);
+  k_.vocab_softmax_exp(a.probs.data(), softmax_stats_.data(), logits_.data(), row_max_.data(), targets, N, V_,
+                       v_begin_);
+  group_->sum(softmax_stats_.data(), 2 * static_cast<size_t>(N));
+  return k_.vocab_softmax_finish(a.probs.data(), row_max_.data(), softmax_stats_.data(), N, V_);
 }
 
 void Stage::forward_cached(const int* tokens, int n, KvCache& cache, float* probs) {
   const Chunk& c = chunks_.front();
-  if (chunks() != 1 || !c.first || !c.last || compute_device() != Device::cpu)
+  if (chunks() != 1 || !c.first || !c.last || tp_.size != 1 || compute_device() != Device::cpu)
     throw std::logic_error("forward_cached runs a whole model on the CPU");
   if (n < 1 || cache.pos + n > T_) throw std::logic_error("the KV cache holds model.seq_len positions");
   const size_t C = C_, KV = shape_.kv;
@@ -141,7 +158,8 @@ void Stage::forward_cached(const int* tokens, int n, KvCache& cache, float* prob
   Acts& a = generation_;
   size_acts(c, a, tok);
   const float* wpe = tensor(weights_, wpe_);
-  k_.encoder_forward(a.xs[0].data(), tokens, weights_.data() + wte_, wpe ? wpe + cache.pos * C : nullptr, 1, n, C_);
+  k_.encoder_forward(a.xs[0].data(), tokens, weights_.data() + wte_, wpe ? wpe + cache.pos * C : nullptr, 1, n, C_, 0,
+                     V_);
   for (int l = 0; l < c.L; ++l) block_forward(c, l, a.xs[l].data(), a.blocks[l], a.xs[l + 1].data(), tok);
   const std::vector<int> targets(n, 0);  // the loss is not wanted, only the probabilities
   head_forward(a.xs[c.L].data(), a.head, targets.data(), tok);
@@ -152,10 +170,11 @@ void Stage::forward_cached(const int* tokens, int n, KvCache& cache, float* prob
 void Stage::head_backward_input(const float* x, const HeadActs& a, const int* targets, float* dinp, HeadWGrads& w,
                                 bool fused) {
   const int N = B_ * T_, C = C_;
-  k_.softmax_crossentropy_backward(w.dlogits.data(), a.probs.data(), targets, grad_scale_, N, V_);
+  k_.softmax_crossentropy_backward(w.dlogits.data(), a.probs.data(), targets, grad_scale_, N, V_, v_begin_);
   k_.matmul_backward(w.dlnf.data(), fused ? grads_.data() + head_ : nullptr, nullptr, w.dlogits.data(), a.lnf.data(),
                      weights_.data() + head_, N, C, V_);
   poll();
+  tensor_sum(w.dlnf.data(), static_cast<size_t>(N) * C);
   norm_backward(dinp, fused ? grads_.data() + lnfw_ : nullptr, fused ? tensor(grads_, lnfb_) : nullptr, w.dlnf.data(),
                 x, weights_.data() + lnfw_, a.lnf_mean.data(), a.lnf_rstd.data(), N);
 }

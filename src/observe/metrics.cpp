@@ -167,13 +167,10 @@ StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_pe
 }
 
 std::string to_json(const StepLine& l) {
-  nlohmann::ordered_json j = {{"step", l.step},
-                              {"time", figure(l.time, Digits::millis)},
-                              {"launch", l.launch},
-                              {"pp", l.pp},
-                              {"dp", l.dp},
-                              {"skipped", l.skipped},
-                              {"bad_steps", l.bad_steps}};
+  nlohmann::ordered_json j = {{"step", l.step},       {"time", figure(l.time, Digits::millis)},
+                              {"launch", l.launch},   {"tp", l.tp},
+                              {"pp", l.pp},           {"dp", l.dp},
+                              {"skipped", l.skipped}, {"bad_steps", l.bad_steps}};
   for (const ScalarKey& k : kScalarKeys) j[k.key] = figure(l.*k.value, k.digits);
   if (l.val_loss >= 0) j["val_loss"] = figure(l.val_loss, Digits::all);
   const bool gpu =

@@ -65,7 +65,7 @@ Plan make_plan(const RunSpec& spec) {
   const std::vector<double> unit(P * V, 1.0), unit_bwd(P * V, schedule.splits_backward ? 2.0 : 1.0);
 
   Plan plan;
-  plan.world = P * spec.parallel.dp;
+  plan.world = spec.parallel.tp * P * spec.parallel.dp;
   plan.bubble_theory = schedule.bubble(spec.pipeline_shape());
   plan.bubble_sim = sim.mean_bubble();
   plan.step_units = sim.makespan;
@@ -73,7 +73,9 @@ Plan make_plan(const RunSpec& spec) {
   for (int s = 0; s < P; ++s) {
     const std::vector<ChunkRange> chunks = chunks_of(blocks, spec.chunk_placement(), s);
     StagePlan sp;
-    const std::vector<ParamTensor> params = rank_params(spec, chunks, P * V);
+    // Per rank of the tensor group: its parts, the last rank's (which holds the most vocabulary rows).
+    const std::vector<ParamTensor> params =
+        rank_params(spec, chunks, P * V, TpPart{spec.parallel.tp - 1, spec.parallel.tp});
     for (auto& t : params) sp.params += t.size;
     sp.optim_floats[0] = sp.params;
     sp.optim_floats[1] = OptimizerShard::max_state_floats(params, spec.parallel.dp);
@@ -111,10 +113,11 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
   std::ostringstream os;
   char line[256];
   std::snprintf(line, sizeof line,
-                "plan: %d ranks = pp %d x dp %d | M=%d micro-batches of %d samples x %d tokens | schedule %s | "
+                "plan: %d ranks = %spp %d x dp %d | M=%d micro-batches of %d samples x %d tokens | schedule %s | "
                 "recompute %s\n",
-                plan.world, p.pp, p.dp, p.micro_batches, spec.samples_per_micro_batch(), spec.model.seq_len,
-                schedule_description(spec).c_str(), name_of(p.recompute));
+                plan.world, p.tp > 1 ? ("tp " + std::to_string(p.tp) + " x ").c_str() : "", p.pp, p.dp, p.micro_batches,
+                spec.samples_per_micro_batch(), spec.model.seq_len, schedule_description(spec).c_str(),
+                name_of(p.recompute));
   os << line << "\npartition (" << name_of(p.partition) << "):\n" << describe_partition(spec, partition_blocks(spec));
   os << "\nschedule, " << p.schedule->chart_caption << ":\n";
   if (plan.chart.empty()) os << "  (too wide to draw; lower M to see it)\n";
@@ -202,6 +205,7 @@ std::string schedule_comparison(const RunSpec& spec) {
 nlohmann::json plan_json(const RunSpec& spec, const Plan& plan) {
   nlohmann::json j;
   j["world"] = plan.world;
+  j["tp"] = spec.parallel.tp;
   j["pp"] = spec.parallel.pp;
   j["dp"] = spec.parallel.dp;
   j["micro_batches"] = spec.parallel.micro_batches;

@@ -85,7 +85,7 @@ void read_spec_and_data(Run& run) {
   const RunSpec& spec = run.spec;
   run.shape = step_shape(spec);
   run.topo = Topology::of(run.world.rank(), spec.parallel.pp, spec.parallel.dp, spec.parallel.order,
-                          spec.chunk_placement().head_stage() == 0);
+                          spec.chunk_placement().head_stage() == 0, spec.parallel.tp);
   run.blocks = partition_blocks(spec);
   if (run.topo.first_stage() || run.topo.holds_head()) {
     run.data = std::make_unique<Dataset>(spec);
@@ -151,7 +151,10 @@ void build_model(Run& run) {
   const RunSpec& spec = run.spec;
   const StepShape& shape = run.shape;
   run.stage = std::make_unique<Stage>(spec, chunks_of(run.blocks, shape.chunk_placement(), run.topo.stage),
-                                      shape.virtual_stages(), shape.micro_batches, shape.grad_scale());
+                                      shape.virtual_stages(), shape.micro_batches, shape.grad_scale(),
+                                      TpPart{run.topo.tp_rank, run.topo.tp});
+  run.tensor_group = std::make_unique<CommTensorGroup>(*run.comm);
+  run.stage->set_tensor_group(run.tensor_group.get());
   if (run.init) {
     run.world.require_agreed([&] {  // each rank reads only its own stage's tensors
       std::vector<float> host(run.stage->weights().size());
@@ -259,7 +262,8 @@ void prepare_straggler_detection(Run& run) {
   if (run.rank() != 0) return;
   std::vector<RankPlace> places;
   for (int r = 0; r < run.world.size(); ++r) {
-    const Topology t = Topology::of(r, spec.parallel.pp, spec.parallel.dp, spec.parallel.order);
+    const Topology t =
+        Topology::of(r, spec.parallel.pp, spec.parallel.dp, spec.parallel.order, false, spec.parallel.tp);
     places.push_back({t.stage, t.dp_rank, run.world.hosts()[r]});
   }
   std::vector<double> share;
@@ -306,9 +310,15 @@ void prepare_steps(Run& run) {
   prepare_straggler_detection(run);
 }
 
+// "pp 2 x dp 2" ("tp 2 x pp 2 x dp 2" with tensor ranks): the grid of ranks.
+std::string grid_text(int tp, int pp, int dp) {
+  return (tp > 1 ? "tp " + std::to_string(tp) + " x " : std::string()) + "pp " + std::to_string(pp) + " x dp " +
+         std::to_string(dp);
+}
+
 // "pp 2 x dp 2, gpipe" (", 2 chunks per stage" when interleaved): how a layout is named in notes.
-std::string layout_text(int pp, int dp, const std::string& schedule, int virtual_stages) {
-  return "pp " + std::to_string(pp) + " x dp " + std::to_string(dp) + ", " + schedule +
+std::string layout_text(int tp, int pp, int dp, const std::string& schedule, int virtual_stages) {
+  return grid_text(tp, pp, dp) + ", " + schedule +
          (virtual_stages > 1 ? ", " + std::to_string(virtual_stages) + " chunks per stage" : "");
 }
 
@@ -365,9 +375,10 @@ void print_start(const Run& run) {
   const RunSpec& spec = run.spec;
   const int threads = run.blas_threads;
   std::printf(
-      "%s: %d ranks = pp %d x dp %d | M=%d micro-batches of %d | schedule %s | recompute %s | "
+      "%s: %d ranks = %s | M=%d micro-batches of %d | schedule %s | recompute %s | "
       "wait %s | %d BLAS thread%s per rank\n",
-      version_string().c_str(), run.world.size(), spec.parallel.pp, spec.parallel.dp, spec.parallel.micro_batches,
+      version_string().c_str(), run.world.size(),
+      grid_text(spec.parallel.tp, spec.parallel.pp, spec.parallel.dp).c_str(), spec.parallel.micro_batches,
       spec.samples_per_micro_batch(), schedule_description(spec).c_str(), name_of(spec.parallel.recompute),
       run.comm->wait_mode() == WaitMode::yield ? "yield" : "spin", threads, threads == 1 ? "" : "s");
   std::printf("%s\n%s", run.launch.describe().c_str(), node_map(run.world.hosts(), run.topo).c_str());
@@ -389,11 +400,11 @@ void print_start(const Run& run) {
     std::printf("resumed from %s\n", run.resumed_from.c_str());
     const Manifest saved = Manifest::read(run.resumed_from);
     const std::string was = layout_text(
-                          saved.pp, saved.dp,
+                          std::stoi(saved.spec_value("parallel.tp")), saved.pp, saved.dp,
                           saved.spec.count("parallel.schedule") ? unquoted(saved.spec.at("parallel.schedule")) : "?",
                           saved.virtual_stages),
-                      now = layout_text(spec.parallel.pp, spec.parallel.dp, spec.parallel.schedule->name,
-                                        spec.parallel.virtual_stages);
+                      now = layout_text(spec.parallel.tp, spec.parallel.pp, spec.parallel.dp,
+                                        spec.parallel.schedule->name, spec.parallel.virtual_stages);
     if (was != now)
       std::printf("note: resumed on another layout: saved as %s, now %s (resharded)\n", was.c_str(), now.c_str());
     for (auto& change : changed_training_keys(saved, spec))

@@ -82,11 +82,11 @@ TEST_CASE("encoder forward and backward match the CPU", "[gpu]") {
   Vec out(B * T * C), dwte = randn(V * C, 1, 5), dwpe = randn(T * C, 1, 6);
   auto d_tok = up(tok);
   auto d_wte = up(wte), d_wpe = up(wpe), d_out = up(out), d_dout = up(dout), d_dwte = up(dwte), d_dwpe = up(dwpe);
-  encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
-  gpu::encoder_forward(d_out.data(), d_tok.data(), d_wte.data(), d_wpe.data(), B, T, C);
+  encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C, 0, V);
+  gpu::encoder_forward(d_out.data(), d_tok.data(), d_wte.data(), d_wpe.data(), B, T, C, 0, V);
   CHECK(rel_err(down(d_out), out) == 0);
-  encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C);
-  gpu::encoder_backward(d_dwte.data(), d_dwpe.data(), d_dout.data(), d_tok.data(), B, T, C);
+  encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C, 0, V);
+  gpu::encoder_backward(d_dwte.data(), d_dwpe.data(), d_dout.data(), d_tok.data(), B, T, C, 0, V);
   CHECK(rel_err(down(d_dwte), dwte) < kFp32);
   CHECK(rel_err(down(d_dwpe), dwpe) < kFp32);
 }
@@ -238,9 +238,42 @@ TEST_CASE("GELU, bias + GELU, residual, softmax cross-entropy match the CPU", "[
   CHECK(gpu::softmax_crossentropy_forward(d_probs.data(), d_logits.data(), d_tgt.data(), N, V) ==
         Approx(loss).epsilon(1e-6));
   CHECK(rel_err(down(d_probs), probs) < kFp32);
-  softmax_crossentropy_backward(dlogits.data(), probs.data(), tgt.data(), 0.25f, N, V);
-  gpu::softmax_crossentropy_backward(d_dlogits.data(), d_probs.data(), d_tgt.data(), 0.25f, N, V);
+  softmax_crossentropy_backward(dlogits.data(), probs.data(), tgt.data(), 0.25f, N, V, 0);
+  gpu::softmax_crossentropy_backward(d_dlogits.data(), d_probs.data(), d_tgt.data(), 0.25f, N, V, 0);
   CHECK(rel_err(down(d_dlogits), dlogits) < kFp32);
+}
+
+TEST_CASE("the loss over a vocabulary part and the embedding of one match the CPU", "[gpu]") {
+  // One tensor rank's part: vocabulary rows [5, 12) of 19; targets and tokens outside it too.
+  const int N = 9, V = 7, v_begin = 5, C = 6;
+  Vec logits = randn(N * V, 3, 11), probs(N * V), row_max(N), dlogits(N * V);
+  auto tgt = tokens(N, 19, 12);
+  std::vector<double> stats(2 * N);
+  auto d_logits = up(logits), d_probs = up(probs), d_max = up(row_max), d_dlogits = up(dlogits);
+  auto d_tgt = up(tgt);
+  auto d_stats = up(stats);
+  vocab_softmax_max(row_max.data(), logits.data(), N, V);
+  gpu::vocab_softmax_max(d_max.data(), d_logits.data(), N, V);
+  CHECK(rel_err(down(d_max), row_max) == 0);
+  vocab_softmax_exp(probs.data(), stats.data(), logits.data(), row_max.data(), tgt.data(), N, V, v_begin);
+  gpu::vocab_softmax_exp(d_probs.data(), d_stats.data(), d_logits.data(), d_max.data(), d_tgt.data(), N, V, v_begin);
+  const std::vector<double> got = down(d_stats);
+  for (int i = 0; i < 2 * N; ++i) CHECK(got[i] == Approx(stats[i]).epsilon(1e-6));
+  const double loss = vocab_softmax_finish(probs.data(), row_max.data(), stats.data(), N, V);
+  CHECK(gpu::vocab_softmax_finish(d_probs.data(), d_max.data(), d_stats.data(), N, V) == Approx(loss).epsilon(1e-6));
+  CHECK(rel_err(down(d_probs), probs) < kFp32);
+  softmax_crossentropy_backward(dlogits.data(), probs.data(), tgt.data(), 0.5f, N, V, v_begin);
+  gpu::softmax_crossentropy_backward(d_dlogits.data(), d_probs.data(), d_tgt.data(), 0.5f, N, V, v_begin);
+  CHECK(rel_err(down(d_dlogits), dlogits) < kFp32);
+
+  Vec wte = randn(V * C, 1, 13), out(N * C), dwte(V * C, 0.f), dout = randn(N * C, 1, 14);
+  auto d_wte = up(wte), d_out = up(out), d_dwte = up(dwte), d_dout = up(dout);
+  encoder_forward(out.data(), tgt.data(), wte.data(), nullptr, 1, N, C, v_begin, V);
+  gpu::encoder_forward(d_out.data(), d_tgt.data(), d_wte.data(), nullptr, 1, N, C, v_begin, V);
+  CHECK(rel_err(down(d_out), out) == 0);
+  encoder_backward(dwte.data(), nullptr, dout.data(), tgt.data(), 1, N, C, v_begin, V);
+  gpu::encoder_backward(d_dwte.data(), nullptr, d_dout.data(), d_tgt.data(), 1, N, C, v_begin, V);
+  CHECK(rel_err(down(d_dwte), dwte) < kFp32);
 }
 
 TEST_CASE("AdamW update and the squared gradient norm match the CPU", "[gpu]") {

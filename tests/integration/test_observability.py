@@ -39,7 +39,7 @@ def metrics_and_trace(mode):
     ok = all(len(l[k]) == 2 and all(math.isfinite(v) and v >= 0 for v in l[k]) for l in lines for k in per_stage)
     ok = ok and all(math.isfinite(l[k]) and l[k] > 0 for l in lines for k in ["gflops", "peak_gflops", "mfu", "sgemm_gflops", "sgemm_share", "tokens_per_s"])
     expect(ok, f"{mode}: per-stage arrays and GFLOP/s, MFU present, finite, non-negative in every line")
-    classes = ["gemm", "attention", "layernorm", "gelu", "softmax", "elementwise", "optimizer", "memory", "input"]
+    classes = ["gemm", "attention", "layernorm", "gelu", "softmax", "elementwise", "optimizer", "memory", "input", "tp_comm"]
     ok = all(sorted(l["kernel_s"]) == sorted(classes) and all(len(l["kernel_s"][k]) == 2 for k in classes) for l in lines)
     expect(ok, f"{mode}: kernel_s has every kernel class for both stages")
     # the kernel timers sit inside the compute timer, and the matrix products are most of it

@@ -274,12 +274,12 @@ TEST_CASE("encoder backward scatters into the rows of the tokens used", "[kernel
   auto wte = randn(V * C, 1.f, 1), wpe = randn(T * C, 1.f, 2), r = randn(B * T * C, 1.f, 3);
   std::vector<float> out(B * T * C);
   auto loss = [&] {
-    encoder_forward(out.data(), tokens, wte.data(), wpe.data(), B, T, C);
+    encoder_forward(out.data(), tokens, wte.data(), wpe.data(), B, T, C, 0, V);
     return dot(out, r);
   };
   loss();
   std::vector<float> dwte(V * C, 0.f), dwpe(T * C, 0.f);
-  encoder_backward(dwte.data(), dwpe.data(), r.data(), tokens, B, T, C);
+  encoder_backward(dwte.data(), dwpe.data(), r.data(), tokens, B, T, C, 0, V);
   check("dwte", loss, wte.data(), dwte.data(), wte.size(), 20);
   check("dwpe", loss, wpe.data(), dwpe.data(), wpe.size(), 12);
   for (int c = 0; c < C; ++c) CHECK(dwte[2 * C + c] == 0.f);  // token 2 never appears
@@ -293,7 +293,7 @@ TEST_CASE("softmax cross-entropy backward matches finite differences", "[kernels
   auto loss = [&] { return softmax_crossentropy_forward(probs.data(), logits.data(), targets, N, V) / N; };
   double l = loss();
   std::vector<float> dlogits(N * V);
-  softmax_crossentropy_backward(dlogits.data(), probs.data(), targets, 1.f / N, N, V);
+  softmax_crossentropy_backward(dlogits.data(), probs.data(), targets, 1.f / N, N, V, 0);
   check("dlogits", loss, logits.data(), dlogits.data(), logits.size(), 36);
   // uniform logits: loss = log V exactly
   std::vector<float> zeros(N * V, 0.f);

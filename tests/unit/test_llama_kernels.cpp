@@ -121,10 +121,10 @@ TEST_CASE("the embedding without a position table and the residual without a bia
   const auto wte = randn(V * C, 1.f, 1);
   const int tokens[T] = {4, 0, 4};
   std::vector<float> out(T * C), dwte(V * C, 0.f), dout = randn(T * C, 1.f, 2);
-  encoder_forward(out.data(), tokens, wte.data(), nullptr, B, T, C);
+  encoder_forward(out.data(), tokens, wte.data(), nullptr, B, T, C, 0, V);
   for (int t = 0; t < T; ++t)
     for (int c = 0; c < C; ++c) CHECK(out[t * C + c] == wte[tokens[t] * C + c]);
-  encoder_backward(dwte.data(), nullptr, dout.data(), tokens, B, T, C);
+  encoder_backward(dwte.data(), nullptr, dout.data(), tokens, B, T, C, 0, V);
   for (int c = 0; c < C; ++c) {
     CHECK(dwte[4 * C + c] == dout[c] + dout[2 * C + c]);  // token 4 twice
     CHECK(dwte[0 * C + c] == dout[C + c]);

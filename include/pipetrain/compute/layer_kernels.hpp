@@ -10,7 +10,9 @@
 // gradients only, a null dweight for the input gradient only; the two halves give the same bits
 // alone as together (zero-bubble schedules run them apart).
 //
-//   encoder: out[N,C] = wte[token] + wpe[t] (wpe may be null: no position table, llama).
+//   encoder: out[N,C] = wte[token - v_begin] + wpe[t] (wpe may be null: no position table, llama),
+//     wte holding vocabulary rows [v_begin, v_begin + v_rows); a token outside them adds nothing
+//     (a tensor rank's part of the vocabulary: the group sums the parts). Backward likewise.
 //   layernorm: over the last dim with eps 1e-5; mean/rstd [N] are kept for backward.
 //   rmsnorm: out = x / sqrt(mean(x^2) + eps) * weight over the last dim; rstd [N] kept for backward.
 //     Its backward adds to dinp, as LayerNorm's.
@@ -30,41 +32,55 @@
 //     folded in (bias may be null).
 //   softmax_crossentropy: probs = softmax(logits) row-wise; forward returns the summed token loss
 //     sum_i -log probs[i, target_i] (the GPU waits for its stream); backward writes
-//     dlogits = (probs - onehot(target)) * scale, scale = dLoss/dtoken-loss.
+//     dlogits = (probs - onehot(target - v_begin)) * scale, scale = dLoss/dtoken-loss (logits of
+//     vocabulary rows from v_begin; a target outside them has no one in the row).
+//   vocab_softmax: the same softmax and loss when a tensor rank holds logits [N,V] of vocabulary
+//     rows [v_begin, v_begin + V) and the group holds the rest, in three passes with the group's
+//     reductions between them: max writes each row's largest logit (then maxed over the group);
+//     exp writes probs = exp(logits - row_max) and stats [2N] in double: each row's sum of them,
+//     then its target's logit where this rank holds the target, else 0 (both summed over the
+//     group); finish divides probs by the sums and returns sum_i log(sum_i) + max_i - target logit_i.
 #pragma once
 #include <cstddef>
 
 // X(return type, name, parameters) for every layer kernel.
-#define PIPETRAIN_LAYER_KERNELS(X)                                                                                    \
-  X(void, encoder_forward, (float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C))  \
-  X(void, encoder_backward, (float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C))    \
-  X(void, layernorm_forward,                                                                                          \
-    (float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int N, int C))   \
-  X(void, layernorm_backward,                                                                                         \
-    (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,             \
-     const float* mean, const float* rstd, int N, int C))                                                             \
-  X(void, rmsnorm_forward, (float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps)) \
-  X(void, rmsnorm_backward,                                                                                           \
-    (float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, const float* rstd, int N, \
-     int C))                                                                                                          \
-  X(void, matmul_forward,                                                                                             \
-    (float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC))                     \
-  X(void, matmul_backward,                                                                                            \
-    (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int N,      \
-     int C, int OC))                                                                                                  \
-  X(void, rope_forward, (float* qkv, int B, int T, int C, int NH, int NKV, float theta, int pos0))                    \
-  X(void, rope_backward, (float* dqkv, int B, int T, int C, int NH, int NKV, float theta, int pos0))                  \
-  X(void, attention_forward, (float* out, float* att, const float* qkv, int B, int T, int C, int NH, int NKV))        \
-  X(void, attention_backward,                                                                                         \
-    (float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH, int NKV))       \
-  X(void, bias_gelu_forward, (float* pre, float* out, const float* bias, int N, int C))                               \
-  X(void, gelu_backward, (float* dinp, const float* inp, const float* dout, size_t n))                                \
-  X(void, swiglu_forward, (float* out, const float* gate_up, int N, int H))                                           \
-  X(void, swiglu_backward, (float* dgate_up, const float* gate_up, const float* dout, int N, int H))                  \
-  X(void, residual_forward, (float* out, const float* a, const float* b, const float* bias, int N, int C))            \
-  X(double, softmax_crossentropy_forward, (float* probs, const float* logits, const int* targets, int N, int V))      \
-  X(void, softmax_crossentropy_backward,                                                                              \
-    (float* dlogits, const float* probs, const int* targets, float scale, int N, int V))
+#define PIPETRAIN_LAYER_KERNELS(X)                                                                                     \
+  X(void, encoder_forward,                                                                                             \
+    (float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C, int v_begin, int v_rows)) \
+  X(void, encoder_backward,                                                                                            \
+    (float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v_begin, int v_rows))    \
+  X(void, layernorm_forward,                                                                                           \
+    (float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int N, int C))    \
+  X(void, layernorm_backward,                                                                                          \
+    (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,              \
+     const float* mean, const float* rstd, int N, int C))                                                              \
+  X(void, rmsnorm_forward, (float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps))  \
+  X(void, rmsnorm_backward,                                                                                            \
+    (float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, const float* rstd, int N,  \
+     int C))                                                                                                           \
+  X(void, matmul_forward,                                                                                              \
+    (float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC))                      \
+  X(void, matmul_backward,                                                                                             \
+    (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int N,       \
+     int C, int OC))                                                                                                   \
+  X(void, rope_forward, (float* qkv, int B, int T, int C, int NH, int NKV, float theta, int pos0))                     \
+  X(void, rope_backward, (float* dqkv, int B, int T, int C, int NH, int NKV, float theta, int pos0))                   \
+  X(void, attention_forward, (float* out, float* att, const float* qkv, int B, int T, int C, int NH, int NKV))         \
+  X(void, attention_backward,                                                                                          \
+    (float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH, int NKV))        \
+  X(void, bias_gelu_forward, (float* pre, float* out, const float* bias, int N, int C))                                \
+  X(void, gelu_backward, (float* dinp, const float* inp, const float* dout, size_t n))                                 \
+  X(void, swiglu_forward, (float* out, const float* gate_up, int N, int H))                                            \
+  X(void, swiglu_backward, (float* dgate_up, const float* gate_up, const float* dout, int N, int H))                   \
+  X(void, residual_forward, (float* out, const float* a, const float* b, const float* bias, int N, int C))             \
+  X(double, softmax_crossentropy_forward, (float* probs, const float* logits, const int* targets, int N, int V))       \
+  X(void, softmax_crossentropy_backward,                                                                               \
+    (float* dlogits, const float* probs, const int* targets, float scale, int N, int V, int v_begin))                  \
+  X(void, vocab_softmax_max, (float* row_max, const float* logits, int N, int V))                                      \
+  X(void, vocab_softmax_exp,                                                                                           \
+    (float* probs, double* stats, const float* logits, const float* row_max, const int* targets, int N, int V,         \
+     int v_begin))                                                                                                     \
+  X(double, vocab_softmax_finish, (float* probs, const float* row_max, const double* stats, int N, int V))
 
 // A declaration of one kernel of the list.
 #define PIPETRAIN_DECLARE_KERNEL(ret, name, params) ret name params;

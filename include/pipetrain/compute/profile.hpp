@@ -9,8 +9,10 @@ namespace pipetrain {
 
 // memory: sizing, zeroing and copying activation and gradient buffers; input: a micro-batch's
 // tokens and targets, read from the dataset and placed in the stage.
-enum class Kernel { gemm, attention, layernorm, gelu, softmax, elementwise, optimizer, memory, input };
-constexpr int kKernelClasses = 9;
+// tp_comm: the tensor group's collectives inside the layers (their time, waiting included, counts
+// here and not as a pipeline wait).
+enum class Kernel { gemm, attention, layernorm, gelu, softmax, elementwise, optimizer, memory, input, tp_comm };
+constexpr int kKernelClasses = 10;
 const char* kernel_name(Kernel k);  // "gemm", "attention", ...
 
 struct KernelTotals {

@@ -44,6 +44,7 @@ struct RunSpec {
     bool shuffle = true;
   } data;
   struct Parallel {
+    int tp = 1;  // tensor-parallel ranks: each splits every matrix of its stage (Megatron-style)
     int pp = 1;
     int dp = 1;
     int micro_batches = 4;

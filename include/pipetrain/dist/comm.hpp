@@ -1,6 +1,7 @@
 // All communication of a run goes through Comm (with World, the only code that calls MPI). It owns
-// the pipeline (the P stages of one replica), data (the D replicas of one stage) and tied-embedding
-// (first + last stage of one replica) communicators, and every wait: nonblocking calls completed by
+// the pipeline (the P stages of one replica), data (the D replicas of one stage), tied-embedding
+// (first + last stage of one replica) and tensor (the tp ranks of one stage and replica)
+// communicators, each per tensor rank where tp > 1, and every wait: nonblocking calls completed by
 // polling MPI_Test, yielding the core when ranks outnumber cores (MPICH's blocking calls spin), and
 // giving up after comm.timeout_s with an error that names what was awaited.
 #pragma once
@@ -19,7 +20,7 @@
 namespace pipetrain {
 
 // What a wait is for, so a timeout can say which stage, peer, node and micro-batch it was stuck on.
-enum class Group { none, data, tied, world };  // the communicator of a collective
+enum class Group { none, data, tied, tensor, world };  // the communicator of a collective
 struct WaitLabel {
   const char* what;     // "recv activation", "send gradient", "all-reduce gradients", ...
   int peer_stage = -1;  // a pipeline peer of the same replica; -1: none
@@ -65,6 +66,10 @@ class Comm {
   Request iallgather_data(float* buf, const std::vector<int>& counts, const std::vector<int>& offsets);
   void allreduce_world(double* buf, size_t n);
   void allreduce_tied(float* buf, size_t n);
+  // In place over the tensor group, waited for at once: the layers cannot go on without them.
+  void allreduce_tensor(float* buf, size_t n);
+  void allreduce_tensor(double* buf, size_t n);
+  void allmax_tensor(float* buf, size_t n);
 
   // Gathers `n` values from every rank to world rank 0 (out sized world*n there).
   void gather_to_root(const double* mine, size_t n, std::vector<double>& out);
@@ -82,6 +87,8 @@ class Comm {
   double broadcast_from_root(double value);
   // The first replica's (dp rank 0's) `n` values on every replica of this stage.
   void broadcast_in_data(uint64_t* values, size_t n);
+  // The stage's first rank's (dp rank 0, tensor rank 0) `n` values on every rank of this stage.
+  void broadcast_in_stage(uint64_t* values, size_t n);
 
   // How this rank's `clock` reads against world rank 0's: rank 0's clock ~ clock() + offset_s,
   // within +- error_s. Each rank makes `rounds` round trips with rank 0, which answers with its
@@ -108,6 +115,9 @@ class Comm {
   // As wait(), throwing CommTimeout naming `label`; `pending`: whether the first test found it incomplete.
   void poll(Request& req, const WaitLabel& label, WaitMode mode, bool* pending = nullptr);
   void poll(Request& req, const WaitLabel& label) { poll(req, label, mode_); }
+  // As poll, for a collective inside the layers' compute: its time is theirs (the tp_comm kernel
+  // class), not a wait between passes.
+  void poll_in_compute(Request& req, const WaitLabel& label);
   World& world_;
   Topology topo_;
   struct Groups;  // the pipeline, data and tied-embedding communicators (comm.cpp)

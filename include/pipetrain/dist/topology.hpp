@@ -1,10 +1,12 @@
-// Where a rank sits in the pp x dp grid. Pure arithmetic, no MPI, so `plan` and tests can use it.
+// Where a rank sits in the tp x pp x dp grid. Pure arithmetic, no MPI, so `plan` and tests can use it.
 //
-// Rank order (parallel.order), which decides what shares a node when a launcher fills nodes with
-// consecutive ranks (Slurm's block distribution, mpiexec's default):
-//   "pp" (default): world rank = dp_rank * pp + stage. The P stages of one replica are
+// Tensor-parallel ranks vary fastest: the tp ranks of one (stage, replica) are consecutive, so a
+// tensor group, whose collectives run inside every block, shares a node. Above them, the rank
+// order (parallel.order) decides what else shares a node when a launcher fills nodes with
+// consecutive ranks (Slurm's block distribution, mpiexec's default); with g = world rank / tp:
+//   "pp" (default): g = dp_rank * pp + stage. The P stages of one replica are
 //        consecutive: pipeline p2p (every micro-batch, both directions) stays inside a node.
-//   "dp": world rank = stage * dp + dp_rank. The D replicas of a stage are consecutive: the
+//   "dp": g = stage * dp + dp_rank. The D replicas of a stage are consecutive: the
 //        gradient all-reduce (once per step, the stage's parameters) stays inside a node.
 #pragma once
 #include <string>
@@ -18,24 +20,34 @@ struct Topology {
   int pp = 1, dp = 1;
   int world_rank = 0;
   int stage = 0, dp_rank = 0;
+  int tp = 1, tp_rank = 0;  // the tensor group: the ranks that split each of this stage's matrices
   RankOrder order = RankOrder::pp;
   // The stage holding the LM head: the last, or the first when the schedule lays its chunks in a
   // vee (schedule/placement.hpp), where the first stage holds both ends of the model.
   bool head_on_first = false;
 
-  static Topology of(int world_rank, int pp, int dp, RankOrder order = RankOrder::pp, bool head_on_first = false) {
+  static Topology of(int world_rank, int pp, int dp, RankOrder order = RankOrder::pp, bool head_on_first = false,
+                     int tp = 1) {
     const bool by_replica = order == RankOrder::dp;
+    const int g = world_rank / tp;  // the (stage, replica) cell
     return Topology{pp,
                     dp,
                     world_rank,
-                    by_replica ? world_rank / dp : world_rank % pp,
-                    by_replica ? world_rank % dp : world_rank / pp,
+                    by_replica ? g / dp : g % pp,
+                    by_replica ? g % dp : g / pp,
+                    tp,
+                    world_rank % tp,
                     order,
                     head_on_first};
   }
-  int rank_of(int stage_index, int replica) const {
-    return order == RankOrder::dp ? stage_index * dp + replica : replica * pp + stage_index;
+  // The world rank at (stage, replica, tensor rank); without the last, this rank's tensor rank.
+  int rank_of(int stage_index, int replica, int tensor_rank) const {
+    return tp * (order == RankOrder::dp ? stage_index * dp + replica : replica * pp + stage_index) + tensor_rank;
   }
+  int rank_of(int stage_index, int replica) const { return rank_of(stage_index, replica, tp_rank); }
+  int world_size() const { return tp * pp * dp; }
+  // The stage's first rank (first replica, first tensor rank): it speaks for the stage's files.
+  bool leads_stage() const { return dp_rank == 0 && tp_rank == 0; }
   bool first_stage() const { return stage == 0; }
   bool last_stage() const { return stage == pp - 1; }
   int head_stage() const { return head_on_first ? 0 : pp - 1; }

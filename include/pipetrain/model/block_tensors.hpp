@@ -17,19 +17,25 @@
 
 namespace pipetrain {
 
-// The widths a block's products and activations have, from the spec.
+// The widths a block's products and activations have, from the spec. On a tensor-parallel rank
+// (tensor_part) the heads and the widths they make up, and the MLP's hidden width, are its share:
+// everything but C and head_dim divided by tp.
 struct BlockShape {
   Arch arch = Arch::gpt2;
   int C = 0, NH = 0, NKV = 0;  // d_model, query heads, key/value heads (= NH for gpt2)
   int head_dim = 0;
+  int q = 0;           // NH x head_dim: the width of q and of the attention's output (C on one rank)
   int kv = 0;          // NKV x head_dim: the width of k and of v
-  int qkv = 0;         // C + 2 kv: the q, k, v product's output
+  int qkv = 0;         // q + 2 kv: the q, k, v product's output
   int fc = 0;          // the MLP's first product's output: 4C (gpt2), 2 ffn (llama: gate | up)
   int ffn = 0;         // the MLP's hidden width, the last product's input: 4C, or ffn_hidden
   int norm_stats = 0;  // floats per token a norm keeps for backward: mean and rstd, or rstd
   bool llama() const { return arch == Arch::llama; }
 };
 BlockShape block_shape(const RunSpec& spec);
+// One tensor rank's share of `whole` among `tp` (the spec has checked that tp divides the heads and
+// the MLP's width).
+BlockShape tensor_part(const BlockShape& whole, int tp);
 // A GPT-2 block of width C (the interop formats, which are GPT-2's).
 BlockShape gpt2_block_shape(int C);
 
@@ -46,8 +52,10 @@ struct BlockPtrs {
 // How a tensor starts: N(0, 0.02); residual output projections N(0, 0.02/sqrt(2L)) (GPT-2's init)
 enum class Init { zeros, ones, normal, residual_normal };
 
-// A tensor dimension, as one of the block's widths.
-enum class Dim { none, C, qkv, fc, ffn, kv };
+// A tensor dimension, as one of the block's widths. Tensor parallelism splits every one but C:
+// the heads (q, kv, qkv) and the MLP's hidden width (fc, ffn).
+enum class Dim { none, C, q, qkv, fc, ffn, kv };
+inline bool split_by_tp(Dim d) { return d != Dim::none && d != Dim::C; }
 
 struct BlockTensor {
   const char* name;  // after "h.{i}."
@@ -62,7 +70,7 @@ inline constexpr BlockTensor kGpt2Block[] = {
     {"ln_1.bias", Dim::C, Dim::none, false, Init::zeros, &BlockPtrs::ln1b},
     {"attn.c_attn.weight", Dim::qkv, Dim::C, true, Init::normal, &BlockPtrs::qkvw},  // q, k, v packed
     {"attn.c_attn.bias", Dim::qkv, Dim::none, false, Init::zeros, &BlockPtrs::qkvb},
-    {"attn.c_proj.weight", Dim::C, Dim::C, true, Init::residual_normal, &BlockPtrs::projw},
+    {"attn.c_proj.weight", Dim::C, Dim::q, true, Init::residual_normal, &BlockPtrs::projw},
     {"attn.c_proj.bias", Dim::C, Dim::none, false, Init::zeros, &BlockPtrs::projb},
     {"ln_2.weight", Dim::C, Dim::none, false, Init::ones, &BlockPtrs::ln2w},
     {"ln_2.bias", Dim::C, Dim::none, false, Init::zeros, &BlockPtrs::ln2b},
@@ -74,10 +82,10 @@ inline constexpr BlockTensor kGpt2Block[] = {
 
 inline constexpr BlockTensor kLlamaBlock[] = {
     {"input_layernorm.weight", Dim::C, Dim::none, false, Init::ones, &BlockPtrs::ln1w},
-    {"self_attn.q_proj.weight", Dim::C, Dim::C, true, Init::normal, &BlockPtrs::qkvw},
+    {"self_attn.q_proj.weight", Dim::q, Dim::C, true, Init::normal, &BlockPtrs::qkvw},
     {"self_attn.k_proj.weight", Dim::kv, Dim::C, true, Init::normal, nullptr},  // rows of the qkv product
     {"self_attn.v_proj.weight", Dim::kv, Dim::C, true, Init::normal, nullptr},
-    {"self_attn.o_proj.weight", Dim::C, Dim::C, true, Init::residual_normal, &BlockPtrs::projw},
+    {"self_attn.o_proj.weight", Dim::C, Dim::q, true, Init::residual_normal, &BlockPtrs::projw},
     {"post_attention_layernorm.weight", Dim::C, Dim::none, false, Init::ones, &BlockPtrs::ln2w},
     {"mlp.gate_proj.weight", Dim::ffn, Dim::C, true, Init::normal, &BlockPtrs::fcw},
     {"mlp.up_proj.weight", Dim::ffn, Dim::C, true, Init::normal, nullptr},  // rows of the gate | up product
@@ -103,6 +111,8 @@ inline int extent(Dim d, const BlockShape& s) {
       return 1;
     case Dim::C:
       return s.C;
+    case Dim::q:
+      return s.q;
     case Dim::qkv:
       return s.qkv;
     case Dim::fc:
@@ -117,6 +127,12 @@ inline int extent(Dim d, const BlockShape& s) {
 inline std::vector<int> shape_of(const BlockTensor& t, const BlockShape& s) {
   return t.cols == Dim::none ? std::vector<int>{extent(t.rows, s)}
                              : std::vector<int>{extent(t.rows, s), extent(t.cols, s)};
+}
+// How a split dimension is made of parts that tensor parallelism splits each alike: the packed q,
+// k, v product's three (a rank keeps its heads of each), else the dimension whole.
+inline std::vector<int> split_groups(Dim d, const BlockShape& whole) {
+  if (d == Dim::qkv) return {whole.q, whole.kv, whole.kv};
+  return {extent(d, whole)};
 }
 inline size_t size_of(const BlockTensor& t, const BlockShape& s) {
   return static_cast<size_t>(extent(t.rows, s)) * extent(t.cols, s);

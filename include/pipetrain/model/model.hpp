@@ -23,28 +23,36 @@
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/model/block_tensors.hpp"
 #include "pipetrain/model/partition.hpp"
+#include "pipetrain/model/tensor_parallel.hpp"
 
 namespace pipetrain {
 
 struct ParamTensor {
   std::string name;
-  std::vector<int> shape;
+  std::vector<int> shape;  // this rank's part (the whole tensor unless tensor parallelism splits it)
   size_t offset = 0, size = 0;
   bool decay = false;      // AdamW weight decay applies (2-D weights only)
   bool tied_copy = false;  // the last stage's copy of a tied wte: not in the grad norm, not saved
   Init init = Init::normal;
+  TpSlice tp;  // where the part lies in the whole tensor
+  // The whole tensor is split among the tensor group (its norm is the sum of the parts').
+  bool split() const { return tp.axis >= 0; }
 };
 
 // The named tensors a stage owns, in buffer order with offsets (no allocation): embeddings on the
-// first stage, blocks [block_begin, block_end), final LayerNorm and head on the last.
-std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end);
+// first stage, blocks [block_begin, block_end), final LayerNorm and head on the last; tensor rank
+// `tp`'s parts of them (the whole tensors by default).
+std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end,
+                                      TpPart tp = {});
 // The tensors of all of a rank's chunks (virtual stages of n_virtual), chunk after chunk. A tied
 // head on the rank that also holds the embedding (a vee's first rank) uses wte itself, no copy.
-std::vector<ParamTensor> rank_params(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual);
+std::vector<ParamTensor> rank_params(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual,
+                                     TpPart tp = {});
 
 // Bytes one micro-batch keeps between its forward and its backward on a stage of `blocks` blocks,
-// by recompute mode (the formula Stage's buffers realise; plan predicts memory with it):
-// none: per block 5C + qkv + fc + ffn + 2 norm_stats floats per token (input, ln1, qkv, attention
+// by recompute mode (the formula Stage's buffers realise; plan predicts memory with it), on one
+// rank of the tensor group (its widths, the largest vocabulary part; these three formulas alike):
+// none: per block 4C + q + qkv + fc + ffn + 2 norm_stats floats per token (input, ln1, qkv, attention
 // output, res2, ln2, fc, its activation, each norm's statistics: 16C+4 for gpt2) plus b·heads·T²
 // attention probabilities, and on the last stage the head's input, final norm output and
 // statistics and V probabilities per token; block: each block's input (+ the head's); stage: the
@@ -116,11 +124,17 @@ struct Acts {
 class Stage {
  public:
   // Owns `chunks`, virtual stages out of `n_virtual`, for `micro_batches` micro-batches;
-  // `grad_scale` = dLoss/d(token loss) = 1 / (tokens per micro-batch x M x dp).
-  Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual, int micro_batches, float grad_scale);
+  // `grad_scale` = dLoss/d(token loss) = 1 / (tokens per micro-batch x M x dp). As tensor rank
+  // `tp` it holds its part of each tensor (tensor_parallel.hpp) and, when the group has more than
+  // one rank, runs no pass before set_tensor_group.
+  Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual, int micro_batches, float grad_scale,
+        TpPart tp = {});
   // One chunk: global blocks [block_begin, block_end) as stage `stage` out of `n_stages`.
   Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end, int micro_batches,
-        float grad_scale);
+        float grad_scale, TpPart tp = {});
+  // The collectives over this stage's tensor group; it must outlive the Stage's passes.
+  void set_tensor_group(TensorGroup* group) { group_ = group; }
+  const TpPart& tp() const { return tp_; }
 
   int chunks() const { return static_cast<int>(chunks_.size()); }
   bool first(int chunk) const { return chunks_[chunk].first; }  // virtual stage 0: embeddings
@@ -144,7 +158,8 @@ class Stage {
   float* input_buffer(int chunk, int mb);
 
   // Runs micro-batch mb through one chunk. Returns the summed token loss on the last virtual stage
-  // (0 elsewhere); other chunks write their output activation to `out` (boundary_floats()).
+  // (0 elsewhere, and on a tensor group's other ranks, so that sums over ranks count it once); other chunks write their
+  // output activation to `out` (boundary_floats()).
   double forward(int chunk, int mb, float* out);
   // `dout`: gradient of the chunk's output (not on the last virtual stage); writes the input
   // gradient to `dinp` (not on the first). Parameter gradients accumulate. Releases the stash.
@@ -214,13 +229,22 @@ class Stage {
                      const float* mean, const float* rstd, int N);
   void mlp_activation_forward(BlockActs& a, const float* fcb, int N);
   void mlp_activation_backward(float* dfch, const BlockActs& a, const float* dact, int N);
+  // The loss of the head's logits, whole or (tensor ranks) a part of the vocabulary.
+  double softmax_loss(HeadActs& a, const int* targets, int N);
+  // A row-parallel product's partial sums (or an input gradient's) summed over the tensor group.
+  void tensor_sum(float* buf, size_t n) {
+    if (tp_.size > 1) group_->sum(buf, n);
+  }
   // A tensor of `base` (weights_ or grads_) at `offset`; null where the family has none.
   static constexpr size_t kAbsent = static_cast<size_t>(-1);
   float* tensor(Floats& base, size_t offset) { return offset == kAbsent ? nullptr : base.data() + offset; }
 
   std::vector<Chunk> chunks_;
-  int M_, B_, T_, C_, NH_, V_, n_layer_;
-  BlockShape shape_;
+  int M_, B_, T_, C_, n_layer_;
+  TpPart tp_;
+  TensorGroup* group_ = nullptr;
+  int v_begin_, V_;   // the vocabulary rows this rank holds: [v_begin_, v_begin_ + V_)
+  BlockShape shape_;  // this rank's part of a block's widths
   float rope_theta_, norm_eps_;
   bool tied_;
   Recompute mode_;
@@ -262,7 +286,9 @@ class Stage {
   Acts generation_;                      // forward_cached's activations
   // scratch for one micro-batch
   Floats attproj_, fcproj_, logits_, dres_, dx_, datty_, dfch_gelu_;
-  BlockWGrads wscratch_;  // a fused backward's output gradients, one block at a time
+  Floats row_max_;               // a split vocabulary's softmax: each row's largest logit
+  Array<double> softmax_stats_;  // and its sums of exponentials and target logits
+  BlockWGrads wscratch_;         // a fused backward's output gradients, one block at a time
   HeadWGrads hscratch_;
 };
 

@@ -13,7 +13,8 @@ namespace pipetrain {
 // min_lr at the last step.
 double lr_at(const RunSpec& spec, int step);
 
-// Sum of squared gradients over the shard's slabs of the tensors that count toward the global norm.
+// Sum of squared gradients over the shard's slabs of the tensors that count toward the global norm
+// (not a tied copy; a tensor whole on every tensor rank only on the first, a split one on each).
 double grad_sq_sum(const std::vector<ParamTensor>& params, const Floats& grads, const OptimizerShard& shard);
 
 // Multiplier applied to all gradients for clipping (1 when the norm is within grad_clip or clip = 0).

@@ -14,17 +14,20 @@ constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 __device__ inline float gelu(float x) { return 0.5f * x * (1.f + tanhf(kGeluScale * (x + 0.044715f * x * x * x))); }
 
 __global__ void encoder_forward_k(float* out, const int* tokens, const float* wte, const float* wpe, int T, int C,
-                                  size_t total) {
+                                  int v_begin, int v_rows, size_t total) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i >= total) return;
   const size_t n = i / C;
-  const int c = static_cast<int>(i % C), t = static_cast<int>(n % T);
-  out[i] = wte[static_cast<size_t>(tokens[n]) * C + c] + (wpe ? wpe[static_cast<size_t>(t) * C + c] : 0.f);
+  const int c = static_cast<int>(i % C), t = static_cast<int>(n % T), row = tokens[n] - v_begin;
+  const float e = row >= 0 && row < v_rows ? wte[static_cast<size_t>(row) * C + c] : 0.f;
+  out[i] = e + (wpe ? wpe[static_cast<size_t>(t) * C + c] : 0.f);
 }
-__global__ void encoder_backward_wte_k(float* dwte, const float* dout, const int* tokens, int C, size_t total) {
+__global__ void encoder_backward_wte_k(float* dwte, const float* dout, const int* tokens, int C, int v_begin,
+                                       int v_rows, size_t total) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i >= total) return;
-  atomicAdd(&dwte[static_cast<size_t>(tokens[i / C]) * C + i % C], dout[i]);
+  const int row = tokens[i / C] - v_begin;
+  if (row >= 0 && row < v_rows) atomicAdd(&dwte[static_cast<size_t>(row) * C + i % C], dout[i]);
 }
 __global__ void encoder_backward_wpe_k(float* dwpe, const float* dout, int B, int T, int C) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;  // t * C + c
@@ -121,11 +124,11 @@ __global__ void softmax_crossentropy_forward_k(float* probs, float* row_loss, co
   if (threadIdx.x == 0) row_loss[blockIdx.x] = logf(sum) + mx - l[targets[blockIdx.x]];
 }
 __global__ void softmax_crossentropy_backward_k(float* dlogits, const float* probs, const int* targets, float scale,
-                                                int V, size_t n) {
+                                                int V, int v_begin, size_t n) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   const int j = static_cast<int>(i % V);
-  dlogits[i] = (probs[i] - (j == targets[i / V] ? 1.f : 0.f)) * scale;
+  dlogits[i] = (probs[i] - (j == targets[i / V] - v_begin ? 1.f : 0.f)) * scale;
 }
 
 __global__ void adamw_k(float* w, const float* grad, float* m, float* v, size_t n, float beta1, float beta2,
@@ -157,15 +160,17 @@ __global__ void sum_of_squares_k(double* partial, const float* x, size_t n) {
 
 }  // namespace
 
-void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
+                     int v_begin, int v_rows) {
   const size_t total = static_cast<size_t>(B) * T * C;
-  encoder_forward_k<<<blocks_for(total), 256, 0, stream()>>>(out, tokens, wte, wpe, T, C, total);
+  encoder_forward_k<<<blocks_for(total), 256, 0, stream()>>>(out, tokens, wte, wpe, T, C, v_begin, v_rows, total);
   PT_LAUNCHED();
 }
 
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C) {
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v_begin,
+                      int v_rows) {
   const size_t total = static_cast<size_t>(B) * T * C;
-  encoder_backward_wte_k<<<blocks_for(total), 256, 0, stream()>>>(dwte, dout, tokens, C, total);
+  encoder_backward_wte_k<<<blocks_for(total), 256, 0, stream()>>>(dwte, dout, tokens, C, v_begin, v_rows, total);
   PT_LAUNCHED();
   if (!dwpe) return;  // no position table (llama)
   encoder_backward_wpe_k<<<blocks_for(static_cast<size_t>(T) * C), 256, 0, stream()>>>(dwpe, dout, B, T, C);
@@ -221,9 +226,10 @@ double softmax_crossentropy_forward(float* probs, const float* logits, const int
   for (float l : host) loss += l;
   return loss;
 }
-void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float scale, int N, int V) {
+void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float scale, int N, int V,
+                                   int v_begin) {
   const size_t n = static_cast<size_t>(N) * V;
-  softmax_crossentropy_backward_k<<<blocks_for(n), 256, 0, stream()>>>(dlogits, probs, targets, scale, V, n);
+  softmax_crossentropy_backward_k<<<blocks_for(n), 256, 0, stream()>>>(dlogits, probs, targets, scale, V, v_begin, n);
   PT_LAUNCHED();
 }
 

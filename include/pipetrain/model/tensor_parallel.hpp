@@ -1,0 +1,67 @@
+// Tensor parallelism in the model: which part of each whole tensor a tensor rank holds, and the
+// collectives its layers need across the tensor group (parallel.tp ranks of one stage and replica).
+//
+// The split is Megatron's. The q/k/v product and the MLP's first product are split by output rows
+// (a rank keeps its heads, its share of the hidden width: column-parallel in Megatron's words), the
+// attention's and the MLP's output products by input columns (row-parallel), whose partial outputs
+// the group sums. The vocabulary is split by rows of wte and of the LM head: the embedding's lookup
+// and the loss's softmax statistics are summed (and maxed) over the group, so no rank ever holds
+// the full logits. Norms, position embeddings and the output products' biases are whole on every
+// rank; their gradients come out the same on each (their inputs are), so nothing sums them.
+//
+// A checkpoint, an exported model and train.init_from hold whole tensors: a rank writes and reads
+// its part of each (whole_runs), so any tp resumes from any other.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace pipetrain {
+
+// This rank's place in its tensor group.
+struct TpPart {
+  int rank = 0, size = 1;
+};
+
+// Part `rank` of `size` of n consecutive rows: [begin, end), as evenly as they go (the vocabulary
+// need not divide).
+struct PartRows {
+  int64_t begin, end;
+  int64_t size() const { return end - begin; }
+};
+inline PartRows part_rows(int64_t n, const TpPart& p) { return {n * p.rank / p.size, n * (p.rank + 1) / p.size}; }
+
+// How one of a rank's tensors sits in the whole tensor.
+struct TpSlice {
+  std::vector<int> whole;   // the whole tensor's shape (the rank's own when nothing is split)
+  int axis = -1;            // the dimension the group splits; -1: every rank holds it whole
+  std::vector<int> groups;  // that dimension as consecutive groups (q, k, v), each split alike
+  TpPart part;
+  size_t whole_size() const {
+    size_t n = 1;
+    for (int d : whole) n *= static_cast<size_t>(d);
+    return n;
+  }
+};
+
+// A run of consecutive elements of a rank's tensor and where it lies in the whole tensor.
+struct ElementRun {
+  size_t whole, local, count;
+};
+// Elements [begin, end) of a rank's tensor of `shape` (1-D or 2-D, counted from its start), as runs
+// in the whole tensor, in order.
+std::vector<ElementRun> whole_runs(const TpSlice& slice, const std::vector<int>& shape, size_t begin, size_t end);
+// Copies the rank's part of `whole` into `part` (the whole tensor of slice.whole; part of `shape`).
+void take_part(const TpSlice& slice, const std::vector<int>& shape, const float* whole, float* part);
+
+// In-place collectives over the tensor group, on the compute device's memory, every member calling
+// them in the same order (dist implements them; train hands them to the Stage).
+class TensorGroup {
+ public:
+  virtual ~TensorGroup() = default;
+  virtual void sum(float* buf, size_t n) = 0;
+  virtual void sum(double* buf, size_t n) = 0;
+  virtual void max(float* buf, size_t n) = 0;
+};
+
+}  // namespace pipetrain

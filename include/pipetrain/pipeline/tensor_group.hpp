@@ -1,0 +1,27 @@
+// A Stage's tensor-group collectives (model/tensor_parallel.hpp) over the run's Comm. MPI moves
+// host memory here, so on the GPU each reduction goes through a host copy; on the CPU it works on
+// the buffer itself. The time inside them is the tp_comm kernel class's.
+#pragma once
+#include <vector>
+
+#include "pipetrain/dist/comm.hpp"
+#include "pipetrain/model/tensor_parallel.hpp"
+
+namespace pipetrain {
+
+class CommTensorGroup : public TensorGroup {
+ public:
+  explicit CommTensorGroup(Comm& comm) : comm_(comm) {}
+  void sum(float* buf, size_t n) override;
+  void sum(double* buf, size_t n) override;
+  void max(float* buf, size_t n) override;
+
+ private:
+  template <class T, class Reduce>
+  void staged(T* buf, size_t n, Reduce reduce);
+  Comm& comm_;
+  std::vector<float> floats_;
+  std::vector<double> doubles_;
+};
+
+}  // namespace pipetrain

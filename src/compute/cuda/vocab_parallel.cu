@@ -1,0 +1,70 @@
+// The loss over a vocabulary split among tensor ranks, on the GPU (layer_kernels.hpp has the
+// contract; vocab_parallel_kernels.cpp is the CPU twin). One block per row.
+#include <cfloat>
+#include <cmath>
+#include <vector>
+
+#include "pipetrain/compute/gpu.hpp"
+#include "pipetrain/compute/gpu_kernels.hpp"
+#include "reduce.cuh"
+
+namespace pipetrain::gpu {
+namespace {
+
+__global__ void vocab_softmax_max_k(float* row_max, const float* logits, int V) {
+  __shared__ float shared32[32];
+  const float* l = logits + static_cast<size_t>(blockIdx.x) * V;
+  float mx = -FLT_MAX;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, l[j]);
+  mx = block_max(mx, shared32);
+  if (threadIdx.x == 0) row_max[blockIdx.x] = mx;
+}
+
+__global__ void vocab_softmax_exp_k(float* probs, double* stats, const float* logits, const float* row_max,
+                                    const int* targets, int N, int V, int v_begin) {
+  __shared__ float shared32[32];
+  const size_t off = static_cast<size_t>(blockIdx.x) * V;
+  const float mx = row_max[blockIdx.x];
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) sum += (probs[off + j] = expf(logits[off + j] - mx));
+  sum = block_sum(sum, shared32);
+  if (threadIdx.x != 0) return;
+  const int t = targets[blockIdx.x] - v_begin;
+  stats[blockIdx.x] = sum;
+  stats[N + blockIdx.x] = t >= 0 && t < V ? logits[off + t] : 0.0;
+}
+
+__global__ void vocab_softmax_finish_k(float* probs, float* row_loss, const float* row_max, const double* stats, int N,
+                                       int V) {
+  const size_t off = static_cast<size_t>(blockIdx.x) * V;
+  const float inv = static_cast<float>(1.0 / stats[blockIdx.x]);
+  for (int j = threadIdx.x; j < V; j += blockDim.x) probs[off + j] *= inv;
+  if (threadIdx.x == 0)
+    row_loss[blockIdx.x] = static_cast<float>(log(stats[blockIdx.x]) + row_max[blockIdx.x] - stats[N + blockIdx.x]);
+}
+
+}  // namespace
+
+void vocab_softmax_max(float* row_max, const float* logits, int N, int V) {
+  vocab_softmax_max_k<<<N, 256, 0, stream()>>>(row_max, logits, V);
+  PT_LAUNCHED();
+}
+
+void vocab_softmax_exp(float* probs, double* stats, const float* logits, const float* row_max, const int* targets,
+                       int N, int V, int v_begin) {
+  vocab_softmax_exp_k<<<N, 256, 0, stream()>>>(probs, stats, logits, row_max, targets, N, V, v_begin);
+  PT_LAUNCHED();
+}
+
+double vocab_softmax_finish(float* probs, const float* row_max, const double* stats, int N, int V) {
+  float* row_loss = static_cast<float*>(scratch(0, sizeof(float) * N));
+  vocab_softmax_finish_k<<<N, 256, 0, stream()>>>(probs, row_loss, row_max, stats, N, V);
+  PT_LAUNCHED();
+  std::vector<float> host(N);
+  copy_to_host(host.data(), row_loss, sizeof(float) * N);
+  double loss = 0.0;  // summed in row order, as on the CPU
+  for (float l : host) loss += l;
+  return loss;
+}
+
+}  // namespace pipetrain::gpu
