@@ -313,6 +313,16 @@ void validate_spec(const RunSpec& s, int world_size) {
     fail("run.name", "must be a non-empty name without '/'");
 }
 
+std::string tensor_parallel_problem(const RunSpec& spec) {
+  try {
+    validate_tensor_parallel(spec,
+                             [](const std::string& key, const std::string& msg) { throw SpecError(key + ": " + msg); });
+  } catch (const SpecError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 int llama_ffn_hidden(int d_model, int multiple_of) {
   const int64_t two_thirds = int64_t{8} * d_model / 3;  // 2/3 of 4 d_model, rounded down
   return static_cast<int>((two_thirds + multiple_of - 1) / multiple_of * multiple_of);

@@ -20,82 +20,197 @@ std::vector<int> divisors(int n) {
   return d;
 }
 
-std::string describe(const RunSpec& s) {
+std::string describe(const RunSpec& s, bool with_batch) {
   const auto& p = s.parallel;
-  std::string out = "pp " + std::to_string(p.pp) + " x dp " + std::to_string(p.dp) + ", M " +
-                    std::to_string(p.micro_batches) + ", " + p.schedule->name;
+  std::string out = (p.tp > 1 ? "tp " + std::to_string(p.tp) + " x " : std::string()) + "pp " + std::to_string(p.pp) +
+                    " x dp " + std::to_string(p.dp) + ", M " + std::to_string(p.micro_batches) + ", " +
+                    p.schedule->name;
   if (p.virtual_stages > 1) out += " (" + std::to_string(p.virtual_stages) + " chunks)";
   out += std::string(", recompute ") + name_of(p.recompute) + ", " + name_of(p.partition);
   if (p.dp > 1) out += ", zero " + std::to_string(p.zero);
+  if (with_batch) out += ", global batch " + std::to_string(s.train.global_batch);
   return out;
 }
 
-std::string set_line(const RunSpec& s) {
+std::string set_line(const RunSpec& s, bool with_batch) {
   const auto& p = s.parallel;
-  return "--set parallel.pp=" + std::to_string(p.pp) + " --set parallel.dp=" + std::to_string(p.dp) +
+  return "--set parallel.tp=" + std::to_string(p.tp) + " --set parallel.pp=" + std::to_string(p.pp) +
+         " --set parallel.dp=" + std::to_string(p.dp) +
          " --set parallel.micro_batches=" + std::to_string(p.micro_batches) +
          " --set parallel.schedule=" + p.schedule->name +
          " --set parallel.virtual_stages=" + std::to_string(p.virtual_stages) +
          " --set parallel.recompute=" + name_of(p.recompute) + " --set parallel.partition=" + name_of(p.partition) +
-         " --set parallel.zero=" + std::to_string(p.zero);
+         " --set parallel.zero=" + std::to_string(p.zero) +
+         (with_batch ? " --set train.global_batch=" + std::to_string(s.train.global_batch) : "");
+}
+
+// Every layout of one grid (tp x pp x dp) at one global batch that the model and schedules allow,
+// planned into `all` when it fits the memory budget. Returns how many were considered and how
+// many of them were over the budget.
+std::pair<int, int> plan_grid(const RunSpec& spec, int tp, int pp, int dp, int world, const MachineCosts& costs,
+                              double memory_per_rank, bool with_batch, std::vector<LayoutChoice>& all, AutoPlan& out) {
+  int considered = 0, over = 0;
+  for (int M : divisors(spec.train.global_batch / dp))
+    for (const ScheduleKind* kind : all_schedules())
+      for (int V = 1; V <= (kind->chunked ? 4 : 1); ++V)
+        for (Recompute mode : {Recompute::none, Recompute::block, Recompute::stage})
+          for (Partition part : {Partition::uniform, Partition::balanced})
+            for (int zero = 0; zero <= (dp > 1 ? 1 : 0); ++zero) {
+              if (kind->splits_backward && mode != Recompute::none) continue;
+              // One stage: every schedule and partition is the same step, planned once, as the
+              // first registered schedule (gpipe).
+              if (pp == 1 && (part == Partition::balanced || kind != all_schedules().front())) continue;
+              RunSpec s = spec;
+              auto& p = s.parallel;
+              p.tp = tp;
+              p.pp = pp;
+              p.dp = dp;
+              p.micro_batches = M;
+              p.schedule = kind;
+              p.virtual_stages = V;
+              p.recompute = mode;
+              p.partition = part;
+              p.zero = zero;
+              p.blocks_per_stage.clear();
+              s.origins.clear();
+              try {
+                validate_spec(s, world);
+              } catch (const SpecError&) {
+                continue;  // a layout this model or schedule cannot run
+              }
+              if (part == Partition::balanced) {  // planned once when it splits as uniform does
+                RunSpec uniform = s;
+                uniform.parallel.partition = Partition::uniform;
+                if (partition_blocks(uniform) == partition_blocks(s)) continue;
+              }
+              ++considered;
+              const double need = make_plan(s).largest_memory_bytes(s);
+              if (out.least_memory == 0 || need < out.least_memory) {
+                out.least_memory = need;
+                out.least_memory_layout = describe(s, with_batch);
+              }
+              if (tp == 1 && (out.least_memory_tp1 == 0 || need < out.least_memory_tp1)) {
+                out.least_memory_tp1 = need;
+                out.least_memory_tp1_layout = describe(s, with_batch);
+              }
+              if (memory_per_rank > 0 && need > memory_per_rank) {
+                ++over;
+                continue;
+              }
+              all.push_back({s, predict_step(s, costs), need, set_line(s, with_batch), describe(s, with_batch)});
+            }
+  return {considered, over};
+}
+
+// The layouts of `world` ranks, fastest (most tokens per second) first, all of them.
+AutoPlan search(const RunSpec& spec, int world, const MachineCosts& costs, double memory_per_rank, bool search_batch) {
+  AutoPlan out;
+  for (int k = 0; k <= (search_batch ? 4 : 0); ++k) out.global_batches.push_back(spec.train.global_batch << k);
+  std::vector<LayoutChoice> all;
+  for (int tp : divisors(world))
+    for (int pp : divisors(world / tp)) {
+      const int dp = world / tp / pp;
+      ++out.refused.grids;
+      RunSpec t = spec;
+      t.parallel.tp = tp;
+      if (pp > spec.model.n_layer) {
+        ++out.refused.layers;
+        continue;
+      }
+      if (tp > kMaxTensorRanks || !tensor_parallel_problem(t).empty()) {
+        ++out.refused.heads;
+        continue;
+      }
+      int grid_considered = 0, grid_over = 0;
+      for (int G : out.global_batches) {
+        if (G % dp) continue;
+        RunSpec b = spec;
+        b.train.global_batch = G;
+        const auto [considered, over] = plan_grid(b, tp, pp, dp, world, costs, memory_per_rank, search_batch, all, out);
+        grid_considered += considered;
+        grid_over += over;
+      }
+      if (std::none_of(out.global_batches.begin(), out.global_batches.end(), [&](int G) { return G % dp == 0; }))
+        ++out.refused.batch;
+      else if (grid_considered > 0 && grid_over == grid_considered) ++out.refused.memory;
+      out.considered += grid_considered;
+      out.over_memory += grid_over;
+    }
+  // Most tokens per second first (at one global batch: the shortest step); between equals, the
+  // one needing less memory.
+  std::sort(all.begin(), all.end(), [](const LayoutChoice& a, const LayoutChoice& b) {
+    if (a.predicted.tokens_per_s != b.predicted.tokens_per_s)
+      return a.predicted.tokens_per_s > b.predicted.tokens_per_s;
+    return a.memory_bytes < b.memory_bytes;
+  });
+  out.best = std::move(all);
+  return out;
+}
+
+std::string fixed(double v, const char* format) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+// What binds the search of `world` ranks, and what to change, in a line each.
+std::vector<std::string> binding_constraints(const RunSpec& spec, int world, const MachineCosts& costs,
+                                             double memory_per_rank, bool search_batch, const AutoPlan& plan) {
+  std::vector<std::string> lines;
+  const GridRefusals& r = plan.refused;
+  const int G = plan.global_batches.back(), L = spec.model.n_layer;
+  int tp_max = 1;
+  for (int tp = 1; tp <= kMaxTensorRanks; ++tp) {
+    RunSpec t = spec;
+    t.parallel.tp = tp;
+    if (tensor_parallel_problem(t).empty()) tp_max = tp;
+  }
+  if (plan.best.empty()) {
+    if (r.layers + r.batch + r.heads == r.grids)
+      lines.push_back("every way to lay out " + std::to_string(world) + " ranks needs more pipeline stages than the " +
+                      std::to_string(L) + " blocks, more replicas than the global batch of " + std::to_string(G) +
+                      " has samples (dp must divide it), or more tensor ranks than the heads allow (at most " +
+                      std::to_string(tp_max) + "): at most tp " + std::to_string(tp_max) + " x pp " +
+                      std::to_string(L) + " x dp " + std::to_string(G) + " = " +
+                      std::to_string(static_cast<int64_t>(tp_max) * L * G) + " ranks can be used; launch fewer ranks" +
+                      (search_batch ? "" : " or raise train.global_batch (--global-batch auto searches it)"));
+    else if (r.memory > 0)
+      lines.push_back("memory binds: every layout needs more than " + human_bytes(memory_per_rank) +
+                      " per rank; the least is " + human_bytes(plan.least_memory) + " (" + plan.least_memory_layout +
+                      "): more ranks (tensor or pipeline), recompute, or devices with more memory");
+    return lines;
+  }
+  const LayoutChoice& best = plan.best.front();
+  const auto& p = best.spec.parallel;
+  const int per_replica = best.spec.train.global_batch / p.dp;
+  if (best.spec.samples_per_micro_batch() == 1 && p.pp > 1 && best.predicted.bubble > 0.2)
+    lines.push_back("the global batch per replica binds: " + std::to_string(best.spec.train.global_batch) + " / dp " +
+                    std::to_string(p.dp) + " = " + std::to_string(per_replica) + " sample" +
+                    (per_replica > 1 ? "s" : "") + ", at most " + std::to_string(per_replica) + " micro-batch" +
+                    (per_replica > 1 ? "es" : "") + " for " + std::to_string(p.pp) + " stages: bubble " +
+                    fixed(best.predicted.bubble, "%.2f") + "; a larger train.global_batch" +
+                    (search_batch ? "" : " (--global-batch auto searches it)") + " or fewer ranks fills the pipeline");
+  if (memory_per_rank > 0 && p.tp > 1 && plan.least_memory_tp1 > memory_per_rank)
+    lines.push_back("memory binds: without tensor parallelism no layout fits in " + human_bytes(memory_per_rank) +
+                    " per rank (the least needs " + human_bytes(plan.least_memory_tp1) + ": " +
+                    plan.least_memory_tp1_layout + "); tp " + std::to_string(p.tp) + " splits each stage to fit");
+  if (world % 2 == 0) {
+    const AutoPlan half = search(spec, world / 2, costs, memory_per_rank, search_batch);
+    if (!half.best.empty())
+      lines.push_back("scaling: " + std::to_string(world) + " ranks reach " +
+                      fixed(best.predicted.tokens_per_s / half.best.front().predicted.tokens_per_s, "%.2f") +
+                      "x the tokens/s of the best layout of " + std::to_string(world / 2) + " (2x would be linear)");
+  }
+  return lines;
 }
 
 }  // namespace
 
-AutoPlan auto_plan(const RunSpec& spec, int world, const MachineCosts& costs, double memory_per_rank, int keep) {
-  AutoPlan out;
-  std::vector<LayoutChoice> all;
-  for (int pp : divisors(world)) {
-    const int dp = world / pp;
-    if (pp > spec.model.n_layer || spec.train.global_batch % dp) continue;
-    for (int M : divisors(spec.train.global_batch / dp))
-      for (const ScheduleKind* kind : all_schedules())
-        for (int V = 1; V <= (kind->chunked ? 4 : 1); ++V)
-          for (Recompute mode : {Recompute::none, Recompute::block, Recompute::stage})
-            for (Partition part : {Partition::uniform, Partition::balanced})
-              for (int zero = 0; zero <= (dp > 1 ? 1 : 0); ++zero) {
-                if (kind->splits_backward && mode != Recompute::none) continue;
-                // One stage: every schedule and partition is the same step, planned once, as the
-                // first registered schedule (gpipe).
-                if (pp == 1 && (part == Partition::balanced || kind != all_schedules().front())) continue;
-                RunSpec s = spec;
-                auto& p = s.parallel;
-                p.pp = pp;
-                p.dp = dp;
-                p.micro_batches = M;
-                p.schedule = kind;
-                p.virtual_stages = V;
-                p.recompute = mode;
-                p.partition = part;
-                p.zero = zero;
-                p.blocks_per_stage.clear();
-                s.origins.clear();
-                try {
-                  validate_spec(s, world);
-                } catch (const SpecError&) {
-                  continue;  // a layout this model or schedule cannot run
-                }
-                if (part == Partition::balanced) {  // planned once when it splits as uniform does
-                  RunSpec uniform = s;
-                  uniform.parallel.partition = Partition::uniform;
-                  if (partition_blocks(uniform) == partition_blocks(s)) continue;
-                }
-                ++out.considered;
-                const double need = make_plan(s).largest_memory_bytes(s);
-                if (memory_per_rank > 0 && need > memory_per_rank) {
-                  ++out.over_memory;
-                  continue;
-                }
-                all.push_back({s, predict_step(s, costs), need, set_line(s), describe(s)});
-              }
-  }
-  // Fastest first; between equals, the one needing less memory.
-  std::sort(all.begin(), all.end(), [](const LayoutChoice& a, const LayoutChoice& b) {
-    if (a.predicted.step_s != b.predicted.step_s) return a.predicted.step_s < b.predicted.step_s;
-    return a.memory_bytes < b.memory_bytes;
-  });
-  if (static_cast<int>(all.size()) > keep) all.resize(keep);
-  out.best = std::move(all);
+AutoPlan auto_plan(const RunSpec& spec, int world, const MachineCosts& costs, double memory_per_rank, int keep,
+                   bool search_batch) {
+  AutoPlan out = search(spec, world, costs, memory_per_rank, search_batch);
+  out.binding = binding_constraints(spec, world, costs, memory_per_rank, search_batch, out);
+  if (static_cast<int>(out.best.size()) > keep) out.best.resize(keep);
   return out;
 }
 
@@ -105,8 +220,22 @@ std::string auto_plan_text(const AutoPlan& plan, int world, const MachineCosts& 
      << " considered";
   if (memory_per_rank > 0) os << ", " << plan.over_memory << " over " << human_bytes(memory_per_rank) << " per rank";
   os << "; step times predicted with " << costs.source << "\n";
+  const GridRefusals& r = plan.refused;
+  os << "grids tp x pp x dp: " << r.grids << " tried; refused: " << r.layers << " with more stages than blocks, "
+     << r.batch << " with more replicas than the global batch allows, " << r.heads
+     << " with a tp the heads do not allow (or above " << kMaxTensorRanks << ", a node), " << r.memory
+     << " over the memory budget in every layout\n";
+  if (plan.global_batches.size() > 1) {
+    os << "global batches searched:";
+    for (int G : plan.global_batches) os << " " << G;
+    os << " (ranked by tokens/s)\n";
+  }
+  auto binding = [&] {
+    for (const std::string& b : plan.binding) os << (b.rfind("scaling: ", 0) == 0 ? "" : "binding: ") << b << "\n";
+  };
   if (plan.best.empty()) {
-    os << "no layout fits: more ranks, a smaller model or a smaller global batch\n";
+    os << "no layout fits\n";
+    binding();
     return os.str();
   }
   char line[400];
@@ -119,6 +248,7 @@ std::string auto_plan_text(const AutoPlan& plan, int world, const MachineCosts& 
                   c.predicted.tokens_per_s, c.predicted.bubble, human_bytes(c.memory_bytes).c_str(), c.summary.c_str());
     os << line;
   }
+  binding();
   os << "run the first with:\n  " << plan.best.front().sets << "\n";
   return os.str();
 }
@@ -129,6 +259,13 @@ std::string auto_plan_json(const AutoPlan& plan, int world, const MachineCosts& 
   j["costs"] = costs.source;
   j["considered"] = plan.considered;
   j["over_memory"] = plan.over_memory;
+  j["refused_grids"] = {{"tried", plan.refused.grids},
+                        {"layers", plan.refused.layers},
+                        {"batch", plan.refused.batch},
+                        {"heads", plan.refused.heads},
+                        {"memory", plan.refused.memory}};
+  j["global_batches"] = plan.global_batches;
+  j["binding"] = plan.binding;
   if (memory_per_rank > 0) j["memory_per_rank"] = memory_per_rank;
   j["best"] = nlohmann::json::array();
   for (const LayoutChoice& c : plan.best)
@@ -136,6 +273,8 @@ std::string auto_plan_json(const AutoPlan& plan, int world, const MachineCosts& 
                          {"tokens_per_s", c.predicted.tokens_per_s},
                          {"bubble", c.predicted.bubble},
                          {"memory_bytes", c.memory_bytes},
+                         {"tp", c.spec.parallel.tp},
+                         {"global_batch", c.spec.train.global_batch},
                          {"layout", c.summary},
                          {"set", c.sets}});
   return j.dump(2) + "\n";

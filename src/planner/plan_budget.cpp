@@ -35,7 +35,7 @@ std::string duration(double s) {
 
 nlohmann::json budget_json(const RunSpec& spec, const Plan& plan, const MachineCosts& costs, double memory_per_rank) {
   const StepPrediction p = predict_step(spec, costs);
-  const int world = spec.parallel.pp * spec.parallel.dp;
+  const int world = spec.parallel.tp * spec.parallel.pp * spec.parallel.dp;
   nlohmann::json j;
   j["costs"] = costs.source;
   j["flops_per_step"] = p.flops;
@@ -45,6 +45,8 @@ nlohmann::json budget_json(const RunSpec& spec, const Plan& plan, const MachineC
   j["pipeline_s"] = p.pipeline_s;
   j["bubble"] = p.bubble;
   j["reduce_s"] = p.reduce_s;
+  j["tp_comm_s"] = p.tp_comm_s;
+  j["tp_sum_bytes"] = p.tp_sum_bytes;
   j["optimizer_s"] = p.optimizer_s;
   j["tokens_per_s"] = p.tokens_per_s;
   j["run_steps"] = spec.run.steps;
@@ -57,7 +59,7 @@ nlohmann::json budget_json(const RunSpec& spec, const Plan& plan, const MachineC
 
 std::string budget_text(const RunSpec& spec, const Plan& plan, const MachineCosts& costs, double memory_per_rank) {
   const StepPrediction p = predict_step(spec, costs);
-  const int world = spec.parallel.pp * spec.parallel.dp;
+  const int world = spec.parallel.tp * spec.parallel.pp * spec.parallel.dp;
   const char* device = spec.run.device == Device::gpu ? "GPU" : "rank";
   std::ostringstream os;
   os << "\ncost of a step and of the run (" << costs.source << "):\n";
@@ -70,6 +72,10 @@ std::string budget_text(const RunSpec& spec, const Plan& plan, const MachineCost
      << ", bubble " << figure << "; reduction " << duration(p.reduce_s) << "; agreement and update "
      << duration(p.optimizer_s) << "): " << human(p.tokens_per_s, "tokens/s") << ", "
      << human(p.flops / std::max(p.step_s, 1e-30) / world, "FLOP/s") << " per " << device << "\n";
+  if (spec.parallel.tp > 1)
+    os << "  tensor group of " << spec.parallel.tp << ": all-reduces of " << human(p.tp_sum_bytes, "B", 1024)
+       << " (4 per block and micro-batch, 2 more under recompute) on the node's link, " << duration(p.tp_comm_s)
+       << " a step on the busiest rank (inside the forwards and backwards)\n";
   std::snprintf(figure, sizeof figure, "%.3g", p.step_s * spec.run.steps * world / 3600);
   os << "  run.steps = " << spec.run.steps << ": " << duration(p.step_s * spec.run.steps) << " wall, " << figure << " "
      << device << "-hours on " << world << " " << device << (world > 1 ? "s" : "") << "\n";

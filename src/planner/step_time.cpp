@@ -16,7 +16,19 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
   const int P = par.pp, D = par.dp, M = par.micro_batches, n_virtual = place.virtual_stages();
   const int b = spec.samples_per_micro_batch();
   const std::vector<int> blocks = partition_blocks(spec);
-  const PassCosts block = costs.block_under(par.recompute, b), embed = costs.embed(b), head = costs.head(b);
+  // On a tensor rank each pass computes a TP-th of its products and sums a micro-batch's activation
+  // (tokens x d_model floats) over the tensor group: a block's forward twice, its input-gradient
+  // pass twice (a recomputing backward the forward's two again), the embedding's forward and the
+  // head's backward once (the loss's statistics are a few floats a token).
+  const int TP = par.tp;
+  const double boundary_bytes = sizeof(float) * static_cast<double>(b) * spec.model.seq_len * spec.model.d_model;
+  const double tp_sum = costs.allreduce_s(boundary_bytes, TP);
+  const int rerun = par.recompute == Recompute::none ? 0 : 2;
+  auto tensor_part = [&](PassCosts c, int f_sums, int b_sums) {
+    return PassCosts{c.f / TP + f_sums * tp_sum, c.b / TP + b_sums * tp_sum, c.w / TP};
+  };
+  const PassCosts block = tensor_part(costs.block_under(par.recompute, b), 2, 2 + rerun);
+  const PassCosts embed = tensor_part(costs.embed(b), 1, 0), head = tensor_part(costs.head(b), 0, 1);
   // Each virtual stage's passes (under recompute a block's backward re-runs its forward).
   std::vector<double> fwd, bwd, wgt;
   for (int v = 0; v < n_virtual; ++v) {
@@ -27,7 +39,6 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
   }
   std::vector<ActionList> lists;
   for (int s = 0; s < P; ++s) lists.push_back(schedule.generate(s, spec.pipeline_shape()));
-  const double boundary_bytes = sizeof(float) * static_cast<double>(b) * spec.model.seq_len * spec.model.d_model;
   const SimResult sim = simulate(lists, fwd, bwd, wgt, place.kind, costs.p2p_s(boundary_bytes));
 
   StepPrediction r;
@@ -37,21 +48,29 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
   std::vector<double> working(P);  // per stage: computing, reducing gradients, updating
   for (int s = 0; s < P; ++s) {
     double params = 0;
-    for (const ParamTensor& t : rank_params(spec, chunks_of(blocks, place, s), n_virtual)) params += t.size;
+    for (const ParamTensor& t : rank_params(spec, chunks_of(blocks, place, s), n_virtual, TpPart{TP - 1, TP}))
+      params += t.size;
     const double finish = sim.spans[s].empty() ? 0 : sim.spans[s].back().end;
     // ZeRO-1's reduce-scatter and all-gather move what one all-reduce moves.
     double reduce = costs.allreduce_s(sizeof(float) * params, D);
     if (tied_apart && (s == 0 || s == place.head_stage())) reduce += costs.allreduce_s(tied_bytes, 2);
     // The step agreement (norm, stop, finite: three doubles over every rank), then the update.
-    const double optim = costs.allreduce_s(3 * sizeof(double), P * D) + costs.adamw_s(par.zero ? params / D : params);
+    const double optim =
+        costs.allreduce_s(3 * sizeof(double), TP * P * D) + costs.adamw_s(par.zero ? params / D : params);
     working[s] = sim.busy[s] + reduce + optim;
     if (finish + reduce + optim > r.step_s) {
       r.step_s = finish + reduce + optim;
       r.reduce_s = reduce;
       r.optimizer_s = optim;
     }
-    if (D > 1) r.reduce_bytes += D * sizeof(float) * params;
+    if (D > 1) r.reduce_bytes += TP * D * sizeof(float) * params;
+    // The stage's tensor sums: per micro-batch, each of its chunks' passes' (as tensor_part counts them).
+    double sums = 0;
+    for (const ChunkRange& c : chunks_of(blocks, place, s))
+      sums += (c.block_end - c.block_begin) * (4 + rerun) + (c.vstage == 0) + (c.vstage == n_virtual - 1);
+    r.tp_comm_s = std::max(r.tp_comm_s, M * sums * tp_sum);
   }
+  if (TP > 1) r.tp_sum_bytes = boundary_bytes;
   // As metrics' bubble_measured counts it: the share of the step a rank waits for others, in the
   // pipeline and at the step's end for the slowest rank (the gradient reduction is work).
   for (int s = 0; s < P; ++s) r.bubble += r.step_s > 0 ? (1 - working[s] / r.step_s) / P : 0;
@@ -65,7 +84,7 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
   // Every boundary between virtual stages on different ranks carries an activation and a gradient
   // per micro-batch, in every replica.
   for (int v = 0; v + 1 < n_virtual; ++v)
-    if (place.stage_of(v) != place.stage_of(v + 1)) r.p2p_bytes += 2.0 * M * D * boundary_bytes;
+    if (place.stage_of(v) != place.stage_of(v + 1)) r.p2p_bytes += 2.0 * M * D * TP * boundary_bytes;
   return r;
 }
 

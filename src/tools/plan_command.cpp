@@ -67,7 +67,7 @@ ExitCode print_auto_plan(const PlanOptions& opt, const RunSpec& spec, const std:
   if (!costs)
     throw SpecError(
         "plan --auto predicts step times: give --costs FILE (plan --calibrate) or --peak-tflops and --link-gbps");
-  const AutoPlan best = auto_plan(spec, opt.world, *costs, capacity);
+  const AutoPlan best = auto_plan(spec, opt.world, *costs, capacity, 5, opt.global_batch == "auto");
   std::cout << (opt.json ? auto_plan_json(best, opt.world, *costs, capacity)
                          : auto_plan_text(best, opt.world, *costs, capacity));
   return best.best.empty() ? ExitCode::bad_input : ExitCode::ok;
@@ -115,6 +115,9 @@ double parse_bytes(const std::string& text, const std::string& option) {
 
 ExitCode run_plan(const PlanOptions& opt) {
   if (opt.automatic && opt.world < 1) throw SpecError("plan --auto needs --world N, the ranks to lay out");
+  if (!opt.global_batch.empty() && (opt.global_batch != "auto" || !opt.automatic))
+    throw SpecError("--global-batch " + opt.global_batch +
+                    ": only 'auto', with --auto (a fixed one is --set train.global_batch=N)");
   if (!opt.from_run.empty())
     throw SpecError("--from-run goes with --calibrate (plan --costs takes a run directory itself)");
   // --auto replaces the layout: the spec is read for its model, batch and data, on one rank.
@@ -131,9 +134,9 @@ ExitCode run_plan(const PlanOptions& opt) {
   if (opt.ranks_per_node) {
     if (*opt.ranks_per_node < 1)
       throw SpecError("--ranks-per-node " + std::to_string(*opt.ranks_per_node) + " must be at least 1");
-    const Topology layout = Topology::of(0, spec.parallel.pp, spec.parallel.dp, spec.parallel.order);
-    std::cout << "\n"
-              << node_map(nodes_filled_in_order(spec.parallel.pp * spec.parallel.dp, *opt.ranks_per_node), layout);
+    const Topology layout =
+        Topology::of(0, spec.parallel.pp, spec.parallel.dp, spec.parallel.order, false, spec.parallel.tp);
+    std::cout << "\n" << node_map(nodes_filled_in_order(layout.world_size(), *opt.ranks_per_node), layout);
   }
   return ExitCode::ok;
 }
@@ -156,6 +159,7 @@ ExitCode run_calibrate(const PlanOptions& opt, World& world) {
 ExitCode plan_command(const std::vector<std::string>& args) {
   PlanOptions opt;
   double peak_tflops = 0, link_gbps = 0;
+  std::string global_batch;
   po::options_description desc("pipetrain plan [options]   (no MPI launch needed)");
   desc.add_options()("help,h", "show this help")("config", po::value<std::string>(&opt.config), "run spec (TOML)")(
       "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(), "override one key (repeatable)")(
@@ -183,14 +187,17 @@ ExitCode plan_command(const std::vector<std::string>& args) {
       "each rank's device or node memory, e.g. "
       "141GiB: checked against the largest stage's need")(
       "auto",
-      "pick the layout: every pp x dp = --world, micro-batches, schedule, chunks, recompute, partition and "
-      "zero, within --memory-per-rank, ranked by the step time predicted with --costs (or the peak)");
+      "pick the layout: every tp x pp x dp = --world, micro-batches, schedule, chunks, recompute, partition and "
+      "zero, within --memory-per-rank, ranked by the tokens/s predicted with --costs (or the peak); says what binds")(
+      "global-batch", po::value<std::string>(&global_batch),
+      "with --auto: 'auto' searches train.global_batch too (the spec's x 1, 2, 4, 8, 16)");
   po::variables_map vm;
   if (auto done = parse_command_line("plan", desc, args, vm)) return *done;
   opt.json = vm.count("json") > 0;
   opt.compare_schedules = vm.count("compare-schedules") > 0;
   if (vm.count("ranks-per-node")) opt.ranks_per_node = vm["ranks-per-node"].as<int>();
   opt.automatic = vm.count("auto") > 0;
+  opt.global_batch = vm.count("global-batch") ? global_batch : "";
   if (vm.count("peak-tflops")) opt.peak_tflops = peak_tflops;
   if (vm.count("link-gbps")) opt.link_gbps = link_gbps;
   opt.calibrate = vm.count("calibrate") > 0;

@@ -177,9 +177,45 @@ def auto_picks_a_layout():
     run = launch(a, 4, os.path.join(a.work, "auto_winner"), tiny(), ["run.steps=3", *sets])
     expect(run.rc == 0 and len(run.metrics()) == 3, f"the winner trains (exit {run.rc}) {run.err[-200:]}")
     text = plan("--auto", "--world", "4", "--costs", costs_file())
-    expect("run the first with:\n  --set parallel.pp=" in text.stdout, "the text ends with the line to run")
+    expect("run the first with:\n  --set parallel.tp=" in text.stdout, "the text ends with the line to run")
     none = plan("--auto", "--world", "4", "--costs", costs_file(), "--memory-per-rank", "1MiB")
-    expect(none.returncode == 2 and "no layout fits" in none.stdout, f"nothing fits 1 MiB: exit 2 ({none.returncode})")
+    expect(none.returncode == 2 and "no layout fits" in none.stdout and "binding: memory binds: every layout needs more"
+           " than 1.0 MiB per rank; the least is" in none.stdout, f"nothing fits 1 MiB: exit 2 naming memory as what "
+           f"binds ({none.returncode}) {none.stdout[-400:]}")
+
+
+
+@scenario
+def auto_says_what_binds():
+    """plan --auto names the constraint that binds and what to change: for GPT-2 124M (12 blocks, a
+    global batch of 32, 12 heads) 4096 ranks cannot be laid out at all (at most tp 6 x pp 12 x dp
+    32); at 256 the global batch per replica (1 sample for several stages) is the limit, the
+    scaling over 128 ranks is stated, and --global-batch auto finds a larger batch with a smaller
+    bubble; a model whose stages fit only when split picks tp > 1 and says why."""
+    gpt2 = os.path.join(settings().configs, "gpt2-124m.toml")
+    r = plan("--auto", "--world", "4096", *H200[:4], config=gpt2)
+    expect(r.returncode == 2 and "at most tp 6 x pp 12 x dp 32 = 2304 ranks can be used; launch fewer ranks or raise "
+           "train.global_batch" in r.stdout, f"4096 ranks: exit 2 naming the limits ({r.returncode}) {r.stdout[-500:]}")
+    r = plan("--auto", "--world", "256", *H200[:4], "--json", config=gpt2)
+    j = json.loads(r.stdout) if r.returncode == 0 else {"binding": [], "best": [{}]}
+    expect(any(b.startswith("the global batch per replica binds: 32 / dp ") for b in j["binding"]) and
+           any(b.startswith("scaling: 256 ranks reach ") for b in j["binding"]),
+           f"256 ranks: the global batch per replica binds, and the scaling over 128 is given: {j['binding']}")
+    bubble = j["best"][0].get("bubble", 0)
+    r = plan("--auto", "--world", "256", *H200[:4], "--global-batch", "auto", "--json", config=gpt2)
+    k = json.loads(r.stdout) if r.returncode == 0 else {"best": [{}], "global_batches": []}
+    expect(k["global_batches"] == [32, 64, 128, 256, 512] and k["best"][0].get("global_batch", 0) > 32 and
+           k["best"][0].get("bubble", 1) < bubble, f"--global-batch auto: a larger batch with a smaller bubble "
+           f"({k['best'][0].get('global_batch')}: {k['best'][0].get('bubble')} vs {bubble})")
+    # 2 blocks 8192 wide: at most 2 stages, and no stage fits 16 GiB whole.
+    wide = ["--set", "model.arch=llama", "--set", "model.d_model=8192", "--set", "model.n_layer=2",
+            "--set", "model.n_head=64", "--set", "model.n_kv_head=8", "--set", "model.vocab=32000",
+            "--set", "model.seq_len=4096", "--set", "train.global_batch=8"]
+    r = plan("--auto", "--world", "8", *H200[:4], "--memory-per-rank", "16GiB", "--json", *wide)
+    j = json.loads(r.stdout) if r.returncode == 0 else {"binding": [], "best": [{}]}
+    expect(j["best"][0].get("tp", 1) > 1 and any(b.startswith("memory binds: without tensor parallelism no layout "
+                                                               "fits in 16.0 GiB") for b in j["binding"]),
+           f"a stage that fits only split: tp {j['best'][0].get('tp')} chosen, saying why: {j['binding']}")
 
 
 def median(xs):
@@ -252,6 +288,8 @@ def bad_planner_input():
         (["--auto", "--world", "2"], "give --costs FILE"),
         (["--peak-tflops", "100"], "--peak-tflops and --link-gbps describe a machine together"),
         (["--memory-per-rank", "lots", "--peak-tflops", "1", "--link-gbps", "1"], "--memory-per-rank lots: not a byte count"),
+        (["--auto", "--world", "2", "--global-batch", "64", "--peak-tflops", "1", "--link-gbps", "1"],
+         "--global-batch 64: only 'auto', with --auto"),
         (["--from-run", a.work], "--from-run goes with --calibrate"),
         (["--calibrate", "--from-run", "/nonexistent/run"], "/nonexistent/run/config.toml"),
     ]

@@ -96,3 +96,21 @@ TEST_CASE(
   spec.parallel.zero = 1;
   CHECK(predict_step(spec, c).optimizer_s - agree == Approx((d.optimizer_s - agree) / 2));  // each replica updates half
 }
+
+TEST_CASE("predicted step with tensor ranks: a tp-th of each pass plus the tensor group's all-reduces", "[costs]") {
+  RunSpec spec;  // 4 blocks, M = 4 micro-batches of 4 samples, one stage
+  spec.model.tie_embeddings = false;
+  MachineCosts c = two_sizes();  // no embedding or head cost
+  c.p2p.clear();
+  const StepPrediction whole = predict_step(spec, c);
+  spec.parallel.tp = 2;
+  const StepPrediction split = predict_step(spec, c);
+  // A micro-batch's activation: 4 samples x 32 tokens x 64 floats; per micro-batch 4 sums in each
+  // of 4 blocks, 1 in the embedding's forward, 1 in the head's backward.
+  const double bytes = 4.0 * 4 * 32 * 64, sum = c.allreduce_s(bytes, 2);
+  CHECK(split.tp_sum_bytes == bytes);
+  CHECK(split.tp_comm_s == Approx(4 * (4 * 4 + 2) * sum));
+  CHECK(split.pipeline_s == Approx(whole.pipeline_s / 2 + split.tp_comm_s));
+  spec.parallel.recompute = Recompute::block;  // each block's forward runs again in its backward, sums too
+  CHECK(predict_step(spec, c).tp_comm_s == Approx(4 * (4 * 6 + 2) * sum));
+}

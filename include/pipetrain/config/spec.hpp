@@ -140,6 +140,9 @@ RunSpec parse_spec(const std::string& text, const std::string& path, const std::
 
 // Checks ranges and combinations; called by load_spec, exposed for tests.
 void validate_spec(const RunSpec& spec, int world_size);
+// What keeps parallel.tp from splitting the spec's model, naming the key ("" when nothing): query
+// heads, key/value heads or the MLP's width that it does not divide.
+std::string tensor_parallel_problem(const RunSpec& spec);
 
 // The resolved spec as TOML text with every key, each followed by its doc as a comment.
 std::string resolved_toml(const RunSpec& spec);

@@ -1,6 +1,8 @@
 // A step's time on a machine, predicted: every rank's action list simulated with the machine's
 // per-pass costs (planner/costs.hpp) and message time, then each rank's data-parallel gradient
-// reduction, tied-embedding sum and AdamW after its last backward.
+// reduction, tied-embedding sum and AdamW after its last backward. With tensor ranks a pass
+// computes a tp-th of its products and adds the tensor group's all-reduces, at the measured
+// all-reduce's cost (a tensor group shares a node: the costs' link is the node's).
 #pragma once
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/planner/costs.hpp"
@@ -17,6 +19,8 @@ struct StepPrediction {
   double flops = 0;         // per step, the whole job (recompute's extra forwards included)
   double p2p_bytes = 0;     // pipeline messages per step, the whole job (a rank's messages to itself not counted)
   double reduce_bytes = 0;  // gradients summed over replicas per step, the whole job
+  double tp_comm_s = 0;     // the tensor group's sums per step, on the rank with the most (0 at tp 1)
+  double tp_sum_bytes = 0;  // one of them: a micro-batch's activation, summed over its tp ranks' link
 };
 
 StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs);

@@ -18,6 +18,7 @@ struct PlanOptions {
   bool compare_schedules = false;     // --compare-schedules
   std::optional<int> ranks_per_node;  // --ranks-per-node
   bool automatic = false;             // --auto
+  std::string global_batch;           // --global-batch: "auto" searches it with --auto
   std::string costs;                  // --costs: a cost file or a run directory
   std::optional<double> peak_tflops;  // --peak-tflops, --link-gbps, --efficiency: a machine not at hand
   std::optional<double> link_gbps;
