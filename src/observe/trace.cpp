@@ -10,14 +10,14 @@ void Trace::span(const std::string& name, const char* category, double t0, doubl
   if (recording_) events_.push_back({name, category, (t0 - t_ref_) * 1e6, (t1 - t0) * 1e6, step_, mb});
 }
 
-std::string Trace::events_json(int stage, int dp_rank) const {
+std::string Trace::events_json(int stage, int thread) const {
   std::string out;
   char buf[320];
   for (const Event& e : events_) {
     std::snprintf(buf, sizeof buf,
                   "%s{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": %d, "
                   "\"tid\": %d, \"args\": {\"step\": %d, \"mb\": %d}}",
-                  out.empty() ? "" : ",\n", e.name.c_str(), e.category, e.ts_us, e.dur_us, stage, dp_rank, e.step + 1,
+                  out.empty() ? "" : ",\n", e.name.c_str(), e.category, e.ts_us, e.dur_us, stage, thread, e.step + 1,
                   e.mb);
     out += buf;
   }
@@ -38,13 +38,15 @@ std::string Trace::file_json(const std::vector<std::string>& rank_events, const 
     std::snprintf(buf, sizeof buf,
                   "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"stage %d\"}}", s, s);
     add(buf);
-    for (int d = 0; d < dp; ++d) {
-      std::snprintf(buf, sizeof buf,
-                    "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": \"dp %d "
-                    "(rank %d)\"}}",
-                    s, d, d, topo.rank_of(s, d));
-      add(buf);
-    }
+    for (int d = 0; d < dp; ++d)
+      for (int k = 0; k < topo.tp; ++k) {
+        const std::string tensor_rank = topo.tp > 1 ? " tp " + std::to_string(k) : "";
+        std::snprintf(buf, sizeof buf,
+                      "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": "
+                      "\"dp %d%s (rank %d)\"}}",
+                      s, d * topo.tp + k, d, tensor_rank.c_str(), topo.rank_of(s, d, k));
+        add(buf);
+      }
   }
   for (const std::string& e : rank_events) add(e);
   return out + "\n]}\n";
@@ -52,7 +54,8 @@ std::string Trace::file_json(const std::vector<std::string>& rank_events, const 
 
 void write_trace(const Trace& trace, Comm& comm, const std::string& run_dir) {
   std::vector<std::string> all;
-  comm.gather_to_root(trace.events_json(comm.topo().stage, comm.topo().dp_rank), all);
+  const Topology& t = comm.topo();
+  comm.gather_to_root(trace.events_json(t.stage, t.dp_rank * t.tp + t.tp_rank), all);
   if (comm.topo().world_rank != 0) return;
   try {
     write_file_atomically(run_dir + "/trace.json", Trace::file_json(all, comm.topo()));

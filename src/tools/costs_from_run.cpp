@@ -108,6 +108,11 @@ TraceFigures read_trace(const std::string& trace_file, const RunSpec& spec) {
 MachineCosts costs_from_run(const std::string& run_dir) {
   const std::string config = run_dir + "/config.toml", trace_file = run_dir + "/trace.json";
   const RunSpec spec = load_spec(config, {}, kAnyLayout);
+  // A cost file holds the whole model's passes; a tensor rank's are its part plus the group's sums.
+  if (spec.parallel.tp > 1)
+    throw SpecError(run_dir + ": trained with parallel.tp = " + std::to_string(spec.parallel.tp) +
+                    ", whose passes are a tensor rank's part of each: take costs from a run with tp = 1 (or plan "
+                    "--calibrate)");
   const TraceFigures trace = read_trace(trace_file, spec);
   const std::vector<Span>& spans = trace.spans;
   const int last_step = trace.last_step;

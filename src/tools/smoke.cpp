@@ -47,13 +47,16 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-// The layout to test: the spec's if it fits the ranks, else all ranks as pipeline stages in pairs.
+// The layout to test: the spec's if it fits the ranks, else its tensor groups (when tp divides the
+// ranks) with the rest as pipeline stages in pairs.
 RunSpec smoke_spec(const SmokeOptions& opt, int world) {
   RunSpec spec = load_spec(opt.config, opt.overrides, 0);
   auto& p = spec.parallel;
-  if (p.pp * p.dp != world) {
-    p.pp = world % 2 == 0 ? 2 : 1;
-    p.dp = world / p.pp;
+  if (p.tp * p.pp * p.dp != world) {
+    if (world % p.tp != 0) p.tp = 1;
+    const int cells = world / p.tp;
+    p.pp = cells % 2 == 0 ? 2 : 1;
+    p.dp = cells / p.pp;
   }
   p.micro_batches = 2;
   spec.train.global_batch = 2 * p.dp * p.micro_batches;
@@ -61,9 +64,9 @@ RunSpec smoke_spec(const SmokeOptions& opt, int world) {
   return spec;
 }
 
-// Each stage's replicas write a shard of a 4 MiB tensor the way a save does (the first replica
-// creates the file, every replica writes its row slab of each array at the offsets it broadcasts),
-// then the first replica reads it back and compares; "" or what failed.
+// Each stage's ranks write a shard of a 4 MiB tensor the way a save does (the stage's first rank
+// creates the file, every rank, replica and tensor rank, writes its row slab of each array at the
+// offsets it broadcasts), then the first rank reads it back and compares; "" or what failed.
 std::string check_checkpoint_io(Comm& comm, const std::string& dir) {
   const Topology& t = comm.topo();
   std::vector<float> data(1 << 20);  // 4 MiB, a different pattern per stage
@@ -73,18 +76,18 @@ std::string check_checkpoint_io(Comm& comm, const std::string& dir) {
   if (t.world_rank == 0) fs::create_directories(dir, ec);
   comm.barrier();
   const std::string path = dir + "/stage_" + std::to_string(t.stage) + ".h5";
-  const RowRange rows = row_slab(1024, t.dp_rank, t.dp);  // this replica's rows
-  std::vector<uint64_t> offsets(3, 0);                    // of params, exp_avg, exp_avg_sq in the file
+  const RowRange rows = row_slab(1024, t.dp_rank * t.tp + t.tp_rank, t.dp * t.tp);  // this rank's rows
+  std::vector<uint64_t> offsets(3, 0);  // of params, exp_avg, exp_avg_sq in the file
   if (!fs::is_directory(dir, ec)) error = "checkpoint directory " + dir + ": cannot create";
-  if (error.empty() && t.dp_rank == 0) {
+  if (error.empty() && t.leads_stage()) {
     try {
       offsets = create_shard_file(path, {{"smoke.weight", {1024, 1024}}}, 0);
     } catch (const std::exception& e) {
       error = e.what();
     }
   }
-  comm.broadcast_in_data(offsets.data(), offsets.size());  // a 0 offset: the file was not made
-  if (error.empty() && offsets[0] == 0) error = path + ": not created by the stage's first replica";
+  comm.broadcast_in_stage(offsets.data(), offsets.size());  // a 0 offset: the file was not made
+  if (error.empty() && offsets[0] == 0) error = path + ": not created by the stage's first rank";
   if (error.empty()) {
     const float* slab = data.data() + rows.begin * 1024;
     std::vector<SlabBytes> slabs;
@@ -93,7 +96,7 @@ std::string check_checkpoint_io(Comm& comm, const std::string& dir) {
     error = write_slabs(path, slabs, 0);
   }
   comm.barrier();  // every slab written before the read-back
-  if (error.empty() && t.dp_rank == 0) {
+  if (error.empty() && t.leads_stage()) {
     try {
       std::vector<float> back(data.size());
       ShardReader(path).read("params", "smoke.weight", {1024, 1024}, back.data());
@@ -112,13 +115,15 @@ void check_placement(Comm& comm, const LaunchInfo& launch, std::vector<Row>& row
   const Topology& topo = comm.topo();
   std::vector<std::string> where;
   comm.gather_to_root(launch.host + " local " + std::to_string(launch.localid) + " stage " +
-                          std::to_string(topo.stage) + " dp " + std::to_string(topo.dp_rank),
+                          std::to_string(topo.stage) + " dp " + std::to_string(topo.dp_rank) +
+                          (topo.tp > 1 ? " tp " + std::to_string(topo.tp_rank) : ""),
                       where);
   for (int r = 0; r < static_cast<int>(where.size()); ++r)
     rows.push_back({"rank", "rank " + std::to_string(r), where[r], true});
 }
 
-// Every pipeline link, one at a time: latency of 8 B and bandwidth of 4 MiB round trips.
+// Every pipeline link (each tensor rank's own), one at a time: latency of 8 B and bandwidth of
+// 4 MiB round trips.
 void check_links(Comm& comm, std::vector<Row>& rows) {
   const Topology& topo = comm.topo();
   const int rank = topo.world_rank;
@@ -128,25 +133,27 @@ void check_links(Comm& comm, std::vector<Row>& rows) {
     bool crosses_nodes;
   };
   std::vector<Link> links;
-  for (int d = 0; d < topo.dp; ++d)
-    for (int s = 0; s + 1 < topo.pp; ++s) {
-      const int a = topo.rank_of(s, d), b = topo.rank_of(s + 1, d);
-      double lat = 0, bw = 0;
-      if (rank == a || rank == b) {
-        std::vector<char> small(8), big(4 << 20);
-        comm.ping_pong(rank == a ? b : a, rank == a, small, 20);  // warm-up
-        lat = comm.ping_pong(rank == a ? b : a, rank == a, small, 200) / 2;
-        bw = 2.0 * big.size() / comm.ping_pong(rank == a ? b : a, rank == a, big, 5) / (1 << 20);
+  for (int k = 0; k < topo.tp; ++k)
+    for (int d = 0; d < topo.dp; ++d)
+      for (int s = 0; s + 1 < topo.pp; ++s) {
+        const int a = topo.rank_of(s, d, k), b = topo.rank_of(s + 1, d, k);
+        double lat = 0, bw = 0;
+        if (rank == a || rank == b) {
+          std::vector<char> small(8), big(4 << 20);
+          comm.ping_pong(rank == a ? b : a, rank == a, small, 20);  // warm-up
+          lat = comm.ping_pong(rank == a ? b : a, rank == a, small, 200) / 2;
+          bw = 2.0 * big.size() / comm.ping_pong(rank == a ? b : a, rank == a, big, 5) / (1 << 20);
+        }
+        double figures[2] = {rank == a ? lat : 0, rank == a ? bw : 0};
+        comm.allreduce_world(figures, 2);  // rank 0 learns them; also keeps the links one at a time
+        const auto& host = comm.world().hosts();
+        const bool crosses = host[a] != host[b];
+        links.push_back({"stage " + std::to_string(s) + "->" + std::to_string(s + 1) + " dp " + std::to_string(d) +
+                             (topo.tp > 1 ? " tp " + std::to_string(k) : "") + " (" + host[a] +
+                             (crosses ? "->" + host[b] : "") + ", ranks " + std::to_string(a) + "->" +
+                             std::to_string(b) + ")",
+                         figures[0], figures[1], crosses});
       }
-      double figures[2] = {rank == a ? lat : 0, rank == a ? bw : 0};
-      comm.allreduce_world(figures, 2);  // rank 0 learns them; also keeps the links one at a time
-      const auto& host = comm.world().hosts();
-      const bool crosses = host[a] != host[b];
-      links.push_back({"stage " + std::to_string(s) + "->" + std::to_string(s + 1) + " dp " + std::to_string(d) + " (" +
-                           host[a] + (crosses ? "->" + host[b] : "") + ", ranks " + std::to_string(a) + "->" +
-                           std::to_string(b) + ")",
-                       figures[0], figures[1], crosses});
-    }
   // A link is slow when it is far behind the best link of its kind (within a node or across
   // nodes): one bad cable or NIC shows up even when it still beats the absolute floors.
   for (const Link& l : links) {
@@ -166,6 +173,38 @@ void check_links(Comm& comm, std::vector<Row>& rows) {
   }
 }
 
+// Every tensor group's all-reduce, all groups at once as inside training's layers: the sum right,
+// and its bandwidth not far below the best group's.
+void check_tensor_all_reduce(Comm& comm, std::vector<Row>& rows) {
+  const Topology& topo = comm.topo();
+  if (topo.tp == 1) return;
+  std::vector<float> buf(1 << 20, 1.0f);          // 4 MiB: a micro-batch's activation of a mid-size model
+  comm.allreduce_tensor(buf.data(), buf.size());  // warm-up
+  std::fill(buf.begin(), buf.end(), 1.0f);
+  const double t0 = now_s();
+  for (int i = 0; i < 3; ++i) comm.allreduce_tensor(buf.data(), buf.size());
+  const double bw = 3.0 * buf.size() * sizeof(float) / (now_s() - t0) / (1 << 20);
+  const bool right = buf[0] == std::pow(static_cast<float>(topo.tp), 3.0f);
+  std::vector<double> per_rank;
+  const double mine[1] = {right ? bw : -bw};
+  comm.gather_to_root(mine, 1, per_rank);
+  if (topo.world_rank != 0) return;
+  double best = 0;
+  for (double v : per_rank) best = std::max(best, v);
+  for (int s = 0; s < topo.pp; ++s)
+    for (int d = 0; d < topo.dp; ++d) {
+      const double v = per_rank[topo.rank_of(s, d, 0)];
+      const bool ok = v >= kMinBandwidthMiBs && v * kSlowFactor >= best;
+      const auto& host = comm.world().hosts();
+      const bool spans = host[topo.rank_of(s, d, 0)] != host[topo.rank_of(s, d, topo.tp - 1)];
+      rows.push_back(
+          {"tensor all-reduce",
+           "tensor group of stage " + std::to_string(s) + " dp " + std::to_string(d) + (spans ? " (spans nodes)" : ""),
+           v < 0 ? "wrong sum" : fmt("%.0f MiB/s", v) + (ok ? "" : fmt(" (best %.0f MiB/s)", best)), v >= 0 && ok,
+           spans});
+    }
+}
+
 // Every data group's all-reduce, all groups at once as in training.
 void check_all_reduce(Comm& comm, std::vector<Row>& rows) {
   const Topology& topo = comm.topo();
@@ -182,11 +221,13 @@ void check_all_reduce(Comm& comm, std::vector<Row>& rows) {
     std::vector<double> per_rank;
     const double mine[1] = {right ? bw : -bw};
     comm.gather_to_root(mine, 1, per_rank);
-    for (int s = 0; s < topo.pp && rank == 0; ++s) {
-      const double v = per_rank[topo.rank_of(s, 0)];
-      rows.push_back({"all-reduce", "data group of stage " + std::to_string(s),
-                      v < 0 ? "wrong sum" : fmt("%.0f MiB/s", v), v >= kMinBandwidthMiBs});
-    }
+    for (int s = 0; s < topo.pp && rank == 0; ++s)
+      for (int k = 0; k < topo.tp; ++k) {
+        const double v = per_rank[topo.rank_of(s, 0, k)];
+        rows.push_back({"all-reduce",
+                        "data group of stage " + std::to_string(s) + (topo.tp > 1 ? " tp " + std::to_string(k) : ""),
+                        v < 0 ? "wrong sum" : fmt("%.0f MiB/s", v), v >= kMinBandwidthMiBs});
+      }
   }
 }
 
@@ -357,10 +398,11 @@ void check_training(const SmokeOptions& opt, const RunSpec& spec, World& w, cons
        {"run.steps=3", "checkpoint.every_steps=0", "log.every_steps=1", "log.trace_steps=0", "train.warmup_steps=1"})
     train.overrides.push_back(s);
   const auto& p = spec.parallel;
-  for (const std::string& s : std::vector<std::string>{
-           "parallel.pp=" + std::to_string(p.pp), "parallel.dp=" + std::to_string(p.dp), "parallel.micro_batches=2",
-           "train.global_batch=" + std::to_string(spec.train.global_batch),
-           "model.n_layer=" + std::to_string(spec.model.n_layer)})
+  for (const std::string& s :
+       std::vector<std::string>{"parallel.tp=" + std::to_string(p.tp), "parallel.pp=" + std::to_string(p.pp),
+                                "parallel.dp=" + std::to_string(p.dp), "parallel.micro_batches=2",
+                                "train.global_batch=" + std::to_string(spec.train.global_batch),
+                                "model.n_layer=" + std::to_string(spec.model.n_layer)})
     train.overrides.push_back(s);
   train.run_dir = run_dir + "/.smoke_train_" + tag;
   train.resume = ResumeFrom(ResumeMode::never);
@@ -376,7 +418,9 @@ void check_training(const SmokeOptions& opt, const RunSpec& spec, World& w, cons
     for (std::string line; std::getline(in, line);) losses.push_back(nlohmann::json::parse(line).value("loss", NAN));
     const bool falls =
         train_code == ExitCode::ok && losses.size() == 3 && std::isfinite(losses[2]) && losses[2] < losses[0];
-    rows.push_back({"training", "3 steps, pp " + std::to_string(p.pp) + " x dp " + std::to_string(p.dp),
+    rows.push_back({"training",
+                    "3 steps, " + (p.tp > 1 ? "tp " + std::to_string(p.tp) + " x " : std::string()) + "pp " +
+                        std::to_string(p.pp) + " x dp " + std::to_string(p.dp),
                     losses.size() == 3 ? fmt("loss %.3f", losses[0]) + fmt(" -> %.3f", losses[2])
                                        : "exit " + std::to_string(static_cast<int>(train_code)),
                     falls});
@@ -398,7 +442,8 @@ ExitCode run_smoke(const SmokeOptions& opt, World& w) {
       code != ExitCode::ok)
     return code;
   w.set_finalize(spec.comm.finalize, spec.comm.finalize_timeout_s);
-  const Topology topo = Topology::of(rank, spec.parallel.pp, spec.parallel.dp, spec.parallel.order);
+  const Topology topo =
+      Topology::of(rank, spec.parallel.pp, spec.parallel.dp, spec.parallel.order, false, spec.parallel.tp);
   Comm comm(w, topo, spec.comm.wait, std::min(spec.comm.timeout_s, 30.0));  // a smoke test answers fast
   const std::string run_dir = opt.run_dir.empty() ? spec.run.out_dir + "/smoke" : opt.run_dir;
   // One name for this test's scratch directories on every rank: rank 0's pid.
@@ -413,16 +458,19 @@ ExitCode run_smoke(const SmokeOptions& opt, World& w) {
   if (spec.log.straggler_ratio > 0) check_compute(comm, spec.log.straggler_ratio, rows);
   check_links(comm, rows);
   check_all_reduce(comm, rows);
+  check_tensor_all_reduce(comm, rows);
   check_checkpoint_dir(comm, run_dir, tag, rows);
   check_training(opt, spec, w, run_dir, tag, rows);
 
   // Verdict: rank 0 knows every row; all ranks exit alike.
   double failures = 0;
   if (rank == 0) {
-    std::printf("\npipetrain smoke: %d ranks, pp %d x dp %d, %s\n", world, topo.pp, topo.dp, launch.describe().c_str());
-    std::printf("%-16s %-52s %-40s %s\n", "check", "where", "value", "result");
+    std::printf("\npipetrain smoke: %d ranks, %spp %d x dp %d, %s\n", world,
+                topo.tp > 1 ? ("tp " + std::to_string(topo.tp) + " x ").c_str() : "", topo.pp, topo.dp,
+                launch.describe().c_str());
+    std::printf("%-17s %-52s %-40s %s\n", "check", "where", "value", "result");
     for (auto& r : rows) {
-      std::printf("%-16s %-52s %-40s %s\n", r.check.c_str(), r.where.c_str(), r.value.c_str(),
+      std::printf("%-17s %-52s %-40s %s\n", r.check.c_str(), r.where.c_str(), r.value.c_str(),
                   !r.pass  ? "FAIL"
                   : r.warn ? "warn"
                            : "ok");

@@ -153,8 +153,6 @@ void build_model(Run& run) {
   run.stage = std::make_unique<Stage>(spec, chunks_of(run.blocks, shape.chunk_placement(), run.topo.stage),
                                       shape.virtual_stages(), shape.micro_batches, shape.grad_scale(),
                                       TpPart{run.topo.tp_rank, run.topo.tp});
-  run.tensor_group = std::make_unique<CommTensorGroup>(*run.comm);
-  run.stage->set_tensor_group(run.tensor_group.get());
   if (run.init) {
     run.world.require_agreed([&] {  // each rank reads only its own stage's tensors
       std::vector<float> host(run.stage->weights().size());

@@ -81,9 +81,11 @@ StepResult train_step(Run& run, int step) {
   if (run.straggler_window) {
     // The rank's own time: the step less its waits for peers (its passes, its update, and whatever
     // held it up besides a peer: a throttled clock hits every part); where ranks outnumber cores,
-    // the CPU time of its passes (observe/stragglers.hpp).
-    run.straggler_window->add_step(run.straggler_cpu_time ? r.stats.compute_cpu_s : r.step_s - r.waited_s, r.waited_s,
-                                   r.stats.transfer_s);
+    // the CPU time of its passes (observe/stragglers.hpp). The tensor group's collectives count as
+    // waits: a slow tensor rank holds its peers up inside them, and they must not look slow too.
+    const double tensor_s = r.kernels.seconds[static_cast<int>(Kernel::tp_comm)];
+    run.straggler_window->add_step(run.straggler_cpu_time ? r.stats.compute_cpu_s : r.step_s - r.waited_s - tensor_s,
+                                   r.waited_s + tensor_s, r.stats.transfer_s);
     if (r.sync.window_long_enough) run.straggler_window->agree_to_close();
   }
   return r;

@@ -45,7 +45,7 @@ def history_across_launches():
            f"launch, stop, launch, stop: {[(e['event'], e['launch']) for e in ev]}")
     if len(ev) == 4:
         l1, s1, l2, s2 = ev
-        expect(l1["layout"] == {"pp": 2, "dp": 1, "schedule": "gpipe", "virtual_stages": 1} and l1["resumed_from"] is None
+        expect(l1["layout"] == {"tp": 1, "pp": 2, "dp": 1, "schedule": "gpipe", "virtual_stages": 1} and l1["resumed_from"] is None
                and l2["layout"]["dp"] == 2 and l2["resumed_from"] == s1["step"] == s1["last_checkpoint"],
                f"layouts and the resume step recorded: {l1['layout']}, {l2['layout']}, resumed from {l2['resumed_from']}")
         expect((s1["reason"], s1["exit_code"], s2["reason"], s2["exit_code"], s2["step"]) == ("time_limit", 3, "complete", 0, 40),

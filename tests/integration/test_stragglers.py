@@ -7,6 +7,7 @@
   a window lasts a second at least, so the runs are as long as the fastest kernels they meet need
   for 3 windows (SkylakeX kernels made 600 steps of the 2x1 two windows);
 - log.straggler_ratio = 0 turns detection off: no window in the log;
+- with tp 2, a slowed tensor rank is named, not its peer that waits for it inside the layers;
 - ranks bound one to a core (mpiexec -bind-to, as srun --cpu-bind does on many clusters) count the
   node's cores as the union of their masks, so a 1x2 run on 2 cores is not taken for "ranks
   outnumber cores": it waits by spinning and compares wall time, and a busy process outside the job
@@ -75,6 +76,21 @@ def slowed_rank_named():
     expect(lost and float(lost.group(1)) > 0, f"report counts time lost to it ({lost.group(0) if lost else None})")
     doc = json.loads(subprocess.run([a.bin, "report", r.run_dir, "--json"], capture_output=True, text=True).stdout)
     expect(doc.get("stragglers", {}).get("slowest_rank", {}).get("rank") == 2, "report --json: the slowest rank is 2")
+
+
+@scenario
+def slowed_tensor_rank_named():
+    """tp 2 on 2 ranks bound one to a core (wall time compared), rank 1 slowed to half speed from
+    step 101: its tensor peer waits for it inside every block's all-reduce, which counts as waiting,
+    not as the peer's own time, so rank 1 alone is named."""
+    needs_cores(2)
+    a = settings()
+    r = launch(a, 2, os.path.join(a.work, "slowed_tp"), tiny(), ["parallel.tp=2", "run.steps=450", *COMMON],
+               env={"PIPETRAIN_TEST_SLOW_COMPUTE": "1:100:2"}, timeout=300, launcher_args=["-bind-to", "core"])
+    expect(r.rc == 0, f"tp 2 with a slowed rank: exit 0 ({r.err[-200:]})")
+    lines = flagged_lines(r.out)
+    expect(len(lines) == 1 and lines[0].startswith("straggler: rank 1 (stage 0, replica 0, "),
+           f"the progress output names rank 1 and nothing else: {lines}")
 
 
 @scenario

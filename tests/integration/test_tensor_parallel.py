@@ -13,19 +13,29 @@ from tests.lib.harness import launch, expect, rel_diff, run_scenarios, scenario,
 
 STEPS = 20
 NORM_STEPS = 5  # the grad norm is compared over these (see same())
+TRACED = ["log.trace_steps=2"]
 
 
 def config(name):
     return os.path.join(settings().configs, name)
 
 
-def run(name, cfg, tp, pp, dp, *sets):
-    """`name` trained for STEPS steps as tp x pp x dp; its metrics lines ([] if it failed)."""
+def launch_grid(name, cfg, tp, pp, dp, *sets, shared=False):
+    """`name` trained for STEPS steps as tp x pp x dp (made once for all scenarios when `shared`)."""
     a = settings()
-    r = launch(a, tp * pp * dp, os.path.join(a.work, name), config(cfg),
-               [f"run.steps={STEPS}", "log.every_steps=1", f"parallel.tp={tp}", f"parallel.pp={pp}",
-                f"parallel.dp={dp}", *sets], timeout=300)
+    sets = [f"run.steps={STEPS}", "log.every_steps=1", f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.dp={dp}",
+            *sets]
+    if shared:
+        r = shared_run("tp_" + name, tp * pp * dp, config(cfg), sets, timeout=300)
+    else:
+        r = launch(a, tp * pp * dp, os.path.join(a.work, name), config(cfg), sets, timeout=300)
     expect(r.rc == 0, f"{name}: exit 0 (got {r.rc}) {r.err.strip()[-300:]}")
+    return r
+
+
+def run(name, cfg, tp, pp, dp, *sets, shared=False):
+    """The metrics lines of launch_grid's run ([] if it failed)."""
+    r = launch_grid(name, cfg, tp, pp, dp, *sets, shared=shared)
     return r.metrics() if r.rc == 0 else []
 
 
@@ -75,7 +85,7 @@ def llama_gqa():
     """The llama family: 4 query heads over 2 key/value heads (one of each per tensor rank at tp 2),
     and multi-head attention split 4 ways."""
     ref = reference("llama-tiny.toml")
-    same("llama tp2", run("llama_tp2", "llama-tiny.toml", 2, 1, 1), ref)
+    same("llama tp2", run("llama_tp2", "llama-tiny.toml", 2, 1, 1, *TRACED, shared=True), ref)
     same("llama tp2 x pp2 interleaved",
          run("llama_tp2_pp2_il", "llama-tiny.toml", 2, 2, 1, "parallel.schedule=interleaved",
              "parallel.virtual_stages=2"), ref)
@@ -116,7 +126,7 @@ def memory_halves():
     prediction to the byte."""
     C, L = 64, 4  # llama-tiny.toml
     whole = reference("llama-tiny.toml")
-    split = run("llama_tp2", "llama-tiny.toml", 2, 1, 1)
+    split = run("llama_tp2", "llama-tiny.toml", 2, 1, 1, *TRACED, shared=True)
     if not whole or not split:
         return
     norms = 4 * (2 * C * L + C)
@@ -170,6 +180,44 @@ def resume_across_tp():
         expect(worst <= 1e-6, f"{origin} -> {name}: all {len(m)} remaining losses within 1e-6 of the uninterrupted "
                f"run (worst {worst:.1e})")
         ckpt = os.path.join(r.run_dir, "checkpoints", "step_00000020")
+
+
+@scenario
+def smoke_report_and_trace_name_tensor_groups():
+    """pipetrain smoke on tp 2 x pp 2 checks each tensor rank's pipeline link and each tensor
+    group's all-reduce (the sum and its bandwidth) and trains 3 steps on that layout; report and
+    events.jsonl name tp; the trace has a row per tensor rank with its collectives' spans; plan
+    --costs refuses a tp run's trace (its passes are a tensor rank's part)."""
+    a = settings()
+    cmd = [a.mpiexec, "-n", "4", a.bin, "smoke", "--config", config("llama-tiny.toml"), "--set", "parallel.tp=2",
+           "--run-dir", os.path.join(a.work, "smoke")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    out = p.stdout
+    expect(p.returncode == 0 and out.rstrip().endswith("PASS"), f"smoke: exit 0, PASS ({p.returncode}) {out[-300:]}")
+    expect("pipetrain smoke: 4 ranks, tp 2 x pp 2 x dp 1" in out, "smoke names the layout with tp")
+    groups = [l for l in out.splitlines() if l.startswith("tensor all-reduce") and l.rstrip().endswith("ok")]
+    expect(len(groups) == 2 and "tensor group of stage 1 dp 0" in groups[-1],
+           f"one tensor all-reduce row per tensor group, both ok: {groups}")
+    expect(sum(1 for l in out.splitlines() if l.startswith("p2p bandwidth")) == 2 and "stage 0->1 dp 0 tp 1" in out,
+           "each tensor rank's pipeline link is checked")
+    expect(any(l.startswith("training") and "3 steps, tp 2 x pp 2 x dp 1" in l and l.rstrip().endswith("ok")
+               for l in out.splitlines()), "and 3 training steps on tp 2 x pp 2 lower the loss")
+    r = launch_grid("llama_tp2", "llama-tiny.toml", 2, 1, 1, *TRACED, shared=True)
+    if r.rc != 0:
+        return
+    rep = subprocess.run([a.bin, "report", r.run_dir], capture_output=True, text=True, timeout=60)
+    expect(rep.returncode == 0 and "spec: tp 2 x pp 1 x dp 1" in rep.stdout, f"report names tp ({rep.stdout[:300]})")
+    events = [json.loads(l) for l in open(os.path.join(r.run_dir, "events.jsonl"))]
+    expect(events[0].get("layout", {}).get("tp") == 2, f"events.jsonl's launch record names tp 2 ({events[0]})")
+    trace = json.load(open(os.path.join(r.run_dir, "trace.json")))["traceEvents"]
+    threads = {e["args"]["name"] for e in trace if e.get("name") == "thread_name"}
+    spans = {e["tid"] for e in trace if e.get("cat") == "tp_comm"}
+    expect(threads == {"dp 0 tp 0 (rank 0)", "dp 0 tp 1 (rank 1)"} and spans == {0, 1},
+           f"the trace has a row per tensor rank, each with its tensor collectives' spans ({threads}, {spans})")
+    costs = subprocess.run([a.bin, "plan", "--costs", r.run_dir, "--config", os.path.join(r.run_dir, "config.toml")],
+                           capture_output=True, text=True, timeout=60)
+    expect(costs.returncode == 2 and "trained with parallel.tp = 2" in costs.stderr,
+           f"a tp run's trace is not taken for the whole model's costs ({costs.returncode}: {costs.stderr.strip()})")
 
 
 @scenario

@@ -26,8 +26,9 @@ class Trace {
   // t0, t1: now_s() values. mb < 0: not tied to a micro-batch.
   void span(const std::string& name, const char* category, double t0, double t1, int mb = -1);
 
-  // This rank's events as comma-separated Chrome trace JSON objects.
-  std::string events_json(int stage, int dp_rank) const;
+  // This rank's events as comma-separated Chrome trace JSON objects: process `stage`, thread
+  // `thread` (dp rank x tp + tensor rank).
+  std::string events_json(int stage, int thread) const;
   // The whole file from all ranks' events (rank 0).
   static std::string file_json(const std::vector<std::string>& rank_events, const Topology& topo);
 

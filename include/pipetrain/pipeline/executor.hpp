@@ -17,6 +17,7 @@
 #include "pipetrain/observe/trace.hpp"
 #include "pipetrain/pipeline/device_staging.hpp"
 #include "pipetrain/pipeline/message_rings.hpp"
+#include "pipetrain/pipeline/tensor_group.hpp"
 #include "pipetrain/schedule/actions.hpp"
 
 namespace pipetrain {
@@ -36,7 +37,8 @@ struct StepStats {
 
 class Executor {
  public:
-  // Runs steps of `shape` (micro-batches, virtual stages) on this rank's stage.
+  // Runs steps of `shape` (micro-batches, virtual stages) on this rank's stage, giving the stage
+  // its tensor group's collectives over `comm` (their spans go into the pass's trace).
   Executor(Stage& stage, Comm& comm, const StepShape& shape);
   // `load_inputs(mb)` sets tokens (first virtual stage) / targets (last) of micro-batch mb on the
   // stage; it is called just before that micro-batch's forward there. A micro-batch the list
@@ -76,6 +78,7 @@ class Executor {
 
   Stage& stage_;
   Comm& comm_;
+  CommTensorGroup tensor_group_;  // the stage's tensor-group collectives
   StepShape shape_;
   MessageLinks links_;
   DeviceStaging staging_;

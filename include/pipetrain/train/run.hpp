@@ -17,7 +17,6 @@
 #include "pipetrain/observe/metrics.hpp"
 #include "pipetrain/observe/trace.hpp"
 #include "pipetrain/pipeline/executor.hpp"
-#include "pipetrain/pipeline/tensor_group.hpp"
 #include "pipetrain/train/grad_sync.hpp"
 #include "pipetrain/train/policies.hpp"
 #include "pipetrain/train/train.hpp"
@@ -51,8 +50,7 @@ struct Run {
   std::unique_ptr<ModelImport> init;  // a fresh start with train.init_from: its source, until loaded
   std::string init_note;              // what was loaded from where, for the start lines
 
-  // This rank's model slice (its tensor group's collectives with it), optimizer and schedule.
-  std::unique_ptr<CommTensorGroup> tensor_group;
+  // This rank's model slice, optimizer and schedule.
   std::unique_ptr<Stage> stage;
   std::unique_ptr<AdamW> adam;
   std::unique_ptr<Executor> executor;
