@@ -3,7 +3,7 @@
 # Builds Release, runs each comparison with --repeats repetitions (default 5), keeps every
 # script's own report in bench-results/, and ends with one table of min / median / max.
 #
-# usage: scripts/bench.sh [--repeats N] [--memory-steps N]     (about 15 minutes on 2 cores)
+# usage: scripts/bench.sh [--repeats N] [--memory-steps N]     (about 20 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=5 memory_steps=1000
@@ -25,6 +25,7 @@ run() {  # name, script, args...: the script's report goes to the screen and to 
 run kernels scripts/bench/kernels.py --repeats "$repeats"
 run llama_step scripts/bench/llama_step.py --repeats "$repeats"
 run pipeline scripts/bench/pipeline.py --repeats "$repeats"
+run tensor_parallel scripts/bench/tensor_parallel.py --repeats "$repeats"
 run oversubscribed scripts/bench/oversubscribed.py --repeats "$repeats"
 run memory scripts/bench/memory.py --steps "$memory_steps"
 run zero_memory scripts/bench/zero_memory.py
@@ -33,11 +34,11 @@ run stragglers scripts/bench/stragglers.py
 /usr/bin/python3 - "$out" <<'PY'
 import json, os, sys
 r = {}
-for name in ("kernels", "llama_step", "pipeline", "oversubscribed", "memory", "zero_memory", "async_checkpoint", "stragglers"):
+for name in ("kernels", "llama_step", "pipeline", "tensor_parallel", "oversubscribed", "memory", "zero_memory", "async_checkpoint", "stragglers"):
     with open(os.path.join(sys.argv[1], name + ".txt")) as f:
         r[name] = json.loads(f.read().strip().splitlines()[-1])
 k, p, o, m, z, c = r["kernels"], r["pipeline"], r["oversubscribed"], r["memory"], r["zero_memory"], r["async_checkpoint"]
-st, ll = r["stragglers"], r["llama_step"]
+st, ll, tp = r["stragglers"], r["llama_step"], r["tensor_parallel"]
 f = lambda t: " / ".join(f"{x:.2f}" for x in t)
 rows = [
     ("step time, pipetrain / PyTorch (small GPT)", f(k["pipetrain (OpenBLAS default threads)"]), "<= 0.80"),
@@ -49,6 +50,9 @@ rows = [
     ("  schedule alone: GPipe bound / 2x1 step", " / ".join(f"{x:.3f}" for x in p["schedule_efficiency"]), ""),
     *[(f"bubble stage {s} (theory {p['bubble_theory']:.3f})", " / ".join(f"{x:.3f}" for x in b), "+-10%")
       for s, b in enumerate(p["bubble"])],
+    ("tp 2 / tp 1 speed-up, share of two processes' scaling", " / ".join(f"{x:.3f}" for x in tp["share_of_scaling"]), ">= 0.90"),
+    ("  speed-up; the machine's two-process scaling", f"{f(tp['speedup'])}; {f(tp['two_process_scaling'])}", ""),
+    ("  tensor collectives' share of a tp 2 step", f(tp["tp_comm_share"]), ""),
     *[(f"oversubscribed {key}: step / (compute / cores)", f(v), "<= 1.5" if "auto" in key else "")
       for key, v in o.items() if key != "bench"],
     ("memory: peak RSS / (predicted + %.0f MiB)" % m["overhead_mib"], " - ".join(f"{x:.3f}" for x in m["ratio"]), "within 10%"),

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Fault drill: a tiny 2x2 training is killed K times and resumed each time, then compared with
-an uninterrupted run of the same spec.
+"""Fault drill: a tiny 2x2 training (with --tp 2: tp 2 x pp 2) is killed K times and resumed each
+time, then compared with an uninterrupted run of the same spec.
 
 Each trial starts `pipetrain train --resume auto` on the same run directory and SIGKILLs one
 random rank: trials cycle through (1) a random moment, (2) halfway through writing its shard of
@@ -13,7 +13,7 @@ the job down. After K kills the run is resumed to the end. Passing means: every 
 from a verified checkpoint, the final metrics.jsonl holds every step exactly once, and its loss
 and gradient norm equal the uninterrupted run's bit for bit.
 
-usage (from the repository root): python3 -m tests.drills.fault_drill [--bin build/pipetrain] [--trials 20] [--steps 300] [--seed S] [--work DIR] [--async]
+usage (from the repository root): python3 -m tests.drills.fault_drill [--bin build/pipetrain] [--trials 20] [--steps 300] [--seed S] [--work DIR] [--async] [--tp 2]
 prints "K/K resumed, 0 steps lost, trajectory identical" (exit 0) or what differed (exit 1)."""
 import argparse
 import json
@@ -35,6 +35,7 @@ ap.add_argument("--steps", type=int, default=300)
 ap.add_argument("--seed", type=int, default=int(time.time()))
 ap.add_argument("--work", default=None, help="keep the runs here (default: a temporary directory, removed)")
 ap.add_argument("--async", dest="background", action="store_true", help="checkpoint.async = true, and kills in the snapshot")
+ap.add_argument("--tp", type=int, default=1, help="tensor ranks: tp 2 runs tp 2 x pp 2 x dp 1 on the 4 ranks")
 a = ap.parse_args()
 rng = random.Random(a.seed)
 work = a.work or tempfile.mkdtemp(prefix="fault-drill-")
@@ -42,7 +43,7 @@ if a.work:  # a fresh start: runs left from an earlier drill would be resumed, n
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
 EVERY = 10
-spec = ["parallel.pp=2", "parallel.dp=2", f"run.steps={a.steps}", f"checkpoint.every_steps={EVERY}",
+spec = [f"parallel.tp={a.tp}", "parallel.pp=2", f"parallel.dp={2 // a.tp}", f"run.steps={a.steps}", f"checkpoint.every_steps={EVERY}",
         "checkpoint.keep_last=2", "log.trace_steps=0", "comm.timeout_s=30", f"checkpoint.async={str(a.background).lower()}"]
 
 
@@ -90,7 +91,7 @@ def metrics(run_dir):
         return [json.loads(line) for line in f]
 
 
-print(f"fault drill: {a.trials} kills of a 2x2 run of {a.steps} steps (checkpoint every {EVERY}"
+print(f"fault drill: {a.trials} kills of a {'tp 2 x pp 2' if a.tp == 2 else '2x2'} run of {a.steps} steps (checkpoint every {EVERY}"
       f"{', in the background' if a.background else ''}), seed {a.seed}")
 reference = os.path.join(work, "reference")
 t0 = time.time()

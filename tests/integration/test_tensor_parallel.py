@@ -183,6 +183,26 @@ def resume_across_tp():
 
 
 @scenario
+def export_and_init_from_across_tp():
+    """The tp 2 run's last checkpoint exported as a Hugging Face Llama directory (whole tensors,
+    each written by its tensor ranks) starts a tp 2 run and a tp 1 run through train.init_from
+    (each tensor rank taking its part): their first losses agree within 1e-6."""
+    a = settings()
+    r = launch_grid("llama_tp2", "llama-tiny.toml", 2, 1, 1, *TRACED, shared=True)
+    if r.rc != 0:
+        return
+    hf = os.path.join(a.work, "hf")
+    p = subprocess.run([a.bin, "export", "--checkpoint", r.run_dir, "--format", "hf", "--output", hf],
+                       capture_output=True, text=True, timeout=120)
+    expect(p.returncode == 0, f"export of the tp 2 checkpoint: exit 0 ({p.stderr.strip()[-300:]})")
+    first = {}
+    for tp in (2, 1):
+        m = run(f"from_hf_tp{tp}", "llama-tiny.toml", tp, 1, 1, f"train.init_from={hf}", "run.steps=2")
+        first[tp] = m[0]["loss"] if m else float("nan")
+    expect(rel_diff(first[1], first[2]) <= 1e-6, f"init_from on tp 2 and tp 1: first losses {first[2]} and {first[1]}")
+
+
+@scenario
 def smoke_report_and_trace_name_tensor_groups():
     """pipetrain smoke on tp 2 x pp 2 checks each tensor rank's pipeline link and each tensor
     group's all-reduce (the sum and its bandwidth) and trains 3 steps on that layout; report and
