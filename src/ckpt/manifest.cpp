@@ -178,6 +178,7 @@ RunSpec spec_of(const Manifest& m, const std::string& dir, const std::vector<std
   for (const auto& [section, lines] : sections) toml += "[" + section + "]\n" + lines;
   const int world = std::max(1, world_size);
   std::vector<std::string> sets = {"parallel.tp=1",
+                                   "parallel.sequence_parallel=false",
                                    "parallel.pp=1",
                                    "parallel.dp=" + std::to_string(world),
                                    "parallel.partition=uniform",
@@ -190,7 +191,7 @@ RunSpec spec_of(const Manifest& m, const std::string& dir, const std::vector<std
     const RunSpec asked = parse_spec(toml, dir + "/manifest.json", sets, kAnyLayout);
     const int cell = asked.parallel.tp * asked.parallel.pp;
     if (asked.parallel.dp == world && cell > 1 && world % cell == 0)
-      sets.insert(sets.begin() + 3, "parallel.dp=" + std::to_string(world / cell));
+      sets.insert(sets.begin() + 4, "parallel.dp=" + std::to_string(world / cell));
   } catch (const SpecError&) {
   }  // the parse below says what is wrong
   return parse_spec(toml, dir + "/manifest.json", sets, world_size);

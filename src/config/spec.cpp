@@ -100,8 +100,15 @@ void validate_tensor_parallel(const RunSpec& s,
                               const std::function<void(const std::string&, const std::string&)>& fail) {
   const auto& m = s.model;
   const int tp = s.parallel.tp;
+  if (tp == 1 && s.parallel.sequence_parallel)
+    fail("parallel.sequence_parallel", "splits tokens among tensor ranks: it needs parallel.tp > 1");
   if (tp == 1) return;
   const std::string tp_is = "tp = " + std::to_string(tp);
+  const int64_t tokens = int64_t{s.samples_per_micro_batch()} * m.seq_len;
+  if (s.parallel.sequence_parallel && s.parallel.micro_batches > 0 && s.parallel.dp > 0 && tokens % tp != 0)
+    fail("parallel.sequence_parallel", "a micro-batch's " + std::to_string(tokens) +
+                                           " tokens (samples x model.seq_len) do not split among " + tp_is +
+                                           " tensor ranks");
   if (m.n_head % tp != 0)
     fail("parallel.tp", tp_is + " does not divide model.n_head = " + std::to_string(m.n_head) +
                             " (each tensor rank holds n_head / tp attention heads)");
@@ -235,6 +242,7 @@ RunSpec parse_spec(const std::string& text, const std::string& path, const std::
   RunSpec one_rank = spec;  // the model, data and training keys, on a layout that fits any of them
   auto& p = one_rank.parallel;
   p.tp = p.pp = p.dp = p.virtual_stages = 1;
+  p.sequence_parallel = false;
   p.micro_batches = spec.train.global_batch > 0 ? spec.train.global_batch : 1;
   p.schedule = &schedule_named("gpipe");
   p.partition = Partition::uniform;

@@ -279,6 +279,9 @@ std::vector<SpecKey> build_schema() {
       int_key("parallel", "tp", FIELD(int, parallel.tp), 1, 1024,
               "tensor-parallel ranks per stage: each holds n_head / tp attention heads, 1/tp of the MLP and "
               "of the vocabulary (consecutive ranks, so a tensor group shares a node)"),
+      bool_key("parallel", "sequence_parallel", FIELD(bool, parallel.sequence_parallel),
+               "with tp > 1: each tensor rank keeps 1/tp of a micro-batch's tokens outside the matrix products "
+               "(norms, residuals, pipeline messages), all-gathered before them and reduce-scattered after"),
       int_key("parallel", "pp", FIELD(int, parallel.pp), 1, 65536, "pipeline stages"),
       int_key("parallel", "dp", FIELD(int, parallel.dp), 1, 1 << 20, "data-parallel replicas"),
       int_key("parallel", "micro_batches", FIELD(int, parallel.micro_batches), 1, 1 << 20,

@@ -171,6 +171,19 @@ void Comm::allmax_tensor(float* buf, size_t n) {
   poll_in_compute(r, {"tensor-parallel max (softmax statistics)", -1, -1, Group::tensor});
 }
 
+void Comm::allgather_tensor(const float* part, float* whole, size_t n) {
+  Request r;
+  MPI_Iallgather(part, static_cast<int>(n), MPI_FLOAT, whole, static_cast<int>(n), MPI_FLOAT, groups_->tensor,
+                 RequestOut(r));
+  poll_in_compute(r, {"tensor-parallel all-gather (sequence parallel)", -1, -1, Group::tensor});
+}
+
+void Comm::reduce_scatter_tensor(const float* whole, float* part, size_t n) {
+  Request r;
+  MPI_Ireduce_scatter_block(whole, part, static_cast<int>(n), MPI_FLOAT, MPI_SUM, groups_->tensor, RequestOut(r));
+  poll_in_compute(r, {"tensor-parallel reduce-scatter (sequence parallel)", -1, -1, Group::tensor});
+}
+
 void Comm::gather_to_root(const double* mine, size_t n, std::vector<double>& out) {
   out.assign(topo_.world_rank == 0 ? n * static_cast<size_t>(world_.size()) : 0, 0.0);
   Request r;

@@ -56,18 +56,18 @@ template <class W, class F>
 void for_each_head_wgrad_buffer(W& w, F f) {
   for (auto* v : {&w.dlogits, &w.dlnf, &w.dembed}) f(*v);
 }
-// keep_copies: also the block's output and d(res2), which only a split backward keeps (a fused one
-// reads them where they already are).
-void size_wgrads(BlockWGrads& w, const BlockShape& s, size_t N, bool keep_copies) {
+// N token rows, R of them kept (sequence parallelism; else N). keep_copies: also the block's output
+// and d(res2) gradients, all N rows, which only a split backward keeps (a fused one reads them
+// where they already are).
+void size_wgrads(BlockWGrads& w, const BlockShape& s, size_t N, size_t R, bool keep_copies) {
   KernelTimer timer(Kernel::memory);
-  const size_t NC = N * s.C;
   w.dfch.resize(N * s.fc);
-  w.dln2.resize(NC);
+  w.dln2.resize(R * s.C);
   w.dqkv.resize(N * s.qkv);
-  w.dln1.resize(NC);
+  w.dln1.resize(R * s.C);
   if (keep_copies) {
-    w.dout.resize(NC);
-    w.dres2.resize(NC);
+    w.dout.resize(N * s.C);
+    w.dres2.resize(N * s.C);
   }
 }
 
@@ -77,20 +77,28 @@ BlockShape rank_shape(const RunSpec& spec) { return tensor_part(block_shape(spec
 size_t rank_vocab(const RunSpec& spec) {
   return (static_cast<size_t>(spec.model.vocab) + spec.parallel.tp - 1) / spec.parallel.tp;
 }
+// Of a micro-batch's token rows, those a rank keeps of the residual stream and the norms: all,
+// or with sequence parallelism its tp-th.
+size_t kept_token_rows(const RunSpec& spec) {
+  const size_t n = static_cast<size_t>(spec.samples_per_micro_batch()) * spec.model.seq_len;
+  return spec.parallel.sequence_parallel && spec.parallel.tp > 1 ? n / spec.parallel.tp : n;
+}
 
 }  // namespace
 
 size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks, Recompute mode) {
   const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, C = spec.model.d_model;
   const BlockShape s = rank_shape(spec);
-  const size_t NH = s.NH, V = rank_vocab(spec), n = b * T, L = blocks;
-  const size_t per_token = 4 * C + s.q + s.qkv + s.fc + s.ffn + 2 * s.norm_stats;  // 16C+4 for gpt2 on one rank
+  const size_t NH = s.NH, V = rank_vocab(spec), n = b * T, R = kept_token_rows(spec), L = blocks;
+  // 16C+4 floats a token for gpt2 on one rank: the kept rows' 4C + 2 norm_stats, every row's products
+  const size_t kept_per_row = 4 * C + 2 * s.norm_stats, all_per_row = s.q + s.qkv + s.fc + s.ffn;
   const bool first = stage == 0, last = stage == n_stages - 1;
   size_t floats = 0;
   if (mode == Recompute::none)
-    floats = L * (n * per_token + b * NH * T * T) + (last ? n * (2 * C + s.norm_stats + V) : 0);
-  if (mode == Recompute::block) floats = n * C * (L + (last ? 1 : 0));
-  if (mode == Recompute::stage) floats = first ? 0 : n * C;
+    floats =
+        L * (R * kept_per_row + n * all_per_row + b * NH * T * T) + (last ? R * (2 * C + s.norm_stats) + n * V : 0);
+  if (mode == Recompute::block) floats = R * C * (L + (last ? 1 : 0));
+  if (mode == Recompute::stage) floats = first ? 0 : R * C;
   const size_t ints = n * ((first ? 1 : 0) + (last ? 1 : 0));
   return sizeof(float) * floats + sizeof(int) * ints;
 }
@@ -99,7 +107,9 @@ size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages,
   const size_t n = static_cast<size_t>(spec.samples_per_micro_batch()) * spec.model.seq_len, C = spec.model.d_model;
   const BlockShape s = rank_shape(spec);
   const bool first = stage == 0, last = stage == n_stages - 1;
-  return sizeof(float) * n * ((4 * C + s.qkv + s.fc) * blocks + (last ? rank_vocab(spec) + C : 0) + (first ? C : 0));
+  const size_t R = kept_token_rows(spec);  // d(ln2), d(ln1), the head's d(lnf) and the input's: kept rows
+  return sizeof(float) * (n * (2 * C + s.qkv + s.fc) * blocks + R * 2 * C * blocks +
+                          (last ? n * rank_vocab(spec) + R * C : 0) + (first ? R * C : 0));
 }
 
 size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual) {
@@ -110,12 +120,14 @@ size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks,
   const size_t links = message_links(placement, placement.stage_of(chunks.front().vstage)).size();
   const BlockShape s = rank_shape(spec);
   const bool split_vocab = spec.parallel.tp > 1;
-  size_t floats = n * (4 * C + s.q + s.ffn             // attproj, fcproj, dres, dx, datty; the activation's gradient
-                       + s.fc + s.qkv + 2 * C)         // the output gradients a fused block backward passes on
-                  + (last ? 2 * n * V + n * C : 0)     // logits; the head's output gradients
-                  + (last && split_vocab ? 5 * n : 0)  // a split vocabulary's row maxima and (double) sums
-                  + kMessageRing * links * n * C       // the executor's rings, one per message link
-                  + T * T;                             // attention backward's score gradients
+  const size_t R = kept_token_rows(spec);
+  size_t floats = n * (2 * C + s.q + s.ffn) + R * 2 * C  // attproj, fcproj, datty, the activation's gradient; dres, dx
+                  + n * (s.fc + s.qkv) + R * 2 * C       // the output gradients a fused block backward passes on
+                  + (last ? 2 * n * V + R * C : 0)       // logits; the head's output gradients
+                  + (last && split_vocab ? 5 * n : 0)    // a split vocabulary's row maxima and (double) sums
+                  + (R < n ? 2 * n * C + R * C : 0)      // sequence parallelism: gathered rows, a partial, summed rows
+                  + kMessageRing * links * R * C         // the executor's rings, one per message link
+                  + T * T;                               // attention backward's score gradients
   size_t bytes = sizeof(float) * floats, work = 0;
   if (spec.parallel.recompute != Recompute::none)  // Stage::work_: one micro-batch's
     for (const ChunkRange& c : chunks) {           // activations, without its inputs
@@ -177,6 +189,7 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
   const int V_part = static_cast<int>(part_rows(V, tp).size());
   const bool gpt2 = !shape.llama();  // learned positions and a norm with a bias
   const bool first = stage == 0, last = stage == n_stages - 1;
+  const bool sequence_parallel = spec.parallel.sequence_parallel && tp.size > 1;
   std::vector<ParamTensor> params;
   size_t offset = 0;
   // `split`: the whole tensor's shape, the split axis and its groups, when tensor ranks split it.
@@ -210,10 +223,17 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
         split = {shape_of(t, whole), split_by_tp(t.rows) ? 0 : 1, split_groups(d, whole), tp};
       }
       add(block_tensor_name(i, t), shape_of(t, shape), t.decay, t.init, false, split);
+      const bool norm = t.field == &BlockPtrs::ln1w || t.field == &BlockPtrs::ln1b || t.field == &BlockPtrs::ln2w ||
+                        t.field == &BlockPtrs::ln2b;
+      params.back().sums_over_tokens = norm && sequence_parallel;
     }
   if (last) {
     add("ln_f.weight", {C}, false, Init::ones);
-    if (gpt2) add("ln_f.bias", {C}, false, Init::zeros);
+    params.back().sums_over_tokens = sequence_parallel;
+    if (gpt2) {
+      add("ln_f.bias", {C}, false, Init::zeros);
+      params.back().sums_over_tokens = sequence_parallel;
+    }
     if (!spec.model.tie_embeddings) add("lm_head.weight", {V_part, C}, true, Init::normal, false, vocab_rows);
     else if (!first) add("wte.weight", {V_part, C}, true, Init::normal, /*tied_copy=*/true, vocab_rows);
   }
@@ -252,6 +272,7 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
       C_(spec.model.d_model),
       n_layer_(spec.model.n_layer),
       tp_(tp),
+      sp_(spec.parallel.sequence_parallel && tp.size > 1),
       v_begin_(static_cast<int>(part_rows(spec.model.vocab, tp).begin)),
       V_(static_cast<int>(part_rows(spec.model.vocab, tp).size())),
       shape_(tensor_part(block_shape(spec), tp.size)),
@@ -288,18 +309,23 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
   const size_t n_pools = *std::max_element(pool_of_.begin(), pool_of_.end()) + 1;
   acts_pools_ = std::vector<Pool<Acts>>(n_pools);  // built in place: a pool's deque cannot move without throwing
   wgrad_pools_ = std::vector<Pool<WGrads>>(n_pools);
-  const size_t N = static_cast<size_t>(B_) * T_, C = C_;
+  const size_t N = static_cast<size_t>(B_) * T_, C = C_, R = kept_rows(B_ * T_);
   attproj_.resize(N * C);
   fcproj_.resize(N * C);
-  dres_.resize(N * C);
-  dx_.resize(N * C);
+  dres_.resize(R * C);
+  dx_.resize(R * C);
   datty_.resize(N * shape_.q);
   dfch_gelu_.resize(N * shape_.ffn);
-  size_wgrads(wscratch_, shape_, N, false);
+  if (sp_) {
+    gathered_.resize(N * C);
+    dpartial_.resize(N * C);
+    summed_.resize(R * C);
+  }
+  size_wgrads(wscratch_, shape_, N, R, false);
   if (has_head()) {
     logits_.resize(N * V_);
     hscratch_.dlogits.resize(N * V_);
-    hscratch_.dlnf.resize(N * C);
+    hscratch_.dlnf.resize(R * C);
     if (tp.size > 1) {
       row_max_.resize(N);
       softmax_stats_.resize(2 * N);
@@ -336,6 +362,21 @@ void Stage::init_params(uint64_t seed) {
 
 void Stage::zero_grads() { zero_values(grads_.data(), grads_.size()); }
 
+const float* Stage::whole_rows(const float* kept, int N) {
+  if (!sp_) return kept;
+  group_->all_gather(kept, gathered_.data(), static_cast<size_t>(kept_rows(N)) * C_);
+  return gathered_.data();
+}
+
+const float* Stage::sum_partials(float* partial, int N, float* kept) {
+  if (!sp_) {
+    if (tp_.size > 1) group_->sum(partial, static_cast<size_t>(N) * C_);
+    return partial;
+  }
+  group_->reduce_scatter(partial, kept, static_cast<size_t>(kept_rows(N)) * C_);
+  return kept;
+}
+
 BlockPtrs Stage::block_ptrs(Floats& base, const Chunk& c, int l) {
   return block_ptrs_from(base.data() + c.block_offset[l], shape_);
 }
@@ -354,29 +395,29 @@ float* Stage::input_buffer(int chunk, int mb) {
 
 void Stage::size_acts(const Chunk& c, Acts& a, const Tokens& tok) {
   KernelTimer timer(Kernel::memory);
-  const size_t N = tok.rows(), C = C_;
+  const size_t N = tok.rows(), C = C_, R = kept_rows(tok.rows());
   a.xs.resize(c.L + (c.last ? 1 : 0));
-  for (auto& x : a.xs) x.resize(N * C);
+  for (auto& x : a.xs) x.resize(R * C);
   a.blocks.resize(c.L);
   for (auto& b : a.blocks) {
-    b.ln1.resize(N * C);
-    const size_t means = shape_.norm_stats == 2 ? N : 0;  // RMSNorm keeps none
+    b.ln1.resize(R * C);
+    const size_t means = shape_.norm_stats == 2 ? R : 0;  // RMSNorm keeps none
     b.ln1_mean.resize(means);
-    b.ln1_rstd.resize(N);
+    b.ln1_rstd.resize(R);
     b.qkv.resize(N * shape_.qkv);
     b.att.resize(tok.cache ? 0 : static_cast<size_t>(tok.B) * shape_.NH * tok.T * tok.T);  // generation keeps none
     b.atty.resize(N * shape_.q);
-    b.res2.resize(N * C);
-    b.ln2.resize(N * C);
+    b.res2.resize(R * C);
+    b.ln2.resize(R * C);
     b.ln2_mean.resize(means);
-    b.ln2_rstd.resize(N);
+    b.ln2_rstd.resize(R);
     b.fch.resize(N * shape_.fc);
     b.fch_gelu.resize(N * shape_.ffn);
   }
   if (c.last) {
-    a.head.lnf.resize(N * C);
-    a.head.lnf_mean.resize(shape_.norm_stats == 2 ? N : 0);
-    a.head.lnf_rstd.resize(N);
+    a.head.lnf.resize(R * C);
+    a.head.lnf_mean.resize(shape_.norm_stats == 2 ? R : 0);
+    a.head.lnf_rstd.resize(R);
     a.head.probs.resize(N * V_);
   }
   a.acts_live = true;
@@ -388,9 +429,10 @@ void Stage::compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, 
   size_acts(c, w, micro_batch());
   const size_t n_in = boundary_floats();
   if (c.first) {  // tensor ranks: each its vocabulary rows' embeddings, one of them the positions; then summed
-    k_.encoder_forward(w.xs[0].data(), s.tokens.data(), weights_.data() + wte_,
+    float* embedded = sp_ ? attproj_.data() : w.xs[0].data();  // every row, before the sum
+    k_.encoder_forward(embedded, s.tokens.data(), weights_.data() + wte_,
                        tp_.rank == 0 ? tensor(weights_, wpe_) : nullptr, B_, T_, C_, v_begin_, V_);
-    tensor_sum(w.xs[0].data(), n_in);
+    if (tp_.size > 1) sum_partials(embedded, B_ * T_, w.xs[0].data());
   } else if (&w != &s) copy_values(w.xs[0].data(), s.xs[0].data(), n_in);
   for (int l = 0; l < c.L; ++l) {
     float* y = (l + 1 < c.L || c.last) ? w.xs[l + 1].data() : out;
@@ -458,7 +500,7 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
   WGrads* kept = split ? &wgrads(chunk, mb) : nullptr;
   if (split && input) {
     kept->blocks.resize(L);
-    for (auto& w : kept->blocks) size_wgrads(w, shape_, static_cast<size_t>(B_) * T_, true);
+    for (auto& w : kept->blocks) size_wgrads(w, shape_, static_cast<size_t>(B_) * T_, kept_rows(B_ * T_), true);
     if (c.last) {
       kept->head.dlogits.resize(static_cast<size_t>(B_) * T_ * V_);
       kept->head.dlnf.resize(n);
@@ -502,9 +544,10 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
   }
   if (c.first) {
     if (split && input) copy_values(hw.dembed.data(), dres_.data(), n);
-    if (weight)
-      k_.encoder_backward(grads_.data() + wte_, tensor(grads_, wpe_), split ? hw.dembed.data() : dres_.data(),
-                          s.tokens.data(), B_, T_, C_, v_begin_, V_);
+    if (weight)  // every token's row: this rank's vocabulary rows may be any rank's tokens
+      k_.encoder_backward(grads_.data() + wte_, tensor(grads_, wpe_),
+                          whole_rows(split ? hw.dembed.data() : dres_.data(), B_ * T_), s.tokens.data(), B_, T_, C_,
+                          v_begin_, V_);
   } else if (input) {
     copy_values(dinp, dres_.data(), n);
   }

@@ -5,7 +5,8 @@
 // heads and SwiGLU (absent tensors are null pointers, which the kernels skip). On a tensor rank
 // the widths are its part (tensor_parallel.hpp): the output products' partial sums and the input
 // gradients of the products fed by a whole activation are summed over the tensor group
-// (tensor_sum), and the loss's softmax runs over the group's vocabulary (softmax_loss). model.cpp
+// (sum_partials; with sequence parallelism reduce-scattered, and the products' inputs gathered
+// first: whole_rows), and the loss's softmax runs over the group's vocabulary (softmax_loss). model.cpp
 // holds the Stage around them: parameters, buffers, and the passes the executor calls.
 #include <stdexcept>
 #include <vector>
@@ -37,10 +38,10 @@ void Stage::mlp_activation_backward(float* dfch, const BlockActs& a, const float
 }
 
 void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out, const Tokens& tok) {
-  const int N = tok.rows(), C = C_, Q = shape_.q, NH = shape_.NH, NKV = shape_.NKV;
+  const int N = tok.rows(), R = kept_rows(N), C = C_, Q = shape_.q, NH = shape_.NH, NKV = shape_.NKV;
   BlockPtrs w = block_ptrs(weights_, c, l);
-  norm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1w, w.ln1b, N);
-  k_.matmul_forward(a.qkv.data(), a.ln1.data(), w.qkvw, w.qkvb, N, C, shape_.qkv);
+  norm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1w, w.ln1b, R);
+  k_.matmul_forward(a.qkv.data(), whole_rows(a.ln1.data(), N), w.qkvw, w.qkvb, N, C, shape_.qkv);
   poll();
   if (shape_.llama())
     k_.rope_forward(a.qkv.data(), tok.B, tok.T, Q, NH, NKV, rope_theta_, tok.cache ? tok.cache->pos : 0);
@@ -53,79 +54,81 @@ void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, f
   poll();
   k_.matmul_forward(attproj_.data(), a.atty.data(), w.projw, nullptr, N, Q, C);
   poll();
-  tensor_sum(attproj_.data(), static_cast<size_t>(N) * C);
-  k_.residual_forward(a.res2.data(), x, attproj_.data(), w.projb, N, C);
-  norm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), w.ln2w, w.ln2b, N);
-  k_.matmul_forward(a.fch.data(), a.ln2.data(), w.fcw, nullptr, N, C, shape_.fc);
+  k_.residual_forward(a.res2.data(), x, sum_partials(attproj_.data(), N, summed_.data()), w.projb, R, C);
+  norm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), w.ln2w, w.ln2b, R);
+  k_.matmul_forward(a.fch.data(), whole_rows(a.ln2.data(), N), w.fcw, nullptr, N, C, shape_.fc);
   poll();
   mlp_activation_forward(a, w.fcb, N);
   k_.matmul_forward(fcproj_.data(), a.fch_gelu.data(), w.fcprojw, nullptr, N, shape_.ffn, C);
   poll();
-  tensor_sum(fcproj_.data(), static_cast<size_t>(N) * C);
-  k_.residual_forward(out, a.res2.data(), fcproj_.data(), w.fcprojb, N, C);
+  k_.residual_forward(out, a.res2.data(), sum_partials(fcproj_.data(), N, summed_.data()), w.fcprojb, R, C);
 }
 
 // dout may not alias dinp. Both residual branches pass dout straight through to their input.
 // With `g` (a fused backward) each kernel also adds its parameter gradients in the same pass;
 // without (the input half of a split backward) the output gradients the parameters need are left
-// in w for block_backward_weight. Either way the bits come out the same.
+// in w for block_backward_weight. Either way the bits come out the same. With sequence parallelism
+// dout, dinp and the norms' gradients are this rank's rows; the products take all rows (gathered
+// into gathered_, one at a time) and give partial input gradients that sum_partials scatters.
 void Stage::block_backward_input(const Chunk& c, int l, const float* x, const BlockActs& a, const float* dout,
                                  float* dinp, BlockWGrads& w, const BlockPtrs* g) {
-  const int N = B_ * T_, C = C_, Q = shape_.q;
-  const size_t NC = static_cast<size_t>(N) * C;
+  const int N = B_ * T_, R = kept_rows(N), C = C_, Q = shape_.q;
+  const size_t NC = static_cast<size_t>(N) * C, RC = static_cast<size_t>(R) * C;
   BlockPtrs p = block_ptrs(weights_, c, l);
   auto grad = [&](float* BlockPtrs::*field) { return g ? g->*field : nullptr; };
   // out = res2 + mlp(ln2(res2))
-  if (!g) copy_values(w.dout.data(), dout, NC);
-  k_.matmul_backward(dfch_gelu_.data(), grad(&BlockPtrs::fcprojw), grad(&BlockPtrs::fcprojb), dout, a.fch_gelu.data(),
-                     p.fcprojw, N, shape_.ffn, C);
+  const float* dout_all = whole_rows(dout, N);
+  if (!g) copy_values(w.dout.data(), dout_all, NC);
+  k_.matmul_backward(dfch_gelu_.data(), grad(&BlockPtrs::fcprojw), grad(&BlockPtrs::fcprojb), dout_all,
+                     a.fch_gelu.data(), p.fcprojw, N, shape_.ffn, C);
   poll();
   mlp_activation_backward(w.dfch.data(), a, dfch_gelu_.data(), N);
-  k_.matmul_backward(w.dln2.data(), grad(&BlockPtrs::fcw), grad(&BlockPtrs::fcb), w.dfch.data(), a.ln2.data(), p.fcw, N,
-                     C, shape_.fc);
+  k_.matmul_backward(partial_target(w.dln2.data()), grad(&BlockPtrs::fcw), grad(&BlockPtrs::fcb), w.dfch.data(),
+                     whole_rows(a.ln2.data(), N), p.fcw, N, C, shape_.fc);
   poll();
-  tensor_sum(w.dln2.data(), NC);
+  sum_partials(partial_target(w.dln2.data()), N, w.dln2.data());
   float* dres2 = dinp;  // accumulate d(res2) in dinp, then continue through the attention branch
-  copy_values(dres2, dout, NC);
+  copy_values(dres2, dout, RC);
   norm_backward(dres2, grad(&BlockPtrs::ln2w), grad(&BlockPtrs::ln2b), w.dln2.data(), a.res2.data(), p.ln2w,
-                a.ln2_mean.data(), a.ln2_rstd.data(), N);
-  if (!g) copy_values(w.dres2.data(), dres2, NC);
+                a.ln2_mean.data(), a.ln2_rstd.data(), R);
+  const float* dres2_all = whole_rows(dres2, N);
+  if (!g) copy_values(w.dres2.data(), dres2_all, NC);
   // res2 = x + proj(attn(rope(qkv(ln1(x)))))
-  k_.matmul_backward(datty_.data(), grad(&BlockPtrs::projw), grad(&BlockPtrs::projb), dres2, a.atty.data(), p.projw, N,
-                     Q, C);
+  k_.matmul_backward(datty_.data(), grad(&BlockPtrs::projw), grad(&BlockPtrs::projb), dres2_all, a.atty.data(), p.projw,
+                     N, Q, C);
   poll();
   k_.attention_backward(w.dqkv.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, T_, Q, shape_.NH, shape_.NKV);
   if (shape_.llama()) k_.rope_backward(w.dqkv.data(), B_, T_, Q, shape_.NH, shape_.NKV, rope_theta_, 0);
   poll();
-  k_.matmul_backward(w.dln1.data(), grad(&BlockPtrs::qkvw), grad(&BlockPtrs::qkvb), w.dqkv.data(), a.ln1.data(), p.qkvw,
-                     N, C, shape_.qkv);
+  k_.matmul_backward(partial_target(w.dln1.data()), grad(&BlockPtrs::qkvw), grad(&BlockPtrs::qkvb), w.dqkv.data(),
+                     whole_rows(a.ln1.data(), N), p.qkvw, N, C, shape_.qkv);
   poll();
-  tensor_sum(w.dln1.data(), NC);
+  sum_partials(partial_target(w.dln1.data()), N, w.dln1.data());
   norm_backward(dinp, grad(&BlockPtrs::ln1w), grad(&BlockPtrs::ln1b), w.dln1.data(), x, p.ln1w, a.ln1_mean.data(),
-                a.ln1_rstd.data(), N);
+                a.ln1_rstd.data(), R);
 }
 
 void Stage::block_backward_weight(const Chunk& c, int l, const float* x, const BlockActs& a, const BlockWGrads& w) {
-  const int N = B_ * T_, C = C_;
+  const int N = B_ * T_, R = kept_rows(N), C = C_;
   BlockPtrs g = block_ptrs(grads_, c, l);
   k_.matmul_backward(nullptr, g.fcprojw, g.fcprojb, w.dout.data(), a.fch_gelu.data(), nullptr, N, shape_.ffn, C);
   poll();
-  k_.matmul_backward(nullptr, g.fcw, g.fcb, w.dfch.data(), a.ln2.data(), nullptr, N, C, shape_.fc);
+  k_.matmul_backward(nullptr, g.fcw, g.fcb, w.dfch.data(), whole_rows(a.ln2.data(), N), nullptr, N, C, shape_.fc);
   poll();
   norm_backward(nullptr, g.ln2w, g.ln2b, w.dln2.data(), a.res2.data(), nullptr, a.ln2_mean.data(), a.ln2_rstd.data(),
-                N);
+                R);
   k_.matmul_backward(nullptr, g.projw, g.projb, w.dres2.data(), a.atty.data(), nullptr, N, shape_.q, C);
   poll();
-  k_.matmul_backward(nullptr, g.qkvw, g.qkvb, w.dqkv.data(), a.ln1.data(), nullptr, N, C, shape_.qkv);
+  k_.matmul_backward(nullptr, g.qkvw, g.qkvb, w.dqkv.data(), whole_rows(a.ln1.data(), N), nullptr, N, C, shape_.qkv);
   poll();
-  norm_backward(nullptr, g.ln1w, g.ln1b, w.dln1.data(), x, nullptr, a.ln1_mean.data(), a.ln1_rstd.data(), N);
+  norm_backward(nullptr, g.ln1w, g.ln1b, w.dln1.data(), x, nullptr, a.ln1_mean.data(), a.ln1_rstd.data(), R);
 }
 
 double Stage::head_forward(const float* x, HeadActs& a, const int* targets, const Tokens& tok) {
   const int N = tok.rows(), C = C_;
   norm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, weights_.data() + lnfw_, tensor(weights_, lnfb_),
-               N);
-  k_.matmul_forward(logits_.data(), a.lnf.data(), weights_.data() + head_, nullptr, N, C, V_);
+               kept_rows(N));
+  k_.matmul_forward(logits_.data(), whole_rows(a.lnf.data(), N), weights_.data() + head_, nullptr, N, C, V_);
   poll();
   return softmax_loss(a, targets, N);
 }
@@ -171,20 +174,21 @@ void Stage::head_backward_input(const float* x, const HeadActs& a, const int* ta
                                 bool fused) {
   const int N = B_ * T_, C = C_;
   k_.softmax_crossentropy_backward(w.dlogits.data(), a.probs.data(), targets, grad_scale_, N, V_, v_begin_);
-  k_.matmul_backward(w.dlnf.data(), fused ? grads_.data() + head_ : nullptr, nullptr, w.dlogits.data(), a.lnf.data(),
-                     weights_.data() + head_, N, C, V_);
+  k_.matmul_backward(partial_target(w.dlnf.data()), fused ? grads_.data() + head_ : nullptr, nullptr, w.dlogits.data(),
+                     whole_rows(a.lnf.data(), N), weights_.data() + head_, N, C, V_);
   poll();
-  tensor_sum(w.dlnf.data(), static_cast<size_t>(N) * C);
+  sum_partials(partial_target(w.dlnf.data()), N, w.dlnf.data());
   norm_backward(dinp, fused ? grads_.data() + lnfw_ : nullptr, fused ? tensor(grads_, lnfb_) : nullptr, w.dlnf.data(),
-                x, weights_.data() + lnfw_, a.lnf_mean.data(), a.lnf_rstd.data(), N);
+                x, weights_.data() + lnfw_, a.lnf_mean.data(), a.lnf_rstd.data(), kept_rows(N));
 }
 
 void Stage::head_backward_weight(const float* x, const HeadActs& a, const HeadWGrads& w) {
   const int N = B_ * T_, C = C_;
-  k_.matmul_backward(nullptr, grads_.data() + head_, nullptr, w.dlogits.data(), a.lnf.data(), nullptr, N, C, V_);
+  k_.matmul_backward(nullptr, grads_.data() + head_, nullptr, w.dlogits.data(), whole_rows(a.lnf.data(), N), nullptr, N,
+                     C, V_);
   poll();
   norm_backward(nullptr, grads_.data() + lnfw_, tensor(grads_, lnfb_), w.dlnf.data(), x, nullptr, a.lnf_mean.data(),
-                a.lnf_rstd.data(), N);
+                a.lnf_rstd.data(), kept_rows(N));
 }
 
 }  // namespace pipetrain

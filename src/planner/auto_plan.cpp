@@ -28,6 +28,7 @@ std::string describe(const RunSpec& s, bool with_batch) {
   if (p.virtual_stages > 1) out += " (" + std::to_string(p.virtual_stages) + " chunks)";
   out += std::string(", recompute ") + name_of(p.recompute) + ", " + name_of(p.partition);
   if (p.dp > 1) out += ", zero " + std::to_string(p.zero);
+  if (p.sequence_parallel) out += ", sequence parallel";
   if (with_batch) out += ", global batch " + std::to_string(s.train.global_batch);
   return out;
 }
@@ -41,6 +42,7 @@ std::string set_line(const RunSpec& s, bool with_batch) {
          " --set parallel.virtual_stages=" + std::to_string(p.virtual_stages) +
          " --set parallel.recompute=" + name_of(p.recompute) + " --set parallel.partition=" + name_of(p.partition) +
          " --set parallel.zero=" + std::to_string(p.zero) +
+         " --set parallel.sequence_parallel=" + (p.sequence_parallel ? "true" : "false") +
          (with_batch ? " --set train.global_batch=" + std::to_string(s.train.global_batch) : "");
 }
 
@@ -55,50 +57,52 @@ std::pair<int, int> plan_grid(const RunSpec& spec, int tp, int pp, int dp, int w
       for (int V = 1; V <= (kind->chunked ? 4 : 1); ++V)
         for (Recompute mode : {Recompute::none, Recompute::block, Recompute::stage})
           for (Partition part : {Partition::uniform, Partition::balanced})
-            for (int zero = 0; zero <= (dp > 1 ? 1 : 0); ++zero) {
-              if (kind->splits_backward && mode != Recompute::none) continue;
-              // One stage: every schedule and partition is the same step, planned once, as the
-              // first registered schedule (gpipe).
-              if (pp == 1 && (part == Partition::balanced || kind != all_schedules().front())) continue;
-              RunSpec s = spec;
-              auto& p = s.parallel;
-              p.tp = tp;
-              p.pp = pp;
-              p.dp = dp;
-              p.micro_batches = M;
-              p.schedule = kind;
-              p.virtual_stages = V;
-              p.recompute = mode;
-              p.partition = part;
-              p.zero = zero;
-              p.blocks_per_stage.clear();
-              s.origins.clear();
-              try {
-                validate_spec(s, world);
-              } catch (const SpecError&) {
-                continue;  // a layout this model or schedule cannot run
+            for (int zero = 0; zero <= (dp > 1 ? 1 : 0); ++zero)
+              for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+                if (kind->splits_backward && mode != Recompute::none) continue;
+                // One stage: every schedule and partition is the same step, planned once, as the
+                // first registered schedule (gpipe).
+                if (pp == 1 && (part == Partition::balanced || kind != all_schedules().front())) continue;
+                RunSpec s = spec;
+                auto& p = s.parallel;
+                p.tp = tp;
+                p.pp = pp;
+                p.dp = dp;
+                p.micro_batches = M;
+                p.schedule = kind;
+                p.virtual_stages = V;
+                p.recompute = mode;
+                p.partition = part;
+                p.zero = zero;
+                p.sequence_parallel = sp == 1;
+                p.blocks_per_stage.clear();
+                s.origins.clear();
+                try {
+                  validate_spec(s, world);
+                } catch (const SpecError&) {
+                  continue;  // a layout this model or schedule cannot run
+                }
+                if (part == Partition::balanced) {  // planned once when it splits as uniform does
+                  RunSpec uniform = s;
+                  uniform.parallel.partition = Partition::uniform;
+                  if (partition_blocks(uniform) == partition_blocks(s)) continue;
+                }
+                ++considered;
+                const double need = make_plan(s).largest_memory_bytes(s);
+                if (out.least_memory == 0 || need < out.least_memory) {
+                  out.least_memory = need;
+                  out.least_memory_layout = describe(s, with_batch);
+                }
+                if (tp == 1 && (out.least_memory_tp1 == 0 || need < out.least_memory_tp1)) {
+                  out.least_memory_tp1 = need;
+                  out.least_memory_tp1_layout = describe(s, with_batch);
+                }
+                if (memory_per_rank > 0 && need > memory_per_rank) {
+                  ++over;
+                  continue;
+                }
+                all.push_back({s, predict_step(s, costs), need, set_line(s, with_batch), describe(s, with_batch)});
               }
-              if (part == Partition::balanced) {  // planned once when it splits as uniform does
-                RunSpec uniform = s;
-                uniform.parallel.partition = Partition::uniform;
-                if (partition_blocks(uniform) == partition_blocks(s)) continue;
-              }
-              ++considered;
-              const double need = make_plan(s).largest_memory_bytes(s);
-              if (out.least_memory == 0 || need < out.least_memory) {
-                out.least_memory = need;
-                out.least_memory_layout = describe(s, with_batch);
-              }
-              if (tp == 1 && (out.least_memory_tp1 == 0 || need < out.least_memory_tp1)) {
-                out.least_memory_tp1 = need;
-                out.least_memory_tp1_layout = describe(s, with_batch);
-              }
-              if (memory_per_rank > 0 && need > memory_per_rank) {
-                ++over;
-                continue;
-              }
-              all.push_back({s, predict_step(s, costs), need, set_line(s, with_batch), describe(s, with_batch)});
-            }
   return {considered, over};
 }
 

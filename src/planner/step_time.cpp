@@ -19,16 +19,25 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
   // On a tensor rank each pass computes a TP-th of its products and sums a micro-batch's activation
   // (tokens x d_model floats) over the tensor group: a block's forward twice, its input-gradient
   // pass twice (a recomputing backward the forward's two again), the embedding's forward and the
-  // head's backward once (the loss's statistics are a few floats a token).
+  // head's backward once (the loss's statistics are a few floats a token). With sequence
+  // parallelism a sum is a reduce-scatter and an all-gather, which move what an all-reduce moves;
+  // the backward gathers the norms' outputs again (one sum's worth a block, in the weight pass
+  // when it runs apart; the head's forward and backward half of one each), and a pipeline message
+  // carries a TP-th of the activation.
   const int TP = par.tp;
-  const double boundary_bytes = sizeof(float) * static_cast<double>(b) * spec.model.seq_len * spec.model.d_model;
-  const double tp_sum = costs.allreduce_s(boundary_bytes, TP);
-  const int rerun = par.recompute == Recompute::none ? 0 : 2;
-  auto tensor_part = [&](PassCosts c, int f_sums, int b_sums) {
-    return PassCosts{c.f / TP + f_sums * tp_sum, c.b / TP + b_sums * tp_sum, c.w / TP};
+  const bool sp = par.sequence_parallel && TP > 1;
+  const double activation_bytes = sizeof(float) * static_cast<double>(b) * spec.model.seq_len * spec.model.d_model;
+  const double boundary_bytes = sp ? activation_bytes / TP : activation_bytes;
+  const double tp_sum = costs.allreduce_s(activation_bytes, TP);
+  const double rerun = par.recompute == Recompute::none ? 0 : 2, regather = sp ? 1 : 0;
+  const bool apart = schedule.splits_backward;
+  auto tensor_part = [&](PassCosts c, double f_sums, double b_sums, double w_sums) {
+    return PassCosts{c.f / TP + f_sums * tp_sum, c.b / TP + b_sums * tp_sum, c.w / TP + w_sums * tp_sum};
   };
-  const PassCosts block = tensor_part(costs.block_under(par.recompute, b), 2, 2 + rerun);
-  const PassCosts embed = tensor_part(costs.embed(b), 1, 0), head = tensor_part(costs.head(b), 0, 1);
+  const PassCosts block =
+      tensor_part(costs.block_under(par.recompute, b), 2, 2 + rerun + (apart ? 0 : regather), apart ? regather : 0);
+  const PassCosts embed = tensor_part(costs.embed(b), 1, sp ? 0.5 : 0, 0);
+  const PassCosts head = tensor_part(costs.head(b), regather / 2, 1 + regather / 2, 0);
   // Each virtual stage's passes (under recompute a block's backward re-runs its forward).
   std::vector<double> fwd, bwd, wgt;
   for (int v = 0; v < n_virtual; ++v) {
@@ -67,10 +76,11 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
     // The stage's tensor sums: per micro-batch, each of its chunks' passes' (as tensor_part counts them).
     double sums = 0;
     for (const ChunkRange& c : chunks_of(blocks, place, s))
-      sums += (c.block_end - c.block_begin) * (4 + rerun) + (c.vstage == 0) + (c.vstage == n_virtual - 1);
+      sums += (c.block_end - c.block_begin) * (4 + rerun + regather) + (c.vstage == 0) * (1 + regather / 2) +
+              (c.vstage == n_virtual - 1) * (1 + regather);
     r.tp_comm_s = std::max(r.tp_comm_s, M * sums * tp_sum);
   }
-  if (TP > 1) r.tp_sum_bytes = boundary_bytes;
+  if (TP > 1) r.tp_sum_bytes = activation_bytes;
   // As metrics' bubble_measured counts it: the share of the step a rank waits for others, in the
   // pipeline and at the step's end for the slowest rank (the gradient reduction is work).
   for (int s = 0; s < P; ++s) r.bubble += r.step_s > 0 ? (1 - working[s] / r.step_s) / P : 0;

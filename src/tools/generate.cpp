@@ -111,9 +111,10 @@ ExitCode run_generate(const GenerateOptions& opt) {
   // One stage holding every block, one micro-batch of one sequence.
   // The user's overrides first, then what generation needs, which they cannot undo.
   std::vector<std::string> sets = opt.overrides;
-  for (auto& s : {"train.global_batch=1", "parallel.micro_batches=1", "parallel.recompute=none", "eval.every_steps=0",
-                  "run.device=cpu", "model.dtype=fp32", "parallel.tp=1", "parallel.pp=1", "parallel.dp=1",
-                  "parallel.partition=uniform", "parallel.schedule=gpipe", "parallel.virtual_stages=1"})
+  for (auto& s :
+       {"train.global_batch=1", "parallel.micro_batches=1", "parallel.recompute=none", "eval.every_steps=0",
+        "run.device=cpu", "model.dtype=fp32", "parallel.tp=1", "parallel.sequence_parallel=false", "parallel.pp=1",
+        "parallel.dp=1", "parallel.partition=uniform", "parallel.schedule=gpipe", "parallel.virtual_stages=1"})
     sets.push_back(s);
   const std::string checkpoint = resolve_checkpoint(opt.checkpoint, "generate");
   const RunSpec spec = opt.config.empty() ? spec_of_checkpoint(checkpoint, sets, 1) : load_spec(opt.config, sets, 1);

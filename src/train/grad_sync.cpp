@@ -60,6 +60,13 @@ double GradReducer::finish(Trace& trace) {
   } else if (comm_.topo().dp > 1) {
     laps.mark("wait gradient all-reduce", "wait");
   }
+  // Sequence parallelism: a norm's gradient on each tensor rank is its token rows' share; the
+  // tensor group sums the part this rank keeps (all of it, or its ZeRO-1 slab).
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].sums_over_tokens) {
+      const OptimizerShard::Slab& mine = shard_.slabs()[i];
+      comm_.allreduce_tensor(grads_.data() + mine.begin, mine.size());
+    }
   // The tied halves, summed over the replicas already. Sharded, the first and the last stage's
   // replica r own the same rows of wte: only those travel.
   if (tied_) {

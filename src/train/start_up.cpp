@@ -292,7 +292,9 @@ void prepare_steps(Run& run) {
   Stage& stage = *run.stage;
   const ParamTensor* wte = stage.find("wte.weight");
   run.tied_wte = spec.model.tie_embeddings && run.topo.tied_apart() ? wte : nullptr;
-  run.grad_staging.resize(run.on_gpu() && (spec.parallel.dp > 1 || run.tied_wte) ? stage.grads().size() : 0);
+  const bool tensor_sums = spec.parallel.sequence_parallel && spec.parallel.tp > 1;  // the norms' gradients
+  run.grad_staging.resize(run.on_gpu() && (spec.parallel.dp > 1 || run.tied_wte || tensor_sums) ? stage.grads().size()
+                                                                                                : 0);
   const size_t bucket = std::max<size_t>(1, static_cast<size_t>(spec.comm.bucket_mb * (1 << 20) / sizeof(float)));
   const OptimizerShard& shard = run.adam->shard();
   run.reducer = std::make_unique<GradReducer>(*run.comm, run.on_gpu() ? run.grad_staging : stage.grads().host(), bucket,

@@ -1,8 +1,9 @@
 """Tensor parallelism (parallel.tp): tp 2, tp 2 x pp 2 and tp 2 x pp 2 x dp 2 give the 1x1 run's
 losses within 1e-5 over 20 steps for GPT-2 (tied and untied) and the llama family (grouped
 key/value heads), under gpipe, 1f1b, interleaved and zb-v, with recompute, and with ZeRO-1 as
-without; a stage's weights, gradients and AdamW state on each tensor rank are the whole stage's
-halved, the replicated norms and biases aside, as plan predicts, and so is the activation peak;
+without, with and without sequence parallelism; a stage's weights, gradients and AdamW state on
+each tensor rank are the whole stage's halved, the replicated norms and biases aside, as plan
+predicts, and so is the activation peak, lower again with sequence parallelism;
 a tp 2 x pp 2 checkpoint resumes as tp 1 x pp 4, whose checkpoint resumes as tp 2 x pp 1 x dp 2,
 every remaining loss within 1e-6 of the uninterrupted run; layouts the heads cannot split are
 refused by name."""
@@ -110,6 +111,29 @@ def zero_recompute_and_zero_bubble():
          run("gpt2_tp2_pp2_rc", "tiny.toml", 2, 2, 1, "parallel.recompute=block"), reference("tiny.toml"))
 
 
+@scenario
+def sequence_parallel():
+    """parallel.sequence_parallel: each tensor rank keeps its tp-th of the token rows outside the
+    products (norms, residuals, pipeline messages); all-gathers and reduce-scatters replace the
+    all-reduces. The same losses as 1x1 for GPT-2 (tied and untied) and llama under gpipe, 1f1b,
+    interleaved and zb-v (whose weight pass gathers again), with recompute and with ZeRO-1."""
+    SP = "parallel.sequence_parallel=true"
+    gpt2, llama = reference("tiny.toml"), reference("llama-tiny.toml")
+    same("gpt2 tp2 sp", run("gpt2_tp2_sp", "tiny.toml", 2, 1, 1, SP), gpt2)
+    same("gpt2 untied tp2 x pp2 sp 1f1b",
+         run("gpt2_untied_tp2_pp2_sp", "tiny.toml", 2, 2, 1, SP, "model.tie_embeddings=false",
+             "parallel.schedule=1f1b"), reference("tiny.toml", "model.tie_embeddings=false"))
+    same("llama tp2 x pp2 sp interleaved",
+         run("llama_tp2_pp2_sp_il", "llama-tiny.toml", 2, 2, 1, SP, "parallel.schedule=interleaved",
+             "parallel.virtual_stages=2"), llama)
+    same("llama tp2 x pp2 sp zb-v", run("llama_tp2_pp2_sp_zbv", "llama-tiny.toml", 2, 2, 1, SP, "parallel.schedule=zb-v"),
+         llama)
+    same("gpt2 tp2 x pp2 sp recompute block",
+         run("gpt2_tp2_pp2_sp_rc", "tiny.toml", 2, 2, 1, SP, "parallel.recompute=block"), gpt2)
+    same("llama tp2 x pp2 x dp2 sp zero 1",
+         run("llama_tp2_pp2_dp2_sp_z1", "llama-tiny.toml", 2, 2, 2, SP, "parallel.zero=1"), llama)
+
+
 def plan_json(cfg, sets):
     a = settings()
     cmd = [a.bin, "plan", "--config", config(cfg), "--json"] + [x for s in sets for x in ("--set", s)]
@@ -145,13 +169,23 @@ def memory_halves():
            f"tp 2 keeps fewer activation bytes ({split[-1]['act_peak_bytes'][0]} vs {whole[-1]['act_peak_bytes'][0]})")
     expect(split[-1].get("tp") == 2 and sum(split[-1]["kernel_s"]["tp_comm"]) > 0,
            "metrics.jsonl names tp 2 and times the tensor collectives as their own kernel class")
+    # Sequence parallelism: the kept rows' share of the activations drops by tp, as plan predicts.
+    SP = "parallel.sequence_parallel=true"
+    sp = run("llama_tp2_sp_mem", "llama-tiny.toml", 2, 1, 1, SP)
+    planned = plan_json("llama-tiny.toml", sets + [SP])["stages"][0].get("act_peak_bytes", {}).get("none")
+    if sp:
+        got = sp[-1]["act_peak_bytes"][0]
+        expect(planned == got, f"plan predicts tp 2 with sequence parallelism's activation peak: {planned} vs {got}")
+        expect(got < split[-1]["act_peak_bytes"][0],
+               f"sequence parallelism keeps fewer activation bytes ({got} vs {split[-1]['act_peak_bytes'][0]})")
 
 
 @scenario
 def resume_across_tp():
     """A tp 2 x pp 2 checkpoint of step 10 resumes as tp 1 x pp 4; that run's checkpoint of step
-    20 resumes as tp 2 x pp 1 x dp 2. Every remaining step's loss within 1e-6 of the uninterrupted
-    tp 2 x pp 2 run (a checkpoint holds whole tensors: each tensor rank writes and reads its part)."""
+    20 resumes as tp 2 x pp 1 x dp 2 with sequence parallelism. Every remaining step's loss within
+    1e-6 of the uninterrupted tp 2 x pp 2 run (a checkpoint holds whole tensors: each tensor rank
+    writes and reads its part)."""
     a = settings()
     steps = 40
     base = [f"run.steps={steps}", "log.every_steps=1", "checkpoint.every_steps=10", "checkpoint.keep_last=0"]
@@ -166,10 +200,12 @@ def resume_across_tp():
         return
     ref_loss = {x["step"]: x["loss"] for x in ref.metrics()}
     ckpt = os.path.join(ref.run_dir, "checkpoints", "step_00000010")
-    for name, grid, origin in [("resume_tp1_pp4", (1, 4, 1), "tp2 x pp2"), ("resume_tp2_dp2", (2, 1, 2), "tp1 x pp4")]:
+    for name, grid, extra, origin in [("resume_tp1_pp4", (1, 4, 1), [], "tp2 x pp2"),
+                                      ("resume_tp2_dp2_sp", (2, 1, 2), ["parallel.sequence_parallel=true"],
+                                       "tp1 x pp4")]:
         at = int(os.path.basename(ckpt)[5:])
         r = launch(a, grid[0] * grid[1] * grid[2], os.path.join(a.work, name), config("llama-tiny.toml"),
-                   base + layout(*grid), extra=["--resume", ckpt], timeout=300)
+                   base + layout(*grid) + extra, extra=["--resume", ckpt], timeout=300)
         expect(r.rc == 0, f"{origin} -> {name}: exit 0 (got {r.rc}) {r.err[-300:]}")
         if r.rc != 0:
             return
@@ -251,6 +287,14 @@ def refused_layouts():
     r = launch(a, 2, os.path.join(a.work, "refused_grid"), config("tiny.toml"), ["parallel.tp=2", "parallel.pp=2"])
     expect(r.rc == 2 and "tp x pp x dp = 2 x 2 x 1 = 4 but 2 MPI ranks were launched" in r.err,
            f"tp 2 x pp 2 on 2 ranks: exit 2 naming the grid ({r.rc}: {r.err.strip()[-200:]})")
+    r = launch(a, 1, os.path.join(a.work, "refused_sp"), config("tiny.toml"), ["parallel.sequence_parallel=true"])
+    expect(r.rc == 2 and "parallel.sequence_parallel: splits tokens among tensor ranks: it needs parallel.tp > 1"
+           in r.err, f"sequence parallelism without tensor ranks: exit 2 naming the key ({r.rc}: {r.err.strip()[-200:]})")
+    r = launch(a, 4, os.path.join(a.work, "refused_sp_rows"), config("tiny.toml"),
+               ["parallel.tp=4", "parallel.sequence_parallel=true", "model.seq_len=31", "train.global_batch=4",
+                "parallel.micro_batches=2"])
+    expect(r.rc == 2 and "a micro-batch's 62 tokens (samples x model.seq_len) do not split among tp = 4" in r.err,
+           f"token rows that do not split: exit 2 naming the key ({r.rc}: {r.err.strip()[-200:]})")
 
 
 if __name__ == "__main__":

@@ -114,3 +114,18 @@ TEST_CASE("predicted step with tensor ranks: a tp-th of each pass plus the tenso
   spec.parallel.recompute = Recompute::block;  // each block's forward runs again in its backward, sums too
   CHECK(predict_step(spec, c).tp_comm_s == Approx(4 * (4 * 6 + 2) * sum));
 }
+
+TEST_CASE("predicted step with sequence parallelism: the backward gathers the norms' outputs again", "[costs]") {
+  RunSpec spec;  // 4 blocks, M = 4 micro-batches of 4 samples, one stage, tp 2
+  spec.model.tie_embeddings = false;
+  spec.parallel.tp = 2;
+  MachineCosts c = two_sizes();
+  c.p2p.clear();
+  const StepPrediction plain = predict_step(spec, c);
+  spec.parallel.sequence_parallel = true;
+  const StepPrediction sp = predict_step(spec, c);
+  const double sum = c.allreduce_s(4.0 * 4 * 32 * 64, 2);
+  // Per micro-batch: a block 4 sums + 1 of gathers again; the embedding 1.5, the head 2.
+  CHECK(sp.tp_comm_s == Approx(4 * (4 * 5 + 1.5 + 2) * sum));
+  CHECK(sp.pipeline_s - plain.pipeline_s == Approx(sp.tp_comm_s - plain.tp_comm_s));
+}

@@ -44,7 +44,8 @@ struct RunSpec {
     bool shuffle = true;
   } data;
   struct Parallel {
-    int tp = 1;  // tensor-parallel ranks: each splits every matrix of its stage (Megatron-style)
+    int tp = 1;                      // tensor-parallel ranks: each splits every matrix of its stage (Megatron-style)
+    bool sequence_parallel = false;  // tp > 1: the residual stream's tokens split among the tensor ranks too
     int pp = 1;
     int dp = 1;
     int micro_batches = 4;

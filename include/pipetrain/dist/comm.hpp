@@ -70,6 +70,10 @@ class Comm {
   void allreduce_tensor(float* buf, size_t n);
   void allreduce_tensor(double* buf, size_t n);
   void allmax_tensor(float* buf, size_t n);
+  // Sequence parallelism: every tensor rank's `n` values, in rank order, into `whole` (tp x n);
+  // and the group's sum of `whole` (tp x n), rank r keeping part r in `part` (n).
+  void allgather_tensor(const float* part, float* whole, size_t n);
+  void reduce_scatter_tensor(const float* whole, float* part, size_t n);
 
   // Gathers `n` values from every rank to world rank 0 (out sized world*n there).
   void gather_to_root(const double* mine, size_t n, std::vector<double>& out);

@@ -35,6 +35,9 @@ struct ParamTensor {
   bool tied_copy = false;  // the last stage's copy of a tied wte: not in the grad norm, not saved
   Init init = Init::normal;
   TpSlice tp;  // where the part lies in the whole tensor
+  // Sequence parallelism: a norm's weight, whose gradient on a tensor rank is its token rows'
+  // share, summed over the tensor group at the step's end.
+  bool sums_over_tokens = false;
   // The whole tensor is split among the tensor group (its norm is the sum of the parts').
   bool split() const { return tp.axis >= 0; }
 };
@@ -141,8 +144,9 @@ class Stage {
   bool last(int chunk) const { return chunks_[chunk].last; }    // the last virtual stage: head and loss
   bool has_embedding() const { return chunks_.front().first; }
   bool has_head() const { return chunks_.back().last; }
-  size_t chunk_offset(int chunk) const { return chunks_[chunk].offset; }        // its first tensor in the flat buffers
-  size_t boundary_floats() const { return static_cast<size_t>(B_) * T_ * C_; }  // one activation
+  size_t chunk_offset(int chunk) const { return chunks_[chunk].offset; }  // its first tensor in the flat buffers
+  // One activation between stages: the micro-batch's token rows this rank keeps x d_model.
+  size_t boundary_floats() const { return static_cast<size_t>(kept_rows(B_ * T_)) * C_; }
 
   const std::vector<ParamTensor>& params() const { return params_; }
   Floats& weights() { return weights_; }
@@ -231,10 +235,18 @@ class Stage {
   void mlp_activation_backward(float* dfch, const BlockActs& a, const float* dact, int N);
   // The loss of the head's logits, whole or (tensor ranks) a part of the vocabulary.
   double softmax_loss(HeadActs& a, const int* targets, int N);
-  // A row-parallel product's partial sums (or an input gradient's) summed over the tensor group.
-  void tensor_sum(float* buf, size_t n) {
-    if (tp_.size > 1) group_->sum(buf, n);
-  }
+  // Sequence parallelism (tensor_parallel.hpp): of a micro-batch's N token rows this rank keeps
+  // kept_rows(N) of the residual stream and the norms; the other layers see all N.
+  int kept_rows(int N) const { return sp_ ? N / tp_.size : N; }
+  // The whole [N, C] of the rows this rank keeps: all-gathered into gathered_ with sequence
+  // parallelism, else `kept` itself.
+  const float* whole_rows(const float* kept, int N);
+  // A row-parallel product's partial output, or a split product's partial input gradient, [N, C],
+  // summed over the tensor group: in place, or with sequence parallelism reduce-scattered, this
+  // rank's rows into `kept`. Returns the summed rows this rank keeps.
+  const float* sum_partials(float* partial, int N, float* kept);
+  // Where a split product writes the partial input gradient that sum_partials makes `kept`.
+  float* partial_target(float* kept) { return sp_ ? dpartial_.data() : kept; }
   // A tensor of `base` (weights_ or grads_) at `offset`; null where the family has none.
   static constexpr size_t kAbsent = static_cast<size_t>(-1);
   float* tensor(Floats& base, size_t offset) { return offset == kAbsent ? nullptr : base.data() + offset; }
@@ -242,6 +254,7 @@ class Stage {
   std::vector<Chunk> chunks_;
   int M_, B_, T_, C_, n_layer_;
   TpPart tp_;
+  bool sp_;  // sequence parallelism
   TensorGroup* group_ = nullptr;
   int v_begin_, V_;   // the vocabulary rows this rank holds: [v_begin_, v_begin_ + V_)
   BlockShape shape_;  // this rank's part of a block's widths
@@ -286,6 +299,9 @@ class Stage {
   Acts generation_;                      // forward_cached's activations
   // scratch for one micro-batch
   Floats attproj_, fcproj_, logits_, dres_, dx_, datty_, dfch_gelu_;
+  // Sequence parallelism: a whole [N, C] of gathered rows; a split product's partial input
+  // gradient [N, C]; a row-parallel product's summed rows this rank keeps.
+  Floats gathered_, dpartial_, summed_;
   Floats row_max_;               // a split vocabulary's softmax: each row's largest logit
   Array<double> softmax_stats_;  // and its sums of exponentials and target logits
   BlockWGrads wscratch_;         // a fused backward's output gradients, one block at a time

@@ -9,6 +9,14 @@
 // the full logits. Norms, position embeddings and the output products' biases are whole on every
 // rank; their gradients come out the same on each (their inputs are), so nothing sums them.
 //
+// Sequence parallelism (parallel.sequence_parallel) splits, outside the matrix products, a
+// micro-batch's token rows too: rank r keeps rows [r N/tp, (r+1) N/tp) of the residual stream, the
+// norms and their outputs, and sends only those to the next stage. The input of a split product is
+// all-gathered first (and again in the backward, rather than kept whole); the partial outputs of a
+// row-parallel product are reduce-scattered instead of all-reduced, and so are the input gradients
+// of the split products. The norms' weight gradients are then each rank's rows' share, which the
+// group sums at the step's end (ParamTensor::sums_over_tokens).
+//
 // A checkpoint, an exported model and train.init_from hold whole tensors: a rank writes and reads
 // its part of each (whole_runs), so any tp resumes from any other.
 #pragma once
@@ -62,6 +70,10 @@ class TensorGroup {
   virtual void sum(float* buf, size_t n) = 0;
   virtual void sum(double* buf, size_t n) = 0;
   virtual void max(float* buf, size_t n) = 0;
+  // Sequence parallelism: every rank's `n` values into `whole` in rank order; the group's sum of
+  // `whole` (size x n), this rank keeping its part in `part`.
+  virtual void all_gather(const float* part, float* whole, size_t n) = 0;
+  virtual void reduce_scatter(const float* whole, float* part, size_t n) = 0;
 };
 
 }  // namespace pipetrain

@@ -17,6 +17,8 @@ class CommTensorGroup : public TensorGroup {
   void sum(float* buf, size_t n) override;
   void sum(double* buf, size_t n) override;
   void max(float* buf, size_t n) override;
+  void all_gather(const float* part, float* whole, size_t n) override;
+  void reduce_scatter(const float* whole, float* part, size_t n) override;
   struct Span {
     const char* name;
     double t0, t1;  // now_s()
@@ -27,8 +29,11 @@ class CommTensorGroup : public TensorGroup {
  private:
   template <class T, class Reduce>
   void staged(const char* name, T* buf, size_t n, Reduce reduce);
+  // The same for a collective from one buffer into another (n_in and n_out floats).
+  template <class Move>
+  void staged_move(const char* name, const float* in, size_t n_in, float* out, size_t n_out, Move move);
   Comm& comm_;
-  std::vector<float> floats_;
+  std::vector<float> floats_, floats_out_;
   std::vector<double> doubles_;
   std::vector<Span> spans_;
 };

@@ -34,7 +34,8 @@ class GradReducer {
   void begin_step();
   // Gradients from `offset` to the end of the buffer are final: post what lies there.
   void done_from(size_t offset);
-  // Posts what is left, sums the tied halves and waits. Unsharded, every rank then holds the
+  // Posts what is left, waits, sums the norms' gradients over the tensor group under sequence
+  // parallelism and the tied halves. Unsharded, every rank then holds the
   // summed gradient everywhere; sharded, of its own slabs (the rest of the buffer is scratch).
   // Returns the seconds spent waiting for the replicas. Spans go to `trace`.
   double finish(Trace& trace);

@@ -220,11 +220,7 @@ double softmax_crossentropy_forward(float* probs, const float* logits, const int
   float* row_loss = static_cast<float*>(scratch(0, sizeof(float) * N));
   softmax_crossentropy_forward_k<<<N, 256, 0, stream()>>>(probs, row_loss, logits, targets, V);
   PT_LAUNCHED();
-  std::vector<float> host(N);
-  copy_to_host(host.data(), row_loss, sizeof(float) * N);
-  double loss = 0.0;  // summed in row order, as on the CPU
-  for (float l : host) loss += l;
-  return loss;
+  return sum_rows_in_order(row_loss, N);
 }
 void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float scale, int N, int V,
                                    int v_begin) {

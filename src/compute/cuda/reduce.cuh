@@ -2,10 +2,22 @@
 // step gives the same bits every time it runs.
 #pragma once
 #include <cfloat>
+#include <vector>
 
 #include "check.cuh"
+#include "pipetrain/compute/gpu.hpp"
 
 namespace pipetrain::gpu {
+
+// The sum of n per-row values on the device (a loss per row), added in row order on the host in
+// double, as the CPU adds its rows.
+inline double sum_rows_in_order(const float* row_values, int n) {
+  std::vector<float> host(n);
+  copy_to_host(host.data(), row_values, sizeof(float) * n);
+  double sum = 0.0;
+  for (float v : host) sum += v;
+  return sum;
+}
 
 __device__ inline float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

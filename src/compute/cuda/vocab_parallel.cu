@@ -60,11 +60,7 @@ double vocab_softmax_finish(float* probs, const float* row_max, const double* st
   float* row_loss = static_cast<float*>(scratch(0, sizeof(float) * N));
   vocab_softmax_finish_k<<<N, 256, 0, stream()>>>(probs, row_loss, row_max, stats, N, V);
   PT_LAUNCHED();
-  std::vector<float> host(N);
-  copy_to_host(host.data(), row_loss, sizeof(float) * N);
-  double loss = 0.0;  // summed in row order, as on the CPU
-  for (float l : host) loss += l;
-  return loss;
+  return sum_rows_in_order(row_loss, N);
 }
 
 }  // namespace pipetrain::gpu
