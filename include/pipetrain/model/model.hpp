@@ -54,17 +54,19 @@ std::vector<ParamTensor> rank_params(const RunSpec& spec, const std::vector<Chun
 
 // Bytes one micro-batch keeps between its forward and its backward on a stage of `blocks` blocks,
 // by recompute mode (the formula Stage's buffers realise; plan predicts memory with it), on one
-// rank of the tensor group (its widths, the largest vocabulary part; these three formulas alike):
-// none: per block 4C + q + qkv + fc + ffn + 2 norm_stats floats per token (input, ln1, qkv, attention
-// output, res2, ln2, fc, its activation, each norm's statistics: 16C+4 for gpt2) plus b·heads·T²
-// attention probabilities, and on the last stage the head's input, final norm output and
-// statistics and V probabilities per token; block: each block's input (+ the head's); stage: the
-// received input only. Plus tokens (first stage) and targets (last), 4 B each.
+// rank of the tensor group (its widths, the largest vocabulary part, and with sequence
+// parallelism its tp-th of the token rows where it keeps only those; these three formulas alike):
+// none: per block 4C + 2 norm_stats floats per kept row (input, ln1, res2, ln2, each norm's
+// statistics) and q + qkv + fc + ffn per token (qkv, attention output, fc, its activation: 16C+4
+// in all for gpt2 on one rank) plus b·heads·T² attention probabilities, and on the last stage the
+// head's input, final norm output and statistics per kept row and V probabilities per token;
+// block: each block's input (+ the head's); stage: the received input only. Plus tokens (first
+// stage) and targets (last), 4 B each.
 size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks, Recompute mode);
 
 // Bytes a split backward keeps from a micro-batch's input half (B) to its weight half (W): every
-// layer's output gradient (4C + qkv + fc floats per token per block, 11 C for gpt2; the head's
-// V + C, the embedding's C).
+// layer's output gradient (per block 2C + qkv + fc floats per token and 2C per kept row, 11 C for
+// gpt2 on one rank; the head's V per token + C per kept row, the embedding's C per kept row).
 size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks);
 
 // Bytes a rank uses besides parameters, gradients, AdamW state and stashed activations: the
