@@ -31,13 +31,14 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
   const double tp_sum = costs.allreduce_s(activation_bytes, TP);
   const double rerun = par.recompute == Recompute::none ? 0 : 2, regather = sp ? 1 : 0;
   const bool apart = schedule.splits_backward;
-  auto tensor_part = [&](PassCosts c, double f_sums, double b_sums, double w_sums) {
-    return PassCosts{c.f / TP + f_sums * tp_sum, c.b / TP + b_sums * tp_sum, c.w / TP + w_sums * tp_sum};
+  // Each pass's sums, counted once here (stage_passes adds them up per stage like seconds).
+  const PassCosts block_sums{2, 2 + rerun + (apart ? 0 : regather), apart ? regather : 0};
+  const PassCosts embed_sums{1, regather / 2, 0}, head_sums{regather / 2, 1 + regather / 2, 0};
+  auto tensor_part = [&](PassCosts c, const PassCosts& sums) {
+    return PassCosts{c.f / TP + sums.f * tp_sum, c.b / TP + sums.b * tp_sum, c.w / TP + sums.w * tp_sum};
   };
-  const PassCosts block =
-      tensor_part(costs.block_under(par.recompute, b), 2, 2 + rerun + (apart ? 0 : regather), apart ? regather : 0);
-  const PassCosts embed = tensor_part(costs.embed(b), 1, sp ? 0.5 : 0, 0);
-  const PassCosts head = tensor_part(costs.head(b), regather / 2, 1 + regather / 2, 0);
+  const PassCosts block = tensor_part(costs.block_under(par.recompute, b), block_sums);
+  const PassCosts embed = tensor_part(costs.embed(b), embed_sums), head = tensor_part(costs.head(b), head_sums);
   // Each virtual stage's passes (under recompute a block's backward re-runs its forward).
   std::vector<double> fwd, bwd, wgt;
   for (int v = 0; v < n_virtual; ++v) {
@@ -73,11 +74,13 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
       r.optimizer_s = optim;
     }
     if (D > 1) r.reduce_bytes += TP * D * sizeof(float) * params;
-    // The stage's tensor sums: per micro-batch, each of its chunks' passes' (as tensor_part counts them).
+    // The stage's tensor sums: per micro-batch, each of its chunks' passes'.
     double sums = 0;
-    for (const ChunkRange& c : chunks_of(blocks, place, s))
-      sums += (c.block_end - c.block_begin) * (4 + rerun + regather) + (c.vstage == 0) * (1 + regather / 2) +
-              (c.vstage == n_virtual - 1) * (1 + regather);
+    for (const ChunkRange& c : chunks_of(blocks, place, s)) {
+      const PassCosts n = stage_passes(block_sums, embed_sums, head_sums, c.block_end - c.block_begin, c.vstage == 0,
+                                       c.vstage == n_virtual - 1);
+      sums += n.f + n.backward();
+    }
     r.tp_comm_s = std::max(r.tp_comm_s, M * sums * tp_sum);
   }
   if (TP > 1) r.tp_sum_bytes = activation_bytes;
