@@ -5,8 +5,8 @@
 namespace pipetrain {
 
 RowRange row_slab(size_t rows, int rank, int size) {
-  return {rows * static_cast<size_t>(rank) / static_cast<size_t>(size),
-          rows * static_cast<size_t>(rank + 1) / static_cast<size_t>(size)};
+  const PartRows p = part_rows(static_cast<int64_t>(rows), TpPart{rank, size});  // the same cut as a tensor rank's
+  return {static_cast<size_t>(p.begin), static_cast<size_t>(p.end)};
 }
 
 size_t row_elements(const ParamTensor& p) {

@@ -32,7 +32,7 @@ struct TpPart {
 };
 
 // Part `rank` of `size` of n consecutive rows: [begin, end), as evenly as they go (the vocabulary
-// need not divide).
+// need not divide); ZeRO-1's row slabs (row_slab) are cut the same way.
 struct PartRows {
   int64_t begin, end;
   int64_t size() const { return end - begin; }
