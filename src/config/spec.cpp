@@ -331,6 +331,11 @@ std::string tensor_parallel_problem(const RunSpec& spec) {
   return "";
 }
 
+std::string grid_text(int tp, int pp, int dp) {
+  return (tp > 1 ? "tp " + std::to_string(tp) + " x " : std::string()) + "pp " + std::to_string(pp) + " x dp " +
+         std::to_string(dp);
+}
+
 int llama_ffn_hidden(int d_model, int multiple_of) {
   const int64_t two_thirds = int64_t{8} * d_model / 3;  // 2/3 of 4 d_model, rounded down
   return static_cast<int>((two_thirds + multiple_of - 1) / multiple_of * multiple_of);

@@ -22,9 +22,7 @@ std::vector<int> divisors(int n) {
 
 std::string describe(const RunSpec& s, bool with_batch) {
   const auto& p = s.parallel;
-  std::string out = (p.tp > 1 ? "tp " + std::to_string(p.tp) + " x " : std::string()) + "pp " + std::to_string(p.pp) +
-                    " x dp " + std::to_string(p.dp) + ", M " + std::to_string(p.micro_batches) + ", " +
-                    p.schedule->name;
+  std::string out = grid_text(p.tp, p.pp, p.dp) + ", M " + std::to_string(p.micro_batches) + ", " + p.schedule->name;
   if (p.virtual_stages > 1) out += " (" + std::to_string(p.virtual_stages) + " chunks)";
   out += std::string(", recompute ") + name_of(p.recompute) + ", " + name_of(p.partition);
   if (p.dp > 1) out += ", zero " + std::to_string(p.zero);

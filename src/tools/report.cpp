@@ -94,8 +94,7 @@ void text_stages(const RunSummary& r, std::string& out) {
 std::string report_text(const RunSummary& r) {
   std::string out = "run " + r.run_dir + "\n";
   if (const auto& s = r.spec)
-    out += "  spec: " + (s->parallel.tp > 1 ? "tp " + std::to_string(s->parallel.tp) + " x " : std::string()) + "pp " +
-           std::to_string(s->parallel.pp) + " x dp " + std::to_string(s->parallel.dp) +
+    out += "  spec: " + grid_text(s->parallel.tp, s->parallel.pp, s->parallel.dp) +
            ", M=" + std::to_string(s->parallel.micro_batches) + ", recompute " + name_of(s->parallel.recompute) + ", " +
            std::to_string(s->run.steps) + " steps, " + std::to_string(s->model.n_layer) + "-block GPT d_model " +
            std::to_string(s->model.d_model) + "\n";

@@ -30,10 +30,7 @@ RunStory run_story(const std::string& run_dir, const std::vector<json>& metrics)
       l.start = l.end = e.value("unix", 0.0);
       l.job_id = e.contains("job_id") && e["job_id"].is_string() ? e["job_id"].get<std::string>() : "";
       if (e.contains("layout") && e["layout"].is_object())
-        l.layout = (e["layout"].value("tp", 1) > 1 ? "tp " + std::to_string(e["layout"].value("tp", 1)) + " x "
-                                                   : std::string()) +
-                   "pp " + std::to_string(e["layout"].value("pp", 0)) + " x dp " +
-                   std::to_string(e["layout"].value("dp", 0));
+        l.layout = grid_text(e["layout"].value("tp", 1), e["layout"].value("pp", 0), e["layout"].value("dp", 0));
       l.resumed_from =
           e.contains("resumed_from") && e["resumed_from"].is_number() ? e["resumed_from"].get<int64_t>() : -1;
       // The log is cut back to the resume step: how far the launch before got is in this record.

@@ -418,9 +418,7 @@ void check_training(const SmokeOptions& opt, const RunSpec& spec, World& w, cons
     for (std::string line; std::getline(in, line);) losses.push_back(nlohmann::json::parse(line).value("loss", NAN));
     const bool falls =
         train_code == ExitCode::ok && losses.size() == 3 && std::isfinite(losses[2]) && losses[2] < losses[0];
-    rows.push_back({"training",
-                    "3 steps, " + (p.tp > 1 ? "tp " + std::to_string(p.tp) + " x " : std::string()) + "pp " +
-                        std::to_string(p.pp) + " x dp " + std::to_string(p.dp),
+    rows.push_back({"training", "3 steps, " + grid_text(p.tp, p.pp, p.dp),
                     losses.size() == 3 ? fmt("loss %.3f", losses[0]) + fmt(" -> %.3f", losses[2])
                                        : "exit " + std::to_string(static_cast<int>(train_code)),
                     falls});
@@ -465,8 +463,7 @@ ExitCode run_smoke(const SmokeOptions& opt, World& w) {
   // Verdict: rank 0 knows every row; all ranks exit alike.
   double failures = 0;
   if (rank == 0) {
-    std::printf("\npipetrain smoke: %d ranks, %spp %d x dp %d, %s\n", world,
-                topo.tp > 1 ? ("tp " + std::to_string(topo.tp) + " x ").c_str() : "", topo.pp, topo.dp,
+    std::printf("\npipetrain smoke: %d ranks, %s, %s\n", world, grid_text(topo.tp, topo.pp, topo.dp).c_str(),
                 launch.describe().c_str());
     std::printf("%-17s %-52s %-40s %s\n", "check", "where", "value", "result");
     for (auto& r : rows) {

@@ -310,12 +310,6 @@ void prepare_steps(Run& run) {
   prepare_straggler_detection(run);
 }
 
-// "pp 2 x dp 2" ("tp 2 x pp 2 x dp 2" with tensor ranks): the grid of ranks.
-std::string grid_text(int tp, int pp, int dp) {
-  return (tp > 1 ? "tp " + std::to_string(tp) + " x " : std::string()) + "pp " + std::to_string(pp) + " x dp " +
-         std::to_string(dp);
-}
-
 // "pp 2 x dp 2, gpipe" (", 2 chunks per stage" when interleaved): how a layout is named in notes.
 std::string layout_text(int tp, int pp, int dp, const std::string& schedule, int virtual_stages) {
   return grid_text(tp, pp, dp) + ", " + schedule +

@@ -145,6 +145,9 @@ void validate_spec(const RunSpec& spec, int world_size);
 // heads, key/value heads or the MLP's width that it does not divide.
 std::string tensor_parallel_problem(const RunSpec& spec);
 
+// "pp 2 x dp 2" ("tp 2 x pp 2 x dp 2" with tensor ranks): how a grid of ranks is named in output.
+std::string grid_text(int tp, int pp, int dp);
+
 // The resolved spec as TOML text with every key, each followed by its doc as a comment.
 std::string resolved_toml(const RunSpec& spec);
 
