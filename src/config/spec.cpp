@@ -115,9 +115,10 @@ void validate_tensor_parallel(const RunSpec& s,
   if (m.vocab < tp) fail("parallel.tp", tp_is + " exceeds model.vocab = " + std::to_string(m.vocab));
   if (m.arch != Arch::llama) return;
   const int kv_heads = m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
-  if (kv_heads % tp != 0)
-    fail("parallel.tp", tp_is + " does not divide model.n_kv_head = " + std::to_string(kv_heads) +
-                            " (each tensor rank holds n_kv_head / tp key/value heads; replicating them is not built)");
+  if (kv_heads % tp != 0 && tp % kv_heads != 0)
+    fail("parallel.tp", tp_is + " neither divides model.n_kv_head = " + std::to_string(kv_heads) +
+                            " nor is a multiple of it (each tensor rank holds n_kv_head / tp key/value heads, or "
+                            "tp / n_kv_head ranks hold the same one)");
   const int ffn = m.ffn_hidden > 0 ? m.ffn_hidden : llama_ffn_hidden(m.d_model, m.ffn_multiple_of);
   if (ffn % tp != 0)
     fail("parallel.tp", tp_is + " does not divide the MLP's hidden width " + std::to_string(ffn) +

@@ -1,5 +1,7 @@
 #include "pipetrain/model/block_tensors.hpp"
 
+#include <algorithm>
+
 namespace pipetrain {
 
 BlockShape block_shape(const RunSpec& spec) {
@@ -22,7 +24,11 @@ BlockShape block_shape(const RunSpec& spec) {
 
 BlockShape tensor_part(const BlockShape& whole, int tp) {
   BlockShape s = whole;
-  for (int* width : {&s.NH, &s.NKV, &s.q, &s.kv, &s.qkv, &s.fc, &s.ffn}) *width /= tp;
+  for (int* width : {&s.NH, &s.q, &s.fc, &s.ffn}) *width /= tp;
+  const int kv_parts = std::min(tp, s.NKV);  // fewer key/value heads than ranks: one on each
+  s.NKV /= kv_parts;
+  s.kv /= kv_parts;
+  s.qkv = s.q + 2 * s.kv;
   return s;
 }
 

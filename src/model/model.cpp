@@ -201,8 +201,10 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
     p.size = 1;
     for (int d : shape) p.size *= static_cast<size_t>(d);
     p.tp = std::move(split);
-    if (p.tp.whole.empty()) p.tp.whole = shape;
-    p.tp.part = tp;
+    if (p.tp.axis < 0) {  // whole on every tensor rank
+      p.tp.whole = shape;
+      p.tp.part = p.tp.replica = tp;
+    }
     p.shape = std::move(shape);
     p.offset = offset;
     p.decay = decay;
@@ -210,7 +212,7 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
     offset += p.size;
     params.push_back(std::move(p));
   };
-  const TpSlice vocab_rows{{V, C}, 0, {V}, tp};  // wte and the LM head: the vocabulary's rows
+  const TpSlice vocab_rows{{V, C}, 0, {V}, tp, {}};  // wte and the LM head: the vocabulary's rows
   if (first) {
     add("wte.weight", {V_part, C}, true, Init::normal, false, vocab_rows);
     if (gpt2) add("wpe.weight", {T, C}, true, Init::normal);
@@ -220,7 +222,9 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
       TpSlice split;
       if (tp.size > 1 && (split_by_tp(t.rows) || split_by_tp(t.cols))) {
         const Dim d = split_by_tp(t.rows) ? t.rows : t.cols;
-        split = {shape_of(t, whole), split_by_tp(t.rows) ? 0 : 1, split_groups(d, whole), tp};
+        const bool kv = d == Dim::kv;  // a key/value head may be held by several ranks
+        split = {shape_of(t, whole), split_by_tp(t.rows) ? 0 : 1, split_groups(d, whole),
+                 kv ? heads_part(whole.NKV, tp) : tp, kv ? heads_replica(whole.NKV, tp) : TpPart{}};
       }
       add(block_tensor_name(i, t), shape_of(t, shape), t.decay, t.init, false, split);
       const bool norm = t.field == &BlockPtrs::ln1w || t.field == &BlockPtrs::ln1b || t.field == &BlockPtrs::ln2w ||

@@ -26,8 +26,8 @@ double grad_sq_sum(const std::vector<ParamTensor>& params, const Floats& grads, 
   double sum = 0;
   for (const OptimizerShard::Slab& slab : shard.slabs()) {
     const ParamTensor& p = params[slab.tensor];
-    if (p.tied_copy) continue;                       // counted once, on the first stage
-    if (!p.split() && p.tp.part.rank > 0) continue;  // whole on every tensor rank: counted on the first
+    if (p.tied_copy) continue;      // counted once, on the first stage
+    if (!p.tp.counted()) continue;  // held whole by several tensor ranks, or a shared key/value head: once
     if (grads.on_gpu()) {
       sum += gpu::sum_of_squares(grads.data() + slab.begin, slab.size());
       continue;

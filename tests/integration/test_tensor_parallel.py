@@ -6,7 +6,8 @@ each tensor rank are the whole stage's halved, the replicated norms and biases a
 predicts, and so is the activation peak, lower again with sequence parallelism;
 a tp 2 x pp 2 checkpoint resumes as tp 1 x pp 4, whose checkpoint resumes as tp 2 x pp 1 x dp 2,
 every remaining loss within 1e-6 of the uninterrupted run; layouts the heads cannot split are
-refused by name."""
+refused by name. With fewer key/value heads than tensor ranks (multi-query attention), the ranks
+sharing a head sum their shares of its gradient: the same losses, and resume onto more ranks."""
 import json
 import os
 import subprocess
@@ -95,6 +96,48 @@ def llama_gqa():
     mha = "model.n_kv_head=4"
     same("llama multi-head tp4", run("llama_mha_tp4", "llama-tiny.toml", 4, 1, 1, mha),
          reference("llama-tiny.toml", mha))
+
+
+@scenario
+def replicated_kv_heads():
+    """Fewer key/value heads than tensor ranks: tp / n_kv_head ranks hold the head their query heads
+    use and sum their shares of its gradient. Multi-query attention (1 key/value head) at tp 2 x pp 2
+    under 1f1b and at tp 2 x dp 2 with sequence parallelism and ZeRO-1, and 2 key/value heads at
+    tp 4, give 1x1's losses; tp 4's stage holds a quarter of the split tensors and half the
+    key/value weights, as plan predicts; the tp 2 x pp 2 checkpoint of step 10 resumes as tp 4
+    (each head now on 4 ranks), every remaining loss within 1e-6 of the uninterrupted run."""
+    a = settings()
+    mqa = "model.n_kv_head=1"
+    ckpt_every = ["checkpoint.every_steps=10", "checkpoint.keep_last=0"]
+    mqa_ref = reference("llama-tiny.toml", mqa)
+    pipe = launch_grid("mqa_tp2_pp2", "llama-tiny.toml", 2, 2, 1, mqa, "parallel.schedule=1f1b", *ckpt_every)
+    same("llama multi-query tp2 x pp2 1f1b", pipe.metrics() if pipe.rc == 0 else [], mqa_ref)
+    same("llama multi-query tp2 x dp2 sp zero 1",
+         run("mqa_tp2_dp2_sp_z1", "llama-tiny.toml", 2, 1, 2, mqa, "parallel.sequence_parallel=true",
+             "parallel.zero=1"), mqa_ref)
+    whole, gqa = reference("llama-tiny.toml"), run("gqa_tp4", "llama-tiny.toml", 4, 1, 1)
+    same("llama 2 key/value heads tp4", gqa, whole)
+    if gqa and whole:
+        C, L, head_dim = 64, 4, 16
+        norms, kv = 4 * (2 * C * L + C), 4 * L * 2 * (2 * head_dim) * C  # bytes; k and v of 2 heads
+        w, got = whole[-1]["param_bytes"][0], gqa[-1]["param_bytes"][0]
+        want = (w - norms - kv) // 4 + norms + kv // 2
+        planned = plan_json("llama-tiny.toml", ["parallel.tp=4"])["stages"][0].get("param_bytes")
+        expect(got == want == planned, f"tp 4 over 2 key/value heads holds {got} B of parameters per rank = "
+               f"(1x1's {w} - norms - k/v) / 4 + norms + k/v / 2 = {want}; plan predicts {planned}")
+    if pipe.rc != 0:
+        return
+    r = launch(a, 4, os.path.join(a.work, "mqa_resume_tp4"), config("llama-tiny.toml"),
+               [f"run.steps={STEPS}", "log.every_steps=1", mqa, "parallel.tp=4", "parallel.pp=1"],
+               extra=["--resume", os.path.join(pipe.run_dir, "checkpoints", "step_00000010")], timeout=300)
+    expect(r.rc == 0, f"multi-query tp2 x pp2 -> tp4: exit 0 (got {r.rc}) {r.err[-300:]}")
+    if r.rc == 0:
+        ref_loss = {x["step"]: x["loss"] for x in pipe.metrics()}
+        m = r.metrics()
+        worst = max((rel_diff(x["loss"], ref_loss[x["step"]]) for x in m), default=1)
+        expect([x["step"] for x in m] == list(range(11, STEPS + 1)) and worst <= 1e-6,
+               f"multi-query tp2 x pp2 -> tp4: steps 11-{STEPS}, each loss within 1e-6 of the uninterrupted run "
+               f"(worst {worst:.1e})")
 
 
 @scenario
@@ -278,12 +321,13 @@ def smoke_report_and_trace_name_tensor_groups():
 
 @scenario
 def refused_layouts():
-    """A tp that does not divide the key/value heads, or a grid that is not the ranks launched, is
+    """A tp that neither divides the key/value heads nor is a multiple of them, or a grid that is not the ranks launched, is
     refused before anything runs, naming parallel.tp."""
     a = settings()
-    r = launch(a, 4, os.path.join(a.work, "refused_kv"), config("llama-tiny.toml"), ["parallel.tp=4"])
-    expect(r.rc == 2 and "parallel.tp: tp = 4 does not divide model.n_kv_head = 2" in r.err,
-           f"tp 4 over 2 key/value heads: exit 2 naming the key ({r.rc}: {r.err.strip()[-200:]})")
+    r = launch(a, 2, os.path.join(a.work, "refused_kv"), config("llama-tiny.toml"),
+               ["parallel.tp=2", "model.d_model=72", "model.n_head=6", "model.n_kv_head=3"])
+    expect(r.rc == 2 and "parallel.tp: tp = 2 neither divides model.n_kv_head = 3 nor is a multiple of it" in r.err,
+           f"tp 2 over 3 key/value heads: exit 2 naming the key ({r.rc}: {r.err.strip()[-200:]})")
     r = launch(a, 2, os.path.join(a.work, "refused_grid"), config("tiny.toml"), ["parallel.tp=2", "parallel.pp=2"])
     expect(r.rc == 2 and "tp x pp x dp = 2 x 2 x 1 = 4 but 2 MPI ranks were launched" in r.err,
            f"tp 2 x pp 2 on 2 ranks: exit 2 naming the grid ({r.rc}: {r.err.strip()[-200:]})")

@@ -41,8 +41,12 @@ void check_tiling(const std::vector<ParamTensor>& whole, const std::vector<std::
           held[r.whole + k] += 1;
         }
     }
-    const int copies = parts.front()[i].split() ? 1 : static_cast<int>(parts.size());
+    // held by every rank (whole), by one, or by the ranks sharing a key/value head; counted once
+    const int copies = parts.front()[i].tp.replica.size;
+    CHECK(copies == (parts.front()[i].split() ? copies : static_cast<int>(parts.size())));
     CHECK(std::count(held.begin(), held.end(), copies) == static_cast<long>(w.size));
+    CHECK(std::count_if(parts.begin(), parts.end(), [&](const auto& rank) { return rank[i].tp.counted(); }) ==
+          static_cast<long>(parts.size()) / copies);
   }
 }
 
@@ -68,12 +72,40 @@ TEST_CASE("tensor ranks' parts tile every whole tensor once, replicated ones who
     }
 }
 
+TEST_CASE("with fewer key/value heads than tensor ranks each rank holds the one its query heads use",
+          "[tensor_parallel]") {
+  for (int kv_heads : {1, 2}) {
+    INFO(kv_heads << " key/value heads, tp 4");
+    const int tp = 4, head_dim = 16;
+    const RunSpec spec = spec_of({"model.arch=llama", "model.n_head=4", "model.n_kv_head=" + std::to_string(kv_heads)});
+    const BlockShape part = tensor_part(block_shape(spec), tp);
+    CHECK((part.NH == 1 && part.NKV == 1 && part.kv == head_dim && part.qkv == 3 * head_dim));
+    const auto whole = stage_params(spec, 0, 1, 0, 2);
+    std::vector<std::vector<ParamTensor>> parts;
+    for (int r = 0; r < tp; ++r) parts.push_back(stage_params(spec, 0, 1, 0, 2, TpPart{r, tp}));
+    check_tiling(whole, parts);  // each head held by tp / kv_heads ranks, counted on the first
+    for (int r = 0; r < tp; ++r) {
+      const auto k = std::find_if(parts[r].begin(), parts[r].end(),
+                                  [](auto& p) { return p.name == "h.0.self_attn.k_proj.weight"; });
+      REQUIRE(k != parts[r].end());
+      // query head r attends with key/value head r / (n_head / n_kv_head): its head_dim rows
+      const size_t head = static_cast<size_t>(r * kv_heads / tp);
+      CHECK(whole_runs(k->tp, k->shape, 0, k->size).front().whole == head * head_dim * spec.model.d_model);
+      CHECK((k->tp.shared() == (kv_heads < tp) && k->tp.counted() == (r % (tp / kv_heads) == 0)));
+    }
+  }
+  // Neither dividing the key/value heads nor a multiple of them: refused, naming the key.
+  CHECK_THROWS_WITH(
+      spec_of({"model.arch=llama", "model.d_model=72", "model.n_head=6", "model.n_kv_head=3", "parallel.tp=2"}),
+      Catch::Contains("parallel.tp: tp = 2 neither divides model.n_kv_head = 3 nor is a multiple of it"));
+}
+
 TEST_CASE("a packed q/k/v split keeps each rank's heads of q, of k and of v", "[tensor_parallel]") {
   // gpt2's c_attn [3C, C]: rank r holds rows r of each of q, k, v, one after another, which is
   // the packed [q | k | v] of its own heads that the attention kernel reads.
   const int C = 4;
   const BlockShape whole = gpt2_block_shape(C);
-  TpSlice s{{3 * C, C}, 0, split_groups(Dim::qkv, whole), TpPart{1, 2}};
+  TpSlice s{{3 * C, C}, 0, split_groups(Dim::qkv, whole), TpPart{1, 2}, {}};
   std::vector<float> all(3 * C * C);
   std::iota(all.begin(), all.end(), 0.f);
   std::vector<float> part(3 * C / 2 * C);
@@ -82,7 +114,7 @@ TEST_CASE("a packed q/k/v split keeps each rank's heads of q, of k and of v", "[
   for (int i = 0; i < 6; ++i)
     for (int c = 0; c < C; ++c) CHECK(part[i * C + c] == all[rows[i] * C + c]);
   // A row-parallel product's columns: rank 1 of 2 holds columns 2-3 of every row.
-  TpSlice cols{{C, C}, 1, {C}, TpPart{1, 2}};
+  TpSlice cols{{C, C}, 1, {C}, TpPart{1, 2}, {}};
   const auto runs = whole_runs(cols, {C, C / 2}, 0, C * C / 2);
   REQUIRE(runs.size() == static_cast<size_t>(C));
   for (int i = 0; i < C; ++i) CHECK((runs[i].whole == static_cast<size_t>(i * C + 2) && runs[i].count == 2));

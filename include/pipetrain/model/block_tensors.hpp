@@ -33,8 +33,9 @@ struct BlockShape {
   bool llama() const { return arch == Arch::llama; }
 };
 BlockShape block_shape(const RunSpec& spec);
-// One tensor rank's share of `whole` among `tp` (the spec has checked that tp divides the heads and
-// the MLP's width).
+// One tensor rank's share of `whole` among `tp` (the spec has checked that tp divides the query
+// heads and the MLP's width, and divides the key/value heads or is a multiple of them: then a rank
+// holds one key/value head).
 BlockShape tensor_part(const BlockShape& whole, int tp);
 // A GPT-2 block of width C (the interop formats, which are GPT-2's).
 BlockShape gpt2_block_shape(int C);

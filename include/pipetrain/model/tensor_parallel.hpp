@@ -9,6 +9,11 @@
 // the full logits. Norms, position embeddings and the output products' biases are whole on every
 // rank; their gradients come out the same on each (their inputs are), so nothing sums them.
 //
+// Fewer key/value heads than tensor ranks (multi-query attention, or 4 heads at tp 8): tp / n_kv
+// consecutive ranks hold the same key/value head, the one their query heads attend with. Each
+// computes that head's gradient from its own query heads only, so the ranks holding it sum their
+// shares at the step's end (TpSlice::replica); the grad norm counts the head once.
+//
 // Sequence parallelism (parallel.sequence_parallel) splits, outside the matrix products, a
 // micro-batch's token rows too: rank r keeps rows [r N/tp, (r+1) N/tp) of the residual stream, the
 // norms and their outputs, and sends only those to the next stage. The input of a split product is
@@ -39,12 +44,28 @@ struct PartRows {
 };
 inline PartRows part_rows(int64_t n, const TpPart& p) { return {n * p.rank / p.size, n * (p.rank + 1) / p.size}; }
 
+// Which of `heads` heads a tensor rank holds, as a part of them: its tp-th when tp divides them;
+// with fewer heads than ranks (tp a multiple of them), the one head its query heads use.
+inline TpPart heads_part(int heads, const TpPart& tp) {
+  return heads >= tp.size ? tp : TpPart{tp.rank * heads / tp.size, heads};
+}
+// Which of the ranks holding the same part of `heads` this rank is: {0, 1} unless heads are fewer
+// than the ranks.
+inline TpPart heads_replica(int heads, const TpPart& tp) {
+  return heads >= tp.size ? TpPart{} : TpPart{tp.rank % (tp.size / heads), tp.size / heads};
+}
+
 // How one of a rank's tensors sits in the whole tensor.
 struct TpSlice {
   std::vector<int> whole;   // the whole tensor's shape (the rank's own when nothing is split)
   int axis = -1;            // the dimension the group splits; -1: every rank holds it whole
   std::vector<int> groups;  // that dimension as consecutive groups (q, k, v), each split alike
-  TpPart part;
+  TpPart part;              // the rank's part of each group (its tensor rank, or its key/value head)
+  TpPart replica;           // which of the ranks holding the same elements this is (whole: all of them)
+  // The rank whose copy the grad norm counts.
+  bool counted() const { return replica.rank == 0; }
+  // Split, yet held by several ranks (a key/value head): each has a share of its gradient to sum.
+  bool shared() const { return axis >= 0 && replica.size > 1; }
   size_t whole_size() const {
     size_t n = 1;
     for (int d : whole) n *= static_cast<size_t>(d);

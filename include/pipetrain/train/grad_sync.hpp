@@ -34,9 +34,9 @@ class GradReducer {
   void begin_step();
   // Gradients from `offset` to the end of the buffer are final: post what lies there.
   void done_from(size_t offset);
-  // Posts what is left, waits, sums the norms' gradients over the tensor group under sequence
-  // parallelism and the tied halves. Unsharded, every rank then holds the
-  // summed gradient everywhere; sharded, of its own slabs (the rest of the buffer is scratch).
+  // Posts what is left, waits, sums over the tensor group the norms' gradients under sequence
+  // parallelism and the shares of a key/value head several tensor ranks hold, then the tied halves. Unsharded, every
+  // rank then holds the summed gradient everywhere; sharded, of its own slabs (the rest of the buffer is scratch).
   // Returns the seconds spent waiting for the replicas. Spans go to `trace`.
   double finish(Trace& trace);
 
@@ -52,6 +52,7 @@ class GradReducer {
   std::vector<Request> reqs_;
   std::vector<const ParamTensor*> posted_;  // sharded: the tensor of each request
   std::vector<int> counts_, offsets_;
+  std::vector<float> shared_sum_;  // a shared key/value tensor's whole gradient, summed by the group
 };
 
 // ZeRO-1's all-gather of the updated slabs, one collective per tensor, posted after the update and
