@@ -60,7 +60,7 @@ nlohmann::ordered_json figure(double v, Digits digits) {
 // One per-stage key of metrics.jsonl: what each rank gives, how a stage's replicas combine, how it
 // is written. A new per-stage key is a StepLine member and a row here (and its rank figure in
 // kRankScalars).
-enum class OverReplicas { mean, max };
+enum class OverReplicas { mean, max, sum };
 struct StageKey {
   const char* key;
   std::vector<double> StepLine::*values;
@@ -93,6 +93,10 @@ const StageKey kStageKeys[] = {
      Digits::whole, false},
     // The stage's largest share of the AdamW moments (ZeRO-1 slabs differ by a row).
     {"optim_bytes", &StepLine::optim_bytes, [](const RankFigures& r) { return 8 * r.optim_floats; }, OverReplicas::max,
+     Digits::whole, false},
+    // What the stage's ranks (every replica and tensor rank) sent to other stages: plan's pipeline
+    // bytes per step are the sum over stages.
+    {"p2p_bytes", &StepLine::p2p_bytes, [](const RankFigures& r) { return r.p2p_bytes; }, OverReplicas::sum,
      Digits::whole, false},
     {"gpu_mem_bytes", &StepLine::gpu_mem_bytes, [](const RankFigures& r) { return r.gpu_mem_bytes; }, OverReplicas::max,
      Digits::whole, true},

@@ -176,8 +176,15 @@ void Executor::forward(Step& s, const Action& a) {
   }
 }
 
-void Executor::send_act(Step&, const Action& a) {
-  links_.act_out(a).send(comm_, links_.act_out_tag(a), a, clock_offset_s_);
+// What leaves this rank for another: a vee's turn, a message to this rank itself, travels no link.
+void Executor::count_sent(StepStats& stats, const SendRing& ring) const {
+  if (ring.peer != comm_.topo().stage) stats.p2p_bytes += ring.floats * sizeof(float);
+}
+
+void Executor::send_act(Step& s, const Action& a) {
+  SendRing& ring = links_.act_out(a);
+  ring.send(comm_, links_.act_out_tag(a), a, clock_offset_s_);
+  count_sent(s.stats, ring);
 }
 
 void Executor::recv_grad(Step& s, const Action& a) {
@@ -216,8 +223,10 @@ void Executor::backward_weight(Step& s, const Action& a) {
   });
 }
 
-void Executor::send_grad(Step&, const Action& a) {
-  links_.grad_out(a).send(comm_, links_.grad_out_tag(a), a, clock_offset_s_);
+void Executor::send_grad(Step& s, const Action& a) {
+  SendRing& ring = links_.grad_out(a);
+  ring.send(comm_, links_.grad_out_tag(a), a, clock_offset_s_);
+  count_sent(s.stats, ring);
 }
 
 }  // namespace pipetrain

@@ -102,6 +102,7 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   mine.comm_wait_s = r.waited_s;
   mine.bubble_wait_s = r.waited_s - r.sync.dp_wait_s;
   mine.act_peak_bytes = static_cast<double>(r.stats.act_peak_bytes);
+  mine.p2p_bytes = static_cast<double>(r.stats.p2p_bytes);
   mine.mem_peak_bytes = peak_rss_bytes();
   mine.loss_sum = r.stats.loss_sum;
   mine.gpu_mem_bytes = static_cast<double>(gpu::memory_allocated());

@@ -35,7 +35,7 @@ def metrics_and_trace(mode):
     expect(r.rc == 0, f"2x1 recompute={mode}: exit 0 ({r.err[-200:]})")
     lines = r.metrics()
     per_stage = ["bubble_measured", "act_peak_bytes", "mem_peak_bytes", "comm_wait_s", "compute_s", "rank_step_s",
-                 "param_bytes", "grad_bytes", "optim_bytes"]
+                 "p2p_bytes", "param_bytes", "grad_bytes", "optim_bytes"]
     ok = all(len(l[k]) == 2 and all(math.isfinite(v) and v >= 0 for v in l[k]) for l in lines for k in per_stage)
     ok = ok and all(math.isfinite(l[k]) and l[k] > 0 for l in lines for k in ["gflops", "peak_gflops", "mfu", "sgemm_gflops", "sgemm_share", "tokens_per_s"])
     expect(ok, f"{mode}: per-stage arrays and GFLOP/s, MFU present, finite, non-negative in every line")

@@ -224,6 +224,38 @@ def memory_halves():
 
 
 @scenario
+def pipeline_bytes_as_planned():
+    """The pipeline messages the executor sends (metrics.jsonl's p2p_bytes, summed over stages) are
+    the bytes plan predicts per step: one activation and one gradient per micro-batch per boundary,
+    from each tensor rank to its peer of the next stage (never tp copies of it in full); with
+    sequence parallelism each carries a tp-th, so the total halves at tp 2. A vee's turn (zb-v) is
+    a message to the rank itself and counts for neither."""
+    a = settings()
+    SP = "parallel.sequence_parallel=true"
+    measured = {}
+    for name, grid, sets in [("tp2_pp2", (2, 2, 1), []), ("tp2_pp2_sp", (2, 2, 1), [SP, "parallel.schedule=1f1b"]),
+                             ("tp2_pp2_dp2_sp_zbv", (2, 2, 2), [SP, "parallel.schedule=zb-v"])]:
+        tp, pp, dp = grid
+        sets = [f"parallel.tp={tp}", f"parallel.pp={pp}", f"parallel.dp={dp}", *sets]
+        r = launch(a, tp * pp * dp, os.path.join(a.work, "bytes_" + name), config("llama-tiny.toml"),
+                   ["run.steps=2", "log.every_steps=1", *sets], timeout=300)
+        expect(r.rc == 0, f"{name}: exit 0 (got {r.rc}) {r.err.strip()[-300:]}")
+        if r.rc != 0:
+            continue
+        p = subprocess.run([a.bin, "plan", "--config", config("llama-tiny.toml"), "--json", "--peak-tflops", "1",
+                            "--link-gbps", "1"] + [x for s in sets for x in ("--set", s)],
+                           capture_output=True, text=True, timeout=60)
+        planned = json.loads(p.stdout)["budget"]["p2p_bytes_per_step"] if p.returncode == 0 else None
+        measured[name] = sum(r.metrics()[-1]["p2p_bytes"])
+        expect(measured[name] == planned, f"{name}: the stages sent {r.metrics()[-1]['p2p_bytes']} B of pipeline "
+               f"messages in a step, {measured[name]} in all; plan predicts {planned}")
+    if "tp2_pp2" in measured and "tp2_pp2_sp" in measured:
+        expect(2 * measured["tp2_pp2_sp"] == measured["tp2_pp2"],
+               f"sequence parallelism halves the pipeline bytes at tp 2 ({measured['tp2_pp2_sp']} vs "
+               f"{measured['tp2_pp2']})")
+
+
+@scenario
 def resume_across_tp():
     """A tp 2 x pp 2 checkpoint of step 10 resumes as tp 1 x pp 4; that run's checkpoint of step
     20 resumes as tp 2 x pp 1 x dp 2 with sequence parallelism. Every remaining step's loss within

@@ -1,5 +1,5 @@
 // The metrics line (observe/metrics.hpp): per-rank figures combined per stage (means over a
-// stage's replicas, peaks as maxima, the loss over the global batch), and the JSON line.
+// stage's replicas, peaks as maxima, bytes sent as sums, the loss over the global batch), and the JSON line.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -22,6 +22,7 @@ RankFigures rank(int stage, int dp, double compute, double bubble_wait, double a
   r.rank_step_s = compute + bubble_wait;
   r.act_peak_bytes = act;
   r.mem_peak_bytes = 1000 + act;
+  r.p2p_bytes = 2 * act;
   r.param_count = 10 + stage;
   r.optim_floats = 10 + stage;
   r.loss_sum = loss;
@@ -43,6 +44,7 @@ TEST_CASE("metrics: a 2x2 job's figures combine per stage", "[metrics]") {
   CHECK(line.compute_s[0] == Approx(2.0));
   CHECK(line.act_peak_bytes[0] == 300);  // the peak over replicas
   CHECK(line.mem_peak_bytes[1] == 1070);
+  CHECK(line.p2p_bytes[0] == 2 * 100 + 2 * 300);  // what the stage's ranks sent: summed over replicas
   CHECK(line.param_bytes[1] == 4 * 11);
   CHECK(line.optim_bytes[1] == 8 * 11);
   CHECK(line.gemm_gflops[0] == Approx(4e9 / 2.0 / 1e9));  // flops over gemm seconds, both summed over replicas
@@ -110,6 +112,7 @@ TEST_CASE("metrics: the JSON line parses, carries every key, and writes a skippe
                           "comm_wait_s",
                           "compute_s",
                           "rank_step_s",
+                          "p2p_bytes",
                           "param_bytes",
                           "grad_bytes",
                           "optim_bytes",

@@ -23,6 +23,7 @@ struct RankFigures {
   double rank_step_s = 0;     // this rank's own step wall time (compute + waits + overheads)
   double act_peak_bytes = 0;  // stashed activations, peak during the step
   double mem_peak_bytes = 0;  // process peak RSS
+  double p2p_bytes = 0;       // pipeline messages' payload sent to other ranks this step
   double param_count = 0;     // parameters this rank holds (params, grads: 4 B each)
   double optim_floats = 0;    // floats of each AdamW moment this rank keeps (all params, or its ZeRO-1 slabs)
   double loss_sum = 0;        // summed token loss (last stage only)
@@ -33,19 +34,12 @@ struct RankFigures {
   static RankFigures from(const double* in);
 };
 // The scalars of RankFigures in the order they travel: a new figure is a member and a row here.
-inline constexpr double RankFigures::*kRankScalars[] = {&RankFigures::stage,
-                                                        &RankFigures::dp_rank,
-                                                        &RankFigures::compute_s,
-                                                        &RankFigures::bubble_wait_s,
-                                                        &RankFigures::comm_wait_s,
-                                                        &RankFigures::rank_step_s,
-                                                        &RankFigures::act_peak_bytes,
-                                                        &RankFigures::mem_peak_bytes,
-                                                        &RankFigures::param_count,
-                                                        &RankFigures::optim_floats,
-                                                        &RankFigures::loss_sum,
-                                                        &RankFigures::gpu_mem_bytes,
-                                                        &RankFigures::gpu_mem_peak_bytes};
+inline constexpr double RankFigures::*kRankScalars[] = {
+    &RankFigures::stage,          &RankFigures::dp_rank,           &RankFigures::compute_s,
+    &RankFigures::bubble_wait_s,  &RankFigures::comm_wait_s,       &RankFigures::rank_step_s,
+    &RankFigures::act_peak_bytes, &RankFigures::mem_peak_bytes,    &RankFigures::p2p_bytes,
+    &RankFigures::param_count,    &RankFigures::optim_floats,      &RankFigures::loss_sum,
+    &RankFigures::gpu_mem_bytes,  &RankFigures::gpu_mem_peak_bytes};
 inline constexpr size_t kRankFigureFields = std::size(kRankScalars) + kKernelClasses + 1 + WindowFigures::kFields;
 
 struct StepLine {
@@ -59,7 +53,7 @@ struct StepLine {
   bool skipped = false;                         // NaN/Inf loss or gradient: the update was not applied
   int bad_steps = 0;                            // steps skipped so far in this launch
   // Per stage, each combined from its ranks' figures by one row of kStageKeys (metrics.cpp).
-  std::vector<double> bubble_measured, act_peak_bytes, mem_peak_bytes, comm_wait_s, compute_s, rank_step_s;
+  std::vector<double> bubble_measured, act_peak_bytes, mem_peak_bytes, comm_wait_s, compute_s, rank_step_s, p2p_bytes;
   std::vector<double> param_bytes, grad_bytes, optim_bytes;
   std::vector<double> gpu_mem_bytes, gpu_mem_peak_bytes;  // written only when some rank has a GPU
   std::vector<std::vector<double>> kernel_s;              // [kernel class][stage] seconds, averaged over dp

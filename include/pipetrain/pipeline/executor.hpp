@@ -28,6 +28,7 @@ struct StepStats {
   double wait_s = 0;          // time blocked on pipeline peers
   double loss_sum = 0;        // summed token loss over this rank's micro-batches (last stage)
   size_t act_peak_bytes = 0;  // peak of activations held between forward and backward
+  size_t p2p_bytes = 0;       // pipeline messages sent to another rank: activations and gradients, not their stamps
   // By sending stage (never this rank's own): how long each message this rank had to wait for
   // took to come, from when it could first travel (sent, and its receive posted) to its arrival.
   // Messages that arrived while the rank computed are left out: their arrival time is unknown,
@@ -75,6 +76,7 @@ class Executor {
   void timed_pass(Step& s, const Action& a, const char* category, Pass&& pass);
   // Activation bytes held, counted from the stage's buffers after every change.
   void count_held(Step& s, const Action& a);
+  void count_sent(StepStats& stats, const SendRing& ring) const;  // StepStats::p2p_bytes
 
   Stage& stage_;
   Comm& comm_;
