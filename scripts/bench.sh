@@ -53,6 +53,7 @@ rows = [
     ("tp 2 / tp 1 speed-up, share of two processes' scaling", " / ".join(f"{x:.3f}" for x in tp["share_of_scaling"]), ">= 0.90"),
     ("  speed-up; the machine's two-process scaling", f"{f(tp['speedup'])}; {f(tp['two_process_scaling'])}", ""),
     ("  tensor collectives' share of a tp 2 step", f(tp["tp_comm_share"]), ""),
+    ("  plan's step time / measured, tp 1 and tp 2", f(tp["planned_over_measured"]), "within 15%"),
     *[(f"oversubscribed {key}: step / (compute / cores)", f(v), "<= 1.5" if "auto" in key else "")
       for key, v in o.items() if key != "bench"],
     ("memory: peak RSS / (predicted + %.0f MiB)" % m["overhead_mib"], " - ".join(f"{x:.3f}" for x in m["ratio"]), "within 10%"),

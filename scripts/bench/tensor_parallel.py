@@ -5,8 +5,10 @@ on two, one BLAS thread a rank, alternated `--repeats` times. Two ranks on this 
 do not run like two cores: in the same repeat, two identical tp 1 jobs run at once, and their
 speed against one alone is the most two ranks can reach here (the machine's two-process scaling).
 Prints min / median / max of tp 2's speed-up over tp 1, of that ceiling, and of the speed-up's
-share of it; the tensor collectives' share of a tp 2 step (the tp_comm kernel class); the CPU and
-the BLAS kernels. The last line is a JSON summary for scripts/bench.sh.
+share of it; the tensor collectives' share of a tp 2 step (the tp_comm kernel class); plan's
+predicted step times for tp 1 and tp 2 from a cost file calibrated here on two ranks (`plan
+--calibrate`), against the measured medians; the CPU and the BLAS kernels. The last line is a JSON
+summary for scripts/bench.sh.
 
 usage: scripts/bench/tensor_parallel.py [--bin build/pipetrain] [--steps 12] [--repeats 5]"""
 import argparse
@@ -58,12 +60,32 @@ def mmm(v):
     return v[0], statistics.median(v), v[-1]
 
 
-speedup, ceiling, share, tp_share = [], [], [], []
+def planned_step_s(costs):
+    """plan's predicted step time for tp 1 and tp 2 from the cost file `costs`."""
+    out = {}
+    for tp in (1, 2):
+        cmd = [a.bin, "plan", "--config", config, "--costs", costs, "--json", "--set", f"parallel.tp={tp}"]
+        for s in spec:
+            cmd += ["--set", s]
+        out[tp] = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["budget"]["step_s"]
+    return out
+
+
+costs = os.path.join(work, "costs.json")
+calibrate = [mpiexec, "-n", "2", a.bin, "plan", "--calibrate", "--config", config, "--output", costs]
+for s in spec:
+    calibrate += ["--set", s]
+subprocess.run(calibrate, check=True, capture_output=True, stdin=subprocess.DEVNULL)
+planned = planned_step_s(costs)
+
+speedup, ceiling, share, tp_share, measured = [], [], [], [], {1: [], 2: []}
 for rep in range(a.repeats):  # interleaved, so machine noise hits every layout alike
     one = statistics.median(l["step_time_s"] for l in run(1, rep))
     one_loaded = statistics.median(l["step_time_s"] for l in run(1, rep, copies=2))
     lines = run(2, rep)
     two = statistics.median(l["step_time_s"] for l in lines)
+    measured[1].append(one)
+    measured[2].append(two)
     speedup.append(one / two)
     ceiling.append(2 * one / one_loaded)  # two jobs' work in one_loaded against one job's in one
     share.append(speedup[-1] / ceiling[-1])
@@ -79,5 +101,10 @@ print("tp 2 / tp 1 speed-up: %.3f / %.3f / %.3f   (2 cores would allow 2)" % mmm
 print("the machine's two-process scaling (two tp 1 jobs at once against one): %.3f / %.3f / %.3f" % mmm(ceiling))
 print("speed-up / that scaling: %.3f / %.3f / %.3f" % mmm(share))
 print("tensor collectives' share of a tp 2 step: %.3f / %.3f / %.3f" % mmm(tp_share))
+plan_ratio = {tp: planned[tp] / statistics.median(measured[tp]) for tp in (1, 2)}
+for tp in (1, 2):
+    print(f"plan --costs (calibrated on 2 ranks) predicts tp {tp}'s step {planned[tp]:.3f} s; measured median "
+          f"{statistics.median(measured[tp]):.3f} s: predicted / measured {plan_ratio[tp]:.3f}")
 print(json.dumps({"bench": "tensor_parallel", "speedup": mmm(speedup), "two_process_scaling": mmm(ceiling),
-                  "share_of_scaling": mmm(share), "tp_comm_share": mmm(tp_share)}))
+                  "share_of_scaling": mmm(share), "tp_comm_share": mmm(tp_share),
+                  "planned_over_measured": [plan_ratio[1], plan_ratio[2]]}))
