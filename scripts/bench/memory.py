@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Memory benchmark (not a test), for both model families: peak RSS per rank against what plan
+"""Memory benchmark (not a test), for both model families and tensor parallelism (with and without
+sequence parallelism): peak RSS per rank against what plan
 predicts for it (parameters + gradients + AdamW + stashed activations + working buffers) plus a fixed overhead
 (the RSS of a minimal model's process beyond its own prediction: MPI, BLAS, libraries, data),
 and RSS growth from step 100 to step 1000. The last line is a JSON summary for scripts/bench.sh.
@@ -55,6 +56,13 @@ cases = [("6 blocks d256 1x1", 1, ["model.n_layer=6", "model.d_model=256", "mode
                                                   "model.n_layer=6", "model.d_model=256", "model.seq_len=64",
                                                   "train.global_batch=32", "parallel.micro_batches=8", "parallel.pp=2",
                                                   "parallel.schedule=1f1b"], 60),
+         ("6 blocks d256 llama tp 2", 2, ["model.arch=llama", "model.n_kv_head=2", "model.ffn_hidden=768",
+                                          "model.n_layer=6", "model.d_model=256", "model.seq_len=64",
+                                          "train.global_batch=32", "parallel.micro_batches=4", "parallel.tp=2"], 60),
+         ("6 blocks d256 llama tp 2 seq-par", 2, ["model.arch=llama", "model.n_kv_head=2", "model.ffn_hidden=768",
+                                                  "model.n_layer=6", "model.d_model=256", "model.seq_len=64",
+                                                  "train.global_batch=32", "parallel.micro_batches=4", "parallel.tp=2",
+                                                  "parallel.sequence_parallel=true"], 60),
          ("tiny 2x1", 2, ["parallel.pp=2"], a.steps)]
 ratios, growths = [], []
 for name, ranks, sets, steps in cases:
