@@ -112,15 +112,11 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
   const auto& p = spec.parallel;
   std::ostringstream os;
   char line[256];
-  std::snprintf(
-      line, sizeof line,
-      "plan: %d ranks = %spp %d x dp %d | M=%d micro-batches of %d samples x %d tokens | schedule %s | "
-      "recompute %s\n",
-      plan.world,
-      p.tp > 1 ? ("tp " + std::to_string(p.tp) + (p.sequence_parallel ? " (sequence parallel)" : "") + " x ").c_str()
-               : "",
-      p.pp, p.dp, p.micro_batches, spec.samples_per_micro_batch(), spec.model.seq_len,
-      schedule_description(spec).c_str(), name_of(p.recompute));
+  std::snprintf(line, sizeof line,
+                "plan: %d ranks = %s%s | M=%d micro-batches of %d samples x %d tokens | schedule %s | recompute %s\n",
+                plan.world, grid_text(p.tp, p.pp, p.dp).c_str(), p.sequence_parallel ? ", sequence parallel" : "",
+                p.micro_batches, spec.samples_per_micro_batch(), spec.model.seq_len, schedule_description(spec).c_str(),
+                name_of(p.recompute));
   os << line << "\npartition (" << name_of(p.partition) << "):\n" << describe_partition(spec, partition_blocks(spec));
   os << "\nschedule, " << p.schedule->chart_caption << ":\n";
   if (plan.chart.empty()) os << "  (too wide to draw; lower M to see it)\n";
