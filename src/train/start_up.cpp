@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -292,7 +293,9 @@ void prepare_steps(Run& run) {
   Stage& stage = *run.stage;
   const ParamTensor* wte = stage.find("wte.weight");
   run.tied_wte = spec.model.tie_embeddings && run.topo.tied_apart() ? wte : nullptr;
-  const bool tensor_sums = spec.parallel.sequence_parallel && spec.parallel.tp > 1;  // the norms' gradients
+  // Gradients the tensor group sums: the norms' under sequence parallelism, a shared key/value head's.
+  const bool tensor_sums = std::any_of(stage.params().begin(), stage.params().end(),
+                                       [](const ParamTensor& p) { return p.sums_over_tokens || p.tp.shared(); });
   run.grad_staging.resize(run.on_gpu() && (spec.parallel.dp > 1 || run.tied_wte || tensor_sums) ? stage.grads().size()
                                                                                                 : 0);
   const size_t bucket = std::max<size_t>(1, static_cast<size_t>(spec.comm.bucket_mb * (1 << 20) / sizeof(float)));
