@@ -35,15 +35,19 @@ mpiexec = shutil.which("mpiexec.mpich") or "mpiexec"
 start_lines = []
 
 
+def spec_flags(*extra):
+    """The benchmark's spec (and `extra` keys) as --set flags."""
+    return [x for s in [*spec, *extra] for x in ("--set", s)]
+
+
 def run(tp, rep, copies=1):
     """Trains tp x 1 x 1; copies > 1 starts that many identical jobs at once. The first job's
     metrics lines after the warm-up steps."""
     procs, dirs = [], []
     for c in range(copies):
         d = os.path.join(work, f"tp{tp}_{rep}_of{copies}_{c}")
-        cmd = [mpiexec, "-n", str(tp), a.bin, "train", "--config", config, "--run-dir", d, "--set", f"parallel.tp={tp}"]
-        for s in spec:
-            cmd += ["--set", s]
+        cmd = [mpiexec, "-n", str(tp), a.bin, "train", "--config", config, "--run-dir", d,
+               *spec_flags(f"parallel.tp={tp}")]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                       stdin=subprocess.DEVNULL))
         dirs.append(d)
@@ -64,17 +68,13 @@ def planned_step_s(costs):
     """plan's predicted step time for tp 1 and tp 2 from the cost file `costs`."""
     out = {}
     for tp in (1, 2):
-        cmd = [a.bin, "plan", "--config", config, "--costs", costs, "--json", "--set", f"parallel.tp={tp}"]
-        for s in spec:
-            cmd += ["--set", s]
+        cmd = [a.bin, "plan", "--config", config, "--costs", costs, "--json", *spec_flags(f"parallel.tp={tp}")]
         out[tp] = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)["budget"]["step_s"]
     return out
 
 
 costs = os.path.join(work, "costs.json")
-calibrate = [mpiexec, "-n", "2", a.bin, "plan", "--calibrate", "--config", config, "--output", costs]
-for s in spec:
-    calibrate += ["--set", s]
+calibrate = [mpiexec, "-n", "2", a.bin, "plan", "--calibrate", "--config", config, "--output", costs, *spec_flags()]
 subprocess.run(calibrate, check=True, capture_output=True, stdin=subprocess.DEVNULL)
 planned = planned_step_s(costs)
 

@@ -60,27 +60,13 @@ double GradReducer::finish(Trace& trace) {
   } else if (comm_.topo().dp > 1) {
     laps.mark("wait gradient all-reduce", "wait");
   }
-  // Sequence parallelism: a norm's gradient on each tensor rank is its token rows' share; the
-  // tensor group sums the part this rank keeps (all of it, or its ZeRO-1 slab).
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].sums_over_tokens) {
-      const OptimizerShard::Slab& mine = shard_.slabs()[i];
-      comm_.allreduce_tensor(grads_.data() + mine.begin, mine.size());
-    }
-  // A key/value head held by several tensor ranks: each has its query heads' share of the head's
-  // gradient. The group sums the whole tensor, each rank's part placed where it lies in it (zeros
-  // elsewhere: the sum is exact), and each keeps its part; the whole k/v is a small tensor.
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].tp.shared()) {
-      const ParamTensor& p = params_[i];
-      const OptimizerShard::Slab& mine = shard_.slabs()[i];
-      const std::vector<ElementRun> runs =
-          whole_runs(p.tp, p.shape, mine.begin - p.offset, mine.begin - p.offset + mine.size());
-      shared_sum_.assign(p.tp.whole_size(), 0.f);
-      for (const ElementRun& r : runs) std::copy_n(grads_.data() + p.offset + r.local, r.count, &shared_sum_[r.whole]);
-      comm_.allreduce_tensor(shared_sum_.data(), shared_sum_.size());
-      for (const ElementRun& r : runs) std::copy_n(&shared_sum_[r.whole], r.count, grads_.data() + p.offset + r.local);
-    }
+  // The tensor group's sums, of the part of each tensor this rank keeps (all of it, or its ZeRO-1
+  // slab). Sequence parallelism: a norm's gradient on each tensor rank is its token rows' share.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const OptimizerShard::Slab& mine = shard_.slabs()[i];
+    if (params_[i].sums_over_tokens) comm_.allreduce_tensor(grads_.data() + mine.begin, mine.size());
+    if (params_[i].tp.shared()) sum_shared(params_[i], mine);
+  }
   // The tied halves, summed over the replicas already. Sharded, the first and the last stage's
   // replica r own the same rows of wte: only those travel.
   if (tied_) {
@@ -89,6 +75,18 @@ double GradReducer::finish(Trace& trace) {
     laps.mark("wait tied-embedding sum", "wait");
   }
   return dp_wait;
+}
+
+// A key/value head held by several tensor ranks: each has its query heads' share of the head's
+// gradient. The group sums the whole tensor, each rank's part placed where it lies in it (zeros
+// elsewhere: the sum is exact), and each keeps its part; the whole k/v is a small tensor.
+void GradReducer::sum_shared(const ParamTensor& p, const OptimizerShard::Slab& mine) {
+  const size_t begin = mine.begin - p.offset;
+  const std::vector<ElementRun> runs = whole_runs(p.tp, p.shape, begin, begin + mine.size());
+  shared_sum_.assign(p.tp.whole_size(), 0.f);
+  for (const ElementRun& r : runs) std::copy_n(grads_.data() + p.offset + r.local, r.count, &shared_sum_[r.whole]);
+  comm_.allreduce_tensor(shared_sum_.data(), shared_sum_.size());
+  for (const ElementRun& r : runs) std::copy_n(&shared_sum_[r.whole], r.count, grads_.data() + p.offset + r.local);
 }
 
 ParamGather::ParamGather(Comm& comm, Stage& stage, const OptimizerShard& shard, std::vector<float>* staging)

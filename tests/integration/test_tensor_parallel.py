@@ -61,6 +61,25 @@ def same(name, got, ref, bound=1e-5):
            f"{loss:.1e}), grad norm over the first {NORM_STEPS} (worst {norm:.1e})")
 
 
+def resumed_as(label, name, ranks, sets, ckpt, ref, steps):
+    """Launches `name` on `ranks` ranks resuming checkpoint `ckpt` (step_N); every step after N to
+    `steps` must follow `ref`'s losses within 1e-6. The run, or None if it failed."""
+    a = settings()
+    at = int(os.path.basename(ckpt)[5:])
+    r = launch(a, ranks, os.path.join(a.work, name), config("llama-tiny.toml"), sets, extra=["--resume", ckpt],
+               timeout=300)
+    expect(r.rc == 0, f"{label}: exit 0 (got {r.rc}) {r.err[-300:]}")
+    if r.rc != 0:
+        return None
+    ref_loss = {x["step"]: x["loss"] for x in ref.metrics()}
+    m = r.metrics()
+    expect([x["step"] for x in m] == list(range(at + 1, steps + 1)), f"{label}: continues at step {at + 1}")
+    worst = max((rel_diff(x["loss"], ref_loss[x["step"]]) for x in m), default=1)
+    expect(worst <= 1e-6, f"{label}: all {len(m)} remaining losses within 1e-6 of the uninterrupted run "
+           f"(worst {worst:.1e})")
+    return r
+
+
 @scenario
 def gpt2_tied():
     """GPT-2 with a tied head (the vocabulary-parallel embedding and loss share one split wte)."""
@@ -106,7 +125,6 @@ def replicated_kv_heads():
     tp 4, give 1x1's losses; tp 4's stage holds a quarter of the split tensors and half the
     key/value weights, as plan predicts; the tp 2 x pp 2 checkpoint of step 10 resumes as tp 4
     (each head now on 4 ranks), every remaining loss within 1e-6 of the uninterrupted run."""
-    a = settings()
     mqa = "model.n_kv_head=1"
     ckpt_every = ["checkpoint.every_steps=10", "checkpoint.keep_last=0"]
     mqa_ref = reference("llama-tiny.toml", mqa)
@@ -127,17 +145,9 @@ def replicated_kv_heads():
                f"(1x1's {w} - norms - k/v) / 4 + norms + k/v / 2 = {want}; plan predicts {planned}")
     if pipe.rc != 0:
         return
-    r = launch(a, 4, os.path.join(a.work, "mqa_resume_tp4"), config("llama-tiny.toml"),
+    resumed_as("multi-query tp2 x pp2 -> tp4", "mqa_resume_tp4", 4,
                [f"run.steps={STEPS}", "log.every_steps=1", mqa, "parallel.tp=4", "parallel.pp=1"],
-               extra=["--resume", os.path.join(pipe.run_dir, "checkpoints", "step_00000010")], timeout=300)
-    expect(r.rc == 0, f"multi-query tp2 x pp2 -> tp4: exit 0 (got {r.rc}) {r.err[-300:]}")
-    if r.rc == 0:
-        ref_loss = {x["step"]: x["loss"] for x in pipe.metrics()}
-        m = r.metrics()
-        worst = max((rel_diff(x["loss"], ref_loss[x["step"]]) for x in m), default=1)
-        expect([x["step"] for x in m] == list(range(11, STEPS + 1)) and worst <= 1e-6,
-               f"multi-query tp2 x pp2 -> tp4: steps 11-{STEPS}, each loss within 1e-6 of the uninterrupted run "
-               f"(worst {worst:.1e})")
+               os.path.join(pipe.run_dir, "checkpoints", "step_00000010"), pipe, STEPS)
 
 
 @scenario
@@ -177,12 +187,12 @@ def sequence_parallel():
          run("llama_tp2_pp2_dp2_sp_z1", "llama-tiny.toml", 2, 2, 2, SP, "parallel.zero=1"), llama)
 
 
-def plan_json(cfg, sets):
+def plan_json(cfg, sets, *flags):
     a = settings()
-    cmd = [a.bin, "plan", "--config", config(cfg), "--json"] + [x for s in sets for x in ("--set", s)]
+    cmd = [a.bin, "plan", "--config", config(cfg), "--json", *flags] + [x for s in sets for x in ("--set", s)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     expect(p.returncode == 0, f"plan {sets}: exit 0 ({p.stderr.strip()[-200:]})")
-    return json.loads(p.stdout) if p.returncode == 0 else {"stages": [{}]}
+    return json.loads(p.stdout) if p.returncode == 0 else {"stages": [{}], "budget": {}}
 
 
 @scenario
@@ -242,10 +252,9 @@ def pipeline_bytes_as_planned():
         expect(r.rc == 0, f"{name}: exit 0 (got {r.rc}) {r.err.strip()[-300:]}")
         if r.rc != 0:
             continue
-        p = subprocess.run([a.bin, "plan", "--config", config("llama-tiny.toml"), "--json", "--peak-tflops", "1",
-                            "--link-gbps", "1"] + [x for s in sets for x in ("--set", s)],
-                           capture_output=True, text=True, timeout=60)
-        planned = json.loads(p.stdout)["budget"]["p2p_bytes_per_step"] if p.returncode == 0 else None
+        # a step's time needs the machine's figures: any will do for its bytes
+        planned = plan_json("llama-tiny.toml", sets, "--peak-tflops", "1", "--link-gbps", "1")["budget"].get(
+            "p2p_bytes_per_step")
         measured[name] = sum(r.metrics()[-1]["p2p_bytes"])
         expect(measured[name] == planned, f"{name}: the stages sent {r.metrics()[-1]['p2p_bytes']} B of pipeline "
                f"messages in a step, {measured[name]} in all; plan predicts {planned}")
@@ -273,23 +282,14 @@ def resume_across_tp():
     expect(ref.rc == 0, f"uninterrupted tp2 x pp2: exit 0 (got {ref.rc}) {ref.err[-300:]}")
     if ref.rc != 0:
         return
-    ref_loss = {x["step"]: x["loss"] for x in ref.metrics()}
     ckpt = os.path.join(ref.run_dir, "checkpoints", "step_00000010")
     for name, grid, extra, origin in [("resume_tp1_pp4", (1, 4, 1), [], "tp2 x pp2"),
                                       ("resume_tp2_dp2_sp", (2, 1, 2), ["parallel.sequence_parallel=true"],
                                        "tp1 x pp4")]:
-        at = int(os.path.basename(ckpt)[5:])
-        r = launch(a, grid[0] * grid[1] * grid[2], os.path.join(a.work, name), config("llama-tiny.toml"),
-                   base + layout(*grid) + extra, extra=["--resume", ckpt], timeout=300)
-        expect(r.rc == 0, f"{origin} -> {name}: exit 0 (got {r.rc}) {r.err[-300:]}")
-        if r.rc != 0:
+        r = resumed_as(f"{origin} -> {name}", name, grid[0] * grid[1] * grid[2], base + layout(*grid) + extra, ckpt,
+                       ref, steps)
+        if r is None:
             return
-        m = r.metrics()
-        expect([x["step"] for x in m] == list(range(at + 1, steps + 1)), f"{origin} -> {name}: continues at step "
-               f"{at + 1}")
-        worst = max(rel_diff(x["loss"], ref_loss[x["step"]]) for x in m)
-        expect(worst <= 1e-6, f"{origin} -> {name}: all {len(m)} remaining losses within 1e-6 of the uninterrupted "
-               f"run (worst {worst:.1e})")
         ckpt = os.path.join(r.run_dir, "checkpoints", "step_00000020")
 
 

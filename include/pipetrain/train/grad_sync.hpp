@@ -35,13 +35,15 @@ class GradReducer {
   // Gradients from `offset` to the end of the buffer are final: post what lies there.
   void done_from(size_t offset);
   // Posts what is left, waits, sums over the tensor group the norms' gradients under sequence
-  // parallelism and the shares of a key/value head several tensor ranks hold, then the tied halves. Unsharded, every
-  // rank then holds the summed gradient everywhere; sharded, of its own slabs (the rest of the buffer is scratch).
+  // parallelism and the shares of a key/value head several tensor ranks hold, then the tied
+  // halves. Unsharded, every rank then holds the summed gradient everywhere; sharded, of its own
+  // slabs (the rest of the buffer is scratch).
   // Returns the seconds spent waiting for the replicas. Spans go to `trace`.
   double finish(Trace& trace);
 
  private:
-  void post(const ParamTensor& p);  // sharded: one tensor's reduce-scatter
+  void post(const ParamTensor& p);                                          // sharded: one tensor's reduce-scatter
+  void sum_shared(const ParamTensor& p, const OptimizerShard::Slab& mine);  // a shared key/value head's
   Comm& comm_;
   std::vector<float>& grads_;
   size_t bucket_, posted_from_ = 0;
