@@ -3,6 +3,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 namespace pipetrain {
@@ -65,6 +66,16 @@ void FaultHooks::reach(FaultPoint point, int64_t step) const {
     case FaultPoint::slow_compute:
       break;  // the caller puts the NaN where it belongs, stretches its compute
   }
+}
+
+void test_pause(const char* where) {
+  const char* v = std::getenv("PIPETRAIN_TEST_PAUSE");
+  const size_t n = std::strlen(where);
+  if (!v || std::strncmp(v, where, n) != 0 || v[n] != ':') return;
+  const double seconds = std::atof(v + n + 1);
+  std::fprintf(stderr, "pipetrain test hook: pausing %g s at %s\n", seconds, where);
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }
 
 FaultHooks& fault_hooks() {

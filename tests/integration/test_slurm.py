@@ -186,6 +186,84 @@ def time_limit_drill():
         expect([s for s, _ in got] == list(range(1, STEPS + 1)) and got == ref_losses, "no step lost, same losses")
 
 
+def wait_for_line(out, text, count=1, timeout=180):
+    """Waits until the job output `out` holds `text` `count` times; True if it did in time."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if os.path.exists(out) and open(out, errors="replace").read().count(text) >= count:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def each_start_resumed_its_stop(cluster, jid, out, name, endings):
+    """The job completed after the starts `endings` says, each exit-3 stop resumed from its step by the
+    next start, every step logged once with the uninterrupted run's losses."""
+    info = cluster.wait_done(jid, 600)
+    log = open(out).read()
+    story = starts(log)
+    resumes_match = all(a[2] is not None and b[1] == a[2] for a, b in zip(story, story[1:]) if a[0] == "exit 3")
+    expect(info.get("JobState") == "COMPLETED" and [s[0] for s in story] == endings and resumes_match,
+           f"{name}: the starts ended {endings}, each stop resumed from its step ({info.get('JobState')}; {story})")
+    got = losses(os.path.join(runs(), name))
+    expect([s for s, _ in got] == list(range(1, STEPS + 1)) and got == uninterrupted_losses(),
+           f"{name}: every step logged once, the uninterrupted run's losses")
+    return log
+
+
+@scenario
+def signal_at_start_up_drill():
+    """USR1 while every rank is still starting, before its signal handlers exist (a slow node's
+    program loading, paused by a test hook): the script holds the signal until pipetrain has
+    started, which then checkpoints after its first step and exits 3; the requeued start resumes
+    from that step and completes."""
+    with cluster_up() as cluster:
+        uninterrupted_losses()
+        jid, out = submit(cluster, "train.sbatch", "at_start", *train_args("at_start", STEPS),
+                          env={"PIPETRAIN_TEST_PAUSE": "start:6"})
+        started = wait_for_line(out, "pausing 6 s at start")
+        cluster.sh("scancel", "--batch", "--signal=USR1", jid)
+        expect(started, "the drill signalled the launch while its ranks were paused at start-up")
+        log = each_start_resumed_its_stop(cluster, jid, out, "at_start", ["exit 3", "complete"])
+        expect("SIGUSR1 forwarded to the job step" in log and "after step 1; checkpoint saved, exit 3" in log,
+               "the held signal was forwarded once pipetrain ran, and it stopped after its first step")
+
+
+@scenario
+def signal_during_resume_drill():
+    """USR1 while a requeued start is loading its checkpoint (paused there by a test hook): held
+    until pipetrain has started, then a checkpointed stop after one more step; the next start
+    resumes from it and completes."""
+    with cluster_up() as cluster:
+        uninterrupted_losses()
+        jid, out = submit(cluster, "train.sbatch", "in_resume", *train_args("in_resume", STEPS),
+                          env={"PIPETRAIN_TEST_PAUSE": "resume:6"})
+        metrics = os.path.join(runs(), "in_resume", "metrics.jsonl")
+        deadline = time.time() + 120
+        while time.time() < deadline and not (os.path.exists(metrics) and sum(1 for _ in open(metrics)) >= 50):
+            time.sleep(0.2)
+        cluster.sh("scancel", "--batch", "--signal=USR1", jid)  # the first stop: the next start resumes
+        resuming = wait_for_line(out, "pausing 6 s at resume")
+        cluster.sh("scancel", "--batch", "--signal=USR1", jid)
+        expect(resuming, "the drill signalled the second start while it was loading its checkpoint")
+        each_start_resumed_its_stop(cluster, jid, out, "in_resume", ["exit 3", "exit 3", "complete"])
+
+
+@scenario
+def signal_after_the_end_drill():
+    """USR1 after pipetrain has recorded the end of its run (the process paused before it ends):
+    not forwarded, the job completes once, nothing requeued."""
+    with cluster_up() as cluster:
+        uninterrupted_losses()
+        jid, out = submit(cluster, "train.sbatch", "at_end", *train_args("at_end", STEPS),
+                          env={"PIPETRAIN_TEST_PAUSE": "exit:4"})
+        ended = wait_for_line(out, "pausing 4 s at exit", timeout=300)
+        cluster.sh("scancel", "--batch", "--signal=USR1", jid)
+        expect(ended, "the drill signalled the launch after its end was recorded")
+        log = each_start_resumed_its_stop(cluster, jid, out, "at_end", ["complete"])
+        expect("forwarded" not in log, f"the late signal was not forwarded: {log[-300:]!r}")
+
+
 @scenario
 def smoke_passes():
     """jobs/smoke.sbatch passes on the healthy cluster."""

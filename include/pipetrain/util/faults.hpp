@@ -15,6 +15,11 @@
 //   PIPETRAIN_TEST_SLOW_COMPUTE=R:S:F     from step S on, rank R's forwards and backwards take F times
 //                                         as long on the clock they are timed with (it spins for the
 //                                         rest, holding its core as a throttled CPU or GPU would)
+//   PIPETRAIN_TEST_PAUSE=WHERE:SECONDS    every rank sleeps SECONDS at WHERE, saying so on stderr first,
+//                                         so a drill can signal a launch there: `start` (before the
+//                                         signal handlers and MPI: a slow node's program loading),
+//                                         `resume` (a checkpoint chosen, not yet loaded), `exit` (the
+//                                         launch's end recorded, the process not yet ended)
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -65,5 +70,9 @@ class FaultHooks {
 
 // The process's hooks (armed by World at start; inert until then).
 FaultHooks& fault_hooks();
+
+// PIPETRAIN_TEST_PAUSE: sleeps here if it names `where` (read at each call: `start` comes before
+// World arms the hooks).
+void test_pause(const char* where);
 
 }  // namespace pipetrain
