@@ -16,6 +16,7 @@
 #include "pipetrain/tools/report.hpp"
 #include "pipetrain/tools/smoke.hpp"
 #include "pipetrain/train/run_dir.hpp"
+#include "pipetrain/train/run_spec.hpp"
 #include "pipetrain/train/train.hpp"
 #include "pipetrain/util/version.hpp"
 
@@ -27,7 +28,7 @@ const char* kUsage =
     "usage: pipetrain <command> [options]\n"
     "\n"
     "commands:\n"
-    "  train   train a GPT over pp x dp MPI ranks with a pipeline schedule (launch with mpiexec / srun)\n"
+    "  train   train a GPT over tp x pp x dp MPI ranks with a pipeline schedule (launch with mpiexec / srun)\n"
     "  eval    --checkpoint PATH: validation loss of a checkpoint, on any layout (mpiexec / srun)\n"
     "  generate --checkpoint PATH --prompt TEXT: sample text from a checkpoint (one process, KV cache)\n"
     "  plan    predict a layout without launching it: partition, schedule chart, bubble, memory\n"
@@ -62,12 +63,12 @@ ExitCode train_main(const std::vector<std::string>& args) {
   }
   if (vm.count("print-spec"))
     return run_offline([&] {
-      std::cout << resolved_toml(load_spec(opt.config, opt.overrides, 0));
+      std::cout << resolved_toml(load_run_spec(opt.config, opt.overrides, 0));
       return ExitCode::ok;
     });
   if (vm.count("print-run-dir"))
     return run_offline([&] {
-      std::cout << resolve_run_dir(opt.run_dir, load_spec(opt.config, opt.overrides, 0)) << "\n";
+      std::cout << resolve_run_dir(opt.run_dir, load_run_spec(opt.config, opt.overrides, 0)) << "\n";
       return ExitCode::ok;
     });
   return run_mpi([&](World& world) { return run_train(opt, world); });

@@ -56,7 +56,7 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* to
 
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                        int N, int C) {
-  KernelTimer timer(Kernel::layernorm);
+  KernelTimer timer(Kernel::norm);
   const float eps = 1e-5f;
   parallel_for(N, rows_per_chunk(C), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
@@ -80,7 +80,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C) {
-  KernelTimer timer(Kernel::layernorm);
+  KernelTimer timer(Kernel::norm);
   // partial = [dweight | dbias] of a chunk of rows
   std::vector<float> sums(dweight ? 2 * static_cast<size_t>(C) : 0, 0.f);
   reduce_row_chunks(N, rows_per_chunk(C), sums.size(), sums.data(), [&](size_t begin, size_t end, float* partial) {
@@ -425,14 +425,14 @@ inline float gelu(float x) { return 0.5f * x * (1.f + fast_tanh(kGeluScale * (x 
 }  // namespace
 
 void gelu_forward(float* out, const float* inp, size_t n) {
-  KernelTimer timer(Kernel::gelu);
+  KernelTimer timer(Kernel::activation);
   parallel_for(n, kElementsPerChunk, [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) out[i] = gelu(inp[i]);
   });
 }
 
 void bias_gelu_forward(float* pre, float* out, const float* bias, int N, int C) {
-  KernelTimer timer(Kernel::gelu);
+  KernelTimer timer(Kernel::activation);
   parallel_for(N, rows_per_chunk(C), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       float* p = pre + i * C;
@@ -443,7 +443,7 @@ void bias_gelu_forward(float* pre, float* out, const float* bias, int N, int C) 
 }
 
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
-  KernelTimer timer(Kernel::gelu);
+  KernelTimer timer(Kernel::activation);
   parallel_for(n, kElementsPerChunk, [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       float x = inp[i];

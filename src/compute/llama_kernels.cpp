@@ -11,7 +11,7 @@
 namespace pipetrain {
 
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps) {
-  KernelTimer timer(Kernel::layernorm);  // the norms' class, whichever norm
+  KernelTimer timer(Kernel::norm);
   parallel_for(N, rows_per_chunk(C), [&](size_t begin, size_t end) {
     const float* w = weight;
     for (size_t i = begin; i < end; ++i) {
@@ -32,7 +32,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 // with dn = dout w and norm = x r.
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                       const float* rstd, int N, int C) {
-  KernelTimer timer(Kernel::layernorm);
+  KernelTimer timer(Kernel::norm);
   std::vector<float> sums(dweight ? static_cast<size_t>(C) : 0, 0.f);
   reduce_row_chunks(N, rows_per_chunk(C), sums.size(), sums.data(), [&](size_t begin, size_t end, float* partial) {
     const float* w = weight;
@@ -89,7 +89,7 @@ const RotaryTable& rotary_table(int T, int hs, float theta, int pos0) {
 // Rotates every q and k head of qkv's rows by its position's angles; `inverse` turns the other way
 // (the transpose of the rotation: what backward applies to dq and dk).
 void rotate(float* qkv, int B, int T, int C, int NH, int NKV, float theta, int pos0, bool inverse) {
-  KernelTimer timer(Kernel::elementwise);
+  KernelTimer timer(Kernel::rope);
   const int hs = C / NH, heads = NH + NKV, C3 = C + 2 * NKV * hs;
   const RotaryTable& table = rotary_table(T, hs, theta, pos0);
   const int half = table.half;
@@ -123,7 +123,7 @@ void rope_backward(float* dqkv, int B, int T, int C, int NH, int NKV, float thet
 }
 
 void swiglu_forward(float* out, const float* gate_up, int N, int H) {
-  KernelTimer timer(Kernel::gelu);  // the MLP activation's class, whichever activation
+  KernelTimer timer(Kernel::activation);
   parallel_for(N, rows_per_chunk(2 * H), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       const float *g = gate_up + i * 2 * H, *u = g + H;
@@ -136,7 +136,7 @@ void swiglu_forward(float* out, const float* gate_up, int N, int H) {
 
 // silu(g) = g s(g), silu'(g) = s(g) (1 + g (1 - s(g))): dgate = dout u silu'(g), dup = dout silu(g).
 void swiglu_backward(float* dgate_up, const float* gate_up, const float* dout, int N, int H) {
-  KernelTimer timer(Kernel::gelu);
+  KernelTimer timer(Kernel::activation);
   parallel_for(N, rows_per_chunk(2 * H), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       const float *g = gate_up + i * 2 * H, *u = g + H, *d = dout + i * H;

@@ -158,6 +158,36 @@ std::string suggest_key(const std::string& full, const std::string& key_name, co
   return closest_match(full, dotted);
 }
 
+// parallel.dp left unset takes the ranks tp × pp leave (mpiexec -n 4 with pp 2: dp 2), as eval and
+// the job script do; a count tp × pp does not divide is refused here with that arithmetic, and an
+// explicit dp is only checked, by validate_spec.
+void fill_data_parallel(RunSpec& spec, int world_size, const std::string& ranks_are) {
+  if (!origin_of(spec.origins, "parallel.dp").empty()) return;
+  auto& p = spec.parallel;
+  const int64_t cell = int64_t{p.tp} * p.pp;
+  if (world_size % cell != 0) {
+    const std::string key = p.tp > 1 ? "parallel.tp" : "parallel.pp";
+    const std::string grid =
+        p.tp > 1 ? "tp " + std::to_string(p.tp) + " x pp " + std::to_string(p.pp) + " = " + std::to_string(cell)
+                 : "pp " + std::to_string(p.pp);
+    throw SpecError(spec.origin(key) + ": " + key + ": " + std::to_string(world_size) + " " + ranks_are + " but " +
+                    grid + " does not divide them (parallel.dp, unset, takes the ranks tp x pp leave)");
+  }
+  p.dp = static_cast<int>(world_size / cell);
+  spec.origins.emplace_back("parallel.dp", "(" + std::to_string(world_size) + " ranks / tp x pp)");
+}
+
+// An implied key sets what neither the file nor an override set; its origin says where it came from.
+void apply_implied(RunSpec& spec, const ImpliedKey& k) {
+  if (!origin_of(spec.origins, k.key).empty()) return;
+  const auto& schema = spec_schema();
+  auto it = std::find_if(schema.begin(), schema.end(), [&](const SpecKey& s) { return s.dotted() == k.key; });
+  if (it == schema.end()) throw std::logic_error("implied key " + k.key + " is not a spec key");
+  const toml::table parsed = toml::parse("v = " + k.value);
+  it->set(spec, *parsed.get("v"), k.from);
+  spec.origins.emplace_back(k.key, k.from);
+}
+
 }  // namespace
 
 std::string RunSpec::origin(const std::string& dotted_key) const {
@@ -165,13 +195,15 @@ std::string RunSpec::origin(const std::string& dotted_key) const {
   return o.empty() ? "(default)" : o;
 }
 
-RunSpec load_spec(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
+RunSpec load_spec(const std::string& path, const std::vector<std::string>& overrides, int world_size,
+                  const SpecContext& context) {
   // a run spec is a few KiB
-  return parse_spec(path.empty() ? "" : read_input_file(path, "spec file", 1 << 20), path, overrides, world_size);
+  return parse_spec(path.empty() ? "" : read_input_file(path, "spec file", 1 << 20), path, overrides, world_size,
+                    context);
 }
 
 RunSpec parse_spec(const std::string& text, const std::string& path, const std::vector<std::string>& overrides,
-                   int world_size) {
+                   int world_size, const SpecContext& context) {
   toml::table root;
   if (!path.empty()) {
     try {
@@ -229,6 +261,7 @@ RunSpec parse_spec(const std::string& text, const std::string& path, const std::
       spec.origins.emplace_back(full, at);
     }
   }
+  for (const ImpliedKey& k : context.implied) apply_implied(spec, k);
   // A schedule that always runs the same chunk count implies it: virtual_stages defaults to it
   // (an explicit value that contradicts it is still refused, by the schedule's check).
   resolve_model_defaults(spec);
@@ -236,8 +269,10 @@ RunSpec parse_spec(const std::string& text, const std::string& path, const std::
     spec.parallel.virtual_stages = spec.parallel.schedule->implied_chunks;
     spec.origins.emplace_back("parallel.virtual_stages", origin_of(spec.origins, "parallel.schedule"));
   }
+  if (world_size == kUnchecked) return spec;
+  if (world_size > 0) fill_data_parallel(spec, world_size, context.ranks_are);
   if (world_size != kAnyLayout) {
-    validate_spec(spec, world_size);
+    validate_spec(spec, world_size, context.ranks_are);
     return spec;
   }
   RunSpec one_rank = spec;  // the model, data and training keys, on a layout that fits any of them
@@ -252,7 +287,7 @@ RunSpec parse_spec(const std::string& text, const std::string& path, const std::
   return spec;
 }
 
-void validate_spec(const RunSpec& s, int world_size) {
+void validate_spec(const RunSpec& s, int world_size, const std::string& ranks_are) {
   auto fail = [&](const std::string& key, const std::string& msg) {
     throw SpecError(s.origin(key) + ": " + key + ": " + msg);
   };
@@ -273,7 +308,7 @@ void validate_spec(const RunSpec& s, int world_size) {
     fail(p.tp > 1 ? "parallel.tp" : "parallel.pp",
          std::string(p.tp > 1 ? "tp x pp x dp = " + std::to_string(p.tp) + " x " : "pp x dp = ") +
              std::to_string(p.pp) + " x " + std::to_string(p.dp) + " = " + std::to_string(ranks) + " but " +
-             std::to_string(world_size) + " MPI ranks were launched");
+             std::to_string(world_size) + " " + ranks_are);
   if (m.dtype == Dtype::bf16 && s.run.device != Device::gpu)
     fail("model.dtype", "dtype = bf16 needs run.device = \"gpu\" (the CPU kernels are fp32)");
   if (const LayoutProblem problem = layout_problem(*p.schedule, s.pipeline_shape())) fail(problem.key, problem.why);

@@ -281,40 +281,85 @@ std::string prepare_token_file(const PrepareOptions& opt) {
   return summary;
 }
 
-std::string inspect_token_file(const std::string& path, int sample_tokens) {
+namespace {
+
+// A token file's facts, as `data inspect --json` prints them and the text is written from.
+nlohmann::json token_file_facts(const std::string& path, int sample_tokens) {
   const TokenFileInfo info = read_token_file_info(path);
   const Tokenizer tok = info.tokenizer == TokenizerKind::sentencepiece
                             ? Tokenizer::sentencepiece(info.tokenizer_model, path + ": /tokenizer_model")
                             : Tokenizer();
-  std::ostringstream out;
-  const char* dtype = token_dtype_name(info.width);
-  out << path << ": token file format " << info.format << "\n";
-  out << "  /train  " << info.train << " tokens  " << dtype << (info.compressed ? "  gzip" : "") << "\n";
-  out << "  /val    " << info.val << " tokens  " << dtype << (info.compressed ? "  gzip" : "") << "\n";
-  out << "  vocab_size " << info.vocab_size << "  tokenizer " << name_of(info.tokenizer);
-  if (!tok.is_bytes())
-    out << " (" << tok.vocab_size() << " pieces, model "
-        << human_bytes(static_cast<double>(info.tokenizer_model.size())) << ")";
-  out << "\n";
-  if (!tok.normalisation().empty())
-    out << "  the tokenizer normalises its text: " << tok.normalisation() << " (decoded text is not the original)\n";
-  if (!info.sources.empty()) out << "  sources " << info.sources << "\n";
+  nlohmann::json j = {{"path", path},
+                      {"format", info.format},
+                      {"train_tokens", info.train},
+                      {"val_tokens", info.val},
+                      {"dtype", token_dtype_name(info.width)},
+                      {"compressed", info.compressed},
+                      {"vocab_size", info.vocab_size},
+                      {"tokenizer", name_of(info.tokenizer)}};
+  if (!tok.is_bytes()) {
+    j["tokenizer_pieces"] = tok.vocab_size();
+    j["tokenizer_model_bytes"] = info.tokenizer_model.size();
+  }
+  if (!tok.normalisation().empty()) j["tokenizer_normalises"] = tok.normalisation();
+  j["sources"] = nlohmann::json::parse(info.sources.empty() ? "null" : info.sources, nullptr, false);
+  if (j["sources"].is_discarded()) j["sources"] = info.sources;  // not JSON: kept as the file holds it
   const size_t n = std::min<size_t>(info.train, static_cast<size_t>(std::max(0, sample_tokens)));
-  if (n > 0) {
-    std::vector<uint32_t> ids(n);
-    TokenFile(path, Split::train).read(0, n, ids.data());
-    std::vector<int> as_int(ids.begin(), ids.end());
+  std::vector<uint32_t> ids(n);
+  if (n > 0) TokenFile(path, Split::train).read(0, n, ids.data());
+  j["first_ids"] = ids;
+  if (n > 0 && info.tokenizer != TokenizerKind::none)
+    j["first_decoded"] = tok.decode(std::vector<int>(ids.begin(), ids.end()));
+  return j;
+}
+
+// The sources record as lines: who made the file and when, each input, then any other settings.
+void sources_text(const nlohmann::json& sources, std::ostringstream& out) {
+  if (sources.is_null()) return;
+  if (!sources.is_object()) {
+    out << "  sources " << sources.dump() << "\n";
+    return;
+  }
+  out << "  made by " << sources.value("by", std::string("(not recorded)"));
+  if (sources.contains("created")) out << " at " << sources.value("created", std::string());
+  out << "\n";
+  if (sources.contains("inputs") && sources["inputs"].is_array())
+    for (const auto& in : sources["inputs"])
+      out << "    from " << in.value("path", std::string("?")) << " (" << human_bytes(in.value("bytes", 0.0)) << ")\n";
+  for (const auto& [key, value] : sources.items())
+    if (key != "by" && key != "created" && key != "inputs")
+      out << "    " << key << " " << (value.is_string() ? value.get<std::string>() : value.dump()) << "\n";
+}
+
+}  // namespace
+
+std::string inspect_token_file(const std::string& path, int sample_tokens, bool json) {
+  const nlohmann::json f = token_file_facts(path, sample_tokens);
+  if (json) return f.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  std::ostringstream out;
+  const std::string dtype = f["dtype"], gzip = f["compressed"].get<bool>() ? "  gzip" : "";
+  out << path << ": token file format " << f["format"] << "\n";
+  out << "  /train  " << f["train_tokens"] << " tokens  " << dtype << gzip << "\n";
+  out << "  /val    " << f["val_tokens"] << " tokens  " << dtype << gzip << "\n";
+  out << "  vocab_size " << f["vocab_size"] << "  tokenizer " << f["tokenizer"].get<std::string>();
+  if (f.contains("tokenizer_pieces"))
+    out << " (" << f["tokenizer_pieces"] << " pieces, model " << human_bytes(f["tokenizer_model_bytes"].get<double>())
+        << ")";
+  out << "\n";
+  if (f.contains("tokenizer_normalises"))
+    out << "  the tokenizer normalises its text: " << f["tokenizer_normalises"].get<std::string>()
+        << " (decoded text is not the original)\n";
+  sources_text(f["sources"], out);
+  const auto& ids = f["first_ids"];
+  if (!ids.empty()) {
     out << "  first ids:";
-    for (size_t i = 0; i < std::min<size_t>(n, 16); ++i) out << " " << ids[i];
-    out << (n > 16 ? " ..." : "") << "\n";
-    if (info.tokenizer == TokenizerKind::none) {
-      out << "  (imported ids: their tokenizer is not part of the file)\n";
-    } else {
-      const std::string text = tok.decode(as_int);
-      out << "  first " << n
-          << " tokens decoded: " << nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+    for (size_t i = 0; i < std::min<size_t>(ids.size(), 16); ++i) out << " " << ids[i];
+    out << (ids.size() > 16 ? " ..." : "") << "\n";
+    if (!f.contains("first_decoded")) out << "  (imported ids: their tokenizer is not part of the file)\n";
+    else
+      out << "  first " << ids.size()
+          << " tokens decoded: " << f["first_decoded"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
           << "\n";
-    }
   }
   return out.str();
 }

@@ -146,6 +146,19 @@ Tokenizer Tokenizer::sentencepiece(const std::string& model_bytes, const std::st
 
 int Tokenizer::vocab_size() const { return sp_ ? sp_->GetPieceSize() : 256; }
 
+SpecialTokens Tokenizer::special_tokens() const {
+  SpecialTokens s;
+  if (!sp_) return s;
+  auto token = [&](int id) {
+    return id >= 0 && id < sp_->GetPieceSize() ? SpecialTokens::Token{id, sp_->IdToPiece(id)} : SpecialTokens::Token{};
+  };
+  s.unk = token(sp_->unk_id());
+  s.bos = token(sp_->bos_id());
+  s.eos = token(sp_->eos_id());
+  s.pad = token(sp_->pad_id());
+  return s;
+}
+
 void Tokenizer::encode(const std::string& text, std::vector<uint32_t>* out) const {
   if (!sp_) {
     out->insert(out->end(), reinterpret_cast<const unsigned char*>(text.data()),

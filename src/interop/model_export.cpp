@@ -6,6 +6,7 @@
 
 #include "pipetrain/ckpt/manifest.hpp"
 #include "pipetrain/ckpt/resume.hpp"
+#include "pipetrain/data/tokenizer.hpp"
 #include "pipetrain/interop/gpt2_layout.hpp"
 #include "pipetrain/interop/llama_layout.hpp"
 #include "pipetrain/interop/llmc_model.hpp"
@@ -22,9 +23,12 @@ using json = nlohmann::json;
 namespace pipetrain {
 namespace {
 
+json token_id(const SpecialTokens::Token& t) { return t.id >= 0 ? json(t.id) : json(nullptr); }
+json token_piece(const SpecialTokens::Token& t) { return t.id >= 0 ? json(t.piece) : json(nullptr); }
+
 // The Hugging Face configuration of a LlamaForCausalLM computing what pipetrain's llama family
 // computes: SiLU-gated MLP, RMSNorm, plain rotary embeddings (no scaling), no biases, no dropout.
-json hf_llama_config(const RunSpec& spec, StoredFloat dtype) {
+json hf_llama_config(const RunSpec& spec, StoredFloat dtype, const SpecialTokens& special) {
   const auto& m = spec.model;
   const BlockShape s = block_shape(spec);
   return {{"architectures", {"LlamaForCausalLM"}},
@@ -48,16 +52,16 @@ json hf_llama_config(const RunSpec& spec, StoredFloat dtype) {
           {"initializer_range", 0.02},
           {"use_cache", true},
           {"tie_word_embeddings", m.tie_embeddings},
-          {"bos_token_id", nullptr},
-          {"eos_token_id", nullptr},
+          {"bos_token_id", token_id(special.bos)},
+          {"eos_token_id", token_id(special.eos)},
           {"torch_dtype", dtype == StoredFloat::bf16 ? "bfloat16" : "float32"}};
 }
 
 // The Hugging Face configuration of a GPT2LMHeadModel computing what pipetrain computes: pre-LN
 // blocks with GELU (tanh), LayerNorm eps 1e-5, attention scaled by 1/sqrt(head_dim), no dropout
-// (pipetrain trains without it), no special tokens (byte vocabulary).
-std::string hf_config(const RunSpec& spec, StoredFloat dtype) {
-  if (spec.model.arch == Arch::llama) return hf_llama_config(spec, dtype).dump(2) + "\n";
+// (pipetrain trains without it); the special tokens are the tokenizer's (none for bytes).
+std::string hf_config(const RunSpec& spec, StoredFloat dtype, const SpecialTokens& special) {
+  if (spec.model.arch == Arch::llama) return hf_llama_config(spec, dtype, special).dump(2) + "\n";
   const auto& m = spec.model;
   const json c = {{"architectures", {"GPT2LMHeadModel"}},
                   {"model_type", "gpt2"},
@@ -79,10 +83,35 @@ std::string hf_config(const RunSpec& spec, StoredFloat dtype) {
                   {"reorder_and_upcast_attn", false},
                   {"use_cache", true},
                   {"tie_word_embeddings", m.tie_embeddings},
-                  {"bos_token_id", nullptr},
-                  {"eos_token_id", nullptr},
+                  {"bos_token_id", token_id(special.bos)},
+                  {"eos_token_id", token_id(special.eos)},
                   {"torch_dtype", dtype == StoredFloat::bf16 ? "bfloat16" : "float32"}};
   return c.dump(2) + "\n";
+}
+
+// tokenizer_config.json for the SentencePiece model beside it, as transformers' LlamaTokenizer
+// (slow) and LlamaTokenizerFast (converted from it) read it: the model file, its special tokens,
+// and no BOS or EOS added by the tokenizer, since pipetrain's token files hold the pieces alone.
+std::string hf_tokenizer_config(const RunSpec& spec, const SpecialTokens& special) {
+  const json c = {{"tokenizer_class", "LlamaTokenizer"},
+                  {"vocab_file", kTokenizerFile},
+                  {"unk_token", token_piece(special.unk)},
+                  {"bos_token", token_piece(special.bos)},
+                  {"eos_token", token_piece(special.eos)},
+                  {"pad_token", token_piece(special.pad)},
+                  {"add_bos_token", false},
+                  {"add_eos_token", false},
+                  {"legacy", false},
+                  {"add_prefix_space", false},
+                  {"clean_up_tokenization_spaces", false},
+                  {"model_max_length", spec.model.seq_len}};
+  return c.dump(2) + "\n";
+}
+
+void write_text_file(const std::string& path, const std::string& text) {
+  BinaryWriter out(path);
+  out.write(text.data(), text.size());
+  out.close();
 }
 
 void write_hf(const std::string& dir, const RunSpec& spec, const WeightsSource& ckpt, StoredFloat dtype,
@@ -105,14 +134,18 @@ void write_hf(const std::string& dir, const RunSpec& spec, const WeightsSource& 
   BinaryWriter weights(dir + "/model.safetensors");
   write_safetensors(weights, tensors, dtype, {{"format", "pt"}});
   weights.close();
-  BinaryWriter config(dir + "/config.json");
-  const std::string text = hf_config(spec, dtype);
-  config.write(text.data(), text.size());
-  config.close();
   // A model trained on SentencePiece tokens is unusable without its tokenizer: the one the
   // manifest lists (and `ckpt verify` checks), never a stray file of that name.
   const Manifest::Tokenizer& tokenizer = Manifest::read(checkpoint).tokenizer;
-  if (!tokenizer.file.empty()) copy_file_synced(checkpoint + "/" + tokenizer.file, dir + "/" + kTokenizerFile);
+  const std::string model_file = checkpoint + "/" + tokenizer.file;
+  const SpecialTokens special =
+      tokenizer.file.empty()
+          ? SpecialTokens{}
+          : Tokenizer::sentencepiece(read_input_file(model_file, "tokenizer", 64 << 20), model_file).special_tokens();
+  write_text_file(dir + "/config.json", hf_config(spec, dtype, special));
+  if (tokenizer.file.empty()) return;
+  copy_file_synced(model_file, dir + "/" + kTokenizerFile);
+  write_text_file(dir + "/tokenizer_config.json", hf_tokenizer_config(spec, special));
 }
 
 void write_llmc_file(const std::string& file, const RunSpec& spec, const WeightsSource& ckpt, StoredFloat dtype) {
@@ -134,7 +167,8 @@ void write_llmc_file(const std::string& file, const RunSpec& spec, const Weights
 bool is_export_of(ExportFormat format, const std::string& path) {
   if (format == ExportFormat::llmc) return LlmcFile::looks_like(path);
   return folder_holds_only(path, [](const std::string& name) {
-    return name == "config.json" || name == "model.safetensors" || name == kTokenizerFile;
+    return name == "config.json" || name == "model.safetensors" || name == kTokenizerFile ||
+           name == "tokenizer_config.json";
   });
 }
 

@@ -4,27 +4,54 @@
 #include <cmath>
 #include <cstdio>
 
+#include "pipetrain/config/spec_schema.hpp"
 #include "pipetrain/model/block_tensors.hpp"
 #include "pipetrain/util/binary_file.hpp"
 
 namespace pipetrain {
 
+namespace {
+
+bool same_value(const std::string& a, const std::string& b) {
+  char *end_a = nullptr, *end_b = nullptr;
+  const double x = std::strtod(a.c_str(), &end_a), y = std::strtod(b.c_str(), &end_b);
+  if (a.empty() || b.empty() || *end_a || *end_b) return a == b;  // not both numbers
+  return std::abs(x - y) <= 1e-9 * std::max(std::abs(x), std::abs(y));
+}
+
+// The first key the spec sets otherwise than the source declares, the family first: "" when they
+// agree. The head's tying is the caller's (a tied source may feed an untied spec).
+std::string declared_mismatch(const WeightsSource& src, const RunSpec& spec) {
+  for (const DeclaredKey& d : src.declared()) {
+    if (d.key == "model.tie_embeddings") continue;
+    const auto& schema = spec_schema();
+    const auto k = std::find_if(schema.begin(), schema.end(), [&](const SpecKey& s) { return s.dotted() == d.key; });
+    const std::string ours = k->show(spec);
+    if (same_value(ours, d.value)) continue;
+    if (d.key == "model.arch")
+      return std::string("the source is a ") + (d.value == "\"llama\"" ? "Llama" : "GPT-2") + " model (" + d.theirs +
+             "), model.arch = " + ours + " (" + spec.origin(d.key) +
+             "): leave model.arch unset to take the source's family";
+    return "the source's " + d.theirs + " is " + d.value + ", " + d.key + " = " + ours + " (" + spec.origin(d.key) +
+           "): leave " + d.key + " unset to take the source's";
+  }
+  return "";
+}
+
+}  // namespace
+
 ModelImport::ModelImport(const std::string& path, const RunSpec& spec) {
   const std::string where = spec.origin("train.init_from") + ": train.init_from = \"" + path + "\": ";
-  try {
-    source_ = WeightsSource::open(path);
-  } catch (const SpecError& e) {  // names the path already
-    throw SpecError(spec.origin("train.init_from") + ": train.init_from: " + e.what());
-  }
+  source_ = open_source(path, spec);
   const WeightsSource& src = *source_;
   const int L = spec.model.n_layer, T = spec.model.seq_len;
+  if (const std::string differs = declared_mismatch(src, spec); !differs.empty()) throw SpecError(where + differs);
   const bool source_tied = !src.shape("lm_head.weight");
   if (spec.model.tie_embeddings && !source_tied)
-    throw SpecError(where +
-                    "the source has its own lm_head.weight but model.tie_embeddings = true: its head "
-                    "would be lost (set model.tie_embeddings = false to keep it)");
+    throw SpecError(where + "the source has its own lm_head.weight (" + src.own_name("lm_head.weight") +
+                    ") but model.tie_embeddings = true (" + spec.origin("model.tie_embeddings") +
+                    "): its head would be lost (leave model.tie_embeddings unset, or set it to false, to keep it)");
   head_from_wte_ = !spec.model.tie_embeddings && source_tied;
-  if (const std::string differs = src.mismatch(spec); !differs.empty()) throw SpecError(where + differs);
   const std::string past_last = block_tensor_name(L, block_tensors(spec.model.arch).front());
   if (auto extra = src.shape(past_last))
     throw SpecError(where + "tensor " + past_last + ": the spec expects none (model.n_layer = " + std::to_string(L) +
@@ -36,7 +63,7 @@ ModelImport::ModelImport(const std::string& path, const RunSpec& spec) {
     const std::vector<int64_t> want(p.shape.begin(), p.shape.end());
     const std::string from = source_of(p.name);
     const auto held = src.shape(from);
-    const std::string tensor = "tensor " + p.name + (from == p.name ? "" : " (from " + from + ")");
+    const std::string tensor = "tensor " + src.own_name(from) + (from == p.name ? "" : " (for " + p.name + ")");
     if (!held)
       throw SpecError(
           where + tensor + ": the spec expects " + shape_text(want) + ", the source has no such tensor" +
@@ -58,6 +85,14 @@ ModelImport::ModelImport(const std::string& path, const RunSpec& spec) {
       "initialised from " + path + " (" + src.kind() + "): " + params + " parameters, " + std::to_string(L) + " blocks";
   for (auto& n : notes) description_ += "; " + n;
   description_ += "; step 0, fresh optimizer state";
+}
+
+std::unique_ptr<WeightsSource> ModelImport::open_source(const std::string& path, const RunSpec& spec) {
+  try {
+    return WeightsSource::open(path);
+  } catch (const SpecError& e) {  // names the path already
+    throw SpecError(spec.origin("train.init_from") + ": train.init_from: " + e.what());
+  }
 }
 
 std::string ModelImport::source_of(const std::string& name) const {

@@ -13,6 +13,7 @@
 #include "pipetrain/interop/llama_layout.hpp"
 #include "pipetrain/interop/llmc_model.hpp"
 #include "pipetrain/interop/safetensors.hpp"
+#include "pipetrain/model/block_tensors.hpp"
 #include "pipetrain/util/errors.hpp"
 #include "pipetrain/util/files.hpp"
 
@@ -22,18 +23,42 @@ using json = nlohmann::json;
 namespace pipetrain {
 namespace {
 
-// The source's attention heads against the spec's (0: the source cannot say).
-std::string heads_mismatch(int heads, const RunSpec& spec) {
-  if (heads <= 0 || heads == spec.model.n_head) return "";
-  return "the source has " + std::to_string(heads) +
-         " attention heads, model.n_head = " + std::to_string(spec.model.n_head);
+std::string toml_number(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  std::string t = os.str();
+  if (t.find_first_of(".eEn") == std::string::npos) t += ".0";  // stays a TOML float
+  return t;
 }
 
-// A GPT-2 form (Hugging Face GPT-2, llm.c) read for a spec of another family.
-std::string gpt2_mismatch(const char* form, int heads, const RunSpec& spec) {
-  if (spec.model.arch != Arch::gpt2)
-    return std::string("the source is ") + form + ", model.arch = \"" + name_of(spec.model.arch) + "\"";
-  return heads_mismatch(heads, spec);
+// A config.json's integer key as a declared spec key (nothing when absent; SpecError when not an
+// integer).
+void declare_int(std::vector<DeclaredKey>& out, const json& c, const std::string& config, const char* theirs,
+                 const char* ours) {
+  if (!c.contains(theirs) || c[theirs].is_null()) return;
+  if (!c[theirs].is_number_integer())
+    throw SpecError(config + ": " + theirs + " = " + c[theirs].dump() + ": not an integer");
+  out.push_back({ours, std::to_string(c[theirs].get<int64_t>()), "config.json " + std::string(theirs)});
+}
+
+// kind()'s note for a config.json that ties the head of a file holding one: as Hugging Face builds
+// that model, the file's lm_head.weight is not used.
+constexpr const char* kUnusedHead = ", its lm_head.weight unused (config.json ties the head to the embeddings)";
+
+// What a source without a config says by its tensors' shapes alone: the embedding's rows and
+// columns, the blocks it holds, whether it has its own head.
+std::vector<DeclaredKey> declared_by_shapes(const WeightsSource& s, Arch arch) {
+  std::vector<DeclaredKey> out = {{"model.arch", "\"" + std::string(name_of(arch)) + "\"", "its tensor names"}};
+  if (const auto wte = s.shape("wte.weight"); wte && wte->size() == 2) {
+    out.push_back({"model.vocab", std::to_string((*wte)[0]), "tensor " + s.own_name("wte.weight") + "'s rows"});
+    out.push_back({"model.d_model", std::to_string((*wte)[1]), "tensor " + s.own_name("wte.weight") + "'s columns"});
+  }
+  int blocks = 0;
+  while (s.shape(block_tensor_name(blocks, block_tensors(arch).front()))) ++blocks;
+  out.push_back({"model.n_layer", std::to_string(blocks),
+                 "its blocks (" + s.own_name(block_tensor_name(0, block_tensors(arch).front())) + ", ...)"});
+  return out;
 }
 
 // A Hugging Face directory's config.json, read once.
@@ -58,21 +83,24 @@ class HfSource : public WeightsSource {
       if (!name.empty() && !by_name_.count(name)) by_name_[name] = &e;
     }
     if (by_name_.empty()) throw SpecError(file + ": holds no GPT-2 tensors (transformer.wte.weight, ...)");
-    if (config) check_config(*config, config_path);
+    if (config) {
+      check_config(*config, config_path);
+    } else {  // a bare file: what its tensors' shapes say
+      declared_ = declared_by_shapes(*this, Arch::gpt2);
+    }
   }
 
   std::string kind() const override {
     const auto wte = by_name_.find("wte.weight");
     return std::string(directory_ ? "Hugging Face GPT-2 directory" : "safetensors file") +
-           (wte == by_name_.end() ? "" : ", " + wte->second->dtype);
+           (wte == by_name_.end() ? "" : ", " + wte->second->dtype) + (unused_head_ ? kUnusedHead : "");
   }
-  std::string mismatch(const RunSpec& spec) const override {
-    return gpt2_mismatch("a Hugging Face GPT-2 model", n_head_, spec);
-  }
+  std::vector<DeclaredKey> declared() const override { return declared_; }
+  std::string own_name(const std::string& name) const override { return hf_name(name); }
 
   std::optional<std::vector<int64_t>> shape(const std::string& name) const override {
     auto it = by_name_.find(name);
-    if (it == by_name_.end()) return std::nullopt;
+    if (it == by_name_.end() || (tied_ && name == "lm_head.weight")) return std::nullopt;
     std::vector<int64_t> s = it->second->shape;
     if (hf_transposed(name) && s.size() == 2) std::swap(s[0], s[1]);
     return s;
@@ -88,27 +116,32 @@ class HfSource : public WeightsSource {
 
  private:
   // What the config declares must agree with pipetrain's block: a GPT-2, GELU with the tanh
-  // approximation, LayerNorm eps 1e-5. The heads are checked against the spec by the caller.
+  // approximation, LayerNorm eps 1e-5. Its shape keys are declared for the caller to match.
   void check_config(const json& c, const std::string& config) {
     auto refuse = [&](const std::string& key, const std::string& why) {
       throw SpecError(config + ": " + key + " = " + c[key].dump() + ": " + why);
     };
-    if (c.contains("model_type") && c["model_type"] != "gpt2") refuse("model_type", "not a GPT-2 model");
     if (c.contains("activation_function") && c["activation_function"] != "gelu_new" &&
         c["activation_function"] != "gelu_pytorch_tanh")
       refuse("activation_function", "pipetrain's blocks use gelu_new (GELU, tanh approximation)");
     if (c.contains("layer_norm_epsilon") &&
         (!c["layer_norm_epsilon"].is_number() || std::abs(c["layer_norm_epsilon"].get<double>() - 1e-5) > 1e-12))
       refuse("layer_norm_epsilon", "pipetrain's LayerNorm uses 1e-5");
-    if (c.contains("n_head")) {
-      if (!c["n_head"].is_number_integer()) refuse("n_head", "not an integer");
-      n_head_ = c["n_head"].get<int>();
-    }
+    declared_.push_back({"model.arch", "\"gpt2\"", "config.json model_type"});
+    declare_int(declared_, c, config, "n_layer", "model.n_layer");
+    declare_int(declared_, c, config, "n_embd", "model.d_model");
+    declare_int(declared_, c, config, "n_head", "model.n_head");
+    declare_int(declared_, c, config, "vocab_size", "model.vocab");
+    // GPT2Config ties the head unless told otherwise; a tied model's lm_head.weight is not used.
+    tied_ = c.value("tie_word_embeddings", true) == true;
+    unused_head_ = tied_ && by_name_.count("lm_head.weight");
+    declared_.push_back({"model.tie_embeddings", tied_ ? "true" : "false", "config.json tie_word_embeddings"});
   }
 
   SafetensorsFile st_;
   bool directory_;
-  int n_head_ = 0;
+  bool tied_ = false, unused_head_ = false;
+  std::vector<DeclaredKey> declared_;
   std::map<std::string, const SafetensorsEntry*> by_name_;
 };
 
@@ -153,32 +186,15 @@ class HfLlamaSource : public WeightsSource {
   std::string kind() const override {
     const auto wte = by_name_.find("wte.weight");
     return "Hugging Face Llama directory" + std::string(files_.size() > 1 ? ", sharded" : "") +
-           (wte == by_name_.end() ? "" : ", " + wte->second.entry->dtype);
+           (wte == by_name_.end() ? "" : ", " + wte->second.entry->dtype) +
+           (tied_ && by_name_.count("lm_head.weight") ? kUnusedHead : "");
   }
-
-  std::string mismatch(const RunSpec& spec) const override {
-    const auto& m = spec.model;
-    if (m.arch != Arch::llama)
-      return "the source is a Hugging Face Llama model, model.arch = \"" + std::string(name_of(m.arch)) + "\"";
-    if (std::string heads = heads_mismatch(n_head_, spec); !heads.empty()) return heads;
-    const struct {
-      const char *theirs, *ours;
-      double source, spec;
-    } declared[] = {
-        {"num_key_value_heads", "model.n_kv_head", static_cast<double>(n_kv_head_), static_cast<double>(m.n_kv_head)},
-        {"rope_theta", "model.rope_theta", rope_theta_, m.rope_theta},
-        {"rms_norm_eps", "model.norm_eps", rms_norm_eps_, m.norm_eps}};
-    for (const auto& d : declared)
-      if (std::abs(d.source - d.spec) > 1e-9 * std::abs(d.spec))
-        return (std::ostringstream() << "the source's config.json has " << d.theirs << " = " << d.source << ", "
-                                     << d.ours << " = " << d.spec)
-            .str();
-    return "";
-  }
+  std::vector<DeclaredKey> declared() const override { return declared_; }
+  std::string own_name(const std::string& name) const override { return hf_llama_name(name); }
 
   std::optional<std::vector<int64_t>> shape(const std::string& name) const override {
     auto it = by_name_.find(name);
-    if (it == by_name_.end()) return std::nullopt;
+    if (it == by_name_.end() || (tied_ && name == "lm_head.weight")) return std::nullopt;
     return it->second.entry->shape;
   }
   void read(const std::string& name, float* out) const override {
@@ -204,10 +220,27 @@ class HfLlamaSource : public WeightsSource {
              "pipetrain's rotary embeddings are unscaled (Llama 3.1's and YaRN's scaling are not built)");
     for (const char* bias : {"attention_bias", "mlp_bias"})
       if (c.contains(bias) && c[bias] != false) refuse(bias, "pipetrain's llama block has no biases");
-    n_head_ = static_cast<int>(number("num_attention_heads", 0));
-    n_kv_head_ = static_cast<int>(number("num_key_value_heads", n_head_));  // absent: multi-head
-    rope_theta_ = number("rope_theta", 10000);
-    rms_norm_eps_ = number("rms_norm_eps", 1e-6);  // LlamaConfig's default
+    // LlamaConfig's defaults for what the file leaves out: the key/value heads are the heads, the
+    // head untied, rope_theta 10000, rms_norm_eps 1e-6.
+    declared_.push_back({"model.arch", "\"llama\"", "config.json model_type"});
+    declare_int(declared_, c, path, "num_hidden_layers", "model.n_layer");
+    declare_int(declared_, c, path, "hidden_size", "model.d_model");
+    declare_int(declared_, c, path, "num_attention_heads", "model.n_head");
+    if (c.contains("num_key_value_heads")) declare_int(declared_, c, path, "num_key_value_heads", "model.n_kv_head");
+    else declare_int(declared_, c, path, "num_attention_heads", "model.n_kv_head");
+    declare_int(declared_, c, path, "intermediate_size", "model.ffn_hidden");
+    declare_int(declared_, c, path, "vocab_size", "model.vocab");
+    const bool theta_given = c.contains("rope_theta") && !c["rope_theta"].is_null();
+    declared_.push_back({"model.rope_theta", toml_number(number("rope_theta", 10000)),
+                         theta_given ? "config.json rope_theta" : "config.json (no rope_theta: Hugging Face's 10000)"});
+    const bool eps_given = c.contains("rms_norm_eps") && !c["rms_norm_eps"].is_null();
+    declared_.push_back(
+        {"model.norm_eps", toml_number(number("rms_norm_eps", 1e-6)),
+         eps_given ? "config.json rms_norm_eps" : "config.json (no rms_norm_eps: Hugging Face's 1e-06)"});
+    if (c.contains("tie_word_embeddings") && !c["tie_word_embeddings"].is_boolean())
+      refuse("tie_word_embeddings", "not true or false");
+    tied_ = c.value("tie_word_embeddings", false);
+    declared_.push_back({"model.tie_embeddings", tied_ ? "true" : "false", "config.json tie_word_embeddings"});
   }
 
   struct Held {
@@ -216,16 +249,22 @@ class HfLlamaSource : public WeightsSource {
   };
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, Held> by_name_;
-  int n_head_ = 0, n_kv_head_ = 0;
-  double rope_theta_ = 10000, rms_norm_eps_ = 1e-6;
+  bool tied_ = false;
+  std::vector<DeclaredKey> declared_;
 };
 
 class LlmcSource : public WeightsSource {
  public:
   explicit LlmcSource(const std::string& path) : WeightsSource(path), file_(path) {}
   std::string kind() const override { return std::string("llm.c model file, ") + dtype_name(file_.header().dtype); }
-  std::string mismatch(const RunSpec& spec) const override {
-    return gpt2_mismatch("an llm.c (GPT-2) model file", file_.header().n_head, spec);
+  std::vector<DeclaredKey> declared() const override {
+    const LlmcHeader& h = file_.header();
+    return {{"model.arch", "\"gpt2\"", "llm.c model file (GPT-2)"},
+            {"model.n_layer", std::to_string(h.n_layer), "llm.c header num_layers"},
+            {"model.d_model", std::to_string(h.channels), "llm.c header channels"},
+            {"model.n_head", std::to_string(h.n_head), "llm.c header num_heads"},
+            {"model.vocab", std::to_string(h.vocab), "llm.c header vocab_size"},
+            {"model.tie_embeddings", "true", "llm.c model file (its head is tied)"}};
   }
   std::optional<std::vector<int64_t>> shape(const std::string& name) const override { return file_.shape(name); }
   void read(const std::string& name, float* out) const override { file_.read(name, out); }
@@ -249,18 +288,18 @@ class CheckpointSource : public WeightsSource {
     }
   }
   std::string kind() const override { return "pipetrain checkpoint, step " + std::to_string(manifest_.step); }
-  // The model keys that shapes cannot tell apart, as the checkpoint's spec has them (a key it
-  // predates: its default).
-  std::string mismatch(const RunSpec& spec) const override {
-    for (const SpecKey& k : spec_schema()) {
-      const std::string key = k.dotted();
-      if (key != "model.arch" && key != "model.n_head" && key != "model.n_kv_head" && key != "model.rope_theta" &&
-          key != "model.norm_eps")
-        continue;
-      const std::string saved = manifest_.spec_value(key);
-      if (saved != k.show(spec)) return "the checkpoint has " + key + " = " + saved + ", this spec " + k.show(spec);
+  // The model keys as the checkpoint's spec has them (a key it predates: its default); the llama
+  // family's own keys only for a llama.
+  std::vector<DeclaredKey> declared() const override {
+    std::vector<DeclaredKey> out;
+    const bool llama = manifest_.spec_value("model.arch") == "\"llama\"";
+    for (const char* key :
+         {"model.arch", "model.n_layer", "model.d_model", "model.n_head", "model.vocab", "model.tie_embeddings",
+          "model.n_kv_head", "model.ffn_hidden", "model.rope_theta", "model.norm_eps"}) {
+      if (!llama && out.size() == 6) break;
+      out.push_back({key, manifest_.spec_value(key), "manifest " + std::string(key)});
     }
-    return "";
+    return out;
   }
   std::optional<std::vector<int64_t>> shape(const std::string& name) const override {
     auto it = tensors_.find(name);
@@ -295,13 +334,22 @@ std::unique_ptr<WeightsSource> WeightsSource::open(const std::string& path) {
   if (fs::is_directory(p, ec)) {
     if (fs::exists(p / "manifest.json", ec)) return std::make_unique<CheckpointSource>(path);
     const std::string config_path = (p / "config.json").string();
-    std::optional<json> config;
-    if (fs::exists(config_path, ec)) config = read_hf_config(config_path);
-    if (config && config->value("model_type", "") == "llama")
-      return std::make_unique<HfLlamaSource>(path, *config, config_path);
-    if (fs::exists(p / "model.safetensors", ec))
-      return std::make_unique<HfSource>(path, (p / "model.safetensors").string(), true, config ? &*config : nullptr,
-                                        config_path);
+    const bool weights = fs::exists(p / "model.safetensors", ec) || fs::exists(p / "model.safetensors.index.json", ec);
+    // A Hugging Face directory says what model it holds in config.json: without it nothing is guessed.
+    if (weights && !fs::exists(config_path, ec))
+      throw SpecError(path +
+                      ": a Hugging Face model directory without config.json (which says the model's family "
+                      "and shape): copy it from where the weights came from");
+    if (fs::exists(config_path, ec)) {
+      const json config = read_hf_config(config_path);
+      const json type = config.contains("model_type") ? config["model_type"] : json("gpt2");
+      if (type == "llama") return std::make_unique<HfLlamaSource>(path, config, config_path);
+      if (type != "gpt2")
+        throw SpecError(config_path + ": model_type = " + type.dump() +
+                        ": pipetrain reads Hugging Face GPT-2 (\"gpt2\") and Llama (\"llama\") models");
+      if (weights)
+        return std::make_unique<HfSource>(path, (p / "model.safetensors").string(), true, &config, config_path);
+    }
     throw SpecError(path +
                     ": not a model: a folder without manifest.json (a pipetrain checkpoint, "
                     "RUN_DIR/checkpoints/step_N), model.safetensors (a Hugging Face GPT-2 or Llama directory) "

@@ -183,7 +183,8 @@ std::string to_json(const StepLine& l) {
     if (gpu || !k.gpu_only) j[k.key] = figures(l.*k.values, k.digits);
   nlohmann::ordered_json kernels = nlohmann::ordered_json::object();
   for (size_t k = 0; k < l.kernel_s.size(); ++k)
-    kernels[kernel_name(static_cast<Kernel>(k))] = figures(l.kernel_s[k], Digits::six);
+    if (kernel_in_family(static_cast<Kernel>(k), l.arch))
+      kernels[kernel_name(static_cast<Kernel>(k), l.arch)] = figures(l.kernel_s[k], Digits::six);
   j["kernel_s"] = kernels;
   j["gemm_gflops"] = figures(l.gemm_gflops, Digits::six);
   if (l.straggler_window.is_object())

@@ -10,6 +10,7 @@
 #include "pipetrain/ckpt/resume.hpp"
 #include "pipetrain/ckpt/shard_io.hpp"
 #include "pipetrain/util/files.hpp"
+#include "pipetrain/util/text_table.hpp"
 
 namespace fs = std::filesystem;
 
@@ -52,10 +53,12 @@ ExitCode ckpt_verify(const std::string& path) {
 
 namespace {
 
-// One shard's tensors, a line each; returns their parameters (those of one of the three arrays).
+// One shard's tensors, a line each in aligned columns; returns their parameters (those of one of
+// the three arrays).
 uint64_t print_shard_tensors(const std::string& path) {
   uint64_t params = 0;
   ShardReader r(path);
+  std::vector<std::vector<std::string>> rows = {{"tensor", "shape", "params", "bytes (x3 with the AdamW moments)"}};
   for (auto& t : r.tensors()) {
     uint64_t n = 1;
     std::string shape;
@@ -64,9 +67,9 @@ uint64_t print_shard_tensors(const std::string& path) {
       shape += (d ? "x" : "") + std::to_string(t.shape[d]);
     }
     params += n;
-    std::printf("    %-28s %-12s %10llu params %12llu bytes (x3 with the AdamW moments)\n", t.name.c_str(),
-                shape.c_str(), static_cast<unsigned long long>(n), static_cast<unsigned long long>(4 * n));
+    rows.push_back({t.name, shape, std::to_string(n), std::to_string(4 * n)});
   }
+  std::fputs(text_table(rows, "    ", {2, 3}).c_str(), stdout);
   return params;
 }
 
@@ -82,10 +85,10 @@ ExitCode ckpt_inspect(const std::string& given) {
   std::ostringstream partition;
   for (size_t i = 0; i < m.partition.size(); ++i) partition << (i ? "," : "") << m.partition[i];
   const std::string chunks = m.virtual_stages > 1 ? ", " + std::to_string(m.virtual_stages) + " chunks per stage" : "";
-  std::printf(
-      "checkpoint %s\n  step %lld, %lld samples consumed, saved as pp %d x dp %d%s (blocks per %sstage %s) in %.2f s\n",
-      path.c_str(), static_cast<long long>(m.step), static_cast<long long>(m.samples_consumed), m.pp, m.dp,
-      chunks.c_str(), m.virtual_stages > 1 ? "virtual " : "", partition.str().c_str(), m.write_s);
+  std::printf("checkpoint %s\n  step %lld, %lld samples consumed, saved as %s%s (blocks per %sstage %s) in %.2f s\n",
+              path.c_str(), static_cast<long long>(m.step), static_cast<long long>(m.samples_consumed),
+              grid_text(std::stoi(m.spec_value("parallel.tp")), m.pp, m.dp).c_str(), chunks.c_str(),
+              m.virtual_stages > 1 ? "virtual " : "", partition.str().c_str(), m.write_s);
   uint64_t total_bytes = 0, total_params = 0;
   for (auto& s : m.shards) {
     std::printf("  %s  %llu bytes  checksum %s\n", s.file.c_str(), static_cast<unsigned long long>(s.bytes),

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "pipetrain/dist/signals.hpp"
+#include "pipetrain/util/faults.hpp"
 
 namespace pipetrain {
 
@@ -37,8 +38,10 @@ ExitCode run_offline(const std::function<ExitCode()>& body) {
 }
 
 ExitCode run_mpi(const std::function<ExitCode(World&)>& body) {
+  test_pause("start");
   install_stop_handlers();  // before MPI_Init: a USR1/TERM during start-up must not kill the rank
   World world(nullptr, nullptr);
+  speak_on_signals(world.rank() == 0);
   ExitCode code = ExitCode::fault;
   try {
     code = body(world);

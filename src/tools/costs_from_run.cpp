@@ -155,9 +155,10 @@ MachineCosts costs_from_run(const std::string& run_dir) {
 
   MachineCosts c = MachineCosts::for_model(spec);
   char what[256];
-  std::snprintf(what, sizeof what, "the trace of run %s (pp %d x dp %d, %s, M = %d, recompute %s), steps %d-%d",
-                run_dir.c_str(), spec.parallel.pp, spec.parallel.dp, spec.parallel.schedule->name.c_str(),
-                spec.parallel.micro_batches, name_of(spec.parallel.recompute), first_step, last_step);
+  std::snprintf(what, sizeof what, "the trace of run %s (%s, %s, M = %d, recompute %s), steps %d-%d", run_dir.c_str(),
+                grid_text(spec.parallel.tp, spec.parallel.pp, spec.parallel.dp).c_str(),
+                spec.parallel.schedule->name.c_str(), spec.parallel.micro_batches, name_of(spec.parallel.recompute),
+                first_step, last_step);
   c.source = what;
   MachineCosts::AtSize at;
   at.samples = spec.samples_per_micro_batch();

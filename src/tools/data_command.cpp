@@ -106,9 +106,10 @@ ExitCode data_export(const std::vector<std::string>& args) {
 ExitCode data_inspect(const std::vector<std::string>& args) {
   std::string path;
   int sample = 64;
-  po::options_description desc("pipetrain data inspect DATA.h5 [--sample N]");
+  po::options_description desc("pipetrain data inspect DATA.h5 [--sample N] [--json]");
   desc.add_options()("help,h", "show this help")("input", po::value<std::string>(&path), "the token file")(
-      "sample", po::value<int>(&sample)->default_value(64), "tokens of /train to show decoded");
+      "sample", po::value<int>(&sample)->default_value(64), "tokens of /train to show decoded")(
+      "json", "print the same facts as one JSON object (for scripts)");
   po::positional_options_description pos;
   pos.add("input", 1);
   po::variables_map vm;
@@ -118,7 +119,7 @@ ExitCode data_inspect(const std::vector<std::string>& args) {
     return ExitCode::bad_input;
   }
   return run_offline([&] {
-    std::fputs(inspect_token_file(path, sample).c_str(), stdout);
+    std::fputs(inspect_token_file(path, sample, vm.count("json") > 0).c_str(), stdout);
     return ExitCode::ok;
   });
 }

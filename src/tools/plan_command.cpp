@@ -12,6 +12,7 @@
 #include "pipetrain/planner/plan.hpp"
 #include "pipetrain/tools/calibrate.hpp"
 #include "pipetrain/tools/costs_from_run.hpp"
+#include "pipetrain/train/run_spec.hpp"
 #include "pipetrain/util/atomic_output.hpp"
 #include "pipetrain/util/files.hpp"
 
@@ -121,7 +122,8 @@ ExitCode run_plan(const PlanOptions& opt) {
   if (!opt.from_run.empty())
     throw SpecError("--from-run goes with --calibrate (plan --costs takes a run directory itself)");
   // --auto replaces the layout: the spec is read for its model, batch and data, on one rank.
-  const RunSpec spec = load_spec(opt.config, opt.overrides, opt.automatic ? kAnyLayout : opt.world);
+  const RunSpec spec = load_run_spec(opt.config, opt.overrides, opt.automatic ? kAnyLayout : opt.world,
+                                     "ranks are planned (plan --world)");
   const double capacity = opt.memory_per_rank.empty() ? 0 : parse_bytes(opt.memory_per_rank, "--memory-per-rank");
   check_machine_options(opt);
   const std::optional<MachineCosts> costs = chosen_costs(opt, spec);
@@ -163,7 +165,8 @@ ExitCode plan_command(const std::vector<std::string>& args) {
   po::options_description desc("pipetrain plan [options]   (no MPI launch needed)");
   desc.add_options()("help,h", "show this help")("config", po::value<std::string>(&opt.config), "run spec (TOML)")(
       "set", po::value<std::vector<std::string>>(&opt.overrides)->composing(), "override one key (repeatable)")(
-      "world", po::value<int>(&opt.world), "rank count to plan for (checked against pp x dp; default pp x dp)")(
+      "world", po::value<int>(&opt.world),
+      "rank count to plan for (parallel.dp, when unset, takes the ranks tp x pp leave; default tp x pp x dp)")(
       "json", "print the prediction as JSON")(
       "compare-schedules", "one line per pipeline schedule for this layout: bubble and activation peak")(
       "ranks-per-node", po::value<int>(),

@@ -66,9 +66,9 @@ void text_measured(const RunSummary& r, std::string& out) {
 void text_stages(const RunSummary& r, std::string& out) {
   if (r.stages == 0) return;
   if (r.spec && !r.predicted)
-    out += "  per stage: of the logged steps' layout, pp " + std::to_string(r.stages) + " x dp " +
-           std::to_string(r.logged_dp) + " (config.toml's pp " + std::to_string(r.spec->parallel.pp) + " x dp " +
-           std::to_string(r.spec->parallel.dp) + " logged no step: no prediction)\n";
+    out += "  per stage: of the logged steps' layout, " + grid_text(r.spec->parallel.tp, r.stages, r.logged_dp) +
+           " (config.toml's " + grid_text(r.spec->parallel.tp, r.spec->parallel.pp, r.spec->parallel.dp) +
+           " logged no step: no prediction)\n";
   if (r.predicted)
     out += "  bubble of the " + r.spec->parallel.schedule->name +
            " schedule with even stages = " + fmt("%.3f", r.bubble_theory) +
@@ -96,8 +96,8 @@ std::string report_text(const RunSummary& r) {
   if (const auto& s = r.spec)
     out += "  spec: " + grid_text(s->parallel.tp, s->parallel.pp, s->parallel.dp) +
            ", M=" + std::to_string(s->parallel.micro_batches) + ", recompute " + name_of(s->parallel.recompute) + ", " +
-           std::to_string(s->run.steps) + " steps, " + std::to_string(s->model.n_layer) + "-block GPT d_model " +
-           std::to_string(s->model.d_model) + "\n";
+           std::to_string(s->run.steps) + " steps, " + std::to_string(s->model.n_layer) + "-block " +
+           (s->model.arch == Arch::llama ? "Llama" : "GPT-2") + " d_model " + std::to_string(s->model.d_model) + "\n";
   text_measured(r, out);
   text_stages(r, out);
   out += r.stragglers.text + describe(r.story);

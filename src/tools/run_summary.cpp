@@ -103,15 +103,28 @@ std::vector<std::pair<std::string, double>> step_shares(const std::vector<json>&
   }
   std::vector<std::pair<std::string, double>> shares;
   if (!timed || step <= 0) return shares;
+  // The kernel classes the log names (the model family names the norm and activation), in the
+  // classes' order, then the waits.
+  std::vector<std::string> names;
+  for (int k = 0; k < kKernelClasses; ++k)
+    for (Arch arch : {Arch::gpt2, Arch::llama}) {
+      const std::string name = kernel_name(static_cast<Kernel>(k), arch);
+      const bool logged = std::any_of(lines.begin(), lines.end(), [&](const json& l) {
+        return l.contains("kernel_s") && l["kernel_s"].is_object() && l["kernel_s"].contains(name);
+      });
+      if (logged && std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    }
   double covered = 0;
-  for (int k = 0; k <= kKernelClasses; ++k) {  // the kernel classes, then the waits
-    const bool waits = k == kKernelClasses;
-    const char* name = waits ? "waiting" : kernel_name(static_cast<Kernel>(k));
+  for (const std::string& name : names) {
     double seconds = 0;
-    for (const json& l : lines) seconds += waits ? at_stage(l, "comm_wait_s") : at_stage(l, "kernel_s", name);
+    for (const json& l : lines) seconds += at_stage(l, "kernel_s", name.c_str());
     shares.emplace_back(name, seconds / step);
     covered += seconds / step;
   }
+  double waits = 0;
+  for (const json& l : lines) waits += at_stage(l, "comm_wait_s");
+  shares.emplace_back("waiting", waits / step);
+  covered += waits / step;
   shares.emplace_back("other", 1 - covered);
   return shares;
 }

@@ -25,6 +25,7 @@
 #include "pipetrain/train/train.hpp"
 #include "pipetrain/util/clock.hpp"
 #include "pipetrain/util/stats.hpp"
+#include "pipetrain/util/text_table.hpp"
 
 namespace fs = std::filesystem;
 
@@ -465,14 +466,12 @@ ExitCode run_smoke(const SmokeOptions& opt, World& w) {
   if (rank == 0) {
     std::printf("\npipetrain smoke: %d ranks, %s, %s\n", world, grid_text(topo.tp, topo.pp, topo.dp).c_str(),
                 launch.describe().c_str());
-    std::printf("%-17s %-52s %-40s %s\n", "check", "where", "value", "result");
+    std::vector<std::vector<std::string>> table = {{"check", "where", "value", "result"}};
     for (auto& r : rows) {
-      std::printf("%-17s %-52s %-40s %s\n", r.check.c_str(), r.where.c_str(), r.value.c_str(),
-                  !r.pass  ? "FAIL"
-                  : r.warn ? "warn"
-                           : "ok");
+      table.push_back({r.check, r.where, r.value, !r.pass ? "FAIL" : r.warn ? "warn" : "ok"});
       failures += r.pass ? 0 : 1;
     }
+    std::fputs(text_table(table).c_str(), stdout);
   }
   comm.allreduce_world(&failures, 1);
   if (rank == 0) {

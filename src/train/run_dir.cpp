@@ -1,6 +1,8 @@
 #include "pipetrain/train/run_dir.hpp"
 
+#include <algorithm>
 #include <filesystem>
+#include <vector>
 
 #include "pipetrain/observe/metrics.hpp"
 #include "pipetrain/util/files.hpp"
@@ -25,6 +27,23 @@ std::string move_aside(const std::string& path) {
 
 std::string resolve_run_dir(const std::string& run_dir_option, const RunSpec& spec) {
   return run_dir_option.empty() ? spec.run.out_dir + "/" + spec.run.name : run_dir_option;
+}
+
+void check_run_dir_is_a_run(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;  // made by the run (a file in the way is said by the lock)
+  std::vector<std::string> others;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    for (const char* ours : {".lock", "config.toml", "metrics.jsonl", "events.jsonl", "checkpoints"})
+      if (name == ours) return;
+    others.push_back(name);
+  }
+  if (others.empty()) return;
+  std::sort(others.begin(), others.end());
+  throw SpecError("run dir " + dir + " is not empty and is not a pipetrain run (it holds " +
+                  std::to_string(others.size()) + (others.size() == 1 ? " entry: " : " entries, such as ") +
+                  others.front() + "): train into an empty or new directory (--run-dir, or run.out_dir and run.name)");
 }
 
 std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t resumed_step,

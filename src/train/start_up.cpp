@@ -17,7 +17,9 @@
 #include "pipetrain/train/run.hpp"
 #include "pipetrain/train/run_dir.hpp"
 #include "pipetrain/train/run_history.hpp"
+#include "pipetrain/train/run_spec.hpp"
 #include "pipetrain/util/clock.hpp"
+#include "pipetrain/util/faults.hpp"
 #include "pipetrain/util/version.hpp"
 
 namespace fs = std::filesystem;
@@ -77,7 +79,7 @@ void read_spec_and_data(Run& run) {
       opt.eval_only ? checkpoints_named_by(opt.resume.path) : std::vector<std::string>{};
   run.spec = opt.eval_only && opt.config.empty()
                  ? spec_of_checkpoint(named.empty() ? opt.resume.path : named.front(), opt.overrides, world)
-                 : load_spec(opt.config, opt.overrides, world);
+                 : load_run_spec(opt.config, opt.overrides, world);
   if (opt.eval_only && run.spec.eval.every_steps == 0) run.spec.eval.every_steps = 1;  // load validation data
   if (opt.eval_batches > 0) {
     run.spec.eval.batches = opt.eval_batches;
@@ -340,13 +342,16 @@ ExitCode start_up(Run& run) {
 
   run.run_dir = resolve_run_dir(run.opt.run_dir, spec);
   if (ExitCode code = world.run_agreed([&] {
-        if (rank0 && writes) run.lock = std::make_unique<RunDirLock>(run.run_dir);
+        if (!rank0 || !writes) return;
+        check_run_dir_is_a_run(run.run_dir);
+        run.lock = std::make_unique<RunDirLock>(run.run_dir);
       });
       code != ExitCode::ok)
     return code;
   run.checkpointer = std::make_unique<Checkpointer>(spec, run.run_dir, *run.comm);
   run.checkpointer->set_tokenizer(run.tokenizer_model);
   run.resumed_from = select_checkpoint(run.opt.resume, run.checkpointer->dir(), spec, world);
+  if (!run.resumed_from.empty()) test_pause("resume");
   // init_from applies to a fresh start only: a requeued fine-tuning job resumes its own checkpoint.
   if (run.resumed_from.empty() && !spec.train.init_from.empty())
     if (ExitCode code = world.run_agreed([&] { open_init_source(run); }); code != ExitCode::ok) return code;

@@ -125,6 +125,7 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   line.grad_norm = r.sync.norm;
   line.time = wall_clock_s();
   line.launch = run.launch_index;
+  line.arch = run.spec.model.arch;
   line.tp = run.spec.parallel.tp;
   line.pp = run.spec.parallel.pp;
   line.dp = run.spec.parallel.dp;

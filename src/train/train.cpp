@@ -9,6 +9,7 @@
 #include "pipetrain/train/run_history.hpp"
 #include "pipetrain/train/step.hpp"
 #include "pipetrain/util/clock.hpp"
+#include "pipetrain/util/faults.hpp"
 
 namespace pipetrain {
 namespace {
@@ -18,9 +19,10 @@ ExitCode evaluate_checkpoint(Run& run) {
   const double val_loss = evaluate(run);
   const RunSpec& spec = run.spec;
   if (run.rank() == 0)
-    std::printf("%s: step %lld, val_loss %.6f over %d batches of %d samples x %d tokens (pp %d x dp %d)\n",
+    std::printf("%s: step %lld, val_loss %.6f over %d batches of %d samples x %d tokens (%s)\n",
                 run.resumed_from.c_str(), static_cast<long long>(run.start_step), val_loss, spec.eval.batches,
-                spec.train.global_batch, spec.model.seq_len, spec.parallel.pp, spec.parallel.dp);
+                spec.train.global_batch, spec.model.seq_len,
+                grid_text(spec.parallel.tp, spec.parallel.pp, spec.parallel.dp).c_str());
   return ExitCode::ok;
 }
 
@@ -158,6 +160,7 @@ ExitCode finish(Run& run, Ending ending, int64_t step) {
       failed && ending.code == ExitCode::ok)
     ending = *failed;
   if (run.rank() == 0) record_stop(run, ending.reason, ending.code, step);
+  test_pause("exit");
   return ending.code;
 }
 

@@ -595,7 +595,7 @@ def inspect_imported():
         f.attrs["tokenizer"], f.attrs["sources"] = "bytes", '{"by": "h5py"}'
         f["train"] = np.frombuffer(b"hello world", np.uint8)
     p = data("inspect", work("h5py.h5"))
-    expect(p.returncode == 0 and "tokenizer bytes" in p.stdout and '{"by": "h5py"}' in p.stdout and
+    expect(p.returncode == 0 and "tokenizer bytes" in p.stdout and "made by h5py\n" in p.stdout and
            '"hello world"' in p.stdout and "/val 0 tokens" in " ".join(p.stdout.split()),
            f"an h5py-made file: its string attributes read, no /val is an empty one ({p.stdout.strip()})")
 

@@ -474,10 +474,10 @@ def refusals_exit_2():
         f.write(b"\xff" * 8)
 
     for name, source, sets, words in [
-            ("n_layer 3 of 4", hf, ["model.n_layer=3"], ["h.3.ln_1.weight", "[64]", "model.n_layer = 3"]),
-            ("n_layer 5 of 4", hf, ["model.n_layer=5"], ["h.4.ln_1.weight", "[64]", "no such tensor"]),
-            ("narrower", models["tied"], ["model.d_model=32"], ["wte.weight", "[256, 32]", "[256, 64]"]),
-            ("other heads", hf, ["model.n_head=8"], ["4 attention heads", "model.n_head = 8"]),
+            ("n_layer 3 of 4", hf, ["model.n_layer=3"], ["config.json n_layer is 4", "model.n_layer = 3"]),
+            ("n_layer 5 of 4", hf, ["model.n_layer=5"], ["config.json n_layer is 4", "model.n_layer = 5"]),
+            ("narrower", models["tied"], ["model.d_model=32"], ["manifest model.d_model is 64", "model.d_model = 32"]),
+            ("other heads", hf, ["model.n_head=8"], ["config.json n_head is 4", "model.n_head = 8"]),
             ("untied into tied", models["untied"], [], ["lm_head.weight", "model.tie_embeddings = true"]),
             ("another activation", relu, [], ["config.json", "activation_function", "relu"]),
             ("a damaged checkpoint", damaged, [], ["stage_000.h5", "checksum"]),

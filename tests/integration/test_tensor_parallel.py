@@ -361,7 +361,7 @@ def refused_layouts():
     expect(r.rc == 2 and "parallel.tp: tp = 2 neither divides model.n_kv_head = 3 nor is a multiple of it" in r.err,
            f"tp 2 over 3 key/value heads: exit 2 naming the key ({r.rc}: {r.err.strip()[-200:]})")
     r = launch(a, 2, os.path.join(a.work, "refused_grid"), config("tiny.toml"), ["parallel.tp=2", "parallel.pp=2"])
-    expect(r.rc == 2 and "tp x pp x dp = 2 x 2 x 1 = 4 but 2 MPI ranks were launched" in r.err,
+    expect(r.rc == 2 and "2 MPI ranks were launched but tp 2 x pp 2 = 4 does not divide them" in r.err,
            f"tp 2 x pp 2 on 2 ranks: exit 2 naming the grid ({r.rc}: {r.err.strip()[-200:]})")
     r = launch(a, 1, os.path.join(a.work, "refused_sp"), config("tiny.toml"), ["parallel.sequence_parallel=true"])
     expect(r.rc == 2 and "parallel.sequence_parallel: splits tokens among tensor ranks: it needs parallel.tp > 1"

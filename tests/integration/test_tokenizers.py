@@ -205,7 +205,9 @@ def generate_from_the_checkpoint_alone():
     """The run directory and every checkpoint hold the tokenizer (listed and checksummed in the
     manifest); generate on a copy of the checkpoint, with the token file gone, encodes the prompt
     and writes text that is mostly (at least 80%) words of the corpus; a Hugging Face export of it
-    carries the tokenizer; a damaged tokenizer fails `ckpt verify`."""
+    carries the tokenizer, its special tokens (config.json's bos/eos ids, tokenizer_config.json for
+    transformers' LlamaTokenizer: the sentencepiece module's pieces and ids); a damaged tokenizer
+    fails `ckpt verify`."""
     a = settings()
     r = trained_checkpoint()
     with h5py.File(token_file("bpe")) as f:
@@ -236,6 +238,19 @@ def generate_from_the_checkpoint_alone():
            f"the Hugging Face export carries the tokenizer ({e.stderr.strip()})")
     sp = sentencepiece.SentencePieceProcessor(model_file=os.path.join(hf, "tokenizer.model"))
     expect(sp.get_piece_size() == 300, "the exported tokenizer loads in sentencepiece")
+    # What transformers' LlamaTokenizer reads: the model file, the special tokens as pieces (and
+    # their ids in config.json), no BOS/EOS added (the token files hold the text's pieces alone).
+    config = json.load(open(os.path.join(hf, "config.json")))
+    tok = json.load(open(os.path.join(hf, "tokenizer_config.json"))) if os.path.exists(
+        os.path.join(hf, "tokenizer_config.json")) else {}
+    expect(sp.bos_id() >= 0 and sp.eos_id() >= 0 and config.get("bos_token_id") == sp.bos_id() and
+           config.get("eos_token_id") == sp.eos_id(),
+           f"config.json's bos/eos ids are the tokenizer's ({config.get('bos_token_id')}, {config.get('eos_token_id')} vs "
+           f"{sp.bos_id()}, {sp.eos_id()})")
+    want = {"tokenizer_class": "LlamaTokenizer", "vocab_file": "tokenizer.model", "bos_token": sp.id_to_piece(sp.bos_id()),
+            "eos_token": sp.id_to_piece(sp.eos_id()), "unk_token": sp.id_to_piece(sp.unk_id()), "pad_token": None,
+            "add_bos_token": False, "add_eos_token": False}
+    expect(all(tok.get(k, "absent") == v for k, v in want.items()), f"tokenizer_config.json: {want} ({tok})")
     with open(os.path.join(alone, "tokenizer.model"), "ab") as f:
         f.write(b"x")
     v = subprocess.run([a.bin, "ckpt", "verify", alone], capture_output=True, text=True, timeout=60)

@@ -5,15 +5,19 @@
 // time is counted twice. Reported per step in metrics.jsonl as kernel_s.
 #include <array>
 
+#include "pipetrain/config/choices.hpp"
+
 namespace pipetrain {
 
 // memory: sizing, zeroing and copying activation and gradient buffers; input: a micro-batch's
 // tokens and targets, read from the dataset and placed in the stage.
 // tp_comm: the tensor group's collectives inside the layers (their time, waiting included, counts
-// here and not as a pipeline wait).
-enum class Kernel { gemm, attention, layernorm, gelu, softmax, elementwise, optimizer, memory, input, tp_comm };
-constexpr int kKernelClasses = 10;
-const char* kernel_name(Kernel k);  // "gemm", "attention", ...
+// here and not as a pipeline wait). norm and activation are named by the model family (LayerNorm
+// and GELU, or RMSNorm and SwiGLU); rope, the rotary positions, is the llama family's alone.
+enum class Kernel { gemm, attention, norm, activation, rope, softmax, elementwise, optimizer, memory, input, tp_comm };
+constexpr int kKernelClasses = 11;
+const char* kernel_name(Kernel k, Arch arch);  // "gemm", "attention", "layernorm" or "rmsnorm", ...
+bool kernel_in_family(Kernel k, Arch arch);    // false for the classes the family's layers never run
 
 struct KernelTotals {
   std::array<double, kKernelClasses> seconds{};

@@ -130,17 +130,37 @@ StepShape step_shape(const RunSpec& spec);
 int llama_ffn_hidden(int d_model, int multiple_of);
 
 // Reads `path` (empty: built-in defaults), applies "section.key=value" overrides, validates.
-// world_size > 0 also checks pp × dp against it; kAnyLayout leaves the layout keys unchecked (for a
-// caller that picks the layout itself) and checks the rest on one rank. Throws SpecError naming
-// key and file:line.
+constexpr const char* kLaunchedRanks = "MPI ranks were launched";
+// A value taken from where it already is (the token file's vocab_size, an init_from model's
+// config.json) for a key the spec leaves unset: the dotted key, its value as TOML text, and where
+// it came from (shown as the key's origin: "data.path's vocab_size").
+struct ImpliedKey {
+  std::string key, value, from;
+};
+// What a spec is read against besides its text: how the ranks it is laid out on are named in
+// refusals, and the implied keys.
+struct SpecContext {
+  std::string ranks_are = kLaunchedRanks;  // "MPI ranks were launched", "ranks are planned (plan --world)"
+  std::vector<ImpliedKey> implied;
+};
+
+// Reads `path` (empty: built-in defaults), applies "section.key=value" overrides, then the
+// context's implied keys the file and overrides leave unset, and validates.
+// world_size > 0 lays the spec out on that many ranks: parallel.dp, where neither the file nor an
+// override sets it, takes the ranks tp × pp leave, and tp × pp × dp is checked against it;
+// kAnyLayout leaves the layout keys unchecked (for a caller that picks the layout itself) and
+// checks the rest on one rank; kUnchecked validates nothing (for a caller that reads keys to find
+// the implied ones). Throws SpecError naming key and file:line.
 constexpr int kAnyLayout = -1;
-RunSpec load_spec(const std::string& path, const std::vector<std::string>& overrides, int world_size);
+constexpr int kUnchecked = -2;
+RunSpec load_spec(const std::string& path, const std::vector<std::string>& overrides, int world_size,
+                  const SpecContext& context = {});
 // The same for spec text already read; `path` names it in messages (empty: defaults, text unused).
 RunSpec parse_spec(const std::string& text, const std::string& path, const std::vector<std::string>& overrides,
-                   int world_size);
+                   int world_size, const SpecContext& context = {});
 
 // Checks ranges and combinations; called by load_spec, exposed for tests.
-void validate_spec(const RunSpec& spec, int world_size);
+void validate_spec(const RunSpec& spec, int world_size, const std::string& ranks_are = kLaunchedRanks);
 // What keeps parallel.tp from splitting the spec's model, naming the key ("" when nothing): query
 // heads, key/value heads or the MLP's width that it does not divide.
 std::string tensor_parallel_problem(const RunSpec& spec);

@@ -29,7 +29,8 @@ struct PrepareOptions {
 std::string prepare_token_file(const PrepareOptions& opt);
 
 // A token file's datasets, token counts, dtype, tokenizer, sources and the first
-// `sample_tokens` tokens of /train decoded. SpecError naming the file.
-std::string inspect_token_file(const std::string& path, int sample_tokens);
+// `sample_tokens` tokens of /train decoded: as lines for a person, or (`json`) as one JSON object
+// with the same facts for scripts. SpecError naming the file.
+std::string inspect_token_file(const std::string& path, int sample_tokens, bool json = false);
 
 }  // namespace pipetrain

@@ -20,6 +20,15 @@ class SentencePieceProcessor;
 
 namespace pipetrain {
 
+// A tokenizer's special tokens: id and piece text, id -1 where it has none (bytes have none).
+struct SpecialTokens {
+  struct Token {
+    int id = -1;
+    std::string piece;
+  };
+  Token unk, bos, eos, pad;
+};
+
 class Tokenizer {
  public:
   Tokenizer();  // bytes
@@ -34,6 +43,7 @@ class Tokenizer {
   const char* name() const { return name_of(kind()); }
   int vocab_size() const;
   const std::string& model_bytes() const { return model_; }  // "" for bytes
+  SpecialTokens special_tokens() const;
 
   // Appends the ids of `text` (any bytes) to `out`. Thread-safe.
   void encode(const std::string& text, std::vector<uint32_t>* out) const;

@@ -6,8 +6,8 @@
 // Rules: shapes must equal the spec's, except that a position table longer than model.seq_len
 // gives its first seq_len rows (fine-tuning at a shorter context); a tied source into an untied
 // spec gives lm_head.weight a copy of wte.weight; an untied source into a tied spec is refused
-// (its head would be lost), as are a source with more blocks than model.n_layer and one that
-// declares another number of heads.
+// (its head would be lost), as is one that declares another family, shape or constant than a key
+// the spec sets. The keys the spec leaves unset are the source's (implied_keys, train layer).
 #pragma once
 #include <memory>
 #include <string>
@@ -21,9 +21,12 @@ namespace pipetrain {
 
 class ModelImport {
  public:
-  // Opens the source and matches the spec's model against it; SpecError naming train.init_from
-  // and the tensor with both shapes (or the rule) on any mismatch.
+  // Opens the source and matches the spec's model against it: what the source declares (its
+  // family first), then every tensor's shape; SpecError naming train.init_from, the key or the
+  // tensor as the source names it, and both values, on any mismatch.
   ModelImport(const std::string& path, const RunSpec& spec);
+  // The source at `path` (SpecError naming train.init_from when it holds no model).
+  static std::unique_ptr<WeightsSource> open_source(const std::string& path, const RunSpec& spec);
 
   // The source's own integrity check (a checkpoint's checksums), share `part` of `parts`.
   std::string verify(int part, int parts) const { return source_->verify(part, parts); }

@@ -15,6 +15,12 @@
 
 namespace pipetrain {
 
+// One thing a source says about its model, as a spec key: the value as TOML text and the source's
+// own name for it ("config.json hidden_size", "llm.c header channels").
+struct DeclaredKey {
+  std::string key, value, theirs;
+};
+
 class WeightsSource {
  public:
   // Tells the form apart (a folder by manifest.json or model.safetensors, a file by its first
@@ -25,10 +31,12 @@ class WeightsSource {
   const std::string& path() const { return path_; }
   // The form, for the start line: "Hugging Face GPT-2 directory, BF16".
   virtual std::string kind() const = 0;
-  // What the source declares about its model that its tensors' shapes cannot tell and the spec
-  // disagrees with (the family, the heads, rotary and norm constants): "" when nothing, else one
-  // phrase naming the spec key ("the source has 12 attention heads, model.n_head = 4").
-  virtual std::string mismatch(const RunSpec& spec) const = 0;
+  // What the source says its model is, family first (model.arch), then its shape and constants:
+  // what train.init_from takes for the keys a spec leaves unset, and holds a spec's explicit keys
+  // against. A Hugging Face config's key left out counts with Hugging Face's default.
+  virtual std::vector<DeclaredKey> declared() const = 0;
+  // Tensor `name` (pipetrain's name) as the source names it, for messages.
+  virtual std::string own_name(const std::string& name) const { return name; }
   // Tensor `name`'s shape in pipetrain's layout, or nothing when the source does not hold it (a
   // tied model holds no lm_head.weight).
   virtual std::optional<std::vector<int64_t>> shape(const std::string& name) const = 0;

@@ -13,6 +13,11 @@ namespace pipetrain {
 // prints, for job scripts that read the run's checkpoints and logs).
 std::string resolve_run_dir(const std::string& run_dir_option, const RunSpec& spec);
 
+// Refuses (SpecError) a directory that exists, is not empty and holds nothing a pipetrain run
+// writes (.lock, config.toml, metrics.jsonl, events.jsonl, checkpoints/): a --run-dir naming a
+// folder of the user's own files would otherwise be trained into.
+void check_run_dir_is_a_run(const std::string& dir);
+
 // Creates the directory and writes the resolved spec (and tokenizer.model, the SentencePiece model
 // of the run's token file, when it has one). Continuing this run's own history
 // (resumed_step > 0 from its own checkpoints) keeps the log up to that step and sets aside newer

@@ -1,0 +1,44 @@
+#include "pipetrain/train/run_spec.hpp"
+
+#include "pipetrain/data/token_file.hpp"
+#include "pipetrain/interop/model_import.hpp"
+
+namespace pipetrain {
+
+std::vector<ImpliedKey> implied_keys(const RunSpec& s, std::string* unread) {
+  std::vector<ImpliedKey> out;
+  std::vector<DeclaredKey> declared;
+  if (!s.train.init_from.empty()) try {
+      declared = ModelImport::open_source(s.train.init_from, s)->declared();
+    } catch (const SpecError& e) {
+      *unread = e.what();
+    }
+  if (!declared.empty()) {
+    const bool other_family = !declared.empty() && declared.front().key == "model.arch" &&
+                              s.origin("model.arch") != "(default)" &&
+                              declared.front().value != "\"" + std::string(name_of(s.model.arch)) + "\"";
+    if (!other_family)
+      for (const DeclaredKey& d : declared) out.push_back({d.key, d.value, "train.init_from's " + d.theirs});
+  }
+  if (s.data.source == DataSource::hdf5 && !s.data.path.empty()) try {
+      out.push_back({"model.vocab", std::to_string(read_token_file_info(s.data.path).vocab_size),
+                     "data.path's vocab_size (" + s.data.path + ")"});
+    } catch (const SpecError&) {
+    }
+  return out;
+}
+
+RunSpec load_run_spec(const std::string& path, const std::vector<std::string>& overrides, int world_size,
+                      const std::string& ranks_are) {
+  const RunSpec unchecked = load_spec(path, overrides, kUnchecked);
+  std::string unread;
+  const std::vector<ImpliedKey> implied = implied_keys(unchecked, &unread);
+  try {
+    return load_spec(path, overrides, world_size, SpecContext{ranks_are, implied});
+  } catch (const SpecError& e) {
+    if (unread.empty()) throw;
+    throw SpecError(std::string(e.what()) + " (no key was taken from train.init_from: " + unread + ")");
+  }
+}
+
+}  // namespace pipetrain
