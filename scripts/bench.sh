@@ -3,7 +3,7 @@
 # Builds Release, runs each comparison with --repeats repetitions (default 5), keeps every
 # script's own report in bench-results/, and ends with one table of min / median / max.
 #
-# usage: scripts/bench.sh [--repeats N] [--memory-steps N]     (about 20 minutes on 2 cores)
+# usage: scripts/bench.sh [--repeats N] [--memory-steps N]     (about 25 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=5 memory_steps=1000
@@ -31,14 +31,18 @@ run memory scripts/bench/memory.py --steps "$memory_steps"
 run zero_memory scripts/bench/zero_memory.py
 run async_checkpoint scripts/bench/async_checkpoint.py
 run stragglers scripts/bench/stragglers.py
+run blas_kernels scripts/bench/blas_kernels.py --repeats "$repeats"
 /usr/bin/python3 - "$out" <<'PY'
 import json, os, sys
 r = {}
-for name in ("kernels", "llama_step", "pipeline", "tensor_parallel", "oversubscribed", "memory", "zero_memory", "async_checkpoint", "stragglers"):
+for name in ("kernels", "llama_step", "pipeline", "tensor_parallel", "oversubscribed", "memory", "zero_memory", "async_checkpoint", "stragglers",
+             "blas_kernels"):
     with open(os.path.join(sys.argv[1], name + ".txt")) as f:
         r[name] = json.loads(f.read().strip().splitlines()[-1])
 k, p, o, m, z, c = r["kernels"], r["pipeline"], r["oversubscribed"], r["memory"], r["zero_memory"], r["async_checkpoint"]
-st, ll, tp = r["stragglers"], r["llama_step"], r["tensor_parallel"]
+st, ll, tp, bk = r["stragglers"], r["llama_step"], r["tensor_parallel"], r["blas_kernels"]
+best_square = max(row["square_1"] for row in bk["sgemm"])
+own = bk["pipetrain"]["OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE unset"]
 f = lambda t: " / ".join(f"{x:.2f}" for x in t)
 rows = [
     ("step time, pipetrain / PyTorch (small GPT)", f(k["pipetrain (OpenBLAS default threads)"]), "<= 0.80"),
@@ -64,6 +68,8 @@ rows = [
     ("  async / none, sync / none (no core free)",
      f"{c['all_cores']['async_ratio']:.3f}, {c['all_cores']['sync_ratio']:.3f}", ""),
     ("straggler detection on / off, wall per logged step (2x1, 2x2)", f"{st['2x1']['ratio']:.3f}, {st['2x2']['ratio']:.3f}", "<= 1.05"),
+    (f"sgemm with the kernels pipetrain picks ({own['kernels'].split(',')[0]}) / the best library's",
+     f"{own['sgemm_per_core'] / best_square:.3f}", ""),
 ]
 w = max(len(r[0]) for r in rows)
 print(f"\n{'benchmark':{w}s}  {'min / median / max':22s}  target")

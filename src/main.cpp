@@ -114,9 +114,8 @@ ExitCode dispatch(int argc, char** argv) {
   const std::vector<std::string> args(argv + 2, argv + argc);
   // Commands that compute settle their BLAS kernels first: that may restart the process, which
   // must happen before MPI starts.
-  for (const char* computes : {"train", "eval", "generate", "smoke", "plan"})
-    if (cmd == computes)
-      if (int refused = settle_blas_kernels(argv)) return static_cast<ExitCode>(refused);
+  if (command_computes(cmd, args))
+    if (int refused = settle_blas_kernels(argv)) return static_cast<ExitCode>(refused);
   if (cmd == "train") return train_main(args);
   if (cmd == "ckpt") return ckpt_command(args);
   if (cmd == "plan") return plan_command(args);

@@ -7,6 +7,7 @@
 #include <functional>
 #include <sstream>
 
+#include "pipetrain/config/other_names.hpp"
 #include "pipetrain/config/spec_schema.hpp"
 #include "pipetrain/util/files.hpp"
 
@@ -126,36 +127,19 @@ void validate_tensor_parallel(const RunSpec& s,
 }
 
 // Did-you-mean for an unknown key: the same key name in another section first (a key put under
-// the wrong header), else the nearest section.key by edit distance.
+// the wrong header), then the key another trainer's name means, else the nearest section.key by
+// edit distance, only when it is near for the key's own name (a long name of another trainer's
+// would otherwise land on any key of a similar length and another meaning).
+// Returns the hint's words ("did you mean train.lr?"), or "" when there is none to give.
 std::string suggest_key(const std::string& full, const std::string& key_name, const std::vector<std::string>& dotted) {
   for (auto& d : dotted)
-    if (d.substr(d.find('.') + 1) == key_name) return d;
-  // The names other trainers give the same settings, too far from ours for the edit distance.
-  static const std::pair<const char*, const char*> kOtherNames[] = {{"learning_rate", "train.lr"},
-                                                                    {"max_lr", "train.lr"},
-                                                                    {"lr_min", "train.min_lr"},
-                                                                    {"min_learning_rate", "train.min_lr"},
-                                                                    {"warmup", "train.warmup_steps"},
-                                                                    {"warmup_iters", "train.warmup_steps"},
-                                                                    {"batch_size", "train.global_batch"},
-                                                                    {"max_steps", "run.steps"},
-                                                                    {"max_iters", "run.steps"},
-                                                                    {"train_iters", "run.steps"},
-                                                                    {"clip_grad", "train.grad_clip"},
-                                                                    {"gradient_clipping", "train.grad_clip"},
-                                                                    {"n_embd", "model.d_model"},
-                                                                    {"hidden_size", "model.d_model"},
-                                                                    {"num_layers", "model.n_layer"},
-                                                                    {"num_attention_heads", "model.n_head"},
-                                                                    {"block_size", "model.seq_len"},
-                                                                    {"vocab_size", "model.vocab"},
-                                                                    {"pipeline_parallel_size", "parallel.pp"},
-                                                                    {"data_parallel_size", "parallel.dp"},
-                                                                    {"tensor_parallel_size", "parallel.tp"},
-                                                                    {"tensor_model_parallel_size", "parallel.tp"}};
-  for (auto& [other, ours] : kOtherNames)
-    if (key_name == other) return ours;
-  return closest_match(full, dotted);
+    if (d.substr(d.find('.') + 1) == key_name) return "did you mean " + d + "?";
+  if (const OtherName* other = other_trainers_name(key_name)) {
+    if (!*other->ours) return "pipetrain has no such key: " + std::string(other->note);
+    return "did you mean " + std::string(other->ours) + (*other->note ? ": " + std::string(other->note) : "") + "?";
+  }
+  const std::string near = closest_match(full, dotted, std::max<size_t>(2, key_name.size() / 4));
+  return near.empty() ? "" : "did you mean " + near + "?";
 }
 
 // parallel.dp left unset takes the ranks tp × pp leave (mpiexec -n 4 with pp 2: dp 2), as eval and
@@ -231,7 +215,7 @@ RunSpec parse_spec(const std::string& text, const std::string& path, const std::
       std::string at = path.empty() ? "--set" : where_in_file(path, sec_node);
       std::string hint = suggest_key(sec, sec, dotted);
       throw SpecError(at + ": '" + sec + "' must be a [section] (keys go inside sections" +
-                      (hint.empty() ? "" : ", did you mean " + hint) + ")");
+                      (hint.empty() ? "" : "; " + hint) + ")");
     }
     if (std::find(sections.begin(), sections.end(), sec) == sections.end()) {
       std::string at = path.empty() ? "--set" : path + ":" + std::to_string(sec_node.source().begin.line);
@@ -255,7 +239,7 @@ RunSpec parse_spec(const std::string& text, const std::string& path, const std::
       if (it == schema.end()) {
         // Suggest across sections too: `[train] micro_batches` should point at parallel.micro_batches.
         std::string hint = suggest_key(full, std::string(key_name.str()), dotted);
-        throw SpecError(at + ": unknown key " + full + (hint.empty() ? "" : " (did you mean " + hint + "?)"));
+        throw SpecError(at + ": unknown key " + full + (hint.empty() ? "" : " (" + hint + ")"));
       }
       it->set(spec, node, at);
       spec.origins.emplace_back(full, at);

@@ -283,7 +283,8 @@ std::vector<SpecKey> build_schema() {
                "with tp > 1: each tensor rank keeps 1/tp of a micro-batch's tokens outside the matrix products "
                "(norms, residuals, pipeline messages), all-gathered before them and reduce-scattered after"),
       int_key("parallel", "pp", FIELD(int, parallel.pp), 1, 65536, "pipeline stages"),
-      int_key("parallel", "dp", FIELD(int, parallel.dp), 1, 1 << 20, "data-parallel replicas"),
+      int_key("parallel", "dp", FIELD(int, parallel.dp), 1, 1 << 20,
+              "data-parallel replicas (unset: the ranks tp x pp leave, 1 where no ranks are launched)"),
       int_key("parallel", "micro_batches", FIELD(int, parallel.micro_batches), 1, 1 << 20,
               "micro-batches per step (M)"),
       schedule_key(),
@@ -383,9 +384,9 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates, size_t max_distance) {
   std::string best;
-  size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;
+  size_t best_d = (max_distance > 0 ? max_distance : std::max<size_t>(2, word.size() / 3)) + 1;
   for (auto& c : candidates) {
     size_t d = edit_distance(word, c);
     if (d < best_d) {

@@ -1,6 +1,8 @@
 #include "pipetrain/interop/weights_source.hpp"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -23,12 +25,15 @@ using json = nlohmann::json;
 namespace pipetrain {
 namespace {
 
+// The shortest text that reads back as `v` (1e-06, not 9.9999999999999995e-07), a TOML float.
 std::string toml_number(double v) {
-  std::ostringstream os;
-  os.precision(17);
-  os << v;
-  std::string t = os.str();
-  if (t.find_first_of(".eEn") == std::string::npos) t += ".0";  // stays a TOML float
+  char buf[32];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string t = buf;
+  if (t.find_first_of(".eEn") == std::string::npos) t += ".0";
   return t;
 }
 

@@ -1,5 +1,6 @@
 #include "pipetrain/tools/cli.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -23,6 +24,17 @@ std::optional<ExitCode> parse_command_line(const char* cmd, const po::options_de
   if (!vm.count("help")) return std::nullopt;
   std::cout << desc << "\n";
   return ExitCode::ok;
+}
+
+bool command_computes(const std::string& cmd, const std::vector<std::string>& args) {
+  auto given = [&](std::initializer_list<const char*> flags) {
+    return std::any_of(args.begin(), args.end(), [&](const std::string& a) {
+      return std::any_of(flags.begin(), flags.end(), [&](const char* f) { return a == f; });
+    });
+  };
+  if (cmd == "plan") return given({"--calibrate"});
+  if (cmd == "train") return !given({"--print-spec", "--print-run-dir", "--spec-reference", "--help", "-h"});
+  return cmd == "eval" || cmd == "generate" || cmd == "smoke";
 }
 
 ExitCode run_offline(const std::function<ExitCode()>& body) {

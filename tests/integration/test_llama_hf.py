@@ -11,6 +11,7 @@ import json
 import os
 import struct
 import subprocess
+import tomllib
 
 import h5py
 import numpy as np
@@ -81,32 +82,37 @@ def write_safetensors(path, tensors, dtype):
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
-def random_llama(directory, shards=1, dtypes=("F32",), tie=False, **config_changes):
+def random_llama(directory, shards=1, dtypes=("F32",), tie=False, qk_std=0.15, head_anyway=False, drop=(),
+                 **config_changes):
     """A random Llama (2 blocks of 64, 4 query heads over 2 key/value heads, SwiGLU 96, rope_theta
     500, rms_norm_eps 1e-5) as a Hugging Face directory: config.json and model.safetensors, or
-    `shards` files with model.safetensors.index.json, the i-th shard stored as dtypes[i % len]."""
+    `shards` files with model.safetensors.index.json, the i-th shard stored as dtypes[i % len].
+    `qk_std` scales the query and key weights (larger: sharper attention); `head_anyway` writes an
+    lm_head.weight of its own although the config ties the head; `drop` leaves config keys out."""
     os.makedirs(directory, exist_ok=True)
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": V, "hidden_size": 64,
            "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
            "hidden_act": "silu", "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 500.0,
            "rope_scaling": None, "attention_bias": False, "tie_word_embeddings": tie, "torch_dtype": "float32"}
     cfg.update(config_changes)
+    for key in drop:
+        cfg.pop(key)
     rng = np.random.default_rng(3)
     d, kv, f = 64, 32, 96
     w = {"model.embed_tokens.weight": rng.normal(0, 0.5, (V, d)), "model.norm.weight": 1 + rng.normal(0, 0.1, d)}
-    if not tie:
-        w["lm_head.weight"] = rng.normal(0, 0.1, (V, d))
     for i in range(2):
         p = f"model.layers.{i}."
         w.update({p + "input_layernorm.weight": 1 + rng.normal(0, 0.1, d),
-                  p + "self_attn.q_proj.weight": rng.normal(0, 0.15, (d, d)),
-                  p + "self_attn.k_proj.weight": rng.normal(0, 0.15, (kv, d)),
+                  p + "self_attn.q_proj.weight": rng.normal(0, qk_std, (d, d)),
+                  p + "self_attn.k_proj.weight": rng.normal(0, qk_std, (kv, d)),
                   p + "self_attn.v_proj.weight": rng.normal(0, 0.15, (kv, d)),
                   p + "self_attn.o_proj.weight": rng.normal(0, 0.1, (d, d)),
                   p + "post_attention_layernorm.weight": 1 + rng.normal(0, 0.1, d),
                   p + "mlp.gate_proj.weight": rng.normal(0, 0.15, (f, d)),
                   p + "mlp.up_proj.weight": rng.normal(0, 0.15, (f, d)),
                   p + "mlp.down_proj.weight": rng.normal(0, 0.1, (d, f))})
+    if not tie or head_anyway:  # drawn last: the other weights are the same with or without it
+        w["lm_head.weight"] = rng.normal(0, 0.1, (V, d))
     w = {k: v.astype(np.float32) for k, v in w.items()}
     if shards == 1:
         write_safetensors(os.path.join(directory, "model.safetensors"), w, dtypes[0])
@@ -243,6 +249,72 @@ def export_init_export_same_bytes():
 
 
 @scenario
+def export_check_sees_positions():
+    """The export comparison can tell a wrong rotary embedding: from a random Llama whose attention is
+    sharp (large query and key weights), an unchanged step (lr 0) is exported, and the PyTorch Llama
+    of the export gives eval's loss within 1e-5 while the same model blind to positions (rotation
+    turned off) is off by more than 1e-3."""
+    a = settings()
+    source = random_llama(os.path.join(a.work, "sharp"), qk_std=0.6)
+    r = run_from("sharp_run", source, 1, "train.lr=0", "train.min_lr=0", "train.weight_decay=0")
+    ckpt = os.path.join(r.run_dir, "checkpoints", "step_00000001")
+    out = os.path.join(a.work, "hf_sharp")
+    expect(r.rc == 0 and export(ckpt, out).returncode == 0, "trained one unchanged step and exported it")
+    if not os.path.exists(out):
+        return
+    x, y = batch("val", 0)
+    model, _ = torch_llama.from_hf(out)
+    want = eval_loss(ckpt)
+    with torch.no_grad():
+        got = model(x, y).item()
+        rotary = torch_llama.rotary
+        torch_llama.rotary = lambda x, theta: x  # no position turns anything: attention blind to order
+        try:
+            blind = model(x, y).item()
+        finally:
+            torch_llama.rotary = rotary
+    expect(rel_diff(got, want) <= 1e-5, f"the export's PyTorch loss {got:.7f} == eval {want:.7f}")
+    expect(rel_diff(blind, want) > 1e-3, f"without rotary positions it would differ: {blind:.7f} vs {want:.7f} "
+                                         f"(rel {rel_diff(blind, want):.1e})")
+
+
+@scenario
+def model_keys_from_the_source():
+    """With train.init_from and no model keys, the model is the source's: --print-spec shows its family,
+    shape and constants from config.json (Hugging Face's rms_norm_eps 1e-6 where it leaves the key
+    out), and training starts at the loss of the same run with every key spelled out; a config.json
+    that ties the head of a file holding an lm_head.weight trains as Hugging Face builds it, from
+    the tied head (the start line says the file's head is unused)."""
+    a = settings()
+    source = random_llama(os.path.join(a.work, "keys_source"))
+    data = ["data.source=hdf5", f"data.path={token_file()}", "data.shuffle=false", "log.trace_steps=0",
+            f"train.init_from={source}", "run.steps=1"]
+    p = subprocess.run([a.bin, "train", "--print-spec", *[x for s in data for x in ("--set", s)]],
+                       capture_output=True, text=True)
+    model = tomllib.loads(p.stdout).get("model", {}) if p.returncode == 0 else {}
+    want = {"arch": "llama", "n_layer": 2, "d_model": 64, "n_head": 4, "n_kv_head": 2, "ffn_hidden": 96, "vocab": V,
+            "rope_theta": 500.0, "norm_eps": 1e-5, "tie_embeddings": False}
+    expect(all(model.get(k) == v for k, v in want.items()), f"--print-spec: the source's model ({p.stderr.strip()}) {model}")
+    no_eps = random_llama(os.path.join(a.work, "keys_no_eps"), drop=("rms_norm_eps",))
+    p = subprocess.run([a.bin, "train", "--print-spec", "--set", f"train.init_from={no_eps}"], capture_output=True,
+                       text=True)
+    expect(p.returncode == 0 and tomllib.loads(p.stdout)["model"]["norm_eps"] == 1e-6,
+           f"no rms_norm_eps in config.json: Hugging Face's 1e-6 ({p.stderr.strip()})")
+    r = launch(a, 2, os.path.join(a.work, "keys_taken"), None, data + ["parallel.pp=2"])
+    spelled = run_from("keys_spelled", source, 1)
+    first = [m["loss"] for m in r.metrics()] if r.rc == 0 else []
+    expect(r.rc == 0 and spelled.rc == 0 and first == [m["loss"] for m in spelled.metrics()],
+           f"the same first loss as with every key spelled out ({r.rc}: {r.err.strip()[-300:]})")
+    tied = random_llama(os.path.join(a.work, "tied_with_head"), tie=True, head_anyway=True)
+    plain = random_llama(os.path.join(a.work, "tied_plain"), tie=True)
+    runs = [launch(a, 1, os.path.join(a.work, f"from_{n}"), None, [*data[:-2], f"train.init_from={s}", "run.steps=1"])
+            for n, s in (("tied_with_head", tied), ("tied_plain", plain))]
+    expect(all(x.rc == 0 for x in runs) and "lm_head.weight unused" in runs[0].out and
+           runs[0].metrics()[0]["loss"] == runs[1].metrics()[0]["loss"],
+           f"a tied config.json's head is the embedding's, the file's lm_head unused ({runs[0].err.strip()[-300:]})")
+
+
+@scenario
 def refusals_exit_2():
     """What pipetrain's llama block does not compute, or a spec that disagrees with the source, exits
     2 with one line naming the key: rope_scaling, hidden_act, attention_bias, num_key_value_heads
@@ -256,9 +328,13 @@ def refusals_exit_2():
              ("theta", {}, ["model.rope_theta=10000"], ["rope_theta", "model.rope_theta"]),
              ("arch", {}, ["model.arch=gpt2", "model.n_kv_head=0", "model.ffn_hidden=0", "model.rope_theta=10000",
                            "model.ffn_multiple_of=256", "model.tie_embeddings=false"], ["Llama", "model.arch"])]
+    cases += [  # what a new user's mistakes meet: the family named first, Hugging Face's default said
+        ("eps left out", {"drop": ("rms_norm_eps",)}, ["model.norm_eps=1e-5"],
+         ["no rms_norm_eps: Hugging Face's 1e-06", "model.norm_eps = 1e-05"]),
+        ("eps given", {"rms_norm_eps": 1e-6}, ["model.norm_eps=1e-5"], ["config.json rms_norm_eps is 1e-06"])]
     for name, change, sets, words in cases:
-        source = random_llama(os.path.join(a.work, f"bad_{name}"), **change)
-        r = launch(a, 1, os.path.join(a.work, f"refused_{name}"), config(),
+        source = random_llama(os.path.join(a.work, f"bad_{name.replace(' ', '_')}"), **change)
+        r = launch(a, 1, os.path.join(a.work, f"refused_{name.replace(' ', '_')}"), config(),
                    BASE + ["run.steps=1", f"data.path={token_file()}", f"train.init_from={source}", *FROM_RANDOM[:-1],
                            *sets])
         errors = [line for line in r.err.splitlines() if "error" in line]
@@ -269,6 +345,22 @@ def refusals_exit_2():
     r = launch(a, 1, os.path.join(a.work, "refused_shard"), config(),
                BASE + ["run.steps=1", f"data.path={token_file()}", f"train.init_from={sharded}", *FROM_RANDOM[:-1]])
     expect(r.rc == 2 and "model-00002-of-00002.safetensors" in r.err, f"a missing shard is named ({r.err[-200:]})")
+    # A GPT-2 spec (only its family set) from a Llama is refused naming the family first; a directory
+    # without config.json says so rather than guessing a family; a family pipetrain does not read
+    # lists those it does.
+    bare = random_llama(os.path.join(a.work, "no_config"))
+    os.remove(os.path.join(bare, "config.json"))
+    mistral = random_llama(os.path.join(a.work, "mistral"), model_type="mistral")
+    for name, source, words in (("family first", random_llama(os.path.join(a.work, "family")),
+                                 ["Llama", "model.arch = \"gpt2\"", "leave model.arch unset"]),
+                                ("no config.json", bare, ["without config.json"]),
+                                ("a family not read", mistral, ["mistral", "GPT-2 (\"gpt2\") and Llama (\"llama\")"])):
+        r = launch(a, 1, os.path.join(a.work, "refused_" + name.replace(" ", "_")), None,
+                   BASE + ["run.steps=1", f"data.path={token_file()}", f"train.init_from={source}"] +
+                   (["model.arch=gpt2"] if name == "family first" else []))
+        errors = [line for line in r.err.splitlines() if "error" in line]
+        expect(r.rc == 2 and len(errors) == 1 and all(w in errors[0] for w in words),
+               f"{name}: exit 2 naming {words} ({r.rc}: {r.err.strip()[-300:]})")
     p = subprocess.run([a.bin, "export", "--checkpoint", trained("untied", 1), "--format", "llmc", "--output",
                         os.path.join(a.work, "llama.bin")], capture_output=True, text=True)
     expect(p.returncode == 2 and "llm.c" in p.stderr and "llama" in p.stderr,

@@ -2,8 +2,11 @@
 stopped at the end of each scenario): jobs/train.sbatch runs 2x2 under srun with the same losses as
 mpiexec; a USR1 to the batch script (preemption drill) checkpoints, requeues and resumes from the
 stop step to the same final loss; a one-minute time limit is met by checkpointing and requeueing
-with no step lost, each start resuming from the step the previous one saved; jobs/smoke.sbatch
-passes, and fails naming a broken checkpoint directory. The two drills compare against one
+with no step lost, each start resuming from the step the previous one saved; a USR1 while the ranks
+are still starting (before their signal handlers exist) or while a requeued start loads its
+checkpoint is held until pipetrain runs and ends that start with a checkpointed stop, and one after
+the run recorded its end is not forwarded; jobs/smoke.sbatch passes, and fails naming a broken
+checkpoint directory. The two drills compare against one
 uninterrupted mpiexec run, made once. Nothing that would fail the same way is requeued: a binary
 that cannot run (exit 127), a failure before the first step, a NaN stop, a second fault without a
 newer checkpoint. Arguments add to the default layout (pp 2, dp = tasks / pp), --config after the

@@ -101,6 +101,82 @@ TEST_CASE("set overrides accept ints floats bools bare strings and lists", "[con
   CHECK_THROWS_AS(load_spec("", {"model.n_layer=four"}, 0), SpecError);
 }
 
+// Other trainers' names, as their users type them, with the key of the same meaning; written out
+// here from those trainers' own spellings (Hugging Face config.json and TrainingArguments,
+// Megatron-LM's arguments, torchtitan's job config, DeepSpeed, nanoGPT), not from pipetrain's table.
+TEST_CASE("other trainers' names point at the key of the same meaning", "[config]") {
+  const std::pair<const char*, const char*> names[] = {
+      {"model.num_hidden_layers", "model.n_layer"},
+      {"model.num_layers", "model.n_layer"},
+      {"model.n_layers", "model.n_layer"},
+      {"model.hidden_size", "model.d_model"},
+      {"model.n_embd", "model.d_model"},
+      {"model.dim", "model.d_model"},
+      {"model.num_attention_heads", "model.n_head"},
+      {"model.n_heads", "model.n_head"},
+      {"model.num_key_value_heads", "model.n_kv_head"},
+      {"model.num_query_groups", "model.n_kv_head"},
+      {"model.n_kv_heads", "model.n_kv_head"},
+      {"model.max_position_embeddings", "model.seq_len"},
+      {"model.n_positions", "model.seq_len"},
+      {"model.seq_length", "model.seq_len"},
+      {"model.max_seq_len", "model.seq_len"},
+      {"model.block_size", "model.seq_len"},
+      {"model.vocab_size", "model.vocab"},
+      {"model.intermediate_size", "model.ffn_hidden"},
+      {"model.ffn_hidden_size", "model.ffn_hidden"},
+      {"model.multiple_of", "model.ffn_multiple_of"},
+      {"model.rms_norm_eps", "model.norm_eps"},
+      {"model.layernorm_epsilon", "model.norm_eps"},
+      {"model.rotary_base", "model.rope_theta"},
+      {"model.tie_word_embeddings", "model.tie_embeddings"},
+      {"model.untie_embeddings_and_output_weights", "model.tie_embeddings: the opposite"},
+      {"model.model_type", "model.arch"},
+      {"parallel.tensor_parallel_size", "parallel.tp"},
+      {"parallel.tensor_model_parallel_size", "parallel.tp"},
+      {"parallel.tensor_parallel_degree", "parallel.tp"},
+      {"parallel.tp_size", "parallel.tp"},
+      {"parallel.pipeline_model_parallel_size", "parallel.pp"},
+      {"parallel.pipeline_parallel_degree", "parallel.pp"},
+      {"parallel.data_parallel_size", "parallel.dp"},
+      {"parallel.data_parallel_replicate_degree", "parallel.dp"},
+      {"parallel.num_microbatches", "parallel.micro_batches"},
+      {"parallel.gradient_accumulation_steps", "parallel.micro_batches"},
+      {"parallel.virtual_pipeline_model_parallel_size", "parallel.virtual_stages"},
+      {"parallel.pipeline_parallel_schedule", "parallel.schedule"},
+      {"parallel.recompute_granularity", "parallel.recompute"},
+      {"parallel.zero_stage", "parallel.zero"},
+      {"parallel.use_distributed_optimizer", "parallel.zero"},
+      {"train.learning_rate", "train.lr"},
+      {"train.lr_warmup_iters", "train.warmup_steps"},
+      {"train.adam_beta1", "train.beta1"},
+      {"train.adam_beta2", "train.beta2"},
+      {"train.max_grad_norm", "train.grad_clip"},
+      {"train.clip_grad", "train.grad_clip"},
+      {"train.global_batch_size", "train.global_batch"},
+      {"run.max_steps", "run.steps"},
+      {"run.train_iters", "run.steps"},
+      {"checkpoint.save_interval", "checkpoint.every_steps"},
+      {"eval.eval_interval", "eval.every_steps"},
+      {"eval.eval_iters", "eval.batches"},
+      {"log.log_interval", "log.every_steps"}};
+  for (const auto& [name, ours] : names) {
+    INFO(name);
+    const std::string msg = spec_error([&] { load_spec("", {std::string(name) + "=2"}, 0); });
+    CHECK_THAT(msg, Contains(std::string("did you mean ") + ours));
+  }
+  // Names with no key of the same meaning get no suggestion rather than a wrong one: a
+  // micro-batch's size is not the count parallel.micro_batches holds, context parallelism is not
+  // sequence parallelism, expert parallelism is not built.
+  for (const char* name : {"parallel.pipeline_parallel_microbatch_size", "parallel.context_parallel_degree",
+                           "parallel.expert_parallel_size", "parallel.micro_batch_size"}) {
+    INFO(name);
+    CHECK_THAT(spec_error([&] { load_spec("", {std::string(name) + "=2"}, 0); }), !Contains("did you mean"));
+  }
+  CHECK_THAT(spec_error([&] { load_spec("", {"parallel.micro_batch_size=2"}, 0); }),
+             Contains("no such key") && Contains("train.global_batch / (parallel.dp x parallel.micro_batches)"));
+}
+
 TEST_CASE("malformed --set is a SpecError", "[config]") {
   for (std::string bad : {"parallel.pp", "pp=2", "=2", ".pp=2", "parallel.=2", "a=b.c"}) {
     INFO(bad);

@@ -191,29 +191,38 @@ TEST_CASE("blocked causal attention gives the same bits on 1 and 2 threads", "[k
 }
 
 TEST_CASE("attention is causal and matches a naive per-head reference", "[kernels]") {
-  const int B = 1, T = 4, C = 6, NH = 2, hs = C / NH;
-  auto qkv = randn(B * T * 3 * C, 1.f, 7);
-  std::vector<float> out(B * T * C), att(B * NH * T * T);
-  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NH);
-  for (int h = 0; h < NH; ++h)
-    for (int t = 0; t < T; ++t) {
-      // naive: softmax over u <= t of q_t . k_u / sqrt(hs), then sum of p_u v_u
-      std::vector<double> p(t + 1);
-      double mx = -1e30, z = 0;
-      for (int u = 0; u <= t; ++u) {
-        double s = 0;
-        for (int i = 0; i < hs; ++i) s += qkv[t * 3 * C + h * hs + i] * qkv[u * 3 * C + C + h * hs + i];
-        p[u] = s / std::sqrt(static_cast<double>(hs));
-        mx = std::max(mx, p[u]);
+  // Every head its own key/value head, pairs of query heads sharing one (grouped-query), and all
+  // four sharing one (multi-query): qkv's rows hold the NH query heads, then NKV key heads, then
+  // NKV value heads, and query head h reads key/value head h / (NH / NKV).
+  const int B = 1, T = 4, NH = 4, hs = 3, C = NH * hs;
+  for (const int NKV : {4, 2, 1}) {
+    INFO("NKV " << NKV);
+    const int C3 = C + 2 * NKV * hs, group = NH / NKV;
+    auto qkv = randn(B * T * C3, 1.f, 7);
+    std::vector<float> out(B * T * C), att(B * NH * T * T);
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH, NKV);
+    for (int h = 0; h < NH; ++h)
+      for (int t = 0; t < T; ++t) {
+        const float* k = qkv.data() + C + h / group * hs;             // row u at k[u * C3 + i]
+        const float* v = qkv.data() + C + NKV * hs + h / group * hs;  // row u at v[u * C3 + i]
+        // naive: softmax over u <= t of q_t . k_u / sqrt(hs), then sum of p_u v_u
+        std::vector<double> p(t + 1);
+        double mx = -1e30, z = 0;
+        for (int u = 0; u <= t; ++u) {
+          double s = 0;
+          for (int i = 0; i < hs; ++i) s += qkv[t * C3 + h * hs + i] * k[u * C3 + i];
+          p[u] = s / std::sqrt(static_cast<double>(hs));
+          mx = std::max(mx, p[u]);
+        }
+        for (auto& e : p) z += (e = std::exp(e - mx));
+        for (int i = 0; i < hs; ++i) {
+          double o = 0;
+          for (int u = 0; u <= t; ++u) o += p[u] / z * v[u * C3 + i];
+          CHECK(out[t * C + h * hs + i] == Approx(o).epsilon(1e-5).margin(1e-6));
+        }
+        for (int u = t + 1; u < T; ++u) CHECK(att[(h * T + t) * T + u] == 0.f);
       }
-      for (auto& v : p) z += (v = std::exp(v - mx));
-      for (int i = 0; i < hs; ++i) {
-        double o = 0;
-        for (int u = 0; u <= t; ++u) o += p[u] / z * qkv[u * 3 * C + 2 * C + h * hs + i];
-        CHECK(out[t * C + h * hs + i] == Approx(o).epsilon(1e-5).margin(1e-6));
-      }
-      for (int u = t + 1; u < T; ++u) CHECK(att[(h * T + t) * T + u] == 0.f);
-    }
+  }
 }
 
 TEST_CASE("gelu backward matches finite differences and the tanh formula", "[kernels]") {

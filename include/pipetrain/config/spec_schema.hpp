@@ -22,7 +22,8 @@ struct SpecKey {
 
 const std::vector<SpecKey>& spec_schema();
 
-// Closest candidate within a small edit distance, or "" (for did-you-mean hints).
-std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
+// Closest candidate within a small edit distance (a third of the word's length, at least 2, unless
+// `max_distance` says), or "" (for did-you-mean hints).
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates, size_t max_distance = 0);
 
 }  // namespace pipetrain

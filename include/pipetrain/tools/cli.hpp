@@ -25,6 +25,10 @@ std::optional<ExitCode> parse_command_line(const char* cmd, const po::options_de
 // Runs a command that needs no MPI: bad input (SpecError) and any other failure end it with one
 // message and their code.
 ExitCode run_offline(const std::function<ExitCode()>& body);
+// Whether `pipetrain CMD ARGS...` computes, and so settles its BLAS kernels first (a check that
+// may restart the process): not plan without --calibrate, which only predicts, nor train when it
+// only prints (--print-spec, --print-run-dir, --spec-reference, --help).
+bool command_computes(const std::string& cmd, const std::vector<std::string>& args);
 // Runs an MPI command: the world starts, the command runs, the world ends; a fault tears the job
 // down instead of leaving peers waiting.
 ExitCode run_mpi(const std::function<ExitCode(World&)>& body);

@@ -1,0 +1,133 @@
+#include "pipetrain/config/other_names.hpp"
+
+namespace pipetrain {
+namespace {
+
+// One row per name, where the meaning is the same as ours; a name of a setting pipetrain has under
+// no key (a micro-batch's *size*, which follows from the batch and the count) says so instead of
+// pointing at a key of another meaning.
+constexpr const char* kMicroBatchSize =
+    "a micro-batch holds train.global_batch / (parallel.dp x parallel.micro_batches) samples; set those";
+const OtherName kOtherNames[] = {
+    {"micro_batch_size", "", kMicroBatchSize},
+    {"pipeline_parallel_microbatch_size", "", kMicroBatchSize},
+    {"train_micro_batch_size_per_gpu", "", kMicroBatchSize},
+    {"per_device_train_batch_size", "", kMicroBatchSize},
+    // model: Hugging Face config.json (GPT-2 and Llama), Megatron-LM, torchtitan, nanoGPT
+    {"model_type", "model.arch", ""},
+    {"num_hidden_layers", "model.n_layer", ""},
+    {"num_layers", "model.n_layer", ""},
+    {"n_layers", "model.n_layer", ""},
+    {"hidden_size", "model.d_model", ""},
+    {"n_embd", "model.d_model", ""},
+    {"dim", "model.d_model", ""},
+    {"num_attention_heads", "model.n_head", ""},
+    {"n_heads", "model.n_head", ""},
+    {"num_key_value_heads", "model.n_kv_head", ""},
+    {"num_query_groups", "model.n_kv_head", ""},
+    {"n_kv_heads", "model.n_kv_head", ""},
+    {"max_position_embeddings", "model.seq_len", ""},
+    {"n_positions", "model.seq_len", ""},
+    {"n_ctx", "model.seq_len", ""},
+    {"seq_length", "model.seq_len", ""},
+    {"max_seq_len", "model.seq_len", ""},
+    {"max_seq_length", "model.seq_len", ""},
+    {"block_size", "model.seq_len", ""},
+    {"vocab_size", "model.vocab", ""},
+    {"padded_vocab_size", "model.vocab", ""},
+    {"intermediate_size", "model.ffn_hidden", ""},
+    {"ffn_hidden_size", "model.ffn_hidden", ""},
+    {"n_inner", "model.ffn_hidden", ""},
+    {"multiple_of", "model.ffn_multiple_of", ""},
+    {"rms_norm_eps", "model.norm_eps", ""},
+    {"layernorm_epsilon", "model.norm_eps", ""},
+    {"layer_norm_epsilon", "model.norm_eps", ""},
+    {"layer_norm_eps", "model.norm_eps", ""},
+    {"rotary_base", "model.rope_theta", ""},
+    {"rope_base", "model.rope_theta", ""},
+    {"tie_word_embeddings", "model.tie_embeddings", ""},
+    {"share_embeddings_and_output_weights", "model.tie_embeddings", ""},
+    {"untie_embeddings_and_output_weights", "model.tie_embeddings",
+     "the opposite: untie = true is tie_embeddings = false"},
+    {"torch_dtype", "model.dtype", ""},
+    // parallel: Megatron-LM, torchtitan, DeepSpeed, Hugging Face
+    {"tensor_parallel_size", "parallel.tp", ""},
+    {"tensor_model_parallel_size", "parallel.tp", ""},
+    {"tensor_parallel_degree", "parallel.tp", ""},
+    {"tensor_parallel", "parallel.tp", ""},
+    {"tp_size", "parallel.tp", ""},
+    {"tp_degree", "parallel.tp", ""},
+    {"pipeline_parallel_size", "parallel.pp", ""},
+    {"pipeline_model_parallel_size", "parallel.pp", ""},
+    {"pipeline_parallel_degree", "parallel.pp", ""},
+    {"pipeline_parallel", "parallel.pp", ""},
+    {"pp_size", "parallel.pp", ""},
+    {"pp_degree", "parallel.pp", ""},
+    {"data_parallel_size", "parallel.dp", ""},
+    {"data_parallel_replicate_degree", "parallel.dp", ""},
+    {"data_parallel", "parallel.dp", ""},
+    {"dp_size", "parallel.dp", ""},
+    {"dp_degree", "parallel.dp", ""},
+    {"sequence_parallel_enabled", "parallel.sequence_parallel", ""},
+    {"num_microbatches", "parallel.micro_batches", ""},
+    {"num_micro_batches", "parallel.micro_batches", ""},
+    {"gradient_accumulation_steps", "parallel.micro_batches", "micro-batches per replica and step"},
+    {"virtual_pipeline_model_parallel_size", "parallel.virtual_stages", ""},
+    {"pipeline_parallel_schedule", "parallel.schedule", ""},
+    {"pipeline_schedule", "parallel.schedule", ""},
+    {"recompute_granularity", "parallel.recompute", ""},
+    {"activation_checkpoint", "parallel.recompute", ""},
+    {"activation_checkpointing", "parallel.recompute", ""},
+    {"gradient_checkpointing", "parallel.recompute", ""},
+    {"zero_stage", "parallel.zero", ""},
+    {"use_distributed_optimizer", "parallel.zero", "Megatron's distributed optimizer is ZeRO-1: zero = 1"},
+    // training: Hugging Face TrainingArguments, Megatron-LM, torchtitan, nanoGPT, DeepSpeed
+    {"learning_rate", "train.lr", ""},
+    {"max_lr", "train.lr", ""},
+    {"lr_min", "train.min_lr", ""},
+    {"min_learning_rate", "train.min_lr", ""},
+    {"warmup", "train.warmup_steps", ""},
+    {"warmup_iters", "train.warmup_steps", ""},
+    {"lr_warmup_iters", "train.warmup_steps", ""},
+    {"wd", "train.weight_decay", ""},
+    {"adam_beta1", "train.beta1", ""},
+    {"adam_beta2", "train.beta2", ""},
+    {"adam_eps", "train.eps", ""},
+    {"adam_epsilon", "train.eps", ""},
+    {"clip_grad", "train.grad_clip", ""},
+    {"max_grad_norm", "train.grad_clip", ""},
+    {"max_norm", "train.grad_clip", ""},
+    {"gradient_clipping", "train.grad_clip", ""},
+    {"batch_size", "train.global_batch", ""},
+    {"global_batch_size", "train.global_batch", ""},
+    {"train_batch_size", "train.global_batch", ""},
+    {"pretrained_model_name_or_path", "train.init_from", ""},
+    {"model_name_or_path", "train.init_from", ""},
+    {"max_steps", "run.steps", ""},
+    {"max_iters", "run.steps", ""},
+    {"train_iters", "run.steps", ""},
+    {"num_train_steps", "run.steps", ""},
+    {"run_name", "run.name", ""},
+    {"output_dir", "run.out_dir", ""},
+    {"save_interval", "checkpoint.every_steps", ""},
+    {"save_steps", "checkpoint.every_steps", ""},
+    {"save_total_limit", "checkpoint.keep_last", ""},
+    {"keep_latest_k", "checkpoint.keep_last", ""},
+    {"async_mode", "checkpoint.async", ""},
+    {"eval_interval", "eval.every_steps", ""},
+    {"eval_steps", "eval.every_steps", ""},
+    {"eval_iters", "eval.batches", ""},
+    {"log_interval", "log.every_steps", ""},
+    {"logging_steps", "log.every_steps", ""},
+    {"log_freq", "log.every_steps", ""},
+};
+
+}  // namespace
+
+const OtherName* other_trainers_name(const std::string& key_name) {
+  for (const OtherName& o : kOtherNames)
+    if (key_name == o.name) return &o;
+  return nullptr;
+}
+
+}  // namespace pipetrain
