@@ -11,8 +11,8 @@ volatile std::sig_atomic_t interrupts = 0;  // Ctrl-Cs so far
 volatile std::sig_atomic_t speaks = 1;      // this process says what a Ctrl-C does (rank 0 once known)
 
 void say(const char* text, size_t n) {
-  if (speaks) [[maybe_unused]]
-    const ssize_t written = write(STDERR_FILENO, text, n);
+  if (!speaks) return;
+  [[maybe_unused]] const ssize_t written = write(STDERR_FILENO, text, n);  // a lost line is all it costs
 }
 
 // Only async-signal-safe calls here: a flag, write(2), _exit(2).

@@ -52,7 +52,7 @@ void declare_int(std::vector<DeclaredKey>& out, const json& c, const std::string
 constexpr const char* kUnusedHead = ", its lm_head.weight unused (config.json ties the head to the embeddings)";
 
 // What a source without a config says by its tensors' shapes alone: the embedding's rows and
-// columns, the blocks it holds, whether it has its own head.
+// columns, the blocks it holds (a head of its own or not is the import's tying rule).
 std::vector<DeclaredKey> declared_by_shapes(const WeightsSource& s, Arch arch) {
   std::vector<DeclaredKey> out = {{"model.arch", "\"" + std::string(name_of(arch)) + "\"", "its tensor names"}};
   if (const auto wte = s.shape("wte.weight"); wte && wte->size() == 2) {
@@ -138,7 +138,9 @@ class HfSource : public WeightsSource {
     declare_int(declared_, c, config, "n_head", "model.n_head");
     declare_int(declared_, c, config, "vocab_size", "model.vocab");
     // GPT2Config ties the head unless told otherwise; a tied model's lm_head.weight is not used.
-    tied_ = c.value("tie_word_embeddings", true) == true;
+    if (c.contains("tie_word_embeddings") && !c["tie_word_embeddings"].is_boolean())
+      refuse("tie_word_embeddings", "not true or false");
+    tied_ = c.value("tie_word_embeddings", true);
     unused_head_ = tied_ && by_name_.count("lm_head.weight");
     declared_.push_back({"model.tie_embeddings", tied_ ? "true" : "false", "config.json tie_word_embeddings"});
   }

@@ -13,13 +13,13 @@ std::vector<ImpliedKey> implied_keys(const RunSpec& s, std::string* unread) {
     } catch (const SpecError& e) {
       *unread = e.what();
     }
-  if (!declared.empty()) {
-    const bool other_family = !declared.empty() && declared.front().key == "model.arch" &&
-                              s.origin("model.arch") != "(default)" &&
-                              declared.front().value != "\"" + std::string(name_of(s.model.arch)) + "\"";
-    if (!other_family)
-      for (const DeclaredKey& d : declared) out.push_back({d.key, d.value, "train.init_from's " + d.theirs});
-  }
+  // A spec that names another family keeps it: the import refuses it by name, before any key of
+  // the source's family could make the spec itself inconsistent.
+  const bool other_family = !declared.empty() && declared.front().key == "model.arch" &&
+                            s.origin("model.arch") != "(default)" &&
+                            declared.front().value != "\"" + std::string(name_of(s.model.arch)) + "\"";
+  if (!other_family)
+    for (const DeclaredKey& d : declared) out.push_back({d.key, d.value, "train.init_from's " + d.theirs});
   if (s.data.source == DataSource::hdf5 && !s.data.path.empty()) try {
       out.push_back({"model.vocab", std::to_string(read_token_file_info(s.data.path).vocab_size),
                      "data.path's vocab_size (" + s.data.path + ")"});
