@@ -79,11 +79,14 @@ def ranks_of(run_dir):
 
 
 def latest_checkpoint(run_dir):
-    try:
-        with open(os.path.join(run_dir, "checkpoints", "latest")) as f:
-            return int(f.read().strip()[5:])
-    except (FileNotFoundError, ValueError):
-        return 0
+    """The newest published checkpoint: the highest step_N folder (a save's files are complete
+    before the rename that names it so). Not the `latest` file, which is written just after that
+    rename: a kill between the two leaves it one checkpoint behind, and a resume rightly takes the
+    newer, intact one."""
+    folder = os.path.join(run_dir, "checkpoints")
+    steps = [int(name[5:]) for name in (os.listdir(folder) if os.path.isdir(folder) else [])
+             if name.startswith("step_") and name[5:].isdigit() and len(name) == 13]
+    return max(steps, default=0)
 
 
 def metrics(run_dir):
