@@ -40,7 +40,7 @@ void fill_part_normal(const ParamTensor& p, float* out, float stddev, uint64_t s
 // Visits every activation buffer of a block / the head (const or not).
 template <class Block, class F>
 void for_each_block_buffer(Block& a, F f) {
-  for (auto* v : {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.att, &a.atty, &a.res2, &a.ln2, &a.ln2_mean, &a.ln2_rstd,
+  for (auto* v : {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.lse, &a.atty, &a.res2, &a.ln2, &a.ln2_mean, &a.ln2_rstd,
                   &a.fch, &a.fch_gelu})
     f(*v);
 }
@@ -95,8 +95,7 @@ size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages,
   const bool first = stage == 0, last = stage == n_stages - 1;
   size_t floats = 0;
   if (mode == Recompute::none)
-    floats =
-        L * (R * kept_per_row + n * all_per_row + b * NH * T * T) + (last ? R * (2 * C + s.norm_stats) + n * V : 0);
+    floats = L * (R * kept_per_row + n * all_per_row + b * NH * T) + (last ? R * (2 * C + s.norm_stats) + n * V : 0);
   if (mode == Recompute::block) floats = R * C * (L + (last ? 1 : 0));
   if (mode == Recompute::stage) floats = first ? 0 : R * C;
   const size_t ints = n * ((first ? 1 : 0) + (last ? 1 : 0));
@@ -112,6 +111,26 @@ size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages,
                           (last ? n * rank_vocab(spec) + R * C : 0) + (first ? R * C : 0));
 }
 
+namespace {
+// The kernels' own scratch, kept from call to call: on the CPU each compute thread's attention
+// blocks; on the GPU under bf16 the bf16 copies of the matrix products' operands, three buffers each
+// as large as the largest operand of its kind (a weight, an input, an output gradient: the head's
+// [tokens, vocabulary part] on the last stage).
+size_t kernel_scratch_bytes(const RunSpec& spec, const BlockShape& s, bool last) {
+  const size_t n = static_cast<size_t>(spec.samples_per_micro_batch()) * spec.model.seq_len, C = s.C;
+  if (spec.run.device == Device::cpu)
+    return std::max(1, spec.parallel.threads_per_rank) *
+           attention_scratch_bytes(spec.model.seq_len, s.head_dim, s.NH / s.NKV);
+  size_t bytes = 0;
+  if (spec.model.dtype == Dtype::bf16) {
+    const size_t V = last ? rank_vocab(spec) : 0, q = s.q, qkv = s.qkv, fc = s.fc, ffn = s.ffn;
+    const size_t weight = std::max({qkv, q, fc, ffn, V}) * C, inp = n * std::max({C, q, ffn});
+    bytes += 2 * (weight + inp + n * std::max({qkv, C, fc, V}));
+  }
+  return bytes;
+}
+}  // namespace
+
 size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual) {
   const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, C = spec.model.d_model;
   const size_t n = b * T, V = rank_vocab(spec);
@@ -126,9 +145,8 @@ size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks,
                   + (last ? 2 * n * V + R * C : 0)       // logits; the head's output gradients
                   + (last && split_vocab ? 5 * n : 0)    // a split vocabulary's row maxima and (double) sums
                   + (R < n ? 2 * n * C + R * C : 0)      // sequence parallelism: gathered rows, a partial, summed rows
-                  + kMessageRing * links * R * C         // the executor's rings, one per message link
-                  + T * T;                               // attention backward's score gradients
-  size_t bytes = sizeof(float) * floats, work = 0;
+                  + kMessageRing * links * R * C;        // the executor's rings, one per message link
+  size_t bytes = sizeof(float) * floats + kernel_scratch_bytes(spec, s, last), work = 0;
   if (spec.parallel.recompute != Recompute::none)  // Stage::work_: one micro-batch's
     for (const ChunkRange& c : chunks) {           // activations, without its inputs
       const int ints = (c.vstage == 0 ? 1 : 0) + (c.vstage == n_virtual - 1 ? 1 : 0);
@@ -409,7 +427,7 @@ void Stage::size_acts(const Chunk& c, Acts& a, const Tokens& tok) {
     b.ln1_mean.resize(means);
     b.ln1_rstd.resize(R);
     b.qkv.resize(N * shape_.qkv);
-    b.att.resize(tok.cache ? 0 : static_cast<size_t>(tok.B) * shape_.NH * tok.T * tok.T);  // generation keeps none
+    b.lse.resize(tok.cache ? 0 : static_cast<size_t>(tok.B) * shape_.NH * tok.T);  // generation keeps none
     b.atty.resize(N * shape_.q);
     b.res2.resize(R * C);
     b.ln2.resize(R * C);

@@ -49,7 +49,7 @@ void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, f
     attention_forward_cached(a.atty.data(), a.qkv.data(), tok.cache->k[l].data(), tok.cache->v[l].data(),
                              tok.cache->pos, tok.T, Q, NH, NKV);
   } else {
-    k_.attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), tok.B, tok.T, Q, NH, NKV);
+    k_.attention_forward(a.atty.data(), a.lse.data(), a.qkv.data(), tok.B, tok.T, Q, NH, NKV);
   }
   poll();
   k_.matmul_forward(attproj_.data(), a.atty.data(), w.projw, nullptr, N, Q, C);
@@ -97,7 +97,8 @@ void Stage::block_backward_input(const Chunk& c, int l, const float* x, const Bl
   k_.matmul_backward(datty_.data(), grad(&BlockPtrs::projw), grad(&BlockPtrs::projb), dres2_all, a.atty.data(), p.projw,
                      N, Q, C);
   poll();
-  k_.attention_backward(w.dqkv.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, T_, Q, shape_.NH, shape_.NKV);
+  k_.attention_backward(w.dqkv.data(), datty_.data(), a.qkv.data(), a.atty.data(), a.lse.data(), B_, T_, Q, shape_.NH,
+                        shape_.NKV);
   if (shape_.llama()) k_.rope_backward(w.dqkv.data(), B_, T_, Q, shape_.NH, shape_.NKV, rope_theta_, 0);
   poll();
   k_.matmul_backward(partial_target(w.dln1.data()), grad(&BlockPtrs::qkvw), grad(&BlockPtrs::qkvb), w.dqkv.data(),

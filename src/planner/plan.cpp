@@ -24,11 +24,8 @@ double StagePlan::state_bytes(const RunSpec& spec) const {
 }
 
 double StagePlan::memory_bytes(const RunSpec& spec) const {
-  const double T = spec.model.seq_len;
-  const double attention_scratch =
-      spec.run.device == Device::gpu ? 4.0 * spec.samples_per_micro_batch() * spec.model.n_head * T * T : 0;
   return state_bytes(spec) + act_held_bytes[static_cast<int>(spec.parallel.recompute)] + working_bytes +
-         reduce_scratch_bytes + attention_scratch;
+         reduce_scratch_bytes;
 }
 
 double Plan::largest_memory_bytes(const RunSpec& spec) const {

@@ -30,7 +30,7 @@ namespace {
 // Refuses, before anything large is allocated, a model whose stage cannot fit in this rank's share
 // of the node's memory, or of its GPU's when it computes on one (plan's prediction: parameters,
 // gradients, AdamW (this replica's shard under parallel.zero = 1), stashed activations, working
-// buffers; on the GPU also attention backward's score gradients).
+// buffers and the kernels' scratch, on the GPU its bf16 operand copies among them).
 void check_memory_fits(const RunSpec& spec, int stage, int local_ranks) {
   const Plan plan = make_plan(spec);
   const StagePlan& s = plan.stages[stage];

@@ -19,8 +19,8 @@ def per_micro_batch(mode, stage, P, blocks, dp, M=M):
     floats = 0
     if mode == "none":
         # per block: input, ln1, qkv, attention output, res2, ln2, fc, gelu (16C) + 2 LN mean/rstd
-        # pairs per token, plus the attention probabilities b x heads x T x T
-        floats = blocks * (n * (16 * C + 4) + b * NH * T * T)
+        # pairs per token, plus one log-sum-exp per attention row (b x heads x T: no T x T matrix)
+        floats = blocks * (n * (16 * C + 4) + b * NH * T)
         if last:
             floats += n * (2 * C + 2 + V)  # head input, ln_f output, mean/rstd, probabilities
     elif mode == "block":
@@ -129,7 +129,7 @@ def llama_per_micro_batch(mode, stage, P, blocks, M=M):
         return per_micro_batch(mode, stage, P, blocks, 1, M)
     b, last, first = B // M, stage == P - 1, stage == 0
     n = b * T
-    floats = blocks * (n * (5 * C + (C + 2 * LLAMA_KV) + 3 * LLAMA_FFN + 2) + b * NH * T * T)
+    floats = blocks * (n * (5 * C + (C + 2 * LLAMA_KV) + 3 * LLAMA_FFN + 2) + b * NH * T)
     if last:
         floats += n * (2 * C + 1 + V)
     return 4 * floats + 4 * n * ((1 if first else 0) + (1 if last else 0))

@@ -146,7 +146,7 @@ TEST_CASE("recompute none, stage and block give identical gradients and stash wh
         size_t expect = 4 * N * ((st.has_embedding() ? 1 : 0) + (st.has_head() ? 1 : 0));
         const std::string m = mode;
         if (m == "none")
-          expect += 4 * (L * (N * (16 * C + 4) + static_cast<size_t>(b) * NH * T * T) +
+          expect += 4 * (L * (N * (16 * C + 4) + static_cast<size_t>(b) * NH * T) +
                          (st.has_head() ? N * (2 * C + 2 + V) : 0));
         if (m == "block") expect += 4 * N * C * (L + (st.has_head() ? 1 : 0));
         if (m == "stage" && !st.has_embedding()) expect += 4 * N * C;

@@ -66,16 +66,16 @@ TEST_CASE("kernels give identical bits on 1, 2 and 3 threads", "[parallel][kerne
     layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), bias.data(), N, C);
     layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
                        C);
-    std::vector<float> att(static_cast<size_t>(B) * NH * T * T), atty(x.size()), dqkv(qkv.size());
-    attention_forward(atty.data(), att.data(), qkv.data(), B, T, C, NH, NH);
-    attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, NH);
+    std::vector<float> lse(static_cast<size_t>(B) * NH * T), atty(x.size()), dqkv(qkv.size());
+    attention_forward(atty.data(), lse.data(), qkv.data(), B, T, C, NH, NH);
+    attention_backward(dqkv.data(), dout.data(), qkv.data(), atty.data(), lse.data(), B, T, C, NH, NH);
     std::vector<float> g(wide.size()), dg(wide.size()), dbias(4 * C, 0.f), dwm(4 * C * C, 0.f), dinp(x.size());
     gelu_forward(g.data(), wide.data(), wide.size());
     gelu_backward(dg.data(), wide.data(), g.data(), wide.size());
     matmul_backward(dinp.data(), dwm.data(), dbias.data(), wide.data(), x.data(), g.data(), N, C, 4 * C);
     std::vector<float> probs(logits.size());
     const double loss = softmax_crossentropy_forward(probs.data(), logits.data(), targets.data(), N, V);
-    std::vector<std::vector<float>> all = {out,  mean, rstd, dx,    dw,  db,   att,  atty,
+    std::vector<std::vector<float>> all = {out,  mean, rstd, dx,    dw,  db,   lse,  atty,
                                            dqkv, g,    dg,   dbias, dwm, dinp, probs};
     all.push_back({static_cast<float>(loss), static_cast<float>(loss - static_cast<float>(loss))});
     return all;

@@ -1,9 +1,10 @@
 // CPU fp32 layer kernels (layer_kernels.hpp: the list and its contract), each forward beside its
-// backward in kernels.cpp (llm.c style). Matrix products go through cblas_sgemm; attention computes
-// only the causal lower triangle, in small register tiles, never the masked scores above it.
+// backward in kernels.cpp (llm.c style). Matrix products go through cblas_sgemm; attention
+// (attention.cpp) runs in blocks with an online softmax and keeps no T x T matrix.
 #pragma once
 #include <cstddef>
 
+#include "pipetrain/compute/fast_math.hpp"  // fast_exp, fast_tanh
 #include "pipetrain/compute/layer_kernels.hpp"
 
 namespace pipetrain {
@@ -17,10 +18,9 @@ PIPETRAIN_LAYER_KERNELS(PIPETRAIN_DECLARE_KERNEL)
 void attention_forward_cached(float* out, const float* qkv, float* k_cache, float* v_cache, int pos, int n, int C,
                               int NH, int NKV);
 
-// tanh for the GELU: a rational approximation within a few ulps of std::tanh, vectorisable.
-float fast_tanh(float x);
-// exp for the softmaxes: within 2 ulps of std::exp, vectorisable; clamps below at ~1e-38.
-float fast_exp(float x);
+// Bytes of scratch one compute thread keeps for attention_forward/backward at sequence length T,
+// head size hs and `group` query heads per key/value head: O(T), never T x T.
+size_t attention_scratch_bytes(int T, int hs, int group);
 
 // GELU, tanh approximation (the layer list's bias_gelu_forward without the bias).
 void gelu_forward(float* out, const float* inp, size_t n);

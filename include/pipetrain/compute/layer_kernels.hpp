@@ -23,8 +23,12 @@
 //   attention: causal self-attention with NH query heads and NKV key/value heads (NKV divides NH;
 //     query head h reads key/value head h / (NH/NKV), grouped-query attention; NKV = NH is
 //     multi-head). qkv [B,T,C+2KV], KV = NKV C/NH, holds q, k, v packed in that order, heads as
-//     contiguous slices of each; att [B,NH,T,T] keeps the softmax probabilities (zero above the
-//     diagonal); out [B,T,C]. Scale 1/sqrt(C/NH).
+//     contiguous slices of each; out [B,T,C]; scale 1/sqrt(C/NH). No T x T matrix is ever kept:
+//     lse [B,NH,T] keeps each query row's log-sum-exp of its scaled scores, logsumexp_{u<=t}
+//     (scale q_t . k_u), and the backward recomputes the probabilities exp(score - lse) tile by tile
+//     from it, with out (the forward's output) giving each row's sum_u p_u dp_u = dout_t . out_t.
+//     The backward writes dq, dk and dv (a key/value head's sum over the query heads that read it, in
+//     head order); every output is a sum in a fixed order: the same bits on every run and layout.
 //   bias_gelu: the MLP's bias and GELU (tanh approximation) in one pass: pre[N,C] += bias (kept:
 //     backward needs it), out = gelu(pre).
 //   swiglu: out[N,H] = silu(gate) * up, where each row of gate_up [N,2H] is gate then up.
@@ -65,9 +69,10 @@
      int C, int OC))                                                                                                   \
   X(void, rope_forward, (float* qkv, int B, int T, int C, int NH, int NKV, float theta, int pos0))                     \
   X(void, rope_backward, (float* dqkv, int B, int T, int C, int NH, int NKV, float theta, int pos0))                   \
-  X(void, attention_forward, (float* out, float* att, const float* qkv, int B, int T, int C, int NH, int NKV))         \
+  X(void, attention_forward, (float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV))         \
   X(void, attention_backward,                                                                                          \
-    (float* dqkv, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH, int NKV))        \
+    (float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B, int T, int C,        \
+     int NH, int NKV))                                                                                                 \
   X(void, bias_gelu_forward, (float* pre, float* out, const float* bias, int N, int C))                                \
   X(void, gelu_backward, (float* dinp, const float* inp, const float* dout, size_t n))                                 \
   X(void, swiglu_forward, (float* out, const float* gate_up, int N, int H))                                            \

@@ -58,7 +58,7 @@ std::vector<ParamTensor> rank_params(const RunSpec& spec, const std::vector<Chun
 // parallelism its tp-th of the token rows where it keeps only those; these three formulas alike):
 // none: per block 4C + 2 norm_stats floats per kept row (input, ln1, res2, ln2, each norm's
 // statistics) and q + qkv + fc + ffn per token (qkv, attention output, fc, its activation: 16C+4
-// in all for gpt2 on one rank) plus b·heads·T² attention probabilities, and on the last stage the
+// in all for gpt2 on one rank) plus b·heads·T attention row statistics (no T x T matrix), and on the last stage the
 // head's input, final norm output and statistics per kept row and V probabilities per token;
 // block: each block's input (+ the head's); stage: the received input only. Plus tokens (first
 // stage) and targets (last), 4 B each.
@@ -83,7 +83,7 @@ std::vector<int> buffer_pools(const std::vector<ChunkRange>& chunks, int n_virtu
 using Floats = Array<float>;  // on the rank's compute device
 
 struct BlockActs {
-  Floats ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
+  Floats ln1, ln1_mean, ln1_rstd, qkv, lse, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
 };
 struct HeadActs {
   Floats lnf, lnf_mean, lnf_rstd, probs;

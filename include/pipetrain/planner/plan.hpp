@@ -31,7 +31,7 @@ struct StagePlan {
   // Weights, gradients, AdamW (the spec's zero), an asynchronous save's snapshot: the state kept.
   double state_bytes(const RunSpec& spec) const;
   // All a rank of this stage needs under the spec: the state, the activation buffers held under
-  // its recompute mode, working buffers, the reduction's scratch, and on the GPU the attention kernel's score scratch.
+  // its recompute mode, working buffers (the kernels' scratch among them) and the reduction's scratch.
   double memory_bytes(const RunSpec& spec) const;
 };
 
