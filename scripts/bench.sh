@@ -32,15 +32,16 @@ run zero_memory scripts/bench/zero_memory.py
 run async_checkpoint scripts/bench/async_checkpoint.py
 run stragglers scripts/bench/stragglers.py
 run blas_kernels scripts/bench/blas_kernels.py --repeats "$repeats"
+run attention scripts/bench/attention.py
 /usr/bin/python3 - "$out" <<'PY'
 import json, os, sys
 r = {}
 for name in ("kernels", "llama_step", "pipeline", "tensor_parallel", "oversubscribed", "memory", "zero_memory", "async_checkpoint", "stragglers",
-             "blas_kernels"):
+             "blas_kernels", "attention"):
     with open(os.path.join(sys.argv[1], name + ".txt")) as f:
         r[name] = json.loads(f.read().strip().splitlines()[-1])
 k, p, o, m, z, c = r["kernels"], r["pipeline"], r["oversubscribed"], r["memory"], r["zero_memory"], r["async_checkpoint"]
-st, ll, tp, bk = r["stragglers"], r["llama_step"], r["tensor_parallel"], r["blas_kernels"]
+st, ll, tp, bk, at = r["stragglers"], r["llama_step"], r["tensor_parallel"], r["blas_kernels"], r["attention"]
 best_square = max(row["square_1"] for row in bk["sgemm"])
 own = bk["pipetrain"]["OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE unset"]
 f = lambda t: " / ".join(f"{x:.2f}" for x in t)
@@ -68,6 +69,10 @@ rows = [
     ("  async / none, sync / none (no core free)",
      f"{c['all_cores']['async_ratio']:.3f}, {c['all_cores']['sync_ratio']:.3f}", ""),
     ("straggler detection on / off, wall per logged step (2x1, 2x2)", f"{st['2x1']['ratio']:.3f}, {st['2x2']['ratio']:.3f}", "<= 1.05"),
+    ("attention: activation peak T 4096 / T 1024, measured and planned",
+     f"{at['peak_growth_4096_over_1024']:.2f}, {at['planned_growth']:.2f}", "<= 5"),
+    ("  attention fwd+bwd, pipetrain / PyTorch's T x T, T 1024 and 4096",
+     f"{at['ratio_vs_torch']['1024']:.2f}, {at['ratio_vs_torch']['4096']:.2f}", ""),
     (f"sgemm with the kernels pipetrain picks ({own['kernels'].split(',')[0]}) / the best library's",
      f"{own['sgemm_per_core'] / best_square:.3f}", ""),
 ]
