@@ -1,8 +1,11 @@
 // GPU layer kernels: the list of layer_kernels.hpp with its contract, on device pointers, on the
 // rank's compute stream. Tests compare each with its CPU twin (tests/gpu).
 //
-// Determinism: every reduction runs in a fixed order for a given shape, except the token-embedding
-// gradient, which scatters with atomicAdd (rows repeat whenever a token does).
+// Determinism: every reduction runs in a fixed order for a given shape and no kernel adds floats
+// with atomics (the token-embedding gradient sorts the positions by vocabulary row and adds each
+// row's in position order; attention's backward sums each output in one block), so a step gives
+// the same bits on every run and a resumed run the same as an uninterrupted one. Zero-size work
+// (an empty ZeRO-1 slab, no rows) is a no-op in every kernel.
 #pragma once
 #include <cstddef>
 

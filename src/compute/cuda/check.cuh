@@ -25,11 +25,11 @@ cublasHandle_t cublas();
 // Grow-only scratch on the device for kernels that need temporary space; valid until the next
 // call with the same slot. Slots let one kernel hold several scratch buffers at once.
 void* scratch(int slot, size_t bytes);
-// After a kernel launch: throws on a launch error and, under PIPETRAIN_CUDA_SYNC=1, waits for the
-// kernel and throws on a fault inside it, naming the launch's file and line either way.
+// After a kernel launch (PT_LAUNCH, launch.cuh): throws on a launch error and, under
+// PIPETRAIN_CUDA_SYNC=1, waits for the kernel and throws on a fault inside it, naming the launch's
+// file and line either way.
 void check_launch(const char* file, int line);
 
 }  // namespace pipetrain::gpu
 
 #define PT_CUDA(call) ::pipetrain::gpu::check((call), #call, __FILE__, __LINE__)
-#define PT_LAUNCHED() ::pipetrain::gpu::check_launch(__FILE__, __LINE__)

@@ -1,4 +1,4 @@
-// Element-wise, LayerNorm, embedding and loss kernels of the GPU build (see gpu_kernels.hpp).
+// Element-wise, LayerNorm, loss and optimizer kernels of the GPU build (see gpu_kernels.hpp).
 #include <cmath>
 #include <vector>
 
@@ -12,30 +12,6 @@ namespace {
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
 __device__ inline float gelu(float x) { return 0.5f * x * (1.f + tanhf(kGeluScale * (x + 0.044715f * x * x * x))); }
-
-__global__ void encoder_forward_k(float* out, const int* tokens, const float* wte, const float* wpe, int T, int C,
-                                  int v_begin, int v_rows, size_t total) {
-  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  if (i >= total) return;
-  const size_t n = i / C;
-  const int c = static_cast<int>(i % C), t = static_cast<int>(n % T), row = tokens[n] - v_begin;
-  const float e = row >= 0 && row < v_rows ? wte[static_cast<size_t>(row) * C + c] : 0.f;
-  out[i] = e + (wpe ? wpe[static_cast<size_t>(t) * C + c] : 0.f);
-}
-__global__ void encoder_backward_wte_k(float* dwte, const float* dout, const int* tokens, int C, int v_begin,
-                                       int v_rows, size_t total) {
-  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  if (i >= total) return;
-  const int row = tokens[i / C] - v_begin;
-  if (row >= 0 && row < v_rows) atomicAdd(&dwte[static_cast<size_t>(row) * C + i % C], dout[i]);
-}
-__global__ void encoder_backward_wpe_k(float* dwpe, const float* dout, int B, int T, int C) {
-  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;  // t * C + c
-  if (i >= static_cast<size_t>(T) * C) return;
-  float s = 0.f;
-  for (int b = 0; b < B; ++b) s += dout[static_cast<size_t>(b) * T * C + i];
-  dwpe[i] += s;
-}
 
 // One warp per row.
 __global__ void layernorm_forward_k(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -107,21 +83,23 @@ __global__ void residual_forward_k(float* out, const float* a, const float* b, c
   if (i < n) out[i] = a[i] + b[i] + (bias ? bias[i % C] : 0.f);
 }
 
-// One block per row: probabilities and the row's loss log(sum exp(l - max)) + max - l[target].
-__global__ void softmax_crossentropy_forward_k(float* probs, float* row_loss, const float* logits, const int* targets,
+// One block per row: probabilities and the row's loss log(sum exp(l - max)) + max - l[target], the
+// sum and the loss in double as on the CPU (a float sum of 128k terms loses digits of the loss).
+__global__ void softmax_crossentropy_forward_k(float* probs, double* row_loss, const float* logits, const int* targets,
                                                int V) {
   __shared__ float shared32[32];
+  __shared__ double shared32d[32];
   const size_t off = static_cast<size_t>(blockIdx.x) * V;
   const float* l = logits + off;
   float mx = -FLT_MAX;
   for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, l[j]);
   mx = block_max(mx, shared32);
-  float sum = 0.f;
+  double sum = 0.0;
   for (int j = threadIdx.x; j < V; j += blockDim.x) sum += expf(l[j] - mx);
-  sum = block_sum(sum, shared32);
-  const float inv = 1.f / sum;
+  sum = block_sum(sum, shared32d);
+  const float inv = static_cast<float>(1.0 / sum);
   for (int j = threadIdx.x; j < V; j += blockDim.x) probs[off + j] = expf(l[j] - mx) * inv;
-  if (threadIdx.x == 0) row_loss[blockIdx.x] = logf(sum) + mx - l[targets[blockIdx.x]];
+  if (threadIdx.x == 0) row_loss[blockIdx.x] = log(sum) + mx - l[targets[blockIdx.x]];
 }
 __global__ void softmax_crossentropy_backward_k(float* dlogits, const float* probs, const int* targets, float scale,
                                                 int V, int v_begin, size_t n) {
@@ -160,28 +138,10 @@ __global__ void sum_of_squares_k(double* partial, const float* x, size_t n) {
 
 }  // namespace
 
-void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
-                     int v_begin, int v_rows) {
-  const size_t total = static_cast<size_t>(B) * T * C;
-  encoder_forward_k<<<blocks_for(total), 256, 0, stream()>>>(out, tokens, wte, wpe, T, C, v_begin, v_rows, total);
-  PT_LAUNCHED();
-}
-
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v_begin,
-                      int v_rows) {
-  const size_t total = static_cast<size_t>(B) * T * C;
-  encoder_backward_wte_k<<<blocks_for(total), 256, 0, stream()>>>(dwte, dout, tokens, C, v_begin, v_rows, total);
-  PT_LAUNCHED();
-  if (!dwpe) return;  // no position table (llama)
-  encoder_backward_wpe_k<<<blocks_for(static_cast<size_t>(T) * C), 256, 0, stream()>>>(dwpe, dout, B, T, C);
-  PT_LAUNCHED();
-}
-
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                        int N, int C) {
-  layernorm_forward_k<<<blocks_for(static_cast<size_t>(N) * 32), 256, 0, stream()>>>(out, mean, rstd, inp, weight, bias,
-                                                                                     N, C);
-  PT_LAUNCHED();
+  PT_LAUNCH(layernorm_forward_k, blocks_for(static_cast<size_t>(N) * 32), 256, 0, out, mean, rstd, inp, weight, bias, N,
+            C);
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -191,55 +151,47 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     column_sum_add(dbias, N, C, Element{dout, C}, 1);
   }
   if (dinp) {
-    layernorm_backward_input_k<<<blocks_for(static_cast<size_t>(N) * 32), 256, 0, stream()>>>(dinp, dout, inp, weight,
-                                                                                              mean, rstd, N, C);
-    PT_LAUNCHED();
+    PT_LAUNCH(layernorm_backward_input_k, blocks_for(static_cast<size_t>(N) * 32), 256, 0, dinp, dout, inp, weight,
+              mean, rstd, N, C);
   }
 }
 
 void gelu_forward(float* out, const float* inp, size_t n) {
-  gelu_forward_k<<<blocks_for(n), 256, 0, stream()>>>(out, inp, n);
-  PT_LAUNCHED();
+  PT_LAUNCH(gelu_forward_k, blocks_for(n), 256, 0, out, inp, n);
 }
 void bias_gelu_forward(float* pre, float* out, const float* bias, int N, int C) {
   const size_t n = static_cast<size_t>(N) * C;
-  bias_gelu_forward_k<<<blocks_for(n), 256, 0, stream()>>>(pre, out, bias, C, n);
-  PT_LAUNCHED();
+  PT_LAUNCH(bias_gelu_forward_k, blocks_for(n), 256, 0, pre, out, bias, C, n);
 }
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
-  gelu_backward_k<<<blocks_for(n), 256, 0, stream()>>>(dinp, inp, dout, n);
-  PT_LAUNCHED();
+  PT_LAUNCH(gelu_backward_k, blocks_for(n), 256, 0, dinp, inp, dout, n);
 }
 void residual_forward(float* out, const float* a, const float* b, const float* bias, int N, int C) {
   const size_t n = static_cast<size_t>(N) * C;
-  residual_forward_k<<<blocks_for(n), 256, 0, stream()>>>(out, a, b, bias, C, n);
-  PT_LAUNCHED();
+  PT_LAUNCH(residual_forward_k, blocks_for(n), 256, 0, out, a, b, bias, C, n);
 }
 
 double softmax_crossentropy_forward(float* probs, const float* logits, const int* targets, int N, int V) {
-  float* row_loss = static_cast<float*>(scratch(0, sizeof(float) * N));
-  softmax_crossentropy_forward_k<<<N, 256, 0, stream()>>>(probs, row_loss, logits, targets, V);
-  PT_LAUNCHED();
+  double* row_loss = static_cast<double*>(scratch(0, sizeof(double) * N));
+  PT_LAUNCH(softmax_crossentropy_forward_k, N, 256, 0, probs, row_loss, logits, targets, V);
   return sum_rows_in_order(row_loss, N);
 }
 void softmax_crossentropy_backward(float* dlogits, const float* probs, const int* targets, float scale, int N, int V,
                                    int v_begin) {
   const size_t n = static_cast<size_t>(N) * V;
-  softmax_crossentropy_backward_k<<<blocks_for(n), 256, 0, stream()>>>(dlogits, probs, targets, scale, V, v_begin, n);
-  PT_LAUNCHED();
+  PT_LAUNCH(softmax_crossentropy_backward_k, blocks_for(n), 256, 0, dlogits, probs, targets, scale, V, v_begin, n);
 }
 
 void adamw_update(float* w, const float* grad, float* m, float* v, size_t n, float beta1, float beta2, float step_size,
                   float inv_sqrt_bc2, float eps, float decay, float grad_mul) {
-  adamw_k<<<blocks_for(n), 256, 0, stream()>>>(w, grad, m, v, n, beta1, beta2, step_size, inv_sqrt_bc2, eps, decay,
-                                               grad_mul);
-  PT_LAUNCHED();
+  PT_LAUNCH(adamw_k, blocks_for(n), 256, 0, w, grad, m, v, n, beta1, beta2, step_size, inv_sqrt_bc2, eps, decay,
+            grad_mul);
 }
 
 double sum_of_squares(const float* x, size_t n) {
+  if (n == 0) return 0.0;
   double* partial = static_cast<double*>(scratch(0, sizeof(double) * kSquareBlocks));
-  sum_of_squares_k<<<kSquareBlocks, 256, 0, stream()>>>(partial, x, n);
-  PT_LAUNCHED();
+  PT_LAUNCH(sum_of_squares_k, kSquareBlocks, 256, 0, partial, x, n);
   std::vector<double> host(kSquareBlocks);
   copy_to_host(host.data(), partial, sizeof(double) * kSquareBlocks);
   double s = 0.0;

@@ -78,24 +78,21 @@ __global__ void swiglu_backward_k(float* dgate_up, const float* gate_up, const f
 void rotate(float* qkv, int B, int T, int C, int NH, int NKV, float theta, int pos0, float sign) {
   const int hs = C / NH, heads = NH + NKV, C3 = C + 2 * NKV * hs;
   const size_t n = static_cast<size_t>(B) * T * heads * (hs / 2);
-  rope_k<<<blocks_for(n), 256, 0, stream()>>>(qkv, T, C3, heads, hs, theta, pos0, sign, n);
-  PT_LAUNCHED();
+  PT_LAUNCH(rope_k, blocks_for(n), 256, 0, qkv, T, C3, heads, hs, theta, pos0, sign, n);
 }
 
 }  // namespace
 
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps) {
-  rmsnorm_forward_k<<<blocks_for(static_cast<size_t>(N) * 32), 256, 0, stream()>>>(out, rstd, inp, weight, N, C, eps);
-  PT_LAUNCHED();
+  PT_LAUNCH(rmsnorm_forward_k, blocks_for(static_cast<size_t>(N) * 32), 256, 0, out, rstd, inp, weight, N, C, eps);
 }
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                       const float* rstd, int N, int C) {
   if (dweight) column_sum_add(dweight, N, C, RmsNormWeightGrad{dout, inp, rstd, C}, 0);
   if (dinp) {
-    rmsnorm_backward_input_k<<<blocks_for(static_cast<size_t>(N) * 32), 256, 0, stream()>>>(dinp, dout, inp, weight,
-                                                                                            rstd, N, C);
-    PT_LAUNCHED();
+    PT_LAUNCH(rmsnorm_backward_input_k, blocks_for(static_cast<size_t>(N) * 32), 256, 0, dinp, dout, inp, weight, rstd,
+              N, C);
   }
 }
 
@@ -108,13 +105,11 @@ void rope_backward(float* dqkv, int B, int T, int C, int NH, int NKV, float thet
 
 void swiglu_forward(float* out, const float* gate_up, int N, int H) {
   const size_t n = static_cast<size_t>(N) * H;
-  swiglu_forward_k<<<blocks_for(n), 256, 0, stream()>>>(out, gate_up, H, n);
-  PT_LAUNCHED();
+  PT_LAUNCH(swiglu_forward_k, blocks_for(n), 256, 0, out, gate_up, H, n);
 }
 void swiglu_backward(float* dgate_up, const float* gate_up, const float* dout, int N, int H) {
   const size_t n = static_cast<size_t>(N) * H;
-  swiglu_backward_k<<<blocks_for(n), 256, 0, stream()>>>(dgate_up, gate_up, dout, H, n);
-  PT_LAUNCHED();
+  PT_LAUNCH(swiglu_backward_k, blocks_for(n), 256, 0, dgate_up, gate_up, dout, H, n);
 }
 
 }  // namespace pipetrain::gpu

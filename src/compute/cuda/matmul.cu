@@ -27,14 +27,18 @@ __global__ void to_bf16_k(__nv_bfloat16* out, const float* in, size_t n) {
 const void* operand(Dtype dtype, const float* x, size_t n, int slot) {
   if (dtype == Dtype::fp32) return x;
   auto* h = static_cast<__nv_bfloat16*>(scratch(slot, sizeof(__nv_bfloat16) * n));
-  to_bf16_k<<<blocks_for(n), 256, 0, stream()>>>(h, x, n);
-  PT_LAUNCHED();
+  PT_LAUNCH(to_bf16_k, blocks_for(n), 256, 0, h, x, n);
   return h;
 }
 
 // C[m,n] (column-major, fp32) = alpha op(A) op(B) + beta C, A and B from operand().
 void gemm(Dtype dtype, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* A, int lda,
           const void* B, int ldb, float beta, float* C, int ldc) {
+  if (m == 0 || n == 0) return;  // an empty product (an empty micro-batch or tensor part)
+  if (k == 0) {                  // a sum of nothing, which cuBLAS refuses (leading dimension 0)
+    if (beta == 0.f) zero(C, sizeof(float) * static_cast<size_t>(ldc) * n);
+    return;
+  }
   const float alpha = 1.f;
   const cudaDataType in = dtype == Dtype::fp32 ? CUDA_R_32F : CUDA_R_16BF;
   PT_CUDA(cublasGemmEx(cublas(), ta, tb, m, n, k, &alpha, A, in, lda, B, in, ldb, &beta, C, CUDA_R_32F, ldc,
@@ -101,8 +105,7 @@ void matmul_forward_in(Dtype dtype, float* out, const float* inp, const float* w
        out, OC);
   if (bias) {
     const size_t n = static_cast<size_t>(N) * OC;
-    add_bias_k<<<blocks_for(n), 256, 0, stream()>>>(out, bias, OC, n);
-    PT_LAUNCHED();
+    PT_LAUNCH(add_bias_k, blocks_for(n), 256, 0, out, bias, OC, n);
   }
 }
 

@@ -1,25 +1,30 @@
-// Reductions shared by the kernels, each in a fixed order for a given shape (no atomics), so a
-// step gives the same bits every time it runs.
+// Reductions shared by the kernels, each in a fixed order for a given shape. No kernel of the GPU
+// build adds floats with atomics (the embedding gradient sums each row's positions in position
+// order, attention's backward gives every output one block), so a step gives the same bits every
+// time it runs, and a resumed run continues the same trajectory.
 #pragma once
 #include <cfloat>
 #include <vector>
 
 #include "check.cuh"
+#include "launch.cuh"
 #include "pipetrain/compute/gpu.hpp"
 
 namespace pipetrain::gpu {
 
-// The sum of n per-row values on the device (a loss per row), added in row order on the host in
-// double, as the CPU adds its rows.
-inline double sum_rows_in_order(const float* row_values, int n) {
-  std::vector<float> host(n);
-  copy_to_host(host.data(), row_values, sizeof(float) * n);
+// The sum of n per-row values on the device (a loss per row, in double as the CPU keeps them),
+// added in row order on the host, as the CPU adds its rows.
+inline double sum_rows_in_order(const double* row_values, int n) {
+  if (n == 0) return 0.0;
+  std::vector<double> host(n);
+  copy_to_host(host.data(), row_values, sizeof(double) * n);
   double sum = 0.0;
-  for (float v : host) sum += v;
+  for (double v : host) sum += v;
   return sum;
 }
 
-__device__ inline float warp_sum(float v) {
+template <class T>
+__device__ inline T warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
@@ -28,13 +33,14 @@ __device__ inline float warp_max(float v) {
   return v;
 }
 // Whole-block sum / max (every thread gets the result); blockDim.x a multiple of 32, all threads call.
-__device__ inline float block_sum(float v, float* shared32) {
+template <class T>
+__device__ inline T block_sum(T v, T* shared32) {
   v = warp_sum(v);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   __syncthreads();  // shared32 may still be read from an earlier call
   if (lane == 0) shared32[warp] = v;
   __syncthreads();
-  float total = 0.f;
+  T total = 0;
   for (int w = 0; w < warps; ++w) total += shared32[w];
   return total;
 }
@@ -86,15 +92,10 @@ struct Element {  // x[r, c] of a row-major [N, C] array
 template <class F>
 void column_sum_add(float* out, int N, int C, F f, int slot) {
   const int row_blocks = (N + kColumnRows - 1) / kColumnRows;
+  if (row_blocks == 0) return;  // no rows: nothing to add
   float* partial = static_cast<float*>(scratch(slot, sizeof(float) * static_cast<size_t>(row_blocks) * C));
-  column_partials<<<dim3((C + 31) / 32, row_blocks), dim3(32, 8), 0, stream()>>>(partial, N, C, f);
-  PT_LAUNCHED();
-  column_finish<<<(C + 255) / 256, 256, 0, stream()>>>(out, partial, row_blocks, C);
-  PT_LAUNCHED();
-}
-
-inline unsigned blocks_for(size_t n, unsigned threads = 256) {
-  return static_cast<unsigned>((n + threads - 1) / threads);
+  PT_LAUNCH(column_partials<F>, dim3((C + 31) / 32, row_blocks), dim3(32, 8), 0, partial, N, C, f);
+  PT_LAUNCH(column_finish, blocks_for(C), 256, 0, out, partial, row_blocks, C);
 }
 
 }  // namespace pipetrain::gpu
