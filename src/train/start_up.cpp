@@ -176,7 +176,7 @@ void build_model(Run& run) {
 }
 
 // MFU's denominators, fixed for the run. The peak is the hardware's: one core's FLOPs per cycle x
-// clock (cpu_features), one GPU's SMs x clock x FLOPs per SM and cycle, or log.peak_gflops per
+// clock (cpu_features), one GPU's datasheet peak (gpu::peak_gflops says which), or log.peak_gflops per
 // rank where the user knows better. Beside it, the rate the BLAS reaches on square sgemm (one
 // core's, one thread; one GPU's GEMM), so the share of what the library can do is known too. Both
 // are found once per run, at its first launch, by each node's first rank alone (ranks sharing
@@ -198,8 +198,7 @@ void find_peaks(Run& run) {
       unit[0] = gpu::peak_gflops(info, spec.model.dtype);
       unit[1] = gpu::measure_gemm_gflops(spec.model.dtype);
       unit[2] = 1;
-      run.peak_basis = info.name + ": " + std::to_string(info.multiprocessors) + " SMs x " +
-                       std::to_string(info.clock_khz / 1000) + " MHz, " + name_of(spec.model.dtype);
+      run.peak_basis = gpu::peak_basis(info, spec.model.dtype);
     } else if (run.world.local_rank() == 0) {
       set_blas_threads(1);
       const CorePeak core = core_peak();

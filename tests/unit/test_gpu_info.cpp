@@ -37,17 +37,29 @@ TEST_CASE("ranks may share a GPU in the default compute mode only") {
   CHECK(gpu::sharing_problem(h200(gpu::ComputeMode::prohibited), 0, 1).find("prohibited") != std::string::npos);
 }
 
-TEST_CASE("a GPU's dense peak: SMs x maximum clock x FLOPs per SM and cycle of its capability and dtype") {
-  gpu::DeviceInfo a100;  // NVIDIA's A100 figures: 19.5 TFLOP/s fp32, 312 bf16 dense, at 1410 MHz on 108 SMs
+TEST_CASE("a GPU's dense peak: the datasheet's where the GPU is listed, else SMs x maximum clock x FLOPs per cycle") {
+  // An H200 reports its 1980 MHz maximum clock; its datasheet peak holds at the ~1830 MHz it
+  // sustains: 989.4 TFLOP/s bf16 dense and 66.9 fp32, where the maximum clock would claim ~1070.
+  gpu::DeviceInfo h200_sxm = h200(gpu::ComputeMode::shared);
+  h200_sxm.multiprocessors = 132;
+  h200_sxm.clock_khz = 1980000;
+  CHECK(gpu::peak_gflops(h200_sxm, Dtype::bf16) == Approx(989400));
+  CHECK(gpu::peak_gflops(h200_sxm, Dtype::fp32) == Approx(66900));
+  CHECK(gpu::peak_basis(h200_sxm, Dtype::bf16).find("datasheet") != std::string::npos);
+  gpu::DeviceInfo nvl = h200_sxm;  // the NVL boards: the same SMs at lower clocks
+  nvl.name = "NVIDIA H200 NVL";
+  CHECK(gpu::peak_gflops(nvl, Dtype::bf16) == Approx(835500));
+  gpu::DeviceInfo a100;  // listed too: 19.5 TFLOP/s fp32, 312 bf16 dense
   a100.capability_major = 8;
   a100.multiprocessors = 108;
   a100.clock_khz = 1410000;
-  CHECK(gpu::peak_gflops(a100, Dtype::fp32) == Approx(19492).epsilon(1e-3));
-  CHECK(gpu::peak_gflops(a100, Dtype::bf16) == Approx(311869).epsilon(1e-3));
-  gpu::DeviceInfo h100 = h200(gpu::ComputeMode::shared);  // H100 SXM's 66.9 TFLOP/s fp32 on 132 SMs at 1980 MHz
-  h100.multiprocessors = 132;
-  h100.clock_khz = 1980000;
-  CHECK(gpu::peak_gflops(h100, Dtype::fp32) == Approx(66908).epsilon(1e-3));
+  CHECK(gpu::peak_gflops(a100, Dtype::fp32) == Approx(19500));
+  CHECK(gpu::peak_gflops(a100, Dtype::bf16) == Approx(312000));
+  gpu::DeviceInfo unlisted = h200_sxm;  // a capability 9.0 part with other SMs: the clock formula, an upper bound
+  unlisted.multiprocessors = 100;
+  CHECK(gpu::peak_gflops(unlisted, Dtype::bf16) ==
+        Approx(4096.0 * 100 * 1.98));  // GFLOP/s: per SM and cycle x SMs x GHz
+  CHECK(gpu::peak_basis(unlisted, Dtype::bf16).find("upper bound") != std::string::npos);
   gpu::DeviceInfo unknown = a100;
   unknown.capability_major = 6;
   CHECK(gpu::peak_gflops(unknown, Dtype::bf16) == 0);

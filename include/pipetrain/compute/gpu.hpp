@@ -24,7 +24,7 @@ struct DeviceInfo {
   int capability_major = 0, capability_minor = 0;
   ComputeMode mode = ComputeMode::shared;
   int driver_cuda = 0, runtime_cuda = 0;   // CUDA versions as 1000 * major + 10 * minor
-  int multiprocessors = 0, clock_khz = 0;  // SMs and their maximum clock
+  int multiprocessors = 0, clock_khz = 0;  // SMs and their maximum (boost) clock
 };
 // What device `device` is, read without creating a context on it (so without claiming a GPU in
 // exclusive-process mode).
@@ -35,9 +35,13 @@ std::string describe(const DeviceInfo& info);
 std::string sharing_problem(const DeviceInfo& info, int device, int ranks_sharing);
 
 // The device's dense peak GFLOP/s for matrix products with `dtype` inputs (fp32 on the CUDA cores,
-// bf16 on the tensor cores, both accumulating in fp32): SMs x maximum clock x FLOPs per SM and
-// cycle of its compute capability; 0 for a capability this table does not know.
+// bf16 on the tensor cores, both accumulating in fp32): NVIDIA's datasheet figure for the GPUs it
+// lists (A100; H100/H200 SXM, PCIe and NVL), which holds at the clock they sustain; else SMs x
+// maximum clock x FLOPs per SM and cycle of its compute capability, an upper bound; 0 for a
+// capability neither knows.
 double peak_gflops(const DeviceInfo& info, Dtype dtype);
+// Which of the two peak_gflops is, in words, for the start-up lines and the GPU check.
+std::string peak_basis(const DeviceInfo& info, Dtype dtype);
 
 // "13.0" for CUDA's version number 13000.
 std::string cuda_version(int version);
