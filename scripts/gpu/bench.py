@@ -1,22 +1,29 @@
 #!/usr/bin/python3
-"""GPU benchmark (not a test; scripts/gpu/check.sh runs it on a GPU machine): GPT-2 124M
-(configs/gpt2-124m.toml, bf16 products, 32 x 1024 tokens per step) trained for a few steps
-  - by pipetrain on one GPU (1x1),
-  - by pipetrain as a 2-stage pipeline of two ranks sharing that GPU (over MPI),
-  - by PyTorch on the same GPU: the same model (nn.Linear layout, tanh GELU, tied head), bf16
-    autocast, fused AdamW, scaled_dot_product_attention (flash), no torch.compile,
-and prints tokens/s, MFU against the GPU's nominal dense bf16 peak (--peak-tflops, H100/H200 SXM:
-989.4) and the ratio pipetrain / PyTorch. The first 3 steps are warm-up, the rest are timed.
+"""GPU benchmark (scripts/gpu/check.sh runs it on a GPU machine): GPT-2 124M (configs/gpt2-124m.toml)
+  - judged first: its first JUDGE_STEPS steps on one sequence (1,024 tokens) on the GPU in fp32 and
+    in bf16 against the same steps on the CPU, each loss within 1e-4 (fp32: the same arithmetic in
+    another order) and 2e-2 (bf16 products) relative of the CPU's;
+  - then timed, trained at 32 x 1024 tokens per step (bf16 products) for 3 warm-up and --steps
+    steps, by pipetrain on one GPU (1x1), by PyTorch on the same GPU where it is installed (the
+    same model: nn.Linear layout, tanh GELU, tied head; bf16 autocast, fused AdamW,
+    scaled_dot_product_attention, no torch.compile), and by pipetrain as a 2-stage pipeline of two
+    ranks sharing the GPU;
+and prints tokens/s, MFU against the GPU's dense bf16 peak (--peak-tflops, the H100/H200 SXM
+datasheet's 989.4) and the ratio pipetrain / PyTorch (the figure to watch).
 
 Each run is a subprocess bounded by what is left of --budget-s, so the bench always ends and
 writes what it measured: the JSON summary (--json) is rewritten after every run. The runs'
-directories go under --work (outside the GPU check's output) and keep no checkpoint
-(checkpoint.at_end = false). Exit 0 when every run gave a figure, 77 when there is no GPU, 1 else.
+directories go under --work and keep no checkpoint. Exit 0 when the losses passed the judgement and
+every pipetrain run started gave a figure, 77 when there is no GPU, 1 else (a run left unstarted
+when the budget is spent is reported, not failed). PyTorch is a reference, not pipetrain: where
+the machine has none (--no-torch WHY, or the import fails) it is not run, and its failure never
+fails the bench.
 
-usage: scripts/gpu/bench.py --bin PIPETRAIN --mpiexec MPIEXEC [--steps 8] [--budget-s 180]
-                            [--peak-tflops 989.4] [--work DIR] [--json FILE]"""
+usage: scripts/gpu/bench.py --bin PIPETRAIN --mpiexec MPIEXEC [--steps 8] [--budget-s 130]
+                            [--peak-tflops 989.4] [--work DIR] [--json FILE] [--no-torch WHY]"""
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -29,30 +36,26 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--bin")
 ap.add_argument("--mpiexec", default="mpiexec")
 ap.add_argument("--steps", type=int, default=8)
-ap.add_argument("--budget-s", type=float, default=180)
+ap.add_argument("--budget-s", type=float, default=130)
 ap.add_argument("--peak-tflops", type=float, default=989.4)
 ap.add_argument("--work", default="/tmp/pipetrain-gpu-bench")
 ap.add_argument("--json", default="bench_gpu.json")
+ap.add_argument("--no-torch", metavar="WHY", help="the machine cannot run PyTorch (WHY): no reference run")
 ap.add_argument("--torch-reference", action="store_true", help="(internal) run only the PyTorch reference")
 a = ap.parse_args()
 config = os.path.join(here, "..", "..", "configs", "gpt2-124m.toml")
 L, C, NH, T, V, BATCH, MICRO, WARMUP = 12, 768, 12, 1024, 50257, 32, 2, 3
 FLOPS_PER_TOKEN = 3 * (L * (24 * C * C + 4 * T * C) + 2 * C * V)  # as pipetrain counts (partition.cpp)
+JUDGE_STEPS = 3
+JUDGE = [("judge_gpu_fp32", ["model.dtype=fp32"], 1e-4), ("judge_gpu_bf16", [], 2e-2)]
 peak = a.peak_tflops * 1e12
 deadline = time.time() + a.budget_s
 results = {}
 
 
 def figures(step_s):
-    return {"tokens_per_s": BATCH * T / step_s, "step_ms": 1e3 * step_s, "mfu": FLOPS_PER_TOKEN * BATCH * T / step_s / peak}
-
-
-def report(name):
-    r = results[name]
-    print(f"{name}: " + (r["error"] if "error" in r else
-                         f"{r['tokens_per_s']:.0f} tokens/s, {r['step_ms']:.1f} ms per step, MFU {100 * r['mfu']:.1f}%"),
-          flush=True)
-    save()
+    return {"tokens_per_s": BATCH * T / step_s, "step_ms": 1e3 * step_s,
+            "mfu": FLOPS_PER_TOKEN * BATCH * T / step_s / peak}
 
 
 def save():
@@ -60,11 +63,26 @@ def save():
         json.dump(results, f, indent=1)
 
 
+def summary(r):
+    if "error" in r:
+        return r["error"]
+    if "not_run" in r:
+        return f"not run ({r['not_run']})"
+    if "tokens_per_s" in r:
+        return f"{r['tokens_per_s']:.0f} tokens/s, {r['step_ms']:.1f} ms per step, MFU {100 * r['mfu']:.1f}%"
+    return ", ".join(f"{k} {v}" for k, v in r.items())
+
+
+def report(name):
+    print(f"{name}: {summary(results[name])}", flush=True)
+    save()
+
+
 def bounded(name, cmd):
     """Runs cmd with what is left of the budget; None (and the reason recorded) when it fails."""
     left = deadline - time.time()
-    if left < 10:
-        results[name] = {"error": "not run: the bench's time budget was spent"}
+    if left < 10:  # not started: the runs before took the time (not a failure of this one)
+        results[name] = {"not_run": "the bench's time budget was spent before it"}
         return None
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=left)
@@ -73,28 +91,71 @@ def bounded(name, cmd):
         return None
 
 
-def pipetrain(name, ranks, *sets):
+def pipetrain(name, ranks, steps, *sets):
+    """pipetrain on `ranks` ranks for `steps` steps of GPT-2 124M; its metrics lines, or None (the
+    reason recorded under `name`)."""
     run_dir = os.path.join(a.work, name)
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [a.mpiexec, "-n", str(ranks), a.bin, "train", "--config", config, "--run-dir", run_dir, "--resume", "never",
-           "--set", f"run.steps={WARMUP + a.steps}", "--set", "log.every_steps=1", "--set", "checkpoint.every_steps=0",
+           "--set", f"run.steps={steps}", "--set", "log.every_steps=1", "--set", "checkpoint.every_steps=0",
            "--set", "checkpoint.at_end=false", "--set", "log.trace_steps=0",
            "--set", f"log.peak_gflops={a.peak_tflops * 1e3 / ranks}"]
     for s in sets:
         cmd += ["--set", s]
-    t0 = time.time()
     p = bounded(name, cmd)
-    if p is not None and p.returncode != 0:
-        if p.returncode == 2 and "no GPU visible" in p.stderr:
-            print(f"{name}: no GPU visible", flush=True)
-            sys.exit(77)
+    if p is None:
+        return None
+    if p.returncode == 2 and "no GPU visible" in p.stderr:
+        print(f"{name}: no GPU visible", flush=True)
+        sys.exit(77)
+    if p.returncode != 0:
         results[name] = {"error": f"exit {p.returncode}: {(p.stderr.strip() or p.stdout.strip())[-600:]}"}
-    elif p is not None:
-        lines = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))][WARMUP:]
-        results[name] = dict(figures(statistics.median(l["step_time_s"] for l in lines)),
-                             loss_first=lines[0]["loss"], loss_last=lines[-1]["loss"],
-                             gpu_mem_peak_gib=max(lines[-1].get("gpu_mem_peak_bytes", [0])) / 2**30,
+        return None
+    return [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl")) if l.strip()]
+
+
+def judge_losses():
+    """The first steps on one sequence, GPU (fp32, bf16) against CPU; whether they passed. The GPU
+    runs go first: without a GPU the bench stops there, before minutes of CPU."""
+    one = ["train.global_batch=1", "parallel.micro_batches=1"]
+    gpu = {name: pipetrain(name, 1, JUDGE_STEPS, *sets, *one) for name, sets, _ in JUDGE}
+    for name, _, _ in JUDGE:
+        if gpu[name] is None:
+            report(name)
+    if all(g is None for g in gpu.values()):
+        return False  # nothing to judge: the CPU's minute is better spent on the timed runs
+    cpu = pipetrain("judge_cpu_fp32", 1, JUDGE_STEPS, "run.device=cpu", "model.dtype=fp32", *one)
+    if cpu is not None:
+        results["judge_cpu_fp32"] = {"losses": [m["loss"] for m in cpu]}
+    report("judge_cpu_fp32")
+    passed = cpu is not None
+    for name, _, tol in JUDGE:
+        if gpu[name] is None or cpu is None:
+            results.setdefault(name, {"error": "not judged: the CPU's run failed"})
+            passed = False
+            continue
+        losses, want = [m["loss"] for m in gpu[name]], results["judge_cpu_fp32"]["losses"]
+        worst = max((abs(g - w) / abs(w) for g, w in zip(losses, want)), default=math.inf)
+        ok = len(losses) == len(want) == JUDGE_STEPS and all(map(math.isfinite, losses)) and worst <= tol
+        results[name] = {"losses": losses, "worst_rel_diff": worst, "tolerance": tol,
+                         "verdict": "PASS" if ok else "FAIL: the GPU's losses are off the CPU's"}
+        passed &= ok
+        report(name)
+    return passed
+
+
+def timed(name, ranks, *sets):
+    t0 = time.time()
+    lines = pipetrain(name, ranks, WARMUP + a.steps, *sets)
+    if lines is not None:
+        timed_lines = lines[WARMUP:]
+        losses = [l["loss"] for l in lines]
+        results[name] = dict(figures(statistics.median(l["step_time_s"] for l in timed_lines)),
+                             loss_first=losses[0], loss_last=losses[-1],
+                             gpu_mem_peak_gib=max(timed_lines[-1].get("gpu_mem_peak_bytes", [0])) / 2**30,
                              wall_s=time.time() - t0)
+        if not all(map(math.isfinite, losses)):
+            results[name]["error"] = f"a loss is not finite: {losses}"
     report(name)
 
 
@@ -103,10 +164,10 @@ def torch_reference():
         import torch
         import torch.nn as nn
         import torch.nn.functional as F
-    except ImportError:
-        return {"error": "PyTorch is not installed: no reference"}
+    except ImportError as e:
+        return {"not_run": f"the machine: PyTorch: {e}"}
     if not torch.cuda.is_available():
-        return {"error": "PyTorch sees no GPU: no reference"}
+        return {"not_run": "the machine: PyTorch sees no GPU"}
 
     class Block(nn.Module):
         def __init__(self):
@@ -161,6 +222,9 @@ def torch_reference():
 
 
 def torch_in_subprocess():
+    if a.no_torch:
+        results["pytorch_1x1"] = {"not_run": f"the machine: {a.no_torch}"}
+        return report("pytorch_1x1")
     p = bounded("pytorch_1x1", [sys.executable, __file__, "--torch-reference", "--steps", str(a.steps),
                                 "--peak-tflops", str(a.peak_tflops)])
     if p is not None:
@@ -175,18 +239,26 @@ if a.torch_reference:
 if not a.bin:
     ap.error("--bin is required")
 os.makedirs(a.work, exist_ok=True)
-pipetrain("pipetrain_1x1", 1)
-pipetrain("pipetrain_2x1_shared_gpu", 2, "parallel.pp=2")
+losses_ok = judge_losses()
+timed("pipetrain_1x1", 1)
 torch_in_subprocess()
+timed("pipetrain_2x1_shared_gpu", 2, "parallel.pp=2")
 print(f"\n{'run':28s} {'tokens/s':>10s} {'step ms':>9s} {'MFU':>7s}")
 for name, r in results.items():
-    if "error" in r:
-        print(f"{name:28s} {r['error'][:200]}")
-    else:
+    if "tokens_per_s" in r and "error" not in r:
         print(f"{name:28s} {r['tokens_per_s']:10.0f} {r['step_ms']:9.1f} {100 * r['mfu']:6.1f}%")
+    elif not name.startswith("judge"):
+        print(f"{name:28s} {summary(r)[:200]}")
 if "tokens_per_s" in results.get("pipetrain_1x1", {}) and "tokens_per_s" in results.get("pytorch_1x1", {}):
     results["ratio_tokens_per_s_pipetrain_over_pytorch"] = (results["pipetrain_1x1"]["tokens_per_s"] /
                                                            results["pytorch_1x1"]["tokens_per_s"])
     print(f"pipetrain / PyTorch tokens/s: {results['ratio_tokens_per_s_pipetrain_over_pytorch']:.3f}")
+print(f"losses against the CPU's first {JUDGE_STEPS} steps: " + ("PASS" if losses_ok else "FAIL") + " (" +
+      "; ".join(f"{n}: within {t:g}, worst {results.get(n, {}).get('worst_rel_diff', math.nan):.1e}" for n, t in
+                ((n, t) for n, _, t in JUDGE)) + ")")
 save()
-sys.exit(1 if any("error" in r for r in results.values() if isinstance(r, dict)) else 0)
+# PyTorch's run is a reference, not pipetrain: its failure costs the ratio, never the verdict.
+failed = [n for n, r in results.items() if isinstance(r, dict) and "error" in r and n != "pytorch_1x1"]
+if failed or not losses_ok:
+    print(f"FAIL: {', '.join(failed) or 'the loss judgement'}", flush=True)
+    sys.exit(1)

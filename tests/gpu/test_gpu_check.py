@@ -7,6 +7,10 @@ wrong (CUDA builds; runs without a GPU, faking each failure a lent GPU machine c
   - a CUDA driver older than the runtime (a stand-in libcuda.so.1 that reports CUDA 11.4, found
     first on the library path) fails every stage with CUDA's own words instead of passing as
     "no GPU";
+  - a compute-sanitizer the machine refuses ("Device not supported", error 999; a stand-in named
+    by GPU_CHECK_SANITIZER): memcheck is NOT RUN with the machine's reason, and the exit is
+    pipetrain's verdict alone (77 here: no GPU, nothing of pipetrain's failed); a sanitizer that
+    reports a memory error in a kernel fails the check as pipetrain's failure;
   - no CUDA toolkit and no carried bundle: it says there is nothing to check and exits 1;
   - an unknown stage is a usage error.
 
@@ -68,6 +72,42 @@ expect(rc == 1, f"a driver older than the runtime fails the check (exit {rc})")
 for stage in ("kernels", "training", "bench"):
     expect(line(summary, stage).startswith(f"gpu-check {stage}: FAIL") and insufficient in line(summary, stage),
            f"old driver: {stage} fails naming CUDA's error ({line(summary, stage)[:160]!r})")
+
+
+
+def stand_in(name, text, rc):
+    """An executable that prints text and exits rc: a compute-sanitizer as a GPU machine has it."""
+    path = os.path.join(a.work, name)
+    with open(path, "w") as f:
+        f.write(f"#!/bin/sh\ncat <<'EOF'\n{text}\nEOF\nexit {rc}\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+refusing = stand_in("sanitizer_refusing", """========= COMPUTE-SANITIZER
+========= Error: Device not supported. Please refer to the "Supported Devices" section of the sanitizer documentation
+========= Internal Sanitizer Error: Unable to initialize the sanitizer (error 999)
+========= ERROR SUMMARY: 0 errors""", 1)
+rc, took, summary, _ = run_check("sanitizer_refuses", stage="kernels", GPU_CHECK_SANITIZER=refusing)
+memcheck = line(summary, "memcheck")
+expect(memcheck.startswith("gpu-check memcheck: NOT RUN (the machine:") and "Device not supported" in memcheck,
+       f"a sanitizer refusing the device: memcheck is not run, for the machine's reason ({memcheck!r})")
+expect(rc == 77 and "NO GPU" in line(summary, "kernels"),
+       f"... and the exit is pipetrain's verdict alone: 77, no GPU here (exit {rc})")
+last = summary[-1] if summary else ""
+expect("not run for the machine's reasons: memcheck" in last and "failures: none" in last,
+       f"... the last line says whose: none of pipetrain's, memcheck the machine's ({last!r})")
+
+reporting = stand_in("sanitizer_reporting", """========= COMPUTE-SANITIZER
+========= Invalid __global__ write of size 4 bytes
+=========     at adamw_k(float *, const float *, float *, float *, unsigned long, float)+0x70
+=========     by thread (0,0,0) in block (0,0,0)
+========= ERROR SUMMARY: 1 error""", 1)
+rc, took, summary, _ = run_check("sanitizer_reports", stage="kernels", GPU_CHECK_SANITIZER=reporting)
+memcheck = line(summary, "memcheck")
+expect(rc == 1 and memcheck.startswith("gpu-check memcheck: FAIL") and "pipetrain's" in memcheck and
+       "Invalid __global__ write" in memcheck and "adamw_k" in memcheck,
+       f"a memory error the sanitizer reports in a kernel is pipetrain's failure, exit 1 ({rc}: {memcheck!r})")
 
 bare_path = ":".join(d for d in os.environ["PATH"].split(":") if not os.path.exists(os.path.join(d, "nvcc")))
 rc, took, summary, _ = run_check("no_toolkit", PATH=bare_path, CUDA_HOME=os.path.join(a.work, "no-cuda"))
