@@ -112,16 +112,23 @@ size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages,
 }
 
 namespace {
-// The kernels' own scratch, kept from call to call: on the CPU each compute thread's attention
-// blocks; on the GPU under bf16 the bf16 copies of the matrix products' operands, three buffers each
-// as large as the largest operand of its kind (a weight, an input, an output gradient: the head's
-// [tokens, vocabulary part] on the last stage).
-size_t kernel_scratch_bytes(const RunSpec& spec, const BlockShape& s, bool last) {
-  const size_t n = static_cast<size_t>(spec.samples_per_micro_batch()) * spec.model.seq_len, C = s.C;
+// The kernels' own scratch, kept from call to call (what the GPU's scratch slots grow to, each
+// counted whole even where two share a slot). On the CPU: each compute thread's attention blocks.
+// On the GPU: attention's dout . out per row of the rank's heads; the loss's row sums (double) on
+// the last stage; on the first the embedding gradient's sort of token positions by row (four int
+// arrays and the sort's own storage, about two more, and its histograms); two slots of column
+// partial sums (the norms' and biases' gradients, one float per 256 rows and column); and under
+// bf16 the bf16 copies of the matrix products' operands, three buffers each as large as the
+// largest operand of its kind (a weight, an input, an output gradient: the head's [tokens,
+// vocabulary part] on the last stage).
+size_t kernel_scratch_bytes(const RunSpec& spec, const BlockShape& s, bool first, bool last) {
+  const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, n = b * T, C = s.C;
   if (spec.run.device == Device::cpu)
     return std::max(1, spec.parallel.threads_per_rank) *
-           attention_scratch_bytes(spec.model.seq_len, s.head_dim, s.NH / s.NKV);
-  size_t bytes = 0;
+           attention_scratch_bytes(static_cast<int>(T), s.head_dim, s.NH / s.NKV);
+  const size_t widest = std::max<size_t>({C, static_cast<size_t>(s.qkv), static_cast<size_t>(s.fc)});
+  size_t bytes =
+      4 * b * s.NH * T + (last ? 8 * n : 0) + (first ? 24 * n + (64 << 10) : 0) + 2 * 4 * ((n + 255) / 256) * widest;
   if (spec.model.dtype == Dtype::bf16) {
     const size_t V = last ? rank_vocab(spec) : 0, q = s.q, qkv = s.qkv, fc = s.fc, ffn = s.ffn;
     const size_t weight = std::max({qkv, q, fc, ffn, V}) * C, inp = n * std::max({C, q, ffn});
@@ -135,6 +142,7 @@ size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks,
   const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, C = spec.model.d_model;
   const size_t n = b * T, V = rank_vocab(spec);
   const bool last = std::any_of(chunks.begin(), chunks.end(), [&](auto& c) { return c.vstage == n_virtual - 1; });
+  const bool first = std::any_of(chunks.begin(), chunks.end(), [&](auto& c) { return c.vstage == 0; });
   const ChunkPlacement placement = spec.chunk_placement();
   const size_t links = message_links(placement, placement.stage_of(chunks.front().vstage)).size();
   const BlockShape s = rank_shape(spec);
@@ -146,7 +154,7 @@ size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks,
                   + (last && split_vocab ? 5 * n : 0)    // a split vocabulary's row maxima and (double) sums
                   + (R < n ? 2 * n * C + R * C : 0)      // sequence parallelism: gathered rows, a partial, summed rows
                   + kMessageRing * links * R * C;        // the executor's rings, one per message link
-  size_t bytes = sizeof(float) * floats + kernel_scratch_bytes(spec, s, last), work = 0;
+  size_t bytes = sizeof(float) * floats + kernel_scratch_bytes(spec, s, first, last), work = 0;
   if (spec.parallel.recompute != Recompute::none)  // Stage::work_: one micro-batch's
     for (const ChunkRange& c : chunks) {           // activations, without its inputs
       const int ints = (c.vstage == 0 ? 1 : 0) + (c.vstage == n_virtual - 1 ? 1 : 0);
