@@ -106,13 +106,15 @@ void block_keys_times(bool diagonal, int n, int m, int w, float alpha, const flo
 }
 
 // xt[i][u] = x[u][i] for a head's T x hs slice (row stride ld), padded with zeros to Tp columns: the
-// score products then read 16 consecutive positions as one vector.
+// score products then read 16 consecutive positions as one vector. Row by row of x, so that each
+// read is one row's contiguous slice (read column by column, every value was another cache line:
+// a third of a short sequence's backward went here).
 void transpose_head(float* xt, const float* x, size_t ld, int T, int Tp, int hs) {
-  for (int i = 0; i < hs; ++i) {
-    float* row = xt + static_cast<size_t>(i) * Tp;
-    for (int u = 0; u < T; ++u) row[u] = x[u * ld + i];
-    for (int u = T; u < Tp; ++u) row[u] = 0.f;
+  for (int u = 0; u < T; ++u) {
+    const float* row = x + u * ld;
+    for (int i = 0; i < hs; ++i) xt[static_cast<size_t>(i) * Tp + u] = row[i];
   }
+  for (int i = 0; i < hs; ++i) std::fill(xt + static_cast<size_t>(i) * Tp + T, xt + static_cast<size_t>(i + 1) * Tp, 0.f);
 }
 
 // Row t's softmax over u <= t of its scores s, into row[0, len) (zero past t), on whole 8-float
