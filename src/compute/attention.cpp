@@ -114,7 +114,8 @@ void transpose_head(float* xt, const float* x, size_t ld, int T, int Tp, int hs)
     const float* row = x + u * ld;
     for (int i = 0; i < hs; ++i) xt[static_cast<size_t>(i) * Tp + u] = row[i];
   }
-  for (int i = 0; i < hs; ++i) std::fill(xt + static_cast<size_t>(i) * Tp + T, xt + static_cast<size_t>(i + 1) * Tp, 0.f);
+  for (int i = 0; i < hs; ++i)
+    std::fill(xt + static_cast<size_t>(i) * Tp + T, xt + static_cast<size_t>(i + 1) * Tp, 0.f);
 }
 
 // Row t's softmax over u <= t of its scores s, into row[0, len) (zero past t), on whole 8-float
