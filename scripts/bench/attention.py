@@ -8,8 +8,8 @@ ratio of T 4096's to T 1024's. With a T x T matrix a block kept b·heads·T² fl
 grew towards 16 (T²); without it the activations grow with T: 4 at most, plus the head.
 
 Speed: the attention of one block (4 heads of 64, batch 1), forward and backward, as the step
-times it (metrics.jsonl kernel_s, attention class, over the step's 2 blocks), against PyTorch 1.13
-on one thread computing the same causal attention the plain way (scores, mask, softmax, products:
+times it (metrics.jsonl kernel_s, attention class, over the step's 2 blocks) on one thread
+(parallel.threads_per_rank = 1), against PyTorch 1.13 on one thread computing the same causal attention the plain way (scores, mask, softmax, products:
 the whole T x T matrix) forward and backward: the ratio pipetrain / PyTorch, per T.
 
 The last line is a JSON summary for scripts/bench.sh.
@@ -39,7 +39,8 @@ work = tempfile.mkdtemp(prefix="bench-attention-")
 def spec(T):
     return [f"model.n_layer={L}", f"model.d_model={C}", f"model.n_head={H}", f"model.seq_len={T}", "model.vocab=256",
             "train.global_batch=1", "parallel.micro_batches=1", "parallel.recompute=none", "data.source=synthetic",
-            "log.every_steps=1", "log.trace_steps=0", "run.steps=3", "checkpoint.every_steps=0"]
+            "log.every_steps=1", "log.trace_steps=0", "run.steps=3", "checkpoint.every_steps=0",
+            "parallel.threads_per_rank=1"]
 
 
 def pipetrain(T):
