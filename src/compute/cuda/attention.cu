@@ -95,6 +95,17 @@ __device__ float row_sum(float x) {
 // This thread's output columns: chunk j is d(j) .. d(j) + 3, d(j) = 32 j + 4 lane, while below
 // padded(hs). kMaxHs / 32 chunks at most.
 __device__ inline int chunk(int j) { return 32 * j + 4 * (threadIdx.x % kLanes); }
+// acc (this thread's chunks of one row) += sum over the tile's rows u, in order, of w[u] times row u
+// of the shared tile m (row stride ld): a row of probabilities or score gradients times v or k.
+template <int kChunks>
+__device__ void add_weighted_rows(float4 (&acc)[kChunks], const float* w, const float* m, int ld, int hs) {
+  for (int u = 0; u < kTile; ++u) {
+    const float wu = w[u];
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j)
+      if (chunk(j) < padded(hs)) fma4(acc[j], wu, load4(m + u * ld + chunk(j)));
+  }
+}
 // Writes chunk values to dst[d] for the columns below hs.
 __device__ inline void store_chunk(float* dst, int d, const float4& v, float mul, int hs) {
   const float x[4] = {v.x, v.y, v.z, v.w};
@@ -148,12 +159,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncwarp();  // row r's probabilities come from the lanes of one warp
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) acc[j].x *= alpha, acc[j].y *= alpha, acc[j].z *= alpha, acc[j].w *= alpha;
-    for (int u = 0; u < kTile; ++u) {
-      const float pu = p[r * kScoreStride + u];
-#pragma unroll
-      for (int j = 0; j < kChunks; ++j)
-        if (chunk(j) < padded(H.hs)) fma4(acc[j], pu, load4(v + u * ld + chunk(j)));
-    }
+    add_weighted_rows(acc, p + r * kScoreStride, v, ld, H.hs);
   }
   if (t >= H.T) return;
 #pragma unroll
@@ -272,12 +278,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       ds[r * kScoreStride + lane + kLanes * c] = pr * (dp[c] - my_D);
     }
     __syncwarp();  // row r's dS comes from the lanes of one warp
-    for (int u = 0; u < kTile; ++u) {
-      const float dsu = ds[r * kScoreStride + u];
-#pragma unroll
-      for (int j = 0; j < kChunks; ++j)
-        if (chunk(j) < padded(H.hs)) fma4(dq[j], dsu, load4(k + u * ld + chunk(j)));
-    }
+    add_weighted_rows(dq, ds + r * kScoreStride, k, ld, H.hs);
   }
   if (t >= H.T) return;
 #pragma unroll
