@@ -163,6 +163,7 @@ size_t attention_scratch_bytes(int T, int hs, int group) {
 // own position are masked to 0.
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV) {
   KernelTimer timer(Kernel::attention);
+  count_attention_flops(4.0 * B * T * T * C);
   const int hs = C / NH, Tp = round_up(T, kBlock);
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
   // (batch, key/value head) pairs are independent: one per chunk.
@@ -258,6 +259,7 @@ void attention_forward_cached(float* out, const float* qkv, float* k_cache, floa
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
                         int T, int C, int NH, int NKV) {
   KernelTimer timer(Kernel::attention);
+  count_attention_flops(8.0 * B * T * T * C);
   const int hs = C / NH, Tp = round_up(T, kBlock);
   const float scale = 1.f / std::sqrt(static_cast<float>(hs));
   parallel_for(static_cast<size_t>(B) * NKV, 1, [&](size_t bg, size_t) {

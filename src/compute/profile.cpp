@@ -4,8 +4,9 @@
 
 namespace pipetrain {
 namespace {
-KernelTotals totals;
-bool timing = false;  // a KernelTimer runs
+// Per thread: each rank's main thread times its own kernels (two ranks may share a process in tests).
+thread_local KernelTotals totals;
+thread_local bool timing = false;  // a KernelTimer runs
 }  // namespace
 
 const char* kernel_name(Kernel k, Arch arch) {
@@ -26,6 +27,7 @@ KernelTotals take_kernel_totals() {
 }
 
 void count_gemm_flops(double flops) { totals.gemm_flops += flops; }
+void count_attention_flops(double flops) { totals.attention_flops += flops; }
 
 KernelTimer::KernelTimer(Kernel k) : kernel_(k), outermost_(!timing), start_(now_s()) { timing = true; }
 KernelTimer::~KernelTimer() {

@@ -37,168 +37,39 @@ void fill_part_normal(const ParamTensor& p, float* out, float stddev, uint64_t s
   take_part(p.tp, p.shape, all.data(), out);
 }
 
-// Visits every activation buffer of a block / the head (const or not).
-template <class Block, class F>
-void for_each_block_buffer(Block& a, F f) {
-  for (auto* v : {&a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.lse, &a.atty, &a.res2, &a.ln2, &a.ln2_mean, &a.ln2_rstd,
-                  &a.fch, &a.fch_gelu})
-    f(*v);
-}
-template <class Head, class F>
-void for_each_head_buffer(Head& a, F f) {
-  for (auto* v : {&a.lnf, &a.lnf_mean, &a.lnf_rstd, &a.probs}) f(*v);
-}
-template <class W, class F>
-void for_each_wgrad_buffer(W& w, F f) {
-  for (auto* v : {&w.dout, &w.dfch, &w.dln2, &w.dres2, &w.dqkv, &w.dln1}) f(*v);
-}
-template <class W, class F>
-void for_each_head_wgrad_buffer(W& w, F f) {
-  for (auto* v : {&w.dlogits, &w.dlnf, &w.dembed}) f(*v);
-}
-// N token rows, R of them kept (sequence parallelism; else N). keep_copies: also the block's output
-// and d(res2) gradients, all N rows, which only a split backward keeps (a fused one reads them
-// where they already are).
-void size_wgrads(BlockWGrads& w, const BlockShape& s, size_t N, size_t R, bool keep_copies) {
-  KernelTimer timer(Kernel::memory);
-  w.dfch.resize(N * s.fc);
-  w.dln2.resize(R * s.C);
-  w.dqkv.resize(N * s.qkv);
-  w.dln1.resize(R * s.C);
-  if (keep_copies) {
-    w.dout.resize(N * s.C);
-    w.dres2.resize(N * s.C);
-  }
-}
-
-// A tensor rank's block widths and the most vocabulary rows any rank of the group holds: what the
-// memory formulas count per rank.
-BlockShape rank_shape(const RunSpec& spec) { return tensor_part(block_shape(spec), spec.parallel.tp); }
-size_t rank_vocab(const RunSpec& spec) {
-  return (static_cast<size_t>(spec.model.vocab) + spec.parallel.tp - 1) / spec.parallel.tp;
-}
-// Of a micro-batch's token rows, those a rank keeps of the residual stream and the norms: all,
-// or with sequence parallelism its tp-th.
-size_t kept_token_rows(const RunSpec& spec) {
-  const size_t n = static_cast<size_t>(spec.samples_per_micro_batch()) * spec.model.seq_len;
-  return spec.parallel.sequence_parallel && spec.parallel.tp > 1 ? n / spec.parallel.tp : n;
-}
-
 }  // namespace
-
-size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks, Recompute mode) {
-  const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, C = spec.model.d_model;
-  const BlockShape s = rank_shape(spec);
-  const size_t NH = s.NH, V = rank_vocab(spec), n = b * T, R = kept_token_rows(spec), L = blocks;
-  // 16C+4 floats a token for gpt2 on one rank: the kept rows' 4C + 2 norm_stats, every row's products
-  const size_t kept_per_row = 4 * C + 2 * s.norm_stats, all_per_row = s.q + s.qkv + s.fc + s.ffn;
-  const bool first = stage == 0, last = stage == n_stages - 1;
-  size_t floats = 0;
-  if (mode == Recompute::none)
-    floats = L * (R * kept_per_row + n * all_per_row + b * NH * T) + (last ? R * (2 * C + s.norm_stats) + n * V : 0);
-  if (mode == Recompute::block) floats = R * C * (L + (last ? 1 : 0));
-  if (mode == Recompute::stage) floats = first ? 0 : R * C;
-  const size_t ints = n * ((first ? 1 : 0) + (last ? 1 : 0));
-  return sizeof(float) * floats + sizeof(int) * ints;
-}
-
-size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks) {
-  const size_t n = static_cast<size_t>(spec.samples_per_micro_batch()) * spec.model.seq_len, C = spec.model.d_model;
-  const BlockShape s = rank_shape(spec);
-  const bool first = stage == 0, last = stage == n_stages - 1;
-  const size_t R = kept_token_rows(spec);  // d(ln2), d(ln1), the head's d(lnf) and the input's: kept rows
-  return sizeof(float) * (n * (2 * C + s.qkv + s.fc) * blocks + R * 2 * C * blocks +
-                          (last ? n * rank_vocab(spec) + R * C : 0) + (first ? R * C : 0));
-}
-
-namespace {
-// The kernels' own scratch, kept from call to call (what the GPU's scratch slots grow to, each
-// counted whole even where two share a slot). On the CPU: each compute thread's attention blocks.
-// On the GPU: attention's dout . out per row of the rank's heads; the loss's row sums (double) on
-// the last stage; on the first the embedding gradient's sort of token positions by row (four int
-// arrays and the sort's own storage, about two more, and its histograms); two slots of column
-// partial sums (the norms' and biases' gradients, one float per 256 rows and column); and under
-// bf16 the bf16 copies of the matrix products' operands, three buffers each as large as the
-// largest operand of its kind (a weight, an input, an output gradient: the head's [tokens,
-// vocabulary part] on the last stage).
-size_t kernel_scratch_bytes(const RunSpec& spec, const BlockShape& s, bool first, bool last) {
-  const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, n = b * T, C = s.C;
-  if (spec.run.device == Device::cpu)
-    return std::max(1, spec.parallel.threads_per_rank) *
-           attention_scratch_bytes(static_cast<int>(T), s.head_dim, s.NH / s.NKV);
-  const size_t widest = std::max<size_t>({C, static_cast<size_t>(s.qkv), static_cast<size_t>(s.fc)});
-  size_t bytes =
-      4 * b * s.NH * T + (last ? 8 * n : 0) + (first ? 24 * n + (64 << 10) : 0) + 2 * 4 * ((n + 255) / 256) * widest;
-  if (spec.model.dtype == Dtype::bf16) {
-    const size_t V = last ? rank_vocab(spec) : 0, q = s.q, qkv = s.qkv, fc = s.fc, ffn = s.ffn;
-    const size_t weight = std::max({qkv, q, fc, ffn, V}) * C, inp = n * std::max({C, q, ffn});
-    bytes += 2 * (weight + inp + n * std::max({qkv, C, fc, V}));
-  }
-  return bytes;
-}
-}  // namespace
-
-size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual) {
-  const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, C = spec.model.d_model;
-  const size_t n = b * T, V = rank_vocab(spec);
-  const bool last = std::any_of(chunks.begin(), chunks.end(), [&](auto& c) { return c.vstage == n_virtual - 1; });
-  const bool first = std::any_of(chunks.begin(), chunks.end(), [&](auto& c) { return c.vstage == 0; });
-  const ChunkPlacement placement = spec.chunk_placement();
-  const size_t links = message_links(placement, placement.stage_of(chunks.front().vstage)).size();
-  const BlockShape s = rank_shape(spec);
-  const bool split_vocab = spec.parallel.tp > 1;
-  const size_t R = kept_token_rows(spec);
-  size_t floats = n * (2 * C + s.q + s.ffn) + R * 2 * C  // attproj, fcproj, datty, the activation's gradient; dres, dx
-                  + n * (s.fc + s.qkv) + R * 2 * C       // the output gradients a fused block backward passes on
-                  + (last ? 2 * n * V + R * C : 0)       // logits; the head's output gradients
-                  + (last && split_vocab ? 5 * n : 0)    // a split vocabulary's row maxima and (double) sums
-                  + (R < n ? 2 * n * C + R * C : 0)      // sequence parallelism: gathered rows, a partial, summed rows
-                  + kMessageRing * links * R * C;        // the executor's rings, one per message link
-  size_t bytes = sizeof(float) * floats + kernel_scratch_bytes(spec, s, first, last), work = 0;
-  if (spec.parallel.recompute != Recompute::none)  // Stage::work_: one micro-batch's
-    for (const ChunkRange& c : chunks) {           // activations, without its inputs
-      const int ints = (c.vstage == 0 ? 1 : 0) + (c.vstage == n_virtual - 1 ? 1 : 0);
-      work = std::max(
-          work, stash_bytes_per_micro_batch(spec, c.vstage, n_virtual, c.block_end - c.block_begin, Recompute::none) -
-                    sizeof(int) * n * ints);
-    }
-  return bytes + work;
-}
-
-std::vector<int> buffer_pools(const std::vector<ChunkRange>& chunks, int n_virtual) {
-  std::vector<std::tuple<int, bool, bool>> shapes;
-  std::vector<int> pool;
-  for (const ChunkRange& c : chunks) {
-    const auto shape = std::make_tuple(c.block_end - c.block_begin, c.vstage == 0, c.vstage == n_virtual - 1);
-    auto it = std::find(shapes.begin(), shapes.end(), shape);
-    pool.push_back(static_cast<int>(it - shapes.begin()));
-    if (it == shapes.end()) shapes.push_back(shape);
-  }
-  return pool;
-}
 
 size_t Acts::bytes() const {
   size_t n = (tokens.size() + targets.size()) * sizeof(int);
   auto count = [&](const Floats& v) { n += v.size() * sizeof(float); };
   for (auto& x : xs) count(x);
   if (acts_live) {
-    for (auto& b : blocks) for_each_block_buffer(b, count);
-    for_each_head_buffer(head, count);
+    for (auto& b : blocks) for_each_declared(b, kBlockActs, count);
+    for_each_declared(head, kHeadActs, count);
   }
   return n;
+}
+
+size_t Stage::scratch_bytes() const {
+  size_t floats = 0;
+  auto count = [&](const Floats& v) { floats += v.size(); };
+  for_each_declared(scratch_, kStageScratch, count);
+  for_each_declared(wscratch_, kBlockWGrads, count);
+  for_each_declared(hscratch_, kHeadWGrads, count);
+  return sizeof(float) * floats + sizeof(double) * softmax_stats_.size() + work_.bytes();
 }
 
 size_t WGrads::bytes() const {
   size_t n = 0;
   auto count = [&](const Floats& v) { n += v.size() * sizeof(float); };
-  for (auto& w : blocks) for_each_wgrad_buffer(w, count);
-  for_each_head_wgrad_buffer(head, count);
+  for (auto& w : blocks) for_each_declared(w, kBlockWGrads, count);
+  for_each_declared(head, kHeadWGrads, count);
   return n;
 }
 
 void WGrads::release() {
-  for (auto& w : blocks) for_each_wgrad_buffer(w, [](Floats& v) { v.clear(); });
-  for_each_head_wgrad_buffer(head, [](Floats& v) { v.clear(); });
+  for (auto& w : blocks) for_each_declared(w, kBlockWGrads, [](Floats& v) { v.clear(); });
+  for_each_declared(head, kHeadWGrads, [](Floats& v) { v.clear(); });
 }
 
 void Acts::release() {
@@ -306,6 +177,7 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
       v_begin_(static_cast<int>(part_rows(spec.model.vocab, tp).begin)),
       V_(static_cast<int>(part_rows(spec.model.vocab, tp).size())),
       shape_(tensor_part(block_shape(spec), tp.size)),
+      widths_{shape_, static_cast<size_t>(V_)},
       rope_theta_(static_cast<float>(spec.model.rope_theta)),
       norm_eps_(static_cast<float>(spec.model.norm_eps)),
       tied_(spec.model.tie_embeddings),
@@ -339,28 +211,13 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
   const size_t n_pools = *std::max_element(pool_of_.begin(), pool_of_.end()) + 1;
   acts_pools_ = std::vector<Pool<Acts>>(n_pools);  // built in place: a pool's deque cannot move without throwing
   wgrad_pools_ = std::vector<Pool<WGrads>>(n_pools);
-  const size_t N = static_cast<size_t>(B_) * T_, C = C_, R = kept_rows(B_ * T_);
-  attproj_.resize(N * C);
-  fcproj_.resize(N * C);
-  dres_.resize(R * C);
-  dx_.resize(R * C);
-  datty_.resize(N * shape_.q);
-  dfch_gelu_.resize(N * shape_.ffn);
-  if (sp_) {
-    gathered_.resize(N * C);
-    dpartial_.resize(N * C);
-    summed_.resize(R * C);
-  }
-  size_wgrads(wscratch_, shape_, N, R, false);
-  if (has_head()) {
-    logits_.resize(N * V_);
-    hscratch_.dlogits.resize(N * V_);
-    hscratch_.dlnf.resize(R * C);
-    if (tp.size > 1) {
-      row_max_.resize(N);
-      softmax_stats_.resize(2 * N);
-    }
-  }
+  // One micro-batch's scratch, and a fused backward's output gradients, as layer_decl.hpp declares them.
+  const BufferContext fused{has_embedding(), has_head(), false, sp_, tp.size > 1};
+  const LayerRows rows = batch_rows();
+  size_declared(scratch_, kStageScratch, rows, widths_, fused);
+  size_declared(wscratch_, kBlockWGrads, rows, widths_, fused);
+  size_declared(hscratch_, kHeadWGrads, rows, widths_, fused);
+  if (has_head() && tp.size > 1) softmax_stats_.resize(kSplitVocabDoublesPerRow * rows.tokens);
 }
 
 const ParamTensor* Stage::find(const std::string& name) const {
@@ -394,11 +251,13 @@ void Stage::zero_grads() { zero_values(grads_.data(), grads_.size()); }
 
 const float* Stage::whole_rows(const float* kept, int N) {
   if (!sp_) return kept;
-  group_->all_gather(kept, gathered_.data(), static_cast<size_t>(kept_rows(N)) * C_);
-  return gathered_.data();
+  count_sent(Exchange::gather, sizeof(float) * N * C_);
+  group_->all_gather(kept, scratch_.gathered.data(), static_cast<size_t>(kept_rows(N)) * C_);
+  return scratch_.gathered.data();
 }
 
 const float* Stage::sum_partials(float* partial, int N, float* kept) {
+  if (tp_.size > 1) count_sent(Exchange::sum, sizeof(float) * N * C_);
   if (!sp_) {
     if (tp_.size > 1) group_->sum(partial, static_cast<size_t>(N) * C_);
     return partial;
@@ -425,31 +284,13 @@ float* Stage::input_buffer(int chunk, int mb) {
 
 void Stage::size_acts(const Chunk& c, Acts& a, const Tokens& tok) {
   KernelTimer timer(Kernel::memory);
-  const size_t N = tok.rows(), C = C_, R = kept_rows(tok.rows());
+  const LayerRows rows = rows_of(tok);
+  const BufferContext ctx{c.first, c.last};
   a.xs.resize(c.L + (c.last ? 1 : 0));
-  for (auto& x : a.xs) x.resize(R * C);
+  for (auto& x : a.xs) x.resize(rows.kept * C_);
   a.blocks.resize(c.L);
-  for (auto& b : a.blocks) {
-    b.ln1.resize(R * C);
-    const size_t means = shape_.norm_stats == 2 ? R : 0;  // RMSNorm keeps none
-    b.ln1_mean.resize(means);
-    b.ln1_rstd.resize(R);
-    b.qkv.resize(N * shape_.qkv);
-    b.lse.resize(tok.cache ? 0 : static_cast<size_t>(tok.B) * shape_.NH * tok.T);  // generation keeps none
-    b.atty.resize(N * shape_.q);
-    b.res2.resize(R * C);
-    b.ln2.resize(R * C);
-    b.ln2_mean.resize(means);
-    b.ln2_rstd.resize(R);
-    b.fch.resize(N * shape_.fc);
-    b.fch_gelu.resize(N * shape_.ffn);
-  }
-  if (c.last) {
-    a.head.lnf.resize(R * C);
-    a.head.lnf_mean.resize(shape_.norm_stats == 2 ? R : 0);
-    a.head.lnf_rstd.resize(R);
-    a.head.probs.resize(N * V_);
-  }
+  for (auto& b : a.blocks) size_declared(b, kBlockActs, rows, widths_, ctx);
+  if (c.last) size_declared(a.head, kHeadActs, rows, widths_, ctx);
   a.acts_live = true;
 }
 
@@ -459,7 +300,7 @@ void Stage::compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, 
   size_acts(c, w, micro_batch());
   const size_t n_in = boundary_floats();
   if (c.first) {  // tensor ranks: each its vocabulary rows' embeddings, one of them the positions; then summed
-    float* embedded = sp_ ? attproj_.data() : w.xs[0].data();  // every row, before the sum
+    float* embedded = sp_ ? scratch_.attproj.data() : w.xs[0].data();  // every row, before the sum
     k_.encoder_forward(embedded, s.tokens.data(), weights_.data() + wte_,
                        tp_.rank == 0 ? tensor(weights_, wpe_) : nullptr, B_, T_, C_, v_begin_, V_);
     if (tp_.size > 1) sum_partials(embedded, B_ * T_, w.xs[0].data());
@@ -518,7 +359,7 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
   if (mode_ == Recompute::stage) {
     double unused;
     recompute_s_ -= now_s();
-    compute_forward(c, work_, s, dx_.data(), &unused);  // dx_ is free scratch at this point
+    compute_forward(c, work_, s, scratch_.dx.data(), &unused);  // scratch_.dx is free scratch at this point
     recompute_s_ += now_s();
     a = &work_;
   } else if (mode_ == Recompute::block) {
@@ -529,13 +370,11 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
   const size_t n = boundary_floats();
   WGrads* kept = split ? &wgrads(chunk, mb) : nullptr;
   if (split && input) {
+    KernelTimer timer(Kernel::memory);
+    const BufferContext ctx{c.first, c.last, true};
     kept->blocks.resize(L);
-    for (auto& w : kept->blocks) size_wgrads(w, shape_, static_cast<size_t>(B_) * T_, kept_rows(B_ * T_), true);
-    if (c.last) {
-      kept->head.dlogits.resize(static_cast<size_t>(B_) * T_ * V_);
-      kept->head.dlnf.resize(n);
-    }
-    if (c.first) kept->head.dembed.resize(n);
+    for (auto& w : kept->blocks) size_declared(w, kBlockWGrads, batch_rows(), widths_, ctx);
+    size_declared(kept->head, kHeadWGrads, batch_rows(), widths_, ctx);
   }
   HeadWGrads& hw = split ? kept->head : hscratch_;
   if (c.last) {
@@ -545,27 +384,28 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
         head_forward(a->xs[L].data(), a->head, s.targets.data(), micro_batch());
         recompute_s_ += now_s();
       }
-      zero_values(dres_.data(), dres_.size());
-      head_backward_input(a->xs[L].data(), a->head, s.targets.data(), dres_.data(), hw, !split);
+      zero_values(scratch_.dres.data(), scratch_.dres.size());
+      head_backward_input(a->xs[L].data(), a->head, s.targets.data(), scratch_.dres.data(), hw, !split);
     }
     if (weight) {
       if (split) head_backward_weight(a->xs[L].data(), a->head, hw);
       if (done_from) done_from(lnfw_);
     }
   } else if (input) {
-    copy_values(dres_.data(), dout, n);
+    copy_values(scratch_.dres.data(), dout, n);
   }
   for (int l = L - 1; l >= 0; --l) {
     BlockWGrads& w = split ? kept->blocks[l] : wscratch_;
     if (input) {
       if (mode_ == Recompute::block) {
         recompute_s_ -= now_s();
-        block_forward(c, l, a->xs[l].data(), a->blocks[l], dx_.data(), micro_batch());
+        block_forward(c, l, a->xs[l].data(), a->blocks[l], scratch_.dx.data(), micro_batch());
         recompute_s_ += now_s();
       }
       const BlockPtrs g = block_ptrs(grads_, c, l);
-      block_backward_input(c, l, a->xs[l].data(), a->blocks[l], dres_.data(), dx_.data(), w, split ? nullptr : &g);
-      std::swap(dres_, dx_);  // dres_ now holds the gradient of block l's input
+      block_backward_input(c, l, a->xs[l].data(), a->blocks[l], scratch_.dres.data(), scratch_.dx.data(), w,
+                           split ? nullptr : &g);
+      std::swap(scratch_.dres, scratch_.dx);  // scratch_.dres now holds the gradient of block l's input
     }
     if (weight) {
       if (split) block_backward_weight(c, l, a->xs[l].data(), a->blocks[l], w);
@@ -573,13 +413,13 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, boo
     }
   }
   if (c.first) {
-    if (split && input) copy_values(hw.dembed.data(), dres_.data(), n);
+    if (split && input) copy_values(hw.dembed.data(), scratch_.dres.data(), n);
     if (weight)  // every token's row: this rank's vocabulary rows may be any rank's tokens
       k_.encoder_backward(grads_.data() + wte_, tensor(grads_, wpe_),
-                          whole_rows(split ? hw.dembed.data() : dres_.data(), B_ * T_), s.tokens.data(), B_, T_, C_,
-                          v_begin_, V_);
+                          whole_rows(split ? hw.dembed.data() : scratch_.dres.data(), B_ * T_), s.tokens.data(), B_, T_,
+                          C_, v_begin_, V_);
   } else if (input) {
-    copy_values(dinp, dres_.data(), n);
+    copy_values(dinp, scratch_.dres.data(), n);
   }
   if (weight) {
     if (done_from) done_from(c.offset);

@@ -1,5 +1,6 @@
 #include "pipetrain/model/partition.hpp"
 
+#include "pipetrain/model/layer_decl.hpp"
 #include "pipetrain/model/model.hpp"
 
 #include <algorithm>
@@ -10,24 +11,18 @@
 namespace pipetrain {
 
 CostModel CostModel::of(const RunSpec& spec) {
-  const double C = spec.model.d_model, T = spec.model.seq_len, V = spec.model.vocab;
-  // Forward multiply-adds x2 per token, x3 for forward + backward. Block: its weight products
-  // (block_weight_macs: qkv 3C^2, proj C^2, MLP 8C^2 for gpt2), attention scores and weighted sum
-  // 2TC; plus ~30C of elementwise work (norms, activation, residuals). Embedding: a lookup and the
-  // scatter in backward. Head: the C x V product and softmax.
-  CostModel m;
-  m.block = 3 * (2 * (block_weight_macs(block_shape(spec)) + 2 * T * C) + 30 * C);
-  m.embed = 3 * 2 * C;
-  m.head = 3 * (2 * C * V + 10 * V + 10 * C);
-  return m;
+  const LayerWidths whole = whole_widths(spec);
+  const int T = spec.model.seq_len;
+  return {layer_training_flops(Layer::block, whole, T).total(),
+          layer_training_flops(Layer::embedding, whole, T).total(),
+          layer_training_flops(Layer::head, whole, T).total()};
 }
 
 double training_flops_per_token(const RunSpec& spec) {
-  const double C = spec.model.d_model, T = spec.model.seq_len, V = spec.model.vocab, L = spec.model.n_layer;
-  // forward per token: the block's weight products (2 x block_weight_macs: 24 C^2 for gpt2), scores
-  // and weighted sum over the full T x T attention matrix (2 x 2 T C), LM head (2 C V); backward
-  // doubles it.
-  return 3 * (L * (2 * block_weight_macs(block_shape(spec)) + 4 * T * C) + 2 * C * V);
+  const LayerWidths whole = whole_widths(spec);
+  const int T = spec.model.seq_len;
+  return spec.model.n_layer * layer_training_flops(Layer::block, whole, T).model() +
+         layer_training_flops(Layer::head, whole, T).model();
 }
 
 std::vector<double> stage_costs(const RunSpec& spec, const std::vector<int>& blocks) {

@@ -52,16 +52,18 @@ void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, f
     k_.attention_forward(a.atty.data(), a.lse.data(), a.qkv.data(), tok.B, tok.T, Q, NH, NKV);
   }
   poll();
-  k_.matmul_forward(attproj_.data(), a.atty.data(), w.projw, nullptr, N, Q, C);
+  k_.matmul_forward(scratch_.attproj.data(), a.atty.data(), w.projw, nullptr, N, Q, C);
   poll();
-  k_.residual_forward(a.res2.data(), x, sum_partials(attproj_.data(), N, summed_.data()), w.projb, R, C);
+  k_.residual_forward(a.res2.data(), x, sum_partials(scratch_.attproj.data(), N, scratch_.summed.data()), w.projb, R,
+                      C);
   norm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), w.ln2w, w.ln2b, R);
   k_.matmul_forward(a.fch.data(), whole_rows(a.ln2.data(), N), w.fcw, nullptr, N, C, shape_.fc);
   poll();
   mlp_activation_forward(a, w.fcb, N);
-  k_.matmul_forward(fcproj_.data(), a.fch_gelu.data(), w.fcprojw, nullptr, N, shape_.ffn, C);
+  k_.matmul_forward(scratch_.fcproj.data(), a.fch_gelu.data(), w.fcprojw, nullptr, N, shape_.ffn, C);
   poll();
-  k_.residual_forward(out, a.res2.data(), sum_partials(fcproj_.data(), N, summed_.data()), w.fcprojb, R, C);
+  k_.residual_forward(out, a.res2.data(), sum_partials(scratch_.fcproj.data(), N, scratch_.summed.data()), w.fcprojb, R,
+                      C);
 }
 
 // dout may not alias dinp. Both residual branches pass dout straight through to their input.
@@ -69,7 +71,7 @@ void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, f
 // without (the input half of a split backward) the output gradients the parameters need are left
 // in w for block_backward_weight. Either way the bits come out the same. With sequence parallelism
 // dout, dinp and the norms' gradients are this rank's rows; the products take all rows (gathered
-// into gathered_, one at a time) and give partial input gradients that sum_partials scatters.
+// into scratch_.gathered, one at a time) and give partial input gradients that sum_partials scatters.
 void Stage::block_backward_input(const Chunk& c, int l, const float* x, const BlockActs& a, const float* dout,
                                  float* dinp, BlockWGrads& w, const BlockPtrs* g) {
   const int N = B_ * T_, R = kept_rows(N), C = C_, Q = shape_.q;
@@ -79,12 +81,12 @@ void Stage::block_backward_input(const Chunk& c, int l, const float* x, const Bl
   // out = res2 + mlp(ln2(res2))
   const float* dout_all = whole_rows(dout, N);
   if (!g) copy_values(w.dout.data(), dout_all, NC);
-  k_.matmul_backward(dfch_gelu_.data(), grad(&BlockPtrs::fcprojw), grad(&BlockPtrs::fcprojb), dout_all,
+  k_.matmul_backward(scratch_.dfch_gelu.data(), grad(&BlockPtrs::fcprojw), grad(&BlockPtrs::fcprojb), dout_all,
                      a.fch_gelu.data(), p.fcprojw, N, shape_.ffn, C);
   poll();
-  mlp_activation_backward(w.dfch.data(), a, dfch_gelu_.data(), N);
+  mlp_activation_backward(w.dfch.data(), a, scratch_.dfch_gelu.data(), N);
   k_.matmul_backward(partial_target(w.dln2.data()), grad(&BlockPtrs::fcw), grad(&BlockPtrs::fcb), w.dfch.data(),
-                     whole_rows(a.ln2.data(), N), p.fcw, N, C, shape_.fc);
+                     whole_rows_if(g, a.ln2.data(), N), p.fcw, N, C, shape_.fc);
   poll();
   sum_partials(partial_target(w.dln2.data()), N, w.dln2.data());
   float* dres2 = dinp;  // accumulate d(res2) in dinp, then continue through the attention branch
@@ -94,15 +96,15 @@ void Stage::block_backward_input(const Chunk& c, int l, const float* x, const Bl
   const float* dres2_all = whole_rows(dres2, N);
   if (!g) copy_values(w.dres2.data(), dres2_all, NC);
   // res2 = x + proj(attn(rope(qkv(ln1(x)))))
-  k_.matmul_backward(datty_.data(), grad(&BlockPtrs::projw), grad(&BlockPtrs::projb), dres2_all, a.atty.data(), p.projw,
-                     N, Q, C);
+  k_.matmul_backward(scratch_.datty.data(), grad(&BlockPtrs::projw), grad(&BlockPtrs::projb), dres2_all, a.atty.data(),
+                     p.projw, N, Q, C);
   poll();
-  k_.attention_backward(w.dqkv.data(), datty_.data(), a.qkv.data(), a.atty.data(), a.lse.data(), B_, T_, Q, shape_.NH,
-                        shape_.NKV);
+  k_.attention_backward(w.dqkv.data(), scratch_.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), B_, T_, Q,
+                        shape_.NH, shape_.NKV);
   if (shape_.llama()) k_.rope_backward(w.dqkv.data(), B_, T_, Q, shape_.NH, shape_.NKV, rope_theta_, 0);
   poll();
   k_.matmul_backward(partial_target(w.dln1.data()), grad(&BlockPtrs::qkvw), grad(&BlockPtrs::qkvb), w.dqkv.data(),
-                     whole_rows(a.ln1.data(), N), p.qkvw, N, C, shape_.qkv);
+                     whole_rows_if(g, a.ln1.data(), N), p.qkvw, N, C, shape_.qkv);
   poll();
   sum_partials(partial_target(w.dln1.data()), N, w.dln1.data());
   norm_backward(dinp, grad(&BlockPtrs::ln1w), grad(&BlockPtrs::ln1b), w.dln1.data(), x, p.ln1w, a.ln1_mean.data(),
@@ -129,19 +131,21 @@ double Stage::head_forward(const float* x, HeadActs& a, const int* targets, cons
   const int N = tok.rows(), C = C_;
   norm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, weights_.data() + lnfw_, tensor(weights_, lnfb_),
                kept_rows(N));
-  k_.matmul_forward(logits_.data(), whole_rows(a.lnf.data(), N), weights_.data() + head_, nullptr, N, C, V_);
+  k_.matmul_forward(scratch_.logits.data(), whole_rows(a.lnf.data(), N), weights_.data() + head_, nullptr, N, C, V_);
   poll();
   return softmax_loss(a, targets, N);
 }
 
 double Stage::softmax_loss(HeadActs& a, const int* targets, int N) {
-  if (tp_.size == 1) return k_.softmax_crossentropy_forward(a.probs.data(), logits_.data(), targets, N, V_);
-  k_.vocab_softmax_max(row_max_.data(), logits_.data(), N, V_);
-  group_->max(row_max_.data(), N);
-  k_.vocab_softmax_exp(a.probs.data(), softmax_stats_.data(), logits_.data(), row_max_.data(), targets, N, V_,
-                       v_begin_);
-  group_->sum(softmax_stats_.data(), 2 * static_cast<size_t>(N));
-  return k_.vocab_softmax_finish(a.probs.data(), row_max_.data(), softmax_stats_.data(), N, V_);
+  if (tp_.size == 1) return k_.softmax_crossentropy_forward(a.probs.data(), scratch_.logits.data(), targets, N, V_);
+  k_.vocab_softmax_max(scratch_.row_max.data(), scratch_.logits.data(), N, V_);
+  count_sent(Exchange::max, sizeof(float) * N);
+  group_->max(scratch_.row_max.data(), N);
+  k_.vocab_softmax_exp(a.probs.data(), softmax_stats_.data(), scratch_.logits.data(), scratch_.row_max.data(), targets,
+                       N, V_, v_begin_);
+  count_sent(Exchange::stats, sizeof(double) * kSplitVocabDoublesPerRow * N);
+  group_->sum(softmax_stats_.data(), kSplitVocabDoublesPerRow * N);
+  return k_.vocab_softmax_finish(a.probs.data(), scratch_.row_max.data(), softmax_stats_.data(), N, V_);
 }
 
 void Stage::forward_cached(const int* tokens, int n, KvCache& cache, float* probs) {
@@ -176,7 +180,7 @@ void Stage::head_backward_input(const float* x, const HeadActs& a, const int* ta
   const int N = B_ * T_, C = C_;
   k_.softmax_crossentropy_backward(w.dlogits.data(), a.probs.data(), targets, grad_scale_, N, V_, v_begin_);
   k_.matmul_backward(partial_target(w.dlnf.data()), fused ? grads_.data() + head_ : nullptr, nullptr, w.dlogits.data(),
-                     whole_rows(a.lnf.data(), N), weights_.data() + head_, N, C, V_);
+                     whole_rows_if(fused, a.lnf.data(), N), weights_.data() + head_, N, C, V_);
   poll();
   sum_partials(partial_target(w.dlnf.data()), N, w.dlnf.data());
   norm_backward(dinp, fused ? grads_.data() + lnfw_ : nullptr, fused ? tensor(grads_, lnfb_) : nullptr, w.dlnf.data(),

@@ -155,6 +155,37 @@ std::string fixed(double v, const char* format) {
   return buf;
 }
 
+// Where a layout's step goes, on its slowest rank: the forwards and backwards (the pipeline's
+// critical path, its bubble and any tensor-group exchanges inside), the data-parallel reduction
+// its backward does not hide (of all of it), the update.
+std::string step_parts(const LayoutChoice& c) {
+  const StepPrediction& p = c.predicted;
+  char line[240];
+  std::snprintf(
+      line, sizeof line,
+      "%.1f ms = forwards and backwards %.1f (bubble %.2f%s) + exposed reduction %.1f (of %.1f) + update %.1f",
+      1e3 * p.step_s, 1e3 * p.pipeline_s, p.bubble,
+      p.tp_comm_s > 0 ? (", tensor exchanges " + fixed(1e3 * p.tp_comm_s, "%.1f")).c_str() : "",
+      1e3 * p.reduce_exposed_s, 1e3 * p.reduce_s, 1e3 * p.optimizer_s);
+  return line;
+}
+
+// Why the first layout wins, against the fastest of the other kind: data parallel first (one
+// stage) against a pipeline, or a pipeline against the best single stage.
+std::string why_first(const AutoPlan& plan) {
+  const LayoutChoice& best = plan.best.front();
+  const bool pipelined = best.spec.parallel.pp > 1;
+  auto other = std::find_if(plan.best.begin(), plan.best.end(),
+                            [&](const LayoutChoice& c) { return (c.spec.parallel.pp > 1) != pipelined; });
+  std::string line = "why #1: " + step_parts(best);
+  if (other == plan.best.end())
+    return line + " (every layout that fits is " + (pipelined ? "pipelined" : "one stage") + ")";
+  line += std::string("; the fastest ") + (pipelined ? "with one stage" : "pipelined") + " (" +
+          grid_text(other->spec.parallel.tp, other->spec.parallel.pp, other->spec.parallel.dp) +
+          "): " + step_parts(*other);
+  return line;
+}
+
 // What binds the search of `world` ranks, and what to change, in a line each.
 std::vector<std::string> binding_constraints(const RunSpec& spec, int world, const MachineCosts& costs,
                                              double memory_per_rank, bool search_batch, const AutoPlan& plan) {
@@ -182,6 +213,7 @@ std::vector<std::string> binding_constraints(const RunSpec& spec, int world, con
                       "): more ranks (tensor or pipeline), recompute, or devices with more memory");
     return lines;
   }
+  lines.push_back(why_first(plan));
   const LayoutChoice& best = plan.best.front();
   const auto& p = best.spec.parallel;
   const int per_replica = best.spec.train.global_batch / p.dp;
@@ -233,7 +265,8 @@ std::string auto_plan_text(const AutoPlan& plan, int world, const MachineCosts& 
     os << " (ranked by tokens/s)\n";
   }
   auto binding = [&] {
-    for (const std::string& b : plan.binding) os << (b.rfind("scaling: ", 0) == 0 ? "" : "binding: ") << b << "\n";
+    for (const std::string& b : plan.binding)
+      os << (b.rfind("scaling: ", 0) == 0 || b.rfind("why #1: ", 0) == 0 ? "" : "binding: ") << b << "\n";
   };
   if (plan.best.empty()) {
     os << "no layout fits\n";
@@ -241,13 +274,15 @@ std::string auto_plan_text(const AutoPlan& plan, int world, const MachineCosts& 
     return os.str();
   }
   char line[400];
-  std::snprintf(line, sizeof line, "  %-3s %10s %12s %8s %11s   %s\n", "#", "step", "tokens/s", "bubble", "memory",
-                "layout");
+  std::snprintf(line, sizeof line, "  %-3s %10s %12s %8s %17s %11s   %s\n", "#", "step", "tokens/s", "bubble",
+                "reduce exposed/all", "memory", "layout");
   os << line;
   for (size_t i = 0; i < plan.best.size(); ++i) {
     const LayoutChoice& c = plan.best[i];
-    std::snprintf(line, sizeof line, "  %-3zu %8.2f ms %12.0f %8.4f %11s   %s\n", i + 1, 1e3 * c.predicted.step_s,
-                  c.predicted.tokens_per_s, c.predicted.bubble, human_bytes(c.memory_bytes).c_str(), c.summary.c_str());
+    std::snprintf(line, sizeof line, "  %-3zu %8.2f ms %12.0f %8.4f %8.1f/%5.1f ms %11s   %s\n", i + 1,
+                  1e3 * c.predicted.step_s, c.predicted.tokens_per_s, c.predicted.bubble,
+                  1e3 * c.predicted.reduce_exposed_s, 1e3 * c.predicted.reduce_s, human_bytes(c.memory_bytes).c_str(),
+                  c.summary.c_str());
     os << line;
   }
   binding();
@@ -274,6 +309,8 @@ std::string auto_plan_json(const AutoPlan& plan, int world, const MachineCosts& 
     j["best"].push_back({{"step_s", c.predicted.step_s},
                          {"tokens_per_s", c.predicted.tokens_per_s},
                          {"bubble", c.predicted.bubble},
+                         {"reduce_s", c.predicted.reduce_s},
+                         {"reduce_exposed_s", c.predicted.reduce_exposed_s},
                          {"memory_bytes", c.memory_bytes},
                          {"tp", c.spec.parallel.tp},
                          {"global_batch", c.spec.train.global_batch},

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "pipetrain/model/block_tensors.hpp"
+#include "pipetrain/model/layer_decl.hpp"
 
 namespace pipetrain {
 namespace {
@@ -212,17 +213,18 @@ MachineCosts MachineCosts::from_peak(const RunSpec& spec, double flops_per_s, do
 }
 
 MachineCosts::AtSize MachineCosts::flops_per_sample(const RunSpec& spec) {
-  const double C = spec.model.d_model, T = spec.model.seq_len, V = spec.model.vocab;
-  // Per token, as our kernels count them: a block's products (2 x block_weight_macs: 24C^2 for
-  // gpt2) and attention 4TC forward; the input gradient repeats the products and doubles
-  // attention; the weight gradient the products.
-  const double n = T;  // tokens of one sample
-  const double products = 2 * block_weight_macs(block_shape(spec));
+  // One sample's tokens through each layer's passes, as layer_decl.hpp declares their FLOPs.
+  const LayerWidths whole = whole_widths(spec);
+  const int T = spec.model.seq_len;
+  auto passes = [&](Layer layer) {
+    auto at = [&](Pass p) { return T * layer_flops(layer, p, whole, T).total(); };
+    return PassCosts{at(Pass::forward), at(Pass::input), at(Pass::weight)};
+  };
   AtSize one;
   one.samples = 1;
-  one.block = {n * (products + 4 * T * C), n * (products + 8 * T * C), n * products};
-  one.head = {n * 2 * C * V, n * 2 * C * V, n * 2 * C * V};
-  one.embed = {n * C, 0, n * C};
+  one.block = passes(Layer::block);
+  one.head = passes(Layer::head);
+  one.embed = passes(Layer::embedding);
   return one;
 }
 

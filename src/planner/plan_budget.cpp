@@ -45,6 +45,7 @@ nlohmann::json budget_json(const RunSpec& spec, const Plan& plan, const MachineC
   j["pipeline_s"] = p.pipeline_s;
   j["bubble"] = p.bubble;
   j["reduce_s"] = p.reduce_s;
+  j["reduce_exposed_s"] = p.reduce_exposed_s;
   j["tp_comm_s"] = p.tp_comm_s;
   j["tp_sum_bytes"] = p.tp_sum_bytes;
   j["optimizer_s"] = p.optimizer_s;
@@ -69,12 +70,13 @@ std::string budget_text(const RunSpec& spec, const Plan& plan, const MachineCost
   char figure[32];
   std::snprintf(figure, sizeof figure, "%.4f", p.bubble);
   os << "  predicted step " << duration(p.step_s) << " (forwards and backwards " << duration(p.pipeline_s)
-     << ", bubble " << figure << "; reduction " << duration(p.reduce_s) << "; agreement and update "
-     << duration(p.optimizer_s) << "): " << human(p.tokens_per_s, "tokens/s") << ", "
+     << ", bubble " << figure << "; reduction " << duration(p.reduce_s) << ", of it exposed "
+     << duration(p.reduce_exposed_s) << "; agreement and update " << duration(p.optimizer_s)
+     << "): " << human(p.tokens_per_s, "tokens/s") << ", "
      << human(p.flops / std::max(p.step_s, 1e-30) / world, "FLOP/s") << " per " << device << "\n";
   if (spec.parallel.tp > 1)
-    os << "  tensor group of " << spec.parallel.tp << ": all-reduces of " << human(p.tp_sum_bytes, "B", 1024)
-       << " (4 per block and micro-batch, 2 more under recompute) on the node's link, " << duration(p.tp_comm_s)
+    os << "  tensor group of " << spec.parallel.tp << ": exchanges of " << human(p.tp_sum_bytes, "B", 1024)
+       << " activations (as each layer declares them) on the node's link, " << duration(p.tp_comm_s)
        << " a step on the busiest rank (inside the forwards and backwards)\n";
   std::snprintf(figure, sizeof figure, "%.3g", p.step_s * spec.run.steps * world / 3600);
   os << "  run.steps = " << spec.run.steps << ": " << duration(p.step_s * spec.run.steps) << " wall, " << figure << " "

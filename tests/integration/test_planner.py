@@ -116,7 +116,8 @@ def llama_published_shapes():
         G, hs = int(spec["global_batch"]), C // H
         macs = C * (C + 2 * kv * hs) + C * C + 3 * C * ffn  # q, k, v; o; gate, up, down
         flops = 3 * (L * (2 * macs + 4 * T * C) + 2 * C * V) * G * T
-        recompute = L * (2 * macs + 4 * T * C) * G * T if spec.get("recompute") == '"block"' else 0
+        # recompute = block runs every block's forward again in its backward, and the head's
+        recompute = (L * (2 * macs + 4 * T * C) + 2 * C * V) * G * T if spec.get("recompute") == '"block"' else 0
         b = j["budget"]
         expect(abs(b["flops_per_step"] - flops - recompute) < 1e-9 * flops,
                f"{name}: FLOPs per step {b['flops_per_step']:.4g} == {flops + recompute:.4g}")
@@ -128,7 +129,7 @@ def llama_published_shapes():
 def gpt2_head_heavy_chunk():
     """GPT-2 124M as pp 4 x dp 8, M 16, interleaved V = 3 on an H200-like machine: the step's FLOPs,
     bytes, time and GPU-hours, and the warning that the chunk with the LM head is the bottleneck
-    (simulated 0.463 against 0.059); its suggested --set lowers the simulated bubble."""
+    (simulated 0.462 against 0.059); its suggested --set lowers the simulated bubble."""
     a = settings()
     gpt2 = os.path.join(a.configs, "gpt2-124m.toml")
     r = plan(*GPT2_V3, *H200, config=gpt2)
@@ -140,7 +141,7 @@ def gpt2_head_heavy_chunk():
                      r"1 block \+ the LM head\) does ([0-9]+)% of the work", out)
     expect(warn is not None, f"the warning names chunk 11 with the LM head ({out[-900:]})")
     if warn:
-        expect(abs(float(warn.group(1)) - 0.463) < 0.001 and abs(float(warn.group(2)) - 0.059) < 0.001,
+        expect(abs(float(warn.group(1)) - 0.462) < 0.001 and abs(float(warn.group(2)) - 0.059) < 0.001,
                f"simulated {warn.group(1)} against {warn.group(2)}")
     fix = re.search(r"try ((?:--set \S+ ?)+):", out)
     expect(fix is not None, "a fix is suggested as --set lines")

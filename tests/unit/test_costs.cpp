@@ -5,6 +5,7 @@
 
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/planner/costs.hpp"
+#include "pipetrain/planner/reduce_overlap.hpp"
 #include "pipetrain/planner/step_time.hpp"
 #include "pipetrain/schedule/registry.hpp"
 
@@ -106,13 +107,15 @@ TEST_CASE("predicted step with tensor ranks: a tp-th of each pass plus the tenso
   spec.parallel.tp = 2;
   const StepPrediction split = predict_step(spec, c);
   // A micro-batch's activation: 4 samples x 32 tokens x 64 floats; per micro-batch 4 sums in each
-  // of 4 blocks, 1 in the embedding's forward, 1 in the head's backward.
+  // of 4 blocks, 1 in the embedding's forward, 1 in the head's backward; and the split
+  // vocabulary's loss: a float (row maximum) and two doubles (sums) per token, in the head's forward.
   const double bytes = 4.0 * 4 * 32 * 64, sum = c.allreduce_s(bytes, 2);
+  const double loss = c.allreduce_s(4.0 * 128, 2) + c.allreduce_s(16.0 * 128, 2);
   CHECK(split.tp_sum_bytes == bytes);
-  CHECK(split.tp_comm_s == Approx(4 * (4 * 4 + 2) * sum));
+  CHECK(split.tp_comm_s == Approx(4 * ((4 * 4 + 2) * sum + loss)));
   CHECK(split.pipeline_s == Approx(whole.pipeline_s / 2 + split.tp_comm_s));
-  spec.parallel.recompute = Recompute::block;  // each block's forward runs again in its backward, sums too
-  CHECK(predict_step(spec, c).tp_comm_s == Approx(4 * (4 * 6 + 2) * sum));
+  spec.parallel.recompute = Recompute::block;  // each block's and the head's forward run again, sums too
+  CHECK(predict_step(spec, c).tp_comm_s == Approx(4 * ((4 * 6 + 2) * sum + 2 * loss)));
 }
 
 TEST_CASE("predicted step with sequence parallelism: the backward gathers the norms' outputs again", "[costs]") {
@@ -125,7 +128,51 @@ TEST_CASE("predicted step with sequence parallelism: the backward gathers the no
   spec.parallel.sequence_parallel = true;
   const StepPrediction sp = predict_step(spec, c);
   const double sum = c.allreduce_s(4.0 * 4 * 32 * 64, 2);
-  // Per micro-batch: a block 4 sums + 1 of gathers again; the embedding 1.5, the head 2.
-  CHECK(sp.tp_comm_s == Approx(4 * (4 * 5 + 1.5 + 2) * sum));
+  const double loss = c.allreduce_s(4.0 * 128, 2) + c.allreduce_s(16.0 * 128, 2);
+  // Per micro-batch, in all-reduces of the activation (an all-gather or a reduce-scatter is half
+  // of one): a block's forward gathers 2 and scatters 2 (2), its backward the same (2) and gathers
+  // ln1 and ln2 again (1); the embedding scatters its forward (0.5) and gathers its input gradient
+  // (0.5); the head gathers ln_f in its forward and backward (1) and scatters ln_f's gradient (0.5).
+  CHECK(sp.tp_comm_s == Approx(4 * ((4 * 5 + 1 + 1.5) * sum + loss)));
   CHECK(sp.pipeline_s - plain.pipeline_s == Approx(sp.tp_comm_s - plain.tp_comm_s));
+}
+
+TEST_CASE("gradient buckets posted during the last backward hide behind it; only what is left after it is exposed",
+          "[costs]") {
+  // Two chunks' last backwards: [0, 10] finishing 100 floats, then [10, 20] finishing 100 more.
+  const std::vector<FinishingChunk> chunks{{0, 10, 100}, {10, 20, 100}};
+  auto one_s_per_50_floats = [](double bytes) { return bytes / 4 / 50; };
+  // Buckets of 50 floats: final at 5, 10, 15, 20; each takes 1 s on the link: done at 6, 11, 16, 21.
+  ReduceTiming t = overlap_reduction(chunks, 20, {50, 50, 50, 50}, one_s_per_50_floats);
+  CHECK(t.total_s == Approx(4));
+  CHECK(t.exposed_s == Approx(1));
+  // A slow link queues them: 6 s each, the first from 5, each next as the link frees: 11, 17, 23,
+  // done at 29: 9 s after the backward.
+  auto slow = [](double bytes) { return bytes / 4 / 50 * 6; };
+  t = overlap_reduction(chunks, 20, {50, 50, 50, 50}, slow);
+  CHECK(t.total_s == Approx(24));
+  CHECK(t.exposed_s == Approx(9));
+  // One bucket of everything: posted at the end, all of it exposed.
+  t = overlap_reduction(chunks, 20, {200}, one_s_per_50_floats);
+  CHECK(t.exposed_s == Approx(t.total_s));
+  CHECK(t.total_s == Approx(4));
+}
+
+TEST_CASE("predicted step: data-parallel buckets overlap the backward, the exposed part is what the step waits for",
+          "[costs]") {
+  RunSpec spec;  // 4 blocks, 2 replicas, one stage
+  spec.model.tie_embeddings = false;
+  spec.parallel.dp = 2;
+  spec.parallel.micro_batches = 2;
+  MachineCosts c = two_sizes();
+  c.p2p.clear();
+  c.adamw_s_per_param = 0;
+  spec.comm.bucket_mb = 64;  // one bucket: posted after the backward, all of it exposed
+  const StepPrediction whole = predict_step(spec, c);
+  CHECK(whole.reduce_exposed_s == Approx(whole.reduce_s));
+  spec.comm.bucket_mb = 0.0625;  // many: all but the last hide behind the last backward
+  const StepPrediction buckets = predict_step(spec, c);
+  CHECK(buckets.reduce_s == Approx(whole.reduce_s).epsilon(0.05));
+  CHECK(buckets.reduce_exposed_s < 0.5 * buckets.reduce_s);
+  CHECK(buckets.step_s == Approx(buckets.pipeline_s + buckets.reduce_exposed_s + buckets.optimizer_s));
 }

@@ -22,12 +22,16 @@ bool kernel_in_family(Kernel k, Arch arch);    // false for the classes the fami
 struct KernelTotals {
   std::array<double, kKernelClasses> seconds{};
   double gemm_flops = 0;  // dense matrix products only (attention's small GEMMs count as attention)
+  // Attention's scores and weighted sums over the whole T x T square (the causal mask not halving
+  // them, as MFU counts them): 4 B T^2 C forward, twice that backward. Counted by the CPU kernels.
+  double attention_flops = 0;
 };
 
 // Returns the totals since the last call and starts counting again.
 KernelTotals take_kernel_totals();
 
 void count_gemm_flops(double flops);
+void count_attention_flops(double flops);
 
 class KernelTimer {
  public:

@@ -22,7 +22,9 @@
 #include "pipetrain/compute/ops.hpp"
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/model/block_tensors.hpp"
+#include "pipetrain/model/layer_decl.hpp"
 #include "pipetrain/model/partition.hpp"
+#include "pipetrain/model/stage_memory.hpp"
 #include "pipetrain/model/tensor_parallel.hpp"
 
 namespace pipetrain {
@@ -52,51 +54,6 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
 std::vector<ParamTensor> rank_params(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual,
                                      TpPart tp = {});
 
-// Bytes one micro-batch keeps between its forward and its backward on a stage of `blocks` blocks,
-// by recompute mode (the formula Stage's buffers realise; plan predicts memory with it), on one
-// rank of the tensor group (its widths, the largest vocabulary part, and with sequence
-// parallelism its tp-th of the token rows where it keeps only those; these three formulas alike):
-// none: per block 4C + 2 norm_stats floats per kept row (input, ln1, res2, ln2, each norm's
-// statistics) and q + qkv + fc + ffn per token (qkv, attention output, fc, its activation: 16C+4
-// in all for gpt2 on one rank) plus b·heads·T attention row statistics (no T x T matrix), and on the last stage the
-// head's input, final norm output and statistics per kept row and V probabilities per token;
-// block: each block's input (+ the head's); stage: the received input only. Plus tokens (first
-// stage) and targets (last), 4 B each.
-size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks, Recompute mode);
-
-// Bytes a split backward keeps from a micro-batch's input half (B) to its weight half (W): every
-// layer's output gradient (per block 2C + qkv + fc floats per token and 2C per kept row, 11 C for
-// gpt2 on one rank; the head's V per token + C per kept row, the embedding's C per kept row).
-size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks);
-
-// Bytes a rank uses besides parameters, gradients, AdamW state and stashed activations: the
-// per-micro-batch scratch of forward/backward (projections, activation gradients, logits), the
-// executor's send/receive rings, and under recompute one micro-batch's full activations of its
-// largest chunk that backward re-runs into. Its chunks share all of these.
-size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual);
-
-// Which buffer pool each of a rank's chunks draws its micro-batches' buffers from: chunks of one
-// shape (blocks, first, last) share one, so a released slot is only ever reused at its own size.
-// Pools are numbered from 0 in the order of their first chunk.
-std::vector<int> buffer_pools(const std::vector<ChunkRange>& chunks, int n_virtual);
-
-using Floats = Array<float>;  // on the rank's compute device
-
-struct BlockActs {
-  Floats ln1, ln1_mean, ln1_rstd, qkv, lse, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
-};
-struct HeadActs {
-  Floats lnf, lnf_mean, lnf_rstd, probs;
-};
-// What the parameter gradients need besides the activations: each layer's output gradient,
-// produced by the input-gradient pass (B) and consumed by the weight-gradient pass (W). A split
-// backward keeps them between the two; a fused one uses one scratch set.
-struct BlockWGrads {
-  Floats dout, dfch, dln2, dres2, dqkv, dln1;  // 4C + fc + qkv floats per token
-};
-struct HeadWGrads {
-  Floats dlogits, dlnf, dembed;  // dembed: the stage input's gradient (first stage)
-};
 // What a split backward keeps of one micro-batch from B to W.
 struct WGrads {
   std::vector<BlockWGrads> blocks;
@@ -194,6 +151,12 @@ class Stage {
   // What micro-batch mb holds on `chunk`: its activations and, between a split B and its W, the
   // output gradients.
   size_t stash_bytes(int chunk, int mb) const;
+  // Bytes of its per-pass buffers right now (stage_scratch_bytes predicts their peak): scratch,
+  // a fused backward's output gradients, the loss's sums, the recompute work area.
+  size_t scratch_bytes() const;
+  // The messages this stage has sent its tensor group since it was built, by kind (Exchange in
+  // layer_decl.hpp, which declares what each pass sends).
+  const Messages& messages_sent() const { return sent_; }
   // Seconds the last backward() spent re-running forwards (recompute modes), for the trace.
   double last_recompute_s() const { return recompute_s_; }
   // Called after each matrix product and attention kernel, the head's included (the executor keeps
@@ -216,6 +179,12 @@ class Stage {
     int rows() const { return B * T; }
   };
   Tokens micro_batch() const { return {B_, T_}; }
+  // The rows the declared buffers have for `tok` (generation keeps no attention statistics).
+  LayerRows rows_of(const Tokens& tok) const {
+    return {static_cast<size_t>(tok.rows()), static_cast<size_t>(kept_rows(tok.rows())),
+            tok.cache ? 0 : static_cast<size_t>(tok.B) * shape_.NH * tok.T};
+  }
+  LayerRows batch_rows() const { return rows_of(micro_batch()); }
   BlockPtrs block_ptrs(Floats& base, const Chunk& c, int local_block);
   void size_acts(const Chunk& c, Acts& a, const Tokens& tok);
   void compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, double* loss);
@@ -243,12 +212,15 @@ class Stage {
   // The whole [N, C] of the rows this rank keeps: all-gathered into gathered_ with sequence
   // parallelism, else `kept` itself.
   const float* whole_rows(const float* kept, int N);
+  // whole_rows for a weight gradient's input: none is needed where the pass computes no weight
+  // gradients (the input half of a split backward), so nothing is gathered.
+  const float* whole_rows_if(bool needed, const float* kept, int N) { return needed ? whole_rows(kept, N) : nullptr; }
   // A row-parallel product's partial output, or a split product's partial input gradient, [N, C],
   // summed over the tensor group: in place, or with sequence parallelism reduce-scattered, this
   // rank's rows into `kept`. Returns the summed rows this rank keeps.
   const float* sum_partials(float* partial, int N, float* kept);
   // Where a split product writes the partial input gradient that sum_partials makes `kept`.
-  float* partial_target(float* kept) { return sp_ ? dpartial_.data() : kept; }
+  float* partial_target(float* kept) { return sp_ ? scratch_.dpartial.data() : kept; }
   // A tensor of `base` (weights_ or grads_) at `offset`; null where the family has none.
   static constexpr size_t kAbsent = static_cast<size_t>(-1);
   float* tensor(Floats& base, size_t offset) { return offset == kAbsent ? nullptr : base.data() + offset; }
@@ -258,8 +230,9 @@ class Stage {
   TpPart tp_;
   bool sp_;  // sequence parallelism
   TensorGroup* group_ = nullptr;
-  int v_begin_, V_;   // the vocabulary rows this rank holds: [v_begin_, v_begin_ + V_)
-  BlockShape shape_;  // this rank's part of a block's widths
+  int v_begin_, V_;     // the vocabulary rows this rank holds: [v_begin_, v_begin_ + V_)
+  BlockShape shape_;    // this rank's part of a block's widths
+  LayerWidths widths_;  // the same, and its vocabulary rows, for the declared buffers
   float rope_theta_, norm_eps_;
   bool tied_;
   Recompute mode_;
@@ -299,13 +272,13 @@ class Stage {
   std::vector<int> slot_of_, wslot_of_;  // per key(chunk, mb): its slot in its pool, or -1
   Acts work_;                            // recompute target when mode != none
   Acts generation_;                      // forward_cached's activations
-  // scratch for one micro-batch
-  Floats attproj_, fcproj_, logits_, dres_, dx_, datty_, dfch_gelu_;
-  // Sequence parallelism: a whole [N, C] of gathered rows; a split product's partial input
-  // gradient [N, C]; a row-parallel product's summed rows this rank keeps.
-  Floats gathered_, dpartial_, summed_;
-  Floats row_max_;               // a split vocabulary's softmax: each row's largest logit
-  Array<double> softmax_stats_;  // and its sums of exponentials and target logits
+  Messages sent_{};
+  void count_sent(Exchange kind, size_t bytes) {
+    sent_[static_cast<int>(kind)].calls += 1;
+    sent_[static_cast<int>(kind)].bytes += bytes;
+  }
+  StageScratch scratch_;         // one micro-batch's, as layer_decl.hpp declares it
+  Array<double> softmax_stats_;  // a split vocabulary's sums of exponentials and target logits
   BlockWGrads wscratch_;         // a fused backward's output gradients, one block at a time
   HeadWGrads hscratch_;
 };

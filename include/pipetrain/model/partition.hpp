@@ -11,14 +11,15 @@
 
 namespace pipetrain {
 
-// Estimated forward+backward FLOPs per token of one block, of the embedding and of the head.
+// Forward + backward FLOPs per token of one block, of the embedding and of the head, all that
+// layer_decl.hpp declares (the balanced partition weighs stages by them).
 struct CostModel {
   double block, embed, head;
   static CostModel of(const RunSpec& spec);
 };
 
-// Model FLOPs of one training token (forward + backward of every matrix product as our kernels
-// run them, recompute not counted): the numerator of MFU.
+// Model FLOPs of one training token (forward + backward of every matrix product and attention, as
+// layer_decl.hpp declares them; recompute not counted): the numerator of MFU.
 double training_flops_per_token(const RunSpec& spec);
 
 // Blocks per virtual stage (size pp x V, each >= 1, sum n_layer) for parallel.partition.

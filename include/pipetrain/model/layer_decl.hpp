@@ -1,0 +1,245 @@
+// What each layer of a stage holds, exchanges with its tensor group and computes, declared once.
+// The layers are the embedding (first virtual stage), the blocks and the head (final norm, LM head
+// and loss, last virtual stage). Everything that needs these numbers reads them from here: Stage's
+// allocator sizes its buffers from the buffer tables, the memory formulas sum the same tables under
+// each recompute mode's lifetimes (stage_memory.hpp), the planner prices the declared exchanges and
+// FLOPs, the balanced partition and the metrics' MFU count the FLOPs. A new layer kind or buffer is
+// one line here plus the kernels that fill it; a test (test_planner_model.cpp) holds a real Stage's
+// allocations, tensor-group messages and kernel FLOP counters to these declarations.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <type_traits>
+
+#include "pipetrain/compute/array.hpp"
+#include "pipetrain/config/spec.hpp"
+#include "pipetrain/model/block_tensors.hpp"
+
+namespace pipetrain {
+
+using Floats = Array<float>;  // on the rank's compute device
+
+// The buffers a forward fills for the backward (BlockActs, HeadActs), the output gradients the
+// weight half of a backward needs (BlockWGrads, HeadWGrads) and a stage's per-pass scratch.
+struct BlockActs {
+  Floats ln1, ln1_mean, ln1_rstd, qkv, lse, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
+};
+struct HeadActs {
+  Floats lnf, lnf_mean, lnf_rstd, probs;
+};
+struct BlockWGrads {
+  Floats dout, dfch, dln2, dres2, dqkv, dln1;
+};
+struct HeadWGrads {
+  Floats dlogits, dlnf, dembed;  // dembed: the stage input's gradient (first stage)
+};
+struct StageScratch {
+  Floats attproj, fcproj, datty, dfch_gelu;  // products' outputs and activation gradients, every row
+  Floats dres, dx;                           // the residual stream's gradient, in and out of a block
+  Floats gathered, dpartial, summed;         // sequence parallelism: whole rows, a partial, summed rows
+  Floats logits, row_max;                    // the head's logits; a split vocabulary's row maxima
+};
+
+// How many rows a buffer has, for one micro-batch (or one generation call): every token row, the
+// rows this rank keeps of the residual stream and the norms (its tp-th with sequence parallelism),
+// or one per sample, query head and position (attention's log-sum-exp; none in generation).
+enum class Rows { tokens, kept, attention };
+// Floats per row: a block width (this rank's part), 1, a LayerNorm's mean (1; RMSNorm keeps none),
+// the vocabulary rows this rank holds.
+enum class Width { one, norm_mean, C, q, qkv, fc, ffn, vocab };
+
+struct LayerRows {
+  size_t tokens = 0, kept = 0, attention = 0;
+  size_t operator[](Rows r) const { return r == Rows::tokens ? tokens : r == Rows::kept ? kept : attention; }
+};
+// Sizes on one tensor rank: its block widths and its (the largest) vocabulary part.
+struct LayerWidths {
+  BlockShape shape;
+  size_t vocab = 0;
+  size_t operator[](Width w) const;
+};
+
+// When a buffer is needed. A forward's activations are kept to the backward under recompute = none
+// (else they live in one reused set, the stage's work area); block inputs also under recompute =
+// block. Output gradients marked split_only exist only where a split backward keeps them from B to
+// W (a fused backward reads them where they already are). Scratch entries exist on a stage where
+// their condition holds.
+enum class Needed { always, split_only, sequence_parallel, head, head_split_vocab, embedding_split_only };
+
+template <class Owner>
+struct BufferDecl {
+  Floats Owner::*field;
+  Rows rows;
+  Width width;
+  Needed needed = Needed::always;
+};
+
+inline constexpr BufferDecl<BlockActs> kBlockActs[] = {
+    {&BlockActs::ln1, Rows::kept, Width::C},
+    {&BlockActs::ln1_mean, Rows::kept, Width::norm_mean},
+    {&BlockActs::ln1_rstd, Rows::kept, Width::one},
+    {&BlockActs::qkv, Rows::tokens, Width::qkv},
+    {&BlockActs::lse, Rows::attention, Width::one},
+    {&BlockActs::atty, Rows::tokens, Width::q},
+    {&BlockActs::res2, Rows::kept, Width::C},
+    {&BlockActs::ln2, Rows::kept, Width::C},
+    {&BlockActs::ln2_mean, Rows::kept, Width::norm_mean},
+    {&BlockActs::ln2_rstd, Rows::kept, Width::one},
+    {&BlockActs::fch, Rows::tokens, Width::fc},
+    {&BlockActs::fch_gelu, Rows::tokens, Width::ffn},
+};
+inline constexpr BufferDecl<HeadActs> kHeadActs[] = {
+    {&HeadActs::lnf, Rows::kept, Width::C},
+    {&HeadActs::lnf_mean, Rows::kept, Width::norm_mean},
+    {&HeadActs::lnf_rstd, Rows::kept, Width::one},
+    {&HeadActs::probs, Rows::tokens, Width::vocab},
+};
+inline constexpr BufferDecl<BlockWGrads> kBlockWGrads[] = {
+    {&BlockWGrads::dout, Rows::tokens, Width::C, Needed::split_only},
+    {&BlockWGrads::dfch, Rows::tokens, Width::fc},
+    {&BlockWGrads::dln2, Rows::kept, Width::C},
+    {&BlockWGrads::dres2, Rows::tokens, Width::C, Needed::split_only},
+    {&BlockWGrads::dqkv, Rows::tokens, Width::qkv},
+    {&BlockWGrads::dln1, Rows::kept, Width::C},
+};
+inline constexpr BufferDecl<HeadWGrads> kHeadWGrads[] = {
+    {&HeadWGrads::dlogits, Rows::tokens, Width::vocab, Needed::head},
+    {&HeadWGrads::dlnf, Rows::kept, Width::C, Needed::head},
+    {&HeadWGrads::dembed, Rows::kept, Width::C, Needed::embedding_split_only},
+};
+inline constexpr BufferDecl<StageScratch> kStageScratch[] = {
+    {&StageScratch::attproj, Rows::tokens, Width::C},
+    {&StageScratch::fcproj, Rows::tokens, Width::C},
+    {&StageScratch::datty, Rows::tokens, Width::q},
+    {&StageScratch::dfch_gelu, Rows::tokens, Width::ffn},
+    {&StageScratch::dres, Rows::kept, Width::C},
+    {&StageScratch::dx, Rows::kept, Width::C},
+    {&StageScratch::gathered, Rows::tokens, Width::C, Needed::sequence_parallel},
+    {&StageScratch::dpartial, Rows::tokens, Width::C, Needed::sequence_parallel},
+    {&StageScratch::summed, Rows::kept, Width::C, Needed::sequence_parallel},
+    {&StageScratch::logits, Rows::tokens, Width::vocab, Needed::head},
+    {&StageScratch::row_max, Rows::tokens, Width::one, Needed::head_split_vocab},
+};
+// A split vocabulary's loss also keeps two double sums per token row (its exponentials', the target
+// logit); the block's and the head's input are each a kept row of C.
+inline constexpr size_t kSplitVocabDoublesPerRow = 2;
+
+// Where a buffer is needed: which stage, split backward or not, sequence parallelism, tp.
+struct BufferContext {
+  bool first = false, last = false, split = false, sequence_parallel = false, split_vocab = false;
+  bool needs(Needed n) const;
+};
+
+template <class Owner>
+size_t floats_of(const BufferDecl<Owner>& d, const LayerRows& rows, const LayerWidths& widths) {
+  return rows[d.rows] * widths[d.width];
+}
+// Sizes every declared buffer of `owner` that `ctx` needs (the others to 0); returns their floats.
+template <class Owner, size_t K>
+size_t size_declared(Owner& owner, const BufferDecl<Owner> (&table)[K], const LayerRows& rows,
+                     const LayerWidths& widths, const BufferContext& ctx) {
+  size_t floats = 0;
+  for (const BufferDecl<Owner>& d : table) {
+    const size_t n = ctx.needs(d.needed) ? floats_of(d, rows, widths) : 0;
+    (owner.*d.field).resize(n);
+    floats += n;
+  }
+  return floats;
+}
+// Their floats alone, allocating nothing.
+template <class Owner, size_t K>
+size_t declared_floats(const BufferDecl<Owner> (&table)[K], const LayerRows& rows, const LayerWidths& widths,
+                       const BufferContext& ctx) {
+  size_t floats = 0;
+  for (const BufferDecl<Owner>& d : table)
+    if (ctx.needs(d.needed)) floats += floats_of(d, rows, widths);
+  return floats;
+}
+// Every declared buffer of `owner`, as f(Floats&).
+template <class Owner, size_t K, class F>
+void for_each_declared(Owner& owner, const BufferDecl<std::remove_const_t<Owner>> (&table)[K], F f) {
+  for (const auto& d : table) f(owner.*d.field);
+}
+
+// ---- Messages: what a layer's pass exchanges with its tensor group ----
+
+enum class Layer { embedding, block, head };
+// A backward runs as one pass (input and weight together, and under recompute its forward again)
+// or split into its input-gradient half (B) and its weight-gradient half (W).
+enum class Pass { forward, input, weight };
+// gather: this rank's kept rows of C all-gathered into every row (sequence parallelism only).
+// sum: a product's partial [rows, C] summed over the group: an all-reduce, or with sequence
+// parallelism a reduce-scatter into the kept rows. max: one float per token row (a split
+// vocabulary's row maxima); stats: two doubles per token row (its sums). The last two only where
+// the vocabulary is split.
+enum class Exchange { gather, sum, max, stats };
+constexpr int kExchanges = 4;
+
+struct ExchangeDecl {
+  Layer layer;
+  Pass pass;
+  Exchange kind;
+  int count;
+  const char* what;
+};
+inline constexpr ExchangeDecl kLayerExchanges[] = {
+    {Layer::embedding, Pass::forward, Exchange::sum, 1, "the vocabulary parts' embeddings"},
+    {Layer::embedding, Pass::weight, Exchange::gather, 1, "the input gradient, for the embedding's"},
+    {Layer::block, Pass::forward, Exchange::gather, 2, "ln1 and ln2, the products' inputs"},
+    {Layer::block, Pass::forward, Exchange::sum, 2, "the attention and MLP output products"},
+    {Layer::block, Pass::input, Exchange::gather, 2, "the output and res2 gradients"},
+    {Layer::block, Pass::input, Exchange::sum, 2, "the ln1 and ln2 outputs' gradients"},
+    {Layer::block, Pass::weight, Exchange::gather, 2, "ln1 and ln2 again, for the weight gradients"},
+    {Layer::head, Pass::forward, Exchange::gather, 1, "ln_f, the head's input"},
+    {Layer::head, Pass::forward, Exchange::max, 1, "the logits' row maxima"},
+    {Layer::head, Pass::forward, Exchange::stats, 1, "the softmax's sums"},
+    {Layer::head, Pass::input, Exchange::sum, 1, "ln_f's gradient"},
+    {Layer::head, Pass::weight, Exchange::gather, 1, "ln_f again, for the head's gradient"},
+};
+
+// Messages of one kind: how many, and the bytes this rank puts in (a sum's or gather's whole rows,
+// as the collective is called with them).
+struct MessageCount {
+  double calls = 0, bytes = 0;
+  bool operator==(const MessageCount& o) const { return calls == o.calls && bytes == o.bytes; }
+};
+using Messages = std::array<MessageCount, kExchanges>;
+// What `layer`'s `pass` exchanges on a rank of a tensor group of `tp` (nothing at tp 1).
+Messages layer_messages(Layer layer, Pass pass, int tp, bool sequence_parallel, const LayerRows& rows, size_t C);
+
+// ---- FLOPs ----
+
+// Floating-point operations of one pass per token row, on `widths`: matrix products (2 per
+// multiply-add) and attention (the scores and the weighted sum, over the whole T x T square: the
+// causal mask not halving them, as MFU conventionally counts them), the two MFU counts; and other
+// work the planner and the partition price (the embedding's additions: no product).
+struct PassFlops {
+  double gemm = 0, attention = 0, other = 0;
+  double model() const { return gemm + attention; }
+  double total() const { return model() + other; }
+};
+PassFlops layer_flops(Layer layer, Pass pass, const LayerWidths& widths, int seq_len);
+// The three passes' sum: a training token's forward and backward through one such layer.
+PassFlops layer_training_flops(Layer layer, const LayerWidths& widths, int seq_len);
+
+// ---- A chunk's passes, as the executor runs them ----
+
+// forward; backward in one pass; a split backward's input half (B) and weight half (W).
+enum class ChunkPass { forward, backward, backward_input, backward_weight };
+// Which declared passes of `layer` a chunk pass runs: a backward in one pass runs the input and
+// weight halves, and under recompute the forward again first (the blocks' and the head's under
+// recompute = block, every layer's under stage; a split backward needs recompute = none).
+std::vector<Pass> passes_run(Layer layer, ChunkPass pass, Recompute mode);
+// What a chunk of `blocks` blocks (with the embedding if first, the head if last) exchanges with
+// its tensor group in one pass over a micro-batch, and the FLOPs it computes for one (recompute's
+// forwards included: what the kernels count).
+Messages chunk_messages(const RunSpec& spec, int blocks, bool first, bool last, ChunkPass pass);
+PassFlops chunk_flops(const RunSpec& spec, int blocks, bool first, bool last, ChunkPass pass);
+
+// A spec's widths, whole and on one tensor rank, and one micro-batch's rows (tp and sequence
+// parallelism applied).
+LayerWidths whole_widths(const RunSpec& spec);
+LayerWidths rank_widths(const RunSpec& spec);
+LayerRows micro_batch_rows(const RunSpec& spec);
+
+}  // namespace pipetrain

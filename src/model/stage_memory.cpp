@@ -1,0 +1,113 @@
+#include "pipetrain/model/stage_memory.hpp"
+
+#include <algorithm>
+#include <tuple>
+
+#include "pipetrain/compute/kernels.hpp"
+#include "pipetrain/model/layer_decl.hpp"
+#include "pipetrain/schedule/actions.hpp"
+
+namespace pipetrain {
+namespace {
+
+// One micro-batch's activations of a chunk (its inputs aside), in floats: every block's declared
+// activations and input, and on the last stage the head's and its input.
+size_t activation_floats(const RunSpec& spec, bool first, bool last, int blocks) {
+  const LayerRows rows = micro_batch_rows(spec);
+  const LayerWidths widths = rank_widths(spec);
+  const BufferContext ctx{first, last};
+  const size_t input = rows.kept * widths.shape.C;
+  return blocks * (declared_floats(kBlockActs, rows, widths, ctx) + input) +
+         (last ? declared_floats(kHeadActs, rows, widths, ctx) + input : 0);
+}
+
+// The kernels' own scratch, kept from call to call (what the GPU's scratch slots grow to, each
+// counted whole even where two share a slot). On the CPU: each compute thread's attention blocks.
+// On the GPU: attention's dout . out per row of the rank's heads; the loss's row sums (double) on
+// the last stage; on the first the embedding gradient's sort of token positions by row (four int
+// arrays and the sort's own storage, about two more, and its histograms); two slots of column
+// partial sums (the norms' and biases' gradients, one float per 256 rows and column); and under
+// bf16 the bf16 copies of the matrix products' operands, three buffers each as large as the
+// largest operand of its kind (a weight, an input, an output gradient: the head's [tokens,
+// vocabulary part] on the last stage).
+size_t kernel_scratch_bytes(const RunSpec& spec, const LayerWidths& widths, bool first, bool last) {
+  const BlockShape& s = widths.shape;
+  const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, n = b * T, C = s.C;
+  if (spec.run.device == Device::cpu)
+    return std::max(1, spec.parallel.threads_per_rank) *
+           attention_scratch_bytes(static_cast<int>(T), s.head_dim, s.NH / s.NKV);
+  const size_t widest = std::max<size_t>({C, static_cast<size_t>(s.qkv), static_cast<size_t>(s.fc)});
+  size_t bytes =
+      4 * b * s.NH * T + (last ? 8 * n : 0) + (first ? 24 * n + (64 << 10) : 0) + 2 * 4 * ((n + 255) / 256) * widest;
+  if (spec.model.dtype == Dtype::bf16) {
+    const size_t V = last ? widths.vocab : 0, q = s.q, qkv = s.qkv, fc = s.fc, ffn = s.ffn;
+    const size_t weight = std::max({qkv, q, fc, ffn, V}) * C, inp = n * std::max({C, q, ffn});
+    bytes += 2 * (weight + inp + n * std::max({qkv, C, fc, V}));
+  }
+  return bytes;
+}
+
+}  // namespace
+
+size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks, Recompute mode) {
+  const LayerRows rows = micro_batch_rows(spec);
+  const bool first = stage == 0, last = stage == n_stages - 1;
+  const size_t input = rows.kept * spec.model.d_model;
+  size_t floats = 0;
+  if (mode == Recompute::none) floats = activation_floats(spec, first, last, blocks);
+  if (mode == Recompute::block) floats = input * (blocks + (last ? 1 : 0));
+  if (mode == Recompute::stage) floats = first ? 0 : input;
+  const size_t ints = rows.tokens * ((first ? 1 : 0) + (last ? 1 : 0));
+  return sizeof(float) * floats + sizeof(int) * ints;
+}
+
+size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks) {
+  const LayerRows rows = micro_batch_rows(spec);
+  const LayerWidths widths = rank_widths(spec);
+  const BufferContext split{stage == 0, stage == n_stages - 1, true};
+  return sizeof(float) * (blocks * declared_floats(kBlockWGrads, rows, widths, split) +
+                          declared_floats(kHeadWGrads, rows, widths, split));
+}
+
+size_t stage_scratch_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual) {
+  const LayerRows rows = micro_batch_rows(spec);
+  const LayerWidths widths = rank_widths(spec);
+  const bool last = std::any_of(chunks.begin(), chunks.end(), [&](auto& c) { return c.vstage == n_virtual - 1; });
+  const bool first = std::any_of(chunks.begin(), chunks.end(), [&](auto& c) { return c.vstage == 0; });
+  const bool split_vocab = spec.parallel.tp > 1;
+  const BufferContext fused{first, last, false, rows.kept < rows.tokens, split_vocab};
+  const size_t floats = declared_floats(kStageScratch, rows, widths, fused) +
+                        declared_floats(kBlockWGrads, rows, widths, fused) +
+                        declared_floats(kHeadWGrads, rows, widths, fused);
+  const size_t doubles = last && split_vocab ? kSplitVocabDoublesPerRow * rows.tokens : 0;
+  size_t work = 0;  // the work area: one micro-batch's activations, re-run into under recompute
+  if (spec.parallel.recompute != Recompute::none)
+    for (const ChunkRange& c : chunks)
+      work = std::max(work,
+                      activation_floats(spec, c.vstage == 0, c.vstage == n_virtual - 1, c.block_end - c.block_begin));
+  return sizeof(float) * (floats + work) + sizeof(double) * doubles;
+}
+
+size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual) {
+  const bool last = std::any_of(chunks.begin(), chunks.end(), [&](auto& c) { return c.vstage == n_virtual - 1; });
+  const bool first = std::any_of(chunks.begin(), chunks.end(), [&](auto& c) { return c.vstage == 0; });
+  const ChunkPlacement placement = spec.chunk_placement();
+  const size_t links = message_links(placement, placement.stage_of(chunks.front().vstage)).size();
+  const size_t rings = kMessageRing * links * micro_batch_rows(spec).kept * spec.model.d_model;  // one per link
+  return stage_scratch_bytes(spec, chunks, n_virtual) + sizeof(float) * rings +
+         kernel_scratch_bytes(spec, rank_widths(spec), first, last);
+}
+
+std::vector<int> buffer_pools(const std::vector<ChunkRange>& chunks, int n_virtual) {
+  std::vector<std::tuple<int, bool, bool>> shapes;
+  std::vector<int> pool;
+  for (const ChunkRange& c : chunks) {
+    const auto shape = std::make_tuple(c.block_end - c.block_begin, c.vstage == 0, c.vstage == n_virtual - 1);
+    auto it = std::find(shapes.begin(), shapes.end(), shape);
+    pool.push_back(static_cast<int>(it - shapes.begin()));
+    if (it == shapes.end()) shapes.push_back(shape);
+  }
+  return pool;
+}
+
+}  // namespace pipetrain
