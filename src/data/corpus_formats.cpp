@@ -298,6 +298,28 @@ std::string import_tokens(const TokenImportOptions& opt) {
          std::to_string(8 * w.width) + ") from " + std::to_string(files.size()) + " file(s)";
 }
 
+namespace {
+
+// `in` as one llm.c shard at opt.output: its 256-int header, then the ids as uint16 or uint32.
+std::string export_llmc_shard(const TokenFile& in, const TokenExportOptions& opt, const OutputRule& rule) {
+  if (in.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+    throw SpecError("data export: " + opt.input + " holds " + str(in.size()) +
+                    " tokens; an llm.c shard holds at most 2^31 - 1");
+  const int width = std::max(2, token_width_for(in.vocab_size()));  // llm.c shards are uint16 or uint32
+  int32_t header[256] = {};
+  header[0] = width == 2 ? kLlmcMagic16 : kLlmcMagic32;
+  header[1] = width == 2 ? 1 : 7;
+  header[2] = static_cast<int32_t>(in.size());
+  StagedFile out(opt.output, rule);
+  out.writer.write(header, sizeof header);
+  std::vector<uint8_t> buf;
+  for_each_block(in, [&](const uint32_t* ids, size_t n) { write_narrowed(out.writer, ids, n, width, buf); });
+  out.commit();
+  return opt.output + ": " + str(in.size()) + " tokens, llm.c shard (uint" + std::to_string(8 * width) + ")";
+}
+
+}  // namespace
+
 std::string export_tokens(const TokenExportOptions& opt) {
   const std::string what = "data export";
   if (opt.format == CorpusFormat::nanogpt) throw SpecError(what + ": --format nanogpt is not one of llmc | megatron");
@@ -323,22 +345,8 @@ std::string export_tokens(const TokenExportOptions& opt) {
   const int64_t vocab = in.vocab_size();
   if (in.size() == 0)  // neither format has a use for an empty corpus, and imports refuse one
     throw SpecError(what + ": " + opt.input + ": /" + (opt.val ? "val" : "train") + " holds no tokens");
+  if (opt.format == CorpusFormat::llmc) return export_llmc_shard(in, opt, llmc_rule);
   std::vector<uint8_t> buf;
-  if (opt.format == CorpusFormat::llmc) {
-    if (in.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
-      throw SpecError(what + ": " + opt.input + " holds " + str(in.size()) +
-                      " tokens; an llm.c shard holds at most 2^31 - 1");
-    const int width = std::max(2, token_width_for(vocab));  // llm.c shards are uint16 or uint32
-    int32_t header[256] = {};
-    header[0] = width == 2 ? kLlmcMagic16 : kLlmcMagic32;
-    header[1] = width == 2 ? 1 : 7;
-    header[2] = static_cast<int32_t>(in.size());
-    StagedFile out(opt.output, llmc_rule);
-    out.writer.write(header, sizeof header);
-    for_each_block(in, [&](const uint32_t* ids, size_t n) { write_narrowed(out.writer, ids, n, width, buf); });
-    out.commit();
-    return opt.output + ": " + str(in.size()) + " tokens, llm.c shard (uint" + std::to_string(8 * width) + ")";
-  }
   if (vocab > std::numeric_limits<int32_t>::max())
     throw SpecError(what + ": vocab_size " + std::to_string(vocab) + " too large for Megatron");
   const int width = token_width_for(vocab);

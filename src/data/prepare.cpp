@@ -196,31 +196,37 @@ void check_options(const PrepareOptions& opt) {
   }
 }
 
+// The tokenizer the options name: bytes, a SentencePiece model file, or one trained on the
+// inputs (`total` bytes). `note` says which, for the file's record.
+Tokenizer prepare_tokenizer(const PrepareOptions& opt, uint64_t total, std::string& note) {
+  if (opt.tokenizer != TokenizerKind::sentencepiece) return Tokenizer{};
+  Tokenizer tok;
+  if (!opt.tokenizer_model.empty()) {
+    const std::string file = tokenizer_model_file(opt.tokenizer_model);
+    tok = Tokenizer::sentencepiece(read_input_file(file, "data prepare: --tokenizer-model", 1 << 30),
+                                   "data prepare: --tokenizer-model " + file);
+    note = "tokenizer " + file;
+  } else {
+    SentencePieceTraining t{opt.inputs, opt.vocab_size, opt.model_type,
+                            static_cast<uint64_t>(opt.sample_mb * (1 << 20))};
+    tok = Tokenizer::sentencepiece(train_sentencepiece(t, total, &note), "the trained tokenizer");
+  }
+  std::fprintf(stderr, "data prepare: %s\n", note.c_str());
+  if (!tok.normalisation().empty())
+    std::fprintf(stderr,
+                 "data prepare: warning: --tokenizer-model %s normalises its text: %s (the token file "
+                 "records it; data inspect and generate say so)\n",
+                 opt.tokenizer_model.c_str(), tok.normalisation().c_str());
+  return tok;
+}
+
 }  // namespace
 
 std::string prepare_token_file(const PrepareOptions& opt) {
   check_options(opt);
   const uint64_t total = input_bytes(opt.inputs, "data prepare: --input");
-  Tokenizer tok;
   std::string note;
-  if (opt.tokenizer == TokenizerKind::sentencepiece) {
-    if (!opt.tokenizer_model.empty()) {
-      const std::string file = tokenizer_model_file(opt.tokenizer_model);
-      tok = Tokenizer::sentencepiece(read_input_file(file, "data prepare: --tokenizer-model", 1 << 30),
-                                     "data prepare: --tokenizer-model " + file);
-      note = "tokenizer " + file;
-    } else {
-      SentencePieceTraining t{opt.inputs, opt.vocab_size, opt.model_type,
-                              static_cast<uint64_t>(opt.sample_mb * (1 << 20))};
-      tok = Tokenizer::sentencepiece(train_sentencepiece(t, total, &note), "the trained tokenizer");
-    }
-    std::fprintf(stderr, "data prepare: %s\n", note.c_str());
-    if (!tok.normalisation().empty())
-      std::fprintf(stderr,
-                   "data prepare: warning: --tokenizer-model %s normalises its text: %s (the token file "
-                   "records it; data inspect and generate say so)\n",
-                   opt.tokenizer_model.c_str(), tok.normalisation().c_str());
-  }
+  const Tokenizer tok = prepare_tokenizer(opt, total, note);
   TokenFileWriter::Options w;
   w.output = opt.output;
   w.force = opt.force;

@@ -1,13 +1,12 @@
-// The layers of a Stage, forward beside backward: a transformer block (norm, attention, MLP, each
-// with its residual), the head (final norm, the LM head, softmax and loss), and generation's
-// forward over a KV cache, which runs the same block and head code. One block serves both model
-// families: gpt2's LayerNorm, biases and GELU; llama's RMSNorm, rotary positions, grouped key/value
-// heads and SwiGLU (absent tensors are null pointers, which the kernels skip). On a tensor rank
-// the widths are its part (tensor_parallel.hpp): the output products' partial sums and the input
-// gradients of the products fed by a whole activation are summed over the tensor group
-// (sum_partials; with sequence parallelism reduce-scattered, and the products' inputs gathered
-// first: whole_rows), and the loss's softmax runs over the group's vocabulary (softmax_loss). model.cpp
-// holds the Stage around them: parameters, buffers, and the passes the executor calls.
+// The transformer block of a Stage, forward beside backward: norm, attention, MLP, each with its
+// residual. One block serves both model families: gpt2's LayerNorm, biases and GELU; llama's
+// RMSNorm, rotary positions, grouped key/value heads and SwiGLU (absent tensors are null pointers,
+// which the kernels skip). On a tensor rank the widths are its part (tensor_parallel.hpp): the
+// output products' partial sums and the input gradients of the products fed by a whole activation
+// are summed over the tensor group (sum_partials; with sequence parallelism reduce-scattered, and
+// the products' inputs gathered first: whole_rows), each exchange as layer_decl.hpp declares it.
+// The head is in stage_head.cpp, generation's forward in stage_generation.cpp; model.cpp holds
+// the Stage around them: buffers and the passes the executor calls.
 #include <stdexcept>
 #include <vector>
 
@@ -39,7 +38,7 @@ void Stage::mlp_activation_backward(float* dfch, const BlockActs& a, const float
 
 void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out, const Tokens& tok) {
   const int N = tok.rows(), R = kept_rows(N), C = C_, Q = shape_.q, NH = shape_.NH, NKV = shape_.NKV;
-  BlockPtrs w = block_ptrs(weights_, c, l);
+  BlockPtrs w = block_ptrs(store_.weights(), c, l);
   norm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1w, w.ln1b, R);
   k_.matmul_forward(a.qkv.data(), whole_rows(a.ln1.data(), N), w.qkvw, w.qkvb, N, C, shape_.qkv);
   poll();
@@ -76,7 +75,7 @@ void Stage::block_backward_input(const Chunk& c, int l, const float* x, const Bl
                                  float* dinp, BlockWGrads& w, const BlockPtrs* g) {
   const int N = B_ * T_, R = kept_rows(N), C = C_, Q = shape_.q;
   const size_t NC = static_cast<size_t>(N) * C, RC = static_cast<size_t>(R) * C;
-  BlockPtrs p = block_ptrs(weights_, c, l);
+  BlockPtrs p = block_ptrs(store_.weights(), c, l);
   auto grad = [&](float* BlockPtrs::*field) { return g ? g->*field : nullptr; };
   // out = res2 + mlp(ln2(res2))
   const float* dout_all = whole_rows(dout, N);
@@ -113,7 +112,7 @@ void Stage::block_backward_input(const Chunk& c, int l, const float* x, const Bl
 
 void Stage::block_backward_weight(const Chunk& c, int l, const float* x, const BlockActs& a, const BlockWGrads& w) {
   const int N = B_ * T_, R = kept_rows(N), C = C_;
-  BlockPtrs g = block_ptrs(grads_, c, l);
+  BlockPtrs g = block_ptrs(store_.grads(), c, l);
   k_.matmul_backward(nullptr, g.fcprojw, g.fcprojb, w.dout.data(), a.fch_gelu.data(), nullptr, N, shape_.ffn, C);
   poll();
   k_.matmul_backward(nullptr, g.fcw, g.fcb, w.dfch.data(), whole_rows(a.ln2.data(), N), nullptr, N, C, shape_.fc);
@@ -125,75 +124,6 @@ void Stage::block_backward_weight(const Chunk& c, int l, const float* x, const B
   k_.matmul_backward(nullptr, g.qkvw, g.qkvb, w.dqkv.data(), whole_rows(a.ln1.data(), N), nullptr, N, C, shape_.qkv);
   poll();
   norm_backward(nullptr, g.ln1w, g.ln1b, w.dln1.data(), x, nullptr, a.ln1_mean.data(), a.ln1_rstd.data(), R);
-}
-
-double Stage::head_forward(const float* x, HeadActs& a, const int* targets, const Tokens& tok) {
-  const int N = tok.rows(), C = C_;
-  norm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, weights_.data() + lnfw_, tensor(weights_, lnfb_),
-               kept_rows(N));
-  k_.matmul_forward(scratch_.logits.data(), whole_rows(a.lnf.data(), N), weights_.data() + head_, nullptr, N, C, V_);
-  poll();
-  return softmax_loss(a, targets, N);
-}
-
-double Stage::softmax_loss(HeadActs& a, const int* targets, int N) {
-  if (tp_.size == 1) return k_.softmax_crossentropy_forward(a.probs.data(), scratch_.logits.data(), targets, N, V_);
-  k_.vocab_softmax_max(scratch_.row_max.data(), scratch_.logits.data(), N, V_);
-  count_sent(Exchange::max, sizeof(float) * N);
-  group_->max(scratch_.row_max.data(), N);
-  k_.vocab_softmax_exp(a.probs.data(), softmax_stats_.data(), scratch_.logits.data(), scratch_.row_max.data(), targets,
-                       N, V_, v_begin_);
-  count_sent(Exchange::stats, sizeof(double) * kSplitVocabDoublesPerRow * N);
-  group_->sum(softmax_stats_.data(), kSplitVocabDoublesPerRow * N);
-  return k_.vocab_softmax_finish(a.probs.data(), scratch_.row_max.data(), softmax_stats_.data(), N, V_);
-}
-
-void Stage::forward_cached(const int* tokens, int n, KvCache& cache, float* probs) {
-  const Chunk& c = chunks_.front();
-  if (chunks() != 1 || !c.first || !c.last || tp_.size != 1 || compute_device() != Device::cpu)
-    throw std::logic_error("forward_cached runs a whole model on the CPU");
-  if (n < 1 || cache.pos + n > T_) throw std::logic_error("the KV cache holds model.seq_len positions");
-  const size_t C = C_, KV = shape_.kv;
-  if (cache.k.empty()) {
-    cache.k.resize(c.L);
-    cache.v.resize(c.L);
-    for (int l = 0; l < c.L; ++l) {
-      cache.k[l].resize(static_cast<size_t>(T_) * KV);
-      cache.v[l].resize(static_cast<size_t>(T_) * KV);
-    }
-  }
-  const Tokens tok{1, n, &cache};
-  Acts& a = generation_;
-  size_acts(c, a, tok);
-  const float* wpe = tensor(weights_, wpe_);
-  k_.encoder_forward(a.xs[0].data(), tokens, weights_.data() + wte_, wpe ? wpe + cache.pos * C : nullptr, 1, n, C_, 0,
-                     V_);
-  for (int l = 0; l < c.L; ++l) block_forward(c, l, a.xs[l].data(), a.blocks[l], a.xs[l + 1].data(), tok);
-  const std::vector<int> targets(n, 0);  // the loss is not wanted, only the probabilities
-  head_forward(a.xs[c.L].data(), a.head, targets.data(), tok);
-  copy_values(probs, a.head.probs.data(), static_cast<size_t>(n) * V_);
-  cache.pos += n;
-}
-
-void Stage::head_backward_input(const float* x, const HeadActs& a, const int* targets, float* dinp, HeadWGrads& w,
-                                bool fused) {
-  const int N = B_ * T_, C = C_;
-  k_.softmax_crossentropy_backward(w.dlogits.data(), a.probs.data(), targets, grad_scale_, N, V_, v_begin_);
-  k_.matmul_backward(partial_target(w.dlnf.data()), fused ? grads_.data() + head_ : nullptr, nullptr, w.dlogits.data(),
-                     whole_rows_if(fused, a.lnf.data(), N), weights_.data() + head_, N, C, V_);
-  poll();
-  sum_partials(partial_target(w.dlnf.data()), N, w.dlnf.data());
-  norm_backward(dinp, fused ? grads_.data() + lnfw_ : nullptr, fused ? tensor(grads_, lnfb_) : nullptr, w.dlnf.data(),
-                x, weights_.data() + lnfw_, a.lnf_mean.data(), a.lnf_rstd.data(), kept_rows(N));
-}
-
-void Stage::head_backward_weight(const float* x, const HeadActs& a, const HeadWGrads& w) {
-  const int N = B_ * T_, C = C_;
-  k_.matmul_backward(nullptr, grads_.data() + head_, nullptr, w.dlogits.data(), whole_rows(a.lnf.data(), N), nullptr, N,
-                     C, V_);
-  poll();
-  norm_backward(nullptr, grads_.data() + lnfw_, tensor(grads_, lnfb_), w.dlnf.data(), x, nullptr, a.lnf_mean.data(),
-                a.lnf_rstd.data(), kept_rows(N));
 }
 
 }  // namespace pipetrain

@@ -80,84 +80,131 @@ std::vector<double> reduce_pieces(const std::vector<ParamTensor>& tensors, doubl
   return pieces;
 }
 
+// Each pass of a block, the embedding and the head on a tensor rank: a tp-th of its compute plus
+// its declared exchanges with the tensor group (the `sums`, also kept apart).
+struct LayerPassCosts {
+  PassCosts block, embed, head, block_sums, embed_sums, head_sums;
+};
+LayerPassCosts layer_pass_costs(const RunSpec& spec, const MachineCosts& costs) {
+  const int TP = spec.parallel.tp, b = spec.samples_per_micro_batch();
+  const bool apart = spec.parallel.schedule->splits_backward;
+  LayerPassCosts c;
+  c.block_sums = layer_exchanges(costs, spec, Layer::block, apart);
+  c.embed_sums = layer_exchanges(costs, spec, Layer::embedding, apart);
+  c.head_sums = layer_exchanges(costs, spec, Layer::head, apart);
+  auto tensor_part = [&](PassCosts p, const PassCosts& sums) {
+    return PassCosts{p.f / TP + sums.f, p.b / TP + sums.b, p.w / TP + sums.w};
+  };
+  c.block = tensor_part(costs.block_under(spec.parallel.recompute, b), c.block_sums);
+  c.embed = tensor_part(costs.embed(b), c.embed_sums);
+  c.head = tensor_part(costs.head(b), c.head_sums);
+  return c;
+}
+
+// Every rank's action list simulated with each virtual stage's passes and the message time.
+SimResult simulate_step(const RunSpec& spec, const MachineCosts& costs, const LayerPassCosts& c,
+                        double boundary_bytes) {
+  const ChunkPlacement place = spec.chunk_placement();
+  const int n_virtual = place.virtual_stages();
+  const std::vector<int> blocks = partition_blocks(spec);
+  std::vector<double> fwd, bwd, wgt;
+  for (int v = 0; v < n_virtual; ++v) {
+    const PassCosts p = stage_passes(c.block, c.embed, c.head, blocks[v], v == 0, v == n_virtual - 1);
+    fwd.push_back(p.f);
+    bwd.push_back(p.backward());
+    wgt.push_back(p.w);
+  }
+  std::vector<ActionList> lists;
+  for (int s = 0; s < spec.parallel.pp; ++s)
+    lists.push_back(spec.parallel.schedule->generate(s, spec.pipeline_shape()));
+  return simulate(lists, fwd, bwd, wgt, place.kind, costs.p2p_s(boundary_bytes));
+}
+
+// What a rank does after its last backward: the reduction its backward leaves exposed (of all of
+// it), ZeRO-1's gather, the tied embedding's sum, the agreement and the update.
+struct StageTail {
+  double params = 0, finish = 0, reduce_total = 0, exposed = 0, optim = 0;
+};
+StageTail stage_tail(const RunSpec& spec, const MachineCosts& costs, const SimResult& sim, int s) {
+  const auto& par = spec.parallel;
+  const ChunkPlacement place = spec.chunk_placement();
+  const int D = par.dp, n_virtual = place.virtual_stages();
+  const TpPart tp{par.tp - 1, par.tp};
+  const std::vector<ChunkRange> chunks = chunks_of(partition_blocks(spec), place, s);
+  const std::vector<ParamTensor> tensors = rank_params(spec, chunks, n_virtual, tp);
+  StageTail t;
+  for (const ParamTensor& p : tensors) t.params += p.size;
+  t.finish = sim.spans[s].empty() ? 0 : sim.spans[s].back().end;
+  // Buckets (ZeRO-1: each tensor's reduce-scatter) posted during the last backwards; ZeRO-1's
+  // all-gather of the updated slabs, as much as a reduce-scatter, waits after the update.
+  const double share = par.zero ? 0.5 : 1;
+  const double bucket = std::max(1.0, std::floor(spec.comm.bucket_mb * (1 << 20) / sizeof(float)));
+  const ReduceTiming reduce = D > 1
+                                  ? overlap_reduction(finishing_chunks(sim.spans[s], spec, chunks, n_virtual, tp),
+                                                      t.finish, reduce_pieces(tensors, par.zero ? 0 : bucket),
+                                                      [&](double bytes) { return share * costs.allreduce_s(bytes, D); })
+                                  : ReduceTiming{};
+  const double gather = par.zero && D > 1 ? 0.5 * costs.allreduce_s(sizeof(float) * t.params, D) : 0;
+  const bool tied_apart = spec.model.tie_embeddings && place.head_stage() != 0;
+  const double tied_bytes = sizeof(float) * static_cast<double>(spec.model.vocab) * spec.model.d_model;
+  const double tied = tied_apart && (s == 0 || s == place.head_stage()) ? costs.allreduce_s(tied_bytes, 2) : 0;
+  t.reduce_total = reduce.total_s + gather + tied;
+  t.exposed = reduce.exposed_s + gather + tied;
+  // The step agreement (norm, stop, finite: three doubles over every rank), then the update.
+  t.optim =
+      costs.allreduce_s(3 * sizeof(double), par.tp * par.pp * D) + costs.adamw_s(par.zero ? t.params / D : t.params);
+  return t;
+}
+
+// What the kernels count in a step: every virtual stage's passes over M micro-batches on each of
+// its tp ranks (a tp-th each) and replicas, recompute's forwards included.
+double step_flops(const RunSpec& spec) {
+  const auto& par = spec.parallel;
+  const int n_virtual = spec.chunk_placement().virtual_stages();
+  const std::vector<int> blocks = partition_blocks(spec);
+  const std::vector<ChunkPass> backward =
+      par.schedule->splits_backward ? std::vector<ChunkPass>{ChunkPass::backward_input, ChunkPass::backward_weight}
+                                    : std::vector<ChunkPass>{ChunkPass::backward};
+  double flops = 0;
+  for (int v = 0; v < n_virtual; ++v) {
+    const bool first = v == 0, last = v == n_virtual - 1;
+    double per_mb = chunk_flops(spec, blocks[v], first, last, ChunkPass::forward).model();
+    for (ChunkPass p : backward) per_mb += chunk_flops(spec, blocks[v], first, last, p).model();
+    flops += static_cast<double>(par.micro_batches) * par.dp * par.tp * per_mb;
+  }
+  return flops;
+}
+
 }  // namespace
 
 StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
   const auto& par = spec.parallel;
-  const ScheduleKind& schedule = *par.schedule;
   const ChunkPlacement place = spec.chunk_placement();
-  const int P = par.pp, D = par.dp, M = par.micro_batches, n_virtual = place.virtual_stages();
-  const int b = spec.samples_per_micro_batch();
-  const std::vector<int> blocks = partition_blocks(spec);
-  // On a tensor rank each pass computes a tp-th of its products and adds its declared exchanges
-  // with the tensor group; with sequence parallelism a pipeline message carries a tp-th of the
-  // activation.
-  const int TP = par.tp;
-  const bool sp = par.sequence_parallel && TP > 1;
-  const double activation_bytes = sizeof(float) * static_cast<double>(b) * spec.model.seq_len * spec.model.d_model;
-  const double boundary_bytes = sp ? activation_bytes / TP : activation_bytes;
-  const bool apart = schedule.splits_backward;
-  const PassCosts block_sums = layer_exchanges(costs, spec, Layer::block, apart),
-                  embed_sums = layer_exchanges(costs, spec, Layer::embedding, apart),
-                  head_sums = layer_exchanges(costs, spec, Layer::head, apart);
-  auto tensor_part = [&](PassCosts c, const PassCosts& sums) {
-    return PassCosts{c.f / TP + sums.f, c.b / TP + sums.b, c.w / TP + sums.w};
-  };
-  const PassCosts block = tensor_part(costs.block_under(par.recompute, b), block_sums);
-  const PassCosts embed = tensor_part(costs.embed(b), embed_sums), head = tensor_part(costs.head(b), head_sums);
-  // Each virtual stage's passes (under recompute a block's backward re-runs its forward).
-  std::vector<double> fwd, bwd, wgt;
-  for (int v = 0; v < n_virtual; ++v) {
-    const PassCosts c = stage_passes(block, embed, head, blocks[v], v == 0, v == n_virtual - 1);
-    fwd.push_back(c.f);
-    bwd.push_back(c.backward());
-    wgt.push_back(c.w);
-  }
-  std::vector<ActionList> lists;
-  for (int s = 0; s < P; ++s) lists.push_back(schedule.generate(s, spec.pipeline_shape()));
-  const SimResult sim = simulate(lists, fwd, bwd, wgt, place.kind, costs.p2p_s(boundary_bytes));
-
+  const int P = par.pp, M = par.micro_batches, TP = par.tp;
+  // With sequence parallelism a pipeline message carries a tp-th of the activation.
+  const double activation_bytes =
+      sizeof(float) * static_cast<double>(spec.samples_per_micro_batch()) * spec.model.seq_len * spec.model.d_model;
+  const double boundary_bytes = par.sequence_parallel && TP > 1 ? activation_bytes / TP : activation_bytes;
+  const LayerPassCosts passes = layer_pass_costs(spec, costs);
+  const SimResult sim = simulate_step(spec, costs, passes, boundary_bytes);
   StepPrediction r;
   r.pipeline_s = sim.makespan;
-  const bool tied_apart = spec.model.tie_embeddings && place.head_stage() != 0;
-  const double tied_bytes = sizeof(float) * static_cast<double>(spec.model.vocab) * spec.model.d_model;
-  const double bucket_floats = std::max(1.0, std::floor(spec.comm.bucket_mb * (1 << 20) / sizeof(float)));
   std::vector<double> working(P);  // per stage: computing, waiting on the reduction, updating
   for (int s = 0; s < P; ++s) {
-    const TpPart tp{TP - 1, TP};
-    const std::vector<ChunkRange> chunks = chunks_of(blocks, place, s);
-    const std::vector<ParamTensor> tensors = rank_params(spec, chunks, n_virtual, tp);
-    double params = 0;
-    for (const ParamTensor& t : tensors) params += t.size;
-    const double finish = sim.spans[s].empty() ? 0 : sim.spans[s].back().end;
-    // Buckets (ZeRO-1: each tensor's reduce-scatter, about a bucket each) posted during the last
-    // backwards; ZeRO-1's all-gather of the updated slabs, as much as a reduce-scatter, waits
-    // after the update.
-    const double share = par.zero ? 0.5 : 1;
-    const ReduceTiming reduce =
-        D > 1 ? overlap_reduction(finishing_chunks(sim.spans[s], spec, chunks, n_virtual, tp), finish,
-                                  reduce_pieces(tensors, par.zero ? 0 : bucket_floats),
-                                  [&](double bytes) { return share * costs.allreduce_s(bytes, D); })
-              : ReduceTiming{};
-    double gather = par.zero && D > 1 ? 0.5 * costs.allreduce_s(sizeof(float) * params, D) : 0;
-    double tied = tied_apart && (s == 0 || s == place.head_stage()) ? costs.allreduce_s(tied_bytes, 2) : 0;
-    const double exposed = reduce.exposed_s + gather + tied;
-    // The step agreement (norm, stop, finite: three doubles over every rank), then the update.
-    const double optim =
-        costs.allreduce_s(3 * sizeof(double), TP * P * D) + costs.adamw_s(par.zero ? params / D : params);
-    working[s] = sim.busy[s] + exposed + optim;
-    if (finish + exposed + optim > r.step_s) {
-      r.step_s = finish + exposed + optim;
-      r.reduce_s = reduce.total_s + gather + tied;
-      r.reduce_exposed_s = exposed;
-      r.optimizer_s = optim;
+    const StageTail t = stage_tail(spec, costs, sim, s);
+    working[s] = sim.busy[s] + t.exposed + t.optim;
+    if (t.finish + t.exposed + t.optim > r.step_s) {
+      r.step_s = t.finish + t.exposed + t.optim;
+      r.reduce_s = t.reduce_total;
+      r.reduce_exposed_s = t.exposed;
+      r.optimizer_s = t.optim;
     }
-    if (D > 1) r.reduce_bytes += TP * D * sizeof(float) * params;
-    // The stage's tensor exchanges: per micro-batch, each of its chunks' passes'.
-    double sums = 0;
-    for (const ChunkRange& c : chunks) {
-      const PassCosts n = stage_passes(block_sums, embed_sums, head_sums, c.block_end - c.block_begin, c.vstage == 0,
-                                       c.vstage == n_virtual - 1);
+    if (par.dp > 1) r.reduce_bytes += TP * par.dp * sizeof(float) * t.params;
+    double sums = 0;  // the stage's tensor exchanges: per micro-batch, each of its chunks' passes'
+    for (const ChunkRange& c : chunks_of(partition_blocks(spec), place, s)) {
+      const PassCosts n =
+          stage_passes(passes.block_sums, passes.embed_sums, passes.head_sums, c.block_end - c.block_begin,
+                       c.vstage == 0, c.vstage == place.virtual_stages() - 1);
       sums += n.f + n.backward();
     }
     r.tp_comm_s = std::max(r.tp_comm_s, M * sums);
@@ -168,21 +215,11 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
   for (int s = 0; s < P; ++s) r.bubble += r.step_s > 0 ? (1 - working[s] / r.step_s) / P : 0;
   const double tokens = static_cast<double>(spec.train.global_batch) * spec.model.seq_len;
   r.tokens_per_s = r.step_s > 0 ? tokens / r.step_s : 0;
-  // What the kernels count: every virtual stage's passes over M micro-batches on each of its tp
-  // ranks (a tp-th each) and replicas, recompute's forwards included.
-  for (int v = 0; v < n_virtual; ++v) {
-    const int n = blocks[v];
-    const bool first = v == 0, last = v == n_virtual - 1;
-    double per_mb = chunk_flops(spec, n, first, last, ChunkPass::forward).model();
-    for (ChunkPass p : apart ? std::vector<ChunkPass>{ChunkPass::backward_input, ChunkPass::backward_weight}
-                             : std::vector<ChunkPass>{ChunkPass::backward})
-      per_mb += chunk_flops(spec, n, first, last, p).model();
-    r.flops += static_cast<double>(M) * D * TP * per_mb;
-  }
+  r.flops = step_flops(spec);
   // Every boundary between virtual stages on different ranks carries an activation and a gradient
   // per micro-batch, in every replica.
-  for (int v = 0; v + 1 < n_virtual; ++v)
-    if (place.stage_of(v) != place.stage_of(v + 1)) r.p2p_bytes += 2.0 * M * D * TP * boundary_bytes;
+  for (int v = 0; v + 1 < place.virtual_stages(); ++v)
+    if (place.stage_of(v) != place.stage_of(v + 1)) r.p2p_bytes += 2.0 * M * par.dp * TP * boundary_bytes;
   return r;
 }
 

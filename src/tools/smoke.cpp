@@ -20,6 +20,7 @@
 #include "pipetrain/dist/comm.hpp"
 #include "pipetrain/dist/launch.hpp"
 #include "pipetrain/dist/topology.hpp"
+#include "pipetrain/model/layer_decl.hpp"
 #include "pipetrain/model/optimizer_shard.hpp"
 #include "pipetrain/tools/node_load.hpp"
 #include "pipetrain/train/train.hpp"
@@ -175,11 +176,15 @@ void check_links(Comm& comm, std::vector<Row>& rows) {
 }
 
 // Every tensor group's all-reduce, all groups at once as inside training's layers: the sum right,
-// and its bandwidth not far below the best group's.
-void check_tensor_all_reduce(Comm& comm, std::vector<Row>& rows) {
+// and its bandwidth not far below the best group's. Its size is the one the spec's blocks sum
+// (layer_decl.hpp: a micro-batch's activation rows), at least 4 MiB so that bandwidth, not
+// latency, is measured.
+void check_tensor_all_reduce(Comm& comm, const RunSpec& spec, std::vector<Row>& rows) {
   const Topology& topo = comm.topo();
   if (topo.tp == 1) return;
-  std::vector<float> buf(1 << 20, 1.0f);          // 4 MiB: a micro-batch's activation of a mid-size model
+  const MessageCount sums = chunk_messages(spec, 1, false, false, ChunkPass::forward)[static_cast<int>(Exchange::sum)];
+  const size_t declared = static_cast<size_t>(sums.bytes / std::max(1.0, sums.calls));
+  std::vector<float> buf(std::max<size_t>(declared, 4 << 20) / sizeof(float), 1.0f);
   comm.allreduce_tensor(buf.data(), buf.size());  // warm-up
   std::fill(buf.begin(), buf.end(), 1.0f);
   const double t0 = now_s();
@@ -201,8 +206,10 @@ void check_tensor_all_reduce(Comm& comm, std::vector<Row>& rows) {
       rows.push_back(
           {"tensor all-reduce",
            "tensor group of stage " + std::to_string(s) + " dp " + std::to_string(d) + (spans ? " (spans nodes)" : ""),
-           v < 0 ? "wrong sum" : fmt("%.0f MiB/s", v) + (ok ? "" : fmt(" (best %.0f MiB/s)", best)), v >= 0 && ok,
-           spans});
+           v < 0 ? "wrong sum"
+                 : fmt("%.0f MiB/s", v) + fmt(" over %.1f MiB", buf.size() * sizeof(float) / 1048576.0) +
+                       (ok ? "" : fmt(" (best %.0f MiB/s)", best)),
+           v >= 0 && ok, spans});
     }
 }
 
@@ -257,56 +264,16 @@ void compare_nodes(const std::vector<std::string>& nodes, const std::vector<std:
   }
 }
 
-// Every rank times the same fixed workload (matrix products on its compute device, ~0.1 s) in
-// kTrials trials; in each, the ranks of a machine take turns, so each is timed alone on its cores,
-// while machines run at once. A capability is judged, not a moment's noise: a rank fails only when
-// it is slower than the median of the others by `ratio` in every trial, and it is judged by its
-// best. A node busy with processes outside the job (their CPU time over the check, at least half
-// a core) is said to be, and a slow rank there is a warning that names them rather than a failure.
-// Nodes (2+) compare by the median of their ranks' best.
-void check_compute(Comm& comm, double ratio, std::vector<Row>& rows) {
-  constexpr int kTrials = 5;
-  constexpr double kBusyCores = 0.5;
-  const int rank = comm.topo().world_rank, world = comm.world().size();
-  const auto& host = comm.world().hosts();
-  std::vector<std::string> machines;
-  comm.gather_to_root(machine_id(), machines);
-  std::vector<double> turn(world, 0);  // rank 0 assigns: the how-manieth rank of its machine
-  if (rank == 0)
-    for (int r = 0; r < world; ++r) turn[r] = std::count(machines.begin(), machines.begin() + r, machines[r]);
-  comm.allreduce_world(turn.data(), world);
-  const int turns = static_cast<int>(*std::max_element(turn.begin(), turn.end())) + 1;
+constexpr int kTrials = 5;          // timed trials per rank
+constexpr double kBusyCores = 0.5;  // CPU time outside the job that makes a node busy
 
-  constexpr int n = 256;
-  double reps = 1;  // as many products as take rank 0 about 0.1 s
-  if (rank == 0) {
-    time_matrix_products(n, 1);  // warm-up
-    while (time_matrix_products(n, static_cast<int>(reps)) < 0.1 && reps < (1 << 20)) reps *= 2;
-  }
-  comm.idle_barrier();  // the others leave rank 0 its cores meanwhile
-  reps = comm.broadcast_from_root(reps);
-  const NodeLoad load;
-  double mine[kTrials] = {};
-  for (int trial = 0; trial < kTrials; ++trial)
-    for (int t = 0; t < turns; ++t) {
-      comm.idle_barrier();
-      if (turn[rank] != t) continue;
-      if (trial == 0) time_matrix_products(n, 1);
-      mine[trial] = time_matrix_products(n, static_cast<int>(reps));
-    }
-  comm.idle_barrier();
-  // What the node did meanwhile: its CPU time (first rank of the machine) less this job's ranks'.
-  const NodeLoad::Busy busy = load.finish();
-  double used[3] = {turn[rank] == 0 ? busy.node_cpu_s : 0, busy.own_cpu_s, busy.seconds};
-  std::vector<double> seconds, cpu;
-  std::vector<std::string> others;
-  comm.gather_to_root(mine, kTrials, seconds);
-  comm.gather_to_root(used, 3, cpu);
-  comm.gather_to_root(turn[rank] == 0 ? fmt("load %.2f", busy.load_average) +
-                                            (busy.busiest_others.empty() ? "" : "; " + busy.busiest_others)
-                                      : "",
-                      others);
-  if (rank != 0) return;
+// Rank 0's verdicts on check_compute's timings: `seconds` (kTrials per rank), `cpu` (per rank:
+// its machine's CPU time, the job's own, the seconds they cover), `others` (what else ran).
+void judge_compute(Comm& comm, const std::vector<std::string>& machines, const std::vector<double>& turn,
+                   const std::vector<double>& seconds, const std::vector<double>& cpu,
+                   const std::vector<std::string>& others, double reps, double ratio, std::vector<Row>& rows) {
+  const int world = comm.world().size();
+  const auto& host = comm.world().hosts();
   auto time_of = [&](int r, int trial) { return seconds[static_cast<size_t>(r) * kTrials + trial]; };
   std::map<std::string, double> outside_cores;  // per machine: CPU time outside the job / the check's time
   std::map<std::string, std::string> outside_who;
@@ -351,6 +318,56 @@ void check_compute(Comm& comm, double ratio, std::vector<Row>& rows) {
                       std::to_string(slowest),
                   true});
   compare_nodes(comm.world().nodes(), host, best, ratio, rows);
+}
+
+// Every rank times the same fixed workload (matrix products on its compute device, ~0.1 s) in
+// kTrials trials; in each, the ranks of a machine take turns, so each is timed alone on its cores,
+// while machines run at once. A capability is judged, not a moment's noise: a rank fails only when
+// it is slower than the median of the others by `ratio` in every trial, and it is judged by its
+// best. A node busy with processes outside the job (their CPU time over the check, at least half
+// a core) is said to be, and a slow rank there is a warning that names them rather than a failure.
+// Nodes (2+) compare by the median of their ranks' best.
+void check_compute(Comm& comm, double ratio, std::vector<Row>& rows) {
+  const int rank = comm.topo().world_rank, world = comm.world().size();
+  std::vector<std::string> machines;
+  comm.gather_to_root(machine_id(), machines);
+  std::vector<double> turn(world, 0);  // rank 0 assigns: the how-manieth rank of its machine
+  if (rank == 0)
+    for (int r = 0; r < world; ++r) turn[r] = std::count(machines.begin(), machines.begin() + r, machines[r]);
+  comm.allreduce_world(turn.data(), world);
+  const int turns = static_cast<int>(*std::max_element(turn.begin(), turn.end())) + 1;
+
+  constexpr int n = 256;
+  double reps = 1;  // as many products as take rank 0 about 0.1 s
+  if (rank == 0) {
+    time_matrix_products(n, 1);  // warm-up
+    while (time_matrix_products(n, static_cast<int>(reps)) < 0.1 && reps < (1 << 20)) reps *= 2;
+  }
+  comm.idle_barrier();  // the others leave rank 0 its cores meanwhile
+  reps = comm.broadcast_from_root(reps);
+  const NodeLoad load;
+  double mine[kTrials] = {};
+  for (int trial = 0; trial < kTrials; ++trial)
+    for (int t = 0; t < turns; ++t) {
+      comm.idle_barrier();
+      if (turn[rank] != t) continue;
+      if (trial == 0) time_matrix_products(n, 1);
+      mine[trial] = time_matrix_products(n, static_cast<int>(reps));
+    }
+  comm.idle_barrier();
+  // What the node did meanwhile: its CPU time (first rank of the machine) less this job's ranks'.
+  const NodeLoad::Busy busy = load.finish();
+  double used[3] = {turn[rank] == 0 ? busy.node_cpu_s : 0, busy.own_cpu_s, busy.seconds};
+  std::vector<double> seconds, cpu;
+  std::vector<std::string> others;
+  comm.gather_to_root(mine, kTrials, seconds);
+  comm.gather_to_root(used, 3, cpu);
+  comm.gather_to_root(turn[rank] == 0 ? fmt("load %.2f", busy.load_average) +
+                                            (busy.busiest_others.empty() ? "" : "; " + busy.busiest_others)
+                                      : "",
+                      others);
+  if (rank != 0) return;
+  judge_compute(comm, machines, turn, seconds, cpu, others, reps, ratio, rows);
 }
 
 // Which BLAS kernels each rank computes with: a rank whose kernels run below its CPU fails, unless
@@ -457,7 +474,7 @@ ExitCode run_smoke(const SmokeOptions& opt, World& w) {
   if (spec.log.straggler_ratio > 0) check_compute(comm, spec.log.straggler_ratio, rows);
   check_links(comm, rows);
   check_all_reduce(comm, rows);
-  check_tensor_all_reduce(comm, rows);
+  check_tensor_all_reduce(comm, spec, rows);
   check_checkpoint_dir(comm, run_dir, tag, rows);
   check_training(opt, spec, w, run_dir, tag, rows);
 

@@ -2,10 +2,10 @@
 // schedule, see partition.hpp), plus the embeddings on the first virtual stage and the final
 // norm + LM head + loss on the last. Both model families (gpt2, llama: block_tensors.hpp) run
 // the same layer code; where they differ (the norm, rotary positions, the MLP's activation) a
-// layer asks the family. Parameters, gradients and optimizer state of all the
-// rank's chunks live in one set of flat buffers (one contiguous range per named tensor, chunk after
-// chunk) so gradient buckets and checkpoints are slices of one array. Names are global (h.{i} uses
-// the global block index).
+// layer asks the family. Stage is the passes the executor calls around its parts, each in its own
+// file: the parameters (param_store.hpp), the micro-batches' buffers (activation_pool.hpp), what
+// every layer holds, exchanges and computes (layer_decl.hpp), the block (stage_layers.cpp), the
+// head and loss (stage_head.cpp) and generation (stage_generation.cpp).
 //
 // Activations: forward(chunk, mb) computes one micro-batch and keeps what the recompute mode says
 // until its backward: none = everything backward needs; block = each block's input (blocks are re-run
@@ -13,7 +13,6 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
@@ -21,66 +20,22 @@
 #include "pipetrain/compute/array.hpp"
 #include "pipetrain/compute/ops.hpp"
 #include "pipetrain/config/spec.hpp"
+#include "pipetrain/model/activation_pool.hpp"
 #include "pipetrain/model/block_tensors.hpp"
 #include "pipetrain/model/layer_decl.hpp"
+#include "pipetrain/model/param_store.hpp"
 #include "pipetrain/model/partition.hpp"
 #include "pipetrain/model/stage_memory.hpp"
 #include "pipetrain/model/tensor_parallel.hpp"
 
 namespace pipetrain {
 
-struct ParamTensor {
-  std::string name;
-  std::vector<int> shape;  // this rank's part (the whole tensor unless tensor parallelism splits it)
-  size_t offset = 0, size = 0;
-  bool decay = false;      // AdamW weight decay applies (2-D weights only)
-  bool tied_copy = false;  // the last stage's copy of a tied wte: not in the grad norm, not saved
-  Init init = Init::normal;
-  TpSlice tp;  // where the part lies in the whole tensor
-  // Sequence parallelism: a norm's weight, whose gradient on a tensor rank is its token rows'
-  // share, summed over the tensor group at the step's end.
-  bool sums_over_tokens = false;
-  // The whole tensor is split among the tensor group (its norm is the sum of the parts').
-  bool split() const { return tp.axis >= 0; }
-};
-
-// The named tensors a stage owns, in buffer order with offsets (no allocation): embeddings on the
-// first stage, blocks [block_begin, block_end), final LayerNorm and head on the last; tensor rank
-// `tp`'s parts of them (the whole tensors by default).
-std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end,
-                                      TpPart tp = {});
-// The tensors of all of a rank's chunks (virtual stages of n_virtual), chunk after chunk. A tied
-// head on the rank that also holds the embedding (a vee's first rank) uses wte itself, no copy.
-std::vector<ParamTensor> rank_params(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual,
-                                     TpPart tp = {});
-
-// What a split backward keeps of one micro-batch from B to W.
-struct WGrads {
-  std::vector<BlockWGrads> blocks;
-  HeadWGrads head;
-  size_t bytes() const;
-  void release();  // drop contents, keep capacity
-};
 // Keys and values of the tokens one sequence has run so far, per block ([seq_len, KV] each: the
 // key/value heads only), so that generation runs only its new tokens through the model
 // (Stage::forward_cached).
 struct KvCache {
   int pos = 0;  // positions cached
   std::vector<Floats> k, v;
-};
-
-// One micro-batch's activations. xs[l] is block l's input; on the last stage xs[L] is the head input.
-struct Acts {
-  Array<int> tokens, targets;
-  std::vector<Floats> xs;
-  std::vector<BlockActs> blocks;
-  HeadActs head;
-  // Whether blocks and head hold a micro-batch's activations. release() leaves their sizes (and
-  // stale values) as they are, so that the next forward, which overwrites every element, finds
-  // them sized already instead of zeroing them all again; bytes() skips them in between.
-  bool acts_live = false;
-  size_t bytes() const;  // what is held right now, counted from the buffers themselves
-  void release();        // drop contents, keep capacity (no allocator churn between steps)
 };
 
 class Stage {
@@ -107,12 +62,12 @@ class Stage {
   // One activation between stages: the micro-batch's token rows this rank keeps x d_model.
   size_t boundary_floats() const { return static_cast<size_t>(kept_rows(B_ * T_)) * C_; }
 
-  const std::vector<ParamTensor>& params() const { return params_; }
-  Floats& weights() { return weights_; }
-  Floats& grads() { return grads_; }
-  const ParamTensor* find(const std::string& name) const;
-  void init_params(uint64_t seed);  // deterministic per name: same weights on any layout
-  void zero_grads();
+  const std::vector<ParamTensor>& params() const { return store_.params(); }
+  Floats& weights() { return store_.weights(); }
+  Floats& grads() { return store_.grads(); }
+  const ParamTensor* find(const std::string& name) const { return store_.find(name); }
+  void init_params(uint64_t seed) { store_.init(seed); }  // deterministic per name: same weights on any layout
+  void zero_grads() { store_.zero_grads(); }
 
   // Inputs of micro-batch mb: tokens (first virtual stage), targets (last), or the buffer the
   // previous virtual stage's activation is received into (other chunks; valid until backward).
@@ -139,14 +94,14 @@ class Stage {
   void backward_weight(int chunk, int mb, const std::function<void(size_t)>& done_from = nullptr);
   // Softmax probabilities [tokens, vocab] of micro-batch mb's last forward on the head, kept until
   // its backward or discard; recompute = none only (other modes do not keep them).
-  const Floats& head_probs(int mb) { return stash(chunks() - 1, mb).head.probs; }
+  const Floats& head_probs(int mb) { return pool_.stash(chunks() - 1, mb).head.probs; }
   // Generation, on a stage holding the whole model on the CPU: runs n new tokens of one sequence at
   // positions cache.pos .. through the same layers as forward(), their attention over the cached
   // keys and values (which they join); probs [n, vocab]: each position's next-token distribution.
   void forward_cached(const int* tokens, int n, KvCache& cache, float* probs);
   // Drops what a forward kept (an evaluation has no backward).
   void discard(int chunk, int mb) {
-    if (slot_of_[key(chunk, mb)] >= 0) release(chunk, mb);
+    if (pool_.holds(chunk, mb)) pool_.release(chunk, mb);
   }
   // What micro-batch mb holds on `chunk`: its activations and, between a split B and its W, the
   // output gradients.
@@ -189,8 +144,16 @@ class Stage {
   void size_acts(const Chunk& c, Acts& a, const Tokens& tok);
   void compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, double* loss);
   void block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out, const Tokens& tok);
-  void backward_pass(int chunk, int mb, const float* dout, float* dinp, bool input, bool weight,
+  // Which part of a backward a pass runs: both halves at once (each kernel does both in one pass,
+  // with one scratch set of output gradients), or the input-gradient half (B) or the weight half
+  // (W) alone, the output gradients kept in the micro-batch's slot between them (recompute = none).
+  enum class BackwardPart { whole, input, weight };
+  void backward_pass(int chunk, int mb, const float* dout, float* dinp, BackwardPart part,
                      const std::function<void(size_t)>& done_from);
+  Acts& activations_for_backward(const Chunk& c, Acts& s);
+  WGrads& kept_wgrads(const Chunk& c, int chunk, int mb, bool size_them);
+  void head_backward(const Chunk& c, const Acts& s, Acts& a, HeadWGrads& hw, BackwardPart part);
+  void block_backward(const Chunk& c, int l, Acts& a, BlockWGrads& w, BackwardPart part);
   void block_backward_input(const Chunk& c, int l, const float* x, const BlockActs& a, const float* dout, float* dinp,
                             BlockWGrads& w, const BlockPtrs* fused_grads);
   void block_backward_weight(const Chunk& c, int l, const float* x, const BlockActs& a, const BlockWGrads& w);
@@ -222,11 +185,11 @@ class Stage {
   // Where a split product writes the partial input gradient that sum_partials makes `kept`.
   float* partial_target(float* kept) { return sp_ ? scratch_.dpartial.data() : kept; }
   // A tensor of `base` (weights_ or grads_) at `offset`; null where the family has none.
-  static constexpr size_t kAbsent = static_cast<size_t>(-1);
+  static constexpr size_t kAbsent = ParamStore::kAbsent;
   float* tensor(Floats& base, size_t offset) { return offset == kAbsent ? nullptr : base.data() + offset; }
 
   std::vector<Chunk> chunks_;
-  int M_, B_, T_, C_, n_layer_;
+  int M_, B_, T_, C_;
   TpPart tp_;
   bool sp_;  // sequence parallelism
   TensorGroup* group_ = nullptr;
@@ -242,36 +205,13 @@ class Stage {
   void poll() {
     if (poll_) poll_();
   }
-  std::vector<ParamTensor> params_;
   const Kernels& k_;  // the compute device's kernels
-  Floats weights_, grads_;
+  ParamStore store_;
   size_t wte_ = 0, wpe_ = kAbsent, lnfw_ = 0, lnfb_ = kAbsent, head_ = 0;
 
-  // Buffers of the (chunk, micro-batch) pairs in flight, in slots reused once released (keeping
-  // their capacity), so the memory held grows to the schedule's peak in flight (M for GPipe,
-  // P - stage for 1F1B, P for zb-h1, which releases them at W), not to M. Each shape of chunk has
-  // its own pools (buffer_pools), activations and split-backward gradients separate ones, so no
-  // slot keeps a larger chunk's or a split backward's capacity while it holds something smaller;
-  // plan predicts what they hold (held_activation_bytes).
-  template <class T>
-  struct Pool {
-    std::deque<T> slots;  // a deque: growing it never moves the slots in use
-    std::vector<int> free;
-  };
-  template <class T>
-  static T& take(std::vector<Pool<T>>& pools, int pool, int& slot);
-  template <class T>
-  static void give_back(std::vector<Pool<T>>& pools, int pool, int& slot);
-  int key(int chunk, int mb) const { return chunk * M_ + mb; }
-  Acts& stash(int chunk, int mb);     // its slot, taken from the free ones on first use
-  WGrads& wgrads(int chunk, int mb);  // likewise, from B to W
-  void release(int chunk, int mb);
-  std::vector<int> pool_of_;  // per chunk
-  std::vector<Pool<Acts>> acts_pools_;
-  std::vector<Pool<WGrads>> wgrad_pools_;
-  std::vector<int> slot_of_, wslot_of_;  // per key(chunk, mb): its slot in its pool, or -1
-  Acts work_;                            // recompute target when mode != none
-  Acts generation_;                      // forward_cached's activations
+  ActivationPool pool_;  // the micro-batches' buffers between their forward and backward
+  Acts work_;            // recompute target when mode != none
+  Acts generation_;      // forward_cached's activations
   Messages sent_{};
   void count_sent(Exchange kind, size_t bytes) {
     sent_[static_cast<int>(kind)].calls += 1;
