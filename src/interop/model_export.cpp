@@ -8,7 +8,7 @@
 #include "pipetrain/ckpt/resume.hpp"
 #include "pipetrain/data/tokenizer.hpp"
 #include "pipetrain/interop/gpt2_layout.hpp"
-#include "pipetrain/interop/llama_layout.hpp"
+#include "pipetrain/interop/hf_family.hpp"
 #include "pipetrain/interop/llmc_model.hpp"
 #include "pipetrain/interop/safetensors.hpp"
 #include "pipetrain/interop/weights_source.hpp"
@@ -23,71 +23,7 @@ using json = nlohmann::json;
 namespace pipetrain {
 namespace {
 
-json token_id(const SpecialTokens::Token& t) { return t.id >= 0 ? json(t.id) : json(nullptr); }
 json token_piece(const SpecialTokens::Token& t) { return t.id >= 0 ? json(t.piece) : json(nullptr); }
-
-// The Hugging Face configuration of a LlamaForCausalLM computing what pipetrain's llama family
-// computes: SiLU-gated MLP, RMSNorm, plain rotary embeddings (no scaling), no biases, no dropout.
-json hf_llama_config(const RunSpec& spec, StoredFloat dtype, const SpecialTokens& special) {
-  const auto& m = spec.model;
-  const BlockShape s = block_shape(spec);
-  return {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
-          {"vocab_size", m.vocab},
-          {"hidden_size", m.d_model},
-          {"intermediate_size", s.ffn},
-          {"num_hidden_layers", m.n_layer},
-          {"num_attention_heads", m.n_head},
-          {"num_key_value_heads", s.NKV},
-          {"head_dim", s.head_dim},
-          {"hidden_act", "silu"},
-          {"max_position_embeddings", m.seq_len},
-          {"rms_norm_eps", m.norm_eps},
-          {"rope_theta", m.rope_theta},
-          {"rope_scaling", nullptr},
-          {"attention_bias", false},
-          {"attention_dropout", 0.0},
-          {"mlp_bias", false},
-          {"pretraining_tp", 1},
-          {"initializer_range", 0.02},
-          {"use_cache", true},
-          {"tie_word_embeddings", m.tie_embeddings},
-          {"bos_token_id", token_id(special.bos)},
-          {"eos_token_id", token_id(special.eos)},
-          {"torch_dtype", dtype == StoredFloat::bf16 ? "bfloat16" : "float32"}};
-}
-
-// The Hugging Face configuration of a GPT2LMHeadModel computing what pipetrain computes: pre-LN
-// blocks with GELU (tanh), LayerNorm eps 1e-5, attention scaled by 1/sqrt(head_dim), no dropout
-// (pipetrain trains without it); the special tokens are the tokenizer's (none for bytes).
-std::string hf_config(const RunSpec& spec, StoredFloat dtype, const SpecialTokens& special) {
-  if (spec.model.arch == Arch::llama) return hf_llama_config(spec, dtype, special).dump(2) + "\n";
-  const auto& m = spec.model;
-  const json c = {{"architectures", {"GPT2LMHeadModel"}},
-                  {"model_type", "gpt2"},
-                  {"vocab_size", m.vocab},
-                  {"n_positions", m.seq_len},
-                  {"n_ctx", m.seq_len},
-                  {"n_embd", m.d_model},
-                  {"n_layer", m.n_layer},
-                  {"n_head", m.n_head},
-                  {"n_inner", nullptr},
-                  {"activation_function", "gelu_new"},
-                  {"layer_norm_epsilon", 1e-5},
-                  {"initializer_range", 0.02},
-                  {"resid_pdrop", 0.0},
-                  {"embd_pdrop", 0.0},
-                  {"attn_pdrop", 0.0},
-                  {"scale_attn_weights", true},
-                  {"scale_attn_by_inverse_layer_idx", false},
-                  {"reorder_and_upcast_attn", false},
-                  {"use_cache", true},
-                  {"tie_word_embeddings", m.tie_embeddings},
-                  {"bos_token_id", token_id(special.bos)},
-                  {"eos_token_id", token_id(special.eos)},
-                  {"torch_dtype", dtype == StoredFloat::bf16 ? "bfloat16" : "float32"}};
-  return c.dump(2) + "\n";
-}
 
 // tokenizer_config.json for the SentencePiece model beside it, as transformers' LlamaTokenizer
 // (slow) and LlamaTokenizerFast (converted from it) read it: the model file, its special tokens,
@@ -118,13 +54,13 @@ void write_hf(const std::string& dir, const RunSpec& spec, const WeightsSource& 
               const std::string& checkpoint) {
   fs::create_directory(dir);
   std::vector<SafetensorsTensor> tensors;
-  const bool llama = spec.model.arch == Arch::llama;
+  const HfFamily& family = hf_family(spec.model.arch);
   for (const ParamTensor& p : stage_params(spec, 0, 1, 0, spec.model.n_layer)) {
     const std::string name = p.name;
     std::vector<int64_t> shape(p.shape.begin(), p.shape.end());
-    const bool conv1d = !llama && hf_transposed(name);
+    const bool conv1d = family.transposed(name);
     if (conv1d) std::swap(shape[0], shape[1]);
-    tensors.push_back({llama ? hf_llama_name(name) : hf_name(name), shape, [&ckpt, name, conv1d, shape](float* out) {
+    tensors.push_back({family.hf_name(name), shape, [&ckpt, name, conv1d, shape](float* out) {
                          if (!conv1d) return ckpt.read(name, out);
                          std::vector<float> linear(static_cast<size_t>(shape[0] * shape[1]));  // [out, in]
                          ckpt.read(name, linear.data());
@@ -142,7 +78,7 @@ void write_hf(const std::string& dir, const RunSpec& spec, const WeightsSource& 
       tokenizer.file.empty()
           ? SpecialTokens{}
           : Tokenizer::sentencepiece(read_input_file(model_file, "tokenizer", 64 << 20), model_file).special_tokens();
-  write_text_file(dir + "/config.json", hf_config(spec, dtype, special));
+  write_text_file(dir + "/config.json", family.config(spec, dtype, special).dump(2) + "\n");
   if (tokenizer.file.empty()) return;
   copy_file_synced(model_file, dir + "/" + kTokenizerFile);
   write_text_file(dir + "/tokenizer_config.json", hf_tokenizer_config(spec, special));
@@ -189,7 +125,7 @@ ExitCode run_export(const ModelExportOptions& opt) {
   check_output(opt.output, rule);
   const std::string checkpoint = resolve_checkpoint(opt.checkpoint, "export");
   const RunSpec spec = spec_of_checkpoint(checkpoint, {}, 1);
-  if (spec.model.arch != Arch::gpt2 && opt.format == ExportFormat::llmc)
+  if (!hf_family(spec.model.arch).llmc && opt.format == ExportFormat::llmc)
     throw SpecError("export: " + checkpoint + " is a model of the " + name_of(spec.model.arch) +
                     " family (model.arch): llm.c's model file holds GPT-2 only (use --format hf)");
   if (opt.format == ExportFormat::llmc && !spec.model.tie_embeddings)
@@ -201,13 +137,12 @@ ExitCode run_export(const ModelExportOptions& opt) {
   if (opt.format == ExportFormat::hf) write_hf(output.staging(), spec, *ckpt, dtype, checkpoint);
   else write_llmc_file(output.staging(), spec, *ckpt, dtype);
   output.commit();
+  const std::string as = opt.format == ExportFormat::llmc
+                             ? "an llm.c model file"
+                             : "a Hugging Face " + std::string(hf_family(spec.model.arch).name) + " directory";
   std::printf("exported %s (%s, %d blocks, d_model %d, vocab %d, %s head) to %s as %s, %s\n", checkpoint.c_str(),
               ckpt->kind().c_str(), spec.model.n_layer, spec.model.d_model, spec.model.vocab,
-              spec.model.tie_embeddings ? "tied" : "untied", opt.output.c_str(),
-              opt.format == ExportFormat::llmc ? "an llm.c model file"
-              : spec.model.arch == Arch::llama ? "a Hugging Face Llama directory"
-                                               : "a Hugging Face GPT-2 directory",
-              dtype_name(dtype));
+              spec.model.tie_embeddings ? "tied" : "untied", opt.output.c_str(), as.c_str(), dtype_name(dtype));
   return ExitCode::ok;
 }
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "pipetrain/config/spec_schema.hpp"
+#include "pipetrain/interop/hf_family.hpp"
 #include "pipetrain/model/block_tensors.hpp"
 #include "pipetrain/util/binary_file.hpp"
 
@@ -22,6 +23,12 @@ bool same_value(const std::string& a, const std::string& b) {
 // The first key the spec sets otherwise than the source declares, the family first: "" when they
 // agree. The head's tying is the caller's (a tied source may feed an untied spec).
 std::string declared_mismatch(const WeightsSource& src, const RunSpec& spec) {
+  // A declared model.arch ("\"llama\"") as Hugging Face names the family.
+  auto family_name = [](const std::string& quoted) {
+    const std::string arch = quoted.size() > 2 ? quoted.substr(1, quoted.size() - 2) : quoted;
+    const auto a = choice_named<Arch>(arch);
+    return a ? std::string(hf_family(*a).name) : arch;
+  };
   for (const DeclaredKey& d : src.declared()) {
     if (d.key == "model.tie_embeddings") continue;
     const auto& schema = spec_schema();
@@ -29,9 +36,8 @@ std::string declared_mismatch(const WeightsSource& src, const RunSpec& spec) {
     const std::string ours = k->show(spec);
     if (same_value(ours, d.value)) continue;
     if (d.key == "model.arch")
-      return std::string("the source is a ") + (d.value == "\"llama\"" ? "Llama" : "GPT-2") + " model (" + d.theirs +
-             "), model.arch = " + ours + " (" + spec.origin(d.key) +
-             "): leave model.arch unset to take the source's family";
+      return "the source is a " + family_name(d.value) + " model (" + d.theirs + "), model.arch = " + ours + " (" +
+             spec.origin(d.key) + "): leave model.arch unset to take the source's family";
     return "the source's " + d.theirs + " is " + d.value + ", " + d.key + " = " + ours + " (" + spec.origin(d.key) +
            "): leave " + d.key + " unset to take the source's";
   }

@@ -12,6 +12,7 @@
 #include "pipetrain/ckpt/shard_io.hpp"
 #include "pipetrain/config/spec_schema.hpp"
 #include "pipetrain/interop/gpt2_layout.hpp"
+#include "pipetrain/interop/hf_family.hpp"
 #include "pipetrain/interop/llama_layout.hpp"
 #include "pipetrain/interop/llmc_model.hpp"
 #include "pipetrain/interop/safetensors.hpp"
@@ -335,6 +336,19 @@ class CheckpointSource : public WeightsSource {
 
 }  // namespace
 
+std::unique_ptr<WeightsSource> open_hf_gpt2(const std::string& dir, const json& config,
+                                            const std::string& config_path) {
+  const fs::path weights = fs::path(dir) / "model.safetensors";
+  std::error_code ec;
+  if (!fs::exists(weights, ec)) return nullptr;  // not a model: WeightsSource::open says what is missing
+  return std::make_unique<HfSource>(dir, weights.string(), true, &config, config_path);
+}
+
+std::unique_ptr<WeightsSource> open_hf_llama(const std::string& dir, const json& config,
+                                             const std::string& config_path) {
+  return std::make_unique<HfLlamaSource>(dir, config, config_path);
+}
+
 std::unique_ptr<WeightsSource> WeightsSource::open(const std::string& path) {
   std::error_code ec;
   const fs::path p(path);
@@ -350,12 +364,11 @@ std::unique_ptr<WeightsSource> WeightsSource::open(const std::string& path) {
     if (fs::exists(config_path, ec)) {
       const json config = read_hf_config(config_path);
       const json type = config.contains("model_type") ? config["model_type"] : json("gpt2");
-      if (type == "llama") return std::make_unique<HfLlamaSource>(path, config, config_path);
-      if (type != "gpt2")
-        throw SpecError(config_path + ": model_type = " + type.dump() +
-                        ": pipetrain reads Hugging Face GPT-2 (\"gpt2\") and Llama (\"llama\") models");
-      if (weights)
-        return std::make_unique<HfSource>(path, (p / "model.safetensors").string(), true, &config, config_path);
+      const HfFamily* family = type.is_string() ? hf_family_of_type(type.get<std::string>()) : nullptr;
+      if (!family)
+        throw SpecError(config_path + ": model_type = " + type.dump() + ": pipetrain reads Hugging Face " +
+                        hf_family_types() + " models");
+      if (auto source = family->open(path, config, config_path)) return source;
     }
     throw SpecError(path +
                     ": not a model: a folder without manifest.json (a pipetrain checkpoint, "

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,5 +53,12 @@ class WeightsSource {
  private:
   std::string path_;
 };
+
+// A Hugging Face directory of each family, its config.json read (hf_family.hpp's table opens them);
+// null from open_hf_gpt2 when the directory holds no model.safetensors.
+std::unique_ptr<WeightsSource> open_hf_gpt2(const std::string& dir, const nlohmann::json& config,
+                                            const std::string& config_path);
+std::unique_ptr<WeightsSource> open_hf_llama(const std::string& dir, const nlohmann::json& config,
+                                             const std::string& config_path);
 
 }  // namespace pipetrain

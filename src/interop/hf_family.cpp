@@ -1,0 +1,104 @@
+#include "pipetrain/interop/hf_family.hpp"
+
+#include "pipetrain/interop/gpt2_layout.hpp"
+#include "pipetrain/interop/llama_layout.hpp"
+#include "pipetrain/interop/weights_source.hpp"
+#include "pipetrain/model/block_tensors.hpp"
+
+using json = nlohmann::json;
+
+namespace pipetrain {
+namespace {
+
+json token_id(const SpecialTokens::Token& t) { return t.id >= 0 ? json(t.id) : json(nullptr); }
+
+// The Hugging Face configuration of a LlamaForCausalLM computing what pipetrain's llama family
+// computes: SiLU-gated MLP, RMSNorm, plain rotary embeddings (no scaling), no biases, no dropout.
+json hf_llama_config(const RunSpec& spec, StoredFloat dtype, const SpecialTokens& special) {
+  const auto& m = spec.model;
+  const BlockShape s = block_shape(spec);
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"vocab_size", m.vocab},
+          {"hidden_size", m.d_model},
+          {"intermediate_size", s.ffn},
+          {"num_hidden_layers", m.n_layer},
+          {"num_attention_heads", m.n_head},
+          {"num_key_value_heads", s.NKV},
+          {"head_dim", s.head_dim},
+          {"hidden_act", "silu"},
+          {"max_position_embeddings", m.seq_len},
+          {"rms_norm_eps", m.norm_eps},
+          {"rope_theta", m.rope_theta},
+          {"rope_scaling", nullptr},
+          {"attention_bias", false},
+          {"attention_dropout", 0.0},
+          {"mlp_bias", false},
+          {"pretraining_tp", 1},
+          {"initializer_range", 0.02},
+          {"use_cache", true},
+          {"tie_word_embeddings", m.tie_embeddings},
+          {"bos_token_id", token_id(special.bos)},
+          {"eos_token_id", token_id(special.eos)},
+          {"torch_dtype", dtype == StoredFloat::bf16 ? "bfloat16" : "float32"}};
+}
+
+// The Hugging Face configuration of a GPT2LMHeadModel computing what pipetrain computes: pre-LN
+// blocks with GELU (tanh), LayerNorm eps 1e-5, attention scaled by 1/sqrt(head_dim), no dropout
+// (pipetrain trains without it); the special tokens are the tokenizer's (none for bytes).
+json hf_gpt2_config(const RunSpec& spec, StoredFloat dtype, const SpecialTokens& special) {
+  const auto& m = spec.model;
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"vocab_size", m.vocab},
+          {"n_positions", m.seq_len},
+          {"n_ctx", m.seq_len},
+          {"n_embd", m.d_model},
+          {"n_layer", m.n_layer},
+          {"n_head", m.n_head},
+          {"n_inner", nullptr},
+          {"activation_function", "gelu_new"},
+          {"layer_norm_epsilon", 1e-5},
+          {"initializer_range", 0.02},
+          {"resid_pdrop", 0.0},
+          {"embd_pdrop", 0.0},
+          {"attn_pdrop", 0.0},
+          {"scale_attn_weights", true},
+          {"scale_attn_by_inverse_layer_idx", false},
+          {"reorder_and_upcast_attn", false},
+          {"use_cache", true},
+          {"tie_word_embeddings", m.tie_embeddings},
+          {"bos_token_id", token_id(special.bos)},
+          {"eos_token_id", token_id(special.eos)},
+          {"torch_dtype", dtype == StoredFloat::bf16 ? "bfloat16" : "float32"}};
+}
+
+bool never_transposed(const std::string&) { return false; }
+
+const HfFamily kFamilies[] = {
+    {Arch::gpt2, "gpt2", "GPT-2", hf_name, hf_transposed, hf_gpt2_config, open_hf_gpt2, true},
+    {Arch::llama, "llama", "Llama", hf_llama_name, never_transposed, hf_llama_config, open_hf_llama, false},
+};
+
+}  // namespace
+
+const HfFamily& hf_family(Arch arch) {
+  for (const HfFamily& f : kFamilies)
+    if (f.arch == arch) return f;
+  throw std::logic_error("no Hugging Face layout for model.arch #" + std::to_string(static_cast<int>(arch)));
+}
+
+const HfFamily* hf_family_of_type(const std::string& model_type) {
+  for (const HfFamily& f : kFamilies)
+    if (model_type == f.model_type) return &f;
+  return nullptr;
+}
+
+std::string hf_family_types() {
+  std::string out;
+  for (const HfFamily& f : kFamilies)
+    out += std::string(out.empty() ? "" : " and ") + f.name + " (\"" + f.model_type + "\")";
+  return out;
+}
+
+}  // namespace pipetrain
