@@ -22,7 +22,7 @@ using json = nlohmann::json;
 namespace pipetrain {
 namespace {
 
-std::string events_path(const Run& run) { return run.run_dir + "/events.jsonl"; }
+std::string events_path(const RunState& state) { return state.run_dir + "/events.jsonl"; }
 
 // The launches recorded so far (lines that do not parse, e.g. one cut by a crash, are skipped).
 std::vector<json> launch_records(const std::string& path) {
@@ -68,24 +68,24 @@ std::string signal_name(int sig) {
 }  // namespace
 
 int record_launch(const Run& run) {
-  const std::string path = events_path(run);
+  const std::string path = events_path(run.state);
   const int launch = static_cast<int>(launch_records(path).size()) + 1;
   // Each launch writes trace.json afresh: the one before keeps its trace under its own index.
   std::error_code ec;
-  const std::string trace = run.run_dir + "/trace.json";
+  const std::string trace = run.state.run_dir + "/trace.json";
   if (launch > 1 && fs::exists(trace, ec)) {
-    fs::create_directories(run.run_dir + "/traces", ec);
-    fs::rename(trace, run.run_dir + "/traces/launch_" + std::to_string(launch - 1) + ".json", ec);
+    fs::create_directories(run.state.run_dir + "/traces", ec);
+    fs::rename(trace, run.state.run_dir + "/traces/launch_" + std::to_string(launch - 1) + ".json", ec);
   }
   const RunSpec& spec = run.spec;
   append(path, {{"event", "launch"},
                 {"launch", launch},
-                {"job_id", run.launch.job_id.empty() ? json(nullptr) : json(run.launch.job_id)},
-                {"restart_count", run.launch.restart_count},
+                {"job_id", run.layout.launch.job_id.empty() ? json(nullptr) : json(run.layout.launch.job_id)},
+                {"restart_count", run.layout.launch.restart_count},
                 {"hosts", run.world.nodes()},
                 {"ranks", run.world.size()},
                 {"ranks_per_node", run.world.local_ranks()},
-                {"threads_per_rank", run.blas_threads},
+                {"threads_per_rank", run.layout.blas_threads},
                 {"node_cores", run.world.cores()},
                 {"layout",
                  {{"tp", spec.parallel.tp},
@@ -95,11 +95,11 @@ int record_launch(const Run& run) {
                   {"virtual_stages", spec.parallel.virtual_stages}}},
                 {"version", version_string()},
                 {"build", build_id()},
-                {"resumed_from", run.resumed_from.empty() ? json(nullptr) : json(run.start_step)},
-                {"last_logged_before", run.last_logged_before},
-                {per_unit("hardware_peak_gflops", run.on_gpu()), run.peak_per_unit},
-                {per_unit("sgemm_gflops", run.on_gpu()), run.sgemm_per_unit},
-                {"peak_basis", run.peak_basis}});
+                {"resumed_from", run.state.resumed_from.empty() ? json(nullptr) : json(run.state.start_step)},
+                {"last_logged_before", run.state.last_logged_before},
+                {per_unit("hardware_peak_gflops", run.on_gpu()), run.telemetry.peak_per_unit},
+                {per_unit("sgemm_gflops", run.on_gpu()), run.telemetry.sgemm_per_unit},
+                {"peak_basis", run.telemetry.peak_basis}});
   return launch;
 }
 
@@ -111,14 +111,14 @@ RecordedPeaks recorded_peaks(const std::string& run_dir, bool gpu) {
   return {};
 }
 
-void record_stop(const Run& run, const std::string& reason, ExitCode code, int64_t step) {
-  append(events_path(run), {{"event", "stop"},
-                            {"launch", run.launch_index},
-                            {"reason", reason},
-                            {"exit_code", static_cast<int>(code)},
-                            {"step", step},
-                            {"signal", reason == "signal" ? json(signal_name(stop_signal())) : json(nullptr)},
-                            {"last_checkpoint", run.last_saved >= 0 ? json(run.last_saved) : json(nullptr)}});
+void record_stop(const RunState& state, const std::string& reason, ExitCode code, int64_t step) {
+  append(events_path(state), {{"event", "stop"},
+                              {"launch", state.launch_index},
+                              {"reason", reason},
+                              {"exit_code", static_cast<int>(code)},
+                              {"step", step},
+                              {"signal", reason == "signal" ? json(signal_name(stop_signal())) : json(nullptr)},
+                              {"last_checkpoint", state.last_saved >= 0 ? json(state.last_saved) : json(nullptr)}});
 }
 
 }  // namespace pipetrain

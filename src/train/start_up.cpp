@@ -70,8 +70,8 @@ void read_spec_and_data(Run& run) {
   const TrainOptions& opt = run.opt;
   const int world = run.world.size();
   // srun without an MPI plugin starts N singletons that each see one rank: say so.
-  if (run.launch.in_step && run.launch.ntasks > 1 && world == 1)
-    throw SpecError("srun started " + std::to_string(run.launch.ntasks) +
+  if (run.layout.launch.in_step && run.layout.launch.ntasks > 1 && world == 1)
+    throw SpecError("srun started " + std::to_string(run.layout.launch.ntasks) +
                     " tasks but MPI sees 1 rank: launch with srun --mpi=pmi2 (MPICH)");
   // eval may name a run directory or its checkpoints: its spec is that of the newest one (the
   // model is the same in all; select_checkpoint picks the newest intact one to load).
@@ -86,20 +86,20 @@ void read_spec_and_data(Run& run) {
     run.spec.origins.emplace_back("eval.batches", "--batches " + std::to_string(opt.eval_batches));
   }
   const RunSpec& spec = run.spec;
-  run.shape = step_shape(spec);
-  run.topo = Topology::of(run.world.rank(), spec.parallel.pp, spec.parallel.dp, spec.parallel.order,
-                          spec.chunk_placement().head_stage() == 0, spec.parallel.tp);
-  run.blocks = partition_blocks(spec);
-  if (run.topo.first_stage() || run.topo.holds_head()) {
-    run.data = std::make_unique<Dataset>(spec);
+  run.layout.shape = step_shape(spec);
+  run.layout.topo = Topology::of(run.world.rank(), spec.parallel.pp, spec.parallel.dp, spec.parallel.order,
+                                 spec.chunk_placement().head_stage() == 0, spec.parallel.tp);
+  run.layout.blocks = partition_blocks(spec);
+  if (run.layout.topo.first_stage() || run.layout.topo.holds_head()) {
+    run.input.data = std::make_unique<Dataset>(spec);
     if (spec.eval.every_steps > 0) {
-      run.val = std::make_unique<Dataset>(spec, Split::val);
-      check_validation_fits(spec, run.val->n_tokens(), opt.eval_only);
+      run.input.val = std::make_unique<Dataset>(spec, Split::val);
+      check_validation_fits(spec, run.input.val->n_tokens(), opt.eval_only);
     }
   }
   // The run keeps its tokenizer (in RUN_DIR and every checkpoint); the file opened above.
   if (run.world.rank() == 0 && spec.data.source == DataSource::hdf5 && !opt.eval_only) try {
-      run.tokenizer_model = read_token_file_info(spec.data.path).tokenizer_model;
+      run.input.tokenizer_model = read_token_file_info(spec.data.path).tokenizer_model;
     } catch (const SpecError& e) {
       throw SpecError(spec.origin("data.path") + ": data.path: " + e.what());
     }
@@ -109,10 +109,10 @@ void read_spec_and_data(Run& run) {
 // device, and the model fits there.
 void check_ranks_and_device(Run& run) {
   const RunSpec& spec = run.spec;
-  const StepShape& shape = run.shape;
+  const StepShape& shape = run.layout.shape;
   const std::vector<int64_t> boundary = {shape.samples, shape.seq_len, shape.d_model,
                                          static_cast<int64_t>(sizeof(float))};
-  if (!run.comm->all_equal(spec_hash(spec)) || !run.comm->boundary_agrees(boundary, boundary))
+  if (!run.comms.comm->all_equal(spec_hash(spec)) || !run.comms.comm->boundary_agrees(boundary, boundary))
     throw SpecError("ranks disagree on the run spec or stage shapes (different files or --set on different ranks?)");
   const int64_t tags = Executor::max_tag(shape);
   if (tags > run.world.max_tag())
@@ -124,55 +124,57 @@ void check_ranks_and_device(Run& run) {
                     ": checkpoint.async = true needs MPI_THREAD_FUNNELED (a writer "
                     "thread runs beside the one that calls MPI), which this MPI did not grant; set it to false");
   use_spec_device(spec, run.world.local_rank(), run.world.local_ranks());
-  check_memory_fits(spec, run.topo.stage, run.world.local_ranks());
+  check_memory_fits(spec, run.layout.topo.stage, run.world.local_ranks());
 }
 
 // One BLAS thread per core this rank can have (more would fight the other ranks for cores),
 // unless the spec or an explicit OPENBLAS_NUM_THREADS says otherwise; the element-wise kernels
 // use the same cores.
-void set_threads(Run& run) {
+void set_threads(const RunSpec& spec, const World& world, RunLayout& layout) {
   const char* env_threads = std::getenv("OPENBLAS_NUM_THREADS");
-  run.blas_threads = run.spec.parallel.threads_per_rank > 0 ? run.spec.parallel.threads_per_rank
-                     : env_threads                          ? std::max(1, std::atoi(env_threads))
-                                                            : run.world.cores_per_rank();
-  set_blas_threads(run.blas_threads);
-  set_parallel_threads(run.blas_threads);
+  layout.blas_threads = spec.parallel.threads_per_rank > 0 ? spec.parallel.threads_per_rank
+                        : env_threads                      ? std::max(1, std::atoi(env_threads))
+                                                           : world.cores_per_rank();
+  set_blas_threads(layout.blas_threads);
+  set_parallel_threads(layout.blas_threads);
 }
 
 // A fresh start from another model's weights (train.init_from): the source is opened and matched
 // against the whole model on every rank alike (headers only), and its checksums, where it has
 // them, checked in shares, before the model is allocated.
-void open_init_source(Run& run) {
-  run.init = std::make_unique<ModelImport>(run.spec.train.init_from, run.spec);
-  const std::string problem = run.init->verify(run.world.rank(), run.world.size());
-  if (!problem.empty()) throw SpecError(run.spec.origin("train.init_from") + ": train.init_from: " + problem);
+void open_init_source(const RunSpec& spec, const World& world, RunState& state) {
+  state.init = std::make_unique<ModelImport>(spec.train.init_from, spec);
+  const std::string problem = state.init->verify(world.rank(), world.size());
+  if (!problem.empty()) throw SpecError(spec.origin("train.init_from") + ": train.init_from: " + problem);
 }
 
 // This rank's model slice and AdamW: initialised (or read from the train.init_from source), then
 // loaded from the checkpoint if resuming.
 void build_model(Run& run) {
   const RunSpec& spec = run.spec;
-  const StepShape& shape = run.shape;
-  run.stage = std::make_unique<Stage>(spec, chunks_of(run.blocks, shape.chunk_placement(), run.topo.stage),
-                                      shape.virtual_stages(), shape.micro_batches, shape.grad_scale(),
-                                      TpPart{run.topo.tp_rank, run.topo.tp});
-  if (run.init) {
+  const StepShape& shape = run.layout.shape;
+  run.model.stage = std::make_unique<Stage>(
+      spec, chunks_of(run.layout.blocks, shape.chunk_placement(), run.layout.topo.stage), shape.virtual_stages(),
+      shape.micro_batches, shape.grad_scale(), TpPart{run.layout.topo.tp_rank, run.layout.topo.tp});
+  if (run.state.init) {
     run.world.require_agreed([&] {  // each rank reads only its own stage's tensors
-      std::vector<float> host(run.stage->weights().size());
-      run.init->load(run.stage->params(), host.data());
-      run.stage->weights().assign(host.data(), host.size());
+      std::vector<float> host(run.model.stage->weights().size());
+      run.state.init->load(run.model.stage->params(), host.data());
+      run.model.stage->weights().assign(host.data(), host.size());
     });
-    run.init_note = run.init->description();
-    run.init.reset();  // closes the source's files
+    run.state.init_note = run.state.init->description();
+    run.state.init.reset();  // closes the source's files
   } else {
-    run.stage->init_params(static_cast<uint64_t>(spec.run.seed));
+    run.model.stage->init_params(static_cast<uint64_t>(spec.run.seed));
   }
   // ZeRO-1: this replica's row slabs; otherwise everything.
   const bool zero = spec.parallel.zero == 1;
-  run.adam = std::make_unique<AdamW>(
-      spec.train, OptimizerShard(run.stage->params(), zero ? run.topo.dp_rank : 0, zero ? spec.parallel.dp : 1));
-  if (!run.resumed_from.empty()) run.start_step = load_checkpoint(run.resumed_from, *run.stage, *run.adam, run.world);
-  run.last_saved = run.resumed_from.empty() ? -1 : run.start_step;
+  run.model.adam = std::make_unique<AdamW>(
+      spec.train,
+      OptimizerShard(run.model.stage->params(), zero ? run.layout.topo.dp_rank : 0, zero ? spec.parallel.dp : 1));
+  if (!run.state.resumed_from.empty())
+    run.state.start_step = load_checkpoint(run.state.resumed_from, *run.model.stage, *run.model.adam, run.world);
+  run.state.last_saved = run.state.resumed_from.empty() ? -1 : run.state.start_step;
 }
 
 // MFU's denominators, fixed for the run. The peak is the hardware's: one core's FLOPs per cycle x
@@ -187,10 +189,11 @@ void find_peaks(Run& run) {
   const RunSpec& spec = run.spec;
   if (run.opt.eval_only) return;
   const bool gpu = run.on_gpu();
-  RecordedPeaks recorded = run.rank() == 0 ? recorded_peaks(run.run_dir, gpu) : RecordedPeaks{};
+  RecordedPeaks recorded = run.rank() == 0 ? recorded_peaks(run.state.run_dir, gpu) : RecordedPeaks{};
   double unit[3] = {recorded.peak, recorded.sgemm, 0};  // {peak, sgemm, who measured}
-  run.comm->allreduce_world(unit, 2);
-  run.peak_basis = recorded.basis;  // rank 0 measures or reads the figures, and alone says how they were found
+  run.comms.comm->allreduce_world(unit, 2);
+  run.telemetry.peak_basis =
+      recorded.basis;  // rank 0 measures or reads the figures, and alone says how they were found
   if (unit[0] <= 0 || unit[1] <= 0) {
     unit[0] = unit[1] = 0;
     if (gpu) {
@@ -198,53 +201,53 @@ void find_peaks(Run& run) {
       unit[0] = gpu::peak_gflops(info, spec.model.dtype);
       unit[1] = gpu::measure_gemm_gflops(spec.model.dtype);
       unit[2] = 1;
-      run.peak_basis = gpu::peak_basis(info, spec.model.dtype);
+      run.telemetry.peak_basis = gpu::peak_basis(info, spec.model.dtype);
     } else if (run.world.local_rank() == 0) {
       set_blas_threads(1);
       const CorePeak core = core_peak();
       unit[0] = core.gflops;
       unit[1] = measure_sgemm_gflops();
       unit[2] = 1;
-      run.peak_basis = core.basis;
-      set_blas_threads(run.blas_threads);
+      run.telemetry.peak_basis = core.basis;
+      set_blas_threads(run.layout.blas_threads);
     }
-    run.comm->idle_barrier();  // the others wait asleep meanwhile: ranks polling on its core would slow the clock it
-                               // measures
-    run.comm->allreduce_world(unit, 3);
+    run.comms.comm->idle_barrier();  // the others wait asleep meanwhile: ranks polling on its core would slow the clock
+                                     // it measures
+    run.comms.comm->allreduce_world(unit, 3);
     unit[0] /= unit[2];
     unit[1] /= unit[2];  // the mean over the nodes (GPUs)
     if (unit[0] <= 0) {  // a CPU or GPU the tables do not know: the BLAS's rate is the best figure left
       unit[0] = unit[1];
-      run.peak_basis =
+      run.telemetry.peak_basis =
           "the measured GEMM rate: this " + std::string(gpu ? "GPU" : "CPU") + "'s FLOPs per cycle are unknown";
     }
   }
-  run.peak_per_unit = unit[0];
-  run.sgemm_per_unit = unit[1];
+  run.telemetry.peak_per_unit = unit[0];
+  run.telemetry.sgemm_per_unit = unit[1];
   double units = gpu ? 1.0
                  : run.world.local_rank() == 0
-                     ? std::min(run.world.local_ranks() * run.blas_threads, std::max(1, run.world.cores()))
+                     ? std::min(run.world.local_ranks() * run.layout.blas_threads, std::max(1, run.world.cores()))
                      : 0.0;
-  run.comm->allreduce_world(&units, 1);
-  run.peak_gflops = spec.log.peak_gflops > 0 ? spec.log.peak_gflops * run.world.size() : unit[0] * units;
-  run.sgemm_gflops = unit[1] * units;
+  run.comms.comm->allreduce_world(&units, 1);
+  run.telemetry.peak_gflops = spec.log.peak_gflops > 0 ? spec.log.peak_gflops * run.world.size() : unit[0] * units;
+  run.telemetry.sgemm_gflops = unit[1] * units;
 }
 
 // How world rank 0's clock reads against this rank's: ranks on rank 0's node read the same steady
 // clock; others estimate its offset. Messages carry their send time on rank 0's clock with it.
-double clock_offset_to_root(Run& run) {
-  const Comm::ClockOffset offset = run.comm->clock_offset_to_root(16, now_s);
-  const std::vector<std::string>& hosts = run.world.hosts();
-  return hosts[run.rank()] == hosts[0] ? 0.0 : offset.offset_s;
+double clock_offset_to_root(const World& world, Comm& comm) {
+  const Comm::ClockOffset offset = comm.clock_offset_to_root(16, now_s);
+  const std::vector<std::string>& hosts = world.hosts();
+  return hosts[world.rank()] == hosts[0] ? 0.0 : offset.offset_s;
 }
 
 // The trace's time zero, as this rank's now_s() reads it: one instant of world rank 0's clock, so
 // the spans of all ranks share one time base (a reference each rank took itself after a common
 // reduction would differ by however long each was descheduled, milliseconds when ranks outnumber
 // cores).
-double trace_time_zero(Run& run) {
-  if (run.spec.log.trace_steps == 0) return now_s();
-  return run.comm->broadcast_from_root(now_s()) - run.clock_offset_s;
+double trace_time_zero(const RunSpec& spec, Comm& comm, double clock_offset_s) {
+  if (spec.log.trace_steps == 0) return now_s();
+  return comm.broadcast_from_root(now_s()) - clock_offset_s;
 }
 
 // Straggler detection: every rank measures its windows, rank 0 compares them, knowing where each
@@ -252,13 +255,13 @@ double trace_time_zero(Run& run) {
 void prepare_straggler_detection(Run& run) {
   const RunSpec& spec = run.spec;
   if (spec.log.straggler_ratio <= 0) return;
-  run.straggler_window = std::make_unique<StragglerWindow>(spec.log.straggler_window, now_s());
+  run.telemetry.straggler_window = std::make_unique<StragglerWindow>(spec.log.straggler_window, now_s());
   // Where ranks outnumber cores, a pass's wall time mostly says which rank the kernel's scheduler
   // let run: there the passes' CPU time is compared (the job's one choice, so all ranks compare alike).
-  double overcommitted = run.world.local_ranks() * run.blas_threads > run.world.cores() ? 1 : 0;
-  run.comm->allreduce_world(&overcommitted, 1);
-  run.straggler_cpu_time = overcommitted > 0;
-  run.executor->time_cpu(run.straggler_cpu_time);
+  double overcommitted = run.world.local_ranks() * run.layout.blas_threads > run.world.cores() ? 1 : 0;
+  run.comms.comm->allreduce_world(&overcommitted, 1);
+  run.telemetry.straggler_cpu_time = overcommitted > 0;
+  run.model.executor->time_cpu(run.telemetry.straggler_cpu_time);
   if (run.rank() != 0) return;
   std::vector<RankPlace> places;
   for (int r = 0; r < run.world.size(); ++r) {
@@ -268,49 +271,51 @@ void prepare_straggler_detection(Run& run) {
   }
   std::vector<double> share;
   for (const StagePlan& s : make_plan(spec).stages) share.push_back(s.cost_share);
-  run.stragglers =
-      std::make_unique<StragglerDetector>(places, share, spec.log.straggler_ratio, !run.straggler_cpu_time);
+  run.telemetry.stragglers =
+      std::make_unique<StragglerDetector>(places, share, spec.log.straggler_ratio, !run.telemetry.straggler_cpu_time);
 }
 
 // The schedule and everything the loop reads that does not change from step to step.
 void prepare_steps(Run& run) {
   const RunSpec& spec = run.spec;
   const int T = spec.model.seq_len;
-  run.executor = std::make_unique<Executor>(*run.stage, *run.comm, run.shape);
-  run.clock_offset_s = clock_offset_to_root(run);
-  run.executor->set_clock_offset(run.clock_offset_s);
-  run.actions = spec.parallel.schedule->generate(run.topo.stage, spec.pipeline_shape());
-  run.eval_actions = forward_only(run.actions);
-  run.inputs.resize(static_cast<size_t>(spec.samples_per_micro_batch()) * T);
-  run.targets.resize(run.inputs.size());
+  run.model.executor = std::make_unique<Executor>(*run.model.stage, *run.comms.comm, run.layout.shape);
+  run.telemetry.clock_offset_s = clock_offset_to_root(run.world, *run.comms.comm);
+  run.model.executor->set_clock_offset(run.telemetry.clock_offset_s);
+  run.model.actions = spec.parallel.schedule->generate(run.layout.topo.stage, spec.pipeline_shape());
+  run.model.eval_actions = forward_only(run.model.actions);
+  run.model.inputs.resize(static_cast<size_t>(spec.samples_per_micro_batch()) * T);
+  run.model.targets.resize(run.model.inputs.size());
   find_peaks(run);
-  run.trace = Trace(spec.log.trace_steps, trace_time_zero(run));
-  run.flops_per_step = training_flops_per_token(spec) * spec.train.global_batch * T;
-  run.tokens_per_step = static_cast<double>(spec.train.global_batch) * T;
-  run.bubble_theory = spec.parallel.schedule->bubble(spec.pipeline_shape());
+  run.telemetry.trace =
+      Trace(spec.log.trace_steps, trace_time_zero(spec, *run.comms.comm, run.telemetry.clock_offset_s));
+  run.telemetry.flops_per_step = training_flops_per_token(spec) * spec.train.global_batch * T;
+  run.telemetry.tokens_per_step = static_cast<double>(spec.train.global_batch) * T;
+  run.telemetry.bubble_theory = spec.parallel.schedule->bubble(spec.pipeline_shape());
 
   // The step boundary's sums. On the GPU gradients are summed over replicas through a host copy
   // after the step (no overlap yet).
-  Stage& stage = *run.stage;
+  Stage& stage = *run.model.stage;
   const ParamTensor* wte = stage.find("wte.weight");
-  run.tied_wte = spec.model.tie_embeddings && run.topo.tied_apart() ? wte : nullptr;
+  run.model.tied_wte = spec.model.tie_embeddings && run.layout.topo.tied_apart() ? wte : nullptr;
   // Gradients the tensor group sums: the norms' under sequence parallelism, a shared key/value head's.
   const bool tensor_sums = std::any_of(stage.params().begin(), stage.params().end(),
                                        [](const ParamTensor& p) { return p.sums_over_tokens || p.tp.shared(); });
-  run.grad_staging.resize(run.on_gpu() && (spec.parallel.dp > 1 || run.tied_wte || tensor_sums) ? stage.grads().size()
-                                                                                                : 0);
+  run.comms.grad_staging.resize(
+      run.on_gpu() && (spec.parallel.dp > 1 || run.model.tied_wte || tensor_sums) ? stage.grads().size() : 0);
   const size_t bucket = std::max<size_t>(1, static_cast<size_t>(spec.comm.bucket_mb * (1 << 20) / sizeof(float)));
-  const OptimizerShard& shard = run.adam->shard();
-  run.reducer = std::make_unique<GradReducer>(*run.comm, run.on_gpu() ? run.grad_staging : stage.grads().host(), bucket,
-                                              stage.params(), shard, run.tied_wte);
-  run.param_staging.resize(run.on_gpu() && shard.sharded() ? stage.weights().size() : 0);
-  run.param_gather =
-      std::make_unique<ParamGather>(*run.comm, stage, shard, run.on_gpu() ? &run.param_staging : nullptr);
+  const OptimizerShard& shard = run.model.adam->shard();
+  run.comms.reducer =
+      std::make_unique<GradReducer>(*run.comms.comm, run.on_gpu() ? run.comms.grad_staging : stage.grads().host(),
+                                    bucket, stage.params(), shard, run.model.tied_wte);
+  run.comms.param_staging.resize(run.on_gpu() && shard.sharded() ? stage.weights().size() : 0);
+  run.comms.param_gather =
+      std::make_unique<ParamGather>(*run.comms.comm, stage, shard, run.on_gpu() ? &run.comms.param_staging : nullptr);
 
-  run.metrics =
-      std::make_unique<MetricsWriter>(run.rank() == 0 && !run.opt.eval_only ? run.run_dir + "/metrics.jsonl" : "");
-  run.budget = std::make_unique<TimeBudget>(spec.run.time_limit, run.launched_s);
-  run.bad_steps = std::make_unique<BadSteps>(spec.train.max_bad_steps);
+  run.telemetry.metrics = std::make_unique<MetricsWriter>(
+      run.rank() == 0 && !run.opt.eval_only ? run.state.run_dir + "/metrics.jsonl" : "");
+  run.policies.budget = std::make_unique<TimeBudget>(spec.run.time_limit, run.launched_s);
+  run.policies.bad_steps = std::make_unique<BadSteps>(spec.train.max_bad_steps);
   prepare_straggler_detection(run);
 }
 
@@ -330,40 +335,44 @@ std::string unquoted(const std::string& toml) {
 ExitCode start_up(Run& run) {
   World& world = run.world;
   const bool rank0 = world.rank() == 0, writes = !run.opt.eval_only;
-  run.launch = LaunchInfo::from_environment();
+  run.layout.launch = LaunchInfo::from_environment();
   if (ExitCode code = world.run_agreed([&] { read_spec_and_data(run); }); code != ExitCode::ok) return code;
 
   const RunSpec& spec = run.spec;
-  run.comm = std::make_unique<Comm>(world, run.topo, spec.comm.wait, spec.comm.timeout_s);
+  run.comms.comm = std::make_unique<Comm>(world, run.layout.topo, spec.comm.wait, spec.comm.timeout_s);
   world.set_finalize(spec.comm.finalize, spec.comm.finalize_timeout_s);
   if (ExitCode code = world.run_agreed([&] { check_ranks_and_device(run); }); code != ExitCode::ok) return code;
-  set_threads(run);
+  set_threads(run.spec, run.world, run.layout);
 
-  run.run_dir = resolve_run_dir(run.opt.run_dir, spec);
+  run.state.run_dir = resolve_run_dir(run.opt.run_dir, spec);
   if (ExitCode code = world.run_agreed([&] {
         if (!rank0 || !writes) return;
-        check_run_dir_is_a_run(run.run_dir);
-        run.lock = std::make_unique<RunDirLock>(run.run_dir);
+        check_run_dir_is_a_run(run.state.run_dir);
+        run.state.lock = std::make_unique<RunDirLock>(run.state.run_dir);
       });
       code != ExitCode::ok)
     return code;
-  run.checkpointer = std::make_unique<Checkpointer>(spec, run.run_dir, *run.comm);
-  run.checkpointer->set_tokenizer(run.tokenizer_model);
-  run.resumed_from = select_checkpoint(run.opt.resume, run.checkpointer->dir(), spec, world);
-  if (!run.resumed_from.empty()) test_pause("resume");
+  run.state.checkpointer = std::make_unique<Checkpointer>(spec, run.state.run_dir, *run.comms.comm);
+  run.state.checkpointer->set_tokenizer(run.input.tokenizer_model);
+  run.state.resumed_from = select_checkpoint(run.opt.resume, run.state.checkpointer->dir(), spec, world);
+  if (!run.state.resumed_from.empty()) test_pause("resume");
   // init_from applies to a fresh start only: a requeued fine-tuning job resumes its own checkpoint.
-  if (run.resumed_from.empty() && !spec.train.init_from.empty())
-    if (ExitCode code = world.run_agreed([&] { open_init_source(run); }); code != ExitCode::ok) return code;
+  if (run.state.resumed_from.empty() && !spec.train.init_from.empty())
+    if (ExitCode code = world.run_agreed([&] { open_init_source(run.spec, run.world, run.state); });
+        code != ExitCode::ok)
+      return code;
   build_model(run);
 
   // Only now, with every rank agreeing the run can start, touch the run directory.
   std::error_code ec;
-  const bool own_history = !run.resumed_from.empty() &&
-                           fs::equivalent(fs::path(run.resumed_from).parent_path(), run.checkpointer->dir(), ec);
+  const bool own_history =
+      !run.state.resumed_from.empty() &&
+      fs::equivalent(fs::path(run.state.resumed_from).parent_path(), run.state.checkpointer->dir(), ec);
   if (ExitCode code = world.run_agreed([&] {
         if (rank0 && writes)
-          run.run_dir_note = prepare_run_dir(run.run_dir, spec, own_history ? run.start_step : 0, *run.checkpointer,
-                                             run.tokenizer_model, &run.last_logged_before);
+          run.state.run_dir_note =
+              prepare_run_dir(run.state.run_dir, spec, own_history ? run.state.start_step : 0, *run.state.checkpointer,
+                              run.input.tokenizer_model, &run.state.last_logged_before);
       });
       code != ExitCode::ok)
     return code;
@@ -374,32 +383,33 @@ ExitCode start_up(Run& run) {
 void print_start(const Run& run) {
   if (run.rank() != 0) return;
   const RunSpec& spec = run.spec;
-  const int threads = run.blas_threads;
+  const int threads = run.layout.blas_threads;
   std::printf(
       "%s: %d ranks = %s | M=%d micro-batches of %d | schedule %s | recompute %s | "
       "wait %s | %d BLAS thread%s per rank\n",
       version_string().c_str(), run.world.size(),
       grid_text(spec.parallel.tp, spec.parallel.pp, spec.parallel.dp).c_str(), spec.parallel.micro_batches,
       spec.samples_per_micro_batch(), schedule_description(spec).c_str(), name_of(spec.parallel.recompute),
-      run.comm->wait_mode() == WaitMode::yield ? "yield" : "spin", threads, threads == 1 ? "" : "s");
-  std::printf("%s\n%s", run.launch.describe().c_str(), node_map(run.world.hosts(), run.topo).c_str());
-  std::printf("partition (%s):\n%s", name_of(spec.parallel.partition), describe_partition(spec, run.blocks).c_str());
-  std::printf("run dir: %s%s%s\n", run.run_dir.c_str(), run.run_dir_note.empty() ? "" : " | ",
-              run.run_dir_note.c_str());
+      run.comms.comm->wait_mode() == WaitMode::yield ? "yield" : "spin", threads, threads == 1 ? "" : "s");
+  std::printf("%s\n%s", run.layout.launch.describe().c_str(), node_map(run.world.hosts(), run.layout.topo).c_str());
+  std::printf("partition (%s):\n%s", name_of(spec.parallel.partition),
+              describe_partition(spec, run.layout.blocks).c_str());
+  std::printf("run dir: %s%s%s\n", run.state.run_dir.c_str(), run.state.run_dir_note.empty() ? "" : " | ",
+              run.state.run_dir_note.c_str());
   const char* unit = run.on_gpu() ? "GPU" : "core";
   char per_unit[96];
-  std::snprintf(per_unit, sizeof per_unit, ", %.1f per %s x %.0f", run.peak_per_unit, unit,
-                run.sgemm_gflops / run.sgemm_per_unit);
-  const std::string peak = spec.log.peak_gflops > 0 ? "log.peak_gflops x ranks" : run.peak_basis + per_unit;
+  std::snprintf(per_unit, sizeof per_unit, ", %.1f per %s x %.0f", run.telemetry.peak_per_unit, unit,
+                run.telemetry.sgemm_gflops / run.telemetry.sgemm_per_unit);
+  const std::string peak = spec.log.peak_gflops > 0 ? "log.peak_gflops x ranks" : run.telemetry.peak_basis + per_unit;
   std::printf(
       "peak %.1f GFLOP/s (%s) | sgemm %.1f GFLOP/s per %s | both fixed at the run's first launch | %.3g GFLOP per "
       "step\n",
-      run.peak_gflops, peak.c_str(), run.sgemm_per_unit, unit, run.flops_per_step / 1e9);
+      run.telemetry.peak_gflops, peak.c_str(), run.telemetry.sgemm_per_unit, unit, run.telemetry.flops_per_step / 1e9);
   std::printf("%s%s%s\n", blas_description().c_str(), blas_kernel_decision().note.empty() ? "" : " | ",
               blas_kernel_decision().note.c_str());
-  if (!run.resumed_from.empty()) {
-    std::printf("resumed from %s\n", run.resumed_from.c_str());
-    const Manifest saved = Manifest::read(run.resumed_from);
+  if (!run.state.resumed_from.empty()) {
+    std::printf("resumed from %s\n", run.state.resumed_from.c_str());
+    const Manifest saved = Manifest::read(run.state.resumed_from);
     const std::string was = layout_text(
                           std::stoi(saved.spec_value("parallel.tp")), saved.pp, saved.dp,
                           saved.spec.count("parallel.schedule") ? unquoted(saved.spec.at("parallel.schedule")) : "?",
@@ -411,15 +421,15 @@ void print_start(const Run& run) {
     for (auto& change : changed_training_keys(saved, spec))
       std::printf("note: %s since the checkpoint (LR schedule / optimizer change from here on)\n", change.c_str());
   }
-  if (!run.init_note.empty()) std::printf("%s\n", run.init_note.c_str());
+  if (!run.state.init_note.empty()) std::printf("%s\n", run.state.init_note.c_str());
   for (const std::string& note : spec.notes) std::printf("note: %s\n", note.c_str());
-  if (run.stragglers)
+  if (run.telemetry.stragglers)
     std::printf(
         "stragglers: a rank, node or link %gx slower than its peers in two windows (%d steps, %g s at least) in a "
         "row is reported%s\n",
         spec.log.straggler_ratio, spec.log.straggler_window, StragglerWindow::kMinWindowS,
-        run.straggler_cpu_time ? " (ranks outnumber cores: passes timed in CPU time, links not judged)" : "");
-  if (run.start_step >= spec.run.steps)
+        run.telemetry.straggler_cpu_time ? " (ranks outnumber cores: passes timed in CPU time, links not judged)" : "");
+  if (run.state.start_step >= spec.run.steps)
     std::printf(
         "run already complete (%d steps): nothing to train; --set run.steps=N (N > %d) trains it further, "
         "a new run.name (or --run-dir) starts another run\n",
@@ -427,17 +437,17 @@ void print_start(const Run& run) {
   std::fflush(stdout);
 }
 
-std::function<bool(int)> params_ready(Run& run) {
-  if (!run.adam->shard().sharded()) return nullptr;
-  return [&run](int chunk) { return run.param_gather->wait(chunk); };
+std::function<bool(int)> params_ready(const RunModel& model, RunComms& comms) {
+  if (!model.adam->shard().sharded()) return nullptr;
+  return [&comms](int chunk) { return comms.param_gather->wait(chunk); };
 }
 
-std::function<void(int)> inputs_from(Run& run, Dataset* data, int64_t index) {
-  return [&run, data, index](int mb) {
+std::function<void(int)> inputs_from(const RunLayout& layout, RunModel& model, Dataset* data, int64_t index) {
+  return [&layout, &model, data, index](int mb) {
     KernelTimer timer(Kernel::input);
-    data->micro_batch(index, run.topo.dp_rank, mb, run.inputs.data(), run.targets.data());
-    if (run.stage->has_embedding()) run.stage->set_tokens(mb, run.inputs.data());
-    if (run.stage->has_head()) run.stage->set_targets(mb, run.targets.data());
+    data->micro_batch(index, layout.topo.dp_rank, mb, model.inputs.data(), model.targets.data());
+    if (model.stage->has_embedding()) model.stage->set_tokens(mb, model.inputs.data());
+    if (model.stage->has_head()) model.stage->set_targets(mb, model.targets.data());
   };
 }
 
@@ -445,11 +455,13 @@ double evaluate(Run& run) {
   const RunSpec& spec = run.spec;
   double loss = 0;
   for (int batch = 0; batch < spec.eval.batches; ++batch)
-    loss += run.executor
-                ->run(run.eval_actions, run.trace, inputs_from(run, run.val.get(), batch), nullptr, params_ready(run))
+    loss += run.model.executor
+                ->run(run.model.eval_actions, run.telemetry.trace,
+                      inputs_from(run.layout, run.model, run.input.val.get(), batch), nullptr,
+                      params_ready(run.model, run.comms))
                 .loss_sum;
-  run.comm->allreduce_world(&loss, 1);
-  return loss / (static_cast<double>(spec.eval.batches) * run.tokens_per_step);
+  run.comms.comm->allreduce_world(&loss, 1);
+  return loss / (static_cast<double>(spec.eval.batches) * run.telemetry.tokens_per_step);
 }
 
 }  // namespace pipetrain

@@ -26,79 +26,81 @@ void poison_gradient(Stage& stage) {
 
 StepResult train_step(Run& run, int step) {
   const RunSpec& spec = run.spec;
-  Stage& stage = *run.stage;
-  Comm& comm = *run.comm;
+  Stage& stage = *run.model.stage;
+  Comm& comm = *run.comms.comm;
   FaultHooks& faults = fault_hooks();
   StepResult r;
   const double t0 = now_s();
   faults.start_step(step);
   take_kernel_totals();  // count this step's kernels only
-  run.trace.set_step(step, step - static_cast<int>(run.start_step));
+  run.telemetry.trace.set_step(step, step - static_cast<int>(run.state.start_step));
   r.lr = lr_at(spec, step);
   stage.zero_grads();
   if (faults.fires(FaultPoint::nan_in_gradient)) poison_gradient(stage);
   r.local_s = now_s() - t0;
   faults.reach(FaultPoint::stall_at_step);
   comm.reset_wait_seconds();
-  run.trace.span("zero grads", "compute", t0, now_s());
+  run.telemetry.trace.span("zero grads", "compute", t0, now_s());
 
   // The schedule; with replicas, gradient sums start during the last backward (on the CPU). With
   // ZeRO-1 each chunk's first forward waits for its weights, updated at the end of the last step.
   const bool replicas = spec.parallel.dp > 1;
-  run.reducer->begin_step();
-  const std::function<void(size_t)> grads_done = [&](size_t offset) { run.reducer->done_from(offset); };
-  r.stats =
-      run.executor->run(run.actions, run.trace, inputs_from(run, run.data.get(), step),
-                        replicas && !run.on_gpu() ? grads_done : std::function<void(size_t)>(), params_ready(run));
+  run.comms.reducer->begin_step();
+  const std::function<void(size_t)> grads_done = [&](size_t offset) { run.comms.reducer->done_from(offset); };
+  r.stats = run.model.executor->run(
+      run.model.actions, run.telemetry.trace, inputs_from(run.layout, run.model, run.input.data.get(), step),
+      replicas && !run.on_gpu() ? grads_done : std::function<void(size_t)>(), params_ready(run.model, run.comms));
 
   // The step boundary carries the time budget's verdict, so every rank stops alike.
   const double sync_t0 = now_s();
-  const bool out_of_time = run.budget->nearly_out(sync_t0, sync_t0 - t0);
-  const bool window_long_enough = run.rank() == 0 && run.straggler_window && run.straggler_window->long_enough(sync_t0);
-  r.sync =
-      sync_step(stage, comm, *run.reducer, run.adam->shard(), run.grad_staging.empty() ? nullptr : &run.grad_staging,
-                out_of_time, window_long_enough, r.stats.loss_sum, run.trace);
+  const bool out_of_time = run.policies.budget->nearly_out(sync_t0, sync_t0 - t0);
+  const bool window_long_enough =
+      run.rank() == 0 && run.telemetry.straggler_window && run.telemetry.straggler_window->long_enough(sync_t0);
+  r.sync = sync_step(stage, comm, *run.comms.reducer, run.model.adam->shard(),
+                     run.comms.grad_staging.empty() ? nullptr : &run.comms.grad_staging, out_of_time,
+                     window_long_enough, r.stats.loss_sum, run.telemetry.trace);
   const double opt_t0 = now_s();
 
   // A NaN/Inf anywhere skips the update on every rank alike: parameters and AdamW state stay as
   // they were, and the step's batch is simply not learned from.
-  run.bad_steps->record(r.sync.finite);
+  run.policies.bad_steps->record(r.sync.finite);
   if (r.sync.finite) {
-    run.param_gather->wait_all();  // (done already: every chunk ran a forward)
-    run.adam->step(stage.params(), stage.weights(), stage.grads(), r.lr,
-                   clip_coefficient(r.sync.norm, spec.train.grad_clip));
-    run.param_gather->post();
+    run.comms.param_gather->wait_all();  // (done already: every chunk ran a forward)
+    run.model.adam->step(stage.params(), stage.weights(), stage.grads(), r.lr,
+                         clip_coefficient(r.sync.norm, spec.train.grad_clip));
+    run.comms.param_gather->post();
   } else if (run.rank() == 0) {
     std::printf("step %d: NaN or Inf in the loss or gradients; update skipped (%d in a row, %d this launch)\n",
-                step + 1, run.bad_steps->in_a_row(), run.bad_steps->total());
+                step + 1, run.policies.bad_steps->in_a_row(), run.policies.bad_steps->total());
   }
-  run.trace.span(r.sync.finite ? "optimizer" : "update skipped (non-finite)", "optimizer", opt_t0, now_s());
+  run.telemetry.trace.span(r.sync.finite ? "optimizer" : "update skipped (non-finite)", "optimizer", opt_t0, now_s());
   r.local_s += now_s() - opt_t0 + r.sync.norm_s;
   r.step_s = now_s() - t0;
-  run.budget->step_took(r.step_s);
+  run.policies.budget->step_took(r.step_s);
   r.waited_s = comm.wait_seconds();
   r.kernels = take_kernel_totals();
-  if (run.straggler_window) {
+  if (run.telemetry.straggler_window) {
     // The rank's own time: the step less its waits for peers (its passes, its update, and whatever
     // held it up besides a peer: a throttled clock hits every part); where ranks outnumber cores,
     // the CPU time of its passes (observe/stragglers.hpp). The tensor group's collectives count as
     // waits: a slow tensor rank holds its peers up inside them, and they must not look slow too.
     const double tensor_s = r.kernels.seconds[static_cast<int>(Kernel::tp_comm)];
-    run.straggler_window->add_step(run.straggler_cpu_time ? r.stats.compute_cpu_s : r.step_s - r.waited_s - tensor_s,
-                                   r.waited_s + tensor_s, r.stats.transfer_s);
-    if (r.sync.window_long_enough) run.straggler_window->agree_to_close();
+    run.telemetry.straggler_window->add_step(
+        run.telemetry.straggler_cpu_time ? r.stats.compute_cpu_s : r.step_s - r.waited_s - tensor_s,
+        r.waited_s + tensor_s, r.stats.transfer_s);
+    if (r.sync.window_long_enough) run.telemetry.straggler_window->agree_to_close();
   }
   return r;
 }
 
 void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   RankFigures mine;
-  mine.stage = run.topo.stage;
-  mine.dp_rank = run.topo.dp_rank;
+  mine.stage = run.layout.topo.stage;
+  mine.dp_rank = run.layout.topo.dp_rank;
   mine.compute_s = r.stats.compute_s + r.local_s;
   mine.rank_step_s = r.step_s;
-  mine.param_count = static_cast<double>(run.stage->weights().size());
-  mine.optim_floats = static_cast<double>(run.adam->shard().state_floats());
+  mine.param_count = static_cast<double>(run.model.stage->weights().size());
+  mine.optim_floats = static_cast<double>(run.model.adam->shard().state_floats());
   mine.comm_wait_s = r.waited_s;
   mine.bubble_wait_s = r.waited_s - r.sync.dp_wait_s;
   mine.act_peak_bytes = static_cast<double>(r.stats.act_peak_bytes);
@@ -108,46 +110,47 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   mine.gpu_mem_bytes = static_cast<double>(gpu::memory_allocated());
   mine.gpu_mem_peak_bytes = static_cast<double>(gpu::memory_peak());
   mine.kernels = r.kernels;
-  if (run.straggler_window && run.straggler_window->closing()) mine.window = run.straggler_window->close(now_s());
+  if (run.telemetry.straggler_window && run.telemetry.straggler_window->closing())
+    mine.window = run.telemetry.straggler_window->close(now_s());
   double packed[kRankFigureFields];
   mine.to(packed);
   std::vector<double> all;
-  run.comm->gather_to_root(packed, kRankFigureFields, all);
+  run.comms.comm->gather_to_root(packed, kRankFigureFields, all);
   if (run.rank() != 0) return;
 
   std::vector<RankFigures> figures;
   for (int rank = 0; rank < run.world.size(); ++rank)
     figures.push_back(RankFigures::from(&all[rank * kRankFigureFields]));
-  StepLine line = combine(figures, run.spec.parallel.pp, run.tokens_per_step);
+  StepLine line = combine(figures, run.spec.parallel.pp, run.telemetry.tokens_per_step);
   line.step = done;
   line.steps = run.spec.run.steps;
   line.lr = r.lr;
   line.grad_norm = r.sync.norm;
   line.time = wall_clock_s();
-  line.launch = run.launch_index;
+  line.launch = run.state.launch_index;
   line.arch = run.spec.model.arch;
   line.tp = run.spec.parallel.tp;
   line.pp = run.spec.parallel.pp;
   line.dp = run.spec.parallel.dp;
   line.step_time_s = r.step_s;
-  line.tokens_per_s = run.tokens_per_step / r.step_s;
+  line.tokens_per_s = run.telemetry.tokens_per_step / r.step_s;
   line.skipped = !r.sync.finite;
-  line.bad_steps = run.bad_steps->total();
-  line.bubble_theory = run.bubble_theory;
-  line.gflops = run.flops_per_step / r.step_s / 1e9;
-  line.peak_gflops = run.peak_gflops;
-  line.mfu = line.gflops / run.peak_gflops;
-  line.sgemm_gflops = run.sgemm_gflops;
-  line.sgemm_share = line.gflops / run.sgemm_gflops;
+  line.bad_steps = run.policies.bad_steps->total();
+  line.bubble_theory = run.telemetry.bubble_theory;
+  line.gflops = run.telemetry.flops_per_step / r.step_s / 1e9;
+  line.peak_gflops = run.telemetry.peak_gflops;
+  line.mfu = line.gflops / run.telemetry.peak_gflops;
+  line.sgemm_gflops = run.telemetry.sgemm_gflops;
+  line.sgemm_share = line.gflops / run.telemetry.sgemm_gflops;
   line.val_loss = val_loss;
   std::vector<std::string> straggler_news;
-  if (run.stragglers && figures[0].window.steps > 0) {
+  if (run.telemetry.stragglers && figures[0].window.steps > 0) {
     std::vector<WindowFigures> windows;
     for (const RankFigures& f : figures) windows.push_back(f.window);
-    straggler_news = run.stragglers->observe(windows, done);
-    line.straggler_window = run.stragglers->window_json();
+    straggler_news = run.telemetry.stragglers->observe(windows, done);
+    line.straggler_window = run.telemetry.stragglers->window_json();
   }
-  run.metrics->write(to_json(line));
+  run.telemetry.metrics->write(to_json(line));
   std::printf("%s\n", progress_line(line).c_str());
   for (const std::string& news : straggler_news) std::printf("%s\n", news.c_str());
   std::fflush(stdout);

@@ -20,8 +20,8 @@ ExitCode evaluate_checkpoint(Run& run) {
   const RunSpec& spec = run.spec;
   if (run.rank() == 0)
     std::printf("%s: step %lld, val_loss %.6f over %d batches of %d samples x %d tokens (%s)\n",
-                run.resumed_from.c_str(), static_cast<long long>(run.start_step), val_loss, spec.eval.batches,
-                spec.train.global_batch, spec.model.seq_len,
+                run.state.resumed_from.c_str(), static_cast<long long>(run.state.start_step), val_loss,
+                spec.eval.batches, spec.train.global_batch, spec.model.seq_len,
                 grid_text(spec.parallel.tp, spec.parallel.pp, spec.parallel.dp).c_str());
   return ExitCode::ok;
 }
@@ -30,8 +30,8 @@ ExitCode evaluate_checkpoint(Run& run) {
 double timed_evaluate(Run& run) {
   const double t0 = now_s();
   const double val_loss = evaluate(run);
-  run.trace.span("evaluation", "compute", t0, now_s());
-  run.budget->eval_took(now_s() - t0);
+  run.telemetry.trace.span("evaluation", "compute", t0, now_s());
+  run.policies.budget->eval_took(now_s() - t0);
   return val_loss;
 }
 
@@ -45,8 +45,8 @@ struct Ending {
 // (exit 1) when it was the last one or checkpoint.on_error = stop; otherwise training goes on and
 // the next save tries again.
 std::optional<Ending> failed_save(Run& run, int64_t step, bool last_chance) {
-  const std::string kept = run.last_saved >= 0
-                               ? "the latest checkpoint, step " + std::to_string(run.last_saved) + ", is intact"
+  const std::string kept = run.state.last_saved >= 0
+                               ? "the latest checkpoint, step " + std::to_string(run.state.last_saved) + ", is intact"
                                : "no checkpoint of this run exists yet";
   if (stop_after_failed_save(run.spec, last_chance)) {
     if (run.rank() == 0)
@@ -64,9 +64,9 @@ std::optional<Ending> failed_save(Run& run, int64_t step, bool last_chance) {
 
 // The end of an asynchronous save, however it went.
 std::optional<Ending> background_save_ended(Run& run, const Checkpointer::Outcome& out, bool last_chance) {
-  run.budget->save_took(out.seconds);  // a stop must leave time for a whole save
+  run.policies.budget->save_took(out.seconds);  // a stop must leave time for a whole save
   if (!out.saved) return failed_save(run, out.step, last_chance);
-  run.last_saved = out.step;
+  run.state.last_saved = out.step;
   if (run.rank() == 0)
     std::printf("checkpoint step %lld saved in %.2f s (written in the background)\n", static_cast<long long>(out.step),
                 out.seconds);
@@ -76,16 +76,16 @@ std::optional<Ending> background_save_ended(Run& run, const Checkpointer::Outcom
 // Moves background saves on (collective, at step boundaries) as far as `until` says. `last_save`:
 // the step of the run's last save, whose failure ends the run (-1: none).
 std::optional<Ending> advance_save(Run& run, Checkpointer::Until until, int64_t last_save = -1) {
-  if (!run.checkpointer->saving()) return std::nullopt;
-  World::LongerAgreements saving(run.world,
-                                 run.budget->save_agreement_s(run.spec.comm.timeout_s, World::kStartupAgreementS),
-                                 "a checkpoint save; comm.timeout_s + 4x the longest save");
-  std::vector<Checkpointer::Outcome> outs = run.checkpointer->advance(until);
+  if (!run.state.checkpointer->saving()) return std::nullopt;
+  World::LongerAgreements saving(
+      run.world, run.policies.budget->save_agreement_s(run.spec.comm.timeout_s, World::kStartupAgreementS),
+      "a checkpoint save; comm.timeout_s + 4x the longest save");
+  std::vector<Checkpointer::Outcome> outs = run.state.checkpointer->advance(until);
   // A failed save may end while an earlier one is still being checksummed or published: let the
   // others end first, so the failure names the checkpoint a resume would really find.
   auto failed = [](const Checkpointer::Outcome& o) { return !o.saved; };
   if (std::any_of(outs.begin(), outs.end(), failed)) {
-    const std::vector<Checkpointer::Outcome> rest = run.checkpointer->advance(Checkpointer::Until::all_ended);
+    const std::vector<Checkpointer::Outcome> rest = run.state.checkpointer->advance(Checkpointer::Until::all_ended);
     outs.insert(outs.end(), rest.begin(), rest.end());
     std::sort(outs.begin(), outs.end(), [](auto& a, auto& b) { return a.step < b.step; });
   }
@@ -106,23 +106,23 @@ std::optional<Ending> maybe_save(Run& run, int done, bool stopping) {
   if (std::optional<Ending> end = advance_save(run, Checkpointer::Until::room)) return end;
   const double t0 = now_s();
   World::LongerAgreements saving(run.world,
-                                 run.budget->save_agreement_s(spec.comm.timeout_s, World::kStartupAgreementS),
+                                 run.policies.budget->save_agreement_s(spec.comm.timeout_s, World::kStartupAgreementS),
                                  "a checkpoint save; comm.timeout_s + 4x the longest save");
   try {
     if (spec.checkpoint.async) {
-      run.checkpointer->start_save(done, *run.stage, *run.adam, run.blocks);
-      run.trace.span("checkpoint snapshot", "checkpoint", t0, now_s());
+      run.state.checkpointer->start_save(done, *run.model.stage, *run.model.adam, run.layout.blocks);
+      run.telemetry.trace.span("checkpoint snapshot", "checkpoint", t0, now_s());
       if (last_chance) return advance_save(run, Checkpointer::Until::all_ended, done);
       return std::nullopt;
     }
-    const double secs = run.checkpointer->save(done, *run.stage, *run.adam, run.blocks);
-    run.last_saved = done;
+    const double secs = run.state.checkpointer->save(done, *run.model.stage, *run.model.adam, run.layout.blocks);
+    run.state.last_saved = done;
     if (run.rank() == 0 && secs > 0) std::printf("checkpoint step %d saved in %.2f s\n", done, secs);
   } catch (const AgreedExit&) {  // every rank is here; the failing rank said why
     if (std::optional<Ending> end = failed_save(run, done, last_chance)) return end;
   }
-  run.trace.span("checkpoint", "checkpoint", t0, now_s());
-  run.budget->save_took(now_s() - t0);
+  run.telemetry.trace.span("checkpoint", "checkpoint", t0, now_s());
+  run.policies.budget->save_took(now_s() - t0);
   return std::nullopt;
 }
 
@@ -130,15 +130,16 @@ std::optional<Ending> maybe_save(Run& run, int done, bool stopping) {
 // holds the same counts and the same agreed stop flag, so all leave together.
 std::optional<Ending> should_stop(Run& run, int done, bool stopping) {
   const RunSpec& spec = run.spec;
-  const BadSteps& bad = *run.bad_steps;
+  const BadSteps& bad = *run.policies.bad_steps;
   if (bad.too_many()) {
     const int first = done - bad.in_a_row() + 1;
     if (run.rank() == 0)
-      report_error(std::to_string(bad.in_a_row()) + " consecutive steps (" + std::to_string(first) + " to " +
-                   std::to_string(done) + ") had NaN or Inf in the loss or gradients (train.max_bad_steps = " +
-                   std::to_string(spec.train.max_bad_steps) + "); stopping. Parameters are those from before step " +
-                   std::to_string(first) +
-                   (run.last_saved >= 0 ? "; the latest checkpoint is step " + std::to_string(run.last_saved) : ""));
+      report_error(
+          std::to_string(bad.in_a_row()) + " consecutive steps (" + std::to_string(first) + " to " +
+          std::to_string(done) + ") had NaN or Inf in the loss or gradients (train.max_bad_steps = " +
+          std::to_string(spec.train.max_bad_steps) + "); stopping. Parameters are those from before step " +
+          std::to_string(first) +
+          (run.state.last_saved >= 0 ? "; the latest checkpoint is step " + std::to_string(run.state.last_saved) : ""));
     return Ending{ExitCode::fault, "bad_steps"};
   }
   if (!stopping || done == spec.run.steps) return std::nullopt;  // on the last step the run is simply complete
@@ -155,11 +156,11 @@ std::optional<Ending> should_stop(Run& run, int done, bool stopping) {
 // Rank 0 records how the launch ended; every rank returns its code. A background save still in
 // flight (the run ends otherwise than at a save) is waited for first.
 ExitCode finish(Run& run, Ending ending, int64_t step) {
-  run.param_gather->wait_all();  // no collective may be left in flight at MPI_Finalize
+  run.comms.param_gather->wait_all();  // no collective may be left in flight at MPI_Finalize
   if (std::optional<Ending> failed = advance_save(run, Checkpointer::Until::all_ended);
       failed && ending.code == ExitCode::ok)
     ending = *failed;
-  if (run.rank() == 0) record_stop(run, ending.reason, ending.code, step);
+  if (run.rank() == 0) record_stop(run.state, ending.reason, ending.code, step);
   test_pause("exit");
   return ending.code;
 }
@@ -173,10 +174,10 @@ ExitCode run_train(const TrainOptions& opt, World& world) {
   if (ExitCode code = start_up(run); code != ExitCode::ok) return code;
   if (opt.eval_only) return evaluate_checkpoint(run);
   print_start(run);
-  if (run.rank() == 0) run.launch_index = record_launch(run);
+  if (run.rank() == 0) run.state.launch_index = record_launch(run);
 
   const RunSpec& spec = run.spec;
-  const int first = static_cast<int>(run.start_step);
+  const int first = static_cast<int>(run.state.start_step);
   const int trace_last = first + std::min(spec.log.trace_steps, spec.run.steps - first);
   // Start-up is over: a rank that stops answering is found within comm.timeout_s wherever it stops.
   world.bound_agreements(spec.comm.timeout_s, "a step agreement; comm.timeout_s");
@@ -192,7 +193,8 @@ ExitCode run_train(const TrainOptions& opt, World& world) {
     const double val_loss = evaluating ? timed_evaluate(run) : -1;
     if (log_due(spec, done, stopping, evaluating)) log_step(run, done, result, val_loss);
     if (std::optional<Ending> failed = maybe_save(run, done, stopping)) return finish(run, *failed, done);
-    if (done == trace_last || (stopping && done < trace_last)) write_trace(run.trace, *run.comm, run.run_dir);
+    if (done == trace_last || (stopping && done < trace_last))
+      write_trace(run.telemetry.trace, *run.comms.comm, run.state.run_dir);
     if (std::optional<Ending> end = should_stop(run, done, stopping)) return finish(run, *end, done);
   }
   return finish(run, Ending{ExitCode::ok, "complete"}, std::max<int64_t>(first, spec.run.steps));

@@ -1,6 +1,8 @@
-// Everything a training run holds once start-up has succeeded on every rank: the spec, where this
-// rank sits, its data, communicators, model slice, optimizer, schedule and the loop's policies.
-// start_up() builds it; the loop in train.cpp reads it.
+// Everything a training run holds once start-up has succeeded on every rank, grouped into the parts
+// each phase needs: where the rank sits (layout), its token streams (input), the run directory and
+// checkpoints (state), its model slice and schedule (model), its communicators (comms), what it
+// measures and logs (telemetry) and the loop's policies. start_up() builds it; the loop in
+// train.cpp reads it.
 #pragma once
 #include <memory>
 #include <string>
@@ -24,24 +26,24 @@
 
 namespace pipetrain {
 
-struct Run {
-  Run(World& w, const TrainOptions& o) : world(w), opt(o) {}
-  World& world;
-  TrainOptions opt;
-  double launched_s = 0;  // now_s() when the command started (run.time_limit counts from here)
+// Where this rank sits and what shape its steps have: agreed first, fixed for the run.
+struct RunLayout {
   LaunchInfo launch;
-
-  // Agreed first: what to run and where this rank sits.
-  RunSpec spec;
   StepShape shape;  // the step's sizes, derived once from the spec
   Topology topo;
-  std::vector<int> blocks;             // per virtual stage
-  std::unique_ptr<Dataset> data, val;  // on the first and last stage; val when evaluating
-  std::unique_ptr<Comm> comm;
+  std::vector<int> blocks;  // per virtual stage
   int blas_threads = 1;
-  std::string tokenizer_model;  // rank 0: the token file's SentencePiece model, if any
+};
 
-  // The run directory (rank 0 holds its lock) and where training resumes.
+// The token streams: training (first and last stage) and validation (when evaluating).
+struct RunInput {
+  std::unique_ptr<Dataset> data, val;
+  std::string tokenizer_model;  // rank 0: the token file's SentencePiece model, if any
+};
+
+// The run directory (rank 0 holds its lock), its checkpoints, where training resumed from or the
+// train.init_from source it starts from, and its launch history.
+struct RunState {
   std::string run_dir, run_dir_note;  // note: what became of an earlier run's files
   std::unique_ptr<RunDirLock> lock;
   std::unique_ptr<Checkpointer> checkpointer;
@@ -49,24 +51,34 @@ struct Run {
   int64_t start_step = 0;
   std::unique_ptr<ModelImport> init;  // a fresh start with train.init_from: its source, until loaded
   std::string init_note;              // what was loaded from where, for the start lines
+  int64_t last_saved = -1;            // the latest checkpoint of this run, -1: none yet
+  int launch_index = 0;               // 1 for the run's first launch (events.jsonl), rank 0
+  int64_t last_logged_before = 0;     // rank 0: the last step earlier launches logged (0: none)
+};
 
-  // This rank's model slice, optimizer and schedule.
+// This rank's model slice, optimizer and schedule.
+struct RunModel {
   std::unique_ptr<Stage> stage;
   std::unique_ptr<AdamW> adam;
   std::unique_ptr<Executor> executor;
-  ActionList actions, eval_actions;  // eval: the forwards alone
-  std::vector<int> inputs, targets;  // one micro-batch's tokens, read just before its forward
+  ActionList actions, eval_actions;       // eval: the forwards alone
+  std::vector<int> inputs, targets;       // one micro-batch's tokens, read just before its forward
+  const ParamTensor* tied_wte = nullptr;  // where this stage takes part in the tied embedding's sum
+};
 
-  // The step boundary: gradient sums over replicas (through `grad_staging` on the GPU) and the
-  // tied embedding's halves (`tied_wte` where this stage takes part); with ZeRO-1 the updated
-  // slabs' all-gather (through `param_staging` on the GPU).
+// The communicators and the step boundary's exchanges: gradient sums over replicas (through
+// `grad_staging` on the GPU) and with ZeRO-1 the updated slabs' all-gather (through
+// `param_staging` on the GPU).
+struct RunComms {
+  std::unique_ptr<Comm> comm;
   std::vector<float> grad_staging, param_staging;
   std::unique_ptr<GradReducer> reducer;
   std::unique_ptr<ParamGather> param_gather;
-  const ParamTensor* tied_wte = nullptr;
+};
 
-  // What the loop logs and decides with.
-  // MFU's denominators, fixed at the run's first launch and kept in events.jsonl.
+// What the loop measures and logs: MFU's denominators (fixed at the run's first launch and kept
+// in events.jsonl), the trace, metrics.jsonl and the straggler windows.
+struct RunTelemetry {
   double peak_gflops = 0, sgemm_gflops = 0;      // the job's: the hardware's peak; its BLAS GEMM rate
   double peak_per_unit = 0, sgemm_per_unit = 0;  // the same of one core (one GPU)
   std::string peak_basis;                        // how peak_per_unit was found, for the start line
@@ -77,11 +89,28 @@ struct Run {
   std::unique_ptr<StragglerWindow> straggler_window;  // every rank, when log.straggler_ratio > 0
   std::unique_ptr<StragglerDetector> stragglers;      // rank 0, likewise
   bool straggler_cpu_time = false;                    // windows compare the passes' CPU time, not wall time
+};
+
+// What the loop decides with besides the spec: the time budget and the non-finite steps' count.
+struct RunPolicies {
   std::unique_ptr<TimeBudget> budget;
   std::unique_ptr<BadSteps> bad_steps;
-  int64_t last_saved = -1;         // the latest checkpoint of this run, -1: none yet
-  int launch_index = 0;            // 1 for the run's first launch (events.jsonl), rank 0
-  int64_t last_logged_before = 0;  // rank 0: the last step earlier launches logged (0: none)
+};
+
+// Everything a run holds once start-up has succeeded on every rank, in the parts each phase needs.
+struct Run {
+  Run(World& w, const TrainOptions& o) : world(w), opt(o) {}
+  World& world;
+  TrainOptions opt;
+  double launched_s = 0;  // now_s() when the command started (run.time_limit counts from here)
+  RunSpec spec;
+  RunLayout layout;
+  RunInput input;
+  RunState state;
+  RunModel model;
+  RunComms comms;
+  RunTelemetry telemetry;
+  RunPolicies policies;
 
   bool on_gpu() const { return compute_device() == Device::gpu; }
   int rank() const { return world.rank(); }
@@ -102,10 +131,10 @@ double evaluate(Run& run);
 
 // Loads micro-batch `mb` of global batch `index` of `data` into the stage (the executor's
 // load_inputs): tokens on the first virtual stage, targets on the last.
-std::function<void(int)> inputs_from(Run& run, Dataset* data, int64_t index);
+std::function<void(int)> inputs_from(const RunLayout& layout, RunModel& model, Dataset* data, int64_t index);
 
 // The executor's params_needed under ZeRO-1: waits for a chunk's all-gathered weights; null
 // without sharding.
-std::function<bool(int)> params_ready(Run& run);
+std::function<bool(int)> params_ready(const RunModel& model, RunComms& comms);
 
 }  // namespace pipetrain

@@ -34,6 +34,6 @@ struct RecordedPeaks {
 RecordedPeaks recorded_peaks(const std::string& run_dir, bool gpu);
 
 // Rank 0: appends the stop record of this launch.
-void record_stop(const Run& run, const std::string& reason, ExitCode code, int64_t step);
+void record_stop(const RunState& state, const std::string& reason, ExitCode code, int64_t step);
 
 }  // namespace pipetrain

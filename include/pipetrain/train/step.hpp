@@ -16,7 +16,7 @@ struct StepResult {
 };
 
 // Step `step` (0-based): zero the gradients, run the schedule, agree at the step boundary, then
-// AdamW, or nothing when any rank saw a NaN/Inf (counted in run.bad_steps).
+// AdamW, or nothing when any rank saw a NaN/Inf (counted in run.policies.bad_steps).
 StepResult train_step(Run& run, int step);
 
 // Every rank's figures for step `done` (1-based) gathered to rank 0, which writes the
