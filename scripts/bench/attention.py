@@ -15,7 +15,6 @@ the whole T x T matrix) forward and backward: the ratio pipetrain / PyTorch, per
 The last line is a JSON summary for scripts/bench.sh.
 
 usage: scripts/bench/attention.py [--bin build/pipetrain] [--repeats 3]"""
-import argparse
 import json
 import os
 import shutil
@@ -26,14 +25,11 @@ import time
 
 import torch
 
-here = os.path.dirname(os.path.abspath(__file__))
-ap = argparse.ArgumentParser()
-ap.add_argument("--bin", default=os.path.join(here, "..", "..", "build", "pipetrain"))
-ap.add_argument("--repeats", type=int, default=3)
-a = ap.parse_args()
+from bench_setup import setup
+
+a, _, work = setup("attention", [("--repeats", int, 3)])
 torch.set_num_threads(1)
 L, C, H = 2, 256, 4
-work = tempfile.mkdtemp(prefix="bench-attention-")
 
 
 def spec(T):

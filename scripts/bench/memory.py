@@ -6,20 +6,14 @@ predicts for it (parameters + gradients + AdamW + stashed activations + working 
 and RSS growth from step 100 to step 1000. The last line is a JSON summary for scripts/bench.sh.
 
 usage: scripts/bench/memory.py [--bin build/pipetrain] [--steps 1000]"""
-import argparse
 import json
 import os
 import shutil
 import subprocess
-import tempfile
 
-here = os.path.dirname(os.path.abspath(__file__))
-ap = argparse.ArgumentParser()
-ap.add_argument("--bin", default=os.path.join(here, "..", "..", "build", "pipetrain"))
-ap.add_argument("--steps", type=int, default=1000)
-a = ap.parse_args()
-mpiexec = shutil.which("mpiexec.mpich") or "mpiexec"
-work = tempfile.mkdtemp(prefix="bench-memory-")
+from bench_setup import setup
+
+a, mpiexec, work = setup("memory", [("--steps", int, 1000)])
 common = ["log.trace_steps=0", "checkpoint.every_steps=0"]
 
 

@@ -1,14 +1,17 @@
 #!/usr/bin/python3
 """Planner benchmark (not a test): how close `plan`'s predictions come to measured runs on this
-machine. The machine is calibrated (`plan --calibrate`, on 1 rank for one-rank layouts and on 2
-for two-rank ones, as they will run), then each layout is predicted (`plan --costs --json`) and
+machine. The machine is calibrated (`plan --calibrate`, on 1, 2 and 4 ranks for layouts of as
+many ranks, as they will run), then each layout is predicted (`plan --costs --json`) and
 trained for --steps steps; the median step time after the first --skip, the mean of the stages'
 measured bubbles and the peak RSS (less a minimal model's fixed overhead) are set against the
 prediction. Then `plan --auto --world 2` picks a layout within --memory, which is trained too and
 set against the fastest measured two-rank layout that fits. Prints tables and a JSON summary.
 
 usage: scripts/bench/planner.py [--bin build/pipetrain] [--config configs/small.toml] [--steps 30]
-                                [--skip 5] [--memory 48MiB] [--bubbles] [--cluster] [--only TEXT] [--out FILE]
+                                [--skip 5] [--memory 48MiB] [--bubbles] [--cluster] [--only TEXT]
+                                [--calibrate-each] [--out FILE]
+--calibrate-each calibrates again just before each layout, so that a machine whose speed drifts
+(a shared one) is measured in the same minutes as the run it predicts.
 --bubbles adds the P = 2 table: every schedule at M = 4, 8, 16, measured bubble against simulated.
 --cluster (root) adds layouts across an emulated 2-node cluster (scripts/cluster/slurm-nodes.sh,
 one rank per node, TCP between them), calibrated there with srun."""
@@ -32,6 +35,8 @@ ap.add_argument("--memory", default="48MiB")
 ap.add_argument("--bubbles", action="store_true")
 ap.add_argument("--cluster", action="store_true")
 ap.add_argument("--only", help="only the layouts whose name contains this text (no --auto part)")
+ap.add_argument("--calibrate-each", action="store_true",
+                help="calibrate again just before each layout (a shared machine whose speed drifts over minutes)")
 ap.add_argument("--out")
 a = ap.parse_args()
 mpiexec = shutil.which("mpiexec.mpich") or "mpiexec"
@@ -82,9 +87,9 @@ def layout_sets(pp, dp, m, schedule="gpipe", extra=()):
 # shared-memory transport per peer).
 minimal = ["model.n_layer=1", "model.d_model=8", "model.n_head=1", "model.seq_len=8", "train.global_batch=4",
            "parallel.micro_batches=1"]
-costs = {1: calibrate(1), 2: calibrate(2)}
+costs = {1: calibrate(1), 2: calibrate(2), 4: calibrate(4)}
 overhead = {}
-for ranks in (1, 2):
+for ranks in (1, 2, 4):
     sets = minimal + [f"parallel.dp={ranks}"]
     overhead[ranks] = train(f"minimal_{ranks}", ranks, sets)["rss"] - predict(sets)["memory"]
 
@@ -103,6 +108,9 @@ cases = [
     ("1x2 M=4 zero=0", 2, layout_sets(1, 2, 4)),
     ("1x2 M=4 zero=1", 2, layout_sets(1, 2, 4, extra=["parallel.zero=1"])),
     ("1x2 M=8 stage", 2, layout_sets(1, 2, 8, extra=["parallel.recompute=stage"])),
+    # Four ranks share the two cores here: calibrated on four, as they run.
+    ("2x2 gpipe M=4", 4, layout_sets(2, 2, 4)),
+    ("2x2 1f1b M=4 zero=1", 4, layout_sets(2, 2, 4, "1f1b", ["parallel.zero=1"])),
 ]
 rows = []
 
@@ -125,10 +133,11 @@ def compare(name, ranks, sets, costs_path, launch=on_one_node, fixed=None):
 if a.only:
     cases = [c for c in cases if a.only in c[0]]
 print(f"planner benchmark: {a.config}, {a.steps} steps (median after {a.skip}); fixed overhead "
-      f"{overhead[1] / MIB:.1f} MiB on 1 rank, {overhead[2] / MIB:.1f} MiB on 2")
+      f"{overhead[1] / MIB:.1f} MiB on 1 rank, {overhead[2] / MIB:.1f} MiB on 2, {overhead[4] / MIB:.1f} MiB on 4")
 print(f"{'layout':28} {'predicted':>10} {'measured':>10} {'error':>7}   {'mem pred':>9} {'RSS':>9} {'error':>7}")
 for name, ranks, sets in cases:
-    rows.append(compare(name, ranks, sets, costs[ranks]))
+    rows.append(compare(name, ranks, sets, calibrate(ranks, name=name.replace(" ", "_")) if a.calibrate_each
+                        else costs[ranks]))
 if a.cluster:
     # One rank on each of two emulated nodes: the pipeline's messages and the all-reduce cross TCP.
     # The nodes share this machine's cores, and each would take them all: one BLAS thread per rank.

@@ -3,25 +3,11 @@
 namespace pipetrain {
 
 size_t LayerWidths::operator[](Width w) const {
-  switch (w) {
-    case Width::one:
-      return 1;
-    case Width::norm_mean:
-      return shape.norm_stats - 1;  // LayerNorm keeps a mean and a 1/std, RMSNorm the 1/rms only
-    case Width::C:
-      return shape.C;
-    case Width::q:
-      return shape.q;
-    case Width::qkv:
-      return shape.qkv;
-    case Width::fc:
-      return shape.fc;
-    case Width::ffn:
-      return shape.ffn;
-    case Width::vocab:
-      return vocab;
-  }
-  return 0;
+  if (w == Width::vocab) return vocab;
+  if (w == Width::norm_mean) return shape.norm_stats - 1;  // LayerNorm keeps a mean and a 1/std, RMSNorm the 1/rms
+  // The others are the block's own dimensions (one: Dim::none, extent 1).
+  constexpr Dim dims[] = {Dim::none, Dim::none, Dim::C, Dim::q, Dim::qkv, Dim::fc, Dim::ffn};
+  return extent(dims[static_cast<int>(w)], shape);
 }
 
 bool BufferContext::needs(Needed n) const {

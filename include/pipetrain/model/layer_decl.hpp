@@ -44,8 +44,8 @@ struct StageScratch {
 // rows this rank keeps of the residual stream and the norms (its tp-th with sequence parallelism),
 // or one per sample, query head and position (attention's log-sum-exp; none in generation).
 enum class Rows { tokens, kept, attention };
-// Floats per row: a block width (this rank's part), 1, a LayerNorm's mean (1; RMSNorm keeps none),
-// the vocabulary rows this rank holds.
+// Floats per row: 1, a LayerNorm's mean (1; RMSNorm keeps none), a block width (this rank's part;
+// block_tensors.hpp's Dim of that name), the vocabulary rows this rank holds.
 enum class Width { one, norm_mean, C, q, qkv, fc, ffn, vocab };
 
 struct LayerRows {
