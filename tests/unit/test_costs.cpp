@@ -137,7 +137,7 @@ TEST_CASE("predicted step with sequence parallelism: the backward gathers the no
   CHECK(sp.pipeline_s - plain.pipeline_s == Approx(sp.tp_comm_s - plain.tp_comm_s));
 }
 
-TEST_CASE("gradient buckets posted during the last backward hide behind it; only what is left after it is exposed",
+TEST_CASE("gradient buckets posted during the last backward hide behind it: only what is left after it is exposed",
           "[costs]") {
   // Two chunks' last backwards: [0, 10] finishing 100 floats, then [10, 20] finishing 100 more.
   const std::vector<FinishingChunk> chunks{{0, 10, 100}, {10, 20, 100}};
