@@ -59,12 +59,7 @@ PassFlops layer_flops(Layer layer, Pass pass, const LayerWidths& widths, int seq
 
 PassFlops layer_training_flops(Layer layer, const LayerWidths& widths, int seq_len) {
   PassFlops sum;
-  for (Pass pass : {Pass::forward, Pass::input, Pass::weight}) {
-    const PassFlops f = layer_flops(layer, pass, widths, seq_len);
-    sum.gemm += f.gemm;
-    sum.attention += f.attention;
-    sum.other += f.other;
-  }
+  for (Pass pass : {Pass::forward, Pass::input, Pass::weight}) sum.add(layer_flops(layer, pass, widths, seq_len));
   return sum;
 }
 
@@ -100,13 +95,8 @@ Messages chunk_messages(const RunSpec& spec, int blocks, bool first, bool last, 
   const LayerRows rows = micro_batch_rows(spec);
   Messages sum{};
   for_each_layer(blocks, first, last, [&](Layer layer, int n) {
-    for (Pass p : passes_run(layer, pass, spec.parallel.recompute)) {
-      const Messages m = layer_messages(layer, p, tp, sp, rows, spec.model.d_model);
-      for (int k = 0; k < kExchanges; ++k) {
-        sum[k].calls += n * m[k].calls;
-        sum[k].bytes += n * m[k].bytes;
-      }
-    }
+    for (Pass p : passes_run(layer, pass, spec.parallel.recompute))
+      add(sum, layer_messages(layer, p, tp, sp, rows, spec.model.d_model), n);
   });
   return sum;
 }
@@ -116,12 +106,8 @@ PassFlops chunk_flops(const RunSpec& spec, int blocks, bool first, bool last, Ch
   const double tokens = micro_batch_rows(spec).tokens;
   PassFlops sum;
   for_each_layer(blocks, first, last, [&](Layer layer, int n) {
-    for (Pass p : passes_run(layer, pass, spec.parallel.recompute)) {
-      const PassFlops f = layer_flops(layer, p, widths, spec.model.seq_len);
-      sum.gemm += n * tokens * f.gemm;
-      sum.attention += n * tokens * f.attention;
-      sum.other += n * tokens * f.other;
-    }
+    for (Pass p : passes_run(layer, pass, spec.parallel.recompute))
+      sum.add(layer_flops(layer, p, widths, spec.model.seq_len), n * tokens);
   });
   return sum;
 }

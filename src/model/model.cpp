@@ -50,13 +50,13 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
     chunks_.push_back(std::move(c));
   }
   if (has_embedding()) {
-    wte_ = find("wte.weight")->offset;
-    if (const ParamTensor* wpe = find("wpe.weight")) wpe_ = wpe->offset;
+    wte_ = store_.offset_of("wte.weight");
+    wpe_ = store_.offset_of("wpe.weight");
   }
   if (has_head()) {
-    lnfw_ = find("ln_f.weight")->offset;
-    if (const ParamTensor* lnfb = find("ln_f.bias")) lnfb_ = lnfb->offset;
-    head_ = find(tied_ ? "wte.weight" : "lm_head.weight")->offset;
+    lnfw_ = store_.offset_of("ln_f.weight");
+    lnfb_ = store_.offset_of("ln_f.bias");
+    head_ = store_.offset_of(tied_ ? "wte.weight" : "lm_head.weight");
   }
 
   // One micro-batch's scratch, and a fused backward's output gradients, as layer_decl.hpp declares them.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <tuple>
+#include <utility>
 
 #include "pipetrain/compute/kernels.hpp"
 #include "pipetrain/model/layer_decl.hpp"
@@ -47,6 +48,12 @@ size_t kernel_scratch_bytes(const RunSpec& spec, const LayerWidths& widths, bool
   return bytes;
 }
 
+// Whether a rank's chunks include the first virtual stage (the embedding) and the last (the head).
+std::pair<bool, bool> ends_of(const std::vector<ChunkRange>& chunks, int n_virtual) {
+  auto has = [&](int v) { return std::any_of(chunks.begin(), chunks.end(), [&](auto& c) { return c.vstage == v; }); };
+  return {has(0), has(n_virtual - 1)};
+}
+
 }  // namespace
 
 size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks, Recompute mode) {
@@ -72,8 +79,7 @@ size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages,
 size_t stage_scratch_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual) {
   const LayerRows rows = micro_batch_rows(spec);
   const LayerWidths widths = rank_widths(spec);
-  const bool last = std::any_of(chunks.begin(), chunks.end(), [&](auto& c) { return c.vstage == n_virtual - 1; });
-  const bool first = std::any_of(chunks.begin(), chunks.end(), [&](auto& c) { return c.vstage == 0; });
+  const auto [first, last] = ends_of(chunks, n_virtual);
   const bool split_vocab = spec.parallel.tp > 1;
   const BufferContext fused{first, last, false, rows.kept < rows.tokens, split_vocab};
   const size_t floats = declared_floats(kStageScratch, rows, widths, fused) +
@@ -89,8 +95,7 @@ size_t stage_scratch_bytes(const RunSpec& spec, const std::vector<ChunkRange>& c
 }
 
 size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual) {
-  const bool last = std::any_of(chunks.begin(), chunks.end(), [&](auto& c) { return c.vstage == n_virtual - 1; });
-  const bool first = std::any_of(chunks.begin(), chunks.end(), [&](auto& c) { return c.vstage == 0; });
+  const auto [first, last] = ends_of(chunks, n_virtual);
   const ChunkPlacement placement = spec.chunk_placement();
   const size_t links = message_links(placement, placement.stage_of(chunks.front().vstage)).size();
   const size_t rings = kMessageRing * links * micro_batch_rows(spec).kept * spec.model.d_model;  // one per link

@@ -1,7 +1,6 @@
 #include "pipetrain/planner/step_time.hpp"
 
 #include <algorithm>
-#include <cmath>
 
 #include "pipetrain/model/layer_decl.hpp"
 #include "pipetrain/model/model.hpp"
@@ -103,10 +102,9 @@ LayerPassCosts layer_pass_costs(const RunSpec& spec, const MachineCosts& costs) 
 
 // Every rank's action list simulated with each virtual stage's passes and the message time.
 SimResult simulate_step(const RunSpec& spec, const MachineCosts& costs, const LayerPassCosts& c,
-                        double boundary_bytes) {
+                        const std::vector<int>& blocks, double boundary_bytes) {
   const ChunkPlacement place = spec.chunk_placement();
   const int n_virtual = place.virtual_stages();
-  const std::vector<int> blocks = partition_blocks(spec);
   std::vector<double> fwd, bwd, wgt;
   for (int v = 0; v < n_virtual; ++v) {
     const PassCosts p = stage_passes(c.block, c.embed, c.head, blocks[v], v == 0, v == n_virtual - 1);
@@ -125,12 +123,12 @@ SimResult simulate_step(const RunSpec& spec, const MachineCosts& costs, const La
 struct StageTail {
   double params = 0, finish = 0, reduce_total = 0, exposed = 0, optim = 0;
 };
-StageTail stage_tail(const RunSpec& spec, const MachineCosts& costs, const SimResult& sim, int s) {
+StageTail stage_tail(const RunSpec& spec, const MachineCosts& costs, const SimResult& sim, int s,
+                     const std::vector<ChunkRange>& chunks) {
   const auto& par = spec.parallel;
   const ChunkPlacement place = spec.chunk_placement();
   const int D = par.dp, n_virtual = place.virtual_stages();
   const TpPart tp{par.tp - 1, par.tp};
-  const std::vector<ChunkRange> chunks = chunks_of(partition_blocks(spec), place, s);
   const std::vector<ParamTensor> tensors = rank_params(spec, chunks, n_virtual, tp);
   StageTail t;
   for (const ParamTensor& p : tensors) t.params += p.size;
@@ -138,12 +136,11 @@ StageTail stage_tail(const RunSpec& spec, const MachineCosts& costs, const SimRe
   // Buckets (ZeRO-1: each tensor's reduce-scatter) posted during the last backwards; ZeRO-1's
   // all-gather of the updated slabs, as much as a reduce-scatter, waits after the update.
   const double share = par.zero ? 0.5 : 1;
-  const double bucket = std::max(1.0, std::floor(spec.comm.bucket_mb * (1 << 20) / sizeof(float)));
-  const ReduceTiming reduce = D > 1
-                                  ? overlap_reduction(finishing_chunks(sim.spans[s], spec, chunks, n_virtual, tp),
-                                                      t.finish, reduce_pieces(tensors, par.zero ? 0 : bucket),
-                                                      [&](double bytes) { return share * costs.allreduce_s(bytes, D); })
-                                  : ReduceTiming{};
+  const ReduceTiming reduce =
+      D > 1 ? overlap_reduction(finishing_chunks(sim.spans[s], spec, chunks, n_virtual, tp), t.finish,
+                                reduce_pieces(tensors, par.zero ? 0 : static_cast<double>(spec.comm.bucket_floats())),
+                                [&](double bytes) { return share * costs.allreduce_s(bytes, D); })
+            : ReduceTiming{};
   const double gather = par.zero && D > 1 ? 0.5 * costs.allreduce_s(sizeof(float) * t.params, D) : 0;
   const bool tied_apart = spec.model.tie_embeddings && place.head_stage() != 0;
   const double tied_bytes = sizeof(float) * static_cast<double>(spec.model.vocab) * spec.model.d_model;
@@ -158,10 +155,9 @@ StageTail stage_tail(const RunSpec& spec, const MachineCosts& costs, const SimRe
 
 // What the kernels count in a step: every virtual stage's passes over M micro-batches on each of
 // its tp ranks (a tp-th each) and replicas, recompute's forwards included.
-double step_flops(const RunSpec& spec) {
+double step_flops(const RunSpec& spec, const std::vector<int>& blocks) {
   const auto& par = spec.parallel;
   const int n_virtual = spec.chunk_placement().virtual_stages();
-  const std::vector<int> blocks = partition_blocks(spec);
   const std::vector<ChunkPass> backward =
       par.schedule->splits_backward ? std::vector<ChunkPass>{ChunkPass::backward_input, ChunkPass::backward_weight}
                                     : std::vector<ChunkPass>{ChunkPass::backward};
@@ -186,12 +182,14 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
       sizeof(float) * static_cast<double>(spec.samples_per_micro_batch()) * spec.model.seq_len * spec.model.d_model;
   const double boundary_bytes = par.sequence_parallel && TP > 1 ? activation_bytes / TP : activation_bytes;
   const LayerPassCosts passes = layer_pass_costs(spec, costs);
-  const SimResult sim = simulate_step(spec, costs, passes, boundary_bytes);
+  const std::vector<int> blocks = partition_blocks(spec);  // per virtual stage
+  const SimResult sim = simulate_step(spec, costs, passes, blocks, boundary_bytes);
   StepPrediction r;
   r.pipeline_s = sim.makespan;
   std::vector<double> working(P);  // per stage: computing, waiting on the reduction, updating
   for (int s = 0; s < P; ++s) {
-    const StageTail t = stage_tail(spec, costs, sim, s);
+    const std::vector<ChunkRange> chunks = chunks_of(blocks, place, s);
+    const StageTail t = stage_tail(spec, costs, sim, s, chunks);
     working[s] = sim.busy[s] + t.exposed + t.optim;
     if (t.finish + t.exposed + t.optim > r.step_s) {
       r.step_s = t.finish + t.exposed + t.optim;
@@ -201,7 +199,7 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
     }
     if (par.dp > 1) r.reduce_bytes += TP * par.dp * sizeof(float) * t.params;
     double sums = 0;  // the stage's tensor exchanges: per micro-batch, each of its chunks' passes'
-    for (const ChunkRange& c : chunks_of(partition_blocks(spec), place, s)) {
+    for (const ChunkRange& c : chunks) {
       const PassCosts n =
           stage_passes(passes.block_sums, passes.embed_sums, passes.head_sums, c.block_end - c.block_begin,
                        c.vstage == 0, c.vstage == place.virtual_stages() - 1);
@@ -215,7 +213,7 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
   for (int s = 0; s < P; ++s) r.bubble += r.step_s > 0 ? (1 - working[s] / r.step_s) / P : 0;
   const double tokens = static_cast<double>(spec.train.global_batch) * spec.model.seq_len;
   r.tokens_per_s = r.step_s > 0 ? tokens / r.step_s : 0;
-  r.flops = step_flops(spec);
+  r.flops = step_flops(spec, blocks);
   // Every boundary between virtual stages on different ranks carries an activation and a gradient
   // per micro-batch, in every replica.
   for (int v = 0; v + 1 < place.virtual_stages(); ++v)

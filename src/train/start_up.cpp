@@ -303,11 +303,10 @@ void prepare_steps(Run& run) {
                                        [](const ParamTensor& p) { return p.sums_over_tokens || p.tp.shared(); });
   run.comms.grad_staging.resize(
       run.on_gpu() && (spec.parallel.dp > 1 || run.model.tied_wte || tensor_sums) ? stage.grads().size() : 0);
-  const size_t bucket = std::max<size_t>(1, static_cast<size_t>(spec.comm.bucket_mb * (1 << 20) / sizeof(float)));
   const OptimizerShard& shard = run.model.adam->shard();
   run.comms.reducer =
       std::make_unique<GradReducer>(*run.comms.comm, run.on_gpu() ? run.comms.grad_staging : stage.grads().host(),
-                                    bucket, stage.params(), shard, run.model.tied_wte);
+                                    spec.comm.bucket_floats(), stage.params(), shard, run.model.tied_wte);
   run.comms.param_staging.resize(run.on_gpu() && shard.sharded() ? stage.weights().size() : 0);
   run.comms.param_gather =
       std::make_unique<ParamGather>(*run.comms.comm, stage, shard, run.on_gpu() ? &run.comms.param_staging : nullptr);

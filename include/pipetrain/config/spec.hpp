@@ -2,6 +2,7 @@
 // is allocated. The schema (every key, its type, default and doc) lives in spec_schema.cpp so that
 // parsing, validation, the resolved config.toml and docs/spec-reference.md all come from one table.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -93,6 +94,10 @@ struct RunSpec {
     WaitPolicy wait = WaitPolicy::automatic;
     double timeout_s = 120;
     double bucket_mb = 4;
+    // Floats per data-parallel gradient bucket (at least one): what GradReducer cuts and plan prices.
+    size_t bucket_floats() const {
+      return std::max<size_t>(1, static_cast<size_t>(bucket_mb * (1 << 20) / sizeof(float)));
+    }
     FinalizePolicy finalize = FinalizePolicy::automatic;  // how a finished run leaves MPI
     double finalize_timeout_s = 30;                       // bound on that last wait (0 = wait forever)
   } comm;

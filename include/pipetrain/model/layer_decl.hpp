@@ -121,7 +121,7 @@ inline constexpr BufferDecl<StageScratch> kStageScratch[] = {
     {&StageScratch::row_max, Rows::tokens, Width::one, Needed::head_split_vocab},
 };
 // A split vocabulary's loss also keeps two double sums per token row (its exponentials', the target
-// logit); the block's and the head's input are each a kept row of C.
+// logit).
 inline constexpr size_t kSplitVocabDoublesPerRow = 2;
 
 // Where a buffer is needed: which stage, split backward or not, sequence parallelism, tp.
@@ -204,6 +204,12 @@ struct MessageCount {
   bool operator==(const MessageCount& o) const { return calls == o.calls && bytes == o.bytes; }
 };
 using Messages = std::array<MessageCount, kExchanges>;
+inline void add(Messages& sum, const Messages& m, double times = 1) {
+  for (int k = 0; k < kExchanges; ++k) {
+    sum[k].calls += times * m[k].calls;
+    sum[k].bytes += times * m[k].bytes;
+  }
+}
 // What `layer`'s `pass` exchanges on a rank of a tensor group of `tp` (nothing at tp 1).
 Messages layer_messages(Layer layer, Pass pass, int tp, bool sequence_parallel, const LayerRows& rows, size_t C);
 
@@ -217,6 +223,11 @@ struct PassFlops {
   double gemm = 0, attention = 0, other = 0;
   double model() const { return gemm + attention; }
   double total() const { return model() + other; }
+  void add(const PassFlops& f, double times = 1) {
+    gemm += times * f.gemm;
+    attention += times * f.attention;
+    other += times * f.other;
+  }
 };
 PassFlops layer_flops(Layer layer, Pass pass, const LayerWidths& widths, int seq_len);
 // The three passes' sum: a training token's forward and backward through one such layer.
