@@ -157,7 +157,8 @@ std::vector<uint64_t> Checkpointer::snapshot_and_create(PendingSave& p, Stage& s
     // background save needs the copies only until they are in its snapshot.
     std::vector<float> scratch[3];
     std::vector<float>* host = p.background ? scratch : p.host;
-    tensors = slab_tensors(stage, opt, host_view(stage.weights(), host[0]), host_view(opt.exp_avg(), host[1]),
+    const Floats& weights = opt.shard().shards_weights() ? opt.weight_shard() : stage.weights();  // ZeRO-3: the master
+    tensors = slab_tensors(stage, opt, host_view(weights, host[0]), host_view(opt.exp_avg(), host[1]),
                            host_view(opt.exp_avg_sq(), host[2]), floats);
     float* copy = nullptr;
     if (p.background) {
@@ -340,8 +341,9 @@ void Checkpointer::prepare(const std::string& tmp) {
 
 std::vector<ShardTensor> Checkpointer::slab_tensors(const Stage& stage, const AdamW& opt, const float* w,
                                                     const float* m, const float* v, std::vector<size_t>& floats) const {
-  // This replica's row slab of every tensor. Under ZeRO-1 the optimizer's shard is that slab, so
-  // its moments are all the rank keeps; unsharded, the slab is a part of the whole.
+  // This replica's row slab of every tensor. Sharded, the optimizer's shard is that slab, so its
+  // moments (and under ZeRO-3 the weights, `w` then the compact master copy) are all the rank
+  // keeps; unsharded, the slab is a part of the whole.
   const Topology& topo = comm_.topo();
   std::vector<ShardTensor> tensors;
   floats.clear();
@@ -353,7 +355,7 @@ std::vector<ShardTensor> Checkpointer::slab_tensors(const Stage& stage, const Ad
     const size_t row = row_elements(p), begin = p.offset + rows.begin * row;
     const OptimizerShard::Slab& kept = opt.shard().slabs()[i];
     const size_t state = kept.state_offset + (begin - kept.begin);
-    tensors.push_back({p.name, p.tp.whole, w + begin, m + state, v + state});
+    tensors.push_back({p.name, p.tp.whole, w + (opt.shard().shards_weights() ? state : begin), m + state, v + state});
     floats.push_back((rows.end - rows.begin) * row);
   }
   return tensors;

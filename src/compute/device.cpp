@@ -1,6 +1,10 @@
 #include "pipetrain/compute/device.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -62,6 +66,19 @@ void zero_values(float* dst, size_t n) {
   KernelTimer timer(Kernel::memory);
   if (g_device == Device::gpu) gpu::zero(dst, n * sizeof(float));
   else std::fill(dst, dst + n, 0.f);
+}
+void release_values(float* dst, size_t n) {
+  KernelTimer timer(Kernel::memory);
+  if (g_device == Device::gpu) return gpu::zero(dst, n * sizeof(float));
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(dst), end = reinterpret_cast<uintptr_t>(dst + n);
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;  // whole pages inside
+  if (first >= last) return std::fill(dst, dst + n, 0.f);
+  std::memset(dst, 0, first - begin);
+  std::memset(reinterpret_cast<void*>(last), 0, end - last);
+  // Private anonymous pages (malloc's): MADV_DONTNEED frees them and they read as zeros after.
+  if (madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0)
+    std::memset(reinterpret_cast<void*>(first), 0, last - first);
 }
 void finish_compute() {
   if (g_device == Device::gpu) gpu::synchronize();

@@ -127,6 +127,21 @@ SpecKey bool_key(const char* sec, const char* key, BoolRef ref, const char* doc)
   return k;
 }
 
+// parallel.reshard_after_forward: a boolean whose default follows parallel.pp.
+SpecKey reshard_key() {
+  SpecKey k{"parallel", "reshard_after_forward",
+            "zero = 3: free a layer's gathered weights after each forward and gather them again for its "
+            "backward (unset: true under pp 1; false under pp > 1, where a step's micro-batches share "
+            "one gather of each layer, held from its first forward to its last backward)",
+            nullptr, nullptr};
+  k.set = [](RunSpec& s, const toml::node& n, const std::string& where) {
+    if (!n.is_boolean()) type_error(where, "parallel.reshard_after_forward", "true or false", n);
+    s.parallel.reshard_after_forward = n.as_boolean()->get() ? 1 : 0;
+  };
+  k.show = [](const RunSpec& s) { return s.parallel.reshards_after_forward() ? "true" : "false"; };
+  return k;
+}
+
 // A free string (names and paths).
 SpecKey string_key(const char* sec, const char* key, StringRef ref, const char* doc) {
   SpecKey k{sec, key, doc, nullptr, nullptr};
@@ -300,9 +315,11 @@ std::vector<SpecKey> build_schema() {
               "BLAS threads per rank (0 = OPENBLAS_NUM_THREADS if set, else cores of the node / ranks on it)"),
       choice_key<Recompute>("parallel", "recompute", FIELD(Recompute, parallel.recompute),
                             "activation recompute: keep everything, only each stage's input, or each block's input"),
-      int_key("parallel", "zero", FIELD(int, parallel.zero), 0, 1,
-              "1 = ZeRO-1: shard AdamW's state over the dp replicas of a stage (each keeps and updates one row "
-              "slab of every tensor; gradients reduce-scattered, weights all-gathered); 0 = every replica keeps all"),
+      int_key("parallel", "zero", FIELD(int, parallel.zero), 0, 3,
+              "what the dp replicas of a stage shard, each keeping one row slab of every tensor: 1 = AdamW's "
+              "state (ZeRO-1), 2 = also the summed gradients (ZeRO-2), 3 = also the weights, all-gathered layer "
+              "by layer before each pass and freed after (ZeRO-3); 0 = every replica keeps all"),
+      reshard_key(),
       int_key("train", "global_batch", FIELD(int, train.global_batch), 1, big,
               "samples per optimizer step (divisible by dp x micro_batches)"),
       double_key("train", "lr", FIELD(double, train.lr), 0, 10, "peak learning rate"),

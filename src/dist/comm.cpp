@@ -127,16 +127,22 @@ Request Comm::iallreduce_data(float* buf, size_t n) {
   return r;
 }
 
-Request Comm::ireduce_scatter_data(float* buf, const std::vector<int>& counts) {
+Request Comm::ireduce_scatter_data(float* buf, const std::vector<int>& counts, float* out) {
   Request r;
-  MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts.data(), MPI_FLOAT, MPI_SUM, groups_->data, RequestOut(r));
+  if (out) MPI_Ireduce_scatter(buf, out, counts.data(), MPI_FLOAT, MPI_SUM, groups_->data, RequestOut(r));
+  else MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts.data(), MPI_FLOAT, MPI_SUM, groups_->data, RequestOut(r));
   return r;
 }
 
-Request Comm::iallgather_data(float* buf, const std::vector<int>& counts, const std::vector<int>& offsets) {
+Request Comm::iallgather_data(float* buf, const std::vector<int>& counts, const std::vector<int>& offsets,
+                              const float* mine) {
   Request r;
-  MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts.data(), offsets.data(), MPI_FLOAT, groups_->data,
-                  RequestOut(r));
+  if (mine)
+    MPI_Iallgatherv(mine, counts[topo_.dp_rank], MPI_FLOAT, buf, counts.data(), offsets.data(), MPI_FLOAT,
+                    groups_->data, RequestOut(r));
+  else
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts.data(), offsets.data(), MPI_FLOAT, groups_->data,
+                    RequestOut(r));
   return r;
 }
 

@@ -43,7 +43,7 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
       store_(rank_params(spec, chunks, n_virtual, tp), spec.model.n_layer),
       pool_(chunks, n_virtual, micro_batches) {
   for (const ChunkRange& r : chunks) {
-    Chunk c{r.block_end - r.block_begin, r.vstage == 0, r.vstage == n_virtual - 1, 0, {}};
+    Chunk c{r.block_end - r.block_begin, r.block_begin, r.vstage == 0, r.vstage == n_virtual - 1, 0, {}};
     for (int i = r.block_begin; i < r.block_end; ++i)
       c.block_offset.push_back(find(block_tensor_name(i, block_tensors(shape_.arch).front()))->offset);
     c.offset = c.first ? 0 : c.block_offset.front();
@@ -121,16 +121,39 @@ void Stage::compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, 
   size_acts(c, w, micro_batch());
   const size_t n_in = boundary_floats();
   if (c.first) {  // tensor ranks: each its vocabulary rows' embeddings, one of them the positions; then summed
+    fetch(c, 0, Pass::forward);
     float* embedded = sp_ ? scratch_.attproj.data() : w.xs[0].data();  // every row, before the sum
     k_.encoder_forward(embedded, s.tokens.data(), store_.weights().data() + wte_,
                        tp_.rank == 0 ? tensor(store_.weights(), wpe_) : nullptr, B_, T_, C_, v_begin_, V_);
+    done(c, 0, Pass::forward);
     if (tp_.size > 1) sum_partials(embedded, B_ * T_, w.xs[0].data());
   } else if (&w != &s) copy_values(w.xs[0].data(), s.xs[0].data(), n_in);
   for (int l = 0; l < c.L; ++l) {
     float* y = (l + 1 < c.L || c.last) ? w.xs[l + 1].data() : out;
+    fetch(c, l + 1, Pass::forward);
     block_forward(c, l, w.xs[l].data(), w.blocks[l], y, micro_batch());
+    done(c, l + 1, Pass::forward);
   }
-  if (c.last) *loss = head_forward(w.xs[c.L].data(), w.head, s.targets.data(), micro_batch());
+  if (c.last) {
+    fetch(c, c.L + 1, Pass::forward);
+    *loss = head_forward(w.xs[c.L].data(), w.head, s.targets.data(), micro_batch());
+    done(c, c.L + 1, Pass::forward);
+  }
+}
+
+std::vector<const ParamTensor*> Stage::layer_params(int chunk, int layer) const {
+  const Chunk& c = chunks_[chunk];
+  std::vector<size_t> offsets;
+  if (layer == 0 && c.first) offsets = {wte_, wpe_};
+  if (layer == c.L + 1 && c.last) offsets = {lnfw_, lnfb_, head_};
+  const std::string block = "h." + std::to_string(c.block_begin + layer - 1) + ".";
+  std::vector<const ParamTensor*> out;
+  for (const ParamTensor& p : params()) {
+    const bool listed = std::find(offsets.begin(), offsets.end(), p.offset) != offsets.end();
+    const bool in_block = layer >= 1 && layer <= c.L && p.name.compare(0, block.size(), block) == 0;
+    if (listed || in_block) out.push_back(&p);
+  }
+  return out;
 }
 
 double Stage::forward(int chunk, int mb, float* out) {
@@ -187,6 +210,7 @@ Acts& Stage::activations_for_backward(const Chunk& c, Acts& s) {
 void Stage::head_backward(const Chunk& c, const Acts& s, Acts& a, HeadWGrads& hw, BackwardPart part) {
   const float* x = a.xs[c.L].data();
   if (part != BackwardPart::weight) {
+    fetch(c, c.L + 1, Pass::backward);
     if (mode_ == Recompute::block) {
       recompute_s_ -= now_s();
       head_forward(x, a.head, s.targets.data(), micro_batch());
@@ -194,6 +218,7 @@ void Stage::head_backward(const Chunk& c, const Acts& s, Acts& a, HeadWGrads& hw
     }
     zero_values(scratch_.dres.data(), scratch_.dres.size());
     head_backward_input(x, a.head, s.targets.data(), scratch_.dres.data(), hw, part == BackwardPart::whole);
+    done(c, c.L + 1, Pass::backward);
   }
   if (part == BackwardPart::weight) head_backward_weight(x, a.head, hw);
 }
@@ -201,6 +226,7 @@ void Stage::head_backward(const Chunk& c, const Acts& s, Acts& a, HeadWGrads& hw
 // Block l's part of the backward; the input half leaves the gradient of its input in scratch_.dres.
 void Stage::block_backward(const Chunk& c, int l, Acts& a, BlockWGrads& w, BackwardPart part) {
   if (part != BackwardPart::weight) {
+    fetch(c, l + 1, Pass::backward);
     if (mode_ == Recompute::block) {
       recompute_s_ -= now_s();
       block_forward(c, l, a.xs[l].data(), a.blocks[l], scratch_.dx.data(), micro_batch());
@@ -209,6 +235,7 @@ void Stage::block_backward(const Chunk& c, int l, Acts& a, BlockWGrads& w, Backw
     const BlockPtrs g = block_ptrs(store_.grads(), c, l);
     block_backward_input(c, l, a.xs[l].data(), a.blocks[l], scratch_.dres.data(), scratch_.dx.data(), w,
                          part == BackwardPart::whole ? &g : nullptr);
+    done(c, l + 1, Pass::backward);
     std::swap(scratch_.dres, scratch_.dx);  // dres now holds the gradient of block l's input
   }
   if (part == BackwardPart::weight) block_backward_weight(c, l, a.xs[l].data(), a.blocks[l], w);

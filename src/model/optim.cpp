@@ -21,21 +21,21 @@ double lr_at(const RunSpec& spec, int step) {
   return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-double grad_sq_sum(const std::vector<ParamTensor>& params, const Floats& grads, const OptimizerShard& shard) {
+double grad_sq_sum(const std::vector<ParamTensor>& params, SlabView grads, const OptimizerShard& shard) {
   KernelTimer timer(Kernel::optimizer);
   double sum = 0;
   for (const OptimizerShard::Slab& slab : shard.slabs()) {
     const ParamTensor& p = params[slab.tensor];
     if (p.tied_copy) continue;      // counted once, on the first stage
     if (!p.tp.counted()) continue;  // held whole by several tensor ranks, or a shared key/value head: once
-    if (grads.on_gpu()) {
-      sum += gpu::sum_of_squares(grads.data() + slab.begin, slab.size());
+    const float* g = grads.at(slab);
+    if (compute_device() == Device::gpu) {
+      sum += gpu::sum_of_squares(g, slab.size());
       continue;
     }
     // per-chunk partials added in chunk order: the same sum on any thread count
     std::vector<double> partial(chunk_count(slab.size(), kAdamChunk), 0.0);
     parallel_for(slab.size(), kAdamChunk, [&](size_t begin, size_t end) {
-      const float* g = grads.data() + slab.begin;
       double s = 0;
 #pragma omp simd reduction(+ : s)
       for (size_t i = begin; i < end; ++i) s += static_cast<double>(g[i]) * g[i];
@@ -53,10 +53,19 @@ float clip_coefficient(double global_norm, double grad_clip) {
 }
 
 AdamW::AdamW(const RunSpec::Train& cfg, OptimizerShard shard)
-    : cfg_(cfg), shard_(std::move(shard)), m_(shard_.state_floats()), v_(shard_.state_floats()) {}
+    : cfg_(cfg),
+      shard_(std::move(shard)),
+      m_(shard_.state_floats()),
+      v_(shard_.state_floats()),
+      g_(shard_.shards_grads() ? shard_.state_floats() : 0),
+      w_(shard_.shards_weights() ? shard_.state_floats() : 0) {}
 
-void AdamW::step(const std::vector<ParamTensor>& params, Floats& weights, const Floats& grads, double lr,
-                 float grad_mul) {
+void AdamW::take_weights(const Floats& flat) {
+  for (const OptimizerShard::Slab& slab : shard_.slabs())
+    copy_values(w_.data() + slab.state_offset, flat.data() + slab.begin, slab.size());
+}
+
+void AdamW::step(const std::vector<ParamTensor>& params, Floats& weights, Floats& grads, double lr, float grad_mul) {
   KernelTimer timer(Kernel::optimizer);
   ++t_;
   const float b1 = static_cast<float>(cfg_.beta1), b2 = static_cast<float>(cfg_.beta2);
@@ -68,16 +77,17 @@ void AdamW::step(const std::vector<ParamTensor>& params, Floats& weights, const 
   for (const OptimizerShard::Slab& slab : slabs) {
     if (&slab == &slabs[slabs.size() / 2]) fault_hooks().reach(FaultPoint::kill_in_optimizer);  // test-only
     const float decay = params[slab.tensor].decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.f;
+    float* const ws = weights_in(weights).at(slab);
+    const float* const gs = grads_in(grads).at(slab);
     if (weights.on_gpu()) {
-      gpu::adamw_update(weights.data() + slab.begin, grads.data() + slab.begin, m_.data() + slab.state_offset,
-                        v_.data() + slab.state_offset, slab.size(), b1, b2, step_size, inv_sqrt_bc2, eps, decay,
-                        grad_mul);
+      gpu::adamw_update(ws, gs, m_.data() + slab.state_offset, v_.data() + slab.state_offset, slab.size(), b1, b2,
+                        step_size, inv_sqrt_bc2, eps, decay, grad_mul);
       continue;
     }
     parallel_for(slab.size(), kAdamChunk, [&](size_t begin, size_t end) {
       // local pointers: through the lambda's captures GCC reloads them after every store
-      float *w = weights.data() + slab.begin, *m = m_.data() + slab.state_offset, *v = v_.data() + slab.state_offset;
-      const float* gr = grads.data() + slab.begin;
+      float *w = ws, *m = m_.data() + slab.state_offset, *v = v_.data() + slab.state_offset;
+      const float* gr = gs;
 #pragma omp simd
       for (size_t i = begin; i < end; ++i) {
         const float g = gr[i] * grad_mul;

@@ -15,7 +15,8 @@ size_t row_elements(const ParamTensor& p) {
   return row;
 }
 
-OptimizerShard::OptimizerShard(const std::vector<ParamTensor>& params, int rank, int size) : rank_(rank), size_(size) {
+OptimizerShard::OptimizerShard(const std::vector<ParamTensor>& params, int rank, int size, int level)
+    : rank_(rank), size_(size), level_(size > 1 ? level : 0) {
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamTensor& p = params[i];
     const RowRange r = row_slab(static_cast<size_t>(p.shape[0]), rank, size);

@@ -155,5 +155,6 @@ void ParamStore::init(uint64_t seed) {
 }
 
 void ParamStore::zero_grads() { zero_values(grads_.data(), grads_.size()); }
+void ParamStore::release_grads() { release_values(grads_.data(), grads_.size()); }
 
 }  // namespace pipetrain

@@ -87,11 +87,11 @@ const StageKey kStageKeys[] = {
      Digits::six, false},
     {"rank_step_s", &StepLine::rank_step_s, [](const RankFigures& r) { return r.rank_step_s; }, OverReplicas::mean,
      Digits::six, false},
-    {"param_bytes", &StepLine::param_bytes, [](const RankFigures& r) { return 4 * r.param_count; }, OverReplicas::max,
+    // What the stage's fullest rank keeps between steps (sharded slabs differ by a row).
+    {"param_bytes", &StepLine::param_bytes, [](const RankFigures& r) { return 4 * r.weight_floats; }, OverReplicas::max,
      Digits::whole, false},
-    {"grad_bytes", &StepLine::grad_bytes, [](const RankFigures& r) { return 4 * r.param_count; }, OverReplicas::max,
+    {"grad_bytes", &StepLine::grad_bytes, [](const RankFigures& r) { return 4 * r.grad_floats; }, OverReplicas::max,
      Digits::whole, false},
-    // The stage's largest share of the AdamW moments (ZeRO-1 slabs differ by a row).
     {"optim_bytes", &StepLine::optim_bytes, [](const RankFigures& r) { return 8 * r.optim_floats; }, OverReplicas::max,
      Digits::whole, false},
     // What the stage's ranks (every replica and tensor rank) sent to other stages: plan's pipeline

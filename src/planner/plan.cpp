@@ -17,10 +17,43 @@ namespace {
 
 constexpr Recompute kModes[3] = {Recompute::none, Recompute::stage, Recompute::block};
 
+// The most floats of whole weights a ZeRO-3 rank holds at once when every layer is released after
+// its pass: a layer and the next, gathered ahead (buffer order is a forward's order).
+size_t two_layers_floats(const std::vector<ParamTensor>& params) {
+  std::vector<size_t> layers;  // per layer: embedding, each block, head
+  std::string last;
+  for (const ParamTensor& t : params) {
+    const bool block = t.name.rfind("h.", 0) == 0;
+    const bool embedding = t.name == "wpe.weight" || (t.name == "wte.weight" && !t.tied_copy);
+    const std::string layer = block ? t.name.substr(0, t.name.find('.', 2)) : embedding ? "embedding" : "head";
+    if (layers.empty() || layer != last) layers.push_back(0);
+    layers.back() += t.size;
+    last = layer;
+  }
+  size_t most = layers.empty() ? 0 : layers[0];
+  for (size_t i = 1; i < layers.size(); ++i) most = std::max(most, layers[i - 1] + layers[i]);
+  return most;
+}
+
+// parallel.zero as it acts: with one replica nothing is sharded.
+int acting_zero(const RunSpec& spec) { return spec.parallel.dp > 1 ? spec.parallel.zero : 0; }
+
 }  // namespace
 
+StagePlan::State StagePlan::state_at(int zero, bool reshard) const {
+  const double P = params, S = shard_floats;
+  State s;
+  s.weights_held = 4 * (zero >= 3 ? S : P);
+  s.weights = zero >= 3 ? 4 * (S + (reshard ? layer_floats : P)) : 4 * P;
+  s.grads_held = 4 * (zero >= 2 ? S : P);
+  s.grads = 4 * P + (zero >= 2 ? 4 * S : 0);
+  s.optim = 8 * (zero >= 1 ? S : P);
+  return s;
+}
+
 double StagePlan::state_bytes(const RunSpec& spec) const {
-  return 8.0 * params + optim_bytes(spec.parallel.zero) + (spec.checkpoint.async ? snapshot_bytes : 0);
+  return state_at(acting_zero(spec), spec.parallel.reshards_after_forward()).total() +
+         (spec.checkpoint.async ? snapshot_bytes : 0);
 }
 
 double StagePlan::memory_bytes(const RunSpec& spec) const {
@@ -74,8 +107,8 @@ Plan make_plan(const RunSpec& spec) {
     const std::vector<ParamTensor> params =
         rank_params(spec, chunks, P * V, TpPart{spec.parallel.tp - 1, spec.parallel.tp});
     for (auto& t : params) sp.params += t.size;
-    sp.optim_floats[0] = sp.params;
-    sp.optim_floats[1] = OptimizerShard::max_state_floats(params, spec.parallel.dp);
+    sp.shard_floats = OptimizerShard::max_state_floats(params, spec.parallel.dp);
+    sp.layer_floats = two_layers_floats(params);
     // A replica saves the same row slab of every tensor it would own under ZeRO-1 (tied copies aside).
     std::vector<ParamTensor> saved;
     for (auto& t : params)
@@ -133,23 +166,36 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
   for (size_t s = 0; s < plan.stages.size(); ++s) os << (s ? ", " : " ") << plan.stages[s].in_flight;
   os << "; working: scratch and buffers under recompute = " << name_of(p.recompute)
      << (p.dp > 1 ? ", and MPI's for the gradient reduction" : "") << "):\n";
-  // AdamW per replica, whole and sharded over this layout's dp (zero = 1); the spec's mode marked.
-  const std::string adam0 = std::string(p.zero == 0 ? "*" : "") + "AdamW",
-                    adam1 = std::string(p.zero == 1 ? "*" : "") + "zero=1 /" + std::to_string(p.dp);
-  std::snprintf(line, sizeof line, "  %-8s %12s %12s %12s %12s | %12s %12s %12s | %12s\n", "stage", "params", "grads",
-                adam0.c_str(), adam1.c_str(), "act none", "act stage", "act block", "working");
+  // Weights, gradients and AdamW at the spec's zero, then the three together at each level over this
+  // layout's dp (the spec's marked).
+  const int zero = acting_zero(spec);
+  const bool reshard = p.reshards_after_forward();
+  std::string levels[4];
+  for (int z = 0; z < 4; ++z) levels[z] = std::string(z == p.zero ? "*" : "") + "zero " + std::to_string(z);
+  std::snprintf(line, sizeof line, "  %-6s %10s %10s %10s | %9s %9s %9s %9s | %10s %10s %10s | %10s\n", "stage",
+                "weights", "grads", "AdamW", levels[0].c_str(), levels[1].c_str(), levels[2].c_str(), levels[3].c_str(),
+                "act none", "act stage", "act block", "working");
   os << line;
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const auto& sp = plan.stages[s];
-    std::snprintf(line, sizeof line, "  %-8zu %12s %12s %12s %12s | %12s %12s %12s | %12s\n", s,
-                  human_bytes(4.0 * sp.params).c_str(), human_bytes(4.0 * sp.params).c_str(),
-                  human_bytes(sp.optim_bytes(0)).c_str(), human_bytes(sp.optim_bytes(1)).c_str(),
-                  human_bytes(sp.act_peak_bytes[0]).c_str(), human_bytes(sp.act_peak_bytes[1]).c_str(),
-                  human_bytes(sp.act_peak_bytes[2]).c_str(),
+    const StagePlan::State mine = sp.state_at(zero, reshard);
+    double by_level[4];
+    for (int z = 0; z < 4; ++z) by_level[z] = sp.state_at(p.dp > 1 ? z : 0, reshard).total();
+    std::snprintf(line, sizeof line, "  %-6zu %10s %10s %10s | %9s %9s %9s %9s | %10s %10s %10s | %10s\n", s,
+                  human_bytes(mine.weights).c_str(), human_bytes(mine.grads).c_str(), human_bytes(mine.optim).c_str(),
+                  human_bytes(by_level[0]).c_str(), human_bytes(by_level[1]).c_str(), human_bytes(by_level[2]).c_str(),
+                  human_bytes(by_level[3]).c_str(), human_bytes(sp.act_peak_bytes[0]).c_str(),
+                  human_bytes(sp.act_peak_bytes[1]).c_str(), human_bytes(sp.act_peak_bytes[2]).c_str(),
                   human_bytes(sp.working_bytes + sp.reduce_scratch_bytes).c_str());
     os << line;
   }
-  os << "  (* the spec's parallel.zero; zero = 1 keeps each replica's AdamW state for its row slab of every tensor)\n";
+  os << "  (weights, grads, AdamW: at the step's peak under the spec's parallel.zero (*); zero 1 keeps each replica's "
+        "AdamW state\n   for its row slab of every tensor over dp "
+     << p.dp
+     << ", 2 also the summed gradient (whole only while a step accumulates it), 3 also the weights\n   (whole only "
+     << (reshard ? "for the layer a pass reads and the next: reshard_after_forward)"
+                 : "from a step's first forward to its end)")
+     << "\n";
   if (spec.checkpoint.async) {
     os << "  checkpoint.async: each save's host snapshot (the replica's slab of weights and moments):";
     for (auto& sp : plan.stages) os << " " << human_bytes(sp.snapshot_bytes);
@@ -211,6 +257,14 @@ nlohmann::json plan_json(const RunSpec& spec, const Plan& plan) {
   j["bubble_sim"] = plan.bubble_sim;
   j["stages"] = nlohmann::json::array();
   for (auto& s : plan.stages) {
+    const StagePlan::State state = s.state_at(acting_zero(spec), spec.parallel.reshards_after_forward());
+    nlohmann::json by_zero, state_by_zero, held_by_zero;  // at each level over this dp
+    for (int z = 0; z < 4; ++z) {
+      const StagePlan::State at = s.state_at(spec.parallel.dp > 1 ? z : 0, spec.parallel.reshards_after_forward());
+      by_zero.push_back(at.optim);
+      state_by_zero.push_back(at.total());
+      held_by_zero.push_back(at.held());
+    }
     nlohmann::json act, held;
     for (int m = 0; m < 3; ++m) {
       act[name_of(kModes[m])] = s.act_peak_bytes[m];
@@ -218,10 +272,14 @@ nlohmann::json plan_json(const RunSpec& spec, const Plan& plan) {
     }
     j["stages"].push_back({{"blocks", s.blocks},
                            {"params", s.params},
-                           {"param_bytes", 4 * s.params},
-                           {"grad_bytes", 4 * s.params},
-                           {"optim_bytes", s.optim_bytes(spec.parallel.zero)},
-                           {"optim_bytes_by_zero", {s.optim_bytes(0), s.optim_bytes(1)}},
+                           {"param_bytes", state.weights},
+                           {"grad_bytes", state.grads},
+                           {"optim_bytes", state.optim},
+                           {"param_bytes_held", state.weights_held},
+                           {"grad_bytes_held", state.grads_held},
+                           {"optim_bytes_by_zero", by_zero},
+                           {"state_bytes_by_zero", state_by_zero},
+                           {"state_bytes_held_by_zero", held_by_zero},
                            {"snapshot_bytes", spec.checkpoint.async ? s.snapshot_bytes : 0},
                            {"cost_share", s.cost_share},
                            {"bubble_sim", s.bubble},

@@ -156,7 +156,7 @@ double adamw_s_per_param(const Together& together, const RunSpec& spec) {
   // A step's work per parameter besides the passes: zeroing the gradients, their norm, AdamW.
   const double t = median_seconds(together, [&] {
     stage.zero_grads();
-    volatile double norm = grad_sq_sum(stage.params(), stage.grads(), whole);
+    volatile double norm = grad_sq_sum(stage.params(), SlabView{stage.grads().data(), false}, whole);
     (void)norm;
     opt.step(stage.params(), stage.weights(), stage.grads(), 1e-4, 1.f);
   });

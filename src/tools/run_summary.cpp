@@ -158,7 +158,8 @@ void summarize_stages(const std::vector<json>& lines, RunSummary& r) {
     f.bubble = stage_median(per_stage, "bubble_measured", s);
     f.act_peak_bytes = stage_median(per_stage, "act_peak_bytes", s);
     f.rss_bytes = stage_median(per_stage, "mem_peak_bytes", s);
-    f.state_bytes = stage_median(per_stage, "param_bytes", s) * 4;  // weights, gradients, two AdamW moments
+    f.state_bytes = stage_median(per_stage, "param_bytes", s) + stage_median(per_stage, "grad_bytes", s) +
+                    stage_median(per_stage, "optim_bytes", s);  // as kept between steps
     if (r.predicted) {
       f.bubble_sim = plan.stages[s].bubble;
       f.act_plan_bytes = static_cast<double>(plan.stages[s].act_peak_bytes[mode]);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 
 #include "pipetrain/compute/device.hpp"
 #include "pipetrain/dist/signals.hpp"
@@ -12,8 +13,11 @@
 namespace pipetrain {
 
 GradReducer::GradReducer(Comm& comm, std::vector<float>& grads, size_t bucket, const std::vector<ParamTensor>& params,
-                         const OptimizerShard& shard, const ParamTensor* tied)
-    : comm_(comm), grads_(grads), bucket_(bucket), params_(params), shard_(shard), tied_(tied) {}
+                         const OptimizerShard& shard, const ParamTensor* tied, float* shard_out)
+    : comm_(comm), grads_(grads), bucket_(bucket), params_(params), shard_(shard), tied_(tied), shard_out_(shard_out) {
+  if (shard.shards_grads() != (shard_out != nullptr))
+    throw std::logic_error("GradReducer: a compact gradient buffer is for ZeRO-2 and 3 alone");
+}
 
 void GradReducer::begin_step() {
   posted_from_ = grads_.size();
@@ -22,7 +26,8 @@ void GradReducer::begin_step() {
 
 void GradReducer::post(const ParamTensor& p) {
   shard_.rank_parts(p, counts_, offsets_);
-  reqs_.push_back(comm_.ireduce_scatter_data(grads_.data() + p.offset, counts_));
+  float* out = shard_out_ ? shard_out_ + shard_.slabs()[&p - params_.data()].state_offset : nullptr;
+  reqs_.push_back(comm_.ireduce_scatter_data(grads_.data() + p.offset, counts_, out));
   posted_.push_back(&p);
 }
 
@@ -49,9 +54,9 @@ double GradReducer::finish(Trace& trace) {
   const double dp_wait = comm_.wait_seconds() - wait0;
   if (shard_.sharded()) {
     laps.mark("wait gradient reduce-scatter", "wait");
-    // MPI leaves each rank's summed part at the start of the tensor's range: move it to its slab.
+    // In place, MPI leaves each rank's summed part at the start of the tensor's range: move it to its slab.
     const int me = shard_.rank();
-    for (const ParamTensor* p : posted_) {
+    for (const ParamTensor* p : shard_out_ ? std::vector<const ParamTensor*>{} : posted_) {
       shard_.rank_parts(*p, counts_, offsets_);
       if (offsets_[me] > 0 && counts_[me] > 0)
         std::memmove(grads_.data() + p->offset + offsets_[me], grads_.data() + p->offset, counts_[me] * sizeof(float));
@@ -60,18 +65,18 @@ double GradReducer::finish(Trace& trace) {
   } else if (comm_.topo().dp > 1) {
     laps.mark("wait gradient all-reduce", "wait");
   }
-  // The tensor group's sums, of the part of each tensor this rank keeps (all of it, or its ZeRO-1
-  // slab). Sequence parallelism: a norm's gradient on each tensor rank is its token rows' share.
+  // The tensor group's sums, of the part of each tensor this rank keeps (all of it, or its slab).
+  // Sequence parallelism: a norm's gradient on each tensor rank is its token rows' share.
   for (size_t i = 0; i < params_.size(); ++i) {
     const OptimizerShard::Slab& mine = shard_.slabs()[i];
-    if (params_[i].sums_over_tokens) comm_.allreduce_tensor(grads_.data() + mine.begin, mine.size());
+    if (params_[i].sums_over_tokens) comm_.allreduce_tensor(summed().at(mine), mine.size());
     if (params_[i].tp.shared()) sum_shared(params_[i], mine);
   }
   // The tied halves, summed over the replicas already. Sharded, the first and the last stage's
   // replica r own the same rows of wte: only those travel.
   if (tied_) {
     const OptimizerShard::Slab& mine = shard_.slabs()[tied_ - params_.data()];
-    comm_.allreduce_tied(grads_.data() + mine.begin, mine.size());
+    comm_.allreduce_tied(summed().at(mine), mine.size());
     laps.mark("wait tied-embedding sum", "wait");
   }
   return dp_wait;
@@ -83,10 +88,11 @@ double GradReducer::finish(Trace& trace) {
 void GradReducer::sum_shared(const ParamTensor& p, const OptimizerShard::Slab& mine) {
   const size_t begin = mine.begin - p.offset;
   const std::vector<ElementRun> runs = whole_runs(p.tp, p.shape, begin, begin + mine.size());
+  float* slab = summed().at(mine);  // element `local` of the tensor is slab[local - begin]
   shared_sum_.assign(p.tp.whole_size(), 0.f);
-  for (const ElementRun& r : runs) std::copy_n(grads_.data() + p.offset + r.local, r.count, &shared_sum_[r.whole]);
+  for (const ElementRun& r : runs) std::copy_n(slab + (r.local - begin), r.count, &shared_sum_[r.whole]);
   comm_.allreduce_tensor(shared_sum_.data(), shared_sum_.size());
-  for (const ElementRun& r : runs) std::copy_n(&shared_sum_[r.whole], r.count, grads_.data() + p.offset + r.local);
+  for (const ElementRun& r : runs) std::copy_n(&shared_sum_[r.whole], r.count, slab + (r.local - begin));
 }
 
 ParamGather::ParamGather(Comm& comm, Stage& stage, const OptimizerShard& shard, std::vector<float>* staging)
@@ -99,7 +105,7 @@ ParamGather::ParamGather(Comm& comm, Stage& stage, const OptimizerShard& shard, 
 }
 
 void ParamGather::post() {
-  if (!shard_.sharded()) return;
+  if (!shard_.sharded() || shard_.shards_weights()) return;  // ZeRO-3 gathers layer by layer
   Floats& w = stage_.weights();
   if (staging_) download(staging_->data(), w.data(), w.size() * sizeof(float));
   float* base = staging_ ? staging_->data() : w.data();
@@ -124,9 +130,9 @@ void ParamGather::wait_all() {
   for (int c = 0; c < stage_.chunks(); ++c) wait(c);
 }
 
-StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, const OptimizerShard& shard,
-                   std::vector<float>* staging, bool out_of_time, bool window_long_enough, double loss_sum,
-                   Trace& trace) {
+StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, AdamW& adam, std::vector<float>* staging,
+                   bool out_of_time, bool window_long_enough, double loss_sum, Trace& trace) {
+  const OptimizerShard& shard = adam.shard();
   TraceLaps laps(trace);
   Floats& g = stage.grads();
   if (staging) {
@@ -136,14 +142,16 @@ StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, const Optimiz
   const double dp_wait = reducer.finish(trace);
   laps.restart();
   if (staging) {
-    upload(g.data(), staging->data(), g.size() * sizeof(float));
+    if (shard.shards_grads())
+      upload(adam.grad_shard().data(), reducer.shard_out(), shard.state_floats() * sizeof(float));
+    else upload(g.data(), staging->data(), g.size() * sizeof(float));
     laps.mark("gradients to device", "comm");
   }
   // Each rank checks what it vouches for: unsharded, the first replica the whole (summed) buffer;
   // sharded, every replica its slabs. Each rank checks its own loss.
   const bool counts = shard.sharded() || comm.topo().dp_rank == 0;
   const double norm_t0 = now_s();
-  const double sq = counts ? grad_sq_sum(stage.params(), g, shard) : 0.0;
+  const double sq = counts ? grad_sq_sum(stage.params(), adam.grads_in(g), shard) : 0.0;
   const double norm_s = now_s() - norm_t0;
   laps.mark("gradient norm", "optimizer");
   const bool bad = !std::isfinite(sq) || !std::isfinite(loss_sum);

@@ -167,13 +167,17 @@ void build_model(Run& run) {
   } else {
     run.model.stage->init_params(static_cast<uint64_t>(spec.run.seed));
   }
-  // ZeRO-1: this replica's row slabs; otherwise everything.
-  const bool zero = spec.parallel.zero == 1;
-  run.model.adam = std::make_unique<AdamW>(
-      spec.train,
-      OptimizerShard(run.model.stage->params(), zero ? run.layout.topo.dp_rank : 0, zero ? spec.parallel.dp : 1));
+  // ZeRO: this replica's row slabs; otherwise everything.
+  const bool zero = spec.parallel.zero > 0;
+  run.model.adam =
+      std::make_unique<AdamW>(spec.train, OptimizerShard(run.model.stage->params(), zero ? run.layout.topo.dp_rank : 0,
+                                                         zero ? spec.parallel.dp : 1, spec.parallel.zero));
   if (!run.state.resumed_from.empty())
     run.state.start_step = load_checkpoint(run.state.resumed_from, *run.model.stage, *run.model.adam, run.world);
+  if (run.model.adam->shard().shards_weights()) {  // ZeRO-3: the slabs kept, the whole given back
+    run.model.adam->take_weights(run.model.stage->weights());
+    release_values(run.model.stage->weights().data(), run.model.stage->weights().size());
+  }
   run.state.last_saved = run.state.resumed_from.empty() ? -1 : run.state.start_step;
 }
 
@@ -304,12 +308,22 @@ void prepare_steps(Run& run) {
   run.comms.grad_staging.resize(
       run.on_gpu() && (spec.parallel.dp > 1 || run.model.tied_wte || tensor_sums) ? stage.grads().size() : 0);
   const OptimizerShard& shard = run.model.adam->shard();
+  run.comms.grad_shard_staging.resize(run.on_gpu() && shard.shards_grads() ? shard.state_floats() : 0);
+  float* shard_out = !shard.shards_grads() ? nullptr
+                     : run.on_gpu()        ? run.comms.grad_shard_staging.data()
+                                           : run.model.adam->grad_shard().data();
   run.comms.reducer =
       std::make_unique<GradReducer>(*run.comms.comm, run.on_gpu() ? run.comms.grad_staging : stage.grads().host(),
-                                    spec.comm.bucket_floats(), stage.params(), shard, run.model.tied_wte);
+                                    spec.comm.bucket_floats(), stage.params(), shard, run.model.tied_wte, shard_out);
   run.comms.param_staging.resize(run.on_gpu() && shard.sharded() ? stage.weights().size() : 0);
   run.comms.param_gather =
       std::make_unique<ParamGather>(*run.comms.comm, stage, shard, run.on_gpu() ? &run.comms.param_staging : nullptr);
+  if (shard.shards_weights()) {
+    run.comms.layer_gather =
+        std::make_unique<LayerGather>(*run.comms.comm, stage, *run.model.adam, spec.parallel.reshards_after_forward(),
+                                      run.on_gpu() ? &run.comms.param_staging : nullptr);
+    stage.set_weight_fetcher(run.comms.layer_gather.get());
+  }
 
   run.telemetry.metrics = std::make_unique<MetricsWriter>(
       run.rank() == 0 && !run.opt.eval_only ? run.state.run_dir + "/metrics.jsonl" : "");
@@ -459,6 +473,7 @@ double evaluate(Run& run) {
                       inputs_from(run.layout, run.model, run.input.val.get(), batch), nullptr,
                       params_ready(run.model, run.comms))
                 .loss_sum;
+  if (run.comms.layer_gather) run.comms.layer_gather->release_all();
   run.comms.comm->allreduce_world(&loss, 1);
   return loss / (static_cast<double>(spec.eval.batches) * run.telemetry.tokens_per_step);
 }

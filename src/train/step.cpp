@@ -35,7 +35,8 @@ StepResult train_step(Run& run, int step) {
   take_kernel_totals();  // count this step's kernels only
   run.telemetry.trace.set_step(step, step - static_cast<int>(run.state.start_step));
   r.lr = lr_at(spec, step);
-  stage.zero_grads();
+  const OptimizerShard& shard = run.model.adam->shard();
+  if (!shard.shards_grads()) stage.zero_grads();  // ZeRO-2, 3: released, and so zero, since the last step
   if (faults.fires(FaultPoint::nan_in_gradient)) poison_gradient(stage);
   r.local_s = now_s() - t0;
   faults.reach(FaultPoint::stall_at_step);
@@ -50,15 +51,17 @@ StepResult train_step(Run& run, int step) {
   r.stats = run.model.executor->run(
       run.model.actions, run.telemetry.trace, inputs_from(run.layout, run.model, run.input.data.get(), step),
       replicas && !run.on_gpu() ? grads_done : std::function<void(size_t)>(), params_ready(run.model, run.comms));
+  if (run.comms.layer_gather) run.comms.layer_gather->release_all();  // ZeRO-3: the step's weights are used
 
   // The step boundary carries the time budget's verdict, so every rank stops alike.
   const double sync_t0 = now_s();
   const bool out_of_time = run.policies.budget->nearly_out(sync_t0, sync_t0 - t0);
   const bool window_long_enough =
       run.rank() == 0 && run.telemetry.straggler_window && run.telemetry.straggler_window->long_enough(sync_t0);
-  r.sync = sync_step(stage, comm, *run.comms.reducer, run.model.adam->shard(),
+  r.sync = sync_step(stage, comm, *run.comms.reducer, *run.model.adam,
                      run.comms.grad_staging.empty() ? nullptr : &run.comms.grad_staging, out_of_time,
                      window_long_enough, r.stats.loss_sum, run.telemetry.trace);
+  if (shard.shards_grads()) stage.release_grads();  // the summed slabs are in the optimizer's compact copy
   const double opt_t0 = now_s();
 
   // A NaN/Inf anywhere skips the update on every rank alike: parameters and AdamW state stay as
@@ -99,8 +102,11 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   mine.dp_rank = run.layout.topo.dp_rank;
   mine.compute_s = r.stats.compute_s + r.local_s;
   mine.rank_step_s = r.step_s;
-  mine.param_count = static_cast<double>(run.model.stage->weights().size());
-  mine.optim_floats = static_cast<double>(run.model.adam->shard().state_floats());
+  const OptimizerShard& shard = run.model.adam->shard();
+  const double whole = static_cast<double>(run.model.stage->weights().size()), slabs = shard.state_floats();
+  mine.weight_floats = shard.shards_weights() ? slabs : whole;
+  mine.grad_floats = shard.shards_grads() ? slabs : whole;
+  mine.optim_floats = slabs;
   mine.comm_wait_s = r.waited_s;
   mine.bubble_wait_s = r.waited_s - r.sync.dp_wait_s;
   mine.act_peak_bytes = static_cast<double>(r.stats.act_peak_bytes);

@@ -106,40 +106,46 @@ TEST_CASE("grad sync: the norm covers the summed gradient, and a NaN or stop on 
   Stage stage(spec, 0, 1, 0, 1, spec.parallel.micro_batches, 1.0f);
   std::vector<float>& g = stage.grads().host();
   Trace no_trace;  // records nothing
-  for (int zero : {0, 1}) {
+  for (int zero : {0, 1, 2}) {
     INFO("zero = " << zero);
-    const OptimizerShard shard(stage.params(), zero ? rank : 0, zero ? 2 : 1);
-    GradReducer reducer(replicas(), g, 5, stage.params(), shard, nullptr);
+    AdamW adam(spec.train, OptimizerShard(stage.params(), zero ? rank : 0, zero ? 2 : 1, zero));
+    const OptimizerShard& shard = adam.shard();
+    GradReducer reducer(replicas(), g, 5, stage.params(), shard, nullptr,
+                        zero == 2 ? adam.grad_shard().data() : nullptr);
 
     // Each replica holds half of a gradient of ones: after the sum every element (of the rank's
-    // slabs, sharded) is 1, and the global norm counts each element once.
+    // slabs, sharded; under ZeRO-2 in the optimizer's compact copy) is 1, and the global norm
+    // counts each element once.
     std::fill(g.begin(), g.end(), 0.5f);
     reducer.begin_step();
-    StepSync sync = sync_step(stage, replicas(), reducer, shard, nullptr, false, false, 1.0, no_trace);
+    StepSync sync = sync_step(stage, replicas(), reducer, adam, nullptr, false, false, 1.0, no_trace);
     CHECK(sync.finite);
     CHECK_FALSE(sync.stop);
     CHECK_FALSE(sync.window_long_enough);
     CHECK(sync.norm == Approx(std::sqrt(static_cast<double>(g.size()))));
-    for (const OptimizerShard::Slab& s : shard.slabs())
-      CHECK(std::all_of(g.begin() + s.begin, g.begin() + s.end, [](float v) { return v == 1.0f; }));
+    const std::vector<float>& summed = zero == 2 ? adam.grad_shard().host() : g;
+    for (const OptimizerShard::Slab& s : shard.slabs()) {
+      const size_t at = zero == 2 ? s.state_offset : s.begin;
+      CHECK(std::all_of(summed.begin() + at, summed.begin() + at + s.size(), [](float v) { return v == 1.0f; }));
+    }
 
     // A NaN in one replica's gradient: both skip the update.
     std::fill(g.begin(), g.end(), 0.5f);
     if (rank == 1) g[g.size() / 2] = NAN;
     reducer.begin_step();
-    sync = sync_step(stage, replicas(), reducer, shard, nullptr, false, false, 1.0, no_trace);
+    sync = sync_step(stage, replicas(), reducer, adam, nullptr, false, false, 1.0, no_trace);
     CHECK_FALSE(sync.finite);
 
     // A NaN in one rank's loss only: both skip too.
     std::fill(g.begin(), g.end(), 0.5f);
     reducer.begin_step();
-    sync = sync_step(stage, replicas(), reducer, shard, nullptr, false, false, rank == 0 ? NAN : 1.0, no_trace);
+    sync = sync_step(stage, replicas(), reducer, adam, nullptr, false, false, rank == 0 ? NAN : 1.0, no_trace);
     CHECK_FALSE(sync.finite);
 
     // One rank out of time: both stop. Rank 0 says the straggler window is long enough: both close it.
     std::fill(g.begin(), g.end(), 0.5f);
     reducer.begin_step();
-    sync = sync_step(stage, replicas(), reducer, shard, nullptr, rank == 1, rank == 0, 1.0, no_trace);
+    sync = sync_step(stage, replicas(), reducer, adam, nullptr, rank == 1, rank == 0, 1.0, no_trace);
     CHECK(sync.stop);
     CHECK(sync.finite);
     CHECK(sync.window_long_enough);

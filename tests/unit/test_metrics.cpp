@@ -23,7 +23,8 @@ RankFigures rank(int stage, int dp, double compute, double bubble_wait, double a
   r.act_peak_bytes = act;
   r.mem_peak_bytes = 1000 + act;
   r.p2p_bytes = 2 * act;
-  r.param_count = 10 + stage;
+  r.weight_floats = 10 + stage;
+  r.grad_floats = 5 + stage;  // a sharded gradient
   r.optim_floats = 10 + stage;
   r.loss_sum = loss;
   r.kernels.seconds[static_cast<int>(Kernel::gemm)] = compute / 2;
@@ -46,6 +47,7 @@ TEST_CASE("metrics: a 2x2 job's figures combine per stage", "[metrics]") {
   CHECK(line.mem_peak_bytes[1] == 1070);
   CHECK(line.p2p_bytes[0] == 2 * 100 + 2 * 300);  // what the stage's ranks sent: summed over replicas
   CHECK(line.param_bytes[1] == 4 * 11);
+  CHECK(line.grad_bytes[1] == 4 * 6);
   CHECK(line.optim_bytes[1] == 8 * 11);
   CHECK(line.gemm_gflops[0] == Approx(4e9 / 2.0 / 1e9));  // flops over gemm seconds, both summed over replicas
   CHECK_FALSE(nlohmann::json::parse(to_json(line)).contains("gpu_mem_bytes"));  // CPU ranks: no GPU keys

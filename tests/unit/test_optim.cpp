@@ -74,10 +74,11 @@ TEST_CASE("optim: the global norm counts a tied embedding's copy once", "[optim]
   grads.resize(5);
   const float g[] = {1, 2, 3, 100, 100};
   for (size_t i = 0; i < 5; ++i) grads.host()[i] = g[i];
-  CHECK(grad_sq_sum(params, grads, OptimizerShard(params, 0, 1)) == Approx(1 + 4 + 9));
+  const SlabView flat{grads.data(), false};
+  CHECK(grad_sq_sum(params, flat, OptimizerShard(params, 0, 1)) == Approx(1 + 4 + 9));
   // Sharded over 2 ranks, the two halves' sums add up to the same norm.
-  CHECK(grad_sq_sum(params, grads, OptimizerShard(params, 0, 2)) +
-            grad_sq_sum(params, grads, OptimizerShard(params, 1, 2)) ==
+  CHECK(grad_sq_sum(params, flat, OptimizerShard(params, 0, 2)) +
+            grad_sq_sum(params, flat, OptimizerShard(params, 1, 2)) ==
         Approx(1 + 4 + 9));
 }
 
@@ -143,6 +144,50 @@ TEST_CASE("optim: sharded AdamW updates each rank's slabs exactly as the whole u
   }
   for (size_t i = 0; i < 15; ++i) CHECK(sharded.host()[i] == whole.host()[i]);  // bit for bit
   CHECK(ranks[0].exp_avg().size() + ranks[1].exp_avg().size() + ranks[2].exp_avg().size() == 15);
+}
+
+TEST_CASE(
+    "optim: ZeRO-2 and 3 keep the slabs' gradients (and weights) compactly and update them as the whole update does",
+    "[optim][zero]") {
+  const RunSpec spec = spec_with({"train.weight_decay=0.1"});
+  std::vector<ParamTensor> params = {tensor("w", 0, 0, true), tensor("b", 12, 3, false)};
+  params[0].shape = {4, 3};
+  params[0].size = 12;
+  for (int level : {2, 3}) {
+    INFO("zero = " << level);
+    Floats whole, flat, grads, no_grads;
+    whole.resize(15);
+    flat.resize(15);
+    grads.resize(15);
+    no_grads.resize(15);  // zeros: the compact copies must be what is read
+    for (size_t i = 0; i < 15; ++i) whole.host()[i] = flat.host()[i] = 0.1f * static_cast<float>(i) - 0.7f;
+    AdamW all(spec.train, OptimizerShard(params, 0, 1));
+    std::vector<AdamW> ranks;
+    for (int r = 0; r < 3; ++r) ranks.emplace_back(spec.train, OptimizerShard(params, r, 3, level));
+    for (AdamW& a : ranks) {
+      CHECK(a.grad_shard().size() == a.shard().state_floats());
+      CHECK(a.weight_shard().size() == (level == 3 ? a.shard().state_floats() : 0));
+      if (level == 3) a.take_weights(flat);
+    }
+    if (level == 3)
+      std::fill(flat.host().begin(), flat.host().end(), 0.f);  // released: only the master copies hold weights
+    for (int step = 0; step < 3; ++step) {
+      for (size_t i = 0; i < 15; ++i) grads.host()[i] = 0.05f * static_cast<float>((i * 7 + step) % 11) - 0.2f;
+      all.step(params, whole, grads, 0.01, 0.5f);
+      for (AdamW& a : ranks) {
+        for (const OptimizerShard::Slab& s : a.shard().slabs())  // as the reduce-scatter leaves them
+          std::copy(grads.host().begin() + s.begin, grads.host().begin() + s.end,
+                    a.grad_shard().host().begin() + s.state_offset);
+        a.step(params, flat, no_grads, 0.01, 0.5f);
+      }
+    }
+    for (AdamW& a : ranks)
+      for (const OptimizerShard::Slab& s : a.shard().slabs())
+        for (size_t i = s.begin; i < s.end; ++i) {
+          const float got = level == 3 ? a.weight_shard().host()[s.state_offset + (i - s.begin)] : flat.host()[i];
+          CHECK(got == whole.host()[i]);  // bit for bit
+        }
+  }
 }
 
 TEST_CASE("optim: warmup rises linearly to lr, cosine decays to min_lr at the last step", "[optim]") {

@@ -30,6 +30,12 @@ double time_matrix_products(int n, int reps);
 // Copies and zeroing within the compute device's memory.
 void copy_values(float* dst, const float* src, size_t n);
 void zero_values(float* dst, size_t n);
+// Zeroes [dst, dst + n) and gives its memory back where it can: on the CPU the whole pages inside
+// the range return to the system (they read as zeros, and are faulted in again when next
+// written); the partial pages at its ends are zeroed in place. A buffer that is present only part
+// of the time (ZeRO's unsharded gradients and gathered weights) is released so. On the GPU the
+// range is only zeroed (device memory stays allocated).
+void release_values(float* dst, size_t n);
 // Waits until the compute device has finished what was queued (GPU kernels run asynchronously;
 // timings must not stop before them). No-op on the CPU.
 void finish_compute();

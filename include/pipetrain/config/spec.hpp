@@ -56,7 +56,14 @@ struct RunSpec {
     Partition partition = Partition::uniform;  // explicit_list: blocks_per_stage holds the list
     std::vector<int> blocks_per_stage;         // explicit partition, one entry per (virtual) stage
     Recompute recompute = Recompute::none;
-    int zero = 0;              // 1: AdamW state sharded over the data-parallel replicas (ZeRO-1)
+    // What the data-parallel replicas of a stage shard: 1 AdamW's state (ZeRO-1), 2 also the summed
+    // gradients (ZeRO-2), 3 also the weights (ZeRO-3, fully sharded); 0 nothing.
+    int zero = 0;
+    // ZeRO-3: free a layer's gathered weights between a micro-batch's forward and its backward
+    // (gathered again for the backward); -1 = unset: true under pp 1, false under pipelining,
+    // where a step's micro-batches then share one gather (reshards_after_forward()).
+    int reshard_after_forward = -1;
+    bool reshards_after_forward() const { return reshard_after_forward < 0 ? pp == 1 : reshard_after_forward == 1; }
     int threads_per_rank = 0;  // BLAS threads per rank; 0 = OPENBLAS_NUM_THREADS or cores / ranks per node
   } parallel;
   struct Train {

@@ -58,12 +58,14 @@ class Comm {
   // In-place sums. data: over the D replicas of this stage; world: over all ranks;
   // tied: between first and last stage (no-op when P = 1).
   Request iallreduce_data(float* buf, size_t n);
-  // ZeRO-1 over the data group, in place on one tensor's range `buf` whose part r is counts[r]
-  // elements at offsets[r] (consecutive, in rank order). Reduce-scatter: this rank's summed part
-  // is left at the START of buf (MPI's in-place rule; the caller moves it to offsets[rank] after
-  // the wait). All-gather: every rank's part, at its offset, ends up on every rank.
-  Request ireduce_scatter_data(float* buf, const std::vector<int>& counts);
-  Request iallgather_data(float* buf, const std::vector<int>& counts, const std::vector<int>& offsets);
+  // ZeRO over the data group, on one tensor's range `buf` whose part r is counts[r] elements at
+  // offsets[r] (consecutive, in rank order). Reduce-scatter: this rank's summed part goes to `out`,
+  // or, without one, is left at the START of buf (MPI's in-place rule; the caller moves it to
+  // offsets[rank] after the wait). All-gather: every rank's part, at its offset, ends up on every
+  // rank, this rank's sent from `mine` (or from its place in buf).
+  Request ireduce_scatter_data(float* buf, const std::vector<int>& counts, float* out = nullptr);
+  Request iallgather_data(float* buf, const std::vector<int>& counts, const std::vector<int>& offsets,
+                          const float* mine = nullptr);
   void allreduce_world(double* buf, size_t n);
   void allreduce_tied(float* buf, size_t n);
   // In place over the tensor group, waited for at once: the layers cannot go on without them.

@@ -38,6 +38,19 @@ struct KvCache {
   std::vector<Floats> k, v;
 };
 
+// Where a pass's weights come from when a stage does not hold them all (ZeRO-3:
+// train/param_fetch.hpp gathers them): the Stage calls fetch before a layer's pass reads its
+// weights and done after it. Layers of a chunk are numbered in buffer order: 0 the embedding (on
+// the first virtual stage), 1..L its blocks, L + 1 the head (on the last). The passes that only
+// add weight gradients (the embedding's backward, a split backward's W) read no weights.
+class WeightFetcher {
+ public:
+  enum class Pass { forward, backward };
+  virtual ~WeightFetcher() = default;
+  virtual void fetch(int chunk, int layer, Pass pass) = 0;
+  virtual void done(int chunk, int layer, Pass pass) = 0;
+};
+
 class Stage {
  public:
   // Owns `chunks`, virtual stages out of `n_virtual`, for `micro_batches` micro-batches;
@@ -51,6 +64,13 @@ class Stage {
         float grad_scale, TpPart tp = {});
   // The collectives over this stage's tensor group; it must outlive the Stage's passes.
   void set_tensor_group(TensorGroup* group) { group_ = group; }
+  // Where weights come from when the stage does not hold them all (null: it does); it must outlive
+  // the Stage's passes.
+  void set_weight_fetcher(WeightFetcher* fetcher) { fetcher_ = fetcher; }
+  // The tensors a layer's pass reads (WeightFetcher's numbering): a block's, the embedding's, or
+  // the head's (its final norm and its matrix, wte itself where a tied head shares the rank).
+  std::vector<const ParamTensor*> layer_params(int chunk, int layer) const;
+  int layers(int chunk) const { return chunks_[chunk].L + 2; }
   const TpPart& tp() const { return tp_; }
 
   int chunks() const { return static_cast<int>(chunks_.size()); }
@@ -68,6 +88,7 @@ class Stage {
   const ParamTensor* find(const std::string& name) const { return store_.find(name); }
   void init_params(uint64_t seed) { store_.init(seed); }  // deterministic per name: same weights on any layout
   void zero_grads() { store_.zero_grads(); }
+  void release_grads() { store_.release_grads(); }
 
   // Inputs of micro-batch mb: tokens (first virtual stage), targets (last), or the buffer the
   // previous virtual stage's activation is received into (other chunks; valid until backward).
@@ -122,6 +143,7 @@ class Stage {
  private:
   struct Chunk {
     int L;             // blocks
+    int block_begin;   // the global index of its first
     bool first, last;  // virtual stage 0 / the last one
     size_t offset;     // of its first tensor in the flat buffers
     std::vector<size_t> block_offset;
@@ -193,6 +215,15 @@ class Stage {
   TpPart tp_;
   bool sp_;  // sequence parallelism
   TensorGroup* group_ = nullptr;
+  WeightFetcher* fetcher_ = nullptr;
+  using Pass = WeightFetcher::Pass;
+  void fetch(const Chunk& c, int layer, Pass pass) {
+    if (fetcher_) fetcher_->fetch(index_of(c), layer, pass);
+  }
+  void done(const Chunk& c, int layer, Pass pass) {
+    if (fetcher_) fetcher_->done(index_of(c), layer, pass);
+  }
+  int index_of(const Chunk& c) const { return static_cast<int>(&c - chunks_.data()); }
   int v_begin_, V_;     // the vocabulary rows this rank holds: [v_begin_, v_begin_ + V_)
   BlockShape shape_;    // this rank's part of a block's widths
   LayerWidths widths_;  // the same, and its vocabulary rows, for the declared buffers

@@ -1,10 +1,12 @@
-// Which part of a stage's parameters a data-parallel rank keeps optimizer state for and updates.
-// Without sharding (parallel.zero = 0) that is everything. With ZeRO-1 (parallel.zero = 1) rank r
-// of D owns the same row slab of every tensor, rows [r*n0/D, (r+1)*n0/D) of its first dimension:
-// exactly the slab it writes into a checkpoint shard, so a sharded run saves what it owns and the
-// files do not depend on the mode. A slab is contiguous in the stage's flat buffer, and the slabs
-// of a tensor follow each other in rank order, which a reduce-scatter and an all-gather over that
-// tensor's range need.
+// Which part of a stage's parameters a data-parallel rank keeps optimizer state for and updates,
+// and what else it keeps of them only for that part. Without sharding (parallel.zero = 0) it keeps
+// everything. Sharded, rank r of D owns the same row slab of every tensor, rows
+// [r*n0/D, (r+1)*n0/D) of its first dimension: exactly the slab it writes into a checkpoint shard,
+// so a sharded run saves what it owns and the files do not depend on the mode. A slab is
+// contiguous in the stage's flat buffer, and the slabs of a tensor follow each other in rank
+// order, which a reduce-scatter and an all-gather over that tensor's range need. The level says
+// what is kept for the slab alone, in compact buffers (slab after slab, at state_offset): from 1
+// AdamW's moments, from 2 the summed gradient, at 3 the weights too.
 #pragma once
 #include <cstddef>
 #include <vector>
@@ -32,14 +34,17 @@ class OptimizerShard {
     size_t size() const { return end - begin; }
   };
   OptimizerShard() = default;
-  // Rank `rank` of `size` replicas; size 1 owns everything.
-  OptimizerShard(const std::vector<ParamTensor>& params, int rank, int size);
+  // Rank `rank` of `size` replicas at parallel.zero = `level` (1 when sharded and not said); size 1
+  // owns everything, whatever the level.
+  OptimizerShard(const std::vector<ParamTensor>& params, int rank, int size, int level = 1);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   bool sharded() const { return size_ > 1; }
-  const std::vector<Slab>& slabs() const { return slabs_; }  // one per tensor, in params() order
-  size_t state_floats() const { return state_floats_; }      // floats of each AdamW moment held
+  bool shards_grads() const { return sharded() && level_ >= 2; }    // ZeRO-2 and 3
+  bool shards_weights() const { return sharded() && level_ >= 3; }  // ZeRO-3
+  const std::vector<Slab>& slabs() const { return slabs_; }         // one per tensor, in params() order
+  size_t state_floats() const { return state_floats_; }             // floats of each AdamW moment held
   // Every rank's slab of tensor p, as element counts and offsets within the tensor (for the
   // reduce-scatter and all-gather over it).
   void rank_parts(const ParamTensor& p, std::vector<int>& counts, std::vector<int>& offsets) const;
@@ -47,9 +52,17 @@ class OptimizerShard {
   static size_t max_state_floats(const std::vector<ParamTensor>& params, int size);
 
  private:
-  int rank_ = 0, size_ = 1;
+  int rank_ = 0, size_ = 1, level_ = 0;
   std::vector<Slab> slabs_;
   size_t state_floats_ = 0;
+};
+
+// Where a replica's values of each slab lie: in a stage's flat buffer (at the slab's begin) or in
+// a compact buffer of its slabs alone (at its state_offset).
+struct SlabView {
+  float* base;
+  bool compact;
+  float* at(const OptimizerShard::Slab& s) const { return base + (compact ? s.state_offset : s.begin); }
 };
 
 }  // namespace pipetrain

@@ -54,6 +54,9 @@ class ParamStore {
   size_t offset_of(const std::string& name) const;
   void init(uint64_t seed);  // deterministic per name: same weights on any layout
   void zero_grads();
+  // Zeroes the gradients and gives their memory back (device.hpp's release_values): under ZeRO-2
+  // and 3 the whole buffer is present only while a step accumulates into it.
+  void release_grads();
 
  private:
   std::vector<ParamTensor> params_;

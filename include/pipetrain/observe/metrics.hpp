@@ -24,9 +24,10 @@ struct RankFigures {
   double act_peak_bytes = 0;  // stashed activations, peak during the step
   double mem_peak_bytes = 0;  // process peak RSS
   double p2p_bytes = 0;       // pipeline messages' payload sent to other ranks this step
-  double param_count = 0;     // parameters this rank holds (params, grads: 4 B each)
-  double optim_floats = 0;    // floats of each AdamW moment this rank keeps (all params, or its ZeRO-1 slabs)
-  double loss_sum = 0;        // summed token loss (last stage only)
+  // Floats this rank keeps between steps: weights (all of the stage's, or under ZeRO-3 its slabs),
+  // gradients (all, or under ZeRO-2 and 3 its summed slabs), each AdamW moment (all, or its slabs).
+  double weight_floats = 0, grad_floats = 0, optim_floats = 0;
+  double loss_sum = 0;                               // summed token loss (last stage only)
   double gpu_mem_bytes = 0, gpu_mem_peak_bytes = 0;  // device memory allocated now / at peak (GPU runs)
   KernelTotals kernels;                              // this step's compute by kernel class (profile.hpp)
   WindowFigures window;                              // the straggler window this logging step closed (steps 0: none)
@@ -35,11 +36,11 @@ struct RankFigures {
 };
 // The scalars of RankFigures in the order they travel: a new figure is a member and a row here.
 inline constexpr double RankFigures::*kRankScalars[] = {
-    &RankFigures::stage,          &RankFigures::dp_rank,           &RankFigures::compute_s,
-    &RankFigures::bubble_wait_s,  &RankFigures::comm_wait_s,       &RankFigures::rank_step_s,
-    &RankFigures::act_peak_bytes, &RankFigures::mem_peak_bytes,    &RankFigures::p2p_bytes,
-    &RankFigures::param_count,    &RankFigures::optim_floats,      &RankFigures::loss_sum,
-    &RankFigures::gpu_mem_bytes,  &RankFigures::gpu_mem_peak_bytes};
+    &RankFigures::stage,          &RankFigures::dp_rank,        &RankFigures::compute_s,
+    &RankFigures::bubble_wait_s,  &RankFigures::comm_wait_s,    &RankFigures::rank_step_s,
+    &RankFigures::act_peak_bytes, &RankFigures::mem_peak_bytes, &RankFigures::p2p_bytes,
+    &RankFigures::weight_floats,  &RankFigures::grad_floats,    &RankFigures::optim_floats,
+    &RankFigures::loss_sum,       &RankFigures::gpu_mem_bytes,  &RankFigures::gpu_mem_peak_bytes};
 inline constexpr size_t kRankFigureFields = std::size(kRankScalars) + kKernelClasses + 1 + WindowFigures::kFields;
 
 struct StepLine {

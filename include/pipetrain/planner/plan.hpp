@@ -15,9 +15,23 @@ namespace pipetrain {
 
 struct StagePlan {
   int blocks = 0;
-  size_t params = 0;
-  size_t optim_floats[2] = {0, 0};  // of each AdamW moment on the stage's fullest replica: zero = 0, zero = 1
-  size_t optim_bytes(int zero) const { return 8 * optim_floats[zero]; }
+  size_t params = 0;        // floats of the stage's tensors (the tensor rank's parts)
+  size_t shard_floats = 0;  // the fullest replica's row slab of every tensor: what sharded state keeps of each
+  // ZeRO-3 with parallel.reshard_after_forward: the most whole weights present at once (the layer a
+  // pass reads and the one gathered ahead of it).
+  size_t layer_floats = 0;
+  // What a rank of this stage keeps at parallel.zero = `zero` (as it acts: 0 at dp = 1), in bytes:
+  // at the step's peak and between steps. Weights: whole, or (3) the master slab plus what is
+  // gathered; gradients: whole during the step, and (2, 3) the summed slab, all that stays after
+  // it; AdamW's two moments: whole, or (1-3) the slab's.
+  struct State {
+    double weights = 0, grads = 0, optim = 0;  // at the step's peak
+    double weights_held = 0, grads_held = 0;   // between steps
+    double total() const { return weights + grads + optim; }
+    double held() const { return weights_held + grads_held + optim; }
+  };
+  State state_at(int zero, bool reshard) const;
+  size_t optim_bytes(int zero) const { return static_cast<size_t>(state_at(zero, false).optim); }
   size_t snapshot_bytes = 0;  // checkpoint.async's host copy on the fullest replica: its slab of weights and moments
   double cost_share = 0;      // of the summed stage costs
   double bubble = 0;          // simulated with the cost model
@@ -28,7 +42,7 @@ struct StagePlan {
   // With replicas, MPI's scratch for the gradient reduction: (D-1)/D of the gradients (measured with
   // MPICH at D = 2: half of them, for the all-reduce and for ZeRO-1's reduce-scatter alike).
   size_t reduce_scratch_bytes = 0;
-  // Weights, gradients, AdamW (the spec's zero), an asynchronous save's snapshot: the state kept.
+  // Weights, gradients, AdamW at the step's peak (the spec's zero), an asynchronous save's snapshot.
   double state_bytes(const RunSpec& spec) const;
   // All a rank of this stage needs under the spec: the state, the activation buffers held under
   // its recompute mode, working buffers (the kernels' scratch among them) and the reduction's scratch.

@@ -3,16 +3,19 @@
 // apply the update and whether to stop.
 //
 // Without sharding (parallel.zero = 0) each replica's gradients are all-reduced and every replica
-// updates everything. With ZeRO-1 (parallel.zero = 1) each tensor's gradient is reduce-scattered,
-// so a replica receives the summed gradient of its own row slab (OptimizerShard), updates that
-// slab with the AdamW state it alone keeps, and the updated slabs are all-gathered back into every
-// replica's weights before their next forward.
+// updates everything. Sharded (parallel.zero >= 1) each tensor's gradient is reduce-scattered, so
+// a replica receives the summed gradient of its own row slab (OptimizerShard) and updates that
+// slab with the AdamW state it alone keeps. Under ZeRO-1 and 2 the updated slabs are then
+// all-gathered back into every replica's weights before their next forward; ZeRO-2 receives the
+// summed slabs into the optimizer's compact gradient and frees the whole buffer after the step.
+// ZeRO-3 gathers weights layer by layer instead (param_fetch.hpp).
 #pragma once
 #include <cstddef>
 #include <vector>
 
 #include "pipetrain/dist/comm.hpp"
 #include "pipetrain/model/model.hpp"
+#include "pipetrain/model/optim.hpp"
 #include "pipetrain/model/optimizer_shard.hpp"
 #include "pipetrain/observe/trace.hpp"
 
@@ -24,32 +27,36 @@ namespace pipetrain {
 // the offset from which the buffer is final (it falls from the head to the embeddings, chunk
 // after chunk), so work starts from the end of the buffer and overlaps the rest of that backward.
 // Unsharded, the buffer is all-reduced in buckets of `bucket` floats cut from its end; sharded,
-// each tensor is reduce-scattered as a whole (its slabs lie in rank order). Either way the
+// each tensor is reduce-scattered as a whole (its slabs lie in rank order), into the buffer itself
+// (ZeRO-1) or into `shard_out`, a compact buffer of the shard's slabs (ZeRO-2, 3). Either way the
 // sequence of collectives depends only on the layout, so every replica posts the same, and the
 // tied halves are summed after the replicas' sums, in the same order in both modes.
 class GradReducer {
  public:
   GradReducer(Comm& comm, std::vector<float>& grads, size_t bucket, const std::vector<ParamTensor>& params,
-              const OptimizerShard& shard, const ParamTensor* tied);
+              const OptimizerShard& shard, const ParamTensor* tied, float* shard_out = nullptr);
   void begin_step();
   // Gradients from `offset` to the end of the buffer are final: post what lies there.
   void done_from(size_t offset);
   // Posts what is left, waits, sums over the tensor group the norms' gradients under sequence
   // parallelism and the shares of a key/value head several tensor ranks hold, then the tied
   // halves. Unsharded, every rank then holds the summed gradient everywhere; sharded, of its own
-  // slabs (the rest of the buffer is scratch).
+  // slabs (ZeRO-1: in the buffer, the rest of which is scratch; ZeRO-2, 3: in `shard_out`).
   // Returns the seconds spent waiting for the replicas. Spans go to `trace`.
   double finish(Trace& trace);
+  const float* shard_out() const { return shard_out_; }
 
  private:
   void post(const ParamTensor& p);                                          // sharded: one tensor's reduce-scatter
   void sum_shared(const ParamTensor& p, const OptimizerShard::Slab& mine);  // a shared key/value head's
+  SlabView summed() const { return shard_out_ ? SlabView{shard_out_, true} : SlabView{grads_.data(), false}; }
   Comm& comm_;
   std::vector<float>& grads_;
   size_t bucket_, posted_from_ = 0;
   const std::vector<ParamTensor>& params_;
   const OptimizerShard& shard_;
   const ParamTensor* tied_;
+  float* shard_out_;
   size_t next_tensor_ = 0;  // sharded: params_[next_tensor_ - 1] is the last tensor not yet posted
   std::vector<Request> reqs_;
   std::vector<const ParamTensor*> posted_;  // sharded: the tensor of each request
@@ -57,7 +64,7 @@ class GradReducer {
   std::vector<float> shared_sum_;  // a shared key/value tensor's whole gradient, summed by the group
 };
 
-// ZeRO-1's all-gather of the updated slabs, one collective per tensor, posted after the update and
+// ZeRO-1 and 2's all-gather of the updated slabs, one collective per tensor, posted after the update and
 // waited for chunk by chunk just before that chunk's first forward of the next step (the waits of
 // the stages before it overlap it). On the GPU the weights travel through `staging`, a host copy.
 class ParamGather {
@@ -86,19 +93,18 @@ struct StepSync {
   double norm_s;            // compute time of the squared norm (counted as compute, not waiting)
 };
 
-// After the schedule: finish the gradient sums (1/D is already in the loss scale), then one small
+// After the schedule: finish the gradient sums (1/D is already in the loss scale; on the GPU through
+// `staging`, and under ZeRO-2, 3 the summed slabs uploaded from the reducer's host copy), then one small
 // all-reduce over all ranks carries the squared norm (each rank's share: the first replica's whole
 // buffer unsharded, every replica's own slabs sharded), the stop flag and a non-finite flag: the
 // step's only world-wide synchronisation, so every rank decides alike whether to stop and whether
 // to apply the update. A NaN anywhere reaches the rank that checks it through the sums. It also
 // carries `window_long_enough` (rank 0's say that the straggler window has run its course), so
 // every rank closes the window at the same logging step.
-// On the GPU the sums run on `staging`, a host copy of the gradients the
-// reducer was built on. `trace` gets a span per part: waits inside the collectives as waits (a late
+// `trace` gets a span per part: waits inside the collectives as waits (a late
 // peer and the transfer itself are not told apart; comm_wait_s counts them alike), host copies as
 // all-reduce work, the norm as optimizer work.
-StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, const OptimizerShard& shard,
-                   std::vector<float>* staging, bool out_of_time, bool window_long_enough, double loss_sum,
-                   Trace& trace);
+StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, AdamW& adam, std::vector<float>* staging,
+                   bool out_of_time, bool window_long_enough, double loss_sum, Trace& trace);
 
 }  // namespace pipetrain

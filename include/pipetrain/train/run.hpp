@@ -20,6 +20,7 @@
 #include "pipetrain/observe/trace.hpp"
 #include "pipetrain/pipeline/executor.hpp"
 #include "pipetrain/train/grad_sync.hpp"
+#include "pipetrain/train/param_fetch.hpp"
 #include "pipetrain/train/policies.hpp"
 #include "pipetrain/train/train.hpp"
 #include "pipetrain/util/files.hpp"
@@ -72,8 +73,11 @@ struct RunModel {
 struct RunComms {
   std::unique_ptr<Comm> comm;
   std::vector<float> grad_staging, param_staging;
+  std::vector<float> grad_shard_staging;  // ZeRO-2, 3 on the GPU: the summed slabs, on their way up
   std::unique_ptr<GradReducer> reducer;
   std::unique_ptr<ParamGather> param_gather;
+  std::unique_ptr<LayerGather>
+      layer_gather;  // ZeRO-3: weights gathered layer by layer (through param_staging on the GPU)
 };
 
 // What the loop measures and logs: MFU's denominators (fixed at the run's first launch and kept

@@ -1,0 +1,89 @@
+#include "pipetrain/train/param_fetch.hpp"
+
+#include <algorithm>
+
+#include "pipetrain/compute/device.hpp"
+
+namespace pipetrain {
+
+LayerGather::LayerGather(Comm& comm, Stage& stage, AdamW& adam, bool reshard, std::vector<float>* staging)
+    : comm_(comm), stage_(stage), adam_(adam), reshard_(reshard), staging_(staging), held_(stage.params().size()) {
+  const ParamTensor* first = stage.params().data();
+  for (int c = 0; c < stage.chunks(); ++c) {
+    units_.emplace_back();
+    for (int l = 0; l < stage.layers(c); ++l) {
+      std::vector<size_t> tensors;
+      for (const ParamTensor* p : stage.layer_params(c, l)) tensors.push_back(static_cast<size_t>(p - first));
+      units_.back().push_back(std::move(tensors));
+    }
+  }
+}
+
+void LayerGather::fetch(int chunk, int layer, Pass pass) {
+  for (size_t t : unit(chunk, layer)) post(t);
+  // The layer the pass reads next, posted now so that it travels while this one computes (a
+  // backward ends at the first block: the embedding's backward reads no weights).
+  const int next = pass == Pass::forward ? layer + 1 : layer - 1;
+  if (next < stage_.layers(chunk) && next >= (pass == Pass::forward ? 0 : 1))
+    for (size_t t : unit(chunk, next)) post(t);
+  for (size_t t : unit(chunk, layer)) {
+    wait(t);
+    ++held_[t].users;
+  }
+}
+
+void LayerGather::done(int chunk, int layer, Pass) {
+  for (size_t t : unit(chunk, layer))
+    if (--held_[t].users == 0 && reshard_) release(t);
+}
+
+void LayerGather::release_all() {
+  for (size_t t = 0; t < held_.size(); ++t) {
+    wait(t);  // a layer posted ahead that no pass read
+    release(t);
+  }
+}
+
+LayerGather::Totals LayerGather::take_totals() {
+  Totals out = totals_;
+  totals_ = {0, live_floats_};
+  return out;
+}
+
+void LayerGather::post(size_t tensor) {
+  Held& h = held_[tensor];
+  if (h.present || !h.travelling.empty()) return;
+  const ParamTensor& p = stage_.params()[tensor];
+  const OptimizerShard::Slab& slab = adam_.shard().slabs()[tensor];
+  adam_.shard().rank_parts(p, counts_, offsets_);
+  const float* mine = adam_.weight_shard().data() + slab.state_offset;
+  if (staging_) {  // the GPU's: this rank's slab down to its place in the host copy, gathered there
+    download(staging_->data() + slab.begin, mine, slab.size() * sizeof(float));
+    h.travelling.push_back(comm_.iallgather_data(staging_->data() + p.offset, counts_, offsets_));
+  } else {
+    h.travelling.push_back(comm_.iallgather_data(stage_.weights().data() + p.offset, counts_, offsets_, mine));
+  }
+}
+
+void LayerGather::wait(size_t tensor) {
+  Held& h = held_[tensor];
+  if (h.travelling.empty()) return;
+  comm_.wait_all(h.travelling, {"data-parallel weight all-gather (ZeRO-3)", -1, -1, Group::data});
+  const ParamTensor& p = stage_.params()[tensor];
+  if (staging_) upload(stage_.weights().data() + p.offset, staging_->data() + p.offset, p.size * sizeof(float));
+  h.present = true;
+  live_floats_ += p.size;
+  totals_.peak_floats = std::max(totals_.peak_floats, live_floats_);
+  totals_.gathered_bytes += static_cast<double>(p.size) * sizeof(float);
+}
+
+void LayerGather::release(size_t tensor) {
+  Held& h = held_[tensor];
+  if (!h.present) return;
+  const ParamTensor& p = stage_.params()[tensor];
+  release_values(stage_.weights().data() + p.offset, p.size);
+  h.present = false;
+  live_floats_ -= p.size;
+}
+
+}  // namespace pipetrain
