@@ -1,12 +1,13 @@
 #!/usr/bin/python3
-"""ZeRO-1 memory benchmark (not a test): plan's AdamW bytes per replica for parallel.zero 0 and 1
-at dp 1, 2 and 4, then the same model trained as dp = 2 (1 x 2) with zero = 0 and zero = 1 side by
-side: peak RSS per rank against plan's prediction (params + grads + AdamW + activations + working,
-plus the process's fixed overhead, measured on the zero = 0 run), and the RSS saved against
-plan's saving, 8 bytes x parameters x (1 - 1/D). The last line is a JSON summary for
+"""ZeRO memory and step benchmark (not a test): plan's bytes per replica (weights + gradients +
+AdamW, at the step's peak and between steps) for parallel.zero 0-3 at dp 1, 2 and 4, then the same
+model trained as dp = 2 (1 x 2) at each level side by side: peak RSS per rank against plan's
+prediction (state + activations + working, plus the process's fixed overhead, measured on the
+zero = 0 run), what a rank keeps between steps (metrics' param, grad and optim bytes) against
+zero 0's, and the median step time against zero 0's. The last line is a JSON summary for
 scripts/bench.sh.
 
-usage: scripts/bench/zero_memory.py [--bin build/pipetrain] [--layers 8] [--d-model 512] [--steps 4]"""
+usage: scripts/bench/zero_memory.py [--bin build/pipetrain] [--layers 8] [--d-model 512] [--steps 6]"""
 import argparse
 import json
 import os
@@ -19,7 +20,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(here, "..", "..", "build", "pipetrain"))
 ap.add_argument("--layers", type=int, default=8)
 ap.add_argument("--d-model", type=int, default=512)
-ap.add_argument("--steps", type=int, default=4)
+ap.add_argument("--steps", type=int, default=6)
 a = ap.parse_args()
 mpiexec = shutil.which("mpiexec.mpich") or "mpiexec"
 work = tempfile.mkdtemp(prefix="bench-zero-")
@@ -40,33 +41,39 @@ def plan(sets):
 
 
 print(f"model: {a.layers} blocks, d_model {a.d_model}: {plan(model)['params'] / 1e6:.1f} M parameters")
-print("AdamW bytes per replica (plan):")
-print(f"  {'dp':>4} {'zero=0':>12} {'zero=1':>12}")
+print("weights + gradients + AdamW per replica (plan), at the step's peak / between steps:")
+print(f"  {'dp':>4} " + " ".join(f"{'zero ' + str(z):>19}" for z in range(4)))
 for dp in (1, 2, 4):
     st = plan(model + [f"parallel.dp={dp}"])
-    z0, z1 = st["optim_bytes_by_zero"]
-    print(f"  {dp:>4} {z0 / mib:>9.1f} MiB {z1 / mib:>9.1f} MiB")
+    print(f"  {dp:>4} " + " ".join(f"{st['state_bytes_by_zero'][z] / mib:>8.1f} /{st['state_bytes_held_by_zero'][z] / mib:>6.1f} MiB"
+                                   for z in range(4)))
 
-rss, predicted = {}, {}
-for zero in (0, 1):
+rss, predicted, kept, step_s = {}, {}, {}, {}
+for zero in range(4):
     sets = model + ["parallel.dp=2", f"parallel.zero={zero}"]
     d = os.path.join(work, f"zero{zero}")
     subprocess.run([mpiexec, "-n", "2", a.bin, "train", "--run-dir", d, *flags(sets)], check=True, capture_output=True,
                    stdin=subprocess.DEVNULL)
-    last = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))][-1]
+    lines = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl"))]
     st = plan(sets)
-    rss[zero] = last["mem_peak_bytes"][0]  # the larger of the stage's two replicas
+    rss[zero] = lines[-1]["mem_peak_bytes"][0]  # the larger of the stage's two replicas
     predicted[zero] = st["param_bytes"] + st["grad_bytes"] + st["optim_bytes"] + st["act_peak_bytes"]["none"] + \
-        st["working_bytes"]
+        st["working_bytes"] + st["reduce_scratch_bytes"]
+    kept[zero] = lines[-1]["param_bytes"][0] + lines[-1]["grad_bytes"][0] + lines[-1]["optim_bytes"][0]
+    times = sorted(l["step_time_s"] for l in lines[1:])
+    step_s[zero] = times[len(times) // 2]
 overhead = rss[0] - predicted[0]
-print("dp = 2, peak RSS per rank (max over the two replicas):")
-for zero in (0, 1):
-    print(f"  zero={zero}: {rss[zero] / mib:8.1f} MiB measured, plan {predicted[zero] / mib:8.1f} MiB + overhead "
-          f"{overhead / mib:.1f} MiB = {(predicted[zero] + overhead) / mib:8.1f} MiB "
-          f"(ratio {rss[zero] / (predicted[zero] + overhead):.3f})")
+print("dp = 2, per rank (max over the two replicas):")
+for zero in range(4):
+    print(f"  zero={zero}: peak RSS {rss[zero] / mib:8.1f} MiB, plan {predicted[zero] / mib:8.1f} MiB + overhead "
+          f"{overhead / mib:.1f} MiB (ratio {rss[zero] / (predicted[zero] + overhead):.3f}); kept between steps "
+          f"{kept[zero] / mib:.1f} MiB ({kept[zero] / kept[0]:.3f} of zero 0's); step {step_s[zero]:.3f} s "
+          f"({step_s[zero] / step_s[0]:.3f} of zero 0's)")
 saved, plan_saved = rss[0] - rss[1], predicted[0] - predicted[1]
 print(f"  saved by zero=1: {saved / mib:.1f} MiB measured, {plan_saved / mib:.1f} MiB planned "
       f"(8 B x params x (1 - 1/2)): ratio {saved / plan_saved:.3f}")
 shutil.rmtree(work)
 print(json.dumps({"bench": "zero_memory", "saving_ratio": saved / plan_saved,
-                  "rss_ratio_zero1": rss[1] / (predicted[1] + overhead)}))
+                  "rss_ratio": [rss[z] / (predicted[z] + overhead) for z in range(4)],
+                  "kept_ratio": [kept[z] / kept[0] for z in range(4)],
+                  "step_ratio": [step_s[z] / step_s[0] for z in range(4)]}))
