@@ -28,6 +28,7 @@ SPAN_STYLES = {
     "optimizer": ("tab:red", "optimizer (gradient norm, AdamW)"),
     "compute": ("tab:cyan", "other local work (zero gradients, evaluation)"),
     "checkpoint": ("black", "checkpoint save"),
+    "dp_comm": ("tab:brown", "data-parallel exchange in flight\n(reduce-scatter, all-reduce, all-gather)"),
 }
 UNKNOWN_STYLE = ("grey", "other")
 
@@ -141,7 +142,9 @@ def gantt_figure(events):
             ax.barh(row, w, left=x, color=color, edgecolor="white", linewidth=0.3)
             if e["cat"] in ("forward", "backward") and w > 0:
                 ax.text(x + w / 2, row, e["name"], ha="center", va="center", fontsize=7)
-    ax.set_yticks(range(len(tracks)), [f"stage {p} dp {t}" for p, t in tracks])
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "thread_name"}  # "dp 1 (rank 3)", "...: data-parallel exchanges"
+    ax.set_yticks(range(len(tracks)), [f"stage {p} " + names.get((p, t), f"dp {t}") for p, t in tracks])
     ax.invert_yaxis()
     ax.set(xlabel="ms (one time base: rank 0's clock)", title=f"schedule of traced step {step}")
     order = [color for color, _ in SPAN_STYLES.values()] + [UNKNOWN_STYLE[0]]

@@ -76,7 +76,10 @@ void release_values(float* dst, size_t n) {
   if (first >= last) return std::fill(dst, dst + n, 0.f);
   std::memset(dst, 0, first - begin);
   std::memset(reinterpret_cast<void*>(last), 0, end - last);
-  // Private anonymous pages (malloc's): MADV_DONTNEED frees them and they read as zeros after.
+  // Private anonymous pages (malloc's): MADV_DONTNEED frees them and they read as zeros after. A
+  // range released once is released again and again (every step): asking for huge pages there
+  // makes faulting it back in one fault per 2 MiB instead of per 4 KiB.
+  madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
   if (madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) != 0)
     std::memset(reinterpret_cast<void*>(first), 0, last - first);
 }

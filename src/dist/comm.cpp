@@ -68,7 +68,11 @@ Request Comm::irecv(float* buf, size_t n, int peer_stage, int tag) {
 
 void Comm::poll(Request& req, const WaitLabel& label, WaitMode mode, bool* pending) {
   if (!req.active()) return;
-  if (poll_until_done(req, mode, timeout_s_, wait_s_, pending)) return;
+  const double waited = wait_s_;
+  if (poll_until_done(req, mode, timeout_s_, wait_s_, pending)) {
+    if (label.group == Group::data) data_wait_s_ += wait_s_ - waited;
+    return;
+  }
   std::string msg = "stage " + std::to_string(topo_.stage) + " (" + world_.where(topo_.world_rank) + ", dp " +
                     std::to_string(topo_.dp_rank) + ") waited more than " + seconds(timeout_s_) +
                     " (comm.timeout_s) for " + label.what;

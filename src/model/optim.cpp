@@ -28,14 +28,15 @@ double grad_sq_sum(const std::vector<ParamTensor>& params, SlabView grads, const
     const ParamTensor& p = params[slab.tensor];
     if (p.tied_copy) continue;      // counted once, on the first stage
     if (!p.tp.counted()) continue;  // held whole by several tensor ranks, or a shared key/value head: once
-    const float* g = grads.at(slab);
+    const float* slab_grads = grads.at(slab);
     if (compute_device() == Device::gpu) {
-      sum += gpu::sum_of_squares(g, slab.size());
+      sum += gpu::sum_of_squares(slab_grads, slab.size());
       continue;
     }
     // per-chunk partials added in chunk order: the same sum on any thread count
     std::vector<double> partial(chunk_count(slab.size(), kAdamChunk), 0.0);
     parallel_for(slab.size(), kAdamChunk, [&](size_t begin, size_t end) {
+      const float* g = slab_grads;  // a local pointer: through the lambda's captures the loop vectorises otherwise
       double s = 0;
 #pragma omp simd reduction(+ : s)
       for (size_t i = begin; i < end; ++i) s += static_cast<double>(g[i]) * g[i];

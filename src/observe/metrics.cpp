@@ -83,6 +83,13 @@ const StageKey kStageKeys[] = {
      OverReplicas::max, Digits::whole, false},
     {"comm_wait_s", &StepLine::comm_wait_s, [](const RankFigures& r) { return r.comm_wait_s; }, OverReplicas::mean,
      Digits::six, false},
+    // The data-parallel exchanges: what of them the rank waited for (exposed), and their bytes.
+    {"dp_wait_s", &StepLine::dp_wait_s, [](const RankFigures& r) { return r.dp_wait_s; }, OverReplicas::mean,
+     Digits::six, false},
+    {"reduced_bytes", &StepLine::reduced_bytes, [](const RankFigures& r) { return r.reduced_bytes; }, OverReplicas::max,
+     Digits::whole, false},
+    {"gathered_bytes", &StepLine::gathered_bytes, [](const RankFigures& r) { return r.gathered_bytes; },
+     OverReplicas::max, Digits::whole, false},
     {"compute_s", &StepLine::compute_s, [](const RankFigures& r) { return r.compute_s; }, OverReplicas::mean,
      Digits::six, false},
     {"rank_step_s", &StepLine::rank_step_s, [](const RankFigures& r) { return r.rank_step_s; }, OverReplicas::mean,

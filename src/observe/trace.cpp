@@ -1,5 +1,6 @@
 #include "pipetrain/observe/trace.hpp"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "pipetrain/util/files.hpp"
@@ -7,18 +8,23 @@
 namespace pipetrain {
 
 void Trace::span(const std::string& name, const char* category, double t0, double t1, int mb) {
-  if (recording_) events_.push_back({name, category, (t0 - t_ref_) * 1e6, (t1 - t0) * 1e6, step_, mb});
+  if (!recording_) return;
+  if (category == kDataExchange) {  // one after another, as the replicas' link carries them
+    t0 = std::max(t0, exchange_end_);
+    t1 = exchange_end_ = std::max(t1, t0);
+  }
+  events_.push_back({name, category, (t0 - t_ref_) * 1e6, (t1 - t0) * 1e6, step_, mb});
 }
 
-std::string Trace::events_json(int stage, int thread) const {
+std::string Trace::events_json(int stage, int thread, int exchange_thread) const {
   std::string out;
   char buf[320];
   for (const Event& e : events_) {
     std::snprintf(buf, sizeof buf,
                   "%s{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": %d, "
                   "\"tid\": %d, \"args\": {\"step\": %d, \"mb\": %d}}",
-                  out.empty() ? "" : ",\n", e.name.c_str(), e.category, e.ts_us, e.dur_us, stage, thread, e.step + 1,
-                  e.mb);
+                  out.empty() ? "" : ",\n", e.name.c_str(), e.category, e.ts_us, e.dur_us, stage,
+                  e.category == kDataExchange ? exchange_thread : thread, e.step + 1, e.mb);
     out += buf;
   }
   return out;
@@ -27,7 +33,7 @@ std::string Trace::events_json(int stage, int thread) const {
 std::string Trace::file_json(const std::vector<std::string>& rank_events, const Topology& topo) {
   const int pp = topo.pp, dp = topo.dp;
   std::string out = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
-  char buf[200];
+  char buf[256];
   bool first = true;
   auto add = [&](const std::string& e) {
     if (e.empty()) return;
@@ -46,6 +52,12 @@ std::string Trace::file_json(const std::vector<std::string>& rank_events, const 
                       "\"dp %d%s (rank %d)\"}}",
                       s, d * topo.tp + k, d, tensor_rank.c_str(), topo.rank_of(s, d, k));
         add(buf);
+        if (dp == 1) continue;
+        std::snprintf(buf, sizeof buf,
+                      "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": "
+                      "\"dp %d%s (rank %d): data-parallel exchanges\"}}",
+                      s, exchange_thread(d * topo.tp + k, dp * topo.tp), d, tensor_rank.c_str(), topo.rank_of(s, d, k));
+        add(buf);
       }
   }
   for (const std::string& e : rank_events) add(e);
@@ -55,7 +67,8 @@ std::string Trace::file_json(const std::vector<std::string>& rank_events, const 
 void write_trace(const Trace& trace, Comm& comm, const std::string& run_dir) {
   std::vector<std::string> all;
   const Topology& t = comm.topo();
-  comm.gather_to_root(trace.events_json(t.stage, t.dp_rank * t.tp + t.tp_rank), all);
+  const int thread = t.dp_rank * t.tp + t.tp_rank;
+  comm.gather_to_root(trace.events_json(t.stage, thread, Trace::exchange_thread(thread, t.dp * t.tp)), all);
   if (comm.topo().world_rank != 0) return;
   try {
     write_file_atomically(run_dir + "/trace.json", Trace::file_json(all, comm.topo()));

@@ -119,12 +119,12 @@ StepStats Executor::run(const ActionList& actions, Trace& trace, const std::func
 template <class Pass>
 void Executor::timed_pass(Step& s, const Action& a, const char* category, Pass&& pass) {
   auto cpu_now = [&] { return time_cpu_ ? thread_cpu_s() : 0.0; };
-  const double t0 = now_s(), cpu0 = cpu_now();
+  const double t0 = now_s(), cpu0 = cpu_now(), data_wait0 = comm_.data_wait_seconds();
   const double recompute_s = pass();
   finish_compute();
   stretch_compute(t0, cpu0, s.stretch, time_cpu_);
   const double t1 = now_s();
-  s.stats.compute_s += t1 - t0;
+  s.stats.compute_s += t1 - t0 - (comm_.data_wait_seconds() - data_wait0);  // ZeRO-3's weights: a wait, not work
   s.stats.compute_cpu_s += cpu_now() - cpu0;
   // Recompute shown first; under recompute = block it is really interleaved block by block.
   if (recompute_s > 0) s.trace.span("R" + to_string(a).substr(1), "recompute", t0, t0 + recompute_s, a.mb);

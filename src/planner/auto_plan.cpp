@@ -55,7 +55,7 @@ std::pair<int, int> plan_grid(const RunSpec& spec, int tp, int pp, int dp, int w
       for (int V = 1; V <= (kind->chunked ? 4 : 1); ++V)
         for (Recompute mode : {Recompute::none, Recompute::block, Recompute::stage})
           for (Partition part : {Partition::uniform, Partition::balanced})
-            for (int zero = 0; zero <= (dp > 1 ? 1 : 0); ++zero)
+            for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)
               for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
                 if (kind->splits_backward && mode != Recompute::none) continue;
                 // One stage: every schedule and partition is the same step, planned once, as the
@@ -156,17 +156,22 @@ std::string fixed(double v, const char* format) {
 }
 
 // Where a layout's step goes, on its slowest rank: the forwards and backwards (the pipeline's
-// critical path, its bubble and any tensor-group exchanges inside), the data-parallel reduction
-// its backward does not hide (of all of it), the update.
+// critical path, its bubble and any tensor-group exchanges or exposed ZeRO-3 gathers inside), the
+// data-parallel reduction its backward does not hide (of all of it), the update; and its memory.
 std::string step_parts(const LayoutChoice& c) {
   const StepPrediction& p = c.predicted;
-  char line[240];
+  char line[320];
   std::snprintf(
       line, sizeof line,
-      "%.1f ms = forwards and backwards %.1f (bubble %.2f%s) + exposed reduction %.1f (of %.1f) + update %.1f",
+      "%.1f ms = forwards and backwards %.1f (bubble %.2f%s%s) + exposed reduction %.1f (of %.1f) + update %.1f; %s "
+      "per rank",
       1e3 * p.step_s, 1e3 * p.pipeline_s, p.bubble,
       p.tp_comm_s > 0 ? (", tensor exchanges " + fixed(1e3 * p.tp_comm_s, "%.1f")).c_str() : "",
-      1e3 * p.reduce_exposed_s, 1e3 * p.reduce_s, 1e3 * p.optimizer_s);
+      p.gather_s > 0 ? (", exposed layer gathers " + fixed(1e3 * p.gather_exposed_s, "%.1f") + " of " +
+                        fixed(1e3 * p.gather_s, "%.1f"))
+                           .c_str()
+                     : "",
+      1e3 * p.reduce_exposed_s, 1e3 * p.reduce_s, 1e3 * p.optimizer_s, human_bytes(c.memory_bytes).c_str());
   return line;
 }
 
@@ -311,8 +316,13 @@ std::string auto_plan_json(const AutoPlan& plan, int world, const MachineCosts& 
                          {"bubble", c.predicted.bubble},
                          {"reduce_s", c.predicted.reduce_s},
                          {"reduce_exposed_s", c.predicted.reduce_exposed_s},
+                         {"gather_s", c.predicted.gather_s},
+                         {"gather_exposed_s", c.predicted.gather_exposed_s},
                          {"memory_bytes", c.memory_bytes},
                          {"tp", c.spec.parallel.tp},
+                         {"pp", c.spec.parallel.pp},
+                         {"dp", c.spec.parallel.dp},
+                         {"zero", c.spec.parallel.zero},
                          {"global_batch", c.spec.train.global_batch},
                          {"layout", c.summary},
                          {"set", c.sets}});

@@ -46,6 +46,8 @@ nlohmann::json budget_json(const RunSpec& spec, const Plan& plan, const MachineC
   j["bubble"] = p.bubble;
   j["reduce_s"] = p.reduce_s;
   j["reduce_exposed_s"] = p.reduce_exposed_s;
+  j["gather_s"] = p.gather_s;
+  j["gather_exposed_s"] = p.gather_exposed_s;
   j["tp_comm_s"] = p.tp_comm_s;
   j["tp_sum_bytes"] = p.tp_sum_bytes;
   j["optimizer_s"] = p.optimizer_s;
@@ -74,6 +76,12 @@ std::string budget_text(const RunSpec& spec, const Plan& plan, const MachineCost
      << duration(p.reduce_exposed_s) << "; agreement and update " << duration(p.optimizer_s)
      << "): " << human(p.tokens_per_s, "tokens/s") << ", "
      << human(p.flops / std::max(p.step_s, 1e-30) / world, "FLOP/s") << " per " << device << "\n";
+  if (p.gather_s > 0)
+    os << "  zero 3: layer gathers " << duration(p.gather_s) << " a step on the busiest rank, of it exposed "
+       << duration(p.gather_exposed_s) << " (inside the forwards and backwards; "
+       << (spec.parallel.reshards_after_forward() ? "gathered before every pass: reshard_after_forward"
+                                                  : "each layer gathered once a step")
+       << ")\n";
   if (spec.parallel.tp > 1)
     os << "  tensor group of " << spec.parallel.tp << ": exchanges of " << human(p.tp_sum_bytes, "B", 1024)
        << " activations (as each layer declares them) on the node's link, " << duration(p.tp_comm_s)

@@ -100,6 +100,61 @@ LayerPassCosts layer_pass_costs(const RunSpec& spec, const MachineCosts& costs) 
   return c;
 }
 
+// ZeRO-3's layer gathers (train/param_fetch.hpp) in one pass over a chunk's layers, in the order
+// the pass reads them: each layer's all-gather (half an all-reduce of its bytes over the
+// replicas) is posted as the layer before it starts, so it hides behind that layer's compute; the
+// first one is exposed whole.
+struct GatherTime {
+  double total = 0, exposed = 0;
+};
+GatherTime layer_gathers(const std::vector<double>& compute_s, const std::vector<double>& gather_s) {
+  GatherTime t;
+  for (size_t i = 0; i < gather_s.size(); ++i) {
+    t.total += gather_s[i];
+    t.exposed += i == 0 ? gather_s[0] : std::max(0.0, gather_s[i] - compute_s[i - 1]);
+  }
+  return t;
+}
+
+// Per micro-batch of virtual stage v, what ZeRO-3's gathers add to its forward and to its
+// backward (exposed), and per step all of them (total): under reshard_after_forward every
+// forward and backward gathers again (a stage recompute's forward too); otherwise the step's
+// first forward gathers each layer once, spread here over the M forwards.
+struct ChunkGathers {
+  double forward = 0, backward = 0, total = 0;
+};
+ChunkGathers chunk_gathers(const RunSpec& spec, const MachineCosts& costs, const LayerPassCosts& c, int blocks,
+                           bool first, bool last) {
+  const auto& par = spec.parallel;
+  if (par.zero < 3 || par.dp < 2) return {};
+  const TpPart tp{par.tp - 1, par.tp};
+  auto gather_s = [&](const std::vector<ParamTensor>& tensors) {
+    double floats = 0;
+    for (const ParamTensor& t : tensors) floats += t.size;
+    return 0.5 * costs.allreduce_s(sizeof(float) * floats, par.dp);
+  };
+  const double embed = gather_s(stage_params(spec, 0, 3, 0, 0, tp)),
+               block = gather_s(stage_params(spec, 1, 3, 0, 1, tp)),
+               head = gather_s(stage_params(spec, 2, 3, 0, 0, tp));
+  std::vector<double> f_compute, f_gather, b_compute, b_gather;  // in each pass's order
+  if (first) f_compute.push_back(c.embed.f), f_gather.push_back(embed);
+  for (int i = 0; i < blocks; ++i) f_compute.push_back(c.block.f), f_gather.push_back(block);
+  if (last) {
+    f_compute.push_back(c.head.f), f_gather.push_back(head);
+    b_compute.push_back(c.head.backward()), b_gather.push_back(head);
+  }
+  for (int i = 0; i < blocks; ++i) b_compute.push_back(c.block.backward()), b_gather.push_back(block);
+  const GatherTime f = layer_gathers(f_compute, f_gather), b = layer_gathers(b_compute, b_gather);
+  const int M = par.micro_batches;
+  if (!par.reshards_after_forward()) return {f.exposed / M, 0, f.total};
+  // The last backward's gathers share the link with the gradients' reduce-scatters: half of it each.
+  std::vector<double> shared = b_gather;
+  for (double& g : shared) g *= 2;
+  const double b_exposed = ((M - 1) * b.exposed + layer_gathers(b_compute, shared).exposed) / M;
+  const bool refetch = par.recompute == Recompute::stage;  // the backward's re-run forward gathers too
+  return {f.exposed, b_exposed + (refetch ? f.exposed : 0), M * (f.total + b.total + (refetch ? f.total : 0))};
+}
+
 // Every rank's action list simulated with each virtual stage's passes and the message time.
 SimResult simulate_step(const RunSpec& spec, const MachineCosts& costs, const LayerPassCosts& c,
                         const std::vector<int>& blocks, double boundary_bytes) {
@@ -108,8 +163,9 @@ SimResult simulate_step(const RunSpec& spec, const MachineCosts& costs, const La
   std::vector<double> fwd, bwd, wgt;
   for (int v = 0; v < n_virtual; ++v) {
     const PassCosts p = stage_passes(c.block, c.embed, c.head, blocks[v], v == 0, v == n_virtual - 1);
-    fwd.push_back(p.f);
-    bwd.push_back(p.backward());
+    const ChunkGathers g = chunk_gathers(spec, costs, c, blocks[v], v == 0, v == n_virtual - 1);
+    fwd.push_back(p.f + g.forward);
+    bwd.push_back(p.backward() + g.backward);
     wgt.push_back(p.w);
   }
   std::vector<ActionList> lists;
@@ -141,7 +197,7 @@ StageTail stage_tail(const RunSpec& spec, const MachineCosts& costs, const SimRe
                                 reduce_pieces(tensors, par.zero ? 0 : static_cast<double>(spec.comm.bucket_floats())),
                                 [&](double bytes) { return share * costs.allreduce_s(bytes, D); })
             : ReduceTiming{};
-  const double gather = par.zero && D > 1 ? 0.5 * costs.allreduce_s(sizeof(float) * t.params, D) : 0;
+  const double gather = par.zero && par.zero < 3 && D > 1 ? 0.5 * costs.allreduce_s(sizeof(float) * t.params, D) : 0;
   const bool tied_apart = spec.model.tie_embeddings && place.head_stage() != 0;
   const double tied_bytes = sizeof(float) * static_cast<double>(spec.model.vocab) * spec.model.d_model;
   const double tied = tied_apart && (s == 0 || s == place.head_stage()) ? costs.allreduce_s(tied_bytes, 2) : 0;
@@ -199,13 +255,21 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
     }
     if (par.dp > 1) r.reduce_bytes += TP * par.dp * sizeof(float) * t.params;
     double sums = 0;  // the stage's tensor exchanges: per micro-batch, each of its chunks' passes'
+    ChunkGathers gathers;
     for (const ChunkRange& c : chunks) {
-      const PassCosts n =
-          stage_passes(passes.block_sums, passes.embed_sums, passes.head_sums, c.block_end - c.block_begin,
-                       c.vstage == 0, c.vstage == place.virtual_stages() - 1);
-      sums += n.f + n.backward();
+      const int n = c.block_end - c.block_begin;
+      const bool first = c.vstage == 0, last = c.vstage == place.virtual_stages() - 1;
+      const PassCosts x = stage_passes(passes.block_sums, passes.embed_sums, passes.head_sums, n, first, last);
+      sums += x.f + x.backward();
+      const ChunkGathers g = chunk_gathers(spec, costs, passes, n, first, last);
+      gathers.total += g.total;
+      gathers.forward += M * (g.forward + g.backward);  // exposed, over the step
     }
     r.tp_comm_s = std::max(r.tp_comm_s, M * sums);
+    if (gathers.total > r.gather_s) {
+      r.gather_s = gathers.total;
+      r.gather_exposed_s = gathers.forward;
+    }
   }
   if (TP > 1) r.tp_sum_bytes = activation_bytes;
   // As metrics' bubble_measured counts it: the share of the step a rank waits for others, in the

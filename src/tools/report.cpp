@@ -87,6 +87,9 @@ void text_stages(const RunSummary& r, std::string& out) {
     out += " | activations " + mib(f.act_peak_bytes);
     if (r.predicted) out += " (plan " + mib(f.act_plan_bytes) + ")";
     out += " | RSS " + mib(f.rss_bytes) + " | params+grads+AdamW " + mib(f.state_bytes) + "\n";
+    if (f.reduced_bytes > 0)
+      out += "      data-parallel exchanges a step: " + mib(f.reduced_bytes) + " reduced, " + mib(f.gathered_bytes) +
+             " gathered, " + fmt("%.1f", 1e3 * f.dp_wait_s) + " ms waited for (exposed)\n";
     if (!f.step_shares.empty()) out += "      step by kernel: " + shares_text(f) + "\n";
   }
 }
@@ -121,6 +124,9 @@ json stage_json(const StageFigures& f) {
           {"act_plan_bytes", f.act_plan_bytes},
           {"rss_bytes", f.rss_bytes},
           {"state_bytes", f.state_bytes},
+          {"dp_wait_s", f.dp_wait_s},
+          {"reduced_bytes", f.reduced_bytes},
+          {"gathered_bytes", f.gathered_bytes},
           {"step_shares", shares},
           {"gemm_gflops", f.gemm_gflops}};
 }

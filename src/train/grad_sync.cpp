@@ -27,12 +27,24 @@ void GradReducer::begin_step() {
 void GradReducer::post(const ParamTensor& p) {
   shard_.rank_parts(p, counts_, offsets_);
   float* out = shard_out_ ? shard_out_ + shard_.slabs()[&p - params_.data()].state_offset : nullptr;
-  reqs_.push_back(comm_.ireduce_scatter_data(grads_.data() + p.offset, counts_, out));
+  posted(comm_.ireduce_scatter_data(grads_.data() + p.offset, counts_, out), "reduce-scatter " + p.name);
   posted_.push_back(&p);
+}
+
+void GradReducer::posted(Request r, std::string name) {
+  reqs_.push_back(std::move(r));
+  flight_.push_back({std::move(name), now_s()});
+}
+
+void GradReducer::progress() {
+  comm_.progress(reqs_);
+  for (size_t i = 0; i < reqs_.size(); ++i)
+    if (!reqs_[i].active() && flight_[i].done_s < 0) flight_[i].done_s = now_s();
 }
 
 void GradReducer::done_from(size_t offset) {
   if (comm_.topo().dp == 1) return;
+  progress();              // MPICH moves a collective on only inside MPI calls: between blocks is one
   if (shard_.sharded()) {  // whole tensors, from the last
     for (; next_tensor_ > 0 && params_[next_tensor_ - 1].offset >= offset; --next_tensor_)
       post(params_[next_tensor_ - 1]);
@@ -41,7 +53,8 @@ void GradReducer::done_from(size_t offset) {
   while (posted_from_ > offset) {
     const size_t start = posted_from_ - std::min(bucket_, posted_from_);
     if (start < offset) break;  // the rest of this bucket is not final yet
-    reqs_.push_back(comm_.iallreduce_data(grads_.data() + start, posted_from_ - start));
+    posted(comm_.iallreduce_data(grads_.data() + start, posted_from_ - start),
+           "all-reduce gradients [" + std::to_string(start) + ", " + std::to_string(posted_from_) + ")");
     posted_from_ = start;
   }
 }
@@ -50,7 +63,13 @@ double GradReducer::finish(Trace& trace) {
   done_from(0);
   TraceLaps laps(trace);
   const double wait0 = comm_.wait_seconds();
-  comm_.wait_all(reqs_, {"data-parallel gradient sum", -1, -1, Group::data});
+  for (size_t i = 0; i < reqs_.size(); ++i) {
+    comm_.wait(reqs_[i], {"data-parallel gradient sum", -1, -1, Group::data});
+    if (flight_[i].done_s < 0) flight_[i].done_s = now_s();
+    trace.span(flight_[i].name, Trace::kDataExchange, flight_[i].posted_s, flight_[i].done_s);
+  }
+  reqs_.clear();
+  flight_.clear();
   const double dp_wait = comm_.wait_seconds() - wait0;
   if (shard_.sharded()) {
     laps.mark("wait gradient reduce-scatter", "wait");
@@ -104,8 +123,8 @@ ParamGather::ParamGather(Comm& comm, Stage& stage, const OptimizerShard& shard, 
   }
 }
 
-void ParamGather::post() {
-  if (!shard_.sharded() || shard_.shards_weights()) return;  // ZeRO-3 gathers layer by layer
+double ParamGather::post() {
+  if (!shard_.sharded() || shard_.shards_weights()) return 0;  // ZeRO-3 gathers layer by layer
   Floats& w = stage_.weights();
   if (staging_) download(staging_->data(), w.data(), w.size() * sizeof(float));
   float* base = staging_ ? staging_->data() : w.data();
@@ -114,6 +133,7 @@ void ParamGather::post() {
     shard_.rank_parts(params[i], counts_, offsets_);
     reqs_[chunk_of_[i]].push_back(comm_.iallgather_data(base + params[i].offset, counts_, offsets_));
   }
+  return sizeof(float) * static_cast<double>(w.size());
 }
 
 bool ParamGather::wait(int chunk) {

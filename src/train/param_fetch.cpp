@@ -3,11 +3,18 @@
 #include <algorithm>
 
 #include "pipetrain/compute/device.hpp"
+#include "pipetrain/util/clock.hpp"
 
 namespace pipetrain {
 
-LayerGather::LayerGather(Comm& comm, Stage& stage, AdamW& adam, bool reshard, std::vector<float>* staging)
-    : comm_(comm), stage_(stage), adam_(adam), reshard_(reshard), staging_(staging), held_(stage.params().size()) {
+LayerGather::LayerGather(Comm& comm, Stage& stage, AdamW& adam, bool reshard, std::vector<float>* staging, Trace& trace)
+    : comm_(comm),
+      stage_(stage),
+      adam_(adam),
+      reshard_(reshard),
+      staging_(staging),
+      trace_(trace),
+      held_(stage.params().size()) {
   const ParamTensor* first = stage.params().data();
   for (int c = 0; c < stage.chunks(); ++c) {
     units_.emplace_back();
@@ -26,10 +33,12 @@ void LayerGather::fetch(int chunk, int layer, Pass pass) {
   const int next = pass == Pass::forward ? layer + 1 : layer - 1;
   if (next < stage_.layers(chunk) && next >= (pass == Pass::forward ? 0 : 1))
     for (size_t t : unit(chunk, next)) post(t);
+  const double t0 = now_s(), waited0 = comm_.data_wait_seconds();
   for (size_t t : unit(chunk, layer)) {
     wait(t);
     ++held_[t].users;
   }
+  if (comm_.data_wait_seconds() > waited0) trace_.span("wait weights (zero 3)", "wait", t0, now_s());
 }
 
 void LayerGather::done(int chunk, int layer, Pass) {
@@ -57,6 +66,7 @@ void LayerGather::post(size_t tensor) {
   const OptimizerShard::Slab& slab = adam_.shard().slabs()[tensor];
   adam_.shard().rank_parts(p, counts_, offsets_);
   const float* mine = adam_.weight_shard().data() + slab.state_offset;
+  h.posted_s = now_s();
   if (staging_) {  // the GPU's: this rank's slab down to its place in the host copy, gathered there
     download(staging_->data() + slab.begin, mine, slab.size() * sizeof(float));
     h.travelling.push_back(comm_.iallgather_data(staging_->data() + p.offset, counts_, offsets_));
@@ -70,6 +80,7 @@ void LayerGather::wait(size_t tensor) {
   if (h.travelling.empty()) return;
   comm_.wait_all(h.travelling, {"data-parallel weight all-gather (ZeRO-3)", -1, -1, Group::data});
   const ParamTensor& p = stage_.params()[tensor];
+  trace_.span("all-gather " + p.name, Trace::kDataExchange, h.posted_s, now_s());
   if (staging_) upload(stage_.weights().data() + p.offset, staging_->data() + p.offset, p.size * sizeof(float));
   h.present = true;
   live_floats_ += p.size;

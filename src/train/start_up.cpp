@@ -321,7 +321,7 @@ void prepare_steps(Run& run) {
   if (shard.shards_weights()) {
     run.comms.layer_gather =
         std::make_unique<LayerGather>(*run.comms.comm, stage, *run.model.adam, spec.parallel.reshards_after_forward(),
-                                      run.on_gpu() ? &run.comms.param_staging : nullptr);
+                                      run.on_gpu() ? &run.comms.param_staging : nullptr, run.telemetry.trace);
     stage.set_weight_fetcher(run.comms.layer_gather.get());
   }
 

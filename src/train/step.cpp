@@ -51,7 +51,10 @@ StepResult train_step(Run& run, int step) {
   r.stats = run.model.executor->run(
       run.model.actions, run.telemetry.trace, inputs_from(run.layout, run.model, run.input.data.get(), step),
       replicas && !run.on_gpu() ? grads_done : std::function<void(size_t)>(), params_ready(run.model, run.comms));
-  if (run.comms.layer_gather) run.comms.layer_gather->release_all();  // ZeRO-3: the step's weights are used
+  if (run.comms.layer_gather) {  // ZeRO-3: the step's weights are used
+    run.comms.layer_gather->release_all();
+    r.gathered_bytes = run.comms.layer_gather->take_totals().gathered_bytes;
+  }
 
   // The step boundary carries the time budget's verdict, so every rank stops alike.
   const double sync_t0 = now_s();
@@ -71,7 +74,7 @@ StepResult train_step(Run& run, int step) {
     run.comms.param_gather->wait_all();  // (done already: every chunk ran a forward)
     run.model.adam->step(stage.params(), stage.weights(), stage.grads(), r.lr,
                          clip_coefficient(r.sync.norm, spec.train.grad_clip));
-    run.comms.param_gather->post();
+    r.gathered_bytes += run.comms.param_gather->post();
   } else if (run.rank() == 0) {
     std::printf("step %d: NaN or Inf in the loss or gradients; update skipped (%d in a row, %d this launch)\n",
                 step + 1, run.policies.bad_steps->in_a_row(), run.policies.bad_steps->total());
@@ -81,6 +84,7 @@ StepResult train_step(Run& run, int step) {
   r.step_s = now_s() - t0;
   run.policies.budget->step_took(r.step_s);
   r.waited_s = comm.wait_seconds();
+  r.dp_wait_s = comm.data_wait_seconds();
   r.kernels = take_kernel_totals();
   if (run.telemetry.straggler_window) {
     // The rank's own time: the step less its waits for peers (its passes, its update, and whatever
@@ -108,7 +112,10 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   mine.grad_floats = shard.shards_grads() ? slabs : whole;
   mine.optim_floats = slabs;
   mine.comm_wait_s = r.waited_s;
-  mine.bubble_wait_s = r.waited_s - r.sync.dp_wait_s;
+  mine.bubble_wait_s = r.waited_s - r.dp_wait_s;
+  mine.dp_wait_s = r.dp_wait_s;
+  mine.reduced_bytes = run.spec.parallel.dp > 1 ? 4 * whole : 0;
+  mine.gathered_bytes = r.gathered_bytes;
   mine.act_peak_bytes = static_cast<double>(r.stats.act_peak_bytes);
   mine.p2p_bytes = static_cast<double>(r.stats.p2p_bytes);
   mine.mem_peak_bytes = peak_rss_bytes();

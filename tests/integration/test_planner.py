@@ -219,6 +219,28 @@ def auto_says_what_binds():
            f"a stage that fits only split: tp {j['best'][0].get('tp')} chosen, saying why: {j['binding']}")
 
 
+@scenario
+def auto_picks_data_parallel_first():
+    """plan --auto for TinyLlama-1.1B on 64 H200-class GPUs (50 GB/s links, a global batch of 512) picks one
+    stage over 64 replicas with ZeRO-3, predicted faster than the pipelined zero-1 layout it picked before ZeRO-2
+    and 3 existed (pp 4 x dp 16, dualpipev), and says why: its exposed layer gathers and memory per rank."""
+    tinyllama = os.path.join(settings().configs, "tinyllama-1.1b.toml")
+    machine = ["--peak-tflops", "989", "--link-gbps", "50", "--memory-per-rank", "141GiB", "--set",
+               "train.global_batch=512"]
+    r = plan("--auto", "--world", "64", *machine, "--json", config=tinyllama)
+    j = json.loads(r.stdout) if r.returncode == 0 else {"binding": [], "best": [{}]}
+    best = j["best"][0]
+    expect(best.get("pp") == 1 and best.get("dp") == 64 and best.get("zero") == 3,
+           f"the pick is data parallel first with zero 3: {best.get('layout')}")
+    before = ["--set", "parallel.pp=4", "--set", "parallel.dp=16", "--set", "parallel.micro_batches=32", "--set",
+              "parallel.schedule=dualpipev", "--set", "parallel.recompute=none", "--set", "parallel.zero=1"]
+    r = plan(*machine, *before, "--json", config=tinyllama)
+    old = json.loads(r.stdout)["budget"]["step_s"] if r.returncode == 0 else 0
+    expect(0 < best.get("step_s", 1e9) < old, f"predicted step {best.get('step_s')} s against the earlier pick's {old} s")
+    why = next((b for b in j["binding"] if b.startswith("why #1: ")), "")
+    expect("exposed layer gathers" in why and "per rank" in why, f"the why line names the gathers and memory: {why}")
+
+
 def median(xs):
     xs = sorted(xs)
     h = len(xs) // 2

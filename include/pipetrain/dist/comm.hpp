@@ -113,9 +113,11 @@ class Comm {
   // at start-up rather than a hang or garbage mid-run.
   bool boundary_agrees(const std::vector<int64_t>& send_desc, const std::vector<int64_t>& recv_desc);
 
-  // Seconds this rank has spent inside waits since the last reset.
+  // Seconds this rank has spent inside waits since the last reset; of them, inside waits for the
+  // data group's collectives (gradient sums, ZeRO's gathers): its exposed data-parallel exchanges.
   double wait_seconds() const { return wait_s_; }
-  void reset_wait_seconds() { wait_s_ = 0; }
+  double data_wait_seconds() const { return data_wait_s_; }
+  void reset_wait_seconds() { wait_s_ = data_wait_s_ = 0; }
 
  private:
   // As wait(), throwing CommTimeout naming `label`; `pending`: whether the first test found it incomplete.
@@ -130,7 +132,7 @@ class Comm {
   std::unique_ptr<Groups> groups_;
   WaitMode mode_ = WaitMode::spin;
   double timeout_s_;
-  double wait_s_ = 0;
+  double wait_s_ = 0, data_wait_s_ = 0;
 };
 
 }  // namespace pipetrain

@@ -1,8 +1,10 @@
 // Chrome/Perfetto trace of the first log.trace_steps steps of a launch: every rank records spans
 // (forward/backward/recompute of each micro-batch, waits for peers, all-reduces, optimizer,
 // checkpoint) in memory; rank 0 gathers them once and writes RUN_DIR/trace.json, one track per
-// rank: pid = stage, tid = dp rank. Times are relative to one instant of world rank 0's clock, so
-// the ranks' spans share one time base.
+// rank: pid = stage, tid = dp rank (x tp + tensor rank); and with replicas a second track per rank
+// for its data-parallel exchanges in flight (category kDataExchange: reduce-scatters, all-reduces,
+// ZeRO's all-gathers, from posting to completion). Times are relative to one instant of world
+// rank 0's clock, so the ranks' spans share one time base.
 #pragma once
 #include <string>
 #include <vector>
@@ -15,6 +17,8 @@ namespace pipetrain {
 
 class Trace {
  public:
+  static constexpr const char* kDataExchange = "dp_comm";  // spans on the rank's exchange track
+
   Trace() = default;
   Trace(int steps, double t_ref) : steps_(steps), t_ref_(t_ref) {}
 
@@ -23,12 +27,15 @@ class Trace {
     step_ = step;
     recording_ = launch_step < steps_;
   }
-  // t0, t1: now_s() values. mb < 0: not tied to a micro-batch.
+  // t0, t1: now_s() values. mb < 0: not tied to a micro-batch. Exchange spans (kDataExchange)
+  // start no earlier than the one before ends: the track shows the link busy, one at a time.
   void span(const std::string& name, const char* category, double t0, double t1, int mb = -1);
 
   // This rank's events as comma-separated Chrome trace JSON objects: process `stage`, thread
-  // `thread` (dp rank x tp + tensor rank).
-  std::string events_json(int stage, int thread) const;
+  // `thread` (dp rank x tp + tensor rank), its exchanges' thread `exchange_thread`.
+  std::string events_json(int stage, int thread, int exchange_thread) const;
+  // The exchange track's thread of the rank on thread `thread` of a stage of `threads`.
+  static int exchange_thread(int thread, int threads) { return threads + thread; }
   // The whole file from all ranks' events (rank 0).
   static std::string file_json(const std::vector<std::string>& rank_events, const Topology& topo);
 
@@ -43,6 +50,7 @@ class Trace {
   double t_ref_ = 0;
   int step_ = 0;
   bool recording_ = false;
+  double exchange_end_ = 0;  // the exchange track's last span's end
   std::vector<Event> events_;
 };
 

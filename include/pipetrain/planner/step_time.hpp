@@ -1,7 +1,8 @@
 // A step's time on a machine, predicted: every rank's action list simulated with the machine's
 // per-pass costs (planner/costs.hpp) and message time; then each rank's data-parallel gradient
 // reduction, posted bucket by bucket during its last backwards so that only what is left after
-// them waits (reduce_overlap.hpp), the tied-embedding sum and AdamW. With tensor ranks a pass
+// them waits (reduce_overlap.hpp), the tied-embedding sum and AdamW. Under ZeRO-3 each pass also
+// waits for whatever of its layers' all-gathers the layer before does not hide. With tensor ranks a pass
 // computes a tp-th of its products and adds the tensor-group exchanges layer_decl.hpp declares
 // for it, at the measured all-reduce's cost (a tensor group shares a node: the costs' link is the
 // node's).
@@ -15,9 +16,12 @@ struct StepPrediction {
   double step_s = 0;      // the slowest rank's
   double pipeline_s = 0;  // the forwards and backwards (the simulated makespan)
   double bubble = 0;      // share of the step a rank waits for others, mean over ranks (as bubble_measured)
-  double reduce_s = 0;    // gradient reduction (+ parameter gather under zero = 1, + tied sum) of the slowest rank
+  double reduce_s = 0;    // gradient reduction (+ parameter gather under zero = 1, 2, + tied sum) of the slowest rank
   double reduce_exposed_s = 0;  // of it, what its backward does not hide: the step waits for it
-  double optimizer_s = 0;       // AdamW on the slowest rank
+  // ZeRO-3's layer gathers per step on the rank with the most, and what of them the passes do not
+  // hide (part of pipeline_s: a pass waits for its layer's weights).
+  double gather_s = 0, gather_exposed_s = 0;
+  double optimizer_s = 0;  // AdamW on the slowest rank
   double tokens_per_s = 0;
   double flops = 0;         // per step, the whole job (recompute's extra forwards included)
   double p2p_bytes = 0;     // pipeline messages per step, the whole job (a rank's messages to itself not counted)

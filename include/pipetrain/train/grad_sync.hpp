@@ -11,6 +11,7 @@
 // ZeRO-3 gathers weights layer by layer instead (param_fetch.hpp).
 #pragma once
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "pipetrain/dist/comm.hpp"
@@ -47,7 +48,9 @@ class GradReducer {
   const float* shard_out() const { return shard_out_; }
 
  private:
-  void post(const ParamTensor& p);                                          // sharded: one tensor's reduce-scatter
+  void post(const ParamTensor& p);           // sharded: one tensor's reduce-scatter
+  void posted(Request r, std::string name);  // in flight from now
+  void progress();                           // tests what is in flight, noting when each completes
   void sum_shared(const ParamTensor& p, const OptimizerShard::Slab& mine);  // a shared key/value head's
   SlabView summed() const { return shard_out_ ? SlabView{shard_out_, true} : SlabView{grads_.data(), false}; }
   Comm& comm_;
@@ -59,6 +62,11 @@ class GradReducer {
   float* shard_out_;
   size_t next_tensor_ = 0;  // sharded: params_[next_tensor_ - 1] is the last tensor not yet posted
   std::vector<Request> reqs_;
+  struct InFlight {  // per request, for the trace's exchange track
+    std::string name;
+    double posted_s, done_s = -1;
+  };
+  std::vector<InFlight> flight_;
   std::vector<const ParamTensor*> posted_;  // sharded: the tensor of each request
   std::vector<int> counts_, offsets_;
   std::vector<float> shared_sum_;  // a shared key/value tensor's whole gradient, summed by the group
@@ -70,7 +78,7 @@ class GradReducer {
 class ParamGather {
  public:
   ParamGather(Comm& comm, Stage& stage, const OptimizerShard& shard, std::vector<float>* staging);
-  void post();
+  double post();         // the bytes the gathers bring in (0: nothing to gather)
   bool wait(int chunk);  // true if there was something to wait for
   void wait_all();
 

@@ -13,13 +13,16 @@
 #include "pipetrain/dist/comm.hpp"
 #include "pipetrain/model/model.hpp"
 #include "pipetrain/model/optim.hpp"
+#include "pipetrain/observe/trace.hpp"
 
 namespace pipetrain {
 
 class LayerGather : public WeightFetcher {
  public:
   // On the GPU the gathers run on `staging`, a host copy of the flat buffer (null on the CPU).
-  LayerGather(Comm& comm, Stage& stage, AdamW& adam, bool reshard, std::vector<float>* staging);
+  // Each gather goes on `trace`'s exchange track, from posting to arrival; a pass's wait for its
+  // layer on the rank's own track.
+  LayerGather(Comm& comm, Stage& stage, AdamW& adam, bool reshard, std::vector<float>* staging, Trace& trace);
   void fetch(int chunk, int layer, Pass pass) override;
   void done(int chunk, int layer, Pass pass) override;
   // Waits for the gathers still travelling and releases every tensor: the step (or an evaluation)
@@ -37,8 +40,9 @@ class LayerGather : public WeightFetcher {
  private:
   struct Held {
     std::vector<Request> travelling;  // its all-gather, until waited for
-    bool present = false;             // gathered into the flat buffer
-    int users = 0;                    // passes reading it now
+    double posted_s = 0;
+    bool present = false;  // gathered into the flat buffer
+    int users = 0;         // passes reading it now
   };
   void post(size_t tensor);
   void wait(size_t tensor);
@@ -50,6 +54,7 @@ class LayerGather : public WeightFetcher {
   AdamW& adam_;
   bool reshard_;
   std::vector<float>* staging_;
+  Trace& trace_;
   std::vector<std::vector<std::vector<size_t>>> units_;  // [chunk][layer]: indices into stage.params()
   std::vector<Held> held_;                               // per tensor
   std::vector<int> counts_, offsets_;

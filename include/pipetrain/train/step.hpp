@@ -9,10 +9,12 @@ struct StepResult {
   StepStats stats;  // the executor's: compute, waits, loss, activation peak
   StepSync sync;    // the step boundary's agreement: norm, stop, whether the update was applied
   double lr = 0;
-  double step_s = 0;     // wall time of the step
-  double local_s = 0;    // compute outside the executor (zeroing, norm, optimizer)
-  double waited_s = 0;   // all waits of the step, before any evaluation or save
-  KernelTotals kernels;  // this step's compute by kernel class
+  double step_s = 0;          // wall time of the step
+  double local_s = 0;         // compute outside the executor (zeroing, norm, optimizer)
+  double waited_s = 0;        // all waits of the step, before any evaluation or save
+  double dp_wait_s = 0;       // of them, for the data-parallel exchanges
+  double gathered_bytes = 0;  // brought in by ZeRO's weight all-gathers (posted this step under ZeRO-1, 2)
+  KernelTotals kernels;       // this step's compute by kernel class
 };
 
 // Step `step` (0-based): zero the gradients, run the schedule, agree at the step boundary, then
