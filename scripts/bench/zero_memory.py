@@ -7,7 +7,7 @@ zero = 0 run), what a rank keeps between steps (metrics' param, grad and optim b
 zero 0's, and the median step time against zero 0's. The last line is a JSON summary for
 scripts/bench.sh.
 
-usage: scripts/bench/zero_memory.py [--bin build/pipetrain] [--layers 8] [--d-model 512] [--steps 6]"""
+usage: scripts/bench/zero_memory.py [--bin build/pipetrain] [--layers 8] [--d-model 512] [--steps 6] [--micro-batches 2]"""
 import argparse
 import json
 import os
@@ -21,13 +21,14 @@ ap.add_argument("--bin", default=os.path.join(here, "..", "..", "build", "pipetr
 ap.add_argument("--layers", type=int, default=8)
 ap.add_argument("--d-model", type=int, default=512)
 ap.add_argument("--steps", type=int, default=6)
+ap.add_argument("--micro-batches", type=int, default=2)
 a = ap.parse_args()
 mpiexec = shutil.which("mpiexec.mpich") or "mpiexec"
 work = tempfile.mkdtemp(prefix="bench-zero-")
 mib = 2**20
 # A model whose AdamW state dominates: small batches, short sequences, many parameters.
 model = [f"model.n_layer={a.layers}", f"model.d_model={a.d_model}", "model.n_head=8", "model.seq_len=32",
-         "train.global_batch=8", "parallel.micro_batches=2", "log.trace_steps=0", "checkpoint.every_steps=0",
+         "train.global_batch=8", f"parallel.micro_batches={a.micro_batches}", "log.trace_steps=0", "checkpoint.every_steps=0",
          f"run.steps={a.steps}"]
 
 

@@ -135,9 +135,10 @@ const ParamTensor* ParamStore::find(const std::string& name) const {
 
 void ParamStore::init(uint64_t seed) {
   const float resid_std = 0.02f / std::sqrt(2.f * n_layer_);
-  std::vector<float> host(weights_.size());
+  std::vector<float> host(weights_.on_gpu() ? weights_.size() : 0);  // the CPU's is filled in place
+  float* const all = weights_.on_gpu() ? host.data() : weights_.data();
   for (auto& p : params_) {
-    float* w = host.data() + p.offset;
+    float* w = all + p.offset;
     switch (p.init) {
       case Init::zeros:
         std::fill(w, w + p.size, 0.f);
@@ -151,7 +152,7 @@ void ParamStore::init(uint64_t seed) {
         break;
     }
   }
-  weights_.assign(host.data(), host.size());
+  if (weights_.on_gpu()) weights_.assign(host.data(), host.size());
 }
 
 void ParamStore::zero_grads() { zero_values(grads_.data(), grads_.size()); }

@@ -46,8 +46,9 @@ StagePlan::State StagePlan::state_at(int zero, bool reshard) const {
   s.weights_held = 4 * (zero >= 3 ? S : P);
   s.weights = zero >= 3 ? 4 * (S + (reshard ? layer_floats : P)) : 4 * P;
   s.grads_held = 4 * (zero >= 2 ? S : P);
-  s.grads = 4 * P + (zero >= 2 ? 4 * S : 0);
+  s.grads = zero >= 2 ? 4 * (S + (accumulates ? P : layer_floats)) : 4 * P;
   s.optim = 8 * (zero >= 1 ? S : P);
+  s.startup = 4 * (P + (zero >= 3 ? S : 0));
   return s;
 }
 
@@ -57,8 +58,9 @@ double StagePlan::state_bytes(const RunSpec& spec) const {
 }
 
 double StagePlan::memory_bytes(const RunSpec& spec) const {
-  return state_bytes(spec) + act_held_bytes[static_cast<int>(spec.parallel.recompute)] + working_bytes +
-         reduce_scratch_bytes;
+  const double training = state_bytes(spec) + act_held_bytes[static_cast<int>(spec.parallel.recompute)] +
+                          working_bytes + reduce_scratch_bytes;
+  return std::max(training, state_at(acting_zero(spec), spec.parallel.reshards_after_forward()).startup);
 }
 
 double Plan::largest_memory_bytes(const RunSpec& spec) const {
@@ -109,6 +111,7 @@ Plan make_plan(const RunSpec& spec) {
     for (auto& t : params) sp.params += t.size;
     sp.shard_floats = OptimizerShard::max_state_floats(params, spec.parallel.dp);
     sp.layer_floats = two_layers_floats(params);
+    sp.accumulates = spec.parallel.micro_batches > 1;
     // A replica saves the same row slab of every tensor it would own under ZeRO-1 (tied copies aside).
     std::vector<ParamTensor> saved;
     for (auto& t : params)

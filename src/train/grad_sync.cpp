@@ -12,22 +12,29 @@
 
 namespace pipetrain {
 
-GradReducer::GradReducer(Comm& comm, std::vector<float>& grads, size_t bucket, const std::vector<ParamTensor>& params,
+GradReducer::GradReducer(Comm& comm, float* grads, size_t floats, size_t bucket, const std::vector<ParamTensor>& params,
                          const OptimizerShard& shard, const ParamTensor* tied, float* shard_out)
-    : comm_(comm), grads_(grads), bucket_(bucket), params_(params), shard_(shard), tied_(tied), shard_out_(shard_out) {
+    : comm_(comm),
+      grads_(grads),
+      floats_(floats),
+      bucket_(bucket),
+      params_(params),
+      shard_(shard),
+      tied_(tied),
+      shard_out_(shard_out) {
   if (shard.shards_grads() != (shard_out != nullptr))
     throw std::logic_error("GradReducer: a compact gradient buffer is for ZeRO-2 and 3 alone");
 }
 
 void GradReducer::begin_step() {
-  posted_from_ = grads_.size();
+  posted_from_ = floats_;
   next_tensor_ = params_.size();
 }
 
 void GradReducer::post(const ParamTensor& p) {
   shard_.rank_parts(p, counts_, offsets_);
   float* out = shard_out_ ? shard_out_ + shard_.slabs()[&p - params_.data()].state_offset : nullptr;
-  posted(comm_.ireduce_scatter_data(grads_.data() + p.offset, counts_, out), "reduce-scatter " + p.name);
+  posted(comm_.ireduce_scatter_data(grads_ + p.offset, counts_, out), "reduce-scatter " + p.name);
   posted_.push_back(&p);
 }
 
@@ -39,7 +46,15 @@ void GradReducer::posted(Request r, std::string name) {
 void GradReducer::progress() {
   comm_.progress(reqs_);
   for (size_t i = 0; i < reqs_.size(); ++i)
-    if (!reqs_[i].active() && flight_[i].done_s < 0) flight_[i].done_s = now_s();
+    if (!reqs_[i].active()) completed(i);
+}
+
+void GradReducer::completed(size_t i) {
+  if (flight_[i].done_s >= 0) return;
+  flight_[i].done_s = now_s();
+  // ZeRO-2, 3: the tensor's summed slab is in shard_out, and nothing adds to its whole gradient
+  // again this step: its memory goes back now, not at the step's end.
+  if (shard_out_) release_values(grads_ + posted_[i]->offset, posted_[i]->size);
 }
 
 void GradReducer::done_from(size_t offset) {
@@ -53,7 +68,7 @@ void GradReducer::done_from(size_t offset) {
   while (posted_from_ > offset) {
     const size_t start = posted_from_ - std::min(bucket_, posted_from_);
     if (start < offset) break;  // the rest of this bucket is not final yet
-    posted(comm_.iallreduce_data(grads_.data() + start, posted_from_ - start),
+    posted(comm_.iallreduce_data(grads_ + start, posted_from_ - start),
            "all-reduce gradients [" + std::to_string(start) + ", " + std::to_string(posted_from_) + ")");
     posted_from_ = start;
   }
@@ -65,7 +80,7 @@ double GradReducer::finish(Trace& trace) {
   const double wait0 = comm_.wait_seconds();
   for (size_t i = 0; i < reqs_.size(); ++i) {
     comm_.wait(reqs_[i], {"data-parallel gradient sum", -1, -1, Group::data});
-    if (flight_[i].done_s < 0) flight_[i].done_s = now_s();
+    completed(i);
     trace.span(flight_[i].name, Trace::kDataExchange, flight_[i].posted_s, flight_[i].done_s);
   }
   reqs_.clear();
@@ -78,7 +93,7 @@ double GradReducer::finish(Trace& trace) {
     for (const ParamTensor* p : shard_out_ ? std::vector<const ParamTensor*>{} : posted_) {
       shard_.rank_parts(*p, counts_, offsets_);
       if (offsets_[me] > 0 && counts_[me] > 0)
-        std::memmove(grads_.data() + p->offset + offsets_[me], grads_.data() + p->offset, counts_[me] * sizeof(float));
+        std::memmove(grads_ + p->offset + offsets_[me], grads_ + p->offset, counts_[me] * sizeof(float));
     }
     posted_.clear();
   } else if (comm_.topo().dp > 1) {

@@ -312,9 +312,9 @@ void prepare_steps(Run& run) {
   float* shard_out = !shard.shards_grads() ? nullptr
                      : run.on_gpu()        ? run.comms.grad_shard_staging.data()
                                            : run.model.adam->grad_shard().data();
-  run.comms.reducer =
-      std::make_unique<GradReducer>(*run.comms.comm, run.on_gpu() ? run.comms.grad_staging : stage.grads().host(),
-                                    spec.comm.bucket_floats(), stage.params(), shard, run.model.tied_wte, shard_out);
+  run.comms.reducer = std::make_unique<GradReducer>(
+      *run.comms.comm, run.on_gpu() ? run.comms.grad_staging.data() : stage.grads().data(), stage.grads().size(),
+      spec.comm.bucket_floats(), stage.params(), shard, run.model.tied_wte, shard_out);
   run.comms.param_staging.resize(run.on_gpu() && shard.sharded() ? stage.weights().size() : 0);
   run.comms.param_gather =
       std::make_unique<ParamGather>(*run.comms.comm, stage, shard, run.on_gpu() ? &run.comms.param_staging : nullptr);

@@ -54,7 +54,7 @@ TEST_CASE("grad sync: buckets cut from the end sum every element over the replic
   for (size_t bucket : {size_t{1}, size_t{3}, size_t{7}, size_t{1000}}) {
     std::vector<float> grads(23);
     for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(i + 100 * rank);
-    GradReducer reducer(replicas(), grads, bucket, params, whole, nullptr);
+    GradReducer reducer(replicas(), grads.data(), grads.size(), bucket, params, whole, nullptr);
     reducer.begin_step();
     for (size_t offset : {size_t{20}, size_t{20}, size_t{11}, size_t{4}})
       reducer.done_from(offset);  // as backward reports
@@ -73,7 +73,7 @@ TEST_CASE("grad sync: ZeRO-1 leaves each rank its slab of every tensor summed, a
   Trace no_trace;
   std::vector<float> grads(23);
   for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(i + 100 * rank);
-  GradReducer reducer(replicas(), grads, 4, params, mine, nullptr);
+  GradReducer reducer(replicas(), grads.data(), grads.size(), 4, params, mine, nullptr);
   reducer.begin_step();
   for (size_t offset : {size_t{20}, size_t{19}, size_t{11}, size_t{9}, size_t{0}}) reducer.done_from(offset);
   reducer.finish(no_trace);
@@ -87,7 +87,7 @@ TEST_CASE("grad sync: ZeRO-1 leaves each rank its slab of every tensor summed, a
   const RunSpec spec = parse_spec("", "", {"parallel.dp=2", "model.n_layer=1", "model.d_model=8", "model.n_head=2"}, 2);
   Stage stage(spec, 0, 1, 0, 1, spec.parallel.micro_batches, 1.0f);
   const OptimizerShard stage_shard(stage.params(), rank, 2);
-  std::vector<float>& w = stage.weights().host();
+  auto& w = stage.weights().host();
   std::fill(w.begin(), w.end(), -1.0f);
   for (const OptimizerShard::Slab& s : stage_shard.slabs())
     for (size_t i = s.begin; i < s.end; ++i) w[i] = 1000.0f + static_cast<float>(i);
@@ -104,13 +104,13 @@ TEST_CASE("grad sync: the norm covers the summed gradient, and a NaN or stop on 
   const int rank = test_world().rank();
   const RunSpec spec = tiny_replicated();
   Stage stage(spec, 0, 1, 0, 1, spec.parallel.micro_batches, 1.0f);
-  std::vector<float>& g = stage.grads().host();
+  auto& g = stage.grads().host();
   Trace no_trace;  // records nothing
   for (int zero : {0, 1, 2}) {
     INFO("zero = " << zero);
     AdamW adam(spec.train, OptimizerShard(stage.params(), zero ? rank : 0, zero ? 2 : 1, zero));
     const OptimizerShard& shard = adam.shard();
-    GradReducer reducer(replicas(), g, 5, stage.params(), shard, nullptr,
+    GradReducer reducer(replicas(), g.data(), g.size(), 5, stage.params(), shard, nullptr,
                         zero == 2 ? adam.grad_shard().data() : nullptr);
 
     // Each replica holds half of a gradient of ones: after the sum every element (of the rank's
@@ -123,7 +123,7 @@ TEST_CASE("grad sync: the norm covers the summed gradient, and a NaN or stop on 
     CHECK_FALSE(sync.stop);
     CHECK_FALSE(sync.window_long_enough);
     CHECK(sync.norm == Approx(std::sqrt(static_cast<double>(g.size()))));
-    const std::vector<float>& summed = zero == 2 ? adam.grad_shard().host() : g;
+    const auto& summed = zero == 2 ? adam.grad_shard().host() : g;
     for (const OptimizerShard::Slab& s : shard.slabs()) {
       const size_t at = zero == 2 ? s.state_offset : s.begin;
       CHECK(std::all_of(summed.begin() + at, summed.begin() + at + s.size(), [](float v) { return v == 1.0f; }));

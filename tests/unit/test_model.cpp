@@ -85,7 +85,7 @@ TEST_CASE("full model on one stage: every parameter's gradient matches finite di
     st.zero_grads();
     loss();
     st.backward(0, 0, nullptr, nullptr);
-    std::vector<float> grads = st.grads().host();
+    std::vector<float> grads = st.grads().to_host();
     CHECK((st.find("lm_head.weight") != nullptr) == !tied);
     for (auto& p : st.params())
       gradcheck::check((tied ? "tied " : "untied ") + p.name, loss, &st.weights().host()[p.offset], &grads[p.offset],
@@ -112,7 +112,7 @@ TEST_CASE("middle stage: input and parameter gradients match finite differences"
   loss();
   std::vector<float> dx(N * C);
   st.backward(0, 0, r.data(), dx.data());
-  std::vector<float> grads = st.grads().host();
+  std::vector<float> grads = st.grads().to_host();
   gradcheck::check("stage input", loss, x.data(), dx.data(), x.size(), 12);
   for (auto& p : st.params())
     gradcheck::check(p.name, loss, &st.weights().host()[p.offset], &grads[p.offset], p.size, 4);
@@ -160,7 +160,7 @@ TEST_CASE("recompute none, stage and block give identical gradients and stash wh
         CHECK(st.stash_bytes(0, mb) == 0);
         accumulated_dinp.insert(accumulated_dinp.end(), dinp.begin(), dinp.end());
       }
-      grads.push_back(st.grads().host());
+      grads.push_back(st.grads().to_host());
       dinps.push_back(accumulated_dinp);
       losses.push_back(loss);
     }
@@ -221,7 +221,7 @@ TEST_CASE("split backward (input half, later weight half) gives the fused backwa
           st.backward_weight(0, mb);
           CHECK(st.stash_bytes(0, mb) == 0);
         }
-      grads.push_back(st.grads().host());
+      grads.push_back(st.grads().to_host());
       dinps.push_back(all_dinp);
     }
     INFO("stage " << stage_id);
@@ -256,7 +256,7 @@ TEST_CASE("split backward in the fused order is bit-identical to the fused backw
           st.backward(0, mb, r.data(), dinp.data());
         }
       }
-      grads.push_back(st.grads().host());
+      grads.push_back(st.grads().to_host());
     }
     INFO("stage " << stage_id);
     CHECK(grads[1] == grads[0]);
@@ -318,9 +318,9 @@ TEST_CASE("a stage of two chunks lays them out one after the other and computes 
     CHECK(both.stash_bytes(0, mb) == 0);
     CHECK(both.stash_bytes(1, mb) == 0);
   }
-  std::vector<float> grads = v1.grads().host();
+  std::vector<float> grads = v1.grads().to_host();
   grads.insert(grads.end(), v3.grads().host().begin(), v3.grads().host().end());
-  CHECK(both.grads().host() == grads);
+  CHECK(both.grads().to_host() == grads);
 }
 
 TEST_CASE("block tensor table: parameter names, shapes, offsets and the layers' pointers agree", "[model]") {
@@ -332,7 +332,7 @@ TEST_CASE("block tensor table: parameter names, shapes, offsets and the layers' 
     spec.model.ffn_hidden = arch == Arch::llama ? 12 : 0;
     const BlockShape shape = block_shape(spec);
     Stage st(spec, 0, 1, 0, 3, 1, 1.f);
-    std::vector<float>& w = st.weights().host();
+    auto& w = st.weights().host();
     for (int block = 0; block < 3; ++block) {
       const ParamTensor* first = st.find(block_tensor_name(block, block_tensors(arch).front()));
       REQUIRE(first != nullptr);
@@ -354,7 +354,7 @@ TEST_CASE("block tensor table: parameter names, shapes, offsets and the layers' 
   }
   const RunSpec spec = small_spec(3, true);
   Stage st(spec, 0, 1, 0, 3, 1, 1.f);
-  std::vector<float>& w = st.weights().host();
+  auto& w = st.weights().host();
   // Initialisation follows the table: LayerNorm weights 1, biases 0, weights drawn.
   st.init_params(7);
   const ParamTensor* ln = st.find("h.1.ln_2.weight");

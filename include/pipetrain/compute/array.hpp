@@ -1,8 +1,15 @@
 // A growable array of T on the rank's compute device (device.hpp): a std::vector on the CPU,
 // device memory on the GPU. resize() behaves as std::vector's (new elements are zero; capacity
 // never shrinks, and clear() keeps it), so buffers reused every micro-batch do not reallocate.
+// On the CPU fresh memory comes from calloc and is not written on allocation: a large buffer's
+// pages are the system's zero pages until first written, so a buffer present only part of the
+// time (ZeRO's whole gradients and gathered weights, device.hpp's release_values) costs nothing
+// before it is used.
 #pragma once
+#include <algorithm>
 #include <cstddef>
+#include <cstdlib>
+#include <new>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -11,6 +18,38 @@
 #include "pipetrain/compute/gpu.hpp"
 
 namespace pipetrain {
+
+// Zeroed memory that allocating does not touch (calloc: large blocks are fresh zero pages), and
+// elements that a resize leaves unwritten (Array::resize zeroes those that reuse old capacity).
+template <class T>
+struct ZeroPagesAllocator {
+  using value_type = T;
+  ZeroPagesAllocator() = default;
+  template <class U>
+  ZeroPagesAllocator(const ZeroPagesAllocator<U>&) {}
+  T* allocate(size_t n) {
+    void* p = std::calloc(n, sizeof(T));
+    if (!p && n) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <class U>
+  void construct(U*) {}  // value-initialisation: calloc's zeros, or Array::resize's
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+  template <class U>
+  bool operator==(const ZeroPagesAllocator<U>&) const {
+    return true;
+  }
+  template <class U>
+  bool operator!=(const ZeroPagesAllocator<U>&) const {
+    return false;
+  }
+};
+template <class T>
+using HostVector = std::vector<T, ZeroPagesAllocator<T>>;
 
 template <class T>
 class Array {
@@ -25,7 +64,12 @@ class Array {
   bool on_gpu() const { return on_gpu_; }
 
   void resize(size_t n) {
-    if (!on_gpu_) return host_.resize(n);
+    if (!on_gpu_) {
+      const size_t old = host_.size(), capacity = host_.capacity();
+      host_.resize(n);  // beyond the old capacity: fresh zeroed memory, untouched
+      if (n > old && old < capacity) std::fill(host_.data() + old, host_.data() + std::min(n, capacity), T{});
+      return;
+    }
     if (n > dev_.size()) {
       gpu::Buffer<T> bigger(n);
       if (size_) gpu::copy_on_device(bigger.data(), dev_.data(), size_ * sizeof(T));
@@ -49,8 +93,8 @@ class Array {
     return out;
   }
   // The host vector itself, for code that runs on the CPU only (throws for a GPU array).
-  std::vector<T>& host() { return on_gpu_ ? cpu_only() : host_; }
-  const std::vector<T>& host() const { return on_gpu_ ? cpu_only() : host_; }
+  HostVector<T>& host() { return on_gpu_ ? cpu_only() : host_; }
+  const HostVector<T>& host() const { return on_gpu_ ? cpu_only() : host_; }
 
   void swap(Array& o) noexcept {
     std::swap(on_gpu_, o.on_gpu_);
@@ -60,9 +104,9 @@ class Array {
   }
 
  private:
-  [[noreturn]] static std::vector<T>& cpu_only() { throw std::logic_error("a GPU array used as a host vector"); }
+  [[noreturn]] static HostVector<T>& cpu_only() { throw std::logic_error("a GPU array used as a host vector"); }
   bool on_gpu_;
-  std::vector<T> host_;
+  HostVector<T> host_;
   gpu::Buffer<T> dev_;
   size_t size_ = 0;  // GPU arrays: elements in use (dev_.size() is the capacity)
 };

@@ -20,13 +20,19 @@ struct StagePlan {
   // ZeRO-3 with parallel.reshard_after_forward: the most whole weights present at once (the layer a
   // pass reads and the one gathered ahead of it).
   size_t layer_floats = 0;
+  // Its chunks run more than one backward a step (M > 1): gradients accumulate in the whole
+  // buffer until the last. With one, ZeRO-2 and 3 release each tensor's whole gradient once its
+  // reduce-scatter completes, so only the layers in flight are whole at once.
+  bool accumulates = true;
   // What a rank of this stage keeps at parallel.zero = `zero` (as it acts: 0 at dp = 1), in bytes:
   // at the step's peak and between steps. Weights: whole, or (3) the master slab plus what is
-  // gathered; gradients: whole during the step, and (2, 3) the summed slab, all that stays after
-  // it; AdamW's two moments: whole, or (1-3) the slab's.
+  // gathered; gradients: whole during the step (2, 3 without accumulation: the layers in flight),
+  // and (2, 3) the summed slab, all that stays after it; AdamW's two moments: whole, or (1-3) the
+  // slab's.
   struct State {
     double weights = 0, grads = 0, optim = 0;  // at the step's peak
     double weights_held = 0, grads_held = 0;   // between steps
+    double startup = 0;  // while the weights are initialised or loaded whole (ZeRO-3: as the slabs are taken)
     double total() const { return weights + grads + optim; }
     double held() const { return weights_held + grads_held + optim; }
   };

@@ -31,10 +31,12 @@ namespace pipetrain {
 // each tensor is reduce-scattered as a whole (its slabs lie in rank order), into the buffer itself
 // (ZeRO-1) or into `shard_out`, a compact buffer of the shard's slabs (ZeRO-2, 3). Either way the
 // sequence of collectives depends only on the layout, so every replica posts the same, and the
-// tied halves are summed after the replicas' sums, in the same order in both modes.
+// tied halves are summed after the replicas' sums, in the same order in both modes. Under ZeRO-2
+// and 3 a tensor's whole gradient is released as soon as its reduce-scatter is seen complete.
 class GradReducer {
  public:
-  GradReducer(Comm& comm, std::vector<float>& grads, size_t bucket, const std::vector<ParamTensor>& params,
+  // `grads`: the stage's flat gradient buffer of `floats` (on the GPU, its host copy).
+  GradReducer(Comm& comm, float* grads, size_t floats, size_t bucket, const std::vector<ParamTensor>& params,
               const OptimizerShard& shard, const ParamTensor* tied, float* shard_out = nullptr);
   void begin_step();
   // Gradients from `offset` to the end of the buffer are final: post what lies there.
@@ -51,10 +53,12 @@ class GradReducer {
   void post(const ParamTensor& p);           // sharded: one tensor's reduce-scatter
   void posted(Request r, std::string name);  // in flight from now
   void progress();                           // tests what is in flight, noting when each completes
+  void completed(size_t request);            // notes it, and under ZeRO-2, 3 releases its whole gradient
   void sum_shared(const ParamTensor& p, const OptimizerShard::Slab& mine);  // a shared key/value head's
-  SlabView summed() const { return shard_out_ ? SlabView{shard_out_, true} : SlabView{grads_.data(), false}; }
+  SlabView summed() const { return shard_out_ ? SlabView{shard_out_, true} : SlabView{grads_, false}; }
   Comm& comm_;
-  std::vector<float>& grads_;
+  float* grads_;
+  size_t floats_;
   size_t bucket_, posted_from_ = 0;
   const std::vector<ParamTensor>& params_;
   const OptimizerShard& shard_;
