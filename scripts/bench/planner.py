@@ -107,10 +107,14 @@ cases = [
     ("2x1 dualpipev M=8", 2, layout_sets(2, 1, 8, "dualpipev")),
     ("1x2 M=4 zero=0", 2, layout_sets(1, 2, 4)),
     ("1x2 M=4 zero=1", 2, layout_sets(1, 2, 4, extra=["parallel.zero=1"])),
+    ("1x2 M=4 zero=2", 2, layout_sets(1, 2, 4, extra=["parallel.zero=2"])),
+    ("1x2 M=4 zero=3", 2, layout_sets(1, 2, 4, extra=["parallel.zero=3"])),
+    ("1x2 M=1 zero=3", 2, layout_sets(1, 2, 1, extra=["parallel.zero=3"])),
     ("1x2 M=8 stage", 2, layout_sets(1, 2, 8, extra=["parallel.recompute=stage"])),
     # Four ranks share the two cores here: calibrated on four, as they run.
     ("2x2 gpipe M=4", 4, layout_sets(2, 2, 4)),
     ("2x2 1f1b M=4 zero=1", 4, layout_sets(2, 2, 4, "1f1b", ["parallel.zero=1"])),
+    ("2x2 1f1b M=4 zero=3", 4, layout_sets(2, 2, 4, "1f1b", ["parallel.zero=3"])),
 ]
 rows = []
 
@@ -156,7 +160,10 @@ if a.cluster:
                            ("2 nodes: 2x1 1f1b M=16", layout_sets(2, 1, 16, "1f1b")),
                            ("2 nodes: 2x1 zb-h1 M=8", layout_sets(2, 1, 8, "zb-h1")),
                            ("2 nodes: 2x1 interleaved M=8", layout_sets(2, 1, 8, "interleaved", ["parallel.virtual_stages=2"])),
-                           ("2 nodes: 1x2 M=4", layout_sets(1, 2, 4))]:
+                           ("2 nodes: 1x2 M=4", layout_sets(1, 2, 4)),
+                           ("2 nodes: 1x2 M=4 zero=1", layout_sets(1, 2, 4, extra=["parallel.zero=1"])),
+                           ("2 nodes: 1x2 M=4 zero=2", layout_sets(1, 2, 4, extra=["parallel.zero=2"])),
+                           ("2 nodes: 1x2 M=4 zero=3", layout_sets(1, 2, 4, extra=["parallel.zero=3"]))]:
             if not a.only or a.only in name:
                 rows.append(compare(name, 2, sets + one_thread, cluster_costs, across_nodes, fixed))
 errors = [abs(r["error"]) for r in rows]

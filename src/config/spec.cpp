@@ -329,10 +329,10 @@ void validate_spec(const RunSpec& s, int world_size, const std::string& ranks_ar
   if (s.data.source == DataSource::synthetic && m.vocab < 128)
     fail("model.vocab",
          "vocab = " + std::to_string(m.vocab) + " is too small for the synthetic byte language (need >= 128)");
-  // Buffers are indexed with int in BLAS and MPI counts: keep every per-micro-batch tensor below 2^31.
+  // Buffers are indexed with int in BLAS and MPI counts: keep every per-micro-batch tensor below 2^31
+  // (attention keeps no T x T matrix: its largest buffers are the projections').
   const int64_t tokens = int64_t{s.train.global_batch} / batch_divisor * m.seq_len;
-  const int64_t largest = std::max({tokens * 4 * m.d_model, tokens * 2 * m.ffn_hidden, tokens * m.vocab,
-                                    int64_t{s.train.global_batch} / batch_divisor * m.n_head * m.seq_len * m.seq_len});
+  const int64_t largest = std::max({tokens * 4 * m.d_model, tokens * 2 * m.ffn_hidden, tokens * m.vocab});
   if (largest > INT32_MAX)
     fail("model.seq_len", "a micro-batch tensor would hold " + std::to_string(largest) +
                               " elements (limit 2^31-1): lower seq_len, d_model, vocab or the micro-batch size");

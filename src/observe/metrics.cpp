@@ -86,6 +86,8 @@ const StageKey kStageKeys[] = {
     // The data-parallel exchanges: what of them the rank waited for (exposed), and their bytes.
     {"dp_wait_s", &StepLine::dp_wait_s, [](const RankFigures& r) { return r.dp_wait_s; }, OverReplicas::mean,
      Digits::six, false},
+    {"dp_comm_s", &StepLine::dp_comm_s, [](const RankFigures& r) { return r.dp_comm_s; }, OverReplicas::mean,
+     Digits::six, false},
     {"reduced_bytes", &StepLine::reduced_bytes, [](const RankFigures& r) { return r.reduced_bytes; }, OverReplicas::max,
      Digits::whole, false},
     {"gathered_bytes", &StepLine::gathered_bytes, [](const RankFigures& r) { return r.gathered_bytes; },

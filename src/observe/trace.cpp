@@ -8,12 +8,20 @@
 namespace pipetrain {
 
 void Trace::span(const std::string& name, const char* category, double t0, double t1, int mb) {
-  if (!recording_) return;
-  if (category == kDataExchange) {  // one after another, as the replicas' link carries them
-    t0 = std::max(t0, exchange_end_);
-    t1 = exchange_end_ = std::max(t1, t0);
-  }
-  events_.push_back({name, category, (t0 - t_ref_) * 1e6, (t1 - t0) * 1e6, step_, mb});
+  if (recording_) events_.push_back({name, category, (t0 - t_ref_) * 1e6, (t1 - t0) * 1e6, step_, mb});
+}
+
+void Trace::exchange(const std::string& name, double t0, double t1) {
+  t0 = std::max(t0, exchange_end_);
+  t1 = exchange_end_ = std::max(t1, t0);
+  exchange_s_ += t1 - t0;
+  span(name, kDataExchange, t0, t1);
+}
+
+double Trace::take_exchange_s() {
+  const double s = exchange_s_;
+  exchange_s_ = 0;
+  return s;
 }
 
 std::string Trace::events_json(int stage, int thread, int exchange_thread) const {

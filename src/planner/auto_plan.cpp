@@ -13,6 +13,13 @@
 namespace pipetrain {
 namespace {
 
+// The ZeRO levels searched: 3 both releasing each layer's weights after every pass (least memory,
+// a gather before every pass) and keeping them for the step (one gather a step).
+struct Sharding {
+  int zero, reshard;  // parallel.zero, parallel.reshard_after_forward (-1: unset)
+};
+constexpr Sharding kShardings[] = {{0, -1}, {1, -1}, {2, -1}, {3, 1}, {3, 0}};
+
 std::vector<int> divisors(int n) {
   std::vector<int> d;
   for (int i = 1; i <= n; ++i)
@@ -26,6 +33,8 @@ std::string describe(const RunSpec& s, bool with_batch) {
   if (p.virtual_stages > 1) out += " (" + std::to_string(p.virtual_stages) + " chunks)";
   out += std::string(", recompute ") + name_of(p.recompute) + ", " + name_of(p.partition);
   if (p.dp > 1) out += ", zero " + std::to_string(p.zero);
+  if (p.dp > 1 && p.zero == 3)
+    out += p.reshards_after_forward() ? " (resharded after forward)" : " (kept for the step)";
   if (p.sequence_parallel) out += ", sequence parallel";
   if (with_batch) out += ", global batch " + std::to_string(s.train.global_batch);
   return out;
@@ -40,6 +49,9 @@ std::string set_line(const RunSpec& s, bool with_batch) {
          " --set parallel.virtual_stages=" + std::to_string(p.virtual_stages) +
          " --set parallel.recompute=" + name_of(p.recompute) + " --set parallel.partition=" + name_of(p.partition) +
          " --set parallel.zero=" + std::to_string(p.zero) +
+         (p.zero == 3
+              ? std::string(" --set parallel.reshard_after_forward=") + (p.reshards_after_forward() ? "true" : "false")
+              : "") +
          " --set parallel.sequence_parallel=" + (p.sequence_parallel ? "true" : "false") +
          (with_batch ? " --set train.global_batch=" + std::to_string(s.train.global_batch) : "");
 }
@@ -55,8 +67,9 @@ std::pair<int, int> plan_grid(const RunSpec& spec, int tp, int pp, int dp, int w
       for (int V = 1; V <= (kind->chunked ? 4 : 1); ++V)
         for (Recompute mode : {Recompute::none, Recompute::block, Recompute::stage})
           for (Partition part : {Partition::uniform, Partition::balanced})
-            for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)
+            for (const Sharding& shard : kShardings)
               for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+                if (dp == 1 && shard.zero > 0) continue;  // one replica shards nothing
                 if (kind->splits_backward && mode != Recompute::none) continue;
                 // One stage: every schedule and partition is the same step, planned once, as the
                 // first registered schedule (gpipe).
@@ -71,7 +84,8 @@ std::pair<int, int> plan_grid(const RunSpec& spec, int tp, int pp, int dp, int w
                 p.virtual_stages = V;
                 p.recompute = mode;
                 p.partition = part;
-                p.zero = zero;
+                p.zero = shard.zero;
+                p.reshard_after_forward = shard.reshard;
                 p.sequence_parallel = sp == 1;
                 p.blocks_per_stage.clear();
                 s.origins.clear();

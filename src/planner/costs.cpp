@@ -87,6 +87,12 @@ double MachineCosts::allreduce_s(double bytes, int ranks) const {
   return measured * (2 * (D - 1) / D) / (2 * (D0 - 1) / D0);
 }
 
+double MachineCosts::node_allreduce_s(double bytes, int ranks) const {
+  if (ranks <= 1 || node_allreduce.empty()) return allreduce_s(bytes, ranks);
+  const double D = ranks;
+  return transfer_at(node_allreduce, bytes) * (2 * (D - 1) / D);  // measured as at D = 2
+}
+
 // The block a cost was measured on beyond d_model and n_head: "gpt2", or llama's key/value heads
 // and SwiGLU width (the products that differ).
 std::string block_family(const RunSpec& spec) {
@@ -112,6 +118,11 @@ nlohmann::json MachineCosts::to_json() const {
   j["allreduce"] = nlohmann::json::array();
   for (const Transfer& t : allreduce) j["allreduce"].push_back({{"bytes", t.bytes}, {"seconds", t.seconds}});
   j["allreduce_ranks"] = allreduce_ranks;
+  if (!node_allreduce.empty()) {
+    j["node_allreduce"] = nlohmann::json::array();
+    for (const Transfer& t : node_allreduce)
+      j["node_allreduce"].push_back({{"bytes", t.bytes}, {"seconds", t.seconds}});
+  }
   return j;
 }
 
@@ -136,6 +147,8 @@ MachineCosts MachineCosts::from_json(const nlohmann::json& j, const std::string&
     for (const auto& t : j.at("p2p")) c.p2p.push_back({t.at("bytes"), t.at("seconds")});
     for (const auto& t : j.at("allreduce")) c.allreduce.push_back({t.at("bytes"), t.at("seconds")});
     c.allreduce_ranks = j.at("allreduce_ranks");
+    if (j.contains("node_allreduce"))
+      for (const auto& t : j.at("node_allreduce")) c.node_allreduce.push_back({t.at("bytes"), t.at("seconds")});
   } catch (const nlohmann::json::exception& e) {
     throw SpecError(where + ": not a cost file (" + e.what() + "); write one with pipetrain plan --calibrate");
   }
@@ -188,13 +201,17 @@ MachineCosts MachineCosts::for_model(const RunSpec& spec) {
 }
 
 MachineCosts MachineCosts::from_peak(const RunSpec& spec, double flops_per_s, double efficiency,
-                                     double link_bytes_per_s) {
+                                     double link_bytes_per_s, double node_link_bytes_per_s) {
   MachineCosts c = for_model(spec);
   const double rate = flops_per_s * efficiency;
-  char what[160];
+  char what[200];
   std::snprintf(what, sizeof what, "a peak of %.3g TFLOP/s per rank at %.0f%% of it, %.3g GB/s links",
                 flops_per_s / 1e12, 100 * efficiency, link_bytes_per_s / 1e9);
   c.source = what;
+  if (node_link_bytes_per_s > 0) {
+    std::snprintf(what, sizeof what, " (%.3g GB/s within a node)", node_link_bytes_per_s / 1e9);
+    c.source += what;
+  }
   AtSize one = flops_per_sample(spec);
   for (PassCosts* p : {&one.block, &one.embed, &one.head}) {
     p->f /= rate;
@@ -209,6 +226,8 @@ MachineCosts MachineCosts::from_peak(const RunSpec& spec, double flops_per_s, do
   c.p2p = {{1, latency}, {1e9, latency + 1e9 / link_bytes_per_s}};
   c.allreduce_ranks = 2;
   c.allreduce = {{1, 2 * latency}, {1e9, 2 * latency + 1e9 / link_bytes_per_s}};  // 2(D-1)/D = 1 at D = 2
+  if (node_link_bytes_per_s > 0)
+    c.node_allreduce = {{1, 2 * latency}, {1e9, 2 * latency + 1e9 / node_link_bytes_per_s}};
   return c;
 }
 

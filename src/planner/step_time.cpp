@@ -14,7 +14,7 @@ namespace pipetrain {
 namespace {
 
 // Seconds of what `layer`'s `pass` exchanges with its tensor group (layer_decl.hpp), at the
-// measured all-reduce's cost: an all-gather or a reduce-scatter moves half of what an all-reduce
+// measured all-reduce's cost within a node: an all-gather or a reduce-scatter moves half of what an all-reduce
 // of the same rows moves.
 double exchange_s(const MachineCosts& costs, Layer layer, Pass pass, int tp, bool sp, const LayerRows& rows, size_t C) {
   const Messages m = layer_messages(layer, pass, tp, sp, rows, C);
@@ -22,7 +22,7 @@ double exchange_s(const MachineCosts& costs, Layer layer, Pass pass, int tp, boo
   for (int k = 0; k < kExchanges; ++k) {
     if (m[k].calls == 0) continue;
     const bool half = k == static_cast<int>(Exchange::gather) || (k == static_cast<int>(Exchange::sum) && sp);
-    s += m[k].calls * costs.allreduce_s(m[k].bytes / m[k].calls, tp) * (half ? 0.5 : 1);
+    s += m[k].calls * costs.node_allreduce_s(m[k].bytes / m[k].calls, tp) * (half ? 0.5 : 1);
   }
   return s;
 }

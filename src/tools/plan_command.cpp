@@ -40,11 +40,14 @@ void write_costs(const PlanOptions& opt, const MachineCosts& costs, const char* 
 }
 
 void check_machine_options(const PlanOptions& opt) {
-  for (const auto& [option, value] : {std::pair{"peak-tflops", opt.peak_tflops}, std::pair{"link-gbps", opt.link_gbps}})
+  for (const auto& [option, value] : {std::pair{"peak-tflops", opt.peak_tflops}, std::pair{"link-gbps", opt.link_gbps},
+                                      std::pair{"node-link-gbps", opt.node_link_gbps}})
     if (value && !(*value > 0 && std::isfinite(*value)))
       throw SpecError(std::string("--") + option + " " + number(*value) + " is not a positive number");
   if (opt.peak_tflops.has_value() != opt.link_gbps.has_value())
     throw SpecError("--peak-tflops and --link-gbps describe a machine together: give both");
+  if (opt.node_link_gbps && !opt.peak_tflops)
+    throw SpecError("--node-link-gbps goes with --peak-tflops and --link-gbps (a cost file measures its own links)");
   if (!(opt.efficiency > 0 && opt.efficiency <= 1))
     throw SpecError("--efficiency " + number(opt.efficiency) + " must be in (0, 1]");
 }
@@ -59,7 +62,8 @@ std::optional<MachineCosts> chosen_costs(const PlanOptions& opt, const RunSpec& 
     return costs;
   }
   if (opt.peak_tflops)
-    return MachineCosts::from_peak(spec, *opt.peak_tflops * 1e12, opt.efficiency, *opt.link_gbps * 1e9);
+    return MachineCosts::from_peak(spec, *opt.peak_tflops * 1e12, opt.efficiency, *opt.link_gbps * 1e9,
+                                   opt.node_link_gbps.value_or(0) * 1e9);
   return std::nullopt;
 }
 
@@ -160,7 +164,7 @@ ExitCode run_calibrate(const PlanOptions& opt, World& world) {
 
 ExitCode plan_command(const std::vector<std::string>& args) {
   PlanOptions opt;
-  double peak_tflops = 0, link_gbps = 0;
+  double peak_tflops = 0, link_gbps = 0, node_link_gbps = 0;
   std::string global_batch;
   po::options_description desc("pipetrain plan [options]   (no MPI launch needed)");
   desc.add_options()("help,h", "show this help")("config", po::value<std::string>(&opt.config), "run spec (TOML)")(
@@ -184,6 +188,8 @@ ExitCode plan_command(const std::vector<std::string>& args) {
       "trace): predict the step time and the run's cost")("peak-tflops", po::value<double>(&peak_tflops),
                                                           "for a machine not at hand: each rank's peak TFLOP/s ...")(
       "link-gbps", po::value<double>(&link_gbps), "... and its link bandwidth in GB/s")(
+      "node-link-gbps", po::value<double>(&node_link_gbps),
+      "... and within a node (NVLink: a tensor group's link; default --link-gbps)")(
       "efficiency", po::value<double>(&opt.efficiency),
       "... and the share of the peak the kernels reach (default 0.5)")(
       "memory-per-rank", po::value<std::string>(&opt.memory_per_rank),
@@ -203,6 +209,7 @@ ExitCode plan_command(const std::vector<std::string>& args) {
   opt.global_batch = vm.count("global-batch") ? global_batch : "";
   if (vm.count("peak-tflops")) opt.peak_tflops = peak_tflops;
   if (vm.count("link-gbps")) opt.link_gbps = link_gbps;
+  if (vm.count("node-link-gbps")) opt.node_link_gbps = node_link_gbps;
   opt.calibrate = vm.count("calibrate") > 0;
   opt.output_given = !vm["output"].defaulted();
   opt.force = vm.count("force") > 0;

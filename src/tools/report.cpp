@@ -89,7 +89,8 @@ void text_stages(const RunSummary& r, std::string& out) {
     out += " | RSS " + mib(f.rss_bytes) + " | params+grads+AdamW " + mib(f.state_bytes) + "\n";
     if (f.reduced_bytes > 0)
       out += "      data-parallel exchanges a step: " + mib(f.reduced_bytes) + " reduced, " + mib(f.gathered_bytes) +
-             " gathered, " + fmt("%.1f", 1e3 * f.dp_wait_s) + " ms waited for (exposed)\n";
+             " gathered, " + fmt("%.1f", 1e3 * f.dp_comm_s) + " ms on the link, of it " +
+             fmt("%.1f", 1e3 * f.dp_wait_s) + " ms waited for (exposed)\n";
     if (!f.step_shares.empty()) out += "      step by kernel: " + shares_text(f) + "\n";
   }
 }
@@ -125,6 +126,7 @@ json stage_json(const StageFigures& f) {
           {"rss_bytes", f.rss_bytes},
           {"state_bytes", f.state_bytes},
           {"dp_wait_s", f.dp_wait_s},
+          {"dp_comm_s", f.dp_comm_s},
           {"reduced_bytes", f.reduced_bytes},
           {"gathered_bytes", f.gathered_bytes},
           {"step_shares", shares},

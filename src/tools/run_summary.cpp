@@ -161,6 +161,7 @@ void summarize_stages(const std::vector<json>& lines, RunSummary& r) {
     f.state_bytes = stage_median(per_stage, "param_bytes", s) + stage_median(per_stage, "grad_bytes", s) +
                     stage_median(per_stage, "optim_bytes", s);  // as kept between steps
     f.dp_wait_s = stage_median(per_stage, "dp_wait_s", s);
+    f.dp_comm_s = stage_median(per_stage, "dp_comm_s", s);
     f.reduced_bytes = stage_median(per_stage, "reduced_bytes", s);
     f.gathered_bytes = stage_median(per_stage, "gathered_bytes", s);
     if (r.predicted) {

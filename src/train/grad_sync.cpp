@@ -81,7 +81,7 @@ double GradReducer::finish(Trace& trace) {
   for (size_t i = 0; i < reqs_.size(); ++i) {
     comm_.wait(reqs_[i], {"data-parallel gradient sum", -1, -1, Group::data});
     completed(i);
-    trace.span(flight_[i].name, Trace::kDataExchange, flight_[i].posted_s, flight_[i].done_s);
+    trace.exchange(flight_[i].name, flight_[i].posted_s, flight_[i].done_s);
   }
   reqs_.clear();
   flight_.clear();
@@ -129,8 +129,9 @@ void GradReducer::sum_shared(const ParamTensor& p, const OptimizerShard::Slab& m
   for (const ElementRun& r : runs) std::copy_n(&shared_sum_[r.whole], r.count, slab + (r.local - begin));
 }
 
-ParamGather::ParamGather(Comm& comm, Stage& stage, const OptimizerShard& shard, std::vector<float>* staging)
-    : comm_(comm), stage_(stage), shard_(shard), staging_(staging), reqs_(stage.chunks()) {
+ParamGather::ParamGather(Comm& comm, Stage& stage, const OptimizerShard& shard, std::vector<float>* staging,
+                         Trace* trace)
+    : comm_(comm), stage_(stage), shard_(shard), staging_(staging), trace_(trace), reqs_(stage.chunks()) {
   for (const ParamTensor& p : stage.params()) {
     int chunk = 0;
     while (chunk + 1 < stage.chunks() && stage.chunk_offset(chunk + 1) <= p.offset) ++chunk;
@@ -143,6 +144,7 @@ double ParamGather::post() {
   Floats& w = stage_.weights();
   if (staging_) download(staging_->data(), w.data(), w.size() * sizeof(float));
   float* base = staging_ ? staging_->data() : w.data();
+  posted_s_ = now_s();
   const std::vector<ParamTensor>& params = stage_.params();
   for (size_t i = 0; i < params.size(); ++i) {
     shard_.rank_parts(params[i], counts_, offsets_);
@@ -154,6 +156,7 @@ double ParamGather::post() {
 bool ParamGather::wait(int chunk) {
   if (reqs_[chunk].empty()) return false;
   comm_.wait_all(reqs_[chunk], {"data-parallel parameter all-gather", -1, -1, Group::data});
+  if (trace_) trace_->exchange("all-gather updated weights, chunk " + std::to_string(chunk), posted_s_, now_s());
   if (!staging_) return true;
   const size_t begin = stage_.chunk_offset(chunk);
   const size_t end = chunk + 1 < stage_.chunks() ? stage_.chunk_offset(chunk + 1) : stage_.weights().size();

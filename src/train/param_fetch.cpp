@@ -80,7 +80,7 @@ void LayerGather::wait(size_t tensor) {
   if (h.travelling.empty()) return;
   comm_.wait_all(h.travelling, {"data-parallel weight all-gather (ZeRO-3)", -1, -1, Group::data});
   const ParamTensor& p = stage_.params()[tensor];
-  trace_.span("all-gather " + p.name, Trace::kDataExchange, h.posted_s, now_s());
+  trace_.exchange("all-gather " + p.name, h.posted_s, now_s());
   if (staging_) upload(stage_.weights().data() + p.offset, staging_->data() + p.offset, p.size * sizeof(float));
   h.present = true;
   live_floats_ += p.size;

@@ -316,8 +316,8 @@ void prepare_steps(Run& run) {
       *run.comms.comm, run.on_gpu() ? run.comms.grad_staging.data() : stage.grads().data(), stage.grads().size(),
       spec.comm.bucket_floats(), stage.params(), shard, run.model.tied_wte, shard_out);
   run.comms.param_staging.resize(run.on_gpu() && shard.sharded() ? stage.weights().size() : 0);
-  run.comms.param_gather =
-      std::make_unique<ParamGather>(*run.comms.comm, stage, shard, run.on_gpu() ? &run.comms.param_staging : nullptr);
+  run.comms.param_gather = std::make_unique<ParamGather>(
+      *run.comms.comm, stage, shard, run.on_gpu() ? &run.comms.param_staging : nullptr, &run.telemetry.trace);
   if (shard.shards_weights()) {
     run.comms.layer_gather =
         std::make_unique<LayerGather>(*run.comms.comm, stage, *run.model.adam, spec.parallel.reshards_after_forward(),
@@ -474,6 +474,7 @@ double evaluate(Run& run) {
                       params_ready(run.model, run.comms))
                 .loss_sum;
   if (run.comms.layer_gather) run.comms.layer_gather->release_all();
+  run.telemetry.trace.take_exchange_s();  // an evaluation's gathers are not the next step's
   run.comms.comm->allreduce_world(&loss, 1);
   return loss / (static_cast<double>(spec.eval.batches) * run.telemetry.tokens_per_step);
 }

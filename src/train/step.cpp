@@ -85,6 +85,7 @@ StepResult train_step(Run& run, int step) {
   run.policies.budget->step_took(r.step_s);
   r.waited_s = comm.wait_seconds();
   r.dp_wait_s = comm.data_wait_seconds();
+  r.dp_comm_s = run.telemetry.trace.take_exchange_s();
   r.kernels = take_kernel_totals();
   if (run.telemetry.straggler_window) {
     // The rank's own time: the step less its waits for peers (its passes, its update, and whatever
@@ -114,6 +115,7 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   mine.comm_wait_s = r.waited_s;
   mine.bubble_wait_s = r.waited_s - r.dp_wait_s;
   mine.dp_wait_s = r.dp_wait_s;
+  mine.dp_comm_s = r.dp_comm_s;
   mine.reduced_bytes = run.spec.parallel.dp > 1 ? 4 * whole : 0;
   mine.gathered_bytes = r.gathered_bytes;
   mine.act_peak_bytes = static_cast<double>(r.stats.act_peak_bytes);

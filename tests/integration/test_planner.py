@@ -241,6 +241,27 @@ def auto_picks_data_parallel_first():
     expect("exposed layer gathers" in why and "per rank" in why, f"the why line names the gathers and memory: {why}")
 
 
+@scenario
+def auto_shards_a_70b():
+    """plan --auto for Llama 3 70B (configs/llama3-70b.toml, 70,553,706,496 parameters) on 512 H200-class GPUs,
+    nodes of 8 with 450 GB/s inside (--node-link-gbps) and 50 GB/s between: the state alone is 1.1 TB, and the
+    pick splits each layer over a node's tensor ranks and shards the rest with ZeRO over the replicas, within
+    141 GiB per GPU, saying where its step goes."""
+    config = os.path.join(settings().configs, "llama3-70b.toml")
+    r = plan("--world", "64", "--set", "parallel.tp=1", "--peak-tflops", "989", "--link-gbps", "50", "--json",
+             config=config)
+    counted = sum(st["params"] for st in json.loads(r.stdout)["stages"]) if r.returncode == 0 else 0
+    expect(counted == 70553706496, f"the published parameters, counted over the stages: {counted}")
+    r = plan("--auto", "--world", "512", "--peak-tflops", "989", "--link-gbps", "50", "--node-link-gbps", "450",
+             "--memory-per-rank", "141GiB", "--json", config=config)
+    j = json.loads(r.stdout) if r.returncode == 0 else {"binding": [], "best": [{}]}
+    best = j["best"][0]
+    expect(best.get("tp", 1) > 1 and best.get("dp", 1) > 1 and best.get("zero", 0) >= 1 and
+           best.get("memory_bytes", 1e30) <= 141 * 2 ** 30, f"tp x pp x dp with zero, within 141 GiB: {best.get('layout')}")
+    why = next((b for b in j["binding"] if b.startswith("why #1: ")), "")
+    expect("tensor exchanges" in why and "per rank" in why, f"why #1 gives the tensor exchanges and the memory: {why}")
+
+
 def median(xs):
     xs = sorted(xs)
     h = len(xs) // 2
@@ -296,7 +317,8 @@ def costs_from_a_finished_run():
 @scenario
 def bad_planner_input():
     """Exit 2 with one message naming the option or file: a missing cost file, a file that is not
-    one, costs of another model, --auto without --world or costs, half a peak, a byte count that is
+    one, costs of another model, --auto without --world or costs, half a peak, a node link without the
+    machine it belongs to or of no bandwidth, a byte count that is
     not one, --from-run without --calibrate or of no run, and calibrating a GPU spec where there is
     no GPU."""
     a = settings()
@@ -310,6 +332,8 @@ def bad_planner_input():
         (["--auto", "--costs", costs_file()], "plan --auto needs --world"),
         (["--auto", "--world", "2"], "give --costs FILE"),
         (["--peak-tflops", "100"], "--peak-tflops and --link-gbps describe a machine together"),
+        (["--costs", costs_file(), "--node-link-gbps", "450"], "--node-link-gbps goes with --peak-tflops and --link-gbps"),
+        (["--peak-tflops", "1", "--link-gbps", "1", "--node-link-gbps", "0"], "--node-link-gbps 0 is not a positive number"),
         (["--memory-per-rank", "lots", "--peak-tflops", "1", "--link-gbps", "1"], "--memory-per-rank lots: not a byte count"),
         (["--auto", "--world", "2", "--global-batch", "64", "--peak-tflops", "1", "--link-gbps", "1"],
          "--global-batch 64: only 'auto', with --auto"),

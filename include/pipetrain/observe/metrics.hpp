@@ -21,6 +21,7 @@ struct RankFigures {
   double bubble_wait_s = 0;   // waiting for pipeline peers (p2p, tied sync, step-boundary sync)
   double comm_wait_s = 0;     // all waiting incl. the data-parallel all-reduce
   double dp_wait_s = 0;       // of it, waiting for the data-parallel exchanges (gradient sums, ZeRO's gathers)
+  double dp_comm_s = 0;       // the seconds those exchanges kept the replicas' link busy (Trace::take_exchange_s)
   double reduced_bytes = 0;   // gradient bytes this rank summed over its replicas this step
   double gathered_bytes = 0;  // weight bytes ZeRO's all-gathers brought into its buffer this step
   double rank_step_s = 0;     // this rank's own step wall time (compute + waits + overheads)
@@ -38,13 +39,25 @@ struct RankFigures {
   static RankFigures from(const double* in);
 };
 // The scalars of RankFigures in the order they travel: a new figure is a member and a row here.
-inline constexpr double RankFigures::*kRankScalars[] = {
-    &RankFigures::stage,          &RankFigures::dp_rank,        &RankFigures::compute_s,
-    &RankFigures::bubble_wait_s,  &RankFigures::comm_wait_s,    &RankFigures::rank_step_s,
-    &RankFigures::act_peak_bytes, &RankFigures::mem_peak_bytes, &RankFigures::p2p_bytes,
-    &RankFigures::weight_floats,  &RankFigures::grad_floats,    &RankFigures::optim_floats,
-    &RankFigures::loss_sum,       &RankFigures::dp_wait_s,      &RankFigures::reduced_bytes,
-    &RankFigures::gathered_bytes, &RankFigures::gpu_mem_bytes,  &RankFigures::gpu_mem_peak_bytes};
+inline constexpr double RankFigures::*kRankScalars[] = {&RankFigures::stage,
+                                                        &RankFigures::dp_rank,
+                                                        &RankFigures::compute_s,
+                                                        &RankFigures::bubble_wait_s,
+                                                        &RankFigures::comm_wait_s,
+                                                        &RankFigures::rank_step_s,
+                                                        &RankFigures::act_peak_bytes,
+                                                        &RankFigures::mem_peak_bytes,
+                                                        &RankFigures::p2p_bytes,
+                                                        &RankFigures::weight_floats,
+                                                        &RankFigures::grad_floats,
+                                                        &RankFigures::optim_floats,
+                                                        &RankFigures::loss_sum,
+                                                        &RankFigures::dp_wait_s,
+                                                        &RankFigures::dp_comm_s,
+                                                        &RankFigures::reduced_bytes,
+                                                        &RankFigures::gathered_bytes,
+                                                        &RankFigures::gpu_mem_bytes,
+                                                        &RankFigures::gpu_mem_peak_bytes};
 inline constexpr size_t kRankFigureFields = std::size(kRankScalars) + kKernelClasses + 1 + WindowFigures::kFields;
 
 struct StepLine {
@@ -61,7 +74,7 @@ struct StepLine {
   // Per stage, each combined from its ranks' figures by one row of kStageKeys (metrics.cpp).
   std::vector<double> bubble_measured, act_peak_bytes, mem_peak_bytes, comm_wait_s, compute_s, rank_step_s, p2p_bytes;
   std::vector<double> param_bytes, grad_bytes, optim_bytes;
-  std::vector<double> dp_wait_s, reduced_bytes, gathered_bytes;
+  std::vector<double> dp_wait_s, dp_comm_s, reduced_bytes, gathered_bytes;
   std::vector<double> gpu_mem_bytes, gpu_mem_peak_bytes;  // written only when some rank has a GPU
   std::vector<std::vector<double>> kernel_s;              // [kernel class][stage] seconds, averaged over dp
   std::vector<double> gemm_gflops;                        // per stage: rate of the dense products inside the step

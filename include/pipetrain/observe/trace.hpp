@@ -27,9 +27,15 @@ class Trace {
     step_ = step;
     recording_ = launch_step < steps_;
   }
-  // t0, t1: now_s() values. mb < 0: not tied to a micro-batch. Exchange spans (kDataExchange)
-  // start no earlier than the one before ends: the track shows the link busy, one at a time.
+  // t0, t1: now_s() values. mb < 0: not tied to a micro-batch.
   void span(const std::string& name, const char* category, double t0, double t1, int mb = -1);
+  // A data-parallel exchange from posting (t0) to when the rank saw it complete (t1), on the
+  // exchange track. Each starts no earlier than the one before ended: the track shows the
+  // replicas' link busy, one exchange at a time. Counted whether or not the step is recorded.
+  void exchange(const std::string& name, double t0, double t1);
+  // Seconds the exchanges kept the link busy since the last call: the step's communication, of
+  // which the waits for it (Comm::data_wait_seconds) are the exposed part.
+  double take_exchange_s();
 
   // This rank's events as comma-separated Chrome trace JSON objects: process `stage`, thread
   // `thread` (dp rank x tp + tensor rank), its exchanges' thread `exchange_thread`.
@@ -51,6 +57,7 @@ class Trace {
   int step_ = 0;
   bool recording_ = false;
   double exchange_end_ = 0;  // the exchange track's last span's end
+  double exchange_s_ = 0;    // busy seconds since take_exchange_s
   std::vector<Event> events_;
 };
 

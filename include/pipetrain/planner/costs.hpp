@@ -45,6 +45,8 @@ struct MachineCosts {
   std::vector<Transfer> p2p;        // one message between two ranks, by increasing size
   std::vector<Transfer> allreduce;  // an all-reduce over allreduce_ranks ranks, by size
   int allreduce_ranks = 2;
+  // The same inside a node (NVLink), where a tensor group runs; empty: the link above.
+  std::vector<Transfer> node_allreduce;
 
   // Interpolated linearly between measured sizes, proportionally beyond them.
   PassCosts block(int samples) const;
@@ -57,6 +59,8 @@ struct MachineCosts {
   // Ring all-reduce over `ranks`: each rank moves 2(D-1)/D of the bytes in 2(D-1) steps, scaled
   // from the measured group size. 0 for one rank.
   double allreduce_s(double bytes, int ranks) const;
+  // The same over a tensor group, which stays within a node: on node_allreduce where given.
+  double node_allreduce_s(double bytes, int ranks) const;
   double adamw_s(double params) const { return adamw_s_per_param * params; }
 
   nlohmann::json to_json() const;
@@ -66,9 +70,11 @@ struct MachineCosts {
   // Whether `path` holds a cost file (what plan --calibrate --force may replace).
   static bool is_cost_file(const std::string& path);
   // A machine described by its peak: each pass at `flops_per_s` x `efficiency` (the FLOPs of our
-  // kernels for `spec`'s model), messages at `link_bytes_per_s` after a 10 us latency, AdamW at a
-  // memory bandwidth of peak / 200 FLOP per byte.
-  static MachineCosts from_peak(const RunSpec& spec, double flops_per_s, double efficiency, double link_bytes_per_s);
+  // kernels for `spec`'s model), messages at `link_bytes_per_s` after a 10 us latency (a tensor
+  // group's at `node_link_bytes_per_s` where given, 0: the same), AdamW at a memory bandwidth of
+  // peak / 200 FLOP per byte.
+  static MachineCosts from_peak(const RunSpec& spec, double flops_per_s, double efficiency, double link_bytes_per_s,
+                                double node_link_bytes_per_s = 0);
   // The FLOPs of each pass per sample, as our kernels count them, in the seconds' places (from_peak
   // divides them by a rate; a run's measured passes are shared out in their proportions).
   static AtSize flops_per_sample(const RunSpec& spec);

@@ -22,6 +22,7 @@ struct PlanOptions {
   std::string costs;                  // --costs: a cost file or a run directory
   std::optional<double> peak_tflops;  // --peak-tflops, --link-gbps, --efficiency: a machine not at hand
   std::optional<double> link_gbps;
+  std::optional<double> node_link_gbps;  // a tensor group's link within a node (NVLink); unset: link_gbps
   double efficiency = 0.5;
   std::string memory_per_rank;  // --memory-per-rank, as given ("141GiB")
   // --calibrate: measure (or, with --from-run, read a run's trace) and write --output.

@@ -19,8 +19,9 @@ namespace pipetrain {
 // Medians over the logged steps of one stage (NaN where the log lacks the key).
 struct StageFigures {
   double bubble = NAN, act_peak_bytes = NAN, rss_bytes = NAN, state_bytes = NAN;
-  // The data-parallel exchanges per step (medians): seconds waited for them, bytes reduced and gathered.
-  double dp_wait_s = NAN, reduced_bytes = NAN, gathered_bytes = NAN;
+  // The data-parallel exchanges per step (medians): seconds waited for them (exposed) and on the
+  // link in all, bytes reduced and gathered.
+  double dp_wait_s = NAN, dp_comm_s = NAN, reduced_bytes = NAN, gathered_bytes = NAN;
   double bubble_sim = NAN, act_plan_bytes = NAN;  // plan's prediction (NaN without one)
   // Where the stage's own step time went, summed over the steps: each kernel class, "waiting",
   // "other" (shares adding up to 1; empty for logs without kernel timers), and its GEMM rate.

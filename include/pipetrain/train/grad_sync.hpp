@@ -81,7 +81,9 @@ class GradReducer {
 // the stages before it overlap it). On the GPU the weights travel through `staging`, a host copy.
 class ParamGather {
  public:
-  ParamGather(Comm& comm, Stage& stage, const OptimizerShard& shard, std::vector<float>* staging);
+  // Each chunk's gathers go on `trace`'s exchange track (when given) from posting to arrival.
+  ParamGather(Comm& comm, Stage& stage, const OptimizerShard& shard, std::vector<float>* staging,
+              Trace* trace = nullptr);
   double post();         // the bytes the gathers bring in (0: nothing to gather)
   bool wait(int chunk);  // true if there was something to wait for
   void wait_all();
@@ -91,6 +93,8 @@ class ParamGather {
   Stage& stage_;
   const OptimizerShard& shard_;
   std::vector<float>* staging_;
+  Trace* trace_;
+  double posted_s_ = 0;
   std::vector<std::vector<Request>> reqs_;  // per chunk
   std::vector<int> chunk_of_;               // per tensor
   std::vector<int> counts_, offsets_;

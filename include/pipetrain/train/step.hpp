@@ -13,6 +13,7 @@ struct StepResult {
   double local_s = 0;         // compute outside the executor (zeroing, norm, optimizer)
   double waited_s = 0;        // all waits of the step, before any evaluation or save
   double dp_wait_s = 0;       // of them, for the data-parallel exchanges
+  double dp_comm_s = 0;       // the exchanges' time on the link, hidden or not
   double gathered_bytes = 0;  // brought in by ZeRO's weight all-gathers (posted this step under ZeRO-1, 2)
   KernelTotals kernels;       // this step's compute by kernel class
 };
