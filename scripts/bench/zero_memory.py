@@ -8,23 +8,15 @@ zero 0's, and the median step time against zero 0's. The last line is a JSON sum
 scripts/bench.sh.
 
 usage: scripts/bench/zero_memory.py [--bin build/pipetrain] [--layers 8] [--d-model 512] [--steps 6] [--micro-batches 2]"""
-import argparse
 import json
 import os
 import shutil
 import subprocess
-import tempfile
 
-here = os.path.dirname(os.path.abspath(__file__))
-ap = argparse.ArgumentParser()
-ap.add_argument("--bin", default=os.path.join(here, "..", "..", "build", "pipetrain"))
-ap.add_argument("--layers", type=int, default=8)
-ap.add_argument("--d-model", type=int, default=512)
-ap.add_argument("--steps", type=int, default=6)
-ap.add_argument("--micro-batches", type=int, default=2)
-a = ap.parse_args()
-mpiexec = shutil.which("mpiexec.mpich") or "mpiexec"
-work = tempfile.mkdtemp(prefix="bench-zero-")
+from bench_setup import setup
+
+a, mpiexec, work = setup("zero", [("--layers", int, 8), ("--d-model", int, 512), ("--steps", int, 6),
+                                  ("--micro-batches", int, 2)])
 mib = 2**20
 # A model whose AdamW state dominates: small batches, short sequences, many parameters.
 model = [f"model.n_layer={a.layers}", f"model.d_model={a.d_model}", "model.n_head=8", "model.seq_len=32",

@@ -8,30 +8,24 @@ Per level: the median step, the median seconds the data-parallel exchanges kept 
 and the step against zero 1's. The last line is a JSON summary for scripts/bench.sh.
 
 usage: scripts/bench/zero_overlap.py [--bin build/pipetrain] [--config configs/small.toml] [--steps 20]
-                                     [--skip 3] [--set KEY=VALUE ...]"""
-import argparse
+                                     [--skip 3]"""
 import json
 import os
+import shutil
 import statistics
 import sys
-import tempfile
 
-here = os.path.dirname(os.path.abspath(__file__))
+from bench_setup import here, setup
+
 root = os.path.join(here, "..", "..")
-ap = argparse.ArgumentParser()
-ap.add_argument("--bin", default=os.path.join(root, "build", "pipetrain"))
-ap.add_argument("--config", default=os.path.join(root, "configs", "small.toml"))
-ap.add_argument("--steps", type=int, default=20)
-ap.add_argument("--skip", type=int, default=3)
-ap.add_argument("--set", action="append", default=[], help="an extra spec override (repeatable)")
-a = ap.parse_args()
+a, _, work = setup("zero-overlap", [("--config", str, os.path.join(root, "configs", "small.toml")),
+                                    ("--steps", int, 20), ("--skip", int, 3)])
 sys.path.insert(0, root)
 from tests.lib.emulated_cluster import Cluster  # noqa: E402
 
-work = tempfile.mkdtemp(prefix="bench-zero-overlap-")
 # The nodes share this machine's cores, and each would take them all: one BLAS thread per rank.
-common = ["parallel.dp=2", "parallel.threads_per_rank=1", "log.trace_steps=0", "log.every_steps=1", "checkpoint.every_steps=0",
-          "eval.every_steps=0", f"run.steps={a.steps}", *a.set]
+common = ["parallel.dp=2", "parallel.threads_per_rank=1", "log.trace_steps=0", "log.every_steps=1",
+          "checkpoint.every_steps=0", "eval.every_steps=0", f"run.steps={a.steps}"]
 levels = {"0": ["parallel.zero=0"], "1": ["parallel.zero=1"], "2": ["parallel.zero=2"],
           "3 reshard": ["parallel.zero=3", "parallel.reshard_after_forward=true"],
           "3 kept": ["parallel.zero=3", "parallel.reshard_after_forward=false"]}
@@ -56,5 +50,6 @@ print(f"  {'zero':>9} {'step':>9} {'on the link':>12} {'waited':>9} {'exposed':>
 for zero, r in rows.items():
     print(f"  {zero:>9} {1e3 * r['step_s']:7.1f}ms {1e3 * r['dp_comm_s']:10.1f}ms {1e3 * r['dp_wait_s']:7.1f}ms "
           f"{r['exposed_share']:8.2f} {r['step_s'] / rows['1']['step_s']:14.3f}")
+shutil.rmtree(work)
 print(json.dumps({"bench": "zero_overlap", "levels": list(levels), "exposed_share": [r["exposed_share"] for r in rows.values()],
                   "step_over_zero1": [r["step_s"] / rows["1"]["step_s"] for r in rows.values()]}))

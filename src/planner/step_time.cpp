@@ -116,7 +116,7 @@ GatherTime layer_gathers(const std::vector<double>& compute_s, const std::vector
   return t;
 }
 
-// Per micro-batch of virtual stage v, what ZeRO-3's gathers add to its forward and to its
+// Per micro-batch of a virtual stage, what ZeRO-3's gathers add to its forward and to its
 // backward (exposed), and per step all of them (total): under reshard_after_forward every
 // forward and backward gathers again (a stage recompute's forward too); otherwise the step's
 // first forward gathers each layer once, spread here over the M forwards.
@@ -126,7 +126,6 @@ struct ChunkGathers {
 ChunkGathers chunk_gathers(const RunSpec& spec, const MachineCosts& costs, const LayerPassCosts& c, int blocks,
                            bool first, bool last) {
   const auto& par = spec.parallel;
-  if (par.zero < 3 || par.dp < 2) return {};
   const TpPart tp{par.tp - 1, par.tp};
   auto gather_s = [&](const std::vector<ParamTensor>& tensors) {
     double floats = 0;
@@ -155,17 +154,27 @@ ChunkGathers chunk_gathers(const RunSpec& spec, const MachineCosts& costs, const
   return {f.exposed, b_exposed + (refetch ? f.exposed : 0), M * (f.total + b.total + (refetch ? f.total : 0))};
 }
 
+// chunk_gathers of every virtual stage (nothing below ZeRO-3 or with one replica).
+std::vector<ChunkGathers> virtual_stage_gathers(const RunSpec& spec, const MachineCosts& costs, const LayerPassCosts& c,
+                                                const std::vector<int>& blocks) {
+  const int n_virtual = static_cast<int>(blocks.size());
+  std::vector<ChunkGathers> out(n_virtual);
+  if (spec.parallel.zero < 3 || spec.parallel.dp < 2) return out;
+  for (int v = 0; v < n_virtual; ++v) out[v] = chunk_gathers(spec, costs, c, blocks[v], v == 0, v == n_virtual - 1);
+  return out;
+}
+
 // Every rank's action list simulated with each virtual stage's passes and the message time.
 SimResult simulate_step(const RunSpec& spec, const MachineCosts& costs, const LayerPassCosts& c,
-                        const std::vector<int>& blocks, double boundary_bytes) {
+                        const std::vector<int>& blocks, const std::vector<ChunkGathers>& gathers,
+                        double boundary_bytes) {
   const ChunkPlacement place = spec.chunk_placement();
   const int n_virtual = place.virtual_stages();
   std::vector<double> fwd, bwd, wgt;
   for (int v = 0; v < n_virtual; ++v) {
     const PassCosts p = stage_passes(c.block, c.embed, c.head, blocks[v], v == 0, v == n_virtual - 1);
-    const ChunkGathers g = chunk_gathers(spec, costs, c, blocks[v], v == 0, v == n_virtual - 1);
-    fwd.push_back(p.f + g.forward);
-    bwd.push_back(p.backward() + g.backward);
+    fwd.push_back(p.f + gathers[v].forward);
+    bwd.push_back(p.backward() + gathers[v].backward);
     wgt.push_back(p.w);
   }
   std::vector<ActionList> lists;
@@ -239,7 +248,8 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
   const double boundary_bytes = par.sequence_parallel && TP > 1 ? activation_bytes / TP : activation_bytes;
   const LayerPassCosts passes = layer_pass_costs(spec, costs);
   const std::vector<int> blocks = partition_blocks(spec);  // per virtual stage
-  const SimResult sim = simulate_step(spec, costs, passes, blocks, boundary_bytes);
+  const std::vector<ChunkGathers> gathers = virtual_stage_gathers(spec, costs, passes, blocks);
+  const SimResult sim = simulate_step(spec, costs, passes, blocks, gathers, boundary_bytes);
   StepPrediction r;
   r.pipeline_s = sim.makespan;
   std::vector<double> working(P);  // per stage: computing, waiting on the reduction, updating
@@ -254,21 +264,20 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
       r.optimizer_s = t.optim;
     }
     if (par.dp > 1) r.reduce_bytes += TP * par.dp * sizeof(float) * t.params;
-    double sums = 0;  // the stage's tensor exchanges: per micro-batch, each of its chunks' passes'
-    ChunkGathers gathers;
+    double sums = 0;                   // the stage's tensor exchanges: per micro-batch, each of its chunks' passes'
+    double gathered = 0, exposed = 0;  // its ZeRO-3 gathers a step, all and exposed
     for (const ChunkRange& c : chunks) {
-      const int n = c.block_end - c.block_begin;
-      const bool first = c.vstage == 0, last = c.vstage == place.virtual_stages() - 1;
-      const PassCosts x = stage_passes(passes.block_sums, passes.embed_sums, passes.head_sums, n, first, last);
+      const PassCosts x =
+          stage_passes(passes.block_sums, passes.embed_sums, passes.head_sums, c.block_end - c.block_begin,
+                       c.vstage == 0, c.vstage == place.virtual_stages() - 1);
       sums += x.f + x.backward();
-      const ChunkGathers g = chunk_gathers(spec, costs, passes, n, first, last);
-      gathers.total += g.total;
-      gathers.forward += M * (g.forward + g.backward);  // exposed, over the step
+      gathered += gathers[c.vstage].total;
+      exposed += M * (gathers[c.vstage].forward + gathers[c.vstage].backward);
     }
     r.tp_comm_s = std::max(r.tp_comm_s, M * sums);
-    if (gathers.total > r.gather_s) {
-      r.gather_s = gathers.total;
-      r.gather_exposed_s = gathers.forward;
+    if (gathered > r.gather_s) {
+      r.gather_s = gathered;
+      r.gather_exposed_s = exposed;
     }
   }
   if (TP > 1) r.tp_sum_bytes = activation_bytes;

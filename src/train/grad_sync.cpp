@@ -88,13 +88,15 @@ double GradReducer::finish(Trace& trace) {
   const double dp_wait = comm_.wait_seconds() - wait0;
   if (shard_.sharded()) {
     laps.mark("wait gradient reduce-scatter", "wait");
-    // In place, MPI leaves each rank's summed part at the start of the tensor's range: move it to its slab.
+    // In place (ZeRO-1), MPI leaves each rank's summed part at the start of the tensor's range:
+    // move it to its slab.
     const int me = shard_.rank();
-    for (const ParamTensor* p : shard_out_ ? std::vector<const ParamTensor*>{} : posted_) {
-      shard_.rank_parts(*p, counts_, offsets_);
-      if (offsets_[me] > 0 && counts_[me] > 0)
-        std::memmove(grads_ + p->offset + offsets_[me], grads_ + p->offset, counts_[me] * sizeof(float));
-    }
+    if (!shard_out_)
+      for (const ParamTensor* p : posted_) {
+        shard_.rank_parts(*p, counts_, offsets_);
+        if (offsets_[me] > 0 && counts_[me] > 0)
+          std::memmove(grads_ + p->offset + offsets_[me], grads_ + p->offset, counts_[me] * sizeof(float));
+      }
     posted_.clear();
   } else if (comm_.topo().dp > 1) {
     laps.mark("wait gradient all-reduce", "wait");

@@ -1,7 +1,5 @@
 #include "pipetrain/train/param_fetch.hpp"
 
-#include <algorithm>
-
 #include "pipetrain/compute/device.hpp"
 #include "pipetrain/util/clock.hpp"
 
@@ -53,10 +51,10 @@ void LayerGather::release_all() {
   }
 }
 
-LayerGather::Totals LayerGather::take_totals() {
-  Totals out = totals_;
-  totals_ = {0, live_floats_};
-  return out;
+double LayerGather::take_gathered_bytes() {
+  const double bytes = gathered_bytes_;
+  gathered_bytes_ = 0;
+  return bytes;
 }
 
 void LayerGather::post(size_t tensor) {
@@ -83,9 +81,7 @@ void LayerGather::wait(size_t tensor) {
   trace_.exchange("all-gather " + p.name, h.posted_s, now_s());
   if (staging_) upload(stage_.weights().data() + p.offset, staging_->data() + p.offset, p.size * sizeof(float));
   h.present = true;
-  live_floats_ += p.size;
-  totals_.peak_floats = std::max(totals_.peak_floats, live_floats_);
-  totals_.gathered_bytes += static_cast<double>(p.size) * sizeof(float);
+  gathered_bytes_ += static_cast<double>(p.size) * sizeof(float);
 }
 
 void LayerGather::release(size_t tensor) {
@@ -94,7 +90,6 @@ void LayerGather::release(size_t tensor) {
   const ParamTensor& p = stage_.params()[tensor];
   release_values(stage_.weights().data() + p.offset, p.size);
   h.present = false;
-  live_floats_ -= p.size;
 }
 
 }  // namespace pipetrain

@@ -53,7 +53,7 @@ StepResult train_step(Run& run, int step) {
       replicas && !run.on_gpu() ? grads_done : std::function<void(size_t)>(), params_ready(run.model, run.comms));
   if (run.comms.layer_gather) {  // ZeRO-3: the step's weights are used
     run.comms.layer_gather->release_all();
-    r.gathered_bytes = run.comms.layer_gather->take_totals().gathered_bytes;
+    r.gathered_bytes = run.comms.layer_gather->take_gathered_bytes();
   }
 
   // The step boundary carries the time budget's verdict, so every rank stops alike.

@@ -37,7 +37,6 @@ struct StagePlan {
     double held() const { return weights_held + grads_held + optim; }
   };
   State state_at(int zero, bool reshard) const;
-  size_t optim_bytes(int zero) const { return static_cast<size_t>(state_at(zero, false).optim); }
   size_t snapshot_bytes = 0;  // checkpoint.async's host copy on the fullest replica: its slab of weights and moments
   double cost_share = 0;      // of the summed stage costs
   double bubble = 0;          // simulated with the cost model

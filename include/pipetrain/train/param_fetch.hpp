@@ -29,13 +29,8 @@ class LayerGather : public WeightFetcher {
   // is over.
   void release_all();
 
-  // Since the last take_totals(): bytes gathered into this rank's buffer, and the most floats of
-  // whole weights held at once (a step's peak of the flat buffer's live part).
-  struct Totals {
-    double gathered_bytes = 0;
-    size_t peak_floats = 0;
-  };
-  Totals take_totals();
+  // The bytes gathered into this rank's buffer since the last call.
+  double take_gathered_bytes();
 
  private:
   struct Held {
@@ -58,8 +53,7 @@ class LayerGather : public WeightFetcher {
   std::vector<std::vector<std::vector<size_t>>> units_;  // [chunk][layer]: indices into stage.params()
   std::vector<Held> held_;                               // per tensor
   std::vector<int> counts_, offsets_;
-  size_t live_floats_ = 0;
-  Totals totals_;
+  double gathered_bytes_ = 0;
 };
 
 }  // namespace pipetrain
