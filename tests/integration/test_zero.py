@@ -191,7 +191,8 @@ def resharded_resume():
 @scenario
 def plan_shows_every_level():
     """plan's memory table gives weights, gradients and AdamW at the spec's level and the three together at
-    each level, marking the spec's; a parallel.zero outside 0..3 is bad input naming the key."""
+    each level, marking the spec's; a parallel.zero outside 0..3, or a reshard_after_forward that is not a
+    boolean, is bad input naming the key."""
     a = settings()
     p = subprocess.run([a.bin, "plan", "--config", tiny(), "--set", "parallel.dp=4", "--set", "parallel.zero=3"],
                        capture_output=True, text=True)
@@ -199,6 +200,10 @@ def plan_shows_every_level():
            f"plan marks zero 3 over dp 4 ({p.stdout[-900:]})")
     bad = subprocess.run([a.bin, "plan", "--config", tiny(), "--set", "parallel.zero=4"], capture_output=True, text=True)
     expect(bad.returncode == 2 and "parallel.zero" in bad.stderr, f"parallel.zero=4: exit 2 naming the key ({bad.stderr.strip()})")
+    bad = subprocess.run([a.bin, "plan", "--config", tiny(), "--set", "parallel.reshard_after_forward=1"],
+                         capture_output=True, text=True)
+    expect(bad.returncode == 2 and "parallel.reshard_after_forward must be true or false" in bad.stderr,
+           f"parallel.reshard_after_forward=1: exit 2 naming the key ({bad.stderr.strip()})")
 
 
 if __name__ == "__main__":
