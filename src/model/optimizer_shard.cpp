@@ -43,4 +43,10 @@ size_t OptimizerShard::max_state_floats(const std::vector<ParamTensor>& params, 
   return most;
 }
 
+size_t OptimizerShard::reduce_window(const std::vector<ParamTensor>& params, size_t bucket_floats) {
+  size_t largest = 0;
+  for (const ParamTensor& p : params) largest = std::max(largest, p.size);
+  return 2 * std::max(bucket_floats, largest);
+}
+
 }  // namespace pipetrain

@@ -135,7 +135,12 @@ Plan make_plan(const RunSpec& spec) {
     }
     sp.working_bytes = working_bytes(spec, chunks, P * V);
     const size_t D = spec.parallel.dp;
-    sp.reduce_scratch_bytes = sizeof(float) * sp.params * (D - 1) / D;
+    // MPI's scratch for the replicas' gradient sums: unsharded, the all-reduce buckets', (D - 1) / D of the
+    // gradients; sharded, a part (1 / D) of each travelling reduce-scatter, of at most the window.
+    const size_t travelling = std::min(sp.params, OptimizerShard::reduce_window(params, spec.comm.bucket_floats()));
+    sp.reduce_scratch_bytes = spec.parallel.zero == 0 ? sizeof(float) * sp.params * (D - 1) / D
+                              : D > 1                 ? sizeof(float) * travelling / D
+                                                      : 0;
     plan.stages.push_back(sp);
   }
   return plan;

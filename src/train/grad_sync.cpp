@@ -21,7 +21,8 @@ GradReducer::GradReducer(Comm& comm, float* grads, size_t floats, size_t bucket,
       params_(params),
       shard_(shard),
       tied_(tied),
-      shard_out_(shard_out) {
+      shard_out_(shard_out),
+      window_(OptimizerShard::reduce_window(params, bucket)) {
   if (shard.shards_grads() != (shard_out != nullptr))
     throw std::logic_error("GradReducer: a compact gradient buffer is for ZeRO-2 and 3 alone");
 }
@@ -29,9 +30,13 @@ GradReducer::GradReducer(Comm& comm, float* grads, size_t floats, size_t bucket,
 void GradReducer::begin_step() {
   posted_from_ = floats_;
   next_tensor_ = params_.size();
+  most_travelling_ = 0;
 }
 
 void GradReducer::post(const ParamTensor& p) {
+  for (size_t oldest = 0; travelling_ + p.size > window_ && oldest < reqs_.size(); ++oldest) wait_for(oldest);
+  travelling_ += p.size;
+  most_travelling_ = std::max(most_travelling_, travelling_);
   shard_.rank_parts(p, counts_, offsets_);
   float* out = shard_out_ ? shard_out_ + shard_.slabs()[&p - params_.data()].state_offset : nullptr;
   posted(comm_.ireduce_scatter_data(grads_ + p.offset, counts_, out), "reduce-scatter " + p.name);
@@ -52,9 +57,15 @@ void GradReducer::progress() {
 void GradReducer::completed(size_t i) {
   if (flight_[i].done_s >= 0) return;
   flight_[i].done_s = now_s();
+  if (shard_.sharded()) travelling_ -= posted_[i]->size;
   // ZeRO-2, 3: the tensor's summed slab is in shard_out, and nothing adds to its whole gradient
   // again this step: its memory goes back now, not at the step's end.
   if (shard_out_) release_values(grads_ + posted_[i]->offset, posted_[i]->size);
+}
+
+void GradReducer::wait_for(size_t i) {
+  comm_.wait(reqs_[i], {"data-parallel gradient sum", -1, -1, Group::data});
+  completed(i);
 }
 
 void GradReducer::done_from(size_t offset) {
@@ -79,8 +90,7 @@ double GradReducer::finish(Trace& trace) {
   TraceLaps laps(trace);
   const double wait0 = comm_.wait_seconds();
   for (size_t i = 0; i < reqs_.size(); ++i) {
-    comm_.wait(reqs_[i], {"data-parallel gradient sum", -1, -1, Group::data});
-    completed(i);
+    wait_for(i);
     trace.exchange(flight_[i].name, flight_[i].posted_s, flight_[i].done_s);
   }
   reqs_.clear();

@@ -98,6 +98,34 @@ TEST_CASE("grad sync: ZeRO-1 leaves each rank its slab of every tensor summed, a
   for (size_t i = 0; i < w.size(); ++i) CHECK(w[i] == 1000.0f + static_cast<float>(i));
 }
 
+TEST_CASE("grad sync: sharded, no more than the window's gradient floats travel at once", "[grad_sync][mpi]") {
+  REQUIRE(test_world().size() == 2);
+  const RunSpec spec =
+      parse_spec("", "", {"parallel.dp=2", "model.n_layer=6", "model.d_model=32", "model.n_head=2"}, 2);
+  Stage stage(spec, 0, 1, 0, 1, spec.parallel.micro_batches, 1.0f);
+  auto& g = stage.grads().host();
+  const size_t bucket = 5, window = OptimizerShard::reduce_window(stage.params(), bucket);
+  REQUIRE(window < g.size());  // whole, the backward's tensors would pass it
+  Trace no_trace;
+  for (int zero : {1, 2}) {
+    INFO("zero = " << zero);
+    AdamW adam(spec.train, OptimizerShard(stage.params(), test_world().rank(), 2, zero));
+    GradReducer reducer(replicas(), g.data(), g.size(), bucket, stage.params(), adam.shard(), nullptr,
+                        zero == 2 ? adam.grad_shard().data() : nullptr);
+    std::fill(g.begin(), g.end(), 0.5f);
+    reducer.begin_step();
+    reducer.done_from(0);  // every tensor at once, the last first
+    CHECK(reducer.most_travelling() <= window);
+    CHECK(reducer.most_travelling() > 0);
+    reducer.finish(no_trace);
+    const auto& summed = zero == 2 ? adam.grad_shard().host() : g;
+    for (const OptimizerShard::Slab& s : adam.shard().slabs()) {
+      const size_t at = zero == 2 ? s.state_offset : s.begin;
+      CHECK(std::all_of(summed.begin() + at, summed.begin() + at + s.size(), [](float v) { return v == 1.0f; }));
+    }
+  }
+}
+
 TEST_CASE("grad sync: the norm covers the summed gradient, and a NaN or stop on one rank holds for all",
           "[grad_sync][mpi]") {
   REQUIRE(test_world().size() == 2);

@@ -50,6 +50,11 @@ class OptimizerShard {
   void rank_parts(const ParamTensor& p, std::vector<int>& counts, std::vector<int>& offsets) const;
   // The largest state_floats() of any rank of `size` (plan and the memory check size for it).
   static size_t max_state_floats(const std::vector<ParamTensor>& params, int size);
+  // The gradient floats whose reduce-scatters may travel at once (GradReducer waits for the oldest
+  // beyond it): two buckets of `bucket_floats` or two of the largest tensor, whichever is more, so
+  // that the next is always queued behind the one on the link. MPI keeps a scratch copy of each
+  // travelling reduce-scatter's part: bounding them bounds it (plan's reduce_scratch_bytes).
+  static size_t reduce_window(const std::vector<ParamTensor>& params, size_t bucket_floats);
 
  private:
   int rank_ = 0, size_ = 1, level_ = 0;

@@ -44,8 +44,9 @@ struct StagePlan {
   size_t act_peak_bytes[3];   // by recompute mode: none, stage, block
   size_t act_held_bytes[3];   // what the stage's reused activation buffers keep allocated (held_activation_bytes)
   size_t working_bytes = 0;   // scratch and buffers for the spec's recompute mode
-  // With replicas, MPI's scratch for the gradient reduction: (D-1)/D of the gradients (measured with
-  // MPICH at D = 2: half of them, for the all-reduce and for ZeRO-1's reduce-scatter alike).
+  // With replicas, MPI's scratch for the gradient reduction: unsharded, (D-1)/D of the gradients
+  // (measured with MPICH at D = 2); sharded, each travelling reduce-scatter's own part (1/D) of at
+  // most OptimizerShard::reduce_window floats.
   size_t reduce_scratch_bytes = 0;
   // Weights, gradients, AdamW at the step's peak (the spec's zero), an asynchronous save's snapshot.
   double state_bytes(const RunSpec& spec) const;

@@ -33,6 +33,8 @@ namespace pipetrain {
 // sequence of collectives depends only on the layout, so every replica posts the same, and the
 // tied halves are summed after the replicas' sums, in the same order in both modes. Under ZeRO-2
 // and 3 a tensor's whole gradient is released as soon as its reduce-scatter is seen complete.
+// Sharded, at most OptimizerShard::reduce_window floats travel at once: a tensor that would pass
+// it waits for the oldest first.
 class GradReducer {
  public:
   // `grads`: the stage's flat gradient buffer of `floats` (on the GPU, its host copy).
@@ -48,12 +50,15 @@ class GradReducer {
   // Returns the seconds spent waiting for the replicas. Spans go to `trace`.
   double finish(Trace& trace);
   const float* shard_out() const { return shard_out_; }
+  // Sharded: the most gradient floats that travelled at once since begin_step (at most the window).
+  size_t most_travelling() const { return most_travelling_; }
 
  private:
   void post(const ParamTensor& p);           // sharded: one tensor's reduce-scatter
   void posted(Request r, std::string name);  // in flight from now
   void progress();                           // tests what is in flight, noting when each completes
   void completed(size_t request);            // notes it, and under ZeRO-2, 3 releases its whole gradient
+  void wait_for(size_t request);             // waits for it, then completed()
   void sum_shared(const ParamTensor& p, const OptimizerShard::Slab& mine);  // a shared key/value head's
   SlabView summed() const { return shard_out_ ? SlabView{shard_out_, true} : SlabView{grads_, false}; }
   Comm& comm_;
@@ -65,6 +70,7 @@ class GradReducer {
   const ParamTensor* tied_;
   float* shard_out_;
   size_t next_tensor_ = 0;  // sharded: params_[next_tensor_ - 1] is the last tensor not yet posted
+  size_t window_, travelling_ = 0, most_travelling_ = 0;  // sharded: the floats that may travel at once, do, did
   std::vector<Request> reqs_;
   struct InFlight {  // per request, for the trace's exchange track
     std::string name;
