@@ -87,6 +87,8 @@ double MachineCosts::allreduce_s(double bytes, int ranks) const {
   return measured * (2 * (D - 1) / D) / (2 * (D0 - 1) / D0);
 }
 
+double MachineCosts::gather_refill_s(double bytes) const { return transfer_at(gather_refill, bytes); }
+
 double MachineCosts::node_allreduce_s(double bytes, int ranks) const {
   if (ranks <= 1 || node_allreduce.empty()) return allreduce_s(bytes, ranks);
   const double D = ranks;
@@ -123,6 +125,10 @@ nlohmann::json MachineCosts::to_json() const {
     for (const Transfer& t : node_allreduce)
       j["node_allreduce"].push_back({{"bytes", t.bytes}, {"seconds", t.seconds}});
   }
+  if (!gather_refill.empty()) {
+    j["gather_refill"] = nlohmann::json::array();
+    for (const Transfer& t : gather_refill) j["gather_refill"].push_back({{"bytes", t.bytes}, {"seconds", t.seconds}});
+  }
   return j;
 }
 
@@ -149,6 +155,8 @@ MachineCosts MachineCosts::from_json(const nlohmann::json& j, const std::string&
     c.allreduce_ranks = j.at("allreduce_ranks");
     if (j.contains("node_allreduce"))
       for (const auto& t : j.at("node_allreduce")) c.node_allreduce.push_back({t.at("bytes"), t.at("seconds")});
+    if (j.contains("gather_refill"))  // files from before it, and GPUs': none
+      for (const auto& t : j.at("gather_refill")) c.gather_refill.push_back({t.at("bytes"), t.at("seconds")});
   } catch (const nlohmann::json::exception& e) {
     throw SpecError(where + ": not a cost file (" + e.what() + "); write one with pipetrain plan --calibrate");
   }
@@ -158,6 +166,7 @@ MachineCosts MachineCosts::from_json(const nlohmann::json& j, const std::string&
   std::sort(c.compute.begin(), c.compute.end(), by_samples);
   std::sort(c.p2p.begin(), c.p2p.end(), by_bytes);
   std::sort(c.allreduce.begin(), c.allreduce.end(), by_bytes);
+  std::sort(c.gather_refill.begin(), c.gather_refill.end(), by_bytes);
   for (const AtSize& a : c.compute)
     if (a.samples < 1 || a.block.f <= 0 || a.block.b <= 0 || a.block.w < 0)
       throw SpecError(where + ": compute entry for " + std::to_string(a.samples) + " samples has non-positive times");

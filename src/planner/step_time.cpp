@@ -101,17 +101,17 @@ LayerPassCosts layer_pass_costs(const RunSpec& spec, const MachineCosts& costs) 
 }
 
 // ZeRO-3's layer gathers (train/param_fetch.hpp) in one pass over a chunk's layers, in the order
-// the pass reads them: each layer's all-gather (half an all-reduce of its bytes over the
-// replicas) is posted as the layer before it starts, so it hides behind that layer's compute; the
-// first one is exposed whole.
+// the pass reads them: each layer's all-gather is posted as the layer before it starts, so where it
+// travels beside compute (`overlaps`) it hides behind that layer's compute and the first one is
+// exposed whole; where the rank's own cores move it (a CPU), all of it is.
 struct GatherTime {
   double total = 0, exposed = 0;
 };
-GatherTime layer_gathers(const std::vector<double>& compute_s, const std::vector<double>& gather_s) {
+GatherTime layer_gathers(const std::vector<double>& compute_s, const std::vector<double>& gather_s, bool overlaps) {
   GatherTime t;
   for (size_t i = 0; i < gather_s.size(); ++i) {
     t.total += gather_s[i];
-    t.exposed += i == 0 ? gather_s[0] : std::max(0.0, gather_s[i] - compute_s[i - 1]);
+    t.exposed += i == 0 || !overlaps ? gather_s[i] : std::max(0.0, gather_s[i] - compute_s[i - 1]);
   }
   return t;
 }
@@ -127,10 +127,17 @@ ChunkGathers chunk_gathers(const RunSpec& spec, const MachineCosts& costs, const
                            bool first, bool last) {
   const auto& par = spec.parallel;
   const TpPart tp{par.tp - 1, par.tp};
+  // A layer's all-gather: half an all-reduce of its bytes over the replicas; where the cores move
+  // it, each tensor's (LayerGather posts one per tensor: each pays its latency there) as measured
+  // into memory given back (costs.gather_refill, taken as measured whatever dp).
+  const bool overlaps = costs.gather_refill.empty();
   auto gather_s = [&](const std::vector<ParamTensor>& tensors) {
-    double floats = 0;
-    for (const ParamTensor& t : tensors) floats += t.size;
-    return 0.5 * costs.allreduce_s(sizeof(float) * floats, par.dp);
+    double bytes = 0, cores_s = 0;
+    for (const ParamTensor& t : tensors) {
+      bytes += sizeof(float) * t.size;
+      cores_s += costs.gather_refill_s(sizeof(float) * t.size);
+    }
+    return overlaps ? 0.5 * costs.allreduce_s(bytes, par.dp) : cores_s;
   };
   const double embed = gather_s(stage_params(spec, 0, 3, 0, 0, tp)),
                block = gather_s(stage_params(spec, 1, 3, 0, 1, tp)),
@@ -143,13 +150,13 @@ ChunkGathers chunk_gathers(const RunSpec& spec, const MachineCosts& costs, const
     b_compute.push_back(c.head.backward()), b_gather.push_back(head);
   }
   for (int i = 0; i < blocks; ++i) b_compute.push_back(c.block.backward()), b_gather.push_back(block);
-  const GatherTime f = layer_gathers(f_compute, f_gather), b = layer_gathers(b_compute, b_gather);
+  const GatherTime f = layer_gathers(f_compute, f_gather, overlaps), b = layer_gathers(b_compute, b_gather, overlaps);
   const int M = par.micro_batches;
   if (!par.reshards_after_forward()) return {f.exposed / M, 0, f.total};
   // The last backward's gathers share the link with the gradients' reduce-scatters: half of it each.
   std::vector<double> shared = b_gather;
-  for (double& g : shared) g *= 2;
-  const double b_exposed = ((M - 1) * b.exposed + layer_gathers(b_compute, shared).exposed) / M;
+  for (double& g : shared) g *= overlaps ? 2 : 1;
+  const double b_exposed = ((M - 1) * b.exposed + layer_gathers(b_compute, shared, overlaps).exposed) / M;
   const bool refetch = par.recompute == Recompute::stage;  // the backward's re-run forward gathers too
   return {f.exposed, b_exposed + (refetch ? f.exposed : 0), M * (f.total + b.total + (refetch ? f.total : 0))};
 }

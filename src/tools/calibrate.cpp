@@ -199,6 +199,33 @@ std::vector<MachineCosts::Transfer> time_allreduces(World& world, const std::vec
   return out;
 }
 
+// ZeRO-3's layer gather on a CPU (MachineCosts::gather_refill): each time into a buffer just given
+// back, as after the pass before, so the pages fault back in as the slabs arrive, the rank's own
+// slab copied in from its master copy as LayerGather does.
+std::vector<MachineCosts::Transfer> time_refills(World& world, const std::vector<size_t>& sizes) {
+  Comm comm(world, Topology::of(world.rank(), 1, world.size()), WaitPolicy::automatic, 120);
+  std::vector<MachineCosts::Transfer> out;
+  const int D = world.size();
+  for (size_t bytes : sizes) {
+    std::vector<float> buf(bytes / sizeof(float), 1.f);
+    std::vector<int> counts(D), offsets(D);
+    for (int r = 0; r < D; ++r) {  // slabs in rank order, the last taking the remainder
+      offsets[r] = static_cast<int>(buf.size() / D * r);
+      counts[r] = static_cast<int>(r + 1 < D ? buf.size() / D : buf.size() - offsets[r]);
+    }
+    const std::vector<float> mine(counts[world.rank()], 1.f);
+    const double t = median_seconds([&] { release_values(buf.data(), buf.size()); },
+                                    [&] {
+                                      Request r = comm.iallgather_data(buf.data(), counts, offsets, mine.data());
+                                      comm.wait(r, {"calibration all-gather"});
+                                    });
+    double slowest = t;
+    comm.allreduce_world(&slowest, 1);  // summed; averaged below
+    out.push_back({static_cast<double>(bytes), slowest / D});
+  }
+  return out;
+}
+
 }  // namespace
 
 MachineCosts calibrate(const RunSpec& spec, World& world) {
@@ -256,6 +283,7 @@ MachineCosts calibrate(const RunSpec& spec, World& world) {
     c.p2p = time_messages(world, sizes);
     c.allreduce = time_allreduces(world, sizes);
     c.allreduce_ranks = world.size();
+    if (compute_device() == Device::cpu) c.gather_refill = time_refills(world, sizes);
   }
   return c;
 }

@@ -41,7 +41,8 @@ def costs_file():
 @scenario
 def calibrate_writes_costs():
     """One rank: compute and AdamW only (and says so); two ranks: also a message and an all-reduce by
-    size. Every time is positive, a micro-batch of more samples costs more, a bigger message longer."""
+    size, and (on the CPU) an all-gather into memory just given back, by size. Every time is
+    positive, a micro-batch of more samples costs more, a bigger message longer."""
     a = settings()
     one = os.path.join(a.work, "costs_1rank.json")
     r = plan("--calibrate", "--output", one)
@@ -64,8 +65,11 @@ def calibrate_writes_costs():
                    c["p2p"][-1]["seconds"] > c["p2p"][0]["seconds"] and
                    c["allreduce"][-1]["seconds"] > c["allreduce"][0]["seconds"],
                    "2 ranks: messages and all-reduces of 4 KiB to 64 MiB, the largest slower than the smallest")
+            refill = c.get("gather_refill", [])
+            expect(len(refill) == 8 and refill[-1]["seconds"] > refill[0]["seconds"] > 0,
+                   f"2 ranks: all-gathers into released memory of 4 KiB to 64 MiB, the largest slower ({refill})")
         else:
-            expect(c["p2p"] == [] and c["allreduce"] == [], "1 rank: no message costs")
+            expect(c["p2p"] == [] and c["allreduce"] == [] and "gather_refill" not in c, "1 rank: no message costs")
 
 
 @scenario

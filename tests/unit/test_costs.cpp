@@ -40,9 +40,13 @@ TEST_CASE("costs: linear between measured sizes, proportional beyond, latency be
   CHECK(c.allreduce_s(1000, 4) == Approx(4e-3 * 1.5));  // 2(D-1)/D: 1 at D = 2, 1.5 at D = 4
   // Not measured: a recomputing backward is the forward again plus the backward.
   CHECK(c.block_under(Recompute::block, 1).b == Approx(1 + 3));
-  const MachineCosts back = MachineCosts::from_json(c.to_json(), "round trip");
+  MachineCosts refill = c;
+  refill.gather_refill = {{2000, 3e-3}, {1000, 1e-3}};
+  const MachineCosts back = MachineCosts::from_json(refill.to_json(), "round trip");
   CHECK(back.block(2).f == Approx(c.block(2).f));
   CHECK(back.allreduce_s(1500, 8) == Approx(c.allreduce_s(1500, 8)));
+  CHECK(back.gather_refill_s(1500) == Approx(2e-3));  // sorted by size as read
+  CHECK(MachineCosts::from_json(c.to_json(), "without").gather_refill_s(1500) == 0);
 }
 
 TEST_CASE("costs: a file that is not one is refused naming it", "[costs]") {
@@ -175,4 +179,32 @@ TEST_CASE("predicted step: data-parallel buckets overlap the backward, the expos
   CHECK(buckets.reduce_s == Approx(whole.reduce_s).epsilon(0.05));
   CHECK(buckets.reduce_exposed_s < 0.5 * buckets.reduce_s);
   CHECK(buckets.step_s == Approx(buckets.pipeline_s + buckets.reduce_exposed_s + buckets.optimizer_s));
+}
+
+TEST_CASE("predicted step under ZeRO-3 on a CPU: every layer gather costs the measured refill, none of it hidden",
+          "[costs]") {
+  RunSpec spec;  // 4 blocks, C 64, T 32, V 256, one stage
+  spec.model.tie_embeddings = false;
+  spec.parallel.dp = 2;
+  spec.parallel.micro_batches = 2;
+  spec.parallel.zero = 3;  // at pp 1 resharded after every pass
+  MachineCosts c = two_sizes();
+  c.p2p.clear();
+  c.adamw_s_per_param = 0;
+  const StepPrediction beside = predict_step(spec, c);
+  c.gather_refill = {{1, 1e-6}, {1000, 1e-3}};  // 1 us a byte
+  const StepPrediction cores = predict_step(spec, c);
+  // Bytes a layer gathers: a block 12 C^2 + 13 C floats, the embedding wte + wpe (V C + T C), the
+  // head ln_f + lm_head (2 C + V C). A micro-batch's forward gathers all of them, its backward the
+  // head and the blocks.
+  const double C = 64, block = 4 * (12 * C * C + 13 * C), embed = 4 * (256 * C + 32 * C), head = 4 * (2 * C + 256 * C);
+  const double per_micro_batch = (embed + 4 * block + head) + (head + 4 * block);
+  CHECK(cores.gather_s == Approx(2 * per_micro_batch * 1e-6));
+  CHECK(cores.gather_exposed_s == Approx(cores.gather_s));
+  CHECK(beside.gather_exposed_s < 0.5 * beside.gather_s);  // beside compute, most hide
+  CHECK(cores.step_s > beside.step_s + 0.9 * (cores.gather_exposed_s - beside.gather_exposed_s));
+  // One all-gather per tensor, each at least the latency: a micro-batch's forward gathers wte and
+  // wpe, 12 tensors per block and ln_f's two and lm_head; its backward the head's and the blocks'.
+  c.gather_refill = {{1e9, 1e-3}};
+  CHECK(predict_step(spec, c).gather_s == Approx(2 * ((2 + 4 * 12 + 3) + (3 + 4 * 12)) * 1e-3));
 }

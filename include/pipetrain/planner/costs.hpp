@@ -47,6 +47,11 @@ struct MachineCosts {
   int allreduce_ranks = 2;
   // The same inside a node (NVLink), where a tensor group runs; empty: the link above.
   std::vector<Transfer> node_allreduce;
+  // Calibrated on a CPU: a blocking all-gather over allreduce_ranks ranks into a buffer of `bytes`
+  // just given back (release_values), as ZeRO-3 gathers a layer. There the ranks' own cores copy
+  // the slabs in and fault the pages back, between their kernels, so nothing hides it. Empty
+  // (GPUs, costs from peaks): a gather travels beside compute at half an all-reduce's cost.
+  std::vector<Transfer> gather_refill;
 
   // Interpolated linearly between measured sizes, proportionally beyond them.
   PassCosts block(int samples) const;
@@ -61,6 +66,7 @@ struct MachineCosts {
   double allreduce_s(double bytes, int ranks) const;
   // The same over a tensor group, which stays within a node: on node_allreduce where given.
   double node_allreduce_s(double bytes, int ranks) const;
+  double gather_refill_s(double bytes) const;  // 0 where not measured
   double adamw_s(double params) const { return adamw_s_per_param * params; }
 
   nlohmann::json to_json() const;
