@@ -3,8 +3,8 @@
 AdamW, at the step's peak and between steps) for parallel.zero 0-3 at dp 1, 2 and 4, then the same
 model trained as dp = 2 (1 x 2) at each level side by side: peak RSS per rank against plan's
 prediction (state + activations + working + MPI's scratch, plus the process's fixed overhead: the
-same run's of a model with almost no state), what a rank keeps between steps (metrics' param, grad and optim bytes) against
-zero 0's, and the median step time against zero 0's. The last line is a JSON summary for
+same run's of a model with almost no state), what a rank keeps between steps (metrics' param, grad
+and optim bytes) against zero 0's, and the median step time against zero 0's. The last line is a JSON summary for
 scripts/bench.sh.
 
 usage: scripts/bench/zero_memory.py [--bin build/pipetrain] [--layers 8] [--d-model 512] [--steps 6] [--micro-batches 2]"""
@@ -40,7 +40,6 @@ for dp in (1, 2, 4):
     st = plan(model + [f"parallel.dp={dp}"])
     print(f"  {dp:>4} " + " ".join(f"{st['state_bytes_by_zero'][z] / mib:>8.1f} /{st['state_bytes_held_by_zero'][z] / mib:>6.1f} MiB"
                                    for z in range(4)))
-
 
 
 def train(name, sets):

@@ -182,48 +182,50 @@ std::vector<MachineCosts::Transfer> time_messages(World& world, const std::vecto
   return out;
 }
 
-std::vector<MachineCosts::Transfer> time_allreduces(World& world, const std::vector<size_t>& sizes) {
+// One collective over every rank by size: `median(comm, bytes)` is this rank's median seconds of
+// it. Every rank's view of the same collective is averaged: the slowest is what a step waits for.
+template <class F>
+std::vector<MachineCosts::Transfer> time_collectives(World& world, const std::vector<size_t>& sizes, F median) {
   Comm comm(world, Topology::of(world.rank(), 1, world.size()), WaitPolicy::automatic, 120);
   std::vector<MachineCosts::Transfer> out;
   for (size_t bytes : sizes) {
-    std::vector<float> buf(bytes / sizeof(float), 1.f);
-    const double t = median_seconds([] {},
-                                    [&] {
-                                      Request r = comm.iallreduce_data(buf.data(), buf.size());
-                                      comm.wait(r, {"calibration all-reduce"});
-                                    });
-    double slowest = t;  // every rank's view of the same collective: the slowest is what a step waits for
-    comm.allreduce_world(&slowest, 1);  // summed; averaged below
-    out.push_back({static_cast<double>(bytes), slowest / world.size()});
+    double sum = median(comm, bytes);
+    comm.allreduce_world(&sum, 1);
+    out.push_back({static_cast<double>(bytes), sum / world.size()});
   }
   return out;
+}
+
+std::vector<MachineCosts::Transfer> time_allreduces(World& world, const std::vector<size_t>& sizes) {
+  return time_collectives(world, sizes, [](Comm& comm, size_t bytes) {
+    std::vector<float> buf(bytes / sizeof(float), 1.f);
+    return median_seconds([] {},
+                          [&] {
+                            Request r = comm.iallreduce_data(buf.data(), buf.size());
+                            comm.wait(r, {"calibration all-reduce"});
+                          });
+  });
 }
 
 // ZeRO-3's layer gather on a CPU (MachineCosts::gather_refill): each time into a buffer just given
 // back, as after the pass before, so the pages fault back in as the slabs arrive, the rank's own
 // slab copied in from its master copy as LayerGather does.
 std::vector<MachineCosts::Transfer> time_refills(World& world, const std::vector<size_t>& sizes) {
-  Comm comm(world, Topology::of(world.rank(), 1, world.size()), WaitPolicy::automatic, 120);
-  std::vector<MachineCosts::Transfer> out;
-  const int D = world.size();
-  for (size_t bytes : sizes) {
+  const int D = world.size(), me = world.rank();
+  return time_collectives(world, sizes, [&](Comm& comm, size_t bytes) {
     std::vector<float> buf(bytes / sizeof(float), 1.f);
     std::vector<int> counts(D), offsets(D);
     for (int r = 0; r < D; ++r) {  // slabs in rank order, the last taking the remainder
       offsets[r] = static_cast<int>(buf.size() / D * r);
       counts[r] = static_cast<int>(r + 1 < D ? buf.size() / D : buf.size() - offsets[r]);
     }
-    const std::vector<float> mine(counts[world.rank()], 1.f);
-    const double t = median_seconds([&] { release_values(buf.data(), buf.size()); },
-                                    [&] {
-                                      Request r = comm.iallgather_data(buf.data(), counts, offsets, mine.data());
-                                      comm.wait(r, {"calibration all-gather"});
-                                    });
-    double slowest = t;
-    comm.allreduce_world(&slowest, 1);  // summed; averaged below
-    out.push_back({static_cast<double>(bytes), slowest / D});
-  }
-  return out;
+    const std::vector<float> mine(counts[me], 1.f);
+    return median_seconds([&] { release_values(buf.data(), buf.size()); },
+                          [&] {
+                            Request r = comm.iallgather_data(buf.data(), counts, offsets, mine.data());
+                            comm.wait(r, {"calibration all-gather"});
+                          });
+  });
 }
 
 }  // namespace
