@@ -19,13 +19,16 @@ from bench_setup import here, setup
 
 root = os.path.join(here, "..", "..")
 a, _, work = setup("zero-overlap", [("--config", str, os.path.join(root, "configs", "small.toml")),
-                                    ("--steps", int, 20), ("--skip", int, 3)])
+                                    ("--steps", int, 20), ("--skip", int, 3),
+                                    ("--micro-batches", int, 0)])
 sys.path.insert(0, root)
 from tests.lib.emulated_cluster import Cluster  # noqa: E402
 
 # The nodes share this machine's cores, and each would take them all: one BLAS thread per rank.
 common = ["parallel.dp=2", "parallel.threads_per_rank=1", "log.trace_steps=0", "log.every_steps=1",
           "checkpoint.every_steps=0", "eval.every_steps=0", f"run.steps={a.steps}"]
+if a.micro_batches:
+    common.append(f"parallel.micro_batches={a.micro_batches}")
 levels = {"0": ["parallel.zero=0"], "1": ["parallel.zero=1"], "2": ["parallel.zero=2"],
           "3 reshard": ["parallel.zero=3", "parallel.reshard_after_forward=true"],
           "3 kept": ["parallel.zero=3", "parallel.reshard_after_forward=false"]}

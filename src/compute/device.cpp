@@ -8,6 +8,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "pipetrain/compute/gpu.hpp"
 #include "pipetrain/compute/gpu_kernels.hpp"
@@ -96,5 +97,41 @@ void download(void* host_dst, const void* src, size_t bytes) {
   if (g_device == Device::gpu) gpu::copy_to_host(host_dst, src, bytes);
   else if (bytes) std::memmove(host_dst, src, bytes);
 }
+
+DeviceCopy::DeviceCopy(void* host_dst, const void* src, size_t bytes) {
+  KernelTimer timer(Kernel::memory);
+  if (g_device == Device::gpu) token_ = gpu::copy_to_host_async(host_dst, src, bytes);
+  else if (bytes) std::memmove(host_dst, src, bytes);
+}
+DeviceCopy::DeviceCopy(DeviceCopy&& o) noexcept : token_(std::exchange(o.token_, nullptr)) {}
+DeviceCopy& DeviceCopy::operator=(DeviceCopy&& o) noexcept {
+  std::swap(token_, o.token_);
+  return *this;
+}
+DeviceCopy::~DeviceCopy() {
+  try {
+    wait();
+  } catch (...) {  // a failed GPU is reported by whatever touches it next
+  }
+}
+bool DeviceCopy::done() {
+  if (token_ && gpu::copy_done(token_)) token_ = nullptr;
+  return !token_;
+}
+void DeviceCopy::wait() {
+  if (token_) gpu::copy_wait(std::exchange(token_, nullptr));
+}
+
+HostPin::HostPin(void* p, size_t bytes) {
+  if (g_device != Device::gpu || !bytes) return;
+  gpu::pin_host(p, bytes);
+  p_ = p;
+}
+HostPin::HostPin(HostPin&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+HostPin& HostPin::operator=(HostPin&& o) noexcept {
+  std::swap(p_, o.p_);
+  return *this;
+}
+HostPin::~HostPin() { gpu::unpin_host(p_); }
 
 }  // namespace pipetrain

@@ -12,10 +12,12 @@
 
 namespace pipetrain {
 
-GradReducer::GradReducer(Comm& comm, float* grads, size_t floats, size_t bucket, const std::vector<ParamTensor>& params,
-                         const OptimizerShard& shard, const ParamTensor* tied, float* shard_out)
+GradReducer::GradReducer(Comm& comm, float* grads, float* host, size_t floats, size_t bucket,
+                         const std::vector<ParamTensor>& params, const OptimizerShard& shard, const ParamTensor* tied,
+                         float* shard_out)
     : comm_(comm),
-      grads_(grads),
+      device_grads_(grads),
+      grads_(host),
       floats_(floats),
       bucket_(bucket),
       params_(params),
@@ -34,13 +36,38 @@ void GradReducer::begin_step() {
 }
 
 void GradReducer::post(const ParamTensor& p) {
+  if (travelling_ + p.size > window_) issue_arrived(true);  // a download counts as travelling
   for (size_t oldest = 0; travelling_ + p.size > window_ && oldest < reqs_.size(); ++oldest) wait_for(oldest);
   travelling_ += p.size;
   most_travelling_ = std::max(most_travelling_, travelling_);
-  shard_.rank_parts(p, counts_, offsets_);
-  float* out = shard_out_ ? shard_out_ + shard_.slabs()[&p - params_.data()].state_offset : nullptr;
-  posted(comm_.ireduce_scatter_data(grads_ + p.offset, counts_, out), "reduce-scatter " + p.name);
-  posted_.push_back(&p);
+  launch(&p, p.offset, p.offset + p.size);
+}
+
+void GradReducer::launch(const ParamTensor* p, size_t begin, size_t end) {
+  if (grads_ == device_grads_) return issue(p, begin, end);
+  downloading_.push_back(
+      {DeviceCopy(grads_ + begin, device_grads_ + begin, (end - begin) * sizeof(float)), p, begin, end});
+}
+
+void GradReducer::issue_arrived(bool wait) {
+  while (!downloading_.empty() && (wait || downloading_.front().copy.done())) {
+    Downloading& d = downloading_.front();
+    d.copy.wait();
+    issue(d.tensor, d.begin, d.end);
+    downloading_.pop_front();
+  }
+}
+
+void GradReducer::issue(const ParamTensor* p, size_t begin, size_t end) {
+  if (!p) {
+    posted(comm_.iallreduce_data(grads_ + begin, end - begin),
+           "all-reduce gradients [" + std::to_string(begin) + ", " + std::to_string(end) + ")");
+    return;
+  }
+  shard_.rank_parts(*p, counts_, offsets_);
+  float* out = shard_out_ ? shard_out_ + shard_.slabs()[p - params_.data()].state_offset : nullptr;
+  posted(comm_.ireduce_scatter_data(grads_ + begin, counts_, out), "reduce-scatter " + p->name);
+  posted_.push_back(p);
 }
 
 void GradReducer::posted(Request r, std::string name) {
@@ -49,6 +76,7 @@ void GradReducer::posted(Request r, std::string name) {
 }
 
 void GradReducer::progress() {
+  issue_arrived(false);
   comm_.progress(reqs_);
   for (size_t i = 0; i < reqs_.size(); ++i)
     if (!reqs_[i].active()) completed(i);
@@ -60,7 +88,7 @@ void GradReducer::completed(size_t i) {
   if (shard_.sharded()) travelling_ -= posted_[i]->size;
   // ZeRO-2, 3: the tensor's summed slab is in shard_out, and nothing adds to its whole gradient
   // again this step: its memory goes back now, not at the step's end.
-  if (shard_out_) release_values(grads_ + posted_[i]->offset, posted_[i]->size);
+  if (shard_out_) release_values(device_grads_ + posted_[i]->offset, posted_[i]->size);
 }
 
 void GradReducer::wait_for(size_t i) {
@@ -79,15 +107,19 @@ void GradReducer::done_from(size_t offset) {
   while (posted_from_ > offset) {
     const size_t start = posted_from_ - std::min(bucket_, posted_from_);
     if (start < offset) break;  // the rest of this bucket is not final yet
-    posted(comm_.iallreduce_data(grads_ + start, posted_from_ - start),
-           "all-reduce gradients [" + std::to_string(start) + ", " + std::to_string(posted_from_) + ")");
+    launch(nullptr, start, posted_from_);
     posted_from_ = start;
   }
 }
 
 double GradReducer::finish(Trace& trace) {
   done_from(0);
+  issue_arrived(true);  // the GPU's last downloads: their collectives are posted
   TraceLaps laps(trace);
+  if (grads_ != device_grads_ && comm_.topo().dp == 1) {  // no replicas: the tensor group's or tied sums alone
+    download(grads_, device_grads_, floats_ * sizeof(float));
+    laps.mark("gradients to host", "comm");
+  }
   const double wait0 = comm_.wait_seconds();
   for (size_t i = 0; i < reqs_.size(); ++i) {
     wait_for(i);
@@ -183,14 +215,9 @@ void ParamGather::wait_all() {
 StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, AdamW& adam, std::vector<float>* staging,
                    bool out_of_time, bool window_long_enough, double loss_sum, Trace& trace) {
   const OptimizerShard& shard = adam.shard();
+  const double dp_wait = reducer.finish(trace);
   TraceLaps laps(trace);
   Floats& g = stage.grads();
-  if (staging) {
-    download(staging->data(), g.data(), g.size() * sizeof(float));
-    laps.mark("gradients to host", "comm");
-  }
-  const double dp_wait = reducer.finish(trace);
-  laps.restart();
   if (staging) {
     if (shard.shards_grads())
       upload(adam.grad_shard().data(), reducer.shard_out(), shard.state_floats() * sizeof(float));

@@ -297,8 +297,8 @@ void prepare_steps(Run& run) {
   run.telemetry.tokens_per_step = static_cast<double>(spec.train.global_batch) * T;
   run.telemetry.bubble_theory = spec.parallel.schedule->bubble(spec.pipeline_shape());
 
-  // The step boundary's sums. On the GPU gradients are summed over replicas through a host copy
-  // after the step (no overlap yet).
+  // The step boundary's sums. On the GPU gradients are summed over replicas through a host copy,
+  // each bucket downloaded beside the backward as soon as it is final.
   Stage& stage = *run.model.stage;
   const ParamTensor* wte = stage.find("wte.weight");
   run.model.tied_wte = spec.model.tie_embeddings && run.layout.topo.tied_apart() ? wte : nullptr;
@@ -312,9 +312,10 @@ void prepare_steps(Run& run) {
   float* shard_out = !shard.shards_grads() ? nullptr
                      : run.on_gpu()        ? run.comms.grad_shard_staging.data()
                                            : run.model.adam->grad_shard().data();
+  run.comms.grad_staging_pinned = HostPin(run.comms.grad_staging.data(), run.comms.grad_staging.size() * sizeof(float));
   run.comms.reducer = std::make_unique<GradReducer>(
-      *run.comms.comm, run.on_gpu() ? run.comms.grad_staging.data() : stage.grads().data(), stage.grads().size(),
-      spec.comm.bucket_floats(), stage.params(), shard, run.model.tied_wte, shard_out);
+      *run.comms.comm, stage.grads().data(), run.on_gpu() ? run.comms.grad_staging.data() : stage.grads().data(),
+      stage.grads().size(), spec.comm.bucket_floats(), stage.params(), shard, run.model.tied_wte, shard_out);
   run.comms.param_staging.resize(run.on_gpu() && shard.sharded() ? stage.weights().size() : 0);
   run.comms.param_gather = std::make_unique<ParamGather>(
       *run.comms.comm, stage, shard, run.on_gpu() ? &run.comms.param_staging : nullptr, &run.telemetry.trace);
@@ -436,6 +437,12 @@ void print_start(const Run& run) {
   }
   if (!run.state.init_note.empty()) std::printf("%s\n", run.state.init_note.c_str());
   for (const std::string& note : spec.notes) std::printf("note: %s\n", note.c_str());
+  if (run.on_gpu() && run.model.adam->shard().shards_grads())
+    std::printf(
+        "note: parallel.zero = %d on the GPU keeps whole weight and gradient buffers on the device (what it "
+        "releases is zeroed, not freed): it saves the optimizer's state and master copy, as zero 1 does; plan's "
+        "memory counts what the CPU gives back\n",
+        spec.parallel.zero);
   if (run.telemetry.stragglers)
     std::printf(
         "stragglers: a rank, node or link %gx slower than its peers in two windows (%d steps, %g s at least) in a "

@@ -43,14 +43,14 @@ StepResult train_step(Run& run, int step) {
   comm.reset_wait_seconds();
   run.telemetry.trace.span("zero grads", "compute", t0, now_s());
 
-  // The schedule; with replicas, gradient sums start during the last backward (on the CPU). With
+  // The schedule; with replicas, gradient sums start during the last backward. With
   // ZeRO-1 each chunk's first forward waits for its weights, updated at the end of the last step.
   const bool replicas = spec.parallel.dp > 1;
   run.comms.reducer->begin_step();
   const std::function<void(size_t)> grads_done = [&](size_t offset) { run.comms.reducer->done_from(offset); };
   r.stats = run.model.executor->run(
       run.model.actions, run.telemetry.trace, inputs_from(run.layout, run.model, run.input.data.get(), step),
-      replicas && !run.on_gpu() ? grads_done : std::function<void(size_t)>(), params_ready(run.model, run.comms));
+      replicas ? grads_done : std::function<void(size_t)>(), params_ready(run.model, run.comms));
   if (run.comms.layer_gather) {  // ZeRO-3: the step's weights are used
     run.comms.layer_gather->release_all();
     r.gathered_bytes = run.comms.layer_gather->take_gathered_bytes();

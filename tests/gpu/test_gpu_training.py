@@ -69,6 +69,8 @@ for name, ranks, sets in [("gpu_2x1", 2, ["parallel.pp=2"]), ("gpu_1x2", 2, ["pa
                           ("gpu_2x1_zb", 2, ["parallel.pp=2", "parallel.schedule=zb-h1"]),
                           ("gpu_2x1_zbv", 2, ["parallel.pp=2", "parallel.schedule=zb-v", "parallel.virtual_stages=2"]),
                           ("gpu_1x2_zero1", 2, ["parallel.dp=2", "parallel.zero=1"]),
+                          ("gpu_1x2_zero2", 2, ["parallel.dp=2", "parallel.zero=2"]),
+                          ("gpu_1x2_zero3", 2, ["parallel.dp=2", "parallel.zero=3"]),
                           ("gpu_tp2", 2, ["parallel.tp=2"]),
                           ("gpu_tp2_sp", 2, ["parallel.tp=2", "parallel.sequence_parallel=true"])]:
     r = run(name, ranks, "tiny.toml", "run.device=gpu", *sets)

@@ -45,23 +45,27 @@ std::vector<ParamTensor> three_tensors() {
 
 }  // namespace
 
+// Through a host copy (`through_host`), each bucket or tensor is downloaded and its collective
+// posted once it arrives: the GPU's path, whose downloads are plain copies on the CPU.
 TEST_CASE("grad sync: buckets cut from the end sum every element over the replicas", "[grad_sync][mpi]") {
   REQUIRE(test_world().size() == 2);
   const int rank = test_world().rank();
   const std::vector<ParamTensor> params = three_tensors();
   const OptimizerShard whole(params, 0, 1);
   Trace no_trace;  // records nothing
-  for (size_t bucket : {size_t{1}, size_t{3}, size_t{7}, size_t{1000}}) {
-    std::vector<float> grads(23);
-    for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(i + 100 * rank);
-    GradReducer reducer(replicas(), grads.data(), grads.size(), bucket, params, whole, nullptr);
-    reducer.begin_step();
-    for (size_t offset : {size_t{20}, size_t{20}, size_t{11}, size_t{4}})
-      reducer.done_from(offset);  // as backward reports
-    reducer.finish(no_trace);
-    INFO("bucket " << bucket);
-    for (size_t i = 0; i < grads.size(); ++i) CHECK(grads[i] == static_cast<float>(2 * i + 100));
-  }
+  for (bool through_host : {false, true})
+    for (size_t bucket : {size_t{1}, size_t{3}, size_t{7}, size_t{1000}}) {
+      std::vector<float> grads(23), host(23, -1.0f);
+      for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(i + 100 * rank);
+      float* summed = through_host ? host.data() : grads.data();
+      GradReducer reducer(replicas(), grads.data(), summed, grads.size(), bucket, params, whole, nullptr);
+      reducer.begin_step();
+      for (size_t offset : {size_t{20}, size_t{20}, size_t{11}, size_t{4}})
+        reducer.done_from(offset);  // as backward reports
+      reducer.finish(no_trace);
+      INFO("bucket " << bucket << (through_host ? ", through a host copy" : ""));
+      for (size_t i = 0; i < grads.size(); ++i) CHECK(summed[i] == static_cast<float>(2 * i + 100));
+    }
 }
 
 TEST_CASE("grad sync: ZeRO-1 leaves each rank its slab of every tensor summed, and gathers updated slabs back",
@@ -73,7 +77,7 @@ TEST_CASE("grad sync: ZeRO-1 leaves each rank its slab of every tensor summed, a
   Trace no_trace;
   std::vector<float> grads(23);
   for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(i + 100 * rank);
-  GradReducer reducer(replicas(), grads.data(), grads.size(), 4, params, mine, nullptr);
+  GradReducer reducer(replicas(), grads.data(), grads.data(), grads.size(), 4, params, mine, nullptr);
   reducer.begin_step();
   for (size_t offset : {size_t{20}, size_t{19}, size_t{11}, size_t{9}, size_t{0}}) reducer.done_from(offset);
   reducer.finish(no_trace);
@@ -107,23 +111,26 @@ TEST_CASE("grad sync: sharded, no more than the window's gradient floats travel 
   const size_t bucket = 5, window = OptimizerShard::reduce_window(stage.params(), bucket);
   REQUIRE(window < g.size());  // whole, the backward's tensors would pass it
   Trace no_trace;
-  for (int zero : {1, 2}) {
-    INFO("zero = " << zero);
-    AdamW adam(spec.train, OptimizerShard(stage.params(), test_world().rank(), 2, zero));
-    GradReducer reducer(replicas(), g.data(), g.size(), bucket, stage.params(), adam.shard(), nullptr,
-                        zero == 2 ? adam.grad_shard().data() : nullptr);
-    std::fill(g.begin(), g.end(), 0.5f);
-    reducer.begin_step();
-    reducer.done_from(0);  // every tensor at once, the last first
-    CHECK(reducer.most_travelling() <= window);
-    CHECK(reducer.most_travelling() > 0);
-    reducer.finish(no_trace);
-    const auto& summed = zero == 2 ? adam.grad_shard().host() : g;
-    for (const OptimizerShard::Slab& s : adam.shard().slabs()) {
-      const size_t at = zero == 2 ? s.state_offset : s.begin;
-      CHECK(std::all_of(summed.begin() + at, summed.begin() + at + s.size(), [](float v) { return v == 1.0f; }));
+  std::vector<float> host(g.size());
+  for (bool through_host : {false, true})
+    for (int zero : {1, 2}) {
+      INFO("zero = " << zero << (through_host ? ", through a host copy" : ""));
+      AdamW adam(spec.train, OptimizerShard(stage.params(), test_world().rank(), 2, zero));
+      GradReducer reducer(replicas(), g.data(), through_host ? host.data() : g.data(), g.size(), bucket, stage.params(),
+                          adam.shard(), nullptr, zero == 2 ? adam.grad_shard().data() : nullptr);
+      std::fill(g.begin(), g.end(), 0.5f);
+      std::fill(host.begin(), host.end(), -1.0f);
+      reducer.begin_step();
+      reducer.done_from(0);  // every tensor at once, the last first
+      CHECK(reducer.most_travelling() <= window);
+      CHECK(reducer.most_travelling() > 0);
+      reducer.finish(no_trace);
+      const float* summed = zero == 2 ? adam.grad_shard().data() : through_host ? host.data() : g.data();
+      for (const OptimizerShard::Slab& s : adam.shard().slabs()) {
+        const size_t at = zero == 2 ? s.state_offset : s.begin;
+        CHECK(std::all_of(summed + at, summed + at + s.size(), [](float v) { return v == 1.0f; }));
+      }
     }
-  }
 }
 
 TEST_CASE("grad sync: the norm covers the summed gradient, and a NaN or stop on one rank holds for all",
@@ -138,7 +145,7 @@ TEST_CASE("grad sync: the norm covers the summed gradient, and a NaN or stop on 
     INFO("zero = " << zero);
     AdamW adam(spec.train, OptimizerShard(stage.params(), zero ? rank : 0, zero ? 2 : 1, zero));
     const OptimizerShard& shard = adam.shard();
-    GradReducer reducer(replicas(), g.data(), g.size(), 5, stage.params(), shard, nullptr,
+    GradReducer reducer(replicas(), g.data(), g.data(), g.size(), 5, stage.params(), shard, nullptr,
                         zero == 2 ? adam.grad_shard().data() : nullptr);
 
     // Each replica holds half of a gradient of ones: after the sum every element (of the rank's

@@ -43,4 +43,35 @@ void finish_compute();
 void upload(void* dst, const void* host_src, size_t bytes);
 void download(void* host_dst, const void* src, size_t bytes);
 
+// A download that runs beside the compute: on the GPU a copy on the copy stream, started once the
+// kernels queued so far are done (so it carries what they wrote), into host memory best pinned
+// with HostPin; on the CPU a plain copy, done at once. The host checks on it without waiting.
+class DeviceCopy {
+ public:
+  DeviceCopy() = default;  // nothing travelling
+  DeviceCopy(void* host_dst, const void* src, size_t bytes);
+  DeviceCopy(DeviceCopy&& o) noexcept;
+  DeviceCopy& operator=(DeviceCopy&& o) noexcept;
+  ~DeviceCopy();  // waits: the host memory must not be written behind the owner's back
+  bool done();    // arrived (true from then on)
+  void wait();
+
+ private:
+  void* token_ = nullptr;  // the GPU's copy, until seen done
+};
+
+// Page-locks a host buffer while the object lives, so GPU copies to and from it run asynchronously;
+// nothing on the CPU. The buffer must outlive it.
+class HostPin {
+ public:
+  HostPin() = default;
+  HostPin(void* p, size_t bytes);
+  HostPin(HostPin&& o) noexcept;
+  HostPin& operator=(HostPin&& o) noexcept;
+  ~HostPin();
+
+ private:
+  void* p_ = nullptr;
+};
+
 }  // namespace pipetrain

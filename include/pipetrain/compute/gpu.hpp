@@ -56,6 +56,17 @@ void copy_to_host(void* dst, const void* src, size_t bytes);
 void copy_on_device(void* dst, const void* src, size_t bytes);
 void zero(void* dst, size_t bytes);
 void synchronize();  // waits for the compute stream
+// A device-to-host copy on the copy stream, a second stream beside the compute one: it starts once
+// the compute stream has done what was queued before the call, so the kernels queued after it run
+// while it travels. `dst` should be pinned (pin_host), or CUDA copies through a bounce buffer and
+// the call blocks. Returns a token for copy_done / copy_wait, one of which must spend it.
+void* copy_to_host_async(void* dst, const void* src, size_t bytes);
+bool copy_done(void* token);  // the copy is complete (and the token spent); false: still travelling
+void copy_wait(void* token);  // waits until it is complete; spends the token
+// Page-locks host memory so copies between it and the device run asynchronously; unpin_host
+// before the memory is freed.
+void pin_host(void* p, size_t bytes);
+void unpin_host(void* p);
 // Device memory this process allocated through this module (buffers and scratch), now and at its
 // peak since start-up; as torch.cuda.memory_allocated, not counting the CUDA context.
 size_t memory_allocated();

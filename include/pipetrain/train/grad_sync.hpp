@@ -11,9 +11,11 @@
 // ZeRO-3 gathers weights layer by layer instead (param_fetch.hpp).
 #pragma once
 #include <cstddef>
+#include <deque>
 #include <string>
 #include <vector>
 
+#include "pipetrain/compute/device.hpp"
 #include "pipetrain/dist/comm.hpp"
 #include "pipetrain/model/model.hpp"
 #include "pipetrain/model/optim.hpp"
@@ -35,11 +37,16 @@ namespace pipetrain {
 // and 3 a tensor's whole gradient is released as soon as its reduce-scatter is seen complete.
 // Sharded, at most OptimizerShard::reduce_window floats travel at once: a tensor that would pass
 // it waits for the oldest first.
+// On the GPU the collectives run on a host copy: each bucket (each tensor, sharded) is downloaded
+// on the copy stream as soon as it is final, while the backward goes on, and its collective is
+// posted once it has arrived, in the order the copies were started (the same on every replica).
 class GradReducer {
  public:
-  // `grads`: the stage's flat gradient buffer of `floats` (on the GPU, its host copy).
-  GradReducer(Comm& comm, float* grads, size_t floats, size_t bucket, const std::vector<ParamTensor>& params,
-              const OptimizerShard& shard, const ParamTensor* tied, float* shard_out = nullptr);
+  // `grads`: the stage's flat gradient buffer of `floats`; `host`: where the collectives run, its
+  // host copy on the GPU (pinned), `grads` itself on the CPU.
+  GradReducer(Comm& comm, float* grads, float* host, size_t floats, size_t bucket,
+              const std::vector<ParamTensor>& params, const OptimizerShard& shard, const ParamTensor* tied,
+              float* shard_out = nullptr);
   void begin_step();
   // Gradients from `offset` to the end of the buffer are final: post what lies there.
   void done_from(size_t offset);
@@ -54,7 +61,12 @@ class GradReducer {
   size_t most_travelling() const { return most_travelling_; }
 
  private:
-  void post(const ParamTensor& p);           // sharded: one tensor's reduce-scatter
+  void post(const ParamTensor& p);  // sharded: one tensor's reduce-scatter, within the window
+  // The collective of one tensor (sharded) or of the bucket [begin, end) (unsharded, `p` null), at
+  // once on the CPU, once its host copy has arrived on the GPU.
+  void launch(const ParamTensor* p, size_t begin, size_t end);
+  void issue(const ParamTensor* p, size_t begin, size_t end);  // posts it
+  void issue_arrived(bool wait);             // issues the downloads that have arrived (all of them: `wait`)
   void posted(Request r, std::string name);  // in flight from now
   void progress();                           // tests what is in flight, noting when each completes
   void completed(size_t request);            // notes it, and under ZeRO-2, 3 releases its whole gradient
@@ -62,7 +74,8 @@ class GradReducer {
   void sum_shared(const ParamTensor& p, const OptimizerShard::Slab& mine);  // a shared key/value head's
   SlabView summed() const { return shard_out_ ? SlabView{shard_out_, true} : SlabView{grads_, false}; }
   Comm& comm_;
-  float* grads_;
+  float* device_grads_;  // the stage's buffer
+  float* grads_;         // where the collectives run (device_grads_ on the CPU)
   size_t floats_;
   size_t bucket_, posted_from_ = 0;
   const std::vector<ParamTensor>& params_;
@@ -72,6 +85,12 @@ class GradReducer {
   size_t next_tensor_ = 0;  // sharded: params_[next_tensor_ - 1] is the last tensor not yet posted
   size_t window_, travelling_ = 0, most_travelling_ = 0;  // sharded: the floats that may travel at once, do, did
   std::vector<Request> reqs_;
+  struct Downloading {  // the GPU's: a collective whose gradients are on their way to the host
+    DeviceCopy copy;
+    const ParamTensor* tensor;
+    size_t begin, end;
+  };
+  std::deque<Downloading> downloading_;
   struct InFlight {  // per request, for the trace's exchange track
     std::string name;
     double posted_s, done_s = -1;

@@ -68,11 +68,12 @@ struct RunModel {
 };
 
 // The communicators and the step boundary's exchanges: gradient sums over replicas (through
-// `grad_staging` on the GPU) and with ZeRO-1 the updated slabs' all-gather (through
-// `param_staging` on the GPU).
+// `grad_staging` on the GPU, pinned so that its downloads run beside the backward) and with ZeRO-1
+// the updated slabs' all-gather (through `param_staging` on the GPU).
 struct RunComms {
   std::unique_ptr<Comm> comm;
   std::vector<float> grad_staging, param_staging;
+  HostPin grad_staging_pinned;            // (unpinned before the buffer goes: declared after it)
   std::vector<float> grad_shard_staging;  // ZeRO-2, 3 on the GPU: the summed slabs, on their way up
   std::unique_ptr<GradReducer> reducer;
   std::unique_ptr<ParamGather> param_gather;

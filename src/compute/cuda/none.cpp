@@ -22,6 +22,11 @@ void copy_to_host(void*, const void*, size_t) { no_cuda(); }
 void copy_on_device(void*, const void*, size_t) { no_cuda(); }
 void zero(void*, size_t) { no_cuda(); }
 void synchronize() { no_cuda(); }
+void* copy_to_host_async(void*, const void*, size_t) { no_cuda(); }
+bool copy_done(void*) { no_cuda(); }
+void copy_wait(void*) { no_cuda(); }
+void pin_host(void*, size_t) { no_cuda(); }
+void unpin_host(void*) {}
 size_t memory_allocated() { return 0; }
 size_t memory_peak() { return 0; }
 size_t memory_total() { return 0; }

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "check.cuh"
 #include "pipetrain/compute/gpu.hpp"
@@ -12,6 +13,8 @@ namespace {
 
 struct Runtime {
   cudaStream_t stream = nullptr;
+  cudaStream_t copies = nullptr;          // device-to-host copies beside the compute (copy_to_host_async)
+  std::vector<cudaEvent_t> spare_events;  // for reuse: creating an event per copy costs a driver call
   cublasHandle_t cublas = nullptr;
   std::array<void*, 8> scratch{};
   std::array<size_t, 8> scratch_bytes{};
@@ -149,6 +152,55 @@ void copy_on_device(void* dst, const void* src, size_t bytes) {
 }
 void zero(void* dst, size_t bytes) { PT_CUDA(cudaMemsetAsync(dst, 0, bytes, stream())); }
 void synchronize() { PT_CUDA(cudaStreamSynchronize(stream())); }
+
+namespace {
+cudaEvent_t take_event() {
+  Runtime& r = runtime();
+  cudaEvent_t e = nullptr;
+  if (r.spare_events.empty()) {
+    PT_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  } else {
+    e = r.spare_events.back();
+    r.spare_events.pop_back();
+  }
+  return e;
+}
+void give_back(cudaEvent_t e) { runtime().spare_events.push_back(e); }
+}  // namespace
+
+void* copy_to_host_async(void* dst, const void* src, size_t bytes) {
+  Runtime& r = runtime();
+  if (!r.copies) PT_CUDA(cudaStreamCreateWithFlags(&r.copies, cudaStreamNonBlocking));
+  // The copy stream waits for what the compute stream has queued so far (the kernels that wrote
+  // `src`). A wait takes the event's state when it is queued, so the event is free again at once.
+  cudaEvent_t queued = take_event();
+  PT_CUDA(cudaEventRecord(queued, stream()));
+  PT_CUDA(cudaStreamWaitEvent(r.copies, queued, 0));
+  give_back(queued);
+  PT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, r.copies));
+  cudaEvent_t copied = take_event();
+  PT_CUDA(cudaEventRecord(copied, r.copies));
+  return copied;
+}
+bool copy_done(void* token) {
+  const auto e = static_cast<cudaEvent_t>(token);
+  const cudaError_t status = cudaEventQuery(e);
+  if (status == cudaErrorNotReady) return false;
+  PT_CUDA(status);
+  give_back(e);
+  return true;
+}
+void copy_wait(void* token) {
+  const auto e = static_cast<cudaEvent_t>(token);
+  PT_CUDA(cudaEventSynchronize(e));
+  give_back(e);
+}
+void pin_host(void* p, size_t bytes) {
+  if (bytes) PT_CUDA(cudaHostRegister(p, bytes, cudaHostRegisterDefault));
+}
+void unpin_host(void* p) {
+  if (p) cudaHostUnregister(p);  // no throw: called from destructors
+}
 
 size_t memory_allocated() { return runtime().allocated; }
 size_t memory_peak() { return runtime().peak; }
