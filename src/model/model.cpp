@@ -89,6 +89,17 @@ BlockPtrs Stage::block_ptrs(Floats& base, const Chunk& c, int l) {
   return block_ptrs_from(base.data() + c.block_offset[l], shape_);
 }
 
+BlockPtrs Stage::block_weights(const Chunk& c, int l) {
+  if (!fetcher_) return block_ptrs(store_.weights(), c, l);
+  BlockPtrs b;  // each tensor where the fetcher put it
+  size_t offset = c.block_offset[l];
+  for (const BlockTensor& t : block_tensors(shape_.arch)) {
+    if (t.field) b.*t.field = fetcher_->where(offset);
+    offset += size_of(t, shape_);
+  }
+  return b;
+}
+
 void Stage::set_tokens(int mb, const int* tokens) {
   pool_.stash(0, mb).tokens.assign(tokens, static_cast<size_t>(B_) * T_);
 }
@@ -123,8 +134,8 @@ void Stage::compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, 
   if (c.first) {  // tensor ranks: each its vocabulary rows' embeddings, one of them the positions; then summed
     fetch(c, 0, Pass::forward);
     float* embedded = sp_ ? scratch_.attproj.data() : w.xs[0].data();  // every row, before the sum
-    k_.encoder_forward(embedded, s.tokens.data(), store_.weights().data() + wte_,
-                       tp_.rank == 0 ? tensor(store_.weights(), wpe_) : nullptr, B_, T_, C_, v_begin_, V_);
+    k_.encoder_forward(embedded, s.tokens.data(), weight(wte_), tp_.rank == 0 ? weight(wpe_) : nullptr, B_, T_, C_,
+                       v_begin_, V_);
     done(c, 0, Pass::forward);
     if (tp_.size > 1) sum_partials(embedded, B_ * T_, w.xs[0].data());
   } else if (&w != &s) copy_values(w.xs[0].data(), s.xs[0].data(), n_in);

@@ -26,9 +26,8 @@ void Stage::forward_cached(const int* tokens, int n, KvCache& cache, float* prob
   const Tokens tok{1, n, &cache};
   Acts& a = generation_;
   size_acts(c, a, tok);
-  const float* wpe = tensor(store_.weights(), wpe_);
-  k_.encoder_forward(a.xs[0].data(), tokens, store_.weights().data() + wte_, wpe ? wpe + cache.pos * C : nullptr, 1, n,
-                     C_, 0, V_);
+  const float* wpe = weight(wpe_);
+  k_.encoder_forward(a.xs[0].data(), tokens, weight(wte_), wpe ? wpe + cache.pos * C : nullptr, 1, n, C_, 0, V_);
   for (int l = 0; l < c.L; ++l) block_forward(c, l, a.xs[l].data(), a.blocks[l], a.xs[l + 1].data(), tok);
   const std::vector<int> targets(n, 0);  // the loss is not wanted, only the probabilities
   head_forward(a.xs[c.L].data(), a.head, targets.data(), tok);

@@ -9,10 +9,8 @@ namespace pipetrain {
 
 double Stage::head_forward(const float* x, HeadActs& a, const int* targets, const Tokens& tok) {
   const int N = tok.rows(), C = C_;
-  norm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, store_.weights().data() + lnfw_,
-               tensor(store_.weights(), lnfb_), kept_rows(N));
-  k_.matmul_forward(scratch_.logits.data(), whole_rows(a.lnf.data(), N), store_.weights().data() + head_, nullptr, N, C,
-                    V_);
+  norm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), x, weight(lnfw_), weight(lnfb_), kept_rows(N));
+  k_.matmul_forward(scratch_.logits.data(), whole_rows(a.lnf.data(), N), weight(head_), nullptr, N, C, V_);
   poll();
   return softmax_loss(a, targets, N);
 }
@@ -34,12 +32,11 @@ void Stage::head_backward_input(const float* x, const HeadActs& a, const int* ta
   const int N = B_ * T_, C = C_;
   k_.softmax_crossentropy_backward(w.dlogits.data(), a.probs.data(), targets, grad_scale_, N, V_, v_begin_);
   k_.matmul_backward(partial_target(w.dlnf.data()), fused ? store_.grads().data() + head_ : nullptr, nullptr,
-                     w.dlogits.data(), whole_rows_if(fused, a.lnf.data(), N), store_.weights().data() + head_, N, C,
-                     V_);
+                     w.dlogits.data(), whole_rows_if(fused, a.lnf.data(), N), weight(head_), N, C, V_);
   poll();
   sum_partials(partial_target(w.dlnf.data()), N, w.dlnf.data());
   norm_backward(dinp, fused ? store_.grads().data() + lnfw_ : nullptr, fused ? tensor(store_.grads(), lnfb_) : nullptr,
-                w.dlnf.data(), x, store_.weights().data() + lnfw_, a.lnf_mean.data(), a.lnf_rstd.data(), kept_rows(N));
+                w.dlnf.data(), x, weight(lnfw_), a.lnf_mean.data(), a.lnf_rstd.data(), kept_rows(N));
 }
 
 void Stage::head_backward_weight(const float* x, const HeadActs& a, const HeadWGrads& w) {

@@ -38,7 +38,7 @@ void Stage::mlp_activation_backward(float* dfch, const BlockActs& a, const float
 
 void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out, const Tokens& tok) {
   const int N = tok.rows(), R = kept_rows(N), C = C_, Q = shape_.q, NH = shape_.NH, NKV = shape_.NKV;
-  BlockPtrs w = block_ptrs(store_.weights(), c, l);
+  BlockPtrs w = block_weights(c, l);
   norm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1w, w.ln1b, R);
   k_.matmul_forward(a.qkv.data(), whole_rows(a.ln1.data(), N), w.qkvw, w.qkvb, N, C, shape_.qkv);
   poll();
@@ -75,7 +75,7 @@ void Stage::block_backward_input(const Chunk& c, int l, const float* x, const Bl
                                  float* dinp, BlockWGrads& w, const BlockPtrs* g) {
   const int N = B_ * T_, R = kept_rows(N), C = C_, Q = shape_.q;
   const size_t NC = static_cast<size_t>(N) * C, RC = static_cast<size_t>(R) * C;
-  BlockPtrs p = block_ptrs(store_.weights(), c, l);
+  BlockPtrs p = block_weights(c, l);
   auto grad = [&](float* BlockPtrs::*field) { return g ? g->*field : nullptr; };
   // out = res2 + mlp(ln2(res2))
   const float* dout_all = whole_rows(dout, N);

@@ -207,9 +207,9 @@ std::vector<MachineCosts::Transfer> time_allreduces(World& world, const std::vec
   });
 }
 
-// ZeRO-3's layer gather on a CPU (MachineCosts::gather_refill): each time into a buffer just given
-// back, as after the pass before, so the pages fault back in as the slabs arrive, the rank's own
-// slab copied in from its master copy as LayerGather does.
+// ZeRO-3's layer gather on a CPU (MachineCosts::gather_refill): blocking, into a buffer that stays
+// in memory (LayerGather's slot, free again after the pass before), the rank's own slab copied in
+// from its master copy as LayerGather does.
 std::vector<MachineCosts::Transfer> time_refills(World& world, const std::vector<size_t>& sizes) {
   const int D = world.size(), me = world.rank();
   return time_collectives(world, sizes, [&](Comm& comm, size_t bytes) {
@@ -220,7 +220,7 @@ std::vector<MachineCosts::Transfer> time_refills(World& world, const std::vector
       counts[r] = static_cast<int>(r + 1 < D ? buf.size() / D : buf.size() - offsets[r]);
     }
     const std::vector<float> mine(counts[me], 1.f);
-    return median_seconds([&] { release_values(buf.data(), buf.size()); },
+    return median_seconds([] {},
                           [&] {
                             Request r = comm.iallgather_data(buf.data(), counts, offsets, mine.data());
                             comm.wait(r, {"calibration all-gather"});

@@ -176,7 +176,7 @@ void build_model(Run& run) {
     run.state.start_step = load_checkpoint(run.state.resumed_from, *run.model.stage, *run.model.adam, run.world);
   if (run.model.adam->shard().shards_weights()) {  // ZeRO-3: the slabs kept, the whole given back
     run.model.adam->take_weights(run.model.stage->weights());
-    release_values(run.model.stage->weights().data(), run.model.stage->weights().size());
+    run.model.stage->drop_weights();
   }
   run.state.last_saved = run.state.resumed_from.empty() ? -1 : run.state.start_step;
 }
@@ -316,7 +316,7 @@ void prepare_steps(Run& run) {
   run.comms.reducer = std::make_unique<GradReducer>(
       *run.comms.comm, stage.grads().data(), run.on_gpu() ? run.comms.grad_staging.data() : stage.grads().data(),
       stage.grads().size(), spec.comm.bucket_floats(), stage.params(), shard, run.model.tied_wte, shard_out);
-  run.comms.param_staging.resize(run.on_gpu() && shard.sharded() ? stage.weights().size() : 0);
+  run.comms.param_staging.resize(run.on_gpu() && shard.sharded() ? stage.grads().size() : 0);  // (ZeRO-3 drops weights)
   run.comms.param_gather = std::make_unique<ParamGather>(
       *run.comms.comm, stage, shard, run.on_gpu() ? &run.comms.param_staging : nullptr, &run.telemetry.trace);
   if (shard.shards_weights()) {
@@ -439,9 +439,8 @@ void print_start(const Run& run) {
   for (const std::string& note : spec.notes) std::printf("note: %s\n", note.c_str());
   if (run.on_gpu() && run.model.adam->shard().shards_grads())
     std::printf(
-        "note: parallel.zero = %d on the GPU keeps whole weight and gradient buffers on the device (what it "
-        "releases is zeroed, not freed): it saves the optimizer's state and master copy, as zero 1 does; plan's "
-        "memory counts what the CPU gives back\n",
+        "note: parallel.zero = %d on the GPU keeps the whole gradient buffer on the device (a released range is "
+        "zeroed, not freed), where plan counts what the CPU gives back\n",
         spec.parallel.zero);
   if (run.telemetry.stragglers)
     std::printf(

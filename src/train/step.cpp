@@ -108,7 +108,8 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   mine.compute_s = r.stats.compute_s + r.local_s;
   mine.rank_step_s = r.step_s;
   const OptimizerShard& shard = run.model.adam->shard();
-  const double whole = static_cast<double>(run.model.stage->weights().size()), slabs = shard.state_floats();
+  // (The stage's whole count: ZeRO-3 drops the flat weights; the gradients' is the same.)
+  const double whole = static_cast<double>(run.model.stage->grads().size()), slabs = shard.state_floats();
   mine.weight_floats = shard.shards_weights() ? slabs : whole;
   mine.grad_floats = shard.shards_grads() ? slabs : whole;
   mine.optim_floats = slabs;

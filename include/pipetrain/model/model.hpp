@@ -40,7 +40,8 @@ struct KvCache {
 
 // Where a pass's weights come from when a stage does not hold them all (ZeRO-3:
 // train/param_fetch.hpp gathers them): the Stage calls fetch before a layer's pass reads its
-// weights and done after it. Layers of a chunk are numbered in buffer order: 0 the embedding (on
+// weights and done after it, and reads each tensor where the fetcher put it (`where`, the tensor's
+// offset in the flat buffers). Layers of a chunk are numbered in buffer order: 0 the embedding (on
 // the first virtual stage), 1..L its blocks, L + 1 the head (on the last). The passes that only
 // add weight gradients (the embedding's backward, a split backward's W) read no weights.
 class WeightFetcher {
@@ -49,6 +50,7 @@ class WeightFetcher {
   virtual ~WeightFetcher() = default;
   virtual void fetch(int chunk, int layer, Pass pass) = 0;
   virtual void done(int chunk, int layer, Pass pass) = 0;
+  virtual float* where(size_t offset) = 0;
 };
 
 class Stage {
@@ -89,6 +91,7 @@ class Stage {
   void init_params(uint64_t seed) { store_.init(seed); }  // deterministic per name: same weights on any layout
   void zero_grads() { store_.zero_grads(); }
   void release_grads() { store_.release_grads(); }
+  void drop_weights() { store_.drop_weights(); }
 
   // Inputs of micro-batch mb: tokens (first virtual stage), targets (last), or the buffer the
   // previous virtual stage's activation is received into (other chunks; valid until backward).
@@ -209,6 +212,12 @@ class Stage {
   // A tensor of `base` (weights_ or grads_) at `offset`; null where the family has none.
   static constexpr size_t kAbsent = ParamStore::kAbsent;
   float* tensor(Floats& base, size_t offset) { return offset == kAbsent ? nullptr : base.data() + offset; }
+  // A tensor's weights as a pass reads them: in the flat buffer, or where the WeightFetcher put
+  // them; null where the family has none.
+  float* weight(size_t offset) {
+    return offset == kAbsent ? nullptr : fetcher_ ? fetcher_->where(offset) : store_.weights().data() + offset;
+  }
+  BlockPtrs block_weights(const Chunk& c, int local_block);
 
   std::vector<Chunk> chunks_;
   int M_, B_, T_, C_;

@@ -45,7 +45,7 @@ class AdamW {
     return shard_.shards_weights() ? SlabView{w_.data(), true} : SlabView{flat.data(), false};
   }
   // ZeRO-3: copies the shard's slabs of `flat` (weights just initialised or loaded) to the master
-  // copy; the caller then releases `flat`.
+  // copy; the caller then drops `flat`.
   void take_weights(const Floats& flat);
   int steps_taken() const { return t_; }
   void set_steps_taken(int t) { t_ = t; }  // when resuming: bias correction continues from t

@@ -57,6 +57,9 @@ class ParamStore {
   // Zeroes the gradients and gives their memory back (device.hpp's release_values): under ZeRO-2
   // and 3 the whole buffer is present only while a step accumulates into it.
   void release_grads();
+  // Frees the flat weight buffer (ZeRO-3: after start-up the optimizer keeps this replica's slabs
+  // and the passes read gathered layers from LayerGather's slots); weights() is then empty.
+  void drop_weights() { weights_ = Array<float>(); }
 
  private:
   std::vector<ParamTensor> params_;

@@ -48,8 +48,8 @@ struct MachineCosts {
   // The same inside a node (NVLink), where a tensor group runs; empty: the link above.
   std::vector<Transfer> node_allreduce;
   // Calibrated on a CPU: a blocking all-gather over allreduce_ranks ranks into a buffer of `bytes`
-  // just given back (release_values), as ZeRO-3 gathers a layer. There the ranks' own cores copy
-  // the slabs in and fault the pages back, between their kernels, so nothing hides it. Empty
+  // (the rank's own slab copied from its master), as ZeRO-3 gathers a layer into a slot. There the
+  // ranks' own cores copy the slabs in, between their kernels, so nothing hides it. Empty
   // (GPUs, costs from peaks): a gather travels beside compute at half an all-reduce's cost.
   std::vector<Transfer> gather_refill;
 
