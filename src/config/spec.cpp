@@ -246,6 +246,16 @@ RunSpec parse_spec(const std::string& text, const std::string& path, const std::
     }
   }
   for (const ImpliedKey& k : context.implied) apply_implied(spec, k);
+  // Sources are token files: they make data.source hdf5 unless it was set where they were (a file
+  // that says both is refused by validate_spec), so --set data.sources=... overrides a config's source.
+  const std::string source_at = origin_of(spec.origins, "data.source"),
+                    sources_at = origin_of(spec.origins, "data.sources");
+  const auto on_command_line = [](const std::string& at) { return at.rfind("--set", 0) == 0; };
+  if (!spec.data.sources.empty() &&
+      (source_at.empty() || (on_command_line(sources_at) && !on_command_line(source_at)))) {
+    spec.data.source = DataSource::hdf5;
+    spec.origins.emplace_back("data.source", sources_at);
+  }
   // A schedule that always runs the same chunk count implies it: virtual_stages defaults to it
   // (an explicit value that contradicts it is still refused, by the schedule's check).
   resolve_model_defaults(spec);
@@ -321,8 +331,16 @@ void validate_spec(const RunSpec& s, int world_size, const std::string& ranks_ar
     fail("eval.every_steps",
          "validation needs held-out data: a token file with /val (pipetrain data prepare, "
          "data.source = \"hdf5\") or data.source = \"synthetic\"");
-  if (s.data.source != DataSource::synthetic && s.data.path.empty())
-    fail("data.path", std::string("data.source = \"") + name_of(s.data.source) + "\" needs data.path");
+  if (!s.data.sources.empty() && s.data.source != DataSource::hdf5)
+    fail("data.source", std::string("data.source = \"") + name_of(s.data.source) +
+                            "\" but data.sources lists token files (data.source = \"hdf5\", or leave it unset)");
+  if (!s.data.sources.empty() && !s.data.path.empty())
+    fail("data.path",
+         "data.path and data.sources both given: a single token file is one source (drop data.path, "
+         "or list it in data.sources)");
+  if (s.data.source != DataSource::synthetic && s.data.path.empty() && s.data.sources.empty())
+    fail("data.path", std::string("data.source = \"") + name_of(s.data.source) + "\" needs data.path" +
+                          (s.data.source == DataSource::hdf5 ? " (or data.sources)" : ""));
   if (s.data.source == DataSource::text && m.vocab < 256)
     fail("model.vocab", "vocab = " + std::to_string(m.vocab) +
                             " is too small for byte tokens of data.source = \"text\" (need >= 256)");

@@ -50,6 +50,22 @@ std::string show_double(double v) {
   return s;
 }
 
+// A source's default name: "data/web.h5", "data/web/", "shards/web_*.h5" and "data/web/*.h5" -> "web".
+std::string source_name_from(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  auto last_part = [](const std::string& p) { return p.substr(p.find_last_of('/') + 1); };
+  std::string name = last_part(path);
+  if (const size_t wild = name.find_first_of("*?["); wild != std::string::npos) {  // a glob: what precedes it
+    name.resize(wild);
+    while (!name.empty() && (name.back() == '_' || name.back() == '-' || name.back() == '.')) name.pop_back();
+    const size_t slash = path.find_last_of('/');
+    if (name.empty() && slash != std::string::npos) name = last_part(path.substr(0, slash));  // else its folder
+  }
+  const size_t dot = name.find('.');
+  if (dot != std::string::npos && dot > 0) name.resize(dot);
+  return name.empty() ? "source" : name;
+}
+
 std::string show_string(const std::string& v) {
   std::string out = "\"";
   for (char c : v) {
@@ -205,6 +221,59 @@ SpecKey schedule_key() {
   return k;
 }
 
+// data.sources: an array of tables (TOML's [[data.sources]], or inline on --set), each with path
+// (required), weight (> 0, default 1) and name (default: the path's last part, without extension).
+SpecKey sources_key() {
+  SpecKey k{"data", "sources",
+            "a mixture: [[data.sources]] tables of path (a token file, a glob of token files or a folder of them), "
+            "weight (its share of the samples, relative to the others'; default 1) and name (default: from the path)",
+            nullptr, nullptr};
+  k.set = [](RunSpec& s, const toml::node& n, const std::string& where) {
+    if (!n.is_array()) type_error(where, "data.sources", "an array of tables ([[data.sources]])", n);
+    std::vector<RunSpec::Data::Source> sources;
+    for (const toml::node& e : *n.as_array()) {
+      const std::string at = where + ": data.sources[" + std::to_string(sources.size()) + "]";
+      if (!e.is_table()) throw SpecError(at + " must be a table with path and weight, got " + describe(e));
+      RunSpec::Data::Source src;
+      for (const auto& [key, v] : *e.as_table()) {
+        const std::string name(key.str());
+        if (name == "path" || name == "name") {
+          if (!v.is_string() || v.as_string()->get().empty())
+            throw SpecError(at + "." + name + " must be a non-empty string, got " + describe(v));
+          (name == "path" ? src.path : src.name) = v.as_string()->get();
+        } else if (name == "weight") {
+          const double w = v.is_integer()          ? static_cast<double>(v.as_integer()->get())
+                           : v.is_floating_point() ? v.as_floating_point()->get()
+                                                   : -1;
+          if (!(w > 0) || !std::isfinite(w)) throw SpecError(at + ".weight must be a number > 0, got " + describe(v));
+          src.weight = w;
+        } else {
+          const std::string hint = closest_match(name, {"path", "weight", "name"});
+          throw SpecError(at + ": unknown key " + name + " (a source has path, weight and name" +
+                          (hint.empty() ? "" : "; did you mean " + hint + "?") + ")");
+        }
+      }
+      if (src.path.empty()) throw SpecError(at + " has no path");
+      if (src.name.empty()) src.name = source_name_from(src.path);
+      for (const auto& other : sources)
+        if (other.name == src.name)
+          throw SpecError(at + ": two sources are named \"" + src.name + "\" (give each a name = \"...\")");
+      sources.push_back(src);
+    }
+    s.data.sources = sources;
+  };
+  k.show = [](const RunSpec& s) {
+    std::string out = "[";
+    for (size_t i = 0; i < s.data.sources.size(); ++i) {
+      const auto& src = s.data.sources[i];
+      out += (i ? ", " : "") + std::string("{ path = ") + show_string(src.path) +
+             ", weight = " + show_double(src.weight) + ", name = " + show_string(src.name) + " }";
+    }
+    return out + "]";
+  };
+  return k;
+}
+
 SpecKey partition_key() {
   SpecKey k{"parallel", "partition",
             "\"uniform\", \"balanced\" (cost model incl. embedding and head) or a list of blocks per stage "
@@ -291,6 +360,7 @@ std::vector<SpecKey> build_schema() {
       string_key("data", "path", FIELD(std::string, data.path),
                  "input file for source = text, or the token file (pipetrain data prepare) for source = hdf5"),
       bool_key("data", "shuffle", FIELD(bool, data.shuffle), "seeded permutation of windows per epoch"),
+      sources_key(),
       int_key("parallel", "tp", FIELD(int, parallel.tp), 1, 1024,
               "tensor-parallel ranks per stage: each holds n_head / tp attention heads, 1/tp of the MLP and "
               "of the vocabulary (consecutive ranks, so a tensor group shares a node)"),

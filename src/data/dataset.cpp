@@ -60,6 +60,11 @@ Dataset::Dataset(const RunSpec& spec, Split split)
       tokens_ = val ? synthetic_corpus(seed_, kSyntheticValBytes, 1) : synthetic_corpus(seed_, kSyntheticBytes);
       break;
     case DataSource::hdf5: {
+      window_.resize(static_cast<size_t>(T_) + 1);
+      if (!spec.data.sources.empty()) {
+        mixture_ = std::make_unique<Mixture>(spec, split);
+        return;  // each source checked its own files
+      }
       const std::string where = spec.origin("data.path") + ": data.path: ";
       try {
         file_ = std::make_unique<TokenFile>(spec.data.path, split);
@@ -70,7 +75,6 @@ Dataset::Dataset(const RunSpec& spec, Split split)
         throw SpecError(where + spec.data.path + " has vocab_size " + std::to_string(file_->vocab_size()) +
                         " but model.vocab = " + std::to_string(spec.model.vocab) + " (set model.vocab to at least " +
                         std::to_string(file_->vocab_size()) + ")");
-      window_.resize(static_cast<size_t>(T_) + 1);
       break;
     }
     case DataSource::text: {
@@ -94,6 +98,23 @@ Dataset::Dataset(const RunSpec& spec, Split split)
   }
 }
 
+Dataset::~Dataset() = default;
+
+std::string Dataset::repeats_within(int64_t samples) const {
+  if (!mixture_) {
+    const int64_t windows = (static_cast<int64_t>(n_tokens()) - T_ - 1) / T_;
+    if (samples <= windows) return "";
+    return "the " + std::to_string(n_tokens()) + " held-out tokens hold " + std::to_string(windows) + " windows";
+  }
+  std::vector<int64_t> taken(static_cast<size_t>(mixture_->sources()));
+  for (int64_t g = 0; g < samples; ++g) ++taken[static_cast<size_t>(mixture_->pick(g).source)];
+  for (int s = 0; s < mixture_->sources(); ++s)
+    if (taken[s] > mixture_->source(s).windows())
+      return "data.sources[" + std::to_string(s) + "]'s share is " + std::to_string(taken[s]) +
+             " of them, but its held-out tokens hold " + std::to_string(mixture_->source(s).windows()) + " windows";
+  return "";
+}
+
 const std::vector<uint32_t>& Dataset::epoch_permutation(int64_t epoch) {
   if (epoch == perm_epoch_) return perm_;
   const size_t E = std::max<size_t>(1, (n_tokens() - T_ - 1) / T_);
@@ -114,18 +135,20 @@ size_t Dataset::window_start(int64_t g) {
 }
 
 void Dataset::sample(int64_t g, int* inputs, int* targets) {
-  const size_t start = window_start(g);
   auto copy = [&](const auto* w) {
     for (int t = 0; t < T_; ++t) {
       inputs[t] = static_cast<int>(w[t]);
       targets[t] = static_cast<int>(w[t + 1]);
     }
   };
-  if (file_) {
-    file_->read(start, window_.size(), window_.data());  // checks every id against the file's vocab_size
+  if (mixture_) {
+    mixture_->sample(g, window_.data());
+    copy(window_.data());
+  } else if (file_) {
+    file_->read(window_start(g), window_.size(), window_.data());  // checks every id against its vocab_size
     copy(window_.data());
   } else {
-    copy(tokens_.data() + start);
+    copy(tokens_.data() + window_start(g));
   }
 }
 

@@ -1,5 +1,8 @@
 #include "pipetrain/train/run_spec.hpp"
 
+#include <algorithm>
+
+#include "pipetrain/data/mixture.hpp"
 #include "pipetrain/data/token_file.hpp"
 #include "pipetrain/interop/model_import.hpp"
 
@@ -24,6 +27,13 @@ std::vector<ImpliedKey> implied_keys(const RunSpec& s, std::string* unread) {
       out.push_back({"model.vocab", std::to_string(read_token_file_info(s.data.path).vocab_size),
                      "data.path's vocab_size (" + s.data.path + ")"});
     } catch (const SpecError&) {
+    }
+  if (!s.data.sources.empty()) try {  // the largest of the mixture's files'
+      int64_t vocab = 0;
+      for (const RunSpec::Data::Source& src : s.data.sources)
+        for (const std::string& f : source_files(src.path)) vocab = std::max(vocab, read_token_file_info(f).vocab_size);
+      out.push_back({"model.vocab", std::to_string(vocab), "data.sources' largest vocab_size"});
+    } catch (const SpecError&) {  // the Dataset names what is wrong
     }
   return out;
 }

@@ -51,15 +51,16 @@ void check_memory_fits(const RunSpec& spec, int stage, int local_ranks) {
 
 // Validation reads its windows in order: more samples than the held-out tokens hold would wrap
 // around and count some twice, which a loss over "N batches" must not do silently.
-void check_validation_fits(const RunSpec& spec, size_t val_tokens, bool eval_command) {
-  const int64_t T = spec.model.seq_len, windows = (static_cast<int64_t>(val_tokens) - T - 1) / T;
+void check_validation_fits(const RunSpec& spec, const Dataset& val, bool eval_command) {
   const int64_t need = static_cast<int64_t>(spec.eval.batches) * spec.train.global_batch;
-  if (need <= windows) return;
-  const int64_t fit = windows / spec.train.global_batch;
+  const std::string short_of = val.repeats_within(need);
+  if (short_of.empty()) return;
+  int64_t fit = 0;  // whole batches that do fit
+  while (fit < spec.eval.batches && val.repeats_within((fit + 1) * spec.train.global_batch).empty()) ++fit;
   throw SpecError(spec.origin("eval.batches") + ": " +
                   (eval_command ? "eval" : "eval.batches = " + std::to_string(spec.eval.batches)) + " needs " +
-                  std::to_string(need) + " validation windows of " + std::to_string(T) + " tokens, but the " +
-                  std::to_string(val_tokens) + " held-out tokens hold " + std::to_string(windows) +
+                  std::to_string(need) + " validation windows of " + std::to_string(spec.model.seq_len) +
+                  " tokens, but " + short_of +
                   (fit > 0 ? "; at most " + std::to_string(fit) + " batches fit"
                            : "; not one batch of train.global_batch fits (more validation data)"));
 }
@@ -94,11 +95,13 @@ void read_spec_and_data(Run& run) {
     run.input.data = std::make_unique<Dataset>(spec);
     if (spec.eval.every_steps > 0) {
       run.input.val = std::make_unique<Dataset>(spec, Split::val);
-      check_validation_fits(spec, run.input.val->n_tokens(), opt.eval_only);
+      check_validation_fits(spec, *run.input.val, opt.eval_only);
     }
   }
   // The run keeps its tokenizer (in RUN_DIR and every checkpoint); the file opened above.
-  if (run.world.rank() == 0 && spec.data.source == DataSource::hdf5 && !opt.eval_only) try {
+  if (run.world.rank() == 0 && spec.data.source == DataSource::hdf5 && !spec.data.sources.empty() && !opt.eval_only) {
+    run.input.tokenizer_model = Mixture(spec, Split::train).source(0).tokenizer_model();  // (all alike)
+  } else if (run.world.rank() == 0 && spec.data.source == DataSource::hdf5 && !opt.eval_only) try {
       run.input.tokenizer_model = read_token_file_info(spec.data.path).tokenizer_model;
     } catch (const SpecError& e) {
       throw SpecError(spec.origin("data.path") + ": data.path: " + e.what());

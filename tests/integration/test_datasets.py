@@ -182,5 +182,85 @@ def train_on_a_bad_token_file():
         expect(r.rc == 2 and want in r.err and "data.path" in r.err, f"train on hdf5, {name}: exit 2 ({r.err.strip()})")
 
 
+
+def three_sources():
+    """Three token files of different texts (the README, it reversed, its lower half upper-cased),
+    each with a held-out tail, mixed 0.5 / 0.3 / 0.2, as --set data.sources=... ."""
+    a = settings()
+    texts = {"readme": readme(), "reversed": readme()[::-1], "upper": readme()[len(readme()) // 2:].upper()}
+    sources = []
+    for (name, text), weight in zip(texts.items(), (0.5, 0.3, 0.2)):
+        path = os.path.join(a.work, f"mix_{name}.h5")
+        if not os.path.exists(path):
+            txt = os.path.join(a.work, f"mix_{name}.txt")
+            open(txt, "wb").write(text)
+            p = prepare("--input", txt, "--output", path, "--val-fraction", "0.1")
+            expect(p.returncode == 0, f"prepare {name}: exit 0 ({p.stderr.strip()})")
+        sources.append(f'{{path = "{path}", weight = {weight}}}')
+    return "data.sources=[" + ", ".join(sources) + "]"
+
+
+def close(got, want, what, tol=1e-5):
+    ok = len(got) == len(want) > 0 and all(abs(g - w) <= tol * max(abs(w), 1e-30) for g, w in zip(got, want))
+    expect(ok, f"{what} (within {tol:g})")
+
+
+@scenario
+def mixture_is_the_same_on_every_layout():
+    """A three-source mixture trains to the same losses on 1x1, dp 2 and pp 2 x dp 2 (each global
+    sample is the same whatever the layout), evaluates on the sources' held-out tails, and the
+    run directory's config.toml keeps the sources."""
+    mix = three_sources()
+    one = losses("mix_1x1", 1, mix, "eval.every_steps=4", "eval.batches=2")
+    dp2 = losses("mix_dp2", 2, mix, "parallel.dp=2")
+    grid = losses("mix_2x2", 4, mix, "parallel.pp=2", "parallel.dp=2")
+    close([l for l, _ in dp2], [l for l, _ in one], "mixture: dp 2's losses equal 1x1's")
+    close([l for l, _ in grid], [l for l, _ in one], "mixture: pp 2 x dp 2's losses equal 1x1's")
+    a = settings()
+    config = open(os.path.join(a.work, "mix_1x1", "config.toml")).read()
+    expect('name = "mix_readme"' in config and "weight = 0.3" in config, "config.toml keeps the sources")
+    val = [m for m in launch_metrics("mix_1x1") if "val_loss" in m]
+    expect(len(val) == 2, f"validation on the sources' held-out tokens, every 4 steps: {val}")
+
+
+def launch_metrics(name):
+    return [json.loads(l) for l in open(os.path.join(settings().work, name, "metrics.jsonl"))]
+
+
+@scenario
+def mixture_resumes_on_another_layout():
+    """Saved at step 4 on pp 2 x dp 2, resumed on dp 2: steps 5-8 equal the uninterrupted run's."""
+    a = settings()
+    mix = three_sources()
+    full = launch(a, 4, os.path.join(a.work, "mix_ckpt"), tiny(),
+                  BASE + [mix, "parallel.pp=2", "parallel.dp=2", "checkpoint.every_steps=4"])
+    resumed = launch(a, 2, os.path.join(a.work, "mix_resumed"), tiny(), BASE + [mix, "parallel.dp=2"],
+                     extra=["--resume", os.path.join(full.run_dir, "checkpoints", "step_00000004")])
+    expect(full.rc == 0 and resumed.rc == 0, f"exit 0 and 0 (got {full.rc}, {resumed.rc}) {resumed.err[-300:]}")
+    if full.rc == 0 and resumed.rc == 0:
+        close([m["loss"] for m in resumed.metrics()], [m["loss"] for m in full.metrics()][4:],
+              "mixture: resumed on another layout, steps 5-8 equal the uninterrupted run's")
+
+
+@scenario
+def mixture_bad_sources():
+    """A source naming no file, one with a vocabulary over model.vocab, two tokenizers in one
+    mixture: exit 2 naming data.sources[i]."""
+    a = settings()
+    mix = three_sources()
+    good = mix.split("{path = ")[1].split(",")[0]  # the first source's path, quoted
+    other = os.path.join(a.work, "mix_sp.h5")
+    if not os.path.exists(other):
+        p = prepare("--input", os.path.join(a.work, "mix_readme.txt"), "--output", other, "--tokenizer",
+                    "sentencepiece", "--vocab-size", "400")
+        expect(p.returncode == 0, f"prepare with SentencePiece: exit 0 ({p.stderr.strip()})")
+    for name, sources, want in [("no file", '[{path = "/nonexistent/*.h5"}]', "no file matches"),
+                                ("vocab", f"[{{path = {good}}}]", "model.vocab = 200"),
+                                ("tokenizers", f'[{{path = {good}}}, {{path = "{other}"}}]', "tokenized otherwise")]:
+        sets = ["run.steps=2", "data.sources=" + sources] + (["model.vocab=200"] if name == "vocab" else [])
+        r = launch(a, 1, os.path.join(a.work, "mix_bad_" + name), tiny(), sets)
+        expect(r.rc == 2 and want in r.err and "data.sources[" in r.err, f"mixture, {name}: exit 2 ({r.err.strip()})")
+
+
 if __name__ == "__main__":
     run_scenarios()

@@ -43,6 +43,14 @@ struct RunSpec {
     DataSource source = DataSource::synthetic;
     std::string path;  // the text file (text) or token file (hdf5)
     bool shuffle = true;
+    // A mixture ([[data.sources]], data/mixture.hpp): each a token file, a glob of them or a folder
+    // of them, drawn from in proportion to its weight. Given, data.source is hdf5 and data.path unset.
+    struct Source {
+      std::string path;
+      double weight = 1;
+      std::string name;  // in messages and metrics; default: the path's last part without extension
+    };
+    std::vector<Source> sources;
   } data;
   struct Parallel {
     int tp = 1;                      // tensor-parallel ranks: each splits every matrix of its stage (Megatron-style)

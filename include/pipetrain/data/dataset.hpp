@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "pipetrain/config/spec.hpp"
+#include "pipetrain/data/mixture.hpp"
 #include "pipetrain/data/token_file.hpp"
 
 namespace pipetrain {
@@ -29,10 +30,16 @@ class Dataset {
   static constexpr size_t kSyntheticBytes = 1 << 20, kSyntheticValBytes = 1 << 16;
 
   // Loads data.source for `split` (hdf5: opens the token file's /train or /val and reads windows
-  // as needed); an unreadable, too-short or mismatched file is a SpecError naming data.path.
+  // as needed; data.sources: the mixture, mixture.hpp); an unreadable, too-short or mismatched
+  // file is a SpecError naming data.path (data.sources[i]).
   explicit Dataset(const RunSpec& spec, Split split = Split::train);
+  ~Dataset();
 
-  size_t n_tokens() const { return file_ ? file_->size() : tokens_.size(); }
+  size_t n_tokens() const { return file_ ? file_->size() : tokens_.size(); }  // (not of a mixture)
+  // Why the first `samples` global samples would not all be different windows ("" when they are):
+  // held-out data must not repeat.
+  std::string repeats_within(int64_t samples) const;
+  Mixture* mixture() { return mixture_.get(); }
   // Start offset of global sample g (g = step*global_batch + k).
   size_t window_start(int64_t g);
   // T inputs and T targets (inputs shifted by one) of global sample g.
@@ -42,9 +49,10 @@ class Dataset {
 
  private:
   const std::vector<uint32_t>& epoch_permutation(int64_t epoch);
-  std::vector<uint8_t> tokens_;      // synthetic and text: the whole stream
-  std::unique_ptr<TokenFile> file_;  // hdf5: read by window
-  std::vector<uint32_t> window_;     // hdf5: the T + 1 tokens of one sample
+  std::vector<uint8_t> tokens_;       // synthetic and text: the whole stream
+  std::unique_ptr<TokenFile> file_;   // hdf5: read by window
+  std::unique_ptr<Mixture> mixture_;  // data.sources
+  std::vector<uint32_t> window_;      // hdf5: the T + 1 tokens of one sample
   int T_, B_, D_, M_;
   bool shuffle_;
   uint64_t seed_;

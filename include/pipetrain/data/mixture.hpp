@@ -1,0 +1,100 @@
+// A mixture of token sources (data.sources): global sample g goes to the source a fixed pattern
+// that follows the weights deals it, and within that source to its next window, so the sample at
+// each global index depends on the spec and g alone: any layout, any dp, any resume reads the
+// same sample at the same index (docs/design.md, "Data order").
+//
+// The pattern deals blocks of kBlock samples alike: sample i of a block goes to the source
+// furthest behind its share (the largest w_s (i + 1) - taken_s, ties to the first listed), so every
+// prefix of a block is within one sample of each source's share. Sample g is then sample
+// j = (g / kBlock) x (the source's samples per block) + (its rank among them in the block) of its
+// source. A source is its files' windows of T + 1 tokens (stride T, none crossing a file's end),
+// file after file; its sample j is window j mod E of epoch j / E (E windows), shuffled per epoch
+// by a seeded bijection (index_permutation.hpp), so nothing the size of the corpus is held. A
+// source smaller than its share simply goes round more often.
+#pragma once
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipetrain/config/spec.hpp"
+#include "pipetrain/data/token_file.hpp"
+
+namespace pipetrain {
+
+class MixturePattern {
+ public:
+  static constexpr int kBlock = 1 << 16;
+  // Weights > 0, relative to each other; a weight below one sample per block is refused
+  // (std::invalid_argument naming its index).
+  explicit MixturePattern(const std::vector<double>& weights);
+  struct Pick {
+    int source;
+    int64_t index;  // the source's index-th sample
+  };
+  Pick pick(int64_t g) const;
+  int64_t per_block(int source) const { return per_block_[source]; }
+
+ private:
+  std::vector<uint16_t> source_;  // per sample of a block
+  std::vector<uint32_t> rank_;    // its rank among its source's samples of the block
+  std::vector<int64_t> per_block_;
+};
+
+// The files a source's path names, sorted: the file itself; a glob's matches; a folder's token
+// files. SpecError ("<path>: ...") when it names none.
+std::vector<std::string> source_files(const std::string& path);
+
+// One source's token files, for one split, read window by window (a few files open at a time).
+class TokenSource {
+ public:
+  // `what` names the source in errors ("data.sources[1] (code)"). SpecError when a file is not a
+  // token file, has no tokens of the split, or no file has a whole window.
+  TokenSource(const std::vector<std::string>& files, Split split, int T, bool shuffle, uint64_t key,
+              const std::string& what);
+  int64_t windows() const { return first_window_.back(); }
+  int64_t vocab_size() const { return vocab_; }
+  size_t files() const { return files_.size(); }
+  const std::string& file(size_t i) const { return files_[i]; }
+  // What its files were tokenized with (all alike, or the constructor refused them).
+  TokenizerKind tokenizer() const { return tokenizer_; }
+  const std::string& tokenizer_model() const { return tokenizer_model_; }
+  struct Where {
+    size_t file;
+    size_t start;  // its first token in the file
+  };
+  Where where(int64_t j) const;            // of the source's sample j
+  void read(int64_t j, uint32_t* window);  // its T + 1 tokens
+
+ private:
+  std::vector<std::string> files_;
+  Split split_;
+  int T_;
+  bool shuffle_;
+  uint64_t key_;
+  std::vector<int64_t> first_window_;  // per file, and the total at the end
+  int64_t vocab_ = 0;
+  TokenizerKind tokenizer_ = TokenizerKind::none;
+  std::string tokenizer_model_;
+  std::list<std::pair<size_t, std::unique_ptr<TokenFile>>> open_;  // the most recently read first
+};
+
+// The sources of spec.data.sources for `split` (the validation split reads each source's /val, in
+// order), with the pattern of their weights. Every file must be tokenized alike: ids mean nothing
+// across tokenizers.
+class Mixture {
+ public:
+  explicit Mixture(const RunSpec& spec, Split split);  // SpecError naming data.sources[i]
+  MixturePattern::Pick pick(int64_t g) const { return pattern_.pick(g); }
+  void sample(int64_t g, uint32_t* window);  // T + 1 tokens of global sample g
+  int sources() const { return static_cast<int>(sources_.size()); }
+  const TokenSource& source(int s) const { return *sources_[s]; }
+  int64_t vocab_size() const;  // the largest of the sources'
+
+ private:
+  MixturePattern pattern_;
+  std::vector<std::unique_ptr<TokenSource>> sources_;
+};
+
+}  // namespace pipetrain

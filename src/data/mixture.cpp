@@ -1,0 +1,159 @@
+#include "pipetrain/data/mixture.hpp"
+
+#include <glob.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <stdexcept>
+
+#include "pipetrain/data/index_permutation.hpp"
+
+namespace pipetrain {
+
+MixturePattern::MixturePattern(const std::vector<double>& weights)
+    : source_(kBlock), rank_(kBlock), per_block_(weights.size()) {
+  double total = 0;
+  for (double w : weights) total += w;
+  for (int i = 0; i < kBlock; ++i) {
+    int best = 0;
+    double behind = -1e300;
+    for (size_t s = 0; s < weights.size(); ++s) {
+      const double b = weights[s] / total * (i + 1) - static_cast<double>(per_block_[s]);
+      if (b > behind) {
+        behind = b;
+        best = static_cast<int>(s);
+      }
+    }
+    source_[i] = static_cast<uint16_t>(best);
+    rank_[i] = static_cast<uint32_t>(per_block_[best]++);
+  }
+  for (size_t s = 0; s < weights.size(); ++s)
+    if (per_block_[s] == 0)
+      throw std::invalid_argument("source " + std::to_string(s) + "'s weight is below one sample in " +
+                                  std::to_string(kBlock));
+}
+
+MixturePattern::Pick MixturePattern::pick(int64_t g) const {
+  const int64_t block = g / kBlock, i = g % kBlock;
+  const int s = source_[i];
+  return {s, block * per_block_[s] + rank_[i]};
+}
+
+std::vector<std::string> source_files(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files;
+  std::error_code ec;
+  if (path.find_first_of("*?[") != std::string::npos) {
+    glob_t g{};
+    if (glob(path.c_str(), 0, nullptr, &g) == 0)
+      for (size_t i = 0; i < g.gl_pathc; ++i) files.emplace_back(g.gl_pathv[i]);  // sorted by glob
+    globfree(&g);
+    if (files.empty()) throw SpecError(path + ": no file matches");
+  } else if (fs::is_directory(path, ec)) {
+    for (const fs::directory_entry& e : fs::directory_iterator(path, ec))
+      if (e.is_regular_file(ec) && is_token_file(e.path().string())) files.push_back(e.path().string());
+    std::sort(files.begin(), files.end());
+    if (files.empty()) throw SpecError(path + ": a folder without token files (pipetrain data prepare makes them)");
+  } else {
+    files.push_back(path);  // TokenSource says what is wrong with it
+  }
+  return files;
+}
+
+TokenSource::TokenSource(const std::vector<std::string>& files, Split split, int T, bool shuffle, uint64_t key,
+                         const std::string& what)
+    : files_(files), split_(split), T_(T), shuffle_(shuffle), key_(key), first_window_{0} {
+  for (const std::string& f : files_) {
+    TokenFileInfo info;
+    try {
+      info = read_token_file_info(f);
+    } catch (const SpecError& e) {
+      throw SpecError(what + ": " + e.what());
+    }
+    if (&f == &files_.front()) {
+      tokenizer_ = info.tokenizer;
+      tokenizer_model_ = info.tokenizer_model;
+    } else if (info.tokenizer != tokenizer_ || info.tokenizer_model != tokenizer_model_) {
+      throw SpecError(what + ": " + f + " was tokenized otherwise than " + files_.front() + " (" +
+                      name_of(info.tokenizer) + " against " + name_of(tokenizer_) + ", or another model)");
+    }
+    const size_t n = split == Split::train ? info.train : info.val;
+    // Windows of T + 1 tokens at a stride of T: starts 0, T, ..., while start + T + 1 <= n.
+    const int64_t windows = n > static_cast<size_t>(T) ? static_cast<int64_t>((n - 1) / T) : 0;
+    first_window_.push_back(first_window_.back() + windows);
+    vocab_ = std::max(vocab_, info.vocab_size);
+  }
+  if (windows() == 0)
+    throw SpecError(what + ": no file holds model.seq_len + 1 = " + std::to_string(T + 1) +
+                    (split == Split::train ? " training" : " validation") + " tokens");
+}
+
+TokenSource::Where TokenSource::where(int64_t j) const {
+  const int64_t E = windows(), epoch = j / E, k = j % E;
+  const int64_t w = shuffle_ ? static_cast<int64_t>(permute_index(static_cast<uint64_t>(k), static_cast<uint64_t>(E),
+                                                                  key_ + static_cast<uint64_t>(epoch)))
+                             : k;
+  const size_t file =
+      static_cast<size_t>(std::upper_bound(first_window_.begin(), first_window_.end(), w) - first_window_.begin()) - 1;
+  return {file, static_cast<size_t>(w - first_window_[file]) * static_cast<size_t>(T_)};
+}
+
+void TokenSource::read(int64_t j, uint32_t* window) {
+  const Where at = where(j);
+  auto it = std::find_if(open_.begin(), open_.end(), [&](const auto& o) { return o.first == at.file; });
+  if (it == open_.end()) {
+    constexpr size_t kOpenFiles = 4;  // shards are read in turn: a few handles, not one per file
+    if (open_.size() == kOpenFiles) open_.pop_back();
+    open_.emplace_front(at.file, std::make_unique<TokenFile>(files_[at.file], split_));
+  } else if (it != open_.begin()) {
+    open_.splice(open_.begin(), open_, it);
+  }
+  open_.front().second->read(at.start, static_cast<size_t>(T_) + 1, window);
+}
+
+Mixture::Mixture(const RunSpec& spec, Split split)
+    : pattern_([&] {
+        std::vector<double> weights;
+        for (const RunSpec::Data::Source& s : spec.data.sources) weights.push_back(s.weight);
+        try {
+          return MixturePattern(weights);
+        } catch (const std::invalid_argument& e) {
+          throw SpecError(spec.origin("data.sources") + ": data.sources: " + e.what() + " (raise its weight)");
+        }
+      }()) {
+  const bool shuffle = spec.data.shuffle && split == Split::train;
+  for (size_t i = 0; i < spec.data.sources.size(); ++i) {
+    const RunSpec::Data::Source& s = spec.data.sources[i];
+    const std::string what = spec.origin("data.sources") + ": data.sources[" + std::to_string(i) + "] (" + s.name + ")";
+    std::vector<std::string> files;
+    try {
+      files = source_files(s.path);
+    } catch (const SpecError& e) {
+      throw SpecError(what + ": " + e.what());
+    }
+    // Each source its own order: the run's seed, the source's place and the epoch pick it.
+    const uint64_t key = static_cast<uint64_t>(spec.run.seed) * 0x9e3779b97f4a7c15ULL + (uint64_t{i} << 40);
+    sources_.push_back(std::make_unique<TokenSource>(files, split, spec.model.seq_len, shuffle, key, what));
+    const TokenSource &first = *sources_.front(), &it = *sources_.back();
+    if (it.tokenizer() != first.tokenizer() || it.tokenizer_model() != first.tokenizer_model())
+      throw SpecError(what + ": tokenized otherwise than data.sources[0] (" + first.file(0) + "; " +
+                      name_of(it.tokenizer()) + " against " + name_of(first.tokenizer()) + ", or another model)");
+    if (sources_.back()->vocab_size() > spec.model.vocab)
+      throw SpecError(what + ": vocab_size " + std::to_string(sources_.back()->vocab_size()) +
+                      " but model.vocab = " + std::to_string(spec.model.vocab) + " (set model.vocab to at least " +
+                      std::to_string(sources_.back()->vocab_size()) + ")");
+  }
+}
+
+void Mixture::sample(int64_t g, uint32_t* window) {
+  const MixturePattern::Pick p = pattern_.pick(g);
+  sources_[p.source]->read(p.index, window);
+}
+
+int64_t Mixture::vocab_size() const {
+  int64_t v = 0;
+  for (const auto& s : sources_) v = std::max(v, s->vocab_size());
+  return v;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,175 @@
+// Data mixtures (data/mixture.hpp): the constant-memory shuffle is a bijection; the weights'
+// pattern gives each source its share (within one sample of every prefix of a block) and numbers
+// each source's samples 0, 1, 2, ... without gap or repeat; a mixture over real token files reads
+// each global sample from the source the pattern deals it, whatever order the samples are read in
+// (as different layouts and resumes read them); a source's files are found by path, glob or
+// folder; the spec's [[data.sources]] is read, checked and shown.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <set>
+
+#include "pipetrain/config/spec.hpp"
+#include "pipetrain/data/dataset.hpp"
+#include "pipetrain/data/index_permutation.hpp"
+#include "pipetrain/data/mixture.hpp"
+#include "pipetrain/util/errors.hpp"
+#include "temp_dir.hpp"
+
+using namespace pipetrain;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// A token file whose train tokens are base, base + 1, ..., base + n - 1 (ids below 256), so a
+// window says where it came from; `val` tokens likewise from base + 128.
+std::string token_file(const TempDir& tmp, const std::string& name, uint32_t base, size_t n, size_t val = 0) {
+  TokenFileWriter::Options o;
+  o.output = (tmp.dir / name).string();
+  o.vocab = 256;
+  o.what = "test";
+  TokenFileWriter w(o, n, val);
+  std::vector<uint32_t> ids;
+  for (size_t i = 0; i < n; ++i) ids.push_back(base + static_cast<uint32_t>(i) % 64);
+  for (size_t i = 0; i < val; ++i) ids.push_back(base + 128 + static_cast<uint32_t>(i) % 64);
+  w.append(ids.data(), ids.size(), "ids", 0);
+  w.commit(sources_json({}, "test", ""));
+  return o.output;
+}
+
+RunSpec mixture_spec(const std::string& sources, std::vector<std::string> more = {}) {
+  more.push_back("data.sources=" + sources);
+  for (const char* s : {"model.seq_len=4", "model.n_layer=1", "model.d_model=8", "model.n_head=2", "model.vocab=256",
+                        "train.global_batch=8"})
+    more.emplace_back(s);
+  return parse_spec("", "", more, 1);
+}
+
+}  // namespace
+
+TEST_CASE("mixture: the constant-memory shuffle is a seeded bijection", "[data][mixture]") {
+  for (uint64_t n : {1u, 2u, 3u, 7u, 100u, 1000u, 4097u}) {
+    std::set<uint64_t> images;
+    for (uint64_t i = 0; i < n; ++i) images.insert(permute_index(i, n, 42));
+    CHECK(images.size() == n);
+    CHECK(*images.rbegin() < n);
+  }
+  int moved = 0, differs = 0;
+  for (uint64_t i = 0; i < 1000; ++i) {
+    moved += permute_index(i, 1000, 42) != i;
+    differs += permute_index(i, 1000, 42) != permute_index(i, 1000, 43);
+    CHECK(permute_index(i, 1000, 42) == permute_index(i, 1000, 42));
+  }
+  CHECK(moved > 950);  // a shuffle, not the identity
+  CHECK(differs > 950);
+}
+
+TEST_CASE("mixture: each source's share within one sample, its samples numbered without gap", "[data][mixture]") {
+  const std::vector<double> weights = {5, 3, 2};
+  const MixturePattern pattern(weights);
+  const int64_t n = 3 * MixturePattern::kBlock + 10000;
+  std::vector<int64_t> taken(3);
+  for (int64_t g = 0; g < n; ++g) {
+    const MixturePattern::Pick p = pattern.pick(g);
+    REQUIRE(p.index == taken[p.source]);  // the source's next sample
+    ++taken[p.source];
+    if (g + 1 == 10000 || g % MixturePattern::kBlock == 777)
+      for (int s = 0; s < 3; ++s)
+        CHECK(std::abs(taken[s] - weights[s] / 10 * (g % MixturePattern::kBlock + 1) -
+                       (g / MixturePattern::kBlock) * pattern.per_block(s)) < 1.0 + 1e-9);
+  }
+  for (int s = 0; s < 3; ++s) CHECK(std::abs(static_cast<double>(taken[s]) / n - weights[s] / 10) < 1e-4);
+  CHECK_THROWS_AS(MixturePattern({1, 1e-6}), std::invalid_argument);
+}
+
+TEST_CASE("mixture: samples come from the source dealt them, in any reading order", "[data][mixture]") {
+  TempDir tmp;
+  token_file(tmp, "web_0.h5", 0, 201);
+  token_file(tmp, "web_1.h5", 0, 101);  // web: two shards, 50 + 25 windows of 5 tokens at stride 4
+  std::filesystem::create_directories(tmp.dir / "code");
+  token_file(tmp, "code/a.h5", 64, 41, 41);  // code: a folder, 10 windows
+  tmp.write("code/README", "not a token file");
+  const std::string sources = "[{path = \"" + (tmp.dir / "web_*.h5").string() + "\", weight = 3}, {path = \"" +
+                              (tmp.dir / "code").string() + "\", weight = 1}]";
+  const RunSpec spec = mixture_spec(sources);
+  CHECK(spec.data.source == DataSource::hdf5);
+  REQUIRE(spec.data.sources.size() == 2);
+  CHECK(spec.data.sources[0].name == "web");
+  CHECK(spec.data.sources[1].name == "code");
+
+  Mixture forward(spec, Split::train), backward(spec, Split::train);
+  CHECK(forward.source(0).windows() == 75);
+  CHECK(forward.source(1).windows() == 10);
+  const int64_t n = 400;
+  std::vector<std::vector<uint32_t>> read(n, std::vector<uint32_t>(5));
+  for (int64_t g = n - 1; g >= 0; --g) backward.sample(g, read[g].data());
+  std::map<int, std::set<std::pair<size_t, size_t>>> seen;  // per source, the windows of its first epoch
+  std::vector<int64_t> taken(2);
+  for (int64_t g = 0; g < n; ++g) {
+    std::vector<uint32_t> w(5);
+    forward.sample(g, w.data());
+    CHECK(w == read[g]);
+    const MixturePattern::Pick p = forward.pick(g);
+    CHECK(w[0] / 64 == static_cast<uint32_t>(p.source));  // web's ids are below 64, code's from 64
+    const TokenSource::Where at = forward.source(p.source).where(p.index);
+    if (p.index < forward.source(p.source).windows()) seen[p.source].insert({at.file, at.start});
+    ++taken[p.source];
+  }
+  CHECK(seen[0].size() == 75);  // an epoch is every window once
+  CHECK(seen[1].size() == 10);
+  // Shuffled: the web source's first epoch is not its files' order; unshuffled, it is.
+  const auto position = [](const TokenSource& src, int64_t j) {
+    const TokenSource::Where at = src.where(j);
+    return static_cast<int64_t>(at.file * 50 + at.start / 4);  // web_0 holds windows 0-49
+  };
+  const Mixture in_order(mixture_spec(sources, {"data.shuffle=false"}), Split::train);
+  int moved = 0;
+  for (int64_t j = 0; j < 75; ++j) {
+    CHECK(position(in_order.source(0), j) == j);
+    moved += position(forward.source(0), j) != j;
+  }
+  CHECK(moved > 60);
+  CHECK(taken[0] == 300);
+  CHECK(taken[1] == 100);
+
+  // The held-out split reads each source's /val, in order; web has none.
+  CHECK_THROWS_WITH(Mixture(spec, Split::val), Contains("data.sources[0] (web)"));
+  const RunSpec code_only = mixture_spec("[{path = \"" + (tmp.dir / "code").string() + "\"}]", {"eval.every_steps=1"});
+  Dataset val(code_only, Split::val);
+  CHECK(val.repeats_within(10).empty());
+  CHECK_THAT(val.repeats_within(11), Contains("data.sources[0]'s share is 11 of them"));
+}
+
+TEST_CASE("mixture: a source's path is a file, a glob or a folder, and says when it names nothing", "[data][mixture]") {
+  TempDir tmp;
+  const std::string b = token_file(tmp, "b.h5", 0, 50), a = token_file(tmp, "a.h5", 0, 50);
+  CHECK(source_files((tmp.dir / "*.h5").string()) == std::vector<std::string>{a, b});
+  CHECK(source_files(tmp.dir.string()) == std::vector<std::string>{a, b});
+  CHECK(source_files(a) == std::vector<std::string>{a});
+  CHECK_THROWS_WITH(source_files((tmp.dir / "*.bin").string()), Contains("no file matches"));
+  std::filesystem::create_directories(tmp.dir / "empty");
+  CHECK_THROWS_WITH(source_files((tmp.dir / "empty").string()), Contains("without token files"));
+  const RunSpec spec = mixture_spec("[{path = \"" + (tmp.dir / "c.h5").string() + "\"}]");
+  CHECK_THROWS_WITH(Dataset(spec), Contains("data.sources[0] (c)"));
+}
+
+TEST_CASE("mixture: [[data.sources]] is read, checked and shown", "[data][mixture][config]") {
+  const RunSpec spec =
+      mixture_spec(R"([{path = "d/web/*.h5", weight = 0.7}, {path = "code.h5", weight = 0.3, name = "c"}])");
+  CHECK(spec.data.sources[0].name == "web");
+  CHECK(spec.data.sources[0].weight == 0.7);
+  CHECK(spec.data.sources[1].name == "c");
+  const std::string shown = resolved_toml(spec);
+  CHECK_THAT(shown, Contains(R"(sources = [{ path = "d/web/*.h5", weight = 0.7, name = "web" })"));
+  CHECK(parse_spec(shown, "shown.toml", {}, 1).data.sources.size() == 2);  // what is shown reads back
+
+  CHECK_THROWS_WITH(mixture_spec(R"([{path = "a.h5", wieght = 2}])"),
+                    Contains("unknown key wieght") && Contains("weight"));
+  CHECK_THROWS_WITH(mixture_spec(R"([{path = "a.h5", weight = 0}])"),
+                    Contains("data.sources[0].weight must be a number > 0"));
+  CHECK_THROWS_WITH(mixture_spec(R"([{weight = 1}])"), Contains("data.sources[0] has no path"));
+  CHECK_THROWS_WITH(mixture_spec(R"([{path = "a/x.h5"}, {path = "b/x.h5"}])"), Contains("two sources are named \"x\""));
+  CHECK_THROWS_WITH(mixture_spec(R"(["a.h5"])"), Contains("data.sources[0] must be a table"));
+  CHECK_THROWS_WITH(mixture_spec(R"([{path = "a.h5"}])", {"data.path=b.h5"}), Contains("data.path and data.sources"));
+  CHECK_THROWS_WITH(mixture_spec(R"([{path = "a.h5"}])", {"data.source=text"}), Contains("data.source = \"text\""));
+}
