@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <numeric>
+#include <utility>
 
 namespace pipetrain {
 namespace {
@@ -141,15 +142,25 @@ void Dataset::sample(int64_t g, int* inputs, int* targets) {
       targets[t] = static_cast<int>(w[t + 1]);
     }
   };
+  uint64_t place;
   if (mixture_) {
-    mixture_->sample(g, window_.data());
-    copy(window_.data());
-  } else if (file_) {
-    file_->read(window_start(g), window_.size(), window_.data());  // checks every id against its vocab_size
+    place = mixture_->sample(g, window_.data());
     copy(window_.data());
   } else {
-    copy(tokens_.data() + window_start(g));
+    const size_t start = window_start(g);
+    if (file_) {
+      file_->read(start, window_.size(), window_.data());  // checks every id against the file's vocab_size
+      copy(window_.data());
+    } else {
+      copy(tokens_.data() + start);
+    }
+    place = SplitMix64{start}.next();
   }
+  digest_ = (digest_ + (place & kDigestMask)) & kDigestMask;
+}
+
+double Dataset::take_digest() {
+  return static_cast<double>(std::exchange(digest_, 0));  // < 2^48: exact in a double
 }
 
 void Dataset::micro_batch(int64_t step, int dp_rank, int mb, int* inputs, int* targets) {

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "pipetrain/data/index_permutation.hpp"
+#include "pipetrain/util/rng.hpp"
 
 namespace pipetrain {
 
@@ -37,6 +38,11 @@ MixturePattern::Pick MixturePattern::pick(int64_t g) const {
   const int64_t block = g / kBlock, i = g % kBlock;
   const int s = source_[i];
   return {s, block * per_block_[s] + rank_[i]};
+}
+
+int64_t MixturePattern::taken(int source, int64_t n) const {
+  const int64_t rest = n % kBlock;
+  return n / kBlock * per_block_[source] + std::count(source_.begin(), source_.begin() + rest, source);
 }
 
 std::vector<std::string> source_files(const std::string& path) {
@@ -145,9 +151,11 @@ Mixture::Mixture(const RunSpec& spec, Split split)
   }
 }
 
-void Mixture::sample(int64_t g, uint32_t* window) {
+uint64_t Mixture::sample(int64_t g, uint32_t* window) {
   const MixturePattern::Pick p = pattern_.pick(g);
   sources_[p.source]->read(p.index, window);
+  const TokenSource::Where at = sources_[p.source]->where(p.index);
+  return SplitMix64{(uint64_t(p.source) << 56) ^ (uint64_t(at.file) << 40) ^ at.start}.next();
 }
 
 int64_t Mixture::vocab_size() const {

@@ -1,5 +1,7 @@
 #include "pipetrain/observe/metrics.hpp"
 
+#include "pipetrain/util/rng.hpp"
+
 #include "pipetrain/util/files.hpp"
 
 #include <sys/resource.h>
@@ -167,6 +169,7 @@ StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_pe
     gemm_flops[s] += r.kernels.gemm_flops;
     count[s] += 1;
     loss_sum += r.loss_sum;
+    line.samples_digest = (line.samples_digest + static_cast<uint64_t>(r.samples_digest)) & kDigestMask;
   }
   for (int s = 0; s < pp; ++s) {
     for (const StageKey& k : kStageKeys)
@@ -186,6 +189,12 @@ std::string to_json(const StepLine& l) {
                               {"skipped", l.skipped}, {"bad_steps", l.bad_steps}};
   for (const ScalarKey& k : kScalarKeys) j[k.key] = figure(l.*k.value, k.digits);
   if (l.val_loss >= 0) j["val_loss"] = figure(l.val_loss, Digits::all);
+  j["samples_digest"] = l.samples_digest;
+  if (!l.tokens_by_source.empty()) {
+    nlohmann::ordered_json by_source = nlohmann::ordered_json::object();
+    for (const auto& [name, tokens] : l.tokens_by_source) by_source[name] = tokens;
+    j["tokens_by_source"] = by_source;
+  }
   const bool gpu =
       std::any_of(l.gpu_mem_peak_bytes.begin(), l.gpu_mem_peak_bytes.end(), [](double b) { return b > 0; });
   for (const StageKey& k : kStageKeys)

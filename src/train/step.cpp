@@ -126,6 +126,9 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   mine.gpu_mem_bytes = static_cast<double>(gpu::memory_allocated());
   mine.gpu_mem_peak_bytes = static_cast<double>(gpu::memory_peak());
   mine.kernels = r.kernels;
+  // Each replica's first stage reads its samples' inputs (tensor rank 0 counts them once).
+  if (run.input.data && run.layout.topo.first_stage() && run.layout.topo.tp_rank == 0)
+    mine.samples_digest = run.input.data->take_digest();
   if (run.telemetry.straggler_window && run.telemetry.straggler_window->closing())
     mine.window = run.telemetry.straggler_window->close(now_s());
   double packed[kRankFigureFields];
@@ -159,6 +162,12 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   line.sgemm_gflops = run.telemetry.sgemm_gflops;
   line.sgemm_share = line.gflops / run.telemetry.sgemm_gflops;
   line.val_loss = val_loss;
+  if (Mixture* mix = run.input.data ? run.input.data->mixture() : nullptr)  // rank 0 holds the first stage's data
+    for (int s = 0; s < mix->sources(); ++s)
+      line.tokens_by_source.emplace_back(
+          run.spec.data.sources[s].name,
+          static_cast<double>(mix->pattern().taken(s, int64_t{done} * run.spec.train.global_batch)) *
+              run.spec.model.seq_len);
   std::vector<std::string> straggler_news;
   if (run.telemetry.stragglers && figures[0].window.steps > 0) {
     std::vector<WindowFigures> windows;

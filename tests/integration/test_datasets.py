@@ -229,17 +229,32 @@ def launch_metrics(name):
 
 @scenario
 def mixture_resumes_on_another_layout():
-    """Saved at step 4 on pp 2 x dp 2, resumed on dp 2: steps 5-8 equal the uninterrupted run's."""
+    """Saved at step 4 on pp 2 x dp 2, resumed on dp 2, dp 4 and 1 x 1: steps 5-8 read the same
+    windows (metrics' samples_digest, summed over the ranks that read them) and give the
+    uninterrupted run's losses; tokens_by_source counts each source's draws."""
     a = settings()
     mix = three_sources()
     full = launch(a, 4, os.path.join(a.work, "mix_ckpt"), tiny(),
                   BASE + [mix, "parallel.pp=2", "parallel.dp=2", "checkpoint.every_steps=4"])
-    resumed = launch(a, 2, os.path.join(a.work, "mix_resumed"), tiny(), BASE + [mix, "parallel.dp=2"],
-                     extra=["--resume", os.path.join(full.run_dir, "checkpoints", "step_00000004")])
-    expect(full.rc == 0 and resumed.rc == 0, f"exit 0 and 0 (got {full.rc}, {resumed.rc}) {resumed.err[-300:]}")
-    if full.rc == 0 and resumed.rc == 0:
-        close([m["loss"] for m in resumed.metrics()], [m["loss"] for m in full.metrics()][4:],
-              "mixture: resumed on another layout, steps 5-8 equal the uninterrupted run's")
+    expect(full.rc == 0, f"pp 2 x dp 2: exit 0 (got {full.rc}) {full.err[-300:]}")
+    if full.rc != 0:
+        return
+    want = full.metrics()
+    digests = [m["samples_digest"] for m in want]
+    expect(len(set(digests)) == len(digests) and 0 not in digests, f"every step reads other windows: {digests}")
+    drawn = want[-1]["tokens_by_source"]
+    expect(list(drawn) == ["mix_readme", "mix_reversed", "mix_upper"] and sum(drawn.values()) == 8 * 16 * 32 and
+           abs(drawn["mix_readme"] / (8 * 16 * 32) - 0.5) < 0.01, f"tokens_by_source after 8 steps: {drawn}")
+    for name, ranks, sets in [("dp2", 2, ["parallel.dp=2"]), ("dp4", 4, ["parallel.dp=4"]), ("1x1", 1, [])]:
+        resumed = launch(a, ranks, os.path.join(a.work, f"mix_resumed_{name}"), tiny(), BASE + [mix, *sets],
+                         extra=["--resume", os.path.join(full.run_dir, "checkpoints", "step_00000004")])
+        expect(resumed.rc == 0, f"resumed on {name}: exit 0 (got {resumed.rc}) {resumed.err[-300:]}")
+        if resumed.rc == 0:
+            got = resumed.metrics()
+            expect([m["samples_digest"] for m in got] == digests[4:],
+                   f"resumed on {name}: steps 5-8 read the uninterrupted run's windows")
+            close([m["loss"] for m in got], [m["loss"] for m in want][4:],
+                  f"resumed on {name}: steps 5-8 give the uninterrupted run's losses")
 
 
 @scenario

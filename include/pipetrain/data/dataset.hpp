@@ -40,6 +40,9 @@ class Dataset {
   // held-out data must not repeat.
   std::string repeats_within(int64_t samples) const;
   Mixture* mixture() { return mixture_.get(); }
+  // Which windows were read since the last call: the sum, mod 2^48, of a hash of each one's place
+  // (file and start), whatever rank read it and in what order; sums over ranks combine alike.
+  double take_digest();
   // Start offset of global sample g (g = step*global_batch + k).
   size_t window_start(int64_t g);
   // T inputs and T targets (inputs shifted by one) of global sample g.
@@ -53,6 +56,7 @@ class Dataset {
   std::unique_ptr<TokenFile> file_;   // hdf5: read by window
   std::unique_ptr<Mixture> mixture_;  // data.sources
   std::vector<uint32_t> window_;      // hdf5: the T + 1 tokens of one sample
+  uint64_t digest_ = 0;
   int T_, B_, D_, M_;
   bool shuffle_;
   uint64_t seed_;

@@ -35,6 +35,7 @@ class MixturePattern {
   };
   Pick pick(int64_t g) const;
   int64_t per_block(int source) const { return per_block_[source]; }
+  int64_t taken(int source, int64_t n) const;  // of global samples [0, n), how many it deals `source`
 
  private:
   std::vector<uint16_t> source_;  // per sample of a block
@@ -87,7 +88,9 @@ class Mixture {
  public:
   explicit Mixture(const RunSpec& spec, Split split);  // SpecError naming data.sources[i]
   MixturePattern::Pick pick(int64_t g) const { return pattern_.pick(g); }
-  void sample(int64_t g, uint32_t* window);  // T + 1 tokens of global sample g
+  const MixturePattern& pattern() const { return pattern_; }
+  // The T + 1 tokens of global sample g; returns where they lie (source, file, start), hashed.
+  uint64_t sample(int64_t g, uint32_t* window);
   int sources() const { return static_cast<int>(sources_.size()); }
   const TokenSource& source(int s) const { return *sources_[s]; }
   int64_t vocab_size() const;  // the largest of the sources'

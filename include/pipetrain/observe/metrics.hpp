@@ -33,9 +33,10 @@ struct RankFigures {
   double weight_floats = 0, grad_floats = 0, optim_floats = 0;
   double loss_sum = 0;                               // summed token loss (last stage only)
   double gpu_mem_bytes = 0, gpu_mem_peak_bytes = 0;  // device memory allocated now / at peak (GPU runs)
-  KernelTotals kernels;                              // this step's compute by kernel class (profile.hpp)
-  WindowFigures window;                              // the straggler window this logging step closed (steps 0: none)
-  void to(double* out) const;                        // kRankFigureFields doubles
+  double samples_digest = 0;   // of the windows it read since the last line (Dataset::take_digest; 0: none)
+  KernelTotals kernels;        // this step's compute by kernel class (profile.hpp)
+  WindowFigures window;        // the straggler window this logging step closed (steps 0: none)
+  void to(double* out) const;  // kRankFigureFields doubles
   static RankFigures from(const double* in);
 };
 // The scalars of RankFigures in the order they travel: a new figure is a member and a row here.
@@ -57,7 +58,8 @@ inline constexpr double RankFigures::*kRankScalars[] = {&RankFigures::stage,
                                                         &RankFigures::reduced_bytes,
                                                         &RankFigures::gathered_bytes,
                                                         &RankFigures::gpu_mem_bytes,
-                                                        &RankFigures::gpu_mem_peak_bytes};
+                                                        &RankFigures::gpu_mem_peak_bytes,
+                                                        &RankFigures::samples_digest};
 inline constexpr size_t kRankFigureFields = std::size(kRankScalars) + kKernelClasses + 1 + WindowFigures::kFields;
 
 struct StepLine {
@@ -69,8 +71,10 @@ struct StepLine {
   double gflops = 0, peak_gflops = 0, mfu = 0;  // achieved model FLOP rate of the job, the hardware's peak, ratio
   double sgemm_gflops = 0, sgemm_share = 0;     // the job's BLAS GEMM rate (measured), gflops / that
   double val_loss = -1;                         // validation loss after this step (< 0: not evaluated)
-  bool skipped = false;                         // NaN/Inf loss or gradient: the update was not applied
-  int bad_steps = 0;                            // steps skipped so far in this launch
+  uint64_t samples_digest = 0;                  // the ranks' digests of the windows read since the last line, summed
+  std::vector<std::pair<std::string, double>> tokens_by_source;  // a mixture's: training tokens drawn so far
+  bool skipped = false;                                          // NaN/Inf loss or gradient: the update was not applied
+  int bad_steps = 0;                                             // steps skipped so far in this launch
   // Per stage, each combined from its ranks' figures by one row of kStageKeys (metrics.cpp).
   std::vector<double> bubble_measured, act_peak_bytes, mem_peak_bytes, comm_wait_s, compute_s, rank_step_s, p2p_bytes;
   std::vector<double> param_bytes, grad_bytes, optim_bytes;

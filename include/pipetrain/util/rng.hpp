@@ -5,6 +5,10 @@
 
 namespace pipetrain {
 
+// Order-free digests of what was drawn (which data windows a step read): sums of 48-bit hashes
+// modulo 2^48, exact in a double, so partial sums from many ranks combine in any order.
+inline constexpr uint64_t kDigestMask = (uint64_t{1} << 48) - 1;
+
 struct SplitMix64 {
   uint64_t s;
   uint64_t next() {
