@@ -225,8 +225,9 @@ SpecKey schedule_key() {
 // (required), weight (> 0, default 1) and name (default: the path's last part, without extension).
 SpecKey sources_key() {
   SpecKey k{"data", "sources",
-            "a mixture: [[data.sources]] tables of path (a token file, a glob of token files or a folder of them), "
-            "weight (its share of the samples, relative to the others'; default 1) and name (default: from the path)",
+            "a mixture: [[data.sources]] tables of path (token files or llm.c shards: a file, a glob or a folder), "
+            "weight (its share of the samples, relative to the others'; default 1), name (default: from the path) "
+            "and val (held-out files; default: the token files' /val)",
             nullptr, nullptr};
   k.set = [](RunSpec& s, const toml::node& n, const std::string& where) {
     if (!n.is_array()) type_error(where, "data.sources", "an array of tables ([[data.sources]])", n);
@@ -237,10 +238,10 @@ SpecKey sources_key() {
       RunSpec::Data::Source src;
       for (const auto& [key, v] : *e.as_table()) {
         const std::string name(key.str());
-        if (name == "path" || name == "name") {
+        if (name == "path" || name == "name" || name == "val") {
           if (!v.is_string() || v.as_string()->get().empty())
             throw SpecError(at + "." + name + " must be a non-empty string, got " + describe(v));
-          (name == "path" ? src.path : src.name) = v.as_string()->get();
+          (name == "path" ? src.path : name == "val" ? src.val : src.name) = v.as_string()->get();
         } else if (name == "weight") {
           const double w = v.is_integer()          ? static_cast<double>(v.as_integer()->get())
                            : v.is_floating_point() ? v.as_floating_point()->get()
@@ -248,8 +249,8 @@ SpecKey sources_key() {
           if (!(w > 0) || !std::isfinite(w)) throw SpecError(at + ".weight must be a number > 0, got " + describe(v));
           src.weight = w;
         } else {
-          const std::string hint = closest_match(name, {"path", "weight", "name"});
-          throw SpecError(at + ": unknown key " + name + " (a source has path, weight and name" +
+          const std::string hint = closest_match(name, {"path", "weight", "name", "val"});
+          throw SpecError(at + ": unknown key " + name + " (a source has path, weight, name and val" +
                           (hint.empty() ? "" : "; did you mean " + hint + "?") + ")");
         }
       }
@@ -267,7 +268,8 @@ SpecKey sources_key() {
     for (size_t i = 0; i < s.data.sources.size(); ++i) {
       const auto& src = s.data.sources[i];
       out += (i ? ", " : "") + std::string("{ path = ") + show_string(src.path) +
-             ", weight = " + show_double(src.weight) + ", name = " + show_string(src.name) + " }";
+             (src.val.empty() ? "" : ", val = " + show_string(src.val)) + ", weight = " + show_double(src.weight) +
+             ", name = " + show_string(src.name) + " }";
     }
     return out + "]";
   };

@@ -14,8 +14,6 @@
 namespace pipetrain {
 namespace {
 
-constexpr int32_t kLlmcMagic16 = 20240520, kLlmcMagic32 = 20240801;  // versions 1 and 7
-constexpr size_t kLlmcHeader = 256 * sizeof(int32_t);
 constexpr char kMegatronMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};
 constexpr uint64_t kMegatronHeader = 9 + 8 + 1 + 8 + 8;
 constexpr uint64_t kMegatronSequence = 65536;  // tokens per exported sequence
@@ -42,7 +40,9 @@ T value_at(const BinaryReader& in, uint64_t offset) {
   return v;
 }
 
-Segment llmc_segment(const std::string& path) {
+}  // namespace
+
+LlmcShard read_llmc_shard(const std::string& path) {
   const BinaryReader in(path);
   if (in.size() < kLlmcHeader)
     throw SpecError(path + ": llm.c shard truncated: " + str(in.size()) + " bytes, shorter than its 1024-byte header");
@@ -68,7 +68,14 @@ Segment llmc_segment(const std::string& path) {
     throw SpecError(path + ": " + str(in.size()) + " bytes, but its header counts " + str(count) + " tokens of " +
                     std::to_string(width) + " bytes (1024 + " + str(count) + " x " + std::to_string(width) + " = " +
                     str(expected) + " bytes): " + (in.size() < expected ? "truncated" : "trailing bytes"));
-  return {path, kLlmcHeader, count, width, false};
+  return {count, width};
+}
+
+namespace {
+
+Segment llmc_segment(const std::string& path) {
+  const LlmcShard shard = read_llmc_shard(path);
+  return {path, kLlmcHeader, shard.count, shard.width, false};
 }
 
 Segment nanogpt_segment(const std::string& path, const std::string& dtype) {
@@ -179,9 +186,14 @@ std::vector<std::string> input_files(const TokenImportOptions& opt) {
   return files;
 }
 
+}  // namespace
+
 bool is_llmc_shard(const std::string& path) {
   return file_starts_with(path, &kLlmcMagic16, 4) || file_starts_with(path, &kLlmcMagic32, 4);
 }
+
+namespace {
+
 bool is_megatron_index(const std::string& path) { return file_starts_with(path, kMegatronMagic, 9); }
 
 // Streams a segment's ids into the writer; negative or over-32-bit ids name the file and offset.

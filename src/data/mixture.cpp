@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "pipetrain/data/corpus_formats.hpp"
 #include "pipetrain/data/index_permutation.hpp"
 #include "pipetrain/util/rng.hpp"
 
@@ -57,9 +58,11 @@ std::vector<std::string> source_files(const std::string& path) {
     if (files.empty()) throw SpecError(path + ": no file matches");
   } else if (fs::is_directory(path, ec)) {
     for (const fs::directory_entry& e : fs::directory_iterator(path, ec))
-      if (e.is_regular_file(ec) && is_token_file(e.path().string())) files.push_back(e.path().string());
+      if (e.is_regular_file(ec) && (is_token_file(e.path().string()) || is_llmc_shard(e.path().string())))
+        files.push_back(e.path().string());
     std::sort(files.begin(), files.end());
-    if (files.empty()) throw SpecError(path + ": a folder without token files (pipetrain data prepare makes them)");
+    if (files.empty())
+      throw SpecError(path + ": a folder without token files (pipetrain data prepare makes them) or llm.c shards");
   } else {
     files.push_back(path);  // TokenSource says what is wrong with it
   }
@@ -67,15 +70,31 @@ std::vector<std::string> source_files(const std::string& path) {
 }
 
 TokenSource::TokenSource(const std::vector<std::string>& files, Split split, int T, bool shuffle, uint64_t key,
-                         const std::string& what)
-    : files_(files), split_(split), T_(T), shuffle_(shuffle), key_(key), first_window_{0} {
+                         int64_t vocab, const std::string& what)
+    : files_(files),
+      split_(split),
+      T_(T),
+      shuffle_(shuffle),
+      key_(key),
+      first_window_{0},
+      vocab_limit_(vocab),
+      what_(what) {
   for (const std::string& f : files_) {
     TokenFileInfo info;
+    int llmc_width = 0;
     try {
-      info = read_token_file_info(f);
+      if (is_llmc_shard(f)) {  // ids of an unnamed tokenizer, one split: the whole file
+        const LlmcShard shard = read_llmc_shard(f);
+        llmc_width = shard.width;
+        info.tokenizer = TokenizerKind::none;
+        (split == Split::train ? info.train : info.val) = static_cast<size_t>(shard.count);
+      } else {
+        info = read_token_file_info(f);
+      }
     } catch (const SpecError& e) {
       throw SpecError(what + ": " + e.what());
     }
+    llmc_width_.push_back(llmc_width);
     if (&f == &files_.front()) {
       tokenizer_ = info.tokenizer;
       tokenizer_model_ = info.tokenizer_model;
@@ -106,15 +125,28 @@ TokenSource::Where TokenSource::where(int64_t j) const {
 
 void TokenSource::read(int64_t j, uint32_t* window) {
   const Where at = where(j);
-  auto it = std::find_if(open_.begin(), open_.end(), [&](const auto& o) { return o.first == at.file; });
+  const int width = llmc_width_[at.file];
+  auto it = std::find_if(open_.begin(), open_.end(), [&](const Open& o) { return o.file == at.file; });
   if (it == open_.end()) {
     constexpr size_t kOpenFiles = 4;  // shards are read in turn: a few handles, not one per file
     if (open_.size() == kOpenFiles) open_.pop_back();
-    open_.emplace_front(at.file, std::make_unique<TokenFile>(files_[at.file], split_));
+    Open o{at.file, nullptr, nullptr};
+    if (width) o.llmc = std::make_unique<BinaryReader>(files_[at.file]);
+    else o.tokens = std::make_unique<TokenFile>(files_[at.file], split_);
+    open_.push_front(std::move(o));
   } else if (it != open_.begin()) {
     open_.splice(open_.begin(), open_, it);
   }
-  open_.front().second->read(at.start, static_cast<size_t>(T_) + 1, window);
+  const size_t n = static_cast<size_t>(T_) + 1;
+  if (!width) return open_.front().tokens->read(at.start, n, window);  // checks ids against its vocab_size
+  raw_.resize(n * width);
+  if (!open_.front().llmc->read_at(kLlmcHeader + at.start * width, raw_.data(), raw_.size()))
+    throw SpecError(what_ + ": " + files_[at.file] + " was truncated after it was opened");
+  widen_ids(raw_.data(), n, width, window);
+  for (size_t i = 0; i < n; ++i)
+    if (window[i] >= static_cast<uint64_t>(vocab_limit_))
+      throw SpecError(what_ + ": " + files_[at.file] + ": token id " + std::to_string(window[i]) + " at offset " +
+                      std::to_string(at.start + i) + " is not below model.vocab = " + std::to_string(vocab_limit_));
 }
 
 Mixture::Mixture(const RunSpec& spec, Split split)
@@ -131,15 +163,22 @@ Mixture::Mixture(const RunSpec& spec, Split split)
   for (size_t i = 0; i < spec.data.sources.size(); ++i) {
     const RunSpec::Data::Source& s = spec.data.sources[i];
     const std::string what = spec.origin("data.sources") + ": data.sources[" + std::to_string(i) + "] (" + s.name + ")";
+    // Held out: the source's `val` files, else its token files' /val (an llm.c shard is one split).
+    const bool own_val = split == Split::val && !s.val.empty();
     std::vector<std::string> files;
     try {
-      files = source_files(s.path);
+      files = source_files(own_val ? s.val : s.path);
     } catch (const SpecError& e) {
-      throw SpecError(what + ": " + e.what());
+      throw SpecError(what + (own_val ? ": val: " : ": ") + e.what());
     }
+    if (split == Split::val && !own_val && std::any_of(files.begin(), files.end(), is_llmc_shard))
+      throw SpecError(what +
+                      ": llm.c shards hold no held-out split: give the source val = \"...\" (its "
+                      "validation shards)");
     // Each source its own order: the run's seed, the source's place and the epoch pick it.
     const uint64_t key = static_cast<uint64_t>(spec.run.seed) * 0x9e3779b97f4a7c15ULL + (uint64_t{i} << 40);
-    sources_.push_back(std::make_unique<TokenSource>(files, split, spec.model.seq_len, shuffle, key, what));
+    sources_.push_back(
+        std::make_unique<TokenSource>(files, split, spec.model.seq_len, shuffle, key, spec.model.vocab, what));
     const TokenSource &first = *sources_.front(), &it = *sources_.back();
     if (it.tokenizer() != first.tokenizer() || it.tokenizer_model() != first.tokenizer_model())
       throw SpecError(what + ": tokenized otherwise than data.sources[0] (" + first.file(0) + "; " +

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "pipetrain/data/corpus_formats.hpp"
 #include "pipetrain/data/mixture.hpp"
 #include "pipetrain/data/token_file.hpp"
 #include "pipetrain/interop/model_import.hpp"
@@ -29,10 +30,11 @@ std::vector<ImpliedKey> implied_keys(const RunSpec& s, std::string* unread) {
     } catch (const SpecError&) {
     }
   if (!s.data.sources.empty()) try {  // the largest of the mixture's files'
-      int64_t vocab = 0;
+      int64_t vocab = 0;              // (llm.c shards record none)
       for (const RunSpec::Data::Source& src : s.data.sources)
-        for (const std::string& f : source_files(src.path)) vocab = std::max(vocab, read_token_file_info(f).vocab_size);
-      out.push_back({"model.vocab", std::to_string(vocab), "data.sources' largest vocab_size"});
+        for (const std::string& f : source_files(src.path))
+          if (!is_llmc_shard(f)) vocab = std::max(vocab, read_token_file_info(f).vocab_size);
+      if (vocab > 0) out.push_back({"model.vocab", std::to_string(vocab), "data.sources' largest vocab_size"});
     } catch (const SpecError&) {  // the Dataset names what is wrong
     }
   return out;

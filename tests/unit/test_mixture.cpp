@@ -10,6 +10,7 @@
 #include <set>
 
 #include "pipetrain/config/spec.hpp"
+#include "pipetrain/data/corpus_formats.hpp"
 #include "pipetrain/data/dataset.hpp"
 #include "pipetrain/data/index_permutation.hpp"
 #include "pipetrain/data/mixture.hpp"
@@ -37,12 +38,26 @@ std::string token_file(const TempDir& tmp, const std::string& name, uint32_t bas
   return o.output;
 }
 
-RunSpec mixture_spec(const std::string& sources, std::vector<std::string> more = {}) {
-  more.push_back("data.sources=" + sources);
-  for (const char* s : {"model.seq_len=4", "model.n_layer=1", "model.d_model=8", "model.n_head=2", "model.vocab=256",
-                        "train.global_batch=8"})
-    more.emplace_back(s);
-  return parse_spec("", "", more, 1);
+// An llm.c shard (version 1: 16-bit ids) of ids base, base + 1, ..., base + n - 1.
+std::string llmc_shard(const TempDir& tmp, const std::string& name, uint32_t base, size_t n) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = kLlmcMagic16;
+  header[1] = 1;
+  header[2] = static_cast<int32_t>(n);
+  std::vector<uint16_t> ids;
+  for (size_t i = 0; i < n; ++i) ids.push_back(static_cast<uint16_t>(base + i));
+  std::string bytes(reinterpret_cast<const char*>(header.data()), header.size() * 4);
+  bytes.append(reinterpret_cast<const char*>(ids.data()), ids.size() * 2);
+  return tmp.write(name, bytes);
+}
+
+// A small model over `sources`; `more` overrides come last (model.vocab=...).
+RunSpec mixture_spec(const std::string& sources, const std::vector<std::string>& more = {}) {
+  std::vector<std::string> sets = {"model.seq_len=4",        "model.n_layer=1", "model.d_model=8",
+                                   "model.n_head=2",         "model.vocab=256", "train.global_batch=8",
+                                   "data.sources=" + sources};
+  sets.insert(sets.end(), more.begin(), more.end());
+  return parse_spec("", "", sets, 1);
 }
 
 }  // namespace
@@ -172,4 +187,65 @@ TEST_CASE("mixture: [[data.sources]] is read, checked and shown", "[data][mixtur
   CHECK_THROWS_WITH(mixture_spec(R"(["a.h5"])"), Contains("data.sources[0] must be a table"));
   CHECK_THROWS_WITH(mixture_spec(R"([{path = "a.h5"}])", {"data.path=b.h5"}), Contains("data.path and data.sources"));
   CHECK_THROWS_WITH(mixture_spec(R"([{path = "a.h5"}])", {"data.source=text"}), Contains("data.source = \"text\""));
+}
+
+TEST_CASE("mixture: llm.c shards are read in place, their held-out shards named by val", "[data][mixture]") {
+  TempDir tmp;
+  std::filesystem::create_directories(tmp.dir / "fineweb");
+  llmc_shard(tmp, "fineweb/train_000.bin", 0, 41);
+  llmc_shard(tmp, "fineweb/train_001.bin", 1000, 21);  // 10 + 5 windows of 5 tokens at stride 4
+  llmc_shard(tmp, "val_000.bin", 5000, 9);             // 2 windows
+  const std::string folder = (tmp.dir / "fineweb").string(), val = (tmp.dir / "val_000.bin").string();
+  const RunSpec spec = mixture_spec("[{path = \"" + folder + "\", val = \"" + val + "\"}]", {"model.vocab=6000"});
+  CHECK(spec.data.sources[0].val == val);
+  Mixture train(spec, Split::train), held_out(spec, Split::val);
+  CHECK(train.source(0).windows() == 15);
+  CHECK(held_out.source(0).windows() == 2);
+  std::set<uint32_t> firsts;
+  for (int64_t g = 0; g < 15; ++g) {
+    std::vector<uint32_t> w(5);
+    train.sample(g, w.data());
+    for (int t = 1; t < 5; ++t) CHECK(w[t] == w[0] + static_cast<uint32_t>(t));  // consecutive ids of one shard
+    firsts.insert(w[0]);
+  }
+  CHECK(firsts.size() == 15);  // every window once in the first epoch
+  CHECK(firsts.count(1000) == 1);
+  std::vector<uint32_t> w(5);
+  held_out.sample(1, w.data());
+  CHECK(w[0] == 5004);  // in order
+
+  // Without val, an llm.c source has nothing held out; an id over model.vocab is named where it lies.
+  const RunSpec no_val = mixture_spec("[{path = \"" + folder + "\"}]", {"model.vocab=6000"});
+  CHECK_THROWS_WITH(Mixture(no_val, Split::val), Contains("llm.c shards hold no held-out split"));
+  Mixture small(mixture_spec("[{path = \"" + folder + "\"}]", {"model.vocab=1010"}), Split::train);
+  bool named = false;
+  for (int64_t g = 0; g < 15 && !named; ++g) try {
+      small.sample(g, w.data());
+    } catch (const SpecError& e) {
+      named = std::string(e.what()).find("train_001.bin: token id 10") != std::string::npos &&
+              std::string(e.what()).find("model.vocab = 1010") != std::string::npos;
+    }
+  CHECK(named);
+
+  // Imported ids (tokenizer "none") mix with llm.c shards; byte tokens do not.
+  TokenFileWriter::Options o;
+  o.output = (tmp.dir / "imported.h5").string();
+  o.vocab = 6000;
+  o.width = 2;
+  o.tokenizer = TokenizerKind::none;
+  o.what = "test";
+  {
+    TokenFileWriter writer(o, 50, 0);
+    std::vector<uint32_t> ids(50, 7);
+    writer.append(ids.data(), ids.size(), "ids", 0);
+    writer.commit(sources_json({}, "test", ""));
+  }
+  CHECK_NOTHROW(
+      Mixture(mixture_spec("[{path = \"" + o.output + "\"}, {path = \"" + folder + "\"}]", {"model.vocab=6000"}),
+              Split::train));
+  const std::string bytes = token_file(tmp, "bytes.h5", 0, 50);
+  CHECK_THROWS_WITH(
+      Mixture(mixture_spec("[{path = \"" + bytes + "\"}, {path = \"" + folder + "\"}]", {"model.vocab=6000"}),
+              Split::train),
+      Contains("tokenized otherwise"));
 }

@@ -43,10 +43,12 @@ struct RunSpec {
     DataSource source = DataSource::synthetic;
     std::string path;  // the text file (text) or token file (hdf5)
     bool shuffle = true;
-    // A mixture ([[data.sources]], data/mixture.hpp): each a token file, a glob of them or a folder
-    // of them, drawn from in proportion to its weight. Given, data.source is hdf5 and data.path unset.
+    // A mixture ([[data.sources]], data/mixture.hpp): each token files or llm.c shards (a file, a
+    // glob or a folder), drawn from in proportion to its weight. Given, data.source is hdf5 and
+    // data.path unset.
     struct Source {
       std::string path;
+      std::string val;  // held out: other files (llm.c shards hold one split); default: path's token files' /val
       double weight = 1;
       std::string name;  // in messages and metrics; default: the path's last part without extension
     };

@@ -19,6 +19,17 @@
 
 namespace pipetrain {
 
+// An llm.c shard, read in place by data.sources: `count` ids of `width` bytes after its header.
+constexpr int32_t kLlmcMagic16 = 20240520, kLlmcMagic32 = 20240801;  // versions 1 and 7
+constexpr uint64_t kLlmcHeader = 256 * sizeof(int32_t);
+struct LlmcShard {
+  uint64_t count = 0;
+  int width = 2;
+};
+// Its header checked (magic, version, the file's size against the count): SpecError naming the file.
+LlmcShard read_llmc_shard(const std::string& path);
+bool is_llmc_shard(const std::string& path);  // the file starts with an llm.c magic
+
 struct TokenImportOptions {
   CorpusFormat format = CorpusFormat::llmc;
   std::vector<std::string> inputs, val;  // val: separate held-out inputs (else --val-fraction)

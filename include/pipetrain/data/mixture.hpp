@@ -7,7 +7,8 @@
 // furthest behind its share (the largest w_s (i + 1) - taken_s, ties to the first listed), so every
 // prefix of a block is within one sample of each source's share. Sample g is then sample
 // j = (g / kBlock) x (the source's samples per block) + (its rank among them in the block) of its
-// source. A source is its files' windows of T + 1 tokens (stride T, none crossing a file's end),
+// source. A source is its files' windows of T + 1 tokens (stride T, none crossing a file's end;
+// a token file's /train or /val by the split, an llm.c shard's tokens read in place, whole),
 // file after file; its sample j is window j mod E of epoch j / E (E windows), shuffled per epoch
 // by a seeded bijection (index_permutation.hpp), so nothing the size of the corpus is held. A
 // source smaller than its share simply goes round more often.
@@ -20,6 +21,7 @@
 
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/data/token_file.hpp"
+#include "pipetrain/util/binary_file.hpp"
 
 namespace pipetrain {
 
@@ -44,18 +46,19 @@ class MixturePattern {
 };
 
 // The files a source's path names, sorted: the file itself; a glob's matches; a folder's token
-// files. SpecError ("<path>: ...") when it names none.
+// files and llm.c shards. SpecError ("<path>: ...") when it names none.
 std::vector<std::string> source_files(const std::string& path);
 
 // One source's token files, for one split, read window by window (a few files open at a time).
 class TokenSource {
  public:
-  // `what` names the source in errors ("data.sources[1] (code)"). SpecError when a file is not a
-  // token file, has no tokens of the split, or no file has a whole window.
-  TokenSource(const std::vector<std::string>& files, Split split, int T, bool shuffle, uint64_t key,
+  // `what` names the source in errors ("data.sources[1] (code)"). SpecError when a file is neither
+  // a token file nor an llm.c shard, or no file has a whole window. An llm.c shard's ids, which it
+  // does not bound, are checked against `vocab` as they are read.
+  TokenSource(const std::vector<std::string>& files, Split split, int T, bool shuffle, uint64_t key, int64_t vocab,
               const std::string& what);
   int64_t windows() const { return first_window_.back(); }
-  int64_t vocab_size() const { return vocab_; }
+  int64_t vocab_size() const { return vocab_; }  // the largest its token files record (0: llm.c shards only)
   size_t files() const { return files_.size(); }
   const std::string& file(size_t i) const { return files_[i]; }
   // What its files were tokenized with (all alike, or the constructor refused them).
@@ -75,10 +78,18 @@ class TokenSource {
   bool shuffle_;
   uint64_t key_;
   std::vector<int64_t> first_window_;  // per file, and the total at the end
-  int64_t vocab_ = 0;
+  std::vector<int> llmc_width_;        // per file: an llm.c shard's bytes per token (0: a token file)
+  int64_t vocab_ = 0, vocab_limit_;
+  std::string what_;
+  std::vector<uint8_t> raw_;  // an llm.c window's bytes
   TokenizerKind tokenizer_ = TokenizerKind::none;
   std::string tokenizer_model_;
-  std::list<std::pair<size_t, std::unique_ptr<TokenFile>>> open_;  // the most recently read first
+  struct Open {
+    size_t file;
+    std::unique_ptr<TokenFile> tokens;   // a token file's, or
+    std::unique_ptr<BinaryReader> llmc;  // an llm.c shard's
+  };
+  std::list<Open> open_;  // the most recently read first
 };
 
 // The sources of spec.data.sources for `split` (the validation split reads each source's /val, in
