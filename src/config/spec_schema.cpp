@@ -222,7 +222,8 @@ SpecKey schedule_key() {
 }
 
 // data.sources: an array of tables (TOML's [[data.sources]], or inline on --set), each with path
-// (required), weight (> 0, default 1) and name (default: the path's last part, without extension).
+// (required), weight (> 0, default 1), name (default: the path's last part, without extension)
+// and val (held-out files).
 SpecKey sources_key() {
   SpecKey k{"data", "sources",
             "a mixture: [[data.sources]] tables of path (token files or llm.c shards: a file, a glob or a folder), "

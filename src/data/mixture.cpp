@@ -123,7 +123,7 @@ TokenSource::Where TokenSource::where(int64_t j) const {
   return {file, static_cast<size_t>(w - first_window_[file]) * static_cast<size_t>(T_)};
 }
 
-void TokenSource::read(int64_t j, uint32_t* window) {
+TokenSource::Where TokenSource::read(int64_t j, uint32_t* window) {
   const Where at = where(j);
   const int width = llmc_width_[at.file];
   auto it = std::find_if(open_.begin(), open_.end(), [&](const Open& o) { return o.file == at.file; });
@@ -138,7 +138,10 @@ void TokenSource::read(int64_t j, uint32_t* window) {
     open_.splice(open_.begin(), open_, it);
   }
   const size_t n = static_cast<size_t>(T_) + 1;
-  if (!width) return open_.front().tokens->read(at.start, n, window);  // checks ids against its vocab_size
+  if (!width) {
+    open_.front().tokens->read(at.start, n, window);  // checks ids against its vocab_size
+    return at;
+  }
   raw_.resize(n * width);
   if (!open_.front().llmc->read_at(kLlmcHeader + at.start * width, raw_.data(), raw_.size()))
     throw SpecError(what_ + ": " + files_[at.file] + " was truncated after it was opened");
@@ -147,6 +150,7 @@ void TokenSource::read(int64_t j, uint32_t* window) {
     if (window[i] >= static_cast<uint64_t>(vocab_limit_))
       throw SpecError(what_ + ": " + files_[at.file] + ": token id " + std::to_string(window[i]) + " at offset " +
                       std::to_string(at.start + i) + " is not below model.vocab = " + std::to_string(vocab_limit_));
+  return at;
 }
 
 Mixture::Mixture(const RunSpec& spec, Split split)
@@ -183,24 +187,17 @@ Mixture::Mixture(const RunSpec& spec, Split split)
     if (it.tokenizer() != first.tokenizer() || it.tokenizer_model() != first.tokenizer_model())
       throw SpecError(what + ": tokenized otherwise than data.sources[0] (" + first.file(0) + "; " +
                       name_of(it.tokenizer()) + " against " + name_of(first.tokenizer()) + ", or another model)");
-    if (sources_.back()->vocab_size() > spec.model.vocab)
-      throw SpecError(what + ": vocab_size " + std::to_string(sources_.back()->vocab_size()) +
+    if (it.vocab_size() > spec.model.vocab)
+      throw SpecError(what + ": vocab_size " + std::to_string(it.vocab_size()) +
                       " but model.vocab = " + std::to_string(spec.model.vocab) + " (set model.vocab to at least " +
-                      std::to_string(sources_.back()->vocab_size()) + ")");
+                      std::to_string(it.vocab_size()) + ")");
   }
 }
 
 uint64_t Mixture::sample(int64_t g, uint32_t* window) {
   const MixturePattern::Pick p = pattern_.pick(g);
-  sources_[p.source]->read(p.index, window);
-  const TokenSource::Where at = sources_[p.source]->where(p.index);
+  const TokenSource::Where at = sources_[p.source]->read(p.index, window);
   return SplitMix64{(uint64_t(p.source) << 56) ^ (uint64_t(at.file) << 40) ^ at.start}.next();
-}
-
-int64_t Mixture::vocab_size() const {
-  int64_t v = 0;
-  for (const auto& s : sources_) v = std::max(v, s->vocab_size());
-  return v;
 }
 
 }  // namespace pipetrain

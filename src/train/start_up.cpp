@@ -100,7 +100,8 @@ void read_spec_and_data(Run& run) {
   }
   // The run keeps its tokenizer (in RUN_DIR and every checkpoint); the file opened above.
   if (run.world.rank() == 0 && spec.data.source == DataSource::hdf5 && !spec.data.sources.empty() && !opt.eval_only) {
-    run.input.tokenizer_model = Mixture(spec, Split::train).source(0).tokenizer_model();  // (all alike)
+    // The mixture opened above (rank 0 is a first stage); its sources are all tokenized alike.
+    run.input.tokenizer_model = run.input.data->mixture()->source(0).tokenizer_model();
   } else if (run.world.rank() == 0 && spec.data.source == DataSource::hdf5 && !opt.eval_only) try {
       run.input.tokenizer_model = read_token_file_info(spec.data.path).tokenizer_model;
     } catch (const SpecError& e) {

@@ -68,8 +68,8 @@ class TokenSource {
     size_t file;
     size_t start;  // its first token in the file
   };
-  Where where(int64_t j) const;            // of the source's sample j
-  void read(int64_t j, uint32_t* window);  // its T + 1 tokens
+  Where where(int64_t j) const;             // of the source's sample j
+  Where read(int64_t j, uint32_t* window);  // its T + 1 tokens; returns where they lie
 
  private:
   std::vector<std::string> files_;
@@ -104,7 +104,6 @@ class Mixture {
   uint64_t sample(int64_t g, uint32_t* window);
   int sources() const { return static_cast<int>(sources_.size()); }
   const TokenSource& source(int s) const { return *sources_[s]; }
-  int64_t vocab_size() const;  // the largest of the sources'
 
  private:
   MixturePattern pattern_;
