@@ -3,7 +3,9 @@
 // (each row's running maximum and sum, its output rescaled when the maximum grows) and keeps only
 // each row's log-sum-exp; the backward recomputes a block's probabilities from it. Memory is O(T)
 // per head (a head's keys and values transposed, a row statistic) plus fixed block scratch, so the
-// activation memory of a step no longer grows with T^2 and no length is too long.
+// activation memory of a step no longer grows with T^2 and no length is too long. With a document
+// mask a row also skips the keys before its document's start: the key blocks wholly before it are
+// never computed, and lanes before it in a block are masked like those after the row.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -118,17 +120,29 @@ void transpose_head(float* xt, const float* x, size_t ld, int T, int Tp, int hs)
     std::fill(xt + static_cast<size_t>(i) * Tp + T, xt + static_cast<size_t>(i + 1) * Tp, 0.f);
 }
 
-// Row t's softmax over u <= t of its scores s, into row[0, len) (zero past t), on whole 8-float
-// vectors, the lanes past t giving exactly 0. s must hold round_up(t + 1, 8) scores.
-void causal_softmax_row(float* s, int t, float* row, int len) {
-  const int w = round_up(t + 1, 8);
-  float mx = s[0];
-#pragma omp simd reduction(max : mx)
-  for (int u = 0; u < w; ++u) mx = u <= t && s[u] > mx ? s[u] : mx;
+// Lanes [lo, valid) of s[0, w) become exp(s - mx), the others 0; returns their sum. Without a
+// document's lower bound the loop is the plain causal one: the compiler sums a masked loop in
+// another order, and unmasked runs keep their bits (the golden trajectory).
+float exp_lanes(float* s, int lo, int valid, int w, float mx) {
   float sum = 0.f;
+  if (lo == 0) {
 #pragma omp simd reduction(+ : sum)
-  for (int u = 0; u < w; ++u) sum += (s[u] = u <= t ? fast_exp(s[u] - mx) : 0.f);
-  const float inv = 1.f / sum;
+    for (int c = 0; c < w; ++c) sum += (s[c] = c < valid ? fast_exp(s[c] - mx) : 0.f);
+  } else {
+#pragma omp simd reduction(+ : sum)
+    for (int c = 0; c < w; ++c) sum += (s[c] = c >= lo && c < valid ? fast_exp(s[c] - mx) : 0.f);
+  }
+  return sum;
+}
+
+// Row t's softmax over lo <= u <= t of its scores s, into row[0, len) (zero elsewhere), on whole
+// 8-float vectors, the lanes outside giving exactly 0. s must hold round_up(t + 1, 8) scores.
+void causal_softmax_row(float* s, int lo, int t, float* row, int len) {
+  const int w = round_up(t + 1, 8);
+  float mx = s[t];
+#pragma omp simd reduction(max : mx)
+  for (int u = 0; u < w; ++u) mx = u >= lo && u <= t && s[u] > mx ? s[u] : mx;
+  const float inv = 1.f / exp_lanes(s, lo, t + 1, w, mx);
   const int n = std::min(w, len);
   for (int u = 0; u < n; ++u) row[u] = s[u] * inv;
   for (int u = n; u < len; ++u) row[u] = 0.f;
@@ -157,11 +171,13 @@ size_t attention_scratch_bytes(int T, int hs, int group) {
 }
 
 // Per (batch, key/value head), its keys transposed once; for each query head that reads them and
-// each block of query rows, the key blocks up to the block's last row: the scores, each row's new
-// running maximum, its probabilities against that maximum, its running sum and output rescaled by
-// exp(old max - new max), the block's probabilities times its values added. A row's keys past its
-// own position are masked to 0.
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV) {
+// each block of query rows, the key blocks from the one holding its first row's document start up
+// to the block's last row: the scores, each row's new running maximum, its probabilities against
+// that maximum, its running sum and output rescaled by exp(old max - new max), the block's
+// probabilities times its values added. A row's keys past its own position, or before its
+// document's start, are masked to 0 (a row may see no key of a block: its sums stay as they were).
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV,
+                       const int* doc_start) {
   KernelTimer timer(Kernel::attention);
   count_attention_flops(4.0 * B * T * T * C);
   const int hs = C / NH, Tp = round_up(T, kBlock);
@@ -177,33 +193,34 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
     const HeadGroup at{T, C, hs, NH, NKV, static_cast<int>(bg / NKV), static_cast<int>(bg % NKV)};
     const size_t C3 = at.C3();
     const float* v = qkv + at.v();
+    const int* start = doc_start ? doc_start + static_cast<size_t>(at.b) * T : nullptr;
     transpose_head(kt.data(), qkv + at.k(), C3, T, Tp, hs);
     for (int h = at.g * at.group(); h < (at.g + 1) * at.group(); ++h) {
       const float* q = qkv + at.q(h);
       for (int t0 = 0; t0 < T; t0 += kBlock) {
         const int m = std::min(kBlock, T - t0);
+        const int u_first = start ? start[t0] / kBlock * kBlock : 0;  // no row sees a key before it
         std::fill_n(row_max.begin(), m, std::numeric_limits<float>::lowest());
         std::fill_n(row_sum.begin(), m, 0.f);
-        for (int u0 = 0; u0 < t0 + m; u0 += kBlock) {
+        for (int u0 = u_first; u0 < t0 + m; u0 += kBlock) {
           const int n = std::min(kBlock, t0 + m - u0);  // keys u0 .. u0+n-1 reach a row of the block
           const bool diagonal = u0 == t0;
           block_scores(diagonal, m, round_up(n, kTileCols), hs, scale, q + t0 * C3, C3, kt.data() + u0, Tp, s.data());
           for (int i = 0; i < m; ++i) {
-            // Row t sees keys u0 .. t of the block: at least one, as blocks of rows and keys align.
+            // Row t sees keys max(u0, its document's start) .. t of the block (none, or at least one).
+            const int lo = start ? std::max(0, start[t0 + i] - u0) : 0;
             const int valid = std::min(n, t0 + i - u0 + 1), w = round_up(valid, 8);
             float* si = s.data() + i * kBlock;
             float mx = row_max[i];
-            for (int c = 0; c < valid; ++c) mx = std::max(mx, si[c]);
-            float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-            for (int c = 0; c < w; ++c) sum += (si[c] = c < valid ? fast_exp(si[c] - mx) : 0.f);
-            const float rescale = std::exp(row_max[i] - mx);  // 0 on the first block
+            for (int c = lo; c < valid; ++c) mx = std::max(mx, si[c]);
+            const float sum = exp_lanes(si, lo, valid, w, mx);
+            const float rescale = std::exp(row_max[i] - mx);  // 0 on the row's first keys
             row_sum[i] = row_sum[i] * rescale + sum;
             row_max[i] = mx;
-            if (u0 > 0)
+            if (u0 > u_first)
               for (int c = 0; c < hs; ++c) o[static_cast<size_t>(i) * hs + c] *= rescale;
           }
-          block_rows_times(diagonal, m, n, hs, 1.f, s.data(), v + u0 * C3, C3, o.data(), hs, u0 > 0);
+          block_rows_times(diagonal, m, n, hs, 1.f, s.data(), v + u0 * C3, C3, o.data(), hs, u0 > u_first);
         }
         for (int i = 0; i < m; ++i) {
           const float inv = 1.f / row_sum[i];
@@ -218,9 +235,10 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 
 // As attention_forward, for n new tokens of one sequence at positions pos .. pos+n-1: their keys
 // and values join the caches ([pos + n, KV] rows), and their queries attend to every cached
-// position up to their own, a row's scores whole (generation's rows are few).
+// position from their document's start (doc_start: n absolute positions, or null: 0) up to their
+// own, a row's scores whole (generation's rows are few).
 void attention_forward_cached(float* out, const float* qkv, float* k_cache, float* v_cache, int pos, int n, int C,
-                              int NH, int NKV) {
+                              int NH, int NKV, const int* doc_start) {
   KernelTimer timer(Kernel::attention);
   const int hs = C / NH, KV = NKV * hs, C3 = C + 2 * KV, group = NH / NKV, total = pos + n;
   const int Tp = round_up(total, kTileCols);
@@ -243,8 +261,8 @@ void attention_forward_cached(float* out, const float* qkv, float* k_cache, floa
         product(m, round_up(end, kTileCols), hs, scale, qkv + static_cast<size_t>(i0) * C3 + h * hs, C3, 1, kt.data(),
                 Tp, scores.data(), Tp, false);
         for (int i = 0; i < m; ++i)
-          causal_softmax_row(scores.data() + static_cast<size_t>(i) * Tp, pos + i0 + i,
-                             probs.data() + static_cast<size_t>(i) * Tp, end);
+          causal_softmax_row(scores.data() + static_cast<size_t>(i) * Tp, doc_start ? doc_start[i0 + i] : 0,
+                             pos + i0 + i, probs.data() + static_cast<size_t>(i) * Tp, end);
         product(m, hs, end, 1.f, probs.data(), Tp, 1, v_cache + g * hs, KV, out + static_cast<size_t>(i0) * C + h * hs,
                 C, false);
       }
@@ -255,9 +273,10 @@ void attention_forward_cached(float* out, const float* qkv, float* k_cache, floa
 // each query head reading them and each block of query rows at or after the keys, the block's
 // probabilities p = exp(score - lse) and dp = dout v^T recomputed, ds = p (dp - D_t) with
 // D_t = dout_t . out_t (= sum_u p_u dp_u), then dq += scale ds k (over key blocks in order),
-// dk += scale ds^T q and dv += p^T dout (over the group's heads, then query blocks, in order).
+// dk += scale ds^T q and dv += p^T dout (over the group's heads, then query blocks, in order). Under
+// a document mask a key block stops at the first query block whose rows all start after it.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
-                        int T, int C, int NH, int NKV) {
+                        int T, int C, int NH, int NKV, const int* doc_start) {
   KernelTimer timer(Kernel::attention);
   count_attention_flops(8.0 * B * T * T * C);
   const int hs = C / NH, Tp = round_up(T, kBlock);
@@ -275,6 +294,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     dv.resize(static_cast<size_t>(kBlock) * hs);
     row_dot.resize(static_cast<size_t>(group) * T);
     const float* k = qkv + at.k();
+    const int* start = doc_start ? doc_start + static_cast<size_t>(at.b) * T : nullptr;
     transpose_head(kt.data(), k, C3, T, Tp, hs);
     transpose_head(vt.data(), qkv + at.v(), C3, T, Tp, hs);
     // D_t of every query head of the group; dq zeroed, as the key blocks add to it.
@@ -293,18 +313,20 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       for (int j = 0; j < group; ++j) {
         const int h = h0 + j;
         const float *q = qkv + at.q(h), *d = dout + at.out(h), *l = lse + at.lse(h);
-        for (int t0 = u0; t0 < T; t0 += kBlock) {  // the query rows that see these keys
+        for (int t0 = u0; t0 < T; t0 += kBlock) {   // the query rows that see these keys
+          if (start && start[t0] >= u0 + n) break;  // nor do the later ones (the diagonal always does)
           const int m = std::min(kBlock, T - t0);
           const bool diagonal = t0 == u0;
           block_scores(diagonal, m, cols, hs, scale, q + t0 * C3, C3, kt.data() + u0, Tp, p.data());
           block_scores(diagonal, m, cols, hs, 1.f, d + static_cast<size_t>(t0) * C, C, vt.data() + u0, Tp, ds.data());
           for (int i = 0; i < m; ++i) {
             const int t = t0 + i, valid = std::min(n, t - u0 + 1), w = round_up(valid, 8);
+            const int lo = start ? std::max(0, start[t] - u0) : 0;
             const float lt = l[t], dt = row_dot[static_cast<size_t>(j) * T + t];
             float *pi = p.data() + i * kBlock, *dsi = ds.data() + i * kBlock;
 #pragma omp simd
             for (int c = 0; c < w; ++c) {
-              const float pc = c < valid ? fast_exp(pi[c] - lt) : 0.f;
+              const float pc = c >= lo && c < valid ? fast_exp(pi[c] - lt) : 0.f;
               pi[c] = pc;
               dsi[c] = pc * (dsi[c] - dt);
             }

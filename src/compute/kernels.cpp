@@ -15,13 +15,13 @@
 
 namespace pipetrain {
 void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
-                     int v_begin, int v_rows) {
+                     int v_begin, int v_rows, const int* pos) {
   KernelTimer timer(Kernel::elementwise);
   parallel_for(static_cast<size_t>(B) * T, rows_per_chunk(C), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       float* o = out + i * C;
       const int row = tokens[i] - v_begin;
-      const float* p = wpe ? wpe + (i % T) * C : nullptr;
+      const float* p = wpe ? wpe + (pos ? pos[i] : i % T) * C : nullptr;
       if (row < 0 || row >= v_rows) {  // another tensor rank's token
         if (p) std::copy(p, p + C, o);
         else std::fill(o, o + C, 0.f);
@@ -38,7 +38,7 @@ void encoder_forward(float* out, const int* tokens, const float* wte, const floa
 }
 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v_begin,
-                      int v_rows) {
+                      int v_rows, const int* pos) {
   KernelTimer timer(Kernel::elementwise);
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
@@ -49,7 +49,7 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* to
         for (int c = 0; c < C; ++c) de[c] += d[c];
       }
       if (!dwpe) continue;
-      float* dp = dwpe + static_cast<size_t>(t) * C;
+      float* dp = dwpe + static_cast<size_t>(pos ? pos[b * T + t] : t) * C;
       for (int c = 0; c < C; ++c) dp[c] += d[c];
     }
 }

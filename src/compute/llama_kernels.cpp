@@ -1,6 +1,7 @@
 // The CPU kernels only the llama family uses (layer_kernels.hpp has their contracts): RMSNorm,
 // rotary position embeddings and the SwiGLU activation. Attention with grouped key/value heads is
 // kernels.cpp's, which both families share.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -88,16 +89,21 @@ const RotaryTable& rotary_table(int T, int hs, float theta, int pos0) {
 
 // Rotates every q and k head of qkv's rows by its position's angles; `inverse` turns the other way
 // (the transpose of the rotation: what backward applies to dq and dk).
-void rotate(float* qkv, int B, int T, int C, int NH, int NKV, float theta, int pos0, bool inverse) {
+// With `pos`, row r turns by position pos[r]: a table from position 0 (to T - 1 at least, so
+// that training's micro-batches share one).
+void rotate(float* qkv, int B, int T, int C, int NH, int NKV, float theta, int pos0, const int* pos, bool inverse) {
   KernelTimer timer(Kernel::rope);
   const int hs = C / NH, heads = NH + NKV, C3 = C + 2 * NKV * hs;
-  const RotaryTable& table = rotary_table(T, hs, theta, pos0);
+  const size_t rows = static_cast<size_t>(B) * T;
+  const RotaryTable& table = pos ? rotary_table(std::max(T, *std::max_element(pos, pos + rows) + 1), hs, theta, 0)
+                                 : rotary_table(T, hs, theta, pos0);
   const int half = table.half;
   const float sign = inverse ? -1.f : 1.f;
-  parallel_for(static_cast<size_t>(B) * T, rows_per_chunk(C3), [&](size_t begin, size_t end) {
+  parallel_for(rows, rows_per_chunk(C3), [&](size_t begin, size_t end) {
     for (size_t row = begin; row < end; ++row) {
-      const float* c = table.cos.data() + (row % T) * half;
-      const float* s = table.sin.data() + (row % T) * half;
+      const size_t at = pos ? pos[row] : row % T;
+      const float* c = table.cos.data() + at * half;
+      const float* s = table.sin.data() + at * half;
       for (int h = 0; h < heads; ++h) {  // the q heads, then the k heads right after them
         float* x = qkv + row * C3 + static_cast<size_t>(h) * hs;
 #pragma omp simd
@@ -115,11 +121,11 @@ inline float sigmoid(float x) { return 1.f / (1.f + fast_exp(-x)); }
 
 }  // namespace
 
-void rope_forward(float* qkv, int B, int T, int C, int NH, int NKV, float theta, int pos0) {
-  rotate(qkv, B, T, C, NH, NKV, theta, pos0, false);
+void rope_forward(float* qkv, int B, int T, int C, int NH, int NKV, float theta, int pos0, const int* pos) {
+  rotate(qkv, B, T, C, NH, NKV, theta, pos0, pos, false);
 }
-void rope_backward(float* dqkv, int B, int T, int C, int NH, int NKV, float theta, int pos0) {
-  rotate(dqkv, B, T, C, NH, NKV, theta, pos0, true);
+void rope_backward(float* dqkv, int B, int T, int C, int NH, int NKV, float theta, int pos0, const int* pos) {
+  rotate(dqkv, B, T, C, NH, NKV, theta, pos0, pos, true);
 }
 
 void swiglu_forward(float* out, const float* gate_up, int N, int H) {

@@ -341,6 +341,16 @@ void validate_spec(const RunSpec& s, int world_size, const std::string& ranks_ar
   if (s.data.source != DataSource::synthetic && s.data.path.empty() && s.data.sources.empty())
     fail("data.path", std::string("data.source = \"") + name_of(s.data.source) + "\" needs data.path" +
                           (s.data.source == DataSource::hdf5 ? " (or data.sources)" : ""));
+  if (s.data.restart_positions && !s.data.document_mask)
+    fail("data.restart_positions", "restarts positions at each document: it needs data.document_mask = true");
+  if (s.data.document_mask && s.data.document_token >= m.vocab)
+    fail("data.document_token", "document_token = " + std::to_string(s.data.document_token) +
+                                    " is not a token of model.vocab = " + std::to_string(m.vocab));
+  if (s.data.document_mask && s.data.document_token < 0 && s.data.source != DataSource::hdf5)
+    fail("data.document_token",
+         std::string("the byte tokens of data.source = \"") + name_of(s.data.source) +
+             "\" have no end-of-document token: name the token that begins a document (10, a newline, makes each "
+             "line one)");
   if (s.data.source == DataSource::text && m.vocab < 256)
     fail("model.vocab", "vocab = " + std::to_string(m.vocab) +
                             " is too small for byte tokens of data.source = \"text\" (need >= 256)");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <optional>
 #include <sstream>
@@ -364,6 +365,15 @@ std::vector<SpecKey> build_schema() {
                  "input file for source = text, or the token file (pipetrain data prepare) for source = hdf5"),
       bool_key("data", "shuffle", FIELD(bool, data.shuffle), "seeded permutation of windows per epoch"),
       sources_key(),
+      bool_key("data", "document_mask", FIELD(bool, data.document_mask),
+               "attention stays within each document of a packed sequence (a document begins at each "
+               "data.document_token), in training, validation and generation"),
+      int_key("data", "document_token", FIELD(int, data.document_token), -1, INT32_MAX,
+              "the token that begins a document under document_mask: the end-of-document token, last target of "
+              "one document and first input of the next; -1: the data's tokenizer's end-of-document token"),
+      bool_key("data", "restart_positions", FIELD(bool, data.restart_positions),
+               "with document_mask: each document counts its positions from 0 (gpt2's position table, llama's "
+               "rotary angles), as if it began the sequence"),
       int_key("parallel", "tp", FIELD(int, parallel.tp), 1, 1024,
               "tensor-parallel ranks per stage: each holds n_head / tp attention heads, 1/tp of the MLP and "
               "of the vocabulary (consecutive ranks, so a tensor group shares a node)"),

@@ -1,5 +1,7 @@
 #include "pipetrain/data/dataset.hpp"
 
+#include "pipetrain/data/tokenizer.hpp"
+
 #include "pipetrain/util/files.hpp"
 #include "pipetrain/util/rng.hpp"
 
@@ -11,6 +13,22 @@
 
 namespace pipetrain {
 namespace {
+
+// data.document_token, or where it is -1 the end-of-document token of the data's tokenizer
+// (`tokenizer_model`: its SentencePiece model, "" for bytes or ids of an unknown tokenizer).
+int document_token_of(const RunSpec& spec, const std::string& tokenizer_model) {
+  if (!spec.data.document_mask) return -1;
+  if (spec.data.document_token >= 0) return spec.data.document_token;
+  const std::string where = spec.origin("data.document_mask") + ": data.document_token: ";
+  const int eos =
+      tokenizer_model.empty() ? -1 : Tokenizer::sentencepiece(tokenizer_model, where).special_tokens().eos.id;
+  if (eos < 0)
+    throw SpecError(where + "the data's tokenizer (" +
+                    (tokenizer_model.empty() ? "bytes, or ids of an unknown tokenizer" : "its SentencePiece model") +
+                    ") has no end-of-document token: name the token that begins a document (GPT-2's <|endoftext|> "
+                    "is 50256)");
+  return eos;
+}
 
 using Rng = SplitMix64;
 
@@ -64,6 +82,7 @@ Dataset::Dataset(const RunSpec& spec, Split split)
       window_.resize(static_cast<size_t>(T_) + 1);
       if (!spec.data.sources.empty()) {
         mixture_ = std::make_unique<Mixture>(spec, split);
+        document_token_ = document_token_of(spec, mixture_->source(0).tokenizer_model());
         return;  // each source checked its own files
       }
       const std::string where = spec.origin("data.path") + ": data.path: ";
@@ -76,6 +95,8 @@ Dataset::Dataset(const RunSpec& spec, Split split)
         throw SpecError(where + spec.data.path + " has vocab_size " + std::to_string(file_->vocab_size()) +
                         " but model.vocab = " + std::to_string(spec.model.vocab) + " (set model.vocab to at least " +
                         std::to_string(file_->vocab_size()) + ")");
+      if (spec.data.document_mask)
+        document_token_ = document_token_of(spec, read_token_file_info(spec.data.path).tokenizer_model);
       break;
     }
     case DataSource::text: {
@@ -85,6 +106,7 @@ Dataset::Dataset(const RunSpec& spec, Split split)
       break;
     }
   }
+  if (spec.data.source != DataSource::hdf5) document_token_ = document_token_of(spec, "");
   if (val && n_tokens() < static_cast<size_t>(T_) + 2)
     throw SpecError(spec.origin("eval.every_steps") + ": eval.every_steps = " + std::to_string(spec.eval.every_steps) +
                     " but the validation tokens (" + std::to_string(n_tokens()) +

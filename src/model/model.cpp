@@ -106,6 +106,23 @@ void Stage::set_tokens(int mb, const int* tokens) {
 void Stage::set_targets(int mb, const int* targets) {
   pool_.stash(chunks() - 1, mb).targets.assign(targets, static_cast<size_t>(B_) * T_);
 }
+void Stage::set_documents(int mb, const int* tokens) {
+  if (!mask_.on()) return;
+  const size_t n = static_cast<size_t>(B_) * T_;
+  std::vector<int> start(n), pos(n);
+  for (int b = 0; b < B_; ++b)
+    find_documents(tokens + b * T_, T_, 0, 0, mask_, start.data() + b * T_, pos.data() + b * T_);
+  documents_.resize(M_);
+  documents_[mb].start.assign(start.data(), n);
+  if (mask_.restart_positions) documents_[mb].pos.assign(pos.data(), n);
+}
+Stage::Tokens Stage::micro_batch(int mb) const {
+  Tokens tok = micro_batch();
+  if (!mask_.on()) return tok;
+  tok.doc_start = documents_.at(mb).start.data();
+  if (mask_.restart_positions) tok.pos = documents_[mb].pos.data();
+  return tok;
+}
 float* Stage::input_buffer(int chunk, int mb) {
   KernelTimer timer(Kernel::memory);
   auto& xs = pool_.stash(chunk, mb).xs;
@@ -128,26 +145,26 @@ void Stage::size_acts(const Chunk& c, Acts& a, const Tokens& tok) {
 
 // Runs a whole chunk for the micro-batch whose inputs are in `s` (tokens / received input /
 // targets), filling every activation of `w` (which may be `s` itself).
-void Stage::compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, double* loss) {
-  size_acts(c, w, micro_batch());
+void Stage::compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, double* loss, const Tokens& tok) {
+  size_acts(c, w, tok);
   const size_t n_in = boundary_floats();
   if (c.first) {  // tensor ranks: each its vocabulary rows' embeddings, one of them the positions; then summed
     fetch(c, 0, Pass::forward);
     float* embedded = sp_ ? scratch_.attproj.data() : w.xs[0].data();  // every row, before the sum
     k_.encoder_forward(embedded, s.tokens.data(), weight(wte_), tp_.rank == 0 ? weight(wpe_) : nullptr, B_, T_, C_,
-                       v_begin_, V_);
+                       v_begin_, V_, tok.pos);
     done(c, 0, Pass::forward);
     if (tp_.size > 1) sum_partials(embedded, B_ * T_, w.xs[0].data());
   } else if (&w != &s) copy_values(w.xs[0].data(), s.xs[0].data(), n_in);
   for (int l = 0; l < c.L; ++l) {
     float* y = (l + 1 < c.L || c.last) ? w.xs[l + 1].data() : out;
     fetch(c, l + 1, Pass::forward);
-    block_forward(c, l, w.xs[l].data(), w.blocks[l], y, micro_batch());
+    block_forward(c, l, w.xs[l].data(), w.blocks[l], y, tok);
     done(c, l + 1, Pass::forward);
   }
   if (c.last) {
     fetch(c, c.L + 1, Pass::forward);
-    *loss = head_forward(w.xs[c.L].data(), w.head, s.targets.data(), micro_batch());
+    *loss = head_forward(w.xs[c.L].data(), w.head, s.targets.data(), tok);
     done(c, c.L + 1, Pass::forward);
   }
 }
@@ -172,11 +189,12 @@ double Stage::forward(int chunk, int mb, float* out) {
   Acts& s = pool_.stash(chunk, mb);
   double loss = 0;
   const double counted = tp_.rank == 0 ? 1 : 0;  // a tensor group's loss counts once, on its first rank
+  const Tokens tok = micro_batch(mb);
   if (mode_ == Recompute::none) {
-    compute_forward(c, s, s, out, &loss);
+    compute_forward(c, s, s, out, &loss, tok);
     return counted * loss;
   }
-  compute_forward(c, work_, s, out, &loss);
+  compute_forward(c, work_, s, out, &loss, tok);
   if (mode_ == Recompute::block) {  // keep each block's input (and the head's)
     KernelTimer timer(Kernel::memory);
     s.xs.resize(work_.xs.size());
@@ -202,11 +220,11 @@ void Stage::backward_weight(int chunk, int mb, const std::function<void(size_t)>
 // The activations a backward reads: the stash itself (recompute = none), or the work area after
 // re-running the whole stage (stage) or with each block's input copied in to re-run one block at a
 // time (block: block_backward_step re-runs them).
-Acts& Stage::activations_for_backward(const Chunk& c, Acts& s) {
+Acts& Stage::activations_for_backward(const Chunk& c, Acts& s, const Tokens& tok) {
   if (mode_ == Recompute::stage) {
     double unused;
     recompute_s_ -= now_s();
-    compute_forward(c, work_, s, scratch_.dx.data(), &unused);  // dx is free scratch at this point
+    compute_forward(c, work_, s, scratch_.dx.data(), &unused, tok);  // dx is free scratch at this point
     recompute_s_ += now_s();
     return work_;
   }
@@ -235,17 +253,17 @@ void Stage::head_backward(const Chunk& c, const Acts& s, Acts& a, HeadWGrads& hw
 }
 
 // Block l's part of the backward; the input half leaves the gradient of its input in scratch_.dres.
-void Stage::block_backward(const Chunk& c, int l, Acts& a, BlockWGrads& w, BackwardPart part) {
+void Stage::block_backward(const Chunk& c, int l, Acts& a, BlockWGrads& w, BackwardPart part, const Tokens& tok) {
   if (part != BackwardPart::weight) {
     fetch(c, l + 1, Pass::backward);
     if (mode_ == Recompute::block) {
       recompute_s_ -= now_s();
-      block_forward(c, l, a.xs[l].data(), a.blocks[l], scratch_.dx.data(), micro_batch());
+      block_forward(c, l, a.xs[l].data(), a.blocks[l], scratch_.dx.data(), tok);
       recompute_s_ += now_s();
     }
     const BlockPtrs g = block_ptrs(store_.grads(), c, l);
     block_backward_input(c, l, a.xs[l].data(), a.blocks[l], scratch_.dres.data(), scratch_.dx.data(), w,
-                         part == BackwardPart::whole ? &g : nullptr);
+                         part == BackwardPart::whole ? &g : nullptr, tok);
     done(c, l + 1, Pass::backward);
     std::swap(scratch_.dres, scratch_.dx);  // dres now holds the gradient of block l's input
   }
@@ -275,7 +293,8 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, Bac
   if (split && mode_ != Recompute::none) throw std::logic_error("a split backward needs recompute = none");
   recompute_s_ = 0;
   Acts& s = pool_.stash(chunk, mb);
-  Acts& a = input ? activations_for_backward(c, s) : s;
+  const Tokens tok = micro_batch(mb);
+  Acts& a = input ? activations_for_backward(c, s, tok) : s;
   WGrads* kept = split ? &kept_wgrads(c, chunk, mb, input) : nullptr;
   HeadWGrads& hw = kept ? kept->head : hscratch_;
   const size_t n = boundary_floats();
@@ -283,7 +302,7 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, Bac
   else if (input) copy_values(scratch_.dres.data(), dout, n);
   if (c.last && weight && done_from) done_from(lnfw_);
   for (int l = c.L - 1; l >= 0; --l) {
-    block_backward(c, l, a, kept ? kept->blocks[l] : wscratch_, part);
+    block_backward(c, l, a, kept ? kept->blocks[l] : wscratch_, part, tok);
     if (weight && done_from && l > 0) done_from(c.block_offset[l]);
   }
   if (c.first) {
@@ -291,7 +310,7 @@ void Stage::backward_pass(int chunk, int mb, const float* dout, float* dinp, Bac
     if (weight)  // every token's row: this rank's vocabulary rows may be any rank's tokens
       k_.encoder_backward(store_.grads().data() + wte_, tensor(store_.grads(), wpe_),
                           whole_rows(split ? hw.dembed.data() : scratch_.dres.data(), B_ * T_), s.tokens.data(), B_, T_,
-                          C_, v_begin_, V_);
+                          C_, v_begin_, V_, tok.pos);
   } else if (input) {
     copy_values(dinp, scratch_.dres.data(), n);
   }

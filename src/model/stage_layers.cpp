@@ -43,12 +43,12 @@ void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, f
   k_.matmul_forward(a.qkv.data(), whole_rows(a.ln1.data(), N), w.qkvw, w.qkvb, N, C, shape_.qkv);
   poll();
   if (shape_.llama())
-    k_.rope_forward(a.qkv.data(), tok.B, tok.T, Q, NH, NKV, rope_theta_, tok.cache ? tok.cache->pos : 0);
+    k_.rope_forward(a.qkv.data(), tok.B, tok.T, Q, NH, NKV, rope_theta_, tok.cache ? tok.cache->pos : 0, tok.pos);
   if (tok.cache) {
     attention_forward_cached(a.atty.data(), a.qkv.data(), tok.cache->k[l].data(), tok.cache->v[l].data(),
-                             tok.cache->pos, tok.T, Q, NH, NKV);
+                             tok.cache->pos, tok.T, Q, NH, NKV, tok.doc_start);
   } else {
-    k_.attention_forward(a.atty.data(), a.lse.data(), a.qkv.data(), tok.B, tok.T, Q, NH, NKV);
+    k_.attention_forward(a.atty.data(), a.lse.data(), a.qkv.data(), tok.B, tok.T, Q, NH, NKV, tok.doc_start);
   }
   poll();
   k_.matmul_forward(scratch_.attproj.data(), a.atty.data(), w.projw, nullptr, N, Q, C);
@@ -72,7 +72,7 @@ void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, f
 // dout, dinp and the norms' gradients are this rank's rows; the products take all rows (gathered
 // into scratch_.gathered, one at a time) and give partial input gradients that sum_partials scatters.
 void Stage::block_backward_input(const Chunk& c, int l, const float* x, const BlockActs& a, const float* dout,
-                                 float* dinp, BlockWGrads& w, const BlockPtrs* g) {
+                                 float* dinp, BlockWGrads& w, const BlockPtrs* g, const Tokens& tok) {
   const int N = B_ * T_, R = kept_rows(N), C = C_, Q = shape_.q;
   const size_t NC = static_cast<size_t>(N) * C, RC = static_cast<size_t>(R) * C;
   BlockPtrs p = block_weights(c, l);
@@ -99,8 +99,8 @@ void Stage::block_backward_input(const Chunk& c, int l, const float* x, const Bl
                      p.projw, N, Q, C);
   poll();
   k_.attention_backward(w.dqkv.data(), scratch_.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), B_, T_, Q,
-                        shape_.NH, shape_.NKV);
-  if (shape_.llama()) k_.rope_backward(w.dqkv.data(), B_, T_, Q, shape_.NH, shape_.NKV, rope_theta_, 0);
+                        shape_.NH, shape_.NKV, tok.doc_start);
+  if (shape_.llama()) k_.rope_backward(w.dqkv.data(), B_, T_, Q, shape_.NH, shape_.NKV, rope_theta_, 0, tok.pos);
   poll();
   k_.matmul_backward(partial_target(w.dln1.data()), grad(&BlockPtrs::qkvw), grad(&BlockPtrs::qkvb), w.dqkv.data(),
                      whole_rows_if(g, a.ln1.data(), N), p.qkvw, N, C, shape_.qkv);

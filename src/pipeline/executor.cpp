@@ -162,7 +162,7 @@ void Executor::forward(Step& s, const Action& a) {
   s.act_out =
       last ? nullptr : links_.act_out(a).acquire(comm_, links_.act_out_tag(a), a.mb, "send activation", s.trace);
   timed_pass(s, a, "forward", [&] {
-    if (first || last) {
+    if (first || last || stage_.masks_documents()) {  // every chunk needs the documents' starts
       s.load_inputs(a.mb);
       count_held(s, a);
     }

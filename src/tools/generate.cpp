@@ -27,6 +27,7 @@ void recompute(Stage& stage, const RunSpec& spec, const std::vector<int>& tokens
   std::copy(tokens.begin() + from, tokens.end(), window.begin());
   stage.set_tokens(0, window.data());
   stage.set_targets(0, targets.data());
+  stage.set_documents(0, window.data());
   stage.forward(0, 0, nullptr);
   const float* all = stage.head_probs(0).data();
   std::copy(all + static_cast<size_t>(n - 1) * V, all + static_cast<size_t>(n) * V, probs);
@@ -129,6 +130,13 @@ ExitCode run_generate(const GenerateOptions& opt) {
                       "), beyond model.vocab = " + std::to_string(V));
   Stage stage(spec, 0, 1, 0, spec.model.n_layer, 1, 1.f);
   read_checkpoint_tensors(checkpoint, stage.params(), stage.weights().host().data(), nullptr, nullptr, nullptr);
+  if (spec.data.document_mask) {  // a run trained within documents generates within them too
+    const int separator = spec.data.document_token >= 0 ? spec.data.document_token : tok.special_tokens().eos.id;
+    if (separator < 0)
+      throw SpecError("generate: the run masks documents (data.document_mask) but the checkpoint's tokenizer (" +
+                      std::string(tok.name()) + ") has no end-of-document token: --set data.document_token=N");
+    stage.set_document_mask({separator, spec.data.restart_positions});
+  }
   KvCache cache;  // the window's keys and values so far
 
   SplitMix64 rng{opt.seed * 0x9e3779b97f4a7c15ULL + 1};
@@ -140,7 +148,7 @@ ExitCode run_generate(const GenerateOptions& opt) {
   for (int i = 0; i < opt.tokens; ++i) {
     if (tokens.size() - from > static_cast<size_t>(T)) {  // slide: keep the last T / 2
       from = tokens.size() - std::max(1, T / 2);
-      cache.pos = 0;
+      cache.pos = cache.document = 0;
     }
     if (opt.use_cache) {  // the tokens the cache has not seen yet (the prompt at first, then one)
       const size_t seen = from + cache.pos;

@@ -91,7 +91,9 @@ void read_spec_and_data(Run& run) {
   run.layout.topo = Topology::of(run.world.rank(), spec.parallel.pp, spec.parallel.dp, spec.parallel.order,
                                  spec.chunk_placement().head_stage() == 0, spec.parallel.tp);
   run.layout.blocks = partition_blocks(spec);
-  if (run.layout.topo.first_stage() || run.layout.topo.holds_head()) {
+  // The tokens reach the first stage, the targets the last; under document masking every stage
+  // reads the tokens for where documents begin.
+  if (run.layout.topo.first_stage() || run.layout.topo.holds_head() || spec.data.document_mask) {
     run.input.data = std::make_unique<Dataset>(spec);
     if (spec.eval.every_steps > 0) {
       run.input.val = std::make_unique<Dataset>(spec, Split::val);
@@ -171,6 +173,8 @@ void build_model(Run& run) {
   } else {
     run.model.stage->init_params(static_cast<uint64_t>(spec.run.seed));
   }
+  if (spec.data.document_mask)
+    run.model.stage->set_document_mask({run.input.data->document_token(), spec.data.restart_positions});
   // ZeRO: this replica's row slabs; otherwise everything.
   const bool zero = spec.parallel.zero > 0;
   run.model.adam =
@@ -441,6 +445,9 @@ void print_start(const Run& run) {
   }
   if (!run.state.init_note.empty()) std::printf("%s\n", run.state.init_note.c_str());
   for (const std::string& note : spec.notes) std::printf("note: %s\n", note.c_str());
+  if (spec.data.document_mask && run.input.data)
+    std::printf("documents: attention within each document, a document beginning at token %d%s\n",
+                run.input.data->document_token(), spec.data.restart_positions ? ", its positions counted from 0" : "");
   if (run.on_gpu() && run.model.adam->shard().shards_grads())
     std::printf(
         "note: parallel.zero = %d on the GPU keeps the whole gradient buffer on the device (a released range is "
@@ -471,6 +478,7 @@ std::function<void(int)> inputs_from(const RunLayout& layout, RunModel& model, D
     data->micro_batch(index, layout.topo.dp_rank, mb, model.inputs.data(), model.targets.data());
     if (model.stage->has_embedding()) model.stage->set_tokens(mb, model.inputs.data());
     if (model.stage->has_head()) model.stage->set_targets(mb, model.targets.data());
+    model.stage->set_documents(mb, model.inputs.data());
   };
 }
 

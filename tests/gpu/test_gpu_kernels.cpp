@@ -28,11 +28,11 @@ TEST_CASE("encoder forward and backward match the CPU", "[gpu]") {
   Vec out(B * T * C), dwte = randn(V * C, 1, 5), dwpe = randn(T * C, 1, 6);
   auto d_tok = up(tok);
   auto d_wte = up(wte), d_wpe = up(wpe), d_out = up(out), d_dout = up(dout), d_dwte = up(dwte), d_dwpe = up(dwpe);
-  encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C, 0, V);
-  gpu::encoder_forward(d_out.data(), d_tok.data(), d_wte.data(), d_wpe.data(), B, T, C, 0, V);
+  encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C, 0, V, nullptr);
+  gpu::encoder_forward(d_out.data(), d_tok.data(), d_wte.data(), d_wpe.data(), B, T, C, 0, V, nullptr);
   CHECK(rel_err(down(d_out), out) == 0);
-  encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C, 0, V);
-  gpu::encoder_backward(d_dwte.data(), d_dwpe.data(), d_dout.data(), d_tok.data(), B, T, C, 0, V);
+  encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C, 0, V, nullptr);
+  gpu::encoder_backward(d_dwte.data(), d_dwpe.data(), d_dout.data(), d_tok.data(), B, T, C, 0, V, nullptr);
   // each row adds its positions in position order, as the CPU does: the CPU's bits
   CHECK(down(d_dwte) == dwte);
   CHECK(down(d_dwpe) == dwpe);
@@ -116,14 +116,56 @@ TEST_CASE("causal attention forward and backward match the CPU", "[gpu]") {
     Vec qkv = randn(B * T * C3, 1, 1), dout = randn(B * T * C, 1, 2);
     Vec out(B * T * C), lse(B * NH * T), dqkv = randn(B * T * C3, 1, 3);  // dqkv: overwritten
     auto d_qkv = up(qkv), d_dout = up(dout), d_out = up(out), d_lse = up(Vec(lse.size(), -1.f)), d_dqkv = up(dqkv);
-    attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV);
-    gpu::attention_forward(d_out.data(), d_lse.data(), d_qkv.data(), B, T, C, NH, NKV);
+    attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV, nullptr);
+    gpu::attention_forward(d_out.data(), d_lse.data(), d_qkv.data(), B, T, C, NH, NKV, nullptr);
     CHECK(rel_err(down(d_out), out) < kFp32);
     CHECK(rel_err(down(d_lse), lse) < kFp32);
-    attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, NKV);
-    gpu::attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_out.data(), d_lse.data(), B, T, C, NH, NKV);
+    attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, NKV, nullptr);
+    gpu::attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_out.data(), d_lse.data(), B, T, C, NH, NKV,
+                            nullptr);
     CHECK(rel_err(down(d_dqkv), dqkv) < kFp32);
   }
+}
+
+TEST_CASE("document-masked attention, and positions restarting per document, match the CPU", "[gpu]") {
+  // documents across the 32-row tiles (starts 0, 5, 6, 31, 32, 70, 149 of sequence 0; sequence 1 one
+  // document): the GPU's tile skipping and lane masks against the CPU's
+  const int B = 2, T = 150, C = 96, NH = 4, NKV = 2, C3 = C + 2 * NKV * (C / NH);
+  const std::vector<int> begins = {0, 5, 6, 31, 32, 70, 149};
+  std::vector<int> start(B * T, 0), pos(B * T);
+  for (int t = 0; t < T; ++t) {
+    for (int s : begins) start[t] = s <= t ? s : start[t];
+    pos[t] = t - start[t];
+    pos[T + t] = t;
+  }
+  Vec qkv = randn(B * T * C3, 1, 1), dout = randn(B * T * C, 1, 2);
+  Vec out(B * T * C), lse(B * NH * T), dqkv(B * T * C3);
+  auto d_qkv = up(qkv), d_dout = up(dout), d_out = up(out), d_lse = up(lse), d_dqkv = up(dqkv);
+  auto d_start = up(start), d_pos = up(pos);
+  attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV, start.data());
+  gpu::attention_forward(d_out.data(), d_lse.data(), d_qkv.data(), B, T, C, NH, NKV, d_start.data());
+  CHECK(rel_err(down(d_out), out) < kFp32);
+  CHECK(rel_err(down(d_lse), lse) < kFp32);
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, NKV, start.data());
+  gpu::attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_out.data(), d_lse.data(), B, T, C, NH, NKV,
+                          d_start.data());
+  CHECK(rel_err(down(d_dqkv), dqkv) < kFp32);
+
+  rope_forward(qkv.data(), B, T, C, NH, NKV, 10000.f, 0, pos.data());
+  gpu::rope_forward(d_qkv.data(), B, T, C, NH, NKV, 10000.f, 0, d_pos.data());
+  CHECK(rel_err(down(d_qkv), qkv) < kFp32);
+
+  const int V = 11;
+  auto tok = tokens(B * T, V, 3);
+  Vec wte = randn(V * C, 1, 4), wpe = randn(T * C, 1, 5), emb(B * T * C), dwte(V * C, 0.f), dwpe(T * C, 0.f);
+  auto d_tok = up(tok);
+  auto d_wte = up(wte), d_wpe = up(wpe), d_emb = up(emb), d_dwte = up(dwte), d_dwpe = up(dwpe);
+  encoder_forward(emb.data(), tok.data(), wte.data(), wpe.data(), B, T, C, 0, V, pos.data());
+  gpu::encoder_forward(d_emb.data(), d_tok.data(), d_wte.data(), d_wpe.data(), B, T, C, 0, V, d_pos.data());
+  CHECK(rel_err(down(d_emb), emb) == 0);
+  encoder_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), B, T, C, 0, V, pos.data());
+  gpu::encoder_backward(d_dwte.data(), d_dwpe.data(), d_dout.data(), d_tok.data(), B, T, C, 0, V, d_pos.data());
+  CHECK(down(d_dwpe) == dwpe);  // each position's rows in row order, as the CPU adds them
 }
 
 TEST_CASE("the llama family's RMSNorm, rotary embeddings and SwiGLU match the CPU", "[gpu]") {
@@ -142,11 +184,11 @@ TEST_CASE("the llama family's RMSNorm, rotary embeddings and SwiGLU match the CP
   CHECK(rel_err(down(d_dw), dw) < kFp32);
   Vec qkv = randn(N * C3, 1, 6);
   auto d_qkv = up(qkv);
-  rope_forward(qkv.data(), B, N, C, NH, NKV, 10000.f, 5);
-  gpu::rope_forward(d_qkv.data(), B, N, C, NH, NKV, 10000.f, 5);
+  rope_forward(qkv.data(), B, N, C, NH, NKV, 10000.f, 5, nullptr);
+  gpu::rope_forward(d_qkv.data(), B, N, C, NH, NKV, 10000.f, 5, nullptr);
   CHECK(rel_err(down(d_qkv), qkv) < kFp32);
-  rope_backward(qkv.data(), B, N, C, NH, NKV, 10000.f, 5);
-  gpu::rope_backward(d_qkv.data(), B, N, C, NH, NKV, 10000.f, 5);
+  rope_backward(qkv.data(), B, N, C, NH, NKV, 10000.f, 5, nullptr);
+  gpu::rope_backward(d_qkv.data(), B, N, C, NH, NKV, 10000.f, 5, nullptr);
   CHECK(rel_err(down(d_qkv), qkv) < kFp32);
   Vec gu = randn(N * 2 * H, 2, 7), act(N * H), dact = randn(N * H, 1, 8), dgu(N * 2 * H);
   auto d_gu = up(gu), d_act = up(act), d_dact = up(dact), d_dgu = up(dgu);
@@ -216,11 +258,11 @@ TEST_CASE("the loss over a vocabulary part and the embedding of one match the CP
 
   Vec wte = randn(V * C, 1, 13), out(N * C), dwte(V * C, 0.f), dout = randn(N * C, 1, 14);
   auto d_wte = up(wte), d_out = up(out), d_dwte = up(dwte), d_dout = up(dout);
-  encoder_forward(out.data(), tgt.data(), wte.data(), nullptr, 1, N, C, v_begin, V);
-  gpu::encoder_forward(d_out.data(), d_tgt.data(), d_wte.data(), nullptr, 1, N, C, v_begin, V);
+  encoder_forward(out.data(), tgt.data(), wte.data(), nullptr, 1, N, C, v_begin, V, nullptr);
+  gpu::encoder_forward(d_out.data(), d_tgt.data(), d_wte.data(), nullptr, 1, N, C, v_begin, V, nullptr);
   CHECK(rel_err(down(d_out), out) == 0);
-  encoder_backward(dwte.data(), nullptr, dout.data(), tgt.data(), 1, N, C, v_begin, V);
-  gpu::encoder_backward(d_dwte.data(), nullptr, d_dout.data(), d_tgt.data(), 1, N, C, v_begin, V);
+  encoder_backward(dwte.data(), nullptr, dout.data(), tgt.data(), 1, N, C, v_begin, V, nullptr);
+  gpu::encoder_backward(d_dwte.data(), nullptr, d_dout.data(), d_tgt.data(), 1, N, C, v_begin, V, nullptr);
   CHECK(down(d_dwte) == dwte);
 }
 

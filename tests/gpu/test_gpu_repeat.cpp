@@ -54,7 +54,7 @@ TEST_CASE("every backward gives the same bits twice", "[gpu]") {
     same_bits_twice([&] {
       auto d_tok = up(tok);
       auto d_d = up(d), dwte = up(Vec(V * C, 0.5f)), dwpe = up(Vec(T * C, 0.25f));
-      gpu::encoder_backward(dwte.data(), dwpe.data(), d_d.data(), d_tok.data(), B, T, C, 0, V);
+      gpu::encoder_backward(dwte.data(), dwpe.data(), d_d.data(), d_tok.data(), B, T, C, 0, V, nullptr);
       Outputs o;
       o.add(dwte), o.add(dwpe);
       return o;
@@ -89,8 +89,9 @@ TEST_CASE("every backward gives the same bits twice", "[gpu]") {
     const Vec qkv = randn(Ta * C3, 1, 11), d = randn(Ta * Ca, 1, 12);
     same_bits_twice([&] {
       auto d_qkv = up(qkv), d_d = up(d), out = up(Vec(Ta * Ca)), lse = up(Vec(NH * Ta)), dqkv = up(Vec(Ta * C3));
-      gpu::attention_forward(out.data(), lse.data(), d_qkv.data(), 1, Ta, Ca, NH, NKV);
-      gpu::attention_backward(dqkv.data(), d_d.data(), d_qkv.data(), out.data(), lse.data(), 1, Ta, Ca, NH, NKV);
+      gpu::attention_forward(out.data(), lse.data(), d_qkv.data(), 1, Ta, Ca, NH, NKV, nullptr);
+      gpu::attention_backward(dqkv.data(), d_d.data(), d_qkv.data(), out.data(), lse.data(), 1, Ta, Ca, NH, NKV,
+                              nullptr);
       Outputs o;
       o.add(out), o.add(lse), o.add(dqkv);
       return o;
@@ -107,7 +108,7 @@ TEST_CASE("every backward gives the same bits twice", "[gpu]") {
       auto dgelu = up(Vec(N * C)), dgu = up(Vec(N * 2 * H)), probs = up(Vec(N * V)), dlogits = up(Vec(N * V));
       gpu::gelu_backward(dgelu.data(), d_x.data(), d_g.data(), static_cast<size_t>(N) * C);
       gpu::swiglu_backward(dgu.data(), d_gu.data(), d_dact.data(), N, H);
-      gpu::rope_backward(d_q.data(), 1, N, C, NH, NKV, 10000.f, 3);
+      gpu::rope_backward(d_q.data(), 1, N, C, NH, NKV, 10000.f, 3, nullptr);
       Outputs o;
       o.add(gpu::softmax_crossentropy_forward(probs.data(), d_logits.data(), d_tgt.data(), N, V));
       gpu::softmax_crossentropy_backward(dlogits.data(), probs.data(), d_tgt.data(), 0.5f, N, V, 0);
@@ -129,18 +130,18 @@ TEST_CASE("zero-size work is a no-op in every kernel", "[gpu]") {
   double* d = doubles.data();
   const int C = 8, OC = 5, V = 50;
   REQUIRE_NOTHROW([&] {
-    gpu::encoder_forward(f, i, f, f, 0, 5, C, 0, 4);
-    gpu::encoder_backward(f, f, f, i, 0, 5, C, 0, 4);
+    gpu::encoder_forward(f, i, f, f, 0, 5, C, 0, 4, nullptr);
+    gpu::encoder_backward(f, f, f, i, 0, 5, C, 0, 4, nullptr);
     gpu::layernorm_forward(f, f, f, f, f, f, 0, C);
     gpu::layernorm_backward(f, f, f, f, f, f, f, f, 0, C);
     gpu::rmsnorm_forward(f, f, f, f, 0, C, 1e-5f);
     gpu::rmsnorm_backward(f, f, f, f, f, f, 0, C);
-    gpu::rope_forward(f, 0, 4, C, 2, 1, 1e4f, 0);
-    gpu::rope_backward(f, 0, 4, C, 2, 1, 1e4f, 0);
-    gpu::attention_forward(f, f, f, 0, 4, C, 2, 1);
-    gpu::attention_backward(f, f, f, f, f, 0, 4, C, 2, 1);
-    gpu::attention_forward(f, f, f, 2, 0, C, 2, 1);
-    gpu::attention_backward(f, f, f, f, f, 2, 0, C, 2, 1);
+    gpu::rope_forward(f, 0, 4, C, 2, 1, 1e4f, 0, nullptr);
+    gpu::rope_backward(f, 0, 4, C, 2, 1, 1e4f, 0, nullptr);
+    gpu::attention_forward(f, f, f, 0, 4, C, 2, 1, nullptr);
+    gpu::attention_backward(f, f, f, f, f, 0, 4, C, 2, 1, nullptr);
+    gpu::attention_forward(f, f, f, 2, 0, C, 2, 1, nullptr);
+    gpu::attention_backward(f, f, f, f, f, 2, 0, C, 2, 1, nullptr);
     gpu::bias_gelu_forward(f, f, f, 0, C);
     gpu::gelu_forward(f, f, 0);
     gpu::gelu_backward(f, f, f, 0);

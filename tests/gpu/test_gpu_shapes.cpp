@@ -99,14 +99,15 @@ TEST_CASE("the embedding at 50,257 x 768 with positions and 128,256 x 2,048 with
     auto d_tok = up(tok);
     auto d_wte = up(wte), d_wpe = up(wpe), d_dout = up(dout), d_out = up(out), d_dwte = up(dwte), d_dwpe = up(dwpe);
     const float* wpe_p = c.positions ? wpe.data() : nullptr;
-    encoder_forward(out.data(), tok.data(), wte.data(), wpe_p, c.B, c.T, c.C, 0, c.V);
+    encoder_forward(out.data(), tok.data(), wte.data(), wpe_p, c.B, c.T, c.C, 0, c.V, nullptr);
     gpu::encoder_forward(d_out.data(), d_tok.data(), d_wte.data(), c.positions ? d_wpe.data() : nullptr, c.B, c.T, c.C,
-                         0, c.V);
+                         0, c.V, nullptr);
     const auto rows = sampled(n);
     CHECK(down_rows(d_out.data(), c.C, rows) == host_rows(out.data(), c.C, rows));
-    encoder_backward(dwte.data(), c.positions ? dwpe.data() : nullptr, dout.data(), tok.data(), c.B, c.T, c.C, 0, c.V);
+    encoder_backward(dwte.data(), c.positions ? dwpe.data() : nullptr, dout.data(), tok.data(), c.B, c.T, c.C, 0, c.V,
+                     nullptr);
     gpu::encoder_backward(d_dwte.data(), c.positions ? d_dwpe.data() : nullptr, d_dout.data(), d_tok.data(), c.B, c.T,
-                          c.C, 0, c.V);
+                          c.C, 0, c.V, nullptr);
     // frequent rows, rows of single positions, rows no position holds, the first and the last
     std::vector<size_t> vocab_rows = {
         0, 1000, 1007, 1015, static_cast<size_t>(tok[1]), static_cast<size_t>(tok[2]), static_cast<size_t>(c.V) - 1};
@@ -125,12 +126,13 @@ TEST_CASE("attention at T 2,048: head sizes 64 and 128, grouped heads", "[gpu][b
     const size_t rows = static_cast<size_t>(B) * T;
     const Vec qkv = uniform(rows * C3, 2, 11), dout = uniform(rows * C, 1, 12);
     Vec out(rows * C), lse(static_cast<size_t>(B) * NH * T), dqkv(rows * C3);
-    attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV);
-    attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, NKV);
+    attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV, nullptr);
+    attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, NKV, nullptr);
     auto d_qkv = up(qkv), d_dout = up(dout);
     gpu::Buffer<float> d_out(out.size()), d_lse(lse.size()), d_dqkv(dqkv.size());
-    gpu::attention_forward(d_out.data(), d_lse.data(), d_qkv.data(), B, T, C, NH, NKV);
-    gpu::attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_out.data(), d_lse.data(), B, T, C, NH, NKV);
+    gpu::attention_forward(d_out.data(), d_lse.data(), d_qkv.data(), B, T, C, NH, NKV, nullptr);
+    gpu::attention_backward(d_dqkv.data(), d_dout.data(), d_qkv.data(), d_out.data(), d_lse.data(), B, T, C, NH, NKV,
+                            nullptr);
     CHECK(rel_err(down(d_out), out) < kFp32);
     CHECK(rel_err(down(d_lse), lse) < kFp32);
     const Vec got = down(d_dqkv);  // dq, dk, dv apart: each against its own magnitude

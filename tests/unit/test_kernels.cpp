@@ -73,12 +73,12 @@ TEST_CASE("attention backward matches finite differences", "[kernels]") {
     auto qkv = randn(B * T * C3, 1.f, 1), r = randn(B * T * C, 1.f, 2);
     std::vector<float> out(B * T * C), lse(B * NH * T);
     auto loss = [&] {
-      attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV);
+      attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV, nullptr);
       return dot(out, r);
     };
     loss();
     std::vector<float> dqkv(qkv.size(), 0.5f);  // overwritten, not added to
-    attention_backward(dqkv.data(), r.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, NKV);
+    attention_backward(dqkv.data(), r.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, NKV, nullptr);
     check("dqkv", loss, qkv.data(), dqkv.data(), qkv.size(), 40);
   }
 }
@@ -92,23 +92,24 @@ TEST_CASE("attention backward matches finite differences at T = 4096", "[kernels
     if (t % 613 != 612 && t != T - 1) std::fill_n(r.begin() + static_cast<size_t>(t) * C, C, 0.f);
   std::vector<float> out(r.size()), lse(B * NH * T);
   auto loss = [&] {
-    attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV);
+    attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV, nullptr);
     return dot(out, r);
   };
   loss();
   std::vector<float> dqkv(qkv.size(), 0.5f);
-  attention_backward(dqkv.data(), r.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, NKV);
+  attention_backward(dqkv.data(), r.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, NKV, nullptr);
   check("dqkv", loss, qkv.data(), dqkv.data(), qkv.size(), 24);
 }
 
 namespace {
 
-// Causal attention the plain way, in double: the full T x T scores with the upper triangle masked,
-// and backward through full T x T products; query head h reads key/value head h / (NH / NKV).
-// Fills each row's log-sum-exp, out and dqkv like the kernels.
+// Causal attention the plain way, in double: the full T x T scores with the upper triangle masked
+// (and, given doc_start [B, T], the keys before each row's document's start), and backward through
+// full T x T products; query head h reads key/value head h / (NH / NKV). Fills each row's
+// log-sum-exp, out and dqkv like the kernels.
 void reference_attention(std::vector<double>& lse, std::vector<double>& out, std::vector<double>& dqkv,
                          const std::vector<float>& qkv, const std::vector<float>& dout, int B, int T, int C, int NH,
-                         int NKV) {
+                         int NKV, const std::vector<int>& doc_start = {}) {
   const int hs = C / NH, KV = NKV * hs, C3 = C + 2 * KV, group = NH / NKV;
   const double scale = 1 / std::sqrt(static_cast<double>(hs));
   lse.assign(static_cast<size_t>(B) * NH * T, 0);
@@ -126,7 +127,7 @@ void reference_attention(std::vector<double>& lse, std::vector<double>& out, std
         double mx = -INFINITY, z = 0;
         for (int u = 0; u < T; ++u) {
           s[u] = -INFINITY;  // the mask
-          if (u > t) continue;
+          if (u > t || (!doc_start.empty() && u < doc_start[b * T + t])) continue;
           s[u] = 0;
           for (int i = 0; i < hs; ++i) s[u] += scale * q(b, t, h, i) * k(b, u, h, i);
           mx = std::max(mx, s[u]);
@@ -178,14 +179,120 @@ TEST_CASE("blocked causal attention matches the full masked T x T computation", 
       INFO("T " << T << " C " << C << " NH " << NH << " NKV " << NKV);
       const auto qkv = randn(B * T * C3, 1.f, 11), dout = randn(B * T * C, 1.f, 12);
       std::vector<float> out(dout.size()), lse(B * NH * T, -1.f), dqkv(qkv.size(), -1.f);
-      attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV);
-      attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, NKV);
+      attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV, nullptr);
+      attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, NKV, nullptr);
       std::vector<double> ref_lse, ref_out, ref_dqkv;
       reference_attention(ref_lse, ref_out, ref_dqkv, qkv, dout, B, T, C, NH, NKV);
       CHECK(max_relative_error(lse, ref_lse) < 2e-6);
       CHECK(max_relative_error(out, ref_out) < 2e-6);
       CHECK(max_relative_error(dqkv, ref_dqkv) < 2e-6);
     }
+}
+
+namespace {
+
+// [B, T] document starts: row b's documents begin at starts[b] (0 first), each row's first position
+// of its document.
+std::vector<int> document_starts(int T, const std::vector<std::vector<int>>& starts) {
+  std::vector<int> out;
+  for (const auto& row : starts)
+    for (int t = 0, d = 0; t < T; ++t) {
+      while (d + 1 < static_cast<int>(row.size()) && row[d + 1] <= t) ++d;
+      out.push_back(row[d]);
+    }
+  return out;
+}
+
+// Documents of every kind around the 64-row blocks and 16-column tiles: one token long, starting
+// on a block's first row, crossing two block edges, ending a sequence; a sequence of one document.
+const std::vector<std::vector<int>> kDocuments = {{0, 5, 6, 64, 70, 130, 149}, {0}, {0, 63, 128}};
+
+}  // namespace
+
+TEST_CASE("document-masked attention matches the full T x T computation with the mask", "[kernels]") {
+  for (int T : {17, 150})
+    for (auto [C, NH, NKV] : {std::array<int, 3>{6, 2, 2}, {64, 4, 2}, {40, 1, 1}}) {
+      const int B = 3, C3 = C + 2 * NKV * (C / NH);
+      INFO("T " << T << " C " << C << " NH " << NH << " NKV " << NKV);
+      std::vector<std::vector<int>> docs;
+      for (const auto& row : kDocuments) {
+        docs.emplace_back();
+        for (int s : row)
+          if (s < T) docs.back().push_back(s);
+      }
+      const auto start = document_starts(T, docs);
+      const auto qkv = randn(B * T * C3, 1.f, 21), dout = randn(B * T * C, 1.f, 22);
+      std::vector<float> out(dout.size()), lse(B * NH * T, -1.f), dqkv(qkv.size(), -1.f);
+      attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV, start.data());
+      attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, NKV, start.data());
+      std::vector<double> ref_lse, ref_out, ref_dqkv;
+      reference_attention(ref_lse, ref_out, ref_dqkv, qkv, dout, B, T, C, NH, NKV, start);
+      CHECK(max_relative_error(lse, ref_lse) < 2e-6);
+      CHECK(max_relative_error(out, ref_out) < 2e-6);
+      CHECK(max_relative_error(dqkv, ref_dqkv) < 2e-6);
+    }
+}
+
+TEST_CASE("a packed sequence's masked attention equals each of its documents' attention alone", "[kernels]") {
+  const int T = 150, C = 64, NH = 4, NKV = 2, C3 = C + 2 * NKV * (C / NH);
+  const std::vector<int> begins = kDocuments[0];
+  const auto start = document_starts(T, {begins});
+  const auto qkv = randn(T * C3, 1.f, 23), dout = randn(T * C, 1.f, 24);
+  std::vector<float> out(T * C), lse(NH * T), dqkv(qkv.size());
+  attention_forward(out.data(), lse.data(), qkv.data(), 1, T, C, NH, NKV, start.data());
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), 1, T, C, NH, NKV, start.data());
+  for (size_t d = 0; d < begins.size(); ++d) {
+    const int s = begins[d], n = (d + 1 < begins.size() ? begins[d + 1] : T) - s;
+    INFO("document at " << s << ", " << n << " tokens");
+    const std::vector<float> q(qkv.begin() + s * C3, qkv.begin() + (s + n) * C3),
+        g(dout.begin() + s * C, dout.begin() + (s + n) * C);
+    std::vector<float> o(n * C), l(NH * n), dq(q.size());
+    attention_forward(o.data(), l.data(), q.data(), 1, n, C, NH, NKV, nullptr);
+    attention_backward(dq.data(), g.data(), q.data(), o.data(), l.data(), 1, n, C, NH, NKV, nullptr);
+    auto close = [](const float* packed, const std::vector<float>& alone) {
+      double err = 0, scale = 0;
+      for (size_t i = 0; i < alone.size(); ++i) {
+        err = std::max(err, double(std::abs(packed[i] - alone[i])));
+        scale = std::max(scale, double(std::abs(alone[i])));
+      }
+      return err / scale;
+    };
+    CHECK(close(out.data() + s * C, o) < 1e-6);
+    CHECK(close(dqkv.data() + s * C3, dq) < 1e-6);
+    for (int h = 0; h < NH; ++h)
+      CHECK(close(lse.data() + h * T + s, std::vector<float>(l.begin() + h * n, l.begin() + (h + 1) * n)) < 1e-6);
+  }
+}
+
+TEST_CASE("document-masked attention backward matches finite differences", "[kernels]") {
+  for (auto [T, C, NH, NKV] : {std::array<int, 4>{9, 16, 2, 1}, {150, 32, 4, 2}}) {
+    INFO("T " << T);
+    const int B = 2, C3 = C + 2 * NKV * (C / NH);
+    const auto start = document_starts(T, {{0, 3, 4, T > 64 ? 64 : 7, T > 64 ? 100 : 8}, {0, 2}});
+    auto qkv = randn(B * T * C3, 1.f, 25), r = randn(B * T * C, 1.f, 26);
+    std::vector<float> out(B * T * C), lse(B * NH * T);
+    auto loss = [&] {
+      attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV, start.data());
+      return dot(out, r);
+    };
+    loss();
+    std::vector<float> dqkv(qkv.size(), 0.5f);
+    attention_backward(dqkv.data(), r.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, NKV, start.data());
+    check("dqkv", loss, qkv.data(), dqkv.data(), qkv.size(), 40);
+  }
+}
+
+TEST_CASE("cached attention keeps to each new token's document", "[kernels]") {
+  // the sequence run 1, 20, then 29 tokens at a time against the cache equals its masked forward
+  const int T = 50, C = 32, NH = 4, NKV = 2, KV = NKV * (C / NH), C3 = C + 2 * KV;
+  const auto start = document_starts(T, {{0, 4, 21, 22, 40}});
+  const auto qkv = randn(T * C3, 1.f, 27);
+  std::vector<float> whole(T * C), lse(NH * T), cached(T * C), k_cache(T * KV), v_cache(T * KV);
+  attention_forward(whole.data(), lse.data(), qkv.data(), 1, T, C, NH, NKV, start.data());
+  for (auto [pos, n] : {std::array<int, 2>{0, 1}, {1, 20}, {21, 29}})
+    attention_forward_cached(cached.data() + pos * C, qkv.data() + pos * C3, k_cache.data(), v_cache.data(), pos, n, C,
+                             NH, NKV, start.data() + pos);
+  for (int i = 0; i < T * C; ++i) CHECK(cached[i] == Approx(whole[i]).margin(1e-6));
 }
 
 TEST_CASE("blocked causal attention matches a naive per-row softmax at T = 4096", "[kernels]") {
@@ -197,7 +304,7 @@ TEST_CASE("blocked causal attention matches a naive per-row softmax at T = 4096"
     const int C3 = C + 2 * NKV * hs, group = NH / NKV;
     const auto qkv = randn(static_cast<size_t>(T) * C3, 1.f, 13);
     std::vector<float> out(static_cast<size_t>(T) * C), lse(NH * T);
-    attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV);
+    attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV, nullptr);
     double worst = 0, largest = 0, worst_lse = 0;
     for (int h = 0; h < NH; ++h)
       for (int t : {0, 63, 64, 1000, 2047, 2048, 4031, 4095}) {
@@ -234,8 +341,8 @@ TEST_CASE("blocked causal attention gives the same bits on 1 and 2 threads", "[k
       auto run = [&](int threads) {
         set_parallel_threads(threads);
         std::vector<float> out(dout.size()), lse(B * NH * T), dqkv(qkv.size());
-        attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV);
-        attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, NKV);
+        attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV, nullptr);
+        attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, NKV, nullptr);
         set_parallel_threads(1);
         return std::vector<std::vector<float>>{out, lse, dqkv};
       };
@@ -249,8 +356,8 @@ TEST_CASE("a head's attention has the same bits whichever batch and heads run be
   const int T = 150, hs = 8, NH = 4, NKV = 2, C = NH * hs, C3 = C + 2 * NKV * hs, B = 2;
   const auto qkv = randn(B * T * C3, 1.f, 31), dout = randn(B * T * C, 1.f, 32);
   std::vector<float> out(dout.size()), lse(B * NH * T), dqkv(qkv.size());
-  attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV);
-  attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, NKV);
+  attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV, nullptr);
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, NKV, nullptr);
   // sample 1, query heads 2 and 3 with key/value head 1: what tp 2 x dp 2 gives one rank
   const int c = 2 * hs, c3 = c + 2 * hs;
   std::vector<float> part(T * c3), dpart(T * c), pout(T * c), plse(2 * T), pd(T * c3);
@@ -261,8 +368,8 @@ TEST_CASE("a head's attention has the same bits whichever batch and heads run be
     std::copy_n(row + C + NKV * hs + hs, hs, part.data() + t * c3 + c + hs);
     std::copy_n(dout.data() + static_cast<size_t>(T + t) * C + 2 * hs, c, dpart.data() + t * c);
   }
-  attention_forward(pout.data(), plse.data(), part.data(), 1, T, c, 2, 1);
-  attention_backward(pd.data(), dpart.data(), part.data(), pout.data(), plse.data(), 1, T, c, 2, 1);
+  attention_forward(pout.data(), plse.data(), part.data(), 1, T, c, 2, 1, nullptr);
+  attention_backward(pd.data(), dpart.data(), part.data(), pout.data(), plse.data(), 1, T, c, 2, 1, nullptr);
   bool same = true;
   for (int t = 0; t < T; ++t) {
     const size_t r = static_cast<size_t>(T + t);
@@ -284,7 +391,7 @@ TEST_CASE("attention is causal and matches a naive per-head reference", "[kernel
     const int C3 = C + 2 * NKV * hs, group = NH / NKV;
     auto qkv = randn(B * T * C3, 1.f, 7);
     std::vector<float> out(B * T * C), lse(B * NH * T);
-    attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV);
+    attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV, nullptr);
     for (int h = 0; h < NH; ++h)
       for (int t = 0; t < T; ++t) {
         const float* k = qkv.data() + C + h / group * hs;             // row u at k[u * C3 + i]
@@ -367,12 +474,12 @@ TEST_CASE("encoder backward scatters into the rows of the tokens used", "[kernel
   auto wte = randn(V * C, 1.f, 1), wpe = randn(T * C, 1.f, 2), r = randn(B * T * C, 1.f, 3);
   std::vector<float> out(B * T * C);
   auto loss = [&] {
-    encoder_forward(out.data(), tokens, wte.data(), wpe.data(), B, T, C, 0, V);
+    encoder_forward(out.data(), tokens, wte.data(), wpe.data(), B, T, C, 0, V, nullptr);
     return dot(out, r);
   };
   loss();
   std::vector<float> dwte(V * C, 0.f), dwpe(T * C, 0.f);
-  encoder_backward(dwte.data(), dwpe.data(), r.data(), tokens, B, T, C, 0, V);
+  encoder_backward(dwte.data(), dwpe.data(), r.data(), tokens, B, T, C, 0, V, nullptr);
   check("dwte", loss, wte.data(), dwte.data(), wte.size(), 20);
   check("dwpe", loss, wpe.data(), dwpe.data(), wpe.size(), 12);
   for (int c = 0; c < C; ++c) CHECK(dwte[2 * C + c] == 0.f);  // token 2 never appears

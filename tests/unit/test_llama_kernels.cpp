@@ -64,7 +64,7 @@ TEST_CASE("rope rotates q and k heads by position (rotate-half), leaves v, and b
   const float theta = 500.f;
   const auto qkv = randn(B * T * C3, 1.f, 1);
   std::vector<float> x = qkv;
-  rope_forward(x.data(), B, T, C, NH, NKV, theta, pos0);
+  rope_forward(x.data(), B, T, C, NH, NKV, theta, pos0, nullptr);
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t) {
       const size_t row = (static_cast<size_t>(b) * T + t) * C3;
@@ -79,11 +79,11 @@ TEST_CASE("rope rotates q and k heads by position (rotate-half), leaves v, and b
   std::vector<float> out;
   auto loss = [&] {
     out = in;
-    rope_forward(out.data(), B, T, C, NH, NKV, theta, pos0);
+    rope_forward(out.data(), B, T, C, NH, NKV, theta, pos0, nullptr);
     return dot(out, r);
   };
   std::vector<float> d = r;
-  rope_backward(d.data(), B, T, C, NH, NKV, theta, pos0);
+  rope_backward(d.data(), B, T, C, NH, NKV, theta, pos0, nullptr);
   check("dqkv", loss, in.data(), d.data(), in.size(), 40);
 }
 
@@ -92,8 +92,8 @@ TEST_CASE("rope of the last rows at an offset equals rope of the whole sequence'
   const int T = 7, C = 8, NH = 2, NKV = 1, C3 = C + 2 * NKV * (C / NH), pos = 4;
   const auto qkv = randn(T * C3, 1.f, 5);
   std::vector<float> whole = qkv, tail(qkv.begin() + pos * C3, qkv.end());
-  rope_forward(whole.data(), 1, T, C, NH, NKV, 10000.f, 0);
-  rope_forward(tail.data(), 1, T - pos, C, NH, NKV, 10000.f, pos);
+  rope_forward(whole.data(), 1, T, C, NH, NKV, 10000.f, 0, nullptr);
+  rope_forward(tail.data(), 1, T - pos, C, NH, NKV, 10000.f, pos, nullptr);
   CHECK(std::vector<float>(whole.begin() + pos * C3, whole.end()) == tail);
 }
 
@@ -116,15 +116,43 @@ TEST_CASE("swiglu: silu(gate) * up, and its backward matches finite differences"
   check("dgate_up", loss, gu.data(), dgu.data(), gu.size(), 30);
 }
 
+TEST_CASE("positions given per row turn rope and pick the position table's rows, forward and back", "[kernels]") {
+  // positions restarting at a document (rows 0-3, then 4-6) turn each document as rope from 0 would
+  const int T = 7, C = 8, NH = 2, NKV = 1, C3 = C + 2 * NKV * (C / NH);
+  const int pos[T] = {0, 1, 2, 3, 0, 1, 2};
+  const auto qkv = randn(T * C3, 1.f, 6);
+  std::vector<float> packed = qkv, first(qkv.begin(), qkv.begin() + 4 * C3), second(qkv.begin() + 4 * C3, qkv.end());
+  rope_forward(packed.data(), 1, T, C, NH, NKV, 10000.f, 0, pos);
+  rope_forward(first.data(), 1, 4, C, NH, NKV, 10000.f, 0, nullptr);
+  rope_forward(second.data(), 1, 3, C, NH, NKV, 10000.f, 0, nullptr);
+  CHECK(std::vector<float>(packed.begin(), packed.begin() + 4 * C3) == first);
+  CHECK(std::vector<float>(packed.begin() + 4 * C3, packed.end()) == second);
+  rope_backward(packed.data(), 1, T, C, NH, NKV, 10000.f, 0, pos);  // turned back
+  for (int i = 0; i < T * C3; ++i) CHECK(packed[i] == Approx(qkv[i]).margin(1e-6));
+
+  const int V = 3, tokens[T] = {1, 2, 0, 1, 2, 2, 0};
+  const auto wte = randn(V * C, 1.f, 7), wpe = randn(T * C, 1.f, 8), dout = randn(T * C, 1.f, 9);
+  std::vector<float> out(T * C), dwte(V * C, 0.f), dwpe(T * C, 0.f);
+  encoder_forward(out.data(), tokens, wte.data(), wpe.data(), 1, T, C, 0, V, pos);
+  encoder_backward(dwte.data(), dwpe.data(), dout.data(), tokens, 1, T, C, 0, V, pos);
+  for (int t = 0; t < T; ++t)
+    for (int c = 0; c < C; ++c) CHECK(out[t * C + c] == wte[tokens[t] * C + c] + wpe[pos[t] * C + c]);
+  for (int c = 0; c < C; ++c) {
+    CHECK(dwpe[0 * C + c] == dout[0 * C + c] + dout[4 * C + c]);  // position 0 of both documents
+    CHECK(dwpe[3 * C + c] == dout[3 * C + c]);
+    CHECK(dwpe[4 * C + c] == 0.f);  // no row is at position 4
+  }
+}
+
 TEST_CASE("the embedding without a position table and the residual without a bias", "[kernels]") {
   const int B = 1, T = 3, C = 4, V = 5;
   const auto wte = randn(V * C, 1.f, 1);
   const int tokens[T] = {4, 0, 4};
   std::vector<float> out(T * C), dwte(V * C, 0.f), dout = randn(T * C, 1.f, 2);
-  encoder_forward(out.data(), tokens, wte.data(), nullptr, B, T, C, 0, V);
+  encoder_forward(out.data(), tokens, wte.data(), nullptr, B, T, C, 0, V, nullptr);
   for (int t = 0; t < T; ++t)
     for (int c = 0; c < C; ++c) CHECK(out[t * C + c] == wte[tokens[t] * C + c]);
-  encoder_backward(dwte.data(), nullptr, dout.data(), tokens, B, T, C, 0, V);
+  encoder_backward(dwte.data(), nullptr, dout.data(), tokens, B, T, C, 0, V, nullptr);
   for (int c = 0; c < C; ++c) {
     CHECK(dwte[4 * C + c] == dout[c] + dout[2 * C + c]);  // token 4 twice
     CHECK(dwte[0 * C + c] == dout[C + c]);

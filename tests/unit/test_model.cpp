@@ -373,21 +373,30 @@ TEST_CASE("buffer pools: a rank's chunks share one only when they have the same 
   CHECK(buffer_pools({{1, 2, 4}}, 3) == std::vector<int>{0});
 }
 
-TEST_CASE("forward_cached: a prompt then one token at a time gives forward()'s probabilities", "[model]") {
-  // One sequence of seq_len 20 (several attention tiles, a window past one 16-column tile), heads
-  // 16 wide: the cached path's tile products and row softmax are the training ones. The llama
-  // family too: rotary angles from each token's own position, a cache of its key/value heads only.
-  const Arch arch = GENERATE(Arch::gpt2, Arch::llama);
-  INFO(name_of(arch));
-  RunSpec spec = small_spec(3, true);
+namespace {
+// One sequence of seq_len 20 over a vocabulary of 13 in either family (llama: 4 query heads over 2
+// key/value heads, SwiGLU 40), as generation runs it.
+RunSpec one_sequence_spec(Arch arch, int layers, int d_model) {
+  RunSpec spec = small_spec(layers, true);
   spec.model.arch = arch;
-  spec.model.d_model = 64;
+  spec.model.d_model = d_model;
   spec.model.n_head = arch == Arch::llama ? 4 : 2;
   spec.model.n_kv_head = arch == Arch::llama ? 2 : 0;
   spec.model.ffn_hidden = arch == Arch::llama ? 40 : 0;
   spec.model.seq_len = 20;
   spec.model.vocab = 13;
   spec.train.global_batch = 1;
+  return spec;
+}
+}  // namespace
+
+TEST_CASE("forward_cached: a prompt then one token at a time gives forward()'s probabilities", "[model]") {
+  // One sequence of seq_len 20 (several attention tiles, a window past one 16-column tile), heads
+  // 16 wide: the cached path's tile products and row softmax are the training ones. The llama
+  // family too: rotary angles from each token's own position, a cache of its key/value heads only.
+  const Arch arch = GENERATE(Arch::gpt2, Arch::llama);
+  INFO(name_of(arch));
+  const RunSpec spec = one_sequence_spec(arch, 3, 64);
   const int T = spec.model.seq_len, V = spec.model.vocab;
   Stage st(spec, 0, 1, 0, 3, 1, 1.f);
   st.init_params(3);
@@ -411,4 +420,51 @@ TEST_CASE("forward_cached: a prompt then one token at a time gives forward()'s p
   for (size_t i = 0; i < full.size(); ++i) worst = std::max(worst, std::abs(probs[i] - full[i]));
   CHECK(worst < 1e-5f);  // the same layers; only the matrix products' row counts differ
   CHECK_THROWS_AS(st.forward_cached(tokens.data(), 1, cache, probs.data()), std::logic_error);  // full
+}
+
+TEST_CASE("under a document mask a document's next-token probabilities are its own alone, cached or not", "[model]") {
+  // Documents begin at the separator (positions 6 and 13) and count their positions from 0: the
+  // last one's rows equal a forward of it alone at the sequence's start, by the training forward
+  // and by the KV cache fed 10 tokens then one at a time; without the mask they do not.
+  const Arch arch = GENERATE(Arch::gpt2, Arch::llama);
+  INFO(name_of(arch));
+  const RunSpec spec = one_sequence_spec(arch, 2, 32);
+  const int T = spec.model.seq_len, V = spec.model.vocab, separator = 3, last = 13;
+  Stage st(spec, 0, 1, 0, 2, 1, 1.f);
+  st.init_params(3);
+  perturb(st, 5);
+  st.set_document_mask({separator, true});
+  std::vector<int> tokens = random_tokens(T, V, 9);
+  for (int& t : tokens) t = t == separator ? separator + 1 : t;
+  tokens[6] = tokens[last] = separator;
+  auto forward = [&](const std::vector<int>& in) {
+    const std::vector<int> targets(T, 0);
+    st.set_tokens(0, in.data());
+    st.set_targets(0, targets.data());
+    st.set_documents(0, in.data());
+    st.forward(0, 0, nullptr);
+    std::vector<float> probs(st.head_probs(0).host().begin(), st.head_probs(0).host().end());
+    st.discard(0, 0);
+    return probs;
+  };
+  std::vector<int> alone(tokens.begin() + last, tokens.end());
+  alone.resize(T, 0);  // padding after it: causal attention keeps it from the document's rows
+  const std::vector<float> packed = forward(tokens), own = forward(alone);
+  auto worst_from = [&](const std::vector<float>& probs) {
+    float worst = 0;
+    for (int i = 0; i < (T - last) * V; ++i) worst = std::max(worst, std::abs(probs[last * V + i] - own[i]));
+    return worst;
+  };
+  CHECK(worst_from(packed) < 1e-5f);
+
+  KvCache cache;
+  std::vector<float> cached(static_cast<size_t>(T) * V);
+  st.forward_cached(tokens.data(), 10, cache, cached.data());
+  for (int t = 10; t < T; ++t)
+    st.forward_cached(tokens.data() + t, 1, cache, cached.data() + static_cast<size_t>(t) * V);
+  CHECK(cache.document == last);
+  CHECK(worst_from(cached) < 1e-5f);
+
+  st.set_document_mask({});
+  CHECK(worst_from(forward(tokens)) > 1e-3f);
 }

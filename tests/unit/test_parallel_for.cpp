@@ -67,8 +67,8 @@ TEST_CASE("kernels give identical bits on 1, 2 and 3 threads", "[parallel][kerne
     layernorm_backward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
                        C);
     std::vector<float> lse(static_cast<size_t>(B) * NH * T), atty(x.size()), dqkv(qkv.size());
-    attention_forward(atty.data(), lse.data(), qkv.data(), B, T, C, NH, NH);
-    attention_backward(dqkv.data(), dout.data(), qkv.data(), atty.data(), lse.data(), B, T, C, NH, NH);
+    attention_forward(atty.data(), lse.data(), qkv.data(), B, T, C, NH, NH, nullptr);
+    attention_backward(dqkv.data(), dout.data(), qkv.data(), atty.data(), lse.data(), B, T, C, NH, NH, nullptr);
     std::vector<float> g(wide.size()), dg(wide.size()), dbias(4 * C, 0.f), dwm(4 * C * C, 0.f), dinp(x.size());
     gelu_forward(g.data(), wide.data(), wide.size());
     gelu_backward(dg.data(), wide.data(), g.data(), wide.size());

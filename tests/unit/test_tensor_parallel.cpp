@@ -126,10 +126,10 @@ TEST_CASE("the embedding and the loss over a split vocabulary equal the whole vo
   const int parts[][2] = {{0, 3}, {3, 7}};  // rows [begin, end) of two tensor ranks
   auto wte = randn(V * C, 1.f, 1), wpe = randn(T * C, 1.f, 2), logits = randn(N * V, 2.f, 3);
   std::vector<float> out(N * C), sum(N * C, 0.f), part(N * C);
-  encoder_forward(out.data(), tokens, wte.data(), wpe.data(), B, T, C, 0, V);
+  encoder_forward(out.data(), tokens, wte.data(), wpe.data(), B, T, C, 0, V, nullptr);
   for (int r = 0; r < 2; ++r) {  // the first rank adds the positions; the group sums
     encoder_forward(part.data(), tokens, wte.data() + parts[r][0] * C, r == 0 ? wpe.data() : nullptr, B, T, C,
-                    parts[r][0], parts[r][1] - parts[r][0]);
+                    parts[r][0], parts[r][1] - parts[r][0], nullptr);
     for (int i = 0; i < N * C; ++i) sum[i] += part[i];
   }
   for (int i = 0; i < N * C; ++i) CHECK(sum[i] == out[i]);  // adding zeros is exact

@@ -14,9 +14,9 @@ PIPETRAIN_LAYER_KERNELS(PIPETRAIN_DECLARE_KERNEL)
 // Causal attention for n new tokens of one sequence at positions pos .. pos+n-1 (generation with a
 // KV cache): qkv [n, C + 2 KV] as attention_forward's; their keys and values are written into
 // k_cache and v_cache at rows pos .. pos+n-1 ([positions, KV] each: only the NKV key/value heads),
-// and out [n, C] attends over rows 0 .. own.
+// and out [n, C] attends over rows doc_start[i] .. own (doc_start: null, or n absolute positions).
 void attention_forward_cached(float* out, const float* qkv, float* k_cache, float* v_cache, int pos, int n, int C,
-                              int NH, int NKV);
+                              int NH, int NKV, const int* doc_start);
 
 // Bytes of scratch one compute thread keeps for attention_forward/backward at sequence length T,
 // head size hs and `group` query heads per key/value head: O(T), never T x T.

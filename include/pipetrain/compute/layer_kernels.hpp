@@ -10,7 +10,11 @@
 // gradients only, a null dweight for the input gradient only; the two halves give the same bits
 // alone as together (zero-bubble schedules run them apart).
 //
-//   encoder: out[N,C] = wte[token - v_begin] + wpe[t] (wpe may be null: no position table, llama),
+//   Document masking (data.document_mask): doc_start [B,T] gives each row the first position of
+//     its document in its sequence (doc_start[t] <= t, never decreasing along a sequence); pos
+//     [B,T] each row's position (t - doc_start[t] where positions restart per document). Either
+//     may be null: one document per sequence (doc_start 0), position t.
+//   encoder: out[N,C] = wte[token - v_begin] + wpe[pos] (wpe may be null: no position table, llama),
 //     wte holding vocabulary rows [v_begin, v_begin + v_rows); a token outside them adds nothing
 //     (a tensor rank's part of the vocabulary: the group sums the parts). Backward likewise.
 //   layernorm: over the last dim with eps 1e-5; mean/rstd [N] are kept for backward.
@@ -19,16 +23,17 @@
 //   matmul: out[N,OC] = inp[N,C] weight[OC,C]^T + bias[OC] (bias may be null).
 //   rope: rotary position embeddings, rotate-half convention, applied in place to the q and k heads
 //     of qkv [B,T,C+2KV] (rows as attention's): in head dims (i, i + hs/2), i < hs/2, the pair is
-//     rotated by angle (pos0 + t) theta^(-2i/hs). Backward rotates dq and dk back (dv untouched).
+//     rotated by angle p theta^(-2i/hs), p = pos[row] where given, else pos0 + t. Backward rotates
+//     dq and dk back (dv untouched).
 //   attention: causal self-attention with NH query heads and NKV key/value heads (NKV divides NH;
 //     query head h reads key/value head h / (NH/NKV), grouped-query attention; NKV = NH is
 //     multi-head). qkv [B,T,C+2KV], KV = NKV C/NH, holds q, k, v packed in that order, heads as
 //     contiguous slices of each; out [B,T,C]; scale 1/sqrt(C/NH). No T x T matrix is ever kept:
-//     lse [B,NH,T] keeps each query row's log-sum-exp of its scaled scores, logsumexp_{u<=t}
-//     (scale q_t . k_u), and the backward recomputes the probabilities exp(score - lse) tile by tile
-//     from it, with out (the forward's output) giving each row's sum_u p_u dp_u = dout_t . out_t.
-//     The backward writes dq, dk and dv (a key/value head's sum over the query heads that read it, in
-//     head order); every output is a sum in a fixed order: the same bits on every run and layout.
+//     lse [B,NH,T] keeps each query row's log-sum-exp of its scaled scores, logsumexp over the keys
+//     it sees, doc_start[t] <= u <= t, of scale q_t . k_u, and the backward recomputes the probabilities exp(score -
+//     lse) tile by tile from it, with out (the forward's output) giving each row's sum_u p_u dp_u = dout_t . out_t. The
+//     backward writes dq, dk and dv (a key/value head's sum over the query heads that read it, in head order); every
+//     output is a sum in a fixed order: the same bits on every run and layout.
 //   bias_gelu: the MLP's bias and GELU (tanh approximation) in one pass: pre[N,C] += bias (kept:
 //     backward needs it), out = gelu(pre).
 //   swiglu: out[N,H] = silu(gate) * up, where each row of gate_up [N,2H] is gate then up.
@@ -48,43 +53,46 @@
 #include <cstddef>
 
 // X(return type, name, parameters) for every layer kernel.
-#define PIPETRAIN_LAYER_KERNELS(X)                                                                                     \
-  X(void, encoder_forward,                                                                                             \
-    (float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C, int v_begin, int v_rows)) \
-  X(void, encoder_backward,                                                                                            \
-    (float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v_begin, int v_rows))    \
-  X(void, layernorm_forward,                                                                                           \
-    (float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int N, int C))    \
-  X(void, layernorm_backward,                                                                                          \
-    (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,              \
-     const float* mean, const float* rstd, int N, int C))                                                              \
-  X(void, rmsnorm_forward, (float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps))  \
-  X(void, rmsnorm_backward,                                                                                            \
-    (float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, const float* rstd, int N,  \
-     int C))                                                                                                           \
-  X(void, matmul_forward,                                                                                              \
-    (float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC))                      \
-  X(void, matmul_backward,                                                                                             \
-    (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int N,       \
-     int C, int OC))                                                                                                   \
-  X(void, rope_forward, (float* qkv, int B, int T, int C, int NH, int NKV, float theta, int pos0))                     \
-  X(void, rope_backward, (float* dqkv, int B, int T, int C, int NH, int NKV, float theta, int pos0))                   \
-  X(void, attention_forward, (float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV))         \
-  X(void, attention_backward,                                                                                          \
-    (float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B, int T, int C,        \
-     int NH, int NKV))                                                                                                 \
-  X(void, bias_gelu_forward, (float* pre, float* out, const float* bias, int N, int C))                                \
-  X(void, gelu_backward, (float* dinp, const float* inp, const float* dout, size_t n))                                 \
-  X(void, swiglu_forward, (float* out, const float* gate_up, int N, int H))                                            \
-  X(void, swiglu_backward, (float* dgate_up, const float* gate_up, const float* dout, int N, int H))                   \
-  X(void, residual_forward, (float* out, const float* a, const float* b, const float* bias, int N, int C))             \
-  X(double, softmax_crossentropy_forward, (float* probs, const float* logits, const int* targets, int N, int V))       \
-  X(void, softmax_crossentropy_backward,                                                                               \
-    (float* dlogits, const float* probs, const int* targets, float scale, int N, int V, int v_begin))                  \
-  X(void, vocab_softmax_max, (float* row_max, const float* logits, int N, int V))                                      \
-  X(void, vocab_softmax_exp,                                                                                           \
-    (float* probs, double* stats, const float* logits, const float* row_max, const int* targets, int N, int V,         \
-     int v_begin))                                                                                                     \
+#define PIPETRAIN_LAYER_KERNELS(X)                                                                                    \
+  X(void, encoder_forward,                                                                                            \
+    (float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C, int v_begin, int v_rows, \
+     const int* pos))                                                                                                 \
+  X(void, encoder_backward,                                                                                           \
+    (float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v_begin, int v_rows,    \
+     const int* pos))                                                                                                 \
+  X(void, layernorm_forward,                                                                                          \
+    (float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int N, int C))   \
+  X(void, layernorm_backward,                                                                                         \
+    (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,             \
+     const float* mean, const float* rstd, int N, int C))                                                             \
+  X(void, rmsnorm_forward, (float* out, float* rstd, const float* inp, const float* weight, int N, int C, float eps)) \
+  X(void, rmsnorm_backward,                                                                                           \
+    (float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, const float* rstd, int N, \
+     int C))                                                                                                          \
+  X(void, matmul_forward,                                                                                             \
+    (float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC))                     \
+  X(void, matmul_backward,                                                                                            \
+    (float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int N,      \
+     int C, int OC))                                                                                                  \
+  X(void, rope_forward, (float* qkv, int B, int T, int C, int NH, int NKV, float theta, int pos0, const int* pos))    \
+  X(void, rope_backward, (float* dqkv, int B, int T, int C, int NH, int NKV, float theta, int pos0, const int* pos))  \
+  X(void, attention_forward,                                                                                          \
+    (float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV, const int* doc_start))           \
+  X(void, attention_backward,                                                                                         \
+    (float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B, int T, int C,       \
+     int NH, int NKV, const int* doc_start))                                                                          \
+  X(void, bias_gelu_forward, (float* pre, float* out, const float* bias, int N, int C))                               \
+  X(void, gelu_backward, (float* dinp, const float* inp, const float* dout, size_t n))                                \
+  X(void, swiglu_forward, (float* out, const float* gate_up, int N, int H))                                           \
+  X(void, swiglu_backward, (float* dgate_up, const float* gate_up, const float* dout, int N, int H))                  \
+  X(void, residual_forward, (float* out, const float* a, const float* b, const float* bias, int N, int C))            \
+  X(double, softmax_crossentropy_forward, (float* probs, const float* logits, const int* targets, int N, int V))      \
+  X(void, softmax_crossentropy_backward,                                                                              \
+    (float* dlogits, const float* probs, const int* targets, float scale, int N, int V, int v_begin))                 \
+  X(void, vocab_softmax_max, (float* row_max, const float* logits, int N, int V))                                     \
+  X(void, vocab_softmax_exp,                                                                                          \
+    (float* probs, double* stats, const float* logits, const float* row_max, const int* targets, int N, int V,        \
+     int v_begin))                                                                                                    \
   X(double, vocab_softmax_finish, (float* probs, const float* row_max, const double* stats, int N, int V))
 
 // A declaration of one kernel of the list.

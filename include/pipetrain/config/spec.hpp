@@ -53,6 +53,11 @@ struct RunSpec {
       std::string name;  // in messages and metrics; default: the path's last part without extension
     };
     std::vector<Source> sources;
+    // Document masking (model/documents.hpp): attention stays within the documents of a packed
+    // sequence, each beginning at a document_token (-1: the data's tokenizer's end-of-document token).
+    bool document_mask = false;
+    int document_token = -1;
+    bool restart_positions = false;  // positions count from 0 in each document
   } data;
   struct Parallel {
     int tp = 1;                      // tensor-parallel ranks: each splits every matrix of its stage (Megatron-style)

@@ -40,6 +40,9 @@ class Dataset {
   // held-out data must not repeat.
   std::string repeats_within(int64_t samples) const;
   Mixture* mixture() { return mixture_.get(); }
+  // The token that begins a document under data.document_mask (data.document_token, or the data's
+  // tokenizer's end-of-document token; a SpecError when it has none); -1 without the mask.
+  int document_token() const { return document_token_; }
   // Which windows were read since the last call: the sum, mod 2^48, of a hash of each one's place
   // (file and start), whatever rank read it and in what order; sums over ranks combine alike.
   double take_digest();
@@ -57,6 +60,7 @@ class Dataset {
   std::unique_ptr<Mixture> mixture_;  // data.sources
   std::vector<uint32_t> window_;      // hdf5: the T + 1 tokens of one sample
   uint64_t digest_ = 0;
+  int document_token_ = -1;
   int T_, B_, D_, M_;
   bool shuffle_;
   uint64_t seed_;

@@ -22,6 +22,7 @@
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/model/activation_pool.hpp"
 #include "pipetrain/model/block_tensors.hpp"
+#include "pipetrain/model/documents.hpp"
 #include "pipetrain/model/layer_decl.hpp"
 #include "pipetrain/model/param_store.hpp"
 #include "pipetrain/model/partition.hpp"
@@ -34,7 +35,8 @@ namespace pipetrain {
 // key/value heads only), so that generation runs only its new tokens through the model
 // (Stage::forward_cached).
 struct KvCache {
-  int pos = 0;  // positions cached
+  int pos = 0;       // positions cached
+  int document = 0;  // where the document open at pos began (document masking)
   std::vector<Floats> k, v;
 };
 
@@ -97,6 +99,11 @@ class Stage {
   // previous virtual stage's activation is received into (other chunks; valid until backward).
   void set_tokens(int mb, const int* tokens);
   void set_targets(int mb, const int* targets);
+  // Document masking (documents.hpp): every virtual stage then needs micro-batch mb's tokens
+  // (set_documents, before its first forward) to know where its documents begin.
+  void set_document_mask(const DocumentMask& mask) { mask_ = mask; }
+  bool masks_documents() const { return mask_.on(); }
+  void set_documents(int mb, const int* tokens);
   float* input_buffer(int chunk, int mb);
 
   // Runs micro-batch mb through one chunk. Returns the summed token loss on the last virtual stage
@@ -156,9 +163,12 @@ class Stage {
   struct Tokens {
     int B, T;
     KvCache* cache = nullptr;
+    const int* doc_start = nullptr;  // [B, T] under document masking, else null (layer_kernels.hpp)
+    const int* pos = nullptr;        // [B, T] where positions are not t
     int rows() const { return B * T; }
   };
   Tokens micro_batch() const { return {B_, T_}; }
+  Tokens micro_batch(int mb) const;  // with its documents' starts and positions
   // The rows the declared buffers have for `tok` (generation keeps no attention statistics).
   LayerRows rows_of(const Tokens& tok) const {
     return {static_cast<size_t>(tok.rows()), static_cast<size_t>(kept_rows(tok.rows())),
@@ -167,7 +177,7 @@ class Stage {
   LayerRows batch_rows() const { return rows_of(micro_batch()); }
   BlockPtrs block_ptrs(Floats& base, const Chunk& c, int local_block);
   void size_acts(const Chunk& c, Acts& a, const Tokens& tok);
-  void compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, double* loss);
+  void compute_forward(const Chunk& c, Acts& w, const Acts& s, float* out, double* loss, const Tokens& tok);
   void block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out, const Tokens& tok);
   // Which part of a backward a pass runs: both halves at once (each kernel does both in one pass,
   // with one scratch set of output gradients), or the input-gradient half (B) or the weight half
@@ -175,12 +185,12 @@ class Stage {
   enum class BackwardPart { whole, input, weight };
   void backward_pass(int chunk, int mb, const float* dout, float* dinp, BackwardPart part,
                      const std::function<void(size_t)>& done_from);
-  Acts& activations_for_backward(const Chunk& c, Acts& s);
+  Acts& activations_for_backward(const Chunk& c, Acts& s, const Tokens& tok);
   WGrads& kept_wgrads(const Chunk& c, int chunk, int mb, bool size_them);
   void head_backward(const Chunk& c, const Acts& s, Acts& a, HeadWGrads& hw, BackwardPart part);
-  void block_backward(const Chunk& c, int l, Acts& a, BlockWGrads& w, BackwardPart part);
+  void block_backward(const Chunk& c, int l, Acts& a, BlockWGrads& w, BackwardPart part, const Tokens& tok);
   void block_backward_input(const Chunk& c, int l, const float* x, const BlockActs& a, const float* dout, float* dinp,
-                            BlockWGrads& w, const BlockPtrs* fused_grads);
+                            BlockWGrads& w, const BlockPtrs* fused_grads, const Tokens& tok);
   void block_backward_weight(const Chunk& c, int l, const float* x, const BlockActs& a, const BlockWGrads& w);
   double head_forward(const float* x, HeadActs& a, const int* targets, const Tokens& tok);
   void head_backward_input(const float* x, const HeadActs& a, const int* targets, float* dinp, HeadWGrads& w,
@@ -250,8 +260,13 @@ class Stage {
   size_t wte_ = 0, wpe_ = kAbsent, lnfw_ = 0, lnfb_ = kAbsent, head_ = 0;
 
   ActivationPool pool_;  // the micro-batches' buffers between their forward and backward
-  Acts work_;            // recompute target when mode != none
-  Acts generation_;      // forward_cached's activations
+  DocumentMask mask_;
+  struct Documents {  // a micro-batch's, [B, T] each
+    Array<int> start, pos;
+  };
+  std::vector<Documents> documents_;  // per micro-batch, under document masking
+  Acts work_;                         // recompute target when mode != none
+  Acts generation_;                   // forward_cached's activations
   Messages sent_{};
   void count_sent(Exchange kind, size_t bytes) {
     sent_[static_cast<int>(kind)].calls += 1;

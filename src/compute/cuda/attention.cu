@@ -14,6 +14,9 @@
 // Every output has one block that sums it in a fixed order: no atomics, the same bits every run.
 // Query head h reads key/value head h / (NH / NKV) in place (grouped-query attention, no copies).
 // Memory beyond the inputs and outputs: D, [B, NH, T] floats. Any T; head sizes up to 256.
+// A document mask (doc_start) also masks a row's keys before its document's start; the key tiles
+// wholly before a query tile's first row's start are skipped, and a key tile's dk and dv stop at
+// the first query tile whose rows all start after it.
 //
 // Speed: a thread of a tile row computes 4 scores of it and owns 4-column chunks of its outputs;
 // shared memory is read 4 floats at a time (float4), 5 reads per 16 multiply-adds in the scores.
@@ -35,6 +38,9 @@ constexpr int kDSlot = 6;  // scratch for D
 
 struct Heads {  // where rows of a (batch, head) sit: qkv [B, T, C + 2 KV], out and dout [B, T, C], lse [B, NH, T]
   int T, C, hs, NH, NKV;
+  const int* doc_start;  // [B, T] or null
+  // The first key row t of sequence b sees (t < T).
+  __device__ int first_key(int b, int t) const { return doc_start ? doc_start[static_cast<size_t>(b) * T + t] : 0; }
   __device__ int C3() const { return C + 2 * NKV * hs; }
   __device__ int kv_head(int h) const { return h / (NH / NKV); }
   __device__ size_t row(int b, int t) const { return (static_cast<size_t>(b) * T + t) * C3(); }
@@ -130,7 +136,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
   float m = -INFINITY, l = 0.f;
-  for (int u0 = 0; u0 <= t0; u0 += kTile) {
+  const int lo = t < H.T ? H.first_key(b, t) : 0;
+  for (int u0 = H.first_key(b, t0) / kTile * kTile; u0 <= t0; u0 += kTile) {
     __syncthreads();  // the last tile's k and v are read
     load_tile(k, qkv + H.k(b, u0, g), H.C3(), min(kTile, H.T - u0), H.hs);
     load_tile(v, qkv + H.v(b, u0, g), H.C3(), min(kTile, H.T - u0), H.hs);
@@ -141,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int c = 0; c < kScores; ++c) {
       const int u = u0 + lane + kLanes * c;
-      s[c] = u <= t && t < H.T ? s[c] * scale : -INFINITY;  // u <= t < T: the causal keys
+      s[c] = lo <= u && u <= t && t < H.T ? s[c] * scale : -INFINITY;  // lo <= u <= t < T: the keys it sees
       mx = fmaxf(mx, s[c]);
     }
     const float m_new = fmaxf(m, row_max(mx));
@@ -202,7 +209,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int j = 0; j < kChunks; ++j) dk[j] = dv[j] = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int h = g * group; h < (g + 1) * group; ++h)
     for (int t0 = u0; t0 < H.T; t0 += kTile) {
-      const int rows = min(kTile, H.T - t0), t = t0 + r;
+      if (H.first_key(b, t0) >= u0 + kTile) break;  // its rows see none of these keys, nor do later ones'
+      const int rows = min(kTile, H.T - t0), t = t0 + r, lo = t < H.T ? H.first_key(b, t) : 0;
       __syncthreads();  // the last query tile is read
       load_tile(q, qkv + H.q(b, t0, h), H.C3(), rows, H.hs);
       load_tile(dO, dout + H.o(b, t0, h), H.C, rows, H.hs);
@@ -217,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int c = 0; c < kScores; ++c) {
         const int j = lane + kLanes * c, u = u0 + j;
-        const float pr = u <= t && t < H.T && u < H.T ? expf(s[c] * scale - row_lse[r]) : 0.f;
+        const float pr = lo <= u && u <= t && t < H.T && u < H.T ? expf(s[c] * scale - row_lse[r]) : 0.f;
         p[r * kScoreStride + j] = pr;
         ds[r * kScoreStride + j] = pr * (dp[c] - row_D[r]);
       }
@@ -260,10 +268,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   load_tile(q, qkv + H.q(b, t0, h), H.C3(), rows, H.hs);
   load_tile(dO, dout + H.o(b, t0, h), H.C, rows, H.hs);
   const float my_lse = t < H.T ? lse[H.l(b, h, t)] : 0.f, my_D = t < H.T ? D[H.l(b, h, t)] : 0.f;
+  const int lo = t < H.T ? H.first_key(b, t) : 0;
   float4 dq[kChunks];
 #pragma unroll
   for (int j = 0; j < kChunks; ++j) dq[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int u0 = 0; u0 <= t0; u0 += kTile) {
+  for (int u0 = H.first_key(b, t0) / kTile * kTile; u0 <= t0; u0 += kTile) {
     __syncthreads();  // the last key tile is read
     load_tile(k, qkv + H.k(b, u0, g), H.C3(), min(kTile, H.T - u0), H.hs);
     load_tile(v, qkv + H.v(b, u0, g), H.C3(), min(kTile, H.T - u0), H.hs);
@@ -274,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int c = 0; c < kScores; ++c) {
       const int u = u0 + lane + kLanes * c;
-      const float pr = u <= t && t < H.T ? expf(s[c] * scale - my_lse) : 0.f;
+      const float pr = lo <= u && u <= t && t < H.T ? expf(s[c] * scale - my_lse) : 0.f;
       ds[r * kScoreStride + lane + kLanes * c] = pr * (dp[c] - my_D);
     }
     __syncwarp();  // row r's dS comes from the lanes of one warp
@@ -305,12 +314,12 @@ void allow_shared(Kernel kernel, size_t bytes, int hs) {
   PT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
-Heads heads(int T, int C, int NH, int NKV) {
+Heads heads(int T, int C, int NH, int NKV, const int* doc_start) {
   const int hs = C / NH;
   if (hs > kMaxHeadSize)
     throw std::runtime_error("GPU attention: head size " + std::to_string(hs) + " is over this kernel's " +
                              std::to_string(kMaxHeadSize));
-  return Heads{T, C, hs, NH, NKV};
+  return Heads{T, C, hs, NH, NKV, doc_start};
 }
 
 template <int kMaxHs>
@@ -337,9 +346,10 @@ void backward(float* dqkv, const float* dout, const float* qkv, const float* lse
 
 }  // namespace
 
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV) {
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV,
+                       const int* doc_start) {
   if (static_cast<size_t>(B) * T * C == 0) return;
-  const Heads H = heads(T, C, NH, NKV);
+  const Heads H = heads(T, C, NH, NKV, doc_start);
   const float scale = 1.f / sqrtf(static_cast<float>(H.hs));
   if (H.hs <= 64) forward<64>(out, lse, qkv, B, H, scale);
   else if (H.hs <= 128) forward<128>(out, lse, qkv, B, H, scale);
@@ -347,9 +357,9 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B,
-                        int T, int C, int NH, int NKV) {
+                        int T, int C, int NH, int NKV, const int* doc_start) {
   if (static_cast<size_t>(B) * T * C == 0) return;
-  const Heads H = heads(T, C, NH, NKV);
+  const Heads H = heads(T, C, NH, NKV, doc_start);
   const float scale = 1.f / sqrtf(static_cast<float>(H.hs));
   const size_t rows = static_cast<size_t>(B) * NH * T;
   float* D = static_cast<float*>(scratch(kDSlot, sizeof(float) * rows));

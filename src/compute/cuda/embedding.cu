@@ -2,7 +2,8 @@
 // CPU twin). The token-embedding gradient adds without atomics: the micro-batch's positions are
 // sorted by vocabulary row with a stable radix sort (a row's positions keep their order), then each
 // row adds its positions' gradients in position order. That is the CPU's order, so the GPU gives
-// the CPU's bits, the same on every run, where a scatter with atomicAdd would not.
+// the CPU's bits, the same on every run, where a scatter with atomicAdd would not. Positions given
+// per row (restarting per document) add to the position table the same way, sorted by position.
 #include <cub/device/device_radix_sort.cuh>
 
 #include "pipetrain/compute/gpu.hpp"
@@ -14,12 +15,12 @@ namespace {
 
 constexpr int kEmbeddingSlot = 5;  // scratch for the sort (keys, positions, CUB's own storage)
 
-__global__ void encoder_forward_k(float* out, const int* tokens, const float* wte, const float* wpe, int T, int C,
-                                  int v_begin, int v_rows, size_t total) {
+__global__ void encoder_forward_k(float* out, const int* tokens, const float* wte, const float* wpe, const int* pos,
+                                  int T, int C, int v_begin, int v_rows, size_t total) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i >= total) return;
   const size_t n = i / C;
-  const int c = static_cast<int>(i % C), t = static_cast<int>(n % T), row = tokens[n] - v_begin;
+  const int c = static_cast<int>(i % C), t = pos ? pos[n] : static_cast<int>(n % T), row = tokens[n] - v_begin;
   const float e = row >= 0 && row < v_rows ? wte[static_cast<size_t>(row) * C + c] : 0.f;
   out[i] = e + (wpe ? wpe[static_cast<size_t>(t) * C + c] : 0.f);
 }
@@ -79,16 +80,17 @@ void token_rows_backward(float* dwte, const float* dout, const int* tokens, int 
 }  // namespace
 
 void encoder_forward(float* out, const int* tokens, const float* wte, const float* wpe, int B, int T, int C,
-                     int v_begin, int v_rows) {
+                     int v_begin, int v_rows, const int* pos) {
   const size_t total = static_cast<size_t>(B) * T * C;
-  PT_LAUNCH(encoder_forward_k, blocks_for(total), 256, 0, out, tokens, wte, wpe, T, C, v_begin, v_rows, total);
+  PT_LAUNCH(encoder_forward_k, blocks_for(total), 256, 0, out, tokens, wte, wpe, pos, T, C, v_begin, v_rows, total);
 }
 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T, int C, int v_begin,
-                      int v_rows) {
+                      int v_rows, const int* pos) {
   if (static_cast<size_t>(B) * T * C == 0) return;  // no positions or no columns: nothing to add
   token_rows_backward(dwte, dout, tokens, B * T, C, v_begin, v_rows);
-  if (!dwpe) return;  // no position table (llama)
+  if (!dwpe) return;                                                     // no position table (llama)
+  if (pos) return token_rows_backward(dwpe, dout, pos, B * T, C, 0, T);  // positions as rows of the table
   const size_t TC = static_cast<size_t>(T) * C;
   PT_LAUNCH(wpe_k, blocks_for(TC), 256, 0, dwpe, dout, B, TC);
 }

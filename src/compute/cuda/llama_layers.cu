@@ -44,12 +44,14 @@ struct RmsNormWeightGrad {  // dout * normalised input
 
 // One thread per (row, head of q and k, pair i): pair (i, i + hs/2) turned by (pos0 + t)
 // theta^(-2i/hs), or back (sign -1).
-__global__ void rope_k(float* qkv, int T, int C3, int heads, int hs, float theta, int pos0, float sign, size_t n) {
+__global__ void rope_k(float* qkv, int T, int C3, int heads, int hs, float theta, int pos0, const int* pos, float sign,
+                       size_t n) {
   const size_t idx = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (idx >= n) return;
   const int half = hs / 2, i = static_cast<int>(idx % half), h = static_cast<int>(idx / half % heads);
   const size_t row = idx / half / heads;
-  const double angle = (pos0 + static_cast<int>(row % T)) * pow(static_cast<double>(theta), -2.0 * i / hs);
+  const int p = pos ? pos[row] : pos0 + static_cast<int>(row % T);
+  const double angle = p * pow(static_cast<double>(theta), -2.0 * i / hs);
   const float c = static_cast<float>(cos(angle)), s = sign * static_cast<float>(sin(angle));
   float* x = qkv + row * C3 + static_cast<size_t>(h) * hs;
   const float a = x[i], b = x[i + half];
@@ -75,10 +77,10 @@ __global__ void swiglu_backward_k(float* dgate_up, const float* gate_up, const f
   dgate_up[row * 2 * H + H + j] = dout[i] * g * s;
 }
 
-void rotate(float* qkv, int B, int T, int C, int NH, int NKV, float theta, int pos0, float sign) {
+void rotate(float* qkv, int B, int T, int C, int NH, int NKV, float theta, int pos0, const int* pos, float sign) {
   const int hs = C / NH, heads = NH + NKV, C3 = C + 2 * NKV * hs;
   const size_t n = static_cast<size_t>(B) * T * heads * (hs / 2);
-  PT_LAUNCH(rope_k, blocks_for(n), 256, 0, qkv, T, C3, heads, hs, theta, pos0, sign, n);
+  PT_LAUNCH(rope_k, blocks_for(n), 256, 0, qkv, T, C3, heads, hs, theta, pos0, pos, sign, n);
 }
 
 }  // namespace
@@ -96,11 +98,11 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
   }
 }
 
-void rope_forward(float* qkv, int B, int T, int C, int NH, int NKV, float theta, int pos0) {
-  rotate(qkv, B, T, C, NH, NKV, theta, pos0, 1.f);
+void rope_forward(float* qkv, int B, int T, int C, int NH, int NKV, float theta, int pos0, const int* pos) {
+  rotate(qkv, B, T, C, NH, NKV, theta, pos0, pos, 1.f);
 }
-void rope_backward(float* dqkv, int B, int T, int C, int NH, int NKV, float theta, int pos0) {
-  rotate(dqkv, B, T, C, NH, NKV, theta, pos0, -1.f);
+void rope_backward(float* dqkv, int B, int T, int C, int NH, int NKV, float theta, int pos0, const int* pos) {
+  rotate(dqkv, B, T, C, NH, NKV, theta, pos0, pos, -1.f);
 }
 
 void swiglu_forward(float* out, const float* gate_up, int N, int H) {
