@@ -14,11 +14,13 @@
 namespace pipetrain {
 namespace {
 
-// data.document_token, or where it is -1 the end-of-document token of the data's tokenizer
-// (`tokenizer_model`: its SentencePiece model, "" for bytes or ids of an unknown tokenizer).
-int document_token_of(const RunSpec& spec, const std::string& tokenizer_model) {
+// data.document_token, or where it is -1 the token that the data says ends its documents (a token
+// file's document_token, `recorded`), else its tokenizer's end-of-document token (`tokenizer_model`:
+// its SentencePiece model, "" for bytes or ids of an unknown tokenizer).
+int document_token_of(const RunSpec& spec, const std::string& tokenizer_model, int64_t recorded = -1) {
   if (!spec.data.document_mask) return -1;
   if (spec.data.document_token >= 0) return spec.data.document_token;
+  if (recorded >= 0) return static_cast<int>(recorded);
   const std::string where = spec.origin("data.document_mask") + ": data.document_token: ";
   const int eos =
       tokenizer_model.empty() ? -1 : Tokenizer::sentencepiece(tokenizer_model, where).special_tokens().eos.id;
@@ -82,7 +84,8 @@ Dataset::Dataset(const RunSpec& spec, Split split)
       window_.resize(static_cast<size_t>(T_) + 1);
       if (!spec.data.sources.empty()) {
         mixture_ = std::make_unique<Mixture>(spec, split);
-        document_token_ = document_token_of(spec, mixture_->source(0).tokenizer_model());
+        document_token_ =
+            document_token_of(spec, mixture_->source(0).tokenizer_model(), mixture_->source(0).document_token());
         return;  // each source checked its own files
       }
       const std::string where = spec.origin("data.path") + ": data.path: ";
@@ -95,8 +98,10 @@ Dataset::Dataset(const RunSpec& spec, Split split)
         throw SpecError(where + spec.data.path + " has vocab_size " + std::to_string(file_->vocab_size()) +
                         " but model.vocab = " + std::to_string(spec.model.vocab) + " (set model.vocab to at least " +
                         std::to_string(file_->vocab_size()) + ")");
-      if (spec.data.document_mask)
-        document_token_ = document_token_of(spec, read_token_file_info(spec.data.path).tokenizer_model);
+      if (spec.data.document_mask) {
+        const TokenFileInfo info = read_token_file_info(spec.data.path);
+        document_token_ = document_token_of(spec, info.tokenizer_model, info.document_token);
+      }
       break;
     }
     case DataSource::text: {

@@ -98,6 +98,7 @@ TokenSource::TokenSource(const std::vector<std::string>& files, Split split, int
     if (&f == &files_.front()) {
       tokenizer_ = info.tokenizer;
       tokenizer_model_ = info.tokenizer_model;
+      document_token_ = info.document_token;
     } else if (info.tokenizer != tokenizer_ || info.tokenizer_model != tokenizer_model_) {
       throw SpecError(what + ": " + f + " was tokenized otherwise than " + files_.front() + " (" +
                       name_of(info.tokenizer) + " against " + name_of(tokenizer_) + ", or another model)");

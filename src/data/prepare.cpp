@@ -8,6 +8,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <iomanip>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -80,52 +81,58 @@ void append_range(const TokenRun& run, uint64_t from, uint64_t n, TokenFileWrite
   }
 }
 
-// SentencePiece: the inputs encoded (a batch of blocks cut at line ends, one thread per block)
-// into a spool of 32-bit ids next to the output, since the token count is known only at the end.
+// Where a run's tokens before `cut` end their last whole document: after the last `separator`
+// before it, or `cut` itself when the run has none there.
+uint64_t document_cut(const TokenRun& run, uint64_t cut, int separator) {
+  const BinaryReader in(run.path);
+  std::vector<uint32_t> ids;
+  for (uint64_t end = cut; end > 0;) {
+    const uint64_t from = end - std::min<uint64_t>(end, kBlock / 4);
+    ids.resize(static_cast<size_t>(end - from));
+    if (!in.read_at(run.offset + from * 4, ids.data(), ids.size() * 4))
+      throw SpecError("data prepare: " + run.source + ": its tokens could not be read back");
+    for (size_t i = ids.size(); i-- > 0;)
+      if (ids[i] == static_cast<uint32_t>(separator)) return from + i + 1;
+    end = from;
+  }
+  return cut;
+}
+
+// The inputs encoded into a spool of 32-bit ids next to the output, since the token count is known
+// only at the end: read in blocks cut at line ends (TextInput), a batch of blocks encoded at once,
+// one thread per block, each document followed by `separator` (>= 0 where documents are kept).
 // Returns each input's run of ids in the spool.
-std::vector<TokenRun> encode_to_spool(const PrepareOptions& opt, const Tokenizer& tok, const std::string& spool_path,
-                                      FILE* spool, uint64_t total) {
+std::vector<TokenRun> encode_to_spool(const PrepareOptions& opt, const Tokenizer& tok, int separator,
+                                      const std::string& spool_path, FILE* spool, uint64_t total) {
   // At most 8 blocks in flight: their text and ids (4 bytes per token) stay a few hundred MiB.
-  const unsigned threads = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
+  const unsigned threads = opt.threads ? opt.threads : std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
   Progress progress("encoded", total);
   uint64_t count = 0;
   std::vector<TokenRun> runs;
   for (const auto& in : opt.inputs) {
     runs.push_back({spool_path, count * sizeof(uint32_t), 0, 4, in});
-    File f = open_input(in);
-    std::string carry;  // the part of the last block after its last newline
-    bool eof = false;
-    while (!eof) {
-      std::vector<std::string> texts;
-      while (texts.size() < threads && !eof) {
-        std::string text = std::move(carry);
-        carry.clear();
-        const size_t had = text.size();
-        text.resize(had + kBlock);
-        const size_t got = std::fread(text.data() + had, 1, kBlock, f.get());
-        text.resize(had + got);
-        if (std::ferror(f.get())) throw SpecError("data prepare: --input " + in + ": read error");
-        eof = got == 0 || std::feof(f.get());
-        if (!eof) {  // the block ends at its last line end; a line longer than 4 blocks is cut
-          const size_t line_end = text.rfind('\n');
-          if (line_end == std::string::npos && text.size() < 4 * kBlock) {  // a long line: read on
-            carry = std::move(text);
-            continue;
-          }
-          const size_t cut = line_end != std::string::npos ? line_end + 1 : text_cut(text, 0, text.size() - 1);
-          carry = text.substr(cut);
-          text.resize(cut);
-        }
-        progress.add(text.size());
-        texts.push_back(std::move(text));
-      }
-      std::vector<std::vector<uint32_t>> ids(texts.size());
-      std::vector<std::exception_ptr> failed(texts.size());
+    TextInput input(in, opt.documents);
+    bool more = true;
+    while (more) {
+      std::vector<TextBlock> blocks(threads);
+      size_t n = 0;
+      const uint64_t before = input.bytes_read();
+      while (n < threads && (more = input.next(blocks[n], kBlock))) ++n;
+      progress.add(input.bytes_read() - before);
+      std::vector<std::vector<uint32_t>> ids(n);
+      std::vector<std::exception_ptr> failed(n);
       std::vector<std::thread> workers;
-      for (size_t i = 0; i < texts.size(); ++i)
+      for (size_t i = 0; i < n; ++i)
         workers.emplace_back([&, i] {
           try {
-            tok.encode(texts[i], &ids[i]);
+            const TextBlock& b = blocks[i];
+            size_t from = 0;
+            for (size_t end : b.ends) {  // each document's text, then its end
+              tok.encode(b.text.substr(from, end - from), &ids[i]);
+              ids[i].push_back(static_cast<uint32_t>(separator));
+              from = end;
+            }
+            if (from < b.text.size()) tok.encode(from ? b.text.substr(from) : b.text, &ids[i]);
           } catch (...) {  // out of memory, say: rethrown once every thread has finished
             failed[i] = std::current_exception();
           }
@@ -222,27 +229,46 @@ Tokenizer prepare_tokenizer(const PrepareOptions& opt, uint64_t total, std::stri
 
 }  // namespace
 
-std::string prepare_token_file(const PrepareOptions& opt) {
+std::string prepare_token_file(const PrepareOptions& given) {
+  PrepareOptions opt = given;
+  opt.inputs = expand_inputs(given.inputs);
   check_options(opt);
   const uint64_t total = input_bytes(opt.inputs, "data prepare: --input");
   std::string note;
   const Tokenizer tok = prepare_tokenizer(opt, total, note);
+  // Documents are kept where asked or where records are documents; each then ends with the
+  // tokenizer's end-of-document token (byte tokens get one: 256).
+  const bool documents = opt.documents != DocumentSplit::none ||
+                         std::any_of(opt.inputs.begin(), opt.inputs.end(), [](auto& in) { return is_jsonl(in); });
+  const int separator = !documents ? -1 : tok.is_bytes() ? 256 : tok.special_tokens().eos.id;
+  if (documents && separator < 0)
+    throw SpecError("data prepare: --tokenizer-model " + opt.tokenizer_model +
+                    " has no end-of-document token (</s>) to end each document with: --documents none, and no "
+                    ".jsonl inputs");
+  // Plain byte tokens are the files' bytes, copied as they are; anything else is encoded first.
+  const bool copy_bytes = tok.is_bytes() && !documents &&
+                          std::none_of(opt.inputs.begin(), opt.inputs.end(),
+                                       [](auto& in) { return in.size() > 3 && in.substr(in.size() - 3) == ".gz"; });
   TokenFileWriter::Options w;
   w.output = opt.output;
   w.force = opt.force;
   w.compress = opt.compress;
   w.what = "data prepare";
   w.inputs = inputs_of(opt);
-  w.vocab = tok.vocab_size();
+  w.vocab = tok.vocab_size() + (tok.is_bytes() && documents ? 1 : 0);
   w.width = token_width_for(w.vocab);
+  w.document_token = separator;
   w.tokenizer = tok.kind();
   w.tokenizer_model = tok.model_bytes();
   nlohmann::json how = {{"val_fraction", opt.val_fraction}, {"tokenizer", tok.name()}};
+  if (documents) how["documents"] = opt.documents != DocumentSplit::none ? name_of(opt.documents) : "records";
   if (!tok.is_bytes()) how["tokenizer_note"] = note;
   if (!tok.normalisation().empty()) how["tokenizer_normalises"] = tok.normalisation();
-  // Every input gives its last --val-fraction to /val, so held-out text comes from every source.
-  auto held_out = [&](uint64_t n) {
-    return static_cast<uint64_t>(std::floor(static_cast<double>(n) * opt.val_fraction));
+  // Every input gives its last --val-fraction to /val, so held-out text comes from every source;
+  // where documents are kept, the last whole documents (the cut moves back to a document's end).
+  auto held_out = [&](const TokenRun& r) {
+    const uint64_t cut = r.count - static_cast<uint64_t>(std::floor(static_cast<double>(r.count) * opt.val_fraction));
+    return r.count - (separator >= 0 && cut < r.count ? document_cut(r, cut, separator) : cut);
   };
 
   const std::string spool_path = opt.output + ".spool." + std::to_string(::getpid());
@@ -254,35 +280,41 @@ std::string prepare_token_file(const PrepareOptions& opt) {
     }
   } remove_spool{spool_path};
   std::vector<TokenRun> runs;
-  if (tok.is_bytes()) {
+  if (copy_bytes) {
     for (const auto& in : opt.inputs) runs.push_back({in, 0, static_cast<uint64_t>(fs::file_size(in)), 1, in});
   } else {
     std::error_code ec;
     if (fs::path(opt.output).has_parent_path()) fs::create_directories(fs::path(opt.output).parent_path(), ec);
     File spool = open_input(spool_path, "wb");
-    runs = encode_to_spool(opt, tok, spool_path, spool.get(), total);
+    runs = encode_to_spool(opt, tok, separator, spool_path, spool.get(), total);
   }
   uint64_t n_train = 0, n_val = 0;
   for (const TokenRun& r : runs) {
-    n_val += held_out(r.count);
-    n_train += r.count - held_out(r.count);
+    n_val += held_out(r);
+    n_train += r.count - held_out(r);
   }
   TokenFileWriter out(w, n_train, n_val);
-  Progress progress(tok.is_bytes() ? "read" : "written", tok.is_bytes() ? total : 4 * (n_train + n_val));
-  for (const TokenRun& r : runs) append_range(r, 0, r.count - held_out(r.count), out, progress);
-  for (const TokenRun& r : runs) append_range(r, r.count - held_out(r.count), held_out(r.count), out, progress);
+  Progress progress(copy_bytes ? "read" : "written", copy_bytes ? total : 4 * (n_train + n_val));
+  for (const TokenRun& r : runs) append_range(r, 0, r.count - held_out(r), out, progress);
+  for (const TokenRun& r : runs) append_range(r, r.count - held_out(r), held_out(r), out, progress);
   out.commit(sources_json(opt.inputs, "pipetrain data prepare", how.dump()));
   const uint64_t count = n_train + n_val;
 
   char summary[512];
   std::snprintf(
-      summary, sizeof summary, "%s: %llu train and %llu validation tokens (%s, vocab %d, %s) from %zu file(s), %s%s%s",
-      opt.output.c_str(), static_cast<unsigned long long>(n_train), static_cast<unsigned long long>(n_val), tok.name(),
-      tok.vocab_size(), token_dtype_name(w.width), opt.inputs.size(), human_bytes(static_cast<double>(total)).c_str(),
+      summary, sizeof summary,
+      "%s: %llu train and %llu validation tokens (%s, vocab %lld, %s) from %zu file(s), %s%s%s%s", opt.output.c_str(),
+      static_cast<unsigned long long>(n_train), static_cast<unsigned long long>(n_val), tok.name(),
+      static_cast<long long>(w.vocab), token_dtype_name(w.width), opt.inputs.size(),
+      human_bytes(static_cast<double>(total)).c_str(),
       tok.is_bytes() ? ""
                      : (", " + std::to_string(static_cast<double>(total) / std::max<uint64_t>(1, count)).substr(0, 4) +
                         " bytes per token")
                            .c_str(),
+      documents
+          ? (", " + std::to_string(out.documents()) + " documents, each ended by token " + std::to_string(separator))
+                .c_str()
+          : "",
       opt.compress ? ", gzip" : "");
   return summary;
 }
@@ -308,6 +340,8 @@ nlohmann::json token_file_facts(const std::string& path, int sample_tokens) {
     j["tokenizer_model_bytes"] = info.tokenizer_model.size();
   }
   if (!tok.normalisation().empty()) j["tokenizer_normalises"] = tok.normalisation();
+  if (info.document_token >= 0)
+    j["documents"] = {{"token", info.document_token}, {"train", info.train_documents}, {"val", info.val_documents}};
   j["sources"] = nlohmann::json::parse(info.sources.empty() ? "null" : info.sources, nullptr, false);
   if (j["sources"].is_discarded()) j["sources"] = info.sources;  // not JSON: kept as the file holds it
   const size_t n = std::min<size_t>(info.train, static_cast<size_t>(std::max(0, sample_tokens)));
@@ -352,6 +386,13 @@ std::string inspect_token_file(const std::string& path, int sample_tokens, bool 
     out << " (" << f["tokenizer_pieces"] << " pieces, model " << human_bytes(f["tokenizer_model_bytes"].get<double>())
         << ")";
   out << "\n";
+  if (f.contains("documents")) {
+    const auto& d = f["documents"];
+    out << "  documents: " << d["train"] << " in /train (" << std::fixed << std::setprecision(1)
+        << f["train_tokens"].get<double>() / std::max(1.0, d["train"].get<double>()) << " tokens each), " << d["val"]
+        << " in /val, each ended by token " << d["token"] << "\n";
+    out.unsetf(std::ios::fixed);
+  }
   if (f.contains("tokenizer_normalises"))
     out << "  the tokenizer normalises its text: " << f["tokenizer_normalises"].get<std::string>()
         << " (decoded text is not the original)\n";

@@ -191,6 +191,7 @@ TokenFileInfo read_token_file_info(const std::string& path) {
                                   {TokenizerKind::bytes, TokenizerKind::sentencepiece, TokenizerKind::none});
   }
   info.sources = read_string_attr(file, "sources");
+  if (H5Aexists(file, "document_token") > 0) info.document_token = read_scalar_attr(file, "document_token");
   for (Split split : {Split::train, Split::val}) {
     const char* name = dataset_name(split);
     if (H5Lexists(file, name, H5P_DEFAULT) <= 0) {
@@ -201,6 +202,13 @@ TokenFileInfo read_token_file_info(const std::string& path) {
     describe_tokens(data, path + ": /" + name, split == Split::train ? &info.train : &info.val, &info.width);
     Handle dcpl(H5Dget_create_plist(data), H5Pclose);
     info.compressed = info.compressed || H5Pget_nfilters(dcpl) > 0;
+    const std::string starts = std::string(name) + "_documents";
+    if (H5Lexists(file, starts.c_str(), H5P_DEFAULT) > 0) {
+      Handle d(H5Dopen2(file, starts.c_str(), H5P_DEFAULT), H5Dclose);
+      Handle space(H5Dget_space(d), H5Sclose);
+      (split == Split::train ? info.train_documents : info.val_documents) =
+          static_cast<size_t>(std::max<hssize_t>(0, H5Sget_simple_extent_npoints(space)));
+    }
   }
   if (info.tokenizer == TokenizerKind::sentencepiece) {
     if (H5Lexists(file, "tokenizer_model", H5P_DEFAULT) <= 0)
@@ -326,6 +334,13 @@ void TokenFileWriter::append(const uint32_t* ids, size_t n, const std::string& s
                     (opt_.vocab > 0 ? " (--vocab-size)" : ""));
   }
   max_id_ = std::max(max_id_, largest);
+  if (opt_.document_token >= 0)  // the token after each separator begins a document (a split's first: commit)
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t next = done_ + i + 1;
+      if (ids[i] != static_cast<uint32_t>(opt_.document_token) || next == train_ || next >= train_ + val_) continue;
+      if (next < train_) documents_[0].push_back(next);
+      else documents_[1].push_back(next - train_);
+    }
   const uint64_t to_train = done_ < train_ ? std::min<uint64_t>(n, train_ - done_) : 0;
   const auto* bytes = static_cast<const uint8_t*>(stored);
   if (to_train) write(train_ds_, done_, to_train, bytes);
@@ -338,6 +353,19 @@ void TokenFileWriter::commit(const std::string& sources) {
   try {
     write_attr(file_, "vocab_size", vocab());
     write_attr(file_, "sources", sources);
+    if (opt_.document_token >= 0) {
+      write_attr(file_, "document_token", opt_.document_token);
+      for (int split : {0, 1}) {
+        if ((split ? val_ : train_) > 0) documents_[split].insert(documents_[split].begin(), 0);
+        const std::string name = std::string(dataset_name(split ? Split::val : Split::train)) + "_documents";
+        hsize_t n = documents_[split].size();
+        Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+        Handle d(H5Dcreate2(file_, name.c_str(), H5T_STD_U64LE, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                 H5Dclose);
+        if (d < 0 || (n && H5Dwrite(d, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, documents_[split].data()) < 0))
+          throw std::runtime_error("cannot write /" + name);
+      }
+    }
     // Compressed chunks reach the file when the datasets close: a full disk shows up here.
     for (int64_t* h : {&train_ds_, &val_ds_, &file_}) {
       const herr_t status = h == &file_ ? H5Fclose(*h) : H5Dclose(*h);

@@ -7,9 +7,11 @@
 
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <thread>
 #include <unordered_map>
 
+#include "pipetrain/data/text_inputs.hpp"
 #include "pipetrain/util/errors.hpp"
 #include "pipetrain/util/files.hpp"
 
@@ -18,7 +20,8 @@ namespace {
 
 constexpr size_t kMaxPiece = 64 << 10;  // bytes of text encoded at once
 
-// Lines of the inputs, each cut into encoding pieces, every `stride`-th line only.
+// Lines of the inputs (as data prepare reads them: .gz decompressed, a .jsonl record's text ending
+// a line), each cut into encoding pieces, every `stride`-th line only.
 class LineSample : public sentencepiece::SentenceIterator {
  public:
   LineSample(const std::vector<std::string>& inputs, uint64_t stride) : inputs_(inputs), stride_(stride) { Next(); }
@@ -51,12 +54,21 @@ class LineSample : public sentencepiece::SentenceIterator {
  private:
   bool next_line() {
     while (true) {
-      if (!in_.is_open() || !std::getline(in_, line_)) {
-        if (file_ == inputs_.size()) return false;
-        in_ = std::ifstream(inputs_[file_++], std::ios::binary);
-        if (!in_) throw SpecError("data prepare: --input " + inputs_[file_ - 1] + ": cannot read");
+      if (at_ >= block_.text.size()) {
+        if (!in_ || !in_->next(block_, 1 << 20)) {
+          if (file_ == inputs_.size()) return false;
+          in_ = std::make_unique<TextInput>(inputs_[file_++], DocumentSplit::none);
+          block_ = {};
+        }
+        at_ = 0;
+        record_ = 0;
         continue;
       }
+      while (record_ < block_.ends.size() && block_.ends[record_] <= at_) ++record_;
+      const size_t end = std::min(block_.text.find('\n', at_),
+                                  record_ < block_.ends.size() ? block_.ends[record_] : block_.text.size());
+      line_.assign(block_.text, at_, end - at_);
+      at_ = end < block_.text.size() && block_.text[end] == '\n' ? end + 1 : end;
       if (line_no_++ % stride_ == 0) {
         ++used_;
         bytes_ += line_.size() + 1;
@@ -67,7 +79,9 @@ class LineSample : public sentencepiece::SentenceIterator {
   const std::vector<std::string>& inputs_;
   uint64_t stride_, line_no_ = 0, used_ = 0, bytes_ = 0, text_given_ = 0;
   size_t file_ = 0, piece_ = 0;
-  std::ifstream in_;
+  std::unique_ptr<TextInput> in_;
+  TextBlock block_;
+  size_t at_ = 0, record_ = 0;  // where the next line starts in block_, the record holding it
   std::string line_, value_;
   std::vector<std::string> pieces_;
   bool done_ = false;

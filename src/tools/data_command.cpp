@@ -13,12 +13,13 @@ namespace {
 
 ExitCode data_prepare(const std::vector<std::string>& args) {
   PrepareOptions opt;
-  std::string tokenizer;
+  std::string tokenizer, documents;
   po::options_description desc("pipetrain data prepare --input FILE... --output DATA.h5 [options]   (no MPI)");
   desc.add_options()("help,h", "show this help")(
       "input", po::value<std::vector<std::string>>(&opt.inputs)->multitoken()->composing(),
-      "text files, concatenated in order")("output", po::value<std::string>(&opt.output),
-                                           "the token file to write (HDF5: /train, /val)")(
+      "text files (.gz read as they decompress; .jsonl: each line's \"text\" one document), globs or folders, "
+      "concatenated in order")("output", po::value<std::string>(&opt.output),
+                               "the token file to write (HDF5: /train, /val)")(
       "val-fraction", po::value<double>(&opt.val_fraction)->default_value(0.1, "0.1"),
       "share of each input's tokens, from its end, held out as /val")(
       "tokenizer", po::value<std::string>(&tokenizer)->default_value("bytes"), "bytes | sentencepiece")(
@@ -28,7 +29,12 @@ ExitCode data_prepare(const std::vector<std::string>& args) {
       "sentencepiece: use this .model instead of training one (or a Hugging Face model directory's "
       "tokenizer.model: give the directory)")("sample-mb", po::value<double>(&opt.sample_mb)->default_value(64),
                                               "sentencepiece: train on about this many MiB of the text")(
-      "compress", "gzip the token datasets")("force", "replace an existing output file");
+      "documents", po::value<std::string>(&documents)->default_value("none"),
+      "where plain text's documents end, each then followed by the end-of-document token (SentencePiece's </s>; "
+      "256 for bytes, vocabulary 257): none | file (each input) | paragraph (also after each blank line); a .jsonl "
+      "record always ends one")("threads", po::value<unsigned>(&opt.threads)->default_value(0),
+                                "encoding threads (0: the cores, at most 8)")("compress", "gzip the token datasets")(
+      "force", "replace an existing output file");
   po::variables_map vm;
   if (auto done = parse_command_line("data prepare", desc, args, vm)) return *done;
   opt.compress = vm.count("compress") > 0;
@@ -36,6 +42,8 @@ ExitCode data_prepare(const std::vector<std::string>& args) {
   return run_offline([&] {
     opt.tokenizer =
         parse_choice("data prepare: --tokenizer", tokenizer, {TokenizerKind::bytes, TokenizerKind::sentencepiece});
+    opt.documents = parse_choice("data prepare: --documents", documents,
+                                 {DocumentSplit::none, DocumentSplit::file, DocumentSplit::paragraph});
     std::printf("%s\n", prepare_token_file(opt).c_str());
     return ExitCode::ok;
   });

@@ -153,6 +153,84 @@ def generation_keeps_to_the_last_document():
            "the check can fail")
 
 
+def prepare(*extra):
+    return subprocess.run([settings().bin, "data", "prepare", *extra], capture_output=True, text=True, timeout=120)
+
+
+@scenario
+def prepare_keeps_documents():
+    """data prepare ends every document with the end-of-document token: each .jsonl record (read
+    from .jsonl and .jsonl.gz, found by a glob), each paragraph and file with --documents paragraph;
+    records each document's start; holds out whole documents; a masked run then finds the token in
+    the file (256 for bytes, SentencePiece's </s>)."""
+    import gzip
+    import json
+
+    import h5py
+    import numpy as np
+
+    args = settings()
+    folder = os.path.join(args.work, "corpus")
+    os.makedirs(folder, exist_ok=True)
+    records = [" ".join(WORDS[(i * 3 + j) % len(WORDS)] for j in range(2 + i % 9)) + ("\nsecond line" if i % 4 == 0
+                                                                                    else "") for i in range(400)]
+    with open(os.path.join(folder, "a.jsonl"), "w") as f:
+        f.write("".join(json.dumps({"id": i, "text": r}) + "\n" for i, r in enumerate(records[:250])))
+    with gzip.open(os.path.join(folder, "b.jsonl.gz"), "wt") as f:
+        f.write("".join(json.dumps({"text": r}) + "\n" for r in records[250:]))
+    out = os.path.join(args.work, "records.h5")
+    p = prepare("--input", os.path.join(folder, "*.jsonl*"), "--output", out, "--val-fraction", "0.2", "--force")
+    expect(p.returncode == 0 and "400 documents, each ended by token 256" in p.stdout and "vocab 257" in p.stdout,
+           f"records: 400 documents ({p.stdout.strip()} {p.stderr.strip()[-200:]})")
+    if p.returncode:
+        return
+    with h5py.File(out) as f:
+        train, val = f["train"][:], f["val"][:]
+        texts = [bytes(t.astype(np.uint8)).decode() for t in np.split(np.concatenate([train, val]),
+                                                                   np.flatnonzero(np.concatenate([train, val]) == 256) + 1)
+                 if len(t)]
+        starts_ok = all((f[f"{s}_documents"][:] == np.concatenate([[0], np.flatnonzero(f[s][:-1] == 256) + 1])).all()
+                        for s in ("train", "val"))
+        token = f.attrs["document_token"]
+    expect(token == 256 and starts_ok, "each split's recorded document starts are where its documents begin")
+    # every document whole, each input's held-out part its last whole documents
+    expect(sorted(t[:-1] for t in texts) == sorted(records) and all(t[-1] == "\0" for t in texts),
+           "the records come back, each ended by the token")
+    expect(train[-1] == 256 and val[-1] == 256, "the training and held-out tokens end with whole documents")
+
+    text = os.path.join(folder, "notes.txt")
+    with open(text, "w") as f:
+        f.write("para one\nstill one\n\n\npara two\n\r\npara three")
+    plain = os.path.join(args.work, "paragraphs.h5")
+    p = prepare("--input", text, "--documents", "paragraph", "--output", plain, "--val-fraction", "0", "--force")
+    with h5py.File(plain) as f:
+        got = bytes(np.where(f["train"][:] == 256, 0, f["train"][:]).astype(np.uint8)).split(b"\0")
+    expect(p.returncode == 0 and got == [b"para one\nstill one\n\n\n", b"para two\n\r\n", b"para three", b""],
+           f"paragraphs end after a blank line, the file at its end ({got})")
+
+    sp = os.path.join(args.work, "pieces.h5")
+    p = prepare("--input", os.path.join(folder, "b.jsonl.gz"), "--tokenizer", "sentencepiece", "--vocab-size", "300",
+                "--output", sp, "--force", "--threads", "2")
+    expect(p.returncode == 0 and "150 documents, each ended by token 2" in p.stdout,
+           f"SentencePiece ends each record with </s> ({p.stdout.strip()} {p.stderr.strip()[-200:]})")
+    for data, vocab, token, evals in ((out, 257, 256, 3), (sp, 300, 2, 0)):
+        r = launch(args, 1, os.path.join(args.work, f"masked_{token}"), None,
+                   [f"model.n_layer=1", f"model.d_model={C}", f"model.n_head={H}", f"model.seq_len={T}",
+                    f"model.vocab={vocab}", "data.source=hdf5", f"data.path={data}", "data.document_mask=true",
+                    "run.steps=3", f"eval.every_steps={evals}", "eval.batches=1"])
+        expect(r.rc == 0 and f"a document beginning at token {token}" in r.out,
+               f"a masked run on {os.path.basename(data)} takes token {token} from the file ({r.err.strip()[-200:]})")
+
+    bad = os.path.join(folder, "bad", "c.jsonl")
+    os.makedirs(os.path.dirname(bad), exist_ok=True)
+    with open(bad, "w") as f:
+        f.write('{"text": "fine"}\n\n{"body": "no text"}\n')
+    target = os.path.join(args.work, "never.h5")
+    p = prepare("--input", os.path.dirname(bad), "--output", target)
+    expect(p.returncode == 2 and f"{bad}:3" in p.stderr and not os.path.exists(target),
+           f"a record without text is named by file and line, nothing written ({p.stderr.strip()[-200:]})")
+
+
 @scenario
 def document_mask_mistakes():
     """Each mistake is one message naming its key, before any rank trains."""

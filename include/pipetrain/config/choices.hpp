@@ -32,6 +32,8 @@ enum class TokenizerKind {
   sentencepiece,
   none
 };  // data prepare --tokenizer; a token file's (none: imported ids)
+// data prepare --documents: where plain text's documents end (text_inputs.hpp).
+enum class DocumentSplit { none, file, paragraph };
 
 // Each enum's spellings in the spec, in declaration order.
 template <class E>
@@ -54,6 +56,7 @@ PIPETRAIN_CHOICES(FinalizePolicy, "auto", "mpi", "skip")
 PIPETRAIN_CHOICES(CorpusFormat, "llmc", "nanogpt", "megatron")
 PIPETRAIN_CHOICES(ExportFormat, "hf", "llmc")
 PIPETRAIN_CHOICES(TokenizerKind, "bytes", "sentencepiece", "none")
+PIPETRAIN_CHOICES(DocumentSplit, "none", "file", "paragraph")
 #undef PIPETRAIN_CHOICES
 
 // The spelling of a value, e.g. name_of(Recompute::block) == "block".

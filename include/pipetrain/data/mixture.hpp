@@ -64,6 +64,7 @@ class TokenSource {
   // What its files were tokenized with (all alike, or the constructor refused them).
   TokenizerKind tokenizer() const { return tokenizer_; }
   const std::string& tokenizer_model() const { return tokenizer_model_; }
+  int64_t document_token() const { return document_token_; }  // its first file's (-1: none recorded)
   struct Where {
     size_t file;
     size_t start;  // its first token in the file
@@ -84,6 +85,7 @@ class TokenSource {
   std::vector<uint8_t> raw_;  // an llm.c window's bytes
   TokenizerKind tokenizer_ = TokenizerKind::none;
   std::string tokenizer_model_;
+  int64_t document_token_ = -1;
   struct Open {
     size_t file;
     std::unique_ptr<TokenFile> tokens;   // a token file's, or

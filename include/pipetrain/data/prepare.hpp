@@ -6,11 +6,12 @@
 #include <vector>
 
 #include "pipetrain/config/choices.hpp"
+#include "pipetrain/data/text_inputs.hpp"
 
 namespace pipetrain {
 
 struct PrepareOptions {
-  std::vector<std::string> inputs;
+  std::vector<std::string> inputs;  // files, globs or folders (expand_inputs): text, .gz, .jsonl
   std::string output;
   double val_fraction = 0.1;                       // the last tokens of each input
   bool compress = false;                           // gzip level 4
@@ -21,6 +22,10 @@ struct PrepareOptions {
   std::string tokenizer_model;                     // sentencepiece: a .model file to use instead of training one, or a
                                                    // directory holding tokenizer.model (a Hugging Face Llama's)
   double sample_mb = 64;                           // sentencepiece: train on about this much of the text
+  // Where documents end (each followed by the end-of-document token: the SentencePiece model's
+  // </s>, or 256 for byte tokens, whose vocabulary is then 257); JSON Lines records always do.
+  DocumentSplit documents = DocumentSplit::none;
+  unsigned threads = 0;  // encoding threads; 0: the cores, at most 8
 };
 
 // Writes the token file atomically. Bad input (unreadable or empty files, an existing output

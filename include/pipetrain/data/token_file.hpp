@@ -3,7 +3,9 @@
 // format_version, vocab_size, tokenizer ("bytes", "sentencepiece", or "none" for imported ids
 // whose tokenizer pipetrain does not know) and sources (JSON: what the
 // tokens were made from, when and how); with a SentencePiece tokenizer, its model's bytes in
-// /tokenizer_model. Training reads windows of /train by hyperslab, so no rank holds the corpus.
+// /tokenizer_model. Where documents are separated, the attribute document_token (the token that
+// ends each document) and /train_documents, /val_documents: each document's first offset. Training reads windows of
+// /train by hyperslab, so no rank holds the corpus.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -60,6 +62,8 @@ struct TokenFileInfo {
   size_t train = 0, val = 0;                      // token counts
   int width = 1;                                  // bytes per token
   bool compressed = false;
+  int64_t document_token = -1;                    // -1: documents not separated
+  size_t train_documents = 0, val_documents = 0;  // where they are
 };
 TokenFileInfo read_token_file_info(const std::string& path);  // SpecError naming the file
 
@@ -79,6 +83,7 @@ class TokenFileWriter {
     std::string tokenizer_model;
     std::string what;                 // the command, for messages: "data prepare"
     std::vector<std::string> inputs;  // what the command reads: never the output (token_file_output)
+    int64_t document_token = -1;      // >= 0: the tokens end documents with it; their starts are recorded
   };
   TokenFileWriter(Options opt, uint64_t train, uint64_t val);
   ~TokenFileWriter();
@@ -93,6 +98,7 @@ class TokenFileWriter {
   // (std::runtime_error naming the output when the disk refuses).
   void commit(const std::string& sources_json);
   int64_t vocab() const;
+  uint64_t documents() const { return documents_[0].size() + documents_[1].size(); }  // (after commit)
 
  private:
   void close_all();  // the HDF5 handles still open
@@ -104,6 +110,7 @@ class TokenFileWriter {
   int64_t file_ = -1, train_ds_ = -1, val_ds_ = -1;
   std::vector<uint8_t> narrow8_;  // ids converted to the stored width (1 or 2 bytes; 4 are the ids)
   std::vector<uint16_t> narrow16_;
+  std::vector<uint64_t> documents_[2];  // train's and val's document starts
 };
 
 // Whether `path` is a token file pipetrain reads (an HDF5 file with its attributes and /train).
