@@ -17,6 +17,7 @@
 #include "pipetrain/data/token_file.hpp"
 #include "pipetrain/data/tokenizer.hpp"
 #include "pipetrain/util/binary_file.hpp"
+#include "pipetrain/util/clock.hpp"
 #include "pipetrain/util/errors.hpp"
 #include "pipetrain/util/files.hpp"
 
@@ -25,7 +26,10 @@ namespace fs = std::filesystem;
 namespace pipetrain {
 namespace {
 
-constexpr size_t kBlock = 8 << 20;  // bytes of text read (and encoded by one thread) at a time
+constexpr size_t kBlock = 8 << 20;  // bytes of tokens copied at a time
+// Bytes of text one thread encodes at a time: small enough that a few MB of input keep every
+// thread busy, large enough that a batch's start and its spool write are a small part of it.
+constexpr size_t kTextBlock = 1 << 20;
 using File = std::unique_ptr<FILE, int (*)(FILE*)>;
 
 File open_input(const std::string& path, const char* mode = "rb") {
@@ -34,7 +38,8 @@ File open_input(const std::string& path, const char* mode = "rb") {
   return f;
 }
 
-// A progress line on stderr every 1/20 of a large job (at least 64 MiB apart).
+// A progress line on stderr every 1/20 of a large job (at least 64 MiB apart): how far, how fast,
+// and how long the rest will take at that rate.
 class Progress {
  public:
   Progress(const char* what, uint64_t total)
@@ -42,15 +47,19 @@ class Progress {
   void add(uint64_t n) {
     done_ += n;
     if (total_ > (64ull << 20) && done_ >= next_) {
-      std::fprintf(stderr, "data prepare: %s of %s %s\n", human_bytes(static_cast<double>(done_)).c_str(),
-                   human_bytes(static_cast<double>(total_)).c_str(), what_);
-      next_ += every_;
+      const double seconds = std::max(1e-3, now_s() - start_), rate = static_cast<double>(done_) / seconds;
+      std::fprintf(stderr, "data prepare: %s of %s %s (%.0f%%), %s/s, %.0f s to go\n",
+                   human_bytes(static_cast<double>(done_)).c_str(), human_bytes(static_cast<double>(total_)).c_str(),
+                   what_, 100.0 * static_cast<double>(done_) / static_cast<double>(total_), human_bytes(rate).c_str(),
+                   static_cast<double>(total_ > done_ ? total_ - done_ : 0) / rate);
+      while (next_ <= done_) next_ += every_;
     }
   }
 
  private:
   const char* what_;
   uint64_t total_, every_, next_, done_ = 0;
+  double start_ = now_s();
 };
 
 // A run of stored tokens to copy into the token file: an input's bytes (width 1) or its ids in
@@ -117,7 +126,7 @@ std::vector<TokenRun> encode_to_spool(const PrepareOptions& opt, const Tokenizer
       std::vector<TextBlock> blocks(threads);
       size_t n = 0;
       const uint64_t before = input.bytes_read();
-      while (n < threads && (more = input.next(blocks[n], kBlock))) ++n;
+      while (n < threads && (more = input.next(blocks[n], kTextBlock))) ++n;
       progress.add(input.bytes_read() - before);
       std::vector<std::vector<uint32_t>> ids(n);
       std::vector<std::exception_ptr> failed(n);
