@@ -62,6 +62,10 @@ def loss_figure(lines, events=()):
     val = [l for l in lines if l.get("val_loss") is not None]
     if val:
         ax.plot([l["step"] for l in val], [l["val_loss"] for l in val], "o-", label="validation (held-out batches)")
+        for name in dict.fromkeys(n for l in val for n in l.get("val_loss_by_source", {})):  # a mixture's sources
+            own = [l for l in val if name in l.get("val_loss_by_source", {})]
+            ax.plot([l["step"] for l in own], [l["val_loss_by_source"][name] for l in own], ".--", linewidth=0.8,
+                    label=f"validation: {name} alone")
     for i, (step, launch) in enumerate(resumes(events)):
         ax.axvline(step, color="grey", linestyle=":", label="resumed from a checkpoint" if i == 0 else None)
         ax.annotate(f"launch {launch}", (step, 1), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,

@@ -61,19 +61,20 @@ std::string resolve_checkpoint(const std::string& path, const std::string& comma
 
 namespace {
 
-// The spec keys that must match to load a checkpoint: model shape, data stream, batch (the data
-// position is counted in global samples, so the global batch fixes which samples come next).
-bool must_match(const std::string& key) {  // model.dtype only changes how products round
-  return (key.rfind("model.", 0) == 0 && key != "model.dtype") || key == "run.seed" || key.rfind("data.", 0) == 0 ||
-         key == "train.global_batch";
+// The spec keys that must match to load a checkpoint: model shape; to train on from it, also the
+// data stream and batch (the data position is counted in global samples, so the global batch fixes
+// which samples come next).
+bool must_match(const std::string& key, bool model_only) {  // model.dtype only changes how products round
+  if (key.rfind("model.", 0) == 0) return key != "model.dtype";
+  return !model_only && (key == "run.seed" || key.rfind("data.", 0) == 0 || key == "train.global_batch");
 }
 
 }  // namespace
 
-std::string incompatibility(const Manifest& m, const RunSpec& spec) {
+std::string incompatibility(const Manifest& m, const RunSpec& spec, bool model_only) {
   for (auto& k : spec_schema()) {
     const std::string key = k.dotted();
-    if (!must_match(key)) continue;
+    if (!must_match(key, model_only)) continue;
     const std::string mine = k.show(spec), saved = m.spec_value(key);
     if (saved != mine) return key + " differs: checkpoint has " + saved + ", this run has " + mine;
   }
@@ -111,7 +112,7 @@ std::vector<std::string> resume_candidates(const ResumeFrom& resume, const std::
 // otherwise refused on every rank (the same verdict everywhere), saying how to go on.
 std::string take_if_compatible(const std::string& c, const ResumeFrom& resume, bool explicit_path, const RunSpec& spec,
                                int rank) {
-  const std::string why = incompatibility(Manifest::read(c), spec);
+  const std::string why = incompatibility(Manifest::read(c), spec, resume.model_only);
   if (why.empty()) {
     if (resume.mode == ResumeMode::path && c != resume.path && rank == 0)
       std::fprintf(stderr, "pipetrain: using %s, the newest intact checkpoint of %s\n", c.c_str(), resume.path.c_str());

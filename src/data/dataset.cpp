@@ -171,7 +171,7 @@ void Dataset::sample(int64_t g, int* inputs, int* targets) {
   };
   uint64_t place;
   if (mixture_) {
-    place = mixture_->sample(g, window_.data());
+    place = focus_ >= 0 ? mixture_->sample_from(focus_, g, window_.data()) : mixture_->sample(g, window_.data());
     copy(window_.data());
   } else {
     const size_t start = window_start(g);

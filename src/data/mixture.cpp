@@ -197,8 +197,12 @@ Mixture::Mixture(const RunSpec& spec, Split split)
 
 uint64_t Mixture::sample(int64_t g, uint32_t* window) {
   const MixturePattern::Pick p = pattern_.pick(g);
-  const TokenSource::Where at = sources_[p.source]->read(p.index, window);
-  return SplitMix64{(uint64_t(p.source) << 56) ^ (uint64_t(at.file) << 40) ^ at.start}.next();
+  return sample_from(p.source, p.index, window);
+}
+
+uint64_t Mixture::sample_from(int s, int64_t j, uint32_t* window) {
+  const TokenSource::Where at = sources_[s]->read(j, window);
+  return SplitMix64{(uint64_t(s) << 56) ^ (uint64_t(at.file) << 40) ^ at.start}.next();
 }
 
 }  // namespace pipetrain

@@ -189,6 +189,11 @@ std::string to_json(const StepLine& l) {
                               {"skipped", l.skipped}, {"bad_steps", l.bad_steps}};
   for (const ScalarKey& k : kScalarKeys) j[k.key] = figure(l.*k.value, k.digits);
   if (l.val_loss >= 0) j["val_loss"] = figure(l.val_loss, Digits::all);
+  if (!l.val_loss_by_source.empty()) {
+    nlohmann::ordered_json by_source = nlohmann::ordered_json::object();
+    for (const auto& [name, loss] : l.val_loss_by_source) by_source[name] = figure(loss, Digits::all);
+    j["val_loss_by_source"] = by_source;
+  }
   j["samples_digest"] = l.samples_digest;
   if (!l.tokens_by_source.empty()) {
     nlohmann::ordered_json by_source = nlohmann::ordered_json::object();

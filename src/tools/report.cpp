@@ -58,6 +58,11 @@ void text_measured(const RunSummary& r, std::string& out) {
   if (r.latest_val)
     out += "  val_loss: " + fmt("%.4f", r.latest_val->loss) + " at step " + std::to_string(r.latest_val->step) +
            " (best " + fmt("%.4f", r.best_val->loss) + " at step " + std::to_string(r.best_val->step) + ")\n";
+  if (r.latest_val && !r.latest_val->by_source.empty()) {
+    out += "    by source:";
+    for (const auto& [name, loss] : r.latest_val->by_source) out += " " + name + " " + fmt("%.4f", loss);
+    out += "\n";
+  }
   out += "  step time: median " + fmt("%.1f ms", 1e3 * r.step_time_s) + ", " + fmt("%.0f", r.tokens_per_s) +
          " tokens/s, " + fmt("%.1f", r.gflops) + " GFLOP/s, MFU " + fmt("%.1f%%", 100 * r.mfu) + " (" +
          fmt("%.0f%%", 100 * r.sgemm_share) + " of sgemm)\n";
@@ -157,6 +162,11 @@ json report_json(const RunSummary& r) {
                          {"latest_step", r.latest_val->step},
                          {"best", r.best_val->loss},
                          {"best_step", r.best_val->step}};
+    if (r.latest_val && !r.latest_val->by_source.empty()) {
+      nlohmann::ordered_json by_source = nlohmann::ordered_json::object();
+      for (const auto& [name, loss] : r.latest_val->by_source) by_source[name] = loss;
+      doc["val_loss"]["latest_by_source"] = by_source;
+    }
     doc["step_time_median_s"] = r.step_time_s;
     doc["tokens_per_s_median"] = r.tokens_per_s;
     doc["gflops_median"] = r.gflops;

@@ -75,7 +75,10 @@ void summarize_steps(const std::vector<json>& lines, RunSummary& r) {
   r.last_loss = lines.back().value("loss", NAN);
   for (const json& l : lines) {
     if (!l.contains("val_loss")) continue;
-    const RunSummary::Evaluation e{l["step"].get<int>(), l["val_loss"].get<double>()};
+    RunSummary::Evaluation e{l["step"].get<int>(), l["val_loss"].get<double>(), {}};
+    if (l.contains("val_loss_by_source"))
+      for (const auto& [name, loss] : l["val_loss_by_source"].items())
+        e.by_source.emplace_back(name, loss.get<double>());
     r.latest_val = e;
     if (!r.best_val || e.loss < r.best_val->loss) r.best_val = e;
   }

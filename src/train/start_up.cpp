@@ -92,13 +92,13 @@ void read_spec_and_data(Run& run) {
                                  spec.chunk_placement().head_stage() == 0, spec.parallel.tp);
   run.layout.blocks = partition_blocks(spec);
   // The tokens reach the first stage, the targets the last; under document masking every stage
-  // reads the tokens for where documents begin.
-  if (run.layout.topo.first_stage() || run.layout.topo.holds_head() || spec.data.document_mask) {
-    run.input.data = std::make_unique<Dataset>(spec);
-    if (spec.eval.every_steps > 0) {
-      run.input.val = std::make_unique<Dataset>(spec, Split::val);
-      check_validation_fits(spec, *run.input.val, opt.eval_only);
-    }
+  // reads the tokens for where documents begin. Every rank knows how many batches each source's
+  // own validation takes (a mixture's), from its held-out files.
+  const bool reads_tokens = run.layout.topo.first_stage() || run.layout.topo.holds_head() || spec.data.document_mask;
+  if (reads_tokens) run.input.data = std::make_unique<Dataset>(spec);
+  if (spec.eval.every_steps > 0 && (reads_tokens || spec.data.sources.size() > 1)) {
+    run.input.val = std::make_unique<Dataset>(spec, Split::val);
+    check_validation_fits(spec, *run.input.val, opt.eval_only);
   }
   // The run keeps its tokenizer (in RUN_DIR and every checkpoint); the file opened above.
   if (run.world.rank() == 0 && spec.data.source == DataSource::hdf5 && !spec.data.sources.empty() && !opt.eval_only) {
@@ -376,7 +376,9 @@ ExitCode start_up(Run& run) {
     return code;
   run.state.checkpointer = std::make_unique<Checkpointer>(spec, run.state.run_dir, *run.comms.comm);
   run.state.checkpointer->set_tokenizer(run.input.tokenizer_model);
-  run.state.resumed_from = select_checkpoint(run.opt.resume, run.state.checkpointer->dir(), spec, world);
+  ResumeFrom from = run.opt.resume;
+  from.model_only = run.opt.eval_only;  // eval reads the model; its data may be other data
+  run.state.resumed_from = select_checkpoint(from, run.state.checkpointer->dir(), spec, world);
   if (!run.state.resumed_from.empty()) test_pause("resume");
   // init_from applies to a fresh start only: a requeued fine-tuning job resumes its own checkpoint.
   if (run.state.resumed_from.empty() && !spec.train.init_from.empty())
@@ -482,19 +484,35 @@ std::function<void(int)> inputs_from(const RunLayout& layout, RunModel& model, D
   };
 }
 
-double evaluate(Run& run) {
-  const RunSpec& spec = run.spec;
+namespace {
+// The mean token loss of the first `batches` global batches of `val` (null on a rank that reads no tokens).
+double mean_loss(Run& run, Dataset* val, int64_t batches) {
   double loss = 0;
-  for (int batch = 0; batch < spec.eval.batches; ++batch)
+  for (int64_t batch = 0; batch < batches; ++batch)
     loss += run.model.executor
-                ->run(run.model.eval_actions, run.telemetry.trace,
-                      inputs_from(run.layout, run.model, run.input.val.get(), batch), nullptr,
-                      params_ready(run.model, run.comms))
+                ->run(run.model.eval_actions, run.telemetry.trace, inputs_from(run.layout, run.model, val, batch),
+                      nullptr, params_ready(run.model, run.comms))
                 .loss_sum;
+  run.comms.comm->allreduce_world(&loss, 1);
+  return loss / (static_cast<double>(batches) * run.telemetry.tokens_per_step);
+}
+}  // namespace
+
+Validation evaluate(Run& run) {
+  const RunSpec& spec = run.spec;
+  Dataset* val = run.input.val.get();
+  Validation v;
+  v.loss = mean_loss(run, val, spec.eval.batches);
+  if (spec.data.sources.size() > 1)
+    for (int s = 0; s < static_cast<int>(spec.data.sources.size()); ++s) {
+      const int64_t batches = std::min<int64_t>(spec.eval.batches, val->whole_batches(s));
+      val->focus(s);
+      v.by_source.push_back(batches > 0 ? mean_loss(run, val, batches) : -1);
+      val->focus(-1);
+    }
   if (run.comms.layer_gather) run.comms.layer_gather->release_all();
   run.telemetry.trace.take_exchange_s();  // an evaluation's gathers are not the next step's
-  run.comms.comm->allreduce_world(&loss, 1);
-  return loss / (static_cast<double>(spec.eval.batches) * run.telemetry.tokens_per_step);
+  return v;
 }
 
 }  // namespace pipetrain

@@ -101,7 +101,7 @@ StepResult train_step(Run& run, int step) {
   return r;
 }
 
-void log_step(Run& run, int done, const StepResult& r, double val_loss) {
+void log_step(Run& run, int done, const StepResult& r, const Validation& val) {
   RankFigures mine;
   mine.stage = run.layout.topo.stage;
   mine.dp_rank = run.layout.topo.dp_rank;
@@ -161,7 +161,9 @@ void log_step(Run& run, int done, const StepResult& r, double val_loss) {
   line.mfu = line.gflops / run.telemetry.peak_gflops;
   line.sgemm_gflops = run.telemetry.sgemm_gflops;
   line.sgemm_share = line.gflops / run.telemetry.sgemm_gflops;
-  line.val_loss = val_loss;
+  line.val_loss = val.loss;
+  for (size_t s = 0; s < val.by_source.size(); ++s)
+    if (val.by_source[s] >= 0) line.val_loss_by_source.emplace_back(run.spec.data.sources[s].name, val.by_source[s]);
   if (Mixture* mix = run.input.data ? run.input.data->mixture() : nullptr)  // rank 0 holds the first stage's data
     for (int s = 0; s < mix->sources(); ++s)
       line.tokens_by_source.emplace_back(

@@ -16,23 +16,28 @@ namespace {
 
 // `pipetrain eval`: the checkpoint's validation loss on this layout; writes nothing.
 ExitCode evaluate_checkpoint(Run& run) {
-  const double val_loss = evaluate(run);
+  const Validation val = evaluate(run);
   const RunSpec& spec = run.spec;
-  if (run.rank() == 0)
-    std::printf("%s: step %lld, val_loss %.6f over %d batches of %d samples x %d tokens (%s)\n",
-                run.state.resumed_from.c_str(), static_cast<long long>(run.state.start_step), val_loss,
-                spec.eval.batches, spec.train.global_batch, spec.model.seq_len,
-                grid_text(spec.parallel.tp, spec.parallel.pp, spec.parallel.dp).c_str());
+  if (run.rank() != 0) return ExitCode::ok;
+  std::printf("%s: step %lld, val_loss %.6f over %d batches of %d samples x %d tokens (%s)\n",
+              run.state.resumed_from.c_str(), static_cast<long long>(run.state.start_step), val.loss, spec.eval.batches,
+              spec.train.global_batch, spec.model.seq_len,
+              grid_text(spec.parallel.tp, spec.parallel.pp, spec.parallel.dp).c_str());
+  for (size_t s = 0; s < val.by_source.size(); ++s) {
+    const std::string& name = spec.data.sources[s].name;
+    if (val.by_source[s] < 0) std::printf("  %s: its held-out windows hold no whole batch\n", name.c_str());
+    else std::printf("  %s: val_loss %.6f\n", name.c_str(), val.by_source[s]);
+  }
   return ExitCode::ok;
 }
 
-// The validation loss, timed for the trace and the time budget.
-double timed_evaluate(Run& run) {
+// The validation losses, timed for the trace and the time budget.
+Validation timed_evaluate(Run& run) {
   const double t0 = now_s();
-  const double val_loss = evaluate(run);
+  const Validation val = evaluate(run);
   run.telemetry.trace.span("evaluation", "compute", t0, now_s());
   run.policies.budget->eval_took(now_s() - t0);
-  return val_loss;
+  return val;
 }
 
 // How a launch ends by its own decision, and why (the stop record's reason in events.jsonl).
@@ -190,8 +195,8 @@ ExitCode run_train(const TrainOptions& opt, World& world) {
       return finish(run, *failed, done);
     const bool stopping = result.sync.stop;
     const bool evaluating = eval_due(spec, done, stopping);
-    const double val_loss = evaluating ? timed_evaluate(run) : -1;
-    if (log_due(spec, done, stopping, evaluating)) log_step(run, done, result, val_loss);
+    const Validation val = evaluating ? timed_evaluate(run) : Validation{};
+    if (log_due(spec, done, stopping, evaluating)) log_step(run, done, result, val);
     if (std::optional<Ending> failed = maybe_save(run, done, stopping)) return finish(run, *failed, done);
     if (done == trace_last || (stopping && done < trace_last))
       write_trace(run.telemetry.trace, *run.comms.comm, run.state.run_dir);

@@ -8,7 +8,8 @@ import os
 import re
 import subprocess
 import h5py
-from tests.lib.harness import launch, expect, is_temporary, run_scenarios, scenario, settings, shared_path, shared_run
+from tests.lib.harness import (launch, expect, is_temporary, rel_diff, run_scenarios, scenario, settings, shared_path,
+                               shared_run)
 
 BASE = ["run.steps=8", "log.every_steps=1", "log.trace_steps=0"]
 
@@ -255,6 +256,40 @@ def mixture_resumes_on_another_layout():
                    f"resumed on {name}: steps 5-8 read the uninterrupted run's windows")
             close([m["loss"] for m in got], [m["loss"] for m in want][4:],
                   f"resumed on {name}: steps 5-8 give the uninterrupted run's losses")
+
+
+@scenario
+def mixture_validates_each_source():
+    """Each evaluation logs the mixture's validation loss and each source's alone (val_loss_by_source,
+    in report too); a source's equals `pipetrain eval` of the checkpoint with that source as the only
+    one, read through the mixture's own pattern, on another layout."""
+    a = settings()
+    mix = three_sources()
+    r = launch(a, 2, os.path.join(a.work, "mix_val"), tiny(),
+               BASE + [mix, "parallel.pp=2", "eval.every_steps=4", "eval.batches=2", "checkpoint.every_steps=8"])
+    expect(r.rc == 0, f"pp 2 with validation: exit 0 ({r.err[-300:]})")
+    if r.rc:
+        return
+    val = [m for m in r.metrics() if "val_loss" in m]
+    names = ["mix_readme", "mix_reversed", "mix_upper"]
+    expect(len(val) == 2 and all(list(m.get("val_loss_by_source", {})) == names for m in val),
+           f"every evaluation has each source's loss: {[m.get('val_loss_by_source') for m in val]}")
+    if len(val) != 2 or list(val[-1].get("val_loss_by_source", {})) != names:
+        return
+    latest = val[-1]["val_loss_by_source"]
+    ckpt = os.path.join(r.run_dir, "checkpoints", "step_00000008")
+    for name in names:
+        path = os.path.join(a.work, name + ".h5")
+        with h5py.File(path) as f:  # its own validation: the batches of 16 windows of 32 + 1 its tokens hold, up to 2
+            batches = min(2, (len(f["val"]) - 1) // 32 // 16)
+        e = subprocess.run([a.mpiexec, "-n", "1", a.bin, "eval", "--checkpoint", ckpt, "--set",
+                            f'data.sources=[{{path = "{path}"}}]', "--batches", str(batches)],
+                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        got = float(e.stdout.split("val_loss ")[1].split()[0]) if "val_loss " in e.stdout else float("nan")
+        expect(e.returncode == 0 and rel_diff(got, latest[name]) <= 1e-6,
+               f"{name}: logged {latest[name]:.6f} = eval of it alone on 1 x 1 {got:.6f} ({e.stderr.strip()[-200:]})")
+    rep = subprocess.run([a.bin, "report", r.run_dir], capture_output=True, text=True, timeout=60)
+    expect("by source: mix_readme" in rep.stdout, f"report shows each source's validation loss")
 
 
 @scenario

@@ -73,3 +73,17 @@ TEST_CASE("a checkpoint written before a model key existed holds that key's defa
   changed.spec["model.d_model"] = "128";
   CHECK(incompatibility(changed, gpt2) == "model.d_model differs: checkpoint has 128, this run has 64");
 }
+
+TEST_CASE("training on from a checkpoint needs its data stream and batch; evaluating it, only its model",
+          "[manifest][ckpt]") {
+  const RunSpec saved = load_spec("", {}, 0);
+  Manifest m;
+  for (const SpecKey& k : spec_schema()) m.spec[k.dotted()] = k.show(saved);
+  for (const char* other : {"data.shuffle=false", "train.global_batch=8", "run.seed=7", "data.document_token=10"}) {
+    INFO(other);
+    const RunSpec spec = load_spec("", {other}, 0);
+    CHECK_FALSE(incompatibility(m, spec).empty());
+    CHECK(incompatibility(m, spec, true).empty());
+  }
+  CHECK_FALSE(incompatibility(m, load_spec("", {"model.n_layer=3"}, 0), true).empty());
+}

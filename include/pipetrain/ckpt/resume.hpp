@@ -21,7 +21,8 @@ enum class ResumeMode { automatic, never, path };
 
 struct ResumeFrom {
   ResumeMode mode = ResumeMode::automatic;
-  std::string path;  // ResumeMode::path: a checkpoint, or a run directory, its checkpoints folder or latest file
+  std::string path;         // ResumeMode::path: a checkpoint, or a run directory, its checkpoints folder or latest file
+  bool model_only = false;  // evaluation: only the model is loaded, so the data and batch may differ
 
   ResumeFrom() = default;
   ResumeFrom(ResumeMode m, std::string p = {}) : mode(m), path(std::move(p)) {}
@@ -41,9 +42,9 @@ std::vector<std::string> checkpoints_named_by(const std::string& path);
 // SpecError naming PATH and what is wrong when there is none.
 std::string resolve_checkpoint(const std::string& path, const std::string& command);
 
-// The spec keys a checkpoint must agree on to be loaded (model shape, data stream, batch).
-// Returns "" or a message naming the first key that differs.
-std::string incompatibility(const Manifest& m, const RunSpec& spec);
+// The spec keys a checkpoint must agree on to be loaded (model shape; to train on, also the data
+// stream and batch). Returns "" or a message naming the first key that differs.
+std::string incompatibility(const Manifest& m, const RunSpec& spec, bool model_only = false);
 
 // Keys that may change on resume but change the run (LR schedule, optimizer): "key old -> new".
 std::vector<std::string> changed_training_keys(const Manifest& m, const RunSpec& spec);

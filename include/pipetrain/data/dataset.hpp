@@ -40,6 +40,10 @@ class Dataset {
   // held-out data must not repeat.
   std::string repeats_within(int64_t samples) const;
   Mixture* mixture() { return mixture_.get(); }
+  // A mixture's validation per source: from here on global sample g is source s's sample g (-1:
+  // the mixture's again). whole_batches(s): the global batches of it its windows hold.
+  void focus(int source) { focus_ = source; }
+  int64_t whole_batches(int source) const { return mixture_->source(source).windows() / B_; }
   // The token that begins a document under data.document_mask (data.document_token, or the data's
   // tokenizer's end-of-document token; a SpecError when it has none); -1 without the mask.
   int document_token() const { return document_token_; }
@@ -61,6 +65,7 @@ class Dataset {
   std::vector<uint32_t> window_;      // hdf5: the T + 1 tokens of one sample
   uint64_t digest_ = 0;
   int document_token_ = -1;
+  int focus_ = -1;
   int T_, B_, D_, M_;
   bool shuffle_;
   uint64_t seed_;

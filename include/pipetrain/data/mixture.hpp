@@ -104,6 +104,8 @@ class Mixture {
   const MixturePattern& pattern() const { return pattern_; }
   // The T + 1 tokens of global sample g; returns where they lie (source, file, start), hashed.
   uint64_t sample(int64_t g, uint32_t* window);
+  // The same for sample j of source s alone (its own validation reads them in order).
+  uint64_t sample_from(int s, int64_t j, uint32_t* window);
   int sources() const { return static_cast<int>(sources_.size()); }
   const TokenSource& source(int s) const { return *sources_[s]; }
 

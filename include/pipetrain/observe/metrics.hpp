@@ -71,7 +71,8 @@ struct StepLine {
   double gflops = 0, peak_gflops = 0, mfu = 0;  // achieved model FLOP rate of the job, the hardware's peak, ratio
   double sgemm_gflops = 0, sgemm_share = 0;     // the job's BLAS GEMM rate (measured), gflops / that
   double val_loss = -1;                         // validation loss after this step (< 0: not evaluated)
-  uint64_t samples_digest = 0;                  // the ranks' digests of the windows read since the last line, summed
+  std::vector<std::pair<std::string, double>> val_loss_by_source;  // a mixture's: each source's own (evaluated ones)
+  uint64_t samples_digest = 0;  // the ranks' digests of the windows read since the last line, summed
   std::vector<std::pair<std::string, double>> tokens_by_source;  // a mixture's: training tokens drawn so far
   bool skipped = false;                                          // NaN/Inf loss or gradient: the update was not applied
   int bad_steps = 0;                                             // steps skipped so far in this launch

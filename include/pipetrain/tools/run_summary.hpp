@@ -40,6 +40,7 @@ struct RunSummary {
   struct Evaluation {
     int step;
     double loss;
+    std::vector<std::pair<std::string, double>> by_source;  // a mixture's sources' own, where logged
   };
   std::optional<Evaluation> latest_val, best_val;
   double step_time_s = NAN, tokens_per_s = NAN, gflops = NAN, mfu = NAN, sgemm_share = NAN;

@@ -131,8 +131,14 @@ ExitCode start_up(Run& run);
 // Rank 0: the lines that say what this run is (layout, node map, partition, run dir, resume).
 void print_start(const Run& run);
 
-// The mean validation token loss over eval.batches fixed global batches, the same on every rank.
-double evaluate(Run& run);
+// Validation, the same on every rank: the mean token loss over eval.batches fixed global batches;
+// for a mixture of several sources also each source's own (its held-out windows in order, over as
+// many of those batches as they hold; -1 where they hold not one).
+struct Validation {
+  double loss = -1;
+  std::vector<double> by_source;
+};
+Validation evaluate(Run& run);
 
 // Loads micro-batch `mb` of global batch `index` of `data` into the stage (the executor's
 // load_inputs): tokens on the first virtual stage, targets on the last.

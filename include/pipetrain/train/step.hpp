@@ -23,7 +23,7 @@ struct StepResult {
 StepResult train_step(Run& run, int step);
 
 // Every rank's figures for step `done` (1-based) gathered to rank 0, which writes the
-// metrics.jsonl line and prints the progress line. val_loss < 0: not evaluated this step.
-void log_step(Run& run, int done, const StepResult& result, double val_loss);
+// metrics.jsonl line and prints the progress line. val: not evaluated this step where val.loss < 0.
+void log_step(Run& run, int done, const StepResult& result, const Validation& val);
 
 }  // namespace pipetrain
