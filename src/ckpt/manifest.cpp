@@ -65,6 +65,10 @@ std::string Manifest::to_json() const {
   j["spec"] = spec;
   j["layout"] = {{"pp", pp}, {"dp", dp}, {"virtual_stages", virtual_stages}, {"partition", partition}};
   j["data"] = {{"samples_consumed", samples_consumed}};
+  if (!tokens_by_source.empty()) {
+    json& by_source = j["data"]["tokens_by_source"] = json::array();
+    for (const auto& [name, tokens] : tokens_by_source) by_source.push_back({{"source", name}, {"tokens", tokens}});
+  }
   j["optimizer"] = {{"steps", optimizer_steps}};
   // Nothing in a step draws random numbers at run time: init, synthetic data and shuffling are
   // counter-based functions of the seed, so the seed and the data position are the whole state.
@@ -107,6 +111,9 @@ Manifest from_json(const json& j) {
   // absent in checkpoints from before the interleaved schedule: one chunk per stage
   m.virtual_stages = j.at("layout").value("virtual_stages", 1);
   m.samples_consumed = j.at("data").at("samples_consumed").get<int64_t>();
+  if (j.at("data").contains("tokens_by_source"))
+    for (const json& s : j.at("data").at("tokens_by_source"))
+      m.tokens_by_source.emplace_back(s.at("source").get<std::string>(), s.at("tokens").get<int64_t>());
   // absent in checkpoints from before steps could be skipped: every step was an update then
   m.optimizer_steps = j.contains("optimizer") ? j.at("optimizer").at("steps").get<int64_t>() : m.step;
   for (auto& s : j.at("shards")) {

@@ -382,6 +382,7 @@ Manifest Checkpointer::manifest(int64_t step, int64_t optimizer_steps, const std
   m.partition = partition;
   m.virtual_stages = static_cast<int>(partition.size()) / topo.pp;
   m.samples_consumed = step * spec_.train.global_batch;
+  if (source_tokens_) m.tokens_by_source = source_tokens_(m.samples_consumed);
   m.optimizer_steps = optimizer_steps;
   m.shards.resize(topo.pp);
   for (int s = 0; s < topo.pp; ++s) {

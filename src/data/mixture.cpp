@@ -154,6 +154,14 @@ TokenSource::Where TokenSource::read(int64_t j, uint32_t* window) {
   return at;
 }
 
+std::vector<std::pair<std::string, int64_t>> tokens_by_source(const RunSpec& spec, const MixturePattern& pattern,
+                                                              int64_t samples) {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (size_t s = 0; s < spec.data.sources.size(); ++s)
+    out.emplace_back(spec.data.sources[s].name, pattern.taken(static_cast<int>(s), samples) * spec.model.seq_len);
+  return out;
+}
+
 Mixture::Mixture(const RunSpec& spec, Split split)
     : pattern_([&] {
         std::vector<double> weights;

@@ -89,6 +89,12 @@ ExitCode ckpt_inspect(const std::string& given) {
               path.c_str(), static_cast<long long>(m.step), static_cast<long long>(m.samples_consumed),
               grid_text(std::stoi(m.spec_value("parallel.tp")), m.pp, m.dp).c_str(), chunks.c_str(),
               m.virtual_stages > 1 ? "virtual " : "", partition.str().c_str(), m.write_s);
+  if (!m.tokens_by_source.empty()) {
+    std::printf("  training tokens by source:");
+    for (const auto& [name, tokens] : m.tokens_by_source)
+      std::printf(" %s %lld", name.c_str(), static_cast<long long>(tokens));
+    std::printf("\n");
+  }
   uint64_t total_bytes = 0, total_params = 0;
   for (auto& s : m.shards) {
     std::printf("  %s  %llu bytes  checksum %s\n", s.file.c_str(), static_cast<unsigned long long>(s.bytes),

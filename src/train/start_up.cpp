@@ -376,6 +376,10 @@ ExitCode start_up(Run& run) {
     return code;
   run.state.checkpointer = std::make_unique<Checkpointer>(spec, run.state.run_dir, *run.comms.comm);
   run.state.checkpointer->set_tokenizer(run.input.tokenizer_model);
+  if (Mixture* mix = run.input.data ? run.input.data->mixture() : nullptr)
+    run.state.checkpointer->set_source_tokens([&spec = run.spec, pattern = mix->pattern()](int64_t samples) {
+      return tokens_by_source(spec, pattern, samples);
+    });
   ResumeFrom from = run.opt.resume;
   from.model_only = run.opt.eval_only;  // eval reads the model; its data may be other data
   run.state.resumed_from = select_checkpoint(from, run.state.checkpointer->dir(), spec, world);

@@ -165,11 +165,9 @@ void log_step(Run& run, int done, const StepResult& r, const Validation& val) {
   for (size_t s = 0; s < val.by_source.size(); ++s)
     if (val.by_source[s] >= 0) line.val_loss_by_source.emplace_back(run.spec.data.sources[s].name, val.by_source[s]);
   if (Mixture* mix = run.input.data ? run.input.data->mixture() : nullptr)  // rank 0 holds the first stage's data
-    for (int s = 0; s < mix->sources(); ++s)
-      line.tokens_by_source.emplace_back(
-          run.spec.data.sources[s].name,
-          static_cast<double>(mix->pattern().taken(s, int64_t{done} * run.spec.train.global_batch)) *
-              run.spec.model.seq_len);
+    for (const auto& [name, tokens] :
+         tokens_by_source(run.spec, mix->pattern(), int64_t{done} * run.spec.train.global_batch))
+      line.tokens_by_source.emplace_back(name, static_cast<double>(tokens));
   std::vector<std::string> straggler_news;
   if (run.telemetry.stragglers && figures[0].window.steps > 0) {
     std::vector<WindowFigures> windows;

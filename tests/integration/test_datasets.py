@@ -246,6 +246,12 @@ def mixture_resumes_on_another_layout():
     drawn = want[-1]["tokens_by_source"]
     expect(list(drawn) == ["mix_readme", "mix_reversed", "mix_upper"] and sum(drawn.values()) == 8 * 16 * 32 and
            abs(drawn["mix_readme"] / (8 * 16 * 32) - 0.5) < 0.01, f"tokens_by_source after 8 steps: {drawn}")
+    ckpt4 = os.path.join(full.run_dir, "checkpoints", "step_00000004")
+    kept = {s["source"]: s["tokens"] for s in json.load(open(os.path.join(ckpt4, "manifest.json")))["data"].get(
+        "tokens_by_source", [])}
+    expect(kept == want[3]["tokens_by_source"], f"the step-4 checkpoint keeps the tokens drawn per source: {kept}")
+    shown = subprocess.run([a.bin, "ckpt", "inspect", ckpt4], capture_output=True, text=True, timeout=60).stdout
+    expect("training tokens by source: mix_readme" in shown, "ckpt inspect shows them")
     for name, ranks, sets in [("dp2", 2, ["parallel.dp=2"]), ("dp4", 4, ["parallel.dp=4"]), ("1x1", 1, [])]:
         resumed = launch(a, ranks, os.path.join(a.work, f"mix_resumed_{name}"), tiny(), BASE + [mix, *sets],
                          extra=["--resume", os.path.join(full.run_dir, "checkpoints", "step_00000004")])

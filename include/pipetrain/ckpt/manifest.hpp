@@ -27,7 +27,9 @@ struct Manifest {
   int virtual_stages = 1;        // chunks per stage (interleaved schedule); shard s holds all of stage s's
   std::vector<int> partition;    // blocks per virtual stage (pp x virtual_stages entries)
   int64_t samples_consumed = 0;  // data position: global samples step*global_batch done
-  int64_t optimizer_steps = 0;   // AdamW updates applied: step minus the steps skipped as non-finite
+  // A mixture's: the training tokens drawn from each source up to the data position.
+  std::vector<std::pair<std::string, int64_t>> tokens_by_source;
+  int64_t optimizer_steps = 0;  // AdamW updates applied: step minus the steps skipped as non-finite
   struct Shard {
     std::string file;
     uint64_t bytes = 0, checksum = 0;

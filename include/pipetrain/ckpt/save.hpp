@@ -27,6 +27,10 @@ class Checkpointer {
   std::string dir() const { return dir_; }  // RUN_DIR/checkpoints
   // Rank 0: the SentencePiece model every checkpoint carries from now on ("" for none).
   void set_tokenizer(std::string model) { tokenizer_ = std::move(model); }
+  // Rank 0: a mixture's training tokens per source after `samples` global samples, which every
+  // manifest records (unset: none).
+  using SourceTokens = std::function<std::vector<std::pair<std::string, int64_t>>(int64_t samples)>;
+  void set_source_tokens(SourceTokens count) { source_tokens_ = std::move(count); }
 
   // A save goes through three stages: its shard's bytes written, its shard read back and
   // checksummed (the stage's first replica), the manifest written and the checkpoint published
@@ -94,6 +98,7 @@ class Checkpointer {
   std::string dir_;
   Comm& comm_;
   std::string tokenizer_;
+  SourceTokens source_tokens_;
   // Saves in flight, at most one per stage of the way: its snapshot being written, its shards
   // being read back and checksummed, rank 0 writing its manifest and renaming it into place. Each
   // moves on when the next stage is free, so they publish in step order.

@@ -45,6 +45,11 @@ class MixturePattern {
   std::vector<int64_t> per_block_;
 };
 
+// The training tokens drawn from each of spec.data.sources (by name) in the first `samples`
+// global samples.
+std::vector<std::pair<std::string, int64_t>> tokens_by_source(const RunSpec& spec, const MixturePattern& pattern,
+                                                              int64_t samples);
+
 // The files a source's path names, sorted: the file itself; a glob's matches; a folder's token
 // files and llm.c shards. SpecError ("<path>: ...") when it names none.
 std::vector<std::string> source_files(const std::string& path);
