@@ -34,18 +34,19 @@ run stragglers scripts/bench/stragglers.py
 run blas_kernels scripts/bench/blas_kernels.py --repeats "$repeats"
 run attention scripts/bench/attention.py
 run prepare scripts/bench/prepare.py
+run data_streaming scripts/bench/data_streaming.py
 # Two emulated nodes need root (network namespaces): elsewhere the overlap row says so.
 if [ "$(id -u)" = 0 ]; then run zero_overlap scripts/bench/zero_overlap.py; else rm -f "$out/zero_overlap.txt"; fi
 /usr/bin/python3 - "$out" <<'PY'
 import json, os, sys
 r = {}
 for name in ("kernels", "llama_step", "pipeline", "tensor_parallel", "oversubscribed", "memory", "zero_memory", "async_checkpoint", "stragglers",
-             "blas_kernels", "attention", "prepare"):
+             "blas_kernels", "attention", "prepare", "data_streaming"):
     with open(os.path.join(sys.argv[1], name + ".txt")) as f:
         r[name] = json.loads(f.read().strip().splitlines()[-1])
 k, p, o, m, z, c = r["kernels"], r["pipeline"], r["oversubscribed"], r["memory"], r["zero_memory"], r["async_checkpoint"]
 st, ll, tp, bk, at = r["stragglers"], r["llama_step"], r["tensor_parallel"], r["blas_kernels"], r["attention"]
-pr = r["prepare"]
+pr, ds = r["prepare"], r["data_streaming"]
 best_square = max(row["square_1"] for row in bk["sgemm"])
 own = bk["pipetrain"]["OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE unset"]
 f = lambda t: " / ".join(f"{x:.2f}" for x in t)
@@ -82,6 +83,8 @@ rows = [
      f"{at['ratio_vs_torch']['1024']:.2f}, {at['ratio_vs_torch']['4096']:.2f}", ""),
     ("data prepare, SentencePiece 1 thread / spm_encode", f"{pr['sp_1_thread_over_spm']:.2f}", ">= 0.90"),
     ("  2 encoding threads / 1", f"{pr['sp_2_over_1_threads']:.2f}", ""),
+    ("peak RSS, 8 GiB corpus - 1 GiB corpus (MiB)", f"{ds['rss_growth_mib']:+.1f}", "< 32"),
+    (f"open {ds['files']} corpus files with their index (s)", f"{ds['indexed_open_s']:.3f}", "< 1"),
     (f"sgemm with the kernels pipetrain picks ({own['kernels'].split(',')[0]}) / the best library's",
      f"{own['sgemm_per_core'] / best_square:.3f}", ""),
 ]

@@ -1,5 +1,7 @@
 #include "pipetrain/data/mixture.hpp"
 
+#include "pipetrain/data/corpus_index.hpp"
+
 #include <glob.h>
 
 #include <algorithm>
@@ -46,7 +48,7 @@ int64_t MixturePattern::taken(int source, int64_t n) const {
   return n / kBlock * per_block_[source] + std::count(source_.begin(), source_.begin() + rest, source);
 }
 
-std::vector<std::string> source_files(const std::string& path) {
+std::vector<std::string> source_files(const std::string& path, size_t* read_files) {
   namespace fs = std::filesystem;
   std::vector<std::string> files;
   std::error_code ec;
@@ -57,9 +59,14 @@ std::vector<std::string> source_files(const std::string& path) {
     globfree(&g);
     if (files.empty()) throw SpecError(path + ": no file matches");
   } else if (fs::is_directory(path, ec)) {
+    std::vector<std::string> listed;  // its files but the index: the token files and shards among them
     for (const fs::directory_entry& e : fs::directory_iterator(path, ec))
-      if (e.is_regular_file(ec) && (is_token_file(e.path().string()) || is_llmc_shard(e.path().string())))
-        files.push_back(e.path().string());
+      if (e.is_regular_file(ec) && e.path().filename().string().rfind(kIndexName, 0) != 0)
+        listed.push_back(e.path().string());
+    std::vector<char> member;
+    corpus_files(listed, read_files, &member);  // from the folder's index where it is current
+    for (size_t i = 0; i < listed.size(); ++i)
+      if (member[i]) files.push_back(listed[i]);
     std::sort(files.begin(), files.end());
     if (files.empty())
       throw SpecError(path + ": a folder without token files (pipetrain data prepare makes them) or llm.c shards");
@@ -79,36 +86,34 @@ TokenSource::TokenSource(const std::vector<std::string>& files, Split split, int
       first_window_{0},
       vocab_limit_(vocab),
       what_(what) {
-  for (const std::string& f : files_) {
-    TokenFileInfo info;
-    int llmc_width = 0;
-    try {
-      if (is_llmc_shard(f)) {  // ids of an unnamed tokenizer, one split: the whole file
-        const LlmcShard shard = read_llmc_shard(f);
-        llmc_width = shard.width;
-        info.tokenizer = TokenizerKind::none;
-        (split == Split::train ? info.train : info.val) = static_cast<size_t>(shard.count);
-      } else {
-        info = read_token_file_info(f);
-      }
-    } catch (const SpecError& e) {
-      throw SpecError(what + ": " + e.what());
-    }
-    llmc_width_.push_back(llmc_width);
-    if (&f == &files_.front()) {
+  // What each file holds, from the folders' indexes where they are current (corpus_index.hpp).
+  std::vector<CorpusFile> facts;
+  try {
+    facts = corpus_files(files_, &files_read_);
+  } catch (const SpecError& e) {
+    throw SpecError(what + ": " + e.what());
+  }
+  for (size_t i = 0; i < files_.size(); ++i) {
+    const CorpusFile& info = facts[i];
+    llmc_width_.push_back(info.llmc_width);
+    if (i == 0) {
       tokenizer_ = info.tokenizer;
-      tokenizer_model_ = info.tokenizer_model;
       document_token_ = info.document_token;
-    } else if (info.tokenizer != tokenizer_ || info.tokenizer_model != tokenizer_model_) {
-      throw SpecError(what + ": " + f + " was tokenized otherwise than " + files_.front() + " (" +
+    } else if (info.tokenizer != tokenizer_ || info.model_hash != facts.front().model_hash) {
+      throw SpecError(what + ": " + files_[i] + " was tokenized otherwise than " + files_.front() + " (" +
                       name_of(info.tokenizer) + " against " + name_of(tokenizer_) + ", or another model)");
     }
-    const size_t n = split == Split::train ? info.train : info.val;
+    // An llm.c shard is one split, whichever it serves; a token file has both.
+    const size_t n = info.llmc_width || split == Split::train ? info.train : info.val;
     // Windows of T + 1 tokens at a stride of T: starts 0, T, ..., while start + T + 1 <= n.
     const int64_t windows = n > static_cast<size_t>(T) ? static_cast<int64_t>((n - 1) / T) : 0;
     first_window_.push_back(first_window_.back() + windows);
-    vocab_ = std::max(vocab_, info.vocab_size);
+    tokens_ += n;
+    vocab_ = std::max(vocab_, info.vocab);
   }
+  // The model itself (for the run directory and checkpoints), from the first file alone.
+  if (!facts.empty() && facts.front().model_hash)
+    tokenizer_model_ = read_token_file_info(files_.front()).tokenizer_model;
   if (windows() == 0)
     throw SpecError(what + ": no file holds model.seq_len + 1 = " + std::to_string(T + 1) +
                     (split == Split::train ? " training" : " validation") + " tokens");
@@ -180,7 +185,9 @@ Mixture::Mixture(const RunSpec& spec, Split split)
     const bool own_val = split == Split::val && !s.val.empty();
     std::vector<std::string> files;
     try {
-      files = source_files(own_val ? s.val : s.path);
+      size_t read = 0;
+      files = source_files(own_val ? s.val : s.path, &read);
+      listing_read_ += read;
     } catch (const SpecError& e) {
       throw SpecError(what + (own_val ? ": val: " : ": ") + e.what());
     }
@@ -201,6 +208,12 @@ Mixture::Mixture(const RunSpec& spec, Split split)
                       " but model.vocab = " + std::to_string(spec.model.vocab) + " (set model.vocab to at least " +
                       std::to_string(it.vocab_size()) + ")");
   }
+}
+
+size_t Mixture::files_read() const {
+  size_t n = listing_read_;
+  for (const auto& s : sources_) n += s->files_read();
+  return n;
 }
 
 uint64_t Mixture::sample(int64_t g, uint32_t* window) {

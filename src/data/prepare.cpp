@@ -14,6 +14,8 @@
 #include <sstream>
 #include <thread>
 
+#include "pipetrain/data/corpus_index.hpp"
+#include "pipetrain/data/mixture.hpp"
 #include "pipetrain/data/token_file.hpp"
 #include "pipetrain/data/tokenizer.hpp"
 #include "pipetrain/util/binary_file.hpp"
@@ -417,6 +419,75 @@ std::string inspect_token_file(const std::string& path, int sample_tokens, bool 
           << " tokens decoded: " << f["first_decoded"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
           << "\n";
   }
+  return out.str();
+}
+
+std::string inspect_run_data(const RunSpec& spec, bool json) {
+  if (spec.data.sources.empty()) {
+    if (spec.data.source == DataSource::hdf5) return inspect_token_file(spec.data.path, 0, json);
+    const std::string what = spec.data.source == DataSource::text ? "the bytes of " + spec.data.path
+                                                                  : std::string("the built-in synthetic byte language");
+    return json ? nlohmann::json{{"source", name_of(spec.data.source)}, {"what", what}}.dump(2) + "\n"
+                : "data.source = " + std::string(name_of(spec.data.source)) + ": " + what + "\n";
+  }
+  const double t0 = now_s();
+  Mixture train(spec, Split::train);
+  std::unique_ptr<Mixture> val;
+  std::string no_val;
+  try {
+    val = std::make_unique<Mixture>(spec, Split::val);
+  } catch (const SpecError& e) {
+    no_val = e.what();
+  }
+  const double seconds = now_s() - t0;
+  // Each source's share of the first 65,536 global samples: what the weights' pattern deals it.
+  const int64_t block = 65536;
+  nlohmann::ordered_json j = {{"sources", nlohmann::ordered_json::array()}, {"open_s", seconds}};
+  size_t files = 0, read = 0;
+  for (int s = 0; s < train.sources(); ++s) {
+    const TokenSource& t = train.source(s);
+    nlohmann::ordered_json src = {{"name", spec.data.sources[s].name},
+                                  {"path", spec.data.sources[s].path},
+                                  {"weight", spec.data.sources[s].weight},
+                                  {"share", static_cast<double>(train.pattern().taken(s, block)) / block},
+                                  {"files", t.files()},
+                                  {"tokenizer", name_of(t.tokenizer())},
+                                  {"train_tokens", t.tokens()},
+                                  {"train_windows", t.windows()}};
+    if (t.document_token() >= 0) src["document_token"] = t.document_token();
+    if (val) src["val_tokens"] = val->source(s).tokens(), src["val_windows"] = val->source(s).windows();
+    j["sources"].push_back(src);
+    files += t.files() + (val ? val->source(s).files() : 0);
+  }
+  read = train.files_read() + (val ? val->files_read() : 0);
+  j["files"] = files;
+  j["files_read"] = read;
+  if (!no_val.empty()) j["no_validation"] = no_val;
+  if (json) return j.dump(2) + "\n";
+  std::ostringstream out;
+  out << "a mixture of " << train.sources() << " sources, windows of model.seq_len + 1 = " << spec.model.seq_len + 1
+      << " tokens\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "  %-16s %7s %7s %6s %14s %12s %12s %12s  %s\n", "source", "weight", "share",
+                "files", "train tokens", "windows", "val tokens", "val windows", "tokenizer");
+  out << line;
+  for (const auto& src : j["sources"]) {
+    std::snprintf(line, sizeof line, "  %-16s %7.3g %6.2f%% %6zu %14llu %12lld %12s %12s  %s%s\n",
+                  src["name"].get<std::string>().c_str(), src["weight"].get<double>(), 100 * src["share"].get<double>(),
+                  src["files"].get<size_t>(), static_cast<unsigned long long>(src["train_tokens"].get<uint64_t>()),
+                  static_cast<long long>(src["train_windows"].get<int64_t>()),
+                  src.contains("val_tokens") ? std::to_string(src["val_tokens"].get<uint64_t>()).c_str() : "-",
+                  src.contains("val_windows") ? std::to_string(src["val_windows"].get<int64_t>()).c_str() : "-",
+                  src["tokenizer"].get<std::string>().c_str(),
+                  src.contains("document_token")
+                      ? (", documents end with " + std::to_string(src["document_token"].get<int64_t>())).c_str()
+                      : "");
+    out << line;
+  }
+  if (!no_val.empty()) out << "  no validation: " << no_val << "\n";
+  std::snprintf(line, sizeof line, "opened in %.3f s: %zu files, %zu read, the rest known from their folders' %s\n",
+                seconds, files, read, kIndexName);
+  out << line;
   return out.str();
 }
 

@@ -112,22 +112,33 @@ ExitCode data_export(const std::vector<std::string>& args) {
 }
 
 ExitCode data_inspect(const std::vector<std::string>& args) {
-  std::string path;
+  std::string path, config;
+  std::vector<std::string> sets;
   int sample = 64;
-  po::options_description desc("pipetrain data inspect DATA.h5 [--sample N] [--json]");
+  po::options_description desc(
+      "pipetrain data inspect DATA.h5 [--sample N] [--json]\n"
+      "pipetrain data inspect [--config FILE] [--set KEY=VALUE ...] [--json]   (a run spec's data: its mixture)");
   desc.add_options()("help,h", "show this help")("input", po::value<std::string>(&path), "the token file")(
       "sample", po::value<int>(&sample)->default_value(64), "tokens of /train to show decoded")(
+      "config", po::value<std::string>(&config), "a run spec whose data to open as training would")(
+      "set", po::value<std::vector<std::string>>(&sets)->composing(), "override one key of it (repeatable)")(
       "json", "print the same facts as one JSON object (for scripts)");
   po::positional_options_description pos;
   pos.add("input", 1);
   po::variables_map vm;
   if (auto done = parse_command_line("data inspect", desc, args, vm, pos)) return *done;
-  if (path.empty()) {
-    std::fprintf(stderr, "pipetrain data inspect: error: which token file? (pipetrain data inspect DATA.h5)\n");
+  if (path.empty() && config.empty() && sets.empty()) {
+    std::fprintf(stderr,
+                 "pipetrain data inspect: error: which data? (pipetrain data inspect DATA.h5, or --config RUN.toml "
+                 "for a run's)\n");
     return ExitCode::bad_input;
   }
   return run_offline([&] {
-    std::fputs(inspect_token_file(path, sample, vm.count("json") > 0).c_str(), stdout);
+    const bool json = vm.count("json") > 0;
+    std::fputs(
+        (path.empty() ? inspect_run_data(load_spec(config, sets, 1), json) : inspect_token_file(path, sample, json))
+            .c_str(),
+        stdout);
     return ExitCode::ok;
   });
 }

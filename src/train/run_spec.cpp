@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "pipetrain/data/corpus_formats.hpp"
+#include "pipetrain/data/corpus_index.hpp"
 #include "pipetrain/data/mixture.hpp"
 #include "pipetrain/data/token_file.hpp"
 #include "pipetrain/interop/model_import.hpp"
@@ -29,11 +29,10 @@ std::vector<ImpliedKey> implied_keys(const RunSpec& s, std::string* unread) {
                      "data.path's vocab_size (" + s.data.path + ")"});
     } catch (const SpecError&) {
     }
-  if (!s.data.sources.empty()) try {  // the largest of the mixture's files'
-      int64_t vocab = 0;              // (llm.c shards record none)
-      for (const RunSpec::Data::Source& src : s.data.sources)
-        for (const std::string& f : source_files(src.path))
-          if (!is_llmc_shard(f)) vocab = std::max(vocab, read_token_file_info(f).vocab_size);
+  if (!s.data.sources.empty()) try {                           // the largest of the mixture's files'
+      int64_t vocab = 0;                                       // (llm.c shards record none)
+      for (const RunSpec::Data::Source& src : s.data.sources)  // from the folders' indexes where current
+        for (const CorpusFile& f : corpus_files(source_files(src.path))) vocab = std::max(vocab, f.vocab);
       if (vocab > 0) out.push_back({"model.vocab", std::to_string(vocab), "data.sources' largest vocab_size"});
     } catch (const SpecError&) {  // the Dataset names what is wrong
     }

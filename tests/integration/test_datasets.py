@@ -299,6 +299,41 @@ def mixture_validates_each_source():
 
 
 @scenario
+def mixture_inspect_and_index():
+    """`data inspect` of a run spec's mixture: each source's share, files, tokens and windows of both
+    splits; the files' facts come from their folder's index the second time, and a changed file is
+    read again."""
+    a = settings()
+    mix = three_sources()
+    index = os.path.join(a.work, ".pipetrain_index.json")
+    if os.path.exists(index):
+        os.remove(index)
+
+    def inspect():
+        p = subprocess.run([a.bin, "data", "inspect", "--set", mix, "--set", "model.seq_len=32", "--json"],
+                           capture_output=True, text=True, timeout=60)
+        expect(p.returncode == 0, f"data inspect of the mixture: exit 0 ({p.stderr.strip()[-200:]})")
+        return json.loads(p.stdout) if p.returncode == 0 else {"sources": [], "files_read": -1, "files": 0}
+
+    first = inspect()
+    names = [s["name"] for s in first["sources"]]
+    shares = [round(s["share"], 2) for s in first["sources"]]
+    with h5py.File(os.path.join(a.work, "mix_upper.h5")) as f:
+        upper = (len(f["train"]), (len(f["train"]) - 1) // 32, len(f["val"]))
+    got = next((s for s in first["sources"] if s["name"] == "mix_upper"), {})
+    expect(names == ["mix_readme", "mix_reversed", "mix_upper"] and shares == [0.5, 0.3, 0.2] and
+           (got.get("train_tokens"), got.get("train_windows"), got.get("val_tokens")) == upper,
+           f"each source's share, tokens and windows: {first['sources']}")
+    expect(first["files"] == 6 and os.path.exists(index), f"the files' facts are indexed beside them ({first['files_read']} read)")
+    again = inspect()
+    expect(again["files_read"] == 0, f"the second time no file is opened to learn what it holds ({again['files_read']})")
+    os.utime(os.path.join(a.work, "mix_upper.h5"))  # a newer date: its entry is stale
+    expect(inspect()["files_read"] == 1, "a changed file is read again (once: then its entry is current)")
+    text = subprocess.run([a.bin, "data", "inspect", "--set", mix], capture_output=True, text=True, timeout=60).stdout
+    expect("mix_reversed" in text and "opened in" in text, f"as lines too: {text.strip()[:300]}")
+
+
+@scenario
 def mixture_bad_sources():
     """A source naming no file, one with a vocabulary over model.vocab, two tokenizers in one
     mixture: exit 2 naming data.sources[i]."""

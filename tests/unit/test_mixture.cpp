@@ -6,11 +6,13 @@
 // folder; the spec's [[data.sources]] is read, checked and shown.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <map>
 #include <set>
 
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/data/corpus_formats.hpp"
+#include "pipetrain/data/corpus_index.hpp"
 #include "pipetrain/data/dataset.hpp"
 #include "pipetrain/data/index_permutation.hpp"
 #include "pipetrain/data/mixture.hpp"
@@ -19,6 +21,7 @@
 
 using namespace pipetrain;
 using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -248,4 +251,39 @@ TEST_CASE("mixture: llm.c shards are read in place, their held-out shards named 
       Mixture(mixture_spec("[{path = \"" + bytes + "\"}, {path = \"" + folder + "\"}]", {"model.vocab=6000"}),
               Split::train),
       Contains("tokenized otherwise"));
+}
+
+TEST_CASE("a corpus's files are known from their folder's index until one changes", "[mixture]") {
+  TempDir tmp;
+  std::vector<std::string> files;
+  for (int i = 0; i < 5; ++i) files.push_back(token_file(tmp, "t" + std::to_string(i) + ".h5", i, 100 + i, 10));
+  files.push_back(llmc_shard(tmp, "s.bin", 3, 77));
+  size_t opened = 0;
+  const std::vector<CorpusFile> first = corpus_files(files, &opened);
+  CHECK(opened == 6);
+  CHECK(fs::exists(tmp.dir / kIndexName));
+  CHECK(first[2].train == 102);
+  CHECK(first[2].val == 10);
+  CHECK(first[2].tokenizer == TokenizerKind::bytes);
+  CHECK(first[5].llmc_width == 2);
+  CHECK(first[5].train == 77);
+  const std::vector<CorpusFile> again = corpus_files(files, &opened);
+  CHECK(opened == 0);  // every entry current: no file opened
+  CHECK(again[2].train == 102);
+  CHECK(again[5].train == 77);
+
+  fs::remove(files[2]);
+  token_file(tmp, "t2.h5", 2, 300, 10);  // rewritten: another size and date
+  const std::vector<CorpusFile> changed = corpus_files(files, &opened);
+  CHECK(opened == 1);
+  CHECK(changed[2].train == 300);
+
+  tmp.write(kIndexName, "{not json");  // a damaged index is rebuilt, never trusted
+  CHECK(corpus_files(files, &opened)[2].train == 300);
+  CHECK(opened == 6);
+  CHECK(corpus_files(files, &opened).size() == 6);
+  CHECK(opened == 0);
+
+  const std::string other = tmp.write("notes.txt", "not tokens");
+  CHECK_THROWS_WITH(corpus_files({files[0], other}), Contains("notes.txt"));
 }

@@ -51,8 +51,9 @@ std::vector<std::pair<std::string, int64_t>> tokens_by_source(const RunSpec& spe
                                                               int64_t samples);
 
 // The files a source's path names, sorted: the file itself; a glob's matches; a folder's token
-// files and llm.c shards. SpecError ("<path>: ...") when it names none.
-std::vector<std::string> source_files(const std::string& path);
+// files and llm.c shards (known from its index, corpus_index.hpp; `read_files` counts the files
+// opened to tell). SpecError ("<path>: ...") when it names none.
+std::vector<std::string> source_files(const std::string& path, size_t* read_files = nullptr);
 
 // One source's token files, for one split, read window by window (a few files open at a time).
 class TokenSource {
@@ -63,7 +64,9 @@ class TokenSource {
   TokenSource(const std::vector<std::string>& files, Split split, int T, bool shuffle, uint64_t key, int64_t vocab,
               const std::string& what);
   int64_t windows() const { return first_window_.back(); }
-  int64_t vocab_size() const { return vocab_; }  // the largest its token files record (0: llm.c shards only)
+  uint64_t tokens() const { return tokens_; }        // of its split, in all its files
+  size_t files_read() const { return files_read_; }  // opened to learn what they hold (the rest: indexed)
+  int64_t vocab_size() const { return vocab_; }      // the largest its token files record (0: llm.c shards only)
   size_t files() const { return files_.size(); }
   const std::string& file(size_t i) const { return files_[i]; }
   // What its files were tokenized with (all alike, or the constructor refused them).
@@ -91,6 +94,8 @@ class TokenSource {
   TokenizerKind tokenizer_ = TokenizerKind::none;
   std::string tokenizer_model_;
   int64_t document_token_ = -1;
+  uint64_t tokens_ = 0;
+  size_t files_read_ = 0;
   struct Open {
     size_t file;
     std::unique_ptr<TokenFile> tokens;   // a token file's, or
@@ -113,10 +118,13 @@ class Mixture {
   uint64_t sample_from(int s, int64_t j, uint32_t* window);
   int sources() const { return static_cast<int>(sources_.size()); }
   const TokenSource& source(int s) const { return *sources_[s]; }
+  // Files opened to learn what they hold while opening it (listing folders, then the sources').
+  size_t files_read() const;
 
  private:
   MixturePattern pattern_;
   std::vector<std::unique_ptr<TokenSource>> sources_;
+  size_t listing_read_ = 0;
 };
 
 }  // namespace pipetrain

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "pipetrain/config/choices.hpp"
+#include "pipetrain/config/spec.hpp"
 #include "pipetrain/data/text_inputs.hpp"
 
 namespace pipetrain {
@@ -37,5 +38,11 @@ std::string prepare_token_file(const PrepareOptions& opt);
 // `sample_tokens` tokens of /train decoded: as lines for a person, or (`json`) as one JSON object
 // with the same facts for scripts. SpecError naming the file.
 std::string inspect_token_file(const std::string& path, int sample_tokens, bool json = false);
+
+// The data a run spec names, opened as training opens it: for a mixture each source's weight, share
+// of the samples, files, tokens and windows of both splits, tokenizer, and how long opening took
+// (how many files were read, the rest known from their folders' indexes); for data.path its token
+// file (inspect_token_file). As lines, or (`json`) one JSON object. SpecError as training's.
+std::string inspect_run_data(const RunSpec& spec, bool json = false);
 
 }  // namespace pipetrain

@@ -1,0 +1,36 @@
+// What the files of a corpus hold, known without opening them: each folder holding some keeps an
+// index of the files examined there (kIndexName), so a source of a thousand shards opens in the
+// time it takes to stat them.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pipetrain/config/choices.hpp"
+
+namespace pipetrain {
+
+constexpr const char* kIndexName = ".pipetrain_index.json";
+
+// A token file's or an llm.c shard's facts, as a TokenSource needs them.
+struct CorpusFile {
+  int llmc_width = 0;           // an llm.c shard's bytes per token; 0: a token file
+  uint64_t train = 0, val = 0;  // token counts (an llm.c shard's in train: it is one split, either)
+  int64_t vocab = 0;            // a token file's vocab_size (0: an llm.c shard records none)
+  TokenizerKind tokenizer = TokenizerKind::none;
+  uint64_t model_hash = 0;  // of its SentencePiece model's bytes (0: none)
+  int64_t document_token = -1;
+};
+
+// The facts of each file, in order. A file whose index entry has its size and modification time is
+// not opened; the others are read (SpecError naming a file that is neither a token file nor an
+// llm.c shard) and their folders' indexes rewritten, atomically, by a name of their own (a folder
+// where that fails is simply not cached). `read_files`, when given, counts the files opened. With
+// `member` (a folder's listing), a file that is neither is marked 0 there instead of refused.
+std::vector<CorpusFile> corpus_files(const std::vector<std::string>& files, size_t* read_files = nullptr,
+                                     std::vector<char>* member = nullptr);
+
+// The hash corpus_files records of a SentencePiece model's bytes.
+uint64_t model_hash(const std::string& model_bytes);
+
+}  // namespace pipetrain
