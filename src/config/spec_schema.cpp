@@ -228,8 +228,9 @@ SpecKey schedule_key() {
 SpecKey sources_key() {
   SpecKey k{"data", "sources",
             "a mixture: [[data.sources]] tables of path (token files or llm.c shards: a file, a glob or a folder), "
-            "weight (its share of the samples, relative to the others'; default 1), name (default: from the path) "
-            "and val (held-out files; default: the token files' /val)",
+            "weight (its share of the samples, relative to the others'; default 1), name (default: from the path), "
+            "val (held-out files; default: the token files' /val) and format (auto, or nanogpt / megatron files "
+            "read in place)",
             nullptr, nullptr};
   k.set = [](RunSpec& s, const toml::node& n, const std::string& where) {
     if (!n.is_array()) type_error(where, "data.sources", "an array of tables ([[data.sources]])", n);
@@ -240,10 +241,16 @@ SpecKey sources_key() {
       RunSpec::Data::Source src;
       for (const auto& [key, v] : *e.as_table()) {
         const std::string name(key.str());
-        if (name == "path" || name == "name" || name == "val") {
+        if (name == "path" || name == "name" || name == "val" || name == "format") {
           if (!v.is_string() || v.as_string()->get().empty())
             throw SpecError(at + "." + name + " must be a non-empty string, got " + describe(v));
-          (name == "path" ? src.path : name == "val" ? src.val : src.name) = v.as_string()->get();
+          (name == "path"     ? src.path
+           : name == "val"    ? src.val
+           : name == "format" ? src.format
+                              : src.name) = v.as_string()->get();
+          if (name == "format" && src.format != "auto" && src.format != "nanogpt" && src.format != "megatron")
+            throw SpecError(at + ".format = \"" + src.format +
+                            "\" is not auto (token files, llm.c shards), nanogpt or megatron");
         } else if (name == "weight") {
           const double w = v.is_integer()          ? static_cast<double>(v.as_integer()->get())
                            : v.is_floating_point() ? v.as_floating_point()->get()
@@ -251,8 +258,8 @@ SpecKey sources_key() {
           if (!(w > 0) || !std::isfinite(w)) throw SpecError(at + ".weight must be a number > 0, got " + describe(v));
           src.weight = w;
         } else {
-          const std::string hint = closest_match(name, {"path", "weight", "name", "val"});
-          throw SpecError(at + ": unknown key " + name + " (a source has path, weight, name and val" +
+          const std::string hint = closest_match(name, {"path", "weight", "name", "val", "format"});
+          throw SpecError(at + ": unknown key " + name + " (a source has path, weight, name, val and format" +
                           (hint.empty() ? "" : "; did you mean " + hint + "?") + ")");
         }
       }
@@ -271,7 +278,8 @@ SpecKey sources_key() {
       const auto& src = s.data.sources[i];
       out += (i ? ", " : "") + std::string("{ path = ") + show_string(src.path) +
              (src.val.empty() ? "" : ", val = " + show_string(src.val)) + ", weight = " + show_double(src.weight) +
-             ", name = " + show_string(src.name) + " }";
+             ", name = " + show_string(src.name) +
+             (src.format == "auto" ? "" : ", format = " + show_string(src.format)) + " }";
     }
     return out + "]";
   };

@@ -19,14 +19,6 @@ constexpr uint64_t kMegatronHeader = 9 + 8 + 1 + 8 + 8;
 constexpr uint64_t kMegatronSequence = 65536;  // tokens per exported sequence
 constexpr size_t kBlockTokens = 1 << 21;       // tokens streamed at a time
 
-// A run of tokens in one file: `count` ids of `width` bytes from byte `offset`.
-struct Segment {
-  std::string path;
-  uint64_t offset = 0, count = 0;
-  int width = 2;
-  bool is_signed = false;
-};
-
 std::string str(uint64_t v) { return std::to_string(v); }
 
 // Reads exactly n bytes at `offset` of an input; a short read means the file was truncated.
@@ -73,12 +65,12 @@ LlmcShard read_llmc_shard(const std::string& path) {
 
 namespace {
 
-Segment llmc_segment(const std::string& path) {
+RawTokens llmc_segment(const std::string& path) {
   const LlmcShard shard = read_llmc_shard(path);
   return {path, kLlmcHeader, shard.count, shard.width, false};
 }
 
-Segment nanogpt_segment(const std::string& path, const std::string& dtype) {
+RawTokens nanogpt_segment(const std::string& path, const std::string& dtype) {
   const int width = dtype == "uint8" ? 1 : dtype == "uint16" ? 2 : dtype == "uint32" ? 4 : 0;
   if (!width) throw SpecError("data import: --dtype " + dtype + " (uint8, uint16 or uint32)");
   const BinaryReader in(path);
@@ -88,14 +80,17 @@ Segment nanogpt_segment(const std::string& path, const std::string& dtype) {
   return {path, 0, in.size() / width, width, false};
 }
 
-// PREFIX.idx + PREFIX.bin (PREFIX may be given with either suffix).
+}  // namespace
+
 std::string megatron_prefix(std::string prefix) {
   for (const char* suffix : {".idx", ".bin"})
     if (prefix.size() > 4 && prefix.compare(prefix.size() - 4, 4, suffix) == 0) prefix.resize(prefix.size() - 4);
   return prefix;
 }
 
-Segment megatron_segment(const std::string& given) {
+namespace {
+
+RawTokens megatron_segment(const std::string& given) {
   const std::string prefix = megatron_prefix(given);
   const std::string idx_path = prefix + ".idx", bin_path = prefix + ".bin";
   const BinaryReader idx(idx_path), bin(bin_path);
@@ -163,10 +158,8 @@ Segment megatron_segment(const std::string& given) {
   return {bin_path, 0, tokens, width, kCodes[code].is_signed};
 }
 
-Segment segment_of(const TokenImportOptions& opt, const std::string& path) {
-  const Segment s = opt.format == CorpusFormat::llmc      ? llmc_segment(path)
-                    : opt.format == CorpusFormat::nanogpt ? nanogpt_segment(path, opt.dtype)
-                                                          : megatron_segment(path);
+RawTokens segment_of(const TokenImportOptions& opt, const std::string& path) {
+  const RawTokens s = raw_tokens(opt.format, path, opt.dtype);
   if (s.count == 0) throw SpecError(path + ": holds no tokens");
   return s;
 }
@@ -188,6 +181,36 @@ std::vector<std::string> input_files(const TokenImportOptions& opt) {
 
 }  // namespace
 
+RawTokens raw_tokens(CorpusFormat format, const std::string& path, const std::string& dtype) {
+  return format == CorpusFormat::llmc      ? llmc_segment(path)
+         : format == CorpusFormat::nanogpt ? nanogpt_segment(path, dtype)
+                                           : megatron_segment(path);
+}
+
+void widen_raw(const uint8_t* raw, size_t n, const RawTokens& r, uint64_t first, uint32_t* ids) {
+  if (!r.is_signed && r.width <= 4) return widen_ids(raw, n, r.width, ids);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t v = 0;
+    const uint8_t* p = raw + i * r.width;
+    if (r.width == 1) {
+      v = static_cast<int8_t>(*p);
+    } else if (r.width == 2) {
+      int16_t x;
+      std::memcpy(&x, p, 2);
+      v = x;
+    } else if (r.width == 4) {
+      int32_t x;
+      std::memcpy(&x, p, 4);
+      v = x;
+    } else {
+      std::memcpy(&v, p, 8);
+    }
+    if (v < 0 || v > std::numeric_limits<uint32_t>::max())
+      throw SpecError(r.path + ": token " + str(first + i) + " is " + std::to_string(v) + ", not a token id");
+    ids[i] = static_cast<uint32_t>(v);
+  }
+}
+
 bool is_llmc_shard(const std::string& path) {
   return file_starts_with(path, &kLlmcMagic16, 4) || file_starts_with(path, &kLlmcMagic32, 4);
 }
@@ -196,35 +219,15 @@ namespace {
 
 bool is_megatron_index(const std::string& path) { return file_starts_with(path, kMegatronMagic, 9); }
 
-// Streams a segment's ids into the writer; negative or over-32-bit ids name the file and offset.
-void stream(const Segment& s, TokenFileWriter& out) {
+// Streams a run's ids into the writer.
+void stream(const RawTokens& s, TokenFileWriter& out) {
   const BinaryReader in(s.path);
   std::vector<uint8_t> raw(kBlockTokens * s.width);
   std::vector<uint32_t> ids(kBlockTokens);
   for (uint64_t first = 0; first < s.count; first += kBlockTokens) {
     const size_t k = static_cast<size_t>(std::min<uint64_t>(kBlockTokens, s.count - first));
     read_exactly(in, s.offset + first * s.width, k * s.width, raw.data());
-    if (!s.is_signed && s.width <= 4) {
-      widen_ids(raw.data(), k, s.width, ids.data());
-    } else {
-      for (size_t i = 0; i < k; ++i) {
-        int64_t v = 0;
-        const uint8_t* p = raw.data() + i * s.width;
-        if (s.width == 1) v = static_cast<int8_t>(*p);
-        else if (s.width == 2) {
-          int16_t x;
-          std::memcpy(&x, p, 2);
-          v = x;
-        } else if (s.width == 4) {
-          int32_t x;
-          std::memcpy(&x, p, 4);
-          v = x;
-        } else std::memcpy(&v, p, 8);
-        if (v < 0 || v > std::numeric_limits<uint32_t>::max())
-          throw SpecError(s.path + ": token " + str(first + i) + " is " + std::to_string(v) + ", not a token id");
-        ids[i] = static_cast<uint32_t>(v);
-      }
-    }
+    widen_raw(raw.data(), k, s, first, ids.data());
     out.append(ids.data(), k, s.path, first);
   }
 }
@@ -270,7 +273,7 @@ std::string import_tokens(const TokenImportOptions& opt) {
   if (opt.val.empty() && !(opt.val_fraction >= 0 && opt.val_fraction < 1))
     throw SpecError(what + ": --val-fraction " + std::to_string(opt.val_fraction) + " is not in [0, 1)");
   // Every input checked before a byte is written.
-  std::vector<Segment> train, val;
+  std::vector<RawTokens> train, val;
   uint64_t n_train = 0, n_val = 0;
   int widest = 1;
   for (const auto& in : opt.inputs) {

@@ -35,12 +35,17 @@ Stamp stamp_of(const std::string& path) {
   return {static_cast<uint64_t>(st.st_size), int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec};
 }
 
-CorpusFile read_facts(const std::string& path) {
+CorpusFile read_facts(const std::string& path, const std::string& format) {
   CorpusFile f;
-  if (is_llmc_shard(path)) {
-    const LlmcShard shard = read_llmc_shard(path);
-    f.llmc_width = shard.width;
-    f.train = shard.count;
+  if (format != "auto" || is_llmc_shard(path)) {
+    const RawTokens raw = raw_tokens(format == "nanogpt"    ? CorpusFormat::nanogpt
+                                     : format == "megatron" ? CorpusFormat::megatron
+                                                            : CorpusFormat::llmc,
+                                     path);
+    f.raw_width = raw.width;
+    f.raw_offset = raw.offset;
+    f.raw_signed = raw.is_signed;
+    f.train = raw.count;
     return f;
   }
   const TokenFileInfo info = read_token_file_info(path);
@@ -53,10 +58,13 @@ CorpusFile read_facts(const std::string& path) {
   return f;
 }
 
-json entry_of(const CorpusFile& f, const Stamp& s) {
+json entry_of(const CorpusFile& f, const Stamp& s, const std::string& format) {
   return {{"size", s.size},
           {"mtime_ns", s.mtime_ns},
-          {"llmc_width", f.llmc_width},
+          {"format", format},
+          {"raw_width", f.raw_width},
+          {"raw_offset", f.raw_offset},
+          {"raw_signed", f.raw_signed},
           {"train", f.train},
           {"val", f.val},
           {"vocab", f.vocab},
@@ -65,13 +73,15 @@ json entry_of(const CorpusFile& f, const Stamp& s) {
           {"document_token", f.document_token}};
 }
 
-// The entry's facts when it describes the file as it is now.
-bool facts_of(const json& e, const Stamp& s, CorpusFile& f) {
+// The entry's facts when it describes the file as it is now, read as `format`.
+bool facts_of(const json& e, const Stamp& s, const std::string& format, CorpusFile& f) {
   try {
     if (!(Stamp{e.at("size").get<uint64_t>(), e.at("mtime_ns").get<int64_t>()} == s)) return false;
     const auto tokenizer = choice_named<TokenizerKind>(e.at("tokenizer").get<std::string>());
-    if (!tokenizer) return false;
-    f.llmc_width = e.at("llmc_width").get<int>();
+    if (!tokenizer || e.at("format").get<std::string>() != format) return false;
+    f.raw_width = e.at("raw_width").get<int>();
+    f.raw_offset = e.at("raw_offset").get<uint64_t>();
+    f.raw_signed = e.at("raw_signed").get<bool>();
     f.train = e.at("train").get<uint64_t>();
     f.val = e.at("val").get<uint64_t>();
     f.vocab = e.at("vocab").get<int64_t>();
@@ -119,8 +129,8 @@ uint64_t model_hash(const std::string& model_bytes) {
   return h | 1;  // never 0, which means "no model"
 }
 
-std::vector<CorpusFile> corpus_files(const std::vector<std::string>& files, size_t* read_files,
-                                     std::vector<char>* member) {
+std::vector<CorpusFile> corpus_files(const std::vector<std::string>& files, const std::string& format,
+                                     size_t* read_files, std::vector<char>* member) {
   std::vector<CorpusFile> out(files.size());
   if (member) member->assign(files.size(), 1);
   std::map<std::string, std::vector<size_t>> by_folder;  // each folder's files, by their place in `files`
@@ -133,16 +143,16 @@ std::vector<CorpusFile> corpus_files(const std::vector<std::string>& files, size
     for (size_t i : members) {
       const std::string name = fs::path(files[i]).filename().string();
       const Stamp s = stamp_of(files[i]);
-      if (entries.contains(name) && facts_of(entries[name], s, out[i])) continue;
+      if (entries.contains(name) && facts_of(entries[name], s, format, out[i])) continue;
       ++opened;
       try {
-        out[i] = read_facts(files[i]);
+        out[i] = read_facts(files[i], format);
       } catch (const SpecError&) {
-        if (!member || is_llmc_shard(files[i])) throw;  // a damaged shard is never skipped silently
-        (*member)[i] = 0;                               // not a corpus file: not indexed, looked at again next time
+        if (!member || format != "auto" || is_llmc_shard(files[i])) throw;  // a damaged shard: never skipped
+        (*member)[i] = 0;  // not a corpus file: not indexed, looked at again next time
         continue;
       }
-      entries[name] = entry_of(out[i], s);
+      entries[name] = entry_of(out[i], s, format);
       changed = true;
     }
     if (changed) write_index(index, entries);

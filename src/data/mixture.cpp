@@ -48,10 +48,23 @@ int64_t MixturePattern::taken(int source, int64_t n) const {
   return n / kBlock * per_block_[source] + std::count(source_.begin(), source_.begin() + rest, source);
 }
 
-std::vector<std::string> source_files(const std::string& path, size_t* read_files) {
+std::vector<std::string> source_files(const std::string& path, const std::string& format, size_t* read_files) {
   namespace fs = std::filesystem;
   std::vector<std::string> files;
   std::error_code ec;
+  if (format == "megatron") {  // each dataset's .bin, found by its .idx
+    std::vector<std::string> indexes;
+    const bool many = path.find_first_of("*?[") != std::string::npos || fs::is_directory(path, ec);
+    if (!many) {
+      indexes.push_back(megatron_prefix(path) + ".idx");
+    } else {
+      for (const std::string& f : source_files(path, "nanogpt", nullptr))  // every file named
+        if (f.size() > 4 && f.compare(f.size() - 4, 4, ".idx") == 0) indexes.push_back(f);
+      if (indexes.empty()) throw SpecError(path + ": no Megatron index (.idx) among its files");
+    }
+    for (const std::string& idx : indexes) files.push_back(megatron_prefix(idx) + ".bin");
+    return files;
+  }
   if (path.find_first_of("*?[") != std::string::npos) {
     glob_t g{};
     if (glob(path.c_str(), 0, nullptr, &g) == 0)
@@ -63,8 +76,8 @@ std::vector<std::string> source_files(const std::string& path, size_t* read_file
     for (const fs::directory_entry& e : fs::directory_iterator(path, ec))
       if (e.is_regular_file(ec) && e.path().filename().string().rfind(kIndexName, 0) != 0)
         listed.push_back(e.path().string());
-    std::vector<char> member;
-    corpus_files(listed, read_files, &member);  // from the folder's index where it is current
+    std::vector<char> member(listed.size(), 1);
+    if (format == "auto") corpus_files(listed, format, read_files, &member);  // from the folder's index
     for (size_t i = 0; i < listed.size(); ++i)
       if (member[i]) files.push_back(listed[i]);
     std::sort(files.begin(), files.end());
@@ -77,7 +90,7 @@ std::vector<std::string> source_files(const std::string& path, size_t* read_file
 }
 
 TokenSource::TokenSource(const std::vector<std::string>& files, Split split, int T, bool shuffle, uint64_t key,
-                         int64_t vocab, const std::string& what)
+                         int64_t vocab, const std::string& what, const std::string& format)
     : files_(files),
       split_(split),
       T_(T),
@@ -89,13 +102,13 @@ TokenSource::TokenSource(const std::vector<std::string>& files, Split split, int
   // What each file holds, from the folders' indexes where they are current (corpus_index.hpp).
   std::vector<CorpusFile> facts;
   try {
-    facts = corpus_files(files_, &files_read_);
+    facts = corpus_files(files_, format, &files_read_);
   } catch (const SpecError& e) {
     throw SpecError(what + ": " + e.what());
   }
   for (size_t i = 0; i < files_.size(); ++i) {
     const CorpusFile& info = facts[i];
-    llmc_width_.push_back(info.llmc_width);
+    layout_.push_back({files_[i], info.raw_offset, info.train, info.raw_width, info.raw_signed});
     if (i == 0) {
       tokenizer_ = info.tokenizer;
       document_token_ = info.document_token;
@@ -104,7 +117,7 @@ TokenSource::TokenSource(const std::vector<std::string>& files, Split split, int
                       name_of(info.tokenizer) + " against " + name_of(tokenizer_) + ", or another model)");
     }
     // An llm.c shard is one split, whichever it serves; a token file has both.
-    const size_t n = info.llmc_width || split == Split::train ? info.train : info.val;
+    const size_t n = info.raw_width || split == Split::train ? info.train : info.val;
     // Windows of T + 1 tokens at a stride of T: starts 0, T, ..., while start + T + 1 <= n.
     const int64_t windows = n > static_cast<size_t>(T) ? static_cast<int64_t>((n - 1) / T) : 0;
     first_window_.push_back(first_window_.back() + windows);
@@ -131,13 +144,14 @@ TokenSource::Where TokenSource::where(int64_t j) const {
 
 TokenSource::Where TokenSource::read(int64_t j, uint32_t* window) {
   const Where at = where(j);
-  const int width = llmc_width_[at.file];
+  const RawTokens& layout = layout_[at.file];
+  const int width = layout.width;
   auto it = std::find_if(open_.begin(), open_.end(), [&](const Open& o) { return o.file == at.file; });
   if (it == open_.end()) {
     constexpr size_t kOpenFiles = 4;  // shards are read in turn: a few handles, not one per file
     if (open_.size() == kOpenFiles) open_.pop_back();
     Open o{at.file, nullptr, nullptr};
-    if (width) o.llmc = std::make_unique<BinaryReader>(files_[at.file]);
+    if (width) o.raw = std::make_unique<BinaryReader>(files_[at.file]);
     else o.tokens = std::make_unique<TokenFile>(files_[at.file], split_);
     open_.push_front(std::move(o));
   } else if (it != open_.begin()) {
@@ -149,9 +163,13 @@ TokenSource::Where TokenSource::read(int64_t j, uint32_t* window) {
     return at;
   }
   raw_.resize(n * width);
-  if (!open_.front().llmc->read_at(kLlmcHeader + at.start * width, raw_.data(), raw_.size()))
+  if (!open_.front().raw->read_at(layout.offset + at.start * width, raw_.data(), raw_.size()))
     throw SpecError(what_ + ": " + files_[at.file] + " was truncated after it was opened");
-  widen_ids(raw_.data(), n, width, window);
+  try {
+    widen_raw(raw_.data(), n, layout, at.start, window);
+  } catch (const SpecError& e) {
+    throw SpecError(what_ + ": " + e.what());
+  }
   for (size_t i = 0; i < n; ++i)
     if (window[i] >= static_cast<uint64_t>(vocab_limit_))
       throw SpecError(what_ + ": " + files_[at.file] + ": token id " + std::to_string(window[i]) + " at offset " +
@@ -186,19 +204,19 @@ Mixture::Mixture(const RunSpec& spec, Split split)
     std::vector<std::string> files;
     try {
       size_t read = 0;
-      files = source_files(own_val ? s.val : s.path, &read);
+      files = source_files(own_val ? s.val : s.path, s.format, &read);
       listing_read_ += read;
     } catch (const SpecError& e) {
       throw SpecError(what + (own_val ? ": val: " : ": ") + e.what());
     }
-    if (split == Split::val && !own_val && std::any_of(files.begin(), files.end(), is_llmc_shard))
-      throw SpecError(what +
-                      ": llm.c shards hold no held-out split: give the source val = \"...\" (its "
-                      "validation shards)");
+    if (split == Split::val && !own_val &&
+        (s.format != "auto" || std::any_of(files.begin(), files.end(), is_llmc_shard)))
+      throw SpecError(what + ": " + (s.format == "auto" ? std::string("llm.c shards") : s.format + " files") +
+                      " hold no held-out split: give the source val = \"...\" (its validation files)");
     // Each source its own order: the run's seed, the source's place and the epoch pick it.
     const uint64_t key = static_cast<uint64_t>(spec.run.seed) * 0x9e3779b97f4a7c15ULL + (uint64_t{i} << 40);
-    sources_.push_back(
-        std::make_unique<TokenSource>(files, split, spec.model.seq_len, shuffle, key, spec.model.vocab, what));
+    sources_.push_back(std::make_unique<TokenSource>(files, split, spec.model.seq_len, shuffle, key, spec.model.vocab,
+                                                     what, s.format));
     const TokenSource &first = *sources_.front(), &it = *sources_.back();
     if (it.tokenizer() != first.tokenizer() || it.tokenizer_model() != first.tokenizer_model())
       throw SpecError(what + ": tokenized otherwise than data.sources[0] (" + first.file(0) + "; " +

@@ -32,7 +32,8 @@ std::vector<ImpliedKey> implied_keys(const RunSpec& s, std::string* unread) {
   if (!s.data.sources.empty()) try {                           // the largest of the mixture's files'
       int64_t vocab = 0;                                       // (llm.c shards record none)
       for (const RunSpec::Data::Source& src : s.data.sources)  // from the folders' indexes where current
-        for (const CorpusFile& f : corpus_files(source_files(src.path))) vocab = std::max(vocab, f.vocab);
+        for (const CorpusFile& f : corpus_files(source_files(src.path, src.format), src.format))
+          vocab = std::max(vocab, f.vocab);
       if (vocab > 0) out.push_back({"model.vocab", std::to_string(vocab), "data.sources' largest vocab_size"});
     } catch (const SpecError&) {  // the Dataset names what is wrong
     }

@@ -334,6 +334,38 @@ def mixture_inspect_and_index():
 
 
 @scenario
+def mixture_reads_other_formats_in_place():
+    """The three sources as a Megatron dataset and llm.c shards (data export) and headerless nanoGPT
+    files of their ids train with the token files' losses bit for bit: the same windows, read in
+    place (format = "megatron" / "nanogpt", llm.c by content), validation from their own held-out
+    files."""
+    import numpy as np
+    a = settings()
+    mix = three_sources()
+    want = losses("mix_token_files", 1, mix, "eval.every_steps=8", "eval.batches=1")
+    folder = os.path.join(a.work, "formats")
+    os.makedirs(folder, exist_ok=True)
+    for split in ("train", "val"):
+        for name, fmt, out in (("readme", "megatron", f"readme_{split}"), ("upper", "llmc", f"upper_{split}.bin")):
+            p = subprocess.run([a.bin, "data", "export", os.path.join(a.work, f"mix_{name}.h5"), "--format", fmt,
+                                "--split", split, "--output", os.path.join(folder, out), "--force"],
+                               capture_output=True, text=True, timeout=60)
+            expect(p.returncode == 0, f"export {name} {split} as {fmt} ({p.stderr.strip()[-200:]})")
+        with h5py.File(os.path.join(a.work, "mix_reversed.h5")) as f:
+            f[split][:].astype(np.uint16).tofile(os.path.join(folder, f"reversed_{split}.bin"))
+    sources = ("data.sources=["
+               f'{{path = "{folder}/readme_train", val = "{folder}/readme_val", format = "megatron", weight = 0.5, '
+               f'name = "mix_readme"}}, '
+               f'{{path = "{folder}/reversed_train.bin", val = "{folder}/reversed_val.bin", format = "nanogpt", '
+               f'weight = 0.3, name = "mix_reversed"}}, '
+               f'{{path = "{folder}/upper_train.bin", val = "{folder}/upper_val.bin", weight = 0.2, name = "mix_upper"}}]')
+    got = losses("mix_in_place", 1, sources, "eval.every_steps=8", "eval.batches=1", "model.vocab=256")
+    expect(got == want and len(got) == 8, "Megatron and nanoGPT sources read in place give the token files' losses")
+    logged = [[m.get("val_loss") for m in launch_metrics(n) if "val_loss" in m] for n in ("mix_token_files", "mix_in_place")]
+    expect(logged[0] == logged[1] and len(logged[0]) == 1, f"and their validation losses: {logged}")
+
+
+@scenario
 def mixture_bad_sources():
     """A source naming no file, one with a vocabulary over model.vocab, two tokenizers in one
     mixture: exit 2 naming data.sources[i]."""

@@ -259,31 +259,66 @@ TEST_CASE("a corpus's files are known from their folder's index until one change
   for (int i = 0; i < 5; ++i) files.push_back(token_file(tmp, "t" + std::to_string(i) + ".h5", i, 100 + i, 10));
   files.push_back(llmc_shard(tmp, "s.bin", 3, 77));
   size_t opened = 0;
-  const std::vector<CorpusFile> first = corpus_files(files, &opened);
+  const std::vector<CorpusFile> first = corpus_files(files, "auto", &opened);
   CHECK(opened == 6);
   CHECK(fs::exists(tmp.dir / kIndexName));
   CHECK(first[2].train == 102);
   CHECK(first[2].val == 10);
   CHECK(first[2].tokenizer == TokenizerKind::bytes);
-  CHECK(first[5].llmc_width == 2);
+  CHECK(first[5].raw_width == 2);
   CHECK(first[5].train == 77);
-  const std::vector<CorpusFile> again = corpus_files(files, &opened);
+  const std::vector<CorpusFile> again = corpus_files(files, "auto", &opened);
   CHECK(opened == 0);  // every entry current: no file opened
   CHECK(again[2].train == 102);
   CHECK(again[5].train == 77);
 
   fs::remove(files[2]);
   token_file(tmp, "t2.h5", 2, 300, 10);  // rewritten: another size and date
-  const std::vector<CorpusFile> changed = corpus_files(files, &opened);
+  const std::vector<CorpusFile> changed = corpus_files(files, "auto", &opened);
   CHECK(opened == 1);
   CHECK(changed[2].train == 300);
 
   tmp.write(kIndexName, "{not json");  // a damaged index is rebuilt, never trusted
-  CHECK(corpus_files(files, &opened)[2].train == 300);
+  CHECK(corpus_files(files, "auto", &opened)[2].train == 300);
   CHECK(opened == 6);
-  CHECK(corpus_files(files, &opened).size() == 6);
+  CHECK(corpus_files(files, "auto", &opened).size() == 6);
   CHECK(opened == 0);
 
   const std::string other = tmp.write("notes.txt", "not tokens");
   CHECK_THROWS_WITH(corpus_files({files[0], other}), Contains("notes.txt"));
+}
+
+TEST_CASE("nanoGPT files and Megatron datasets are read in place, window for window as the token file", "[mixture]") {
+  TempDir tmp;
+  const std::string h5 = token_file(tmp, "t.h5", 5, 500);
+  std::vector<uint16_t> ids;  // the same ids: headerless uint16 (nanoGPT), and a Megatron dataset
+  for (size_t i = 0; i < 500; ++i) ids.push_back(static_cast<uint16_t>(5 + i % 64));
+  const std::string nano =
+      tmp.write("n.bin", std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(uint16_t)));
+  TokenExportOptions e;
+  e.input = h5;
+  e.output = (tmp.dir / "mega").string();
+  e.format = CorpusFormat::megatron;
+  export_tokens(e);
+  const int T = 16;
+  TokenSource token_file_source({h5}, Split::train, T, true, 9, 256, "t");
+  TokenSource nanogpt({nano}, Split::train, T, true, 9, 256, "n", "nanogpt");
+  TokenSource megatron(source_files(e.output, "megatron"), Split::train, T, true, 9, 256, "m", "megatron");
+  CHECK(source_files(e.output + ".idx", "megatron") == std::vector<std::string>{e.output + ".bin"});
+  CHECK(source_files(tmp.dir.string(), "megatron") == std::vector<std::string>{e.output + ".bin"});
+  REQUIRE(nanogpt.windows() == token_file_source.windows());
+  REQUIRE(megatron.windows() == token_file_source.windows());
+  std::vector<uint32_t> want(T + 1), got(T + 1);
+  for (int64_t j = 0; j < 2 * token_file_source.windows(); ++j) {
+    token_file_source.read(j, want.data());
+    nanogpt.read(j, got.data());
+    CHECK(got == want);
+    megatron.read(j, got.data());
+    CHECK(got == want);
+  }
+  // Nothing bounds a raw file's ids: each is checked against model.vocab as it is read.
+  TokenSource small({nano}, Split::train, T, false, 9, 40, "n", "nanogpt");
+  CHECK_THROWS_WITH(small.read(2, got.data()),
+                    Contains("n.bin: token id 40 at offset 35") && Contains("model.vocab = 40"));
+  CHECK_THROWS_WITH(TokenSource({nano + "x"}, Split::train, T, false, 9, 256, "n", "megatron"), Contains("n.binx"));
 }

@@ -51,6 +51,9 @@ struct RunSpec {
       std::string val;  // held out: other files (llm.c shards hold one split); default: path's token files' /val
       double weight = 1;
       std::string name;  // in messages and metrics; default: the path's last part without extension
+      // How its files hold ids: "auto" (token files and llm.c shards, told apart by content),
+      // "nanogpt" (headerless uint16 files) or "megatron" (indexed datasets: path names prefixes).
+      std::string format = "auto";
     };
     std::vector<Source> sources;
     // Document masking (model/documents.hpp): attention stays within the documents of a packed

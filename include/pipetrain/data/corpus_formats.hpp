@@ -30,6 +30,25 @@ struct LlmcShard {
 LlmcShard read_llmc_shard(const std::string& path);
 bool is_llmc_shard(const std::string& path);  // the file starts with an llm.c magic
 
+// PREFIX of a Megatron indexed dataset given as PREFIX, PREFIX.idx or PREFIX.bin.
+std::string megatron_prefix(std::string prefix);
+
+// A run of token ids stored raw in one file: `count` ids of `width` bytes from byte `offset`
+// (signed ids, as Megatron may store them, must not be negative).
+struct RawTokens {
+  std::string path;
+  uint64_t offset = 0, count = 0;
+  int width = 2;
+  bool is_signed = false;
+};
+// Where a file of `format` keeps its ids: an llm.c shard's after its header, a nanoGPT file's
+// (`dtype`) from its start, a Megatron dataset's (`path`: its prefix, .idx or .bin) in its .bin, the
+// index checked. SpecError naming the file and what was expected.
+RawTokens raw_tokens(CorpusFormat format, const std::string& path, const std::string& dtype = "uint16");
+// Ids [first, first + n) of `r` from their raw bytes; a negative or over-32-bit id is a SpecError
+// naming the file and the id's place.
+void widen_raw(const uint8_t* raw, size_t n, const RawTokens& r, uint64_t first, uint32_t* ids);
+
 struct TokenImportOptions {
   CorpusFormat format = CorpusFormat::llmc;
   std::vector<std::string> inputs, val;  // val: separate held-out inputs (else --val-fraction)

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "pipetrain/config/spec.hpp"
+#include "pipetrain/data/corpus_formats.hpp"
 #include "pipetrain/data/token_file.hpp"
 #include "pipetrain/util/binary_file.hpp"
 
@@ -52,17 +53,20 @@ std::vector<std::pair<std::string, int64_t>> tokens_by_source(const RunSpec& spe
 
 // The files a source's path names, sorted: the file itself; a glob's matches; a folder's token
 // files and llm.c shards (known from its index, corpus_index.hpp; `read_files` counts the files
-// opened to tell). SpecError ("<path>: ...") when it names none.
-std::vector<std::string> source_files(const std::string& path, size_t* read_files = nullptr);
+// opened to tell), or with format "nanogpt" all its files. With format "megatron" each indexed
+// dataset's .bin: the path names a prefix (or its .idx or .bin), a glob or folder the .idx files.
+// SpecError ("<path>: ...") when it names none.
+std::vector<std::string> source_files(const std::string& path, const std::string& format = "auto",
+                                      size_t* read_files = nullptr);
 
 // One source's token files, for one split, read window by window (a few files open at a time).
 class TokenSource {
  public:
-  // `what` names the source in errors ("data.sources[1] (code)"). SpecError when a file is neither
-  // a token file nor an llm.c shard, or no file has a whole window. An llm.c shard's ids, which it
-  // does not bound, are checked against `vocab` as they are read.
+  // `what` names the source in errors ("data.sources[1] (code)"). SpecError when a file is not of
+  // `format` (corpus_files), or no file has a whole window. Raw files' ids (llm.c, nanoGPT,
+  // Megatron), which nothing bounds, are checked against `vocab` as they are read.
   TokenSource(const std::vector<std::string>& files, Split split, int T, bool shuffle, uint64_t key, int64_t vocab,
-              const std::string& what);
+              const std::string& what, const std::string& format = "auto");
   int64_t windows() const { return first_window_.back(); }
   uint64_t tokens() const { return tokens_; }        // of its split, in all its files
   size_t files_read() const { return files_read_; }  // opened to learn what they hold (the rest: indexed)
@@ -87,10 +91,10 @@ class TokenSource {
   bool shuffle_;
   uint64_t key_;
   std::vector<int64_t> first_window_;  // per file, and the total at the end
-  std::vector<int> llmc_width_;        // per file: an llm.c shard's bytes per token (0: a token file)
+  std::vector<RawTokens> layout_;      // per file: where a raw file keeps its ids (width 0: a token file)
   int64_t vocab_ = 0, vocab_limit_;
   std::string what_;
-  std::vector<uint8_t> raw_;  // an llm.c window's bytes
+  std::vector<uint8_t> raw_;  // a raw window's bytes
   TokenizerKind tokenizer_ = TokenizerKind::none;
   std::string tokenizer_model_;
   int64_t document_token_ = -1;
@@ -98,8 +102,8 @@ class TokenSource {
   size_t files_read_ = 0;
   struct Open {
     size_t file;
-    std::unique_ptr<TokenFile> tokens;   // a token file's, or
-    std::unique_ptr<BinaryReader> llmc;  // an llm.c shard's
+    std::unique_ptr<TokenFile> tokens;  // a token file's, or
+    std::unique_ptr<BinaryReader> raw;  // a raw file's
   };
   std::list<Open> open_;  // the most recently read first
 };
