@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "pipetrain/data/tokenizer.hpp"
 #include "pipetrain/util/errors.hpp"
 
 namespace fs = std::filesystem;
@@ -97,7 +98,10 @@ void TextInput::next_text(TextBlock& block, size_t bytes) {
       while (pending_.find('\n') == std::string::npos && pending_.size() < 4 * bytes && read_more(bytes)) {
       }
       const size_t end = pending_.find('\n');
-      cut = end != std::string::npos ? end + 1 : std::min(pending_.size(), 4 * bytes);
+      // A line over 4 blocks is cut after a space, or else never inside a UTF-8 character.
+      cut = end != std::string::npos               ? end + 1
+            : eof_ && pending_.size() <= 4 * bytes ? pending_.size()  // the file's last line
+                                                   : text_cut(pending_, 0, 4 * bytes - 1);
     }
   }
   block.text.assign(pending_, 0, cut);
