@@ -192,9 +192,17 @@ double Dataset::take_digest() {
 
 void Dataset::micro_batch(int64_t step, int dp_rank, int mb, int* inputs, int* targets) {
   const int per_rank = B_ / D_, per_mb = per_rank / M_;
-  const int64_t first = step * B_ + static_cast<int64_t>(dp_rank) * per_rank + static_cast<int64_t>(mb) * per_mb;
+  auto first_of = [&](int64_t s, int m) {
+    return s * B_ + static_cast<int64_t>(dp_rank) * per_rank + static_cast<int64_t>(m) * per_mb;
+  };
+  const int64_t first = first_of(step, mb);
   for (int i = 0; i < per_mb; ++i)
     sample(first + i, inputs + static_cast<size_t>(i) * T_, targets + static_cast<size_t>(i) * T_);
+  // The next micro-batch's windows start coming in while this one computes (raw files: read_ahead).
+  if (!mixture_) return;
+  const int64_t next = mb + 1 < M_ ? first_of(step, mb + 1) : first_of(step + 1, 0);
+  for (int i = 0; i < per_mb; ++i)
+    focus_ >= 0 ? mixture_->prefetch_from(focus_, next + i) : mixture_->prefetch(next + i);
 }
 
 }  // namespace pipetrain

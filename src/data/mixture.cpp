@@ -177,6 +177,14 @@ TokenSource::Where TokenSource::read(int64_t j, uint32_t* window) {
   return at;
 }
 
+void TokenSource::prefetch(int64_t j) const {
+  const Where at = where(j);
+  const RawTokens& layout = layout_[at.file];
+  if (layout.width)
+    read_ahead(files_[at.file], layout.offset + at.start * layout.width,
+               (static_cast<uint64_t>(T_) + 1) * layout.width);
+}
+
 std::vector<std::pair<std::string, int64_t>> tokens_by_source(const RunSpec& spec, const MixturePattern& pattern,
                                                               int64_t samples) {
   std::vector<std::pair<std::string, int64_t>> out;
@@ -237,6 +245,11 @@ size_t Mixture::files_read() const {
 uint64_t Mixture::sample(int64_t g, uint32_t* window) {
   const MixturePattern::Pick p = pattern_.pick(g);
   return sample_from(p.source, p.index, window);
+}
+
+void Mixture::prefetch(int64_t g) const {
+  const MixturePattern::Pick p = pattern_.pick(g);
+  sources_[p.source]->prefetch(p.index);
 }
 
 uint64_t Mixture::sample_from(int s, int64_t j, uint32_t* window) {

@@ -24,6 +24,13 @@ BinaryReader::BinaryReader(const std::string& path) : path_(path), fd_(::open(pa
   size_ = static_cast<uint64_t>(st.st_size);
 }
 
+void read_ahead(const std::string& path, uint64_t offset, uint64_t bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::posix_fadvise(fd, static_cast<off_t>(offset), static_cast<off_t>(bytes), POSIX_FADV_WILLNEED);
+  ::close(fd);  // the readahead it started goes on
+}
+
 bool file_starts_with(const std::string& path, const void* head, size_t n) {
   std::vector<unsigned char> got(n);
   try {

@@ -6,9 +6,16 @@
 // folder; the spec's [[data.sources]] is read, checked and shown.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/data/corpus_formats.hpp"
@@ -321,4 +328,43 @@ TEST_CASE("nanoGPT files and Megatron datasets are read in place, window for win
   CHECK_THROWS_WITH(small.read(2, got.data()),
                     Contains("n.bin: token id 40 at offset 35") && Contains("model.vocab = 40"));
   CHECK_THROWS_WITH(TokenSource({nano + "x"}, Split::train, T, false, 9, 256, "n", "megatron"), Contains("n.binx"));
+}
+
+TEST_CASE("a raw file's next windows are read ahead into the page cache", "[mixture]") {
+  // A nanoGPT file out of the page cache (posix_fadvise DONTNEED), then prefetch of one window:
+  // its pages become resident (mincore) without a read. Where the file system keeps every page
+  // resident (tmpfs) there is nothing to observe.
+  TempDir tmp;
+  const size_t n = 4u << 20;  // 8 MiB of ids
+  const std::vector<uint16_t> ids(n, 7);
+  const std::string path =
+      tmp.write("n.bin", std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(uint16_t)));
+  const int T = 1 << 18;  // a window: 512 KiB
+  TokenSource src({path}, Split::train, T, false, 1, 256, "n", "nanogpt");
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  ::fdatasync(fd);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  const size_t bytes = n * sizeof(uint16_t), page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  REQUIRE(map != MAP_FAILED);
+  auto resident = [&](size_t from, size_t len) {  // pages of [from, from + len) in the page cache
+    std::vector<unsigned char> in((len + page - 1) / page);
+    ::mincore(static_cast<char*>(map) + from, len, in.data());
+    return static_cast<size_t>(std::count_if(in.begin(), in.end(), [](unsigned char c) { return c & 1; }));
+  };
+  const size_t window = (static_cast<size_t>(T) + 1) * sizeof(uint16_t), at = 5 * static_cast<size_t>(T) * 2;
+  const size_t first = at / page * page, pages = (at + window - first + page - 1) / page;
+  if (resident(first, pages * page) == pages) {
+    WARN("the file system keeps the file's pages resident: read-ahead cannot be observed here");
+  } else {
+    src.prefetch(5);  // window 5 starts at token 5 T
+    size_t got = 0;
+    for (int i = 0; i < 200 && got < pages; ++i, std::this_thread::sleep_for(std::chrono::milliseconds(10)))
+      got = resident(first, pages * page);
+    CHECK(got == pages);
+    CHECK(resident(0, page) == 0);  // the file's head was not asked for
+  }
+  ::munmap(map, bytes);
+  ::close(fd);
 }

@@ -83,6 +83,9 @@ class TokenSource {
   };
   Where where(int64_t j) const;             // of the source's sample j
   Where read(int64_t j, uint32_t* window);  // its T + 1 tokens; returns where they lie
+  // Starts reading sample j's bytes in the background (read_ahead) where its file keeps raw ids;
+  // a token file's are read by HDF5 when asked (HDF5 here is not made for a second thread).
+  void prefetch(int64_t j) const;
 
  private:
   std::vector<std::string> files_;
@@ -120,6 +123,9 @@ class Mixture {
   uint64_t sample(int64_t g, uint32_t* window);
   // The same for sample j of source s alone (its own validation reads them in order).
   uint64_t sample_from(int s, int64_t j, uint32_t* window);
+  // Read-ahead (TokenSource::prefetch) of global sample g, or of source s's sample j.
+  void prefetch(int64_t g) const;
+  void prefetch_from(int s, int64_t j) const { sources_[s]->prefetch(j); }
   int sources() const { return static_cast<int>(sources_.size()); }
   const TokenSource& source(int s) const { return *sources_[s]; }
   // Files opened to learn what they hold while opening it (listing folders, then the sources').

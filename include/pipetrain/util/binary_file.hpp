@@ -9,6 +9,11 @@
 
 namespace pipetrain {
 
+// Asks the kernel to read bytes [offset, offset + bytes) of `path` into its page cache in the
+// background (posix_fadvise WILLNEED), so that a read of them soon finds them there. Best effort:
+// nothing happens where the file cannot be opened.
+void read_ahead(const std::string& path, uint64_t offset, uint64_t bytes);
+
 class BinaryReader {
  public:
   explicit BinaryReader(const std::string& path);  // SpecError "PATH: cannot read (reason)"
