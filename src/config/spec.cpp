@@ -95,6 +95,41 @@ void validate_model(const RunSpec& s, const std::function<void(const std::string
                              " is odd: rotary position embeddings rotate pairs of dimensions");
 }
 
+// The data keys: a source and its path, held-out data for validation, document masking.
+void validate_data(const RunSpec& s, const std::function<void(const std::string&, const std::string&)>& fail) {
+  const auto& m = s.model;
+  if (s.eval.every_steps > 0 && s.data.source == DataSource::text)
+    fail("eval.every_steps",
+         "validation needs held-out data: a token file with /val (pipetrain data prepare, "
+         "data.source = \"hdf5\") or data.source = \"synthetic\"");
+  if (!s.data.sources.empty() && s.data.source != DataSource::hdf5)
+    fail("data.source", std::string("data.source = \"") + name_of(s.data.source) +
+                            "\" but data.sources lists token files (data.source = \"hdf5\", or leave it unset)");
+  if (!s.data.sources.empty() && !s.data.path.empty())
+    fail("data.path",
+         "data.path and data.sources both given: a single token file is one source (drop data.path, "
+         "or list it in data.sources)");
+  if (s.data.source != DataSource::synthetic && s.data.path.empty() && s.data.sources.empty())
+    fail("data.path", std::string("data.source = \"") + name_of(s.data.source) + "\" needs data.path" +
+                          (s.data.source == DataSource::hdf5 ? " (or data.sources)" : ""));
+  if (s.data.restart_positions && !s.data.document_mask)
+    fail("data.restart_positions", "restarts positions at each document: it needs data.document_mask = true");
+  if (s.data.document_mask && s.data.document_token >= m.vocab)
+    fail("data.document_token", "document_token = " + std::to_string(s.data.document_token) +
+                                    " is not a token of model.vocab = " + std::to_string(m.vocab));
+  if (s.data.document_mask && s.data.document_token < 0 && s.data.source != DataSource::hdf5)
+    fail("data.document_token",
+         std::string("the byte tokens of data.source = \"") + name_of(s.data.source) +
+             "\" have no end-of-document token: name the token that begins a document (10, a newline, makes each "
+             "line one)");
+  if (s.data.source == DataSource::text && m.vocab < 256)
+    fail("model.vocab", "vocab = " + std::to_string(m.vocab) +
+                            " is too small for byte tokens of data.source = \"text\" (need >= 256)");
+  if (s.data.source == DataSource::synthetic && m.vocab < 128)
+    fail("model.vocab",
+         "vocab = " + std::to_string(m.vocab) + " is too small for the synthetic byte language (need >= 128)");
+}
+
 // Every width parallel.tp splits must divide evenly: query heads, key/value heads, the MLP's hidden
 // width. The vocabulary need not (its rows are split as evenly as they go).
 void validate_tensor_parallel(const RunSpec& s,
@@ -327,36 +362,7 @@ void validate_spec(const RunSpec& s, int world_size, const std::string& ranks_ar
          "straggler_ratio = " + (std::ostringstream() << s.log.straggler_ratio).str() +
              " would call every rank a straggler: use a factor above 1 (e.g. 1.25), or 0 for no detection");
   if (s.train.min_lr > s.train.lr) fail("train.min_lr", "min_lr must not exceed train.lr");
-  if (s.eval.every_steps > 0 && s.data.source == DataSource::text)
-    fail("eval.every_steps",
-         "validation needs held-out data: a token file with /val (pipetrain data prepare, "
-         "data.source = \"hdf5\") or data.source = \"synthetic\"");
-  if (!s.data.sources.empty() && s.data.source != DataSource::hdf5)
-    fail("data.source", std::string("data.source = \"") + name_of(s.data.source) +
-                            "\" but data.sources lists token files (data.source = \"hdf5\", or leave it unset)");
-  if (!s.data.sources.empty() && !s.data.path.empty())
-    fail("data.path",
-         "data.path and data.sources both given: a single token file is one source (drop data.path, "
-         "or list it in data.sources)");
-  if (s.data.source != DataSource::synthetic && s.data.path.empty() && s.data.sources.empty())
-    fail("data.path", std::string("data.source = \"") + name_of(s.data.source) + "\" needs data.path" +
-                          (s.data.source == DataSource::hdf5 ? " (or data.sources)" : ""));
-  if (s.data.restart_positions && !s.data.document_mask)
-    fail("data.restart_positions", "restarts positions at each document: it needs data.document_mask = true");
-  if (s.data.document_mask && s.data.document_token >= m.vocab)
-    fail("data.document_token", "document_token = " + std::to_string(s.data.document_token) +
-                                    " is not a token of model.vocab = " + std::to_string(m.vocab));
-  if (s.data.document_mask && s.data.document_token < 0 && s.data.source != DataSource::hdf5)
-    fail("data.document_token",
-         std::string("the byte tokens of data.source = \"") + name_of(s.data.source) +
-             "\" have no end-of-document token: name the token that begins a document (10, a newline, makes each "
-             "line one)");
-  if (s.data.source == DataSource::text && m.vocab < 256)
-    fail("model.vocab", "vocab = " + std::to_string(m.vocab) +
-                            " is too small for byte tokens of data.source = \"text\" (need >= 256)");
-  if (s.data.source == DataSource::synthetic && m.vocab < 128)
-    fail("model.vocab",
-         "vocab = " + std::to_string(m.vocab) + " is too small for the synthetic byte language (need >= 128)");
+  validate_data(s, fail);
   // Buffers are indexed with int in BLAS and MPI counts: keep every per-micro-batch tensor below 2^31
   // (attention keeps no T x T matrix: its largest buffers are the projections').
   const int64_t tokens = int64_t{s.train.global_batch} / batch_divisor * m.seq_len;

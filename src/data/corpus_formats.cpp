@@ -299,6 +299,7 @@ std::string import_tokens(const TokenImportOptions& opt) {
   w.vocab = opt.vocab_size;
   w.width = opt.vocab_size > 0 ? token_width_for(opt.vocab_size) : widest;
   w.tokenizer = TokenizerKind::none;
+  w.document_token = opt.document_token;
   TokenFileWriter out(w, n_train, n_val);
   for (const auto& s : train) stream(s, out);
   for (const auto& s : val) stream(s, out);

@@ -114,7 +114,11 @@ uint64_t document_cut(const TokenRun& run, uint64_t cut, int separator) {
 // one thread per block, each document followed by `separator` (>= 0 where documents are kept).
 // Returns each input's run of ids in the spool.
 std::vector<TokenRun> encode_to_spool(const PrepareOptions& opt, const Tokenizer& tok, int separator,
-                                      const std::string& spool_path, FILE* spool, uint64_t total) {
+                                      const std::string& spool_path, uint64_t total) {
+  std::error_code ec;
+  if (fs::path(opt.output).has_parent_path()) fs::create_directories(fs::path(opt.output).parent_path(), ec);
+  File spool_file = open_input(spool_path, "wb");
+  FILE* spool = spool_file.get();
   // At most 8 blocks in flight: their text and ids (4 bytes per token) stay a few hundred MiB.
   const unsigned threads = opt.threads ? opt.threads : std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
   Progress progress("encoded", total);
@@ -186,14 +190,32 @@ std::vector<std::string> inputs_of(const PrepareOptions& opt) {
   return inputs;
 }
 
+// The shards of an earlier sharded output OUTPUT's stem_NNNNN.ext, in order.
+std::vector<std::string> existing_shards(const std::string& output) {
+  std::vector<std::string> found;
+  for (size_t k = 0;; ++k) {
+    std::error_code ec;
+    if (!fs::exists(shard_path(output, k), ec)) return found;
+    found.push_back(shard_path(output, k));
+  }
+}
+
 // Everything that can be refused before the inputs are read (a tokenizer's training can take
-// minutes: an existing output is refused here, not only when the writer would find it).
+// minutes: an existing output is refused here, not only when the writer would find it). A sharded
+// output's earlier shards are its output: each must be a token file that --force may replace.
 void check_options(const PrepareOptions& opt) {
   if (opt.inputs.empty()) throw SpecError("data prepare: no --input file given");
   if (opt.output.empty()) throw SpecError("data prepare: no --output file given");
   if (!(opt.val_fraction >= 0 && opt.val_fraction < 1))
     throw SpecError("data prepare: --val-fraction " + std::to_string(opt.val_fraction) + " is not in [0, 1)");
-  check_output(opt.output, token_file_output("data prepare", inputs_of(opt), opt.force));
+  if (!(opt.shard_mb >= 0)) throw SpecError("data prepare: --shard-mb must not be negative");
+  if (opt.shard_mb > 0) {
+    const std::vector<std::string> earlier = existing_shards(opt.output);
+    for (const std::string& shard : earlier.empty() ? std::vector<std::string>{shard_path(opt.output, 0)} : earlier)
+      check_output(shard, token_file_output("data prepare", inputs_of(opt), opt.force));
+  } else {
+    check_output(opt.output, token_file_output("data prepare", inputs_of(opt), opt.force));
+  }
   switch (opt.tokenizer) {
     case TokenizerKind::bytes:
       if (opt.vocab_size || !opt.tokenizer_model.empty())
@@ -238,7 +260,85 @@ Tokenizer prepare_tokenizer(const PrepareOptions& opt, uint64_t total, std::stri
   return tok;
 }
 
+// The training stream (each run's head) and the held-out stream (each run's tail), in input order.
+struct Part {
+  const TokenRun* run;
+  uint64_t from, count;
+};
+struct Streams {
+  std::vector<Part> train, val;
+  uint64_t n_train = 0, n_val = 0;
+};
+struct Written {
+  size_t shards = 1;
+  uint64_t documents = 0;
+};
+
+// Tokens [from, from + n) of a stream, appended.
+void append_stream(const std::vector<Part>& parts, uint64_t from, uint64_t n, TokenFileWriter& out,
+                   Progress& progress) {
+  for (const Part& p : parts) {
+    if (from >= p.count) {
+      from -= p.count;
+      continue;
+    }
+    const uint64_t k = std::min(n, p.count - from);
+    append_range(*p.run, p.from + from, k, out, progress);
+    n -= k;
+    from = 0;
+    if (n == 0) return;
+  }
+}
+
+// The streams as one token file (w.output) or as shards (--shard-mb): shard k holds
+// [k n / shards, (k + 1) n / shards) of each. An earlier, larger set's last shards are no part of
+// this one (a glob would still find them): removed once the new set is in place.
+Written write_token_files(const PrepareOptions& opt, const TokenFileWriter::Options& w, const Streams& s,
+                          Progress& progress, const std::string& sources) {
+  Written out;
+  const double stored = static_cast<double>(s.n_train + s.n_val) * w.width;
+  if (opt.shard_mb > 0) out.shards = static_cast<size_t>(std::max(1.0, std::ceil(stored / (opt.shard_mb * 1e6))));
+  const std::vector<std::string> earlier = opt.shard_mb > 0 ? existing_shards(opt.output) : std::vector<std::string>{};
+  for (size_t k = 0; k < out.shards; ++k) {
+    TokenFileWriter::Options wk = w;
+    if (opt.shard_mb > 0) wk.output = shard_path(opt.output, k);
+    const uint64_t t0 = s.n_train * k / out.shards, t1 = s.n_train * (k + 1) / out.shards;
+    const uint64_t v0 = s.n_val * k / out.shards, v1 = s.n_val * (k + 1) / out.shards;
+    TokenFileWriter file(wk, t1 - t0, v1 - v0);
+    append_stream(s.train, t0, t1 - t0, file, progress);
+    append_stream(s.val, v0, v1 - v0, file, progress);
+    file.commit(sources);
+    out.documents += file.documents();
+  }
+  for (size_t k = out.shards; k < earlier.size(); ++k) fs::remove(earlier[k]);
+  return out;
+}
+
+// The token file(s) data prepare writes: the tokenizer's, with the end-of-document token (byte
+// tokens get one, 256, beyond their vocabulary) where documents are kept.
+TokenFileWriter::Options writer_options(const PrepareOptions& opt, const Tokenizer& tok, int separator) {
+  TokenFileWriter::Options w;
+  w.output = opt.output;
+  w.force = opt.force;
+  w.compress = opt.compress;
+  w.what = "data prepare";
+  w.inputs = inputs_of(opt);
+  w.vocab = tok.vocab_size() + (tok.is_bytes() && separator >= 0 ? 1 : 0);
+  w.width = token_width_for(w.vocab);
+  w.document_token = separator;
+  w.tokenizer = tok.kind();
+  w.tokenizer_model = tok.model_bytes();
+  return w;
+}
+
 }  // namespace
+
+std::string shard_path(const std::string& output, size_t k) {
+  const fs::path p(output);
+  char number[16];
+  std::snprintf(number, sizeof number, "_%05zu", k);
+  return (p.parent_path() / (p.stem().string() + number + p.extension().string())).string();
+}
 
 std::string prepare_token_file(const PrepareOptions& given) {
   PrepareOptions opt = given;
@@ -260,17 +360,7 @@ std::string prepare_token_file(const PrepareOptions& given) {
   const bool copy_bytes = tok.is_bytes() && !documents &&
                           std::none_of(opt.inputs.begin(), opt.inputs.end(),
                                        [](auto& in) { return in.size() > 3 && in.substr(in.size() - 3) == ".gz"; });
-  TokenFileWriter::Options w;
-  w.output = opt.output;
-  w.force = opt.force;
-  w.compress = opt.compress;
-  w.what = "data prepare";
-  w.inputs = inputs_of(opt);
-  w.vocab = tok.vocab_size() + (tok.is_bytes() && documents ? 1 : 0);
-  w.width = token_width_for(w.vocab);
-  w.document_token = separator;
-  w.tokenizer = tok.kind();
-  w.tokenizer_model = tok.model_bytes();
+  const TokenFileWriter::Options w = writer_options(opt, tok, separator);
   nlohmann::json how = {{"val_fraction", opt.val_fraction}, {"tokenizer", tok.name()}};
   if (documents) how["documents"] = opt.documents != DocumentSplit::none ? name_of(opt.documents) : "records";
   if (!tok.is_bytes()) how["tokenizer_note"] = note;
@@ -294,40 +384,35 @@ std::string prepare_token_file(const PrepareOptions& given) {
   if (copy_bytes) {
     for (const auto& in : opt.inputs) runs.push_back({in, 0, static_cast<uint64_t>(fs::file_size(in)), 1, in});
   } else {
-    std::error_code ec;
-    if (fs::path(opt.output).has_parent_path()) fs::create_directories(fs::path(opt.output).parent_path(), ec);
-    File spool = open_input(spool_path, "wb");
-    runs = encode_to_spool(opt, tok, separator, spool_path, spool.get(), total);
+    runs = encode_to_spool(opt, tok, separator, spool_path, total);
   }
-  uint64_t n_train = 0, n_val = 0;
+  Streams streams;
   for (const TokenRun& r : runs) {
-    n_val += held_out(r);
-    n_train += r.count - held_out(r);
+    const uint64_t held = held_out(r);
+    streams.train.push_back({&r, 0, r.count - held});
+    streams.val.push_back({&r, r.count - held, held});
+    streams.n_val += held;
+    streams.n_train += r.count - held;
   }
-  TokenFileWriter out(w, n_train, n_val);
-  Progress progress(copy_bytes ? "read" : "written", copy_bytes ? total : 4 * (n_train + n_val));
-  for (const TokenRun& r : runs) append_range(r, 0, r.count - held_out(r), out, progress);
-  for (const TokenRun& r : runs) append_range(r, r.count - held_out(r), held_out(r), out, progress);
-  out.commit(sources_json(opt.inputs, "pipetrain data prepare", how.dump()));
-  const uint64_t count = n_train + n_val;
+  const uint64_t n_train = streams.n_train, n_val = streams.n_val, count = n_train + n_val;
+  Progress progress(copy_bytes ? "read" : "written", copy_bytes ? total : 4 * count);
+  const Written written =
+      write_token_files(opt, w, streams, progress, sources_json(opt.inputs, "pipetrain data prepare", how.dump()));
+  const size_t shards = written.shards;
+  const uint64_t documents_kept = written.documents;
 
-  char summary[512];
-  std::snprintf(
-      summary, sizeof summary,
-      "%s: %llu train and %llu validation tokens (%s, vocab %lld, %s) from %zu file(s), %s%s%s%s", opt.output.c_str(),
-      static_cast<unsigned long long>(n_train), static_cast<unsigned long long>(n_val), tok.name(),
-      static_cast<long long>(w.vocab), token_dtype_name(w.width), opt.inputs.size(),
-      human_bytes(static_cast<double>(total)).c_str(),
-      tok.is_bytes() ? ""
-                     : (", " + std::to_string(static_cast<double>(total) / std::max<uint64_t>(1, count)).substr(0, 4) +
-                        " bytes per token")
-                           .c_str(),
-      documents
-          ? (", " + std::to_string(out.documents()) + " documents, each ended by token " + std::to_string(separator))
-                .c_str()
-          : "",
-      opt.compress ? ", gzip" : "");
-  return summary;
+  std::ostringstream summary;
+  summary << (opt.shard_mb > 0 ? shard_path(opt.output, 0) + " .. " + shard_path(opt.output, shards - 1) : opt.output)
+          << ": " << n_train << " train and " << n_val << " validation tokens (" << tok.name() << ", vocab " << w.vocab
+          << ", " << token_dtype_name(w.width) << ") from " << opt.inputs.size() << " file(s), "
+          << human_bytes(static_cast<double>(total));
+  if (!tok.is_bytes())
+    summary << ", " << std::setprecision(3) << static_cast<double>(total) / std::max<uint64_t>(1, count)
+            << " bytes per token";
+  if (documents) summary << ", " << documents_kept << " documents, each ended by token " << separator;
+  if (opt.compress) summary << ", gzip";
+  if (opt.shard_mb > 0) summary << ", in " << shards << " shards";
+  return summary.str();
 }
 
 namespace {

@@ -33,7 +33,10 @@ ExitCode data_prepare(const std::vector<std::string>& args) {
       "where plain text's documents end, each then followed by the end-of-document token (SentencePiece's </s>; "
       "256 for bytes, vocabulary 257): none | file (each input) | paragraph (also after each blank line); a .jsonl "
       "record always ends one")("threads", po::value<unsigned>(&opt.threads)->default_value(0),
-                                "encoding threads (0: the cores, at most 8)")("compress", "gzip the token datasets")(
+                                "encoding threads (0: the cores, at most 8)")(
+      "shard-mb", po::value<double>(&opt.shard_mb)->default_value(0),
+      "write shards of about this many MB of tokens, OUTPUT's stem + _00000.h5, ... (each its part of /train and "
+      "/val; a data.sources glob reads them): 0, one file")("compress", "gzip the token datasets")(
       "force", "replace an existing output file");
   po::variables_map vm;
   if (auto done = parse_command_line("data prepare", desc, args, vm)) return *done;
@@ -64,6 +67,9 @@ ExitCode data_import(const std::vector<std::string>& args) {
       "share of the tokens, from the end, held out as /val (without --val)")(
       "val", po::value<std::vector<std::string>>(&opt.val)->multitoken()->composing(), "held-out inputs for /val")(
       "dtype", po::value<std::string>(&opt.dtype)->default_value("uint16"), "nanogpt: uint8 | uint16 | uint32")(
+      "document-token", po::value<int64_t>(&opt.document_token)->default_value(-1),
+      "the token that separates the corpus's documents (GPT-2's <|endoftext|> is 50256, as llm.c's and nanoGPT's "
+      "GPT-2 data put it between documents): recorded with each document's start, for data.document_mask")(
       "compress", "gzip the token datasets")("force", "replace an existing output file");
   po::positional_options_description pos;
   pos.add("input", -1);

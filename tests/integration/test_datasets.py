@@ -366,6 +366,53 @@ def mixture_reads_other_formats_in_place():
 
 
 @scenario
+def prepare_writes_shards():
+    """--shard-mb writes the token file as shards (stem_00000.h5, ...) whose /train and /val, in
+    order, are the single file's; a data.sources glob over them reads every shard and trains; a new
+    set replaces an earlier one only with --force, which also removes the shards it does not reach;
+    a shard name holding another file is never touched."""
+    import glob as globbing
+    a = settings()
+    text, one = corpus(), os.path.join(a.work, "one.h5")
+    p = prepare("--input", text, "--output", one, "--val-fraction", "0.1", "--force")
+    expect(p.returncode == 0, f"prepare one file ({p.stderr.strip()[-200:]})")
+    out = os.path.join(a.work, "web.h5")
+    for old in globbing.glob(os.path.join(a.work, "web_*.h5")):
+        os.remove(old)
+    p = prepare("--input", text, "--output", out, "--val-fraction", "0.1", "--shard-mb", "0.004")
+    shards = sorted(globbing.glob(os.path.join(a.work, "web_*.h5")))
+    expect(p.returncode == 0 and len(shards) > 3 and f"in {len(shards)} shards" in p.stdout and not os.path.exists(out),
+           f"{len(shards)} shards of about 4 kB ({p.stdout.strip()} {p.stderr.strip()[-200:]})")
+    with h5py.File(one) as f:
+        want = (list(f["train"][:]), list(f["val"][:]))
+    got = ([], [])
+    for s in shards:
+        with h5py.File(s) as f:
+            got[0].extend(f["train"][:])
+            got[1].extend(f["val"][:])
+    expect(got == want, "the shards' /train and /val, in order, are the single file's")
+    source = f'data.sources=[{{path = "{a.work}/web_*.h5"}}]'
+    seen = subprocess.run([a.bin, "data", "inspect", "--set", source, "--json"], capture_output=True, text=True,
+                          timeout=60)
+    facts = json.loads(seen.stdout)["sources"][0] if seen.returncode == 0 else {}
+    expect(facts.get("files") == len(shards) and facts.get("train_tokens") == len(want[0]) and
+           facts.get("val_tokens") == len(want[1]), f"a glob over the shards reads all of them: {facts}")
+    expect(len(losses("shards_glob", 1, source)) == 8, "and trains")
+
+    again = prepare("--input", text, "--output", out, "--shard-mb", "0.004")
+    expect(again.returncode == 2 and "--force" in again.stderr and "web_00000.h5" in again.stderr,
+           f"an earlier set is refused without --force ({again.stderr.strip()[-200:]})")
+    fewer = prepare("--input", text, "--output", out, "--shard-mb", "0.008", "--force")
+    left = sorted(globbing.glob(os.path.join(a.work, "web_*.h5")))
+    expect(fewer.returncode == 0 and 1 < len(left) < len(shards) and f"in {len(left)} shards" in fewer.stdout,
+           f"--force replaces the set and removes the shards it does not reach ({len(left)} left)")
+    open(left[0], "w").write("my notes\n")  # not a token file: --force never replaces it
+    p = prepare("--input", text, "--output", out, "--shard-mb", "0.008", "--force")
+    expect(p.returncode == 2 and open(left[0]).read() == "my notes\n",
+           f"a shard name holding another file is refused, the file kept ({p.stderr.strip()[-200:]})")
+
+
+@scenario
 def mixture_bad_sources():
     """A source naming no file, one with a vocabulary over model.vocab, two tokenizers in one
     mixture: exit 2 naming data.sources[i]."""

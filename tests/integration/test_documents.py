@@ -232,6 +232,41 @@ def prepare_keeps_documents():
 
 
 @scenario
+def import_records_the_document_token():
+    """data import --document-token records the token between an llm.c corpus's documents and each
+    document's start; a masked run takes it from the file."""
+    import h5py
+    import numpy as np
+
+    args = settings()
+    rng = np.random.default_rng(3)
+    ids = rng.integers(8, 300, size=6000).astype(np.uint16)
+    ids[rng.choice(6000, size=60, replace=False)] = 7  # documents separated by 7
+    shard = os.path.join(args.work, "shard.bin")
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = (20240520, 1, ids.size)
+    with open(shard, "wb") as f:
+        f.write(header.tobytes() + ids.tobytes())
+    out = os.path.join(args.work, "imported.h5")
+    p = subprocess.run([args.bin, "data", "import", "--format", "llmc", shard, "--output", out, "--vocab-size", "300",
+                        "--val-fraction", "0.1", "--document-token", "7", "--force"], capture_output=True, text=True)
+    expect(p.returncode == 0, f"import ({p.stderr.strip()[-200:]})")
+    if p.returncode:
+        return
+    with h5py.File(out) as f:
+        train = f["train"][:]
+        starts = f["train_documents"][:]
+        token = f.attrs["document_token"]
+    want = np.concatenate([[0], np.flatnonzero(train[:-1] == 7) + 1])
+    expect(token == 7 and (starts == want).all(), f"document token 7 and {len(starts)} document starts recorded")
+    r = launch(args, 1, os.path.join(args.work, "masked"), None,
+               ["model.n_layer=1", f"model.d_model={C}", f"model.n_head={H}", f"model.seq_len={T}", "model.vocab=300",
+                "data.source=hdf5", f"data.path={out}", "data.document_mask=true", "run.steps=2"])
+    expect(r.rc == 0 and "a document beginning at token 7" in r.out,
+           f"a masked run takes the token from the imported file ({r.err.strip()[-200:]})")
+
+
+@scenario
 def document_mask_mistakes():
     """Each mistake is one message naming its key, before any rank trains."""
     args = settings()

@@ -74,7 +74,7 @@ TEST_CASE("a checkpoint written before a model key existed holds that key's defa
   CHECK(incompatibility(changed, gpt2) == "model.d_model differs: checkpoint has 128, this run has 64");
 }
 
-TEST_CASE("training on from a checkpoint needs its data stream and batch; evaluating it, only its model",
+TEST_CASE("training on from a checkpoint needs its data stream and batch, evaluating it only its model",
           "[manifest][ckpt]") {
   const RunSpec saved = load_spec("", {}, 0);
   Manifest m;

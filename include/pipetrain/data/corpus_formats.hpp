@@ -56,6 +56,7 @@ struct TokenImportOptions {
   int64_t vocab_size = 0;        // 0: the largest id + 1
   double val_fraction = 0.1;     // the last tokens of the inputs, when `val` is empty
   std::string dtype = "uint16";  // nanogpt: uint8 | uint16 | uint32
+  int64_t document_token = -1;   // >= 0: the token between documents, recorded (token_file.hpp)
   bool compress = false, force = false;
 };
 

@@ -27,7 +27,13 @@ struct PrepareOptions {
   // </s>, or 256 for byte tokens, whose vocabulary is then 257); JSON Lines records always do.
   DocumentSplit documents = DocumentSplit::none;
   unsigned threads = 0;  // encoding threads; 0: the cores, at most 8
+  // Shards of about this many MB of stored tokens instead of one file: OUTPUT's stem + _00000.h5, ...
+  // (shard_path), each a token file with its part of /train and of /val; 0: one file.
+  double shard_mb = 0;
 };
+
+// Shard k of a sharded output: "data/web.h5" -> "data/web_00003.h5".
+std::string shard_path(const std::string& output, size_t k);
 
 // Writes the token file atomically. Bad input (unreadable or empty files, an existing output
 // without force, a fraction outside [0, 1), bad tokenizer options) is a SpecError naming it;
