@@ -265,11 +265,18 @@ TEST_CASE("a packed sequence's masked attention equals each of its documents' at
 }
 
 TEST_CASE("document-masked attention backward matches finite differences", "[kernels]") {
+  // At T = 150 the loss reads the rows around the documents' edges and the blocks' (one of them
+  // the first row of a document, one the last of a block), so that its fp32 sum stays short
+  // enough for the difference quotient in any build (a debug build sums in another order).
   for (auto [T, C, NH, NKV] : {std::array<int, 4>{9, 16, 2, 1}, {150, 32, 4, 2}}) {
     INFO("T " << T);
     const int B = 2, C3 = C + 2 * NKV * (C / NH);
     const auto start = document_starts(T, {{0, 3, 4, T > 64 ? 64 : 7, T > 64 ? 100 : 8}, {0, 2}});
     auto qkv = randn(B * T * C3, 1.f, 25), r = randn(B * T * C, 1.f, 26);
+    const std::vector<int> read = {2, 3, 5, 63, 64, 65, 99, 100, 127, 128, 149};
+    if (T > 64)
+      for (int row = 0; row < B * T; ++row)
+        if (std::find(read.begin(), read.end(), row % T) == read.end()) std::fill_n(r.begin() + row * C, C, 0.f);
     std::vector<float> out(B * T * C), lse(B * NH * T);
     auto loss = [&] {
       attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV, start.data());
