@@ -170,8 +170,13 @@ def ctrl_c_checkpoints_and_resumes():
     out, err = proc.communicate(timeout=120)
     stop = events(run_dir)[-1]
     reached = stop.get("step", 0)
-    expect(proc.returncode == 3 and stop.get("reason") == "signal" and stop.get("signal") == "SIGINT" and 20 <= reached < 300,
-           f"Ctrl-C: exit 3 after step {reached}, recorded as SIGINT ({proc.returncode}: {err.strip()[-300:]})")
+    # The ranks exit 3 (the stop record holds the code they exit with). Hydra, signalled itself,
+    # passes that on, or in a race reports 0 (seen once in CI with the record saying 3); srun, the
+    # production launcher, reports the tasks' codes.
+    expect(stop.get("exit_code") == 3 and proc.returncode in (3, 0) and stop.get("reason") == "signal" and
+           stop.get("signal") == "SIGINT" and 20 <= reached < 300,
+           f"Ctrl-C: exit 3 after step {reached}, recorded as SIGINT (mpiexec {proc.returncode}, "
+           f"the ranks {stop.get('exit_code')}: {err.strip()[-300:]})")
     expect(os.path.isdir(os.path.join(run_dir, "checkpoints", f"step_{reached:08d}")), f"a checkpoint at step {reached}")
     resumed = launch(a, 4, run_dir, tiny(), BASE + ["parallel.pp=2", "parallel.dp=2", "run.steps=300",
                                                      "checkpoint.every_steps=1000"])
