@@ -171,7 +171,8 @@ void Dataset::sample(int64_t g, int* inputs, int* targets) {
   };
   uint64_t place;
   if (mixture_) {
-    place = focus_ >= 0 ? mixture_->sample_from(focus_, g, window_.data()) : mixture_->sample(g, window_.data());
+    const MixturePattern::Pick p = pick(g);
+    place = mixture_->sample_from(p.source, p.index, window_.data());
     copy(window_.data());
   } else {
     const size_t start = window_start(g);
@@ -201,8 +202,14 @@ void Dataset::micro_batch(int64_t step, int dp_rank, int mb, int* inputs, int* t
   // The next micro-batch's windows start coming in while this one computes (raw files: read_ahead).
   if (!mixture_) return;
   const int64_t next = mb + 1 < M_ ? first_of(step, mb + 1) : first_of(step + 1, 0);
-  for (int i = 0; i < per_mb; ++i)
-    focus_ >= 0 ? mixture_->prefetch_from(focus_, next + i) : mixture_->prefetch(next + i);
+  for (int i = 0; i < per_mb; ++i) {
+    const MixturePattern::Pick p = pick(next + i);
+    mixture_->prefetch_from(p.source, p.index);
+  }
+}
+
+MixturePattern::Pick Dataset::pick(int64_t g) const {
+  return focus_ >= 0 ? MixturePattern::Pick{focus_, g} : mixture_->pick(g);
 }
 
 }  // namespace pipetrain

@@ -247,11 +247,6 @@ uint64_t Mixture::sample(int64_t g, uint32_t* window) {
   return sample_from(p.source, p.index, window);
 }
 
-void Mixture::prefetch(int64_t g) const {
-  const MixturePattern::Pick p = pattern_.pick(g);
-  sources_[p.source]->prefetch(p.index);
-}
-
 uint64_t Mixture::sample_from(int s, int64_t j, uint32_t* window) {
   const TokenSource::Where at = sources_[s]->read(j, window);
   return SplitMix64{(uint64_t(s) << 56) ^ (uint64_t(at.file) << 40) ^ at.start}.next();

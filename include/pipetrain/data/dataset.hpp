@@ -59,6 +59,8 @@ class Dataset {
 
  private:
   const std::vector<uint32_t>& epoch_permutation(int64_t epoch);
+  // Global sample g of a mixture: the weights' pick, or under focus that source's sample g.
+  MixturePattern::Pick pick(int64_t g) const;
   std::vector<uint8_t> tokens_;       // synthetic and text: the whole stream
   std::unique_ptr<TokenFile> file_;   // hdf5: read by window
   std::unique_ptr<Mixture> mixture_;  // data.sources

@@ -123,8 +123,7 @@ class Mixture {
   uint64_t sample(int64_t g, uint32_t* window);
   // The same for sample j of source s alone (its own validation reads them in order).
   uint64_t sample_from(int s, int64_t j, uint32_t* window);
-  // Read-ahead (TokenSource::prefetch) of global sample g, or of source s's sample j.
-  void prefetch(int64_t g) const;
+  // Read-ahead (TokenSource::prefetch) of source s's sample j.
   void prefetch_from(int s, int64_t j) const { sources_[s]->prefetch(j); }
   int sources() const { return static_cast<int>(sources_.size()); }
   const TokenSource& source(int s) const { return *sources_[s]; }
