@@ -39,8 +39,15 @@ void apply_override(toml::table& root, const std::string& text,
   } catch (const toml::parse_error&) {
     parsed.insert_or_assign("v", value);
   }
-  if (!root.contains(section) || !root[section].is_table()) root.insert_or_assign(section, toml::table{});
-  root[section].as_table()->insert_or_assign(key, *parsed.get("v"));
+  // A key of a subtable (model.moe.experts) goes where TOML's [model.moe] would put it.
+  toml::table* table = &root;
+  std::string rest = section + "." + key;
+  for (size_t dot_at; (dot_at = rest.find('.')) != std::string::npos; rest.erase(0, dot_at + 1)) {
+    const std::string part = rest.substr(0, dot_at);
+    if (!table->contains(part) || !(*table)[part].is_table()) table->insert_or_assign(part, toml::table{});
+    table = (*table)[part].as_table();
+  }
+  table->insert_or_assign(rest, *parsed.get("v"));
   set_by_cli.emplace_back(section + "." + key, "--set " + text);
 }
 
@@ -53,6 +60,21 @@ const char* retired_because(const std::string& dotted) {
   for (auto& [key, why] : kRetired)
     if (dotted == key) return why;
   return nullptr;
+}
+
+// A section's keys with their values, a subtable's ([model.moe], or moe.experts = 8 under
+// [model]) named by its dotted path: "moe.experts".
+std::vector<std::pair<std::string, const toml::node*>> keys_of(const toml::table& section) {
+  std::vector<std::pair<std::string, const toml::node*>> keys;
+  for (auto& [name, node] : section) {
+    const std::string key(name.str());
+    if (!node.is_table()) {
+      keys.emplace_back(key, &node);
+      continue;
+    }
+    for (auto& [sub, value] : keys_of(*node.as_table())) keys.emplace_back(key + "." + sub, value);
+  }
+  return keys;
 }
 
 std::string origin_of(const std::vector<std::pair<std::string, std::string>>& origins, const std::string& key) {
@@ -69,6 +91,47 @@ void resolve_model_defaults(RunSpec& spec) {
   if (origin_of(spec.origins, "model.tie_embeddings").empty()) m.tie_embeddings = false;
   if (m.n_kv_head == 0) m.n_kv_head = m.n_head;
   if (m.ffn_hidden == 0) m.ffn_hidden = llama_ffn_hidden(m.d_model, m.ffn_multiple_of);
+  if (m.moe.on() && m.moe.ffn_hidden == 0) m.moe.ffn_hidden = m.ffn_hidden;
+}
+
+// A mixture of experts' keys: experts in the llama family, a top_k they can serve, an MoE block
+// somewhere, widths the tensor ranks split evenly; the other moe keys only with experts.
+void validate_moe(const RunSpec& s, const std::function<void(const std::string&, const std::string&)>& fail) {
+  const auto& m = s.model;
+  const auto& moe = m.moe;
+  if (!moe.on()) {
+    const RunSpec::Model::Moe d;
+    const std::pair<const char*, bool> moe_only[] = {
+        {"model.moe.top_k", moe.top_k != d.top_k},
+        {"model.moe.ffn_hidden", moe.ffn_hidden != d.ffn_hidden},
+        {"model.moe.shared_experts", moe.shared_experts != d.shared_experts},
+        {"model.moe.norm_topk", moe.norm_topk != d.norm_topk},
+        {"model.moe.every", moe.every != d.every},
+        {"model.moe.capacity_factor", moe.capacity_factor != d.capacity_factor},
+        {"model.moe.aux_loss", moe.aux_loss != d.aux_loss},
+        {"model.moe.z_loss", moe.z_loss != d.z_loss}};
+    for (const auto& [key, set] : moe_only)
+      if (set) fail(key, "belongs to a mixture of experts, and model.moe.experts = 0 (a dense model)");
+    return;
+  }
+  if (m.arch != Arch::llama)
+    fail("model.moe.experts", "experts are SwiGLU MLPs of the llama family: they need model.arch = \"llama\"");
+  if (moe.top_k > moe.experts)
+    fail("model.moe.top_k", "top_k = " + std::to_string(moe.top_k) + " exceeds model.moe.experts = " +
+                                std::to_string(moe.experts) + " (each token goes to top_k different experts)");
+  if (moe.every > m.n_layer)
+    fail("model.moe.every", "every = " + std::to_string(moe.every) +
+                                " makes none of model.n_layer = " + std::to_string(m.n_layer) +
+                                " blocks an MoE block (block i is one when (i + 1) % every = 0)");
+  if (s.run.device == Device::gpu)
+    fail("model.moe.experts",
+         "a mixture of experts trains on the CPU in this build (its routing kernels have no "
+         "GPU twin yet): run.device = \"cpu\"");
+  const int tp = s.parallel.tp;
+  const int ffn = moe.ffn_hidden > 0 ? moe.ffn_hidden : m.ffn_hidden;
+  if (ffn > 0 && ffn % tp != 0)
+    fail("parallel.tp", "tp = " + std::to_string(tp) + " does not divide each expert's SwiGLU width " +
+                            std::to_string(ffn) + " (model.moe.ffn_hidden; each tensor rank holds ffn / tp of it)");
 }
 
 // What a model spec cannot be: keys of the other family, and shapes the llama block cannot take.
@@ -169,6 +232,8 @@ void validate_tensor_parallel(const RunSpec& s,
 std::string suggest_key(const std::string& full, const std::string& key_name, const std::vector<std::string>& dotted) {
   for (auto& d : dotted)
     if (d.substr(d.find('.') + 1) == key_name) return "did you mean " + d + "?";
+  for (auto& d : dotted)  // a subtable's key put in its section: [model] experts = 8
+    if (d.substr(d.rfind('.') + 1) == key_name) return "did you mean " + d + "?";
   if (const OtherName* other = other_trainers_name(key_name)) {
     if (!*other->ours) return "pipetrain has no such key: " + std::string(other->note);
     return "did you mean " + std::string(other->ours) + (*other->note ? ": " + std::string(other->note) : "") + "?";
@@ -262,10 +327,10 @@ RunSpec parse_spec(const std::string& text, const std::string& path, const std::
       std::string hint = closest_match(sec, sections);
       throw SpecError(at + ": unknown section [" + sec + "]" + (hint.empty() ? "" : " (did you mean [" + hint + "]?)"));
     }
-    for (auto& [key_name, node] : *sec_node.as_table()) {
-      std::string full = sec + "." + std::string(key_name.str());
+    for (auto& [key_name, node] : keys_of(*sec_node.as_table())) {
+      std::string full = sec + "." + key_name;
       std::string at = origin_of(set_by_cli, full);
-      if (at.empty()) at = where_in_file(path, node);
+      if (at.empty()) at = where_in_file(path, *node);
       if (const char* why = retired_because(full)) {
         spec.notes.push_back(at + ": " + full + " is no longer read (" + why + "); it can be deleted");
         continue;
@@ -273,10 +338,10 @@ RunSpec parse_spec(const std::string& text, const std::string& path, const std::
       auto it = std::find_if(schema.begin(), schema.end(), [&](const SpecKey& k) { return k.dotted() == full; });
       if (it == schema.end()) {
         // Suggest across sections too: `[train] micro_batches` should point at parallel.micro_batches.
-        std::string hint = suggest_key(full, std::string(key_name.str()), dotted);
+        std::string hint = suggest_key(full, key_name, dotted);
         throw SpecError(at + ": unknown key " + full + (hint.empty() ? "" : " (" + hint + ")"));
       }
-      it->set(spec, node, at);
+      it->set(spec, *node, at);
       spec.origins.emplace_back(full, at);
     }
   }
@@ -332,6 +397,7 @@ void validate_spec(const RunSpec& s, int world_size, const std::string& ranks_ar
     fail("model.n_head",
          "n_head = " + std::to_string(m.n_head) + " does not divide model.d_model = " + std::to_string(m.d_model));
   validate_model(s, fail);
+  validate_moe(s, fail);
   validate_tensor_parallel(s, fail);
   if (world_size > 0 && ranks != world_size)
     fail(p.tp > 1 ? "parallel.tp" : "parallel.pp",

@@ -365,6 +365,29 @@ std::vector<SpecKey> build_schema() {
       int_key("model", "ffn_multiple_of", FIELD(int, model.ffn_multiple_of), 1, 1 << 16,
               "llama: what the default ffn_hidden is rounded up to"),
       double_key("model", "norm_eps", FIELD(double, model.norm_eps), 1e-12, 1, "llama: RMSNorm's epsilon"),
+      int_key("model", "moe.experts", FIELD(int, model.moe.experts), 0, 1 << 16,
+              "llama: routed experts of each MoE block, a router sending each token to moe.top_k of them "
+              "(0 = a dense model)"),
+      int_key("model", "moe.top_k", FIELD(int, model.moe.top_k), 1, 1 << 16, "experts each token is routed to"),
+      int_key("model", "moe.ffn_hidden", FIELD(int, model.moe.ffn_hidden), 0, 1 << 20,
+              "each expert's SwiGLU hidden width (0 = model.ffn_hidden)"),
+      int_key("model", "moe.shared_experts", FIELD(int, model.moe.shared_experts), 0, 1 << 16,
+              "always-on experts beside the routed ones, every token through them (one SwiGLU of "
+              "shared_experts x moe.ffn_hidden)"),
+      bool_key("model", "moe.norm_topk", FIELD(bool, model.moe.norm_topk),
+               "renormalise the chosen experts' router probabilities to sum to 1 (Mixtral); false: the "
+               "probabilities as they are (OLMoE)"),
+      int_key("model", "moe.every", FIELD(int, model.moe.every), 1, 4096,
+              "every k-th block is an MoE block (block i when (i + 1) % k = 0), the others dense"),
+      double_key("model", "moe.capacity_factor", FIELD(double, model.moe.capacity_factor), 0, 1e6,
+                 "an expert takes at most ceil(factor x tokens x top_k / experts) of a micro-batch's tokens, the "
+                 "rest dropped in token order (their expert output 0); 0 = dropless"),
+      double_key("model", "moe.aux_loss", FIELD(double, model.moe.aux_loss), 0, 1e6,
+                 "coefficient of each MoE block's load-balancing loss, experts x sum_e f_e P_e (f_e: share of a "
+                 "micro-batch's tokens choosing e, P_e: its mean router probability)"),
+      double_key("model", "moe.z_loss", FIELD(double, model.moe.z_loss), 0, 1e6,
+                 "coefficient of each MoE block's router z-loss, the mean over tokens of logsumexp(router "
+                 "logits)^2"),
       choice_key<DataSource>(
           "data", "source", FIELD(DataSource, data.source),
           "synthetic (built-in learnable byte language), text (bytes of data.path) or hdf5 (the train "

@@ -22,9 +22,21 @@ BlockShape block_shape(const RunSpec& spec) {
   return s;
 }
 
+BlockShape block_shape(const RunSpec& spec, int block) {
+  BlockShape s = block_shape(spec);
+  const auto& moe = spec.model.moe;
+  if (!moe.block_is_moe(block)) return s;
+  s.experts = moe.experts;
+  s.top_k = moe.top_k;
+  s.ffn = moe.ffn_hidden > 0 ? moe.ffn_hidden : s.ffn;
+  s.fc = 2 * s.ffn;
+  s.shared_ffn = moe.shared_experts * s.ffn;
+  return s;
+}
+
 BlockShape tensor_part(const BlockShape& whole, int tp) {
   BlockShape s = whole;
-  for (int* width : {&s.NH, &s.q, &s.fc, &s.ffn}) *width /= tp;
+  for (int* width : {&s.NH, &s.q, &s.fc, &s.ffn, &s.shared_ffn}) *width /= tp;
   const int kv_parts = std::min(tp, s.NKV);  // fewer key/value heads than ranks: one on each
   s.NKV /= kv_parts;
   s.kv /= kv_parts;
@@ -40,8 +52,11 @@ BlockShape gpt2_block_shape(int C) {
 }
 
 double block_weight_macs(const BlockShape& s) {
-  return static_cast<double>(s.C) * s.qkv + static_cast<double>(s.q) * s.C + static_cast<double>(s.C) * s.fc +
-         static_cast<double>(s.ffn) * s.C;
+  const double C = s.C, mlp = C * s.fc + static_cast<double>(s.ffn) * s.C;
+  const double attention = C * s.qkv + static_cast<double>(s.q) * s.C;
+  if (!s.moe()) return attention + mlp;
+  // The router, the top_k experts a token goes to, the shared experts.
+  return attention + C * s.experts + s.top_k * mlp + 3 * C * s.shared_ffn;
 }
 
 }  // namespace pipetrain

@@ -3,11 +3,38 @@
 namespace pipetrain {
 
 size_t LayerWidths::operator[](Width w) const {
-  if (w == Width::vocab) return vocab;
-  if (w == Width::norm_mean) return shape.norm_stats - 1;  // LayerNorm keeps a mean and a 1/std, RMSNorm the 1/rms
-  // The others are the block's own dimensions (one: Dim::none, extent 1).
-  constexpr Dim dims[] = {Dim::none, Dim::none, Dim::C, Dim::q, Dim::qkv, Dim::fc, Dim::ffn};
-  return extent(dims[static_cast<int>(w)], shape);
+  const size_t moe = shape.moe() ? 1 : 0;
+  switch (w) {
+    case Width::one:
+      return 1;
+    case Width::norm_mean:
+      return shape.norm_stats - 1;  // LayerNorm keeps a mean and a 1/std, RMSNorm the 1/rms
+    case Width::C:
+      return shape.C;
+    case Width::q:
+      return shape.q;
+    case Width::qkv:
+      return shape.qkv;
+    case Width::fc:
+      return shape.fc;
+    case Width::ffn:
+      return shape.ffn;
+    case Width::vocab:
+      return vocab;
+    case Width::experts:
+      return shape.experts;
+    case Width::moe_C:
+      return moe * shape.C;
+    case Width::moe_one:
+      return moe;
+    case Width::top_k:
+      return moe * shape.top_k;
+    case Width::shared_fc:
+      return 2 * static_cast<size_t>(shape.shared_ffn);
+    case Width::shared_ffn:
+      return shape.shared_ffn;
+  }
+  return 0;
 }
 
 bool BufferContext::needs(Needed n) const {
@@ -28,16 +55,19 @@ bool BufferContext::needs(Needed n) const {
   return false;
 }
 
-Messages layer_messages(Layer layer, Pass pass, int tp, bool sequence_parallel, const LayerRows& rows, size_t C) {
+Messages layer_messages(Layer layer, Pass pass, int tp, bool sequence_parallel, const LayerRows& rows,
+                        const LayerWidths& widths) {
   Messages m{};
   if (tp <= 1) return m;
-  const double whole_rows = sizeof(float) * static_cast<double>(rows.tokens) * C;
+  const double whole_rows = sizeof(float) * static_cast<double>(rows.tokens) * widths.shape.C;
   for (const ExchangeDecl& d : kLayerExchanges) {
     if (d.layer != layer || d.pass != pass) continue;
     if (d.kind == Exchange::gather && !sequence_parallel) continue;
     const double bytes = d.kind == Exchange::max     ? sizeof(float) * static_cast<double>(rows.tokens)
                          : d.kind == Exchange::stats ? sizeof(double) * kSplitVocabDoublesPerRow * rows.tokens
-                                                     : whole_rows;
+                         : d.kind == Exchange::route
+                             ? sizeof(float) * static_cast<double>(rows.tokens) * widths.shape.top_k
+                             : whole_rows;
     MessageCount& c = m[static_cast<int>(d.kind)];
     c.calls += d.count;
     c.bytes += d.count * bytes;
@@ -79,44 +109,63 @@ std::vector<Pass> passes_run(Layer layer, ChunkPass pass, Recompute mode) {
   return {Pass::input, Pass::weight};
 }
 
+BlockKinds block_kinds(const RunSpec& spec, BlockSpan span) {
+  BlockKinds k;
+  for (int i = span.begin; i < span.end; ++i) ++(spec.model.moe.block_is_moe(i) ? k.moe : k.dense);
+  return k;
+}
+
 namespace {
 // Each layer of a chunk with how many of it there are.
 template <class F>
-void for_each_layer(int blocks, bool first, bool last, F f) {
+void for_each_layer(const RunSpec& spec, BlockSpan blocks, bool first, bool last, F f) {
   if (first) f(Layer::embedding, 1);
-  f(Layer::block, blocks);
+  const BlockKinds kinds = block_kinds(spec, blocks);
+  if (kinds.dense) f(Layer::block, kinds.dense);
+  if (kinds.moe) f(Layer::moe_block, kinds.moe);
   if (last) f(Layer::head, 1);
 }
 }  // namespace
 
-Messages chunk_messages(const RunSpec& spec, int blocks, bool first, bool last, ChunkPass pass) {
+Messages chunk_messages(const RunSpec& spec, BlockSpan blocks, bool first, bool last, ChunkPass pass) {
   const int tp = spec.parallel.tp;
   const bool sp = spec.parallel.sequence_parallel && tp > 1;
   const LayerRows rows = micro_batch_rows(spec);
   Messages sum{};
-  for_each_layer(blocks, first, last, [&](Layer layer, int n) {
+  for_each_layer(spec, blocks, first, last, [&](Layer layer, int n) {
+    const LayerWidths widths = rank_widths(spec, layer);
     for (Pass p : passes_run(layer, pass, spec.parallel.recompute))
-      add(sum, layer_messages(layer, p, tp, sp, rows, spec.model.d_model), n);
+      add(sum, layer_messages(layer, p, tp, sp, rows, widths), n);
   });
   return sum;
 }
 
-PassFlops chunk_flops(const RunSpec& spec, int blocks, bool first, bool last, ChunkPass pass) {
-  const LayerWidths widths = rank_widths(spec);
+PassFlops chunk_flops(const RunSpec& spec, BlockSpan blocks, bool first, bool last, ChunkPass pass) {
   const double tokens = micro_batch_rows(spec).tokens;
   PassFlops sum;
-  for_each_layer(blocks, first, last, [&](Layer layer, int n) {
+  for_each_layer(spec, blocks, first, last, [&](Layer layer, int n) {
+    const LayerWidths widths = rank_widths(spec, layer);
     for (Pass p : passes_run(layer, pass, spec.parallel.recompute))
       sum.add(layer_flops(layer, p, widths, spec.model.seq_len), n * tokens);
   });
   return sum;
 }
 
-LayerWidths whole_widths(const RunSpec& spec) { return {block_shape(spec), static_cast<size_t>(spec.model.vocab)}; }
+namespace {
+// The widths of `layer`'s block: an MoE block's (block every - 1 is one), else the dense one's.
+BlockShape layer_shape(const RunSpec& spec, Layer layer) {
+  const auto& moe = spec.model.moe;
+  return layer == Layer::moe_block && moe.on() ? block_shape(spec, moe.every - 1) : block_shape(spec);
+}
+}  // namespace
 
-LayerWidths rank_widths(const RunSpec& spec) {
+LayerWidths whole_widths(const RunSpec& spec, Layer layer) {
+  return {layer_shape(spec, layer), static_cast<size_t>(spec.model.vocab)};
+}
+
+LayerWidths rank_widths(const RunSpec& spec, Layer layer) {
   const int tp = spec.parallel.tp;
-  return {tensor_part(block_shape(spec), tp), (static_cast<size_t>(spec.model.vocab) + tp - 1) / tp};
+  return {tensor_part(layer_shape(spec, layer), tp), (static_cast<size_t>(spec.model.vocab) + tp - 1) / tp};
 }
 
 LayerRows micro_batch_rows(const RunSpec& spec) {

@@ -15,7 +15,7 @@ size_t Stage::scratch_bytes() const {
   for_each_declared(scratch_, kStageScratch, count);
   for_each_declared(wscratch_, kBlockWGrads, count);
   for_each_declared(hscratch_, kHeadWGrads, count);
-  return sizeof(float) * floats + sizeof(double) * softmax_stats_.size() + work_.bytes();
+  return sizeof(float) * floats + sizeof(double) * softmax_stats_.size() + work_.bytes() + routing_.bytes();
 }
 
 Stage::Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end, int micro_batches,
@@ -34,6 +34,9 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
       V_(static_cast<int>(part_rows(spec.model.vocab, tp).size())),
       shape_(tensor_part(block_shape(spec), tp.size)),
       widths_{shape_, static_cast<size_t>(V_)},
+      moe_shape_(rank_widths(spec, Layer::moe_block).shape),
+      moe_widths_{moe_shape_, static_cast<size_t>(V_)},
+      moe_(spec.model.moe),
       rope_theta_(static_cast<float>(spec.model.rope_theta)),
       norm_eps_(static_cast<float>(spec.model.norm_eps)),
       tied_(spec.model.tie_embeddings),
@@ -62,8 +65,8 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
   // One micro-batch's scratch, and a fused backward's output gradients, as layer_decl.hpp declares them.
   const BufferContext fused{has_embedding(), has_head(), false, sp_, tp.size > 1};
   const LayerRows rows = batch_rows();
-  size_declared(scratch_, kStageScratch, rows, widths_, fused);
-  size_declared(wscratch_, kBlockWGrads, rows, widths_, fused);
+  size_declared_widest(scratch_, kStageScratch, rows, widths_, moe_widths_, fused);
+  size_declared_widest(wscratch_, kBlockWGrads, rows, widths_, moe_widths_, fused);
   size_declared(hscratch_, kHeadWGrads, rows, widths_, fused);
   if (has_head() && tp.size > 1) softmax_stats_.resize(kSplitVocabDoublesPerRow * rows.tokens);
 }
@@ -86,16 +89,17 @@ const float* Stage::sum_partials(float* partial, int N, float* kept) {
 }
 
 BlockPtrs Stage::block_ptrs(Floats& base, const Chunk& c, int l) {
-  return block_ptrs_from(base.data() + c.block_offset[l], shape_);
+  return block_ptrs_from(base.data() + c.block_offset[l], shape_of(c, l));
 }
 
 BlockPtrs Stage::block_weights(const Chunk& c, int l) {
   if (!fetcher_) return block_ptrs(store_.weights(), c, l);
   BlockPtrs b;  // each tensor where the fetcher put it
   size_t offset = c.block_offset[l];
-  for (const BlockTensor& t : block_tensors(shape_.arch)) {
-    if (t.field) b.*t.field = fetcher_->where(offset);
-    offset += size_of(t, shape_);
+  const BlockShape& shape = shape_of(c, l);
+  for (const BlockTensor& t : block_tensors(shape)) {
+    if (t.field && held(t, shape)) b.*t.field = fetcher_->where(offset);
+    offset += size_of(t, shape);
   }
   return b;
 }
@@ -138,7 +142,7 @@ void Stage::size_acts(const Chunk& c, Acts& a, const Tokens& tok) {
   a.xs.resize(c.L + (c.last ? 1 : 0));
   for (auto& x : a.xs) x.resize(rows.kept * C_);
   a.blocks.resize(c.L);
-  for (auto& b : a.blocks) size_declared(b, kBlockActs, rows, widths_, ctx);
+  for (int l = 0; l < c.L; ++l) size_declared(a.blocks[l], kBlockActs, rows, widths_of(c, l), ctx);
   if (c.last) size_declared(a.head, kHeadActs, rows, widths_, ctx);
   a.acts_live = true;
 }
@@ -190,11 +194,10 @@ double Stage::forward(int chunk, int mb, float* out) {
   double loss = 0;
   const double counted = tp_.rank == 0 ? 1 : 0;  // a tensor group's loss counts once, on its first rank
   const Tokens tok = micro_batch(mb);
-  if (mode_ == Recompute::none) {
-    compute_forward(c, s, s, out, &loss, tok);
-    return counted * loss;
-  }
-  compute_forward(c, work_, s, out, &loss, tok);
+  recording_routes_ = true;  // this forward's routing, not a recompute's
+  compute_forward(c, mode_ == Recompute::none ? s : work_, s, out, &loss, tok);
+  recording_routes_ = false;
+  if (mode_ == Recompute::none) return counted * loss;
   if (mode_ == Recompute::block) {  // keep each block's input (and the head's)
     KernelTimer timer(Kernel::memory);
     s.xs.resize(work_.xs.size());
@@ -277,7 +280,7 @@ WGrads& Stage::kept_wgrads(const Chunk& c, int chunk, int mb, bool size_them) {
     KernelTimer timer(Kernel::memory);
     const BufferContext ctx{c.first, c.last, true};
     kept.blocks.resize(c.L);
-    for (auto& w : kept.blocks) size_declared(w, kBlockWGrads, batch_rows(), widths_, ctx);
+    for (int l = 0; l < c.L; ++l) size_declared(kept.blocks[l], kBlockWGrads, batch_rows(), widths_of(c, l), ctx);
     size_declared(kept.head, kHeadWGrads, batch_rows(), widths_, ctx);
   }
   return kept;

@@ -37,9 +37,8 @@ void fill_part_normal(const ParamTensor& p, float* out, float stddev, uint64_t s
 std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end,
                                       TpPart tp) {
   const int C = spec.model.d_model, V = spec.model.vocab, T = spec.model.seq_len;
-  const BlockShape whole = block_shape(spec), shape = tensor_part(whole, tp.size);
   const int V_part = static_cast<int>(part_rows(V, tp).size());
-  const bool gpt2 = !shape.llama();  // learned positions and a norm with a bias
+  const bool gpt2 = spec.model.arch == Arch::gpt2;  // learned positions and a norm with a bias
   const bool first = stage == 0, last = stage == n_stages - 1;
   const bool sequence_parallel = spec.parallel.sequence_parallel && tp.size > 1;
   std::vector<ParamTensor> params;
@@ -69,8 +68,10 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
     add("wte.weight", {V_part, C}, true, Init::normal, false, vocab_rows);
     if (gpt2) add("wpe.weight", {T, C}, true, Init::normal);
   }
-  for (int i = block_begin; i < block_end; ++i)
-    for (const BlockTensor& t : block_tensors(shape.arch)) {
+  for (int i = block_begin; i < block_end; ++i) {
+    const BlockShape whole = block_shape(spec, i), shape = tensor_part(whole, tp.size);
+    for (const BlockTensor& t : block_tensors(shape)) {
+      if (!held(t, shape)) continue;
       TpSlice split;
       if (tp.size > 1 && (split_by_tp(t.rows) || split_by_tp(t.cols))) {
         const Dim d = split_by_tp(t.rows) ? t.rows : t.cols;
@@ -83,6 +84,7 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
                         t.field == &BlockPtrs::ln2b;
       params.back().sums_over_tokens = norm && sequence_parallel;
     }
+  }
   if (last) {
     add("ln_f.weight", {C}, false, Init::ones);
     params.back().sums_over_tokens = sequence_parallel;

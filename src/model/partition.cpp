@@ -10,19 +10,29 @@
 
 namespace pipetrain {
 
+namespace {
+// A token's training FLOPs through the model's blocks, dense and MoE blocks each at their own.
+PassFlops all_blocks_flops(const RunSpec& spec) {
+  const int T = spec.model.seq_len;
+  const BlockKinds kinds = block_kinds(spec, {0, spec.model.n_layer});
+  PassFlops sum;
+  sum.add(layer_training_flops(Layer::block, whole_widths(spec), T), kinds.dense);
+  sum.add(layer_training_flops(Layer::moe_block, whole_widths(spec, Layer::moe_block), T), kinds.moe);
+  return sum;
+}
+}  // namespace
+
 CostModel CostModel::of(const RunSpec& spec) {
   const LayerWidths whole = whole_widths(spec);
   const int T = spec.model.seq_len;
-  return {layer_training_flops(Layer::block, whole, T).total(),
-          layer_training_flops(Layer::embedding, whole, T).total(),
+  // A block costs the mean of the model's blocks (with model.moe.every > 1 its MoE blocks cost more).
+  return {all_blocks_flops(spec).total() / spec.model.n_layer, layer_training_flops(Layer::embedding, whole, T).total(),
           layer_training_flops(Layer::head, whole, T).total()};
 }
 
 double training_flops_per_token(const RunSpec& spec) {
   const LayerWidths whole = whole_widths(spec);
-  const int T = spec.model.seq_len;
-  return spec.model.n_layer * layer_training_flops(Layer::block, whole, T).model() +
-         layer_training_flops(Layer::head, whole, T).model();
+  return all_blocks_flops(spec).model() + layer_training_flops(Layer::head, whole, spec.model.seq_len).model();
 }
 
 std::vector<double> stage_costs(const RunSpec& spec, const std::vector<int>& blocks) {

@@ -56,11 +56,15 @@ void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, f
   k_.residual_forward(a.res2.data(), x, sum_partials(scratch_.attproj.data(), N, scratch_.summed.data()), w.projb, R,
                       C);
   norm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), w.ln2w, w.ln2b, R);
-  k_.matmul_forward(a.fch.data(), whole_rows(a.ln2.data(), N), w.fcw, nullptr, N, C, shape_.fc);
-  poll();
-  mlp_activation_forward(a, w.fcb, N);
-  k_.matmul_forward(scratch_.fcproj.data(), a.fch_gelu.data(), w.fcprojw, nullptr, N, shape_.ffn, C);
-  poll();
+  if (is_moe(c, l)) {
+    moe_forward(a, w, whole_rows(a.ln2.data(), N), scratch_.fcproj.data(), N, c.block_begin + l);
+  } else {
+    k_.matmul_forward(a.fch.data(), whole_rows(a.ln2.data(), N), w.fcw, nullptr, N, C, shape_.fc);
+    poll();
+    mlp_activation_forward(a, w.fcb, N);
+    k_.matmul_forward(scratch_.fcproj.data(), a.fch_gelu.data(), w.fcprojw, nullptr, N, shape_.ffn, C);
+    poll();
+  }
   k_.residual_forward(out, a.res2.data(), sum_partials(scratch_.fcproj.data(), N, scratch_.summed.data()), w.fcprojb, R,
                       C);
 }
@@ -80,13 +84,17 @@ void Stage::block_backward_input(const Chunk& c, int l, const float* x, const Bl
   // out = res2 + mlp(ln2(res2))
   const float* dout_all = whole_rows(dout, N);
   if (!g) copy_values(w.dout.data(), dout_all, NC);
-  k_.matmul_backward(scratch_.dfch_gelu.data(), grad(&BlockPtrs::fcprojw), grad(&BlockPtrs::fcprojb), dout_all,
-                     a.fch_gelu.data(), p.fcprojw, N, shape_.ffn, C);
-  poll();
-  mlp_activation_backward(w.dfch.data(), a, scratch_.dfch_gelu.data(), N);
-  k_.matmul_backward(partial_target(w.dln2.data()), grad(&BlockPtrs::fcw), grad(&BlockPtrs::fcb), w.dfch.data(),
-                     whole_rows_if(g, a.ln2.data(), N), p.fcw, N, C, shape_.fc);
-  poll();
+  if (is_moe(c, l)) {
+    moe_backward_input(a, w, g, p, dout_all, a.ln2.data(), partial_target(w.dln2.data()), N);
+  } else {
+    k_.matmul_backward(scratch_.dfch_gelu.data(), grad(&BlockPtrs::fcprojw), grad(&BlockPtrs::fcprojb), dout_all,
+                       a.fch_gelu.data(), p.fcprojw, N, shape_.ffn, C);
+    poll();
+    mlp_activation_backward(w.dfch.data(), a, scratch_.dfch_gelu.data(), N);
+    k_.matmul_backward(partial_target(w.dln2.data()), grad(&BlockPtrs::fcw), grad(&BlockPtrs::fcb), w.dfch.data(),
+                       whole_rows_if(g, a.ln2.data(), N), p.fcw, N, C, shape_.fc);
+    poll();
+  }
   sum_partials(partial_target(w.dln2.data()), N, w.dln2.data());
   float* dres2 = dinp;  // accumulate d(res2) in dinp, then continue through the attention branch
   copy_values(dres2, dout, RC);
@@ -113,10 +121,14 @@ void Stage::block_backward_input(const Chunk& c, int l, const float* x, const Bl
 void Stage::block_backward_weight(const Chunk& c, int l, const float* x, const BlockActs& a, const BlockWGrads& w) {
   const int N = B_ * T_, R = kept_rows(N), C = C_;
   BlockPtrs g = block_ptrs(store_.grads(), c, l);
-  k_.matmul_backward(nullptr, g.fcprojw, g.fcprojb, w.dout.data(), a.fch_gelu.data(), nullptr, N, shape_.ffn, C);
-  poll();
-  k_.matmul_backward(nullptr, g.fcw, g.fcb, w.dfch.data(), whole_rows(a.ln2.data(), N), nullptr, N, C, shape_.fc);
-  poll();
+  if (is_moe(c, l)) {
+    moe_backward_weight(a, w, g, whole_rows(a.ln2.data(), N), N);
+  } else {
+    k_.matmul_backward(nullptr, g.fcprojw, g.fcprojb, w.dout.data(), a.fch_gelu.data(), nullptr, N, shape_.ffn, C);
+    poll();
+    k_.matmul_backward(nullptr, g.fcw, g.fcb, w.dfch.data(), whole_rows(a.ln2.data(), N), nullptr, N, C, shape_.fc);
+    poll();
+  }
   norm_backward(nullptr, g.ln2w, g.ln2b, w.dln2.data(), a.res2.data(), nullptr, a.ln2_mean.data(), a.ln2_rstd.data(),
                 R);
   k_.matmul_backward(nullptr, g.projw, g.projb, w.dres2.data(), a.atty.data(), nullptr, N, shape_.q, C);

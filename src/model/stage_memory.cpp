@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "pipetrain/compute/kernels.hpp"
+#include "pipetrain/compute/moe_kernels.hpp"
 #include "pipetrain/model/layer_decl.hpp"
 #include "pipetrain/schedule/actions.hpp"
 
@@ -13,12 +14,14 @@ namespace {
 
 // One micro-batch's activations of a chunk (its inputs aside), in floats: every block's declared
 // activations and input, and on the last stage the head's and its input.
-size_t activation_floats(const RunSpec& spec, bool first, bool last, int blocks) {
+size_t activation_floats(const RunSpec& spec, bool first, bool last, BlockSpan blocks) {
   const LayerRows rows = micro_batch_rows(spec);
-  const LayerWidths widths = rank_widths(spec);
+  const LayerWidths widths = rank_widths(spec), moe = rank_widths(spec, Layer::moe_block);
   const BufferContext ctx{first, last};
   const size_t input = rows.kept * widths.shape.C;
-  return blocks * (declared_floats(kBlockActs, rows, widths, ctx) + input) +
+  const BlockKinds kinds = block_kinds(spec, blocks);
+  return kinds.dense * (declared_floats(kBlockActs, rows, widths, ctx) + input) +
+         kinds.moe * (declared_floats(kBlockActs, rows, moe, ctx) + input) +
          (last ? declared_floats(kHeadActs, rows, widths, ctx) + input : 0);
 }
 
@@ -56,42 +59,48 @@ std::pair<bool, bool> ends_of(const std::vector<ChunkRange>& chunks, int n_virtu
 
 }  // namespace
 
-size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks, Recompute mode) {
+size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, BlockSpan blocks, Recompute mode) {
   const LayerRows rows = micro_batch_rows(spec);
   const bool first = stage == 0, last = stage == n_stages - 1;
   const size_t input = rows.kept * spec.model.d_model;
   size_t floats = 0;
   if (mode == Recompute::none) floats = activation_floats(spec, first, last, blocks);
-  if (mode == Recompute::block) floats = input * (blocks + (last ? 1 : 0));
+  if (mode == Recompute::block) floats = input * (blocks.size() + (last ? 1 : 0));
   if (mode == Recompute::stage) floats = first ? 0 : input;
   const size_t ints = rows.tokens * ((first ? 1 : 0) + (last ? 1 : 0));
   return sizeof(float) * floats + sizeof(int) * ints;
 }
 
-size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks) {
+size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, BlockSpan blocks) {
   const LayerRows rows = micro_batch_rows(spec);
-  const LayerWidths widths = rank_widths(spec);
+  const LayerWidths widths = rank_widths(spec), moe = rank_widths(spec, Layer::moe_block);
   const BufferContext split{stage == 0, stage == n_stages - 1, true};
-  return sizeof(float) * (blocks * declared_floats(kBlockWGrads, rows, widths, split) +
+  const BlockKinds kinds = block_kinds(spec, blocks);
+  return sizeof(float) * (kinds.dense * declared_floats(kBlockWGrads, rows, widths, split) +
+                          kinds.moe * declared_floats(kBlockWGrads, rows, moe, split) +
                           declared_floats(kHeadWGrads, rows, widths, split));
 }
 
 size_t stage_scratch_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual) {
   const LayerRows rows = micro_batch_rows(spec);
-  const LayerWidths widths = rank_widths(spec);
+  const LayerWidths widths = rank_widths(spec), moe = rank_widths(spec, Layer::moe_block);
   const auto [first, last] = ends_of(chunks, n_virtual);
   const bool split_vocab = spec.parallel.tp > 1;
   const BufferContext fused{first, last, false, rows.kept < rows.tokens, split_vocab};
-  const size_t floats = declared_floats(kStageScratch, rows, widths, fused) +
-                        declared_floats(kBlockWGrads, rows, widths, fused) +
+  const size_t floats = declared_floats_widest(kStageScratch, rows, widths, moe, fused) +
+                        declared_floats_widest(kBlockWGrads, rows, widths, moe, fused) +
                         declared_floats(kHeadWGrads, rows, widths, fused);
+  bool any_moe = false;  // the routing of an MoE block, one at a time
+  for (const ChunkRange& c : chunks) any_moe = any_moe || block_kinds(spec, {c.block_begin, c.block_end}).moe > 0;
+  const size_t routing =
+      any_moe ? moe_routing_bytes(static_cast<int>(rows.tokens), moe.shape.top_k, moe.shape.experts) : 0;
   const size_t doubles = last && split_vocab ? kSplitVocabDoublesPerRow * rows.tokens : 0;
   size_t work = 0;  // the work area: one micro-batch's activations, re-run into under recompute
   if (spec.parallel.recompute != Recompute::none)
     for (const ChunkRange& c : chunks)
       work = std::max(work,
-                      activation_floats(spec, c.vstage == 0, c.vstage == n_virtual - 1, c.block_end - c.block_begin));
-  return sizeof(float) * (floats + work) + sizeof(double) * doubles;
+                      activation_floats(spec, c.vstage == 0, c.vstage == n_virtual - 1, {c.block_begin, c.block_end}));
+  return sizeof(float) * (floats + work) + sizeof(double) * doubles + routing;
 }
 
 size_t working_bytes(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual) {

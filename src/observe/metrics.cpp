@@ -206,10 +206,11 @@ std::string to_json(const StepLine& l) {
     if (gpu || !k.gpu_only) j[k.key] = figures(l.*k.values, k.digits);
   nlohmann::ordered_json kernels = nlohmann::ordered_json::object();
   for (size_t k = 0; k < l.kernel_s.size(); ++k)
-    if (kernel_in_family(static_cast<Kernel>(k), l.arch))
+    if (kernel_in_family(static_cast<Kernel>(k), l.arch, l.moe))
       kernels[kernel_name(static_cast<Kernel>(k), l.arch)] = figures(l.kernel_s[k], Digits::six);
   j["kernel_s"] = kernels;
   j["gemm_gflops"] = figures(l.gemm_gflops, Digits::six);
+  add_router_keys(j, l.routers);
   if (l.straggler_window.is_object())
     for (const auto& [key, value] : l.straggler_window.items()) j[key] = value;
   return j.dump();
@@ -225,6 +226,9 @@ std::string progress_line(const StepLine& l) {
   std::string s = buf;
   for (double b : l.bubble_measured) s += " " + num(b, "%.2f");
   s += " (theory " + num(l.bubble_theory, "%.2f") + ")";
+  double load = 0;  // the busiest expert of any MoE block, over the mean
+  for (const RouterFigures& f : l.routers) load = std::max(load, f.load_max);
+  if (!l.routers.empty()) s += " | expert load " + num(load, "%.2f") + "x mean";
   return l.val_loss >= 0 ? s + " | val " + num(l.val_loss, "%.4f") : s;
 }
 

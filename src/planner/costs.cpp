@@ -100,7 +100,13 @@ double MachineCosts::node_allreduce_s(double bytes, int ranks) const {
 std::string block_family(const RunSpec& spec) {
   if (spec.model.arch == Arch::gpt2) return "gpt2";
   const BlockShape s = block_shape(spec);
-  return "llama, " + std::to_string(s.NKV) + " key/value heads, SwiGLU " + std::to_string(s.ffn);
+  std::string family = "llama, " + std::to_string(s.NKV) + " key/value heads, SwiGLU " + std::to_string(s.ffn);
+  const auto& moe = spec.model.moe;
+  if (moe.on())
+    family += ", MoE every " + std::to_string(moe.every) + ": " + std::to_string(moe.experts) + " experts, top " +
+              std::to_string(moe.top_k) + ", SwiGLU " + std::to_string(moe.ffn_hidden) + ", shared " +
+              std::to_string(moe.shared_experts);
+  return family;
 }
 
 nlohmann::json MachineCosts::to_json() const {
@@ -242,15 +248,19 @@ MachineCosts MachineCosts::from_peak(const RunSpec& spec, double flops_per_s, do
 
 MachineCosts::AtSize MachineCosts::flops_per_sample(const RunSpec& spec) {
   // One sample's tokens through each layer's passes, as layer_decl.hpp declares their FLOPs.
-  const LayerWidths whole = whole_widths(spec);
   const int T = spec.model.seq_len;
   auto passes = [&](Layer layer) {
+    const LayerWidths whole = whole_widths(spec, layer);
     auto at = [&](Pass p) { return T * layer_flops(layer, p, whole, T).total(); };
     return PassCosts{at(Pass::forward), at(Pass::input), at(Pass::weight)};
   };
   AtSize one;
   one.samples = 1;
-  one.block = passes(Layer::block);
+  // A block: the mean of the model's (its MoE blocks' FLOPs are their active experts').
+  const BlockKinds kinds = block_kinds(spec, {0, spec.model.n_layer});
+  const PassCosts dense = passes(Layer::block), moe = passes(Layer::moe_block);
+  auto mean = [&](double d, double m) { return (kinds.dense * d + kinds.moe * m) / spec.model.n_layer; };
+  one.block = {mean(dense.f, moe.f), mean(dense.b, moe.b), mean(dense.w, moe.w)};
   one.head = passes(Layer::head);
   one.embed = passes(Layer::embedding);
   return one;

@@ -123,8 +123,10 @@ Plan make_plan(const RunSpec& spec) {
       const int n = c.block_end - c.block_begin;
       sp.blocks += n;
       sp.cost_share += costs[c.vstage] / total;
-      wgrads.push_back(wgrad_bytes_per_micro_batch(spec, c.vstage, P * V, n));
-      for (int m = 0; m < 3; ++m) stash[m].push_back(stash_bytes_per_micro_batch(spec, c.vstage, P * V, n, kModes[m]));
+      const BlockSpan span{c.block_begin, c.block_end};
+      wgrads.push_back(wgrad_bytes_per_micro_batch(spec, c.vstage, P * V, span));
+      for (int m = 0; m < 3; ++m)
+        stash[m].push_back(stash_bytes_per_micro_batch(spec, c.vstage, P * V, span, kModes[m]));
     }
     sp.bubble = sim.bubble[s];
     sp.in_flight = max_in_flight(lists[s]);

@@ -16,8 +16,9 @@ namespace {
 // Seconds of what `layer`'s `pass` exchanges with its tensor group (layer_decl.hpp), at the
 // measured all-reduce's cost within a node: an all-gather or a reduce-scatter moves half of what an all-reduce
 // of the same rows moves.
-double exchange_s(const MachineCosts& costs, Layer layer, Pass pass, int tp, bool sp, const LayerRows& rows, size_t C) {
-  const Messages m = layer_messages(layer, pass, tp, sp, rows, C);
+double exchange_s(const MachineCosts& costs, Layer layer, Pass pass, int tp, bool sp, const LayerRows& rows,
+                  const LayerWidths& widths) {
+  const Messages m = layer_messages(layer, pass, tp, sp, rows, widths);
   double s = 0;
   for (int k = 0; k < kExchanges; ++k) {
     if (m[k].calls == 0) continue;
@@ -36,7 +37,7 @@ PassCosts layer_exchanges(const MachineCosts& costs, const RunSpec& spec, Layer 
   auto at = [&](ChunkPass pass) {
     double s = 0;
     for (Pass p : passes_run(layer, pass, spec.parallel.recompute))
-      s += exchange_s(costs, layer, p, tp, sp, rows, spec.model.d_model);
+      s += exchange_s(costs, layer, p, tp, sp, rows, rank_widths(spec, layer));
     return s;
   };
   return apart ? PassCosts{at(ChunkPass::forward), at(ChunkPass::backward_input), at(ChunkPass::backward_weight)}
@@ -234,10 +235,13 @@ double step_flops(const RunSpec& spec, const std::vector<int>& blocks) {
       par.schedule->splits_backward ? std::vector<ChunkPass>{ChunkPass::backward_input, ChunkPass::backward_weight}
                                     : std::vector<ChunkPass>{ChunkPass::backward};
   double flops = 0;
+  int begin = 0;  // the virtual stage's first block
   for (int v = 0; v < n_virtual; ++v) {
     const bool first = v == 0, last = v == n_virtual - 1;
-    double per_mb = chunk_flops(spec, blocks[v], first, last, ChunkPass::forward).model();
-    for (ChunkPass p : backward) per_mb += chunk_flops(spec, blocks[v], first, last, p).model();
+    const BlockSpan span{begin, begin + blocks[v]};
+    begin = span.end;
+    double per_mb = chunk_flops(spec, span, first, last, ChunkPass::forward).model();
+    for (ChunkPass p : backward) per_mb += chunk_flops(spec, span, first, last, p).model();
     flops += static_cast<double>(par.micro_batches) * par.dp * par.tp * per_mb;
   }
   return flops;

@@ -186,7 +186,8 @@ void check_links(Comm& comm, std::vector<Row>& rows) {
 void check_tensor_all_reduce(Comm& comm, const RunSpec& spec, std::vector<Row>& rows) {
   const Topology& topo = comm.topo();
   if (topo.tp == 1) return;
-  const MessageCount sums = chunk_messages(spec, 1, false, false, ChunkPass::forward)[static_cast<int>(Exchange::sum)];
+  const MessageCount sums =
+      chunk_messages(spec, {0, 1}, false, false, ChunkPass::forward)[static_cast<int>(Exchange::sum)];
   const size_t declared = static_cast<size_t>(sums.bytes / std::max(1.0, sums.calls));
   std::vector<float> buf(std::max<size_t>(declared, 4 << 20) / sizeof(float), 1.0f);
   comm.allreduce_tensor(buf.data(), buf.size());  // warm-up

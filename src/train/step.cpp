@@ -22,6 +22,57 @@ void poison_gradient(Stage& stage) {
     if (p.name != "wte.weight") return upload(stage.grads().data() + p.offset, &nan, sizeof nan);
 }
 
+// Each MoE block's routing over the step, summed over the ranks that ran it (a tensor group's
+// first rank speaking for the group): rank 0's, empty elsewhere and without experts.
+std::vector<RouterFigures> gather_routers(Run& run, const std::map<int, MoeBlockFigures>& routes) {
+  const auto& moe = run.spec.model.moe;
+  if (!moe.on()) return {};
+  std::vector<int> blocks;
+  for (int i = 0; i < run.spec.model.n_layer; ++i)
+    if (moe.block_is_moe(i)) blocks.push_back(i);
+  std::vector<double> mine(router_fields(blocks.size(), moe.experts), 0), all;
+  if (run.layout.topo.tp_rank == 0)
+    for (const auto& [block, f] : routes)
+      pack_router_counts(blocks, moe.experts, block,
+                         {f.chosen, f.dropped, f.aux_loss, f.z_loss, double(f.micro_batches)}, mine.data());
+  run.comms.comm->gather_to_root(mine.data(), mine.size(), all);
+  return run.rank() == 0 ? combine_router_counts(blocks, moe.experts, all) : std::vector<RouterFigures>{};
+}
+
+// What this rank measured over the step, as it travels to rank 0.
+RankFigures rank_figures(Run& run, const StepResult& r) {
+  RankFigures mine;
+  mine.stage = run.layout.topo.stage;
+  mine.dp_rank = run.layout.topo.dp_rank;
+  mine.compute_s = r.stats.compute_s + r.local_s;
+  mine.rank_step_s = r.step_s;
+  const OptimizerShard& shard = run.model.adam->shard();
+  // (The stage's whole count: ZeRO-3 drops the flat weights; the gradients' is the same.)
+  const double whole = static_cast<double>(run.model.stage->grads().size()), slabs = shard.state_floats();
+  mine.weight_floats = shard.shards_weights() ? slabs : whole;
+  mine.grad_floats = shard.shards_grads() ? slabs : whole;
+  mine.optim_floats = slabs;
+  mine.comm_wait_s = r.waited_s;
+  mine.bubble_wait_s = r.waited_s - r.dp_wait_s;
+  mine.dp_wait_s = r.dp_wait_s;
+  mine.dp_comm_s = r.dp_comm_s;
+  mine.reduced_bytes = run.spec.parallel.dp > 1 ? 4 * whole : 0;
+  mine.gathered_bytes = r.gathered_bytes;
+  mine.act_peak_bytes = static_cast<double>(r.stats.act_peak_bytes);
+  mine.p2p_bytes = static_cast<double>(r.stats.p2p_bytes);
+  mine.mem_peak_bytes = peak_rss_bytes();
+  mine.loss_sum = r.stats.loss_sum;
+  mine.gpu_mem_bytes = static_cast<double>(gpu::memory_allocated());
+  mine.gpu_mem_peak_bytes = static_cast<double>(gpu::memory_peak());
+  mine.kernels = r.kernels;
+  // Each replica's first stage reads its samples' inputs (tensor rank 0 counts them once).
+  if (run.input.data && run.layout.topo.first_stage() && run.layout.topo.tp_rank == 0)
+    mine.samples_digest = run.input.data->take_digest();
+  if (run.telemetry.straggler_window && run.telemetry.straggler_window->closing())
+    mine.window = run.telemetry.straggler_window->close(now_s());
+  return mine;
+}
+
 }  // namespace
 
 StepResult train_step(Run& run, int step) {
@@ -32,7 +83,8 @@ StepResult train_step(Run& run, int step) {
   StepResult r;
   const double t0 = now_s();
   faults.start_step(step);
-  take_kernel_totals();  // count this step's kernels only
+  take_kernel_totals();      // count this step's kernels only
+  stage.take_moe_figures();  // and its routing (an evaluation's forwards route too)
   run.telemetry.trace.set_step(step, step - static_cast<int>(run.state.start_step));
   r.lr = lr_at(spec, step);
   const OptimizerShard& shard = run.model.adam->shard();
@@ -87,6 +139,7 @@ StepResult train_step(Run& run, int step) {
   r.dp_wait_s = comm.data_wait_seconds();
   r.dp_comm_s = run.telemetry.trace.take_exchange_s();
   r.kernels = take_kernel_totals();
+  r.routes = stage.take_moe_figures();
   if (run.telemetry.straggler_window) {
     // The rank's own time: the step less its waits for peers (its passes, its update, and whatever
     // held it up besides a peer: a throttled clock hits every part); where ranks outnumber cores,
@@ -102,39 +155,12 @@ StepResult train_step(Run& run, int step) {
 }
 
 void log_step(Run& run, int done, const StepResult& r, const Validation& val) {
-  RankFigures mine;
-  mine.stage = run.layout.topo.stage;
-  mine.dp_rank = run.layout.topo.dp_rank;
-  mine.compute_s = r.stats.compute_s + r.local_s;
-  mine.rank_step_s = r.step_s;
-  const OptimizerShard& shard = run.model.adam->shard();
-  // (The stage's whole count: ZeRO-3 drops the flat weights; the gradients' is the same.)
-  const double whole = static_cast<double>(run.model.stage->grads().size()), slabs = shard.state_floats();
-  mine.weight_floats = shard.shards_weights() ? slabs : whole;
-  mine.grad_floats = shard.shards_grads() ? slabs : whole;
-  mine.optim_floats = slabs;
-  mine.comm_wait_s = r.waited_s;
-  mine.bubble_wait_s = r.waited_s - r.dp_wait_s;
-  mine.dp_wait_s = r.dp_wait_s;
-  mine.dp_comm_s = r.dp_comm_s;
-  mine.reduced_bytes = run.spec.parallel.dp > 1 ? 4 * whole : 0;
-  mine.gathered_bytes = r.gathered_bytes;
-  mine.act_peak_bytes = static_cast<double>(r.stats.act_peak_bytes);
-  mine.p2p_bytes = static_cast<double>(r.stats.p2p_bytes);
-  mine.mem_peak_bytes = peak_rss_bytes();
-  mine.loss_sum = r.stats.loss_sum;
-  mine.gpu_mem_bytes = static_cast<double>(gpu::memory_allocated());
-  mine.gpu_mem_peak_bytes = static_cast<double>(gpu::memory_peak());
-  mine.kernels = r.kernels;
-  // Each replica's first stage reads its samples' inputs (tensor rank 0 counts them once).
-  if (run.input.data && run.layout.topo.first_stage() && run.layout.topo.tp_rank == 0)
-    mine.samples_digest = run.input.data->take_digest();
-  if (run.telemetry.straggler_window && run.telemetry.straggler_window->closing())
-    mine.window = run.telemetry.straggler_window->close(now_s());
+  const RankFigures mine = rank_figures(run, r);
   double packed[kRankFigureFields];
   mine.to(packed);
   std::vector<double> all;
   run.comms.comm->gather_to_root(packed, kRankFigureFields, all);
+  std::vector<RouterFigures> routers = gather_routers(run, r.routes);
   if (run.rank() != 0) return;
 
   std::vector<RankFigures> figures;
@@ -148,6 +174,8 @@ void log_step(Run& run, int done, const StepResult& r, const Validation& val) {
   line.time = wall_clock_s();
   line.launch = run.state.launch_index;
   line.arch = run.spec.model.arch;
+  line.moe = run.spec.model.moe.on();
+  line.routers = std::move(routers);
   line.tp = run.spec.parallel.tp;
   line.pp = run.spec.parallel.pp;
   line.dp = run.spec.parallel.dp;

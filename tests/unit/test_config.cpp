@@ -253,6 +253,51 @@ TEST_CASE("model.arch = llama: defaults that follow from the shape, and every im
   }
 }
 
+TEST_CASE("model.moe: a [model.moe] table or --set model.moe.key, and every impossible combination named", "[config]") {
+  TempDir tmp;
+  const std::string llama = "[model]\narch = \"llama\"\nn_layer = 4\nffn_hidden = 96\n";
+  SECTION("a table, a dotted key under [model] and --set all set the same keys") {
+    const RunSpec a = load_text(tmp, llama + "[model.moe]\nexperts = 8\ntop_k = 1\n");
+    CHECK(a.model.moe.experts == 8);
+    CHECK(a.model.moe.top_k == 1);
+    CHECK(a.model.moe.ffn_hidden == 96);  // unset: model.ffn_hidden
+    CHECK(a.origin("model.moe.experts") == (tmp.dir / "file.toml").string() + ":6");
+    const RunSpec b = load_text(tmp, llama + "moe.experts = 8\nmoe.top_k = 1\n");
+    CHECK(resolved_toml(b) == resolved_toml(a));
+    const RunSpec c = load_text(tmp, llama + "[model.moe]\nexperts = 8\ntop_k = 2\n", {"model.moe.top_k=1"});
+    CHECK(resolved_toml(c) == resolved_toml(a));  // --set wins over the table
+    CHECK(c.origin("model.moe.top_k") == "--set model.moe.top_k=1");
+    const RunSpec back = load_spec(tmp.write("moe.toml", resolved_toml(a)), {}, 0);  // config.toml reads back
+    CHECK(resolved_toml(back) == resolved_toml(a));
+    CHECK(a.model.moe.block_is_moe(0));
+    const RunSpec every = load_text(tmp, llama + "[model.moe]\nexperts = 4\nevery = 2\n");
+    CHECK_FALSE(every.model.moe.block_is_moe(0));
+    CHECK(every.model.moe.block_is_moe(1));
+    CHECK(every.model.moe.block_is_moe(3));
+  }
+  SECTION("misplaced and misspelled keys point at the right one") {
+    CHECK_THAT(load_error(tmp, llama + "experts = 8\n"), Contains("did you mean model.moe.experts?"));
+    CHECK_THAT(load_error(tmp, llama + "[model.moe]\nexperts = 8\ntopk = 2\n"),
+               Contains("did you mean model.moe.top_k?"));
+  }
+  SECTION("what a mixture of experts cannot be") {
+    const std::pair<std::vector<std::string>, const char*> refused[] = {
+        {{"model.moe.top_k=1"}, "model.moe.top_k: belongs to a mixture of experts, and model.moe.experts = 0"},
+        {{"model.moe.experts=4", "model.moe.top_k=5"}, "top_k = 5 exceeds model.moe.experts = 4"},
+        {{"model.moe.experts=4", "model.moe.every=5"}, "every = 5 makes none of model.n_layer = 4 blocks an MoE block"},
+        {{"model.moe.experts=4", "model.moe.ffn_hidden=30", "parallel.tp=4", "model.n_head=4"},
+         "tp = 4 does not divide each expert's SwiGLU width 30"},
+        {{"model.moe.experts=4", "run.device=gpu"}, "a mixture of experts trains on the CPU in this build"},
+    };
+    for (const auto& [sets, why] : refused) {
+      INFO(why);
+      CHECK_THAT(load_error(tmp, llama, sets), Contains(why));
+    }
+    CHECK_THAT(spec_error([] { load_spec("", {"model.moe.experts=4"}, 0); }),
+               Contains("experts are SwiGLU MLPs of the llama family: they need model.arch = \"llama\""));
+  }
+}
+
 TEST_CASE("a retired key is read past with a note naming where it was set", "[config]") {
   // Run directories and checkpoints written before comm.backend was retired still hold it.
   TempDir tmp;

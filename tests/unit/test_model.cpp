@@ -152,7 +152,7 @@ TEST_CASE("recompute none, stage and block give identical gradients and stash wh
         if (m == "stage" && !st.has_embedding()) expect += 4 * N * C;
         INFO("stage " << stage_id << " mode " << m);
         CHECK(st.stash_bytes(0, mb) == expect);
-        CHECK(stash_bytes_per_micro_batch(spec, stage_id, 3, 2, *choice_named<Recompute>(m)) == expect);
+        CHECK(stash_bytes_per_micro_batch(spec, stage_id, 3, {0, 2}, *choice_named<Recompute>(m)) == expect);
       }
       for (int mb = M - 1; mb >= 0; --mb) {
         auto r = randn(N * C, 1.f, 40 + mb);

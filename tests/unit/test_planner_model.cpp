@@ -28,7 +28,7 @@ struct Measured {
 
 std::string describe(const Messages& m) {
   std::ostringstream os;
-  const char* names[kExchanges] = {"gather", "sum", "max", "stats"};
+  const char* names[kExchanges] = {"gather", "sum", "max", "stats", "route"};
   for (int k = 0; k < kExchanges; ++k) os << names[k] << " " << m[k].calls << " calls " << m[k].bytes << " B; ";
   return os.str();
 }
@@ -79,7 +79,7 @@ Measured run_stage(const RunSpec& spec, int stage, int rank, TensorGroup* group)
     } else {
       continue;  // messages between stages: the executor's, not the Stage's
     }
-    const int blocks = c.block_end - c.block_begin;
+    const BlockSpan blocks{c.block_begin, c.block_end};
     const KernelTotals counted = take_kernel_totals();
     const PassFlops flops = chunk_flops(spec, blocks, first, last, pass);
     const Messages sent = minus(st.messages_sent(), before), declared = chunk_messages(spec, blocks, first, last, pass);
@@ -116,13 +116,14 @@ std::optional<RunSpec> grid_spec(const std::vector<std::string>& overrides, int 
 TEST_CASE("the planner's bytes, messages and FLOPs equal what real Stages allocate, send and count",
           "[planner_model]") {
   int combinations = 0;
-  for (const char* family : {"gpt2", "llama"})
+  for (const char* family : {"gpt2", "llama", "moe"})
     for (const char* recompute : {"none", "stage", "block"})
       for (int tp : {1, 2})
         for (bool sp : {false, true})
           for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev"}) {
             if (sp && tp == 1) continue;
-            std::vector<std::string> overrides = {std::string("model.arch=") + family,
+            const bool moe = std::string(family) == "moe";  // llama with MoE blocks 1 and 3, shared experts
+            std::vector<std::string> overrides = {std::string("model.arch=") + (moe ? "llama" : family),
                                                   "model.n_layer=4",
                                                   "model.d_model=16",
                                                   "model.n_head=4",
@@ -136,7 +137,11 @@ TEST_CASE("the planner's bytes, messages and FLOPs equal what real Stages alloca
                                                   std::string("parallel.schedule=") + schedule,
                                                   std::string("parallel.recompute=") + recompute,
                                                   "parallel.micro_batches=4"};
-            if (std::string(family) == "llama") overrides.push_back("model.n_kv_head=2");  // grouped heads
+            if (std::string(family) != "gpt2") overrides.push_back("model.n_kv_head=2");  // grouped heads
+            if (moe)
+              for (const char* key : {"model.moe.experts=4", "model.moe.top_k=2", "model.moe.ffn_hidden=24",
+                                      "model.moe.shared_experts=1", "model.moe.every=2"})
+                overrides.push_back(key);
             if (std::string(schedule) == "interleaved") overrides.push_back("parallel.virtual_stages=2");
             const std::optional<RunSpec> spec = grid_spec(overrides, 2 * tp);
             if (!spec) continue;
@@ -167,11 +172,13 @@ TEST_CASE("the planner's bytes, messages and FLOPs equal what real Stages alloca
             INFO(family << " recompute " << recompute << " tp " << tp << (sp ? " sp" : "") << " " << schedule);
             CHECK(step_flops ==
                   Approx(predict_step(*spec, MachineCosts::from_peak(*spec, 1e12, 0.5, 1e9)).flops).epsilon(1e-12));
+            // Each tensor rank runs an MoE block's router whole (forward and both backward products):
+            // the model's FLOPs count it once.
+            const double tokens = spec->train.global_batch * spec->model.seq_len;
+            const double replicated = moe ? (tp - 1) * 3 * 2.0 * 16 * 4 * 2 * tokens : 0;  // 2 MoE blocks, C 16, E 4
             if (spec->parallel.recompute == Recompute::none)
-              CHECK(step_flops ==
-                    Approx(training_flops_per_token(*spec) * spec->train.global_batch * spec->model.seq_len)
-                        .epsilon(1e-12));
+              CHECK(step_flops == Approx(training_flops_per_token(*spec) * tokens + replicated).epsilon(1e-12));
           }
   // Every schedule with recompute none; the three that split the backward refuse stage and block.
-  CHECK(combinations == 2 * 3 * (6 + 2 * 3));
+  CHECK(combinations == 3 * 3 * (6 + 2 * 3));
 }

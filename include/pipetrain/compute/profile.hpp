@@ -14,10 +14,25 @@ namespace pipetrain {
 // tp_comm: the tensor group's collectives inside the layers (their time, waiting included, counts
 // here and not as a pipeline wait). norm and activation are named by the model family (LayerNorm
 // and GELU, or RMSNorm and SwiGLU); rope, the rotary positions, is the llama family's alone.
-enum class Kernel { gemm, attention, norm, activation, rope, softmax, elementwise, optimizer, memory, input, tp_comm };
-constexpr int kKernelClasses = 11;
+// routing: a mixture of experts' router softmax, top-k, permutation and combine (moe_kernels.hpp).
+enum class Kernel {
+  gemm,
+  attention,
+  norm,
+  activation,
+  rope,
+  softmax,
+  elementwise,
+  optimizer,
+  memory,
+  input,
+  tp_comm,
+  routing
+};
+constexpr int kKernelClasses = 12;
 const char* kernel_name(Kernel k, Arch arch);  // "gemm", "attention", "layernorm" or "rmsnorm", ...
-bool kernel_in_family(Kernel k, Arch arch);    // false for the classes the family's layers never run
+// false for the classes the family's layers never run (routing: a model without experts)
+bool kernel_in_family(Kernel k, Arch arch, bool moe);
 
 struct KernelTotals {
   std::array<double, kKernelClasses> seconds{};

@@ -38,6 +38,21 @@ struct RunSpec {
     int ffn_hidden = 0;  // SwiGLU width; 0 = 2/3 x 4 d_model rounded up to ffn_multiple_of
     int ffn_multiple_of = 256;
     double norm_eps = 1e-5;  // RMSNorm's
+    // A mixture of experts (llama family, model/block_tensors.hpp): in an MoE block a router sends
+    // each token to top_k of `experts` SwiGLU experts, beside any always-on shared experts.
+    struct Moe {
+      int experts = 0;  // routed experts per MoE block; 0 = a dense model
+      int top_k = 2;
+      int ffn_hidden = 0;          // each expert's SwiGLU width; 0 = model.ffn_hidden
+      int shared_experts = 0;      // always-on experts, one SwiGLU of shared_experts x ffn_hidden
+      bool norm_topk = true;       // the chosen experts' weights renormalised to sum to 1
+      int every = 1;               // block i is an MoE block when (i + 1) % every == 0
+      double capacity_factor = 0;  // 0 = dropless; else an expert takes ceil(factor x tokens x top_k / experts)
+      double aux_loss = 0.01;      // the load-balancing loss's coefficient
+      double z_loss = 0;           // the router z-loss's coefficient
+      bool on() const { return experts > 0; }
+      bool block_is_moe(int block) const { return on() && (block + 1) % every == 0; }
+    } moe;
   } model;
   struct Data {
     DataSource source = DataSource::synthetic;

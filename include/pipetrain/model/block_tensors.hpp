@@ -8,6 +8,10 @@
 // are one [C + 2 kv, C] product, the packed qkv of the kernels), grouped-query attention with
 // rotary positions, a SwiGLU MLP whose gate and up matrices likewise form one [2 ffn, C]
 // product, and no biases. Tensor names after "h.{i}." are PyTorch's GPT-2 / Hugging Face Llama's.
+// llama MoE block (model.moe): the llama block with a mixture of experts for its MLP: a router
+// [experts, C], the experts' gate | up matrices stacked expert after expert ([experts x 2 ffn, C],
+// each expert's gate rows then its up rows) and their down matrices likewise ([experts x C, ffn]),
+// and, with shared experts, one always-on SwiGLU of their summed width.
 #pragma once
 #include <cstddef>
 #include <string>
@@ -30,9 +34,17 @@ struct BlockShape {
   int fc = 0;          // the MLP's first product's output: 4C (gpt2), 2 ffn (llama: gate | up)
   int ffn = 0;         // the MLP's hidden width, the last product's input: 4C, or ffn_hidden
   int norm_stats = 0;  // floats per token a norm keeps for backward: mean and rstd, or rstd
+  // An MoE block (experts > 0): fc and ffn are then each expert's, and a token goes to top_k of
+  // them; shared_ffn is the always-on experts' width (0: none).
+  int experts = 0, top_k = 0, shared_ffn = 0;
   bool llama() const { return arch == Arch::llama; }
+  bool moe() const { return experts > 0; }
+  int routes() const { return moe() ? top_k : 1; }  // MLP rows per token: one, or a row per chosen expert
 };
+// A dense block's widths (every block of a dense model).
 BlockShape block_shape(const RunSpec& spec);
+// Global block `block`'s widths: an MoE block's (model.moe.block_is_moe) or the dense one.
+BlockShape block_shape(const RunSpec& spec, int block);
 // One tensor rank's share of `whole` among `tp` (the spec has checked that tp divides the query
 // heads and the MLP's width, and divides the key/value heads or is a multiple of them: then a rank
 // holds one key/value head).
@@ -40,7 +52,8 @@ BlockShape tensor_part(const BlockShape& whole, int tp);
 // A GPT-2 block of width C (the interop formats, which are GPT-2's).
 BlockShape gpt2_block_shape(int C);
 
-// Multiply-adds per token of a block's weight products (q/k/v, output, the MLP's two or three).
+// Multiply-adds per token of a block's weight products (q/k/v, output, the MLP's two or three; in an MoE
+// block the router's, the top_k experts' a token goes to and the shared experts': the active ones).
 double block_weight_macs(const BlockShape& s);
 
 // Addresses of one block's tensors (weights or their gradients), named as the layers use them.
@@ -48,15 +61,18 @@ double block_weight_macs(const BlockShape& s);
 struct BlockPtrs {
   float *ln1w = nullptr, *ln1b = nullptr, *qkvw = nullptr, *qkvb = nullptr, *projw = nullptr, *projb = nullptr,
         *ln2w = nullptr, *ln2b = nullptr, *fcw = nullptr, *fcb = nullptr, *fcprojw = nullptr, *fcprojb = nullptr;
+  // An MoE block: fcw and fcprojw are the experts' stacked matrices; the router; the shared experts'.
+  float *routerw = nullptr, *sharedw = nullptr, *sharedprojw = nullptr;
 };
 
 // How a tensor starts: N(0, 0.02); residual output projections N(0, 0.02/sqrt(2L)) (GPT-2's init)
 enum class Init { zeros, ones, normal, residual_normal };
 
-// A tensor dimension, as one of the block's widths. Tensor parallelism splits every one but C:
-// the heads (q, kv, qkv) and the MLP's hidden width (fc, ffn).
-enum class Dim { none, C, q, qkv, fc, ffn, kv };
-inline bool split_by_tp(Dim d) { return d != Dim::none && d != Dim::C; }
+// A tensor dimension, as one of the block's widths. Tensor parallelism splits the heads (q, kv,
+// qkv) and the MLP's hidden widths (fc, ffn, each expert's gate | up rows, the shared experts'),
+// not C, the experts or their stacked rows of C.
+enum class Dim { none, C, q, qkv, fc, ffn, kv, experts, experts_fc, experts_C, shared_ffn };
+inline bool split_by_tp(Dim d) { return d != Dim::none && d != Dim::C && d != Dim::experts && d != Dim::experts_C; }
 
 struct BlockTensor {
   const char* name;  // after "h.{i}."
@@ -93,6 +109,22 @@ inline constexpr BlockTensor kLlamaBlock[] = {
     {"mlp.down_proj.weight", Dim::C, Dim::ffn, true, Init::residual_normal, &BlockPtrs::fcprojw},
 };
 
+inline constexpr BlockTensor kLlamaMoeBlock[] = {
+    {"input_layernorm.weight", Dim::C, Dim::none, false, Init::ones, &BlockPtrs::ln1w},
+    {"self_attn.q_proj.weight", Dim::q, Dim::C, true, Init::normal, &BlockPtrs::qkvw},
+    {"self_attn.k_proj.weight", Dim::kv, Dim::C, true, Init::normal, nullptr},
+    {"self_attn.v_proj.weight", Dim::kv, Dim::C, true, Init::normal, nullptr},
+    {"self_attn.o_proj.weight", Dim::C, Dim::q, true, Init::residual_normal, &BlockPtrs::projw},
+    {"post_attention_layernorm.weight", Dim::C, Dim::none, false, Init::ones, &BlockPtrs::ln2w},
+    {"mlp.gate.weight", Dim::experts, Dim::C, true, Init::normal, &BlockPtrs::routerw},
+    {"mlp.experts.gate_up_proj", Dim::experts_fc, Dim::C, true, Init::normal, &BlockPtrs::fcw},
+    {"mlp.experts.down_proj", Dim::experts_C, Dim::ffn, true, Init::residual_normal, &BlockPtrs::fcprojw},
+    {"mlp.shared_experts.gate_proj.weight", Dim::shared_ffn, Dim::C, true, Init::normal, &BlockPtrs::sharedw},
+    {"mlp.shared_experts.up_proj.weight", Dim::shared_ffn, Dim::C, true, Init::normal, nullptr},
+    {"mlp.shared_experts.down_proj.weight", Dim::C, Dim::shared_ffn, true, Init::residual_normal,
+     &BlockPtrs::sharedprojw},
+};
+
 // A family's block tensors, as a range.
 struct BlockTensors {
   const BlockTensor* first;
@@ -104,6 +136,12 @@ struct BlockTensors {
 inline BlockTensors block_tensors(Arch arch) {
   if (arch == Arch::llama) return {std::begin(kLlamaBlock), std::end(kLlamaBlock)};
   return {std::begin(kGpt2Block), std::end(kGpt2Block)};
+}
+// The table of a block of shape `s`: its family's, or the MoE block's. A tensor of it with no
+// elements in `s` (the shared experts' when there are none) is not held: see held().
+inline BlockTensors block_tensors(const BlockShape& s) {
+  if (s.moe()) return {std::begin(kLlamaMoeBlock), std::end(kLlamaMoeBlock)};
+  return block_tensors(s.arch);
 }
 
 inline int extent(Dim d, const BlockShape& s) {
@@ -122,6 +160,14 @@ inline int extent(Dim d, const BlockShape& s) {
       return s.ffn;
     case Dim::kv:
       return s.kv;
+    case Dim::experts:
+      return s.experts;
+    case Dim::experts_fc:
+      return s.experts * s.fc;
+    case Dim::experts_C:
+      return s.experts * s.C;
+    case Dim::shared_ffn:
+      return s.shared_ffn;
   }
   return 0;
 }
@@ -131,13 +177,17 @@ inline std::vector<int> shape_of(const BlockTensor& t, const BlockShape& s) {
 }
 // How a split dimension is made of parts that tensor parallelism splits each alike: the packed q,
 // k, v product's three (a rank keeps its heads of each), else the dimension whole.
+// The experts' stacked gate | up rows: each expert's gate, then its up.
 inline std::vector<int> split_groups(Dim d, const BlockShape& whole) {
   if (d == Dim::qkv) return {whole.q, whole.kv, whole.kv};
+  if (d == Dim::experts_fc) return std::vector<int>(2 * whole.experts, whole.ffn);
   return {extent(d, whole)};
 }
 inline size_t size_of(const BlockTensor& t, const BlockShape& s) {
   return static_cast<size_t>(extent(t.rows, s)) * extent(t.cols, s);
 }
+// Whether a block of shape `s` holds `t` (an MoE block without shared experts holds none of theirs).
+inline bool held(const BlockTensor& t, const BlockShape& s) { return size_of(t, s) > 0; }
 
 // The global name of a block tensor: "h.3.attn.c_attn.weight".
 inline std::string block_tensor_name(int block, const BlockTensor& t) {
@@ -147,8 +197,8 @@ inline std::string block_tensor_name(int block, const BlockTensor& t) {
 // A block's pointers, its tensors laid out one after another from `first` (the stage's buffers).
 inline BlockPtrs block_ptrs_from(float* first, const BlockShape& s) {
   BlockPtrs b;
-  for (const BlockTensor& t : block_tensors(s.arch)) {
-    if (t.field) b.*t.field = first;
+  for (const BlockTensor& t : block_tensors(s)) {
+    if (t.field && held(t, s)) b.*t.field = first;
     first += size_of(t, s);
   }
   return b;

@@ -6,7 +6,13 @@
 // FLOPs, the balanced partition and the metrics' MFU count the FLOPs. A new layer kind or buffer is
 // one line here plus the kernels that fill it; a test (test_planner_model.cpp) holds a real Stage's
 // allocations, tensor-group messages and kernel FLOP counters to these declarations.
+//
+// A block is dense or an MoE block (model.moe): the same declarations serve both, each buffer's
+// size taken from the block's own widths (block_shape(spec, block)): the MLP's rows are a row per
+// token and chosen expert (Rows::routed: one per token in a dense block), and the router's and
+// shared experts' widths are 0 in a dense block, so it holds none of their buffers.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <type_traits>
@@ -23,12 +29,14 @@ using Floats = Array<float>;  // on the rank's compute device
 // weight half of a backward needs (BlockWGrads, HeadWGrads) and a stage's per-pass scratch.
 struct BlockActs {
   Floats ln1, ln1_mean, ln1_rstd, qkv, lse, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
+  Floats router, router_lse, expert_out, shared_fch, shared_act;  // an MoE block's
 };
 struct HeadActs {
   Floats lnf, lnf_mean, lnf_rstd, probs;
 };
 struct BlockWGrads {
   Floats dout, dfch, dln2, dres2, dqkv, dln1;
+  Floats drouter, dshared_fch;  // an MoE block's: the router's logits', the shared experts' product's
 };
 struct HeadWGrads {
   Floats dlogits, dlnf, dembed;  // dembed: the stage input's gradient (first stage)
@@ -38,15 +46,20 @@ struct StageScratch {
   Floats dres, dx;                           // the residual stream's gradient, in and out of a block
   Floats gathered, dpartial, summed;         // sequence parallelism: whole rows, a partial, summed rows
   Floats logits, row_max;                    // the head's logits; a split vocabulary's row maxima
+  // An MoE block's: the experts' input rows (then their gradients), the expert outputs' gradients,
+  // the combine weights' gradients, the shared experts' activation gradient.
+  Floats routed_in, routed_grad, droute_weight, dshared_act;
 };
 
 // How many rows a buffer has, for one micro-batch (or one generation call): every token row, the
 // rows this rank keeps of the residual stream and the norms (its tp-th with sequence parallelism),
-// or one per sample, query head and position (attention's log-sum-exp; none in generation).
-enum class Rows { tokens, kept, attention };
+// one per sample, query head and position (attention's log-sum-exp; none in generation), or the
+// MLP's rows (routed: one per token and expert it goes to, one per token in a dense block).
+enum class Rows { tokens, kept, attention, routed };
 // Floats per row: 1, a LayerNorm's mean (1; RMSNorm keeps none), a block width (this rank's part;
-// block_tensors.hpp's Dim of that name), the vocabulary rows this rank holds.
-enum class Width { one, norm_mean, C, q, qkv, fc, ffn, vocab };
+// block_tensors.hpp's Dim of that name), the vocabulary rows this rank holds; and an MoE block's
+// (0 in a dense block): the experts, C, 1, top_k, the shared experts' product and hidden widths.
+enum class Width { one, norm_mean, C, q, qkv, fc, ffn, vocab, experts, moe_C, moe_one, top_k, shared_fc, shared_ffn };
 
 struct LayerRows {
   size_t tokens = 0, kept = 0, attention = 0;
@@ -85,8 +98,13 @@ inline constexpr BufferDecl<BlockActs> kBlockActs[] = {
     {&BlockActs::ln2, Rows::kept, Width::C},
     {&BlockActs::ln2_mean, Rows::kept, Width::norm_mean},
     {&BlockActs::ln2_rstd, Rows::kept, Width::one},
-    {&BlockActs::fch, Rows::tokens, Width::fc},
-    {&BlockActs::fch_gelu, Rows::tokens, Width::ffn},
+    {&BlockActs::fch, Rows::routed, Width::fc},
+    {&BlockActs::fch_gelu, Rows::routed, Width::ffn},
+    {&BlockActs::router, Rows::tokens, Width::experts},  // the router's probabilities
+    {&BlockActs::router_lse, Rows::tokens, Width::moe_one},
+    {&BlockActs::expert_out, Rows::routed, Width::moe_C},  // each row's expert output, for the combine's gradient
+    {&BlockActs::shared_fch, Rows::tokens, Width::shared_fc},
+    {&BlockActs::shared_act, Rows::tokens, Width::shared_ffn},
 };
 inline constexpr BufferDecl<HeadActs> kHeadActs[] = {
     {&HeadActs::lnf, Rows::kept, Width::C},
@@ -96,11 +114,13 @@ inline constexpr BufferDecl<HeadActs> kHeadActs[] = {
 };
 inline constexpr BufferDecl<BlockWGrads> kBlockWGrads[] = {
     {&BlockWGrads::dout, Rows::tokens, Width::C, Needed::split_only},
-    {&BlockWGrads::dfch, Rows::tokens, Width::fc},
+    {&BlockWGrads::dfch, Rows::routed, Width::fc},
     {&BlockWGrads::dln2, Rows::kept, Width::C},
     {&BlockWGrads::dres2, Rows::tokens, Width::C, Needed::split_only},
     {&BlockWGrads::dqkv, Rows::tokens, Width::qkv},
     {&BlockWGrads::dln1, Rows::kept, Width::C},
+    {&BlockWGrads::drouter, Rows::tokens, Width::experts},
+    {&BlockWGrads::dshared_fch, Rows::tokens, Width::shared_fc},
 };
 inline constexpr BufferDecl<HeadWGrads> kHeadWGrads[] = {
     {&HeadWGrads::dlogits, Rows::tokens, Width::vocab, Needed::head},
@@ -111,7 +131,7 @@ inline constexpr BufferDecl<StageScratch> kStageScratch[] = {
     {&StageScratch::attproj, Rows::tokens, Width::C},
     {&StageScratch::fcproj, Rows::tokens, Width::C},
     {&StageScratch::datty, Rows::tokens, Width::q},
-    {&StageScratch::dfch_gelu, Rows::tokens, Width::ffn},
+    {&StageScratch::dfch_gelu, Rows::routed, Width::ffn},
     {&StageScratch::dres, Rows::kept, Width::C},
     {&StageScratch::dx, Rows::kept, Width::C},
     {&StageScratch::gathered, Rows::tokens, Width::C, Needed::sequence_parallel},
@@ -119,6 +139,10 @@ inline constexpr BufferDecl<StageScratch> kStageScratch[] = {
     {&StageScratch::summed, Rows::kept, Width::C, Needed::sequence_parallel},
     {&StageScratch::logits, Rows::tokens, Width::vocab, Needed::head},
     {&StageScratch::row_max, Rows::tokens, Width::one, Needed::head_split_vocab},
+    {&StageScratch::routed_in, Rows::routed, Width::moe_C},
+    {&StageScratch::routed_grad, Rows::routed, Width::moe_C},
+    {&StageScratch::droute_weight, Rows::tokens, Width::top_k},
+    {&StageScratch::dshared_act, Rows::tokens, Width::shared_ffn},
 };
 // A split vocabulary's loss also keeps two double sums per token row (its exponentials', the target
 // logit).
@@ -132,7 +156,8 @@ struct BufferContext {
 
 template <class Owner>
 size_t floats_of(const BufferDecl<Owner>& d, const LayerRows& rows, const LayerWidths& widths) {
-  return rows[d.rows] * widths[d.width];
+  const size_t n = d.rows == Rows::routed ? rows.tokens * widths.shape.routes() : rows[d.rows];
+  return n * widths[d.width];
 }
 // Sizes every declared buffer of `owner` that `ctx` needs (the others to 0); returns their floats.
 template <class Owner, size_t K>
@@ -163,7 +188,8 @@ void for_each_declared(Owner& owner, const BufferDecl<std::remove_const_t<Owner>
 
 // ---- Messages: what a layer's pass exchanges with its tensor group ----
 
-enum class Layer { embedding, block, head };
+// A block is dense or an MoE block (moe_block): the same passes, its own widths and exchanges.
+enum class Layer { embedding, block, moe_block, head };
 // A backward runs as one pass (input and weight together, and under recompute its forward again)
 // or split into its input-gradient half (B) and its weight-gradient half (W).
 enum class Pass { forward, input, weight };
@@ -171,9 +197,10 @@ enum class Pass { forward, input, weight };
 // sum: a product's partial [rows, C] summed over the group: an all-reduce, or with sequence
 // parallelism a reduce-scatter into the kept rows. max: one float per token row (a split
 // vocabulary's row maxima); stats: two doubles per token row (its sums). The last two only where
-// the vocabulary is split.
-enum class Exchange { gather, sum, max, stats };
-constexpr int kExchanges = 4;
+// the vocabulary is split. route: an MoE block's combine-weight gradients, top_k floats per token
+// row, summed (each rank's expert outputs are partial sums over its part of the experts' width).
+enum class Exchange { gather, sum, max, stats, route };
+constexpr int kExchanges = 5;
 
 struct ExchangeDecl {
   Layer layer;
@@ -190,6 +217,12 @@ inline constexpr ExchangeDecl kLayerExchanges[] = {
     {Layer::block, Pass::input, Exchange::gather, 2, "the output and res2 gradients"},
     {Layer::block, Pass::input, Exchange::sum, 2, "the ln1 and ln2 outputs' gradients"},
     {Layer::block, Pass::weight, Exchange::gather, 2, "ln1 and ln2 again, for the weight gradients"},
+    {Layer::moe_block, Pass::forward, Exchange::gather, 2, "ln1 and ln2, the products' inputs"},
+    {Layer::moe_block, Pass::forward, Exchange::sum, 2, "the attention and MLP output products"},
+    {Layer::moe_block, Pass::input, Exchange::gather, 2, "the output and res2 gradients"},
+    {Layer::moe_block, Pass::input, Exchange::route, 1, "the combine weights' gradients"},
+    {Layer::moe_block, Pass::input, Exchange::sum, 2, "the ln1 and ln2 outputs' gradients"},
+    {Layer::moe_block, Pass::weight, Exchange::gather, 2, "ln1 and ln2 again, for the weight gradients"},
     {Layer::head, Pass::forward, Exchange::gather, 1, "ln_f, the head's input"},
     {Layer::head, Pass::forward, Exchange::max, 1, "the logits' row maxima"},
     {Layer::head, Pass::forward, Exchange::stats, 1, "the softmax's sums"},
@@ -210,8 +243,9 @@ inline void add(Messages& sum, const Messages& m, double times = 1) {
     sum[k].bytes += times * m[k].bytes;
   }
 }
-// What `layer`'s `pass` exchanges on a rank of a tensor group of `tp` (nothing at tp 1).
-Messages layer_messages(Layer layer, Pass pass, int tp, bool sequence_parallel, const LayerRows& rows, size_t C);
+// What `layer`'s `pass` exchanges on a rank of a tensor group of `tp` (nothing at tp 1), on `widths`.
+Messages layer_messages(Layer layer, Pass pass, int tp, bool sequence_parallel, const LayerRows& rows,
+                        const LayerWidths& widths);
 
 // ---- FLOPs ----
 
@@ -241,16 +275,48 @@ enum class ChunkPass { forward, backward, backward_input, backward_weight };
 // weight halves, and under recompute the forward again first (the blocks' and the head's under
 // recompute = block, every layer's under stage; a split backward needs recompute = none).
 std::vector<Pass> passes_run(Layer layer, ChunkPass pass, Recompute mode);
-// What a chunk of `blocks` blocks (with the embedding if first, the head if last) exchanges with
-// its tensor group in one pass over a micro-batch, and the FLOPs it computes for one (recompute's
+// A chunk's blocks: global blocks [begin, end) (which of them are MoE blocks follows from their
+// indices, model.moe.every).
+struct BlockSpan {
+  int begin = 0, end = 0;
+  int size() const { return end - begin; }
+};
+// How many blocks of `span` are dense and how many MoE blocks.
+struct BlockKinds {
+  int dense = 0, moe = 0;
+};
+BlockKinds block_kinds(const RunSpec& spec, BlockSpan span);
+// What a chunk of `blocks` (with the embedding if first, the head if last) exchanges with its
+// tensor group in one pass over a micro-batch, and the FLOPs it computes for one (recompute's
 // forwards included: what the kernels count).
-Messages chunk_messages(const RunSpec& spec, int blocks, bool first, bool last, ChunkPass pass);
-PassFlops chunk_flops(const RunSpec& spec, int blocks, bool first, bool last, ChunkPass pass);
+Messages chunk_messages(const RunSpec& spec, BlockSpan blocks, bool first, bool last, ChunkPass pass);
+PassFlops chunk_flops(const RunSpec& spec, BlockSpan blocks, bool first, bool last, ChunkPass pass);
 
-// A spec's widths, whole and on one tensor rank, and one micro-batch's rows (tp and sequence
+// A spec's widths, whole and on one tensor rank, for the embedding, the head and `layer` (a dense
+// block's, or with Layer::moe_block an MoE block's), and one micro-batch's rows (tp and sequence
 // parallelism applied).
-LayerWidths whole_widths(const RunSpec& spec);
-LayerWidths rank_widths(const RunSpec& spec);
+LayerWidths whole_widths(const RunSpec& spec, Layer layer = Layer::block);
+LayerWidths rank_widths(const RunSpec& spec, Layer layer = Layer::block);
 LayerRows micro_batch_rows(const RunSpec& spec);
+// The declared buffers' floats of the widest block kind (the stage's scratch serves both), of `table`.
+template <class Owner, size_t K>
+size_t size_declared_widest(Owner& owner, const BufferDecl<Owner> (&table)[K], const LayerRows& rows,
+                            const LayerWidths& dense, const LayerWidths& moe, const BufferContext& ctx) {
+  size_t floats = 0;
+  for (const BufferDecl<Owner>& d : table) {
+    const size_t n = ctx.needs(d.needed) ? std::max(floats_of(d, rows, dense), floats_of(d, rows, moe)) : 0;
+    (owner.*d.field).resize(n);
+    floats += n;
+  }
+  return floats;
+}
+template <class Owner, size_t K>
+size_t declared_floats_widest(const BufferDecl<Owner> (&table)[K], const LayerRows& rows, const LayerWidths& dense,
+                              const LayerWidths& moe, const BufferContext& ctx) {
+  size_t floats = 0;
+  for (const BufferDecl<Owner>& d : table)
+    if (ctx.needs(d.needed)) floats += std::max(floats_of(d, rows, dense), floats_of(d, rows, moe));
+  return floats;
+}
 
 }  // namespace pipetrain

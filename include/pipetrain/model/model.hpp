@@ -14,10 +14,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pipetrain/compute/array.hpp"
+#include "pipetrain/compute/moe_kernels.hpp"
 #include "pipetrain/compute/ops.hpp"
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/model/activation_pool.hpp"
@@ -53,6 +56,15 @@ class WeightFetcher {
   virtual void fetch(int chunk, int layer, Pass pass) = 0;
   virtual void done(int chunk, int layer, Pass pass) = 0;
   virtual float* where(size_t offset) = 0;
+};
+
+// What an MoE block's router did over the micro-batches a stage ran forward since last asked
+// (Stage::take_moe_figures): the slots choosing each expert, the slots capacity dropped, and the
+// sums of its micro-batches' load-balancing and z losses (moe_kernels.hpp).
+struct MoeBlockFigures {
+  std::vector<double> chosen;
+  double dropped = 0, aux_loss = 0, z_loss = 0;
+  int micro_batches = 0;
 };
 
 class Stage {
@@ -145,6 +157,9 @@ class Stage {
   const Messages& messages_sent() const { return sent_; }
   // Seconds the last backward() spent re-running forwards (recompute modes), for the trace.
   double last_recompute_s() const { return recompute_s_; }
+  // Each of its MoE blocks' routing since the last call (by global block index), counted once per
+  // micro-batch's forward (recompute's forwards and generation not counted); then cleared.
+  std::map<int, MoeBlockFigures> take_moe_figures() { return std::exchange(moe_figures_, {}); }
   // Called after each matrix product and attention kernel, the head's included (the executor keeps
   // messages moving there: a rendezvous over TCP or RDMA advances only when its ranks look, so the
   // finer the calls, the less a transfer waits on the compute around it).
@@ -202,6 +217,16 @@ class Stage {
                      const float* mean, const float* rstd, int N);
   void mlp_activation_forward(BlockActs& a, const float* fcb, int N);
   void mlp_activation_backward(float* dfch, const BlockActs& a, const float* dact, int N);
+  // An MoE block's MLP (stage_moe.cpp): x its input's whole rows, out its output (partial under tp).
+  bool is_moe(const Chunk& c, int l) const { return moe_.block_is_moe(c.block_begin + l); }
+  const BlockShape& shape_of(const Chunk& c, int l) const { return is_moe(c, l) ? moe_shape_ : shape_; }
+  const LayerWidths& widths_of(const Chunk& c, int l) const { return is_moe(c, l) ? moe_widths_ : widths_; }
+  void route(const BlockActs& a, int N);
+  void moe_forward(BlockActs& a, const BlockPtrs& w, const float* x, float* out, int N, int block);
+  void moe_backward_input(const BlockActs& a, BlockWGrads& w, const BlockPtrs* g, const BlockPtrs& p, const float* dout,
+                          const float* ln2, float* dx, int N);
+  void moe_backward_weight(const BlockActs& a, const BlockWGrads& w, const BlockPtrs& g, const float* x, int N);
+  void record_routes(int block, const BlockActs& a);
   // The loss of the head's logits, whole or (tensor ranks) a part of the vocabulary.
   double softmax_loss(HeadActs& a, const int* targets, int N);
   // Sequence parallelism (tensor_parallel.hpp): of a micro-batch's N token rows this rank keeps
@@ -243,9 +268,15 @@ class Stage {
     if (fetcher_) fetcher_->done(index_of(c), layer, pass);
   }
   int index_of(const Chunk& c) const { return static_cast<int>(&c - chunks_.data()); }
-  int v_begin_, V_;     // the vocabulary rows this rank holds: [v_begin_, v_begin_ + V_)
-  BlockShape shape_;    // this rank's part of a block's widths
-  LayerWidths widths_;  // the same, and its vocabulary rows, for the declared buffers
+  int v_begin_, V_;       // the vocabulary rows this rank holds: [v_begin_, v_begin_ + V_)
+  BlockShape shape_;      // this rank's part of a block's widths
+  LayerWidths widths_;    // the same, and its vocabulary rows, for the declared buffers
+  BlockShape moe_shape_;  // an MoE block's (model.moe; the dense shape_ without experts)
+  LayerWidths moe_widths_;
+  RunSpec::Model::Moe moe_;
+  MoeRouting routing_;  // the MoE block's being run
+  bool recording_routes_ = false;
+  std::map<int, MoeBlockFigures> moe_figures_;
   float rope_theta_, norm_eps_;
   bool tied_;
   Recompute mode_;

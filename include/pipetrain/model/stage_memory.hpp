@@ -8,21 +8,22 @@
 #include <vector>
 
 #include "pipetrain/config/spec.hpp"
+#include "pipetrain/model/layer_decl.hpp"
 #include "pipetrain/model/partition.hpp"
 
 namespace pipetrain {
 
-// Bytes one micro-batch keeps between its forward and its backward on a stage of `blocks` blocks:
+// Bytes one micro-batch keeps between its forward and its backward on a stage of `blocks`:
 // none: every declared activation of its blocks (and the head's on the last stage) and each
 // block's input (b x heads x T attention row statistics among them: no T x T matrix); block: each
 // block's input (+ the head's); stage: the received input only. Plus tokens (first stage) and
 // targets (last), 4 B each.
-size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks, Recompute mode);
+size_t stash_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, BlockSpan blocks, Recompute mode);
 
 // Bytes a split backward keeps from a micro-batch's input half (B) to its weight half (W): every
 // layer's declared output gradients (11 C per token for a gpt2 block on one rank; the head's V per
 // token + C per kept row, the embedding's C per kept row).
-size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, int blocks);
+size_t wgrad_bytes_per_micro_batch(const RunSpec& spec, int stage, int n_stages, BlockSpan blocks);
 
 // What a Stage itself allocates for its passes: the declared scratch, a fused backward's output
 // gradients, a split vocabulary's sums and under recompute the work area (Stage::scratch_bytes).

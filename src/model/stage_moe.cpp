@@ -1,0 +1,133 @@
+// An MoE block's MLP (model.moe), forward beside backward: the router, the routed experts as
+// grouped products over each expert's rows, the weighted combine, the shared experts, and the
+// router's load-balancing and z losses (moe_kernels.hpp). Its input is ln2's whole rows and its
+// output the MLP's [N, C] before the residual, as the dense MLP's in stage_layers.cpp.
+//
+// Tensor ranks: each holds its part of every expert's (and the shared experts') hidden width, so
+// its expert outputs and MLP output are partial sums, summed over the group with the dense MLP's
+// (sum_partials). The router is whole on every rank and routes alike; the combine weights'
+// gradients, dot products with the partial outputs, are summed over the group (Exchange::route).
+// The router's input gradient is added on the group's first rank only, as the group then sums it
+// (every rank computes it: the router is a small product, replicated as its forward is).
+//
+// Routing is recomputed from the kept router probabilities in each pass (it is cheap, and the
+// stage's one MoeRouting serves block after block).
+#include "pipetrain/compute/kernels.hpp"
+#include "pipetrain/compute/moe_kernels.hpp"
+#include "pipetrain/model/model.hpp"
+
+namespace pipetrain {
+
+void Stage::route(const BlockActs& a, int N) {
+  const BlockShape& s = moe_shape_;
+  moe_route(routing_, a.router.data(), N, s.experts, s.top_k, moe_.norm_topk,
+            moe_capacity(moe_.capacity_factor, N, s.experts, s.top_k));
+}
+
+void Stage::moe_forward(BlockActs& a, const BlockPtrs& w, const float* x, float* out, int N, int block) {
+  const BlockShape& s = moe_shape_;
+  const int C = C_, E = s.experts;
+  k_.matmul_forward(a.router.data(), x, w.routerw, nullptr, N, C, E);
+  router_softmax_forward(a.router.data(), a.router_lse.data(), a.router.data(), N, E);
+  route(a, N);
+  if (recording_routes_) record_routes(block, a);
+  const bool shared = s.shared_ffn > 0;
+  if (shared) {  // the always-on experts first, into out
+    k_.matmul_forward(a.shared_fch.data(), x, w.sharedw, nullptr, N, C, 2 * s.shared_ffn);
+    k_.swiglu_forward(a.shared_act.data(), a.shared_fch.data(), N, s.shared_ffn);
+    k_.matmul_forward(out, a.shared_act.data(), w.sharedprojw, nullptr, N, s.shared_ffn, C);
+    poll();
+  }
+  const int rows = routing_.rows();
+  moe_gather(scratch_.routed_in.data(), x, routing_, C);
+  grouped_matmul_forward(a.fch.data(), scratch_.routed_in.data(), w.fcw, routing_.offsets.data(), E, C, s.fc);
+  poll();
+  k_.swiglu_forward(a.fch_gelu.data(), a.fch.data(), rows, s.ffn);
+  grouped_matmul_forward(a.expert_out.data(), a.fch_gelu.data(), w.fcprojw, routing_.offsets.data(), E, s.ffn, C);
+  poll();
+  moe_combine_forward(out, a.expert_out.data(), routing_, C, shared);
+}
+
+// dout: the MLP output's gradient, whole rows; ln2: the rows of its input this rank keeps; dx:
+// where the partial gradient of the input goes (overwritten). With `g` the parameter gradients are
+// added too (the input's whole rows gathered once dout has been read: sequence parallelism gathers
+// both into one buffer); without, what the weight half needs is left in w (dfch, drouter,
+// dshared_fch; the caller keeps dout).
+void Stage::moe_backward_input(const BlockActs& a, BlockWGrads& w, const BlockPtrs* g, const BlockPtrs& p,
+                               const float* dout, const float* ln2, float* dx, int N) {
+  const BlockShape& s = moe_shape_;
+  const int C = C_, E = s.experts, k = s.top_k;
+  auto grad = [&](float* BlockPtrs::*field) { return g ? g->*field : nullptr; };
+  route(a, N);
+  const int rows = routing_.rows();
+  const int* offsets = routing_.offsets.data();
+  // The combine: each row's gradient, and each slot's weight's (summed over the tensor group).
+  float* dweight = scratch_.droute_weight.data();
+  moe_combine_backward(scratch_.routed_grad.data(), dweight, dout, a.expert_out.data(), routing_, C);
+  if (tp_.size > 1) {
+    count_sent(Exchange::route, sizeof(float) * N * k);
+    group_->sum(dweight, static_cast<size_t>(N) * k);
+  }
+  const bool shared = s.shared_ffn > 0;
+  if (shared) {
+    k_.matmul_backward(scratch_.dshared_act.data(), grad(&BlockPtrs::sharedprojw), nullptr, dout, a.shared_act.data(),
+                       p.sharedprojw, N, s.shared_ffn, C);
+    k_.swiglu_backward(w.dshared_fch.data(), a.shared_fch.data(), scratch_.dshared_act.data(), N, s.shared_ffn);
+  }
+  const float* x = whole_rows_if(g, ln2, N);
+  // The experts, down then gate | up; the rows' input gradients end in routed_grad.
+  grouped_matmul_backward(scratch_.dfch_gelu.data(), grad(&BlockPtrs::fcprojw), scratch_.routed_grad.data(),
+                          a.fch_gelu.data(), p.fcprojw, offsets, E, s.ffn, C);
+  poll();
+  k_.swiglu_backward(w.dfch.data(), a.fch.data(), scratch_.dfch_gelu.data(), rows, s.ffn);
+  if (g) moe_gather(scratch_.routed_in.data(), x, routing_, C);
+  grouped_matmul_backward(scratch_.routed_grad.data(), grad(&BlockPtrs::fcw), w.dfch.data(),
+                          g ? scratch_.routed_in.data() : nullptr, p.fcw, offsets, E, C, s.fc);
+  poll();
+  // The shared experts write dx, else it starts at 0; the rows' gradients are added to their tokens.
+  if (shared)
+    k_.matmul_backward(dx, grad(&BlockPtrs::sharedw), nullptr, w.dshared_fch.data(), x, p.sharedw, N, C,
+                       2 * s.shared_ffn);
+  else zero_values(dx, static_cast<size_t>(N) * C);
+  moe_scatter_add(dx, scratch_.routed_grad.data(), routing_, C);
+  // The router: its logits' gradient (the combine's, the losses'), then its input's (first rank).
+  const float scale = grad_scale_ * static_cast<float>(B_) * T_;  // dLoss/d(a micro-batch's router loss)
+  router_backward(w.drouter.data(), dweight, a.router.data(), a.router_lse.data(), routing_, moe_.norm_topk,
+                  static_cast<float>(moe_.aux_loss) * scale, static_cast<float>(moe_.z_loss) * scale);
+  float* router_dx = scratch_.routed_in.data();  // free again; every rank computes it, as it did the logits
+  k_.matmul_backward(router_dx, grad(&BlockPtrs::routerw), nullptr, w.drouter.data(), x, p.routerw, N, C, E);
+  if (tp_.rank == 0) k_.residual_forward(dx, dx, router_dx, nullptr, N, C);
+}
+
+void Stage::moe_backward_weight(const BlockActs& a, const BlockWGrads& w, const BlockPtrs& g, const float* x, int N) {
+  const BlockShape& s = moe_shape_;
+  const int C = C_, E = s.experts;
+  route(a, N);
+  const int* offsets = routing_.offsets.data();
+  moe_combine_backward(scratch_.routed_grad.data(), nullptr, w.dout.data(), nullptr, routing_, C);
+  grouped_matmul_backward(nullptr, g.fcprojw, scratch_.routed_grad.data(), a.fch_gelu.data(), nullptr, offsets, E,
+                          s.ffn, C);
+  poll();
+  moe_gather(scratch_.routed_in.data(), x, routing_, C);
+  grouped_matmul_backward(nullptr, g.fcw, w.dfch.data(), scratch_.routed_in.data(), nullptr, offsets, E, C, s.fc);
+  poll();
+  if (s.shared_ffn > 0) {
+    k_.matmul_backward(nullptr, g.sharedprojw, nullptr, w.dout.data(), a.shared_act.data(), nullptr, N, s.shared_ffn,
+                       C);
+    k_.matmul_backward(nullptr, g.sharedw, nullptr, w.dshared_fch.data(), x, nullptr, N, C, 2 * s.shared_ffn);
+  }
+  k_.matmul_backward(nullptr, g.routerw, nullptr, w.drouter.data(), x, nullptr, N, C, E);
+}
+
+void Stage::record_routes(int block, const BlockActs& a) {
+  MoeBlockFigures& f = moe_figures_[block];
+  f.chosen.resize(routing_.E);
+  for (int e = 0; e < routing_.E; ++e) f.chosen[e] += routing_.chosen[e];
+  f.dropped += routing_.dropped();
+  const RouterLosses losses = router_losses(a.router.data(), a.router_lse.data(), routing_);
+  f.aux_loss += losses.aux;
+  f.z_loss += losses.z;
+  f.micro_batches += 1;
+}
+
+}  // namespace pipetrain
