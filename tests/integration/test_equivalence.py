@@ -1,7 +1,8 @@
 """Layout equivalence: the same spec and global batch gives the same loss and grad norm (relative
 1e-5) on every layout, schedule, recompute mode, micro-batch count, and with tied or untied heads,
 as the whole model trained on one rank (1x1, GPipe) - for both model families (the llama
-scenarios: 20 steps, grouped-query attention with 1, 2 and 4 key/value heads)."""
+scenarios: 20 steps, grouped-query attention with 1, 2 and 4 key/value heads), and its mixture
+of experts (20 steps: top-1 and top-2 routing, shared experts, MoE blocks beside dense ones)."""
 import os
 import subprocess
 from tests.lib.harness import launch, expect, rel_diff, run_scenarios, scenario, settings, shared_run
@@ -12,18 +13,21 @@ BASE = [f"run.steps={STEPS}", "log.every_steps=1"]
 
 LLAMA_STEPS = 20
 LLAMA = ["model.arch=llama", f"run.steps={LLAMA_STEPS}"]  # on top of llama-tiny.toml
+MOE = [f"run.steps={LLAMA_STEPS}", "model.moe.experts=8"]  # on top of moe-tiny.toml
 
 
 def config(sets):
-    """tiny.toml, or llama-tiny.toml for a run of the llama family."""
-    return os.path.join(settings().configs, "llama-tiny.toml" if "model.arch=llama" in sets else "tiny.toml")
+    """tiny.toml, or llama-tiny.toml for a run of the llama family, moe-tiny.toml for its mixture of experts."""
+    name = "moe-tiny.toml" if "model.moe.experts=8" in sets else "llama-tiny.toml" if "model.arch=llama" in sets else "tiny.toml"
+    return os.path.join(settings().configs, name)
 
 
 def run(name, pp, dp, *sets):
-    """`name` trained for STEPS steps (LLAMA_STEPS for llama) as pp x dp; its metrics lines ([] if
-    it failed)."""
+    """`name` trained for STEPS steps (LLAMA_STEPS for llama) as pp x dp (x parallel.tp where sets
+    say); its metrics lines ([] if it failed)."""
     a = settings()
-    r = launch(a, pp * dp, os.path.join(a.work, name), config(sets),
+    tp = next((int(x.split("=")[1]) for x in sets if x.startswith("parallel.tp=")), 1)
+    r = launch(a, tp * pp * dp, os.path.join(a.work, name), config(sets),
                BASE + [f"parallel.pp={pp}", f"parallel.dp={dp}", *sets])
     expect(r.rc == 0, f"{name}: exit 0 (got {r.rc}) {r.err.strip()[-300:]}")
     return r.metrics() if r.rc == 0 else []
@@ -37,15 +41,15 @@ def reference(*sets):
     return r.metrics() if r.rc == 0 else []
 
 
-def same(name, got, ref):
+def same(name, got, ref, upto=None):
     """Loss and grad norm within 1e-5 of the reference at every step. Over the 20 steps of the llama
     runs, the grad norm only over the first STEPS: at a gradient spike (tiny.toml's GPT-2 has one at
     step 15, 14x the norm of the steps around it) the norm's own rounding differences grow to ~1e-4 for that
-    step while the losses, the trajectory itself, stay within 1e-6."""
+    step while the losses, the trajectory itself, stay within 1e-6. upto: only the first steps."""
     steps = len(ref) if ref and len(ref) == LLAMA_STEPS else STEPS
     expect(len(got) == steps and len(ref) == steps, f"{name}: {steps} logged steps")
     worst = 0.0
-    for i, (g, r) in enumerate(zip(got, ref)):
+    for i, (g, r) in enumerate(zip(got[:upto], ref[:upto])):
         worst = max(worst, rel_diff(g["loss"], r["loss"]), rel_diff(g["grad_norm"], r["grad_norm"]) if i < STEPS else 0)
     expect(worst <= 1e-5, f"{name}: loss and grad_norm within 1e-5 of reference (worst {worst:.2e})")
 
@@ -227,6 +231,53 @@ def llama_heads():
         tag = variant.split(".")[1].replace("=", "_")
         same(f"llama {variant} 2x1 vs 1x1", run(f"llama_{tag}_2x1", 2, 1, *LLAMA, variant), ref)
         same(f"llama {variant} 1x2 vs 1x1", run(f"llama_{tag}_1x2", 1, 2, *LLAMA, variant), ref)
+
+
+@scenario
+def moe_layouts():
+    """A mixture of experts (moe-tiny: each token to 2 of 8 experts, the load-balancing loss on, no
+    capacity) over 20 steps: GPipe on 2x1, 4x1, 1x2, 2x2; 2 tensor ranks with and without sequence
+    parallelism; 1F1B, interleaved, zb-h1, zb-v and dualpipev; recompute block and stage; ZeRO-1 on
+    2x2 - each gives its 1x1 numbers. The load-balancing loss is each micro-batch's: 2 replicas are
+    compared with the 1x1 run of their micro-batches (8 of 2 samples, where the replicas run 4 each);
+    without it, micro-batches of another size give the same numbers up to their products' rounding:
+    there a token whose experts' probabilities are nearly equal may choose another (moe-tiny's
+    step 17 after a gradient spike), after which the runs part by ~1e-5, so 10 steps are compared."""
+    ref, ref_m8 = reference(*MOE), reference(*MOE, "parallel.micro_batches=8")
+    expect(ref and ref[-1]["loss"] < ref[0]["loss"] - 0.5, "moe 1x1: the loss falls")
+    for pp, dp in [(2, 1), (4, 1), (1, 2), (2, 2)]:
+        same(f"moe {pp}x{dp} vs 1x1", run(f"moe_{pp}x{dp}", pp, dp, *MOE), ref if dp == 1 else ref_m8)
+    no_aux = reference(*MOE, "model.moe.aux_loss=0")
+    same("moe without the load-balancing loss 1x2 vs 1x1", run("moe_1x2_no_aux", 1, 2, *MOE, "model.moe.aux_loss=0"),
+         no_aux, upto=10)
+    for name, pp, dp, sets in [("tp2", 1, 1, ["parallel.tp=2"]),
+                               ("tp2_sp_pp2", 2, 1, ["parallel.tp=2", "parallel.sequence_parallel=true"]),
+                               ("1f1b", 2, 2, ["parallel.schedule=1f1b"]),
+                               ("interleaved", 2, 1, ["parallel.schedule=interleaved", "parallel.virtual_stages=2"]),
+                               ("zb-h1", 2, 1, ["parallel.schedule=zb-h1"]),
+                               ("zb-v", 2, 1, ["parallel.schedule=zb-v"]),
+                               ("dualpipev", 2, 1, ["parallel.schedule=dualpipev"]),
+                               ("recompute_block", 2, 2, ["parallel.recompute=block"]),
+                               ("recompute_stage", 2, 1, ["parallel.recompute=stage"]),
+                               ("zero1", 2, 2, ["parallel.zero=1"])]:
+        same(f"moe {name} {pp}x{dp} vs 1x1", run(f"moe_{name}", pp, dp, *MOE, *sets), ref if dp == 1 else ref_m8)
+
+
+@scenario
+def moe_routing_variants():
+    """Top-1 routing, a shared expert with the chosen probabilities unnormalised (OLMoE's), and an
+    MoE block every other block (Llama 4's) beside dense ones: each another model than moe-tiny,
+    and each equal on 2x2 and on 2 tensor ranks x 2 stages to its own 1x1."""
+    top2 = reference(*MOE)
+    for variant in [("model.moe.top_k=1",), ("model.moe.shared_experts=1", "model.moe.norm_topk=false"),
+                    ("model.moe.every=2",)]:
+        ref = reference(*MOE, *variant)
+        expect(ref and top2 and rel_diff(ref[-1]["loss"], top2[-1]["loss"]) > 1e-6,
+               f"moe {variant}: another model than top-2")
+        tag = "_".join(v.split(".")[2].replace("=", "_") for v in variant)
+        same(f"moe {variant} 2x2 vs 1x1", run(f"moe_{tag}_2x2", 2, 2, *MOE, *variant),
+             reference(*MOE, *variant, "parallel.micro_batches=8"))
+        same(f"moe {variant} tp2 2x1 vs 1x1", run(f"moe_{tag}_tp2", 2, 1, *MOE, *variant, "parallel.tp=2"), ref)
 
 
 if __name__ == "__main__":

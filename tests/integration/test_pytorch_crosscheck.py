@@ -18,12 +18,13 @@ WORDS = ["pipeline", "stage", "bubble", "micro", "batch", "gradient", "adam", "t
 LLAMA_HEADS, LLAMA_FFN, LLAMA_THETA = 4, 48, 500.0
 
 
-def crosscheck(tie, pp, llama_kv=0):
-    """Runs pipetrain for 2 steps (tied or untied head, pp stages; llama_kv > 0: the llama family
-    with that many key/value heads) and holds its step 2 to PyTorch's: loss, gradient norm, the
+def crosscheck(tie, pp, llama_kv=0, moe=None, tp=1):
+    """Runs pipetrain for 2 steps (tied or untied head, pp stages, tp tensor ranks; llama_kv > 0:
+    the llama family with that many key/value heads; moe: its mixture of experts, model.moe's keys)
+    and holds its step 2 to PyTorch's: loss, gradient norm (of the loss and the router losses), the
     weights and both AdamW moments after the update."""
     import torch  # only the scenarios need it (--list does not)
-    from tests.lib import torch_gpt, torch_llama
+    from tests.lib import torch_gpt, torch_llama, torch_moe
 
     args = settings()
     torch.set_num_threads(1)
@@ -31,30 +32,40 @@ def crosscheck(tie, pp, llama_kv=0):
     with open(text, "w") as f:  # a deterministic little corpus
         f.write(" ".join(WORDS[(i * 7 + i // 3) % len(WORDS)] for i in range(4000)))
     data = open(text, "rb").read()
-    name = f"tie{int(tie)}_pp{pp}" + (f"_llama_kv{llama_kv}" if llama_kv else "")
+    name = f"tie{int(tie)}_pp{pp}_tp{tp}" + (f"_llama_kv{llama_kv}" if llama_kv else "") + ("_moe" if moe else "")
     heads = LLAMA_HEADS if llama_kv else H
     family = [f"model.arch=llama", f"model.n_kv_head={llama_kv}", f"model.ffn_hidden={LLAMA_FFN}",
               f"model.rope_theta={LLAMA_THETA}"] if llama_kv else []
+    family += [f"model.moe.{k}={str(v).lower()}" for k, v in (moe or {}).items()]
     sets = family + [f"model.n_layer={L}", f"model.d_model={C}", f"model.n_head={heads}", f"model.seq_len={T}",
             f"model.tie_embeddings={'true' if tie else 'false'}", "data.source=text", f"data.path={text}",
             "data.shuffle=false", f"train.global_batch={B}", "parallel.micro_batches=2", f"parallel.pp={pp}",
             "run.steps=2", "checkpoint.every_steps=1", "checkpoint.keep_last=0", "train.grad_clip=0.5",
-            "train.weight_decay=3.0"]  # decay's share of a step far above the tolerance (checked below)
-    r = launch(args, pp, os.path.join(args.work, name), None, sets)
+            "train.weight_decay=3.0", f"parallel.tp={tp}",
+            f"parallel.sequence_parallel={str(tp > 1).lower()}"]  # decay's share of a step far above the tolerance
+    r = launch(args, pp * tp, os.path.join(args.work, name), None, sets)
     expect(r.rc == 0, f"{name}: pipetrain run ({r.err[-200:]})")
     metrics = r.metrics()
     ck1 = os.path.join(r.run_dir, "checkpoints", "step_00000001")
     ck2 = os.path.join(r.run_dir, "checkpoints", "step_00000002")
-    if llama_kv:
-        model = torch_llama.from_checkpoint(ck1, dict(n_layer=L, d_model=C, n_head=heads, n_kv_head=llama_kv,
-                                                      ffn_hidden=LLAMA_FFN, vocab=V, tie=tie, rope_theta=LLAMA_THETA))
+    llama = dict(n_layer=L, d_model=C, n_head=heads, n_kv_head=llama_kv, ffn_hidden=LLAMA_FFN, vocab=V, tie=tie,
+                 rope_theta=LLAMA_THETA, moe=moe)
+    if moe:
+        model = torch_moe.from_checkpoint(ck1, llama)
+    elif llama_kv:
+        model = torch_llama.from_checkpoint(ck1, llama)
     else:
         model = torch_gpt.from_checkpoint(ck1, dict(n_layer=L, d_model=C, n_head=H, seq_len=T, vocab=V, tie=tie))
     def load(ckpt, group="params"):  # a checkpoint's tensors by the PyTorch model's names
+        if moe:
+            return torch_moe.load_hf_named(ckpt, llama, group)
         return torch_llama.load_hf_named(ckpt, group) if llama_kv else torch_gpt.load(model, ckpt, group)
     x, y = torch_gpt.text_batch(data, 1, B, T)  # the batch of step 2 (0-based step 1)
-    loss = model(x, y)
-    loss.backward()
+    if moe:  # the router losses are per micro-batch
+        loss, objective = model.objective(x, y, micro_batches=2)
+    else:
+        loss = objective = model(x, y)
+    objective.backward()
     params = dict(model.named_parameters())  # a tied lm_head appears once, as wte.weight
     norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params.values())).item()
     expect(rel_diff(loss.item(), metrics[1]["loss"]) < 1e-5,
@@ -147,6 +158,31 @@ def llama_multi_query_tied_two_stages():
 def llama_multi_head():
     """n_kv_head = n_head (plain multi-head attention): the same."""
     crosscheck(False, 1, llama_kv=LLAMA_HEADS)
+
+
+# The mixture of experts checked: 4 experts of SwiGLU 24, both router losses on.
+MOE = {"experts": 4, "top_k": 2, "ffn_hidden": 24, "aux_loss": 0.05, "z_loss": 0.01}
+
+
+@scenario
+def mixtral_top2():
+    """Mixtral's routing: each token to 2 of 4 experts, their weights renormalised to 1, with the
+    load-balancing and z losses in the gradient."""
+    crosscheck(False, 1, llama_kv=2, moe=MOE)
+
+
+@scenario
+def olmoe_top2_shared_expert_two_stages():
+    """OLMoE's routing (the chosen probabilities as they are), a shared expert (Qwen-MoE and
+    DeepSeek's), every other block an MoE block (Llama 4's), on 2 pipeline stages."""
+    crosscheck(True, 2, llama_kv=1, moe={**MOE, "norm_topk": False, "shared_experts": 1, "every": 2})
+
+
+@scenario
+def moe_top1_tensor_parallel():
+    """Switch's top-1 routing on 2 tensor ranks with sequence parallelism, each holding half of
+    every expert's width (the combine weights' gradients summed over the pair)."""
+    crosscheck(False, 1, llama_kv=2, moe={**MOE, "top_k": 1, "shared_experts": 1}, tp=2)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,21 @@ def rotary(x, theta):
     return x * cos + rotate_half * sin
 
 
+class SwiGLU(nn.Module):
+    def __init__(self, d, ffn):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, ffn, bias=False)
+        self.up_proj = nn.Linear(d, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, d, bias=False)
+
+    def forward(self, h):
+        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
 class Block(nn.Module):
-    def __init__(self, d, n_head, n_kv_head, ffn, theta, eps):
+    """mlp: the block's MLP module (a SwiGLU of width ffn unless given), held as `mlp_name`."""
+
+    def __init__(self, d, n_head, n_kv_head, ffn, theta, eps, mlp=None, mlp_name="mlp"):
         super().__init__()
         self.n_head, self.n_kv_head, self.theta = n_head, n_kv_head, theta
         hs = d // n_head
@@ -52,10 +65,8 @@ class Block(nn.Module):
         self.self_attn.v_proj = nn.Linear(d, n_kv_head * hs, bias=False)
         self.self_attn.o_proj = nn.Linear(d, d, bias=False)
         self.post_attention_layernorm = RMSNorm(d, eps)
-        self.mlp = nn.Module()
-        self.mlp.gate_proj = nn.Linear(d, ffn, bias=False)
-        self.mlp.up_proj = nn.Linear(d, ffn, bias=False)
-        self.mlp.down_proj = nn.Linear(ffn, d, bias=False)
+        self.mlp_name = mlp_name
+        setattr(self, mlp_name, mlp if mlp is not None else SwiGLU(d, ffn))
 
     def forward(self, x):
         B, T, C = x.shape
@@ -71,17 +82,18 @@ class Block(nn.Module):
         att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
         att = att.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf")).softmax(-1)
         x = x + a.o_proj((att @ v).transpose(1, 2).reshape(B, T, C))
-        m = self.mlp
-        h = self.post_attention_layernorm(x)
-        return x + m.down_proj(F.silu(m.gate_proj(h)) * m.up_proj(h))
+        return x + getattr(self, self.mlp_name)(self.post_attention_layernorm(x))
 
 
 class Llama(nn.Module):
-    def __init__(self, n_layer, d, n_head, n_kv_head, ffn, vocab, tie, theta=10000.0, eps=1e-5):
+    """mlp_of: block index -> (its MLP module, the attribute's name), or None for the dense SwiGLU."""
+
+    def __init__(self, n_layer, d, n_head, n_kv_head, ffn, vocab, tie, theta=10000.0, eps=1e-5, mlp_of=None):
         super().__init__()
         self.model = nn.Module()
         self.model.embed_tokens = nn.Embedding(vocab, d)
-        self.model.layers = nn.ModuleList(Block(d, n_head, n_kv_head, ffn, theta, eps) for _ in range(n_layer))
+        mlps = [mlp_of(i) if mlp_of else None for i in range(n_layer)]
+        self.model.layers = nn.ModuleList(Block(d, n_head, n_kv_head, ffn, theta, eps, *(m or ())) for m in mlps)
         self.model.norm = RMSNorm(d, eps)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         if tie:

@@ -1,0 +1,129 @@
+"""A mixture of experts of the llama family (docs/design.md, "Mixture of experts") written
+independently in PyTorch from the published formulas: each token's router probabilities
+softmax(x W_router^T), its top_k experts by probability, their weights renormalised to sum to 1
+(norm_topk) or not, each expert a SwiGLU, the output the weighted sum of its experts' outputs plus
+the always-on shared experts' SwiGLU. Each expert runs its tokens as one batch (no loop over
+tokens). The router's losses per micro-batch: load balancing E sum_e f_e P_e (f_e: the slots
+choosing e per token, P_e: e's mean probability) and the z-loss mean_t logsumexp(logits_t)^2.
+
+Modules carry Hugging Face MixtralForCausalLM's names (model.layers.{i}.block_sparse_moe.gate,
+.experts.{e}.w1 (gate), w3 (up), w2 (down)); the shared experts are block_sparse_moe.shared_experts.
+A pipetrain checkpoint loads through the name map of design.md, its stacked expert tensors cut
+expert by expert (from_checkpoint)."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tests.lib import torch_llama
+from tests.lib.torch_gpt import filled, load
+
+
+class Expert(nn.Module):
+    def __init__(self, d, ffn):
+        super().__init__()
+        self.w1 = nn.Linear(d, ffn, bias=False)  # gate
+        self.w3 = nn.Linear(d, ffn, bias=False)  # up
+        self.w2 = nn.Linear(ffn, d, bias=False)  # down
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class SparseMoe(nn.Module):
+    def __init__(self, d, experts, top_k, ffn, shared_ffn, norm_topk):
+        super().__init__()
+        self.top_k, self.norm_topk = top_k, norm_topk
+        self.gate = nn.Linear(d, experts, bias=False)
+        self.experts = nn.ModuleList(Expert(d, ffn) for _ in range(experts))
+        if shared_ffn:
+            self.shared_experts = torch_llama.SwiGLU(d, shared_ffn)
+        self.aux_loss = self.z_loss = None
+
+    def forward(self, h):
+        x = h.reshape(-1, h.shape[-1])
+        logits = self.gate(x)
+        probs = logits.softmax(-1)
+        weight, chosen = probs.topk(self.top_k, dim=-1)
+        if self.norm_topk:
+            weight = weight / weight.sum(-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):  # an expert's tokens at once
+            token, slot = (chosen == e).nonzero(as_tuple=True)
+            if len(token):
+                out = out.index_add(0, token, weight[token, slot, None] * expert(x[token]))
+        if hasattr(self, "shared_experts"):
+            out = out + self.shared_experts(x)
+        E, N = len(self.experts), x.shape[0]
+        f = F.one_hot(chosen, E).sum((0, 1)).to(probs.dtype) / N
+        self.aux_loss = E * (f * probs.mean(0)).sum()
+        self.z_loss = torch.logsumexp(logits, -1).pow(2).mean()
+        return out.view_as(h)
+
+
+class MoeLlama(torch_llama.Llama):
+    def __init__(self, spec):
+        moe = spec["moe"]
+        self.aux_coef, self.z_coef = moe.get("aux_loss", 0.0), moe.get("z_loss", 0.0)
+        every = moe.get("every", 1)
+        d, ffn = spec["d_model"], moe["ffn_hidden"]
+
+        def mlp_of(i):
+            if (i + 1) % every:
+                return None
+            return SparseMoe(d, moe["experts"], moe["top_k"], ffn, moe.get("shared_experts", 0) * ffn,
+                             moe.get("norm_topk", True)), "block_sparse_moe"
+
+        super().__init__(spec["n_layer"], d, spec["n_head"], spec["n_kv_head"], spec["ffn_hidden"], spec["vocab"],
+                         spec["tie"], spec.get("rope_theta", 10000.0), spec.get("norm_eps", 1e-5), mlp_of)
+
+    def router_loss(self):
+        """The last forward's router losses, weighted by their coefficients, summed over the MoE blocks."""
+        total = 0.0
+        for block in self.model.layers:
+            if block.mlp_name == "block_sparse_moe":
+                m = block.block_sparse_moe
+                total = total + self.aux_coef * m.aux_loss + self.z_coef * m.z_loss
+        return total
+
+    def objective(self, x, y, micro_batches):
+        """(the mean token loss, the objective training minimises): per micro-batch its loss plus its
+        router losses, averaged over the micro-batches (as a step of that many micro-batches)."""
+        ce, total = 0.0, 0.0
+        for xs, ys in zip(x.chunk(micro_batches), y.chunk(micro_batches)):
+            loss = self(xs, ys)
+            ce = ce + loss / micro_batches
+            total = total + (loss + self.router_loss()) / micro_batches
+        return ce, total
+
+
+def hf_tensors(name, t, spec):
+    """The Hugging Face-named tensors a pipetrain tensor of an MoE model holds: its stacked experts
+    cut expert by expert, every other tensor by torch_llama's name map."""
+    moe = spec["moe"]
+    if ".mlp.gate.weight" in name or ".mlp.experts." in name or ".mlp.shared_experts." in name:
+        block = "model.layers." + name[2:name.index(".mlp.")] + ".block_sparse_moe."
+        if name.endswith("mlp.gate.weight"):
+            return {block + "gate.weight": t}
+        if ".shared_experts." in name:
+            return {block + name[name.index("shared_experts."):]: t}
+        E, F_, C = moe["experts"], moe["ffn_hidden"], spec["d_model"]
+        if name.endswith("gate_up_proj"):  # expert e's gate rows, then its up rows
+            parts = t.reshape(E, 2, F_, C)
+            return {**{f"{block}experts.{e}.w1.weight": parts[e, 0] for e in range(E)},
+                    **{f"{block}experts.{e}.w3.weight": parts[e, 1] for e in range(E)}}
+        parts = t.reshape(E, C, F_)  # down_proj
+        return {f"{block}experts.{e}.w2.weight": parts[e] for e in range(E)}
+    return {torch_llama.hf_name(name): t}
+
+
+def load_hf_named(ckpt_dir, spec, group="params"):
+    out = {}
+    for n, t in load(None, ckpt_dir, group).items():
+        out.update(hf_tensors(n, t, spec))
+    return out
+
+
+def from_checkpoint(ckpt_dir, spec):
+    """An MoE llama with the checkpoint's weights; spec: torch_llama's keys and "moe": experts,
+    top_k, ffn_hidden, and optionally shared_experts, norm_topk, every, aux_loss, z_loss."""
+    return filled(MoeLlama(spec), load_hf_named(ckpt_dir, spec))
