@@ -24,6 +24,7 @@ run() {  # name, script, args...: the script's report goes to the screen and to 
 }
 run kernels scripts/bench/kernels.py --repeats "$repeats"
 run llama_step scripts/bench/llama_step.py --repeats "$repeats"
+run moe_step scripts/bench/moe_step.py --repeats "$repeats"
 run pipeline scripts/bench/pipeline.py --repeats "$repeats"
 run tensor_parallel scripts/bench/tensor_parallel.py --repeats "$repeats"
 run oversubscribed scripts/bench/oversubscribed.py --repeats "$repeats"
@@ -40,7 +41,7 @@ if [ "$(id -u)" = 0 ]; then run zero_overlap scripts/bench/zero_overlap.py; else
 /usr/bin/python3 - "$out" <<'PY'
 import json, os, sys
 r = {}
-for name in ("kernels", "llama_step", "pipeline", "tensor_parallel", "oversubscribed", "memory", "zero_memory", "async_checkpoint", "stragglers",
+for name in ("kernels", "llama_step", "moe_step", "pipeline", "tensor_parallel", "oversubscribed", "memory", "zero_memory", "async_checkpoint", "stragglers",
              "blas_kernels", "attention", "prepare", "data_streaming"):
     with open(os.path.join(sys.argv[1], name + ".txt")) as f:
         r[name] = json.loads(f.read().strip().splitlines()[-1])
@@ -54,6 +55,9 @@ rows = [
     ("step time, pipetrain / PyTorch (small GPT)", f(k["pipetrain (OpenBLAS default threads)"]), "<= 0.80"),
     ("GEMM efficiency, in step / sgemm alone", f(k["gemm_efficiency"]), ">= 0.80"),
     *[(f"llama step, pipetrain / PyTorch, 1 thread ({name})", f(v), "<= 0.80") for name, v in ll.items() if name != "bench"],
+    *[row for name, v in r["moe_step"].items() if name != "bench"
+      for row in [(f"MoE step, pipetrain / PyTorch, 1 thread ({name})", f(v["ratio"]), "<= 0.80"),
+                  ("  routing's share of pipetrain's step", f"{v['routing_share']:.3f}", "")]],
     ("non-GEMM share of the step", f(k["non_gemm_share"]), "<= 0.25"),
     ("pipeline 2x1 / 1x1 throughput, share of 2M/(M+1)", " / ".join(f"{x:.3f}" for x in p["efficiency"]), ">= 0.97"),
     ("  against a 1x1 sharing the machine with a twin", " / ".join(f"{x:.3f}" for x in p["loaded_efficiency"]), ""),
