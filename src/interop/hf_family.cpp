@@ -1,5 +1,7 @@
 #include "pipetrain/interop/hf_family.hpp"
 
+#include <iterator>
+
 #include "pipetrain/interop/gpt2_layout.hpp"
 #include "pipetrain/interop/llama_layout.hpp"
 #include "pipetrain/interop/weights_source.hpp"
@@ -73,18 +75,65 @@ json hf_gpt2_config(const RunSpec& spec, StoredFloat dtype, const SpecialTokens&
           {"torch_dtype", dtype == StoredFloat::bf16 ? "bfloat16" : "float32"}};
 }
 
+// A MixtralForCausalLM: the llama block with every MLP a mixture of experts as wide as
+// intermediate_size, each token to num_experts_per_tok of them, their weights renormalised.
+json hf_mixtral_config(const RunSpec& spec, StoredFloat dtype, const SpecialTokens& special) {
+  json c = hf_llama_config(spec, dtype, special);
+  const auto& moe = spec.model.moe;
+  c["architectures"] = {"MixtralForCausalLM"};
+  c["model_type"] = "mixtral";
+  c["intermediate_size"] = block_shape(spec, moe.every - 1).ffn;
+  c["num_local_experts"] = moe.experts;
+  c["num_experts_per_tok"] = moe.top_k;
+  c["router_aux_loss_coef"] = moe.aux_loss;
+  c["output_router_logits"] = false;
+  c["router_jitter_noise"] = 0.0;
+  c["sliding_window"] = nullptr;
+  for (const char* llama_only : {"attention_bias", "mlp_bias", "pretraining_tp", "rope_scaling"}) c.erase(llama_only);
+  return c;
+}
+
 bool never_transposed(const std::string&) { return false; }
 
+std::vector<HfPart> whole_tensor(const std::string& ours, const std::vector<int64_t>& shape, int) {
+  return {{hf_name(ours), 0, shape[0]}};
+}
+
+std::string holds_any(const RunSpec&) { return ""; }
+
+// Mixtral's MoE: every block, top-k renormalised, dropless, no shared experts.
+std::string mixtral_cannot_hold(const RunSpec& spec) {
+  const auto& moe = spec.model.moe;
+  const std::pair<const char*, const char*> unheld[] = {
+      {moe.shared_experts > 0 ? "model.moe.shared_experts" : nullptr, "Mixtral has no shared experts"},
+      {!moe.norm_topk ? "model.moe.norm_topk" : nullptr, "Mixtral always renormalises the chosen experts' weights"},
+      {moe.every != 1 ? "model.moe.every" : nullptr, "every Mixtral block is an MoE block"},
+      {moe.capacity_factor > 0 ? "model.moe.capacity_factor" : nullptr, "Mixtral is dropless"}};
+  for (auto [key, why] : unheld)
+    if (key) return std::string(key) + ": " + why;
+  return "";
+}
+
 const HfFamily kFamilies[] = {
-    {Arch::gpt2, "gpt2", "GPT-2", hf_name, hf_transposed, hf_gpt2_config, open_hf_gpt2, true},
-    {Arch::llama, "llama", "Llama", hf_llama_name, never_transposed, hf_llama_config, open_hf_llama, false},
+    {Arch::gpt2, false, "gpt2", "GPT-2", hf_name, hf_transposed, whole_tensor, holds_any, hf_gpt2_config, open_hf_gpt2,
+     true},
+    {Arch::llama, false, "llama", "Llama", hf_llama_name, never_transposed, hf_llama_parts, holds_any, hf_llama_config,
+     open_hf_llama, false},
+    {Arch::llama, true, "mixtral", "Mixtral", hf_llama_name, never_transposed, hf_llama_parts, mixtral_cannot_hold,
+     hf_mixtral_config, open_hf_llama, false},
 };
 
 }  // namespace
 
+const HfFamily& hf_family(const RunSpec& spec) {
+  for (const HfFamily& f : kFamilies)
+    if (f.arch == spec.model.arch && f.moe == spec.model.moe.on()) return f;
+  throw std::logic_error("no Hugging Face layout for model.arch #" + std::to_string(static_cast<int>(spec.model.arch)));
+}
+
 const HfFamily& hf_family(Arch arch) {
   for (const HfFamily& f : kFamilies)
-    if (f.arch == arch) return f;
+    if (f.arch == arch && !f.moe) return f;
   throw std::logic_error("no Hugging Face layout for model.arch #" + std::to_string(static_cast<int>(arch)));
 }
 
@@ -96,8 +145,12 @@ const HfFamily* hf_family_of_type(const std::string& model_type) {
 
 std::string hf_family_types() {
   std::string out;
-  for (const HfFamily& f : kFamilies)
-    out += std::string(out.empty() ? "" : " and ") + f.name + " (\"" + f.model_type + "\")";
+  const size_t n = std::size(kFamilies);
+  for (size_t i = 0; i < n; ++i)
+    out += std::string(i == 0       ? ""
+                       : i + 1 == n ? " and "
+                                    : ", ") +
+           kFamilies[i].name + " (\"" + kFamilies[i].model_type + "\")";
   return out;
 }
 

@@ -1,7 +1,9 @@
 #include "pipetrain/interop/model_export.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "pipetrain/ckpt/manifest.hpp"
@@ -50,17 +52,43 @@ void write_text_file(const std::string& path, const std::string& text) {
   out.close();
 }
 
+// Tensor `name` of `shape` stored as `parts`, each a run of its rows: the tensor is read at its first
+// part and let go after its last.
+void add_parts(std::vector<SafetensorsTensor>& tensors, const WeightsSource& ckpt, const std::string& name,
+               const std::vector<int64_t>& shape, const std::vector<HfPart>& parts) {
+  struct Whole {
+    std::vector<float> values;
+    size_t parts_left;
+  };
+  auto whole = std::make_shared<Whole>(Whole{{}, parts.size()});
+  const int64_t cols = shape[1];
+  for (const HfPart& part : parts)
+    tensors.push_back({part.name, {part.rows, cols}, [&ckpt, name, shape, whole, part, cols](float* out) {
+                         if (whole->values.empty()) {
+                           whole->values.resize(static_cast<size_t>(shape[0] * cols));
+                           ckpt.read(name, whole->values.data());
+                         }
+                         std::copy_n(whole->values.data() + part.first_row * cols, part.rows * cols, out);
+                         if (--whole->parts_left == 0) std::vector<float>().swap(whole->values);
+                       }});
+}
+
 void write_hf(const std::string& dir, const RunSpec& spec, const WeightsSource& ckpt, StoredFloat dtype,
               const std::string& checkpoint) {
   fs::create_directory(dir);
   std::vector<SafetensorsTensor> tensors;
-  const HfFamily& family = hf_family(spec.model.arch);
+  const HfFamily& family = hf_family(spec);
   for (const ParamTensor& p : stage_params(spec, 0, 1, 0, spec.model.n_layer)) {
     const std::string name = p.name;
     std::vector<int64_t> shape(p.shape.begin(), p.shape.end());
+    const std::vector<HfPart> parts = family.parts(name, shape, spec.model.moe.experts);
+    if (parts.size() > 1) {  // rows of it each (a Mixtral's experts): read once, while its parts are written
+      add_parts(tensors, ckpt, name, shape, parts);
+      continue;
+    }
     const bool conv1d = family.transposed(name);
     if (conv1d) std::swap(shape[0], shape[1]);
-    tensors.push_back({family.hf_name(name), shape, [&ckpt, name, conv1d, shape](float* out) {
+    tensors.push_back({parts.front().name, shape, [&ckpt, name, conv1d, shape](float* out) {
                          if (!conv1d) return ckpt.read(name, out);
                          std::vector<float> linear(static_cast<size_t>(shape[0] * shape[1]));  // [out, in]
                          ckpt.read(name, linear.data());
@@ -125,6 +153,10 @@ ExitCode run_export(const ModelExportOptions& opt) {
   check_output(opt.output, rule);
   const std::string checkpoint = resolve_checkpoint(opt.checkpoint, "export");
   const RunSpec spec = spec_of_checkpoint(checkpoint, {}, 1);
+  if (opt.format == ExportFormat::hf)
+    if (const std::string why = hf_family(spec).cannot_hold(spec); !why.empty())
+      throw SpecError("export: " + checkpoint + ": " + why + " (a Hugging Face " + hf_family(spec).name +
+                      " cannot hold this model; its export is not built yet)");
   if (!hf_family(spec.model.arch).llmc && opt.format == ExportFormat::llmc)
     throw SpecError("export: " + checkpoint + " is a model of the " + name_of(spec.model.arch) +
                     " family (model.arch): llm.c's model file holds GPT-2 only (use --format hf)");
@@ -139,7 +171,7 @@ ExitCode run_export(const ModelExportOptions& opt) {
   output.commit();
   const std::string as = opt.format == ExportFormat::llmc
                              ? "an llm.c model file"
-                             : "a Hugging Face " + std::string(hf_family(spec.model.arch).name) + " directory";
+                             : "a Hugging Face " + std::string(hf_family(spec).name) + " directory";
   std::printf("exported %s (%s, %d blocks, d_model %d, vocab %d, %s head) to %s as %s, %s\n", checkpoint.c_str(),
               ckpt->kind().c_str(), spec.model.n_layer, spec.model.d_model, spec.model.vocab,
               spec.model.tie_embeddings ? "tied" : "untied", opt.output.c_str(), as.c_str(), dtype_name(dtype));

@@ -1,5 +1,6 @@
 #include "pipetrain/interop/weights_source.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -154,11 +155,14 @@ class HfSource : public WeightsSource {
 };
 
 // A Hugging Face LlamaForCausalLM directory: config.json (model_type llama) and model.safetensors,
-// or the shards model.safetensors.index.json maps each tensor to. Tensors are F32, BF16 or F16 in
-// pipetrain's layout already; the config must describe the block pipetrain computes.
+// or the shards model.safetensors.index.json maps each tensor to; or a MixtralForCausalLM (model_type
+// mixtral), whose experts' matrices are parts of pipetrain's stacked ones (llama_layout.hpp).
+// Tensors are F32, BF16 or F16 in pipetrain's layout already; the config must describe the block
+// pipetrain computes.
 class HfLlamaSource : public WeightsSource {
  public:
-  HfLlamaSource(const std::string& dir, const json& config, const std::string& config_path) : WeightsSource(dir) {
+  HfLlamaSource(const std::string& dir, const json& config, const std::string& config_path)
+      : WeightsSource(dir), mixtral_(config.value("model_type", "") == "mixtral") {
     check_config(config, config_path);
     const std::string index = dir + "/model.safetensors.index.json";
     std::map<std::string, std::string> file_of;  // Hugging Face name -> its file
@@ -175,8 +179,6 @@ class HfLlamaSource : public WeightsSource {
       for (const SafetensorsEntry& e : files_["model.safetensors"]->entries()) file_of[e.name] = "model.safetensors";
     }
     for (const auto& [hf, file] : file_of) {
-      const std::string name = name_from_hf_llama(hf);
-      if (name.empty()) continue;
       if (file.find('/') != std::string::npos || file.empty())
         throw SpecError(index + ": " + hf + " is in \"" + file + "\": shards must lie beside the index");
       auto& shard = files_[file];
@@ -186,15 +188,18 @@ class HfLlamaSource : public WeightsSource {
       }
       const SafetensorsEntry* e = shard->find(hf);
       if (!e) throw SpecError(index + ": maps " + hf + " to " + file + ", which does not hold it");
-      by_name_[name] = {e, shard.get()};
+      const HfPart part = part_from_hf_llama(hf, e->shape.empty() ? 0 : e->shape[0]);
+      if (!part.name.empty()) by_name_[part.name].push_back({e, shard.get(), part.first_row});
     }
     if (by_name_.empty()) throw SpecError(dir + ": holds no Llama tensors (model.embed_tokens.weight, ...)");
+    check_parts(dir);
   }
 
   std::string kind() const override {
     const auto wte = by_name_.find("wte.weight");
-    return "Hugging Face Llama directory" + std::string(files_.size() > 1 ? ", sharded" : "") +
-           (wte == by_name_.end() ? "" : ", " + wte->second.entry->dtype) +
+    return "Hugging Face " + std::string(mixtral_ ? "Mixtral" : "Llama") + " directory" +
+           std::string(files_.size() > 1 ? ", sharded" : "") +
+           (wte == by_name_.end() ? "" : ", " + wte->second.front().entry->dtype) +
            (tied_ && by_name_.count("lm_head.weight") ? kUnusedHead : "");
   }
   std::vector<DeclaredKey> declared() const override { return declared_; }
@@ -203,14 +208,36 @@ class HfLlamaSource : public WeightsSource {
   std::optional<std::vector<int64_t>> shape(const std::string& name) const override {
     auto it = by_name_.find(name);
     if (it == by_name_.end() || (tied_ && name == "lm_head.weight")) return std::nullopt;
-    return it->second.entry->shape;
+    const std::vector<Held>& parts = it->second;
+    if (parts.size() == 1) return parts.front().entry->shape;
+    const Held& last = parts.back();  // a stacked tensor: its parts' rows one after another
+    return std::vector<int64_t>{last.first_row + last.entry->shape[0], last.entry->shape[1]};
   }
   void read(const std::string& name, float* out) const override {
-    const Held& h = by_name_.at(name);
-    h.file->read(*h.entry, out);
+    for (const Held& h : by_name_.at(name)) {
+      const int64_t cols = h.entry->shape.size() > 1 ? h.entry->shape[1] : 1;
+      h.file->read(*h.entry, out + h.first_row * cols);
+    }
   }
 
  private:
+  // A stacked tensor's parts (a Mixtral's experts) must be matrices of one width that tile its rows.
+  void check_parts(const std::string& dir) {
+    for (auto& [name, parts] : by_name_) {
+      if (parts.size() == 1 && parts.front().first_row == 0) continue;  // a tensor of its own
+      std::sort(parts.begin(), parts.end(), [](const Held& a, const Held& b) { return a.first_row < b.first_row; });
+      int64_t next = 0;
+      for (const Held& h : parts) {
+        const bool fits =
+            h.entry->shape.size() == 2 && h.first_row == next && h.entry->shape[1] == parts.front().entry->shape[1];
+        if (!fits)
+          throw SpecError(dir + ": " + h.entry->name + " does not fit beside the other parts of " +
+                          hf_llama_name(name) + " (each expert's matrices of one shape, experts 0, 1, ... each once)");
+        next += h.entry->shape[0];
+      }
+    }
+  }
+
   // What pipetrain's llama block computes: SiLU gating, plain rotary embeddings, no biases.
   void check_config(const json& c, const std::string& path) {
     auto refuse = [&](const char* key, const std::string& why) {
@@ -228,8 +255,12 @@ class HfLlamaSource : public WeightsSource {
              "pipetrain's rotary embeddings are unscaled (Llama 3.1's and YaRN's scaling are not built)");
     for (const char* bias : {"attention_bias", "mlp_bias"})
       if (c.contains(bias) && c[bias] != false) refuse(bias, "pipetrain's llama block has no biases");
-    // LlamaConfig's defaults for what the file leaves out: the key/value heads are the heads, the
-    // head untied, rope_theta 10000, rms_norm_eps 1e-6.
+    if (c.contains("sliding_window") && !c["sliding_window"].is_null())
+      refuse("sliding_window", "pipetrain's attention sees the whole sequence (sliding windows are not built)");
+    if (number("router_jitter_noise", 0) != 0)
+      refuse("router_jitter_noise", "pipetrain's router adds no noise to its logits");
+    // Hugging Face's defaults for what the file leaves out: the key/value heads are the heads, the
+    // head untied.
     declared_.push_back({"model.arch", "\"llama\"", "config.json model_type"});
     declare_int(declared_, c, path, "num_hidden_layers", "model.n_layer");
     declare_int(declared_, c, path, "hidden_size", "model.d_model");
@@ -237,14 +268,23 @@ class HfLlamaSource : public WeightsSource {
     if (c.contains("num_key_value_heads")) declare_int(declared_, c, path, "num_key_value_heads", "model.n_kv_head");
     else declare_int(declared_, c, path, "num_attention_heads", "model.n_kv_head");
     declare_int(declared_, c, path, "intermediate_size", "model.ffn_hidden");
+    if (mixtral_) {  // every block an MoE block, its experts as wide as intermediate_size, top-k renormalised
+      declare_int(declared_, c, path, "num_local_experts", "model.moe.experts");
+      declare_int(declared_, c, path, "num_experts_per_tok", "model.moe.top_k");
+      declare_int(declared_, c, path, "intermediate_size", "model.moe.ffn_hidden");
+      declared_.push_back({"model.moe.norm_topk", "true", "config.json model_type mixtral (renormalised top-k)"});
+    }
     declare_int(declared_, c, path, "vocab_size", "model.vocab");
+    // Hugging Face's defaults where the file leaves them out: LlamaConfig's, MixtralConfig's.
+    const double theta = mixtral_ ? 1e6 : 10000, eps = mixtral_ ? 1e-5 : 1e-6;
     const bool theta_given = c.contains("rope_theta") && !c["rope_theta"].is_null();
-    declared_.push_back({"model.rope_theta", toml_number(number("rope_theta", 10000)),
-                         theta_given ? "config.json rope_theta" : "config.json (no rope_theta: Hugging Face's 10000)"});
+    declared_.push_back({"model.rope_theta", toml_number(number("rope_theta", theta)),
+                         theta_given ? "config.json rope_theta"
+                                     : "config.json (no rope_theta: Hugging Face's " + toml_number(theta) + ")"});
     const bool eps_given = c.contains("rms_norm_eps") && !c["rms_norm_eps"].is_null();
-    declared_.push_back(
-        {"model.norm_eps", toml_number(number("rms_norm_eps", 1e-6)),
-         eps_given ? "config.json rms_norm_eps" : "config.json (no rms_norm_eps: Hugging Face's 1e-06)"});
+    declared_.push_back({"model.norm_eps", toml_number(number("rms_norm_eps", eps)),
+                         eps_given ? "config.json rms_norm_eps"
+                                   : "config.json (no rms_norm_eps: Hugging Face's " + toml_number(eps) + ")"});
     if (c.contains("tie_word_embeddings") && !c["tie_word_embeddings"].is_boolean())
       refuse("tie_word_embeddings", "not true or false");
     tied_ = c.value("tie_word_embeddings", false);
@@ -254,9 +294,11 @@ class HfLlamaSource : public WeightsSource {
   struct Held {
     const SafetensorsEntry* entry;
     const SafetensorsFile* file;
+    int64_t first_row;  // in pipetrain's tensor (a Mixtral expert's part of the stacked experts)
   };
+  bool mixtral_;
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
-  std::map<std::string, Held> by_name_;
+  std::map<std::string, std::vector<Held>> by_name_;
   bool tied_ = false;
   std::vector<DeclaredKey> declared_;
 };
@@ -303,7 +345,9 @@ class CheckpointSource : public WeightsSource {
     const bool llama = manifest_.spec_value("model.arch") == "\"llama\"";
     for (const char* key :
          {"model.arch", "model.n_layer", "model.d_model", "model.n_head", "model.vocab", "model.tie_embeddings",
-          "model.n_kv_head", "model.ffn_hidden", "model.rope_theta", "model.norm_eps"}) {
+          "model.n_kv_head", "model.ffn_hidden", "model.rope_theta", "model.norm_eps", "model.moe.experts",
+          "model.moe.top_k", "model.moe.ffn_hidden", "model.moe.shared_experts", "model.moe.norm_topk",
+          "model.moe.every", "model.moe.capacity_factor"}) {
       if (!llama && out.size() == 6) break;
       out.push_back({key, manifest_.spec_value(key), "manifest " + std::string(key)});
     }

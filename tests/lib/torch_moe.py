@@ -127,3 +127,24 @@ def from_checkpoint(ckpt_dir, spec):
     """An MoE llama with the checkpoint's weights; spec: torch_llama's keys and "moe": experts,
     top_k, ffn_hidden, and optionally shared_experts, norm_topk, every, aux_loss, z_loss."""
     return filled(MoeLlama(spec), load_hf_named(ckpt_dir, spec))
+
+
+def from_hf(directory):
+    """A mixture of experts from a Hugging Face MixtralForCausalLM directory alone: config.json's
+    shape and constants, the weights of model.safetensors or of the shards its index lists, by
+    Hugging Face's names."""
+    import json
+    import os
+    cfg = json.load(open(os.path.join(directory, "config.json")))
+    index = os.path.join(directory, "model.safetensors.index.json")
+    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
+    weights = {}
+    for f in files:
+        weights.update(torch_llama.read_safetensors(os.path.join(directory, f)))
+    spec = dict(n_layer=cfg["num_hidden_layers"], d_model=cfg["hidden_size"], n_head=cfg["num_attention_heads"],
+                n_kv_head=cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
+                ffn_hidden=cfg["intermediate_size"], vocab=cfg["vocab_size"], tie=cfg.get("tie_word_embeddings", False),
+                rope_theta=cfg.get("rope_theta", 1e6), norm_eps=cfg.get("rms_norm_eps", 1e-5),
+                moe=dict(experts=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"],
+                         ffn_hidden=cfg["intermediate_size"], norm_topk=True))
+    return filled(MoeLlama(spec), weights), cfg

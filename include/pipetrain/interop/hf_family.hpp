@@ -10,6 +10,7 @@
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/data/tokenizer.hpp"
 #include "pipetrain/interop/float_formats.hpp"
+#include "pipetrain/interop/llama_layout.hpp"
 
 namespace pipetrain {
 
@@ -17,10 +18,16 @@ class WeightsSource;
 
 struct HfFamily {
   Arch arch;
+  bool moe;                // holds a mixture of experts (model.moe)
   const char* model_type;  // config.json's
   const char* name;        // "GPT-2", "Llama": as Hugging Face names the model, for messages
   std::string (*hf_name)(const std::string& ours);
   bool (*transposed)(const std::string& ours);  // stored [in, out] (GPT-2's Conv1D)
+  // The Hugging Face tensors pipetrain tensor `ours` of `shape` (pipetrain's layout) is stored as:
+  // itself, or (a Mixtral's experts) rows of it each.
+  std::vector<HfPart> (*parts)(const std::string& ours, const std::vector<int64_t>& shape, int experts);
+  // Why this family cannot hold a model of `spec` ("" when it can): a key it has no place for.
+  std::string (*cannot_hold)(const RunSpec& spec);
   nlohmann::json (*config)(const RunSpec& spec, StoredFloat dtype, const SpecialTokens& special);
   // A directory of this family, its config.json read; SpecError naming what does not fit.
   std::unique_ptr<WeightsSource> (*open)(const std::string& dir, const nlohmann::json& config,
@@ -29,8 +36,10 @@ struct HfFamily {
 };
 
 const HfFamily& hf_family(Arch arch);
+// The family a model of `spec` exports as: its arch's, a Mixtral for a mixture of experts.
+const HfFamily& hf_family(const RunSpec& spec);
 // The family of a config.json's model_type; null when pipetrain has none (hf_family_types lists them).
 const HfFamily* hf_family_of_type(const std::string& model_type);
-std::string hf_family_types();  // GPT-2 ("gpt2") and Llama ("llama")
+std::string hf_family_types();  // GPT-2 ("gpt2"), Llama ("llama") and Mixtral ("mixtral")
 
 }  // namespace pipetrain

@@ -4,15 +4,33 @@
 // "model.layers.{i}." (pipetrain's are Hugging Face's after "h.{i}."), the final norm is
 // "model.norm.weight", the head "lm_head.weight" (stored only when untied). Layouts are the same:
 // nn.Linear [out, in], rotary embeddings in the rotate-half convention, q heads as contiguous slices.
+//
+// A mixture of experts appears as a MixtralForCausalLM: an MoE block's router is
+// "model.layers.{i}.block_sparse_moe.gate.weight", and its stacked experts are cut expert by
+// expert: expert e's gate rows of mlp.experts.gate_up_proj are "...block_sparse_moe.experts.{e}.w1.weight",
+// its up rows "...w3.weight", its rows of mlp.experts.down_proj "...w2.weight".
 #pragma once
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace pipetrain {
 
-// "model.layers.3.self_attn.q_proj.weight" for "h.3.self_attn.q_proj.weight".
+// "model.layers.3.self_attn.q_proj.weight" for "h.3.self_attn.q_proj.weight" (a stacked expert
+// tensor: its parts' names with {e} for the expert, for messages).
 std::string hf_llama_name(const std::string& name);
-// The pipetrain name of a Hugging Face Llama tensor; "" for one pipetrain has no use for (a stored
-// rotary frequency table, say) or does not know.
-std::string name_from_hf_llama(const std::string& hf);
+
+// A run of rows of a pipetrain tensor stored as one Hugging Face tensor.
+struct HfPart {
+  std::string name;  // Hugging Face's (pipetrain's, from part_from_hf_llama)
+  int64_t first_row = 0, rows = 0;
+};
+// The Hugging Face tensors pipetrain tensor `name` of `shape` is stored as: itself, or an MoE
+// block's stacked experts (`experts` of them) one part per expert and matrix.
+std::vector<HfPart> hf_llama_parts(const std::string& name, const std::vector<int64_t>& shape, int experts);
+// The pipetrain tensor a Hugging Face Llama or Mixtral tensor of `rows` rows is (a part of), and
+// where its rows start there; name "" for one pipetrain has no use for (a stored rotary frequency
+// table, say) or does not know.
+HfPart part_from_hf_llama(const std::string& hf, int64_t rows);
 
 }  // namespace pipetrain

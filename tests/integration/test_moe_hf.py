@@ -1,0 +1,193 @@
+"""Hugging Face Mixtral in and out. `pipetrain export --format hf` of a mixture-of-experts
+checkpoint writes a MixtralForCausalLM directory (each expert's w1, w3 and w2 cut from pipetrain's
+stacked experts) that the independent PyTorch mixture of experts (tests/lib/torch_moe.py: written
+from the published formulas, Hugging Face's names, its own safetensors reader) evaluates to
+`pipetrain eval`'s loss; a random Mixtral written here as a Hugging Face directory (one file or
+shards with an index, F32/BF16) and loaded by `train.init_from` on 2 stages starts at PyTorch's loss
+and follows PyTorch's AdamW for 10 steps; what Mixtral or pipetrain cannot hold is refused naming
+the key.
+
+Batches are the token file's in order (data.shuffle = false), as in test_llama_hf."""
+import json
+import os
+import subprocess
+
+import numpy as np
+import torch
+
+from tests.integration.test_llama_hf import BASE, V, batch, eval_loss, export, write_safetensors
+from tests.integration.test_model_export import token_file
+from tests.lib import torch_llama, torch_moe
+from tests.lib.harness import expect, launch, rel_diff, run_scenarios, scenario, settings, shared_run
+
+
+def config():
+    return os.path.join(settings().configs, "moe-tiny.toml")
+
+
+def trained(name, ranks, *sets):
+    """The step-6 checkpoint of a moe-tiny run on the token file (shared by the scenarios)."""
+    r = shared_run(name, ranks, config(), BASE + ["run.steps=6", f"data.path={token_file()}", *sets])
+    expect(r.rc == 0, f"training {name}: exit 0 ({r.rc}) {r.err[-300:]}")
+    return os.path.join(r.run_dir, "checkpoints", "step_00000006")
+
+
+D, KV, F, E, K = 64, 32, 48, 4, 2  # the random Mixtral: width, key/value width, expert width, experts, top-k
+
+
+def random_mixtral(directory, shards=1, dtypes=("F32",), **config_changes):
+    """A random Mixtral (2 blocks of 64, 4 query heads over 2 key/value heads, 4 experts of SwiGLU
+    48, top-2, rope_theta 500) as a Hugging Face directory: config.json and model.safetensors, or
+    `shards` files with model.safetensors.index.json, the i-th shard stored as dtypes[i % len]."""
+    os.makedirs(directory, exist_ok=True)
+    cfg = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": V, "hidden_size": D,
+           "intermediate_size": F, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "num_local_experts": E, "num_experts_per_tok": K, "hidden_act": "silu", "max_position_embeddings": 2048,
+           "rms_norm_eps": 1e-5, "rope_theta": 500.0, "sliding_window": None, "router_aux_loss_coef": 0.02,
+           "tie_word_embeddings": False, "torch_dtype": "float32"}
+    cfg.update(config_changes)
+    rng = np.random.default_rng(5)
+    w = {"model.embed_tokens.weight": rng.normal(0, 0.5, (V, D)), "model.norm.weight": 1 + rng.normal(0, 0.1, D)}
+    for i in range(2):
+        p = f"model.layers.{i}."
+        w.update({p + "input_layernorm.weight": 1 + rng.normal(0, 0.1, D),
+                  p + "self_attn.q_proj.weight": rng.normal(0, 0.15, (D, D)),
+                  p + "self_attn.k_proj.weight": rng.normal(0, 0.15, (KV, D)),
+                  p + "self_attn.v_proj.weight": rng.normal(0, 0.15, (KV, D)),
+                  p + "self_attn.o_proj.weight": rng.normal(0, 0.1, (D, D)),
+                  p + "post_attention_layernorm.weight": 1 + rng.normal(0, 0.1, D),
+                  p + "block_sparse_moe.gate.weight": rng.normal(0, 0.3, (E, D))})
+        for e in range(E):
+            q = f"{p}block_sparse_moe.experts.{e}."
+            w.update({q + "w1.weight": rng.normal(0, 0.15, (F, D)), q + "w3.weight": rng.normal(0, 0.15, (F, D)),
+                      q + "w2.weight": rng.normal(0, 0.1, (D, F))})
+    w["lm_head.weight"] = rng.normal(0, 0.1, (V, D))
+    w = {k: v.astype(np.float32) for k, v in w.items()}
+    if shards == 1:
+        write_safetensors(os.path.join(directory, "model.safetensors"), w, dtypes[0])
+    else:
+        names, weight_map = sorted(w), {}
+        for s in range(shards):
+            file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+            part = {n: w[n] for n in names[s::shards]}
+            write_safetensors(os.path.join(directory, file), part, dtypes[s % len(dtypes)])
+            weight_map.update({n: file for n in part})
+        json.dump({"metadata": {}, "weight_map": weight_map},
+                  open(os.path.join(directory, "model.safetensors.index.json"), "w"))
+    json.dump(cfg, open(os.path.join(directory, "config.json"), "w"))
+    return directory
+
+
+def run_from(name, source, steps, *sets):
+    """train.init_from `source` on 2 stages with no model key set (every one is the source's),
+    without the load-balancing loss (Hugging Face's Mixtral adds it only when asked)."""
+    a = settings()
+    r = launch(a, 2, os.path.join(a.work, name), None,
+               BASE + [f"run.steps={steps}", f"data.path={token_file()}", f"train.init_from={source}",
+                       "model.seq_len=32", "train.global_batch=16", "parallel.micro_batches=4", "parallel.pp=2",
+                       "model.moe.aux_loss=0", "train.warmup_steps=0", "train.lr=1e-3", "train.min_lr=1e-3",
+                       "train.grad_clip=0", "train.weight_decay=0.1", *sets])
+    expect(r.rc == 0, f"{name}: exit 0 ({r.rc}) {r.err.strip()[-300:]}")
+    return r
+
+
+# --- scenarios ------------------------------------------------------------------------------------
+
+@scenario
+def export_matches_torch():
+    """The Hugging Face export of moe-tiny (8 experts, top-2) trained on 1 rank, on 2 stages x 2
+    replicas, and on 2 tensor ranks: MixtralForCausalLM's config and names, each expert's w1, w3
+    and w2 as Hugging Face shapes them; the PyTorch mixture of experts built from the directory
+    alone gives `pipetrain eval`'s loss within 1e-5."""
+    a = settings()
+    x, y = batch("val", 0)
+    for name, ranks, sets in [("moe_1x1", 1, []), ("moe_2x2", 4, ["parallel.pp=2", "parallel.dp=2",
+                                                                   "parallel.micro_batches=2"]),
+                              ("moe_tp2", 2, ["parallel.tp=2"])]:
+        ckpt = trained(name, ranks, *sets)
+        out = os.path.join(a.work, f"hf_{name}")
+        p = export(ckpt, out)
+        expect(p.returncode == 0 and "Hugging Face Mixtral directory" in p.stdout,
+               f"{name}: export exit 0, says what it wrote ({p.stderr.strip()[-200:]})")
+        if p.returncode != 0:
+            continue
+        model, cfg = torch_moe.from_hf(out)
+        expect(cfg["architectures"] == ["MixtralForCausalLM"] and cfg["model_type"] == "mixtral" and
+               cfg["num_local_experts"] == 8 and cfg["num_experts_per_tok"] == 2 and cfg["intermediate_size"] == 96 and
+               cfg["hidden_size"] == 64 and cfg["num_hidden_layers"] == 4 and cfg["sliding_window"] is None and
+               cfg["rope_theta"] == 10000 and cfg["rms_norm_eps"] == 1e-5,
+               f"{name}: config.json describes the mixture of experts")
+        weights = torch_llama.read_safetensors(os.path.join(out, "model.safetensors"))
+        experts = "model.layers.3.block_sparse_moe.experts.7."
+        expect(weights["model.layers.0.block_sparse_moe.gate.weight"].shape == (8, 64) and
+               weights[experts + "w1.weight"].shape == (96, 64) and weights[experts + "w3.weight"].shape == (96, 64) and
+               weights[experts + "w2.weight"].shape == (64, 96) and
+               not any(".mlp." in n for n in weights),
+               f"{name}: Mixtral's names and [out, in] shapes, expert by expert")
+        with torch.no_grad():
+            got = model(x, y).item()
+        want = eval_loss(ckpt)
+        expect(rel_diff(got, want) <= 1e-5, f"{name}: PyTorch Mixtral of the export {got:.7f} == eval {want:.7f} "
+                                            f"(rel {rel_diff(got, want):.1e})")
+
+
+@scenario
+def init_from_random_mixtral_follows_torch():
+    """A random Mixtral written here (4 experts, top-2, grouped key/value heads), as one F32 file and
+    as 3 shards stored F32, BF16 and F32, loaded by train.init_from on 2 stages with no model key
+    set: the first loss is PyTorch's on the first batch within 1e-5, and 10 steps at a constant
+    learning rate without clipping follow torch.optim.AdamW (decay on 2-D weights) within 1e-5."""
+    a = settings()
+    for name, shards, dtypes in [("one_file", 1, ("F32",)), ("sharded", 3, ("F32", "BF16", "F32"))]:
+        source = random_mixtral(os.path.join(a.work, f"random_{name}"), shards=shards, dtypes=dtypes)
+        steps = 10 if shards == 1 else 1
+        r = run_from(f"from_{name}", source, steps)
+        expect(f"initialised from {source} (Hugging Face Mixtral directory" in r.out, f"{name}: the start line names it")
+        got = [m["loss"] for m in r.metrics()] if r.rc == 0 else []
+        model, _ = torch_moe.from_hf(source)
+        params = dict(model.named_parameters())
+        opt = torch.optim.AdamW([{"params": [p for p in params.values() if p.dim() == 2], "weight_decay": 0.1},
+                                 {"params": [p for p in params.values() if p.dim() != 2], "weight_decay": 0.0}],
+                                lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+        want = []
+        for step in range(steps):
+            x, y = batch("train", step)
+            opt.zero_grad()
+            loss = model(x, y)
+            loss.backward()
+            opt.step()
+            want.append(loss.item())
+        worst = max((rel_diff(g, w) for g, w in zip(got, want)), default=1.0)
+        expect(len(got) == steps and worst <= 1e-5,
+               f"{name}: {steps} steps: pipetrain {[round(v, 5) for v in got[:3]]}.. == PyTorch "
+               f"{[round(v, 5) for v in want[:3]]}.. (worst rel {worst:.1e})")
+        if steps == 10:
+            expect(got and got[-1] < got[0] - 0.1, f"{name}: and the loss falls")
+
+
+@scenario
+def refusals_exit_2():
+    """What pipetrain's mixture of experts does not compute, or Mixtral cannot hold, exits 2 with
+    one line naming the key: a sliding window, router noise, an OLMoE model_type, and the export
+    of a model with shared experts, unnormalised weights or MoE blocks beside dense ones."""
+    a = settings()
+    for key, value, words in [("sliding_window", 4096, "sliding_window = 4096"),
+                              ("router_jitter_noise", 0.1, "router_jitter_noise = 0.1"),
+                              ("model_type", "olmoe", "model_type = \"olmoe\"")]:
+        source = random_mixtral(os.path.join(a.work, f"refused_{key}"), **{key: value})
+        r = launch(a, 1, os.path.join(a.work, f"run_refused_{key}"), None,
+                   BASE + ["run.steps=1", f"data.path={token_file()}", f"train.init_from={source}"])
+        lines = [line for line in r.err.strip().splitlines() if line]
+        expect(r.rc == 2 and len(lines) == 1 and words in lines[0], f"{key}: exit 2, one line naming it ({r.err.strip()})")
+    for sets, key in [(["model.moe.shared_experts=1"], "model.moe.shared_experts"),
+                      (["model.moe.norm_topk=false"], "model.moe.norm_topk"),
+                      (["model.moe.every=2"], "model.moe.every")]:
+        ckpt = trained("refused_" + key.split(".")[-1], 1, *sets)
+        out = os.path.join(a.work, "hf_refused_" + key.split(".")[-1])
+        p = export(ckpt, out)
+        expect(p.returncode == 2 and key in p.stderr and "Mixtral" in p.stderr and not os.path.exists(out),
+               f"export with {key}: exit 2 naming it, nothing written ({p.stderr.strip()})")
+
+
+if __name__ == "__main__":
+    run_scenarios()
