@@ -47,6 +47,10 @@ void set_compute_device(Device d, int local_rank, int local_ranks) {
 
 void use_spec_device(const RunSpec& spec, int local_rank, int local_ranks) {
   if (spec.run.device != Device::gpu) return;
+  if (spec.model.moe.on())  // plan still prices it: only running it is refused
+    throw SpecError(spec.origin("model.moe.experts") +
+                    ": model.moe.experts: a mixture of experts trains on the CPU in this build (its routing kernels "
+                    "have no GPU twin yet): run.device = \"cpu\"");
   try {
     set_compute_device(Device::gpu, local_rank, local_ranks);
   } catch (const std::runtime_error& e) {

@@ -123,10 +123,6 @@ void validate_moe(const RunSpec& s, const std::function<void(const std::string&,
     fail("model.moe.every", "every = " + std::to_string(moe.every) +
                                 " makes none of model.n_layer = " + std::to_string(m.n_layer) +
                                 " blocks an MoE block (block i is one when (i + 1) % every = 0)");
-  if (s.run.device == Device::gpu)
-    fail("model.moe.experts",
-         "a mixture of experts trains on the CPU in this build (its routing kernels have no "
-         "GPU twin yet): run.device = \"cpu\"");
   const int tp = s.parallel.tp;
   const int ffn = moe.ffn_hidden > 0 ? moe.ffn_hidden : m.ffn_hidden;
   if (ffn > 0 && ffn % tp != 0)

@@ -148,6 +148,55 @@ Plan make_plan(const RunSpec& spec) {
   return plan;
 }
 
+namespace {
+
+// A mixture of experts' parameters: all of them, those a token passes through (the router, its
+// top_k experts, the shared experts, everything outside the MoE blocks' experts), the experts'.
+struct MoeParams {
+  double total = 0, active = 0, experts = 0;
+  int moe_blocks = 0;
+};
+MoeParams moe_params(const RunSpec& spec) {
+  MoeParams m;
+  for (const ParamTensor& t : stage_params(spec, 0, 1, 0, spec.model.n_layer)) m.total += t.size;
+  const auto& moe = spec.model.moe;
+  if (!moe.on()) return m;
+  m.moe_blocks = block_kinds(spec, {0, spec.model.n_layer}).moe;
+  const BlockShape s = block_shape(spec, moe.every - 1);
+  const double per_expert = 3.0 * s.ffn * s.C;  // gate, up, down
+  m.experts = m.moe_blocks * moe.experts * per_expert;
+  m.active = m.total - m.moe_blocks * (moe.experts - moe.top_k) * per_expert;
+  return m;
+}
+
+// "674 k", "6.92 B": a parameter count.
+std::string count_text(double n) {
+  char buf[32];
+  if (n >= 1e9) std::snprintf(buf, sizeof buf, "%.3g B", n / 1e9);
+  else if (n >= 1e6) std::snprintf(buf, sizeof buf, "%.3g M", n / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.3g k", n / 1e3);
+  return buf;
+}
+
+std::string moe_text(const RunSpec& spec) {
+  const auto& moe = spec.model.moe;
+  if (!moe.on()) return "";
+  const MoeParams m = moe_params(spec);
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "\nmixture of experts: %d experts of SwiGLU %d in %d of %d blocks, each token to %d%s: %s "
+                "parameters, %s active per token (%.0f%%); the experts' %s on every data-parallel rank "
+                "(expert parallelism is not built yet). Activations and FLOPs count a micro-batch's %d expert "
+                "rows (tokens x top_k, however the router spreads them; a capacity only lowers them).\n",
+                moe.experts, block_shape(spec, moe.every - 1).ffn, m.moe_blocks, spec.model.n_layer, moe.top_k,
+                moe.shared_experts ? (" + " + std::to_string(moe.shared_experts) + " shared").c_str() : "",
+                count_text(m.total).c_str(), count_text(m.active).c_str(), 100 * m.active / m.total,
+                count_text(m.experts).c_str(), static_cast<int>(micro_batch_rows(spec).tokens * moe.top_k));
+  return line;
+}
+
+}  // namespace
+
 std::string plan_text(const RunSpec& spec, const Plan& plan) {
   const auto& p = spec.parallel;
   std::ostringstream os;
@@ -157,7 +206,8 @@ std::string plan_text(const RunSpec& spec, const Plan& plan) {
                 plan.world, grid_text(p.tp, p.pp, p.dp).c_str(), p.sequence_parallel ? ", sequence parallel" : "",
                 p.micro_batches, spec.samples_per_micro_batch(), spec.model.seq_len, schedule_description(spec).c_str(),
                 name_of(p.recompute));
-  os << line << "\npartition (" << name_of(p.partition) << "):\n" << describe_partition(spec, partition_blocks(spec));
+  os << line << moe_text(spec) << "\npartition (" << name_of(p.partition) << "):\n"
+     << describe_partition(spec, partition_blocks(spec));
   os << "\nschedule, " << p.schedule->chart_caption << ":\n";
   if (plan.chart.empty()) os << "  (too wide to draw; lower M to see it)\n";
   else os << plan.chart;
@@ -265,6 +315,12 @@ nlohmann::json plan_json(const RunSpec& spec, const Plan& plan) {
   j["partition"] = partition_blocks(spec);  // blocks per virtual stage
   j["bubble_theory"] = plan.bubble_theory;
   j["bubble_sim"] = plan.bubble_sim;
+  if (spec.model.moe.on()) {
+    const MoeParams m = moe_params(spec);
+    j["moe"] = {{"experts", spec.model.moe.experts}, {"top_k", spec.model.moe.top_k},
+                {"moe_blocks", m.moe_blocks},        {"params", m.total},
+                {"active_params", m.active},         {"expert_params", m.experts}};
+  }
   j["stages"] = nlohmann::json::array();
   for (auto& s : plan.stages) {
     const StagePlan::State state = s.state_at(acting_zero(spec), spec.parallel.reshards_after_forward());

@@ -266,6 +266,29 @@ def auto_shards_a_70b():
     expect("tensor exchanges" in why and "per rank" in why, f"why #1 gives the tensor exchanges and the memory: {why}")
 
 
+@scenario
+def moe_published_shapes():
+    """plan for Mixtral 8x7B (configs/mixtral-8x7b.toml) and OLMoE-1B-7B (configs/olmoe-1b-7b.toml): their
+    published parameter counts (OLMoE's less its QK-norm's 65,536, not built), counted over the stages
+    and in plan's mixture-of-experts line; the active ones per token (the router, top_k experts
+    and the rest); text and JSON."""
+    for name, world, total, experts, top_k, ffn, d in [("mixtral-8x7b", 128, 46702792704, 8, 2, 14336, 4096),
+                                                       ("olmoe-1b-7b", 16, 6919161856 - 65536, 64, 8, 1024, 2048)]:
+        config = os.path.join(settings().configs, name + ".toml")
+        r = plan("--world", "16", "--set", "parallel.tp=1", "--json", config=config)  # stages hold whole tensors
+        j = json.loads(r.stdout) if r.returncode == 0 else {"stages": [], "moe": {}}
+        counted = sum(st["params"] for st in j["stages"])
+        layers = 32 if name.startswith("mixtral") else 16
+        active = total - layers * (experts - top_k) * 3 * ffn * d  # the experts a token does not go to
+        m = j.get("moe", {})
+        expect(counted == total and m.get("params") == total and m.get("active_params") == active and
+               m.get("expert_params") == layers * experts * 3 * ffn * d,
+               f"{name}: {total:,} parameters, {active:,} active per token ({counted:,}, {m})")
+        text = plan("--world", str(world), config=config).stdout
+        expect(f"{experts} experts of SwiGLU {ffn} in {layers} of {layers} blocks, each token to {top_k}" in text and
+               f"{total / 1e9:.3g} B parameters" in text, f"{name}: plan's text says it")
+
+
 def median(xs):
     xs = sorted(xs)
     h = len(xs) // 2

@@ -287,7 +287,6 @@ TEST_CASE("model.moe: a [model.moe] table or --set model.moe.key, and every impo
         {{"model.moe.experts=4", "model.moe.every=5"}, "every = 5 makes none of model.n_layer = 4 blocks an MoE block"},
         {{"model.moe.experts=4", "model.moe.ffn_hidden=30", "parallel.tp=4", "model.n_head=4"},
          "tp = 4 does not divide each expert's SwiGLU width 30"},
-        {{"model.moe.experts=4", "run.device=gpu"}, "a mixture of experts trains on the CPU in this build"},
     };
     for (const auto& [sets, why] : refused) {
       INFO(why);

@@ -196,3 +196,27 @@ TEST_CASE("MoE stage on two tensor ranks gives one rank's loss and gradients", "
     }
   }
 }
+
+TEST_CASE("MoE stage: forward_cached, a prompt then one token at a time, gives forward()'s probabilities", "[moe]") {
+  // Routing is per token (dropless), so a token chooses the same experts in a batch of one.
+  RunSpec spec = moe_spec(4, 2, 1, 1, true);
+  spec.model.seq_len = 12;
+  spec.train.global_batch = 1;
+  const int T = spec.model.seq_len, V = spec.model.vocab;
+  Stage st(spec, 0, 1, 0, 2, 1, 1.f);
+  st.init_params(3);
+  perturb(st, 5);
+  const std::vector<int> tokens = random_tokens(T, V, 9), targets(T, 0);
+  st.set_tokens(0, tokens.data());
+  st.set_targets(0, targets.data());
+  st.forward(0, 0, nullptr);
+  const std::vector<float> full(st.head_probs(0).host().begin(), st.head_probs(0).host().end());
+  st.discard(0, 0);
+  KvCache cache;
+  std::vector<float> probs(static_cast<size_t>(T) * V);
+  const int prompt = 5;
+  st.forward_cached(tokens.data(), prompt, cache, probs.data());
+  for (int t = prompt; t < T; ++t)
+    st.forward_cached(tokens.data() + t, 1, cache, probs.data() + static_cast<size_t>(t) * V);
+  for (size_t i = 0; i < full.size(); ++i) CHECK(probs[i] == Approx(full[i]).margin(1e-5));
+}
