@@ -4,7 +4,9 @@
 loss.png (loss curve, a dotted line where a launch resumed), bubble.png (measured bubble per stage over steps, the schedule simulation's
 bubble per stage and the closed form (P-1)/(M+P-1)), memory.png (per stage: activations,
 parameters+gradients+AdamW, process RSS), gantt.png (one traced step: every span of every rank,
-coloured by what it was, with a legend for each colour; waits inside collectives are waits).
+coloured by what it was, with a legend for each colour; waits inside collectives are waits),
+experts.png for a mixture of experts (per MoE block, the busiest expert's share of the routed
+tokens over the mean share, over steps; below, each expert's share at the last logged step).
 Legends sit beside the axes, never over the data.
 Writes what its inputs allow and says what it skipped. The figure functions return the figure,
 so tests can check what is drawn."""
@@ -127,6 +129,30 @@ def memory_figure(lines):
     return fig
 
 
+def experts_figure(lines):
+    """A mixture of experts' load balance: each MoE block's busiest expert over the mean share, step by
+    step (1: balanced), and each expert's share at the last logged step, block by block."""
+    moe = [l for l in lines if "moe_load_max" in l]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5))
+    steps = [l["step"] for l in moe]
+    for b, block in enumerate(moe[-1]["moe_blocks"]):
+        top.plot(steps, [l["moe_load_max"][b] for l in moe], linewidth=0.9, label=f"block {block}")
+    top.axhline(1.0, color="black", linestyle=":", linewidth=0.8, label="balanced")
+    top.set(xlabel="step", ylabel="busiest expert / mean share", title="expert load per MoE block")
+    legend_beside(top, fontsize=8)
+    shares = moe[-1]["moe_expert_share"]
+    experts = len(shares[0])
+    width = 0.8 / len(shares)
+    for b, (block, share) in enumerate(zip(moe[-1]["moe_blocks"], shares)):
+        bottom.bar([e + b * width for e in range(experts)], share, width, label=f"block {block}")
+    bottom.axhline(1.0 / experts, color="black", linestyle=":", linewidth=0.8, label="1 / experts")
+    bottom.set(xlabel="expert", ylabel="share of the routed tokens", title=f"each expert's share at step {moe[-1]['step']}")
+    bottom.set_xticks([e + width * (len(shares) - 1) / 2 for e in range(experts)], [str(e) for e in range(experts)])
+    legend_beside(bottom, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def gantt_figure(events):
     """The last traced step (warm, no first-step effects): one row per rank, one bar per span."""
     spans = [e for e in events if e.get("ph") == "X"]
@@ -193,6 +219,8 @@ def main(argv):
         if sim_bubble:
             written[-1] += " (measured, simulated, closed form)"
         save(memory_figure(lines), "memory.png")
+        if any("moe_load_max" in l for l in lines):
+            save(experts_figure(lines), "experts.png")
     else:
         print("plots: no metrics.jsonl lines: skipped loss, bubble and memory plots")
     trace_path = latest_trace(run_dir)

@@ -46,6 +46,21 @@ std::string shares_text(const StageFigures& f) {
   return out;
 }
 
+// A mixture of experts: how evenly each MoE block's router spreads its tokens.
+void text_routing(const RunSummary& r, std::string& out) {
+  if (!r.routing) return;
+  const RunSummary::Routing& m = *r.routing;
+  out += "  experts: busiest expert's share over the mean (1 = balanced), per MoE block, last step (median):";
+  for (size_t b = 0; b < m.blocks.size(); ++b)
+    out += " " + std::to_string(m.blocks[b]) + ": " + fmt("%.2f", m.load_last[b]) + " (" +
+           fmt("%.2f", m.load_median[b]) + ")";
+  double dropped = 0;
+  for (double d : m.dropped_last) dropped = std::max(dropped, d);
+  out += "\n    load-balancing loss " + fmt("%.4f", m.aux_first) + " -> " + fmt("%.4f", m.aux_last) +
+         (r.spec ? " (balanced: " + std::to_string(r.spec->model.moe.top_k) + ")" : "") +
+         (dropped > 0 ? "; dropped at most " + fmt("%.1f%%", 100 * dropped) + " of a block's choices" : "") + "\n";
+}
+
 void text_measured(const RunSummary& r, std::string& out) {
   if (r.logged_steps == 0) return;
   if (r.spec)
@@ -63,6 +78,7 @@ void text_measured(const RunSummary& r, std::string& out) {
     for (const auto& [name, loss] : r.latest_val->by_source) out += " " + name + " " + fmt("%.4f", loss);
     out += "\n";
   }
+  text_routing(r, out);
   out += "  step time: median " + fmt("%.1f ms", 1e3 * r.step_time_s) + ", " + fmt("%.0f", r.tokens_per_s) +
          " tokens/s, " + fmt("%.1f", r.gflops) + " GFLOP/s, MFU " + fmt("%.1f%%", 100 * r.mfu) + " (" +
          fmt("%.0f%%", 100 * r.sgemm_share) + " of sgemm)\n";
@@ -106,7 +122,11 @@ std::string report_text(const RunSummary& r) {
     out += "  spec: " + grid_text(s->parallel.tp, s->parallel.pp, s->parallel.dp) +
            ", M=" + std::to_string(s->parallel.micro_batches) + ", recompute " + name_of(s->parallel.recompute) + ", " +
            std::to_string(s->run.steps) + " steps, " + std::to_string(s->model.n_layer) + "-block " +
-           (s->model.arch == Arch::llama ? "Llama" : "GPT-2") + " d_model " + std::to_string(s->model.d_model) + "\n";
+           (s->model.arch == Arch::llama ? "Llama" : "GPT-2") + " d_model " + std::to_string(s->model.d_model) +
+           (s->model.moe.on()
+                ? ", " + std::to_string(s->model.moe.experts) + " experts, top-" + std::to_string(s->model.moe.top_k)
+                : "") +
+           "\n";
   text_measured(r, out);
   text_stages(r, out);
   out += r.stragglers.text + describe(r.story);
@@ -167,6 +187,13 @@ json report_json(const RunSummary& r) {
       for (const auto& [name, loss] : r.latest_val->by_source) by_source[name] = loss;
       doc["val_loss"]["latest_by_source"] = by_source;
     }
+    if (r.routing)
+      doc["moe"] = {{"blocks", r.routing->blocks},
+                    {"load_max_last", r.routing->load_last},
+                    {"load_max_median", r.routing->load_median},
+                    {"dropped_last", r.routing->dropped_last},
+                    {"aux_loss_first", r.routing->aux_first},
+                    {"aux_loss_last", r.routing->aux_last}};
     doc["step_time_median_s"] = r.step_time_s;
     doc["tokens_per_s_median"] = r.tokens_per_s;
     doc["gflops_median"] = r.gflops;

@@ -66,6 +66,25 @@ std::vector<json> read_steps(const std::string& run_dir, std::vector<std::string
   return lines;
 }
 
+// The MoE blocks' routing, where the lines log it (the last line's blocks).
+void summarize_routing(const std::vector<json>& lines, RunSummary& r) {
+  std::vector<json> moe;
+  for (const json& l : lines)
+    if (l.contains("moe_blocks") && l["moe_blocks"].is_array() && l.contains("moe_load_max")) moe.push_back(l);
+  if (moe.empty()) return;
+  RunSummary::Routing routing;
+  const json& last = moe.back();
+  for (size_t b = 0; b < last["moe_blocks"].size(); ++b) {
+    routing.blocks.push_back(last["moe_blocks"][b].get<int>());
+    routing.load_last.push_back(last["moe_load_max"].at(b).get<double>());
+    routing.load_median.push_back(stage_median(moe, "moe_load_max", b));
+    routing.dropped_last.push_back(last.contains("moe_dropped") ? last["moe_dropped"].at(b).get<double>() : 0.0);
+  }
+  routing.aux_first = moe.front().value("moe_aux_loss", NAN);
+  routing.aux_last = last.value("moe_aux_loss", NAN);
+  r.routing = routing;
+}
+
 void summarize_steps(const std::vector<json>& lines, RunSummary& r) {
   r.logged_steps = lines.size();
   if (lines.empty()) return;
@@ -82,6 +101,7 @@ void summarize_steps(const std::vector<json>& lines, RunSummary& r) {
     r.latest_val = e;
     if (!r.best_val || e.loss < r.best_val->loss) r.best_val = e;
   }
+  summarize_routing(lines, r);
   r.step_time_s = scalar_median(lines, "step_time_s");
   r.tokens_per_s = scalar_median(lines, "tokens_per_s");
   r.gflops = scalar_median(lines, "gflops");

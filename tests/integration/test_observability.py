@@ -247,5 +247,54 @@ def report_on_empty_dir():
     expect(rep.returncode == 2 and "neither config.toml nor metrics.jsonl" in rep.stderr, "report on an empty dir: exit 2, says why")
 
 
+
+def moe_lines(name, ranks, *sets):
+    a = settings()
+    r = launch(a, ranks, os.path.join(a.work, name), os.path.join(a.configs, "moe-tiny.toml"),
+               ["run.steps=6", "log.every_steps=1", *sets])
+    expect(r.rc == 0, f"{name}: exit 0 ({r.err[-300:]})")
+    return r, (r.metrics() if r.rc == 0 else [])
+
+
+@scenario
+def moe_routing_figures():
+    """A mixture of experts' routing in metrics.jsonl: per MoE block each expert's share of the
+    routed tokens (summing to 1), the busiest one over the mean, nothing dropped without a capacity
+    and some with capacity 1.0, the router losses, kernel_s's routing; each token counted once
+    whatever the layout: the shares of 1x1 equal those of 2 stages x 2 replicas and of 2 tensor
+    ranks (the same micro-batches) exactly; report's experts line and JSON, and experts.png; a
+    dense model logs none of it."""
+    a = settings()
+    r1, one = moe_lines("moe_1x1", 1)
+    r4, grid = moe_lines("moe_2x2", 4, "parallel.pp=2", "parallel.dp=2", "parallel.micro_batches=2")
+    r2, tp = moe_lines("moe_tp2", 2, "parallel.tp=2")
+    _, capped = moe_lines("moe_capacity", 1, "model.moe.capacity_factor=1.0")
+    ok = bool(one)
+    for l in one:
+        shares = l["moe_expert_share"]
+        ok = ok and l["moe_blocks"] == [0, 1, 2, 3] and len(shares) == 4 and all(len(s) == 8 for s in shares)
+        ok = ok and all(abs(sum(s) - 1) < 1e-5 and abs(max(s) * 8 - m) < 1e-4 for s, m in zip(shares, l["moe_load_max"]))
+        ok = ok and l["moe_dropped"] == [0, 0, 0, 0] and l["moe_aux_loss"] >= 1.0 and l["moe_z_loss"] > 0
+        ok = ok and l["kernel_s"]["routing"][0] > 0
+    expect(ok, "per block: 8 shares summing to 1, load = 8 x the largest, nothing dropped, the losses, routing time")
+    expect(one and [l["moe_expert_share"] for l in one] == [l["moe_expert_share"] for l in grid] ==
+           [l["moe_expert_share"] for l in tp], "the same shares on 1x1, 2x2 and tp 2: each token counted once")
+    expect(capped and any(d > 0 for l in capped for d in l["moe_dropped"]) and
+           all(d < 1 for l in capped for d in l["moe_dropped"]), "capacity 1.0 drops some choices, not all")
+    rep = subprocess.run([a.bin, "report", r1.run_dir], capture_output=True, text=True)
+    expect(rep.returncode == 0 and "experts: busiest expert's share over the mean" in rep.stdout and
+           "load-balancing loss" in rep.stdout and "8 experts, top-2" in rep.stdout, "report's experts lines")
+    rep = subprocess.run([a.bin, "report", r1.run_dir, "--json"], capture_output=True, text=True)
+    moe = json.loads(rep.stdout).get("moe", {}) if rep.returncode == 0 else {}
+    expect(moe.get("blocks") == [0, 1, 2, 3] and moe.get("load_max_last") == one[-1]["moe_load_max"],
+           f"report --json: the last step's load per block ({moe})")
+    plots = os.path.join(a.work, "moe_plots")
+    rep = subprocess.run([a.bin, "report", r1.run_dir, "--plots", plots], capture_output=True, text=True)
+    expect(rep.returncode == 0 and os.path.exists(os.path.join(plots, "experts.png")), "report --plots draws experts.png")
+    dense = launch(a, 1, os.path.join(a.work, "dense"), tiny(), ["run.steps=2"])
+    expect(dense.rc == 0 and not any(k.startswith("moe_") for l in dense.metrics() for k in l) and
+           all("routing" not in l["kernel_s"] for l in dense.metrics()), "a dense model logs no moe_ keys")
+
+
 if __name__ == "__main__":
     run_scenarios()

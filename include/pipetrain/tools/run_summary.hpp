@@ -44,6 +44,15 @@ struct RunSummary {
   };
   std::optional<Evaluation> latest_val, best_val;
   double step_time_s = NAN, tokens_per_s = NAN, gflops = NAN, mfu = NAN, sgemm_share = NAN;
+  // A mixture of experts' routing (metrics.jsonl's moe_ keys): per MoE block, its busiest expert
+  // over the mean share at the last logged step and the median over the logged steps, the share
+  // of choices dropped at the last; the load-balancing loss at the first and last logged step.
+  struct Routing {
+    std::vector<int> blocks;
+    std::vector<double> load_last, load_median, dropped_last;
+    double aux_first = NAN, aux_last = NAN;
+  };
+  std::optional<Routing> routing;
 
   // Per stage, of the last logged layout (pp `stages` x dp `logged_dp`; -1: not logged).
   size_t stages = 0;
