@@ -365,6 +365,8 @@ std::vector<SpecKey> build_schema() {
       int_key("model", "ffn_multiple_of", FIELD(int, model.ffn_multiple_of), 1, 1 << 16,
               "llama: what the default ffn_hidden is rounded up to"),
       double_key("model", "norm_eps", FIELD(double, model.norm_eps), 1e-12, 1, "llama: RMSNorm's epsilon"),
+      bool_key("model", "attention_bias", FIELD(bool, model.attention_bias),
+               "llama: the q, k and v products have biases (Qwen2's; the output product and the MLP have none)"),
       int_key("model", "moe.experts", FIELD(int, model.moe.experts), 0, 1 << 16,
               "llama: routed experts of each MoE block, a router sending each token to moe.top_k of them "
               "(0 = a dense model)"),

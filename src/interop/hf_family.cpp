@@ -93,6 +93,17 @@ json hf_mixtral_config(const RunSpec& spec, StoredFloat dtype, const SpecialToke
   return c;
 }
 
+// A Qwen2ForCausalLM: the llama block with q, k and v biases, no sliding window.
+json hf_qwen2_config(const RunSpec& spec, StoredFloat dtype, const SpecialTokens& special) {
+  json c = hf_llama_config(spec, dtype, special);
+  c["architectures"] = {"Qwen2ForCausalLM"};
+  c["model_type"] = "qwen2";
+  c["use_sliding_window"] = false;
+  c["sliding_window"] = nullptr;
+  for (const char* llama_only : {"attention_bias", "mlp_bias", "pretraining_tp", "head_dim"}) c.erase(llama_only);
+  return c;
+}
+
 bool never_transposed(const std::string&) { return false; }
 
 std::vector<HfPart> whole_tensor(const std::string& ours, const std::vector<int64_t>& shape, int) {
@@ -111,6 +122,7 @@ std::string mixtral_cannot_hold(const RunSpec& spec) {
       {moe.capacity_factor > 0 ? "model.moe.capacity_factor" : nullptr, "Mixtral is dropless"}};
   for (auto [key, why] : unheld)
     if (key) return std::string(key) + ": " + why;
+  if (spec.model.attention_bias) return "model.attention_bias: Mixtral's q, k and v products have no biases";
   return "";
 }
 
@@ -121,11 +133,15 @@ const HfFamily kFamilies[] = {
      open_hf_llama, false},
     {Arch::llama, true, "mixtral", "Mixtral", hf_llama_name, never_transposed, hf_llama_parts, mixtral_cannot_hold,
      hf_mixtral_config, open_hf_llama, false},
+    {Arch::llama, false, "qwen2", "Qwen2", hf_llama_name, never_transposed, hf_llama_parts, holds_any, hf_qwen2_config,
+     open_hf_llama, false},
 };
 
 }  // namespace
 
 const HfFamily& hf_family(const RunSpec& spec) {
+  const bool qwen2 = spec.model.arch == Arch::llama && !spec.model.moe.on() && spec.model.attention_bias;
+  if (qwen2) return *hf_family_of_type("qwen2");
   for (const HfFamily& f : kFamilies)
     if (f.arch == spec.model.arch && f.moe == spec.model.moe.on()) return f;
   throw std::logic_error("no Hugging Face layout for model.arch #" + std::to_string(static_cast<int>(spec.model.arch)));

@@ -162,7 +162,9 @@ class HfSource : public WeightsSource {
 class HfLlamaSource : public WeightsSource {
  public:
   HfLlamaSource(const std::string& dir, const json& config, const std::string& config_path)
-      : WeightsSource(dir), mixtral_(config.value("model_type", "") == "mixtral") {
+      : WeightsSource(dir),
+        mixtral_(config.value("model_type", "") == "mixtral"),
+        qwen2_(config.value("model_type", "") == "qwen2") {
     check_config(config, config_path);
     const std::string index = dir + "/model.safetensors.index.json";
     std::map<std::string, std::string> file_of;  // Hugging Face name -> its file
@@ -197,8 +199,11 @@ class HfLlamaSource : public WeightsSource {
 
   std::string kind() const override {
     const auto wte = by_name_.find("wte.weight");
-    return "Hugging Face " + std::string(mixtral_ ? "Mixtral" : "Llama") + " directory" +
-           std::string(files_.size() > 1 ? ", sharded" : "") +
+    return "Hugging Face " +
+           std::string(mixtral_ ? "Mixtral"
+                       : qwen2_ ? "Qwen2"
+                                : "Llama") +
+           " directory" + std::string(files_.size() > 1 ? ", sharded" : "") +
            (wte == by_name_.end() ? "" : ", " + wte->second.front().entry->dtype) +
            (tied_ && by_name_.count("lm_head.weight") ? kUnusedHead : "");
   }
@@ -253,9 +258,12 @@ class HfLlamaSource : public WeightsSource {
     if (c.contains("rope_scaling") && !c["rope_scaling"].is_null())
       refuse("rope_scaling",
              "pipetrain's rotary embeddings are unscaled (Llama 3.1's and YaRN's scaling are not built)");
-    for (const char* bias : {"attention_bias", "mlp_bias"})
-      if (c.contains(bias) && c[bias] != false) refuse(bias, "pipetrain's llama block has no biases");
-    if (c.contains("sliding_window") && !c["sliding_window"].is_null())
+    for (const char* bias : {"attention_bias", "mlp_bias"})  // Llama's attention_bias puts one on o_proj too
+      if (c.contains(bias) && c[bias] != false)
+        refuse(bias, "pipetrain's llama block has biases on q, k and v only (model.attention_bias, Qwen2's)");
+    if (c.contains("use_sliding_window") && c["use_sliding_window"] != false)
+      refuse("use_sliding_window", "pipetrain's attention sees the whole sequence (sliding windows are not built)");
+    if (!qwen2_ && c.contains("sliding_window") && !c["sliding_window"].is_null())  // Qwen2: use_sliding_window
       refuse("sliding_window", "pipetrain's attention sees the whole sequence (sliding windows are not built)");
     if (number("router_jitter_noise", 0) != 0)
       refuse("router_jitter_noise", "pipetrain's router adds no noise to its logits");
@@ -275,6 +283,8 @@ class HfLlamaSource : public WeightsSource {
       declared_.push_back({"model.moe.norm_topk", "true", "config.json model_type mixtral (renormalised top-k)"});
     }
     declare_int(declared_, c, path, "vocab_size", "model.vocab");
+    declared_.push_back({"model.attention_bias", qwen2_ ? "true" : "false",
+                         qwen2_ ? "config.json model_type qwen2 (q, k and v biases)" : "config.json attention_bias"});
     // Hugging Face's defaults where the file leaves them out: LlamaConfig's, MixtralConfig's.
     const double theta = mixtral_ ? 1e6 : 10000, eps = mixtral_ ? 1e-5 : 1e-6;
     const bool theta_given = c.contains("rope_theta") && !c["rope_theta"].is_null();
@@ -296,7 +306,7 @@ class HfLlamaSource : public WeightsSource {
     const SafetensorsFile* file;
     int64_t first_row;  // in pipetrain's tensor (a Mixtral expert's part of the stacked experts)
   };
-  bool mixtral_;
+  bool mixtral_, qwen2_;
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, std::vector<Held>> by_name_;
   bool tied_ = false;
@@ -345,9 +355,9 @@ class CheckpointSource : public WeightsSource {
     const bool llama = manifest_.spec_value("model.arch") == "\"llama\"";
     for (const char* key :
          {"model.arch", "model.n_layer", "model.d_model", "model.n_head", "model.vocab", "model.tie_embeddings",
-          "model.n_kv_head", "model.ffn_hidden", "model.rope_theta", "model.norm_eps", "model.moe.experts",
-          "model.moe.top_k", "model.moe.ffn_hidden", "model.moe.shared_experts", "model.moe.norm_topk",
-          "model.moe.every", "model.moe.capacity_factor"}) {
+          "model.n_kv_head", "model.ffn_hidden", "model.rope_theta", "model.norm_eps", "model.attention_bias",
+          "model.moe.experts", "model.moe.top_k", "model.moe.ffn_hidden", "model.moe.shared_experts",
+          "model.moe.norm_topk", "model.moe.every", "model.moe.capacity_factor"}) {
       if (!llama && out.size() == 6) break;
       out.push_back({key, manifest_.spec_value(key), "manifest " + std::string(key)});
     }

@@ -19,6 +19,7 @@ BlockShape block_shape(const RunSpec& spec) {
   s.ffn = llama ? (m.ffn_hidden > 0 ? m.ffn_hidden : llama_ffn_hidden(m.d_model, m.ffn_multiple_of)) : 4 * s.C;
   s.fc = llama ? 2 * s.ffn : s.ffn;
   s.norm_stats = llama ? 1 : 2;
+  s.qkv_bias = llama && m.attention_bias;
   return s;
 }
 

@@ -83,12 +83,13 @@ def write_safetensors(path, tensors, dtype):
 
 
 def random_llama(directory, shards=1, dtypes=("F32",), tie=False, qk_std=0.15, head_anyway=False, drop=(),
-                 **config_changes):
+                 qwen2=False, **config_changes):
     """A random Llama (2 blocks of 64, 4 query heads over 2 key/value heads, SwiGLU 96, rope_theta
     500, rms_norm_eps 1e-5) as a Hugging Face directory: config.json and model.safetensors, or
     `shards` files with model.safetensors.index.json, the i-th shard stored as dtypes[i % len].
     `qk_std` scales the query and key weights (larger: sharper attention); `head_anyway` writes an
-    lm_head.weight of its own although the config ties the head; `drop` leaves config keys out."""
+    lm_head.weight of its own although the config ties the head; `drop` leaves config keys out;
+    `qwen2`: a Qwen2ForCausalLM, the same with q, k and v biases (drawn after every other tensor)."""
     os.makedirs(directory, exist_ok=True)
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": V, "hidden_size": 64,
            "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -113,6 +114,14 @@ def random_llama(directory, shards=1, dtypes=("F32",), tie=False, qk_std=0.15, h
                   p + "mlp.down_proj.weight": rng.normal(0, 0.1, (d, f))})
     if not tie or head_anyway:  # drawn last: the other weights are the same with or without it
         w["lm_head.weight"] = rng.normal(0, 0.1, (V, d))
+    if qwen2:
+        cfg.update({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "use_sliding_window": False,
+                    "sliding_window": 4096})
+        cfg.pop("attention_bias")
+        cfg.update(config_changes)  # over Qwen2's own keys too
+        for i in range(2):
+            for proj, rows in (("q", d), ("k", kv), ("v", kv)):
+                w[f"model.layers.{i}.self_attn.{proj}_proj.bias"] = rng.normal(0, 0.3, rows)
     w = {k: v.astype(np.float32) for k, v in w.items()}
     if shards == 1:
         write_safetensors(os.path.join(directory, "model.safetensors"), w, dtypes[0])
@@ -212,6 +221,56 @@ def init_from_random_llama_follows_torch():
            f"10 steps: pipetrain {[round(v, 5) for v in got[:3]]}.. == PyTorch {[round(v, 5) for v in want[:3]]}.. "
            f"(worst rel {worst:.1e})")
     expect(got and got[-1] < got[0] - 0.1, "and the loss falls")
+
+
+@scenario
+def qwen2_in_and_out():
+    """Qwen2 (the llama block with q, k and v biases): a random Qwen2ForCausalLM directory (with
+    Qwen2's sliding_window value, unused) loaded by train.init_from on 2 stages with no model key
+    set starts at PyTorch's loss and follows its AdamW for 10 steps within 1e-5; a llama-tiny
+    trained with model.attention_bias exports as a Qwen2ForCausalLM whose PyTorch model gives
+    eval's loss within 1e-5; use_sliding_window = true is refused naming it."""
+    a = settings()
+    source = random_llama(os.path.join(a.work, "random_qwen2"), qwen2=True)
+    r = launch(a, 2, os.path.join(a.work, "from_qwen2"), None,
+               BASE + ["run.steps=10", f"data.path={token_file()}", f"train.init_from={source}", "model.seq_len=32",
+                       "train.global_batch=16", "train.warmup_steps=0", "train.lr=1e-3", "train.min_lr=1e-3",
+                       "train.grad_clip=0", "train.weight_decay=0.1", "parallel.pp=2"])
+    expect(r.rc == 0 and "Hugging Face Qwen2 directory" in r.out, f"init_from a Qwen2: exit 0 ({r.err.strip()[-300:]})")
+    got = [m["loss"] for m in r.metrics()] if r.rc == 0 else []
+    model, _ = torch_llama.from_hf(source)
+    params = dict(model.named_parameters())
+    opt = torch.optim.AdamW([{"params": [p for p in params.values() if p.dim() == 2], "weight_decay": 0.1},
+                             {"params": [p for p in params.values() if p.dim() != 2], "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    want = []
+    for step in range(10):
+        x, y = batch("train", step)
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    worst = max((rel_diff(g, w) for g, w in zip(got, want)), default=1.0)
+    expect(len(got) == 10 and worst <= 1e-5, f"10 steps follow PyTorch's Qwen2 (worst rel {worst:.1e})")
+    ckpt = trained("qwen2_tiny", 1, "model.attention_bias=true")
+    out = os.path.join(a.work, "hf_qwen2")
+    p = export(ckpt, out)
+    expect(p.returncode == 0 and "Hugging Face Qwen2 directory" in p.stdout, f"export: exit 0 ({p.stderr.strip()})")
+    if p.returncode == 0:
+        model, cfg = torch_llama.from_hf(out)
+        weights = torch_llama.read_safetensors(os.path.join(out, "model.safetensors"))
+        expect(cfg["architectures"] == ["Qwen2ForCausalLM"] and cfg["use_sliding_window"] is False and
+               weights["model.layers.0.self_attn.k_proj.bias"].shape == (32,), "Qwen2's config and biases")
+        x, y = batch("val", 0)
+        with torch.no_grad():
+            got = model(x, y).item()
+        want = eval_loss(ckpt)
+        expect(rel_diff(got, want) <= 1e-5, f"PyTorch Qwen2 of the export {got:.7f} == eval {want:.7f}")
+    windowed = random_llama(os.path.join(a.work, "qwen2_windowed"), qwen2=True, use_sliding_window=True)
+    r = launch(a, 1, os.path.join(a.work, "from_windowed"), None,
+               BASE + ["run.steps=1", f"data.path={token_file()}", f"train.init_from={windowed}"])
+    expect(r.rc == 2 and "use_sliding_window = true" in r.err, f"use_sliding_window refused ({r.err.strip()})")
 
 
 @scenario
@@ -354,7 +413,7 @@ def refusals_exit_2():
     for name, source, words in (("family first", random_llama(os.path.join(a.work, "family")),
                                  ["Llama", "model.arch = \"gpt2\"", "leave model.arch unset"]),
                                 ("no config.json", bare, ["without config.json"]),
-                                ("a family not read", mistral, ["mistral", "GPT-2 (\"gpt2\"), Llama (\"llama\") and Mixtral (\"mixtral\")"])):
+                                ("a family not read", mistral, ["mistral", "GPT-2 (\"gpt2\"), Llama (\"llama\"), Mixtral (\"mixtral\") and Qwen2 (\"qwen2\")"])):
         r = launch(a, 1, os.path.join(a.work, "refused_" + name.replace(" ", "_")), None,
                    BASE + ["run.steps=1", f"data.path={token_file()}", f"train.init_from={source}"] +
                    (["model.arch=gpt2"] if name == "family first" else []))

@@ -54,15 +54,15 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """mlp: the block's MLP module (a SwiGLU of width ffn unless given), held as `mlp_name`."""
 
-    def __init__(self, d, n_head, n_kv_head, ffn, theta, eps, mlp=None, mlp_name="mlp"):
+    def __init__(self, d, n_head, n_kv_head, ffn, theta, eps, mlp=None, mlp_name="mlp", bias=False):
         super().__init__()
         self.n_head, self.n_kv_head, self.theta = n_head, n_kv_head, theta
         hs = d // n_head
         self.input_layernorm = RMSNorm(d, eps)
         self.self_attn = nn.Module()
-        self.self_attn.q_proj = nn.Linear(d, d, bias=False)
-        self.self_attn.k_proj = nn.Linear(d, n_kv_head * hs, bias=False)
-        self.self_attn.v_proj = nn.Linear(d, n_kv_head * hs, bias=False)
+        self.self_attn.q_proj = nn.Linear(d, d, bias=bias)  # bias: Qwen2's q, k and v biases
+        self.self_attn.k_proj = nn.Linear(d, n_kv_head * hs, bias=bias)
+        self.self_attn.v_proj = nn.Linear(d, n_kv_head * hs, bias=bias)
         self.self_attn.o_proj = nn.Linear(d, d, bias=False)
         self.post_attention_layernorm = RMSNorm(d, eps)
         self.mlp_name = mlp_name
@@ -88,12 +88,13 @@ class Block(nn.Module):
 class Llama(nn.Module):
     """mlp_of: block index -> (its MLP module, the attribute's name), or None for the dense SwiGLU."""
 
-    def __init__(self, n_layer, d, n_head, n_kv_head, ffn, vocab, tie, theta=10000.0, eps=1e-5, mlp_of=None):
+    def __init__(self, n_layer, d, n_head, n_kv_head, ffn, vocab, tie, theta=10000.0, eps=1e-5, mlp_of=None,
+                 bias=False):
         super().__init__()
         self.model = nn.Module()
         self.model.embed_tokens = nn.Embedding(vocab, d)
-        mlps = [mlp_of(i) if mlp_of else None for i in range(n_layer)]
-        self.model.layers = nn.ModuleList(Block(d, n_head, n_kv_head, ffn, theta, eps, *(m or ())) for m in mlps)
+        mlps = [(mlp_of(i) if mlp_of else None) or (None, "mlp") for i in range(n_layer)]
+        self.model.layers = nn.ModuleList(Block(d, n_head, n_kv_head, ffn, theta, eps, *m, bias=bias) for m in mlps)
         self.model.norm = RMSNorm(d, eps)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         if tie:
@@ -120,9 +121,10 @@ def load_hf_named(ckpt_dir, group="params"):
 
 def from_checkpoint(ckpt_dir, spec):
     """A Llama with the checkpoint's weights; spec: the model keys (n_layer, d_model, n_head,
-    n_kv_head, ffn_hidden, vocab, tie, and optionally rope_theta, norm_eps)."""
+    n_kv_head, ffn_hidden, vocab, tie, and optionally rope_theta, norm_eps, attention_bias)."""
     m = Llama(spec["n_layer"], spec["d_model"], spec["n_head"], spec["n_kv_head"], spec["ffn_hidden"], spec["vocab"],
-              spec["tie"], spec.get("rope_theta", 10000.0), spec.get("norm_eps", 1e-5))
+              spec["tie"], spec.get("rope_theta", 10000.0), spec.get("norm_eps", 1e-5),
+              bias=spec.get("attention_bias", False))
     return filled(m, load_hf_named(ckpt_dir))
 
 
@@ -151,8 +153,8 @@ def read_safetensors(path):
 
 
 def from_hf(directory):
-    """A Llama from a Hugging Face directory: config.json's shape and constants, the weights of
-    model.safetensors or of the shards model.safetensors.index.json lists."""
+    """A Llama from a Hugging Face directory (a Qwen2's with q, k and v biases): config.json's shape
+    and constants, the weights of model.safetensors or of the shards model.safetensors.index.json lists."""
     cfg = json.load(open(os.path.join(directory, "config.json")))
     index = os.path.join(directory, "model.safetensors.index.json")
     files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
@@ -161,5 +163,6 @@ def from_hf(directory):
         weights.update(read_safetensors(os.path.join(directory, f)))
     m = Llama(cfg["num_hidden_layers"], cfg["hidden_size"], cfg["num_attention_heads"],
               cfg.get("num_key_value_heads", cfg["num_attention_heads"]), cfg["intermediate_size"], cfg["vocab_size"],
-              cfg.get("tie_word_embeddings", False), cfg.get("rope_theta", 10000.0), cfg.get("rms_norm_eps", 1e-6))
+              cfg.get("tie_word_embeddings", False), cfg.get("rope_theta", 10000.0), cfg.get("rms_norm_eps", 1e-6),
+              bias=cfg.get("model_type") == "qwen2")
     return filled(m, weights), cfg

@@ -235,7 +235,7 @@ TEST_CASE("model.arch = llama: defaults that follow from the shape, and every im
     CHECK(g.model.arch == Arch::gpt2);
     CHECK(g.model.tie_embeddings);
     for (const char* key : {"model.n_kv_head=2", "model.rope_theta=500000", "model.ffn_hidden=128",
-                            "model.ffn_multiple_of=64", "model.norm_eps=1e-6"}) {
+                            "model.ffn_multiple_of=64", "model.norm_eps=1e-6", "model.attention_bias=true"}) {
       INFO(key);
       const std::string msg = spec_error([&] { load_spec("", {key}, 0); });
       CHECK_THAT(msg, Contains(std::string(key).substr(0, std::string(key).find('='))));

@@ -37,7 +37,8 @@ struct RunSpec {
     double rope_theta = 10000;
     int ffn_hidden = 0;  // SwiGLU width; 0 = 2/3 x 4 d_model rounded up to ffn_multiple_of
     int ffn_multiple_of = 256;
-    double norm_eps = 1e-5;  // RMSNorm's
+    double norm_eps = 1e-5;       // RMSNorm's
+    bool attention_bias = false;  // q, k and v products with biases (Qwen2's)
     // A mixture of experts (llama family, model/block_tensors.hpp): in an MoE block a router sends
     // each token to top_k of `experts` SwiGLU experts, beside any always-on shared experts.
     struct Moe {

@@ -7,7 +7,8 @@
 // llama: RMSNorm (weight only), q, k and v as three matrices laid out one after another (so they
 // are one [C + 2 kv, C] product, the packed qkv of the kernels), grouped-query attention with
 // rotary positions, a SwiGLU MLP whose gate and up matrices likewise form one [2 ffn, C]
-// product, and no biases. Tensor names after "h.{i}." are PyTorch's GPT-2 / Hugging Face Llama's.
+// product, and no biases but (model.attention_bias, Qwen2's) the q, k and v products' (one [C + 2 kv]
+// bias of the packed product). Tensor names after "h.{i}." are PyTorch's GPT-2 / Hugging Face Llama's.
 // llama MoE block (model.moe): the llama block with a mixture of experts for its MLP: a router
 // [experts, C], the experts' gate | up matrices stacked expert after expert ([experts x 2 ffn, C],
 // each expert's gate rows then its up rows) and their down matrices likewise ([experts x C, ffn]),
@@ -37,6 +38,7 @@ struct BlockShape {
   // An MoE block (experts > 0): fc and ffn are then each expert's, and a token goes to top_k of
   // them; shared_ffn is the always-on experts' width (0: none).
   int experts = 0, top_k = 0, shared_ffn = 0;
+  bool qkv_bias = false;  // llama with model.attention_bias: q, k and v products with biases
   bool llama() const { return arch == Arch::llama; }
   bool moe() const { return experts > 0; }
   int routes() const { return moe() ? top_k : 1; }  // MLP rows per token: one, or a row per chosen expert
@@ -71,7 +73,8 @@ enum class Init { zeros, ones, normal, residual_normal };
 // A tensor dimension, as one of the block's widths. Tensor parallelism splits the heads (q, kv,
 // qkv) and the MLP's hidden widths (fc, ffn, each expert's gate | up rows, the shared experts'),
 // not C, the experts or their stacked rows of C.
-enum class Dim { none, C, q, qkv, fc, ffn, kv, experts, experts_fc, experts_C, shared_ffn };
+// q_bias and kv_bias: q's and kv's where the block has q, k and v biases, else 0 (not held).
+enum class Dim { none, C, q, qkv, fc, ffn, kv, experts, experts_fc, experts_C, shared_ffn, q_bias, kv_bias };
 inline bool split_by_tp(Dim d) { return d != Dim::none && d != Dim::C && d != Dim::experts && d != Dim::experts_C; }
 
 struct BlockTensor {
@@ -102,6 +105,9 @@ inline constexpr BlockTensor kLlamaBlock[] = {
     {"self_attn.q_proj.weight", Dim::q, Dim::C, true, Init::normal, &BlockPtrs::qkvw},
     {"self_attn.k_proj.weight", Dim::kv, Dim::C, true, Init::normal, nullptr},  // rows of the qkv product
     {"self_attn.v_proj.weight", Dim::kv, Dim::C, true, Init::normal, nullptr},
+    {"self_attn.q_proj.bias", Dim::q_bias, Dim::none, false, Init::zeros, &BlockPtrs::qkvb},  // model.attention_bias
+    {"self_attn.k_proj.bias", Dim::kv_bias, Dim::none, false, Init::zeros, nullptr},
+    {"self_attn.v_proj.bias", Dim::kv_bias, Dim::none, false, Init::zeros, nullptr},
     {"self_attn.o_proj.weight", Dim::C, Dim::q, true, Init::residual_normal, &BlockPtrs::projw},
     {"post_attention_layernorm.weight", Dim::C, Dim::none, false, Init::ones, &BlockPtrs::ln2w},
     {"mlp.gate_proj.weight", Dim::ffn, Dim::C, true, Init::normal, &BlockPtrs::fcw},
@@ -114,6 +120,9 @@ inline constexpr BlockTensor kLlamaMoeBlock[] = {
     {"self_attn.q_proj.weight", Dim::q, Dim::C, true, Init::normal, &BlockPtrs::qkvw},
     {"self_attn.k_proj.weight", Dim::kv, Dim::C, true, Init::normal, nullptr},
     {"self_attn.v_proj.weight", Dim::kv, Dim::C, true, Init::normal, nullptr},
+    {"self_attn.q_proj.bias", Dim::q_bias, Dim::none, false, Init::zeros, &BlockPtrs::qkvb},  // model.attention_bias
+    {"self_attn.k_proj.bias", Dim::kv_bias, Dim::none, false, Init::zeros, nullptr},
+    {"self_attn.v_proj.bias", Dim::kv_bias, Dim::none, false, Init::zeros, nullptr},
     {"self_attn.o_proj.weight", Dim::C, Dim::q, true, Init::residual_normal, &BlockPtrs::projw},
     {"post_attention_layernorm.weight", Dim::C, Dim::none, false, Init::ones, &BlockPtrs::ln2w},
     {"mlp.gate.weight", Dim::experts, Dim::C, true, Init::normal, &BlockPtrs::routerw},
@@ -168,6 +177,10 @@ inline int extent(Dim d, const BlockShape& s) {
       return s.experts * s.C;
     case Dim::shared_ffn:
       return s.shared_ffn;
+    case Dim::q_bias:
+      return s.qkv_bias ? s.q : 0;
+    case Dim::kv_bias:
+      return s.qkv_bias ? s.kv : 0;
   }
   return 0;
 }
