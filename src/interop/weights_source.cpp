@@ -426,8 +426,8 @@ std::unique_ptr<WeightsSource> WeightsSource::open(const std::string& path) {
     }
     throw SpecError(path +
                     ": not a model: a folder without manifest.json (a pipetrain checkpoint, "
-                    "RUN_DIR/checkpoints/step_N), model.safetensors (a Hugging Face GPT-2 or Llama directory) "
-                    "or config.json of model_type llama (a sharded Llama)");
+                    "RUN_DIR/checkpoints/step_N), model.safetensors (a Hugging Face model directory) "
+                    "or config.json with model.safetensors.index.json (a sharded one)");
   }
   if (!fs::exists(p, ec)) throw SpecError(path + ": no such file or directory");
   if (LlmcFile::looks_like(path)) return std::make_unique<LlmcSource>(path);
