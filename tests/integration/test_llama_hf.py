@@ -82,6 +82,45 @@ def write_safetensors(path, tensors, dtype):
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
+def write_hf_directory(directory, cfg, weights, shards, dtypes):
+    """A Hugging Face directory of `weights` (name -> array, stored as float32 values): config.json
+    and model.safetensors, or `shards` files with model.safetensors.index.json, the i-th stored as
+    dtypes[i % len]."""
+    w = {k: v.astype(np.float32) for k, v in weights.items()}
+    if shards == 1:
+        write_safetensors(os.path.join(directory, "model.safetensors"), w, dtypes[0])
+    else:
+        names, weight_map = sorted(w), {}
+        for s in range(shards):
+            file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+            part = {n: w[n] for n in names[s::shards]}
+            write_safetensors(os.path.join(directory, file), part, dtypes[s % len(dtypes)])
+            weight_map.update({n: file for n in part})
+        json.dump({"metadata": {}, "weight_map": weight_map},
+                  open(os.path.join(directory, "model.safetensors.index.json"), "w"))
+    json.dump(cfg, open(os.path.join(directory, "config.json"), "w"))
+    return directory
+
+
+def torch_adamw_losses(model, steps):
+    """The losses of `steps` steps of torch.optim.AdamW on the token file's training batches in
+    order (lr 1e-3 constant, decay 0.1 on 2-D weights only, no clipping): what train.init_from runs
+    with run_from's settings."""
+    params = dict(model.named_parameters())
+    opt = torch.optim.AdamW([{"params": [p for p in params.values() if p.dim() == 2], "weight_decay": 0.1},
+                             {"params": [p for p in params.values() if p.dim() != 2], "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    losses = []
+    for step in range(steps):
+        x, y = batch("train", step)
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 def random_llama(directory, shards=1, dtypes=("F32",), tie=False, qk_std=0.15, head_anyway=False, drop=(),
                  qwen2=False, **config_changes):
     """A random Llama (2 blocks of 64, 4 query heads over 2 key/value heads, SwiGLU 96, rope_theta
@@ -122,21 +161,7 @@ def random_llama(directory, shards=1, dtypes=("F32",), tie=False, qk_std=0.15, h
         for i in range(2):
             for proj, rows in (("q", d), ("k", kv), ("v", kv)):
                 w[f"model.layers.{i}.self_attn.{proj}_proj.bias"] = rng.normal(0, 0.3, rows)
-    w = {k: v.astype(np.float32) for k, v in w.items()}
-    if shards == 1:
-        write_safetensors(os.path.join(directory, "model.safetensors"), w, dtypes[0])
-    else:
-        names = sorted(w)
-        weight_map = {}
-        for s in range(shards):
-            file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-            part = {n: w[n] for n in names[s::shards]}
-            write_safetensors(os.path.join(directory, file), part, dtypes[s % len(dtypes)])
-            weight_map.update({n: file for n in part})
-        json.dump({"metadata": {}, "weight_map": weight_map},
-                  open(os.path.join(directory, "model.safetensors.index.json"), "w"))
-    json.dump(cfg, open(os.path.join(directory, "config.json"), "w"))
-    return directory
+    return write_hf_directory(directory, cfg, w, shards, dtypes)
 
 
 FROM_RANDOM = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=2", "model.ffn_hidden=96",
@@ -204,18 +229,7 @@ def init_from_random_llama_follows_torch():
            "the start line names the source")
     got = [m["loss"] for m in r.metrics()] if r.rc == 0 else []
     model, _ = torch_llama.from_hf(source)
-    params = dict(model.named_parameters())
-    opt = torch.optim.AdamW([{"params": [p for p in params.values() if p.dim() == 2], "weight_decay": 0.1},
-                             {"params": [p for p in params.values() if p.dim() != 2], "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
-    want = []
-    for step in range(10):
-        x, y = batch("train", step)
-        opt.zero_grad()
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        want.append(loss.item())
+    want = torch_adamw_losses(model, 10)
     worst = max((rel_diff(g, w) for g, w in zip(got, want)), default=1.0)
     expect(len(got) == 10 and worst <= 1e-5,
            f"10 steps: pipetrain {[round(v, 5) for v in got[:3]]}.. == PyTorch {[round(v, 5) for v in want[:3]]}.. "
@@ -239,18 +253,7 @@ def qwen2_in_and_out():
     expect(r.rc == 0 and "Hugging Face Qwen2 directory" in r.out, f"init_from a Qwen2: exit 0 ({r.err.strip()[-300:]})")
     got = [m["loss"] for m in r.metrics()] if r.rc == 0 else []
     model, _ = torch_llama.from_hf(source)
-    params = dict(model.named_parameters())
-    opt = torch.optim.AdamW([{"params": [p for p in params.values() if p.dim() == 2], "weight_decay": 0.1},
-                             {"params": [p for p in params.values() if p.dim() != 2], "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
-    want = []
-    for step in range(10):
-        x, y = batch("train", step)
-        opt.zero_grad()
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        want.append(loss.item())
+    want = torch_adamw_losses(model, 10)
     worst = max((rel_diff(g, w) for g, w in zip(got, want)), default=1.0)
     expect(len(got) == 10 and worst <= 1e-5, f"10 steps follow PyTorch's Qwen2 (worst rel {worst:.1e})")
     ckpt = trained("qwen2_tiny", 1, "model.attention_bias=true")

@@ -8,14 +8,12 @@ and follows PyTorch's AdamW for 10 steps; what Mixtral or pipetrain cannot hold 
 the key.
 
 Batches are the token file's in order (data.shuffle = false), as in test_llama_hf."""
-import json
 import os
-import subprocess
 
 import numpy as np
 import torch
 
-from tests.integration.test_llama_hf import BASE, V, batch, eval_loss, export, write_safetensors
+from tests.integration.test_llama_hf import BASE, V, batch, eval_loss, export, torch_adamw_losses, write_hf_directory
 from tests.integration.test_model_export import token_file
 from tests.lib import torch_llama, torch_moe
 from tests.lib.harness import expect, launch, rel_diff, run_scenarios, scenario, settings, shared_run
@@ -62,20 +60,7 @@ def random_mixtral(directory, shards=1, dtypes=("F32",), **config_changes):
             w.update({q + "w1.weight": rng.normal(0, 0.15, (F, D)), q + "w3.weight": rng.normal(0, 0.15, (F, D)),
                       q + "w2.weight": rng.normal(0, 0.1, (D, F))})
     w["lm_head.weight"] = rng.normal(0, 0.1, (V, D))
-    w = {k: v.astype(np.float32) for k, v in w.items()}
-    if shards == 1:
-        write_safetensors(os.path.join(directory, "model.safetensors"), w, dtypes[0])
-    else:
-        names, weight_map = sorted(w), {}
-        for s in range(shards):
-            file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-            part = {n: w[n] for n in names[s::shards]}
-            write_safetensors(os.path.join(directory, file), part, dtypes[s % len(dtypes)])
-            weight_map.update({n: file for n in part})
-        json.dump({"metadata": {}, "weight_map": weight_map},
-                  open(os.path.join(directory, "model.safetensors.index.json"), "w"))
-    json.dump(cfg, open(os.path.join(directory, "config.json"), "w"))
-    return directory
+    return write_hf_directory(directory, cfg, w, shards, dtypes)
 
 
 def run_from(name, source, steps, *sets):
@@ -145,18 +130,7 @@ def init_from_random_mixtral_follows_torch():
         expect(f"initialised from {source} (Hugging Face Mixtral directory" in r.out, f"{name}: the start line names it")
         got = [m["loss"] for m in r.metrics()] if r.rc == 0 else []
         model, _ = torch_moe.from_hf(source)
-        params = dict(model.named_parameters())
-        opt = torch.optim.AdamW([{"params": [p for p in params.values() if p.dim() == 2], "weight_decay": 0.1},
-                                 {"params": [p for p in params.values() if p.dim() != 2], "weight_decay": 0.0}],
-                                lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
-        want = []
-        for step in range(steps):
-            x, y = batch("train", step)
-            opt.zero_grad()
-            loss = model(x, y)
-            loss.backward()
-            opt.step()
-            want.append(loss.item())
+        want = torch_adamw_losses(model, steps)
         worst = max((rel_diff(g, w) for g, w in zip(got, want)), default=1.0)
         expect(len(got) == steps and worst <= 1e-5,
                f"{name}: {steps} steps: pipetrain {[round(v, 5) for v in got[:3]]}.. == PyTorch "
