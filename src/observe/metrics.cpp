@@ -206,7 +206,7 @@ std::string to_json(const StepLine& l) {
     if (gpu || !k.gpu_only) j[k.key] = figures(l.*k.values, k.digits);
   nlohmann::ordered_json kernels = nlohmann::ordered_json::object();
   for (size_t k = 0; k < l.kernel_s.size(); ++k)
-    if (kernel_in_family(static_cast<Kernel>(k), l.arch, l.moe))
+    if (kernel_in_family(static_cast<Kernel>(k), l.arch, !l.routers.empty()))
       kernels[kernel_name(static_cast<Kernel>(k), l.arch)] = figures(l.kernel_s[k], Digits::six);
   j["kernel_s"] = kernels;
   j["gemm_gflops"] = figures(l.gemm_gflops, Digits::six);

@@ -68,7 +68,6 @@ struct StepLine {
   double time = 0;                         // wall clock when logged (Unix seconds)
   int launch = 0, tp = 1, pp = 0, dp = 0;  // which launch of the run, on which layout
   Arch arch = Arch::gpt2;                  // the model family: names kernel_s's norm and activation
-  bool moe = false;                        // a mixture of experts: kernel_s has its routing
   double loss = 0, lr = 0, grad_norm = 0, step_time_s = 0, tokens_per_s = 0, bubble_theory = 0;
   double gflops = 0, peak_gflops = 0, mfu = 0;  // achieved model FLOP rate of the job, the hardware's peak, ratio
   double sgemm_gflops = 0, sgemm_share = 0;     // the job's BLAS GEMM rate (measured), gflops / that
@@ -86,7 +85,7 @@ struct StepLine {
   std::vector<std::vector<double>> kernel_s;              // [kernel class][stage] seconds, averaged over dp
   std::vector<double> gemm_gflops;                        // per stage: rate of the dense products inside the step
   nlohmann::json straggler_window;                        // "window" and "stragglers", when a window closed (else null)
-  std::vector<RouterFigures> routers;                     // a mixture of experts': each MoE block's routing
+  std::vector<RouterFigures> routers;  // a mixture of experts': each MoE block's routing (kernel_s then has routing)
 };
 
 // Combines all ranks' figures (world order) into per-stage arrays (kStageKeys: bubble and waits
