@@ -190,7 +190,8 @@ RunSpec spec_of(const Manifest& m, const std::string& dir, const std::vector<std
                                    "parallel.dp=" + std::to_string(world),
                                    "parallel.partition=uniform",
                                    "parallel.schedule=gpipe",
-                                   "parallel.virtual_stages=1"};
+                                   "parallel.virtual_stages=1",
+                                   "parallel.ep=1"};
   sets.insert(sets.end(), overrides.begin(), overrides.end());
   // dp fills the ranks the user's tp and pp leave (eval --set parallel.pp=2 on 4 ranks: dp 2),
   // unless they set dp too.

@@ -45,6 +45,14 @@ bool any_non_finite(const float* __restrict src, size_t n, float* __restrict cop
 // Training skips non-finite steps, so this never fires; it keeps the promise that no checkpoint
 // holds a NaN even if some future path lets one through. With a snapshot (3 x the floats) the
 // arrays are copied there in the same pass, and the tensors then point at the copies.
+// The rows of a tensor this rank writes: its replica's slab, among the data group's replicas, or
+// for an expert part of expert parallelism among the replicas holding the same experts (each
+// expert group writes its own experts' rows: together every row once).
+RowRange saved_rows(const ParamTensor& p, const Topology& topo) {
+  return p.expert ? row_slab(p.shape[0], topo.expert_replica(), topo.expert_replicas())
+                  : row_slab(p.shape[0], topo.dp_rank, topo.dp);
+}
+
 void check_finite(std::vector<ShardTensor>& tensors, const std::vector<size_t>& floats, float* snapshot, int64_t step) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (snapshot && i == tensors.size() / 2) fault_hooks().reach(FaultPoint::kill_in_snapshot, step);  // test-only
@@ -196,7 +204,7 @@ void Checkpointer::place_slabs(PendingSave& p, const Stage& stage, const std::ve
   size_t i = 0;
   for (const ParamTensor& t : stage.params()) {
     if (t.tied_copy) continue;
-    const size_t begin = row_slab(t.shape[0], topo.dp_rank, topo.dp).begin * row_elements(t);
+    const size_t begin = saved_rows(t, topo).begin * row_elements(t);
     const std::vector<ElementRun> runs = whole_runs(t.tp, t.shape, begin, begin + floats[i]);
     const float* arrays[3] = {tensors[i].param, tensors[i].exp_avg, tensors[i].exp_avg_sq};
     for (int k = 0; k < 3; ++k)
@@ -351,7 +359,7 @@ std::vector<ShardTensor> Checkpointer::slab_tensors(const Stage& stage, const Ad
   for (size_t i = 0; i < params.size(); ++i) {
     const ParamTensor& p = params[i];
     if (p.tied_copy) continue;
-    const RowRange rows = row_slab(p.shape[0], topo.dp_rank, topo.dp);
+    const RowRange rows = saved_rows(p, topo);
     const size_t row = row_elements(p), begin = p.offset + rows.begin * row;
     const OptimizerShard::Slab& kept = opt.shard().slabs()[i];
     const size_t state = kept.state_offset + (begin - kept.begin);

@@ -13,13 +13,14 @@ const char* kernel_name(Kernel k, Arch arch) {
   const bool llama = arch == Arch::llama;
   if (k == Kernel::norm) return llama ? "rmsnorm" : "layernorm";
   if (k == Kernel::activation) return llama ? "swiglu" : "gelu";
-  static const char* names[kKernelClasses] = {"gemm",        "attention", "",       "",      "rope",    "softmax",
-                                              "elementwise", "optimizer", "memory", "input", "tp_comm", "routing"};
+  static const char* names[kKernelClasses] = {"gemm",    "attention",   "",          "",       "rope",
+                                              "softmax", "elementwise", "optimizer", "memory", "input",
+                                              "tp_comm", "routing",     "ep_comm"};
   return names[static_cast<int>(k)];
 }
 
 bool kernel_in_family(Kernel k, Arch arch, bool moe) {
-  if (k == Kernel::routing) return moe;
+  if (k == Kernel::routing || k == Kernel::ep_comm) return moe;
   return k != Kernel::rope || arch == Arch::llama;
 }
 

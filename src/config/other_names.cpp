@@ -51,6 +51,10 @@ const OtherName kOtherNames[] = {
      "the opposite: untie = true is tie_embeddings = false"},
     {"torch_dtype", "model.dtype", ""},
     // parallel: Megatron-LM, torchtitan, DeepSpeed, Hugging Face
+    {"expert_model_parallel_size", "parallel.ep", ""},
+    {"expert_parallel_size", "parallel.ep", ""},
+    {"expert_parallel_degree", "parallel.ep", ""},
+    {"ep_size", "parallel.ep", ""},
     {"tensor_parallel_size", "parallel.tp", ""},
     {"tensor_model_parallel_size", "parallel.tp", ""},
     {"tensor_parallel_degree", "parallel.tp", ""},

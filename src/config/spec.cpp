@@ -100,6 +100,9 @@ void validate_moe(const RunSpec& s, const std::function<void(const std::string&,
   const auto& m = s.model;
   const auto& moe = m.moe;
   if (!moe.on()) {
+    if (s.parallel.ep > 1)
+      fail("parallel.ep",
+           "ep = " + std::to_string(s.parallel.ep) + " spreads experts, and model.moe.experts = 0 (a dense model)");
     const RunSpec::Model::Moe d;
     const std::pair<const char*, bool> moe_only[] = {
         {"model.moe.top_k", moe.top_k != d.top_k},
@@ -123,6 +126,16 @@ void validate_moe(const RunSpec& s, const std::function<void(const std::string&,
     fail("model.moe.every", "every = " + std::to_string(moe.every) +
                                 " makes none of model.n_layer = " + std::to_string(m.n_layer) +
                                 " blocks an MoE block (block i is one when (i + 1) % every = 0)");
+  const int ep = s.parallel.ep;
+  if (moe.experts % ep != 0)
+    fail("parallel.ep", "ep = " + std::to_string(ep) + " does not divide model.moe.experts = " +
+                            std::to_string(moe.experts) + " (each expert-parallel rank holds experts / ep of them)");
+  if (s.parallel.dp % ep != 0)
+    fail("parallel.ep", "ep = " + std::to_string(ep) + " does not divide parallel.dp = " +
+                            std::to_string(s.parallel.dp) + " (the expert-parallel ranks are data-parallel replicas)");
+  if (ep > 1 && s.parallel.zero > 0)
+    fail("parallel.ep", "ep = " + std::to_string(ep) + " with parallel.zero = " + std::to_string(s.parallel.zero) +
+                            ": sharding the experts' optimizer state over their replicas is not built yet (zero = 0)");
   const int tp = s.parallel.tp;
   const int ffn = moe.ffn_hidden > 0 ? moe.ffn_hidden : m.ffn_hidden;
   if (ffn > 0 && ffn % tp != 0)
@@ -368,7 +381,7 @@ RunSpec parse_spec(const std::string& text, const std::string& path, const std::
   }
   RunSpec one_rank = spec;  // the model, data and training keys, on a layout that fits any of them
   auto& p = one_rank.parallel;
-  p.tp = p.pp = p.dp = p.virtual_stages = 1;
+  p.tp = p.pp = p.dp = p.virtual_stages = p.ep = 1;
   p.sequence_parallel = false;
   p.micro_batches = spec.train.global_batch > 0 ? spec.train.global_batch : 1;
   p.schedule = &schedule_named("gpipe");

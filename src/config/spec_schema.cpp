@@ -436,6 +436,10 @@ std::vector<SpecKey> build_schema() {
               "state (ZeRO-1), 2 = also the summed gradients (ZeRO-2), 3 = also the weights, all-gathered layer "
               "by layer before each pass and freed after (ZeRO-3); 0 = every replica keeps all"),
       reshard_key(),
+      int_key("parallel", "ep", FIELD(int, parallel.ep), 1, 1 << 20,
+              "expert-parallel ranks: each MoE block's experts spread over ep consecutive data-parallel "
+              "replicas (experts / ep on each), a token's rows sent to its experts' rank and back by "
+              "all-to-all; ep divides dp and model.moe.experts"),
       int_key("train", "global_batch", FIELD(int, train.global_batch), 1, big,
               "samples per optimizer step (divisible by dp x micro_batches)"),
       double_key("train", "lr", FIELD(double, train.lr), 0, 10, "peak learning rate"),

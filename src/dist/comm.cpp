@@ -21,7 +21,7 @@ std::string seconds(double s) {
 
 struct Comm::Groups {
   MPI_Comm pipe = MPI_COMM_NULL, data = MPI_COMM_NULL, tied = MPI_COMM_NULL, tensor = MPI_COMM_NULL,
-           stage = MPI_COMM_NULL;
+           stage = MPI_COMM_NULL, expert = MPI_COMM_NULL, expert_data = MPI_COMM_NULL;
 };
 
 Comm::Comm(World& world, const Topology& topo, WaitPolicy wait, double timeout_s)
@@ -34,6 +34,12 @@ Comm::Comm(World& world, const Topology& topo, WaitPolicy wait, double timeout_s
   MPI_Comm_split(MPI_COMM_WORLD, tied_member ? topo.dp_rank * tp + k : MPI_UNDEFINED, topo.stage, &groups_->tied);
   MPI_Comm_split(MPI_COMM_WORLD, topo.stage * topo.dp + topo.dp_rank, k, &groups_->tensor);
   MPI_Comm_split(MPI_COMM_WORLD, topo.stage, topo.dp_rank * tp + k, &groups_->stage);
+  // Expert parallelism: a stage's replicas (of one tensor rank) cut into groups of ep consecutive
+  // ones; and across the groups, those at the same place in theirs.
+  const int cells = topo.stage * tp + k;
+  MPI_Comm_split(MPI_COMM_WORLD, cells * topo.expert_replicas() + topo.expert_replica(), topo.ep_rank(),
+                 &groups_->expert);
+  MPI_Comm_split(MPI_COMM_WORLD, cells * topo.ep + topo.ep_rank(), topo.expert_replica(), &groups_->expert_data);
   switch (wait) {
     case WaitPolicy::spin:
       mode_ = WaitMode::spin;
@@ -50,7 +56,8 @@ Comm::~Comm() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  for (MPI_Comm* c : {&groups_->pipe, &groups_->data, &groups_->tied, &groups_->tensor, &groups_->stage})
+  for (MPI_Comm* c : {&groups_->pipe, &groups_->data, &groups_->tied, &groups_->tensor, &groups_->stage,
+                      &groups_->expert, &groups_->expert_data})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
@@ -70,7 +77,7 @@ void Comm::poll(Request& req, const WaitLabel& label, WaitMode mode, bool* pendi
   if (!req.active()) return;
   const double waited = wait_s_;
   if (poll_until_done(req, mode, timeout_s_, wait_s_, pending)) {
-    if (label.group == Group::data) data_wait_s_ += wait_s_ - waited;
+    if (label.group == Group::data || label.group == Group::expert_data) data_wait_s_ += wait_s_ - waited;
     return;
   }
   std::string msg = "stage " + std::to_string(topo_.stage) + " (" + world_.where(topo_.world_rank) + ", dp " +
@@ -90,6 +97,11 @@ void Comm::poll(Request& req, const WaitLabel& label, WaitMode mode, bool* pendi
     for (int k = 0; k < topo_.tp; ++k) members.push_back(topo_.rank_of(topo_.stage, topo_.dp_rank, k));
   if (label.group == Group::tied)
     members = {topo_.rank_of(0, topo_.dp_rank), topo_.rank_of(topo_.head_stage(), topo_.dp_rank)};
+  if (label.group == Group::expert)
+    for (int e = 0; e < topo_.ep; ++e)
+      members.push_back(topo_.rank_of(topo_.stage, topo_.dp_rank - topo_.ep_rank() + e));
+  if (label.group == Group::expert_data)
+    for (int d = topo_.ep_rank(); d < topo_.dp; d += topo_.ep) members.push_back(topo_.rank_of(topo_.stage, d));
   if (!members.empty()) {
     msg += "; one of its members is lost or stalled:";
     for (int r : members) msg += (r == members.front() ? " " : ", ") + world_.where(r);
@@ -192,6 +204,29 @@ void Comm::reduce_scatter_tensor(const float* whole, float* part, size_t n) {
   Request r;
   MPI_Ireduce_scatter_block(whole, part, static_cast<int>(n), MPI_FLOAT, MPI_SUM, groups_->tensor, RequestOut(r));
   poll_in_compute(r, {"tensor-parallel reduce-scatter (sequence parallel)", -1, -1, Group::tensor});
+}
+
+void Comm::alltoall_expert(const int* send, int* recv, int n) {
+  Request r;
+  MPI_Ialltoall(send, n, MPI_INT, recv, n, MPI_INT, groups_->expert, RequestOut(r));
+  poll_in_compute(r, {"expert-parallel all-to-all (rows per expert)", -1, -1, Group::expert});
+}
+
+void Comm::alltoall_expert(const float* send, const std::vector<int>& send_counts, float* recv,
+                           const std::vector<int>& recv_counts) {
+  std::vector<int> send_offsets(send_counts.size()), recv_offsets(recv_counts.size());
+  for (size_t j = 1; j < send_counts.size(); ++j) send_offsets[j] = send_offsets[j - 1] + send_counts[j - 1];
+  for (size_t i = 1; i < recv_counts.size(); ++i) recv_offsets[i] = recv_offsets[i - 1] + recv_counts[i - 1];
+  Request r;
+  MPI_Ialltoallv(send, send_counts.data(), send_offsets.data(), MPI_FLOAT, recv, recv_counts.data(),
+                 recv_offsets.data(), MPI_FLOAT, groups_->expert, RequestOut(r));
+  poll_in_compute(r, {"expert-parallel all-to-all (token rows)", -1, -1, Group::expert});
+}
+
+Request Comm::iallreduce_expert_data(float* buf, size_t n) {
+  Request r;
+  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_FLOAT, MPI_SUM, groups_->expert_data, RequestOut(r));
+  return r;
 }
 
 void Comm::gather_to_root(const double* mine, size_t n, std::vector<double>& out) {

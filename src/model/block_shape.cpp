@@ -27,7 +27,7 @@ BlockShape block_shape(const RunSpec& spec, int block) {
   BlockShape s = block_shape(spec);
   const auto& moe = spec.model.moe;
   if (!moe.block_is_moe(block)) return s;
-  s.experts = moe.experts;
+  s.experts = s.held_experts = moe.experts;
   s.top_k = moe.top_k;
   s.ffn = moe.ffn_hidden > 0 ? moe.ffn_hidden : s.ffn;
   s.fc = 2 * s.ffn;
@@ -42,6 +42,12 @@ BlockShape tensor_part(const BlockShape& whole, int tp) {
   s.NKV /= kv_parts;
   s.kv /= kv_parts;
   s.qkv = s.q + 2 * s.kv;
+  return s;
+}
+
+BlockShape expert_part(const BlockShape& whole, int ep) {
+  BlockShape s = whole;
+  s.held_experts /= ep;
   return s;
 }
 

@@ -23,18 +23,20 @@ Stage::Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int 
     : Stage(spec, {{stage, block_begin, block_end}}, n_stages, micro_batches, grad_scale, tp) {}
 
 Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual, int micro_batches,
-             float grad_scale, TpPart tp)
+             float grad_scale, TpPart tp, TpPart ep)
     : M_(micro_batches),
       B_(spec.samples_per_micro_batch()),
       T_(spec.model.seq_len),
       C_(spec.model.d_model),
       tp_(tp),
       sp_(spec.parallel.sequence_parallel && tp.size > 1),
+      ep_(ep),
+      dispatch_(ep),
       v_begin_(static_cast<int>(part_rows(spec.model.vocab, tp).begin)),
       V_(static_cast<int>(part_rows(spec.model.vocab, tp).size())),
       shape_(tensor_part(block_shape(spec), tp.size)),
       widths_{shape_, static_cast<size_t>(V_)},
-      moe_shape_(rank_widths(spec, Layer::moe_block).shape),
+      moe_shape_(expert_part(rank_widths(spec, Layer::moe_block).shape, ep.size)),
       moe_widths_{moe_shape_, static_cast<size_t>(V_)},
       moe_(spec.model.moe),
       rope_theta_(static_cast<float>(spec.model.rope_theta)),
@@ -43,7 +45,7 @@ Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_v
       mode_(spec.parallel.recompute),
       grad_scale_(grad_scale),
       k_(kernels(compute_device(), spec.model.dtype)),
-      store_(rank_params(spec, chunks, n_virtual, tp), spec.model.n_layer),
+      store_(rank_params(spec, chunks, n_virtual, tp, ep), spec.model.n_layer),
       pool_(chunks, n_virtual, micro_batches) {
   for (const ChunkRange& r : chunks) {
     Chunk c{r.block_end - r.block_begin, r.block_begin, r.vstage == 0, r.vstage == n_virtual - 1, 0, {}};

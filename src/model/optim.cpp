@@ -21,13 +21,15 @@ double lr_at(const RunSpec& spec, int step) {
   return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-double grad_sq_sum(const std::vector<ParamTensor>& params, SlabView grads, const OptimizerShard& shard) {
+double grad_sq_sum(const std::vector<ParamTensor>& params, SlabView grads, const OptimizerShard& shard,
+                   const std::function<bool(const ParamTensor&)>& counted) {
   KernelTimer timer(Kernel::optimizer);
   double sum = 0;
   for (const OptimizerShard::Slab& slab : shard.slabs()) {
     const ParamTensor& p = params[slab.tensor];
     if (p.tied_copy) continue;      // counted once, on the first stage
     if (!p.tp.counted()) continue;  // held whole by several tensor ranks, or a shared key/value head: once
+    if (counted && !counted(p)) continue;
     const float* slab_grads = grads.at(slab);
     if (compute_device() == Device::gpu) {
       sum += gpu::sum_of_squares(slab_grads, slab.size());

@@ -35,7 +35,7 @@ void fill_part_normal(const ParamTensor& p, float* out, float stddev, uint64_t s
 }  // namespace
 
 std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end,
-                                      TpPart tp) {
+                                      TpPart tp, TpPart ep) {
   const int C = spec.model.d_model, V = spec.model.vocab, T = spec.model.seq_len;
   const int V_part = static_cast<int>(part_rows(V, tp).size());
   const bool gpt2 = spec.model.arch == Arch::gpt2;  // learned positions and a norm with a bias
@@ -52,7 +52,7 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
     p.size = 1;
     for (int d : shape) p.size *= static_cast<size_t>(d);
     p.tp = std::move(split);
-    if (p.tp.axis < 0) {  // whole on every tensor rank
+    if (p.tp.axis < 0 && p.tp.whole.empty()) {  // whole on every tensor rank
       p.tp.whole = shape;
       p.tp.part = p.tp.replica = tp;
     }
@@ -69,17 +69,26 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
     if (gpt2) add("wpe.weight", {T, C}, true, Init::normal);
   }
   for (int i = block_begin; i < block_end; ++i) {
-    const BlockShape whole = block_shape(spec, i), shape = tensor_part(whole, tp.size);
+    // An expert-parallel rank's experts are a block of whole rows, which tensor ranks split as ever.
+    const BlockShape whole = block_shape(spec, i), mine = expert_part(whole, ep.size),
+                     shape = tensor_part(mine, tp.size);
     for (const BlockTensor& t : block_tensors(shape)) {
       if (!held(t, shape)) continue;
+      const bool expert = ep.size > 1 && (t.rows == Dim::experts_fc || t.rows == Dim::experts_C);
       TpSlice split;
       if (tp.size > 1 && (split_by_tp(t.rows) || split_by_tp(t.cols))) {
         const Dim d = split_by_tp(t.rows) ? t.rows : t.cols;
         const bool kv = d == Dim::kv || d == Dim::kv_bias;  // a key/value head may be held by several ranks
-        split = {shape_of(t, whole), split_by_tp(t.rows) ? 0 : 1, split_groups(d, whole),
+        split = {shape_of(t, whole), split_by_tp(t.rows) ? 0 : 1, split_groups(d, mine),
                  kv ? heads_part(whole.NKV, tp) : tp, kv ? heads_replica(whole.NKV, tp) : TpPart{}};
       }
+      if (expert) {
+        if (split.axis < 0) split.part = split.replica = tp;  // whole on every tensor rank
+        split.whole = shape_of(t, whole);
+        split.row_offset = static_cast<size_t>(ep.rank) * extent(t.rows, mine);
+      }
       add(block_tensor_name(i, t), shape_of(t, shape), t.decay, t.init, false, split);
+      params.back().expert = expert;
       const bool norm = t.field == &BlockPtrs::ln1w || t.field == &BlockPtrs::ln1b || t.field == &BlockPtrs::ln2w ||
                         t.field == &BlockPtrs::ln2b;
       params.back().sums_over_tokens = norm && sequence_parallel;
@@ -101,12 +110,12 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
 }
 
 std::vector<ParamTensor> rank_params(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual,
-                                     TpPart tp) {
+                                     TpPart tp, TpPart ep) {
   std::vector<ParamTensor> params;
   for (const ChunkRange& c : chunks) {
     const size_t offset = params.empty() ? 0 : params.back().offset + params.back().size;
     size_t dropped = 0;  // a tied head's copy of wte, on the rank that holds wte itself (a vee)
-    for (ParamTensor& p : stage_params(spec, c.vstage, n_virtual, c.block_begin, c.block_end, tp)) {
+    for (ParamTensor& p : stage_params(spec, c.vstage, n_virtual, c.block_begin, c.block_end, tp, ep)) {
       if (p.tied_copy && std::any_of(params.begin(), params.end(), [&](auto& q) { return q.name == p.name; })) {
         dropped += p.size;
         continue;

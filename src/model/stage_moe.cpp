@@ -12,6 +12,15 @@
 //
 // Routing is recomputed from the kept router probabilities in each pass (it is cheap, and the
 // stage's one MoeRouting serves block after block).
+//
+// Expert ranks (expert_parallel.hpp): each holds held_experts of them. The rows the routing lays
+// out go to their experts' ranks before the experts' products and come back after (forward: the
+// input rows out, the outputs back; backward: the outputs' gradients out, the inputs' back), so the
+// experts' buffers (fch, fch_gelu, dfch and the rows in routed_in and routed_grad) hold the rows
+// this rank's experts run, grown to what arrives. Everything else (router, combine, shared
+// experts, losses) stays with the tokens. A pass that needs the experts' rows again (the weight
+// half of a split backward) sends them again: every rank of the group runs the same passes in the
+// same order, so their all-to-alls pair up.
 #include "pipetrain/compute/kernels.hpp"
 #include "pipetrain/compute/moe_kernels.hpp"
 #include "pipetrain/model/model.hpp"
@@ -22,6 +31,16 @@ void Stage::route(const BlockActs& a, int N) {
   const BlockShape& s = moe_shape_;
   moe_route(routing_, a.router.data(), N, s.experts, s.top_k, moe_.norm_topk,
             moe_capacity(moe_.capacity_factor, N, s.experts, s.top_k));
+}
+
+void Stage::send_to_experts(Floats& buf, int width, bool planned) {
+  if (ep_.size == 1) return;
+  if (!planned) dispatch_.plan(routing_, moe_shape_.held_experts, *experts_);
+  dispatch_.send(buf.data(), buf, width, *experts_);
+}
+
+void Stage::back_from_experts(Floats& buf, int width) {
+  if (ep_.size > 1) dispatch_.bring_back(buf.data(), buf, width, *experts_);
 }
 
 void Stage::moe_forward(BlockActs& a, const BlockPtrs& w, const float* x, float* out, int N, int block) {
@@ -38,13 +57,19 @@ void Stage::moe_forward(BlockActs& a, const BlockPtrs& w, const float* x, float*
     k_.matmul_forward(out, a.shared_act.data(), w.sharedprojw, nullptr, N, s.shared_ffn, C);
     poll();
   }
-  const int rows = routing_.rows();
   moe_gather(scratch_.routed_in.data(), x, routing_, C);
-  grouped_matmul_forward(a.fch.data(), scratch_.routed_in.data(), w.fcw, routing_.offsets.data(), E, C, s.fc);
+  send_to_experts(scratch_.routed_in, C);
+  const int rows = expert_rows(), held = s.held_experts;
+  ensure_size(a.fch, static_cast<size_t>(rows) * s.fc);
+  ensure_size(a.fch_gelu, static_cast<size_t>(rows) * s.ffn);
+  grouped_matmul_forward(a.fch.data(), scratch_.routed_in.data(), w.fcw, expert_offsets(), held, C, s.fc);
   poll();
   k_.swiglu_forward(a.fch_gelu.data(), a.fch.data(), rows, s.ffn);
-  grouped_matmul_forward(a.expert_out.data(), a.fch_gelu.data(), w.fcprojw, routing_.offsets.data(), E, s.ffn, C);
+  Floats& y = ep_.size > 1 ? scratch_.routed_grad : a.expert_out;  // the experts' outputs, then with their tokens
+  ensure_size(y, static_cast<size_t>(rows) * C);
+  grouped_matmul_forward(y.data(), a.fch_gelu.data(), w.fcprojw, expert_offsets(), held, s.ffn, C);
   poll();
+  if (ep_.size > 1) dispatch_.bring_back(y.data(), a.expert_out, C, *experts_);
   moe_combine_forward(out, a.expert_out.data(), routing_, C, shared);
 }
 
@@ -56,11 +81,9 @@ void Stage::moe_forward(BlockActs& a, const BlockPtrs& w, const float* x, float*
 void Stage::moe_backward_input(const BlockActs& a, BlockWGrads& w, const BlockPtrs* g, const BlockPtrs& p,
                                const float* dout, const float* ln2, float* dx, int N) {
   const BlockShape& s = moe_shape_;
-  const int C = C_, E = s.experts, k = s.top_k;
+  const int C = C_, E = s.experts, k = s.top_k, held = s.held_experts;
   auto grad = [&](float* BlockPtrs::*field) { return g ? g->*field : nullptr; };
   route(a, N);
-  const int rows = routing_.rows();
-  const int* offsets = routing_.offsets.data();
   // The combine: each row's gradient, and each slot's weight's (summed over the tensor group).
   float* dweight = scratch_.droute_weight.data();
   moe_combine_backward(scratch_.routed_grad.data(), dweight, dout, a.expert_out.data(), routing_, C);
@@ -75,15 +98,24 @@ void Stage::moe_backward_input(const BlockActs& a, BlockWGrads& w, const BlockPt
     k_.swiglu_backward(w.dshared_fch.data(), a.shared_fch.data(), scratch_.dshared_act.data(), N, s.shared_ffn);
   }
   const float* x = whole_rows_if(g, ln2, N);
-  // The experts, down then gate | up; the rows' input gradients end in routed_grad.
+  // The experts, down then gate | up; the rows' input gradients end in routed_grad, back with
+  // their tokens.
+  send_to_experts(scratch_.routed_grad, C);
+  const int rows = expert_rows();
+  ensure_size(scratch_.dfch_gelu, static_cast<size_t>(rows) * s.ffn);
+  ensure_size(w.dfch, static_cast<size_t>(rows) * s.fc);
   grouped_matmul_backward(scratch_.dfch_gelu.data(), grad(&BlockPtrs::fcprojw), scratch_.routed_grad.data(),
-                          a.fch_gelu.data(), p.fcprojw, offsets, E, s.ffn, C);
+                          a.fch_gelu.data(), p.fcprojw, expert_offsets(), held, s.ffn, C);
   poll();
   k_.swiglu_backward(w.dfch.data(), a.fch.data(), scratch_.dfch_gelu.data(), rows, s.ffn);
-  if (g) moe_gather(scratch_.routed_in.data(), x, routing_, C);
+  if (g) {
+    moe_gather(scratch_.routed_in.data(), x, routing_, C);
+    send_to_experts(scratch_.routed_in, C, true);
+  }
   grouped_matmul_backward(scratch_.routed_grad.data(), grad(&BlockPtrs::fcw), w.dfch.data(),
-                          g ? scratch_.routed_in.data() : nullptr, p.fcw, offsets, E, C, s.fc);
+                          g ? scratch_.routed_in.data() : nullptr, p.fcw, expert_offsets(), held, C, s.fc);
   poll();
+  back_from_experts(scratch_.routed_grad, C);
   // The shared experts write dx, else it starts at 0; the rows' gradients are added to their tokens.
   if (shared)
     k_.matmul_backward(dx, grad(&BlockPtrs::sharedw), nullptr, w.dshared_fch.data(), x, p.sharedw, N, C,
@@ -101,15 +133,17 @@ void Stage::moe_backward_input(const BlockActs& a, BlockWGrads& w, const BlockPt
 
 void Stage::moe_backward_weight(const BlockActs& a, const BlockWGrads& w, const BlockPtrs& g, const float* x, int N) {
   const BlockShape& s = moe_shape_;
-  const int C = C_, E = s.experts;
+  const int C = C_, E = s.experts, held = s.held_experts;
   route(a, N);
-  const int* offsets = routing_.offsets.data();
   moe_combine_backward(scratch_.routed_grad.data(), nullptr, w.dout.data(), nullptr, routing_, C);
-  grouped_matmul_backward(nullptr, g.fcprojw, scratch_.routed_grad.data(), a.fch_gelu.data(), nullptr, offsets, E,
-                          s.ffn, C);
+  send_to_experts(scratch_.routed_grad, C);
+  grouped_matmul_backward(nullptr, g.fcprojw, scratch_.routed_grad.data(), a.fch_gelu.data(), nullptr, expert_offsets(),
+                          held, s.ffn, C);
   poll();
   moe_gather(scratch_.routed_in.data(), x, routing_, C);
-  grouped_matmul_backward(nullptr, g.fcw, w.dfch.data(), scratch_.routed_in.data(), nullptr, offsets, E, C, s.fc);
+  send_to_experts(scratch_.routed_in, C, true);
+  grouped_matmul_backward(nullptr, g.fcw, w.dfch.data(), scratch_.routed_in.data(), nullptr, expert_offsets(), held, C,
+                          s.fc);
   poll();
   if (s.shared_ffn > 0) {
     k_.matmul_backward(nullptr, g.sharedprojw, nullptr, w.dout.data(), a.shared_act.data(), nullptr, N, s.shared_ffn,

@@ -31,16 +31,16 @@ std::vector<ElementRun> whole_runs(const TpSlice& s, const std::vector<int>& sha
     }
     runs.push_back({whole, local, count});
   };
-  if (s.axis < 0) {
-    add(begin, begin, end - begin);
-    return runs;
-  }
   const size_t rows = shape[0], row = shape.size() > 1 ? shape[1] : 1;
   const size_t whole_row_len = s.whole.size() > 1 ? s.whole[1] : 1;
+  if (s.axis < 0) {
+    add(s.row_offset * whole_row_len + begin, begin, end - begin);
+    return runs;
+  }
   const size_t col0 = s.axis == 1 ? part_rows(s.whole[1], s.part).begin : 0;
   for (size_t i = begin / row; i < rows && i * row < end; ++i) {
     const size_t c0 = i * row < begin ? begin - i * row : 0, c1 = std::min(row, end - i * row);
-    const size_t wrow = s.axis == 0 ? whole_row(s, i) : i;
+    const size_t wrow = s.row_offset + (s.axis == 0 ? whole_row(s, i) : i);
     add(wrow * whole_row_len + col0 + c0, i * row + c0, c1 - c0);
   }
   return runs;

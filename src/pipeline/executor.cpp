@@ -84,10 +84,12 @@ Executor::Executor(Stage& stage, Comm& comm, const StepShape& shape)
     : stage_(stage),
       comm_(comm),
       tensor_group_(comm),
+      expert_group_(comm),
       shape_(shape),
       links_(shape.chunk_placement(), comm.topo().stage, shape.micro_batches, stage.boundary_floats()),
       staging_(stage.boundary_floats()) {
   stage_.set_tensor_group(&tensor_group_);
+  stage_.set_expert_group(&expert_group_);
 }
 
 StepStats Executor::run(const ActionList& actions, Trace& trace, const std::function<void(int)>& load_inputs,
@@ -130,6 +132,7 @@ void Executor::timed_pass(Step& s, const Action& a, const char* category, Pass&&
   if (recompute_s > 0) s.trace.span("R" + to_string(a).substr(1), "recompute", t0, t0 + recompute_s, a.mb);
   s.trace.span(to_string(a), category, t0 + recompute_s, t1, a.mb);
   for (const CommTensorGroup::Span& c : tensor_group_.take_spans()) s.trace.span(c.name, "tp_comm", c.t0, c.t1, a.mb);
+  for (const CommExpertGroup::Span& c : expert_group_.take_spans()) s.trace.span(c.name, "ep_comm", c.t0, c.t1, a.mb);
   count_held(s, a);
 }
 

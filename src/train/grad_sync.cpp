@@ -27,6 +27,10 @@ GradReducer::GradReducer(Comm& comm, float* grads, float* host, size_t floats, s
       window_(OptimizerShard::reduce_window(params, bucket)) {
   if (shard.shards_grads() != (shard_out != nullptr))
     throw std::logic_error("GradReducer: a compact gradient buffer is for ZeRO-2 and 3 alone");
+  for (const ParamTensor& p : params)
+    if (p.expert) experts_.push_back(&p);
+  if (!experts_.empty() && shard.sharded())
+    throw std::logic_error("GradReducer: expert parallelism's tensors are not sharded (parallel.zero = 0)");
 }
 
 void GradReducer::begin_step() {
@@ -59,6 +63,11 @@ void GradReducer::issue_arrived(bool wait) {
 }
 
 void GradReducer::issue(const ParamTensor* p, size_t begin, size_t end) {
+  if (p && p->expert) {  // unsharded: over the replicas holding the same experts
+    posted(comm_.iallreduce_expert_data(grads_ + begin, end - begin), "all-reduce expert gradients " + p->name,
+           Group::expert_data);
+    return;
+  }
   if (!p) {
     posted(comm_.iallreduce_data(grads_ + begin, end - begin),
            "all-reduce gradients [" + std::to_string(begin) + ", " + std::to_string(end) + ")");
@@ -70,9 +79,9 @@ void GradReducer::issue(const ParamTensor* p, size_t begin, size_t end) {
   posted_.push_back(p);
 }
 
-void GradReducer::posted(Request r, std::string name) {
+void GradReducer::posted(Request r, std::string name, Group group) {
   reqs_.push_back(std::move(r));
-  flight_.push_back({std::move(name), now_s()});
+  flight_.push_back({std::move(name), group, now_s()});
 }
 
 void GradReducer::progress() {
@@ -92,7 +101,7 @@ void GradReducer::completed(size_t i) {
 }
 
 void GradReducer::wait_for(size_t i) {
-  comm_.wait(reqs_[i], {"data-parallel gradient sum", -1, -1, Group::data});
+  comm_.wait(reqs_[i], {"data-parallel gradient sum", -1, -1, flight_[i].group});
   completed(i);
 }
 
@@ -105,7 +114,19 @@ void GradReducer::done_from(size_t offset) {
     return;
   }
   while (posted_from_ > offset) {
-    const size_t start = posted_from_ - std::min(bucket_, posted_from_);
+    // An expert tensor is summed alone, over the replicas holding its experts (none when each
+    // expert group is the whole data group); a bucket of the rest stops at one.
+    const auto below = std::lower_bound(experts_.begin(), experts_.end(), posted_from_,
+                                        [](const ParamTensor* p, size_t at) { return p->offset < at; });
+    const ParamTensor* expert = below == experts_.begin() ? nullptr : *(below - 1);
+    const size_t expert_end = expert ? expert->offset + expert->size : 0;
+    if (expert && expert_end == posted_from_) {
+      if (expert->offset < offset) break;
+      if (comm_.topo().expert_replicas() > 1) launch(expert, expert->offset, expert_end);
+      posted_from_ = expert->offset;
+      continue;
+    }
+    const size_t start = std::max(posted_from_ - std::min(bucket_, posted_from_), expert_end);
     if (start < offset) break;  // the rest of this bucket is not final yet
     launch(nullptr, start, posted_from_);
     posted_from_ = start;
@@ -224,11 +245,14 @@ StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, AdamW& adam, 
     else upload(g.data(), staging->data(), g.size() * sizeof(float));
     laps.mark("gradients to device", "comm");
   }
-  // Each rank checks what it vouches for: unsharded, the first replica the whole (summed) buffer;
-  // sharded, every replica its slabs. Each rank checks its own loss.
-  const bool counts = shard.sharded() || comm.topo().dp_rank == 0;
+  // Each rank checks what it vouches for: unsharded, the first replica the whole (summed) buffer
+  // but the experts, which the first replica of each expert part vouches for; sharded, every
+  // replica its slabs. Each rank checks its own loss.
+  const Topology& topo = comm.topo();
   const double norm_t0 = now_s();
-  const double sq = counts ? grad_sq_sum(stage.params(), adam.grads_in(g), shard) : 0.0;
+  const double sq = grad_sq_sum(stage.params(), adam.grads_in(g), shard, [&](const ParamTensor& p) {
+    return shard.sharded() || (p.expert ? topo.expert_replica() : topo.dp_rank) == 0;
+  });
   const double norm_s = now_s() - norm_t0;
   laps.mark("gradient norm", "optimizer");
   const bool bad = !std::isfinite(sq) || !std::isfinite(loss_sum);

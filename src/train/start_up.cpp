@@ -90,6 +90,7 @@ void read_spec_and_data(Run& run) {
   run.layout.shape = step_shape(spec);
   run.layout.topo = Topology::of(run.world.rank(), spec.parallel.pp, spec.parallel.dp, spec.parallel.order,
                                  spec.chunk_placement().head_stage() == 0, spec.parallel.tp);
+  run.layout.topo.ep = spec.parallel.ep;
   run.layout.blocks = partition_blocks(spec);
   // The tokens reach the first stage, the targets the last; under document masking every stage
   // reads the tokens for where documents begin. Every rank knows how many batches each source's
@@ -161,7 +162,8 @@ void build_model(Run& run) {
   const StepShape& shape = run.layout.shape;
   run.model.stage = std::make_unique<Stage>(
       spec, chunks_of(run.layout.blocks, shape.chunk_placement(), run.layout.topo.stage), shape.virtual_stages(),
-      shape.micro_batches, shape.grad_scale(), TpPart{run.layout.topo.tp_rank, run.layout.topo.tp});
+      shape.micro_batches, shape.grad_scale(), TpPart{run.layout.topo.tp_rank, run.layout.topo.tp},
+      TpPart{run.layout.topo.ep_rank(), run.layout.topo.ep});
   if (run.state.init) {
     run.world.require_agreed([&] {  // each rank reads only its own stage's tensors
       std::vector<float> host(run.model.stage->weights().size());

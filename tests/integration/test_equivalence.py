@@ -2,7 +2,8 @@
 1e-5) on every layout, schedule, recompute mode, micro-batch count, and with tied or untied heads,
 as the whole model trained on one rank (1x1, GPipe) - for both model families (the llama
 scenarios: 20 steps, grouped-query attention with 1, 2 and 4 key/value heads), and its mixture
-of experts (20 steps: top-1 and top-2 routing, shared experts, MoE blocks beside dense ones)."""
+of experts (20 steps: top-1 and top-2 routing, shared experts, MoE blocks beside dense ones, the
+experts spread over data-parallel replicas)."""
 import os
 import subprocess
 from tests.lib.harness import launch, expect, rel_diff, run_scenarios, scenario, settings, shared_run
@@ -278,6 +279,35 @@ def moe_routing_variants():
         same(f"moe {variant} 2x2 vs 1x1", run(f"moe_{tag}_2x2", 2, 2, *MOE, *variant),
              reference(*MOE, *variant, "parallel.micro_batches=8"))
         same(f"moe {variant} tp2 2x1 vs 1x1", run(f"moe_{tag}_tp2", 2, 1, *MOE, *variant, "parallel.tp=2"), ref)
+
+
+@scenario
+def moe_expert_parallel():
+    """Expert parallelism: the experts of each MoE block spread over 2 (or 4) data-parallel replicas,
+    tokens sent to their experts' rank and back by all-to-all. Each layout gives the 1x1 run of its
+    micro-batches' numbers: 1x2 and 2x2 with ep 2 under GPipe, 1F1B, interleaved, zb-h1 (the weight
+    half sends the rows again), dualpipev, recompute block and stage; 2 tensor ranks x 2 replicas
+    (each expert rank's experts split in width); 4 replicas as 2 expert groups of 2 (the experts'
+    gradients summed between the groups) and as one group of 4; top-1 routing, a shared expert
+    with unnormalised weights, and MoE blocks every other block."""
+    ref_m8, ref_m16 = reference(*MOE, "parallel.micro_batches=8"), reference(*MOE, "parallel.micro_batches=16")
+    ep2 = ["parallel.ep=2"]
+    for name, pp, dp, sets, ref in [
+            ("1x2", 1, 2, ep2, ref_m8), ("2x2", 2, 2, ep2, ref_m8),
+            ("1f1b", 2, 2, ep2 + ["parallel.schedule=1f1b"], ref_m8),
+            ("interleaved", 2, 2, ep2 + ["parallel.schedule=interleaved", "parallel.virtual_stages=2"], ref_m8),
+            ("zb-h1", 2, 2, ep2 + ["parallel.schedule=zb-h1"], ref_m8),
+            ("dualpipev", 2, 2, ep2 + ["parallel.schedule=dualpipev"], ref_m8),
+            ("recompute_block", 2, 2, ep2 + ["parallel.recompute=block"], ref_m8),
+            ("recompute_stage", 2, 2, ep2 + ["parallel.recompute=stage"], ref_m8),
+            ("tp2", 1, 2, ep2 + ["parallel.tp=2"], ref_m8),
+            ("1x4_ep2", 1, 4, ep2, ref_m16), ("1x4_ep4", 1, 4, ["parallel.ep=4"], ref_m16)]:
+        same(f"moe ep {name} {pp}x{dp} vs 1x1", run(f"moe_ep_{name}", pp, dp, *MOE, *sets), ref)
+    for variant in [("model.moe.top_k=1",), ("model.moe.shared_experts=1", "model.moe.norm_topk=false"),
+                    ("model.moe.every=2",)]:
+        tag = "_".join(v.split(".")[2].replace("=", "_") for v in variant)
+        same(f"moe ep 2 {variant} 2x2 vs 1x1", run(f"moe_ep_{tag}_2x2", 2, 2, *MOE, *variant, *ep2),
+             reference(*MOE, *variant, "parallel.micro_batches=8"))
 
 
 if __name__ == "__main__":

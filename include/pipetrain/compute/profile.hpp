@@ -14,7 +14,8 @@ namespace pipetrain {
 // tp_comm: the tensor group's collectives inside the layers (their time, waiting included, counts
 // here and not as a pipeline wait). norm and activation are named by the model family (LayerNorm
 // and GELU, or RMSNorm and SwiGLU); rope, the rotary positions, is the llama family's alone.
-// routing: a mixture of experts' router softmax, top-k, permutation and combine (moe_kernels.hpp).
+// routing: a mixture of experts' router softmax, top-k, permutation and combine (moe_kernels.hpp);
+// ep_comm: its all-to-alls over the expert-parallel group (parallel.ep), waiting included.
 enum class Kernel {
   gemm,
   attention,
@@ -27,11 +28,12 @@ enum class Kernel {
   memory,
   input,
   tp_comm,
-  routing
+  routing,
+  ep_comm
 };
-constexpr int kKernelClasses = 12;
+constexpr int kKernelClasses = 13;
 const char* kernel_name(Kernel k, Arch arch);  // "gemm", "attention", "layernorm" or "rmsnorm", ...
-// false for the classes the family's layers never run (routing: a model without experts)
+// false for the classes the family's layers never run (routing, ep_comm: a model without experts)
 bool kernel_in_family(Kernel k, Arch arch, bool moe);
 
 struct KernelTotals {

@@ -93,6 +93,10 @@ struct RunSpec {
     // What the data-parallel replicas of a stage shard: 1 AdamW's state (ZeRO-1), 2 also the summed
     // gradients (ZeRO-2), 3 also the weights (ZeRO-3, fully sharded); 0 nothing.
     int zero = 0;
+    // Expert parallelism: the experts of each MoE block spread over ep consecutive data-parallel
+    // replicas (dp_rank / ep names the group, dp_rank % ep the place in it), each holding experts / ep
+    // of them, tokens sent to their experts' rank and back by all-to-all; 1 = every replica holds all.
+    int ep = 1;
     // ZeRO-3: free a layer's gathered weights between a micro-batch's forward and its backward
     // (gathered again for the backward); -1 = unset: true under pp 1, false under pipelining,
     // where a step's micro-batches then share one gather (reshards_after_forward()).

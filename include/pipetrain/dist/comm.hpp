@@ -1,7 +1,9 @@
 // All communication of a run goes through Comm (with World, the only code that calls MPI). It owns
 // the pipeline (the P stages of one replica), data (the D replicas of one stage), tied-embedding
 // (first + last stage of one replica) and tensor (the tp ranks of one stage and replica)
-// communicators, each per tensor rank where tp > 1, and every wait: nonblocking calls completed by
+// communicators, each per tensor rank where tp > 1; under expert parallelism also the expert group
+// (ep consecutive replicas, which split the experts) and the expert-data group (the replicas holding
+// the same experts, one per expert group); and every wait: nonblocking calls completed by
 // polling MPI_Test, yielding the core when ranks outnumber cores (MPICH's blocking calls spin), and
 // giving up after comm.timeout_s with an error that names what was awaited.
 #pragma once
@@ -20,7 +22,7 @@
 namespace pipetrain {
 
 // What a wait is for, so a timeout can say which stage, peer, node and micro-batch it was stuck on.
-enum class Group { none, data, tied, tensor, world };  // the communicator of a collective
+enum class Group { none, data, tied, tensor, world, expert, expert_data };  // the communicator of a collective
 struct WaitLabel {
   const char* what;     // "recv activation", "send gradient", "all-reduce gradients", ...
   int peer_stage = -1;  // a pipeline peer of the same replica; -1: none
@@ -76,6 +78,14 @@ class Comm {
   // and the group's sum of `whole` (tp x n), rank r keeping part r in `part` (n).
   void allgather_tensor(const float* part, float* whole, size_t n);
   void reduce_scatter_tensor(const float* whole, float* part, size_t n);
+  // Expert parallelism, waited for at once: `n` ints to each expert-group rank (send[j n ...]), n
+  // from each into recv; and send_counts[j] floats (consecutive in send, in rank order) to rank j,
+  // recv_counts[i] from rank i into recv, in rank order.
+  void alltoall_expert(const int* send, int* recv, int n);
+  void alltoall_expert(const float* send, const std::vector<int>& send_counts, float* recv,
+                       const std::vector<int>& recv_counts);
+  // In-place sum over the replicas holding this rank's experts (an expert tensor's gradient).
+  Request iallreduce_expert_data(float* buf, size_t n);
 
   // Gathers `n` values from every rank to world rank 0 (out sized world*n there).
   void gather_to_root(const double* mine, size_t n, std::vector<double>& out);

@@ -25,6 +25,13 @@ struct Topology {
   // The stage holding the LM head: the last, or the first when the schedule lays its chunks in a
   // vee (schedule/placement.hpp), where the first stage holds both ends of the model.
   bool head_on_first = false;
+  // Expert parallelism (parallel.ep): ep consecutive replicas of a stage split its experts, rank
+  // dp_rank % ep of the group holding the ep-th part; the replicas holding the same part (one per
+  // group) keep them in step as the data group does the rest.
+  int ep = 1;
+  int ep_rank() const { return dp_rank % ep; }
+  int expert_replica() const { return dp_rank / ep; }  // which of the expert_replicas() this rank is
+  int expert_replicas() const { return dp / ep; }
 
   static Topology of(int world_rank, int pp, int dp, RankOrder order = RankOrder::pp, bool head_on_first = false,
                      int tp = 1) {

@@ -36,8 +36,9 @@ struct BlockShape {
   int ffn = 0;         // the MLP's hidden width, the last product's input: 4C, or ffn_hidden
   int norm_stats = 0;  // floats per token a norm keeps for backward: mean and rstd, or rstd
   // An MoE block (experts > 0): fc and ffn are then each expert's, and a token goes to top_k of
-  // them; shared_ffn is the always-on experts' width (0: none).
-  int experts = 0, top_k = 0, shared_ffn = 0;
+  // them; shared_ffn is the always-on experts' width (0: none). The router chooses among all
+  // `experts`; an expert-parallel rank holds `held_experts` of them (expert_part), all on one rank.
+  int experts = 0, top_k = 0, shared_ffn = 0, held_experts = 0;
   bool qkv_bias = false;  // llama with model.attention_bias: q, k and v products with biases
   bool llama() const { return arch == Arch::llama; }
   bool moe() const { return experts > 0; }
@@ -51,6 +52,8 @@ BlockShape block_shape(const RunSpec& spec, int block);
 // heads and the MLP's width, and divides the key/value heads or is a multiple of them: then a rank
 // holds one key/value head).
 BlockShape tensor_part(const BlockShape& whole, int tp);
+// One expert-parallel rank's share of `whole`'s experts among `ep` (the spec has checked ep divides them).
+BlockShape expert_part(const BlockShape& whole, int ep);
 // A GPT-2 block of width C (the interop formats, which are GPT-2's).
 BlockShape gpt2_block_shape(int C);
 
@@ -172,9 +175,9 @@ inline int extent(Dim d, const BlockShape& s) {
     case Dim::experts:
       return s.experts;
     case Dim::experts_fc:
-      return s.experts * s.fc;
+      return s.held_experts * s.fc;
     case Dim::experts_C:
-      return s.experts * s.C;
+      return s.held_experts * s.C;
     case Dim::shared_ffn:
       return s.shared_ffn;
     case Dim::q_bias:
@@ -193,7 +196,7 @@ inline std::vector<int> shape_of(const BlockTensor& t, const BlockShape& s) {
 // The experts' stacked gate | up rows: each expert's gate, then its up.
 inline std::vector<int> split_groups(Dim d, const BlockShape& whole) {
   if (d == Dim::qkv) return {whole.q, whole.kv, whole.kv};
-  if (d == Dim::experts_fc) return std::vector<int>(2 * whole.experts, whole.ffn);
+  if (d == Dim::experts_fc) return std::vector<int>(2 * whole.held_experts, whole.ffn);
   return {extent(d, whole)};
 }
 inline size_t size_of(const BlockTensor& t, const BlockShape& s) {

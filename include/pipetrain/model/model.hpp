@@ -26,6 +26,7 @@
 #include "pipetrain/model/activation_pool.hpp"
 #include "pipetrain/model/block_tensors.hpp"
 #include "pipetrain/model/documents.hpp"
+#include "pipetrain/model/expert_parallel.hpp"
 #include "pipetrain/model/layer_decl.hpp"
 #include "pipetrain/model/param_store.hpp"
 #include "pipetrain/model/partition.hpp"
@@ -72,14 +73,18 @@ class Stage {
   // Owns `chunks`, virtual stages out of `n_virtual`, for `micro_batches` micro-batches;
   // `grad_scale` = dLoss/d(token loss) = 1 / (tokens per micro-batch x M x dp). As tensor rank
   // `tp` it holds its part of each tensor (tensor_parallel.hpp) and, when the group has more than
-  // one rank, runs no pass before set_tensor_group.
+  // one rank, runs no pass before set_tensor_group; as expert-parallel rank `ep` it holds its part of
+  // each MoE block's experts (expert_parallel.hpp) and, with more than one, runs no pass before
+  // set_expert_group.
   Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual, int micro_batches, float grad_scale,
-        TpPart tp = {});
+        TpPart tp = {}, TpPart ep = {});
   // One chunk: global blocks [block_begin, block_end) as stage `stage` out of `n_stages`.
   Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end, int micro_batches,
         float grad_scale, TpPart tp = {});
   // The collectives over this stage's tensor group; it must outlive the Stage's passes.
   void set_tensor_group(TensorGroup* group) { group_ = group; }
+  // The all-to-alls over its expert group; it must outlive the Stage's passes.
+  void set_expert_group(ExpertGroup* group) { experts_ = group; }
   // Where weights come from when the stage does not hold them all (null: it does); it must outlive
   // the Stage's passes.
   void set_weight_fetcher(WeightFetcher* fetcher) { fetcher_ = fetcher; }
@@ -222,6 +227,13 @@ class Stage {
   const BlockShape& shape_of(const Chunk& c, int l) const { return is_moe(c, l) ? moe_shape_ : shape_; }
   const LayerWidths& widths_of(const Chunk& c, int l) const { return is_moe(c, l) ? moe_widths_ : widths_; }
   void route(const BlockActs& a, int N);
+  // Expert parallelism: the routing's rows [rows, width] in `buf` to their experts' ranks (this
+  // rank's experts' rows then fill buf; `planned`: the routing's counts already exchanged in this
+  // pass), or back; nothing at ep 1. The offsets and the number of the rows this rank's experts run.
+  void send_to_experts(Floats& buf, int width, bool planned = false);
+  void back_from_experts(Floats& buf, int width);
+  const int* expert_offsets() const { return ep_.size > 1 ? dispatch_.offsets() : routing_.offsets.data(); }
+  int expert_rows() const { return ep_.size > 1 ? dispatch_.rows() : routing_.rows(); }
   void moe_forward(BlockActs& a, const BlockPtrs& w, const float* x, float* out, int N, int block);
   void moe_backward_input(const BlockActs& a, BlockWGrads& w, const BlockPtrs* g, const BlockPtrs& p, const float* dout,
                           const float* ln2, float* dx, int N);
@@ -259,6 +271,9 @@ class Stage {
   TpPart tp_;
   bool sp_;  // sequence parallelism
   TensorGroup* group_ = nullptr;
+  TpPart ep_;  // expert parallelism
+  ExpertGroup* experts_ = nullptr;
+  ExpertDispatch dispatch_;
   WeightFetcher* fetcher_ = nullptr;
   using Pass = WeightFetcher::Pass;
   void fetch(const Chunk& c, int layer, Pass pass) {

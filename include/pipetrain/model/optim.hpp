@@ -1,6 +1,7 @@
 // AdamW as in PyTorch (bias-corrected, decoupled weight decay on 2-D weights only), global-norm
 // gradient clipping as torch.nn.utils.clip_grad_norm_, and linear warmup + cosine decay.
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "pipetrain/config/spec.hpp"
@@ -14,9 +15,11 @@ namespace pipetrain {
 double lr_at(const RunSpec& spec, int step);
 
 // Sum of squared gradients over the shard's slabs of the tensors that count toward the global norm
-// (not a tied copy; a tensor whole on every tensor rank only on the first, a split one on each).
-// `grads`: where the slabs' gradients lie (AdamW::grads_in).
-double grad_sq_sum(const std::vector<ParamTensor>& params, SlabView grads, const OptimizerShard& shard);
+// (not a tied copy; a tensor whole on every tensor rank only on the first, a split one on each),
+// of those `counted` says this rank counts (all without it). `grads`: where the slabs' gradients
+// lie (AdamW::grads_in).
+double grad_sq_sum(const std::vector<ParamTensor>& params, SlabView grads, const OptimizerShard& shard,
+                   const std::function<bool(const ParamTensor&)>& counted = nullptr);
 
 // Multiplier applied to all gradients for clipping (1 when the norm is within grad_clip or clip = 0).
 float clip_coefficient(double global_norm, double grad_clip);

@@ -28,19 +28,23 @@ struct ParamTensor {
   // Sequence parallelism: a norm's weight, whose gradient on a tensor rank is its token rows'
   // share, summed over the tensor group at the step's end.
   bool sums_over_tokens = false;
-  // The whole tensor is split among the tensor group (its norm is the sum of the parts').
-  bool split() const { return tp.axis >= 0; }
+  // Expert parallelism: an MoE block's experts, of which this rank holds its expert group's part
+  // (tp.row_offset places it); summed over the replicas holding the same experts, not the data group.
+  bool expert = false;
+  // The rank holds a part of the whole tensor: the tensor group splits it, or it is an expert
+  // part (the whole's norm is the sum of the parts').
+  bool split() const { return tp.axis >= 0 || expert; }
 };
 
 // The named tensors a stage owns, in buffer order with offsets (no allocation): embeddings on the
 // first stage, blocks [block_begin, block_end), final LayerNorm and head on the last; tensor rank
-// `tp`'s parts of them (the whole tensors by default).
+// `tp`'s parts of them, and of the experts expert-parallel rank `ep`'s (the whole tensors by default).
 std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end,
-                                      TpPart tp = {});
+                                      TpPart tp = {}, TpPart ep = {});
 // The tensors of all of a rank's chunks (virtual stages of n_virtual), chunk after chunk. A tied
 // head on the rank that also holds the embedding (a vee's first rank) uses wte itself, no copy.
 std::vector<ParamTensor> rank_params(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual,
-                                     TpPart tp = {});
+                                     TpPart tp = {}, TpPart ep = {});
 
 class ParamStore {
  public:

@@ -23,7 +23,8 @@
 // group sums at the step's end (ParamTensor::sums_over_tokens).
 //
 // A checkpoint, an exported model and train.init_from hold whole tensors: a rank writes and reads
-// its part of each (whole_runs), so any tp resumes from any other.
+// its part of each (whole_runs), so any tp resumes from any other. Expert parallelism's parts (a
+// rank's experts, TpSlice::row_offset) are placed the same way.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -62,6 +63,9 @@ struct TpSlice {
   std::vector<int> groups;  // that dimension as consecutive groups (q, k, v), each split alike
   TpPart part;              // the rank's part of each group (its tensor rank, or its key/value head)
   TpPart replica;           // which of the ranks holding the same elements this is (whole: all of them)
+  // Whole rows before the part's first (split or not): an expert-parallel rank's experts lie after
+  // the earlier ranks' (the rows it holds are then a block of the whole, each split as above).
+  size_t row_offset = 0;
   // The rank whose copy the grad norm counts.
   bool counted() const { return replica.rank == 0; }
   // Split, yet held by several ranks (a key/value head): each has a share of its gradient to sum.

@@ -16,6 +16,7 @@
 #include "pipetrain/model/model.hpp"
 #include "pipetrain/observe/trace.hpp"
 #include "pipetrain/pipeline/device_staging.hpp"
+#include "pipetrain/pipeline/expert_group.hpp"
 #include "pipetrain/pipeline/message_rings.hpp"
 #include "pipetrain/pipeline/tensor_group.hpp"
 #include "pipetrain/schedule/actions.hpp"
@@ -81,6 +82,7 @@ class Executor {
   Stage& stage_;
   Comm& comm_;
   CommTensorGroup tensor_group_;  // the stage's tensor-group collectives
+  CommExpertGroup expert_group_;  // its expert group's all-to-alls
   StepShape shape_;
   MessageLinks links_;
   DeviceStaging staging_;

@@ -29,7 +29,8 @@ namespace pipetrain {
 // starting as soon as gradients are complete: each chunk's last backward reports, block by block,
 // the offset from which the buffer is final (it falls from the head to the embeddings, chunk
 // after chunk), so work starts from the end of the buffer and overlaps the rest of that backward.
-// Unsharded, the buffer is all-reduced in buckets of `bucket` floats cut from its end; sharded,
+// Unsharded, the buffer is all-reduced in buckets of `bucket` floats cut from its end, each expert
+// tensor of expert parallelism alone over the replicas holding its experts; sharded,
 // each tensor is reduce-scattered as a whole (its slabs lie in rank order), into the buffer itself
 // (ZeRO-1) or into `shard_out`, a compact buffer of the shard's slabs (ZeRO-2, 3). Either way the
 // sequence of collectives depends only on the layout, so every replica posts the same, and the
@@ -66,11 +67,11 @@ class GradReducer {
   // once on the CPU, once its host copy has arrived on the GPU.
   void launch(const ParamTensor* p, size_t begin, size_t end);
   void issue(const ParamTensor* p, size_t begin, size_t end);  // posts it
-  void issue_arrived(bool wait);             // issues the downloads that have arrived (all of them: `wait`)
-  void posted(Request r, std::string name);  // in flight from now
-  void progress();                           // tests what is in flight, noting when each completes
-  void completed(size_t request);            // notes it, and under ZeRO-2, 3 releases its whole gradient
-  void wait_for(size_t request);             // waits for it, then completed()
+  void issue_arrived(bool wait);  // issues the downloads that have arrived (all of them: `wait`)
+  void posted(Request r, std::string name, Group group = Group::data);  // in flight from now
+  void progress();                 // tests what is in flight, noting when each completes
+  void completed(size_t request);  // notes it, and under ZeRO-2, 3 releases its whole gradient
+  void wait_for(size_t request);   // waits for it, then completed()
   void sum_shared(const ParamTensor& p, const OptimizerShard::Slab& mine);  // a shared key/value head's
   SlabView summed() const { return shard_out_ ? SlabView{shard_out_, true} : SlabView{grads_, false}; }
   Comm& comm_;
@@ -93,12 +94,14 @@ class GradReducer {
   std::deque<Downloading> downloading_;
   struct InFlight {  // per request, for the trace's exchange track
     std::string name;
+    Group group;  // its communicator (a timeout names its members)
     double posted_s, done_s = -1;
   };
   std::vector<InFlight> flight_;
   std::vector<const ParamTensor*> posted_;  // sharded: the tensor of each request
   std::vector<int> counts_, offsets_;
-  std::vector<float> shared_sum_;  // a shared key/value tensor's whole gradient, summed by the group
+  std::vector<float> shared_sum_;            // a shared key/value tensor's whole gradient, summed by the group
+  std::vector<const ParamTensor*> experts_;  // expert parallelism's tensors, in buffer order
 };
 
 // ZeRO-1 and 2's all-gather of the updated slabs, one collective per tensor, posted after the update and

@@ -1,0 +1,80 @@
+#include "pipetrain/model/expert_parallel.hpp"
+
+#include <algorithm>
+
+#include "pipetrain/compute/profile.hpp"
+
+namespace pipetrain {
+
+void ExpertDispatch::plan(const MoeRouting& r, int held, ExpertGroup& group) {
+  const int ranks = ep_.size;
+  // Rows of each expert this rank sends: rank j's experts are the routing's [j held, (j + 1) held).
+  counts_.assign(2 * static_cast<size_t>(ranks) * held, 0);
+  int* sent = counts_.data();
+  int* from = counts_.data() + static_cast<size_t>(ranks) * held;
+  for (int e = 0; e < ranks * held; ++e) sent[e] = r.offsets[e + 1] - r.offsets[e];
+  group.all_to_all(sent, from, held);  // from[i held + e]: rows rank i sends for this rank's expert e
+  send_rows_.assign(ranks, 0);
+  recv_rows_.assign(ranks, 0);
+  offsets_.assign(held + 1, 0);
+  for (int i = 0; i < ranks; ++i)
+    for (int e = 0; e < held; ++e) {
+      send_rows_[i] += sent[i * held + e];
+      recv_rows_[i] += from[i * held + e];
+      offsets_[e + 1] += from[i * held + e];
+    }
+  for (int e = 0; e < held; ++e) offsets_[e + 1] += offsets_[e];
+  // Arrived source after source (each its experts in order); run expert after expert.
+  blocks_.clear();
+  std::vector<int> next(offsets_.begin(), offsets_.end() - 1);
+  int arrived = 0;
+  for (int i = 0; i < ranks; ++i)
+    for (int e = 0; e < held; ++e) {
+      const int n = from[i * held + e];
+      blocks_.push_back({arrived, next[e], n});
+      arrived += n;
+      next[e] += n;
+    }
+}
+
+void ExpertDispatch::reorder(const float* from, float* to, int width, bool to_experts) const {
+  for (const Block& b : blocks_) {
+    const size_t src = to_experts ? b.arrived : b.runs, dst = to_experts ? b.runs : b.arrived;
+    std::copy_n(from + src * width, static_cast<size_t>(b.count) * width, to + dst * width);
+  }
+}
+
+void ExpertDispatch::send(const float* rows, Floats& out, int width, ExpertGroup& group) {
+  float_counts_send_.resize(ep_.size);
+  float_counts_recv_.resize(ep_.size);
+  for (int j = 0; j < ep_.size; ++j) {
+    float_counts_send_[j] = send_rows_[j] * width;
+    float_counts_recv_[j] = recv_rows_[j] * width;
+  }
+  const size_t n = static_cast<size_t>(this->rows()) * width;
+  staging_.resize(n);
+  group.all_to_all(rows, float_counts_send_, staging_.data(), float_counts_recv_);
+  KernelTimer timer(Kernel::routing);
+  ensure_size(out, n);
+  reorder(staging_.data(), out.data(), width, true);
+}
+
+void ExpertDispatch::bring_back(const float* rows, Floats& out, int width, ExpertGroup& group) {
+  float_counts_send_.resize(ep_.size);
+  float_counts_recv_.resize(ep_.size);
+  size_t back = 0;
+  for (int j = 0; j < ep_.size; ++j) {
+    float_counts_send_[j] = recv_rows_[j] * width;  // what came from rank j goes back to it
+    float_counts_recv_[j] = send_rows_[j] * width;
+    back += float_counts_recv_[j];
+  }
+  staging_.resize(static_cast<size_t>(this->rows()) * width);
+  {
+    KernelTimer timer(Kernel::routing);
+    reorder(rows, staging_.data(), width, false);
+  }
+  ensure_size(out, back);
+  group.all_to_all(staging_.data(), float_counts_send_, out.data(), float_counts_recv_);
+}
+
+}  // namespace pipetrain
