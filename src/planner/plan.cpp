@@ -105,9 +105,10 @@ Plan make_plan(const RunSpec& spec) {
   for (int s = 0; s < P; ++s) {
     const std::vector<ChunkRange> chunks = chunks_of(blocks, spec.chunk_placement(), s);
     StagePlan sp;
-    // Per rank of the tensor group: its parts, the last rank's (which holds the most vocabulary rows).
+    // Per rank of the tensor group: its parts, the last rank's (which holds the most vocabulary rows),
+    // and of an expert group its experts (as many on each).
     const std::vector<ParamTensor> params =
-        rank_params(spec, chunks, P * V, TpPart{spec.parallel.tp - 1, spec.parallel.tp});
+        rank_params(spec, chunks, P * V, TpPart{spec.parallel.tp - 1, spec.parallel.tp}, TpPart{0, spec.parallel.ep});
     for (auto& t : params) sp.params += t.size;
     sp.shard_floats = OptimizerShard::max_state_floats(params, spec.parallel.dp);
     sp.layer_floats = two_layers_floats(params);
@@ -152,9 +153,14 @@ namespace {
 
 // A mixture of experts' parameters: all of them, those a token passes through (the router, its
 // top_k experts, the shared experts, everything outside the MoE blocks' experts), the experts'.
+// Under expert parallelism, the bytes a rank's all-to-alls send other ranks per micro-batch and
+// MoE block, when the router spreads the rows evenly: each of its N top_k rows of d_model floats
+// goes out and back in the forward, and its gradient out, its input again out and its gradient
+// back in the backward, (ep - 1) / ep of them to other ranks.
 struct MoeParams {
   double total = 0, active = 0, experts = 0;
   int moe_blocks = 0;
+  double all_to_all_bytes = 0;
 };
 MoeParams moe_params(const RunSpec& spec) {
   MoeParams m;
@@ -166,6 +172,8 @@ MoeParams moe_params(const RunSpec& spec) {
   const double per_expert = 3.0 * s.ffn * s.C;  // gate, up, down
   m.experts = m.moe_blocks * moe.experts * per_expert;
   m.active = m.total - m.moe_blocks * (moe.experts - moe.top_k) * per_expert;
+  const int ep = spec.parallel.ep;
+  m.all_to_all_bytes = 5.0 * micro_batch_rows(spec).tokens * moe.top_k * s.C * sizeof(float) * (ep - 1) / ep;
   return m;
 }
 
@@ -182,16 +190,26 @@ std::string moe_text(const RunSpec& spec) {
   const auto& moe = spec.model.moe;
   if (!moe.on()) return "";
   const MoeParams m = moe_params(spec);
-  char line[512];
+  const int ep = spec.parallel.ep;
+  char where[256];
+  if (ep == 1)
+    std::snprintf(where, sizeof where, "the experts' %s on every data-parallel rank", count_text(m.experts).c_str());
+  else
+    std::snprintf(where, sizeof where,
+                  "the experts' %s spread over ep = %d replicas (%d experts, %s on each), each MoE block's "
+                  "all-to-alls sending other ranks %.3g MB per micro-batch",
+                  count_text(m.experts).c_str(), ep, moe.experts / ep, count_text(m.experts / ep).c_str(),
+                  m.moe_blocks > 0 ? m.all_to_all_bytes / 1e6 : 0.0);
+  char line[768];
   std::snprintf(line, sizeof line,
                 "\nmixture of experts: %d experts of SwiGLU %d in %d of %d blocks, each token to %d%s: %s "
-                "parameters, %s active per token (%.0f%%); the experts' %s on every data-parallel rank "
-                "(expert parallelism is not built yet). Activations and FLOPs count a micro-batch's %d expert "
-                "rows (tokens x top_k, however the router spreads them; a capacity only lowers them).\n",
+                "parameters, %s active per token (%.0f%%); %s. Activations, FLOPs and all-to-alls count a "
+                "micro-batch's %d expert rows (tokens x top_k) spread evenly over the experts (an expert "
+                "rank that receives more holds more; a capacity only lowers them).\n",
                 moe.experts, block_shape(spec, moe.every - 1).ffn, m.moe_blocks, spec.model.n_layer, moe.top_k,
                 moe.shared_experts ? (" + " + std::to_string(moe.shared_experts) + " shared").c_str() : "",
-                count_text(m.total).c_str(), count_text(m.active).c_str(), 100 * m.active / m.total,
-                count_text(m.experts).c_str(), static_cast<int>(micro_batch_rows(spec).tokens * moe.top_k));
+                count_text(m.total).c_str(), count_text(m.active).c_str(), 100 * m.active / m.total, where,
+                static_cast<int>(micro_batch_rows(spec).tokens * moe.top_k));
   return line;
 }
 
@@ -317,9 +335,14 @@ nlohmann::json plan_json(const RunSpec& spec, const Plan& plan) {
   j["bubble_sim"] = plan.bubble_sim;
   if (spec.model.moe.on()) {
     const MoeParams m = moe_params(spec);
-    j["moe"] = {{"experts", spec.model.moe.experts}, {"top_k", spec.model.moe.top_k},
-                {"moe_blocks", m.moe_blocks},        {"params", m.total},
-                {"active_params", m.active},         {"expert_params", m.experts}};
+    j["moe"] = {{"experts", spec.model.moe.experts},
+                {"top_k", spec.model.moe.top_k},
+                {"moe_blocks", m.moe_blocks},
+                {"params", m.total},
+                {"active_params", m.active},
+                {"expert_params", m.experts},
+                {"ep", spec.parallel.ep},
+                {"all_to_all_bytes_per_micro_batch", m.all_to_all_bytes}};
   }
   j["stages"] = nlohmann::json::array();
   for (auto& s : plan.stages) {

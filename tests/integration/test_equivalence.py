@@ -4,6 +4,7 @@ as the whole model trained on one rank (1x1, GPipe) - for both model families (t
 scenarios: 20 steps, grouped-query attention with 1, 2 and 4 key/value heads), and its mixture
 of experts (20 steps: top-1 and top-2 routing, shared experts, MoE blocks beside dense ones, the
 experts spread over data-parallel replicas)."""
+import json
 import os
 import subprocess
 from tests.lib.harness import launch, expect, rel_diff, run_scenarios, scenario, settings, shared_run
@@ -308,6 +309,33 @@ def moe_expert_parallel():
         tag = "_".join(v.split(".")[2].replace("=", "_") for v in variant)
         same(f"moe ep 2 {variant} 2x2 vs 1x1", run(f"moe_ep_{tag}_2x2", 2, 2, *MOE, *variant, *ep2),
              reference(*MOE, *variant, "parallel.micro_batches=8"))
+
+
+@scenario
+def moe_expert_bytes():
+    """With ep 2 each replica holds half of the experts: its weights, gradients and AdamW moments
+    are 1x2's less half the experts' (4 MoE blocks x 8 experts x gate, up and down of 64 x 96,
+    counted here from moe-tiny's shapes), measured in metrics.jsonl; plan predicts the weights, its
+    text names the split, and metrics time the all-to-alls as their own kernel class."""
+    a = settings()
+    sets = ["run.steps=2", "model.moe.experts=8"]
+    whole, split = run("moe_bytes_ep1", 1, 2, *sets), run("moe_bytes_ep2", 1, 2, *sets, "parallel.ep=2")
+    if not whole or not split:
+        return
+    experts = 4 * 8 * 3 * 64 * 96
+    for key, per_param in [("param_bytes", 4), ("grad_bytes", 4), ("optim_bytes", 8)]:
+        w, s = whole[-1][key][0], split[-1][key][0]
+        expect(s == w - per_param * experts // 2, f"{key}: ep 2 holds {s} B per replica = ep 1's {w} - half the "
+               f"experts' {per_param * experts} = {w - per_param * experts // 2}")
+    cmd = [a.bin, "plan", "--config", config(sets), "--world", "2", "--set", "parallel.ep=2"]
+    planned = subprocess.run(cmd + ["--json"], capture_output=True, text=True)
+    stages = json.loads(planned.stdout)["stages"] if planned.returncode == 0 else [{}]
+    expect(stages[0].get("param_bytes") == split[-1]["param_bytes"][0],
+           f"plan predicts ep 2's weights: {stages[0].get('param_bytes')} vs measured {split[-1]['param_bytes'][0]}")
+    text = subprocess.run(cmd, capture_output=True, text=True).stdout
+    expect("spread over ep = 2 replicas (4 experts" in text, "plan says how the experts are spread")
+    expect(sum(split[-1]["kernel_s"].get("ep_comm", [0])) > 0 and "ep_comm" in whole[-1]["kernel_s"],
+           "metrics.jsonl times the all-to-alls (kernel_s.ep_comm)")
 
 
 if __name__ == "__main__":

@@ -159,7 +159,9 @@ TEST_CASE("other trainers' names point at the key of the same meaning", "[config
       {"checkpoint.save_interval", "checkpoint.every_steps"},
       {"eval.eval_interval", "eval.every_steps"},
       {"eval.eval_iters", "eval.batches"},
-      {"log.log_interval", "log.every_steps"}};
+      {"log.log_interval", "log.every_steps"},
+      {"parallel.expert_model_parallel_size", "parallel.ep"},
+      {"parallel.expert_parallel_size", "parallel.ep"}};
   for (const auto& [name, ours] : names) {
     INFO(name);
     const std::string msg = spec_error([&] { load_spec("", {std::string(name) + "=2"}, 0); });
@@ -167,9 +169,9 @@ TEST_CASE("other trainers' names point at the key of the same meaning", "[config
   }
   // Names with no key of the same meaning get no suggestion rather than a wrong one: a
   // micro-batch's size is not the count parallel.micro_batches holds, context parallelism is not
-  // sequence parallelism, expert parallelism is not built.
+  // sequence parallelism.
   for (const char* name : {"parallel.pipeline_parallel_microbatch_size", "parallel.context_parallel_degree",
-                           "parallel.expert_parallel_size", "parallel.micro_batch_size"}) {
+                           "parallel.micro_batch_size"}) {
     INFO(name);
     CHECK_THAT(spec_error([&] { load_spec("", {std::string(name) + "=2"}, 0); }), !Contains("did you mean"));
   }
@@ -287,6 +289,11 @@ TEST_CASE("model.moe: a [model.moe] table or --set model.moe.key, and every impo
         {{"model.moe.experts=4", "model.moe.every=5"}, "every = 5 makes none of model.n_layer = 4 blocks an MoE block"},
         {{"model.moe.experts=4", "model.moe.ffn_hidden=30", "parallel.tp=4", "model.n_head=4"},
          "tp = 4 does not divide each expert's SwiGLU width 30"},
+        {{"parallel.ep=2", "parallel.dp=2"}, "parallel.ep: ep = 2 spreads experts, and model.moe.experts = 0"},
+        {{"model.moe.experts=6", "parallel.ep=4", "parallel.dp=4"}, "ep = 4 does not divide model.moe.experts = 6"},
+        {{"model.moe.experts=8", "parallel.ep=4", "parallel.dp=2"}, "ep = 4 does not divide parallel.dp = 2"},
+        {{"model.moe.experts=8", "parallel.ep=2", "parallel.dp=2", "parallel.zero=1"},
+         "ep = 2 with parallel.zero = 1: sharding the experts' optimizer state"},
     };
     for (const auto& [sets, why] : refused) {
       INFO(why);

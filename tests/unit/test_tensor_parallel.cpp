@@ -72,6 +72,43 @@ TEST_CASE("tensor ranks' parts tile every whole tensor once, replicated ones who
     }
 }
 
+TEST_CASE("expert ranks' parts, split again by tensor ranks, tile every expert tensor once", "[tensor_parallel]") {
+  const RunSpec spec = spec_of({"model.arch=llama", "model.n_head=4", "model.moe.experts=4", "model.moe.ffn_hidden=8",
+                                "model.moe.shared_experts=1"});
+  const auto whole = stage_params(spec, 0, 1, 0, 2);
+  for (int ep : {2, 4})
+    for (int tp : {1, 2}) {
+      INFO("ep " << ep << " tp " << tp);
+      std::vector<std::vector<ParamTensor>> parts;
+      for (int e = 0; e < ep; ++e)
+        for (int r = 0; r < tp; ++r) parts.push_back(stage_params(spec, 0, 1, 0, 2, TpPart{r, tp}, TpPart{e, ep}));
+      for (size_t i = 0; i < whole.size(); ++i) {
+        const ParamTensor& w = whole[i];
+        INFO(w.name);
+        const bool expert = w.name.find("mlp.experts.") != std::string::npos;
+        std::vector<float> values(w.size);
+        std::iota(values.begin(), values.end(), 0.f);
+        std::vector<int> held(w.size, 0);
+        for (const auto& rank : parts) {
+          const ParamTensor& p = rank[i];
+          CHECK(p.expert == expert);  // the router and the shared experts stay on every expert rank
+          CHECK(p.tp.whole == w.shape);
+          std::vector<float> mine(p.size);
+          take_part(p.tp, p.shape, values.data(), mine.data());
+          for (const ElementRun& r : whole_runs(p.tp, p.shape, 0, p.size))
+            for (size_t k = 0; k < r.count; ++k) {
+              CHECK(mine[r.local + k] == values[r.whole + k]);
+              held[r.whole + k] += 1;
+            }
+          if (expert) CHECK(p.size * ep * tp == w.size);
+        }
+        // An expert element on one rank of all; anything else on each expert rank as tp holds it.
+        const int copies = expert ? 1 : ep * (parts.front()[i].tp.axis < 0 ? tp : 1);
+        CHECK(std::count(held.begin(), held.end(), copies) == static_cast<long>(w.size));
+      }
+    }
+}
+
 TEST_CASE("with fewer key/value heads than tensor ranks each rank holds the one its query heads use",
           "[tensor_parallel]") {
   for (int kv_heads : {1, 2}) {
