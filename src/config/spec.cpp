@@ -133,9 +133,6 @@ void validate_moe(const RunSpec& s, const std::function<void(const std::string&,
   if (s.parallel.dp % ep != 0)
     fail("parallel.ep", "ep = " + std::to_string(ep) + " does not divide parallel.dp = " +
                             std::to_string(s.parallel.dp) + " (the expert-parallel ranks are data-parallel replicas)");
-  if (ep > 1 && s.parallel.zero > 0)
-    fail("parallel.ep", "ep = " + std::to_string(ep) + " with parallel.zero = " + std::to_string(s.parallel.zero) +
-                            ": sharding the experts' optimizer state over their replicas is not built yet (zero = 0)");
   const int tp = s.parallel.tp;
   const int ffn = moe.ffn_hidden > 0 ? moe.ffn_hidden : m.ffn_hidden;
   if (ffn > 0 && ffn % tp != 0)

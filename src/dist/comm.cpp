@@ -143,21 +143,24 @@ Request Comm::iallreduce_data(float* buf, size_t n) {
   return r;
 }
 
-Request Comm::ireduce_scatter_data(float* buf, const std::vector<int>& counts, float* out) {
+Request Comm::ireduce_scatter_data(float* buf, const std::vector<int>& counts, float* out, Group group) {
+  MPI_Comm c = group == Group::expert_data ? groups_->expert_data : groups_->data;
   Request r;
-  if (out) MPI_Ireduce_scatter(buf, out, counts.data(), MPI_FLOAT, MPI_SUM, groups_->data, RequestOut(r));
-  else MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts.data(), MPI_FLOAT, MPI_SUM, groups_->data, RequestOut(r));
+  if (out) MPI_Ireduce_scatter(buf, out, counts.data(), MPI_FLOAT, MPI_SUM, c, RequestOut(r));
+  else MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts.data(), MPI_FLOAT, MPI_SUM, c, RequestOut(r));
   return r;
 }
 
 Request Comm::iallgather_data(float* buf, const std::vector<int>& counts, const std::vector<int>& offsets,
-                              const float* mine) {
+                              const float* mine, Group group) {
+  const bool experts = group == Group::expert_data;
+  MPI_Comm c = experts ? groups_->expert_data : groups_->data;
   Request r;
   if (mine)
-    MPI_Iallgatherv(mine, counts[topo_.dp_rank], MPI_FLOAT, buf, counts.data(), offsets.data(), MPI_FLOAT,
-                    groups_->data, RequestOut(r));
+    MPI_Iallgatherv(mine, counts[experts ? topo_.expert_replica() : topo_.dp_rank], MPI_FLOAT, buf, counts.data(),
+                    offsets.data(), MPI_FLOAT, c, RequestOut(r));
   else
-    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts.data(), offsets.data(), MPI_FLOAT, groups_->data,
+    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts.data(), offsets.data(), MPI_FLOAT, c,
                     RequestOut(r));
   return r;
 }

@@ -110,14 +110,14 @@ Plan make_plan(const RunSpec& spec) {
     const std::vector<ParamTensor> params =
         rank_params(spec, chunks, P * V, TpPart{spec.parallel.tp - 1, spec.parallel.tp}, TpPart{0, spec.parallel.ep});
     for (auto& t : params) sp.params += t.size;
-    sp.shard_floats = OptimizerShard::max_state_floats(params, spec.parallel.dp);
+    sp.shard_floats = OptimizerShard::max_state_floats(params, spec.parallel.dp, spec.parallel.ep);
     sp.layer_floats = two_layers_floats(params);
     sp.accumulates = spec.parallel.micro_batches > 1;
     // A replica saves the same row slab of every tensor it would own under ZeRO-1 (tied copies aside).
     std::vector<ParamTensor> saved;
     for (auto& t : params)
       if (!t.tied_copy) saved.push_back(t);
-    sp.snapshot_bytes = 12 * OptimizerShard::max_state_floats(saved, spec.parallel.dp);
+    sp.snapshot_bytes = 12 * OptimizerShard::max_state_floats(saved, spec.parallel.dp, spec.parallel.ep);
     std::vector<size_t> wgrads;
     std::vector<std::vector<size_t>> stash(3);  // per recompute mode, per chunk
     for (const ChunkRange& c : chunks) {

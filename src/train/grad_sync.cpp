@@ -28,9 +28,7 @@ GradReducer::GradReducer(Comm& comm, float* grads, float* host, size_t floats, s
   if (shard.shards_grads() != (shard_out != nullptr))
     throw std::logic_error("GradReducer: a compact gradient buffer is for ZeRO-2 and 3 alone");
   for (const ParamTensor& p : params)
-    if (p.expert) experts_.push_back(&p);
-  if (!experts_.empty() && shard.sharded())
-    throw std::logic_error("GradReducer: expert parallelism's tensors are not sharded (parallel.zero = 0)");
+    if (p.expert && !shard.sharded()) experts_.push_back(&p);  // sharded, each tensor travels alone anyway
 }
 
 void GradReducer::begin_step() {
@@ -63,7 +61,8 @@ void GradReducer::issue_arrived(bool wait) {
 }
 
 void GradReducer::issue(const ParamTensor* p, size_t begin, size_t end) {
-  if (p && p->expert) {  // unsharded: over the replicas holding the same experts
+  const Group group = p && p->expert ? Group::expert_data : Group::data;
+  if (p && p->expert && !shard_.sharded()) {  // over the replicas holding the same experts
     posted(comm_.iallreduce_expert_data(grads_ + begin, end - begin), "all-reduce expert gradients " + p->name,
            Group::expert_data);
     return;
@@ -75,7 +74,7 @@ void GradReducer::issue(const ParamTensor* p, size_t begin, size_t end) {
   }
   shard_.rank_parts(*p, counts_, offsets_);
   float* out = shard_out_ ? shard_out_ + shard_.slabs()[p - params_.data()].state_offset : nullptr;
-  posted(comm_.ireduce_scatter_data(grads_ + begin, counts_, out), "reduce-scatter " + p->name);
+  posted(comm_.ireduce_scatter_data(grads_ + begin, counts_, out, group), "reduce-scatter " + p->name, group);
   posted_.push_back(p);
 }
 
@@ -153,9 +152,9 @@ double GradReducer::finish(Trace& trace) {
     laps.mark("wait gradient reduce-scatter", "wait");
     // In place (ZeRO-1), MPI leaves each rank's summed part at the start of the tensor's range:
     // move it to its slab.
-    const int me = shard_.rank();
     if (!shard_out_)
       for (const ParamTensor* p : posted_) {
+        const int me = shard_.part_of(*p).rank;
         shard_.rank_parts(*p, counts_, offsets_);
         if (offsets_[me] > 0 && counts_[me] > 0)
           std::memmove(grads_ + p->offset + offsets_[me], grads_ + p->offset, counts_[me] * sizeof(float));
@@ -213,7 +212,8 @@ double ParamGather::post() {
   const std::vector<ParamTensor>& params = stage_.params();
   for (size_t i = 0; i < params.size(); ++i) {
     shard_.rank_parts(params[i], counts_, offsets_);
-    reqs_[chunk_of_[i]].push_back(comm_.iallgather_data(base + params[i].offset, counts_, offsets_));
+    const Group group = params[i].expert ? Group::expert_data : Group::data;
+    reqs_[chunk_of_[i]].push_back(comm_.iallgather_data(base + params[i].offset, counts_, offsets_, nullptr, group));
   }
   return sizeof(float) * static_cast<double>(w.size());
 }

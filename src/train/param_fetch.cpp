@@ -109,11 +109,12 @@ void LayerGather::post(size_t tensor) {
   adam_.shard().rank_parts(p, counts_, offsets_);
   const float* mine = adam_.weight_shard().data() + slab.state_offset;
   h.posted_s = now_s();
+  const Group group = p.expert ? Group::expert_data : Group::data;
   if (staging_) {  // the GPU's: this rank's slab down to its place in the host copy, gathered there
     download(staging_->data() + slab.begin, mine, slab.size() * sizeof(float));
-    h.travelling.push_back(comm_.iallgather_data(staging_->data() + p.offset, counts_, offsets_));
+    h.travelling.push_back(comm_.iallgather_data(staging_->data() + p.offset, counts_, offsets_, nullptr, group));
   } else {
-    h.travelling.push_back(comm_.iallgather_data(h.at, counts_, offsets_, mine));
+    h.travelling.push_back(comm_.iallgather_data(h.at, counts_, offsets_, mine, group));
   }
 }
 

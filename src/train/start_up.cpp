@@ -179,9 +179,9 @@ void build_model(Run& run) {
     run.model.stage->set_document_mask({run.input.data->document_token(), spec.data.restart_positions});
   // ZeRO: this replica's row slabs; otherwise everything.
   const bool zero = spec.parallel.zero > 0;
-  run.model.adam =
-      std::make_unique<AdamW>(spec.train, OptimizerShard(run.model.stage->params(), zero ? run.layout.topo.dp_rank : 0,
-                                                         zero ? spec.parallel.dp : 1, spec.parallel.zero));
+  run.model.adam = std::make_unique<AdamW>(
+      spec.train, OptimizerShard(run.model.stage->params(), zero ? run.layout.topo.dp_rank : 0,
+                                 zero ? spec.parallel.dp : 1, spec.parallel.zero, spec.parallel.ep));
   if (!run.state.resumed_from.empty())
     run.state.start_step = load_checkpoint(run.state.resumed_from, *run.model.stage, *run.model.adam, run.world);
   if (run.model.adam->shard().shards_weights()) {  // ZeRO-3: the slabs kept, the whole given back

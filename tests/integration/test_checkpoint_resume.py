@@ -142,7 +142,8 @@ def moe_reshards():
     """A mixture of experts (configs/moe-tiny.toml): its 2x2 checkpoint of step 30 resumes on 2
     tensor ranks x 2 stages (each holding half of every expert's width), whose step-40 checkpoint
     resumes as 1x1; and with its experts spread over 2 replicas (parallel.ep = 2, each holding 4 of
-    the 8) as 1x2, whose step-40 checkpoint resumes as 2x2 with ep 2 and that one's step-50 as 1x1;
+    the 8) as 1x4 under ZeRO-3 (each expert's weights sharded over the 2 replicas holding it), whose
+    step-40 checkpoint resumes as 2x2 with ep 2 and that one's step-50 as 1x1;
     every run keeps micro-batches of 2 samples (the load-balancing loss is each micro-batch's). The gradient norm is compared over 5 steps: an MoE model's varies with the
     products' rounding by up to ~1e-4 from step to step while its losses stay within ~2e-7."""
     moe = os.path.join(settings().configs, "moe-tiny.toml")
@@ -153,11 +154,11 @@ def moe_reshards():
     tp = resume_as("moe_tp2_pp2", "moe 2x2", 2, 1, m8 + ["parallel.tp=2"], ckpt30, ref_losses, moe, 5)
     resume_as("moe_1x1", "moe tp 2 x pp 2", 1, 1, m8, os.path.join(tp.run_dir, "checkpoints", "step_00000040"),
               ref_losses, moe, 5)
-    m4, ep2 = ["log.every_steps=1"], ["parallel.ep=2"]
-    ep_1x2 = resume_as("moe_ep2_1x2", "moe 2x2", 1, 2, m4 + ep2, ckpt30, ref_losses, moe, 5)
+    m2, m4, ep2 = ["log.every_steps=1", "parallel.micro_batches=2"], ["log.every_steps=1"], ["parallel.ep=2"]
+    ep_1x4 = resume_as("moe_ep2_1x4_zero3", "moe 2x2", 1, 4, m2 + ep2 + ["parallel.zero=3"], ckpt30, ref_losses, moe, 5)
     # Its norm over 2 steps: step 43's, a spike at twice the norm around it, is 1.0e-5 off.
-    ep_2x2 = resume_as("moe_ep2_2x2", "moe ep 2 1x2", 2, 2, m4 + ep2,
-                       os.path.join(ep_1x2.run_dir, "checkpoints", "step_00000040"), ref_losses, moe, 2)
+    ep_2x2 = resume_as("moe_ep2_2x2", "moe ep 2 1x4 zero 3", 2, 2, m4 + ep2,
+                       os.path.join(ep_1x4.run_dir, "checkpoints", "step_00000040"), ref_losses, moe, 2)
     resume_as("moe_ep1_1x1", "moe ep 2 2x2", 1, 1, m8, os.path.join(ep_2x2.run_dir, "checkpoints", "step_00000050"),
               ref_losses, moe, 5)
 

@@ -289,7 +289,8 @@ def moe_expert_parallel():
     micro-batches' numbers: 1x2 and 2x2 with ep 2 under GPipe, 1F1B, interleaved, zb-h1 (the weight
     half sends the rows again), dualpipev, recompute block and stage; 2 tensor ranks x 2 replicas
     (each expert rank's experts split in width); 4 replicas as 2 expert groups of 2 (the experts'
-    gradients summed between the groups) and as one group of 4; top-1 routing, a shared expert
+    gradients summed between the groups) and as one group of 4; ZeRO-1 on 2x2, ZeRO-2 and 3 on 1x4
+    (an expert tensor sharded over the replicas holding its experts); top-1 routing, a shared expert
     with unnormalised weights, and MoE blocks every other block."""
     ref_m8, ref_m16 = reference(*MOE, "parallel.micro_batches=8"), reference(*MOE, "parallel.micro_batches=16")
     ep2 = ["parallel.ep=2"]
@@ -302,7 +303,10 @@ def moe_expert_parallel():
             ("recompute_block", 2, 2, ep2 + ["parallel.recompute=block"], ref_m8),
             ("recompute_stage", 2, 2, ep2 + ["parallel.recompute=stage"], ref_m8),
             ("tp2", 1, 2, ep2 + ["parallel.tp=2"], ref_m8),
-            ("1x4_ep2", 1, 4, ep2, ref_m16), ("1x4_ep4", 1, 4, ["parallel.ep=4"], ref_m16)]:
+            ("1x4_ep2", 1, 4, ep2, ref_m16), ("1x4_ep4", 1, 4, ["parallel.ep=4"], ref_m16),
+            ("zero1", 2, 2, ep2 + ["parallel.zero=1"], ref_m8),
+            ("1x4_ep2_zero2", 1, 4, ep2 + ["parallel.zero=2"], ref_m16),
+            ("1x4_ep2_zero3", 1, 4, ep2 + ["parallel.zero=3"], ref_m16)]:
         same(f"moe ep {name} {pp}x{dp} vs 1x1", run(f"moe_ep_{name}", pp, dp, *MOE, *sets), ref)
     for variant in [("model.moe.top_k=1",), ("model.moe.shared_experts=1", "model.moe.norm_topk=false"),
                     ("model.moe.every=2",)]:

@@ -292,8 +292,6 @@ TEST_CASE("model.moe: a [model.moe] table or --set model.moe.key, and every impo
         {{"parallel.ep=2", "parallel.dp=2"}, "parallel.ep: ep = 2 spreads experts, and model.moe.experts = 0"},
         {{"model.moe.experts=6", "parallel.ep=4", "parallel.dp=4"}, "ep = 4 does not divide model.moe.experts = 6"},
         {{"model.moe.experts=8", "parallel.ep=4", "parallel.dp=2"}, "ep = 4 does not divide parallel.dp = 2"},
-        {{"model.moe.experts=8", "parallel.ep=2", "parallel.dp=2", "parallel.zero=1"},
-         "ep = 2 with parallel.zero = 1: sharding the experts' optimizer state"},
     };
     for (const auto& [sets, why] : refused) {
       INFO(why);

@@ -64,10 +64,12 @@ class Comm {
   // offsets[r] (consecutive, in rank order). Reduce-scatter: this rank's summed part goes to `out`,
   // or, without one, is left at the START of buf (MPI's in-place rule; the caller moves it to
   // offsets[rank] after the wait). All-gather: every rank's part, at its offset, ends up on every
-  // rank, this rank's sent from `mine` (or from its place in buf).
-  Request ireduce_scatter_data(float* buf, const std::vector<int>& counts, float* out = nullptr);
+  // rank, this rank's sent from `mine` (or from its place in buf). `group`: the data group, or an
+  // expert tensor's replicas (Group::expert_data).
+  Request ireduce_scatter_data(float* buf, const std::vector<int>& counts, float* out = nullptr,
+                               Group group = Group::data);
   Request iallgather_data(float* buf, const std::vector<int>& counts, const std::vector<int>& offsets,
-                          const float* mine = nullptr);
+                          const float* mine = nullptr, Group group = Group::data);
   void allreduce_world(double* buf, size_t n);
   void allreduce_tied(float* buf, size_t n);
   // In place over the tensor group, waited for at once: the layers cannot go on without them.

@@ -35,11 +35,18 @@ class OptimizerShard {
   };
   OptimizerShard() = default;
   // Rank `rank` of `size` replicas at parallel.zero = `level` (1 when sharded and not said); size 1
-  // owns everything, whatever the level.
-  OptimizerShard(const std::vector<ParamTensor>& params, int rank, int size, int level = 1);
+  // owns everything, whatever the level. Under expert parallelism (`ep` consecutive replicas split
+  // the experts) an expert tensor is sharded over the size / ep replicas holding the same experts,
+  // this one being rank / ep of them.
+  OptimizerShard(const std::vector<ParamTensor>& params, int rank, int size, int level = 1, int ep = 1);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // This rank's place among the replicas that shard tensor p: the data group's, or an expert
+  // tensor's replicas.
+  TpPart part_of(const ParamTensor& p) const {
+    return p.expert ? TpPart{rank_ / ep_, size_ / ep_} : TpPart{rank_, size_};
+  }
   bool sharded() const { return size_ > 1; }
   bool shards_grads() const { return sharded() && level_ >= 2; }    // ZeRO-2 and 3
   bool shards_weights() const { return sharded() && level_ >= 3; }  // ZeRO-3
@@ -49,7 +56,7 @@ class OptimizerShard {
   // reduce-scatter and all-gather over it).
   void rank_parts(const ParamTensor& p, std::vector<int>& counts, std::vector<int>& offsets) const;
   // The largest state_floats() of any rank of `size` (plan and the memory check size for it).
-  static size_t max_state_floats(const std::vector<ParamTensor>& params, int size);
+  static size_t max_state_floats(const std::vector<ParamTensor>& params, int size, int ep = 1);
   // The gradient floats whose reduce-scatters may travel at once (GradReducer waits for the oldest
   // beyond it): two buckets of `bucket_floats` or two of the largest tensor, whichever is more, so
   // that the next is always queued behind the one on the link. MPI keeps a scratch copy of each
@@ -57,7 +64,7 @@ class OptimizerShard {
   static size_t reduce_window(const std::vector<ParamTensor>& params, size_t bucket_floats);
 
  private:
-  int rank_ = 0, size_ = 1, level_ = 0;
+  int rank_ = 0, size_ = 1, level_ = 0, ep_ = 1;
   std::vector<Slab> slabs_;
   size_t state_floats_ = 0;
 };
