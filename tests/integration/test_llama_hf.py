@@ -52,9 +52,10 @@ def export(ckpt, out, *extra):
                           capture_output=True, text=True, timeout=60)
 
 
-def eval_loss(ckpt):
+def eval_loss(ckpt, ranks=1, *sets):
     a = settings()
-    e = subprocess.run([a.mpiexec, "-n", "1", a.bin, "eval", "--checkpoint", ckpt, "--batches", "1"],
+    e = subprocess.run([a.mpiexec, "-n", str(ranks), a.bin, "eval", "--checkpoint", ckpt, "--batches", "1",
+                        *[x for s in sets for x in ("--set", s)]],
                        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     expect(e.returncode == 0 and "val_loss " in e.stdout, f"eval {ckpt}: exit 0 ({e.stderr.strip()[-200:]})")
     return float(e.stdout.split("val_loss ")[1].split()[0]) if "val_loss " in e.stdout else float("nan")

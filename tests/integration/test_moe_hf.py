@@ -63,11 +63,11 @@ def random_mixtral(directory, shards=1, dtypes=("F32",), **config_changes):
     return write_hf_directory(directory, cfg, w, shards, dtypes)
 
 
-def run_from(name, source, steps, *sets):
-    """train.init_from `source` on 2 stages with no model key set (every one is the source's),
-    without the load-balancing loss (Hugging Face's Mixtral adds it only when asked)."""
+def run_from(name, source, steps, *sets, ranks=2):
+    """train.init_from `source` on 2 stages (x ranks / 2 replicas) with no model key set (every one
+    is the source's), without the load-balancing loss (Hugging Face's Mixtral adds it only when asked)."""
     a = settings()
-    r = launch(a, 2, os.path.join(a.work, name), None,
+    r = launch(a, ranks, os.path.join(a.work, name), None,
                BASE + [f"run.steps={steps}", f"data.path={token_file()}", f"train.init_from={source}",
                        "model.seq_len=32", "train.global_batch=16", "parallel.micro_batches=4", "parallel.pp=2",
                        "model.moe.aux_loss=0", "train.warmup_steps=0", "train.lr=1e-3", "train.min_lr=1e-3",
@@ -81,14 +81,16 @@ def run_from(name, source, steps, *sets):
 @scenario
 def export_matches_torch():
     """The Hugging Face export of moe-tiny (8 experts, top-2) trained on 1 rank, on 2 stages x 2
-    replicas, and on 2 tensor ranks: MixtralForCausalLM's config and names, each expert's w1, w3
-    and w2 as Hugging Face shapes them; the PyTorch mixture of experts built from the directory
-    alone gives `pipetrain eval`'s loss within 1e-5."""
+    replicas, on 2 tensor ranks and on 2 replicas splitting the experts (parallel.ep = 2):
+    MixtralForCausalLM's config and names, each expert's w1, w3 and w2 as Hugging Face shapes them;
+    the PyTorch mixture of experts built from the directory alone gives `pipetrain eval`'s loss
+    within 1e-5, and eval on 2 ranks with ep 2 gives it too."""
     a = settings()
     x, y = batch("val", 0)
     for name, ranks, sets in [("moe_1x1", 1, []), ("moe_2x2", 4, ["parallel.pp=2", "parallel.dp=2",
                                                                    "parallel.micro_batches=2"]),
-                              ("moe_tp2", 2, ["parallel.tp=2"])]:
+                              ("moe_tp2", 2, ["parallel.tp=2"]),
+                              ("moe_1x2_ep2", 2, ["parallel.dp=2", "parallel.ep=2", "parallel.micro_batches=2"])]:
         ckpt = trained(name, ranks, *sets)
         out = os.path.join(a.work, f"hf_{name}")
         p = export(ckpt, out)
@@ -114,19 +116,23 @@ def export_matches_torch():
         want = eval_loss(ckpt)
         expect(rel_diff(got, want) <= 1e-5, f"{name}: PyTorch Mixtral of the export {got:.7f} == eval {want:.7f} "
                                             f"(rel {rel_diff(got, want):.1e})")
+        if name.endswith("ep2"):
+            on_ep = eval_loss(ckpt, 2, "parallel.ep=2")
+            expect(rel_diff(on_ep, want) <= 1e-6, f"{name}: eval with ep 2 {on_ep:.7f} == on 1 rank {want:.7f}")
 
 
 @scenario
 def init_from_random_mixtral_follows_torch():
     """A random Mixtral written here (4 experts, top-2, grouped key/value heads), as one F32 file and
-    as 3 shards stored F32, BF16 and F32, loaded by train.init_from on 2 stages with no model key
-    set: the first loss is PyTorch's on the first batch within 1e-5, and 10 steps at a constant
+    as 3 shards stored F32, BF16 and F32, loaded by train.init_from with no model key set (the file
+    on 2 stages x 2 replicas that split the experts, ep 2; the shards on 2 stages): the first loss is PyTorch's on the first batch within 1e-5, and 10 steps at a constant
     learning rate without clipping follow torch.optim.AdamW (decay on 2-D weights) within 1e-5."""
     a = settings()
     for name, shards, dtypes in [("one_file", 1, ("F32",)), ("sharded", 3, ("F32", "BF16", "F32"))]:
         source = random_mixtral(os.path.join(a.work, f"random_{name}"), shards=shards, dtypes=dtypes)
         steps = 10 if shards == 1 else 1
-        r = run_from(f"from_{name}", source, steps)
+        # The one file on 2 stages x 2 replicas splitting the experts (ep 2), the shards on 2 stages.
+        r = run_from(f"from_{name}", source, steps, *(["parallel.ep=2"] if shards == 1 else []), ranks=4 if shards == 1 else 2)
         expect(f"initialised from {source} (Hugging Face Mixtral directory" in r.out, f"{name}: the start line names it")
         got = [m["loss"] for m in r.metrics()] if r.rc == 0 else []
         model, _ = torch_moe.from_hf(source)
