@@ -24,7 +24,12 @@ double Trace::take_exchange_s() {
   return s;
 }
 
-std::string Trace::events_json(int stage, int thread, int exchange_thread) const {
+std::string Trace::events_json(int stage, int thread, int threads) const {
+  auto tid = [&](const char* category) {
+    return category == kDataExchange     ? exchange_thread(thread, threads)
+           : category == kExpertExchange ? expert_thread(thread, threads)
+                                         : thread;
+  };
   std::string out;
   char buf[320];
   for (const Event& e : events_) {
@@ -32,7 +37,7 @@ std::string Trace::events_json(int stage, int thread, int exchange_thread) const
                   "%s{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": %d, "
                   "\"tid\": %d, \"args\": {\"step\": %d, \"mb\": %d}}",
                   out.empty() ? "" : ",\n", e.name.c_str(), e.category, e.ts_us, e.dur_us, stage,
-                  e.category == kDataExchange ? exchange_thread : thread, e.step + 1, e.mb);
+                  tid(e.category), e.step + 1, e.mb);
     out += buf;
   }
   return out;
@@ -60,6 +65,13 @@ std::string Trace::file_json(const std::vector<std::string>& rank_events, const 
                       "\"dp %d%s (rank %d)\"}}",
                       s, d * topo.tp + k, d, tensor_rank.c_str(), topo.rank_of(s, d, k));
         add(buf);
+        if (topo.ep > 1) {
+          std::snprintf(buf, sizeof buf,
+                        "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": "
+                        "\"dp %d%s (rank %d): expert all-to-alls\"}}",
+                        s, expert_thread(d * topo.tp + k, dp * topo.tp), d, tensor_rank.c_str(), topo.rank_of(s, d, k));
+          add(buf);
+        }
         if (dp == 1) continue;
         std::snprintf(buf, sizeof buf,
                       "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, \"args\": {\"name\": "
@@ -76,7 +88,7 @@ void write_trace(const Trace& trace, Comm& comm, const std::string& run_dir) {
   std::vector<std::string> all;
   const Topology& t = comm.topo();
   const int thread = t.dp_rank * t.tp + t.tp_rank;
-  comm.gather_to_root(trace.events_json(t.stage, thread, Trace::exchange_thread(thread, t.dp * t.tp)), all);
+  comm.gather_to_root(trace.events_json(t.stage, thread, t.dp * t.tp), all);
   if (comm.topo().world_rank != 0) return;
   try {
     write_file_atomically(run_dir + "/trace.json", Trace::file_json(all, comm.topo()));

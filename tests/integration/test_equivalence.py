@@ -320,10 +320,11 @@ def moe_expert_bytes():
     """With ep 2 each replica holds half of the experts: its weights, gradients and AdamW moments
     are 1x2's less half the experts' (4 MoE blocks x 8 experts x gate, up and down of 64 x 96,
     counted here from moe-tiny's shapes), measured in metrics.jsonl; plan predicts the weights, its
-    text names the split, and metrics time the all-to-alls as their own kernel class."""
+    text names the split, metrics time the all-to-alls as their own kernel class and the trace puts
+    them on their own track."""
     a = settings()
     sets = ["run.steps=2", "model.moe.experts=8"]
-    whole, split = run("moe_bytes_ep1", 1, 2, *sets), run("moe_bytes_ep2", 1, 2, *sets, "parallel.ep=2")
+    whole, split = run("moe_bytes_ep1", 1, 2, *sets), run("moe_bytes_ep2", 1, 2, *sets, "parallel.ep=2", "log.trace_steps=1")
     if not whole or not split:
         return
     experts = 4 * 8 * 3 * 64 * 96
@@ -340,6 +341,12 @@ def moe_expert_bytes():
     expect("spread over ep = 2 replicas (4 experts" in text, "plan says how the experts are spread")
     expect(sum(split[-1]["kernel_s"].get("ep_comm", [0])) > 0 and "ep_comm" in whole[-1]["kernel_s"],
            "metrics.jsonl times the all-to-alls (kernel_s.ep_comm)")
+    with open(os.path.join(a.work, "moe_bytes_ep2", "trace.json")) as f:
+        events = json.load(f)["traceEvents"]
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name" and e["pid"] == 0}
+    on = {tracks.get(e["tid"], "") for e in events if e.get("cat") == "ep_comm"}
+    expect(on == {"dp 0 (rank 0): expert all-to-alls", "dp 1 (rank 1): expert all-to-alls"},
+           f"trace.json: each rank's all-to-alls on their own track ({sorted(on)})")
 
 
 if __name__ == "__main__":

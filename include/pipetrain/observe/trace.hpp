@@ -3,8 +3,9 @@
 // checkpoint) in memory; rank 0 gathers them once and writes RUN_DIR/trace.json, one track per
 // rank: pid = stage, tid = dp rank (x tp + tensor rank); and with replicas a second track per rank
 // for its data-parallel exchanges in flight (category kDataExchange: reduce-scatters, all-reduces,
-// ZeRO's all-gathers, from posting to completion). Times are relative to one instant of world
-// rank 0's clock, so the ranks' spans share one time base.
+// ZeRO's all-gathers, from posting to completion); under expert parallelism a third for its
+// all-to-alls (category kExpertExchange). Times are relative to one instant of world rank 0's
+// clock, so the ranks' spans share one time base.
 #pragma once
 #include <string>
 #include <vector>
@@ -17,7 +18,8 @@ namespace pipetrain {
 
 class Trace {
  public:
-  static constexpr const char* kDataExchange = "dp_comm";  // spans on the rank's exchange track
+  static constexpr const char* kDataExchange = "dp_comm";    // spans on the rank's exchange track
+  static constexpr const char* kExpertExchange = "ep_comm";  // on its all-to-all track
 
   Trace() = default;
   Trace(int steps, double t_ref) : steps_(steps), t_ref_(t_ref) {}
@@ -38,10 +40,12 @@ class Trace {
   double take_exchange_s();
 
   // This rank's events as comma-separated Chrome trace JSON objects: process `stage`, thread
-  // `thread` (dp rank x tp + tensor rank), its exchanges' thread `exchange_thread`.
-  std::string events_json(int stage, int thread, int exchange_thread) const;
-  // The exchange track's thread of the rank on thread `thread` of a stage of `threads`.
+  // `thread` (dp rank x tp + tensor rank) of the stage's `threads`, its exchanges' and its
+  // all-to-alls' threads after all of those.
+  std::string events_json(int stage, int thread, int threads) const;
+  // The exchange and all-to-all tracks' threads of the rank on thread `thread` of a stage of `threads`.
   static int exchange_thread(int thread, int threads) { return threads + thread; }
+  static int expert_thread(int thread, int threads) { return 2 * threads + thread; }
   // The whole file from all ranks' events (rank 0).
   static std::string file_json(const std::vector<std::string>& rank_events, const Topology& topo);
 
