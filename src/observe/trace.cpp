@@ -36,8 +36,8 @@ std::string Trace::events_json(int stage, int thread, int threads) const {
     std::snprintf(buf, sizeof buf,
                   "%s{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": %d, "
                   "\"tid\": %d, \"args\": {\"step\": %d, \"mb\": %d}}",
-                  out.empty() ? "" : ",\n", e.name.c_str(), e.category, e.ts_us, e.dur_us, stage,
-                  tid(e.category), e.step + 1, e.mb);
+                  out.empty() ? "" : ",\n", e.name.c_str(), e.category, e.ts_us, e.dur_us, stage, tid(e.category),
+                  e.step + 1, e.mb);
     out += buf;
   }
   return out;

@@ -132,7 +132,8 @@ void Executor::timed_pass(Step& s, const Action& a, const char* category, Pass&&
   if (recompute_s > 0) s.trace.span("R" + to_string(a).substr(1), "recompute", t0, t0 + recompute_s, a.mb);
   s.trace.span(to_string(a), category, t0 + recompute_s, t1, a.mb);
   for (const CommTensorGroup::Span& c : tensor_group_.take_spans()) s.trace.span(c.name, "tp_comm", c.t0, c.t1, a.mb);
-  for (const CommExpertGroup::Span& c : expert_group_.take_spans()) s.trace.span(c.name, Trace::kExpertExchange, c.t0, c.t1, a.mb);
+  for (const CommExpertGroup::Span& c : expert_group_.take_spans())
+    s.trace.span(c.name, Trace::kExpertExchange, c.t0, c.t1, a.mb);
   count_held(s, a);
 }
 

@@ -36,6 +36,7 @@ std::string describe(const RunSpec& s, bool with_batch) {
   if (p.dp > 1 && p.zero == 3)
     out += p.reshards_after_forward() ? " (resharded after forward)" : " (kept for the step)";
   if (p.sequence_parallel) out += ", sequence parallel";
+  if (p.ep > 1) out += ", ep " + std::to_string(p.ep);
   if (with_batch) out += ", global batch " + std::to_string(s.train.global_batch);
   return out;
 }
@@ -53,68 +54,76 @@ std::string set_line(const RunSpec& s, bool with_batch) {
               ? std::string(" --set parallel.reshard_after_forward=") + (p.reshards_after_forward() ? "true" : "false")
               : "") +
          " --set parallel.sequence_parallel=" + (p.sequence_parallel ? "true" : "false") +
+         (s.model.moe.on() ? " --set parallel.ep=" + std::to_string(p.ep) : "") +
          (with_batch ? " --set train.global_batch=" + std::to_string(s.train.global_batch) : "");
 }
 
-// Every layout of one grid (tp x pp x dp) at one global batch that the model and schedules allow,
+// Every layout of one grid (tp x pp x dp; for a mixture of experts each ep dividing dp and the
+// experts) at one global batch that the model and schedules allow,
 // planned into `all` when it fits the memory budget. Returns how many were considered and how
 // many of them were over the budget.
 std::pair<int, int> plan_grid(const RunSpec& spec, int tp, int pp, int dp, int world, const MachineCosts& costs,
                               double memory_per_rank, bool with_batch, std::vector<LayoutChoice>& all, AutoPlan& out) {
   int considered = 0, over = 0;
+  std::vector<int> expert_ranks = {1};  // a mixture of experts: every split of its experts over replicas
+  if (spec.model.moe.on())
+    for (int ep : divisors(dp))
+      if (ep > 1 && spec.model.moe.experts % ep == 0) expert_ranks.push_back(ep);
   for (int M : divisors(spec.train.global_batch / dp))
     for (const ScheduleKind* kind : all_schedules())
       for (int V = 1; V <= (kind->chunked ? 4 : 1); ++V)
         for (Recompute mode : {Recompute::none, Recompute::block, Recompute::stage})
           for (Partition part : {Partition::uniform, Partition::balanced})
             for (const Sharding& shard : kShardings)
-              for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
-                if (dp == 1 && shard.zero > 0) continue;  // one replica shards nothing
-                if (kind->splits_backward && mode != Recompute::none) continue;
-                // One stage: every schedule and partition is the same step, planned once, as the
-                // first registered schedule (gpipe).
-                if (pp == 1 && (part == Partition::balanced || kind != all_schedules().front())) continue;
-                RunSpec s = spec;
-                auto& p = s.parallel;
-                p.tp = tp;
-                p.pp = pp;
-                p.dp = dp;
-                p.micro_batches = M;
-                p.schedule = kind;
-                p.virtual_stages = V;
-                p.recompute = mode;
-                p.partition = part;
-                p.zero = shard.zero;
-                p.reshard_after_forward = shard.reshard;
-                p.sequence_parallel = sp == 1;
-                p.blocks_per_stage.clear();
-                s.origins.clear();
-                try {
-                  validate_spec(s, world);
-                } catch (const SpecError&) {
-                  continue;  // a layout this model or schedule cannot run
+              for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp)
+                for (int ep : expert_ranks) {
+                  if (dp == 1 && shard.zero > 0) continue;  // one replica shards nothing
+                  if (kind->splits_backward && mode != Recompute::none) continue;
+                  // One stage: every schedule and partition is the same step, planned once, as the
+                  // first registered schedule (gpipe).
+                  if (pp == 1 && (part == Partition::balanced || kind != all_schedules().front())) continue;
+                  RunSpec s = spec;
+                  auto& p = s.parallel;
+                  p.tp = tp;
+                  p.pp = pp;
+                  p.dp = dp;
+                  p.micro_batches = M;
+                  p.schedule = kind;
+                  p.virtual_stages = V;
+                  p.recompute = mode;
+                  p.partition = part;
+                  p.zero = shard.zero;
+                  p.reshard_after_forward = shard.reshard;
+                  p.sequence_parallel = sp == 1;
+                  p.ep = ep;
+                  p.blocks_per_stage.clear();
+                  s.origins.clear();
+                  try {
+                    validate_spec(s, world);
+                  } catch (const SpecError&) {
+                    continue;  // a layout this model or schedule cannot run
+                  }
+                  if (part == Partition::balanced) {  // planned once when it splits as uniform does
+                    RunSpec uniform = s;
+                    uniform.parallel.partition = Partition::uniform;
+                    if (partition_blocks(uniform) == partition_blocks(s)) continue;
+                  }
+                  ++considered;
+                  const double need = make_plan(s).largest_memory_bytes(s);
+                  if (out.least_memory == 0 || need < out.least_memory) {
+                    out.least_memory = need;
+                    out.least_memory_layout = describe(s, with_batch);
+                  }
+                  if (tp == 1 && (out.least_memory_tp1 == 0 || need < out.least_memory_tp1)) {
+                    out.least_memory_tp1 = need;
+                    out.least_memory_tp1_layout = describe(s, with_batch);
+                  }
+                  if (memory_per_rank > 0 && need > memory_per_rank) {
+                    ++over;
+                    continue;
+                  }
+                  all.push_back({s, predict_step(s, costs), need, set_line(s, with_batch), describe(s, with_batch)});
                 }
-                if (part == Partition::balanced) {  // planned once when it splits as uniform does
-                  RunSpec uniform = s;
-                  uniform.parallel.partition = Partition::uniform;
-                  if (partition_blocks(uniform) == partition_blocks(s)) continue;
-                }
-                ++considered;
-                const double need = make_plan(s).largest_memory_bytes(s);
-                if (out.least_memory == 0 || need < out.least_memory) {
-                  out.least_memory = need;
-                  out.least_memory_layout = describe(s, with_batch);
-                }
-                if (tp == 1 && (out.least_memory_tp1 == 0 || need < out.least_memory_tp1)) {
-                  out.least_memory_tp1 = need;
-                  out.least_memory_tp1_layout = describe(s, with_batch);
-                }
-                if (memory_per_rank > 0 && need > memory_per_rank) {
-                  ++over;
-                  continue;
-                }
-                all.push_back({s, predict_step(s, costs), need, set_line(s, with_batch), describe(s, with_batch)});
-              }
   return {considered, over};
 }
 
@@ -337,6 +346,8 @@ std::string auto_plan_json(const AutoPlan& plan, int world, const MachineCosts& 
                          {"pp", c.spec.parallel.pp},
                          {"dp", c.spec.parallel.dp},
                          {"zero", c.spec.parallel.zero},
+                         {"ep", c.spec.parallel.ep},
+                         {"ep_comm_s", c.predicted.ep_comm_s},
                          {"global_batch", c.spec.train.global_batch},
                          {"layout", c.summary},
                          {"set", c.sets}});

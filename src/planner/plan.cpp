@@ -197,9 +197,10 @@ std::string moe_text(const RunSpec& spec) {
   else
     std::snprintf(where, sizeof where,
                   "the experts' %s spread over ep = %d replicas (%d experts, %s on each), each MoE block's "
-                  "all-to-alls sending other ranks %.3g MB per micro-batch",
+                  "all-to-alls sending other ranks %.3g %s per micro-batch",
                   count_text(m.experts).c_str(), ep, moe.experts / ep, count_text(m.experts / ep).c_str(),
-                  m.moe_blocks > 0 ? m.all_to_all_bytes / 1e6 : 0.0);
+                  m.all_to_all_bytes >= 1e9 ? m.all_to_all_bytes / 1e9 : m.all_to_all_bytes / 1e6,
+                  m.all_to_all_bytes >= 1e9 ? "GB" : "MB");
   char line[768];
   std::snprintf(line, sizeof line,
                 "\nmixture of experts: %d experts of SwiGLU %d in %d of %d blocks, each token to %d%s: %s "

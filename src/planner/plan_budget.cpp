@@ -50,6 +50,7 @@ nlohmann::json budget_json(const RunSpec& spec, const Plan& plan, const MachineC
   j["gather_exposed_s"] = p.gather_exposed_s;
   j["tp_comm_s"] = p.tp_comm_s;
   j["tp_sum_bytes"] = p.tp_sum_bytes;
+  j["ep_comm_s"] = p.ep_comm_s;
   j["optimizer_s"] = p.optimizer_s;
   j["tokens_per_s"] = p.tokens_per_s;
   j["run_steps"] = spec.run.steps;
@@ -85,6 +86,11 @@ std::string budget_text(const RunSpec& spec, const Plan& plan, const MachineCost
   if (spec.parallel.tp > 1)
     os << "  tensor group of " << spec.parallel.tp << ": exchanges of " << human(p.tp_sum_bytes, "B", 1024)
        << " activations (as each layer declares them) on the node's link, " << duration(p.tp_comm_s)
+       << " a step on the busiest rank (inside the forwards and backwards)\n";
+  if (p.ep_comm_s > 0)
+    os << "  expert groups of " << spec.parallel.ep
+       << ": all-to-alls of the MoE blocks' token rows (spread evenly over "
+       << "the experts) on the link, " << duration(p.ep_comm_s)
        << " a step on the busiest rank (inside the forwards and backwards)\n";
   std::snprintf(figure, sizeof figure, "%.3g", p.step_s * spec.run.steps * world / 3600);
   os << "  run.steps = " << spec.run.steps << ": " << duration(p.step_s * spec.run.steps) << " wall, " << figure << " "

@@ -44,14 +44,32 @@ PassCosts layer_exchanges(const MachineCosts& costs, const RunSpec& spec, Layer 
                : PassCosts{at(ChunkPass::forward), at(ChunkPass::backward), 0};
 }
 
+// Expert parallelism's all-to-alls in each pass of the mean block (the MoE blocks' share of the
+// blocks carries them): a micro-batch's N top_k rows of d_model floats, (ep - 1) / ep of them to
+// other ranks, priced as one message of those bytes on the link (the ranks send and receive at
+// once), with the router spreading them evenly. Forward: out and back; a fused backward: the
+// gradients out, the inputs out again, the gradients back (and recompute's forward again); its
+// input half: out and back; its weight half: gradients and inputs out again.
+PassCosts expert_exchanges(const MachineCosts& costs, const RunSpec& spec, bool apart) {
+  const int ep = spec.parallel.ep, L = spec.model.n_layer;
+  if (ep == 1 || !spec.model.moe.on()) return {};
+  const double share = static_cast<double>(block_kinds(spec, {0, L}).moe) / L;
+  const double bytes = sizeof(float) * static_cast<double>(micro_batch_rows(spec).tokens) * spec.model.moe.top_k *
+                       spec.model.d_model * (ep - 1) / ep;
+  const double one = share * costs.p2p_s(bytes), forward = 2 * one;
+  if (apart) return {forward, 2 * one, 2 * one};
+  return {forward, 3 * one + (spec.parallel.recompute != Recompute::none ? forward : 0), 0};
+}
+
 // Each chunk's last backward on `stage` (a split backward's W), in the order they run.
 std::vector<FinishingChunk> finishing_chunks(const std::vector<SimSpan>& spans, const RunSpec& spec,
-                                             const std::vector<ChunkRange>& chunks, int n_virtual, TpPart tp) {
+                                             const std::vector<ChunkRange>& chunks, int n_virtual, TpPart tp,
+                                             TpPart ep) {
   std::vector<double> floats;  // per chunk: the tensors it adds to the rank's buffer
   double before = 0;
   for (size_t c = 0; c < chunks.size(); ++c) {
     double all = 0;
-    for (const ParamTensor& t : rank_params(spec, {chunks.begin(), chunks.begin() + c + 1}, n_virtual, tp))
+    for (const ParamTensor& t : rank_params(spec, {chunks.begin(), chunks.begin() + c + 1}, n_virtual, tp, ep))
       all += t.size;
     floats.push_back(all - before);
     before = all;
@@ -84,6 +102,7 @@ std::vector<double> reduce_pieces(const std::vector<ParamTensor>& tensors, doubl
 // its declared exchanges with the tensor group (the `sums`, also kept apart).
 struct LayerPassCosts {
   PassCosts block, embed, head, block_sums, embed_sums, head_sums;
+  PassCosts block_all_to_all;  // expert parallelism's, in block
 };
 LayerPassCosts layer_pass_costs(const RunSpec& spec, const MachineCosts& costs) {
   const int TP = spec.parallel.tp, b = spec.samples_per_micro_batch();
@@ -95,7 +114,11 @@ LayerPassCosts layer_pass_costs(const RunSpec& spec, const MachineCosts& costs) 
   auto tensor_part = [&](PassCosts p, const PassCosts& sums) {
     return PassCosts{p.f / TP + sums.f, p.b / TP + sums.b, p.w / TP + sums.w};
   };
+  c.block_all_to_all = expert_exchanges(costs, spec, apart);
   c.block = tensor_part(costs.block_under(spec.parallel.recompute, b), c.block_sums);
+  c.block.f += c.block_all_to_all.f;
+  c.block.b += c.block_all_to_all.b;
+  c.block.w += c.block_all_to_all.w;
   c.embed = tensor_part(costs.embed(b), c.embed_sums);
   c.head = tensor_part(costs.head(b), c.head_sums);
   return c;
@@ -140,9 +163,10 @@ ChunkGathers chunk_gathers(const RunSpec& spec, const MachineCosts& costs, const
     }
     return overlaps ? 0.5 * costs.allreduce_s(bytes, par.dp) : cores_s;
   };
-  const double embed = gather_s(stage_params(spec, 0, 3, 0, 0, tp)),
-               block = gather_s(stage_params(spec, 1, 3, 0, 1, tp)),
-               head = gather_s(stage_params(spec, 2, 3, 0, 0, tp));
+  const TpPart ep{0, par.ep};
+  const double embed = gather_s(stage_params(spec, 0, 3, 0, 0, tp, ep)),
+               block = gather_s(stage_params(spec, 1, 3, 0, 1, tp, ep)),
+               head = gather_s(stage_params(spec, 2, 3, 0, 0, tp, ep));
   std::vector<double> f_compute, f_gather, b_compute, b_gather;  // in each pass's order
   if (first) f_compute.push_back(c.embed.f), f_gather.push_back(embed);
   for (int i = 0; i < blocks; ++i) f_compute.push_back(c.block.f), f_gather.push_back(block);
@@ -201,8 +225,10 @@ StageTail stage_tail(const RunSpec& spec, const MachineCosts& costs, const SimRe
   const auto& par = spec.parallel;
   const ChunkPlacement place = spec.chunk_placement();
   const int D = par.dp, n_virtual = place.virtual_stages();
-  const TpPart tp{par.tp - 1, par.tp};
-  const std::vector<ParamTensor> tensors = rank_params(spec, chunks, n_virtual, tp);
+  // A rank's parts: the last tensor rank's (the most vocabulary rows), an expert rank's experts. An
+  // expert tensor's reduction is priced over the data group (its replicas are fewer: an upper bound).
+  const TpPart tp{par.tp - 1, par.tp}, ep{0, par.ep};
+  const std::vector<ParamTensor> tensors = rank_params(spec, chunks, n_virtual, tp, ep);
   StageTail t;
   for (const ParamTensor& p : tensors) t.params += p.size;
   t.finish = sim.spans[s].empty() ? 0 : sim.spans[s].back().end;
@@ -210,7 +236,7 @@ StageTail stage_tail(const RunSpec& spec, const MachineCosts& costs, const SimRe
   // all-gather of the updated slabs, as much as a reduce-scatter, waits after the update.
   const double share = par.zero ? 0.5 : 1;
   const ReduceTiming reduce =
-      D > 1 ? overlap_reduction(finishing_chunks(sim.spans[s], spec, chunks, n_virtual, tp), t.finish,
+      D > 1 ? overlap_reduction(finishing_chunks(sim.spans[s], spec, chunks, n_virtual, tp, ep), t.finish,
                                 reduce_pieces(tensors, par.zero ? 0 : static_cast<double>(spec.comm.bucket_floats())),
                                 [&](double bytes) { return share * costs.allreduce_s(bytes, D); })
             : ReduceTiming{};
@@ -275,17 +301,20 @@ StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs) {
       r.optimizer_s = t.optim;
     }
     if (par.dp > 1) r.reduce_bytes += TP * par.dp * sizeof(float) * t.params;
-    double sums = 0;                   // the stage's tensor exchanges: per micro-batch, each of its chunks' passes'
+    double sums = 0, all_to_all = 0;   // the stage's tensor exchanges and all-to-alls: per micro-batch, its chunks'
     double gathered = 0, exposed = 0;  // its ZeRO-3 gathers a step, all and exposed
     for (const ChunkRange& c : chunks) {
       const PassCosts x =
           stage_passes(passes.block_sums, passes.embed_sums, passes.head_sums, c.block_end - c.block_begin,
                        c.vstage == 0, c.vstage == place.virtual_stages() - 1);
       sums += x.f + x.backward();
+      const PassCosts a = stage_passes(passes.block_all_to_all, {}, {}, c.block_end - c.block_begin, false, false);
+      all_to_all += a.f + a.backward();
       gathered += gathers[c.vstage].total;
       exposed += M * (gathers[c.vstage].forward + gathers[c.vstage].backward);
     }
     r.tp_comm_s = std::max(r.tp_comm_s, M * sums);
+    r.ep_comm_s = std::max(r.ep_comm_s, M * all_to_all);
     if (gathered > r.gather_s) {
       r.gather_s = gathered;
       r.gather_exposed_s = exposed;

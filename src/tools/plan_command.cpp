@@ -196,8 +196,9 @@ ExitCode plan_command(const std::vector<std::string>& args) {
       "each rank's device or node memory, e.g. "
       "141GiB: checked against the largest stage's need")(
       "auto",
-      "pick the layout: every tp x pp x dp = --world, micro-batches, schedule, chunks, recompute, partition and "
-      "zero, within --memory-per-rank, ranked by the tokens/s predicted with --costs (or the peak); says what binds")(
+      "pick the layout: every tp x pp x dp = --world, micro-batches, schedule, chunks, recompute, partition, "
+      "zero and (a mixture of experts) ep, within --memory-per-rank, ranked by the tokens/s predicted with --costs (or "
+      "the peak); says what binds")(
       "global-batch", po::value<std::string>(&global_batch),
       "with --auto: 'auto' searches train.global_batch too (the spec's x 1, 2, 4, 8, 16)");
   po::variables_map vm;

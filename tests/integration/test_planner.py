@@ -289,6 +289,42 @@ def moe_published_shapes():
                f"{total / 1e9:.3g} B parameters" in text, f"{name}: plan's text says it")
 
 
+@scenario
+def moe_expert_parallel_plan():
+    """OLMoE-1B-7B on 16 ranks (4 stages x 4 replicas) with its 64 experts spread over ep = 4
+    replicas: each stage counts a quarter of its experts, the JSON names ep and the all-to-all
+    bytes a rank sends per micro-batch and MoE block (5 x N top_k rows x d_model floats x 3/4,
+    counted here), the text says the split, and the step priced on a machine gains the
+    all-to-alls (ep_comm_s). plan --auto searches ep with the rest: on moe-tiny over 4 ranks of a
+    slow machine, where the update of a rank's own parameters dominates the step, it picks a
+    layout that spreads the experts (fewer on each rank to update), with the --set line that runs it."""
+    config = os.path.join(settings().configs, "olmoe-1b-7b.toml")
+    machine = ["--peak-tflops", "989", "--link-gbps", "400"]
+    whole = json.loads(plan("--world", "16", "--json", *machine, config=config).stdout or "{}")
+    r = plan("--world", "16", "--set", "parallel.ep=4", "--json", *machine, config=config)
+    j = json.loads(r.stdout) if r.returncode == 0 else {}
+    expect(r.returncode == 0 and j.get("moe", {}).get("ep") == 4, f"plan with ep 4: exit 0, JSON names it ({r.stderr[-200:]})")
+    if r.returncode != 0 or not whole:
+        return
+    experts, held = j["moe"]["expert_params"], sum(st["params"] for st in j["stages"])
+    expect(held == sum(st["params"] for st in whole["stages"]) - experts * 3 // 4,
+           f"each stage counts a quarter of its experts ({held:,})")
+    n = 8 * 4096  # OLMoE's config: 8 samples of 4096 tokens per micro-batch
+    expect(j["moe"]["all_to_all_bytes_per_micro_batch"] == 5 * n * 8 * 2048 * 4 * 3 / 4,
+           f"all-to-all bytes per micro-batch and MoE block: {j['moe']['all_to_all_bytes_per_micro_batch']:.4g}")
+    expect(j["budget"].get("ep_comm_s", 0) > 0 and whole["budget"].get("ep_comm_s", 1) == 0 and
+           j["budget"]["step_s"] > whole["budget"]["step_s"] - whole["budget"]["ep_comm_s"],
+           f"the priced step gains the all-to-alls ({j['budget'].get('ep_comm_s')} s a step)")
+    text = plan("--world", "16", "--set", "parallel.ep=4", *machine, config=config).stdout
+    expect("spread over ep = 4 replicas (16 experts" in text and "expert groups of 4: all-to-alls" in text,
+           "plan's text says the split and the all-to-alls' time")
+    moe = os.path.join(settings().configs, "moe-tiny.toml")
+    best = json.loads(plan("--auto", "--world", "4", "--peak-tflops", "0.1", "--link-gbps", "10", "--json",
+                           config=moe).stdout or '{"best": [{}]}')["best"]
+    expect(best[0].get("ep", 1) > 1 and f"parallel.ep={best[0].get('ep')}" in best[0].get("set", ""),
+           f"plan --auto picks ep {best[0].get('ep')} and sets it ({best[0].get('layout')})")
+
+
 def median(xs):
     xs = sorted(xs)
     h = len(xs) // 2

@@ -5,7 +5,8 @@
 // waits for whatever of its layers' all-gathers the layer before does not hide. With tensor ranks a pass
 // computes a tp-th of its products and adds the tensor-group exchanges layer_decl.hpp declares
 // for it, at the measured all-reduce's cost (a tensor group shares a node: the costs' link is the
-// node's).
+// node's). Under expert parallelism an MoE block's passes add their all-to-alls, priced on the
+// costs' link with the router spreading rows evenly.
 #pragma once
 #include "pipetrain/config/spec.hpp"
 #include "pipetrain/planner/costs.hpp"
@@ -28,6 +29,7 @@ struct StepPrediction {
   double reduce_bytes = 0;  // gradients summed over replicas per step, the whole job
   double tp_comm_s = 0;     // the tensor group's sums per step, on the rank with the most (0 at tp 1)
   double tp_sum_bytes = 0;  // one of them: a micro-batch's activation, summed over its tp ranks' link
+  double ep_comm_s = 0;     // expert parallelism's all-to-alls per step, on the rank with the most (0 at ep 1)
 };
 
 StepPrediction predict_step(const RunSpec& spec, const MachineCosts& costs);
