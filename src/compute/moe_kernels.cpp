@@ -155,6 +155,43 @@ void moe_combine_forward(float* out, const float* y, const MoeRouting& r, int C,
   });
 }
 
+void shared_gate_forward(float* out, float* gate, const float* shared, int N, int C) {
+  KernelTimer timer(Kernel::routing);
+  for (int t = 0; t < N; ++t) gate[t] = 1.f / (1.f + std::exp(-gate[t]));
+  parallel_for(N, rows_per_chunk(C), [&](size_t begin, size_t end) {
+    for (size_t t = begin; t < end; ++t) {
+      const float g = gate[t], *s = shared + t * C;
+      float* o = out + t * C;
+#pragma omp simd
+      for (int c = 0; c < C; ++c) o[c] = g * s[c];
+    }
+  });
+}
+
+void shared_gate_backward(float* dshared, float* dgate, const float* dout, const float* shared, const float* gate,
+                          int N, int C) {
+  KernelTimer timer(Kernel::routing);
+  parallel_for(N, rows_per_chunk(C), [&](size_t begin, size_t end) {
+    for (size_t t = begin; t < end; ++t) {
+      const float g = gate[t], *d = dout + t * C;
+      float* ds = dshared + t * C;
+#pragma omp simd
+      for (int c = 0; c < C; ++c) ds[c] = g * d[c];
+      if (!dgate) continue;
+      const float* s = shared + t * C;
+      double dot = 0;
+#pragma omp simd reduction(+ : dot)
+      for (int c = 0; c < C; ++c) dot += static_cast<double>(d[c]) * s[c];
+      dgate[t] = static_cast<float>(dot);
+    }
+  });
+}
+
+void sigmoid_backward(float* dlogit, const float* dgate, const float* gate, int N) {
+  KernelTimer timer(Kernel::routing);
+  for (int t = 0; t < N; ++t) dlogit[t] = dgate[t] * gate[t] * (1.f - gate[t]);
+}
+
 void moe_combine_backward(float* dy, float* dweight, const float* dout, const float* y, const MoeRouting& r, int C) {
   KernelTimer timer(Kernel::routing);
   const int k = r.k;

@@ -108,6 +108,8 @@ void validate_moe(const RunSpec& s, const std::function<void(const std::string&,
         {"model.moe.top_k", moe.top_k != d.top_k},
         {"model.moe.ffn_hidden", moe.ffn_hidden != d.ffn_hidden},
         {"model.moe.shared_experts", moe.shared_experts != d.shared_experts},
+        {"model.moe.shared_ffn_hidden", moe.shared_ffn_hidden != d.shared_ffn_hidden},
+        {"model.moe.shared_gate", moe.shared_gate != d.shared_gate},
         {"model.moe.norm_topk", moe.norm_topk != d.norm_topk},
         {"model.moe.every", moe.every != d.every},
         {"model.moe.capacity_factor", moe.capacity_factor != d.capacity_factor},
@@ -126,6 +128,9 @@ void validate_moe(const RunSpec& s, const std::function<void(const std::string&,
     fail("model.moe.every", "every = " + std::to_string(moe.every) +
                                 " makes none of model.n_layer = " + std::to_string(m.n_layer) +
                                 " blocks an MoE block (block i is one when (i + 1) % every = 0)");
+  for (const auto& [key, set] : {std::pair<const char*, bool>{"model.moe.shared_ffn_hidden", moe.shared_ffn_hidden > 0},
+                                 {"model.moe.shared_gate", moe.shared_gate}})
+    if (set && moe.shared_experts == 0) fail(key, "belongs to the shared experts, and model.moe.shared_experts = 0");
   const int ep = s.parallel.ep;
   if (moe.experts % ep != 0)
     fail("parallel.ep", "ep = " + std::to_string(ep) + " does not divide model.moe.experts = " +
@@ -138,6 +143,9 @@ void validate_moe(const RunSpec& s, const std::function<void(const std::string&,
   if (ffn > 0 && ffn % tp != 0)
     fail("parallel.tp", "tp = " + std::to_string(tp) + " does not divide each expert's SwiGLU width " +
                             std::to_string(ffn) + " (model.moe.ffn_hidden; each tensor rank holds ffn / tp of it)");
+  if (moe.shared_ffn_hidden % tp != 0)
+    fail("parallel.tp", "tp = " + std::to_string(tp) + " does not divide the shared experts' SwiGLU width " +
+                            std::to_string(moe.shared_ffn_hidden) + " (model.moe.shared_ffn_hidden)");
 }
 
 // What a model spec cannot be: keys of the other family, and shapes the llama block cannot take.

@@ -376,6 +376,12 @@ std::vector<SpecKey> build_schema() {
       int_key("model", "moe.shared_experts", FIELD(int, model.moe.shared_experts), 0, 1 << 16,
               "always-on experts beside the routed ones, every token through them (one SwiGLU of "
               "shared_experts x moe.ffn_hidden)"),
+      int_key("model", "moe.shared_ffn_hidden", FIELD(int, model.moe.shared_ffn_hidden), 0, 1 << 22,
+              "the shared experts' SwiGLU width (0 = shared_experts x moe.ffn_hidden; Qwen-MoE's "
+              "shared_expert_intermediate_size)"),
+      bool_key("model", "moe.shared_gate", FIELD(bool, model.moe.shared_gate),
+               "the shared experts' output scaled per token by sigmoid(x . w), w a learned [1, d_model] "
+               "(Qwen-MoE's shared_expert_gate)"),
       bool_key("model", "moe.norm_topk", FIELD(bool, model.moe.norm_topk),
                "renormalise the chosen experts' router probabilities to sum to 1 (Mixtral); false: the "
                "probabilities as they are (OLMoE)"),

@@ -31,7 +31,8 @@ BlockShape block_shape(const RunSpec& spec, int block) {
   s.top_k = moe.top_k;
   s.ffn = moe.ffn_hidden > 0 ? moe.ffn_hidden : s.ffn;
   s.fc = 2 * s.ffn;
-  s.shared_ffn = moe.shared_experts * s.ffn;
+  s.shared_ffn = moe.shared_ffn_hidden > 0 ? moe.shared_ffn_hidden : moe.shared_experts * s.ffn;
+  s.shared_gate = moe.shared_gate;
   return s;
 }
 
@@ -62,8 +63,8 @@ double block_weight_macs(const BlockShape& s) {
   const double C = s.C, mlp = C * s.fc + static_cast<double>(s.ffn) * s.C;
   const double attention = C * s.qkv + static_cast<double>(s.q) * s.C;
   if (!s.moe()) return attention + mlp;
-  // The router, the top_k experts a token goes to, the shared experts.
-  return attention + C * s.experts + s.top_k * mlp + 3 * C * s.shared_ffn;
+  // The router, the top_k experts a token goes to, the shared experts and their gate.
+  return attention + C * s.experts + s.top_k * mlp + 3 * C * s.shared_ffn + (s.shared_gate ? C : 0);
 }
 
 }  // namespace pipetrain

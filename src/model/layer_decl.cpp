@@ -28,11 +28,15 @@ size_t LayerWidths::operator[](Width w) const {
     case Width::moe_one:
       return moe;
     case Width::top_k:
-      return moe * shape.top_k;
+      return moe * (shape.top_k + (shape.shared_gate ? 1 : 0));
     case Width::shared_fc:
       return 2 * static_cast<size_t>(shape.shared_ffn);
     case Width::shared_ffn:
       return shape.shared_ffn;
+    case Width::gated_C:
+      return shape.shared_gate ? shape.C : 0;
+    case Width::gated_one:
+      return shape.shared_gate ? 1 : 0;
   }
   return 0;
 }
@@ -66,7 +70,7 @@ Messages layer_messages(Layer layer, Pass pass, int tp, bool sequence_parallel, 
     const double bytes = d.kind == Exchange::max     ? sizeof(float) * static_cast<double>(rows.tokens)
                          : d.kind == Exchange::stats ? sizeof(double) * kSplitVocabDoublesPerRow * rows.tokens
                          : d.kind == Exchange::route
-                             ? sizeof(float) * static_cast<double>(rows.tokens) * widths.shape.top_k
+                             ? sizeof(float) * static_cast<double>(rows.tokens) * widths[Width::top_k]
                              : whole_rows;
     MessageCount& c = m[static_cast<int>(d.kind)];
     c.calls += d.count;

@@ -8,7 +8,10 @@
 // (sum_partials). The router is whole on every rank and routes alike; the combine weights'
 // gradients, dot products with the partial outputs, are summed over the group (Exchange::route).
 // The router's input gradient is added on the group's first rank only, as the group then sums it
-// (every rank computes it: the router is a small product, replicated as its forward is).
+// (every rank computes it: the router is a small product, replicated as its forward is). A
+// shared-expert gate (Qwen-MoE's) is whole on every rank as the router is: it scales the shared
+// experts' partial output, and its gradient, a dot product with that partial, is summed with the
+// combine weights'.
 //
 // Routing is recomputed from the kept router probabilities in each pass (it is cheap, and the
 // stage's one MoeRouting serves block after block).
@@ -51,10 +54,15 @@ void Stage::moe_forward(BlockActs& a, const BlockPtrs& w, const float* x, float*
   route(a, N);
   if (recording_routes_) record_routes(block, a);
   const bool shared = s.shared_ffn > 0;
-  if (shared) {  // the always-on experts first, into out
+  if (shared) {  // the always-on experts first, into out (through their gate where they have one)
     k_.matmul_forward(a.shared_fch.data(), x, w.sharedw, nullptr, N, C, 2 * s.shared_ffn);
     k_.swiglu_forward(a.shared_act.data(), a.shared_fch.data(), N, s.shared_ffn);
-    k_.matmul_forward(out, a.shared_act.data(), w.sharedprojw, nullptr, N, s.shared_ffn, C);
+    k_.matmul_forward(s.shared_gate ? a.shared_out.data() : out, a.shared_act.data(), w.sharedprojw, nullptr, N,
+                      s.shared_ffn, C);
+    if (s.shared_gate) {
+      k_.matmul_forward(a.shared_gate.data(), x, w.sharedgatew, nullptr, N, C, 1);
+      shared_gate_forward(out, a.shared_gate.data(), a.shared_out.data(), N, C);
+    }
     poll();
   }
   moe_gather(scratch_.routed_in.data(), x, routing_, C);
@@ -84,17 +92,25 @@ void Stage::moe_backward_input(const BlockActs& a, BlockWGrads& w, const BlockPt
   const int C = C_, E = s.experts, k = s.top_k, held = s.held_experts;
   auto grad = [&](float* BlockPtrs::*field) { return g ? g->*field : nullptr; };
   route(a, N);
-  // The combine: each row's gradient, and each slot's weight's (summed over the tensor group).
+  // The combine: each row's gradient, and each slot's weight's; with a shared-expert gate its
+  // output's gradient after them (all summed over the tensor group at once).
   float* dweight = scratch_.droute_weight.data();
+  float* dgate = dweight + static_cast<size_t>(N) * k;
   moe_combine_backward(scratch_.routed_grad.data(), dweight, dout, a.expert_out.data(), routing_, C);
+  const float* shared_dout = dout;
+  if (s.shared_gate) {
+    shared_gate_backward(scratch_.dshared_out.data(), dgate, dout, a.shared_out.data(), a.shared_gate.data(), N, C);
+    shared_dout = scratch_.dshared_out.data();
+  }
   if (tp_.size > 1) {
-    count_sent(Exchange::route, sizeof(float) * N * k);
-    group_->sum(dweight, static_cast<size_t>(N) * k);
+    const size_t floats = static_cast<size_t>(N) * (k + (s.shared_gate ? 1 : 0));
+    count_sent(Exchange::route, sizeof(float) * floats);
+    group_->sum(dweight, floats);
   }
   const bool shared = s.shared_ffn > 0;
   if (shared) {
-    k_.matmul_backward(scratch_.dshared_act.data(), grad(&BlockPtrs::sharedprojw), nullptr, dout, a.shared_act.data(),
-                       p.sharedprojw, N, s.shared_ffn, C);
+    k_.matmul_backward(scratch_.dshared_act.data(), grad(&BlockPtrs::sharedprojw), nullptr, shared_dout,
+                       a.shared_act.data(), p.sharedprojw, N, s.shared_ffn, C);
     k_.swiglu_backward(w.dshared_fch.data(), a.shared_fch.data(), scratch_.dshared_act.data(), N, s.shared_ffn);
   }
   const float* x = whole_rows_if(g, ln2, N);
@@ -129,6 +145,11 @@ void Stage::moe_backward_input(const BlockActs& a, BlockWGrads& w, const BlockPt
   float* router_dx = scratch_.routed_in.data();  // free again; every rank computes it, as it did the logits
   k_.matmul_backward(router_dx, grad(&BlockPtrs::routerw), nullptr, w.drouter.data(), x, p.routerw, N, C, E);
   if (tp_.rank == 0) k_.residual_forward(dx, dx, router_dx, nullptr, N, C);
+  if (!s.shared_gate) return;
+  sigmoid_backward(w.dshared_gate.data(), dgate, a.shared_gate.data(), N);  // the gate's logit, likewise
+  float* gate_dx = scratch_.dshared_out.data();                             // free again
+  k_.matmul_backward(gate_dx, grad(&BlockPtrs::sharedgatew), nullptr, w.dshared_gate.data(), x, p.sharedgatew, N, C, 1);
+  if (tp_.rank == 0) k_.residual_forward(dx, dx, gate_dx, nullptr, N, C);
 }
 
 void Stage::moe_backward_weight(const BlockActs& a, const BlockWGrads& w, const BlockPtrs& g, const float* x, int N) {
@@ -146,8 +167,13 @@ void Stage::moe_backward_weight(const BlockActs& a, const BlockWGrads& w, const 
                           s.fc);
   poll();
   if (s.shared_ffn > 0) {
-    k_.matmul_backward(nullptr, g.sharedprojw, nullptr, w.dout.data(), a.shared_act.data(), nullptr, N, s.shared_ffn,
-                       C);
+    const float* shared_dout = w.dout.data();
+    if (s.shared_gate) {  // the gated output's gradient again
+      shared_gate_backward(scratch_.dshared_out.data(), nullptr, w.dout.data(), nullptr, a.shared_gate.data(), N, C);
+      shared_dout = scratch_.dshared_out.data();
+      k_.matmul_backward(nullptr, g.sharedgatew, nullptr, w.dshared_gate.data(), x, nullptr, N, C, 1);
+    }
+    k_.matmul_backward(nullptr, g.sharedprojw, nullptr, shared_dout, a.shared_act.data(), nullptr, N, s.shared_ffn, C);
     k_.matmul_backward(nullptr, g.sharedw, nullptr, w.dshared_fch.data(), x, nullptr, N, C, 2 * s.shared_ffn);
   }
   k_.matmul_backward(nullptr, g.routerw, nullptr, w.drouter.data(), x, nullptr, N, C, E);

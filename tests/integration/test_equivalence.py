@@ -291,7 +291,8 @@ def moe_expert_parallel():
     (each expert rank's experts split in width); 4 replicas as 2 expert groups of 2 (the experts'
     gradients summed between the groups) and as one group of 4; ZeRO-1 on 2x2, ZeRO-2 and 3 on 1x4
     (an expert tensor sharded over the replicas holding its experts); top-1 routing, a shared expert
-    with unnormalised weights, and MoE blocks every other block."""
+    with unnormalised weights, MoE blocks every other block, and a gated shared expert of its own
+    width (Qwen-MoE's)."""
     ref_m8, ref_m16 = reference(*MOE, "parallel.micro_batches=8"), reference(*MOE, "parallel.micro_batches=16")
     ep2 = ["parallel.ep=2"]
     for name, pp, dp, sets, ref in [
@@ -309,7 +310,8 @@ def moe_expert_parallel():
             ("1x4_ep2_zero3", 1, 4, ep2 + ["parallel.zero=3"], ref_m16)]:
         same(f"moe ep {name} {pp}x{dp} vs 1x1", run(f"moe_ep_{name}", pp, dp, *MOE, *sets), ref)
     for variant in [("model.moe.top_k=1",), ("model.moe.shared_experts=1", "model.moe.norm_topk=false"),
-                    ("model.moe.every=2",)]:
+                    ("model.moe.every=2",),
+                    ("model.moe.shared_experts=1", "model.moe.shared_gate=true", "model.moe.shared_ffn_hidden=192")]:
         tag = "_".join(v.split(".")[2].replace("=", "_") for v in variant)
         same(f"moe ep 2 {variant} 2x2 vs 1x1", run(f"moe_ep_{tag}_2x2", 2, 2, *MOE, *variant, *ep2),
              reference(*MOE, *variant, "parallel.micro_batches=8"))

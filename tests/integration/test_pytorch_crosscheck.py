@@ -200,5 +200,14 @@ def moe_top1_tensor_parallel():
     crosscheck(False, 1, llama_kv=2, moe={**MOE, "top_k": 1, "shared_experts": 1}, tp=2)
 
 
+@scenario
+def qwen_moe_gated_shared_expert_tensor_parallel():
+    """Qwen-MoE's block: top-2 of 4 unnormalised, a shared expert of its own width (twice an
+    expert's) whose output a sigmoid gate scales per token, and q, k, v biases, on 2 tensor ranks
+    (the gate whole on each, its gradient summed with the combine weights')."""
+    crosscheck(False, 1, llama_kv=2, moe={**MOE, "norm_topk": False, "shared_experts": 1, "shared_ffn_hidden": 48,
+                                          "shared_gate": True}, tp=2, bias=True)
+
+
 if __name__ == "__main__":
     run_scenarios()

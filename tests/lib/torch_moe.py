@@ -2,12 +2,14 @@
 independently in PyTorch from the published formulas: each token's router probabilities
 softmax(x W_router^T), its top_k experts by probability, their weights renormalised to sum to 1
 (norm_topk) or not, each expert a SwiGLU, the output the weighted sum of its experts' outputs plus
-the always-on shared experts' SwiGLU. Each expert runs its tokens as one batch (no loop over
+the always-on shared experts' SwiGLU (with Qwen-MoE's gate scaled per token by sigmoid(x w_gate)).
+Each expert runs its tokens as one batch (no loop over
 tokens). The router's losses per micro-batch: load balancing E sum_e f_e P_e (f_e: the slots
 choosing e per token, P_e: e's mean probability) and the z-loss mean_t logsumexp(logits_t)^2.
 
 Modules carry Hugging Face MixtralForCausalLM's names (model.layers.{i}.block_sparse_moe.gate,
-.experts.{e}.w1 (gate), w3 (up), w2 (down)); the shared experts are block_sparse_moe.shared_experts.
+.experts.{e}.w1 (gate), w3 (up), w2 (down)); the shared experts are block_sparse_moe.shared_experts,
+their gate block_sparse_moe.shared_expert_gate.
 A pipetrain checkpoint loads through the name map of design.md, its stacked expert tensors cut
 expert by expert (from_checkpoint)."""
 import torch
@@ -30,13 +32,15 @@ class Expert(nn.Module):
 
 
 class SparseMoe(nn.Module):
-    def __init__(self, d, experts, top_k, ffn, shared_ffn, norm_topk):
+    def __init__(self, d, experts, top_k, ffn, shared_ffn, norm_topk, shared_gate=False):
         super().__init__()
         self.top_k, self.norm_topk = top_k, norm_topk
         self.gate = nn.Linear(d, experts, bias=False)
         self.experts = nn.ModuleList(Expert(d, ffn) for _ in range(experts))
         if shared_ffn:
             self.shared_experts = torch_llama.SwiGLU(d, shared_ffn)
+        if shared_gate:
+            self.shared_expert_gate = nn.Linear(d, 1, bias=False)
         self.aux_loss = self.z_loss = None
 
     def forward(self, h):
@@ -51,7 +55,9 @@ class SparseMoe(nn.Module):
             token, slot = (chosen == e).nonzero(as_tuple=True)
             if len(token):
                 out = out.index_add(0, token, weight[token, slot, None] * expert(x[token]))
-        if hasattr(self, "shared_experts"):
+        if hasattr(self, "shared_expert_gate"):
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_experts(x)
+        elif hasattr(self, "shared_experts"):
             out = out + self.shared_experts(x)
         E, N = len(self.experts), x.shape[0]
         f = F.one_hot(chosen, E).sum((0, 1)).to(probs.dtype) / N
@@ -70,11 +76,13 @@ class MoeLlama(torch_llama.Llama):
         def mlp_of(i):
             if (i + 1) % every:
                 return None
-            return SparseMoe(d, moe["experts"], moe["top_k"], ffn, moe.get("shared_experts", 0) * ffn,
-                             moe.get("norm_topk", True)), "block_sparse_moe"
+            shared_ffn = moe.get("shared_ffn_hidden", 0) or moe.get("shared_experts", 0) * ffn
+            return SparseMoe(d, moe["experts"], moe["top_k"], ffn, shared_ffn, moe.get("norm_topk", True),
+                             moe.get("shared_gate", False)), "block_sparse_moe"
 
         super().__init__(spec["n_layer"], d, spec["n_head"], spec["n_kv_head"], spec["ffn_hidden"], spec["vocab"],
-                         spec["tie"], spec.get("rope_theta", 10000.0), spec.get("norm_eps", 1e-5), mlp_of)
+                         spec["tie"], spec.get("rope_theta", 10000.0), spec.get("norm_eps", 1e-5), mlp_of,
+                         bias=spec.get("attention_bias", False))
 
     def router_loss(self):
         """The last forward's router losses, weighted by their coefficients, summed over the MoE blocks."""
@@ -100,12 +108,12 @@ def hf_tensors(name, t, spec):
     """The Hugging Face-named tensors a pipetrain tensor of an MoE model holds: its stacked experts
     cut expert by expert, every other tensor by torch_llama's name map."""
     moe = spec["moe"]
-    if ".mlp.gate.weight" in name or ".mlp.experts." in name or ".mlp.shared_experts." in name:
+    if any(f".mlp.{part}" in name for part in ("gate.weight", "experts.", "shared_experts.", "shared_expert_gate.")):
         block = "model.layers." + name[2:name.index(".mlp.")] + ".block_sparse_moe."
         if name.endswith("mlp.gate.weight"):
             return {block + "gate.weight": t}
-        if ".shared_experts." in name:
-            return {block + name[name.index("shared_experts."):]: t}
+        if ".shared_expert" in name:
+            return {block + name[name.index(".mlp.") + 5:]: t}
         E, F_, C = moe["experts"], moe["ffn_hidden"], spec["d_model"]
         if name.endswith("gate_up_proj"):  # expert e's gate rows, then its up rows
             parts = t.reshape(E, 2, F_, C)

@@ -15,7 +15,8 @@ using gradcheck::randn;
 
 namespace {
 
-RunSpec moe_spec(int experts, int top_k, int shared, int every, bool norm_topk) {
+// gate: the shared experts Qwen-MoE's way, their own width and a sigmoid gate on their output.
+RunSpec moe_spec(int experts, int top_k, int shared, int every, bool norm_topk, bool gate = false) {
   RunSpec s;
   s.model.arch = Arch::llama;
   s.model.n_layer = 2;
@@ -31,6 +32,8 @@ RunSpec moe_spec(int experts, int top_k, int shared, int every, bool norm_topk) 
   s.model.moe.shared_experts = shared;
   s.model.moe.every = every;
   s.model.moe.norm_topk = norm_topk;
+  s.model.moe.shared_gate = gate;
+  s.model.moe.shared_ffn_hidden = gate ? 10 : 0;
   s.model.moe.aux_loss = 0.05;
   s.model.moe.z_loss = 0.02;
   s.train.global_batch = 2;
@@ -64,15 +67,17 @@ double objective(Stage& st, const RunSpec& spec, double token_loss, int N) {
 TEST_CASE("MoE stage: every parameter's gradient matches finite differences of loss and router losses", "[moe]") {
   struct Case {
     int experts, top_k, shared, every;
-    bool norm;
+    bool norm, gate;
   };
-  // Every expert chosen; two of four, renormalised or not, with a shared expert, and an MoE block
-  // beside a dense one. Steps of 1e-3: a token's choice of experts is a step function of the
+  // Every expert chosen; two of four, renormalised or not, with a shared expert (gated, Qwen-MoE's,
+  // or not), and an MoE block beside a dense one. Steps of 1e-3: a token's choice of experts is a step function of the
   // weights, and larger steps (1e-2) change some (the differences then fail where the analytic
   // gradient, which holds the choice, is right; they pass at 1e-3 for every seed tried).
-  for (const Case& c : {Case{3, 3, 0, 1, true}, Case{4, 2, 1, 1, true}, Case{4, 2, 0, 2, false}}) {
-    INFO("experts " << c.experts << " top_k " << c.top_k << " shared " << c.shared << " every " << c.every);
-    const RunSpec spec = moe_spec(c.experts, c.top_k, c.shared, c.every, c.norm);
+  for (const Case& c : {Case{3, 3, 0, 1, true, false}, Case{4, 2, 1, 1, true, false}, Case{4, 2, 0, 2, false, false},
+                        Case{4, 2, 1, 1, false, true}}) {
+    INFO("experts " << c.experts << " top_k " << c.top_k << " shared " << c.shared << " every " << c.every << " gate "
+                    << c.gate);
+    const RunSpec spec = moe_spec(c.experts, c.top_k, c.shared, c.every, c.norm, c.gate);
     const int N = 2 * 4;
     Stage st(spec, 0, 1, 0, 2, 1, 1.f / N);
     st.init_params(7);
@@ -80,6 +85,7 @@ TEST_CASE("MoE stage: every parameter's gradient matches finite differences of l
     REQUIRE((st.find("h.0.mlp.gate.weight") != nullptr) == (c.every == 1));
     REQUIRE(st.find("h.1.mlp.experts.gate_up_proj") != nullptr);
     REQUIRE((st.find("h.1.mlp.shared_experts.down_proj.weight") != nullptr) == (c.shared > 0));
+    REQUIRE((st.find("h.1.mlp.shared_expert_gate.weight") != nullptr) == c.gate);
     auto tokens = random_tokens(N, 11, 1), targets = random_tokens(N, 11, 2);
     auto loss = [&] {
       st.set_tokens(0, tokens.data());
@@ -98,7 +104,7 @@ TEST_CASE("MoE stage: every parameter's gradient matches finite differences of l
 TEST_CASE("MoE stage: split backward and recompute give the fused backward's gradients", "[moe]") {
   const int N = 2 * 4, C = 8;
   auto run = [&](const char* recompute, bool split) {
-    RunSpec spec = moe_spec(4, 2, 1, 1, true);
+    RunSpec spec = moe_spec(4, 2, 1, 1, true, true);
     spec.parallel.recompute = *choice_named<Recompute>(recompute);
     Stage st(spec, 0, 1, 0, 2, 1, 1.f / N);
     st.init_params(7);
@@ -153,7 +159,7 @@ TEST_CASE("MoE stage on two tensor ranks gives one rank's loss and gradients", "
   const int N = 2 * 4;
   for (bool sp : {false, true}) {
     INFO("sequence parallel " << sp);
-    RunSpec spec = moe_spec(4, 2, 1, 1, true);
+    RunSpec spec = moe_spec(4, 2, 1, 1, true, true);
     spec.model.n_kv_head = 2;  // a key/value head per rank (a shared one's gradient is summed at the step's end)
     spec.parallel.sequence_parallel = sp;
     auto tokens = random_tokens(N, 11, 3), targets = random_tokens(N, 11, 4);

@@ -139,8 +139,9 @@ TEST_CASE("the planner's bytes, messages and FLOPs equal what real Stages alloca
                                                   "parallel.micro_batches=4"};
             if (std::string(family) != "gpt2") overrides.push_back("model.n_kv_head=2");  // grouped heads
             if (moe)
-              for (const char* key : {"model.moe.experts=4", "model.moe.top_k=2", "model.moe.ffn_hidden=24",
-                                      "model.moe.shared_experts=1", "model.moe.every=2"})
+              for (const char* key :
+                   {"model.moe.experts=4", "model.moe.top_k=2", "model.moe.ffn_hidden=24", "model.moe.shared_experts=1",
+                    "model.moe.every=2", "model.moe.shared_gate=true", "model.moe.shared_ffn_hidden=32"})
                 overrides.push_back(key);
             if (std::string(schedule) == "interleaved") overrides.push_back("parallel.virtual_stages=2");
             const std::optional<RunSpec> spec = grid_spec(overrides, 2 * tp);
@@ -172,10 +173,11 @@ TEST_CASE("the planner's bytes, messages and FLOPs equal what real Stages alloca
             INFO(family << " recompute " << recompute << " tp " << tp << (sp ? " sp" : "") << " " << schedule);
             CHECK(step_flops ==
                   Approx(predict_step(*spec, MachineCosts::from_peak(*spec, 1e12, 0.5, 1e9)).flops).epsilon(1e-12));
-            // Each tensor rank runs an MoE block's router whole (forward and both backward products):
-            // the model's FLOPs count it once.
+            // Each tensor rank runs an MoE block's router and shared-expert gate whole (forward and
+            // both backward products): the model's FLOPs count them once.
             const double tokens = spec->train.global_batch * spec->model.seq_len;
-            const double replicated = moe ? (tp - 1) * 3 * 2.0 * 16 * 4 * 2 * tokens : 0;  // 2 MoE blocks, C 16, E 4
+            // 2 MoE blocks, C 16, E 4 and the gate's 1
+            const double replicated = moe ? (tp - 1) * 3 * 2.0 * 16 * (4 + 1) * 2 * tokens : 0;
             if (spec->parallel.recompute == Recompute::none)
               CHECK(step_flops == Approx(training_flops_per_token(*spec) * tokens + replicated).epsilon(1e-12));
           }

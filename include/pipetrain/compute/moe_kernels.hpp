@@ -60,6 +60,15 @@ void moe_combine_backward(float* dy, float* dweight, const float* dout, const fl
 // dx [N, C] += the sum of each token's rows of dxs [rows, C], in slot order.
 void moe_scatter_add(float* dx, const float* dxs, const MoeRouting& r, int C);
 
+// The shared experts' gate (Qwen-MoE's): gate [N] holds each token's logit x . w in and its sigmoid
+// out; out [N, C] = gate_t x shared[t]. Backward: dshared [N, C] = gate_t x dout[t], dgate [N] =
+// dout[t] . shared[t] (the sigmoid output's gradient; under tensor ranks a partial, shared being
+// one; null: not wanted); then dlogit [N] = dgate x gate (1 - gate).
+void shared_gate_forward(float* out, float* gate, const float* shared, int N, int C);
+void shared_gate_backward(float* dshared, float* dgate, const float* dout, const float* shared, const float* gate,
+                          int N, int C);
+void sigmoid_backward(float* dlogit, const float* dgate, const float* gate, int N);
+
 // Grouped matrix products: for each expert e, out[rows of e, OC] = inp[rows of e, C] W_e^T, W_e
 // the e-th [OC, C] of weight [E x OC, C]; offsets [E + 1] as MoeRouting's. Backward: dinp
 // overwritten (null: not wanted), dweight [E x OC, C] accumulated (null: not wanted).

@@ -46,6 +46,8 @@ struct RunSpec {
       int top_k = 2;
       int ffn_hidden = 0;          // each expert's SwiGLU width; 0 = model.ffn_hidden
       int shared_experts = 0;      // always-on experts, one SwiGLU of shared_experts x ffn_hidden
+      int shared_ffn_hidden = 0;   // that SwiGLU's width instead (Qwen-MoE's shared_expert_intermediate_size)
+      bool shared_gate = false;    // its output scaled per token by sigmoid(x . w) (Qwen-MoE's shared_expert_gate)
       bool norm_topk = true;       // the chosen experts' weights renormalised to sum to 1
       int every = 1;               // block i is an MoE block when (i + 1) % every == 0
       double capacity_factor = 0;  // 0 = dropless; else an expert takes ceil(factor x tokens x top_k / experts)

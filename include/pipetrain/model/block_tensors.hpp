@@ -12,7 +12,8 @@
 // llama MoE block (model.moe): the llama block with a mixture of experts for its MLP: a router
 // [experts, C], the experts' gate | up matrices stacked expert after expert ([experts x 2 ffn, C],
 // each expert's gate rows then its up rows) and their down matrices likewise ([experts x C, ffn]),
-// and, with shared experts, one always-on SwiGLU of their summed width.
+// and, with shared experts, one always-on SwiGLU of their summed width, its output scaled per token
+// by a sigmoid gate [1, C] where it has one (Qwen-MoE's).
 #pragma once
 #include <cstddef>
 #include <string>
@@ -39,7 +40,8 @@ struct BlockShape {
   // them; shared_ffn is the always-on experts' width (0: none). The router chooses among all
   // `experts`; an expert-parallel rank holds `held_experts` of them (expert_part), all on one rank.
   int experts = 0, top_k = 0, shared_ffn = 0, held_experts = 0;
-  bool qkv_bias = false;  // llama with model.attention_bias: q, k and v products with biases
+  bool shared_gate = false;  // the shared experts' output scaled per token by a learned sigmoid gate
+  bool qkv_bias = false;     // llama with model.attention_bias: q, k and v products with biases
   bool llama() const { return arch == Arch::llama; }
   bool moe() const { return experts > 0; }
   int routes() const { return moe() ? top_k : 1; }  // MLP rows per token: one, or a row per chosen expert
@@ -67,7 +69,7 @@ struct BlockPtrs {
   float *ln1w = nullptr, *ln1b = nullptr, *qkvw = nullptr, *qkvb = nullptr, *projw = nullptr, *projb = nullptr,
         *ln2w = nullptr, *ln2b = nullptr, *fcw = nullptr, *fcb = nullptr, *fcprojw = nullptr, *fcprojb = nullptr;
   // An MoE block: fcw and fcprojw are the experts' stacked matrices; the router; the shared experts'.
-  float *routerw = nullptr, *sharedw = nullptr, *sharedprojw = nullptr;
+  float *routerw = nullptr, *sharedw = nullptr, *sharedprojw = nullptr, *sharedgatew = nullptr;
 };
 
 // How a tensor starts: N(0, 0.02); residual output projections N(0, 0.02/sqrt(2L)) (GPT-2's init)
@@ -76,9 +78,27 @@ enum class Init { zeros, ones, normal, residual_normal };
 // A tensor dimension, as one of the block's widths. Tensor parallelism splits the heads (q, kv,
 // qkv) and the MLP's hidden widths (fc, ffn, each expert's gate | up rows, the shared experts'),
 // not C, the experts or their stacked rows of C.
-// q_bias and kv_bias: q's and kv's where the block has q, k and v biases, else 0 (not held).
-enum class Dim { none, C, q, qkv, fc, ffn, kv, experts, experts_fc, experts_C, shared_ffn, q_bias, kv_bias };
-inline bool split_by_tp(Dim d) { return d != Dim::none && d != Dim::C && d != Dim::experts && d != Dim::experts_C; }
+// q_bias and kv_bias: q's and kv's where the block has q, k and v biases, else 0 (not held);
+// shared_gate: 1 where the shared experts have a gate, else 0.
+enum class Dim {
+  none,
+  C,
+  q,
+  qkv,
+  fc,
+  ffn,
+  kv,
+  experts,
+  experts_fc,
+  experts_C,
+  shared_ffn,
+  q_bias,
+  kv_bias,
+  shared_gate
+};
+inline bool split_by_tp(Dim d) {
+  return d != Dim::none && d != Dim::C && d != Dim::experts && d != Dim::experts_C && d != Dim::shared_gate;
+}
 
 struct BlockTensor {
   const char* name;  // after "h.{i}."
@@ -135,6 +155,7 @@ inline constexpr BlockTensor kLlamaMoeBlock[] = {
     {"mlp.shared_experts.up_proj.weight", Dim::shared_ffn, Dim::C, true, Init::normal, nullptr},
     {"mlp.shared_experts.down_proj.weight", Dim::C, Dim::shared_ffn, true, Init::residual_normal,
      &BlockPtrs::sharedprojw},
+    {"mlp.shared_expert_gate.weight", Dim::shared_gate, Dim::C, true, Init::normal, &BlockPtrs::sharedgatew},
 };
 
 // A family's block tensors, as a range.
@@ -184,6 +205,8 @@ inline int extent(Dim d, const BlockShape& s) {
       return s.qkv_bias ? s.q : 0;
     case Dim::kv_bias:
       return s.qkv_bias ? s.kv : 0;
+    case Dim::shared_gate:
+      return s.shared_gate ? 1 : 0;
   }
   return 0;
 }

@@ -30,6 +30,7 @@ using Floats = Array<float>;  // on the rank's compute device
 struct BlockActs {
   Floats ln1, ln1_mean, ln1_rstd, qkv, lse, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
   Floats router, router_lse, expert_out, shared_fch, shared_act;  // an MoE block's
+  Floats shared_out, shared_gate;  // with a shared-expert gate: their output before it, the gate
 };
 struct HeadActs {
   Floats lnf, lnf_mean, lnf_rstd, probs;
@@ -37,6 +38,7 @@ struct HeadActs {
 struct BlockWGrads {
   Floats dout, dfch, dln2, dres2, dqkv, dln1;
   Floats drouter, dshared_fch;  // an MoE block's: the router's logits', the shared experts' product's
+  Floats dshared_gate;          // the shared-expert gate's logit's
 };
 struct HeadWGrads {
   Floats dlogits, dlnf, dembed;  // dembed: the stage input's gradient (first stage)
@@ -47,8 +49,9 @@ struct StageScratch {
   Floats gathered, dpartial, summed;         // sequence parallelism: whole rows, a partial, summed rows
   Floats logits, row_max;                    // the head's logits; a split vocabulary's row maxima
   // An MoE block's: the experts' input rows (then their gradients), the expert outputs' gradients,
-  // the combine weights' gradients, the shared experts' activation gradient.
-  Floats routed_in, routed_grad, droute_weight, dshared_act;
+  // the combine weights' gradients (then the gate's), the shared experts' activation gradient, and
+  // with a gate their gated output's gradient (then the gate's input gradient).
+  Floats routed_in, routed_grad, droute_weight, dshared_act, dshared_out;
 };
 
 // How many rows a buffer has, for one micro-batch (or one generation call): every token row, the
@@ -58,8 +61,27 @@ struct StageScratch {
 enum class Rows { tokens, kept, attention, routed };
 // Floats per row: 1, a LayerNorm's mean (1; RMSNorm keeps none), a block width (this rank's part;
 // block_tensors.hpp's Dim of that name), the vocabulary rows this rank holds; and an MoE block's
-// (0 in a dense block): the experts, C, 1, top_k, the shared experts' product and hidden widths.
-enum class Width { one, norm_mean, C, q, qkv, fc, ffn, vocab, experts, moe_C, moe_one, top_k, shared_fc, shared_ffn };
+// (0 in a dense block): the experts, C, 1, top_k (and 1 more with a shared-expert gate: its
+// gradient travels with the combine weights'), the shared experts' product and hidden widths, and
+// where the shared experts have a gate (0 elsewhere) C and 1.
+enum class Width {
+  one,
+  norm_mean,
+  C,
+  q,
+  qkv,
+  fc,
+  ffn,
+  vocab,
+  experts,
+  moe_C,
+  moe_one,
+  top_k,
+  shared_fc,
+  shared_ffn,
+  gated_C,
+  gated_one
+};
 
 struct LayerRows {
   size_t tokens = 0, kept = 0, attention = 0;
@@ -105,6 +127,8 @@ inline constexpr BufferDecl<BlockActs> kBlockActs[] = {
     {&BlockActs::expert_out, Rows::routed, Width::moe_C},  // each row's expert output, for the combine's gradient
     {&BlockActs::shared_fch, Rows::tokens, Width::shared_fc},
     {&BlockActs::shared_act, Rows::tokens, Width::shared_ffn},
+    {&BlockActs::shared_out, Rows::tokens, Width::gated_C},
+    {&BlockActs::shared_gate, Rows::tokens, Width::gated_one},  // sigmoid of the gate's logit
 };
 inline constexpr BufferDecl<HeadActs> kHeadActs[] = {
     {&HeadActs::lnf, Rows::kept, Width::C},
@@ -121,6 +145,7 @@ inline constexpr BufferDecl<BlockWGrads> kBlockWGrads[] = {
     {&BlockWGrads::dln1, Rows::kept, Width::C},
     {&BlockWGrads::drouter, Rows::tokens, Width::experts},
     {&BlockWGrads::dshared_fch, Rows::tokens, Width::shared_fc},
+    {&BlockWGrads::dshared_gate, Rows::tokens, Width::gated_one},
 };
 inline constexpr BufferDecl<HeadWGrads> kHeadWGrads[] = {
     {&HeadWGrads::dlogits, Rows::tokens, Width::vocab, Needed::head},
@@ -143,6 +168,7 @@ inline constexpr BufferDecl<StageScratch> kStageScratch[] = {
     {&StageScratch::routed_grad, Rows::routed, Width::moe_C},
     {&StageScratch::droute_weight, Rows::tokens, Width::top_k},
     {&StageScratch::dshared_act, Rows::tokens, Width::shared_ffn},
+    {&StageScratch::dshared_out, Rows::tokens, Width::gated_C},
 };
 // A split vocabulary's loss also keeps two double sums per token row (its exponentials', the target
 // logit).
@@ -198,7 +224,8 @@ enum class Pass { forward, input, weight };
 // parallelism a reduce-scatter into the kept rows. max: one float per token row (a split
 // vocabulary's row maxima); stats: two doubles per token row (its sums). The last two only where
 // the vocabulary is split. route: an MoE block's combine-weight gradients, top_k floats per token
-// row, summed (each rank's expert outputs are partial sums over its part of the experts' width).
+// row (and one more, the shared-expert gate's), summed (each rank's expert outputs are partial sums
+// over its part of the experts' width).
 enum class Exchange { gather, sum, max, stats, route };
 constexpr int kExchanges = 5;
 
