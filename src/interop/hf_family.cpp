@@ -104,6 +104,26 @@ json hf_qwen2_config(const RunSpec& spec, StoredFloat dtype, const SpecialTokens
   return c;
 }
 
+// A Qwen2MoeForCausalLM: the Qwen2 block whose MLP, every decoder_sparse_step-th block, is a
+// mixture of experts with one gated shared expert of its own width; the other blocks' MLPs dense.
+json hf_qwen_moe_config(const RunSpec& spec, StoredFloat dtype, const SpecialTokens& special) {
+  json c = hf_qwen2_config(spec, dtype, special);
+  const auto& moe = spec.model.moe;
+  const BlockShape s = block_shape(spec, moe.every - 1);
+  c["architectures"] = {"Qwen2MoeForCausalLM"};
+  c["model_type"] = "qwen2_moe";
+  c["decoder_sparse_step"] = moe.every;
+  c["mlp_only_layers"] = json::array();
+  c["moe_intermediate_size"] = s.ffn;
+  c["shared_expert_intermediate_size"] = s.shared_ffn;
+  c["num_experts"] = moe.experts;
+  c["num_experts_per_tok"] = moe.top_k;
+  c["norm_topk_prob"] = moe.norm_topk;
+  c["router_aux_loss_coef"] = moe.aux_loss;
+  c["output_router_logits"] = false;
+  return c;
+}
+
 bool never_transposed(const std::string&) { return false; }
 
 std::vector<HfPart> whole_tensor(const std::string& ours, const std::vector<int64_t>& shape, int) {
@@ -126,6 +146,19 @@ std::string mixtral_cannot_hold(const RunSpec& spec) {
   return "";
 }
 
+// Qwen2-MoE's: one shared expert with its gate, q, k and v biases, dropless.
+std::string qwen_moe_cannot_hold(const RunSpec& spec) {
+  const auto& moe = spec.model.moe;
+  const std::pair<const char*, const char*> unheld[] = {
+      {moe.shared_experts == 0 ? "model.moe.shared_experts" : nullptr, "Qwen2-MoE's blocks have a shared expert"},
+      {!moe.shared_gate ? "model.moe.shared_gate" : nullptr, "Qwen2-MoE's shared expert always has its gate"},
+      {!spec.model.attention_bias ? "model.attention_bias" : nullptr, "Qwen2-MoE's q, k and v products have biases"},
+      {moe.capacity_factor > 0 ? "model.moe.capacity_factor" : nullptr, "Qwen2-MoE is dropless"}};
+  for (auto [key, why] : unheld)
+    if (key) return std::string(key) + ": " + why;
+  return "";
+}
+
 const HfFamily kFamilies[] = {
     {Arch::gpt2, false, "gpt2", "GPT-2", hf_name, hf_transposed, whole_tensor, holds_any, hf_gpt2_config, open_hf_gpt2,
      true},
@@ -135,6 +168,8 @@ const HfFamily kFamilies[] = {
      hf_mixtral_config, open_hf_llama, false},
     {Arch::llama, false, "qwen2", "Qwen2", hf_llama_name, never_transposed, hf_llama_parts, holds_any, hf_qwen2_config,
      open_hf_llama, false},
+    {Arch::llama, true, "qwen2_moe", "Qwen2-MoE", hf_qwen_moe_name, never_transposed, hf_qwen_moe_parts,
+     qwen_moe_cannot_hold, hf_qwen_moe_config, open_hf_llama, false},
 };
 
 }  // namespace
@@ -142,6 +177,7 @@ const HfFamily kFamilies[] = {
 const HfFamily& hf_family(const RunSpec& spec) {
   const bool qwen2 = spec.model.arch == Arch::llama && !spec.model.moe.on() && spec.model.attention_bias;
   if (qwen2) return *hf_family_of_type("qwen2");
+  if (spec.model.moe.on() && spec.model.moe.shared_gate) return *hf_family_of_type("qwen2_moe");
   for (const HfFamily& f : kFamilies)
     if (f.arch == spec.model.arch && f.moe == spec.model.moe.on()) return f;
   throw std::logic_error("no Hugging Face layout for model.arch #" + std::to_string(static_cast<int>(spec.model.arch)));

@@ -156,7 +156,8 @@ class HfSource : public WeightsSource {
 
 // A Hugging Face LlamaForCausalLM directory: config.json (model_type llama) and model.safetensors,
 // or the shards model.safetensors.index.json maps each tensor to; or a MixtralForCausalLM (model_type
-// mixtral), whose experts' matrices are parts of pipetrain's stacked ones (llama_layout.hpp).
+// mixtral) or Qwen2MoeForCausalLM (qwen2_moe), whose experts' matrices are parts of pipetrain's
+// stacked ones (llama_layout.hpp); or a Qwen2ForCausalLM (qwen2).
 // Tensors are F32, BF16 or F16 in pipetrain's layout already; the config must describe the block
 // pipetrain computes.
 class HfLlamaSource : public WeightsSource {
@@ -164,7 +165,8 @@ class HfLlamaSource : public WeightsSource {
   HfLlamaSource(const std::string& dir, const json& config, const std::string& config_path)
       : WeightsSource(dir),
         mixtral_(config.value("model_type", "") == "mixtral"),
-        qwen2_(config.value("model_type", "") == "qwen2") {
+        qwen_moe_(config.value("model_type", "") == "qwen2_moe"),
+        qwen2_(qwen_moe_ || config.value("model_type", "") == "qwen2") {
     check_config(config, config_path);
     const std::string index = dir + "/model.safetensors.index.json";
     std::map<std::string, std::string> file_of;  // Hugging Face name -> its file
@@ -200,15 +202,18 @@ class HfLlamaSource : public WeightsSource {
   std::string kind() const override {
     const auto wte = by_name_.find("wte.weight");
     return "Hugging Face " +
-           std::string(mixtral_ ? "Mixtral"
-                       : qwen2_ ? "Qwen2"
-                                : "Llama") +
+           std::string(mixtral_    ? "Mixtral"
+                       : qwen_moe_ ? "Qwen2-MoE"
+                       : qwen2_    ? "Qwen2"
+                                   : "Llama") +
            " directory" + std::string(files_.size() > 1 ? ", sharded" : "") +
            (wte == by_name_.end() ? "" : ", " + wte->second.front().entry->dtype) +
            (tied_ && by_name_.count("lm_head.weight") ? kUnusedHead : "");
   }
   std::vector<DeclaredKey> declared() const override { return declared_; }
-  std::string own_name(const std::string& name) const override { return hf_llama_name(name); }
+  std::string own_name(const std::string& name) const override {
+    return qwen_moe_ ? hf_qwen_moe_name(name) : hf_llama_name(name);
+  }
 
   std::optional<std::vector<int64_t>> shape(const std::string& name) const override {
     auto it = by_name_.find(name);
@@ -282,6 +287,7 @@ class HfLlamaSource : public WeightsSource {
       declare_int(declared_, c, path, "intermediate_size", "model.moe.ffn_hidden");
       declared_.push_back({"model.moe.norm_topk", "true", "config.json model_type mixtral (renormalised top-k)"});
     }
+    if (qwen_moe_) declare_qwen_moe(c, path);
     declare_int(declared_, c, path, "vocab_size", "model.vocab");
     declared_.push_back({"model.attention_bias", qwen2_ ? "true" : "false",
                          qwen2_ ? "config.json model_type qwen2 (q, k and v biases)" : "config.json attention_bias"});
@@ -301,12 +307,33 @@ class HfLlamaSource : public WeightsSource {
     declared_.push_back({"model.tie_embeddings", tied_ ? "true" : "false", "config.json tie_word_embeddings"});
   }
 
+  // A Qwen2-MoE: every decoder_sparse_step-th block an MoE block (the others dense, intermediate_size
+  // wide), its experts moe_intermediate_size wide, one shared expert with its gate, top-k as
+  // norm_topk_prob says (Qwen2MoeConfig's default: not renormalised).
+  void declare_qwen_moe(const json& c, const std::string& path) {
+    if (c.contains("mlp_only_layers") && !(c["mlp_only_layers"].is_array() && c["mlp_only_layers"].empty()))
+      throw SpecError(
+          path + ": mlp_only_layers = " + c["mlp_only_layers"].dump() +
+          ": pipetrain's MoE blocks are every model.moe.every-th (decoder_sparse_step), with no others dense");
+    declare_int(declared_, c, path, "num_experts", "model.moe.experts");
+    declare_int(declared_, c, path, "num_experts_per_tok", "model.moe.top_k");
+    declare_int(declared_, c, path, "moe_intermediate_size", "model.moe.ffn_hidden");
+    declare_int(declared_, c, path, "decoder_sparse_step", "model.moe.every");
+    declared_.push_back({"model.moe.shared_experts", "1", "config.json model_type qwen2_moe (one shared expert)"});
+    declare_int(declared_, c, path, "shared_expert_intermediate_size", "model.moe.shared_ffn_hidden");
+    declared_.push_back({"model.moe.shared_gate", "true", "config.json model_type qwen2_moe (shared_expert_gate)"});
+    const bool norm = c.value("norm_topk_prob", false);
+    declared_.push_back({"model.moe.norm_topk", norm ? "true" : "false",
+                         c.contains("norm_topk_prob") ? "config.json norm_topk_prob"
+                                                      : "config.json (no norm_topk_prob: Hugging Face's false)"});
+  }
+
   struct Held {
     const SafetensorsEntry* entry;
     const SafetensorsFile* file;
     int64_t first_row;  // in pipetrain's tensor (a Mixtral expert's part of the stacked experts)
   };
-  bool mixtral_, qwen2_;
+  bool mixtral_, qwen_moe_, qwen2_;  // qwen2_: Qwen2's block (q, k and v biases), a Qwen2-MoE's too
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, std::vector<Held>> by_name_;
   bool tied_ = false;

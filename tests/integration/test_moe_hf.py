@@ -1,4 +1,4 @@
-"""Hugging Face Mixtral in and out. `pipetrain export --format hf` of a mixture-of-experts
+"""Hugging Face Mixtral and Qwen2-MoE in and out. `pipetrain export --format hf` of a mixture-of-experts
 checkpoint writes a MixtralForCausalLM directory (each expert's w1, w3 and w2 cut from pipetrain's
 stacked experts) that the independent PyTorch mixture of experts (tests/lib/torch_moe.py: written
 from the published formulas, Hugging Face's names, its own safetensors reader) evaluates to
@@ -61,6 +61,42 @@ def random_mixtral(directory, shards=1, dtypes=("F32",), **config_changes):
                       q + "w2.weight": rng.normal(0, 0.1, (D, F))})
     w["lm_head.weight"] = rng.normal(0, 0.1, (V, D))
     return write_hf_directory(directory, cfg, w, shards, dtypes)
+
+
+def random_qwen_moe(directory, **config_changes):
+    """A random Qwen2-MoE (2 blocks of 64, the first dense (decoder_sparse_step 2) with SwiGLU 48,
+    the second 4 experts of 24, top-2 unnormalised, a shared expert of 40 with its gate; q, k and v
+    biases) as a Hugging Face directory, written from the format's description."""
+    os.makedirs(directory, exist_ok=True)
+    FE, FS = 24, 40
+    cfg = {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "vocab_size": V, "hidden_size": D,
+           "intermediate_size": F, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "num_experts": E, "num_experts_per_tok": K, "moe_intermediate_size": FE,
+           "shared_expert_intermediate_size": FS, "decoder_sparse_step": 2, "norm_topk_prob": False,
+           "mlp_only_layers": [], "hidden_act": "silu", "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
+           "rope_theta": 1000.0, "use_sliding_window": False, "sliding_window": 4096, "tie_word_embeddings": False,
+           "torch_dtype": "float32"}
+    cfg.update(config_changes)
+    rng = np.random.default_rng(6)
+    w = {"model.embed_tokens.weight": rng.normal(0, 0.5, (V, D)), "model.norm.weight": 1 + rng.normal(0, 0.1, D),
+         "lm_head.weight": rng.normal(0, 0.1, (V, D))}
+    for i in range(2):
+        p = f"model.layers.{i}."
+        w.update({p + "input_layernorm.weight": 1 + rng.normal(0, 0.1, D),
+                  p + "post_attention_layernorm.weight": 1 + rng.normal(0, 0.1, D),
+                  p + "self_attn.o_proj.weight": rng.normal(0, 0.1, (D, D))})
+        for proj, rows in [("q", D), ("k", KV), ("v", KV)]:
+            w[f"{p}self_attn.{proj}_proj.weight"] = rng.normal(0, 0.15, (rows, D))
+            w[f"{p}self_attn.{proj}_proj.bias"] = rng.normal(0, 0.1, rows)
+        mlps = [(p + "mlp.", F)] if i == 0 else [(f"{p}mlp.experts.{e}.", FE) for e in range(E)] + [(p + "mlp.shared_expert.", FS)]
+        for at, width in mlps:
+            w.update({at + "gate_proj.weight": rng.normal(0, 0.15, (width, D)),
+                      at + "up_proj.weight": rng.normal(0, 0.15, (width, D)),
+                      at + "down_proj.weight": rng.normal(0, 0.1, (D, width))})
+        if i == 1:
+            w[p + "mlp.gate.weight"] = rng.normal(0, 0.3, (E, D))
+            w[p + "mlp.shared_expert_gate.weight"] = rng.normal(0, 0.3, (1, D))
+    return write_hf_directory(directory, cfg, w, 1, ("F32",))
 
 
 def run_from(name, source, steps, *sets, ranks=2):
@@ -145,11 +181,63 @@ def init_from_random_mixtral_follows_torch():
             expect(got and got[-1] < got[0] - 0.1, f"{name}: and the loss falls")
 
 
+# A mixture of experts as Qwen-MoE builds one: a gated shared expert of its own width, the chosen
+# probabilities as they are, every other block an MoE block, q, k and v biases.
+QWEN_MOE = ["model.moe.shared_experts=1", "model.moe.shared_gate=true", "model.moe.shared_ffn_hidden=128",
+            "model.moe.norm_topk=false", "model.moe.every=2", "model.attention_bias=true"]
+
+
+@scenario
+def qwen_moe_in_and_out():
+    """Qwen2-MoE: moe-tiny as Qwen-MoE builds it, trained on 2 tensor ranks, exports as a
+    Qwen2MoeForCausalLM (its config, each expert's gate_proj, up_proj and down_proj, the shared
+    expert and its gate, the dense block's MLP) that the PyTorch mixture of experts built from the
+    directory alone evaluates to `pipetrain eval`'s loss within 1e-5; a random Qwen2-MoE written
+    here, loaded by train.init_from on 2 stages x 2 replicas splitting the experts (ep 2), starts at
+    PyTorch's loss and follows its AdamW for 10 steps within 1e-5."""
+    a = settings()
+    x, y = batch("val", 0)
+    ckpt = trained("qwen_moe_tp2", 2, "parallel.tp=2", *QWEN_MOE)
+    out = os.path.join(a.work, "hf_qwen_moe")
+    p = export(ckpt, out)
+    expect(p.returncode == 0 and "Hugging Face Qwen2-MoE directory" in p.stdout,
+           f"export exit 0, says what it wrote ({p.stdout.strip()[-200:]}{p.stderr.strip()[-200:]})")
+    if p.returncode == 0:
+        model, cfg = torch_moe.from_hf(out)
+        expect(cfg["architectures"] == ["Qwen2MoeForCausalLM"] and cfg["num_experts"] == 8 and
+               cfg["moe_intermediate_size"] == 96 and cfg["shared_expert_intermediate_size"] == 128 and
+               cfg["intermediate_size"] == 192 and cfg["decoder_sparse_step"] == 2 and cfg["norm_topk_prob"] is False,
+               "config.json describes the mixture of experts")
+        weights = torch_llama.read_safetensors(os.path.join(out, "model.safetensors"))
+        at = "model.layers.1.mlp."
+        expect(weights[at + "experts.7.gate_proj.weight"].shape == (96, 64) and
+               weights[at + "experts.7.down_proj.weight"].shape == (64, 96) and
+               weights[at + "shared_expert.down_proj.weight"].shape == (64, 128) and
+               weights[at + "shared_expert_gate.weight"].shape == (1, 64) and
+               weights["model.layers.0.mlp.gate_proj.weight"].shape == (192, 64) and
+               "model.layers.0.self_attn.k_proj.bias" in weights, "Qwen2-MoE's names and [out, in] shapes")
+        with torch.no_grad():
+            got = model(x, y).item()
+        want = eval_loss(ckpt)
+        expect(rel_diff(got, want) <= 1e-5, f"PyTorch Qwen2-MoE of the export {got:.7f} == eval {want:.7f}")
+    source = random_qwen_moe(os.path.join(a.work, "random_qwen_moe"))
+    r = run_from("from_qwen_moe", source, 10, "parallel.ep=2", ranks=4)
+    expect(f"initialised from {source} (Hugging Face Qwen2-MoE directory" in r.out, "the start line names it")
+    got = [m["loss"] for m in r.metrics()] if r.rc == 0 else []
+    model, _ = torch_moe.from_hf(source)
+    want = torch_adamw_losses(model, 10)
+    worst = max((rel_diff(g, w) for g, w in zip(got, want)), default=1.0)
+    expect(len(got) == 10 and worst <= 1e-5 and got[-1] < got[0] - 0.1,
+           f"10 steps: pipetrain {[round(v, 5) for v in got[:3]]}.. == PyTorch {[round(v, 5) for v in want[:3]]}.. "
+           f"(worst rel {worst:.1e}), and the loss falls")
+
+
 @scenario
 def refusals_exit_2():
-    """What pipetrain's mixture of experts does not compute, or Mixtral cannot hold, exits 2 with
-    one line naming the key: a sliding window, router noise, an OLMoE model_type, and the export
-    of a model with shared experts, unnormalised weights or MoE blocks beside dense ones."""
+    """What pipetrain's mixture of experts does not compute, or Mixtral or Qwen2-MoE cannot hold,
+    exits 2 with one line naming the key: a sliding window, router noise, an OLMoE model_type, a
+    Qwen2-MoE's dense mlp_only_layers, and the export as Mixtral of a model with shared experts,
+    unnormalised weights or MoE blocks beside dense ones, as Qwen2-MoE of one without attention biases."""
     a = settings()
     for key, value, words in [("sliding_window", 4096, "sliding_window = 4096"),
                               ("router_jitter_noise", 0.1, "router_jitter_noise = 0.1"),
@@ -159,13 +247,18 @@ def refusals_exit_2():
                    BASE + ["run.steps=1", f"data.path={token_file()}", f"train.init_from={source}"])
         lines = [line for line in r.err.strip().splitlines() if line]
         expect(r.rc == 2 and len(lines) == 1 and words in lines[0], f"{key}: exit 2, one line naming it ({r.err.strip()})")
-    for sets, key in [(["model.moe.shared_experts=1"], "model.moe.shared_experts"),
-                      (["model.moe.norm_topk=false"], "model.moe.norm_topk"),
-                      (["model.moe.every=2"], "model.moe.every")]:
+    qwen = random_qwen_moe(os.path.join(a.work, "refused_mlp_only_layers"), mlp_only_layers=[0])
+    r = launch(a, 1, os.path.join(a.work, "run_refused_mlp_only_layers"), None,
+               BASE + ["run.steps=1", f"data.path={token_file()}", f"train.init_from={qwen}"])
+    expect(r.rc == 2 and "mlp_only_layers = [0]" in r.err, f"mlp_only_layers: exit 2 naming it ({r.err.strip()})")
+    for sets, key, family in [(["model.moe.shared_experts=1"], "model.moe.shared_experts", "Mixtral"),
+                              (["model.moe.norm_topk=false"], "model.moe.norm_topk", "Mixtral"),
+                              (["model.moe.every=2"], "model.moe.every", "Mixtral"),
+                              ([s for s in QWEN_MOE if "attention_bias" not in s], "model.attention_bias", "Qwen2-MoE")]:
         ckpt = trained("refused_" + key.split(".")[-1], 1, *sets)
         out = os.path.join(a.work, "hf_refused_" + key.split(".")[-1])
         p = export(ckpt, out)
-        expect(p.returncode == 2 and key in p.stderr and "Mixtral" in p.stderr and not os.path.exists(out),
+        expect(p.returncode == 2 and key in p.stderr and family in p.stderr and not os.path.exists(out),
                f"export with {key}: exit 2 naming it, nothing written ({p.stderr.strip()})")
 
 

@@ -137,10 +137,26 @@ def from_checkpoint(ckpt_dir, spec):
     return filled(MoeLlama(spec), load_hf_named(ckpt_dir, spec))
 
 
+def from_qwen_moe_name(name, every):
+    """This module's name for a Qwen2MoeForCausalLM tensor: an MoE block's mlp.gate, mlp.experts.{e}
+    .gate_proj / up_proj / down_proj, mlp.shared_expert and mlp.shared_expert_gate are Mixtral's
+    block_sparse_moe names here; a dense block's mlp stays."""
+    if ".mlp." not in name or int(name.split(".")[2]) % every != every - 1:
+        return name
+    head, tail = name.split(".mlp.")
+    for theirs, ours in [("gate_proj.weight", "w1.weight"), ("up_proj.weight", "w3.weight"),
+                         ("down_proj.weight", "w2.weight")]:
+        if tail.startswith("experts.") and tail.endswith(theirs):
+            tail = tail[:-len(theirs)] + ours
+    if tail.startswith("shared_expert."):
+        tail = "shared_experts." + tail[len("shared_expert."):]
+    return head + ".block_sparse_moe." + tail
+
+
 def from_hf(directory):
-    """A mixture of experts from a Hugging Face MixtralForCausalLM directory alone: config.json's
-    shape and constants, the weights of model.safetensors or of the shards its index lists, by
-    Hugging Face's names."""
+    """A mixture of experts from a Hugging Face MixtralForCausalLM or Qwen2MoeForCausalLM directory
+    alone: config.json's shape and constants, the weights of model.safetensors or of the shards its
+    index lists, by Hugging Face's names."""
     import json
     import os
     cfg = json.load(open(os.path.join(directory, "config.json")))
@@ -152,7 +168,17 @@ def from_hf(directory):
     spec = dict(n_layer=cfg["num_hidden_layers"], d_model=cfg["hidden_size"], n_head=cfg["num_attention_heads"],
                 n_kv_head=cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
                 ffn_hidden=cfg["intermediate_size"], vocab=cfg["vocab_size"], tie=cfg.get("tie_word_embeddings", False),
-                rope_theta=cfg.get("rope_theta", 1e6), norm_eps=cfg.get("rms_norm_eps", 1e-5),
-                moe=dict(experts=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"],
-                         ffn_hidden=cfg["intermediate_size"], norm_topk=True))
+                rope_theta=cfg.get("rope_theta", 1e6), norm_eps=cfg.get("rms_norm_eps", 1e-5))
+    if cfg["model_type"] == "qwen2_moe":  # Qwen2MoeConfig's defaults where the file leaves them out
+        every = cfg.get("decoder_sparse_step", 1)
+        spec.update(rope_theta=cfg.get("rope_theta", 10000.0), norm_eps=cfg.get("rms_norm_eps", 1e-6),
+                    attention_bias=True,
+                    moe=dict(experts=cfg["num_experts"], top_k=cfg["num_experts_per_tok"],
+                             ffn_hidden=cfg["moe_intermediate_size"], norm_topk=cfg.get("norm_topk_prob", False),
+                             every=every, shared_experts=1, shared_ffn_hidden=cfg["shared_expert_intermediate_size"],
+                             shared_gate=True))
+        weights = {from_qwen_moe_name(n, every): t for n, t in weights.items()}
+    else:
+        spec["moe"] = dict(experts=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"],
+                           ffn_hidden=cfg["intermediate_size"], norm_topk=True)
     return filled(MoeLlama(spec), weights), cfg

@@ -8,7 +8,11 @@
 // A mixture of experts appears as a MixtralForCausalLM: an MoE block's router is
 // "model.layers.{i}.block_sparse_moe.gate.weight", and its stacked experts are cut expert by
 // expert: expert e's gate rows of mlp.experts.gate_up_proj are "...block_sparse_moe.experts.{e}.w1.weight",
-// its up rows "...w3.weight", its rows of mlp.experts.down_proj "...w2.weight".
+// its up rows "...w3.weight", its rows of mlp.experts.down_proj "...w2.weight". Or, with a gated
+// shared expert, as a Qwen2MoeForCausalLM: the router "model.layers.{i}.mlp.gate.weight", expert
+// e's "...mlp.experts.{e}.gate_proj.weight", "up_proj.weight", "down_proj.weight", the shared
+// experts "...mlp.shared_expert.{gate,up,down}_proj.weight" and their gate
+// "...mlp.shared_expert_gate.weight".
 #pragma once
 #include <cstdint>
 #include <string>
@@ -19,6 +23,7 @@ namespace pipetrain {
 // "model.layers.3.self_attn.q_proj.weight" for "h.3.self_attn.q_proj.weight" (a stacked expert
 // tensor: its parts' names with {e} for the expert, for messages).
 std::string hf_llama_name(const std::string& name);
+std::string hf_qwen_moe_name(const std::string& name);  // the same in a Qwen2MoeForCausalLM
 
 // A run of rows of a pipetrain tensor stored as one Hugging Face tensor.
 struct HfPart {
@@ -28,7 +33,8 @@ struct HfPart {
 // The Hugging Face tensors pipetrain tensor `name` of `shape` is stored as: itself, or an MoE
 // block's stacked experts (`experts` of them) one part per expert and matrix.
 std::vector<HfPart> hf_llama_parts(const std::string& name, const std::vector<int64_t>& shape, int experts);
-// The pipetrain tensor a Hugging Face Llama or Mixtral tensor of `rows` rows is (a part of), and
+std::vector<HfPart> hf_qwen_moe_parts(const std::string& name, const std::vector<int64_t>& shape, int experts);
+// The pipetrain tensor a Hugging Face Llama, Mixtral or Qwen-MoE tensor of `rows` rows is (a part of), and
 // where its rows start there; name "" for one pipetrain has no use for (a stored rotary frequency
 // table, say) or does not know.
 HfPart part_from_hf_llama(const std::string& hf, int64_t rows);
