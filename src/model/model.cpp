@@ -19,8 +19,8 @@ size_t Stage::scratch_bytes() const {
 }
 
 Stage::Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end, int micro_batches,
-             float grad_scale, TpPart tp)
-    : Stage(spec, {{stage, block_begin, block_end}}, n_stages, micro_batches, grad_scale, tp) {}
+             float grad_scale, TpPart tp, TpPart ep)
+    : Stage(spec, {{stage, block_begin, block_end}}, n_stages, micro_batches, grad_scale, tp, ep) {}
 
 Stage::Stage(const RunSpec& spec, const std::vector<ChunkRange>& chunks, int n_virtual, int micro_batches,
              float grad_scale, TpPart tp, TpPart ep)

@@ -203,6 +203,58 @@ TEST_CASE("MoE stage on two tensor ranks gives one rank's loss and gradients", "
   }
 }
 
+TEST_CASE("MoE stage on two expert ranks gives each replica's loss and gradients, an expert's summed over both",
+          "[moe]") {
+  const int N = 2 * 4;
+  using Grads = std::vector<std::pair<ParamTensor, std::vector<float>>>;
+  for (bool gate : {false, true}) {
+    INFO("shared-expert gate " << gate);
+    const RunSpec spec = moe_spec(4, 2, 1, 1, true, gate);
+    const std::vector<int> tokens[2] = {random_tokens(N, 11, 3), random_tokens(N, 11, 5)},
+                           targets[2] = {random_tokens(N, 11, 4), random_tokens(N, 11, 6)};
+    // Replica `replica`'s micro-batch on expert rank `rank` of `ep`.
+    auto run = [&](int ep, int rank, int replica, ExpertGroup* group, double* loss) {
+      Stage st(spec, 0, 1, 0, 2, 1, 1.f / N, TpPart{}, TpPart{rank, ep});
+      if (group) st.set_expert_group(group);
+      st.init_params(7);  // per name: each expert rank its part of the same model
+      st.zero_grads();
+      st.set_tokens(0, tokens[replica].data());
+      st.set_targets(0, targets[replica].data());
+      *loss = st.forward(0, 0, nullptr);
+      st.backward(0, 0, nullptr, nullptr);
+      const std::vector<float> g = st.grads().to_host();
+      Grads out;
+      for (const ParamTensor& p : st.params())
+        out.emplace_back(p, std::vector<float>(g.begin() + p.offset, g.begin() + p.offset + p.size));
+      return out;
+    };
+    double alone[2], split[2];
+    const Grads whole[2] = {run(1, 0, 0, nullptr, &alone[0]), run(1, 0, 1, nullptr, &alone[1])};
+    Grads parts[2];
+    testing::run_expert_ranks(
+        2, [&](int rank, ExpertGroup* group) { parts[rank] = run(2, rank, rank, group, &split[rank]); });
+    for (int r = 0; r < 2; ++r) {
+      CHECK(split[r] == Approx(alone[r]).epsilon(1e-6));
+      REQUIRE(parts[r].size() == whole[r].size());
+      for (size_t i = 0; i < parts[r].size(); ++i) {
+        const auto& [p, got] = parts[r][i];
+        INFO(p.name << " on expert rank " << r);
+        std::vector<float> want(whole[r][i].second);
+        if (p.expert) {  // this rank's experts, which both replicas' tokens went through
+          std::vector<float> sum(whole[0][i].second);
+          for (size_t j = 0; j < sum.size(); ++j) sum[j] += whole[1][i].second[j];
+          want.resize(p.size);
+          take_part(p.tp, p.shape, sum.data(), want.data());
+        }
+        REQUIRE(got.size() == want.size());
+        for (size_t j = 0; j < got.size(); ++j) CHECK(got[j] == Approx(want[j]).margin(1e-6).epsilon(1e-5));
+      }
+    }
+    CHECK(parts[0][0].first.name == whole[0][0].first.name);
+    CHECK(std::count_if(parts[0].begin(), parts[0].end(), [](const auto& t) { return t.first.expert; }) == 4);
+  }
+}
+
 TEST_CASE("MoE stage: forward_cached, a prompt then one token at a time, gives forward()'s probabilities", "[moe]") {
   // Routing is per token (dropless), so a token chooses the same experts in a batch of one.
   RunSpec spec = moe_spec(4, 2, 1, 1, true);

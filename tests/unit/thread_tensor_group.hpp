@@ -1,9 +1,11 @@
 // A tensor group whose ranks are threads of one process: the collectives a Stage's layers call
-// (model/tensor_parallel.hpp), done in shared memory. Each rank posts its buffer, all wait at a
+// (model/tensor_parallel.hpp), done in shared memory; and likewise an expert group's all-to-alls
+// (model/expert_parallel.hpp). Each rank posts its buffer, all wait at a
 // barrier, each computes its own result from every rank's buffer in rank order (so all ranks get
 // the same bits), and all wait again before any buffer may change. Lets a unit test run a real
 // tensor-parallel Stage per thread without MPI.
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -13,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "pipetrain/model/expert_parallel.hpp"
 #include "pipetrain/model/tensor_parallel.hpp"
 
 namespace pipetrain::testing {
@@ -92,13 +95,48 @@ class ThreadTensorGroup : public TensorGroup {
   int rank_;
 };
 
-// Runs f(rank) on `size` threads, one per rank of a thread tensor group (the calling thread
-// alone when size is 1), and rethrows the first failure.
-inline void run_tensor_ranks(int size, const std::function<void(int rank, TensorGroup* group)>& f) {
+class ThreadExpertGroup : public ExpertGroup {
+ public:
+  ThreadExpertGroup(ThreadGroupState& state, int rank) : state_(state), rank_(rank) {}
+  void all_to_all(const int* send, int* recv, int n) override {
+    const auto all = state_.exchange(rank_, send);
+    for (size_t i = 0; i < all.size(); ++i) std::copy_n(all[i] + rank_ * n, n, recv + i * n);
+    state_.barrier();
+  }
+  void all_to_all(const float* send, const std::vector<int>& send_counts, float* recv,
+                  const std::vector<int>& recv_counts) override {
+    const Posted mine{send, &send_counts};
+    const auto all = state_.exchange(rank_, &mine);
+    size_t at = 0;
+    for (size_t i = 0; i < all.size(); ++i) {
+      const std::vector<int>& counts = *all[i]->counts;  // what rank i sends each rank
+      size_t from = 0;
+      for (int j = 0; j < rank_; ++j) from += counts[j];
+      if (counts[rank_] != recv_counts[i]) throw std::logic_error("an expert all-to-all's counts disagree");
+      std::copy_n(all[i]->send + from, counts[rank_], recv + at);
+      at += recv_counts[i];
+    }
+    state_.barrier();
+  }
+
+ private:
+  struct Posted {
+    const float* send;
+    const std::vector<int>* counts;
+  };
+  ThreadGroupState& state_;
+  int rank_;
+};
+
+// Runs f(rank, group) on `size` threads, one per rank of a group of `Group` (a thread tensor or
+// expert group; the calling thread alone, without one, when size is 1), and rethrows the first
+// failure.
+template <class Group, class Interface>
+void run_ranks(int size, const std::function<void(int rank, Interface* group)>& f) {
   if (size == 1) return f(0, nullptr);
   ThreadGroupState state(size);
-  std::vector<std::unique_ptr<ThreadTensorGroup>> groups;
-  for (int r = 0; r < size; ++r) groups.push_back(std::make_unique<ThreadTensorGroup>(state, r));
+  std::vector<std::unique_ptr<Group>> groups;
+  for (int r = 0; r < size; ++r) groups.push_back(std::make_unique<Group>(state, r));
   std::vector<std::exception_ptr> errors(size);
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r)
@@ -112,6 +150,12 @@ inline void run_tensor_ranks(int size, const std::function<void(int rank, Tensor
   for (auto& t : threads) t.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
+}
+inline void run_tensor_ranks(int size, const std::function<void(int rank, TensorGroup* group)>& f) {
+  run_ranks<ThreadTensorGroup, TensorGroup>(size, f);
+}
+inline void run_expert_ranks(int size, const std::function<void(int rank, ExpertGroup* group)>& f) {
+  run_ranks<ThreadExpertGroup, ExpertGroup>(size, f);
 }
 
 }  // namespace pipetrain::testing

@@ -80,7 +80,7 @@ class Stage {
         TpPart tp = {}, TpPart ep = {});
   // One chunk: global blocks [block_begin, block_end) as stage `stage` out of `n_stages`.
   Stage(const RunSpec& spec, int stage, int n_stages, int block_begin, int block_end, int micro_batches,
-        float grad_scale, TpPart tp = {});
+        float grad_scale, TpPart tp = {}, TpPart ep = {});
   // The collectives over this stage's tensor group; it must outlive the Stage's passes.
   void set_tensor_group(TensorGroup* group) { group_ = group; }
   // The all-to-alls over its expert group; it must outlive the Stage's passes.
