@@ -51,6 +51,10 @@ void use_spec_device(const RunSpec& spec, int local_rank, int local_ranks) {
     throw SpecError(spec.origin("model.moe.experts") +
                     ": model.moe.experts: a mixture of experts trains on the CPU in this build (its routing kernels "
                     "have no GPU twin yet): run.device = \"cpu\"");
+  if (spec.model.qk_norm)
+    throw SpecError(spec.origin("model.qk_norm") +
+                    ": model.qk_norm: q and k norms train on the CPU in this build (their kernels have no GPU twin "
+                    "yet): run.device = \"cpu\"");
   try {
     set_compute_device(Device::gpu, local_rank, local_ranks);
   } catch (const std::runtime_error& e) {

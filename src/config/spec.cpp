@@ -159,7 +159,8 @@ void validate_model(const RunSpec& s, const std::function<void(const std::string
         {"model.ffn_hidden", m.ffn_hidden != d.ffn_hidden},
         {"model.ffn_multiple_of", m.ffn_multiple_of != d.ffn_multiple_of},
         {"model.norm_eps", m.norm_eps != d.norm_eps},
-        {"model.attention_bias", m.attention_bias != d.attention_bias}};
+        {"model.attention_bias", m.attention_bias != d.attention_bias},
+        {"model.qk_norm", m.qk_norm != d.qk_norm}};
     for (const auto& [key, set] : llama_only)
       if (set) fail(key, "belongs to model.arch = \"llama\"; this spec's model.arch is \"gpt2\"");
     return;

@@ -367,6 +367,9 @@ std::vector<SpecKey> build_schema() {
       double_key("model", "norm_eps", FIELD(double, model.norm_eps), 1e-12, 1, "llama: RMSNorm's epsilon"),
       bool_key("model", "attention_bias", FIELD(bool, model.attention_bias),
                "llama: the q, k and v products have biases (Qwen2's; the output product and the MLP have none)"),
+      bool_key("model", "qk_norm", FIELD(bool, model.qk_norm),
+               "llama: an RMSNorm (weights q_norm, k_norm) over each token's whole q and whole k, after their "
+               "products and before the rotary positions (OLMo 2's and OLMoE's)"),
       int_key("model", "moe.experts", FIELD(int, model.moe.experts), 0, 1 << 16,
               "llama: routed experts of each MoE block, a router sending each token to moe.top_k of them "
               "(0 = a dense model)"),

@@ -20,6 +20,7 @@ BlockShape block_shape(const RunSpec& spec) {
   s.fc = llama ? 2 * s.ffn : s.ffn;
   s.norm_stats = llama ? 1 : 2;
   s.qkv_bias = llama && m.attention_bias;
+  s.qk_norm = llama && m.qk_norm;
   return s;
 }
 

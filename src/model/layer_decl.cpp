@@ -37,6 +37,10 @@ size_t LayerWidths::operator[](Width w) const {
       return shape.shared_gate ? shape.C : 0;
     case Width::gated_one:
       return shape.shared_gate ? 1 : 0;
+    case Width::qk:
+      return shape.qk_norm ? static_cast<size_t>(shape.q + shape.kv) : 0;
+    case Width::qk_two:
+      return shape.qk_norm ? 2 : 0;
   }
   return 0;
 }
@@ -67,11 +71,13 @@ Messages layer_messages(Layer layer, Pass pass, int tp, bool sequence_parallel, 
   for (const ExchangeDecl& d : kLayerExchanges) {
     if (d.layer != layer || d.pass != pass) continue;
     if (d.kind == Exchange::gather && !sequence_parallel) continue;
+    if (d.kind == Exchange::qk_norm && !widths.shape.qk_norm) continue;
     const double bytes = d.kind == Exchange::max     ? sizeof(float) * static_cast<double>(rows.tokens)
                          : d.kind == Exchange::stats ? sizeof(double) * kSplitVocabDoublesPerRow * rows.tokens
                          : d.kind == Exchange::route
                              ? sizeof(float) * static_cast<double>(rows.tokens) * widths[Width::top_k]
-                             : whole_rows;
+                         : d.kind == Exchange::qk_norm ? sizeof(float) * 2.0 * rows.tokens
+                                                       : whole_rows;
     MessageCount& c = m[static_cast<int>(d.kind)];
     c.calls += d.count;
     c.bytes += d.count * bytes;

@@ -78,7 +78,8 @@ std::vector<ParamTensor> stage_params(const RunSpec& spec, int stage, int n_stag
       TpSlice split;
       if (tp.size > 1 && (split_by_tp(t.rows) || split_by_tp(t.cols))) {
         const Dim d = split_by_tp(t.rows) ? t.rows : t.cols;
-        const bool kv = d == Dim::kv || d == Dim::kv_bias;  // a key/value head may be held by several ranks
+        // a key/value head may be held by several ranks
+        const bool kv = d == Dim::kv || d == Dim::kv_bias || d == Dim::kv_norm;
         split = {shape_of(t, whole), split_by_tp(t.rows) ? 0 : 1, split_groups(d, mine),
                  kv ? heads_part(whole.NKV, tp) : tp, kv ? heads_replica(whole.NKV, tp) : TpPart{}};
       }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "pipetrain/compute/kernels.hpp"
+#include "pipetrain/compute/split_rmsnorm_kernels.hpp"
 #include "pipetrain/model/model.hpp"
 
 namespace pipetrain {
@@ -36,12 +37,49 @@ void Stage::mlp_activation_backward(float* dfch, const BlockActs& a, const float
   else k_.gelu_backward(dfch, a.fch.data(), dact, static_cast<size_t>(N) * shape_.fc);
 }
 
+void Stage::sum_qk_partials(float* sums, int N) {
+  if (tp_.size == 1) return;
+  count_sent(Exchange::qk_norm, sizeof(float) * 2 * N);
+  group_->sum(sums, 2 * static_cast<size_t>(N));
+}
+
+void Stage::qk_norm_forward(BlockActs& a, const float* w, int N) {
+  const int Q = shape_.q, KV = shape_.kv, QK = Q + KV, QKV = shape_.qkv;
+  float *raw = a.qk_raw.data(), *sums = scratch_.qk_sums.data();
+  for (int t = 0; t < N; ++t)
+    copy_values(raw + static_cast<size_t>(t) * QK, a.qkv.data() + static_cast<size_t>(t) * QKV, QK);
+  split_rms_squares(sums, raw, N, Q, QK);
+  split_rms_squares(sums + N, raw + Q, N, KV, QK);
+  sum_qk_partials(sums, N);
+  // A key/value head several tensor ranks hold counts once.
+  for (int t = 0; t < N && kv_copies_ > 1; ++t) sums[N + t] /= static_cast<float>(kv_copies_);
+  split_rms_forward(a.qkv.data(), a.qk_rstd.data(), raw, sums, w, N, Q, QK, QKV, q_whole_, norm_eps_);
+  split_rms_forward(a.qkv.data() + Q, a.qk_rstd.data() + N, raw + Q, sums + N, w + Q, N, KV, QK, QKV, kv_whole_,
+                    norm_eps_);
+}
+
+void Stage::qk_norm_backward(const BlockActs& a, float* dqkv, float* dw, const float* w, float* keep, int N) {
+  const int Q = shape_.q, KV = shape_.kv, QK = Q + KV, QKV = shape_.qkv;
+  const float *raw = a.qk_raw.data(), *rstd = a.qk_rstd.data();
+  float* sums = scratch_.qk_sums.data();
+  split_rms_dots(sums, dqkv, raw, w, N, Q, QK, QKV);
+  split_rms_dots(sums + N, dqkv + Q, raw + Q, w + Q, N, KV, QK, QKV);
+  sum_qk_partials(sums, N);  // a shared head's dot: its ranks' parts of dk, summed
+  if (keep)
+    for (int t = 0; t < N; ++t)
+      copy_values(keep + static_cast<size_t>(t) * QK, dqkv + static_cast<size_t>(t) * QKV, QK);
+  split_rms_backward(dqkv, dw, dqkv, raw, w, rstd, sums, N, Q, QK, QKV, q_whole_, 1.f);
+  split_rms_backward(dqkv + Q, dw ? dw + Q : nullptr, dqkv + Q, raw + Q, w + Q, rstd + N, sums + N, N, KV, QK, QKV,
+                     kv_whole_, 1.f / kv_copies_);
+}
+
 void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out, const Tokens& tok) {
   const int N = tok.rows(), R = kept_rows(N), C = C_, Q = shape_.q, NH = shape_.NH, NKV = shape_.NKV;
   BlockPtrs w = block_weights(c, l);
   norm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), x, w.ln1w, w.ln1b, R);
   k_.matmul_forward(a.qkv.data(), whole_rows(a.ln1.data(), N), w.qkvw, w.qkvb, N, C, shape_.qkv);
   poll();
+  if (shape_.qk_norm) qk_norm_forward(a, w.qknormw, N);
   if (shape_.llama())
     k_.rope_forward(a.qkv.data(), tok.B, tok.T, Q, NH, NKV, rope_theta_, tok.cache ? tok.cache->pos : 0, tok.pos);
   if (tok.cache) {
@@ -109,6 +147,8 @@ void Stage::block_backward_input(const Chunk& c, int l, const float* x, const Bl
   k_.attention_backward(w.dqkv.data(), scratch_.datty.data(), a.qkv.data(), a.atty.data(), a.lse.data(), B_, T_, Q,
                         shape_.NH, shape_.NKV, tok.doc_start);
   if (shape_.llama()) k_.rope_backward(w.dqkv.data(), B_, T_, Q, shape_.NH, shape_.NKV, rope_theta_, 0, tok.pos);
+  if (shape_.qk_norm)
+    qk_norm_backward(a, w.dqkv.data(), grad(&BlockPtrs::qknormw), p.qknormw, g ? nullptr : w.dqk_normed.data(), N);
   poll();
   k_.matmul_backward(partial_target(w.dln1.data()), grad(&BlockPtrs::qkvw), grad(&BlockPtrs::qkvb), w.dqkv.data(),
                      whole_rows_if(g, a.ln1.data(), N), p.qkvw, N, C, shape_.qkv);
@@ -135,6 +175,13 @@ void Stage::block_backward_weight(const Chunk& c, int l, const float* x, const B
   poll();
   k_.matmul_backward(nullptr, g.qkvw, g.qkvb, w.dqkv.data(), whole_rows(a.ln1.data(), N), nullptr, N, C, shape_.qkv);
   poll();
+  if (shape_.qk_norm) {  // the norms' weights, from the normalised rows' gradients kept by the input half
+    const int Q = shape_.q, KV = shape_.kv, QK = Q + KV;
+    const float *raw = a.qk_raw.data(), *rstd = a.qk_rstd.data(), *dy = w.dqk_normed.data();
+    split_rms_backward(nullptr, g.qknormw, dy, raw, nullptr, rstd, nullptr, N, Q, QK, QK, q_whole_, 1.f);
+    split_rms_backward(nullptr, g.qknormw + Q, dy + Q, raw + Q, nullptr, rstd + N, nullptr, N, KV, QK, QK, kv_whole_,
+                       1.f);
+  }
   norm_backward(nullptr, g.ln1w, g.ln1b, w.dln1.data(), x, nullptr, a.ln1_mean.data(), a.ln1_rstd.data(), R);
 }
 

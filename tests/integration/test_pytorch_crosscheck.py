@@ -18,10 +18,10 @@ WORDS = ["pipeline", "stage", "bubble", "micro", "batch", "gradient", "adam", "t
 LLAMA_HEADS, LLAMA_FFN, LLAMA_THETA = 4, 48, 500.0
 
 
-def crosscheck(tie, pp, llama_kv=0, moe=None, tp=1, bias=False):
+def crosscheck(tie, pp, llama_kv=0, moe=None, tp=1, bias=False, qk_norm=False):
     """Runs pipetrain for 2 steps (tied or untied head, pp stages, tp tensor ranks; llama_kv > 0:
     the llama family with that many key/value heads; moe: its mixture of experts, model.moe's keys;
-    bias: its q, k and v biases)
+    bias: its q, k and v biases; qk_norm: q and k each normalised over all heads)
     and holds its step 2 to PyTorch's: loss, gradient norm (of the loss and the router losses), the
     weights and both AdamW moments after the update."""
     import torch  # only the scenarios need it (--list does not)
@@ -34,12 +34,13 @@ def crosscheck(tie, pp, llama_kv=0, moe=None, tp=1, bias=False):
         f.write(" ".join(WORDS[(i * 7 + i // 3) % len(WORDS)] for i in range(4000)))
     data = open(text, "rb").read()
     name = f"tie{int(tie)}_pp{pp}_tp{tp}" + (f"_llama_kv{llama_kv}" if llama_kv else "") + ("_moe" if moe else "") + \
-        ("_bias" if bias else "")
+        ("_bias" if bias else "") + ("_qknorm" if qk_norm else "")
     heads = LLAMA_HEADS if llama_kv else H
     family = [f"model.arch=llama", f"model.n_kv_head={llama_kv}", f"model.ffn_hidden={LLAMA_FFN}",
               f"model.rope_theta={LLAMA_THETA}"] if llama_kv else []
     family += [f"model.moe.{k}={str(v).lower()}" for k, v in (moe or {}).items()]
     family += ["model.attention_bias=true"] if bias else []
+    family += ["model.qk_norm=true"] if qk_norm else []
     sets = family + [f"model.n_layer={L}", f"model.d_model={C}", f"model.n_head={heads}", f"model.seq_len={T}",
             f"model.tie_embeddings={'true' if tie else 'false'}", "data.source=text", f"data.path={text}",
             "data.shuffle=false", f"train.global_batch={B}", "parallel.micro_batches=2", f"parallel.pp={pp}",
@@ -52,7 +53,7 @@ def crosscheck(tie, pp, llama_kv=0, moe=None, tp=1, bias=False):
     ck1 = os.path.join(r.run_dir, "checkpoints", "step_00000001")
     ck2 = os.path.join(r.run_dir, "checkpoints", "step_00000002")
     llama = dict(n_layer=L, d_model=C, n_head=heads, n_kv_head=llama_kv, ffn_hidden=LLAMA_FFN, vocab=V, tie=tie,
-                 rope_theta=LLAMA_THETA, moe=moe, attention_bias=bias)
+                 rope_theta=LLAMA_THETA, moe=moe, attention_bias=bias, qk_norm=qk_norm)
     if moe:
         model = torch_moe.from_checkpoint(ck1, llama)
     elif llama_kv:
@@ -207,6 +208,20 @@ def qwen_moe_gated_shared_expert_tensor_parallel():
     (the gate whole on each, its gradient summed with the combine weights')."""
     crosscheck(False, 1, llama_kv=2, moe={**MOE, "norm_topk": False, "shared_experts": 1, "shared_ffn_hidden": 48,
                                           "shared_gate": True}, tp=2, bias=True)
+
+
+@scenario
+def olmoe_qk_norm_tensor_parallel():
+    """OLMoE's block: q and k each RMS-normalised over all heads before the rotary positions, top-2
+    of 4 unnormalised, on 2 tensor ranks holding one key/value head between them (each norm's sums
+    over the heads summed over the pair, the shared head's counted once)."""
+    crosscheck(False, 1, llama_kv=1, moe={**MOE, "norm_topk": False}, tp=2, qk_norm=True)
+
+
+@scenario
+def llama_qk_norm_two_stages():
+    """A dense llama with OLMo 2's QK-norm on 2 pipeline stages."""
+    crosscheck(True, 2, llama_kv=2, qk_norm=True)
 
 
 if __name__ == "__main__":

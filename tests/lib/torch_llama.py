@@ -1,7 +1,8 @@
 """The llama family of docs/design.md ("Model and parameter names") written independently in
 PyTorch from the published formulas: RMSNorm, rotary position embeddings (rotate-half), grouped-
 query attention (each key/value head repeated for the query heads that read it), a SwiGLU MLP, no
-biases. Its modules carry Hugging Face LlamaForCausalLM's names (model.embed_tokens,
+biases (or Qwen2's on q, k and v), and optionally OLMo's QK-norm: an RMSNorm over each token's whole
+q (all heads) and whole k before the rotary positions. Its modules carry Hugging Face LlamaForCausalLM's names (model.embed_tokens,
 model.layers.{i}.self_attn.q_proj, ..., model.norm, lm_head), so a Hugging Face directory loads by
 name (from_hf, with this file's own safetensors reader); a pipetrain checkpoint loads through the
 name map of design.md (from_checkpoint)."""
@@ -54,7 +55,7 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """mlp: the block's MLP module (a SwiGLU of width ffn unless given), held as `mlp_name`."""
 
-    def __init__(self, d, n_head, n_kv_head, ffn, theta, eps, mlp=None, mlp_name="mlp", bias=False):
+    def __init__(self, d, n_head, n_kv_head, ffn, theta, eps, mlp=None, mlp_name="mlp", bias=False, qk_norm=False):
         super().__init__()
         self.n_head, self.n_kv_head, self.theta = n_head, n_kv_head, theta
         hs = d // n_head
@@ -64,6 +65,9 @@ class Block(nn.Module):
         self.self_attn.k_proj = nn.Linear(d, n_kv_head * hs, bias=bias)
         self.self_attn.v_proj = nn.Linear(d, n_kv_head * hs, bias=bias)
         self.self_attn.o_proj = nn.Linear(d, d, bias=False)
+        if qk_norm:
+            self.self_attn.q_norm = RMSNorm(d, eps)
+            self.self_attn.k_norm = RMSNorm(n_kv_head * hs, eps)
         self.post_attention_layernorm = RMSNorm(d, eps)
         self.mlp_name = mlp_name
         setattr(self, mlp_name, mlp if mlp is not None else SwiGLU(d, ffn))
@@ -73,8 +77,11 @@ class Block(nn.Module):
         hs = C // self.n_head
         a = self.self_attn
         h = self.input_layernorm(x)
-        q = a.q_proj(h).view(B, T, self.n_head, hs).transpose(1, 2)
-        k = a.k_proj(h).view(B, T, self.n_kv_head, hs).transpose(1, 2)
+        q, k = a.q_proj(h), a.k_proj(h)
+        if hasattr(a, "q_norm"):
+            q, k = a.q_norm(q), a.k_norm(k)
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_head, hs).transpose(1, 2)
         v = a.v_proj(h).view(B, T, self.n_kv_head, hs).transpose(1, 2)
         q, k = rotary(q, self.theta), rotary(k, self.theta)
         group = self.n_head // self.n_kv_head
@@ -89,12 +96,13 @@ class Llama(nn.Module):
     """mlp_of: block index -> (its MLP module, the attribute's name), or None for the dense SwiGLU."""
 
     def __init__(self, n_layer, d, n_head, n_kv_head, ffn, vocab, tie, theta=10000.0, eps=1e-5, mlp_of=None,
-                 bias=False):
+                 bias=False, qk_norm=False):
         super().__init__()
         self.model = nn.Module()
         self.model.embed_tokens = nn.Embedding(vocab, d)
         mlps = [(mlp_of(i) if mlp_of else None) or (None, "mlp") for i in range(n_layer)]
-        self.model.layers = nn.ModuleList(Block(d, n_head, n_kv_head, ffn, theta, eps, *m, bias=bias) for m in mlps)
+        self.model.layers = nn.ModuleList(Block(d, n_head, n_kv_head, ffn, theta, eps, *m, bias=bias, qk_norm=qk_norm)
+                                          for m in mlps)
         self.model.norm = RMSNorm(d, eps)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         if tie:
@@ -124,7 +132,7 @@ def from_checkpoint(ckpt_dir, spec):
     n_kv_head, ffn_hidden, vocab, tie, and optionally rope_theta, norm_eps, attention_bias)."""
     m = Llama(spec["n_layer"], spec["d_model"], spec["n_head"], spec["n_kv_head"], spec["ffn_hidden"], spec["vocab"],
               spec["tie"], spec.get("rope_theta", 10000.0), spec.get("norm_eps", 1e-5),
-              bias=spec.get("attention_bias", False))
+              bias=spec.get("attention_bias", False), qk_norm=spec.get("qk_norm", False))
     return filled(m, load_hf_named(ckpt_dir))
 
 

@@ -82,7 +82,7 @@ class MoeLlama(torch_llama.Llama):
 
         super().__init__(spec["n_layer"], d, spec["n_head"], spec["n_kv_head"], spec["ffn_hidden"], spec["vocab"],
                          spec["tie"], spec.get("rope_theta", 10000.0), spec.get("norm_eps", 1e-5), mlp_of,
-                         bias=spec.get("attention_bias", False))
+                         bias=spec.get("attention_bias", False), qk_norm=spec.get("qk_norm", False))
 
     def router_loss(self):
         """The last forward's router losses, weighted by their coefficients, summed over the MoE blocks."""

@@ -67,17 +67,18 @@ double objective(Stage& st, const RunSpec& spec, double token_loss, int N) {
 TEST_CASE("MoE stage: every parameter's gradient matches finite differences of loss and router losses", "[moe]") {
   struct Case {
     int experts, top_k, shared, every;
-    bool norm, gate;
+    bool norm, gate, qk;
   };
   // Every expert chosen; two of four, renormalised or not, with a shared expert (gated, Qwen-MoE's,
-  // or not), and an MoE block beside a dense one. Steps of 1e-3: a token's choice of experts is a step function of the
-  // weights, and larger steps (1e-2) change some (the differences then fail where the analytic
-  // gradient, which holds the choice, is right; they pass at 1e-3 for every seed tried).
-  for (const Case& c : {Case{3, 3, 0, 1, true, false}, Case{4, 2, 1, 1, true, false}, Case{4, 2, 0, 2, false, false},
-                        Case{4, 2, 1, 1, false, true}}) {
+  // or not), and an MoE block beside a dense one; q and k normalised over their heads (OLMoE's). Steps of 1e-3: a
+  // token's choice of experts is a step function of the weights, and larger steps (1e-2) change some (the differences
+  // then fail where the analytic gradient, which holds the choice, is right; they pass at 1e-3 for every seed tried).
+  for (const Case& c : {Case{3, 3, 0, 1, true, false, false}, Case{4, 2, 1, 1, true, false, false},
+                        Case{4, 2, 0, 2, false, false, true}, Case{4, 2, 1, 1, false, true, false}}) {
     INFO("experts " << c.experts << " top_k " << c.top_k << " shared " << c.shared << " every " << c.every << " gate "
-                    << c.gate);
-    const RunSpec spec = moe_spec(c.experts, c.top_k, c.shared, c.every, c.norm, c.gate);
+                    << c.gate << " qk_norm " << c.qk);
+    RunSpec spec = moe_spec(c.experts, c.top_k, c.shared, c.every, c.norm, c.gate);
+    spec.model.qk_norm = c.qk;
     const int N = 2 * 4;
     Stage st(spec, 0, 1, 0, 2, 1, 1.f / N);
     st.init_params(7);
@@ -86,6 +87,7 @@ TEST_CASE("MoE stage: every parameter's gradient matches finite differences of l
     REQUIRE(st.find("h.1.mlp.experts.gate_up_proj") != nullptr);
     REQUIRE((st.find("h.1.mlp.shared_experts.down_proj.weight") != nullptr) == (c.shared > 0));
     REQUIRE((st.find("h.1.mlp.shared_expert_gate.weight") != nullptr) == c.gate);
+    REQUIRE((st.find("h.0.self_attn.k_norm.weight") != nullptr) == c.qk);
     auto tokens = random_tokens(N, 11, 1), targets = random_tokens(N, 11, 2);
     auto loss = [&] {
       st.set_tokens(0, tokens.data());
@@ -105,6 +107,7 @@ TEST_CASE("MoE stage: split backward and recompute give the fused backward's gra
   const int N = 2 * 4, C = 8;
   auto run = [&](const char* recompute, bool split) {
     RunSpec spec = moe_spec(4, 2, 1, 1, true, true);
+    spec.model.qk_norm = true;
     spec.parallel.recompute = *choice_named<Recompute>(recompute);
     Stage st(spec, 0, 1, 0, 2, 1, 1.f / N);
     st.init_params(7);
@@ -157,10 +160,11 @@ TEST_CASE("MoE stage: each block's routing figures count a forward's tokens once
 
 TEST_CASE("MoE stage on two tensor ranks gives one rank's loss and gradients", "[moe]") {
   const int N = 2 * 4;
-  for (bool sp : {false, true}) {
-    INFO("sequence parallel " << sp);
+  for (auto [sp, kv] : {std::pair{false, 2}, {true, 2}, {false, 1}}) {
+    INFO("sequence parallel " << sp << ", key/value heads " << kv);
     RunSpec spec = moe_spec(4, 2, 1, 1, true, true);
-    spec.model.n_kv_head = 2;  // a key/value head per rank (a shared one's gradient is summed at the step's end)
+    spec.model.n_kv_head = kv;  // 1: one head both ranks hold, its norm's sums counted once
+    spec.model.qk_norm = true;  // q and k normalised over the heads both ranks hold
     spec.parallel.sequence_parallel = sp;
     auto tokens = random_tokens(N, 11, 3), targets = random_tokens(N, 11, 4);
     auto run = [&](int tp, int rank, TensorGroup* group, double* loss) {
@@ -194,8 +198,9 @@ TEST_CASE("MoE stage on two tensor ranks gives one rank's loss and gradients", "
         REQUIRE(p.name == one[i].first);
         std::vector<float> mine(p.size), got = parts[rank].second[i].second;
         take_part(p.tp, p.shape, one[i].second.data(), mine.data());
-        if (p.sums_over_tokens)  // a norm's under sequence parallelism: each rank's rows' share, summed at the step's
-                                 // end
+        // A norm's under sequence parallelism: each rank's rows' share; a key/value head both ranks
+        // hold: each one's query heads' share; either summed at the step's end.
+        if (p.sums_over_tokens || p.tp.shared())
           for (size_t j = 0; j < p.size; ++j) got[j] += parts[1 - rank].second[i].second[j];
         for (size_t j = 0; j < p.size; ++j) CHECK(got[j] == Approx(mine[j]).margin(1e-5).epsilon(1e-4));
       }

@@ -137,7 +137,10 @@ TEST_CASE("the planner's bytes, messages and FLOPs equal what real Stages alloca
                                                   std::string("parallel.schedule=") + schedule,
                                                   std::string("parallel.recompute=") + recompute,
                                                   "parallel.micro_batches=4"};
-            if (std::string(family) != "gpt2") overrides.push_back("model.n_kv_head=2");  // grouped heads
+            if (std::string(family) != "gpt2") {
+              overrides.push_back("model.n_kv_head=2");            // grouped heads
+              if (moe) overrides.push_back("model.qk_norm=true");  // q and k norms' buffers and sums (OLMoE's)
+            }
             if (moe)
               for (const char* key :
                    {"model.moe.experts=4", "model.moe.top_k=2", "model.moe.ffn_hidden=24", "model.moe.shared_experts=1",

@@ -39,6 +39,7 @@ struct RunSpec {
     int ffn_multiple_of = 256;
     double norm_eps = 1e-5;       // RMSNorm's
     bool attention_bias = false;  // q, k and v products with biases (Qwen2's)
+    bool qk_norm = false;         // an RMSNorm over each token's whole q and whole k (OLMo 2's, OLMoE's)
     // A mixture of experts (llama family, model/block_tensors.hpp): in an MoE block a router sends
     // each token to top_k of `experts` SwiGLU experts, beside any always-on shared experts.
     struct Moe {

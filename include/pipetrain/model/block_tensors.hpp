@@ -42,6 +42,7 @@ struct BlockShape {
   int experts = 0, top_k = 0, shared_ffn = 0, held_experts = 0;
   bool shared_gate = false;  // the shared experts' output scaled per token by a learned sigmoid gate
   bool qkv_bias = false;     // llama with model.attention_bias: q, k and v products with biases
+  bool qk_norm = false;      // llama with model.qk_norm: q and k each RMS-normalised over all heads
   bool llama() const { return arch == Arch::llama; }
   bool moe() const { return experts > 0; }
   int routes() const { return moe() ? top_k : 1; }  // MLP rows per token: one, or a row per chosen expert
@@ -70,6 +71,7 @@ struct BlockPtrs {
         *ln2w = nullptr, *ln2b = nullptr, *fcw = nullptr, *fcb = nullptr, *fcprojw = nullptr, *fcprojb = nullptr;
   // An MoE block: fcw and fcprojw are the experts' stacked matrices; the router; the shared experts'.
   float *routerw = nullptr, *sharedw = nullptr, *sharedprojw = nullptr, *sharedgatew = nullptr;
+  float* qknormw = nullptr;  // model.qk_norm: q's norm weights, then k's
 };
 
 // How a tensor starts: N(0, 0.02); residual output projections N(0, 0.02/sqrt(2L)) (GPT-2's init)
@@ -79,6 +81,7 @@ enum class Init { zeros, ones, normal, residual_normal };
 // qkv) and the MLP's hidden widths (fc, ffn, each expert's gate | up rows, the shared experts'),
 // not C, the experts or their stacked rows of C.
 // q_bias and kv_bias: q's and kv's where the block has q, k and v biases, else 0 (not held);
+// q_norm and kv_norm likewise where it normalises q and k;
 // shared_gate: 1 where the shared experts have a gate, else 0.
 enum class Dim {
   none,
@@ -94,6 +97,8 @@ enum class Dim {
   shared_ffn,
   q_bias,
   kv_bias,
+  q_norm,
+  kv_norm,
   shared_gate
 };
 inline bool split_by_tp(Dim d) {
@@ -131,6 +136,8 @@ inline constexpr BlockTensor kLlamaBlock[] = {
     {"self_attn.q_proj.bias", Dim::q_bias, Dim::none, false, Init::zeros, &BlockPtrs::qkvb},  // model.attention_bias
     {"self_attn.k_proj.bias", Dim::kv_bias, Dim::none, false, Init::zeros, nullptr},
     {"self_attn.v_proj.bias", Dim::kv_bias, Dim::none, false, Init::zeros, nullptr},
+    {"self_attn.q_norm.weight", Dim::q_norm, Dim::none, false, Init::ones, &BlockPtrs::qknormw},  // model.qk_norm
+    {"self_attn.k_norm.weight", Dim::kv_norm, Dim::none, false, Init::ones, nullptr},
     {"self_attn.o_proj.weight", Dim::C, Dim::q, true, Init::residual_normal, &BlockPtrs::projw},
     {"post_attention_layernorm.weight", Dim::C, Dim::none, false, Init::ones, &BlockPtrs::ln2w},
     {"mlp.gate_proj.weight", Dim::ffn, Dim::C, true, Init::normal, &BlockPtrs::fcw},
@@ -146,6 +153,8 @@ inline constexpr BlockTensor kLlamaMoeBlock[] = {
     {"self_attn.q_proj.bias", Dim::q_bias, Dim::none, false, Init::zeros, &BlockPtrs::qkvb},  // model.attention_bias
     {"self_attn.k_proj.bias", Dim::kv_bias, Dim::none, false, Init::zeros, nullptr},
     {"self_attn.v_proj.bias", Dim::kv_bias, Dim::none, false, Init::zeros, nullptr},
+    {"self_attn.q_norm.weight", Dim::q_norm, Dim::none, false, Init::ones, &BlockPtrs::qknormw},  // model.qk_norm
+    {"self_attn.k_norm.weight", Dim::kv_norm, Dim::none, false, Init::ones, nullptr},
     {"self_attn.o_proj.weight", Dim::C, Dim::q, true, Init::residual_normal, &BlockPtrs::projw},
     {"post_attention_layernorm.weight", Dim::C, Dim::none, false, Init::ones, &BlockPtrs::ln2w},
     {"mlp.gate.weight", Dim::experts, Dim::C, true, Init::normal, &BlockPtrs::routerw},
@@ -205,6 +214,10 @@ inline int extent(Dim d, const BlockShape& s) {
       return s.qkv_bias ? s.q : 0;
     case Dim::kv_bias:
       return s.qkv_bias ? s.kv : 0;
+    case Dim::q_norm:
+      return s.qk_norm ? s.q : 0;
+    case Dim::kv_norm:
+      return s.qk_norm ? s.kv : 0;
     case Dim::shared_gate:
       return s.shared_gate ? 1 : 0;
   }

@@ -31,6 +31,7 @@ struct BlockActs {
   Floats ln1, ln1_mean, ln1_rstd, qkv, lse, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
   Floats router, router_lse, expert_out, shared_fch, shared_act;  // an MoE block's
   Floats shared_out, shared_gate;  // with a shared-expert gate: their output before it, the gate
+  Floats qk_raw, qk_rstd;          // model.qk_norm: q and k before their norm, each's 1/rms
 };
 struct HeadActs {
   Floats lnf, lnf_mean, lnf_rstd, probs;
@@ -39,6 +40,7 @@ struct BlockWGrads {
   Floats dout, dfch, dln2, dres2, dqkv, dln1;
   Floats drouter, dshared_fch;  // an MoE block's: the router's logits', the shared experts' product's
   Floats dshared_gate;          // the shared-expert gate's logit's
+  Floats dqk_normed;            // model.qk_norm: the normalised q's and k's (for the norms' weights)
 };
 struct HeadWGrads {
   Floats dlogits, dlnf, dembed;  // dembed: the stage input's gradient (first stage)
@@ -52,6 +54,7 @@ struct StageScratch {
   // the combine weights' gradients (then the gate's), the shared experts' activation gradient, and
   // with a gate their gated output's gradient (then the gate's input gradient).
   Floats routed_in, routed_grad, droute_weight, dshared_act, dshared_out;
+  Floats qk_sums;  // model.qk_norm: per token the q and k norms' partial sums, summed over the group
 };
 
 // How many rows a buffer has, for one micro-batch (or one generation call): every token row, the
@@ -63,7 +66,8 @@ enum class Rows { tokens, kept, attention, routed };
 // block_tensors.hpp's Dim of that name), the vocabulary rows this rank holds; and an MoE block's
 // (0 in a dense block): the experts, C, 1, top_k (and 1 more with a shared-expert gate: its
 // gradient travels with the combine weights'), the shared experts' product and hidden widths, and
-// where the shared experts have a gate (0 elsewhere) C and 1.
+// where the shared experts have a gate (0 elsewhere) C and 1; where the block normalises q and k
+// (model.qk_norm; 0 elsewhere) their widths together, and 2.
 enum class Width {
   one,
   norm_mean,
@@ -80,7 +84,9 @@ enum class Width {
   shared_fc,
   shared_ffn,
   gated_C,
-  gated_one
+  gated_one,
+  qk,
+  qk_two
 };
 
 struct LayerRows {
@@ -129,6 +135,8 @@ inline constexpr BufferDecl<BlockActs> kBlockActs[] = {
     {&BlockActs::shared_act, Rows::tokens, Width::shared_ffn},
     {&BlockActs::shared_out, Rows::tokens, Width::gated_C},
     {&BlockActs::shared_gate, Rows::tokens, Width::gated_one},  // sigmoid of the gate's logit
+    {&BlockActs::qk_raw, Rows::tokens, Width::qk},
+    {&BlockActs::qk_rstd, Rows::tokens, Width::qk_two},
 };
 inline constexpr BufferDecl<HeadActs> kHeadActs[] = {
     {&HeadActs::lnf, Rows::kept, Width::C},
@@ -146,6 +154,7 @@ inline constexpr BufferDecl<BlockWGrads> kBlockWGrads[] = {
     {&BlockWGrads::drouter, Rows::tokens, Width::experts},
     {&BlockWGrads::dshared_fch, Rows::tokens, Width::shared_fc},
     {&BlockWGrads::dshared_gate, Rows::tokens, Width::gated_one},
+    {&BlockWGrads::dqk_normed, Rows::tokens, Width::qk, Needed::split_only},
 };
 inline constexpr BufferDecl<HeadWGrads> kHeadWGrads[] = {
     {&HeadWGrads::dlogits, Rows::tokens, Width::vocab, Needed::head},
@@ -169,6 +178,7 @@ inline constexpr BufferDecl<StageScratch> kStageScratch[] = {
     {&StageScratch::droute_weight, Rows::tokens, Width::top_k},
     {&StageScratch::dshared_act, Rows::tokens, Width::shared_ffn},
     {&StageScratch::dshared_out, Rows::tokens, Width::gated_C},
+    {&StageScratch::qk_sums, Rows::tokens, Width::qk_two},
 };
 // A split vocabulary's loss also keeps two double sums per token row (its exponentials', the target
 // logit).
@@ -225,9 +235,10 @@ enum class Pass { forward, input, weight };
 // vocabulary's row maxima); stats: two doubles per token row (its sums). The last two only where
 // the vocabulary is split. route: an MoE block's combine-weight gradients, top_k floats per token
 // row (and one more, the shared-expert gate's), summed (each rank's expert outputs are partial sums
-// over its part of the experts' width).
-enum class Exchange { gather, sum, max, stats, route };
-constexpr int kExchanges = 5;
+// over its part of the experts' width). qk_norm: model.qk_norm's two floats per token row, q's and
+// k's sums over the heads the rank holds (of squares forward, of the gradient's products backward).
+enum class Exchange { gather, sum, max, stats, route, qk_norm };
+constexpr int kExchanges = 6;
 
 struct ExchangeDecl {
   Layer layer;
@@ -241,11 +252,15 @@ inline constexpr ExchangeDecl kLayerExchanges[] = {
     {Layer::embedding, Pass::weight, Exchange::gather, 1, "the input gradient, for the embedding's"},
     {Layer::block, Pass::forward, Exchange::gather, 2, "ln1 and ln2, the products' inputs"},
     {Layer::block, Pass::forward, Exchange::sum, 2, "the attention and MLP output products"},
+    {Layer::block, Pass::forward, Exchange::qk_norm, 1, "q's and k's sums of squares"},
+    {Layer::block, Pass::input, Exchange::qk_norm, 1, "q's and k's norms' gradient sums"},
     {Layer::block, Pass::input, Exchange::gather, 2, "the output and res2 gradients"},
     {Layer::block, Pass::input, Exchange::sum, 2, "the ln1 and ln2 outputs' gradients"},
     {Layer::block, Pass::weight, Exchange::gather, 2, "ln1 and ln2 again, for the weight gradients"},
     {Layer::moe_block, Pass::forward, Exchange::gather, 2, "ln1 and ln2, the products' inputs"},
     {Layer::moe_block, Pass::forward, Exchange::sum, 2, "the attention and MLP output products"},
+    {Layer::moe_block, Pass::forward, Exchange::qk_norm, 1, "q's and k's sums of squares"},
+    {Layer::moe_block, Pass::input, Exchange::qk_norm, 1, "q's and k's norms' gradient sums"},
     {Layer::moe_block, Pass::input, Exchange::gather, 2, "the output and res2 gradients"},
     {Layer::moe_block, Pass::input, Exchange::route, 1, "the combine weights' gradients"},
     {Layer::moe_block, Pass::input, Exchange::sum, 2, "the ln1 and ln2 outputs' gradients"},

@@ -221,6 +221,14 @@ class Stage {
   void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* x, const float* w,
                      const float* mean, const float* rstd, int N);
   void mlp_activation_forward(BlockActs& a, const float* fcb, int N);
+  // model.qk_norm: q and k of qkv's N rows RMS-normalised over all heads (the tensor group sums each
+  // row's partial sums), the raw q and k and their 1/rms kept in `a`. Backward: qkv's q and k
+  // gradients (dqkv) in place through the norms; the weights' gradients into `dw` where given, else
+  // (a split backward's input half) the normalised rows' gradients kept in `keep`.
+  void qk_norm_forward(BlockActs& a, const float* w, int N);
+  void qk_norm_backward(const BlockActs& a, float* dqkv, float* dw, const float* w, float* keep, int N);
+  // Its two partial row sums (q's, then k's: 2N floats) summed over the tensor group.
+  void sum_qk_partials(float* sums, int N);
   void mlp_activation_backward(float* dfch, const BlockActs& a, const float* dact, int N);
   // An MoE block's MLP (stage_moe.cpp): x its input's whole rows, out its output (partial under tp).
   bool is_moe(const Chunk& c, int l) const { return moe_.block_is_moe(c.block_begin + l); }
@@ -293,6 +301,8 @@ class Stage {
   bool recording_routes_ = false;
   std::map<int, MoeBlockFigures> moe_figures_;
   float rope_theta_, norm_eps_;
+  // model.qk_norm: the whole q's and k's widths, and how many tensor ranks hold each key/value head.
+  int q_whole_, kv_whole_, kv_copies_;
   bool tied_;
   Recompute mode_;
   float grad_scale_;
