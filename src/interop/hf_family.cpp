@@ -124,6 +124,24 @@ json hf_qwen_moe_config(const RunSpec& spec, StoredFloat dtype, const SpecialTok
   return c;
 }
 
+// An OlmoeForCausalLM: the llama block with OLMo's QK-norm, every MLP a mixture of experts as wide
+// as intermediate_size, top-k as norm_topk_prob says, no shared experts.
+json hf_olmoe_config(const RunSpec& spec, StoredFloat dtype, const SpecialTokens& special) {
+  json c = hf_llama_config(spec, dtype, special);
+  const auto& moe = spec.model.moe;
+  c["architectures"] = {"OlmoeForCausalLM"};
+  c["model_type"] = "olmoe";
+  c["intermediate_size"] = block_shape(spec, moe.every - 1).ffn;
+  c["num_experts"] = moe.experts;
+  c["num_experts_per_tok"] = moe.top_k;
+  c["norm_topk_prob"] = moe.norm_topk;
+  c["router_aux_loss_coef"] = moe.aux_loss;
+  c["output_router_logits"] = false;
+  c["clip_qkv"] = nullptr;
+  for (const char* llama_only : {"mlp_bias", "pretraining_tp", "head_dim"}) c.erase(llama_only);
+  return c;
+}
+
 bool never_transposed(const std::string&) { return false; }
 
 std::vector<HfPart> whole_tensor(const std::string& ours, const std::vector<int64_t>& shape, int) {
@@ -131,6 +149,11 @@ std::vector<HfPart> whole_tensor(const std::string& ours, const std::vector<int6
 }
 
 std::string holds_any(const RunSpec&) { return ""; }
+
+// A Llama's or Qwen2's block has no q and k norms (OLMo 2's, which has, also moves its block norms).
+std::string llama_cannot_hold(const RunSpec& spec) {
+  return spec.model.qk_norm ? "model.qk_norm: the block has no q and k norms" : "";
+}
 
 // Mixtral's MoE: every block, top-k renormalised, dropless, no shared experts.
 std::string mixtral_cannot_hold(const RunSpec& spec) {
@@ -143,6 +166,20 @@ std::string mixtral_cannot_hold(const RunSpec& spec) {
   for (auto [key, why] : unheld)
     if (key) return std::string(key) + ": " + why;
   if (spec.model.attention_bias) return "model.attention_bias: Mixtral's q, k and v products have no biases";
+  return llama_cannot_hold(spec);
+}
+
+// OLMoE's: q and k norms, every block an MoE block, no shared experts, no biases, dropless.
+std::string olmoe_cannot_hold(const RunSpec& spec) {
+  const auto& moe = spec.model.moe;
+  const std::pair<const char*, const char*> unheld[] = {
+      {!spec.model.qk_norm ? "model.qk_norm" : nullptr, "OLMoE normalises q and k"},
+      {moe.shared_experts > 0 ? "model.moe.shared_experts" : nullptr, "OLMoE has no shared experts"},
+      {moe.every != 1 ? "model.moe.every" : nullptr, "every OLMoE block is an MoE block"},
+      {spec.model.attention_bias ? "model.attention_bias" : nullptr, "OLMoE's q, k and v products have no biases"},
+      {moe.capacity_factor > 0 ? "model.moe.capacity_factor" : nullptr, "OLMoE is dropless"}};
+  for (auto [key, why] : unheld)
+    if (key) return std::string(key) + ": " + why;
   return "";
 }
 
@@ -156,20 +193,22 @@ std::string qwen_moe_cannot_hold(const RunSpec& spec) {
       {moe.capacity_factor > 0 ? "model.moe.capacity_factor" : nullptr, "Qwen2-MoE is dropless"}};
   for (auto [key, why] : unheld)
     if (key) return std::string(key) + ": " + why;
-  return "";
+  return llama_cannot_hold(spec);
 }
 
 const HfFamily kFamilies[] = {
     {Arch::gpt2, false, "gpt2", "GPT-2", hf_name, hf_transposed, whole_tensor, holds_any, hf_gpt2_config, open_hf_gpt2,
      true},
-    {Arch::llama, false, "llama", "Llama", hf_llama_name, never_transposed, hf_llama_parts, holds_any, hf_llama_config,
-     open_hf_llama, false},
+    {Arch::llama, false, "llama", "Llama", hf_llama_name, never_transposed, hf_llama_parts, llama_cannot_hold,
+     hf_llama_config, open_hf_llama, false},
     {Arch::llama, true, "mixtral", "Mixtral", hf_llama_name, never_transposed, hf_llama_parts, mixtral_cannot_hold,
      hf_mixtral_config, open_hf_llama, false},
-    {Arch::llama, false, "qwen2", "Qwen2", hf_llama_name, never_transposed, hf_llama_parts, holds_any, hf_qwen2_config,
-     open_hf_llama, false},
+    {Arch::llama, false, "qwen2", "Qwen2", hf_llama_name, never_transposed, hf_llama_parts, llama_cannot_hold,
+     hf_qwen2_config, open_hf_llama, false},
     {Arch::llama, true, "qwen2_moe", "Qwen2-MoE", hf_qwen_moe_name, never_transposed, hf_qwen_moe_parts,
      qwen_moe_cannot_hold, hf_qwen_moe_config, open_hf_llama, false},
+    {Arch::llama, true, "olmoe", "OLMoE", hf_qwen_moe_name, never_transposed, hf_qwen_moe_parts, olmoe_cannot_hold,
+     hf_olmoe_config, open_hf_llama, false},
 };
 
 }  // namespace
@@ -178,6 +217,7 @@ const HfFamily& hf_family(const RunSpec& spec) {
   const bool qwen2 = spec.model.arch == Arch::llama && !spec.model.moe.on() && spec.model.attention_bias;
   if (qwen2) return *hf_family_of_type("qwen2");
   if (spec.model.moe.on() && spec.model.moe.shared_gate) return *hf_family_of_type("qwen2_moe");
+  if (spec.model.moe.on() && spec.model.qk_norm) return *hf_family_of_type("olmoe");
   for (const HfFamily& f : kFamilies)
     if (f.arch == spec.model.arch && f.moe == spec.model.moe.on()) return f;
   throw std::logic_error("no Hugging Face layout for model.arch #" + std::to_string(static_cast<int>(spec.model.arch)));

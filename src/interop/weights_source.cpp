@@ -166,6 +166,7 @@ class HfLlamaSource : public WeightsSource {
       : WeightsSource(dir),
         mixtral_(config.value("model_type", "") == "mixtral"),
         qwen_moe_(config.value("model_type", "") == "qwen2_moe"),
+        olmoe_(config.value("model_type", "") == "olmoe"),
         qwen2_(qwen_moe_ || config.value("model_type", "") == "qwen2") {
     check_config(config, config_path);
     const std::string index = dir + "/model.safetensors.index.json";
@@ -204,6 +205,7 @@ class HfLlamaSource : public WeightsSource {
     return "Hugging Face " +
            std::string(mixtral_    ? "Mixtral"
                        : qwen_moe_ ? "Qwen2-MoE"
+                       : olmoe_    ? "OLMoE"
                        : qwen2_    ? "Qwen2"
                                    : "Llama") +
            " directory" + std::string(files_.size() > 1 ? ", sharded" : "") +
@@ -212,7 +214,7 @@ class HfLlamaSource : public WeightsSource {
   }
   std::vector<DeclaredKey> declared() const override { return declared_; }
   std::string own_name(const std::string& name) const override {
-    return qwen_moe_ ? hf_qwen_moe_name(name) : hf_llama_name(name);
+    return qwen_moe_ || olmoe_ ? hf_qwen_moe_name(name) : hf_llama_name(name);
   }
 
   std::optional<std::vector<int64_t>> shape(const std::string& name) const override {
@@ -288,11 +290,12 @@ class HfLlamaSource : public WeightsSource {
       declared_.push_back({"model.moe.norm_topk", "true", "config.json model_type mixtral (renormalised top-k)"});
     }
     if (qwen_moe_) declare_qwen_moe(c, path);
+    if (olmoe_) declare_olmoe(c, path);
     declare_int(declared_, c, path, "vocab_size", "model.vocab");
     declared_.push_back({"model.attention_bias", qwen2_ ? "true" : "false",
                          qwen2_ ? "config.json model_type qwen2 (q, k and v biases)" : "config.json attention_bias"});
-    // Hugging Face's defaults where the file leaves them out: LlamaConfig's, MixtralConfig's.
-    const double theta = mixtral_ ? 1e6 : 10000, eps = mixtral_ ? 1e-5 : 1e-6;
+    // Hugging Face's defaults where the file leaves them out: LlamaConfig's, MixtralConfig's, OlmoeConfig's.
+    const double theta = mixtral_ ? 1e6 : 10000, eps = mixtral_ || olmoe_ ? 1e-5 : 1e-6;
     const bool theta_given = c.contains("rope_theta") && !c["rope_theta"].is_null();
     declared_.push_back({"model.rope_theta", toml_number(number("rope_theta", theta)),
                          theta_given ? "config.json rope_theta"
@@ -322,10 +325,27 @@ class HfLlamaSource : public WeightsSource {
     declared_.push_back({"model.moe.shared_experts", "1", "config.json model_type qwen2_moe (one shared expert)"});
     declare_int(declared_, c, path, "shared_expert_intermediate_size", "model.moe.shared_ffn_hidden");
     declared_.push_back({"model.moe.shared_gate", "true", "config.json model_type qwen2_moe (shared_expert_gate)"});
+    declare_norm_topk(c);
+  }
+
+  // norm_topk_prob (Qwen2-MoE's and OLMoE's default: false, the chosen probabilities as they are).
+  void declare_norm_topk(const json& c) {
     const bool norm = c.value("norm_topk_prob", false);
     declared_.push_back({"model.moe.norm_topk", norm ? "true" : "false",
                          c.contains("norm_topk_prob") ? "config.json norm_topk_prob"
                                                       : "config.json (no norm_topk_prob: Hugging Face's false)"});
+  }
+
+  // An OLMoE: q and k normalised, every block an MoE block of experts intermediate_size wide, top-k
+  // as norm_topk_prob says (OlmoeConfig's default: not renormalised); a clip of q, k and v refused.
+  void declare_olmoe(const json& c, const std::string& path) {
+    if (c.contains("clip_qkv") && !c["clip_qkv"].is_null())
+      throw SpecError(path + ": clip_qkv = " + c["clip_qkv"].dump() + ": pipetrain does not clip q, k and v");
+    declared_.push_back({"model.qk_norm", "true", "config.json model_type olmoe (q_norm, k_norm)"});
+    declare_int(declared_, c, path, "num_experts", "model.moe.experts");
+    declare_int(declared_, c, path, "num_experts_per_tok", "model.moe.top_k");
+    declare_int(declared_, c, path, "intermediate_size", "model.moe.ffn_hidden");
+    declare_norm_topk(c);
   }
 
   struct Held {
@@ -333,7 +353,7 @@ class HfLlamaSource : public WeightsSource {
     const SafetensorsFile* file;
     int64_t first_row;  // in pipetrain's tensor (a Mixtral expert's part of the stacked experts)
   };
-  bool mixtral_, qwen_moe_, qwen2_;  // qwen2_: Qwen2's block (q, k and v biases), a Qwen2-MoE's too
+  bool mixtral_, qwen_moe_, olmoe_, qwen2_;  // qwen2_: Qwen2's block (q, k and v biases), a Qwen2-MoE's too
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, std::vector<Held>> by_name_;
   bool tied_ = false;

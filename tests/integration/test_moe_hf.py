@@ -1,4 +1,4 @@
-"""Hugging Face Mixtral and Qwen2-MoE in and out. `pipetrain export --format hf` of a mixture-of-experts
+"""Hugging Face Mixtral, Qwen2-MoE and OLMoE in and out. `pipetrain export --format hf` of a mixture-of-experts
 checkpoint writes a MixtralForCausalLM directory (each expert's w1, w3 and w2 cut from pipetrain's
 stacked experts) that the independent PyTorch mixture of experts (tests/lib/torch_moe.py: written
 from the published formulas, Hugging Face's names, its own safetensors reader) evaluates to
@@ -96,6 +96,36 @@ def random_qwen_moe(directory, **config_changes):
         if i == 1:
             w[p + "mlp.gate.weight"] = rng.normal(0, 0.3, (E, D))
             w[p + "mlp.shared_expert_gate.weight"] = rng.normal(0, 0.3, (1, D))
+    return write_hf_directory(directory, cfg, w, 1, ("F32",))
+
+
+def random_olmoe(directory, **config_changes):
+    """A random OLMoE (2 blocks of 64, 4 query heads over 2 key/value heads, q and k norms, 4
+    experts of SwiGLU 48, top-2 unnormalised) as a Hugging Face directory."""
+    os.makedirs(directory, exist_ok=True)
+    cfg = {"architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "vocab_size": V, "hidden_size": D,
+           "intermediate_size": F, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "num_experts": E, "num_experts_per_tok": K, "norm_topk_prob": False, "hidden_act": "silu",
+           "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "clip_qkv": None,
+           "attention_bias": False, "tie_word_embeddings": False, "torch_dtype": "float32"}
+    cfg.update(config_changes)
+    rng = np.random.default_rng(7)
+    w = {"model.embed_tokens.weight": rng.normal(0, 0.5, (V, D)), "model.norm.weight": 1 + rng.normal(0, 0.1, D),
+         "lm_head.weight": rng.normal(0, 0.1, (V, D))}
+    for i in range(2):
+        p = f"model.layers.{i}."
+        w.update({p + "input_layernorm.weight": 1 + rng.normal(0, 0.1, D),
+                  p + "post_attention_layernorm.weight": 1 + rng.normal(0, 0.1, D),
+                  p + "self_attn.q_norm.weight": 1 + rng.normal(0, 0.1, D),
+                  p + "self_attn.k_norm.weight": 1 + rng.normal(0, 0.1, KV),
+                  p + "self_attn.o_proj.weight": rng.normal(0, 0.1, (D, D)),
+                  p + "mlp.gate.weight": rng.normal(0, 0.3, (E, D))})
+        for proj, rows in [("q", D), ("k", KV), ("v", KV)]:
+            w[f"{p}self_attn.{proj}_proj.weight"] = rng.normal(0, 0.15, (rows, D))
+        for e in range(E):
+            at = f"{p}mlp.experts.{e}."
+            w.update({at + "gate_proj.weight": rng.normal(0, 0.15, (F, D)), at + "up_proj.weight": rng.normal(0, 0.15, (F, D)),
+                      at + "down_proj.weight": rng.normal(0, 0.1, (D, F))})
     return write_hf_directory(directory, cfg, w, 1, ("F32",))
 
 
@@ -233,15 +263,58 @@ def qwen_moe_in_and_out():
 
 
 @scenario
+def olmoe_in_and_out():
+    """OLMoE: moe-tiny with q and k normalised and its top-2 unnormalised, trained on 2 tensor ranks,
+    exports as an OlmoeForCausalLM (its config, q_norm and k_norm, each expert's matrices) that the
+    PyTorch mixture of experts built from the directory alone evaluates to `pipetrain eval`'s loss
+    within 1e-5; a random OLMoE written here, loaded by train.init_from on 2 stages x 2 replicas
+    splitting the experts, follows PyTorch's AdamW for 10 steps within 1e-5; clip_qkv is refused."""
+    a = settings()
+    x, y = batch("val", 0)
+    ckpt = trained("olmoe_tp2", 2, "parallel.tp=2", "model.qk_norm=true", "model.moe.norm_topk=false")
+    out = os.path.join(a.work, "hf_olmoe")
+    p = export(ckpt, out)
+    expect(p.returncode == 0 and "Hugging Face OLMoE directory" in p.stdout,
+           f"export exit 0, says what it wrote ({p.stdout.strip()[-200:]}{p.stderr.strip()[-200:]})")
+    if p.returncode == 0:
+        model, cfg = torch_moe.from_hf(out)
+        expect(cfg["architectures"] == ["OlmoeForCausalLM"] and cfg["num_experts"] == 8 and
+               cfg["intermediate_size"] == 96 and cfg["norm_topk_prob"] is False and cfg["clip_qkv"] is None,
+               "config.json describes the mixture of experts")
+        weights = torch_llama.read_safetensors(os.path.join(out, "model.safetensors"))
+        expect(weights["model.layers.3.self_attn.q_norm.weight"].shape == (64,) and
+               weights["model.layers.3.self_attn.k_norm.weight"].shape == (32,) and
+               weights["model.layers.3.mlp.experts.7.up_proj.weight"].shape == (96, 64), "OLMoE's names and shapes")
+        with torch.no_grad():
+            got = model(x, y).item()
+        want = eval_loss(ckpt)
+        expect(rel_diff(got, want) <= 1e-5, f"PyTorch OLMoE of the export {got:.7f} == eval {want:.7f}")
+    source = random_olmoe(os.path.join(a.work, "random_olmoe"))
+    r = run_from("from_olmoe", source, 10, "parallel.ep=2", ranks=4)
+    expect(f"initialised from {source} (Hugging Face OLMoE directory" in r.out, "the start line names it")
+    got = [m["loss"] for m in r.metrics()] if r.rc == 0 else []
+    model, _ = torch_moe.from_hf(source)
+    want = torch_adamw_losses(model, 10)
+    worst = max((rel_diff(g, w) for g, w in zip(got, want)), default=1.0)
+    expect(len(got) == 10 and worst <= 1e-5 and got[-1] < got[0] - 0.1,
+           f"10 steps: pipetrain {[round(v, 5) for v in got[:3]]}.. == PyTorch {[round(v, 5) for v in want[:3]]}.. "
+           f"(worst rel {worst:.1e}), and the loss falls")
+    clipped = random_olmoe(os.path.join(a.work, "refused_clip_qkv"), clip_qkv=8.0)
+    r = launch(a, 1, os.path.join(a.work, "run_refused_clip_qkv"), None,
+               BASE + ["run.steps=1", f"data.path={token_file()}", f"train.init_from={clipped}"])
+    expect(r.rc == 2 and "clip_qkv = 8.0" in r.err, f"clip_qkv: exit 2 naming it ({r.err.strip()[-200:]})")
+
+
+@scenario
 def refusals_exit_2():
     """What pipetrain's mixture of experts does not compute, or Mixtral or Qwen2-MoE cannot hold,
-    exits 2 with one line naming the key: a sliding window, router noise, an OLMoE model_type, a
+    exits 2 with one line naming the key: a sliding window, router noise, a DeepSeek-V3 model_type, a
     Qwen2-MoE's dense mlp_only_layers, and the export as Mixtral of a model with shared experts,
     unnormalised weights or MoE blocks beside dense ones, as Qwen2-MoE of one without attention biases."""
     a = settings()
     for key, value, words in [("sliding_window", 4096, "sliding_window = 4096"),
                               ("router_jitter_noise", 0.1, "router_jitter_noise = 0.1"),
-                              ("model_type", "olmoe", "model_type = \"olmoe\"")]:
+                              ("model_type", "deepseek_v3", "model_type = \"deepseek_v3\"")]:
         source = random_mixtral(os.path.join(a.work, f"refused_{key}"), **{key: value})
         r = launch(a, 1, os.path.join(a.work, f"run_refused_{key}"), None,
                    BASE + ["run.steps=1", f"data.path={token_file()}", f"train.init_from={source}"])

@@ -154,8 +154,8 @@ def from_qwen_moe_name(name, every):
 
 
 def from_hf(directory):
-    """A mixture of experts from a Hugging Face MixtralForCausalLM or Qwen2MoeForCausalLM directory
-    alone: config.json's shape and constants, the weights of model.safetensors or of the shards its
+    """A mixture of experts from a Hugging Face MixtralForCausalLM, Qwen2MoeForCausalLM or
+    OlmoeForCausalLM directory alone: config.json's shape and constants, the weights of model.safetensors or of the shards its
     index lists, by Hugging Face's names."""
     import json
     import os
@@ -178,6 +178,11 @@ def from_hf(directory):
                              every=every, shared_experts=1, shared_ffn_hidden=cfg["shared_expert_intermediate_size"],
                              shared_gate=True))
         weights = {from_qwen_moe_name(n, every): t for n, t in weights.items()}
+    elif cfg["model_type"] == "olmoe":  # OlmoeConfig's defaults; its MoE names are Qwen2-MoE's
+        spec.update(rope_theta=cfg.get("rope_theta", 10000.0), qk_norm=True,
+                    moe=dict(experts=cfg["num_experts"], top_k=cfg["num_experts_per_tok"],
+                             ffn_hidden=cfg["intermediate_size"], norm_topk=cfg.get("norm_topk_prob", False)))
+        weights = {from_qwen_moe_name(n, 1): t for n, t in weights.items()}
     else:
         spec["moe"] = dict(experts=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"],
                            ffn_hidden=cfg["intermediate_size"], norm_topk=True)

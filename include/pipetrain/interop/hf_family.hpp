@@ -37,10 +37,11 @@ struct HfFamily {
 
 const HfFamily& hf_family(Arch arch);
 // The family a model of `spec` exports as: its arch's, a Mixtral for a mixture of experts (a
-// Qwen2-MoE for one whose shared experts have a gate), a Qwen2 for a llama with q, k and v biases.
+// Qwen2-MoE for one whose shared experts have a gate, an OLMoE for one with q and k norms), a Qwen2
+// for a llama with q, k and v biases.
 const HfFamily& hf_family(const RunSpec& spec);
 // The family of a config.json's model_type; null when pipetrain has none (hf_family_types lists them).
 const HfFamily* hf_family_of_type(const std::string& model_type);
-std::string hf_family_types();  // GPT-2 ("gpt2"), Llama ("llama"), Mixtral ("mixtral"), ... and Qwen2-MoE ("qwen2_moe")
+std::string hf_family_types();  // GPT-2 ("gpt2"), Llama ("llama"), Mixtral ("mixtral"), ... and OLMoE ("olmoe")
 
 }  // namespace pipetrain
