@@ -27,6 +27,7 @@ run llama_step scripts/bench/llama_step.py --repeats "$repeats"
 run moe_step scripts/bench/moe_step.py --repeats "$repeats"
 run pipeline scripts/bench/pipeline.py --repeats "$repeats"
 run tensor_parallel scripts/bench/tensor_parallel.py --repeats "$repeats"
+run expert_parallel scripts/bench/expert_parallel.py --repeats "$repeats"
 run oversubscribed scripts/bench/oversubscribed.py --repeats "$repeats"
 run memory scripts/bench/memory.py --steps "$memory_steps"
 run zero_memory scripts/bench/zero_memory.py
@@ -41,7 +42,7 @@ if [ "$(id -u)" = 0 ]; then run zero_overlap scripts/bench/zero_overlap.py; else
 /usr/bin/python3 - "$out" <<'PY'
 import json, os, sys
 r = {}
-for name in ("kernels", "llama_step", "moe_step", "pipeline", "tensor_parallel", "oversubscribed", "memory", "zero_memory", "async_checkpoint", "stragglers",
+for name in ("kernels", "llama_step", "moe_step", "pipeline", "tensor_parallel", "expert_parallel", "oversubscribed", "memory", "zero_memory", "async_checkpoint", "stragglers",
              "blas_kernels", "attention", "prepare", "data_streaming"):
     with open(os.path.join(sys.argv[1], name + ".txt")) as f:
         r[name] = json.loads(f.read().strip().splitlines()[-1])
@@ -68,6 +69,8 @@ rows = [
     ("  speed-up; the machine's two-process scaling", f"{f(tp['speedup'])}; {f(tp['two_process_scaling'])}", ""),
     ("  tensor collectives' share of a tp 2 step", f(tp["tp_comm_share"]), ""),
     ("  plan's step time / measured, tp 1 and tp 2", f(tp["planned_over_measured"]), "within 15%"),
+    ("MoE on dp 2: ep 2 step / ep 1 step", f(r["expert_parallel"]["ep2_over_ep1"]), ""),
+    ("  all-to-alls' share of an ep 2 step", f(r["expert_parallel"]["ep_comm_share"]), ""),
     *[(f"oversubscribed {key}: step / (compute / cores)", f(v), "<= 1.5" if "auto" in key else "")
       for key, v in o.items() if key != "bench"],
     ("memory: peak RSS / (predicted + %.0f MiB)" % m["overhead_mib"], " - ".join(f"{x:.3f}" for x in m["ratio"]), "within 10%"),
