@@ -417,7 +417,8 @@ def refusals_exit_2():
     for name, source, words in (("family first", random_llama(os.path.join(a.work, "family")),
                                  ["Llama", "model.arch = \"gpt2\"", "leave model.arch unset"]),
                                 ("no config.json", bare, ["without config.json"]),
-                                ("a family not read", mistral, ["mistral", "GPT-2 (\"gpt2\"), Llama (\"llama\"), Mixtral (\"mixtral\") and Qwen2 (\"qwen2\")"])):
+                                ("a family not read", mistral, ["mistral", "GPT-2 (\"gpt2\"), Llama (\"llama\"), Mixtral (\"mixtral\"), Qwen2 (\"qwen2\"), "
+                                                              "Qwen2-MoE (\"qwen2_moe\") and OLMoE (\"olmoe\")"])):
         r = launch(a, 1, os.path.join(a.work, "refused_" + name.replace(" ", "_")), None,
                    BASE + ["run.steps=1", f"data.path={token_file()}", f"train.init_from={source}"] +
                    (["model.arch=gpt2"] if name == "family first" else []))
