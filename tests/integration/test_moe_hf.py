@@ -211,6 +211,39 @@ def init_from_random_mixtral_follows_torch():
             expect(got and got[-1] < got[0] - 0.1, f"{name}: and the loss falls")
 
 
+def exported_matches_eval(ckpt, name, family):
+    """Exports `ckpt` as a Hugging Face `family` directory (as export names it): exit 0, and the
+    PyTorch mixture of experts built from the directory alone gives `pipetrain eval`'s loss within
+    1e-5. Its config.json and tensors (None, None where the export failed)."""
+    out = os.path.join(settings().work, "hf_" + name)
+    p = export(ckpt, out)
+    expect(p.returncode == 0 and f"Hugging Face {family} directory" in p.stdout,
+           f"export exit 0, says what it wrote ({p.stdout.strip()[-200:]}{p.stderr.strip()[-200:]})")
+    if p.returncode != 0:
+        return None, None
+    model, cfg = torch_moe.from_hf(out)
+    x, y = batch("val", 0)
+    with torch.no_grad():
+        got = model(x, y).item()
+    want = eval_loss(ckpt)
+    expect(rel_diff(got, want) <= 1e-5, f"PyTorch {family} of the export {got:.7f} == eval {want:.7f}")
+    return cfg, torch_llama.read_safetensors(os.path.join(out, "model.safetensors"))
+
+
+def follows_torch(name, source, family):
+    """`source` loaded by train.init_from on 2 stages x 2 replicas splitting the experts (ep 2): the
+    start line names it, and 10 steps follow PyTorch's AdamW within 1e-5 as the loss falls."""
+    r = run_from(name, source, 10, "parallel.ep=2", ranks=4)
+    expect(f"initialised from {source} (Hugging Face {family} directory" in r.out, "the start line names it")
+    got = [m["loss"] for m in r.metrics()] if r.rc == 0 else []
+    model, _ = torch_moe.from_hf(source)
+    want = torch_adamw_losses(model, 10)
+    worst = max((rel_diff(g, w) for g, w in zip(got, want)), default=1.0)
+    expect(len(got) == 10 and worst <= 1e-5 and got[-1] < got[0] - 0.1,
+           f"10 steps: pipetrain {[round(v, 5) for v in got[:3]]}.. == PyTorch {[round(v, 5) for v in want[:3]]}.. "
+           f"(worst rel {worst:.1e}), and the loss falls")
+
+
 # A mixture of experts as Qwen-MoE builds one: a gated shared expert of its own width, the chosen
 # probabilities as they are, every other block an MoE block, q, k and v biases.
 QWEN_MOE = ["model.moe.shared_experts=1", "model.moe.shared_gate=true", "model.moe.shared_ffn_hidden=128",
@@ -226,19 +259,12 @@ def qwen_moe_in_and_out():
     here, loaded by train.init_from on 2 stages x 2 replicas splitting the experts (ep 2), starts at
     PyTorch's loss and follows its AdamW for 10 steps within 1e-5."""
     a = settings()
-    x, y = batch("val", 0)
-    ckpt = trained("qwen_moe_tp2", 2, "parallel.tp=2", *QWEN_MOE)
-    out = os.path.join(a.work, "hf_qwen_moe")
-    p = export(ckpt, out)
-    expect(p.returncode == 0 and "Hugging Face Qwen2-MoE directory" in p.stdout,
-           f"export exit 0, says what it wrote ({p.stdout.strip()[-200:]}{p.stderr.strip()[-200:]})")
-    if p.returncode == 0:
-        model, cfg = torch_moe.from_hf(out)
+    cfg, weights = exported_matches_eval(trained("qwen_moe_tp2", 2, "parallel.tp=2", *QWEN_MOE), "qwen_moe", "Qwen2-MoE")
+    if cfg:
         expect(cfg["architectures"] == ["Qwen2MoeForCausalLM"] and cfg["num_experts"] == 8 and
                cfg["moe_intermediate_size"] == 96 and cfg["shared_expert_intermediate_size"] == 128 and
                cfg["intermediate_size"] == 192 and cfg["decoder_sparse_step"] == 2 and cfg["norm_topk_prob"] is False,
                "config.json describes the mixture of experts")
-        weights = torch_llama.read_safetensors(os.path.join(out, "model.safetensors"))
         at = "model.layers.1.mlp."
         expect(weights[at + "experts.7.gate_proj.weight"].shape == (96, 64) and
                weights[at + "experts.7.down_proj.weight"].shape == (64, 96) and
@@ -246,20 +272,7 @@ def qwen_moe_in_and_out():
                weights[at + "shared_expert_gate.weight"].shape == (1, 64) and
                weights["model.layers.0.mlp.gate_proj.weight"].shape == (192, 64) and
                "model.layers.0.self_attn.k_proj.bias" in weights, "Qwen2-MoE's names and [out, in] shapes")
-        with torch.no_grad():
-            got = model(x, y).item()
-        want = eval_loss(ckpt)
-        expect(rel_diff(got, want) <= 1e-5, f"PyTorch Qwen2-MoE of the export {got:.7f} == eval {want:.7f}")
-    source = random_qwen_moe(os.path.join(a.work, "random_qwen_moe"))
-    r = run_from("from_qwen_moe", source, 10, "parallel.ep=2", ranks=4)
-    expect(f"initialised from {source} (Hugging Face Qwen2-MoE directory" in r.out, "the start line names it")
-    got = [m["loss"] for m in r.metrics()] if r.rc == 0 else []
-    model, _ = torch_moe.from_hf(source)
-    want = torch_adamw_losses(model, 10)
-    worst = max((rel_diff(g, w) for g, w in zip(got, want)), default=1.0)
-    expect(len(got) == 10 and worst <= 1e-5 and got[-1] < got[0] - 0.1,
-           f"10 steps: pipetrain {[round(v, 5) for v in got[:3]]}.. == PyTorch {[round(v, 5) for v in want[:3]]}.. "
-           f"(worst rel {worst:.1e}), and the loss falls")
+    follows_torch("from_qwen_moe", random_qwen_moe(os.path.join(a.work, "random_qwen_moe")), "Qwen2-MoE")
 
 
 @scenario
@@ -270,35 +283,16 @@ def olmoe_in_and_out():
     within 1e-5; a random OLMoE written here, loaded by train.init_from on 2 stages x 2 replicas
     splitting the experts, follows PyTorch's AdamW for 10 steps within 1e-5; clip_qkv is refused."""
     a = settings()
-    x, y = batch("val", 0)
     ckpt = trained("olmoe_tp2", 2, "parallel.tp=2", "model.qk_norm=true", "model.moe.norm_topk=false")
-    out = os.path.join(a.work, "hf_olmoe")
-    p = export(ckpt, out)
-    expect(p.returncode == 0 and "Hugging Face OLMoE directory" in p.stdout,
-           f"export exit 0, says what it wrote ({p.stdout.strip()[-200:]}{p.stderr.strip()[-200:]})")
-    if p.returncode == 0:
-        model, cfg = torch_moe.from_hf(out)
+    cfg, weights = exported_matches_eval(ckpt, "olmoe", "OLMoE")
+    if cfg:
         expect(cfg["architectures"] == ["OlmoeForCausalLM"] and cfg["num_experts"] == 8 and
                cfg["intermediate_size"] == 96 and cfg["norm_topk_prob"] is False and cfg["clip_qkv"] is None,
                "config.json describes the mixture of experts")
-        weights = torch_llama.read_safetensors(os.path.join(out, "model.safetensors"))
         expect(weights["model.layers.3.self_attn.q_norm.weight"].shape == (64,) and
                weights["model.layers.3.self_attn.k_norm.weight"].shape == (32,) and
                weights["model.layers.3.mlp.experts.7.up_proj.weight"].shape == (96, 64), "OLMoE's names and shapes")
-        with torch.no_grad():
-            got = model(x, y).item()
-        want = eval_loss(ckpt)
-        expect(rel_diff(got, want) <= 1e-5, f"PyTorch OLMoE of the export {got:.7f} == eval {want:.7f}")
-    source = random_olmoe(os.path.join(a.work, "random_olmoe"))
-    r = run_from("from_olmoe", source, 10, "parallel.ep=2", ranks=4)
-    expect(f"initialised from {source} (Hugging Face OLMoE directory" in r.out, "the start line names it")
-    got = [m["loss"] for m in r.metrics()] if r.rc == 0 else []
-    model, _ = torch_moe.from_hf(source)
-    want = torch_adamw_losses(model, 10)
-    worst = max((rel_diff(g, w) for g, w in zip(got, want)), default=1.0)
-    expect(len(got) == 10 and worst <= 1e-5 and got[-1] < got[0] - 0.1,
-           f"10 steps: pipetrain {[round(v, 5) for v in got[:3]]}.. == PyTorch {[round(v, 5) for v in want[:3]]}.. "
-           f"(worst rel {worst:.1e}), and the loss falls")
+    follows_torch("from_olmoe", random_olmoe(os.path.join(a.work, "random_olmoe")), "OLMoE")
     clipped = random_olmoe(os.path.join(a.work, "refused_clip_qkv"), clip_qkv=8.0)
     r = launch(a, 1, os.path.join(a.work, "run_refused_clip_qkv"), None,
                BASE + ["run.steps=1", f"data.path={token_file()}", f"train.init_from={clipped}"])
