@@ -22,6 +22,8 @@ std::string seconds(double s) {
 struct Comm::Groups {
   MPI_Comm pipe = MPI_COMM_NULL, data = MPI_COMM_NULL, tied = MPI_COMM_NULL, tensor = MPI_COMM_NULL,
            stage = MPI_COMM_NULL, expert = MPI_COMM_NULL, expert_data = MPI_COMM_NULL;
+  // The replicas a data-parallel exchange runs over: the data group, or an expert tensor's.
+  MPI_Comm replicas(Group g) const { return g == Group::expert_data ? expert_data : data; }
 };
 
 Comm::Comm(World& world, const Topology& topo, WaitPolicy wait, double timeout_s)
@@ -137,14 +139,14 @@ void Comm::wait_all(std::vector<Request>& reqs, const WaitLabel& label) {
   reqs.clear();
 }
 
-Request Comm::iallreduce_data(float* buf, size_t n) {
+Request Comm::iallreduce_data(float* buf, size_t n, Group group) {
   Request r;
-  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_FLOAT, MPI_SUM, groups_->data, RequestOut(r));
+  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_FLOAT, MPI_SUM, groups_->replicas(group), RequestOut(r));
   return r;
 }
 
 Request Comm::ireduce_scatter_data(float* buf, const std::vector<int>& counts, float* out, Group group) {
-  MPI_Comm c = group == Group::expert_data ? groups_->expert_data : groups_->data;
+  MPI_Comm c = groups_->replicas(group);
   Request r;
   if (out) MPI_Ireduce_scatter(buf, out, counts.data(), MPI_FLOAT, MPI_SUM, c, RequestOut(r));
   else MPI_Ireduce_scatter(MPI_IN_PLACE, buf, counts.data(), MPI_FLOAT, MPI_SUM, c, RequestOut(r));
@@ -153,12 +155,11 @@ Request Comm::ireduce_scatter_data(float* buf, const std::vector<int>& counts, f
 
 Request Comm::iallgather_data(float* buf, const std::vector<int>& counts, const std::vector<int>& offsets,
                               const float* mine, Group group) {
-  const bool experts = group == Group::expert_data;
-  MPI_Comm c = experts ? groups_->expert_data : groups_->data;
+  MPI_Comm c = groups_->replicas(group);
   Request r;
   if (mine)
-    MPI_Iallgatherv(mine, counts[experts ? topo_.expert_replica() : topo_.dp_rank], MPI_FLOAT, buf, counts.data(),
-                    offsets.data(), MPI_FLOAT, c, RequestOut(r));
+    MPI_Iallgatherv(mine, counts[group == Group::expert_data ? topo_.expert_replica() : topo_.dp_rank], MPI_FLOAT, buf,
+                    counts.data(), offsets.data(), MPI_FLOAT, c, RequestOut(r));
   else
     MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, counts.data(), offsets.data(), MPI_FLOAT, c,
                     RequestOut(r));
@@ -224,12 +225,6 @@ void Comm::alltoall_expert(const float* send, const std::vector<int>& send_count
   MPI_Ialltoallv(send, send_counts.data(), send_offsets.data(), MPI_FLOAT, recv, recv_counts.data(),
                  recv_offsets.data(), MPI_FLOAT, groups_->expert, RequestOut(r));
   poll_in_compute(r, {"expert-parallel all-to-all (token rows)", -1, -1, Group::expert});
-}
-
-Request Comm::iallreduce_expert_data(float* buf, size_t n) {
-  Request r;
-  MPI_Iallreduce(MPI_IN_PLACE, buf, static_cast<int>(n), MPI_FLOAT, MPI_SUM, groups_->expert_data, RequestOut(r));
-  return r;
 }
 
 void Comm::gather_to_root(const double* mine, size_t n, std::vector<double>& out) {

@@ -63,8 +63,7 @@ void GradReducer::issue_arrived(bool wait) {
 void GradReducer::issue(const ParamTensor* p, size_t begin, size_t end) {
   const Group group = p && p->expert ? Group::expert_data : Group::data;
   if (p && p->expert && !shard_.sharded()) {  // over the replicas holding the same experts
-    posted(comm_.iallreduce_expert_data(grads_ + begin, end - begin), "all-reduce expert gradients " + p->name,
-           Group::expert_data);
+    posted(comm_.iallreduce_data(grads_ + begin, end - begin, group), "all-reduce expert gradients " + p->name, group);
     return;
   }
   if (!p) {

@@ -57,9 +57,10 @@ class Comm {
   // receives travel while it computes.
   void progress(std::vector<Request>& reqs);
 
-  // In-place sums. data: over the D replicas of this stage; world: over all ranks;
-  // tied: between first and last stage (no-op when P = 1).
-  Request iallreduce_data(float* buf, size_t n);
+  // In-place sums. data: over the D replicas of this stage (or, with Group::expert_data, the
+  // replicas holding this rank's experts); world: over all ranks; tied: between first and last
+  // stage (no-op when P = 1).
+  Request iallreduce_data(float* buf, size_t n, Group group = Group::data);
   // ZeRO over the data group, on one tensor's range `buf` whose part r is counts[r] elements at
   // offsets[r] (consecutive, in rank order). Reduce-scatter: this rank's summed part goes to `out`,
   // or, without one, is left at the START of buf (MPI's in-place rule; the caller moves it to
@@ -86,8 +87,6 @@ class Comm {
   void alltoall_expert(const int* send, int* recv, int n);
   void alltoall_expert(const float* send, const std::vector<int>& send_counts, float* recv,
                        const std::vector<int>& recv_counts);
-  // In-place sum over the replicas holding this rank's experts (an expert tensor's gradient).
-  Request iallreduce_expert_data(float* buf, size_t n);
 
   // Gathers `n` values from every rank to world rank 0 (out sized world*n there).
   void gather_to_root(const double* mine, size_t n, std::vector<double>& out);
