@@ -44,13 +44,18 @@ void ExpertDispatch::reorder(const float* from, float* to, int width, bool to_ex
   }
 }
 
-void ExpertDispatch::send(const float* rows, Floats& out, int width, ExpertGroup& group) {
+void ExpertDispatch::float_counts(int width, bool back) {
+  const std::vector<int>&out_rows = back ? recv_rows_ : send_rows_, &in_rows = back ? send_rows_ : recv_rows_;
   float_counts_send_.resize(ep_.size);
   float_counts_recv_.resize(ep_.size);
   for (int j = 0; j < ep_.size; ++j) {
-    float_counts_send_[j] = send_rows_[j] * width;
-    float_counts_recv_[j] = recv_rows_[j] * width;
+    float_counts_send_[j] = out_rows[j] * width;
+    float_counts_recv_[j] = in_rows[j] * width;
   }
+}
+
+void ExpertDispatch::send(const float* rows, Floats& out, int width, ExpertGroup& group) {
+  float_counts(width, false);
   const size_t n = static_cast<size_t>(this->rows()) * width;
   staging_.resize(n);
   group.all_to_all(rows, float_counts_send_, staging_.data(), float_counts_recv_);
@@ -60,14 +65,9 @@ void ExpertDispatch::send(const float* rows, Floats& out, int width, ExpertGroup
 }
 
 void ExpertDispatch::bring_back(const float* rows, Floats& out, int width, ExpertGroup& group) {
-  float_counts_send_.resize(ep_.size);
-  float_counts_recv_.resize(ep_.size);
+  float_counts(width, true);  // what came from rank j goes back to it
   size_t back = 0;
-  for (int j = 0; j < ep_.size; ++j) {
-    float_counts_send_[j] = recv_rows_[j] * width;  // what came from rank j goes back to it
-    float_counts_recv_[j] = send_rows_[j] * width;
-    back += float_counts_recv_[j];
-  }
+  for (int n : float_counts_recv_) back += n;
   staging_.resize(static_cast<size_t>(this->rows()) * width);
   {
     KernelTimer timer(Kernel::routing);

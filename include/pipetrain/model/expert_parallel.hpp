@@ -55,6 +55,8 @@ class ExpertDispatch {
     int arrived, runs, count;
   };
   void reorder(const float* from, float* to, int width, bool to_experts) const;
+  // The floats of `width`-wide rows each rank sends and receives: to the experts, or `back`.
+  void float_counts(int width, bool back);
   TpPart ep_;
   std::vector<int> send_rows_, recv_rows_;  // per rank
   std::vector<int> offsets_{0};
