@@ -75,6 +75,15 @@ json hf_gpt2_config(const RunSpec& spec, StoredFloat dtype, const SpecialTokens&
           {"torch_dtype", dtype == StoredFloat::bf16 ? "bfloat16" : "float32"}};
 }
 
+// The keys each Hugging Face mixture of experts shares, `experts` the one naming their count.
+void add_moe_keys(json& c, const RunSpec& spec, const char* experts) {
+  const auto& moe = spec.model.moe;
+  c[experts] = moe.experts;
+  c["num_experts_per_tok"] = moe.top_k;
+  c["router_aux_loss_coef"] = moe.aux_loss;
+  c["output_router_logits"] = false;
+}
+
 // A MixtralForCausalLM: the llama block with every MLP a mixture of experts as wide as
 // intermediate_size, each token to num_experts_per_tok of them, their weights renormalised.
 json hf_mixtral_config(const RunSpec& spec, StoredFloat dtype, const SpecialTokens& special) {
@@ -83,10 +92,7 @@ json hf_mixtral_config(const RunSpec& spec, StoredFloat dtype, const SpecialToke
   c["architectures"] = {"MixtralForCausalLM"};
   c["model_type"] = "mixtral";
   c["intermediate_size"] = block_shape(spec, moe.every - 1).ffn;
-  c["num_local_experts"] = moe.experts;
-  c["num_experts_per_tok"] = moe.top_k;
-  c["router_aux_loss_coef"] = moe.aux_loss;
-  c["output_router_logits"] = false;
+  add_moe_keys(c, spec, "num_local_experts");
   c["router_jitter_noise"] = 0.0;
   c["sliding_window"] = nullptr;
   for (const char* llama_only : {"attention_bias", "mlp_bias", "pretraining_tp", "rope_scaling"}) c.erase(llama_only);
@@ -116,11 +122,8 @@ json hf_qwen_moe_config(const RunSpec& spec, StoredFloat dtype, const SpecialTok
   c["mlp_only_layers"] = json::array();
   c["moe_intermediate_size"] = s.ffn;
   c["shared_expert_intermediate_size"] = s.shared_ffn;
-  c["num_experts"] = moe.experts;
-  c["num_experts_per_tok"] = moe.top_k;
+  add_moe_keys(c, spec, "num_experts");
   c["norm_topk_prob"] = moe.norm_topk;
-  c["router_aux_loss_coef"] = moe.aux_loss;
-  c["output_router_logits"] = false;
   return c;
 }
 
@@ -132,11 +135,8 @@ json hf_olmoe_config(const RunSpec& spec, StoredFloat dtype, const SpecialTokens
   c["architectures"] = {"OlmoeForCausalLM"};
   c["model_type"] = "olmoe";
   c["intermediate_size"] = block_shape(spec, moe.every - 1).ffn;
-  c["num_experts"] = moe.experts;
-  c["num_experts_per_tok"] = moe.top_k;
+  add_moe_keys(c, spec, "num_experts");
   c["norm_topk_prob"] = moe.norm_topk;
-  c["router_aux_loss_coef"] = moe.aux_loss;
-  c["output_router_logits"] = false;
   c["clip_qkv"] = nullptr;
   for (const char* llama_only : {"mlp_bias", "pretraining_tp", "head_dim"}) c.erase(llama_only);
   return c;

@@ -318,18 +318,19 @@ class HfLlamaSource : public WeightsSource {
       throw SpecError(
           path + ": mlp_only_layers = " + c["mlp_only_layers"].dump() +
           ": pipetrain's MoE blocks are every model.moe.every-th (decoder_sparse_step), with no others dense");
-    declare_int(declared_, c, path, "num_experts", "model.moe.experts");
-    declare_int(declared_, c, path, "num_experts_per_tok", "model.moe.top_k");
-    declare_int(declared_, c, path, "moe_intermediate_size", "model.moe.ffn_hidden");
+    declare_experts(c, path, "moe_intermediate_size");
     declare_int(declared_, c, path, "decoder_sparse_step", "model.moe.every");
     declared_.push_back({"model.moe.shared_experts", "1", "config.json model_type qwen2_moe (one shared expert)"});
     declare_int(declared_, c, path, "shared_expert_intermediate_size", "model.moe.shared_ffn_hidden");
     declared_.push_back({"model.moe.shared_gate", "true", "config.json model_type qwen2_moe (shared_expert_gate)"});
-    declare_norm_topk(c);
   }
 
-  // norm_topk_prob (Qwen2-MoE's and OLMoE's default: false, the chosen probabilities as they are).
-  void declare_norm_topk(const json& c) {
+  // Qwen2-MoE's and OLMoE's experts: num_experts of `ffn_key`'s width, num_experts_per_tok a token,
+  // norm_topk_prob (their default: false, the chosen probabilities as they are).
+  void declare_experts(const json& c, const std::string& path, const char* ffn_key) {
+    declare_int(declared_, c, path, "num_experts", "model.moe.experts");
+    declare_int(declared_, c, path, "num_experts_per_tok", "model.moe.top_k");
+    declare_int(declared_, c, path, ffn_key, "model.moe.ffn_hidden");
     const bool norm = c.value("norm_topk_prob", false);
     declared_.push_back({"model.moe.norm_topk", norm ? "true" : "false",
                          c.contains("norm_topk_prob") ? "config.json norm_topk_prob"
@@ -342,10 +343,7 @@ class HfLlamaSource : public WeightsSource {
     if (c.contains("clip_qkv") && !c["clip_qkv"].is_null())
       throw SpecError(path + ": clip_qkv = " + c["clip_qkv"].dump() + ": pipetrain does not clip q, k and v");
     declared_.push_back({"model.qk_norm", "true", "config.json model_type olmoe (q_norm, k_norm)"});
-    declare_int(declared_, c, path, "num_experts", "model.moe.experts");
-    declare_int(declared_, c, path, "num_experts_per_tok", "model.moe.top_k");
-    declare_int(declared_, c, path, "intermediate_size", "model.moe.ffn_hidden");
-    declare_norm_topk(c);
+    declare_experts(c, path, "intermediate_size");
   }
 
   struct Held {
