@@ -47,14 +47,6 @@ void set_compute_device(Device d, int local_rank, int local_ranks) {
 
 void use_spec_device(const RunSpec& spec, int local_rank, int local_ranks) {
   if (spec.run.device != Device::gpu) return;
-  if (spec.model.moe.on())  // plan still prices it: only running it is refused
-    throw SpecError(spec.origin("model.moe.experts") +
-                    ": model.moe.experts: a mixture of experts trains on the CPU in this build (its routing kernels "
-                    "have no GPU twin yet): run.device = \"cpu\"");
-  if (spec.model.qk_norm)
-    throw SpecError(spec.origin("model.qk_norm") +
-                    ": model.qk_norm: q and k norms train on the CPU in this build (their kernels have no GPU twin "
-                    "yet): run.device = \"cpu\"");
   try {
     set_compute_device(Device::gpu, local_rank, local_ranks);
   } catch (const std::runtime_error& e) {
@@ -70,6 +62,11 @@ void copy_values(float* dst, const float* src, size_t n) {
   KernelTimer timer(Kernel::memory);
   if (g_device == Device::gpu) gpu::copy_on_device(dst, src, n * sizeof(float));
   else std::copy(src, src + n, dst);
+}
+void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t width, size_t rows) {
+  KernelTimer timer(Kernel::memory);
+  if (g_device == Device::gpu) return gpu::copy_rows_on_device(dst, dst_stride, src, src_stride, width, rows);
+  for (size_t r = 0; r < rows; ++r) std::copy_n(src + r * src_stride, width, dst + r * dst_stride);
 }
 void zero_values(float* dst, size_t n) {
   KernelTimer timer(Kernel::memory);

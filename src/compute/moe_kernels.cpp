@@ -14,6 +14,30 @@ size_t MoeRouting::bytes() const {
          sizeof(float) * weight.size();
 }
 
+MoeRouting::operator RoutedSlots() const {
+  return {N, k, E, rows(), expert.data(), weight.data(), row.data(), token.data(), chosen.data()};
+}
+
+RoutedSlots RoutedSlotsCopy::of(const MoeRouting& r) {
+  RoutedSlots s = r;
+  if (compute_device() != Device::gpu) return s;
+  const size_t slots = static_cast<size_t>(r.N) * r.k;
+  std::vector<int> packed;
+  packed.reserve(2 * slots + r.rows() + r.E);
+  packed.insert(packed.end(), r.expert.begin(), r.expert.end());
+  packed.insert(packed.end(), r.row.begin(), r.row.end());
+  packed.insert(packed.end(), r.token.begin(), r.token.begin() + r.rows());
+  packed.insert(packed.end(), r.chosen.begin(), r.chosen.end());
+  ints_.assign(packed.data(), packed.size());
+  weights_.assign(r.weight.data(), slots);
+  s.expert = ints_.data();
+  s.row = s.expert + slots;
+  s.token = s.row + slots;
+  s.chosen = s.token + r.rows();
+  s.weight = weights_.data();
+  return s;
+}
+
 size_t moe_routing_bytes(int N, int k, int E) {
   return sizeof(int) * (4 * static_cast<size_t>(N) * k + 2 * static_cast<size_t>(E) + 1);
 }
@@ -80,7 +104,7 @@ void router_softmax_forward(float* probs, float* lse, const float* logits, int N
   });
 }
 
-void router_backward(float* dlogits, const float* dweight, const float* probs, const float* lse, const MoeRouting& r,
+void router_backward(float* dlogits, const float* dweight, const float* probs, const float* lse, const RoutedSlots& r,
                      bool norm_topk, float aux_scale, float z_scale) {
   KernelTimer timer(Kernel::routing);
   const int N = r.N, E = r.E, k = r.k;
@@ -95,8 +119,8 @@ void router_backward(float* dlogits, const float* dweight, const float* probs, c
       std::copy(aux_dp.begin(), aux_dp.end(), dp.begin());
       if (dweight) {
         const float* dw = dweight + t * k;
-        const float* w = r.weight.data() + t * k;
-        const int* ex = r.expert.data() + t * k;
+        const float* w = r.weight + t * k;
+        const int* ex = r.expert + t * k;
         // w_s = p_s / S (norm_topk) or p_s: dp_s = (dw_s - sum_u dw_u w_u) / S, or dw_s.
         float sum = 0, dot = 0;
         for (int s = 0; s < k; ++s) {
@@ -130,14 +154,14 @@ RouterLosses router_losses(const float* probs, const float* lse, const MoeRoutin
   return out;
 }
 
-void moe_gather(float* xs, const float* x, const MoeRouting& r, int C) {
+void moe_gather(float* xs, const float* x, const RoutedSlots& r, int C) {
   KernelTimer timer(Kernel::routing);
-  parallel_for(r.rows(), rows_per_chunk(C), [&](size_t begin, size_t end) {
+  parallel_for(r.rows, rows_per_chunk(C), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) std::copy_n(x + static_cast<size_t>(r.token[i]) * C, C, xs + i * C);
   });
 }
 
-void moe_combine_forward(float* out, const float* y, const MoeRouting& r, int C, bool accumulate) {
+void moe_combine_forward(float* out, const float* y, const RoutedSlots& r, int C, bool accumulate) {
   KernelTimer timer(Kernel::routing);
   const int k = r.k;
   parallel_for(r.N, rows_per_chunk(C), [&](size_t begin, size_t end) {
@@ -192,7 +216,7 @@ void sigmoid_backward(float* dlogit, const float* dgate, const float* gate, int 
   for (int t = 0; t < N; ++t) dlogit[t] = dgate[t] * gate[t] * (1.f - gate[t]);
 }
 
-void moe_combine_backward(float* dy, float* dweight, const float* dout, const float* y, const MoeRouting& r, int C) {
+void moe_combine_backward(float* dy, float* dweight, const float* dout, const float* y, const RoutedSlots& r, int C) {
   KernelTimer timer(Kernel::routing);
   const int k = r.k;
   parallel_for(r.N, rows_per_chunk(C), [&](size_t begin, size_t end) {
@@ -222,7 +246,7 @@ void moe_combine_backward(float* dy, float* dweight, const float* dout, const fl
   });
 }
 
-void moe_scatter_add(float* dx, const float* dxs, const MoeRouting& r, int C) {
+void moe_scatter_add(float* dx, const float* dxs, const RoutedSlots& r, int C) {
   KernelTimer timer(Kernel::routing);
   const int k = r.k;
   parallel_for(r.N, rows_per_chunk(C), [&](size_t begin, size_t end) {
@@ -239,25 +263,25 @@ void moe_scatter_add(float* dx, const float* dxs, const MoeRouting& r, int C) {
   });
 }
 
-void grouped_matmul_forward(float* out, const float* inp, const float* weight, const int* offsets, int E, int C,
-                            int OC) {
+void grouped_matmul_forward(const Kernels& k, float* out, const float* inp, const float* weight, const int* offsets,
+                            int E, int C, int OC) {
   for (int e = 0; e < E; ++e) {
     const int n = offsets[e + 1] - offsets[e];
     if (n == 0) continue;
-    matmul_forward(out + static_cast<size_t>(offsets[e]) * OC, inp + static_cast<size_t>(offsets[e]) * C,
-                   weight + static_cast<size_t>(e) * OC * C, nullptr, n, C, OC);
+    k.matmul_forward(out + static_cast<size_t>(offsets[e]) * OC, inp + static_cast<size_t>(offsets[e]) * C,
+                     weight + static_cast<size_t>(e) * OC * C, nullptr, n, C, OC);
   }
 }
 
-void grouped_matmul_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
-                             const int* offsets, int E, int C, int OC) {
+void grouped_matmul_backward(const Kernels& k, float* dinp, float* dweight, const float* dout, const float* inp,
+                             const float* weight, const int* offsets, int E, int C, int OC) {
   for (int e = 0; e < E; ++e) {
     const size_t first = offsets[e];
     const int n = offsets[e + 1] - offsets[e];
     if (n == 0) continue;
-    matmul_backward(dinp ? dinp + first * C : nullptr, dweight ? dweight + static_cast<size_t>(e) * OC * C : nullptr,
-                    nullptr, dout + first * OC, inp ? inp + first * C : nullptr,
-                    weight ? weight + static_cast<size_t>(e) * OC * C : nullptr, n, C, OC);
+    k.matmul_backward(dinp ? dinp + first * C : nullptr, dweight ? dweight + static_cast<size_t>(e) * OC * C : nullptr,
+                      nullptr, dout + first * OC, inp ? inp + first * C : nullptr,
+                      weight ? weight + static_cast<size_t>(e) * OC * C : nullptr, n, C, OC);
   }
 }
 

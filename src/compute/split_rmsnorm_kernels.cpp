@@ -1,4 +1,6 @@
-#include "pipetrain/compute/split_rmsnorm_kernels.hpp"
+// The CPU kernels of an RMSNorm over rows whose columns tensor ranks split (model.qk_norm;
+// layer_kernels.hpp gives the contract).
+#include "pipetrain/compute/kernels.hpp"
 
 #include <cmath>
 

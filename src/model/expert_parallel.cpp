@@ -40,7 +40,7 @@ void ExpertDispatch::plan(const MoeRouting& r, int held, ExpertGroup& group) {
 void ExpertDispatch::reorder(const float* from, float* to, int width, bool to_experts) const {
   for (const Block& b : blocks_) {
     const size_t src = to_experts ? b.arrived : b.runs, dst = to_experts ? b.runs : b.arrived;
-    std::copy_n(from + src * width, static_cast<size_t>(b.count) * width, to + dst * width);
+    copy_values(to + dst * width, from + src * width, static_cast<size_t>(b.count) * width);
   }
 }
 
@@ -54,27 +54,27 @@ void ExpertDispatch::float_counts(int width, bool back) {
   }
 }
 
-void ExpertDispatch::send(const float* rows, Floats& out, int width, ExpertGroup& group) {
+void ExpertDispatch::send(const float* rows, Floats& out, int width, ExpertGroup& group, Floats& staging) {
   float_counts(width, false);
   const size_t n = static_cast<size_t>(this->rows()) * width;
-  staging_.resize(n);
-  group.all_to_all(rows, float_counts_send_, staging_.data(), float_counts_recv_);
+  ensure_size(staging, n);
+  group.all_to_all(rows, float_counts_send_, staging.data(), float_counts_recv_);
   KernelTimer timer(Kernel::routing);
   ensure_size(out, n);
-  reorder(staging_.data(), out.data(), width, true);
+  reorder(staging.data(), out.data(), width, true);
 }
 
-void ExpertDispatch::bring_back(const float* rows, Floats& out, int width, ExpertGroup& group) {
+void ExpertDispatch::bring_back(const float* rows, Floats& out, int width, ExpertGroup& group, Floats& staging) {
   float_counts(width, true);  // what came from rank j goes back to it
   size_t back = 0;
   for (int n : float_counts_recv_) back += n;
-  staging_.resize(static_cast<size_t>(this->rows()) * width);
+  ensure_size(staging, static_cast<size_t>(this->rows()) * width);
   {
     KernelTimer timer(Kernel::routing);
-    reorder(rows, staging_.data(), width, false);
+    reorder(rows, staging.data(), width, false);
   }
   ensure_size(out, back);
-  group.all_to_all(staging_.data(), float_counts_send_, out.data(), float_counts_recv_);
+  group.all_to_all(staging.data(), float_counts_send_, out.data(), float_counts_recv_);
 }
 
 }  // namespace pipetrain

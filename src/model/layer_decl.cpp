@@ -41,6 +41,8 @@ size_t LayerWidths::operator[](Width w) const {
       return shape.qk_norm ? static_cast<size_t>(shape.q + shape.kv) : 0;
     case Width::qk_two:
       return shape.qk_norm ? 2 : 0;
+    case Width::exchanged_C:
+      return shape.held_experts < shape.experts ? shape.C : 0;
   }
   return 0;
 }

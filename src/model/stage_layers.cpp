@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "pipetrain/compute/kernels.hpp"
-#include "pipetrain/compute/split_rmsnorm_kernels.hpp"
 #include "pipetrain/model/model.hpp"
 
 namespace pipetrain {
@@ -46,31 +45,28 @@ void Stage::sum_qk_partials(float* sums, int N) {
 void Stage::qk_norm_forward(BlockActs& a, const float* w, int N) {
   const int Q = shape_.q, KV = shape_.kv, QK = Q + KV, QKV = shape_.qkv;
   float *raw = a.qk_raw.data(), *sums = scratch_.qk_sums.data();
-  for (int t = 0; t < N; ++t)
-    copy_values(raw + static_cast<size_t>(t) * QK, a.qkv.data() + static_cast<size_t>(t) * QKV, QK);
-  split_rms_squares(sums, raw, N, Q, QK);
-  split_rms_squares(sums + N, raw + Q, N, KV, QK);
+  copy_rows(raw, QK, a.qkv.data(), QKV, QK, N);
+  k_.split_rms_squares(sums, raw, N, Q, QK);
+  k_.split_rms_squares(sums + N, raw + Q, N, KV, QK);
   sum_qk_partials(sums, N);
-  // A key/value head several tensor ranks hold counts once.
-  for (int t = 0; t < N && kv_copies_ > 1; ++t) sums[N + t] /= static_cast<float>(kv_copies_);
-  split_rms_forward(a.qkv.data(), a.qk_rstd.data(), raw, sums, w, N, Q, QK, QKV, q_whole_, norm_eps_);
-  split_rms_forward(a.qkv.data() + Q, a.qk_rstd.data() + N, raw + Q, sums + N, w + Q, N, KV, QK, QKV, kv_whole_,
-                    norm_eps_);
+  // A key/value head several tensor ranks hold is in the group's sum kv_copies_ times: its mean
+  // square divides by that many times its width.
+  k_.split_rms_forward(a.qkv.data(), a.qk_rstd.data(), raw, sums, w, N, Q, QK, QKV, q_whole_, norm_eps_);
+  k_.split_rms_forward(a.qkv.data() + Q, a.qk_rstd.data() + N, raw + Q, sums + N, w + Q, N, KV, QK, QKV,
+                       kv_whole_ * kv_copies_, norm_eps_);
 }
 
 void Stage::qk_norm_backward(const BlockActs& a, float* dqkv, float* dw, const float* w, float* keep, int N) {
   const int Q = shape_.q, KV = shape_.kv, QK = Q + KV, QKV = shape_.qkv;
   const float *raw = a.qk_raw.data(), *rstd = a.qk_rstd.data();
   float* sums = scratch_.qk_sums.data();
-  split_rms_dots(sums, dqkv, raw, w, N, Q, QK, QKV);
-  split_rms_dots(sums + N, dqkv + Q, raw + Q, w + Q, N, KV, QK, QKV);
+  k_.split_rms_dots(sums, dqkv, raw, w, N, Q, QK, QKV);
+  k_.split_rms_dots(sums + N, dqkv + Q, raw + Q, w + Q, N, KV, QK, QKV);
   sum_qk_partials(sums, N);  // a shared head's dot: its ranks' parts of dk, summed
-  if (keep)
-    for (int t = 0; t < N; ++t)
-      copy_values(keep + static_cast<size_t>(t) * QK, dqkv + static_cast<size_t>(t) * QKV, QK);
-  split_rms_backward(dqkv, dw, dqkv, raw, w, rstd, sums, N, Q, QK, QKV, q_whole_, 1.f);
-  split_rms_backward(dqkv + Q, dw ? dw + Q : nullptr, dqkv + Q, raw + Q, w + Q, rstd + N, sums + N, N, KV, QK, QKV,
-                     kv_whole_, 1.f / kv_copies_);
+  if (keep) copy_rows(keep, QK, dqkv, QKV, QK, N);
+  k_.split_rms_backward(dqkv, dw, dqkv, raw, w, rstd, sums, N, Q, QK, QKV, q_whole_, 1.f);
+  k_.split_rms_backward(dqkv + Q, dw ? dw + Q : nullptr, dqkv + Q, raw + Q, w + Q, rstd + N, sums + N, N, KV, QK, QKV,
+                        kv_whole_, 1.f / kv_copies_);
 }
 
 void Stage::block_forward(const Chunk& c, int l, const float* x, BlockActs& a, float* out, const Tokens& tok) {
@@ -178,9 +174,9 @@ void Stage::block_backward_weight(const Chunk& c, int l, const float* x, const B
   if (shape_.qk_norm) {  // the norms' weights, from the normalised rows' gradients kept by the input half
     const int Q = shape_.q, KV = shape_.kv, QK = Q + KV;
     const float *raw = a.qk_raw.data(), *rstd = a.qk_rstd.data(), *dy = w.dqk_normed.data();
-    split_rms_backward(nullptr, g.qknormw, dy, raw, nullptr, rstd, nullptr, N, Q, QK, QK, q_whole_, 1.f);
-    split_rms_backward(nullptr, g.qknormw + Q, dy + Q, raw + Q, nullptr, rstd + N, nullptr, N, KV, QK, QK, kv_whole_,
-                       1.f);
+    k_.split_rms_backward(nullptr, g.qknormw, dy, raw, nullptr, rstd, nullptr, N, Q, QK, QK, q_whole_, 1.f);
+    k_.split_rms_backward(nullptr, g.qknormw + Q, dy + Q, raw + Q, nullptr, rstd + N, nullptr, N, KV, QK, QK, kv_whole_,
+                          1.f);
   }
   norm_backward(nullptr, g.ln1w, g.ln1b, w.dln1.data(), x, nullptr, a.ln1_mean.data(), a.ln1_rstd.data(), R);
 }

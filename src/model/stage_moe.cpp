@@ -14,7 +14,9 @@
 // combine weights'.
 //
 // Routing is recomputed from the kept router probabilities in each pass (it is cheap, and the
-// stage's one MoeRouting serves block after block).
+// stage's one MoeRouting serves block after block). It runs on the host: its row counts size the
+// grouped products and the all-to-alls, so on the GPU the probabilities [N, E] come down, and the
+// routing goes up for the kernels that move the rows (RoutedSlotsCopy).
 //
 // Expert ranks (expert_parallel.hpp): each holds held_experts of them. The rows the routing lays
 // out go to their experts' ranks before the experts' products and come back after (forward: the
@@ -32,25 +34,32 @@ namespace pipetrain {
 
 void Stage::route(const BlockActs& a, int N) {
   const BlockShape& s = moe_shape_;
-  moe_route(routing_, a.router.data(), N, s.experts, s.top_k, moe_.norm_topk,
+  const float* probs = a.router.data();
+  if (a.router.on_gpu()) {
+    routed_by_.resize(static_cast<size_t>(N) * s.experts);
+    download(routed_by_.data(), probs, sizeof(float) * routed_by_.size());
+    probs = routed_by_.data();
+  }
+  moe_route(routing_, probs, N, s.experts, s.top_k, moe_.norm_topk,
             moe_capacity(moe_.capacity_factor, N, s.experts, s.top_k));
+  slots_ = slots_copy_.of(routing_);
 }
 
 void Stage::send_to_experts(Floats& buf, int width, bool planned) {
   if (ep_.size == 1) return;
   if (!planned) dispatch_.plan(routing_, moe_shape_.held_experts, *experts_);
-  dispatch_.send(buf.data(), buf, width, *experts_);
+  dispatch_.send(buf.data(), buf, width, *experts_, scratch_.exchanged);
 }
 
 void Stage::back_from_experts(Floats& buf, int width) {
-  if (ep_.size > 1) dispatch_.bring_back(buf.data(), buf, width, *experts_);
+  if (ep_.size > 1) dispatch_.bring_back(buf.data(), buf, width, *experts_, scratch_.exchanged);
 }
 
 void Stage::moe_forward(BlockActs& a, const BlockPtrs& w, const float* x, float* out, int N, int block) {
   const BlockShape& s = moe_shape_;
   const int C = C_, E = s.experts;
   k_.matmul_forward(a.router.data(), x, w.routerw, nullptr, N, C, E);
-  router_softmax_forward(a.router.data(), a.router_lse.data(), a.router.data(), N, E);
+  k_.router_softmax_forward(a.router.data(), a.router_lse.data(), a.router.data(), N, E);
   route(a, N);
   if (recording_routes_) record_routes(block, a);
   const bool shared = s.shared_ffn > 0;
@@ -61,24 +70,24 @@ void Stage::moe_forward(BlockActs& a, const BlockPtrs& w, const float* x, float*
                       s.shared_ffn, C);
     if (s.shared_gate) {
       k_.matmul_forward(a.shared_gate.data(), x, w.sharedgatew, nullptr, N, C, 1);
-      shared_gate_forward(out, a.shared_gate.data(), a.shared_out.data(), N, C);
+      k_.shared_gate_forward(out, a.shared_gate.data(), a.shared_out.data(), N, C);
     }
     poll();
   }
-  moe_gather(scratch_.routed_in.data(), x, routing_, C);
+  k_.moe_gather(scratch_.routed_in.data(), x, slots_, C);
   send_to_experts(scratch_.routed_in, C);
   const int rows = expert_rows(), held = s.held_experts;
   ensure_size(a.fch, static_cast<size_t>(rows) * s.fc);
   ensure_size(a.fch_gelu, static_cast<size_t>(rows) * s.ffn);
-  grouped_matmul_forward(a.fch.data(), scratch_.routed_in.data(), w.fcw, expert_offsets(), held, C, s.fc);
+  grouped_matmul_forward(k_, a.fch.data(), scratch_.routed_in.data(), w.fcw, expert_offsets(), held, C, s.fc);
   poll();
   k_.swiglu_forward(a.fch_gelu.data(), a.fch.data(), rows, s.ffn);
   Floats& y = ep_.size > 1 ? scratch_.routed_grad : a.expert_out;  // the experts' outputs, then with their tokens
   ensure_size(y, static_cast<size_t>(rows) * C);
-  grouped_matmul_forward(y.data(), a.fch_gelu.data(), w.fcprojw, expert_offsets(), held, s.ffn, C);
+  grouped_matmul_forward(k_, y.data(), a.fch_gelu.data(), w.fcprojw, expert_offsets(), held, s.ffn, C);
   poll();
-  if (ep_.size > 1) dispatch_.bring_back(y.data(), a.expert_out, C, *experts_);
-  moe_combine_forward(out, a.expert_out.data(), routing_, C, shared);
+  if (ep_.size > 1) dispatch_.bring_back(y.data(), a.expert_out, C, *experts_, scratch_.exchanged);
+  k_.moe_combine_forward(out, a.expert_out.data(), slots_, C, shared);
 }
 
 // dout: the MLP output's gradient, whole rows; ln2: the rows of its input this rank keeps; dx:
@@ -96,10 +105,10 @@ void Stage::moe_backward_input(const BlockActs& a, BlockWGrads& w, const BlockPt
   // output's gradient after them (all summed over the tensor group at once).
   float* dweight = scratch_.droute_weight.data();
   float* dgate = dweight + static_cast<size_t>(N) * k;
-  moe_combine_backward(scratch_.routed_grad.data(), dweight, dout, a.expert_out.data(), routing_, C);
+  k_.moe_combine_backward(scratch_.routed_grad.data(), dweight, dout, a.expert_out.data(), slots_, C);
   const float* shared_dout = dout;
   if (s.shared_gate) {
-    shared_gate_backward(scratch_.dshared_out.data(), dgate, dout, a.shared_out.data(), a.shared_gate.data(), N, C);
+    k_.shared_gate_backward(scratch_.dshared_out.data(), dgate, dout, a.shared_out.data(), a.shared_gate.data(), N, C);
     shared_dout = scratch_.dshared_out.data();
   }
   if (tp_.size > 1) {
@@ -120,15 +129,15 @@ void Stage::moe_backward_input(const BlockActs& a, BlockWGrads& w, const BlockPt
   const int rows = expert_rows();
   ensure_size(scratch_.dfch_gelu, static_cast<size_t>(rows) * s.ffn);
   ensure_size(w.dfch, static_cast<size_t>(rows) * s.fc);
-  grouped_matmul_backward(scratch_.dfch_gelu.data(), grad(&BlockPtrs::fcprojw), scratch_.routed_grad.data(),
+  grouped_matmul_backward(k_, scratch_.dfch_gelu.data(), grad(&BlockPtrs::fcprojw), scratch_.routed_grad.data(),
                           a.fch_gelu.data(), p.fcprojw, expert_offsets(), held, s.ffn, C);
   poll();
   k_.swiglu_backward(w.dfch.data(), a.fch.data(), scratch_.dfch_gelu.data(), rows, s.ffn);
   if (g) {
-    moe_gather(scratch_.routed_in.data(), x, routing_, C);
+    k_.moe_gather(scratch_.routed_in.data(), x, slots_, C);
     send_to_experts(scratch_.routed_in, C, true);
   }
-  grouped_matmul_backward(scratch_.routed_grad.data(), grad(&BlockPtrs::fcw), w.dfch.data(),
+  grouped_matmul_backward(k_, scratch_.routed_grad.data(), grad(&BlockPtrs::fcw), w.dfch.data(),
                           g ? scratch_.routed_in.data() : nullptr, p.fcw, expert_offsets(), held, C, s.fc);
   poll();
   back_from_experts(scratch_.routed_grad, C);
@@ -137,17 +146,17 @@ void Stage::moe_backward_input(const BlockActs& a, BlockWGrads& w, const BlockPt
     k_.matmul_backward(dx, grad(&BlockPtrs::sharedw), nullptr, w.dshared_fch.data(), x, p.sharedw, N, C,
                        2 * s.shared_ffn);
   else zero_values(dx, static_cast<size_t>(N) * C);
-  moe_scatter_add(dx, scratch_.routed_grad.data(), routing_, C);
+  k_.moe_scatter_add(dx, scratch_.routed_grad.data(), slots_, C);
   // The router: its logits' gradient (the combine's, the losses'), then its input's (first rank).
   const float scale = grad_scale_ * static_cast<float>(B_) * T_;  // dLoss/d(a micro-batch's router loss)
-  router_backward(w.drouter.data(), dweight, a.router.data(), a.router_lse.data(), routing_, moe_.norm_topk,
-                  static_cast<float>(moe_.aux_loss) * scale, static_cast<float>(moe_.z_loss) * scale);
+  k_.router_backward(w.drouter.data(), dweight, a.router.data(), a.router_lse.data(), slots_, moe_.norm_topk,
+                     static_cast<float>(moe_.aux_loss) * scale, static_cast<float>(moe_.z_loss) * scale);
   float* router_dx = scratch_.routed_in.data();  // free again; every rank computes it, as it did the logits
   k_.matmul_backward(router_dx, grad(&BlockPtrs::routerw), nullptr, w.drouter.data(), x, p.routerw, N, C, E);
   if (tp_.rank == 0) k_.residual_forward(dx, dx, router_dx, nullptr, N, C);
   if (!s.shared_gate) return;
-  sigmoid_backward(w.dshared_gate.data(), dgate, a.shared_gate.data(), N);  // the gate's logit, likewise
-  float* gate_dx = scratch_.dshared_out.data();                             // free again
+  k_.sigmoid_backward(w.dshared_gate.data(), dgate, a.shared_gate.data(), N);  // the gate's logit, likewise
+  float* gate_dx = scratch_.dshared_out.data();                                // free again
   k_.matmul_backward(gate_dx, grad(&BlockPtrs::sharedgatew), nullptr, w.dshared_gate.data(), x, p.sharedgatew, N, C, 1);
   if (tp_.rank == 0) k_.residual_forward(dx, dx, gate_dx, nullptr, N, C);
 }
@@ -156,20 +165,20 @@ void Stage::moe_backward_weight(const BlockActs& a, const BlockWGrads& w, const 
   const BlockShape& s = moe_shape_;
   const int C = C_, E = s.experts, held = s.held_experts;
   route(a, N);
-  moe_combine_backward(scratch_.routed_grad.data(), nullptr, w.dout.data(), nullptr, routing_, C);
+  k_.moe_combine_backward(scratch_.routed_grad.data(), nullptr, w.dout.data(), nullptr, slots_, C);
   send_to_experts(scratch_.routed_grad, C);
-  grouped_matmul_backward(nullptr, g.fcprojw, scratch_.routed_grad.data(), a.fch_gelu.data(), nullptr, expert_offsets(),
-                          held, s.ffn, C);
+  grouped_matmul_backward(k_, nullptr, g.fcprojw, scratch_.routed_grad.data(), a.fch_gelu.data(), nullptr,
+                          expert_offsets(), held, s.ffn, C);
   poll();
-  moe_gather(scratch_.routed_in.data(), x, routing_, C);
+  k_.moe_gather(scratch_.routed_in.data(), x, slots_, C);
   send_to_experts(scratch_.routed_in, C, true);
-  grouped_matmul_backward(nullptr, g.fcw, w.dfch.data(), scratch_.routed_in.data(), nullptr, expert_offsets(), held, C,
-                          s.fc);
+  grouped_matmul_backward(k_, nullptr, g.fcw, w.dfch.data(), scratch_.routed_in.data(), nullptr, expert_offsets(), held,
+                          C, s.fc);
   poll();
   if (s.shared_ffn > 0) {
     const float* shared_dout = w.dout.data();
     if (s.shared_gate) {  // the gated output's gradient again
-      shared_gate_backward(scratch_.dshared_out.data(), nullptr, w.dout.data(), nullptr, a.shared_gate.data(), N, C);
+      k_.shared_gate_backward(scratch_.dshared_out.data(), nullptr, w.dout.data(), nullptr, a.shared_gate.data(), N, C);
       shared_dout = scratch_.dshared_out.data();
       k_.matmul_backward(nullptr, g.sharedgatew, nullptr, w.dshared_gate.data(), x, nullptr, N, C, 1);
     }
@@ -184,7 +193,9 @@ void Stage::record_routes(int block, const BlockActs& a) {
   f.chosen.resize(routing_.E);
   for (int e = 0; e < routing_.E; ++e) f.chosen[e] += routing_.chosen[e];
   f.dropped += routing_.dropped();
-  const RouterLosses losses = router_losses(a.router.data(), a.router_lse.data(), routing_);
+  const float* probs = a.router.on_gpu() ? routed_by_.data() : a.router.data();  // route()'s, just made
+  const std::vector<float> lse = a.router_lse.to_host();
+  const RouterLosses losses = router_losses(probs, lse.data(), routing_);
   f.aux_loss += losses.aux;
   f.z_loss += losses.z;
   f.micro_batches += 1;

@@ -14,6 +14,7 @@
 #include "pipetrain/compute/gpu.hpp"
 #include "pipetrain/compute/gpu_kernels.hpp"
 #include "pipetrain/compute/kernels.hpp"
+#include "pipetrain/compute/moe_kernels.hpp"
 #include "pipetrain/compute/ops.hpp"
 #include "pipetrain/model/model.hpp"
 #include "pipetrain/model/optim.hpp"
@@ -266,6 +267,143 @@ TEST_CASE("the loss over a vocabulary part and the embedding of one match the CP
   CHECK(down(d_dwte) == dwte);
 }
 
+TEST_CASE("the mixture of experts' router, rows, combine and shared gate match the CPU", "[gpu]") {
+  const int N = 67, E = 6, k = 2, C = 37, F = 29;  // N x k rows not a multiple of the warp
+  const Vec logits = randn(N * E, 2, 1), x = randn(N * C, 1, 2), dout = randn(N * C, 1, 3);
+  Vec probs(N * E), lse(N);
+  auto d_logits = up(logits), d_probs = up(probs), d_lse = up(lse), d_x = up(x), d_dout = up(dout);
+  router_softmax_forward(probs.data(), lse.data(), logits.data(), N, E);
+  gpu::router_softmax_forward(d_probs.data(), d_lse.data(), d_logits.data(), N, E);
+  CHECK(rel_err(down(d_probs), probs) < kFp32);
+  CHECK(rel_err(down(d_lse), lse) < kFp32);
+  gpu::router_softmax_forward(d_logits.data(), d_lse.data(), d_logits.data(), N, E);  // in place, as the stage runs it
+  CHECK(rel_err(down(d_logits), probs) < kFp32);
+  d_probs = up(probs);  // the CPU's, so both sides route alike
+
+  for (bool dropless : {true, false}) {
+    INFO((dropless ? "dropless, renormalised" : "capacity 1.0, unnormalised"));
+    const bool norm_topk = dropless;
+    MoeRouting r;
+    moe_route(r, probs.data(), N, E, k, norm_topk, moe_capacity(dropless ? 0 : 1.0, N, E, k));
+    if (!dropless) REQUIRE(r.dropped() > 0);  // the dropped slots' paths are run too
+    set_compute_device(Device::gpu);
+    RoutedSlotsCopy copy;
+    const RoutedSlots slots = copy.of(r);
+    set_compute_device(Device::cpu);
+    const int rows = r.rows();
+
+    Vec xs(rows * C);
+    auto d_xs = up(xs);
+    moe_gather(xs.data(), x.data(), r, C);
+    gpu::moe_gather(d_xs.data(), d_x.data(), slots, C);
+    CHECK(down(d_xs) == xs);
+
+    // The grouped products through each device's kernel table, down then up again.
+    const Vec w = randn(E * F * C, 0.3f, 4), dy = randn(rows * F, 1, 5);
+    Vec y(rows * F), dxs(rows * C), dw = randn(E * F * C, 1, 6);  // dw accumulates
+    auto d_w = up(w), d_y = up(y), d_dy = up(dy), d_dxs = up(dxs), d_dw = up(dw);
+    grouped_matmul_forward(kernels(Device::cpu), y.data(), xs.data(), w.data(), r.offsets.data(), E, C, F);
+    grouped_matmul_forward(kernels(Device::gpu), d_y.data(), d_xs.data(), d_w.data(), r.offsets.data(), E, C, F);
+    CHECK(rel_err(down(d_y), y) < kFp32);
+    grouped_matmul_backward(kernels(Device::cpu), dxs.data(), dw.data(), dy.data(), xs.data(), w.data(),
+                            r.offsets.data(), E, C, F);
+    grouped_matmul_backward(kernels(Device::gpu), d_dxs.data(), d_dw.data(), d_dy.data(), d_xs.data(), d_w.data(),
+                            r.offsets.data(), E, C, F);
+    CHECK(rel_err(down(d_dxs), dxs) < kFp32);
+    CHECK(rel_err(down(d_dw), dw) < kFp32);
+
+    const Vec ye = randn(rows * C, 1, 7);
+    for (bool accumulate : {false, true}) {
+      Vec out = randn(N * C, 1, 8);
+      auto d_ye = up(ye), d_out = up(out);
+      moe_combine_forward(out.data(), ye.data(), r, C, accumulate);
+      gpu::moe_combine_forward(d_out.data(), d_ye.data(), slots, C, accumulate);
+      CHECK(rel_err(down(d_out), out) < kFp32);
+    }
+    for (int half = 0; half < 3; ++half) {  // 0: both, 1: rows only, 2: weights only
+      INFO("half " << half);
+      const bool want_rows = half != 2, want_weights = half != 1;
+      Vec drows = randn(rows * C, 1, 9), dweight = randn(N * k, 1, 10);  // both overwritten
+      auto d_ye = up(ye), d_drows = up(drows), d_dweight = up(dweight);
+      moe_combine_backward(want_rows ? drows.data() : nullptr, want_weights ? dweight.data() : nullptr, dout.data(),
+                           ye.data(), r, C);
+      gpu::moe_combine_backward(want_rows ? d_drows.data() : nullptr, want_weights ? d_dweight.data() : nullptr,
+                                d_dout.data(), d_ye.data(), slots, C);
+      CHECK(rel_err(down(d_drows), drows) < kFp32);
+      CHECK(rel_err(down(d_dweight), dweight) < kFp32);
+    }
+    Vec dx = randn(N * C, 1, 11);  // accumulates
+    auto d_dx = up(dx), d_rowsgrad = up(ye);
+    moe_scatter_add(dx.data(), ye.data(), r, C);
+    gpu::moe_scatter_add(d_dx.data(), d_rowsgrad.data(), slots, C);
+    CHECK(rel_err(down(d_dx), dx) < kFp32);
+
+    const Vec dweight = randn(N * k, 1, 12);
+    auto d_dweight = up(dweight);
+    for (bool with_weights : {true, false}) {
+      INFO((with_weights ? "with" : "without") << " the combine weights' gradient");
+      Vec dlogits(N * E);
+      auto d_dlogits = up(dlogits);
+      router_backward(dlogits.data(), with_weights ? dweight.data() : nullptr, probs.data(), lse.data(), r, norm_topk,
+                      0.3f, 0.05f);
+      gpu::router_backward(d_dlogits.data(), with_weights ? d_dweight.data() : nullptr, d_probs.data(), d_lse.data(),
+                           slots, norm_topk, 0.3f, 0.05f);
+      CHECK(rel_err(down(d_dlogits), dlogits) < kFp32);
+    }
+  }
+
+  // Qwen-MoE's shared-expert gate: the logits become sigmoids in place.
+  const Vec shared = randn(N * C, 1, 13), gate_logits = randn(N, 2, 14);
+  Vec gate = gate_logits, out(N * C), dshared(N * C), dgate(N), dlogit(N);
+  auto d_shared = up(shared), d_gate = up(gate), d_out = up(out), d_dshared = up(dshared), d_dgate = up(dgate),
+       d_dlogit = up(dlogit);
+  shared_gate_forward(out.data(), gate.data(), shared.data(), N, C);
+  gpu::shared_gate_forward(d_out.data(), d_gate.data(), d_shared.data(), N, C);
+  CHECK(rel_err(down(d_gate), gate) < kFp32);
+  CHECK(rel_err(down(d_out), out) < kFp32);
+  shared_gate_backward(dshared.data(), dgate.data(), dout.data(), shared.data(), gate.data(), N, C);
+  gpu::shared_gate_backward(d_dshared.data(), d_dgate.data(), d_dout.data(), d_shared.data(), d_gate.data(), N, C);
+  CHECK(rel_err(down(d_dshared), dshared) < kFp32);
+  CHECK(rel_err(down(d_dgate), dgate) < kFp32);
+  sigmoid_backward(dlogit.data(), dgate.data(), gate.data(), N);
+  gpu::sigmoid_backward(d_dlogit.data(), d_dgate.data(), d_gate.data(), N);
+  CHECK(rel_err(down(d_dlogit), dlogit) < kFp32);
+}
+
+TEST_CASE("the RMSNorm over tensor-split q and k rows (model.qk_norm) matches the CPU", "[gpu]") {
+  // This rank's 40 columns of rows 72 floats apart (the raw q and k), written into rows 96 apart (qkv)
+  const int N = 263, width = 40, x_stride = 72, y_stride = 96, whole = 120;
+  const Vec x = randn(N * x_stride, 2, 1), w = randn(width, 1, 2), dy = randn(N * y_stride, 1, 3);
+  Vec ss(N), y = randn(N * y_stride, 1, 4), rstd(N), dot(N);
+  auto d_x = up(x), d_w = up(w), d_ss = up(ss), d_y = up(y), d_rstd = up(rstd), d_dot = up(dot);
+  split_rms_squares(ss.data(), x.data(), N, width, x_stride);
+  gpu::split_rms_squares(d_ss.data(), d_x.data(), N, width, x_stride);
+  CHECK(rel_err(down(d_ss), ss) < kFp32);
+  d_ss = up(ss);
+  split_rms_forward(y.data(), rstd.data(), x.data(), ss.data(), w.data(), N, width, x_stride, y_stride, whole, 1e-6f);
+  gpu::split_rms_forward(d_y.data(), d_rstd.data(), d_x.data(), d_ss.data(), d_w.data(), N, width, x_stride, y_stride,
+                         whole, 1e-6f);
+  CHECK(rel_err(down(d_y), y) < kFp32);  // the columns between the rows untouched too
+  CHECK(rel_err(down(d_rstd), rstd) < kFp32);
+  auto d_dy = up(dy);
+  split_rms_dots(dot.data(), dy.data(), x.data(), w.data(), N, width, x_stride, y_stride);
+  gpu::split_rms_dots(d_dot.data(), d_dy.data(), d_x.data(), d_w.data(), N, width, x_stride, y_stride);
+  CHECK(rel_err(down(d_dot), dot) < kFp32);
+  d_dot = up(dot);
+  for (int half = 0; half < 3; ++half) {  // 0: both (dx in place of dy, as the stage runs it), 1: input, 2: weight
+    INFO("half " << half);
+    const bool input = half != 2, weight = half != 1;
+    Vec dx = dy, dw = randn(width, 1, 5);  // dw accumulates
+    auto d_dx = up(dy), d_dw = up(dw);
+    split_rms_backward(input ? dx.data() : nullptr, weight ? dw.data() : nullptr, dx.data(), x.data(), w.data(),
+                       rstd.data(), dot.data(), N, width, x_stride, y_stride, whole, 0.5f);
+    gpu::split_rms_backward(input ? d_dx.data() : nullptr, weight ? d_dw.data() : nullptr, d_dx.data(), d_x.data(),
+                            d_w.data(), d_rstd.data(), d_dot.data(), N, width, x_stride, y_stride, whole, 0.5f);
+    CHECK(rel_err(down(d_dx), dx) < kFp32);
+    CHECK(rel_err(down(d_dw), dw) < kFp32);
+  }
+}
+
 TEST_CASE("AdamW update and the squared gradient norm match the CPU", "[gpu]") {
   RunSpec::Train cfg;
   cfg.weight_decay = 0.1;
@@ -350,18 +488,29 @@ TEST_CASE("whole stages on the GPU match the CPU: loss, output, input and parame
     int stage, n_stages, b0, b1;
     const char* recompute;
     bool split, tied, llama;
+    bool moe = false, qk_norm = false;
   };
   for (const Case& c : {Case{0, 1, 0, 4, "none", false, true, false}, Case{0, 1, 0, 4, "none", true, false, false},
                         Case{1, 3, 1, 3, "block", false, true, false}, Case{2, 3, 3, 4, "stage", false, true, false},
                         Case{0, 3, 0, 1, "none", true, true, false}, Case{0, 1, 0, 4, "none", false, false, true},
-                        Case{1, 3, 1, 3, "none", true, false, true}, Case{2, 3, 3, 4, "stage", false, true, true}}) {
+                        Case{1, 3, 1, 3, "none", true, false, true}, Case{2, 3, 3, 4, "stage", false, true, true},
+                        // every block an MoE block, with QK-norm and a gated shared expert: whole, split,
+                        // recomputed, and the head's stage
+                        Case{0, 1, 0, 4, "none", false, false, true, true, true},
+                        Case{1, 3, 1, 3, "block", true, false, true, true, true},
+                        Case{2, 3, 3, 4, "stage", false, true, true, true, false}}) {
     INFO("stage " << c.stage << "/" << c.n_stages << " recompute " << c.recompute << (c.split ? " split" : "")
-                  << (c.tied ? " tied" : " untied") << (c.llama ? " llama" : " gpt2"));
+                  << (c.tied ? " tied" : " untied") << (c.llama ? " llama" : " gpt2") << (c.moe ? " moe" : "")
+                  << (c.qk_norm ? " qk_norm" : ""));
     spec.parallel.recompute = *choice_named<Recompute>(c.recompute);
     spec.model.tie_embeddings = c.tied;
     spec.model.arch = c.llama ? Arch::llama : Arch::gpt2;
     spec.model.n_kv_head = c.llama ? 2 : 0;  // grouped: 2 query heads per key/value head
     spec.model.ffn_hidden = c.llama ? 96 : 0;
+    spec.model.qk_norm = c.qk_norm;
+    RunSpec::Model::Moe& moe = spec.model.moe;
+    moe.experts = c.moe ? 4 : 0, moe.top_k = 2, moe.ffn_hidden = 40, moe.z_loss = c.moe ? 1e-3 : 0;
+    moe.shared_experts = c.moe ? 1 : 0, moe.shared_ffn_hidden = c.moe ? 24 : 0, moe.shared_gate = c.moe;
     set_compute_device(Device::cpu);
     const StageResult cpu = run_stage(spec, c.stage, c.n_stages, c.b0, c.b1, c.split);
     set_compute_device(Device::gpu);

@@ -1,6 +1,7 @@
 // Every GPU backward gives the same bits when run twice on the same inputs (no float atomics, every
 // reduction in a fixed order), and every kernel takes zero-size work as a no-op (ZeRO-1's empty
-// slabs, a tensor rank without a token of its vocabulary part).
+// slabs, a tensor rank without a token of its vocabulary part, an MoE block whose rows were all
+// dropped).
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -10,6 +11,7 @@
 #include "gpu_test_util.hpp"
 #include "pipetrain/compute/gpu.hpp"
 #include "pipetrain/compute/gpu_kernels.hpp"
+#include "pipetrain/compute/moe_kernels.hpp"
 #include "pipetrain/compute/ops.hpp"
 
 using namespace pipetrain;
@@ -97,6 +99,29 @@ TEST_CASE("every backward gives the same bits twice", "[gpu]") {
       return o;
     });
   }
+  SECTION("the experts' combine and router backward, the split RMSNorm's") {
+    const int E = 5, k = 2;
+    const Vec probs = uniform(N * E, 1, 18), ye = randn(N * k * C, 1, 19);
+    MoeRouting r;
+    moe_route(r, probs.data(), N, E, k, true, N * k);
+    same_bits_twice([&] {
+      set_compute_device(Device::gpu);
+      RoutedSlotsCopy copy;
+      const RoutedSlots slots = copy.of(r);
+      set_compute_device(Device::cpu);
+      auto d_g = up(g), d_x = up(x), d_w = up(wc), d_r = up(rstd), d_probs = up(probs), d_ye = up(ye);
+      auto drows = up(Vec(N * k * C)), dweight = up(Vec(N * k)), dlogits = up(Vec(N * E)), dot = up(Vec(N));
+      auto dx = up(Vec(N * C)), dw = up(Vec(C));
+      gpu::moe_combine_backward(drows.data(), dweight.data(), d_g.data(), d_ye.data(), slots, C);
+      gpu::router_backward(dlogits.data(), dweight.data(), d_probs.data(), d_r.data(), slots, true, 0.1f, 0.1f);
+      gpu::split_rms_dots(dot.data(), d_g.data(), d_x.data(), d_w.data(), N, C, C, C);
+      gpu::split_rms_backward(dx.data(), dw.data(), d_g.data(), d_x.data(), d_w.data(), d_r.data(), dot.data(), N, C, C,
+                              C, C, 1.f);
+      Outputs o;
+      o.add(drows), o.add(dweight), o.add(dlogits), o.add(dot), o.add(dx), o.add(dw);
+      return o;
+    });
+  }
   SECTION("GELU, SwiGLU, rotary embeddings, softmax cross-entropy, the squared norm") {
     const int NH = 2, NKV = 1, hs = C / NH, C3 = C + 2 * NKV * hs;
     const Vec gu = randn(N * 2 * H, 2, 13), dact = randn(N * H, 1, 14), q = randn(N * C3, 1, 15);
@@ -160,6 +185,25 @@ TEST_CASE("zero-size work is a no-op in every kernel", "[gpu]") {
       k.matmul_forward(f, f, f, f, 0, C, OC);
       k.matmul_backward(f, f, f, f, f, f, 0, C, OC);
     }
+    // A micro-batch with no token, and one whose rows were all dropped (N tokens, 0 rows)
+    for (int n : {0, 3}) {
+      const RoutedSlots none{n, 2, 4, 0, i, f, i, i, i};
+      if (n == 0) {
+        gpu::router_softmax_forward(f, f, f, 0, 4);
+        gpu::router_backward(f, f, f, f, none, true, 1.f, 1.f);
+        gpu::moe_combine_forward(f, f, none, C, true);
+        gpu::moe_combine_backward(f, f, f, f, none, C);
+        gpu::moe_scatter_add(f, f, none, C);
+      }
+      gpu::moe_gather(f, f, none, C);
+    }
+    gpu::shared_gate_forward(f, f, f, 0, C);
+    gpu::shared_gate_backward(f, f, f, f, f, 0, C);
+    gpu::sigmoid_backward(f, f, f, 0);
+    gpu::split_rms_squares(f, f, 0, C, C);
+    gpu::split_rms_forward(f, f, f, f, f, 0, C, C, C, C, 1e-6f);
+    gpu::split_rms_dots(f, f, f, f, 0, C, C, C);
+    gpu::split_rms_backward(f, f, f, f, f, f, f, 0, C, C, C, C, 1.f);
     gpu::synchronize();
   }());
   // A product over an empty inner dimension is zero: out = bias. An empty micro-batch adds nothing

@@ -8,6 +8,9 @@ positions, SwiGLU):
     pipeline (gpipe, zb-h1, zb-v), 1x2 data parallel, 1x2 with ZeRO-1, tp 2 with and without
     sequence parallelism (GPT-2 and Llama, whose 2 key/value heads then sit one per tensor rank);
   - bf16 products train (the loss falls) within 2e-2 of fp32, GPT-2 and Llama;
+  - moe-tiny with QK-norm and a gated shared expert (the MoE kernels, routing on the host): 1x1 on
+    the GPU follows the CPU within 1e-4 and repeats bit for bit; 1x2 with ep 2 (the all-to-alls
+    through host copies) and tp 2 (QK-norm's and the combine's partial sums) follow it within 1e-5;
   - a GPU checkpoint resumes on the CPU; metrics.jsonl carries the GPU memory;
   - the plan counts what the GPU path allocates: the measured GPU memory peak of fp32 and bf16 runs
     (parameters, gradients, AdamW, activations, buffers and the kernels' scratch) never exceeds
@@ -96,6 +99,23 @@ if r.rc == 0:
     close("llama bf16 vs fp32 on the GPU", r.metrics(), llama_ref, 2e-2)
     expect(r.metrics()[-1]["loss"] < r.metrics()[0]["loss"], "llama bf16: the loss falls")
 
+# A mixture of experts on the GPU, with every MoE option the kernels have: QK-norm, a gated shared
+# expert, the z-loss. 8 micro-batches of 2 samples: the router's losses are per micro-batch, and
+# 2 replicas of moe-tiny's 4 run the same ones.
+moe_sets = ["model.qk_norm=true", "model.moe.shared_experts=1", "model.moe.shared_gate=true", "model.moe.z_loss=1e-3",
+            "parallel.micro_batches=8"]
+moe = run("moe_gpu_1x1", 1, "moe-tiny.toml", "run.device=gpu", *moe_sets)
+expect(moe.rc == 0, f"moe on the GPU: exit 0 (got {moe.rc}) {moe.err[-300:]}")
+moe_ref = metrics(moe)
+close("moe: GPU 1x1 vs CPU 1x1", moe_ref, metrics(run("moe_cpu_1x1", 1, "moe-tiny.toml", *moe_sets)), 1e-4)
+again = run("moe_gpu_1x1_again", 1, "moe-tiny.toml", "run.device=gpu", *moe_sets)
+expect(again.rc == 0 and [(m["loss"], m["grad_norm"]) for m in metrics(again)] ==
+       [(m["loss"], m["grad_norm"]) for m in moe_ref],
+       f"moe: the same GPU run twice, every loss and gradient norm bit for bit (exit {again.rc})")
+for name, sets in [("moe_gpu_1x2_ep2", ["parallel.dp=2", "parallel.ep=2", "parallel.micro_batches=4"]), ("moe_gpu_tp2", ["parallel.tp=2"])]:
+    r = run(name, 2, "moe-tiny.toml", "run.device=gpu", *moe_sets, *sets)
+    expect(r.rc == 0, f"{name}: two ranks sharing the GPU, exit 0 (got {r.rc}) {r.err[-300:]}")
+    close(f"{name} vs GPU 1x1", metrics(r), moe_ref, 1e-5)
 
 
 def planned_bytes(config, *sets):
@@ -108,7 +128,8 @@ def planned_bytes(config, *sets):
 
 
 for name, r, config, sets in [("GPT-2 fp32", gpu, "tiny.toml", []), ("GPT-2 bf16", bf16, "tiny.toml", ["model.dtype=bf16"]),
-                              ("llama fp32", llama, "llama-tiny.toml", [])]:
+                              ("llama fp32", llama, "llama-tiny.toml", []),
+                              ("moe fp32", moe, "moe-tiny.toml", moe_sets)]:
     if r.rc != 0:
         continue
     measured = max(m["gpu_mem_peak_bytes"][0] for m in r.metrics())

@@ -201,7 +201,7 @@ TEST_CASE("grouped matmul: each expert's rows through its own matrix, and the ba
   auto inp = randn(rows * C, 1.f, 41), w = randn(E * OC * C, 1.f, 42), probe = randn(rows * OC, 1.f, 43);
   std::vector<float> out(rows * OC);
   auto loss = [&] {
-    grouped_matmul_forward(out.data(), inp.data(), w.data(), offsets.data(), E, C, OC);
+    grouped_matmul_forward(kernels(Device::cpu), out.data(), inp.data(), w.data(), offsets.data(), E, C, OC);
     return dot(out, probe);
   };
   loss();
@@ -213,7 +213,8 @@ TEST_CASE("grouped matmul: each expert's rows through its own matrix, and the ba
         CHECK(out[row * OC + o] == Approx(want).epsilon(1e-5));
       }
   std::vector<float> dinp(rows * C), dw(E * OC * C, 0.25f);
-  grouped_matmul_backward(dinp.data(), dw.data(), probe.data(), inp.data(), w.data(), offsets.data(), E, C, OC);
+  grouped_matmul_backward(kernels(Device::cpu), dinp.data(), dw.data(), probe.data(), inp.data(), w.data(),
+                          offsets.data(), E, C, OC);
   for (auto& v : dw) v -= 0.25f;  // accumulated onto what was there
   check("dinp", loss, inp.data(), dinp.data(), inp.size());
   check("dweight", loss, w.data(), dw.data(), w.size());

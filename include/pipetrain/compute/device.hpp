@@ -29,6 +29,9 @@ double time_matrix_products(int n, int reps);
 
 // Copies and zeroing within the compute device's memory.
 void copy_values(float* dst, const float* src, size_t n);
+// `rows` rows of `width` floats, src's src_stride apart into dst's dst_stride apart (one strided
+// copy on the GPU).
+void copy_rows(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t width, size_t rows);
 void zero_values(float* dst, size_t n);
 // Zeroes [dst, dst + n) and gives its memory back where it can: on the CPU the whole pages inside
 // the range return to the system (they read as zeros, and are faulted in again when next

@@ -54,6 +54,8 @@ void device_free(void* p);
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
 void copy_on_device(void* dst, const void* src, size_t bytes);
+// device.hpp's copy_rows on device memory (cudaMemcpy2D).
+void copy_rows_on_device(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t width, size_t rows);
 void zero(void* dst, size_t bytes);
 void synchronize();  // waits for the compute stream
 // A device-to-host copy on the copy stream, a second stream beside the compute one: it starts once

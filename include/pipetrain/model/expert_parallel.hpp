@@ -22,7 +22,7 @@ namespace pipetrain {
 using Floats = Array<float>;  // on the rank's compute device
 
 // The expert group's all-to-alls, every member calling them in the same order (dist implements
-// them; train hands them to the Stage).
+// them; train hands them to the Stage). The rows are on the compute device.
 class ExpertGroup {
  public:
   virtual ~ExpertGroup() = default;
@@ -44,11 +44,12 @@ class ExpertDispatch {
   int rows() const { return offsets_.back(); }            // the rows this rank's experts run
   const int* offsets() const { return offsets_.data(); }  // [held + 1]: expert e's among them
   // The routing's rows [r.rows(), width] to the ranks of their experts: this rank's experts' rows
-  // into `out` [rows(), width], expert after expert. `rows` may lie in `out`.
-  void send(const float* rows, Floats& out, int width, ExpertGroup& group);
+  // into `out` [rows(), width], expert after expert. `rows` may lie in `out`; they travel through
+  // `staging`.
+  void send(const float* rows, Floats& out, int width, ExpertGroup& group, Floats& staging);
   // This rank's experts' rows [rows(), width] back to their tokens' ranks, into `out`
   // [r.rows(), width] in the routing's order. `rows` may lie in `out`.
-  void bring_back(const float* rows, Floats& out, int width, ExpertGroup& group);
+  void bring_back(const float* rows, Floats& out, int width, ExpertGroup& group, Floats& staging);
 
  private:
   struct Block {  // one source's rows of one expert: where they arrive, where they run
@@ -62,7 +63,6 @@ class ExpertDispatch {
   std::vector<int> offsets_{0};
   std::vector<Block> blocks_;
   std::vector<int> counts_, float_counts_send_, float_counts_recv_;
-  std::vector<float> staging_;
 };
 
 // Grows `a` to at least n elements (a buffer sized by what arrives).

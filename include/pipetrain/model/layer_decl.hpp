@@ -54,7 +54,8 @@ struct StageScratch {
   // the combine weights' gradients (then the gate's), the shared experts' activation gradient, and
   // with a gate their gated output's gradient (then the gate's input gradient).
   Floats routed_in, routed_grad, droute_weight, dshared_act, dshared_out;
-  Floats qk_sums;  // model.qk_norm: per token the q and k norms' partial sums, summed over the group
+  Floats exchanged;  // expert parallelism: the rows as the all-to-alls move them
+  Floats qk_sums;    // model.qk_norm: per token the q and k norms' partial sums, summed over the group
 };
 
 // How many rows a buffer has, for one micro-batch (or one generation call): every token row, the
@@ -67,7 +68,8 @@ enum class Rows { tokens, kept, attention, routed };
 // (0 in a dense block): the experts, C, 1, top_k (and 1 more with a shared-expert gate: its
 // gradient travels with the combine weights'), the shared experts' product and hidden widths, and
 // where the shared experts have a gate (0 elsewhere) C and 1; where the block normalises q and k
-// (model.qk_norm; 0 elsewhere) their widths together, and 2.
+// (model.qk_norm; 0 elsewhere) their widths together, and 2; where the block's experts are spread
+// over expert ranks (parallel.ep; 0 elsewhere) C.
 enum class Width {
   one,
   norm_mean,
@@ -86,7 +88,8 @@ enum class Width {
   gated_C,
   gated_one,
   qk,
-  qk_two
+  qk_two,
+  exchanged_C
 };
 
 struct LayerRows {
@@ -179,6 +182,7 @@ inline constexpr BufferDecl<StageScratch> kStageScratch[] = {
     {&StageScratch::dshared_act, Rows::tokens, Width::shared_ffn},
     {&StageScratch::dshared_out, Rows::tokens, Width::gated_C},
     {&StageScratch::qk_sums, Rows::tokens, Width::qk_two},
+    {&StageScratch::exchanged, Rows::routed, Width::exchanged_C},
 };
 // A split vocabulary's loss also keeps two double sums per token row (its exponentials', the target
 // logit).

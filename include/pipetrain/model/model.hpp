@@ -234,6 +234,7 @@ class Stage {
   bool is_moe(const Chunk& c, int l) const { return moe_.block_is_moe(c.block_begin + l); }
   const BlockShape& shape_of(const Chunk& c, int l) const { return is_moe(c, l) ? moe_shape_ : shape_; }
   const LayerWidths& widths_of(const Chunk& c, int l) const { return is_moe(c, l) ? moe_widths_ : widths_; }
+  // Routes the N tokens by the router's probabilities kept in `a` (on the GPU brought to the host).
   void route(const BlockActs& a, int N);
   // Expert parallelism: the routing's rows [rows, width] in `buf` to their experts' ranks (this
   // rank's experts' rows then fill buf; `planned`: the routing's counts already exchanged in this
@@ -297,7 +298,10 @@ class Stage {
   BlockShape moe_shape_;  // an MoE block's (model.moe; the dense shape_ without experts)
   LayerWidths moe_widths_;
   RunSpec::Model::Moe moe_;
-  MoeRouting routing_;  // the MoE block's being run
+  MoeRouting routing_;            // the MoE block's being run, made on the host
+  std::vector<float> routed_by_;  // on the GPU: the router's probabilities it was made from, downloaded
+  RoutedSlotsCopy slots_copy_;
+  RoutedSlots slots_;  // routing_ where the kernels read it
   bool recording_routes_ = false;
   std::map<int, MoeBlockFigures> moe_figures_;
   float rope_theta_, norm_eps_;

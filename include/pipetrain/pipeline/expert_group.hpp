@@ -1,5 +1,5 @@
-// A Stage's expert-group all-to-alls (model/expert_parallel.hpp) over the run's Comm, on host
-// memory (an MoE run computes on the CPU). The time inside them is the ep_comm kernel class's,
+// A Stage's expert-group all-to-alls (model/expert_parallel.hpp) over the run's Comm. MPI moves
+// host memory here, so on the GPU the rows go through host copies. The time inside them is the ep_comm kernel class's,
 // and each is kept as a span until the executor takes it for the trace's own track.
 #pragma once
 #include <utility>
@@ -25,6 +25,7 @@ class CommExpertGroup : public ExpertGroup {
 
  private:
   Comm& comm_;
+  std::vector<float> sent_, received_;  // on the GPU: the rows' host copies
   std::vector<Span> spans_;
 };
 

@@ -20,6 +20,7 @@ void device_free(void*) {}
 void copy_to_device(void*, const void*, size_t) { no_cuda(); }
 void copy_to_host(void*, const void*, size_t) { no_cuda(); }
 void copy_on_device(void*, const void*, size_t) { no_cuda(); }
+void copy_rows_on_device(float*, size_t, const float*, size_t, size_t, size_t) { no_cuda(); }
 void zero(void*, size_t) { no_cuda(); }
 void synchronize() { no_cuda(); }
 void* copy_to_host_async(void*, const void*, size_t) { no_cuda(); }

@@ -150,6 +150,12 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
 void copy_on_device(void* dst, const void* src, size_t bytes) {
   PT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
 }
+void copy_rows_on_device(float* dst, size_t dst_stride, const float* src, size_t src_stride, size_t width,
+                         size_t rows) {
+  if (rows == 0 || width == 0) return;
+  PT_CUDA(cudaMemcpy2DAsync(dst, sizeof(float) * dst_stride, src, sizeof(float) * src_stride, sizeof(float) * width,
+                            rows, cudaMemcpyDeviceToDevice, stream()));
+}
 void zero(void* dst, size_t bytes) { PT_CUDA(cudaMemsetAsync(dst, 0, bytes, stream())); }
 void synchronize() { PT_CUDA(cudaStreamSynchronize(stream())); }
 
