@@ -128,8 +128,10 @@ std::pair<int, int> plan_grid(const RunSpec& spec, int tp, int pp, int dp, int w
 }
 
 // The layouts of `world` ranks, fastest (most tokens per second) first, all of them.
-AutoPlan search(const RunSpec& spec, int world, const MachineCosts& costs, double memory_per_rank, bool search_batch) {
+AutoPlan search(const RunSpec& spec, int world, const MachineCosts& costs, double memory_per_rank, bool search_batch,
+                int max_tp) {
   AutoPlan out;
+  out.max_tp = max_tp;
   for (int k = 0; k <= (search_batch ? 4 : 0); ++k) out.global_batches.push_back(spec.train.global_batch << k);
   std::vector<LayoutChoice> all;
   for (int tp : divisors(world))
@@ -142,7 +144,7 @@ AutoPlan search(const RunSpec& spec, int world, const MachineCosts& costs, doubl
         ++out.refused.layers;
         continue;
       }
-      if (tp > kMaxTensorRanks || !tensor_parallel_problem(t).empty()) {
+      if (tp > max_tp || !tensor_parallel_problem(t).empty()) {
         ++out.refused.heads;
         continue;
       }
@@ -221,7 +223,7 @@ std::vector<std::string> binding_constraints(const RunSpec& spec, int world, con
   const GridRefusals& r = plan.refused;
   const int G = plan.global_batches.back(), L = spec.model.n_layer;
   int tp_max = 1;
-  for (int tp = 1; tp <= kMaxTensorRanks; ++tp) {
+  for (int tp = 1; tp <= plan.max_tp; ++tp) {
     RunSpec t = spec;
     t.parallel.tp = tp;
     if (tensor_parallel_problem(t).empty()) tp_max = tp;
@@ -257,7 +259,7 @@ std::vector<std::string> binding_constraints(const RunSpec& spec, int world, con
                     " per rank (the least needs " + human_bytes(plan.least_memory_tp1) + ": " +
                     plan.least_memory_tp1_layout + "); tp " + std::to_string(p.tp) + " splits each stage to fit");
   if (world % 2 == 0) {
-    const AutoPlan half = search(spec, world / 2, costs, memory_per_rank, search_batch);
+    const AutoPlan half = search(spec, world / 2, costs, memory_per_rank, search_batch, plan.max_tp);
     if (!half.best.empty())
       lines.push_back("scaling: " + std::to_string(world) + " ranks reach " +
                       fixed(best.predicted.tokens_per_s / half.best.front().predicted.tokens_per_s, "%.2f") +
@@ -269,8 +271,8 @@ std::vector<std::string> binding_constraints(const RunSpec& spec, int world, con
 }  // namespace
 
 AutoPlan auto_plan(const RunSpec& spec, int world, const MachineCosts& costs, double memory_per_rank, int keep,
-                   bool search_batch) {
-  AutoPlan out = search(spec, world, costs, memory_per_rank, search_batch);
+                   bool search_batch, int max_tp) {
+  AutoPlan out = search(spec, world, costs, memory_per_rank, search_batch, std::min(max_tp, kMaxTensorRanks));
   out.binding = binding_constraints(spec, world, costs, memory_per_rank, search_batch, out);
   if (static_cast<int>(out.best.size()) > keep) out.best.resize(keep);
   return out;
@@ -285,7 +287,7 @@ std::string auto_plan_text(const AutoPlan& plan, int world, const MachineCosts& 
   const GridRefusals& r = plan.refused;
   os << "grids tp x pp x dp: " << r.grids << " tried; refused: " << r.layers << " with more stages than blocks, "
      << r.batch << " with more replicas than the global batch allows, " << r.heads
-     << " with a tp the heads do not allow (or above " << kMaxTensorRanks << ", a node), " << r.memory
+     << " with a tp the heads do not allow (or above " << plan.max_tp << ", a node), " << r.memory
      << " over the memory budget in every layout\n";
   if (plan.global_batches.size() > 1) {
     os << "global batches searched:";

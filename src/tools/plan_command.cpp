@@ -1,14 +1,17 @@
 #include "pipetrain/tools/plan_command.hpp"
 #include "pipetrain/tools/cli.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "pipetrain/dist/topology.hpp"
 #include "pipetrain/planner/auto_plan.hpp"
+#include "pipetrain/planner/launch_sizes.hpp"
 #include "pipetrain/planner/plan.hpp"
 #include "pipetrain/tools/calibrate.hpp"
 #include "pipetrain/tools/costs_from_run.hpp"
@@ -67,14 +70,54 @@ std::optional<MachineCosts> chosen_costs(const PlanOptions& opt, const RunSpec& 
   return std::nullopt;
 }
 
+// What --auto's options must say together: how many ranks (--world, or --nodes with
+// --ranks-per-node), and for --sbatch the tasks per node and the spec file the job reads.
+void check_auto_options(const PlanOptions& opt) {
+  if (!opt.automatic) {
+    if (!opt.nodes.empty() || opt.sbatch)
+      throw SpecError(std::string(opt.sbatch ? "--sbatch" : "--nodes") + " goes with --auto (the layout it plans)");
+    return;
+  }
+  if (opt.world > 0 && !opt.nodes.empty()) throw SpecError("--world and --nodes both say how many ranks: give one");
+  if (opt.world < 1 && opt.nodes.empty())
+    throw SpecError("plan --auto needs --world N, or --nodes MIN-MAX with --ranks-per-node K: the ranks to lay out");
+  if (!opt.ranks_per_node && (!opt.nodes.empty() || opt.sbatch))
+    throw SpecError(std::string(opt.sbatch ? "--sbatch" : "--nodes") +
+                    " needs --ranks-per-node K: the tasks each node runs (sbatch --ntasks-per-node)");
+  if (opt.sbatch && opt.config.empty())
+    throw SpecError("--sbatch needs --config FILE: the job reads its spec from that file");
+  if (opt.sbatch && opt.world > 0 && opt.world % *opt.ranks_per_node != 0)
+    throw SpecError("--world " + std::to_string(opt.world) + " is not a multiple of --ranks-per-node " +
+                    std::to_string(*opt.ranks_per_node) + ": a job's nodes each run as many tasks");
+}
+
 ExitCode print_auto_plan(const PlanOptions& opt, const RunSpec& spec, const std::optional<MachineCosts>& costs,
                          double capacity) {
   if (!costs)
     throw SpecError(
         "plan --auto predicts step times: give --costs FILE (plan --calibrate) or --peak-tflops and --link-gbps");
-  const AutoPlan best = auto_plan(spec, opt.world, *costs, capacity, 5, opt.global_batch == "auto");
-  std::cout << (opt.json ? auto_plan_json(best, opt.world, *costs, capacity)
-                         : auto_plan_text(best, opt.world, *costs, capacity));
+  const bool search_batch = opt.global_batch == "auto";
+  const JobRequest job{opt.config, opt.overrides, opt.ranks_per_node.value_or(0)};
+  const JobRequest* sbatch = opt.sbatch ? &job : nullptr;
+  if (!opt.nodes.empty()) {
+    const std::vector<SizePlan> sizes =
+        plan_sizes(spec, parse_node_range(opt.nodes), *opt.ranks_per_node, *costs, capacity, search_batch);
+    std::cout << (opt.json ? sizes_json(sizes, *costs, sbatch) : sizes_text(sizes, spec, *costs, sbatch));
+    const bool any = std::any_of(sizes.begin(), sizes.end(), [](const SizePlan& s) { return !s.plan.best.empty(); });
+    return any ? ExitCode::ok : ExitCode::bad_input;
+  }
+  const AutoPlan best =
+      auto_plan(spec, opt.world, *costs, capacity, 5, search_batch, opt.ranks_per_node.value_or(kMaxTensorRanks));
+  const std::string submit =
+      sbatch && !best.best.empty() ? sbatch_line(job, opt.world / job.ranks_per_node, best.best.front()) : "";
+  if (opt.json) {
+    nlohmann::json j = nlohmann::json::parse(auto_plan_json(best, opt.world, *costs, capacity));
+    if (!submit.empty()) j["sbatch"] = submit;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << auto_plan_text(best, opt.world, *costs, capacity);
+    if (!submit.empty()) std::cout << "submit it with:\n  " << submit << "\n";
+  }
   return best.best.empty() ? ExitCode::bad_input : ExitCode::ok;
 }
 
@@ -119,7 +162,9 @@ double parse_bytes(const std::string& text, const std::string& option) {
 }
 
 ExitCode run_plan(const PlanOptions& opt) {
-  if (opt.automatic && opt.world < 1) throw SpecError("plan --auto needs --world N, the ranks to lay out");
+  if (opt.ranks_per_node && *opt.ranks_per_node < 1)
+    throw SpecError("--ranks-per-node " + std::to_string(*opt.ranks_per_node) + " must be at least 1");
+  check_auto_options(opt);
   if (!opt.global_batch.empty() && (opt.global_batch != "auto" || !opt.automatic))
     throw SpecError("--global-batch " + opt.global_batch +
                     ": only 'auto', with --auto (a fixed one is --set train.global_batch=N)");
@@ -138,8 +183,6 @@ ExitCode run_plan(const PlanOptions& opt) {
   }
   print_plan(opt, spec, costs, capacity);
   if (opt.ranks_per_node) {
-    if (*opt.ranks_per_node < 1)
-      throw SpecError("--ranks-per-node " + std::to_string(*opt.ranks_per_node) + " must be at least 1");
     const Topology layout =
         Topology::of(0, spec.parallel.pp, spec.parallel.dp, spec.parallel.order, false, spec.parallel.tp);
     std::cout << "\n" << node_map(nodes_filled_in_order(layout.world_size(), *opt.ranks_per_node), layout);
@@ -200,7 +243,13 @@ ExitCode plan_command(const std::vector<std::string>& args) {
       "zero and (a mixture of experts) ep, within --memory-per-rank, ranked by the tokens/s predicted with --costs (or "
       "the peak); says what binds")(
       "global-batch", po::value<std::string>(&global_batch),
-      "with --auto: 'auto' searches train.global_batch too (the spec's x 1, 2, 4, 8, 16)");
+      "with --auto: 'auto' searches train.global_batch too (the spec's x 1, 2, 4, 8, 16)")(
+      "nodes", po::value<std::string>(&opt.nodes),
+      "with --auto and --ranks-per-node K: plan each node count of MIN-MAX (or one), K ranks a node: "
+      "each size's best layout, tokens/s and memory")(
+      "sbatch",
+      "with --auto and --ranks-per-node: print the sbatch line (nodes, tasks per node, time limit, overrides) "
+      "that runs each pick");
   po::variables_map vm;
   if (auto done = parse_command_line("plan", desc, args, vm)) return *done;
   opt.json = vm.count("json") > 0;
@@ -208,6 +257,7 @@ ExitCode plan_command(const std::vector<std::string>& args) {
   if (vm.count("ranks-per-node")) opt.ranks_per_node = vm["ranks-per-node"].as<int>();
   opt.automatic = vm.count("auto") > 0;
   opt.global_batch = vm.count("global-batch") ? global_batch : "";
+  opt.sbatch = vm.count("sbatch") > 0;
   if (vm.count("peak-tflops")) opt.peak_tflops = peak_tflops;
   if (vm.count("link-gbps")) opt.link_gbps = link_gbps;
   if (vm.count("node-link-gbps")) opt.node_link_gbps = node_link_gbps;

@@ -8,6 +8,7 @@ the winner. How close the predictions come to measured runs is a benchmark
 import json
 import os
 import re
+import shlex
 import subprocess
 from tests.lib.harness import expect, launch, run_scenarios, scenario, settings, shared_path
 
@@ -188,6 +189,50 @@ def auto_picks_a_layout():
            " than 1.0 MiB per rank; the least is" in none.stdout, f"nothing fits 1 MiB: exit 2 naming memory as what "
            f"binds ({none.returncode}) {none.stdout[-400:]}")
 
+
+@scenario
+def auto_over_node_counts():
+    """plan --auto --nodes 1-3 --ranks-per-node 2 --sbatch plans each size of the range (Slurm's own
+    --nodes=MIN-MAX) with its best layout, tokens/s (in all and per node) and memory, and prints the
+    sbatch line of each pick: the nodes, 2 tasks a node, a time limit of the predicted run plus a
+    quarter and 10 minutes, the user's overrides, then the layout's. The 2-node line's pipetrain
+    arguments train as they are on 4 ranks. A tensor group stays within a node: with 2 ranks a
+    node no pick has tp above 2."""
+    a = settings()
+    r = plan("--auto", "--nodes", "1-3", "--ranks-per-node", "2", "--costs", costs_file(), "--sbatch", "--json",
+             "--set", "run.steps=2", "--set", "run.name=sized run")
+    expect(r.returncode == 0, f"plan --auto --nodes 1-3: exit 0 ({r.stderr[-300:]})")
+    if r.returncode != 0:
+        return
+    sizes = json.loads(r.stdout)["sizes"]
+    expect([(x["nodes"], x["ranks"]) for x in sizes] == [(1, 2), (2, 4), (3, 6)], f"one entry per size: {sizes}")
+    fitted = [x for x in sizes if "best" in x]
+    expect(len(fitted) == 3 and all(x["best"]["tp"] <= 2 for x in fitted) and
+           all(x["best"]["tp"] * x["best"]["pp"] * x["best"]["dp"] == x["ranks"] for x in fitted),
+           "each size has a pick using its ranks, tp within a node of 2")
+    expect(all(abs(x["best"]["tokens_per_s_per_node"] * x["nodes"] - x["best"]["tokens_per_s"]) < 1e-6 *
+               x["best"]["tokens_per_s"] for x in fitted), "tokens/s per node is the size's tokens/s over its nodes")
+    for x in fitted:
+        want = (f"sbatch --nodes={x['nodes']} --ntasks-per-node=2 --time=0:11:00 jobs/train.sbatch --config {tiny()} "
+                f"--set run.steps=2 --set 'run.name=sized run' {x['best']['set']}")
+        expect(x.get("sbatch") == want, f"{x['nodes']} nodes: the sbatch line {x.get('sbatch')!r}")
+    words = shlex.split(sizes[1]["sbatch"])
+    train_args = words[words.index("jobs/train.sbatch") + 1:]
+    sets = [w for i, w in enumerate(train_args) if i > 0 and train_args[i - 1] == "--set"]
+    run = launch(a, 4, os.path.join(a.work, "sized_2_nodes"), tiny(), [x for x in sets if not x.startswith("run.name")])
+    expect(run.rc == 0 and len(run.metrics()) == 2, f"the 2-node pick trains on 4 ranks (exit {run.rc}) {run.err[-200:]}")
+    text = plan("--auto", "--nodes", "1-3", "--ranks-per-node", "2", "--costs", costs_file())
+    expect(text.returncode == 0 and "plan --auto over 1 to 3 nodes of 2 ranks each" in text.stdout and
+           "run each with:\n  1 node: --set parallel.tp=" in text.stdout and
+           len(re.findall(r"^ +[123] +[246] +[0-9.]+ ms", text.stdout, re.M)) == 3,
+           f"the text: a row per size and the line that runs each ({text.stdout[-600:]})")
+    one = plan("--auto", "--world", "4", "--ranks-per-node", "2", "--costs", costs_file(), "--sbatch")
+    expect(one.returncode == 0 and "submit it with:\n  sbatch --nodes=2 --ntasks-per-node=2 --time=" in one.stdout,
+           f"--world 4 with 2 ranks a node: the sbatch line of 2 nodes ({one.stdout[-300:]})")
+    refused = [json.loads(plan("--auto", "--world", "4", *k, "--costs", costs_file(), "--json").stdout)["refused_grids"]
+               for k in ([], ["--ranks-per-node", "2"])]
+    expect(refused[0]["heads"] == 0 and refused[1]["heads"] == 1 and "(or above 2, a node)" in one.stdout,
+           f"tp 4 (tiny's 4 heads allow it) is refused only where a node runs 2 ranks: {refused}")
 
 
 @scenario
@@ -380,7 +425,9 @@ def costs_from_a_finished_run():
 @scenario
 def bad_planner_input():
     """Exit 2 with one message naming the option or file: a missing cost file, a file that is not
-    one, costs of another model, --auto without --world or costs, half a peak, a node link without the
+    one, costs of another model, --auto without --world or costs, --nodes without --ranks-per-node,
+    beside --world, backwards or not a count, --sbatch without the tasks per node or with a world
+    they do not divide, --nodes without --auto, half a peak, a node link without the
     machine it belongs to or of no bandwidth, a byte count that is
     not one, --from-run without --calibrate or of no run, and calibrating a GPU spec where there is
     no GPU."""
@@ -393,6 +440,14 @@ def bad_planner_input():
         (["--costs", junk], "not a cost file"),
         (["--costs", costs_file(), "--set", "model.d_model=128"], "measured on d_model 64"),
         (["--auto", "--costs", costs_file()], "plan --auto needs --world"),
+        (["--auto", "--nodes", "2-4", "--costs", costs_file()], "--nodes needs --ranks-per-node K"),
+        (["--auto", "--nodes", "2-4", "--world", "8", "--ranks-per-node", "2"], "--world and --nodes both say"),
+        (["--auto", "--nodes", "4-2", "--ranks-per-node", "2", "--costs", costs_file()], "--nodes 4-2: the range runs"),
+        (["--auto", "--nodes", "two", "--ranks-per-node", "2", "--costs", costs_file()],
+         "--nodes two: not a node count or range"),
+        (["--auto", "--world", "6", "--ranks-per-node", "4", "--sbatch"], "--world 6 is not a multiple of --ranks-per-node 4"),
+        (["--auto", "--world", "4", "--sbatch", "--costs", costs_file()], "--sbatch needs --ranks-per-node K"),
+        (["--nodes", "2"], "--nodes goes with --auto"),
         (["--auto", "--world", "2"], "give --costs FILE"),
         (["--peak-tflops", "100"], "--peak-tflops and --link-gbps describe a machine together"),
         (["--costs", costs_file(), "--node-link-gbps", "450"], "--node-link-gbps goes with --peak-tflops and --link-gbps"),

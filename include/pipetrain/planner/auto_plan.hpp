@@ -3,10 +3,10 @@
 // global batch too: the spec's times 1, 2, 4, 8 and 16) the spec's model allows is planned; those
 // over the memory budget are dropped, the rest ranked by the tokens per second predicted with the
 // machine's costs (planner/step_time.hpp). A tensor group shares a node: tp is at most
-// kMaxTensorRanks. The search also says what binds: why grids of `world` ranks were refused (too
-// many stages for the layers, too many replicas for the global batch, a tp the heads do not
-// allow, memory) and, for the best layout, whether the global batch per replica limits it and
-// what half the ranks would reach.
+// kMaxTensorRanks, and at most the ranks a node runs where that is known. The search also says what binds: why grids of
+// `world` ranks were refused (too many stages for the layers, too many replicas for the global batch, a tp the heads do
+// not allow, memory) and, for the best layout, whether the global batch per replica limits it and what half the ranks
+// would reach.
 #pragma once
 #include <string>
 #include <vector>
@@ -32,11 +32,12 @@ struct GridRefusals {
   int grids = 0;   // tp x pp x dp factorisations of the world tried
   int layers = 0;  // pp above model.n_layer
   int batch = 0;   // dp not dividing the global batch (every global batch searched)
-  int heads = 0;   // tp that the heads or the MLP's width do not divide, or above kMaxTensorRanks
+  int heads = 0;   // tp that the heads or the MLP's width do not divide, or above max_tp (a node)
   int memory = 0;  // every layout of the grid over the memory budget
 };
 
 struct AutoPlan {
+  int max_tp = kMaxTensorRanks;    // the largest tensor group searched: what a node holds
   std::vector<LayoutChoice> best;  // fastest first
   int considered = 0, over_memory = 0;
   GridRefusals refused;
@@ -48,9 +49,10 @@ struct AutoPlan {
   std::vector<std::string> binding;  // what binds, and what to change: one line each
 };
 
-// `memory_per_rank` 0: no budget. Keeps the `keep` fastest.
+// `memory_per_rank` 0: no budget. Keeps the `keep` fastest. `max_tp`: the ranks of a node, where
+// fewer than kMaxTensorRanks.
 AutoPlan auto_plan(const RunSpec& spec, int world, const MachineCosts& costs, double memory_per_rank, int keep = 5,
-                   bool search_batch = false);
+                   bool search_batch = false, int max_tp = kMaxTensorRanks);
 std::string auto_plan_text(const AutoPlan& plan, int world, const MachineCosts& costs, double memory_per_rank);
 std::string auto_plan_json(const AutoPlan& plan, int world, const MachineCosts& costs, double memory_per_rank);
 

@@ -19,6 +19,8 @@ struct PlanOptions {
   std::optional<int> ranks_per_node;  // --ranks-per-node
   bool automatic = false;             // --auto
   std::string global_batch;           // --global-batch: "auto" searches it with --auto
+  std::string nodes;                  // --nodes: with --auto, node counts MIN-MAX (or one) to plan
+  bool sbatch = false;                // --sbatch: with --auto, the sbatch line of each pick
   std::string costs;                  // --costs: a cost file or a run directory
   std::optional<double> peak_tflops;  // --peak-tflops, --link-gbps, --efficiency: a machine not at hand
   std::optional<double> link_gbps;
