@@ -449,6 +449,10 @@ std::vector<SpecKey> build_schema() {
               "expert-parallel ranks: each MoE block's experts spread over ep consecutive data-parallel "
               "replicas (experts / ep on each), a token's rows sent to its experts' rank and back by "
               "all-to-all; ep divides dp and model.moe.experts"),
+      bool_key("parallel", "auto", FIELD(bool, parallel.automatic),
+               "at every launch, lay the run out on the ranks it was given as plan --auto would (tp, pp, dp, "
+               "micro-batches, schedule, chunks, recompute, partition, zero, ep), from costs measured at the "
+               "run's first launch (RUN_DIR/costs.json); those keys are then left unset"),
       int_key("train", "global_batch", FIELD(int, train.global_batch), 1, big,
               "samples per optimizer step (divisible by dp x micro_batches)"),
       double_key("train", "lr", FIELD(double, train.lr), 0, 10, "peak learning rate"),

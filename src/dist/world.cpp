@@ -122,6 +122,19 @@ std::string World::suspects() const {
   return s + " is lost or stalled";
 }
 
+std::string World::broadcast_from_root(const std::string& text) {
+  uint64_t size = rank_ == 0 ? text.size() : 0;
+  Request req;
+  MPI_Ibcast(&size, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD, RequestOut(req));
+  wait_agreed(req);
+  std::string out = rank_ == 0 ? text : std::string(size, '\0');
+  if (size > 0) {
+    MPI_Ibcast(out.data(), static_cast<int>(size), MPI_CHAR, 0, MPI_COMM_WORLD, RequestOut(req));
+    wait_agreed(req);
+  }
+  return out;
+}
+
 int World::max_tag() const {
   int* ub = nullptr;
   int flag = 0;

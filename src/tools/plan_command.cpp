@@ -13,8 +13,8 @@
 #include "pipetrain/planner/auto_plan.hpp"
 #include "pipetrain/planner/launch_sizes.hpp"
 #include "pipetrain/planner/plan.hpp"
-#include "pipetrain/tools/calibrate.hpp"
 #include "pipetrain/tools/costs_from_run.hpp"
+#include "pipetrain/train/calibrate.hpp"
 #include "pipetrain/train/run_spec.hpp"
 #include "pipetrain/util/atomic_output.hpp"
 #include "pipetrain/util/files.hpp"
@@ -182,6 +182,9 @@ ExitCode run_plan(const PlanOptions& opt) {
     return ExitCode::ok;
   }
   print_plan(opt, spec, costs, capacity);
+  if (spec.parallel.automatic && !opt.json)
+    std::cout << "\nnote: parallel.auto = true: each launch lays the run out on its own ranks; this plans the layout "
+                 "keys as written (plan --auto --world N shows the choice)\n";
   if (opt.ranks_per_node) {
     const Topology layout =
         Topology::of(0, spec.parallel.pp, spec.parallel.dp, spec.parallel.order, false, spec.parallel.tp);

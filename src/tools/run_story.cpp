@@ -41,6 +41,9 @@ RunStory run_story(const std::string& run_dir, const std::vector<json>& metrics)
       l.ranks_per_node = e.value("ranks_per_node", 0);
       l.threads_per_rank = e.value("threads_per_rank", 0);
       l.node_cores = e.value("node_cores", 0);
+      l.ranks = e.value("ranks", 0);
+      if (e.contains("layout_choice") && e["layout_choice"].is_object())
+        l.chosen_because = e["layout_choice"].value("summary", "") + "; " + e["layout_choice"].value("reason", "");
       story.launches.push_back(l);
     } else if (kind == "stop" && !story.launches.empty() && story.launches.back().launch == e["launch"].get<int>()) {
       LaunchStory& l = story.launches.back();
@@ -93,6 +96,8 @@ json to_json(const RunStory& s) {
                         {"seconds", l.end - l.start},
                         {"job_id", l.job_id.empty() ? json(nullptr) : json(l.job_id)},
                         {"layout", l.layout},
+                        {"ranks", l.ranks > 0 ? json(l.ranks) : json(nullptr)},
+                        {"layout_chosen_by_auto", l.chosen_because.empty() ? json(nullptr) : json(l.chosen_because)},
                         {"resumed_from", l.resumed_from >= 0 ? json(l.resumed_from) : json(nullptr)},
                         {"steps", {l.first_step, l.last_step}},
                         {"ended", l.ended},
@@ -130,6 +135,7 @@ std::string describe(const RunStory& s) {
       out += buf;
     }
     out += "\n";
+    if (!l.chosen_because.empty()) out += "       layout chosen by parallel.auto: " + l.chosen_because + "\n";
   }
   std::snprintf(
       buf, sizeof buf,

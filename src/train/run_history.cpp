@@ -78,28 +78,34 @@ int record_launch(const Run& run) {
     fs::rename(trace, run.state.run_dir + "/traces/launch_" + std::to_string(launch - 1) + ".json", ec);
   }
   const RunSpec& spec = run.spec;
-  append(path, {{"event", "launch"},
-                {"launch", launch},
-                {"job_id", run.layout.launch.job_id.empty() ? json(nullptr) : json(run.layout.launch.job_id)},
-                {"restart_count", run.layout.launch.restart_count},
-                {"hosts", run.world.nodes()},
-                {"ranks", run.world.size()},
-                {"ranks_per_node", run.world.local_ranks()},
-                {"threads_per_rank", run.layout.blas_threads},
-                {"node_cores", run.world.cores()},
-                {"layout",
-                 {{"tp", spec.parallel.tp},
-                  {"pp", spec.parallel.pp},
-                  {"dp", spec.parallel.dp},
-                  {"schedule", spec.parallel.schedule->name},
-                  {"virtual_stages", spec.parallel.virtual_stages}}},
-                {"version", version_string()},
-                {"build", build_id()},
-                {"resumed_from", run.state.resumed_from.empty() ? json(nullptr) : json(run.state.start_step)},
-                {"last_logged_before", run.state.last_logged_before},
-                {per_unit("hardware_peak_gflops", run.on_gpu()), run.telemetry.peak_per_unit},
-                {per_unit("sgemm_gflops", run.on_gpu()), run.telemetry.sgemm_per_unit},
-                {"peak_basis", run.telemetry.peak_basis}});
+  json record = {{"event", "launch"},
+                 {"launch", launch},
+                 {"job_id", run.layout.launch.job_id.empty() ? json(nullptr) : json(run.layout.launch.job_id)},
+                 {"restart_count", run.layout.launch.restart_count},
+                 {"hosts", run.world.nodes()},
+                 {"ranks", run.world.size()},
+                 {"ranks_per_node", run.world.local_ranks()},
+                 {"threads_per_rank", run.layout.blas_threads},
+                 {"node_cores", run.world.cores()},
+                 {"layout",
+                  {{"tp", spec.parallel.tp},
+                   {"pp", spec.parallel.pp},
+                   {"dp", spec.parallel.dp},
+                   {"schedule", spec.parallel.schedule->name},
+                   {"virtual_stages", spec.parallel.virtual_stages}}},
+                 {"version", version_string()},
+                 {"build", build_id()},
+                 {"resumed_from", run.state.resumed_from.empty() ? json(nullptr) : json(run.state.start_step)},
+                 {"last_logged_before", run.state.last_logged_before},
+                 {per_unit("hardware_peak_gflops", run.on_gpu()), run.telemetry.peak_per_unit},
+                 {per_unit("sgemm_gflops", run.on_gpu()), run.telemetry.sgemm_per_unit},
+                 {"peak_basis", run.telemetry.peak_basis}};
+  if (const auto& pick = run.state.auto_layout)
+    record["layout_choice"] = {{"by", "parallel.auto"},
+                               {"summary", pick->summary},
+                               {"reason", pick->reason},
+                               {"costs", pick->measured ? "measured" : "kept"}};
+  append(path, record);
   return launch;
 }
 

@@ -78,9 +78,21 @@ void read_spec_and_data(Run& run) {
   // model is the same in all; select_checkpoint picks the newest intact one to load).
   const std::vector<std::string> named =
       opt.eval_only ? checkpoints_named_by(opt.resume.path) : std::vector<std::string>{};
+  // parallel.auto: the layout is chosen for these ranks first, then the spec read on it.
+  std::vector<std::string> overrides = opt.overrides;
+  std::optional<RunSpec> as_given;
+  if (!opt.eval_only) {
+    as_given = load_run_spec(opt.config, opt.overrides, kAnyLayout);
+    if (as_given->parallel.automatic) {
+      run.state.auto_layout = choose_layout(*as_given, run.world, resolve_run_dir(opt.run_dir, *as_given));
+      const std::vector<std::string>& chosen = run.state.auto_layout->overrides;
+      overrides.insert(overrides.end(), chosen.begin(), chosen.end());
+    }
+  }
   run.spec = opt.eval_only && opt.config.empty()
                  ? spec_of_checkpoint(named.empty() ? opt.resume.path : named.front(), opt.overrides, world)
-                 : load_run_spec(opt.config, opt.overrides, world);
+                 : load_run_spec(opt.config, overrides, world);
+  if (run.state.auto_layout) credit_auto_layout(run.spec, *as_given, *run.state.auto_layout);
   if (opt.eval_only && run.spec.eval.every_steps == 0) run.spec.eval.every_steps = 1;  // load validation data
   if (opt.eval_batches > 0) {
     run.spec.eval.batches = opt.eval_batches;
@@ -406,6 +418,10 @@ ExitCode start_up(Run& run) {
       });
       code != ExitCode::ok)
     return code;
+  // The costs parallel.auto chose with stay with the run (written again after a fresh start has set
+  // an earlier run's files aside).
+  if (rank0 && run.state.auto_layout)
+    write_file_atomically(run.state.run_dir + "/costs.json", run.state.auto_layout->costs_json);
   prepare_steps(run);
   return ExitCode::ok;
 }
@@ -422,6 +438,10 @@ void print_start(const Run& run) {
       spec.samples_per_micro_batch(), schedule_description(spec).c_str(), name_of(spec.parallel.recompute),
       run.comms.comm->wait_mode() == WaitMode::yield ? "yield" : "spin", threads, threads == 1 ? "" : "s");
   std::printf("%s\n%s", run.layout.launch.describe().c_str(), node_map(run.world.hosts(), run.layout.topo).c_str());
+  if (const auto& pick = run.state.auto_layout)
+    std::printf("layout chosen by parallel.auto: %s; %s; costs %s\n", pick->summary.c_str(), pick->reason.c_str(),
+                pick->measured ? "measured at this launch, kept in RUN_DIR/costs.json"
+                               : "from RUN_DIR/costs.json (measured at the run's first launch)");
   std::printf("partition (%s):\n%s", name_of(spec.parallel.partition),
               describe_partition(spec, run.layout.blocks).c_str());
   std::printf("run dir: %s%s%s\n", run.state.run_dir.c_str(), run.state.run_dir_note.empty() ? "" : " | ",

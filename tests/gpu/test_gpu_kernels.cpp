@@ -281,11 +281,12 @@ TEST_CASE("the mixture of experts' router, rows, combine and shared gate match t
   d_probs = up(probs);  // the CPU's, so both sides route alike
 
   for (bool dropless : {true, false}) {
-    INFO((dropless ? "dropless, renormalised" : "capacity 1.0, unnormalised"));
+    INFO((dropless ? "dropless, renormalised" : "capacity 0.5, unnormalised"));
     const bool norm_topk = dropless;
     MoeRouting r;
-    moe_route(r, probs.data(), N, E, k, norm_topk, moe_capacity(dropless ? 0 : 1.0, N, E, k));
-    if (!dropless) REQUIRE(r.dropped() > 0);  // the dropped slots' paths are run too
+    // capacity 0.5: 6 experts of ceil(0.5 x 134 / 6) = 12 slots hold 72 of the 134: slots are dropped
+    moe_route(r, probs.data(), N, E, k, norm_topk, moe_capacity(dropless ? 0 : 0.5, N, E, k));
+    if (!dropless) REQUIRE(r.dropped() > 0);
     set_compute_device(Device::gpu);
     RoutedSlotsCopy copy;
     const RoutedSlots slots = copy.of(r);
@@ -489,6 +490,7 @@ TEST_CASE("whole stages on the GPU match the CPU: loss, output, input and parame
     const char* recompute;
     bool split, tied, llama;
     bool moe = false, qk_norm = false;
+    double capacity = 0;  // model.moe.capacity_factor
   };
   for (const Case& c : {Case{0, 1, 0, 4, "none", false, true, false}, Case{0, 1, 0, 4, "none", true, false, false},
                         Case{1, 3, 1, 3, "block", false, true, false}, Case{2, 3, 3, 4, "stage", false, true, false},
@@ -497,7 +499,7 @@ TEST_CASE("whole stages on the GPU match the CPU: loss, output, input and parame
                         // every block an MoE block, with QK-norm and a gated shared expert: whole, split,
                         // recomputed, and the head's stage
                         Case{0, 1, 0, 4, "none", false, false, true, true, true},
-                        Case{1, 3, 1, 3, "block", true, false, true, true, true},
+                        Case{1, 3, 1, 3, "block", true, false, true, true, true, 0.5},  // slots dropped
                         Case{2, 3, 3, 4, "stage", false, true, true, true, false}}) {
     INFO("stage " << c.stage << "/" << c.n_stages << " recompute " << c.recompute << (c.split ? " split" : "")
                   << (c.tied ? " tied" : " untied") << (c.llama ? " llama" : " gpt2") << (c.moe ? " moe" : "")
@@ -511,6 +513,7 @@ TEST_CASE("whole stages on the GPU match the CPU: loss, output, input and parame
     RunSpec::Model::Moe& moe = spec.model.moe;
     moe.experts = c.moe ? 4 : 0, moe.top_k = 2, moe.ffn_hidden = 40, moe.z_loss = c.moe ? 1e-3 : 0;
     moe.shared_experts = c.moe ? 1 : 0, moe.shared_ffn_hidden = c.moe ? 24 : 0, moe.shared_gate = c.moe;
+    moe.capacity_factor = c.capacity;
     set_compute_device(Device::cpu);
     const StageResult cpu = run_stage(spec, c.stage, c.n_stages, c.b0, c.b1, c.split);
     set_compute_device(Device::gpu);

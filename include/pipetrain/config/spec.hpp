@@ -106,6 +106,9 @@ struct RunSpec {
     int reshard_after_forward = -1;
     bool reshards_after_forward() const { return reshard_after_forward < 0 ? pp == 1 : reshard_after_forward == 1; }
     int threads_per_rank = 0;  // BLAS threads per rank; 0 = OPENBLAS_NUM_THREADS or cores / ranks per node
+    // parallel.auto: every launch lays the run out on the ranks it was given (train/auto_layout.hpp);
+    // the layout keys above are then its choice, never the file's.
+    bool automatic = false;
   } parallel;
   struct Train {
     int global_batch = 16;

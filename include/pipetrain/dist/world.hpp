@@ -44,6 +44,9 @@ class World {
   // Whether MPI granted MPI_THREAD_FUNNELED (other threads may run while the main thread calls
   // MPI), which an asynchronous checkpoint's writer thread needs.
   bool threads_allowed() const { return threads_funneled_; }
+  // Rank 0's `text` on every rank (the others' argument is ignored): a decision one rank makes for
+  // all. Every rank must call it.
+  std::string broadcast_from_root(const std::string& text);
 
   // Agreements of all ranks. run_agreed runs `step` on every rank and agrees on the outcome: if any
   // rank threw, the lowest failing rank prints its message once and every rank returns the same

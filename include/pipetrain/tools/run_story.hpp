@@ -21,6 +21,8 @@ struct LaunchStory {
   int64_t recomputed = 0;                 // steps the launch before had logged beyond this one's resume step
   double idle_before = 0;                 // seconds since the launch before ended (0 for the first)
   int ranks_per_node = 0, threads_per_rank = 0, node_cores = 0;  // 0: not recorded
+  int ranks = 0;                                                 // 0: not recorded
+  std::string chosen_because;  // parallel.auto chose the layout: why ("" where the spec gave it)
   // More compute threads than cores on a node: a rank waiting for a core shows up as bubble.
   bool oversubscribed() const { return node_cores > 0 && ranks_per_node * threads_per_rank > node_cores; }
 };

@@ -5,6 +5,7 @@
 // train.cpp reads it.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "pipetrain/observe/metrics.hpp"
 #include "pipetrain/observe/trace.hpp"
 #include "pipetrain/pipeline/executor.hpp"
+#include "pipetrain/train/auto_layout.hpp"
 #include "pipetrain/train/grad_sync.hpp"
 #include "pipetrain/train/param_fetch.hpp"
 #include "pipetrain/train/policies.hpp"
@@ -50,11 +52,12 @@ struct RunState {
   std::unique_ptr<Checkpointer> checkpointer;
   std::string resumed_from;  // "" for a fresh start
   int64_t start_step = 0;
-  std::unique_ptr<ModelImport> init;  // a fresh start with train.init_from: its source, until loaded
-  std::string init_note;              // what was loaded from where, for the start lines
-  int64_t last_saved = -1;            // the latest checkpoint of this run, -1: none yet
-  int launch_index = 0;               // 1 for the run's first launch (events.jsonl), rank 0
-  int64_t last_logged_before = 0;     // rank 0: the last step earlier launches logged (0: none)
+  std::unique_ptr<ModelImport> init;      // a fresh start with train.init_from: its source, until loaded
+  std::string init_note;                  // what was loaded from where, for the start lines
+  int64_t last_saved = -1;                // the latest checkpoint of this run, -1: none yet
+  int launch_index = 0;                   // 1 for the run's first launch (events.jsonl), rank 0
+  int64_t last_logged_before = 0;         // rank 0: the last step earlier launches logged (0: none)
+  std::optional<AutoLayout> auto_layout;  // parallel.auto: this launch's choice
 };
 
 // This rank's model slice, optimizer and schedule.

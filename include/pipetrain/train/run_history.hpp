@@ -6,7 +6,8 @@
 //    "layout": {"pp", "dp", "schedule", "virtual_stages"}, "version", "build", "resumed_from",
 //    "last_logged_before" (the last step the launches before logged: beyond resumed_from they are
 //    computed again),
-//    "peak_gflops_per_core" or "peak_gflops_per_gpu"}
+//    "peak_gflops_per_core" or "peak_gflops_per_gpu", and under parallel.auto "layout_choice":
+//    {"by", "summary", "reason", "costs"}}
 //   {"event": "stop", "launch": N, "time", "unix", "reason", "exit_code", "step", "signal",
 //    "last_checkpoint"}
 //

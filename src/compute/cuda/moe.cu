@@ -1,8 +1,9 @@
 // The mixture of experts' kernels on the GPU (moe_kernels.hpp has the contract; moe_kernels.cpp is
 // the CPU twin). The routing itself runs on the host (its row counts size the grouped products and
 // the all-to-alls, so they must reach the host anyway); these move, weigh and sum the rows by the
-// routing's device copy (RoutedSlots). Every sum runs in the CPU's order where the CPU's is
-// sequential (a token's slots in slot order) and in a fixed order otherwise: no atomics.
+// routing's device copy (RoutedSlots). A token's slots are added in slot order, as on the CPU;
+// the sums over a row (the softmax's, the dot products') run across a warp's lanes, so they match
+// the CPU's to rounding, not to the bit, but in a fixed order: no atomics, the same bits every run.
 #include <cfloat>
 #include <cmath>
 

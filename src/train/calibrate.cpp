@@ -1,4 +1,4 @@
-#include "pipetrain/tools/calibrate.hpp"
+#include "pipetrain/train/calibrate.hpp"
 
 #include <algorithm>
 #include <array>
