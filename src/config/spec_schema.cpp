@@ -452,7 +452,7 @@ std::vector<SpecKey> build_schema() {
       bool_key("parallel", "auto", FIELD(bool, parallel.automatic),
                "at every launch, lay the run out on the ranks it was given as plan --auto would (tp, pp, dp, "
                "micro-batches, schedule, chunks, recompute, partition, zero, ep), from costs measured at the "
-               "run's first launch (RUN_DIR/costs.json); those keys are then left unset"),
+               "run's first launch (RUN_DIR/costs.json); a value given for one of those keys is replaced, and said"),
       int_key("train", "global_batch", FIELD(int, train.global_batch), 1, big,
               "samples per optimizer step (divisible by dp x micro_batches)"),
       double_key("train", "lr", FIELD(double, train.lr), 0, 10, "peak learning rate"),
