@@ -6,7 +6,7 @@
 
 using namespace pipetrain;
 
-TEST_CASE("--nodes: one count or MIN-MAX, anything else named", "[planner]") {
+TEST_CASE("node ranges: --nodes takes one count or MIN-MAX, anything else is named", "[planner]") {
   const NodeRange one = parse_node_range("4"), range = parse_node_range("2-8");
   CHECK((one.min == 4 && one.max == 4));
   CHECK((range.min == 2 && range.max == 8));
