@@ -52,8 +52,7 @@ std::vector<std::pair<int64_t, std::string>> checkpoints_in(const std::string& f
 
 std::string Manifest::spec_value(const std::string& dotted) const {
   if (auto it = spec.find(dotted); it != spec.end()) return it->second;
-  for (const SpecKey& k : spec_schema())
-    if (k.dotted() == dotted) return k.show(RunSpec{});
+  if (const SpecKey* k = find_spec_key(dotted)) return k->show(RunSpec{});
   throw std::logic_error("no spec key " + dotted);
 }
 

@@ -29,13 +29,10 @@ void apply_override(toml::table& root, const std::string& text,
   std::string section = text.substr(0, dot), key = text.substr(dot + 1, eq - dot - 1);
   std::string value = text.substr(eq + 1);
   toml::table parsed;
-  const auto& schema = spec_schema();
-  auto known =
-      std::find_if(schema.begin(), schema.end(), [&](const SpecKey& k) { return k.dotted() == section + "." + key; });
+  const SpecKey* known = find_spec_key(section + "." + key);
   try {
     parsed = toml::parse("v = " + value);
-    if (known != schema.end() && known->takes_string && !parsed.get("v")->is_string())
-      parsed.insert_or_assign("v", value);
+    if (known && known->takes_string && !parsed.get("v")->is_string()) parsed.insert_or_assign("v", value);
   } catch (const toml::parse_error&) {
     parsed.insert_or_assign("v", value);
   }
@@ -280,9 +277,8 @@ void fill_data_parallel(RunSpec& spec, int world_size, const std::string& ranks_
 // An implied key sets what neither the file nor an override set; its origin says where it came from.
 void apply_implied(RunSpec& spec, const ImpliedKey& k) {
   if (!origin_of(spec.origins, k.key).empty()) return;
-  const auto& schema = spec_schema();
-  auto it = std::find_if(schema.begin(), schema.end(), [&](const SpecKey& s) { return s.dotted() == k.key; });
-  if (it == schema.end()) throw std::logic_error("implied key " + k.key + " is not a spec key");
+  const SpecKey* it = find_spec_key(k.key);
+  if (!it) throw std::logic_error("implied key " + k.key + " is not a spec key");
   const toml::table parsed = toml::parse("v = " + k.value);
   it->set(spec, *parsed.get("v"), k.from);
   spec.origins.emplace_back(k.key, k.from);
@@ -351,8 +347,8 @@ RunSpec parse_spec(const std::string& text, const std::string& path, const std::
         spec.notes.push_back(at + ": " + full + " is no longer read (" + why + "); it can be deleted");
         continue;
       }
-      auto it = std::find_if(schema.begin(), schema.end(), [&](const SpecKey& k) { return k.dotted() == full; });
-      if (it == schema.end()) {
+      const SpecKey* it = find_spec_key(full);
+      if (!it) {
         // Suggest across sections too: `[train] micro_batches` should point at parallel.micro_batches.
         std::string hint = suggest_key(full, key_name, dotted);
         throw SpecError(at + ": unknown key " + full + (hint.empty() ? "" : " (" + hint + ")"));

@@ -552,4 +552,10 @@ const std::vector<SpecKey>& spec_schema() {
   return schema;
 }
 
+const SpecKey* find_spec_key(const std::string& dotted) {
+  const auto& schema = spec_schema();
+  auto it = std::find_if(schema.begin(), schema.end(), [&](const SpecKey& k) { return k.dotted() == dotted; });
+  return it == schema.end() ? nullptr : &*it;
+}
+
 }  // namespace pipetrain

@@ -31,8 +31,7 @@ std::string declared_mismatch(const WeightsSource& src, const RunSpec& spec) {
   };
   for (const DeclaredKey& d : src.declared()) {
     if (d.key == "model.tie_embeddings") continue;
-    const auto& schema = spec_schema();
-    const auto k = std::find_if(schema.begin(), schema.end(), [&](const SpecKey& s) { return s.dotted() == d.key; });
+    const SpecKey* k = find_spec_key(d.key);
     const std::string ours = k->show(spec);
     if (same_value(ours, d.value)) continue;
     if (d.key == "model.arch")

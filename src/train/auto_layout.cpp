@@ -55,9 +55,8 @@ std::vector<std::string> overrides_of(const std::string& sets) {
 }
 
 std::string value_of(const RunSpec& spec, const std::string& dotted) {
-  const auto& schema = spec_schema();
-  auto it = std::find_if(schema.begin(), schema.end(), [&](const SpecKey& k) { return k.dotted() == dotted; });
-  return it == schema.end() ? "?" : it->show(spec);
+  const SpecKey* k = find_spec_key(dotted);
+  return k ? k->show(spec) : "?";
 }
 
 // Rank 0's choice, as JSON for the others: the layout, or the reason there is none.

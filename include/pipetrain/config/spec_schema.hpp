@@ -21,6 +21,8 @@ struct SpecKey {
 };
 
 const std::vector<SpecKey>& spec_schema();
+// The key named "section.key", or null where the schema has none.
+const SpecKey* find_spec_key(const std::string& dotted);
 
 // Closest candidate within a small edit distance (a third of the word's length, at least 2, unless
 // `max_distance` says), or "" (for did-you-mean hints).
