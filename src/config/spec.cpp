@@ -439,6 +439,10 @@ void validate_spec(const RunSpec& s, int world_size, const std::string& ranks_ar
     fail("log.straggler_ratio",
          "straggler_ratio = " + (std::ostringstream() << s.log.straggler_ratio).str() +
              " would call every rank a straggler: use a factor above 1 (e.g. 1.25), or 0 for no detection");
+  if (s.log.straggler_action != StragglerAction::log && s.log.straggler_ratio == 0)
+    fail("log.straggler_action", std::string("straggler_action = \"") + name_of(s.log.straggler_action) +
+                                     "\" acts on the stragglers detection finds, and log.straggler_ratio = 0 turns "
+                                     "detection off: set a ratio above 1 (e.g. 1.25)");
   if (s.train.min_lr > s.train.lr) fail("train.min_lr", "min_lr must not exceed train.lr");
   validate_data(s, fail);
   // Buffers are indexed with int in BLAS and MPI counts: keep every per-micro-batch tensor below 2^31

@@ -498,6 +498,15 @@ std::vector<SpecKey> build_schema() {
       int_key("log", "straggler_window", FIELD(int, log.straggler_window), 1, big,
               "steps per straggler detection window (which also lasts one second at least): each rank's medians "
               "over it are compared at the first logging step after"),
+      choice_key<StragglerAction>(
+          "log", "straggler_action", FIELD(StragglerAction, log.straggler_action),
+          "what a persistent straggler leads to: log names it; exclude checkpoints and stops (exit 3) to be requeued "
+          "without a node slow in straggler_act_after windows in a row, where the job script says it can spare one; "
+          "rebalance checkpoints and restarts in-process on a partition re-solved from each rank's measured speed, "
+          "giving a rank slow in straggler_act_after windows in a row fewer blocks"),
+      int_key(
+          "log", "straggler_act_after", FIELD(int, log.straggler_act_after), 2, big,
+          "windows in a row a node or rank must be over log.straggler_ratio before log.straggler_action acts on it"),
       double_key(
           "log", "peak_gflops", FIELD(double, log.peak_gflops), 0, 1e9,
           "peak GFLOP/s of one rank for MFU (0 = the hardware's: FLOPs per cycle x clock of each core, or the GPU's)"),

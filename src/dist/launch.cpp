@@ -50,6 +50,7 @@ LaunchInfo LaunchInfo::from_environment() {
   l.localid = env_int("SLURM_LOCALID", -1);
   l.restart_count = env_int("SLURM_RESTART_COUNT", 0);
   l.in_step = !env("SLURM_STEP_ID").empty();
+  l.spare_nodes = env_int("PIPETRAIN_SPARE_NODES", -1);
   return l;
 }
 

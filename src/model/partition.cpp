@@ -55,16 +55,18 @@ std::vector<int> uniform(int n_layer, int pp) {
   return b;
 }
 
+}  // namespace
+
 // Contiguous split minimising the most expensive stage (exact dynamic programme over split points;
 // ties broken toward the uniform split so balanced == uniform when costs are even).
-std::vector<int> balanced(const RunSpec& spec) {
+std::vector<int> balanced_blocks(const RunSpec& spec, const std::vector<double>& seconds_per_flop) {
   const int L = spec.model.n_layer, P = spec.parallel.pp * spec.parallel.virtual_stages;
   const CostModel m = CostModel::of(spec);
   auto cost = [&](int s, int begin, int end) {
     double c = (end - begin) * m.block;
     if (s == 0) c += m.embed;
     if (s == P - 1) c += m.head;
-    return c;
+    return seconds_per_flop.empty() ? c : c * seconds_per_flop[s];
   };
   const double inf = std::numeric_limits<double>::infinity();
   // best[s][e]: minimal max-cost placing blocks [0, e) on stages [0, s]
@@ -89,12 +91,10 @@ std::vector<int> balanced(const RunSpec& spec) {
   return blocks;
 }
 
-}  // namespace
-
 std::vector<int> partition_blocks(const RunSpec& spec) {
   const auto& p = spec.parallel;
   if (p.partition == Partition::explicit_list) return p.blocks_per_stage;
-  if (p.partition == Partition::balanced) return balanced(spec);
+  if (p.partition == Partition::balanced) return balanced_blocks(spec);
   return uniform(spec.model.n_layer, p.pp * p.virtual_stages);
 }
 

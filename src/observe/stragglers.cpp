@@ -130,7 +130,8 @@ std::vector<std::string> StragglerDetector::observe(const std::vector<WindowFigu
   last_ = ranks;
   last_step_ = last_step;
   first_step_ = last_step - static_cast<int>(ranks[0].steps) + 1;
-  std::vector<double> per_work(ranks.size());
+  std::vector<double>& per_work = per_work_;
+  per_work.assign(ranks.size(), 0.0);
   for (size_t r = 0; r < ranks.size(); ++r) per_work[r] = ranks[r].own_s / share(r);
   std::vector<bool> slow = observe_ranks(ranks, per_work, lines);
   observe_nodes(ranks, per_work, slow, lines);
@@ -231,6 +232,24 @@ void StragglerDetector::observe_links(const std::vector<WindowFigures>& ranks, c
       quiet.ratio = 1.0;
       judge(key, quiet, false, lines);
     }
+}
+
+std::vector<std::string> StragglerDetector::nodes_over(int windows) const {
+  std::vector<std::pair<double, std::string>> over;
+  for (const std::string& node : nodes_) {
+    const auto t = tracks_.find("node " + node);
+    if (t != tracks_.end() && t->second.over >= windows) over.emplace_back(-t->second.last.ratio, node);
+  }
+  std::sort(over.begin(), over.end());  // slowest first
+  std::vector<std::string> out;
+  for (const auto& [ratio, node] : over) out.push_back(node);
+  return out;
+}
+
+bool StragglerDetector::rank_over(int windows) const {
+  for (const auto& [key, t] : tracks_)
+    if (t.last.kind == StragglerKind::rank && t.over >= windows) return true;
+  return false;
 }
 
 std::vector<Straggler> StragglerDetector::flagged() const {

@@ -49,6 +49,12 @@ RunStory run_story(const std::string& run_dir, const std::vector<json>& metrics)
       LaunchStory& l = story.launches.back();
       l.ended = e.value("reason", "?");
       l.exit_code = e.value("exit_code", -1);
+      if (e.contains("exclude_nodes") && e["exclude_nodes"].is_array())
+        for (const json& node : e["exclude_nodes"])
+          l.acted += (l.acted.empty() ? "without " : ", ") + (node.is_string() ? node.get<std::string>() : "?");
+      if (e.contains("partition") && e["partition"].is_object())
+        l.acted = "partition " + e["partition"].value("from", json::array()).dump() + " -> " +
+                  e["partition"].value("to", json::array()).dump();
       l.end = std::max(l.end, e.value("unix", 0.0));
     }
   }
@@ -101,6 +107,7 @@ json to_json(const RunStory& s) {
                         {"resumed_from", l.resumed_from >= 0 ? json(l.resumed_from) : json(nullptr)},
                         {"steps", {l.first_step, l.last_step}},
                         {"ended", l.ended},
+                        {"acted", l.acted.empty() ? json(nullptr) : json(l.acted)},
                         {"exit_code", l.exit_code >= 0 ? json(l.exit_code) : json(nullptr)},
                         {"steps_recomputed", l.recomputed},
                         {"idle_before_s", l.idle_before},
@@ -121,12 +128,13 @@ std::string describe(const RunStory& s) {
   std::string out = "  launches:\n";
   char buf[512];
   for (const LaunchStory& l : s.launches) {
-    std::snprintf(buf, sizeof buf, "    %d  %s  %6.1f s  %-12s  %s  %s  ended: %s%s", l.launch,
+    std::snprintf(buf, sizeof buf, "    %d  %s  %6.1f s  %-12s  %s  %s  ended: %s%s%s", l.launch,
                   iso_utc(l.start).c_str(), l.end - l.start, l.layout.c_str(),
                   l.resumed_from >= 0 ? ("resumed at " + std::to_string(l.resumed_from)).c_str() : "fresh start",
                   l.first_step ? ("steps " + std::to_string(l.first_step) + "-" + std::to_string(l.last_step)).c_str()
                                : "no step logged",
-                  l.ended.c_str(), l.exit_code >= 0 ? (" (exit " + std::to_string(l.exit_code) + ")").c_str() : "");
+                  l.ended.c_str(), l.acted.empty() ? "" : (" (" + l.acted + ")").c_str(),
+                  l.exit_code >= 0 ? (" (exit " + std::to_string(l.exit_code) + ")").c_str() : "");
     out += buf;
     if (!l.job_id.empty()) out += "  job " + l.job_id;
     if (l.launch > 1) {

@@ -233,7 +233,7 @@ void ParamGather::wait_all() {
 }
 
 StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, AdamW& adam, std::vector<float>* staging,
-                   bool out_of_time, bool window_long_enough, double loss_sum, Trace& trace) {
+                   bool out_of_time, RootSays root, double loss_sum, Trace& trace) {
   const OptimizerShard& shard = adam.shard();
   const double dp_wait = reducer.finish(trace);
   TraceLaps laps(trace);
@@ -255,12 +255,15 @@ StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, AdamW& adam, 
   const double norm_s = now_s() - norm_t0;
   laps.mark("gradient norm", "optimizer");
   const bool bad = !std::isfinite(sq) || !std::isfinite(loss_sum);
-  double sums[4] = {bad ? 0.0 : sq, stop_requested() || out_of_time ? 1.0 : 0.0, bad ? 1.0 : 0.0,
-                    window_long_enough ? 1.0 : 0.0};
-  comm.allreduce_world(sums, 4);
+  double sums[5] = {bad ? 0.0 : sq, stop_requested() || out_of_time ? 1.0 : 0.0, bad ? 1.0 : 0.0,
+                    root.window_long_enough ? 1.0 : 0.0, static_cast<double>(root.straggler_act)};
+  comm.allreduce_world(sums, 5);
   laps.mark("wait step agreement (norm, stop, finite)", "wait");
   const bool finite = sums[2] == 0;
-  return {dp_wait, finite ? std::sqrt(sums[0]) : NAN, sums[1] > 0, finite, sums[3] > 0, norm_s};
+  return {dp_wait,     finite ? std::sqrt(sums[0]) : NAN,
+          sums[1] > 0, finite,
+          sums[3] > 0, static_cast<StragglerAction>(static_cast<int>(sums[4])),
+          norm_s};
 }
 
 }  // namespace pipetrain

@@ -100,6 +100,7 @@ int record_launch(const Run& run) {
                  {per_unit("hardware_peak_gflops", run.on_gpu()), run.telemetry.peak_per_unit},
                  {per_unit("sgemm_gflops", run.on_gpu()), run.telemetry.sgemm_per_unit},
                  {"peak_basis", run.telemetry.peak_basis}};
+  if (!run.opt.restart_note.empty()) record["restart"] = run.opt.restart_note;
   if (const auto& pick = run.state.auto_layout)
     record["layout_choice"] = {{"by", "parallel.auto"},
                                {"summary", pick->summary},
@@ -117,14 +118,16 @@ RecordedPeaks recorded_peaks(const std::string& run_dir, bool gpu) {
   return {};
 }
 
-void record_stop(const RunState& state, const std::string& reason, ExitCode code, int64_t step) {
-  append(events_path(state), {{"event", "stop"},
-                              {"launch", state.launch_index},
-                              {"reason", reason},
-                              {"exit_code", static_cast<int>(code)},
-                              {"step", step},
-                              {"signal", reason == "signal" ? json(signal_name(stop_signal())) : json(nullptr)},
-                              {"last_checkpoint", state.last_saved >= 0 ? json(state.last_saved) : json(nullptr)}});
+void record_stop(const RunState& state, const std::string& reason, ExitCode code, int64_t step, const json& acted) {
+  json record = {{"event", "stop"},
+                 {"launch", state.launch_index},
+                 {"reason", reason},
+                 {"exit_code", static_cast<int>(code)},
+                 {"step", step},
+                 {"signal", reason == "signal" ? json(signal_name(stop_signal())) : json(nullptr)},
+                 {"last_checkpoint", state.last_saved >= 0 ? json(state.last_saved) : json(nullptr)}};
+  record.update(acted);
+  append(events_path(state), record);
 }
 
 }  // namespace pipetrain

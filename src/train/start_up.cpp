@@ -89,6 +89,7 @@ void read_spec_and_data(Run& run) {
       overrides.insert(overrides.end(), chosen.begin(), chosen.end());
     }
   }
+  overrides.insert(overrides.end(), opt.restart_overrides.begin(), opt.restart_overrides.end());
   run.spec = opt.eval_only && opt.config.empty()
                  ? spec_of_checkpoint(named.empty() ? opt.resume.path : named.front(), opt.overrides, world)
                  : load_run_spec(opt.config, overrides, world);
@@ -299,6 +300,9 @@ void prepare_straggler_detection(Run& run) {
   for (const StagePlan& s : make_plan(spec).stages) share.push_back(s.cost_share);
   run.telemetry.stragglers =
       std::make_unique<StragglerDetector>(places, share, spec.log.straggler_ratio, !run.telemetry.straggler_cpu_time);
+  if (spec.log.straggler_action != StragglerAction::log)
+    run.telemetry.straggler_policy =
+        std::make_unique<StragglerPolicy>(spec, run.layout.blocks, run.layout.launch.spare_nodes);
 }
 
 // The schedule and everything the loop reads that does not change from step to step.
@@ -426,6 +430,25 @@ ExitCode start_up(Run& run) {
   return ExitCode::ok;
 }
 
+namespace {
+// The start line's account of log.straggler_action.
+std::string straggler_action_text(const RunSpec& spec, int spare_nodes) {
+  const std::string k = std::to_string(spec.log.straggler_act_after);
+  switch (spec.log.straggler_action) {
+    case StragglerAction::exclude:
+      return "; a node slow in " + k + " windows in a row is excluded (checkpoint, exit 3, requeued without it)" +
+             (spare_nodes < 0 ? ", where the launcher says it can spare one (PIPETRAIN_SPARE_NODES: not set)"
+              : spare_nodes > 0
+                  ? ": the job can spare " + std::to_string(spare_nodes) + " node" + (spare_nodes > 1 ? "s" : "")
+                  : ", but the job can spare none");
+    case StragglerAction::rebalance:
+      return "; a rank slow in " + k + " windows in a row gets fewer blocks (checkpoint, restart in-process)";
+    default:
+      return "";
+  }
+}
+}  // namespace
+
 void print_start(const Run& run) {
   if (run.rank() != 0) return;
   const RunSpec& spec = run.spec;
@@ -438,6 +461,7 @@ void print_start(const Run& run) {
       spec.samples_per_micro_batch(), schedule_description(spec).c_str(), name_of(spec.parallel.recompute),
       run.comms.comm->wait_mode() == WaitMode::yield ? "yield" : "spin", threads, threads == 1 ? "" : "s");
   std::printf("%s\n%s", run.layout.launch.describe().c_str(), node_map(run.world.hosts(), run.layout.topo).c_str());
+  if (!run.opt.restart_note.empty()) std::printf("%s\n", run.opt.restart_note.c_str());
   if (const auto& pick = run.state.auto_layout)
     std::printf("layout chosen by parallel.auto: %s; %s; costs %s\n", pick->summary.c_str(), pick->reason.c_str(),
                 pick->measured ? "measured at this launch, kept in RUN_DIR/costs.json"
@@ -484,9 +508,10 @@ void print_start(const Run& run) {
   if (run.telemetry.stragglers)
     std::printf(
         "stragglers: a rank, node or link %gx slower than its peers in two windows (%d steps, %g s at least) in a "
-        "row is reported%s\n",
+        "row is reported%s%s\n",
         spec.log.straggler_ratio, spec.log.straggler_window, StragglerWindow::kMinWindowS,
-        run.telemetry.straggler_cpu_time ? " (ranks outnumber cores: passes timed in CPU time, links not judged)" : "");
+        run.telemetry.straggler_cpu_time ? " (ranks outnumber cores: passes timed in CPU time, links not judged)" : "",
+        straggler_action_text(spec, run.layout.launch.spare_nodes).c_str());
   if (run.state.start_step >= spec.run.steps)
     std::printf(
         "run already complete (%d steps): nothing to train; --set run.steps=N (N > %d) trains it further, "

@@ -73,6 +73,16 @@ RankFigures rank_figures(Run& run, const StepResult& r) {
   return mine;
 }
 
+// What rank 0 alone decides at the step boundary (`now`): whether the straggler window may close,
+// and the straggler move to make after the step.
+RootSays root_says(const Run& run, double now) {
+  RootSays root;
+  if (run.rank() != 0) return root;
+  root.window_long_enough = run.telemetry.straggler_window && run.telemetry.straggler_window->long_enough(now);
+  root.straggler_act = run.telemetry.straggler_move.kind;
+  return root;
+}
+
 }  // namespace
 
 StepResult train_step(Run& run, int step) {
@@ -111,11 +121,9 @@ StepResult train_step(Run& run, int step) {
   // The step boundary carries the time budget's verdict, so every rank stops alike.
   const double sync_t0 = now_s();
   const bool out_of_time = run.policies.budget->nearly_out(sync_t0, sync_t0 - t0);
-  const bool window_long_enough =
-      run.rank() == 0 && run.telemetry.straggler_window && run.telemetry.straggler_window->long_enough(sync_t0);
   r.sync = sync_step(stage, comm, *run.comms.reducer, *run.model.adam,
                      run.comms.grad_staging.empty() ? nullptr : &run.comms.grad_staging, out_of_time,
-                     window_long_enough, r.stats.loss_sum, run.telemetry.trace);
+                     root_says(run, sync_t0), r.stats.loss_sum, run.telemetry.trace);
   if (shard.shards_grads()) stage.release_grads();  // the summed slabs are in the optimizer's compact copy
   const double opt_t0 = now_s();
 
@@ -201,6 +209,12 @@ void log_step(Run& run, int done, const StepResult& r, const Validation& val) {
     for (const RankFigures& f : figures) windows.push_back(f.window);
     straggler_news = run.telemetry.stragglers->observe(windows, done);
     line.straggler_window = run.telemetry.stragglers->window_json();
+    // A move decided here is made after the next step, which carries it to every rank.
+    StragglerPolicy* policy = run.telemetry.straggler_policy.get();
+    if (policy && run.telemetry.straggler_move.kind == StragglerAction::log) {
+      run.telemetry.straggler_move = policy->after_window(*run.telemetry.stragglers, straggler_news);
+      if (!run.telemetry.straggler_move.why.empty()) straggler_news.push_back(run.telemetry.straggler_move.why);
+    }
   }
   run.telemetry.metrics->write(to_json(line));
   std::printf("%s\n", progress_line(line).c_str());

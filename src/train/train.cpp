@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "pipetrain/dist/signals.hpp"
@@ -43,7 +44,8 @@ Validation timed_evaluate(Run& run) {
 // How a launch ends by its own decision, and why (the stop record's reason in events.jsonl).
 struct Ending {
   ExitCode code;
-  const char* reason;  // complete, signal, time_limit, bad_steps, failed_save
+  const char* reason;    // complete, signal, time_limit, bad_steps, failed_save, straggler_exclude, straggler_rebalance
+  bool restart = false;  // straggler_rebalance: the process goes on with another launch
 };
 
 // A save of step `step` that failed (every rank is here; the failing rank said why): the run ends
@@ -158,24 +160,54 @@ std::optional<Ending> should_stop(Run& run, int done, bool stopping) {
   return Ending{ExitCode::stopped, stop_signal() ? "signal" : "time_limit"};
 }
 
+// The straggler move every rank learned from the step after `done` (train/straggler_action.hpp),
+// made now that the step is logged and saved: exclude stops (exit 3) for the job script to requeue
+// without the slow nodes; rebalance ends this launch for an in-process restart on a new partition.
+Ending straggler_ending(Run& run, StragglerAction act, int done) {
+  const StragglerMove& move = run.telemetry.straggler_move;  // rank 0's
+  if (act == StragglerAction::exclude) {
+    if (run.rank() == 0) {
+      std::string nodes;
+      for (const std::string& n : move.nodes) nodes += (nodes.empty() ? "" : ",") + n;
+      std::printf("stopped after step %d to exclude straggling node %s; checkpoint saved, exit 3\n", done,
+                  nodes.c_str());
+    }
+    return {ExitCode::stopped, "straggler_exclude"};
+  }
+  if (run.rank() == 0)
+    std::printf("stopped after step %d to rebalance; checkpoint saved, restarting on partition %s\n", done,
+                blocks_text(move.blocks).c_str());
+  return {ExitCode::stopped, "straggler_rebalance", true};
+}
+
 // Rank 0 records how the launch ended; every rank returns its code. A background save still in
-// flight (the run ends otherwise than at a save) is waited for first.
+// flight (the run ends otherwise than at a save) is waited for first. A straggler stop's record
+// names what it acted on: the nodes to exclude, or the partition to restart on.
 ExitCode finish(Run& run, Ending ending, int64_t step) {
   run.comms.param_gather->wait_all();  // no collective may be left in flight at MPI_Finalize
   if (std::optional<Ending> failed = advance_save(run, Checkpointer::Until::all_ended);
-      failed && ending.code == ExitCode::ok)
+      failed && (ending.code == ExitCode::ok || ending.restart))
     ending = *failed;
-  if (run.rank() == 0) record_stop(run.state, ending.reason, ending.code, step);
-  test_pause("exit");
-  return ending.code;
+  if (run.rank() == 0) {
+    nlohmann::json acted = nlohmann::json::object();
+    const StragglerMove& move = run.telemetry.straggler_move;
+    if (ending.reason == std::string("straggler_exclude")) acted["exclude_nodes"] = move.nodes;
+    if (ending.restart) acted["partition"] = {{"from", run.layout.blocks}, {"to", move.blocks}, {"why", move.why}};
+    record_stop(run.state, ending.reason, ending.code, step, acted);
+  }
+  if (!ending.restart) test_pause("exit");
+  return ending.restart ? ExitCode::ok : ending.code;
 }
 
 }  // namespace
 
-ExitCode run_train(const TrainOptions& opt, World& world) {
-  install_stop_handlers();  // idempotent; main installs them before MPI_Init already
+namespace {
+
+// One launch of the run on `world`: start-up, then steps until the run ends, stops, or (`restart`
+// set) a rebalance restarts it on the partition `restart` names.
+ExitCode run_launch(const TrainOptions& opt, World& world, double launched_s, std::vector<int>& restart) {
   Run run(world, opt);
-  run.launched_s = now_s();
+  run.launched_s = launched_s;
   if (ExitCode code = start_up(run); code != ExitCode::ok) return code;
   if (opt.eval_only) return evaluate_checkpoint(run);
   print_start(run);
@@ -193,16 +225,47 @@ ExitCode run_train(const TrainOptions& opt, World& world) {
     const int done = step + 1;
     if (std::optional<Ending> failed = advance_save(run, Checkpointer::Until::one_round))
       return finish(run, *failed, done);
-    const bool stopping = result.sync.stop;
-    const bool evaluating = eval_due(spec, done, stopping);
+    // A straggler move stops the launch after this step, saved like a stop (the run's last step just ends it).
+    const bool acting = result.sync.straggler_act != StragglerAction::log && done < spec.run.steps;
+    const bool stopping = result.sync.stop || acting;
+    const bool evaluating = eval_due(spec, done, result.sync.stop);
     const Validation val = evaluating ? timed_evaluate(run) : Validation{};
     if (log_due(spec, done, stopping, evaluating)) log_step(run, done, result, val);
     if (std::optional<Ending> failed = maybe_save(run, done, stopping)) return finish(run, *failed, done);
     if (done == trace_last || (stopping && done < trace_last))
       write_trace(run.telemetry.trace, *run.comms.comm, run.state.run_dir);
-    if (std::optional<Ending> end = should_stop(run, done, stopping)) return finish(run, *end, done);
+    if (std::optional<Ending> end = should_stop(run, done, result.sync.stop)) return finish(run, *end, done);
+    if (acting) {
+      const Ending ending = straggler_ending(run, result.sync.straggler_act, done);
+      const ExitCode code = finish(run, ending, done);
+      if (ending.restart && code == ExitCode::ok)
+        restart =
+            nlohmann::json::parse(world.broadcast_from_root(nlohmann::json(run.telemetry.straggler_move.blocks).dump()))
+                .get<std::vector<int>>();
+      return code;
+    }
   }
   return finish(run, Ending{ExitCode::ok, "complete"}, std::max<int64_t>(first, spec.run.steps));
+}
+
+}  // namespace
+
+ExitCode run_train(const TrainOptions& opt, World& world) {
+  install_stop_handlers();            // idempotent; main installs them before MPI_Init already
+  const double launched_s = now_s();  // run.time_limit counts from here, across in-process restarts
+  TrainOptions launch = opt;
+  for (;;) {
+    std::vector<int> restart;
+    const ExitCode code = run_launch(launch, world, launched_s, restart);
+    if (restart.empty()) return code;
+    // The checkpoint just saved is this run's newest: the restart resumes from it on the new partition.
+    launch.resume = ResumeFrom(ResumeMode::automatic);
+    std::string list = blocks_text(restart);
+    list.erase(std::remove(list.begin(), list.end(), ' '), list.end());
+    launch.restart_overrides = {"parallel.partition=" + list};
+    launch.restart_note = "restarted in-process on partition " + blocks_text(restart) +
+                          " (log.straggler_action = rebalance; the stop record in events.jsonl says why)";
+  }
 }
 
 }  // namespace pipetrain

@@ -7,6 +7,9 @@
   a window lasts a second at least, so the runs are as long as the fastest kernels they meet need
   for 3 windows (SkylakeX kernels made 600 steps of the 2x1 two windows);
 - log.straggler_ratio = 0 turns detection off: no window in the log;
+- log.straggler_action = "rebalance": a 2x1 run whose stage 1 computes three times as long
+  restarts in-process on a partition that gives that stage fewer blocks ([3, 1]), its steps then
+  faster, every step logged once and every loss that of an uninterrupted run;
 - with tp 2, a slowed tensor rank is named, not its peer that waits for it inside the layers;
 - ranks bound one to a core (mpiexec -bind-to, as srun --cpu-bind does on many clusters) count the
   node's cores as the union of their masks, so a 1x2 run on 2 cores is not taken for "ranks
@@ -32,7 +35,7 @@ import json
 import os
 import re
 import subprocess
-from tests.lib.harness import launch, expect, needs_cores, run_scenarios, scenario, settings
+from tests.lib.harness import launch, expect, needs_cores, rel_diff, run_scenarios, scenario, settings
 
 COMMON = ["log.trace_steps=0", "checkpoint.every_steps=0", "log.every_steps=10"]
 REPLICAS_SHARE_CORES = {4: ["-bind-to", "user:0,1,0,1"],  # ranks 0..3 are (stage, replica) (0,0) (1,0) (0,1) (1,1)
@@ -158,6 +161,47 @@ def bound_clean_run_names_no_one():
     largest = max((x for w in windows for x in w), default=float("nan"))
     expect(not flagged_lines(r.out) and len(windows) >= 3,
            f"bound 1x2: nothing flagged in {len(windows)} windows (largest ratio to peers {largest:.2f})")
+
+
+@scenario
+def slowed_rank_rebalanced():
+    """pp 2 on 2 ranks, rank 1 (stage 1, with the head) computing 3x as long from the start, under
+    log.straggler_action = rebalance: after 3 windows it checkpoints and restarts in-process on
+    [3, 1]; the median step is faster there than on [2, 2]; the losses are an uninterrupted run's."""
+    a = settings()
+    steps = 600
+    sets = ["parallel.pp=2", f"run.steps={steps}", *COMMON]
+    r = launch(a, 2, os.path.join(a.work, "rebalanced"), tiny(), [*sets, "log.straggler_action=rebalance"],
+               env={"PIPETRAIN_TEST_SLOW_COMPUTE": "1:0:3"}, timeout=300)
+    expect(r.rc == 0, f"rebalance run: exit 0 ({r.err[-300:]})")
+    acted = [line for line in r.out.splitlines() if line.startswith("straggler action: ")]
+    expect(len(acted) >= 1 and "partition [2, 2] -> [3, 1]" in acted[0],
+           f"the progress output says it rebalances [2, 2] -> [3, 1]: {acted[:1]}")
+    with open(os.path.join(r.run_dir, "events.jsonl")) as f:
+        events = [json.loads(line) for line in f]
+    kinds = [(e["event"], e.get("reason")) for e in events]
+    expect(kinds == [("launch", None), ("stop", "straggler_rebalance"), ("launch", None), ("stop", "complete")],
+           f"events: a launch stopped to rebalance, then one restarted in-process that completes: {kinds}")
+    stop = events[1] if len(events) > 1 else {}
+    expect(stop.get("partition", {}).get("to") == [3, 1] and stop.get("last_checkpoint") == stop.get("step"),
+           f"its stop record names the new partition and a checkpoint of its last step: {stop}")
+    expect(len(events) > 2 and "restart" in events[2] and events[2].get("resumed_from") == stop.get("step"),
+           "the second launch says it restarted in-process and resumed from that checkpoint")
+    metrics = r.metrics()
+    logged = [m["step"] for m in metrics]
+    expect(logged == sorted(set(logged)) and set(range(10, steps + 1, 10)) <= set(logged),
+           f"every logged step once, in order ({len(logged)} lines)")
+    before = sorted(m["step_time_s"] for m in metrics if m["launch"] == 1)
+    after = sorted(m["step_time_s"] for m in metrics if m["launch"] == 2)
+    median = lambda v: v[len(v) // 2] if v else float("nan")  # noqa: E731
+    expect(after and before and median(after) < 0.85 * median(before),
+           f"the rebalanced step is faster: median {1e3 * median(after):.1f} ms against {1e3 * median(before):.1f} ms")
+    ref = launch(a, 2, os.path.join(a.work, "rebalanced_ref"), tiny(), sets, timeout=300)
+    got = {m["step"]: m["loss"] for m in metrics}
+    want = {m["step"]: m["loss"] for m in ref.metrics()}
+    diff = max((rel_diff(got[s], want[s]) for s in want if s in got), default=float("nan"))
+    expect(ref.rc == 0 and set(want) <= set(got) and diff <= 1e-6,
+           f"every loss within 1e-6 of an uninterrupted run's on [2, 2] (largest difference {diff:.1e})")
 
 
 @scenario

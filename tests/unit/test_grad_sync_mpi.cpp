@@ -153,10 +153,11 @@ TEST_CASE("grad sync: the norm covers the summed gradient, and a NaN or stop on 
     // counts each element once.
     std::fill(g.begin(), g.end(), 0.5f);
     reducer.begin_step();
-    StepSync sync = sync_step(stage, replicas(), reducer, adam, nullptr, false, false, 1.0, no_trace);
+    StepSync sync = sync_step(stage, replicas(), reducer, adam, nullptr, false, RootSays{}, 1.0, no_trace);
     CHECK(sync.finite);
     CHECK_FALSE(sync.stop);
     CHECK_FALSE(sync.window_long_enough);
+    CHECK(sync.straggler_act == StragglerAction::log);
     CHECK(sync.norm == Approx(std::sqrt(static_cast<double>(g.size()))));
     const auto& summed = zero == 2 ? adam.grad_shard().host() : g;
     for (const OptimizerShard::Slab& s : shard.slabs()) {
@@ -168,21 +169,25 @@ TEST_CASE("grad sync: the norm covers the summed gradient, and a NaN or stop on 
     std::fill(g.begin(), g.end(), 0.5f);
     if (rank == 1) g[g.size() / 2] = NAN;
     reducer.begin_step();
-    sync = sync_step(stage, replicas(), reducer, adam, nullptr, false, false, 1.0, no_trace);
+    sync = sync_step(stage, replicas(), reducer, adam, nullptr, false, RootSays{}, 1.0, no_trace);
     CHECK_FALSE(sync.finite);
 
     // A NaN in one rank's loss only: both skip too.
     std::fill(g.begin(), g.end(), 0.5f);
     reducer.begin_step();
-    sync = sync_step(stage, replicas(), reducer, adam, nullptr, false, false, rank == 0 ? NAN : 1.0, no_trace);
+    sync = sync_step(stage, replicas(), reducer, adam, nullptr, false, RootSays{}, rank == 0 ? NAN : 1.0, no_trace);
     CHECK_FALSE(sync.finite);
 
     // One rank out of time: both stop. Rank 0 says the straggler window is long enough: both close it.
     std::fill(g.begin(), g.end(), 0.5f);
     reducer.begin_step();
-    sync = sync_step(stage, replicas(), reducer, adam, nullptr, rank == 1, rank == 0, 1.0, no_trace);
+    // It also says what straggler move to make after the step: both learn it.
+    RootSays root;
+    if (rank == 0) root = {true, StragglerAction::rebalance};
+    sync = sync_step(stage, replicas(), reducer, adam, nullptr, rank == 1, root, 1.0, no_trace);
     CHECK(sync.stop);
     CHECK(sync.finite);
     CHECK(sync.window_long_enough);
+    CHECK(sync.straggler_act == StragglerAction::rebalance);
   }
 }

@@ -21,13 +21,15 @@ RunSpec spec_with(int n_layer, int pp, const std::string& partition) {
   return s;
 }
 
-double max_cost(const RunSpec& s, const std::vector<int>& blocks) {
+// The most expensive stage, each stage's cost times its rate (none: all 1).
+double max_cost(const RunSpec& s, const std::vector<int>& blocks, const std::vector<double>& rate = {}) {
   auto c = stage_costs(s, blocks);
+  for (size_t i = 0; i < c.size() && !rate.empty(); ++i) c[i] *= rate[i];
   return *std::max_element(c.begin(), c.end());
 }
 
 // Every contiguous split of L blocks over P stages (each >= 1), the smallest maximum stage cost.
-double brute_force_best(const RunSpec& s) {
+double brute_force_best(const RunSpec& s, const std::vector<double>& rate = {}) {
   const int L = s.model.n_layer, P = s.parallel.pp;
   double best = std::numeric_limits<double>::infinity();
   std::vector<int> blocks;
@@ -35,7 +37,7 @@ double brute_force_best(const RunSpec& s) {
     const int stages_left = P - static_cast<int>(blocks.size());
     if (stages_left == 1) {
       blocks.push_back(left);
-      best = std::min(best, max_cost(s, blocks));
+      best = std::min(best, max_cost(s, blocks, rate));
       blocks.pop_back();
       return;
     }
@@ -115,6 +117,26 @@ TEST_CASE("balanced partition minimises the most expensive stage (brute force)",
         u.parallel.partition = Partition::uniform;
         CHECK(got <= max_cost(u, partition_blocks(u)) * (1 + 1e-12));
       }
+}
+
+TEST_CASE("balanced_blocks with measured rates minimises the slowest stage's time (brute force)", "[partition]") {
+  // Rates as a slowed rank gives them: one stage 1.5 to 4 times slower than the others.
+  for (int L = 2; L <= 12; ++L)
+    for (int P = 2; P <= std::min(L, 4); ++P)
+      for (int slow = 0; slow < P; ++slow)
+        for (double factor : {1.5, 2.0, 4.0}) {
+          RunSpec s = spec_with(L, P, "uniform");
+          std::vector<double> rate(P, 1.0);
+          rate[slow] = factor;
+          INFO("L=" << L << " P=" << P << " slow stage " << slow << " x" << factor);
+          const std::vector<int> b = balanced_blocks(s, rate);
+          check_valid(b, L, P);
+          CHECK(max_cost(s, b, rate) == Approx(brute_force_best(s, rate)).epsilon(1e-9));
+          // The slowed stage never gets more blocks than it has where all run alike.
+          CHECK(b[slow] <= balanced_blocks(s)[slow]);
+        }
+  // tiny.toml's shape, stage 1 three times slower: it keeps one block.
+  CHECK(balanced_blocks(spec_with(4, 2, "uniform"), {1.0, 3.0}) == std::vector<int>{3, 1});
 }
 
 TEST_CASE("balanced gives the last stage fewer blocks when the head is expensive", "[partition]") {

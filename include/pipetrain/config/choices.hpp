@@ -22,6 +22,7 @@ enum class RankOrder { pp, dp };                            // parallel.order: w
 enum class Partition { uniform, balanced, explicit_list };  // parallel.partition (a list: explicit_list)
 enum class Recompute { none, stage, block };                // parallel.recompute
 enum class OnSaveError { warn, stop };                      // checkpoint.on_error
+enum class StragglerAction { log, exclude, rebalance };     // log.straggler_action
 enum class WaitPolicy { automatic, spin, yield };           // comm.wait ("auto")
 enum class FinalizePolicy { automatic, mpi, skip };         // comm.finalize ("auto")
 // The tools' command-line choices, parsed where the command line is read.
@@ -51,6 +52,7 @@ PIPETRAIN_CHOICES(RankOrder, "pp", "dp")
 PIPETRAIN_CHOICES(Partition, "uniform", "balanced", "explicit")
 PIPETRAIN_CHOICES(Recompute, "none", "stage", "block")
 PIPETRAIN_CHOICES(OnSaveError, "warn", "stop")
+PIPETRAIN_CHOICES(StragglerAction, "log", "exclude", "rebalance")
 PIPETRAIN_CHOICES(WaitPolicy, "auto", "spin", "yield")
 PIPETRAIN_CHOICES(FinalizePolicy, "auto", "mpi", "skip")
 PIPETRAIN_CHOICES(CorpusFormat, "llmc", "nanogpt", "megatron")

@@ -140,6 +140,8 @@ struct RunSpec {
     int trace_steps = 3;            // steps of each launch recorded in trace.json (0 = none)
     double straggler_ratio = 1.25;  // slower than its peers by this: a straggler (0 = no detection)
     int straggler_window = 10;      // steps per detection window (observe/stragglers.hpp)
+    StragglerAction straggler_action = StragglerAction::log;  // what a persistent straggler leads to
+    int straggler_act_after = 3;                              // windows in a row over the ratio before acting
   } log;
   struct Comm {
     WaitPolicy wait = WaitPolicy::automatic;

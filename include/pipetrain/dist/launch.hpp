@@ -11,6 +11,9 @@ struct LaunchInfo {
   std::string job_id, node_list, host;
   int procid = -1, ntasks = -1, localid = -1, restart_count = 0;
   bool in_step = false;  // inside an srun job step (SLURM_STEP_ID set)
+  // PIPETRAIN_SPARE_NODES: how many nodes the job script could requeue the job without (its node
+  // range above the minimum, idle nodes to replace one); -1 when the launcher does not say.
+  int spare_nodes = -1;
 
   static LaunchInfo from_environment();
   std::string describe() const;  // one line for the log

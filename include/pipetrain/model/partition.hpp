@@ -25,6 +25,12 @@ double training_flops_per_token(const RunSpec& spec);
 // Blocks per virtual stage (size pp x V, each >= 1, sum n_layer) for parallel.partition.
 std::vector<int> partition_blocks(const RunSpec& spec);
 
+// The contiguous split whose slowest (virtual) stage is fastest: each stage's cost-model FLOPs
+// times its `seconds_per_flop` (one per virtual stage; empty: all alike, parallel.partition =
+// "balanced"). With measured rates it gives a slower rank fewer blocks (log.straggler_action =
+// "rebalance").
+std::vector<int> balanced_blocks(const RunSpec& spec, const std::vector<double>& seconds_per_flop = {});
+
 // The chunks a rank owns, in chunk order: virtual stage, blocks [block_begin, block_end).
 struct ChunkRange {
   int vstage, block_begin, block_end;

@@ -97,6 +97,14 @@ class StragglerDetector {
   std::vector<Straggler> flagged() const;
   const std::vector<double>& rank_ratio() const { return rank_ratio_; }
 
+  // What log.straggler_action acts on, after observe: the nodes (slowest first), and whether any
+  // rank, over the ratio in the last `windows` windows in a row; per rank its own time in the last window per unit
+  // of its stage's expected share (its speed, as the partition would see it: seconds per share).
+  std::vector<std::string> nodes_over(int windows) const;
+  bool rank_over(int windows) const;
+  const std::vector<double>& per_work_s() const { return per_work_; }
+  const std::vector<RankPlace>& places() const { return places_; }
+
   // The metrics.jsonl keys of the last window: "window" (per rank: stage, replica, node, compute,
   // wait, the compute its peers suggest, the ratio to it and the ratio it is flagged above; per
   // node its ratio; the links' travel times) and "stragglers" (flagged now): the two keys a logging
@@ -138,6 +146,7 @@ class StragglerDetector {
   std::map<std::string, Track> tracks_;
   std::vector<WindowFigures> last_;
   std::vector<double> rank_ratio_, expected_s_;  // per rank: compute over its peers', the compute its peers suggest
+  std::vector<double> per_work_;                 // per rank: compute per unit of its stage's share
   std::vector<double> rank_threshold_;           // per rank: the ratio it is flagged above
   bool nodes_alike_ = true;                      // every node holds the same stages
   std::vector<double> node_ratio_;

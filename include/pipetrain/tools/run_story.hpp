@@ -17,6 +17,7 @@ struct LaunchStory {
   int64_t resumed_from = -1;              // -1: a fresh start
   int64_t first_step = 0, last_step = 0;  // logged by this launch (0: none)
   std::string ended;                      // the stop reason, or "no stop record" (a fault, a kill, a lost node)
+  std::string acted;                      // a straggler stop's: "without node2", "partition [2, 2] -> [3, 1]"
   int exit_code = -1;                     // -1: not recorded
   int64_t recomputed = 0;                 // steps the launch before had logged beyond this one's resume step
   double idle_before = 0;                 // seconds since the launch before ended (0 for the first)

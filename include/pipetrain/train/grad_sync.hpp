@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "pipetrain/compute/device.hpp"
+#include "pipetrain/config/choices.hpp"
 #include "pipetrain/dist/comm.hpp"
 #include "pipetrain/model/model.hpp"
 #include "pipetrain/model/optim.hpp"
@@ -128,13 +129,20 @@ class ParamGather {
   std::vector<int> counts_, offsets_;
 };
 
+// What rank 0 alone decides and the step agreement carries to every rank.
+struct RootSays {
+  bool window_long_enough = false;                       // the straggler window may close (observe/stragglers.hpp)
+  StragglerAction straggler_act = StragglerAction::log;  // a straggler move after this step (log: none)
+};
+
 struct StepSync {
-  double dp_wait_s;         // time waiting for the replicas' gradient sums (not pipeline bubble)
-  double norm;              // global gradient norm over all stages, before clipping
-  bool stop;                // some rank received a stop signal
-  bool finite;              // every rank's loss and gradients are finite: the update may be applied
-  bool window_long_enough;  // the straggler window may close (observe/stragglers.hpp)
-  double norm_s;            // compute time of the squared norm (counted as compute, not waiting)
+  double dp_wait_s;               // time waiting for the replicas' gradient sums (not pipeline bubble)
+  double norm;                    // global gradient norm over all stages, before clipping
+  bool stop;                      // some rank received a stop signal
+  bool finite;                    // every rank's loss and gradients are finite: the update may be applied
+  bool window_long_enough;        // the straggler window may close (observe/stragglers.hpp)
+  StragglerAction straggler_act;  // rank 0's straggler move (train/straggler_action.hpp), after this step
+  double norm_s;                  // compute time of the squared norm (counted as compute, not waiting)
 };
 
 // After the schedule: finish the gradient sums (1/D is already in the loss scale; on the GPU through
@@ -143,12 +151,12 @@ struct StepSync {
 // buffer unsharded, every replica's own slabs sharded), the stop flag and a non-finite flag: the
 // step's only world-wide synchronisation, so every rank decides alike whether to stop and whether
 // to apply the update. A NaN anywhere reaches the rank that checks it through the sums. It also
-// carries `window_long_enough` (rank 0's say that the straggler window has run its course), so
-// every rank closes the window at the same logging step.
+// carries what rank 0 alone decides (`root`): that the straggler window has run its course, so
+// every rank closes it at the same logging step, and a straggler move every rank makes after the step.
 // `trace` gets a span per part: waits inside the collectives as waits (a late
 // peer and the transfer itself are not told apart; comm_wait_s counts them alike), host copies as
 // all-reduce work, the norm as optimizer work.
 StepSync sync_step(Stage& stage, Comm& comm, GradReducer& reducer, AdamW& adam, std::vector<float>* staging,
-                   bool out_of_time, bool window_long_enough, double loss_sum, Trace& trace);
+                   bool out_of_time, RootSays root, double loss_sum, Trace& trace);
 
 }  // namespace pipetrain

@@ -24,6 +24,7 @@
 #include "pipetrain/train/grad_sync.hpp"
 #include "pipetrain/train/param_fetch.hpp"
 #include "pipetrain/train/policies.hpp"
+#include "pipetrain/train/straggler_action.hpp"
 #include "pipetrain/train/train.hpp"
 #include "pipetrain/util/files.hpp"
 
@@ -97,6 +98,8 @@ struct RunTelemetry {
   std::unique_ptr<StragglerWindow> straggler_window;  // every rank, when log.straggler_ratio > 0
   std::unique_ptr<StragglerDetector> stragglers;      // rank 0, likewise
   bool straggler_cpu_time = false;                    // windows compare the passes' CPU time, not wall time
+  std::unique_ptr<StragglerPolicy> straggler_policy;  // rank 0, unless log.straggler_action = log
+  StragglerMove straggler_move;                       // rank 0: decided, made after the next step
 };
 
 // What the loop decides with besides the spec: the time budget and the non-finite steps' count.

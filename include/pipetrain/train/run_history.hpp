@@ -7,15 +7,18 @@
 //    "last_logged_before" (the last step the launches before logged: beyond resumed_from they are
 //    computed again),
 //    "peak_gflops_per_core" or "peak_gflops_per_gpu", and under parallel.auto "layout_choice":
-//    {"by", "summary", "reason", "costs"}}
+//    {"by", "summary", "reason", "costs"}, after an in-process restart "restart": why}
 //   {"event": "stop", "launch": N, "time", "unix", "reason", "exit_code", "step", "signal",
-//    "last_checkpoint"}
+//    "last_checkpoint", for a straggler_exclude stop "exclude_nodes": [node, ...], for a
+//    straggler_rebalance one "partition": {"from", "to", "why"}}
 //
 // A launch is recorded once start-up succeeded on every rank; a stop when the run ends by its own
-// decision (reason complete, signal, time_limit, bad_steps or failed_save). A launch without a
+// decision (reason complete, signal, time_limit, bad_steps, failed_save, straggler_exclude) or
+// restarts in-process (straggler_rebalance: the next launch record follows). A launch without a
 // stop ended otherwise: a fault, a kill, a lost node. A fresh start sets the earlier history
 // aside with the rest of the run directory; resuming the run's own checkpoints continues it.
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "pipetrain/train/run.hpp"
@@ -35,6 +38,7 @@ struct RecordedPeaks {
 RecordedPeaks recorded_peaks(const std::string& run_dir, bool gpu);
 
 // Rank 0: appends the stop record of this launch.
-void record_stop(const RunState& state, const std::string& reason, ExitCode code, int64_t step);
+void record_stop(const RunState& state, const std::string& reason, ExitCode code, int64_t step,
+                 const nlohmann::json& acted = nlohmann::json::object());
 
 }  // namespace pipetrain

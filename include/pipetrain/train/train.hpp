@@ -16,6 +16,10 @@ struct TrainOptions {
   bool eval_only = false;              // pipetrain eval: load `resume` (a path), print the validation
                                        // loss, write nothing; no config = the checkpoint's own spec
   int eval_batches = 0;                // eval --batches N (0: eval.batches)
+  // An in-process restart's (log.straggler_action = rebalance): overrides applied after everything
+  // else (parallel.auto's choice too), and the start line that says why.
+  std::vector<std::string> restart_overrides;
+  std::string restart_note;
 };
 
 // Trains (or evaluates) on `world`: ok when the run is complete, stopped after a stop signal or
