@@ -213,6 +213,7 @@ std::string to_json(const StepLine& l) {
   add_router_keys(j, l.routers);
   if (l.straggler_window.is_object())
     for (const auto& [key, value] : l.straggler_window.items()) j[key] = value;
+  j["launch_totals"] = l.launch_totals.to_json();
   return j.dump();
 }
 
@@ -232,21 +233,32 @@ std::string progress_line(const StepLine& l) {
   return l.val_loss >= 0 ? s + " | val " + num(l.val_loss, "%.4f") : s;
 }
 
-int64_t truncate_metrics(const std::string& path, int64_t step) {
+nlohmann::json LaunchTotals::to_json() const {
+  return {{"steps_s", steps_s}, {"checkpoint_s", checkpoint_s}, {"eval_s", eval_s}};
+}
+
+CutLog truncate_metrics(const std::string& path, int64_t step) {
+  CutLog cut;
   std::ifstream in(path);
-  if (!in) return 0;
+  if (!in) return cut;
   std::string kept, line;
-  int64_t last = 0;
   while (std::getline(in, line)) {
     // Only whole records: a line cut short by a kill mid-write is dropped.
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
-    last = std::max(last, j["step"].get<int64_t>());
-    if (j["step"].get<int64_t>() <= step) kept += line + "\n";
+    const int64_t at = j["step"].get<int64_t>();
+    if (at <= step) {
+      kept += line + "\n";
+      cut.kept_last_line = j;
+    }
+    if (at >= cut.last_step) {
+      cut.last_step = at;
+      cut.last_line = std::move(j);
+    }
   }
   in.close();
   write_file_atomically(path, kept);
-  return last;
+  return cut;
 }
 
 double peak_rss_bytes() {

@@ -129,7 +129,7 @@ std::string report_text(const RunSummary& r) {
            "\n";
   text_measured(r, out);
   text_stages(r, out);
-  out += r.stragglers.text + describe(r.story);
+  out += r.stragglers.text + describe(r.story) + describe(r.ledger);
   if (!r.checkpoints.empty()) {
     out += "  checkpoints:";
     for (const std::string& n : r.checkpoints) out += " " + n;
@@ -212,6 +212,7 @@ json report_json(const RunSummary& r) {
   }
   if (!r.stragglers.json.is_null()) doc["stragglers"] = r.stragglers.json;
   doc["history"] = to_json(r.story);
+  doc["ledger"] = r.ledger.launches.empty() ? json(nullptr) : to_json(r.ledger);
   if (!r.checkpoints.empty())
     doc["checkpoints"] = {
         {"saved", r.checkpoints}, {"latest", r.latest_checkpoint}, {"intact", r.latest_problem.empty()}};

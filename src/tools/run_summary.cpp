@@ -241,6 +241,11 @@ RunSummary summarize_run(const std::string& run_dir) {
   if (!r.spec && lines.empty()) throw SpecError(run_dir + " holds neither config.toml nor metrics.jsonl");
   summarize_steps(lines, r);
   r.story = run_story(run_dir, lines);
+  std::vector<json> events;
+  std::ifstream history(run_dir + "/events.jsonl");
+  for (std::string line; std::getline(history, line);)
+    if (json e = json::parse(line, nullptr, false); e.is_object()) events.push_back(std::move(e));
+  r.ledger = goodput_ledger(events, lines, r.spec ? r.spec->log.straggler_ratio : RunSpec{}.log.straggler_ratio);
   if (r.story.unreadable)
     r.missing.push_back(std::to_string(r.story.unreadable) +
                         " unreadable line(s) in events.jsonl (cut short by a kill?)");

@@ -44,6 +44,21 @@ struct WindowSeries {
   }
 };
 
+}  // namespace
+
+double window_lost_s(const json& w, double ratio) {
+  const double steps = w.value("last_step", 0) - w.value("first_step", 0) + 1;
+  double excess = 0;
+  const size_t ranks = w.contains("own_s") ? w["own_s"].size() : 0;
+  for (size_t r = 0; r < ranks; ++r) {
+    const double over = std::isnan(at(w, "threshold", r)) ? ratio : at(w, "threshold", r);  // older logs: the ratio
+    if (at(w, "ratio", r) > over) excess = std::max(excess, at(w, "own_s", r) - at(w, "expected_s", r));
+  }
+  return steps * excess;
+}
+
+namespace {
+
 bool gather(const std::vector<json>& lines, double ratio, WindowSeries& ws) {
   for (const json& l : lines)
     if (l.contains("window") && l["window"].is_object() && l["window"].contains("own_s")) ws.lines.push_back(&l);
@@ -63,18 +78,15 @@ bool gather(const std::vector<json>& lines, double ratio, WindowSeries& ws) {
   for (const json* l : ws.lines) {
     const json& w = (*l)["window"];
     const double steps = w.value("last_step", 0) - w.value("first_step", 0) + 1;
-    double excess = 0;
     for (size_t r = 0; r < ws.ranks; ++r) {
       ws.compute[r].push_back(at(w, "own_s", r));
       ws.wait[r].push_back(at(w, "wait_s", r));
       ws.ratio[r].push_back(at(w, "ratio", r));
-      const double over = std::isnan(at(w, "threshold", r)) ? ratio : at(w, "threshold", r);  // older logs: the ratio
-      if (at(w, "ratio", r) > over) excess = std::max(excess, at(w, "own_s", r) - at(w, "expected_s", r));
     }
     for (size_t n = 0; n < ws.nodes.size(); ++n) ws.node_ratio[n].push_back(at(w, "node_ratio", n));
     for (const json& k : w.value("links", json::array()))
       ws.link_s[{k.value("from", -1), k.value("to", -1)}].push_back(k.value("s", 0.0));
-    ws.lost_s += steps * excess;
+    ws.lost_s += window_lost_s(w, ratio);
     covered_steps += steps;
     step_times.push_back(l->value("step_time_s", 0.0));
   }

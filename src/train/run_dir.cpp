@@ -47,8 +47,8 @@ void check_run_dir_is_a_run(const std::string& dir) {
 }
 
 std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t resumed_step,
-                            Checkpointer& checkpointer, const std::string& tokenizer_model, int64_t* last_logged) {
-  *last_logged = 0;
+                            Checkpointer& checkpointer, const std::string& tokenizer_model, CutLog* cut) {
+  *cut = CutLog{};
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || !fs::is_directory(dir)) throw SpecError("run dir " + dir + ": cannot create (" + ec.message() + ")");
@@ -60,7 +60,7 @@ std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t
   }
   const std::string metrics = dir + "/metrics.jsonl", checkpoints = dir + "/checkpoints";
   if (resumed_step > 0) {
-    *last_logged = truncate_metrics(metrics, resumed_step);
+    *cut = truncate_metrics(metrics, resumed_step);
     checkpointer.discard_newer_than(resumed_step);
     return "resumed at step " + std::to_string(resumed_step);
   }

@@ -67,6 +67,29 @@ std::string signal_name(int sig) {
 
 }  // namespace
 
+namespace {
+// What the launch before lost: the steps it logged past this launch's resume step, which are
+// computed again, and their time by its running totals ("launch_totals": those before it in its
+// launch subtracted); with the last line's time and totals, where that launch got to (a launch
+// with no stop record ended after it). Null when nothing was cut.
+json lost_before(const CutLog& cut, int64_t resumed_step) {
+  if (cut.last_step <= resumed_step || !cut.last_line.is_object()) return nullptr;
+  const json& last = cut.last_line;
+  const json& kept = cut.kept_last_line;
+  const int launch = last.value("launch", 0);
+  auto steps_s = [](const json& line) {
+    return line.contains("launch_totals") ? line["launch_totals"].value("steps_s", 0.0) : 0.0;
+  };
+  const bool same_launch = kept.is_object() && kept.value("launch", -1) == launch;
+  return {{"launch", launch},
+          {"steps", cut.last_step - resumed_step},
+          {"steps_s",
+           last.contains("launch_totals") ? json(steps_s(last) - (same_launch ? steps_s(kept) : 0.0)) : json(nullptr)},
+          {"last_time", last.value("time", 0.0)},
+          {"launch_totals", last.value("launch_totals", json(nullptr))}};
+}
+}  // namespace
+
 int record_launch(const Run& run) {
   const std::string path = events_path(run.state);
   const int launch = static_cast<int>(launch_records(path).size()) + 1;
@@ -96,11 +119,13 @@ int record_launch(const Run& run) {
                  {"version", version_string()},
                  {"build", build_id()},
                  {"resumed_from", run.state.resumed_from.empty() ? json(nullptr) : json(run.state.start_step)},
-                 {"last_logged_before", run.state.last_logged_before},
+                 {"last_logged_before", run.state.cut_log.last_step},
+                 {"process_unix", run.started_unix},
                  {per_unit("hardware_peak_gflops", run.on_gpu()), run.telemetry.peak_per_unit},
                  {per_unit("sgemm_gflops", run.on_gpu()), run.telemetry.sgemm_per_unit},
                  {"peak_basis", run.telemetry.peak_basis}};
   if (!run.opt.restart_note.empty()) record["restart"] = run.opt.restart_note;
+  if (json lost = lost_before(run.state.cut_log, run.state.start_step); !lost.is_null()) record["lost_before"] = lost;
   if (const auto& pick = run.state.auto_layout)
     record["layout_choice"] = {{"by", "parallel.auto"},
                                {"summary", pick->summary},
@@ -118,7 +143,7 @@ RecordedPeaks recorded_peaks(const std::string& run_dir, bool gpu) {
   return {};
 }
 
-void record_stop(const RunState& state, const std::string& reason, ExitCode code, int64_t step, const json& acted) {
+void record_stop(const RunState& state, const std::string& reason, ExitCode code, int64_t step, const json& extra) {
   json record = {{"event", "stop"},
                  {"launch", state.launch_index},
                  {"reason", reason},
@@ -126,7 +151,7 @@ void record_stop(const RunState& state, const std::string& reason, ExitCode code
                  {"step", step},
                  {"signal", reason == "signal" ? json(signal_name(stop_signal())) : json(nullptr)},
                  {"last_checkpoint", state.last_saved >= 0 ? json(state.last_saved) : json(nullptr)}};
-  record.update(acted);
+  record.update(extra);
   append(events_path(state), record);
 }
 

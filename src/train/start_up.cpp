@@ -418,7 +418,7 @@ ExitCode start_up(Run& run) {
         if (rank0 && writes)
           run.state.run_dir_note =
               prepare_run_dir(run.state.run_dir, spec, own_history ? run.state.start_step : 0, *run.state.checkpointer,
-                              run.input.tokenizer_model, &run.state.last_logged_before);
+                              run.input.tokenizer_model, &run.state.cut_log);
       });
       code != ExitCode::ok)
     return code;

@@ -187,6 +187,7 @@ void log_step(Run& run, int done, const StepResult& r, const Validation& val) {
   line.pp = run.spec.parallel.pp;
   line.dp = run.spec.parallel.dp;
   line.step_time_s = r.step_s;
+  line.launch_totals = run.telemetry.totals;
   line.tokens_per_s = run.telemetry.tokens_per_step / r.step_s;
   line.skipped = !r.sync.finite;
   line.bad_steps = run.policies.bad_steps->total();

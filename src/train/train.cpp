@@ -34,6 +34,7 @@ ExitCode evaluate_checkpoint(Run& run) {
 
 // The validation losses, timed for the trace and the time budget.
 Validation timed_evaluate(Run& run) {
+  TimedInto counted{run.telemetry.totals.eval_s};
   const double t0 = now_s();
   const Validation val = evaluate(run);
   run.telemetry.trace.span("evaluation", "compute", t0, now_s());
@@ -84,6 +85,7 @@ std::optional<Ending> background_save_ended(Run& run, const Checkpointer::Outcom
 // the step of the run's last save, whose failure ends the run (-1: none).
 std::optional<Ending> advance_save(Run& run, Checkpointer::Until until, int64_t last_save = -1) {
   if (!run.state.checkpointer->saving()) return std::nullopt;
+  TimedInto counted{run.telemetry.totals.checkpoint_s};
   World::LongerAgreements saving(
       run.world, run.policies.budget->save_agreement_s(run.spec.comm.timeout_s, World::kStartupAgreementS),
       "a checkpoint save; comm.timeout_s + 4x the longest save");
@@ -117,7 +119,10 @@ std::optional<Ending> maybe_save(Run& run, int done, bool stopping) {
                                  "a checkpoint save; comm.timeout_s + 4x the longest save");
   try {
     if (spec.checkpoint.async) {
-      run.state.checkpointer->start_save(done, *run.model.stage, *run.model.adam, run.layout.blocks);
+      {
+        TimedInto counted{run.telemetry.totals.checkpoint_s};
+        run.state.checkpointer->start_save(done, *run.model.stage, *run.model.adam, run.layout.blocks);
+      }
       run.telemetry.trace.span("checkpoint snapshot", "checkpoint", t0, now_s());
       if (last_chance) return advance_save(run, Checkpointer::Until::all_ended, done);
       return std::nullopt;
@@ -130,6 +135,7 @@ std::optional<Ending> maybe_save(Run& run, int done, bool stopping) {
   }
   run.telemetry.trace.span("checkpoint", "checkpoint", t0, now_s());
   run.policies.budget->save_took(now_s() - t0);
+  run.telemetry.totals.checkpoint_s += now_s() - t0;
   return std::nullopt;
 }
 
@@ -181,19 +187,20 @@ Ending straggler_ending(Run& run, StragglerAction act, int done) {
 }
 
 // Rank 0 records how the launch ended; every rank returns its code. A background save still in
-// flight (the run ends otherwise than at a save) is waited for first. A straggler stop's record
-// names what it acted on: the nodes to exclude, or the partition to restart on.
+// flight (the run ends otherwise than at a save) is waited for first. The record carries where the
+// launch's time went, and a straggler stop's what it acted on: the nodes to exclude, or the
+// partition to restart on.
 ExitCode finish(Run& run, Ending ending, int64_t step) {
   run.comms.param_gather->wait_all();  // no collective may be left in flight at MPI_Finalize
   if (std::optional<Ending> failed = advance_save(run, Checkpointer::Until::all_ended);
       failed && (ending.code == ExitCode::ok || ending.restart))
     ending = *failed;
   if (run.rank() == 0) {
-    nlohmann::json acted = nlohmann::json::object();
+    nlohmann::json extra = {{"launch_totals", run.telemetry.totals.to_json()}};
     const StragglerMove& move = run.telemetry.straggler_move;
-    if (ending.reason == std::string("straggler_exclude")) acted["exclude_nodes"] = move.nodes;
-    if (ending.restart) acted["partition"] = {{"from", run.layout.blocks}, {"to", move.blocks}, {"why", move.why}};
-    record_stop(run.state, ending.reason, ending.code, step, acted);
+    if (ending.reason == std::string("straggler_exclude")) extra["exclude_nodes"] = move.nodes;
+    if (ending.restart) extra["partition"] = {{"from", run.layout.blocks}, {"to", move.blocks}, {"why", move.why}};
+    record_stop(run.state, ending.reason, ending.code, step, extra);
   }
   if (!ending.restart) test_pause("exit");
   return ending.restart ? ExitCode::ok : ending.code;
@@ -205,9 +212,11 @@ namespace {
 
 // One launch of the run on `world`: start-up, then steps until the run ends, stops, or (`restart`
 // set) a rebalance restarts it on the partition `restart` names.
-ExitCode run_launch(const TrainOptions& opt, World& world, double launched_s, std::vector<int>& restart) {
+ExitCode run_launch(const TrainOptions& opt, World& world, double launched_s, double started_unix,
+                    std::vector<int>& restart) {
   Run run(world, opt);
   run.launched_s = launched_s;
+  run.started_unix = started_unix;
   if (ExitCode code = start_up(run); code != ExitCode::ok) return code;
   if (opt.eval_only) return evaluate_checkpoint(run);
   print_start(run);
@@ -220,6 +229,7 @@ ExitCode run_launch(const TrainOptions& opt, World& world, double launched_s, st
   world.bound_agreements(spec.comm.timeout_s, "a step agreement; comm.timeout_s");
   for (int step = first; step < spec.run.steps; ++step) {
     const StepResult result = train_step(run, step);
+    run.telemetry.totals.steps_s += result.step_s;
     // The ranks agreed on stopping in the step; evaluate if due, log (before saving, so a
     // checkpoint never covers a step missing from the log), save if due.
     const int done = step + 1;
@@ -253,10 +263,12 @@ ExitCode run_launch(const TrainOptions& opt, World& world, double launched_s, st
 ExitCode run_train(const TrainOptions& opt, World& world) {
   install_stop_handlers();            // idempotent; main installs them before MPI_Init already
   const double launched_s = now_s();  // run.time_limit counts from here, across in-process restarts
+  double started_unix = process_started_unix();
   TrainOptions launch = opt;
   for (;;) {
     std::vector<int> restart;
-    const ExitCode code = run_launch(launch, world, launched_s, restart);
+    const ExitCode code = run_launch(launch, world, launched_s, started_unix, restart);
+    started_unix = wall_clock_s();
     if (restart.empty()) return code;
     // The checkpoint just saved is this run's newest: the restart resumes from it on the new partition.
     launch.resume = ResumeFrom(ResumeMode::automatic);

@@ -103,6 +103,50 @@ def report_tells_the_story():
 
 
 @scenario
+def ledger_sums_to_wall_clock():
+    """Three launches with pauses between them: one to step 300 (complete), one trained on toward
+    900 and killed in step 437 (rank 1 in its update: no stop record, checkpoint 400, steps logged
+    to 430), one resuming at 400 to the end. report's ledger: three launches, the second's 30 steps
+    after its checkpoint counted as lost, at about their step time; every part non-negative; the
+    parts and the pauses sum to the wall-clock this test measured, from before the first launch to
+    after the last, within 2%."""
+    a = settings()
+    run_dir = os.path.join(a.work, "ledger")
+    sets = ["log.every_steps=10", "log.trace_steps=0", "parallel.pp=2", "checkpoint.every_steps=50"]
+    slow = {"PIPETRAIN_TEST_SLOW_COMPUTE": "0:0:3"}  # a few seconds a launch
+    t0 = time.time()
+    first = launch(a, 2, run_dir, tiny(), sets + ["run.steps=300"], env=slow)
+    time.sleep(2)
+    killed = launch(a, 2, run_dir, tiny(), sets + ["run.steps=900"], env=dict(slow, PIPETRAIN_TEST_KILL_IN_OPTIMIZER="1:437"))
+    time.sleep(2)
+    last = launch(a, 2, run_dir, tiny(), sets + ["run.steps=900"], env=slow)
+    stopwatch = time.time() - t0
+    expect(first.rc == 0 and killed.rc != 0 and last.rc == 0, f"launches exit 0, killed ({killed.rc}), 0")
+    js = subprocess.run([a.bin, "report", run_dir, "--json"], capture_output=True, text=True, timeout=60)
+    ledger = json.loads(js.stdout).get("ledger") or {} if js.returncode == 0 else {}
+    launches = ledger.get("launches", [])
+    expect([l.get("stopped") for l in launches] == [True, False, True],
+           f"three launches, the second without a stop record: {[l.get('stopped') for l in launches]}")
+    steps = [m["step_time_s"] for m in (json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl")))]
+    median = sorted(steps)[len(steps) // 2]
+    lost = launches[1] if len(launches) == 3 else {}
+    expect(lost.get("lost_steps") == 30 and 0.5 * 30 * median < lost.get("lost_s", 0) < 2 * 30 * median,
+           f"launch 2 lost its 30 steps after checkpoint 400: {lost.get('lost_steps')} steps, {lost.get('lost_s', 0):.3f} s "
+           f"(30 x the median step {median * 1e3:.1f} ms = {30 * median:.3f} s)")
+    parts = ["startup_s", "training_s", "straggler_s", "lost_s", "checkpoint_s", "eval_s", "other_s"]
+    expect(all(l.get(k, -1) >= 0 for l in launches for k in parts) and ledger["total"]["training_s"] > 0,
+           "every part of every launch is non-negative, and training is there")
+    total = ledger.get("total", {})
+    summed = sum(total.get(k, 0) for k in parts) + total.get("between_launches_s", 0)
+    expect(abs(summed - stopwatch) <= 0.02 * stopwatch and abs(ledger.get("wall_s", 0) - stopwatch) <= 0.02 * stopwatch,
+           f"the parts sum to {summed:.2f} s, the ledger's wall-clock is {ledger.get('wall_s', 0):.2f} s, the test measured "
+           f"{stopwatch:.2f} s (within 2%); unaccounted {total.get('unaccounted_s', 0):.3f} s")
+    rep = subprocess.run([a.bin, "report", run_dir], capture_output=True, text=True, timeout=60)
+    expect("where the time went (3 launches" in rep.stdout and "lost 0.0 (0 steps)" in rep.stdout and
+           "(30 steps)" in rep.stdout, f"report shows the ledger: {rep.stdout[rep.stdout.find('where the time'):][:600]}")
+
+
+@scenario
 def report_after_a_launch_that_logged_nothing():
     """A completed 2x1 run launched again as 1x1 (it only finds the run complete): report says the
     second launch logged no step, shows the 2x1 steps per stage without the 1x1 prediction, and

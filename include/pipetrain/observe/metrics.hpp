@@ -63,6 +63,15 @@ inline constexpr double RankFigures::*kRankScalars[] = {&RankFigures::stage,
                                                         &RankFigures::samples_digest};
 inline constexpr size_t kRankFigureFields = std::size(kRankScalars) + kKernelClasses + 1 + WindowFigures::kFields;
 
+// Where a launch's time went so far, by rank 0's clock, from its launch record on: its training
+// steps, the stalls of checkpoint saves (the whole save, or an asynchronous one's snapshot and its
+// waits) and evaluations. metrics.jsonl's "launch_totals" and the stop record's; the rest of the
+// launch (logging, the trace) is what they leave (tools/goodput_ledger).
+struct LaunchTotals {
+  double steps_s = 0, checkpoint_s = 0, eval_s = 0;
+  nlohmann::json to_json() const;
+};
+
 struct StepLine {
   int step = 0, steps = 0;
   double time = 0;                         // wall clock when logged (Unix seconds)
@@ -85,6 +94,7 @@ struct StepLine {
   std::vector<std::vector<double>> kernel_s;              // [kernel class][stage] seconds, averaged over dp
   std::vector<double> gemm_gflops;                        // per stage: rate of the dense products inside the step
   nlohmann::json straggler_window;                        // "window" and "stragglers", when a window closed (else null)
+  LaunchTotals launch_totals;                             // rank 0's running totals since the launch record
   std::vector<RouterFigures> routers;  // a mixture of experts': each MoE block's routing (kernel_s then has routing)
 };
 
@@ -95,10 +105,16 @@ StepLine combine(const std::vector<RankFigures>& ranks, int pp, double tokens_pe
 std::string to_json(const StepLine& line);
 std::string progress_line(const StepLine& line);
 
+// What a resume cut from metrics.jsonl: the last step the file held before (0 for none: how far
+// the launches before got), its line, and the last line kept (null where there is none).
+struct CutLog {
+  int64_t last_step = 0;
+  nlohmann::json last_line, kept_last_line;
+};
+
 // Rewrites a metrics.jsonl keeping only the lines of steps <= `step` (a resumed run recomputes
-// the rest, so each step appears once). A missing file is fine. Returns the last step the file
-// held before (0 for none): how far the launches before got.
-int64_t truncate_metrics(const std::string& path, int64_t step);
+// the rest, so each step appears once). A missing file is fine.
+CutLog truncate_metrics(const std::string& path, int64_t step);
 
 // Peak resident set size of this process in bytes.
 double peak_rss_bytes();

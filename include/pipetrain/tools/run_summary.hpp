@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "pipetrain/config/spec.hpp"
+#include "pipetrain/tools/goodput_ledger.hpp"
 #include "pipetrain/tools/run_story.hpp"
 #include "pipetrain/tools/straggler_report.hpp"
 
@@ -65,6 +66,7 @@ struct RunSummary {
 
   StragglerReport stragglers;
   RunStory story;
+  Ledger ledger;                         // where the wall-clock went, per launch
   std::vector<std::string> checkpoints;  // step_N folders, in order
   std::string latest_checkpoint;         // what checkpoints/latest names ("" when none)
   std::string latest_problem;            // "" when the latest is intact

@@ -21,4 +21,7 @@ struct StragglerReport {
 // window's steps, is what the job would have saved had every rank run at its peers' median.
 StragglerReport straggler_report(const std::vector<nlohmann::json>& lines, double ratio);
 
+// The time lost in one window (a metrics line's "window"), as above.
+double window_lost_s(const nlohmann::json& window, double ratio);
+
 }  // namespace pipetrain

@@ -57,7 +57,7 @@ struct RunState {
   std::string init_note;                  // what was loaded from where, for the start lines
   int64_t last_saved = -1;                // the latest checkpoint of this run, -1: none yet
   int launch_index = 0;                   // 1 for the run's first launch (events.jsonl), rank 0
-  int64_t last_logged_before = 0;         // rank 0: the last step earlier launches logged (0: none)
+  CutLog cut_log;                         // rank 0: what resuming cut from earlier launches' log
   std::optional<AutoLayout> auto_layout;  // parallel.auto: this launch's choice
 };
 
@@ -100,6 +100,7 @@ struct RunTelemetry {
   bool straggler_cpu_time = false;                    // windows compare the passes' CPU time, not wall time
   std::unique_ptr<StragglerPolicy> straggler_policy;  // rank 0, unless log.straggler_action = log
   StragglerMove straggler_move;                       // rank 0: decided, made after the next step
+  LaunchTotals totals;                                // where this launch's time went (rank 0's count is logged)
 };
 
 // What the loop decides with besides the spec: the time budget and the non-finite steps' count.
@@ -113,7 +114,8 @@ struct Run {
   Run(World& w, const TrainOptions& o) : world(w), opt(o) {}
   World& world;
   TrainOptions opt;
-  double launched_s = 0;  // now_s() when the command started (run.time_limit counts from here)
+  double launched_s = 0;    // now_s() when the command started (run.time_limit counts from here)
+  double started_unix = 0;  // wall clock when this launch began: the process, or an in-process restart
   RunSpec spec;
   RunLayout layout;
   RunInput input;

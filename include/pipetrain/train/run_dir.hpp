@@ -6,6 +6,7 @@
 
 #include "pipetrain/ckpt/save.hpp"
 #include "pipetrain/config/spec.hpp"
+#include "pipetrain/observe/metrics.hpp"
 
 namespace pipetrain {
 
@@ -24,8 +25,8 @@ void check_run_dir_is_a_run(const std::string& dir);
 // checkpoints, whose steps are recomputed; otherwise (a fresh start, or a checkpoint of another
 // run) an earlier log and checkpoints are moved aside, never deleted. Checks that checkpoints can
 // be written. Returns a note on what it moved ("" if nothing); SpecError naming the path.
-// `last_logged`: the last step the log held before a resume cut it back (0 otherwise).
+// `cut`: what a resume cut from the log (empty otherwise).
 std::string prepare_run_dir(const std::string& dir, const RunSpec& spec, int64_t resumed_step,
-                            Checkpointer& checkpointer, const std::string& tokenizer_model, int64_t* last_logged);
+                            Checkpointer& checkpointer, const std::string& tokenizer_model, CutLog* cut);
 
 }  // namespace pipetrain

@@ -39,6 +39,6 @@ RecordedPeaks recorded_peaks(const std::string& run_dir, bool gpu);
 
 // Rank 0: appends the stop record of this launch.
 void record_stop(const RunState& state, const std::string& reason, ExitCode code, int64_t step,
-                 const nlohmann::json& acted = nlohmann::json::object());
+                 const nlohmann::json& extra = nlohmann::json::object());
 
 }  // namespace pipetrain

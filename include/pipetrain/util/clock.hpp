@@ -22,6 +22,17 @@ inline double wall_clock_s() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// When this process started (exec), in wall-clock seconds: from the kernel's record, so what ran
+// before main (loading, static initialisation) counts too. Accurate to a clock tick (10 ms).
+double process_started_unix();
+
+// Adds the seconds from its construction to its end to `sum`, however the scope is left.
+struct TimedInto {
+  double& sum;
+  double t0 = now_s();
+  ~TimedInto() { sum += now_s() - t0; }
+};
+
 // "2026-12-01T13:45:07Z"
 inline std::string iso_utc(double unix_s) {
   const std::time_t t = static_cast<std::time_t>(unix_s);
