@@ -5,7 +5,10 @@
 # namespace. MPI traffic between "nodes" is real TCP over the bridge. One such cluster per machine
 # (fixed names and ports); all state, logs and pid files under DIR. Needs root.
 #
-#   scripts/cluster/slurm-nodes.sh up DIR N [CPUS]      start N nodes node1..nodeN (CPUS each, default 4)
+#   scripts/cluster/slurm-nodes.sh up DIR N [CPUS] [accounting]
+#                                                       start N nodes node1..nodeN (CPUS each, default 4);
+#                                                       accounting: with slurmdbd and a MariaDB under DIR, so
+#                                                       that sacct answers (a few seconds more)
 #   scripts/cluster/slurm-nodes.sh down DIR             remove every namespace, bridge, veth and daemon
 #   scripts/cluster/slurm-nodes.sh status DIR           daemons, links and sinfo
 #   scripts/cluster/slurm-nodes.sh crash DIR NODE       power loss: link down, then SIGKILL all on NODE
@@ -28,7 +31,7 @@ conf=$dir/slurm.conf
 export SLURM_CONF=$conf
 
 readonly prefix=ptc            # every namespace and link this script makes starts with it
-readonly bridge=$prefix-br subnet=10.213.0 ctl_port=6917 node_port=6918
+readonly bridge=$prefix-br subnet=10.213.0 ctl_port=6917 node_port=6918 dbd_port=6919 db_port=6920
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
@@ -67,6 +70,37 @@ start_slurmd() {
     exec slurmd -f "$3" -N "$1" -c' sh "$node" "$dir" "$conf"
 }
 
+# Job accounting for sacct: a MariaDB of its own (TCP on 127.0.0.1 only, no grant tables: a
+# throwaway database nothing else can reach) and slurmdbd on it, both under DIR.
+start_accounting() {
+  mkdir -p "$dir/db"
+  mariadb-install-db --user=root --datadir="$dir/db" --auth-root-authentication-method=normal --skip-test-db \
+    > "$dir/mariadb-install.log" 2>&1
+  mariadbd --user=root --datadir="$dir/db" --port=$db_port --bind-address=127.0.0.1 --socket="$dir/mariadb.sock" \
+    --pid-file="$dir/mariadb.pid" --skip-grant-tables --log-error="$dir/mariadb.log" > /dev/null 2>&1 &
+  for _ in $(seq 1 100); do mariadb-admin --protocol=tcp -h 127.0.0.1 -P $db_port ping > /dev/null 2>&1 && break; sleep 0.1; done
+  cat > "$dir/slurmdbd.conf" <<CONF
+# written by scripts/cluster/slurm-nodes.sh: accounting for the emulated cluster
+AuthType=auth/none
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort=$dbd_port
+SlurmUser=root
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort=$db_port
+StorageUser=root
+StorageLoc=slurm_acct_db
+PidFile=$dir/slurmdbd.pid
+LogFile=$dir/slurmdbd.log
+CONF
+  chmod 600 "$dir/slurmdbd.conf"
+  slurmdbd   # reads slurmdbd.conf beside $SLURM_CONF
+  for _ in $(seq 1 100); do sacctmgr -n list cluster > /dev/null 2>&1 && return 0; sleep 0.1; done
+  echo "slurm-nodes: slurmdbd did not answer; see $dir/slurmdbd.log" >&2
+  return 1
+}
+
 wait_idle() {  # NODES...: until each accepts jobs
   local state=""
   for _ in $(seq 1 100); do
@@ -102,6 +136,14 @@ teardown() {
     for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$pid" 2>/dev/null || true
   fi
+  for daemon in slurmdbd mariadb; do
+    if alive "$dir/$daemon.pid"; then
+      pid=$(cat "$dir/$daemon.pid"); kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+    rm -f "$dir/$daemon.pid"
+  done
   rm -f "$dir/slurmctld.pid" "$dir"/slurmd.*.pid "$owner_file"
   for cg in "$(cg_root)/$prefix"-*; do [ -d "$cg" ] && rmdir "$cg" 2>/dev/null; done || true
   for ns in $(ip netns list | awk '{print $1}' | grep "^$prefix-" || true); do
@@ -114,8 +156,10 @@ teardown() {
 
 case "$cmd" in
 up)
-  n=${3:-}; cpus=${4:-4}
+  n=${3:-}; cpus=${4:-4}; accounting=${5:-}
   [[ $n =~ ^[1-9][0-9]?$ ]] || { echo "slurm-nodes: up needs a node count 1..99, got '${n}'" >&2; exit 2; }
+  [ -z "$accounting" ] || [ "$accounting" = accounting ] ||
+    { echo "slurm-nodes: up takes 'accounting' after CPUS, got '$accounting'" >&2; exit 2; }
   if alive "$dir/slurmctld.pid"; then echo "slurm-nodes: already up ($dir); run down first" >&2; exit 1; fi
   if other=$(other_cluster); then echo "slurm-nodes: another emulated cluster is up ($other); run down on it first" >&2; exit 1; fi
   teardown   # leftovers of an earlier run that died
@@ -142,7 +186,10 @@ ClusterName=pipetrain-nodes
 SlurmctldHost=localhost($subnet.1)
 SlurmctldPort=$ctl_port
 SlurmdPort=$node_port
-$(cat "$(dirname "$0")/slurm-base.conf")
+$(if [ -n "$accounting" ]; then
+    grep -v '^AccountingStorageType=' "$(dirname "$0")/slurm-base.conf"
+    printf 'AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=127.0.0.1\nAccountingStoragePort=%s\n' $dbd_port
+  else cat "$(dirname "$0")/slurm-base.conf"; fi)
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool/%n
 SlurmctldPidFile=$dir/slurmctld.pid
@@ -152,6 +199,7 @@ SlurmdLogFile=$dir/slurmd.%n.log
 $(printf '%s\n' "${nodes[@]}")
 PartitionName=nodes Nodes=node[1-$n] Default=YES MaxTime=INFINITE State=UP
 CONF
+  [ -z "$accounting" ] || start_accounting
   slurmctld -f "$conf" -i -c
   for i in $(seq 1 "$n"); do start_slurmd "node$i"; done
   wait_idle $(seq -f 'node%g' 1 "$n")

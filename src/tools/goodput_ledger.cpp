@@ -33,6 +33,7 @@ LedgerLaunch account(const Records& r, double straggler_ratio) {
   LedgerLaunch l;
   const json& launch = *r.launch;
   l.launch = launch.value("launch", 0);
+  if (launch.contains("job_id") && launch["job_id"].is_string()) l.job_id = launch["job_id"].get<std::string>();
   const double recorded = number(launch, "unix");
   l.start = launch.contains("process_unix") ? number(launch, "process_unix") : recorded;
   l.startup_s = recorded - l.start;
@@ -71,7 +72,47 @@ LedgerLaunch account(const Records& r, double straggler_ratio) {
 
 }  // namespace
 
-Ledger goodput_ledger(const std::vector<json>& events, const std::vector<json>& metrics, double straggler_ratio) {
+// Each Slurm start's queue and job-script time, put on the launches it holds; the time line of
+// starts and of launches outside any, whose gaps are outside everything (between_s).
+void place_starts(Ledger& ledger, const std::vector<SlurmAttempt>& attempts) {
+  struct Span {
+    double begin, end;
+  };
+  std::vector<Span> spans;
+  std::vector<bool> held(ledger.launches.size(), false);
+  for (const SlurmAttempt& a : attempts) {
+    std::vector<size_t> in;  // launches of this start: begun within it (sacct's times are whole seconds)
+    for (size_t i = 0; i < ledger.launches.size(); ++i) {
+      const LedgerLaunch& l = ledger.launches[i];
+      if (!held[i] && l.job_id == a.job_id && l.start >= a.start - 1 && l.start <= a.end + 1) in.push_back(i);
+    }
+    spans.push_back({a.submit, a.end});
+    if (in.empty()) {
+      ++ledger.unlaunched;
+      ledger.unlaunched_s += a.end - a.submit;  // its queue too
+      continue;
+    }
+    LedgerLaunch &first = ledger.launches[in.front()], &last = ledger.launches[in.back()];
+    first.queue_s = a.start - a.submit;
+    first.script_s += std::max(0.0, first.start - a.start);
+    last.script_s += std::max(0.0, a.end - last.end);
+    for (size_t k = 1; k < in.size(); ++k)  // in-process restarts
+      ledger.between_s += std::max(0.0, ledger.launches[in[k]].start - ledger.launches[in[k - 1]].end);
+    for (size_t i : in) held[i] = true;
+  }
+  for (size_t i = 0; i < ledger.launches.size(); ++i)
+    if (!held[i]) spans.push_back({ledger.launches[i].start, ledger.launches[i].end});
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  double reached = spans.front().end;
+  for (const Span& s : spans) {
+    ledger.between_s += std::max(0.0, s.begin - reached);
+    reached = std::max(reached, s.end);
+  }
+  ledger.wall_s = reached - spans.front().begin;
+}
+
+Ledger goodput_ledger(const std::vector<json>& events, const std::vector<json>& metrics, double straggler_ratio,
+                      const std::vector<SlurmAttempt>& attempts, const std::string& slurm) {
   std::map<int, Records> by_launch;
   for (const json& e : events) {
     if (!e.is_object() || !e.contains("launch") || !e["launch"].is_number_integer()) continue;
@@ -92,88 +133,101 @@ Ledger goodput_ledger(const std::vector<json>& events, const std::vector<json>& 
     if (it != by_launch.end()) it->second.lines.push_back(&m);
   }
   Ledger ledger;
+  ledger.slurm = attempts.empty() ? slurm : "sacct";
+  ledger.slurm_starts = static_cast<int>(attempts.size());
   for (const auto& [k, records] : by_launch)
     if (records.launch) ledger.launches.push_back(account(records, straggler_ratio));
   if (ledger.launches.empty()) return ledger;
-  double covered = 0;
-  for (size_t i = 0; i < ledger.launches.size(); ++i) {
-    const LedgerLaunch& l = ledger.launches[i];
-    covered += l.parts_s();
-    if (i > 0) ledger.between_s += std::max(0.0, l.start - ledger.launches[i - 1].end);
-  }
-  ledger.wall_s = ledger.launches.back().end - ledger.launches.front().start;
-  ledger.unaccounted_s = ledger.wall_s - covered - ledger.between_s;
+  place_starts(ledger, attempts);
+  double covered = ledger.between_s + ledger.unlaunched_s;
+  for (const LedgerLaunch& l : ledger.launches) covered += l.parts_s() + l.queue_s + l.script_s;
+  ledger.unaccounted_s = ledger.wall_s - covered;
   return ledger;
 }
 
+namespace {
+// The parts of a launch, or of several summed, by name (the JSON keys; report's words below).
+std::vector<std::pair<const char*, double>> parts_of(const LedgerLaunch& l) {
+  return {{"queue_s", l.queue_s},           {"script_s", l.script_s},       {"startup_s", l.startup_s},
+          {"training_s", l.training_s},     {"straggler_s", l.straggler_s}, {"lost_s", l.lost_s},
+          {"checkpoint_s", l.checkpoint_s}, {"eval_s", l.eval_s},           {"other_s", l.other_s}};
+}
+
+LedgerLaunch summed(const Ledger& ledger) {
+  LedgerLaunch t;
+  for (const LedgerLaunch& l : ledger.launches) {
+    t.queue_s += l.queue_s, t.script_s += l.script_s, t.startup_s += l.startup_s;
+    t.training_s += l.training_s, t.straggler_s += l.straggler_s, t.lost_s += l.lost_s;
+    t.checkpoint_s += l.checkpoint_s, t.eval_s += l.eval_s, t.other_s += l.other_s;
+    t.lost_steps += l.lost_steps;
+  }
+  return t;
+}
+}  // namespace
+
 json to_json(const Ledger& ledger) {
   json launches = json::array();
-  LedgerLaunch total;
   for (const LedgerLaunch& l : ledger.launches) {
-    launches.push_back({{"launch", l.launch},
-                        {"seconds", l.end - l.start},
-                        {"stopped", l.stopped},
-                        {"startup_s", l.startup_s},
-                        {"training_s", l.training_s},
-                        {"straggler_s", l.straggler_s},
-                        {"lost_s", l.lost_s},
-                        {"lost_steps", l.lost_steps},
-                        {"checkpoint_s", l.checkpoint_s},
-                        {"eval_s", l.eval_s},
-                        {"other_s", l.other_s}});
-    total.startup_s += l.startup_s;
-    total.training_s += l.training_s;
-    total.straggler_s += l.straggler_s;
-    total.lost_s += l.lost_s;
-    total.checkpoint_s += l.checkpoint_s;
-    total.eval_s += l.eval_s;
-    total.other_s += l.other_s;
+    json one = {{"launch", l.launch},
+                {"job_id", l.job_id.empty() ? json(nullptr) : json(l.job_id)},
+                {"seconds", l.end - l.start},
+                {"stopped", l.stopped},
+                {"lost_steps", l.lost_steps}};
+    for (const auto& [key, s] : parts_of(l)) one[key] = s;
+    launches.push_back(one);
   }
+  json total = json::object();
+  for (const auto& [key, s] : parts_of(summed(ledger))) total[key] = s;
+  total["no_launch_s"] = ledger.unlaunched_s;
+  total["between_s"] = ledger.between_s;
+  total["unaccounted_s"] = ledger.unaccounted_s;
   return {{"launches", launches},
-          {"total",
-           {{"startup_s", total.startup_s},
-            {"training_s", total.training_s},
-            {"straggler_s", total.straggler_s},
-            {"lost_s", total.lost_s},
-            {"checkpoint_s", total.checkpoint_s},
-            {"eval_s", total.eval_s},
-            {"other_s", total.other_s},
-            {"between_launches_s", ledger.between_s},
-            {"unaccounted_s", ledger.unaccounted_s}}},
+          {"total", total},
           {"wall_s", ledger.wall_s},
-          {"training_share", ledger.wall_s > 0 ? total.training_s / ledger.wall_s : 0.0}};
+          {"slurm", ledger.slurm},
+          {"slurm_starts", ledger.slurm_starts},
+          {"starts_without_launch", ledger.unlaunched},
+          {"training_share", ledger.wall_s > 0 ? summed(ledger).training_s / ledger.wall_s : 0.0}};
 }
 
 std::string describe(const Ledger& ledger) {
   if (ledger.launches.empty()) return "";
-  const double wall = ledger.wall_s > 0 ? ledger.wall_s : 1;
-  auto part = [&](const char* name, double s) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "%s %.1f s (%.1f%%)", name, s, 100 * s / wall);
-    return std::string(buf);
-  };
-  char head[160];
-  std::snprintf(head, sizeof head,
-                "  where the time went (%zu launch%s, %.1f s from the first start to the last end):\n",
-                ledger.launches.size(), ledger.launches.size() > 1 ? "es" : "", ledger.wall_s);
-  std::string out = head;
-  LedgerLaunch t;
+  const bool slurm = ledger.slurm == "sacct";
+  char buf[400];
+  std::snprintf(
+      buf, sizeof buf, "  where the time went (%zu launch%s, %.1f s from the first %s to the last end; Slurm: %s):\n",
+      ledger.launches.size(), ledger.launches.size() > 1 ? "es" : "", ledger.wall_s, slurm ? "submission" : "start",
+      slurm ? ("sacct, " + std::to_string(ledger.slurm_starts) + " starts").c_str() : ledger.slurm.c_str());
+  std::string out = buf;
   for (const LedgerLaunch& l : ledger.launches) {
-    char buf[320];
+    std::string queue;
+    if (slurm && !l.job_id.empty()) {
+      std::snprintf(buf, sizeof buf, "queue %.1f, job script %.1f, ", l.queue_s, l.script_s);
+      queue = buf;
+    }
     std::snprintf(buf, sizeof buf,
-                  "    %d  %.1f s: start-up %.1f, training %.1f, stragglers %.1f, lost %.1f (%lld steps), "
+                  "    %d  %.1f s: %sstart-up %.1f, training %.1f, stragglers %.1f, lost %.1f (%lld steps), "
                   "checkpoints %.1f, evaluation %.1f, other %.1f%s\n",
-                  l.launch, l.end - l.start, l.startup_s, l.training_s, l.straggler_s, l.lost_s,
+                  l.launch, l.end - l.start, queue.c_str(), l.startup_s, l.training_s, l.straggler_s, l.lost_s,
                   static_cast<long long>(l.lost_steps), l.checkpoint_s, l.eval_s, l.other_s,
                   l.stopped ? "" : " (no stop record: ends at its last logged step)");
     out += buf;
-    t.startup_s += l.startup_s, t.training_s += l.training_s, t.straggler_s += l.straggler_s;
-    t.lost_s += l.lost_s, t.checkpoint_s += l.checkpoint_s, t.eval_s += l.eval_s, t.other_s += l.other_s;
   }
+  const double wall = ledger.wall_s > 0 ? ledger.wall_s : 1;
+  const LedgerLaunch t = summed(ledger);
+  auto part = [&](const char* name, double s) {
+    std::snprintf(buf, sizeof buf, "%s %.1f s (%.1f%%)", name, s, 100 * s / wall);
+    return std::string(buf);
+  };
   out += "    total: " + part("training", t.training_s) + ", " + part("start-up", t.startup_s) + ", " +
          part("stragglers", t.straggler_s) + ", " + part("lost", t.lost_s) + ", " +
          part("checkpoints", t.checkpoint_s) + ", " + part("evaluation", t.eval_s) + ", " + part("other", t.other_s) +
-         ", " + part("between launches", ledger.between_s) + ", " + part("unaccounted", ledger.unaccounted_s) + "\n";
+         ", ";
+  if (slurm)
+    out += part("queue", t.queue_s) + ", " + part("job script", t.script_s) + ", " +
+           part(("starts without a launch (" + std::to_string(ledger.unlaunched) + ")").c_str(), ledger.unlaunched_s) +
+           ", ";
+  out += part("between", ledger.between_s) + ", " + part("unaccounted", ledger.unaccounted_s) + "\n";
   return out;
 }
 

@@ -245,7 +245,15 @@ RunSummary summarize_run(const std::string& run_dir) {
   std::ifstream history(run_dir + "/events.jsonl");
   for (std::string line; std::getline(history, line);)
     if (json e = json::parse(line, nullptr, false); e.is_object()) events.push_back(std::move(e));
-  r.ledger = goodput_ledger(events, lines, r.spec ? r.spec->log.straggler_ratio : RunSpec{}.log.straggler_ratio);
+  std::vector<std::string> job_ids;  // Slurm's times of the run's jobs, where its accounting answers
+  for (const json& e : events)
+    if (e.value("event", "") == "launch" && e.contains("job_id") && e["job_id"].is_string())
+      job_ids.push_back(e["job_id"].get<std::string>());
+  std::string slurm = "no Slurm job";
+  const std::vector<SlurmAttempt> attempts =
+      job_ids.empty() ? std::vector<SlurmAttempt>{} : job_attempts(job_ids, slurm);
+  r.ledger = goodput_ledger(events, lines, r.spec ? r.spec->log.straggler_ratio : RunSpec{}.log.straggler_ratio,
+                            attempts, slurm);
   if (r.story.unreadable)
     r.missing.push_back(std::to_string(r.story.unreadable) +
                         " unreadable line(s) in events.jsonl (cut short by a kill?)");

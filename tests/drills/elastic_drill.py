@@ -13,9 +13,12 @@ jobs/train.sbatch job of NODES=2-4 (sbatch --nodes=2-4), one rank a node, with p
 Passing: the job completes; its launches that trained ran on 4, 3 and 4 ranks (a fault of a
 4-rank launch after the revival, recovered by the job's requeue, adds another 4), each on a grid of
 exactly its ranks that parallel.auto chose; metrics.jsonl holds every step exactly once; every loss
-is within 1e-5 of an uninterrupted 1 x 1 run's. Prints the timeline (launch, ranks, grid, steps,
-how it ended) as a table, then "elastic drills passed: shrink-and-grow 1/1". Needs root (exit 77
-without).
+is within 1e-5 of an uninterrupted 1 x 1 run's. The cluster keeps Slurm's accounting (slurmdbd):
+report's goodput ledger reads every start of the job from sacct, and its parts (queue, job script,
+start-up, training, stragglers, lost work, checkpoints, evaluation, the rest, starts that ran no
+launch) sum to the job's wall-clock by sacct, and to the drill's own from submission to the end,
+within 2%. Prints the timeline (launch, ranks, grid, steps, how it ended) and the ledger as
+tables, then "elastic drills passed: shrink-and-grow 1/1". Needs root (exit 77 without).
 
 usage (from the repository root): python3 -m tests.drills.elastic_drill [--bin build/pipetrain] [--steps 80]
                                 [--every 10] [--slow 3] [--timeout-s 10] [--work DIR]"""
@@ -26,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tests.lib.emulated_cluster import Cluster, drill_verdict, latest_checkpoint_step, losses, max_rel_diff, metrics, wait_for
@@ -81,6 +85,7 @@ def trial(cluster, ref):
     args = ["--set", "parallel.auto=true"]
     for s in SETS + ["run.name=elastic", f"run.out_dir={os.path.join(work, 'runs')}"]:
         args += ["--set", s]
+    submitted = time.time()
     jid = cluster.sbatch(os.path.join(REPO, "jobs", "train.sbatch"), out, args, ["--nodes=2-4", "--ntasks-per-node=1"],
                          env={"PIPETRAIN": a.bin, "CONFIG": tiny, "NODES": "2-4",
                               "PIPETRAIN_TEST_SLOW_COMPUTE": f"0:0:{a.slow:g}"})
@@ -112,6 +117,7 @@ def trial(cluster, ref):
         return row
     cluster.sh("scancel", "--signal=USR1", "--batch", jid)
     info = cluster.wait_done(jid, timeout=600)
+    stopwatch = time.time() - submitted
     got = losses(run_dir)
     row["diff"] = max_rel_diff(got, ref)
     trained = [e["ranks"] for e in launches(run_dir)]
@@ -128,10 +134,21 @@ def trial(cluster, ref):
               (row["diff"] <= 1e-5, f"losses differ from the uninterrupted 1 x 1 run by {row['diff']:.2e}"),
               ("this allocation has 2: growing" in log() and "asking for 3-4 nodes" in log() and
                "asking for 4-4 nodes" in log(), "the job script grew its allocations to the nodes usable: 3, then 4")]
+    report = subprocess.run([a.bin, "report", run_dir, "--json"], capture_output=True, text=True, timeout=60,
+                            env=cluster.env)
+    doc = json.loads(report.stdout) if report.returncode == 0 else {}
+    row["timeline"] = doc.get("history", {}).get("launches", [])
+    ledger = row["ledger"] = doc.get("ledger") or {}
+    wall, total = ledger.get("wall_s", 0), ledger.get("total", {})
+    parts = sum(v for k, v in total.items() if k != "unaccounted_s")
+    checks += [(ledger.get("slurm") == "sacct" and ledger.get("slurm_starts", 0) > len(trained),
+                f"the ledger read every start of the job from sacct ({ledger.get('slurm')}, "
+                f"{ledger.get('slurm_starts')} starts for {len(trained)} launches)"),
+               (abs(parts - wall) <= 0.02 * wall and abs(wall - stopwatch) <= 0.02 * stopwatch,
+                f"the ledger's parts sum to {parts:.1f} s, the job's wall-clock by sacct is {wall:.1f} s, the drill "
+                f"measured {stopwatch:.1f} s from submission to the end (each within 2%)")]
     failed = [what for ok, what in checks if not ok]
     row["ok"], row["why"] = not failed, "; ".join(failed)
-    report = subprocess.run([a.bin, "report", run_dir, "--json"], capture_output=True, text=True, timeout=60)
-    row["timeline"] = json.loads(report.stdout)["history"]["launches"] if report.returncode == 0 else []
     return row
 
 
@@ -139,7 +156,7 @@ def main():
     print(f"elastic drill: {a.steps} steps, checkpoint every {a.every}, comm.timeout_s {a.timeout_s}; work {work}",
           flush=True)
     ref = reference()
-    with Cluster(os.path.join(work, "cluster"), 4) as cluster:
+    with Cluster(os.path.join(work, "cluster"), 4, 4, "accounting") as cluster:
         row = trial(cluster, ref)
     print(f"shrink-and-grow: {'ok  ' if row['ok'] else 'FAIL'} {row.get('victim', '-')} lost at step "
           f"{row.get('strike', '-')} | loss diff {row.get('diff', float('nan')):.1e} {row['why']}")
@@ -147,6 +164,17 @@ def main():
     for l in row.get("timeline", []):
         print(f"  {l['launch']:6d}  {l.get('ranks') or '-':>5}  {l['layout']:<14}  {l['steps'][0]:>5}-{l['steps'][1]:<5}  "
               f"{l['ended']}")
+    ledger = row.get("ledger") or {}
+    keys = ["queue_s", "script_s", "startup_s", "training_s", "straggler_s", "lost_s", "checkpoint_s", "eval_s", "other_s"]
+    print("  ledger (s)  " + "  ".join(f"{k[:-2]:>10}" for k in keys))
+    for l in ledger.get("launches", []):
+        print(f"  launch {l['launch']:3d}  " + "  ".join(f"{l[k]:10.1f}" for k in keys))
+    t = ledger.get("total", {})
+    if t:
+        print("  total       " + "  ".join(f"{t[k]:10.1f}" for k in keys))
+        print(f"  starts without a launch {t.get('no_launch_s', 0):.1f} s ({ledger.get('starts_without_launch')}), "
+              f"between {t.get('between_s', 0):.1f} s, unaccounted {t.get('unaccounted_s', 0):.1f} s, "
+              f"wall-clock {ledger.get('wall_s', 0):.1f} s by sacct ({ledger.get('slurm_starts')} starts)")
     passed = drill_verdict("elastic", {"shrink-and-grow": [row]}, cluster)
     if not a.work:
         shutil.rmtree(work, ignore_errors=True)

@@ -137,7 +137,7 @@ def ledger_sums_to_wall_clock():
     expect(all(l.get(k, -1) >= 0 for l in launches for k in parts) and ledger["total"]["training_s"] > 0,
            "every part of every launch is non-negative, and training is there")
     total = ledger.get("total", {})
-    summed = sum(total.get(k, 0) for k in parts) + total.get("between_launches_s", 0)
+    summed = sum(total.get(k, 0) for k in parts) + total.get("between_s", 0)
     expect(abs(summed - stopwatch) <= 0.02 * stopwatch and abs(ledger.get("wall_s", 0) - stopwatch) <= 0.02 * stopwatch,
            f"the parts sum to {summed:.2f} s, the ledger's wall-clock is {ledger.get('wall_s', 0):.2f} s, the test measured "
            f"{stopwatch:.2f} s (within 2%); unaccounted {total.get('unaccounted_s', 0):.3f} s")
