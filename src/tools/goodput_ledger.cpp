@@ -70,8 +70,6 @@ LedgerLaunch account(const Records& r, double straggler_ratio) {
   return l;
 }
 
-}  // namespace
-
 // Each Slurm start's queue and job-script time, put on the launches it holds; the time line of
 // starts and of launches outside any, whose gaps are outside everything (between_s).
 void place_starts(Ledger& ledger, const std::vector<SlurmAttempt>& attempts) {
@@ -79,13 +77,24 @@ void place_starts(Ledger& ledger, const std::vector<SlurmAttempt>& attempts) {
     double begin, end;
   };
   std::vector<Span> spans;
-  std::vector<bool> held(ledger.launches.size(), false);
-  for (const SlurmAttempt& a : attempts) {
-    std::vector<size_t> in;  // launches of this start: begun within it (sacct's times are whole seconds)
-    for (size_t i = 0; i < ledger.launches.size(); ++i) {
-      const LedgerLaunch& l = ledger.launches[i];
-      if (!held[i] && l.job_id == a.job_id && l.start >= a.start - 1 && l.start <= a.end + 1) in.push_back(i);
-    }
+  // The start that ran each launch: the one it began in (sacct's whole seconds allow a second), or
+  // where sacct lost that start (a start ended by a node failure can be missing, its queue then
+  // running on to the next start), the one in whose queue it began.
+  const size_t n = ledger.launches.size();
+  std::vector<int> start_of(n, -1);
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t i = 0; i < n; ++i)
+      for (size_t j = 0; j < attempts.size() && start_of[i] < 0; ++j) {
+        const SlurmAttempt& a = attempts[j];
+        const double t = ledger.launches[i].start;
+        const bool inside = pass == 0 ? t >= a.start - 1 && t <= a.end + 1 : t >= a.submit && t < a.start;
+        if (ledger.launches[i].job_id == a.job_id && inside) start_of[i] = static_cast<int>(j);
+      }
+  for (size_t j = 0; j < attempts.size(); ++j) {
+    const SlurmAttempt& a = attempts[j];
+    std::vector<size_t> in;
+    for (size_t i = 0; i < n; ++i)
+      if (start_of[i] == static_cast<int>(j)) in.push_back(i);
     spans.push_back({a.submit, a.end});
     if (in.empty()) {
       ++ledger.unlaunched;
@@ -93,15 +102,19 @@ void place_starts(Ledger& ledger, const std::vector<SlurmAttempt>& attempts) {
       continue;
     }
     LedgerLaunch &first = ledger.launches[in.front()], &last = ledger.launches[in.back()];
-    first.queue_s = a.start - a.submit;
-    first.script_s += std::max(0.0, first.start - a.start);
+    if (first.start >= a.start - 1) {
+      first.queue_s = a.start - a.submit;
+      first.script_s += std::max(0.0, first.start - a.start);
+    } else {  // sacct lost the start that ran it: its queue and script are not told apart
+      ++ledger.starts_lost;
+      ledger.between_s += first.start - a.submit;
+    }
     last.script_s += std::max(0.0, a.end - last.end);
     for (size_t k = 1; k < in.size(); ++k)  // in-process restarts
       ledger.between_s += std::max(0.0, ledger.launches[in[k]].start - ledger.launches[in[k - 1]].end);
-    for (size_t i : in) held[i] = true;
   }
-  for (size_t i = 0; i < ledger.launches.size(); ++i)
-    if (!held[i]) spans.push_back({ledger.launches[i].start, ledger.launches[i].end});
+  for (size_t i = 0; i < n; ++i)
+    if (start_of[i] < 0) spans.push_back({ledger.launches[i].start, ledger.launches[i].end});
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
   double reached = spans.front().end;
   for (const Span& s : spans) {
@@ -110,6 +123,8 @@ void place_starts(Ledger& ledger, const std::vector<SlurmAttempt>& attempts) {
   }
   ledger.wall_s = reached - spans.front().begin;
 }
+
+}  // namespace
 
 Ledger goodput_ledger(const std::vector<json>& events, const std::vector<json>& metrics, double straggler_ratio,
                       const std::vector<SlurmAttempt>& attempts, const std::string& slurm) {
@@ -187,6 +202,7 @@ json to_json(const Ledger& ledger) {
           {"slurm", ledger.slurm},
           {"slurm_starts", ledger.slurm_starts},
           {"starts_without_launch", ledger.unlaunched},
+          {"starts_sacct_lost", ledger.starts_lost},
           {"training_share", ledger.wall_s > 0 ? summed(ledger).training_s / ledger.wall_s : 0.0}};
 }
 
@@ -228,6 +244,9 @@ std::string describe(const Ledger& ledger) {
            part(("starts without a launch (" + std::to_string(ledger.unlaunched) + ")").c_str(), ledger.unlaunched_s) +
            ", ";
   out += part("between", ledger.between_s) + ", " + part("unaccounted", ledger.unaccounted_s) + "\n";
+  if (ledger.starts_lost > 0)
+    out += "    sacct lost " + std::to_string(ledger.starts_lost) +
+           " start(s) that ran a launch: their queue and job script time is counted as between\n";
   return out;
 }
 

@@ -65,9 +65,6 @@ std::string signal_name(int sig) {
   }
 }
 
-}  // namespace
-
-namespace {
 // What the launch before lost: the steps it logged past this launch's resume step, which are
 // computed again, and their time by its running totals ("launch_totals": those before it in its
 // launch subtracted); with the last line's time and totals, where that launch got to (a launch

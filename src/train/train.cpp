@@ -206,10 +206,6 @@ ExitCode finish(Run& run, Ending ending, int64_t step) {
   return ending.restart ? ExitCode::ok : ending.code;
 }
 
-}  // namespace
-
-namespace {
-
 // One launch of the run on `world`: start-up, then steps until the run ends, stops, or (`restart`
 // set) a rebalance restarts it on the partition `restart` names.
 ExitCode run_launch(const TrainOptions& opt, World& world, double launched_s, double started_unix,

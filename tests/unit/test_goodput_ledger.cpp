@@ -95,6 +95,23 @@ TEST_CASE("ledger: Slurm's starts give each launch its queue and job-script time
   CHECK(describe(l).find("starts without a launch (1) 8.0 s") != std::string::npos);
 }
 
+TEST_CASE("ledger: a start sacct lost leaves its launch whole and its queue with the gaps", "[ledger]") {
+  // The start that ran launch 1 is missing: sacct shows job 7 queued from 90 to 155 (seen when
+  // slurmctld requeued a job for a node failure itself).
+  const std::vector<SlurmAttempt> starts = {
+      {"7", "REQUEUED", 90, 155, 160}, {"7", "REQUEUED", 160, 165, 215}, {"7", "COMPLETED", 215, 225, 263}};
+  const Ledger l = goodput_ledger(events(), metrics(), 1.25, starts);
+  CHECK(l.starts_lost == 1);
+  CHECK(l.unlaunched == 0);
+  CHECK(l.launches[0].queue_s == 0);
+  CHECK(l.launches[0].script_s == Approx(160 - 150));
+  CHECK(l.between_s == Approx(100 - 90));
+  CHECK(l.launches[1].queue_s == Approx(5));
+  CHECK(l.wall_s == Approx(263 - 90));
+  CHECK(l.unaccounted_s == Approx(0).margin(1e-9));
+  CHECK(describe(l).find("sacct lost 1 start(s)") != std::string::npos);
+}
+
 TEST_CASE("ledger: sacct's lines read as the starts they are", "[ledger]") {
   SlurmAttempt a;
   REQUIRE(parse_attempt("12|2026-12-06T09:36:22|2026-12-06T09:36:23|2026-12-06T09:36:26|REQUEUED", a));

@@ -45,6 +45,7 @@ struct Ledger {
   std::string slurm;         // where Slurm's times came from: "sacct", or why not
   int slurm_starts = 0;      // starts sacct listed
   int unlaunched = 0;        // of them, those that ran no launch
+  int starts_lost = 0;       // starts that ran a launch but are missing from sacct's list
   double unlaunched_s = 0;   // their time from submission to end
   double wall_s = 0;         // first submission (or launch start) to the last end
   double between_s = 0;      // outside every start and launch, and between launches of one start
