@@ -53,7 +53,7 @@ class StragglerPolicy {
   StragglerMove rebalance(const StragglerDetector& detector, std::vector<std::string>& lines);
   void say_once(const std::string& line, std::vector<std::string>& lines);
 
-  const RunSpec& spec_;
+  RunSpec spec_;  // a copy: the policy may outlive the spec it was made from
   std::vector<int> blocks_;
   int spare_nodes_;
   std::set<std::string> said_;
