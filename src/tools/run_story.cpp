@@ -14,15 +14,21 @@ using json = nlohmann::json;
 
 namespace pipetrain {
 
-RunStory run_story(const std::string& run_dir, const std::vector<json>& metrics) {
-  RunStory story;
+EventLog read_events(const std::string& run_dir) {
+  EventLog log;
   std::ifstream in(run_dir + "/events.jsonl");
   for (std::string line; std::getline(in, line);) {
-    const json e = json::parse(line, nullptr, false);
-    if (!e.is_object() || !e.contains("launch") || !e["launch"].is_number_integer()) {  // a line cut by a kill?
-      story.unreadable += !line.empty();
-      continue;
-    }
+    json e = json::parse(line, nullptr, false);
+    if (e.is_object() && e.contains("launch") && e["launch"].is_number_integer()) log.records.push_back(std::move(e));
+    else log.unreadable += !line.empty();
+  }
+  return log;
+}
+
+RunStory run_story(const std::string& run_dir, const EventLog& events, const std::vector<json>& metrics) {
+  RunStory story;
+  story.unreadable = events.unreadable;
+  for (const json& e : events.records) {
     const std::string kind = e.value("event", "");
     if (kind == "launch") {
       LaunchStory l;

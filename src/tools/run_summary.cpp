@@ -240,19 +240,16 @@ RunSummary summarize_run(const std::string& run_dir) {
   const std::vector<json> lines = read_steps(run_dir, r.missing);
   if (!r.spec && lines.empty()) throw SpecError(run_dir + " holds neither config.toml nor metrics.jsonl");
   summarize_steps(lines, r);
-  r.story = run_story(run_dir, lines);
-  std::vector<json> events;
-  std::ifstream history(run_dir + "/events.jsonl");
-  for (std::string line; std::getline(history, line);)
-    if (json e = json::parse(line, nullptr, false); e.is_object()) events.push_back(std::move(e));
+  const EventLog events = read_events(run_dir);
+  r.story = run_story(run_dir, events, lines);
   std::vector<std::string> job_ids;  // Slurm's times of the run's jobs, where its accounting answers
-  for (const json& e : events)
+  for (const json& e : events.records)
     if (e.value("event", "") == "launch" && e.contains("job_id") && e["job_id"].is_string())
       job_ids.push_back(e["job_id"].get<std::string>());
   std::string slurm = "no Slurm job";
   const std::vector<SlurmAttempt> attempts =
       job_ids.empty() ? std::vector<SlurmAttempt>{} : job_attempts(job_ids, slurm);
-  r.ledger = goodput_ledger(events, lines, r.spec ? r.spec->log.straggler_ratio : RunSpec{}.log.straggler_ratio,
+  r.ledger = goodput_ledger(events.records, lines, r.spec ? r.spec->log.straggler_ratio : RunSpec{}.log.straggler_ratio,
                             attempts, slurm);
   if (r.story.unreadable)
     r.missing.push_back(std::to_string(r.story.unreadable) +

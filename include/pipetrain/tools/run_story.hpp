@@ -40,9 +40,16 @@ struct RunStory {
   size_t unreadable = 0;     // lines of events.jsonl that are not a launch or stop record
 };
 
-// metrics: the parsed lines of metrics.jsonl. A run without events.jsonl (older runs) has no
-// launches and no goodput.
-RunStory run_story(const std::string& run_dir, const std::vector<nlohmann::json>& metrics);
+// RUN_DIR/events.jsonl's launch and stop records in order, and how many lines were neither (a line
+// cut short by a kill?). A run without the file (older runs) has none.
+struct EventLog {
+  std::vector<nlohmann::json> records;
+  size_t unreadable = 0;
+};
+EventLog read_events(const std::string& run_dir);
+
+// metrics: the parsed lines of metrics.jsonl. A run without events has no launches and no goodput.
+RunStory run_story(const std::string& run_dir, const EventLog& events, const std::vector<nlohmann::json>& metrics);
 
 nlohmann::json to_json(const RunStory& story);
 std::string describe(const RunStory& story);  // the report's lines for it
