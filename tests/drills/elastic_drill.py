@@ -32,7 +32,8 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.lib.emulated_cluster import Cluster, drill_verdict, latest_checkpoint_step, losses, max_rel_diff, metrics, wait_for
+from tests.lib.emulated_cluster import (Cluster, drill_verdict, events, latest_checkpoint_step, losses, max_rel_diff,
+                                         metrics, wait_for)
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(REPO, "build", "pipetrain"))
@@ -72,11 +73,7 @@ def reference():
 
 def launches(run_dir):
     """The launch records of events.jsonl that started training."""
-    try:
-        with open(os.path.join(run_dir, "events.jsonl")) as f:
-            return [e for e in map(json.loads, filter(str.strip, f)) if e.get("event") == "launch"]
-    except (OSError, ValueError):
-        return []
+    return [e for e in events(run_dir) if e.get("event") == "launch"]
 
 
 def trial(cluster, ref):

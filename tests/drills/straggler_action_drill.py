@@ -29,7 +29,7 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.lib.emulated_cluster import Cluster, drill_verdict, metrics, wait_for
+from tests.lib.emulated_cluster import Cluster, drill_verdict, events, metrics, wait_for
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(REPO, "build", "pipetrain"))
@@ -52,14 +52,6 @@ tiny = os.path.join(REPO, "configs", "tiny.toml")
 ACT_AFTER = 3
 SETS = [f"run.steps={a.steps}", "log.trace_steps=0", "comm.wait=yield", "log.every_steps=10",
         "log.straggler_window=20", f"log.straggler_act_after={ACT_AFTER}"]
-
-
-def events(run_dir):
-    try:
-        with open(os.path.join(run_dir, "events.jsonl")) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError):
-        return []
 
 
 def step_of(run_dir):

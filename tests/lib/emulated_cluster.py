@@ -104,6 +104,15 @@ def metrics(run_dir):
         return [json.loads(line) for line in f if line.strip().endswith("}")]
 
 
+def events(run_dir):
+    """events.jsonl's records (none while the file is missing or a line is cut short)."""
+    try:
+        with open(os.path.join(run_dir, "events.jsonl")) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
 def losses(run_dir):
     return [(m["step"], m["loss"]) for m in metrics(run_dir)]
 
