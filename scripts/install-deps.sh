@@ -2,7 +2,7 @@
 # Installs the Debian 12 packages pipetrain builds, runs and tests with (only the missing ones).
 set -euo pipefail
 packages=(g++ cmake make pkg-config mpich libmpich-dev libhdf5-mpich-dev libtomlplusplus-dev
-          libboost-program-options-dev catch2 libopenblas-dev nlohmann-json3-dev hdf5-tools python3-matplotlib
+          libboost-program-options-dev catch2 libopenblas-dev libdnnl-dev nlohmann-json3-dev hdf5-tools python3-matplotlib
           slurmctld slurmd slurm-client slurmdbd mariadb-server
           python3 python3-numpy python3-h5py python3-torch procps
           libsentencepiece-dev sentencepiece python3-sentencepiece zlib1g-dev

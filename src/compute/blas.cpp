@@ -2,9 +2,14 @@
 
 #include <cblas.h>
 
+#include "pipetrain/compute/bf16_products.hpp"
+
 namespace pipetrain {
 
-void set_blas_threads(int threads) { openblas_set_num_threads(threads); }
+void set_blas_threads(int threads) {
+  openblas_set_num_threads(threads);
+  set_bf16_product_threads(threads);
+}
 
 std::string blas_kernel_family() { return openblas_get_corename(); }
 

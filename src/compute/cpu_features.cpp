@@ -49,6 +49,12 @@ int CpuFeatures::fp32_flops_per_cycle() const {
   }
 }
 
+int CpuFeatures::bf16_flops_per_cycle() const {
+  if (amx_bf16) return 1024;  // a tile multiply-add: 16 x 16 x 32 bf16 products in 16 cycles
+  // VDPBF16PS does two bf16 products per fp32 lane where an FMA does one, at the FMA's rate
+  return avx512_bf16 ? 2 * fp32_flops_per_cycle() : fp32_flops_per_cycle();
+}
+
 namespace {
 
 #ifdef PIPETRAIN_X86
@@ -84,6 +90,16 @@ SimdLevel simd_level(unsigned max_leaf) {
   if (avx2 && fma && zmm && (seven.b & avx512_subsets) == avx512_subsets) return SimdLevel::avx512;
   if (avx2 && fma) return SimdLevel::avx2;
   return SimdLevel::avx;
+}
+
+// bf16 dot products: AVX512_BF16 (cpuid 7.1 EAX bit 5) on an AVX-512 CPU; AMX's bf16 tiles (7.0
+// EDX bits 22 and 24) where the OS saves the tile state too (XCR0 bits 17 and 18).
+void read_bf16_units(CpuFeatures& f, unsigned max_leaf) {
+  if (f.level != SimdLevel::avx512 || max_leaf < 7) return;
+  const Regs seven = cpuid(7, 0);
+  f.avx512_bf16 = seven.a >= 1 && (cpuid(7, 1).a & (1u << 5));
+  const bool tiles = (seven.d & (1u << 22)) && (seven.d & (1u << 24));
+  f.amx_bf16 = tiles && (os_saved_state() & (3u << 17)) == (3u << 17);
 }
 
 std::string brand_string() {
@@ -130,6 +146,7 @@ CpuFeatures read_cpu_features() {
   f.model =
       static_cast<int>(base_family == 0x6 || base_family == 0xf ? base_model | (((eax >> 16) & 0xf) << 4) : base_model);
   f.level = simd_level(max_leaf);
+  read_bf16_units(f, max_leaf);
   f.model_name = brand_string();
 #endif
   f.nominal_ghz = stated_max_ghz(max_leaf, f.model_name);
@@ -142,6 +159,17 @@ const CpuFeatures& cpu_features() {
   static const CpuFeatures features = read_cpu_features();
   return features;
 }
+
+namespace {
+
+const char* units_text(const CpuFeatures& cpu, Dtype dtype) {
+  if (dtype == Dtype::fp32) return name_of(cpu.level);
+  if (cpu.amx_bf16) return "AMX bf16";
+  if (cpu.avx512_bf16) return "AVX512_BF16";
+  return cpu.level == SimdLevel::avx512 ? "AVX-512, bf16 emulated" : name_of(cpu.level);
+}
+
+}  // namespace
 
 double measure_clock_ghz() {
 #ifdef PIPETRAIN_X86
@@ -163,16 +191,16 @@ double measure_clock_ghz() {
 #endif
 }
 
-CorePeak core_peak() {
+CorePeak core_peak(Dtype dtype) {
   const CpuFeatures& cpu = cpu_features();
   CorePeak peak;
-  peak.flops_per_cycle = cpu.fp32_flops_per_cycle();
+  peak.flops_per_cycle = dtype == Dtype::bf16 ? cpu.bf16_flops_per_cycle() : cpu.fp32_flops_per_cycle();
   const double measured = measure_clock_ghz();
   peak.clock_measured = measured > cpu.nominal_ghz;
   peak.clock_ghz = std::max(measured, cpu.nominal_ghz);
   peak.gflops = peak.flops_per_cycle * peak.clock_ghz;
   char text[128];
-  std::snprintf(text, sizeof text, "%s: %d FLOP/cycle x %.2f GHz (%s)", name_of(cpu.level), peak.flops_per_cycle,
+  std::snprintf(text, sizeof text, "%s: %d FLOP/cycle x %.2f GHz (%s)", units_text(cpu, dtype), peak.flops_per_cycle,
                 peak.clock_ghz, peak.clock_measured ? "measured" : "stated");
   peak.basis = text;
   return peak;

@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "pipetrain/compute/bf16_products.hpp"
 #include "pipetrain/compute/gpu.hpp"
 #include "pipetrain/compute/gpu_kernels.hpp"
 #include "pipetrain/compute/kernels.hpp"
@@ -46,6 +47,10 @@ void set_compute_device(Device d, int local_rank, int local_ranks) {
 }
 
 void use_spec_device(const RunSpec& spec, int local_rank, int local_ranks) {
+  if (spec.run.device == Device::cpu && spec.model.dtype == Dtype::bf16 && !bf16_products().available)
+    throw SpecError(spec.origin("model.dtype") +
+                    ": model.dtype = bf16 on the CPU: oneDNN has no bf16 matrix product for this CPU (" +
+                    bf16_products().isa + "; it needs AVX-512). Use model.dtype = \"fp32\"");
   if (spec.run.device != Device::gpu) return;
   try {
     set_compute_device(Device::gpu, local_rank, local_ranks);

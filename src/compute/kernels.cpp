@@ -156,7 +156,10 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
       count_gemm_flops(2.0 * N * OC * C);
     }
   }
-  if (!dweight || !dbias) return;
+  if (dweight && dbias) bias_backward(dbias, dout, N, OC);
+}
+
+void bias_backward(float* dbias, const float* dout, int N, int OC) {
   KernelTimer timer(Kernel::elementwise);
   reduce_row_chunks(N, rows_per_chunk(OC), OC, dbias, [&](size_t begin, size_t end, float* partial) {
     for (size_t i = begin; i < end; ++i)

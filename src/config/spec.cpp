@@ -416,8 +416,6 @@ void validate_spec(const RunSpec& s, int world_size, const std::string& ranks_ar
          std::string(p.tp > 1 ? "tp x pp x dp = " + std::to_string(p.tp) + " x " : "pp x dp = ") +
              std::to_string(p.pp) + " x " + std::to_string(p.dp) + " = " + std::to_string(ranks) + " but " +
              std::to_string(world_size) + " " + ranks_are);
-  if (m.dtype == Dtype::bf16 && s.run.device != Device::gpu)
-    fail("model.dtype", "dtype = bf16 needs run.device = \"gpu\" (the CPU kernels are fp32)");
   if (const LayoutProblem problem = layout_problem(*p.schedule, s.pipeline_shape())) fail(problem.key, problem.why);
   const int64_t chunks = int64_t{p.pp} * p.virtual_stages;
   if (s.train.global_batch % batch_divisor != 0)

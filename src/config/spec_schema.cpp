@@ -350,9 +350,9 @@ std::vector<SpecKey> build_schema() {
       int_key("model", "n_head", FIELD(int, model.n_head), 1, 1024, "attention heads (must divide d_model)"),
       int_key("model", "seq_len", FIELD(int, model.seq_len), 1, 1 << 20, "tokens per sample (context length)"),
       int_key("model", "vocab", FIELD(int, model.vocab), 2, 1 << 20, "vocabulary size (256 = bytes)"),
-      choice_key<Dtype>(
-          "model", "dtype", FIELD(Dtype, model.dtype),
-          "matrix-product inputs: fp32, or bf16 with fp32 accumulation and fp32 master weights (gpu only)"),
+      choice_key<Dtype>("model", "dtype", FIELD(Dtype, model.dtype),
+                        "matrix-product operands: fp32, or bf16 with fp32 accumulation, fp32 weights, gradients and "
+                        "optimizer state (CPU: oneDNN, AVX-512 and up; GPU: cuBLAS)"),
       bool_key("model", "tie_embeddings", FIELD(bool, model.tie_embeddings),
                "LM head shares wte.weight (gradient summed between first and last stage); llama: false "
                "unless set"),

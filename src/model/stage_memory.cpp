@@ -26,29 +26,29 @@ size_t activation_floats(const RunSpec& spec, bool first, bool last, BlockSpan b
 }
 
 // The kernels' own scratch, kept from call to call (what the GPU's scratch slots grow to, each
-// counted whole even where two share a slot). On the CPU: each compute thread's attention blocks.
-// On the GPU: attention's dout . out per row of the rank's heads; the loss's row sums (double) on
-// the last stage; on the first the embedding gradient's sort of token positions by row (four int
-// arrays and the sort's own storage, about two more, and its histograms); two slots of column
-// partial sums (the norms' and biases' gradients, one float per 256 rows and column); and under
-// bf16 the bf16 copies of the matrix products' operands, three buffers each as large as the
-// largest operand of its kind (a weight, an input, an output gradient: the head's [tokens,
-// vocabulary part] on the last stage).
+// counted whole even where two share a slot). Under bf16, on either device, the bf16 copies of the
+// matrix products' operands: three buffers each as large as the largest operand of its kind (a
+// weight, an input, an output gradient: the head's [tokens, vocabulary part] on the last stage).
+// On the CPU: each compute thread's attention blocks. On the GPU: attention's dout . out per row of
+// the rank's heads; the loss's row sums (double) on the last stage; on the first the embedding
+// gradient's sort of token positions by row (four int arrays and the sort's own storage, about two
+// more, and its histograms); two slots of column partial sums (the norms' and biases' gradients,
+// one float per 256 rows and column).
 size_t kernel_scratch_bytes(const RunSpec& spec, const LayerWidths& widths, bool first, bool last) {
   const BlockShape& s = widths.shape;
   const size_t b = spec.samples_per_micro_batch(), T = spec.model.seq_len, n = b * T, C = s.C;
-  if (spec.run.device == Device::cpu)
-    return std::max(1, spec.parallel.threads_per_rank) *
-           attention_scratch_bytes(static_cast<int>(T), s.head_dim, s.NH / s.NKV);
-  const size_t widest = std::max<size_t>({C, static_cast<size_t>(s.qkv), static_cast<size_t>(s.fc)});
-  size_t bytes =
-      4 * b * s.NH * T + (last ? 8 * n : 0) + (first ? 24 * n + (64 << 10) : 0) + 2 * 4 * ((n + 255) / 256) * widest;
+  size_t bytes = 0;
   if (spec.model.dtype == Dtype::bf16) {
     const size_t V = last ? widths.vocab : 0, q = s.q, qkv = s.qkv, fc = s.fc, ffn = s.ffn;
     const size_t weight = std::max({qkv, q, fc, ffn, V}) * C, inp = n * std::max({C, q, ffn});
     bytes += 2 * (weight + inp + n * std::max({qkv, C, fc, V}));
   }
-  return bytes;
+  if (spec.run.device == Device::cpu)
+    return bytes + std::max(1, spec.parallel.threads_per_rank) *
+                       attention_scratch_bytes(static_cast<int>(T), s.head_dim, s.NH / s.NKV);
+  const size_t widest = std::max<size_t>({C, static_cast<size_t>(s.qkv), static_cast<size_t>(s.fc)});
+  return bytes + 4 * b * s.NH * T + (last ? 8 * n : 0) + (first ? 24 * n + (64 << 10) : 0) +
+         2 * 4 * ((n + 255) / 256) * widest;
 }
 
 // Whether a rank's chunks include the first virtual stage (the embedding) and the last (the head).

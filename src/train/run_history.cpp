@@ -120,7 +120,8 @@ int record_launch(const Run& run) {
                  {"process_unix", run.started_unix},
                  {per_unit("hardware_peak_gflops", run.on_gpu()), run.telemetry.peak_per_unit},
                  {per_unit("sgemm_gflops", run.on_gpu()), run.telemetry.sgemm_per_unit},
-                 {"peak_basis", run.telemetry.peak_basis}};
+                 {"peak_basis", run.telemetry.peak_basis},
+                 {"peak_dtype", name_of(spec.model.dtype)}};
   if (!run.opt.restart_note.empty()) record["restart"] = run.opt.restart_note;
   if (json lost = lost_before(run.state.cut_log, run.state.start_step); !lost.is_null()) record["lost_before"] = lost;
   if (const auto& pick = run.state.auto_layout)
@@ -132,10 +133,11 @@ int record_launch(const Run& run) {
   return launch;
 }
 
-RecordedPeaks recorded_peaks(const std::string& run_dir, bool gpu) {
+RecordedPeaks recorded_peaks(const std::string& run_dir, bool gpu, Dtype dtype) {
   const std::string peak = per_unit("hardware_peak_gflops", gpu), sgemm = per_unit("sgemm_gflops", gpu);
   for (const json& launch : launch_records(run_dir + "/events.jsonl"))
-    if (launch.contains(peak) && launch[peak].is_number() && launch.contains(sgemm) && launch[sgemm].is_number())
+    if (launch.value("peak_dtype", "fp32") == name_of(dtype) && launch.contains(peak) && launch[peak].is_number() &&
+        launch.contains(sgemm) && launch[sgemm].is_number())
       return {launch[peak].get<double>(), launch[sgemm].get<double>(), launch.value("peak_basis", "")};
   return {};
 }

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "pipetrain/ckpt/resume.hpp"
+#include "pipetrain/compute/bf16_products.hpp"
 #include "pipetrain/compute/blas.hpp"
 #include "pipetrain/compute/blas_kernels.hpp"
 #include "pipetrain/compute/cpu_features.hpp"
@@ -216,7 +217,7 @@ void find_peaks(Run& run) {
   const RunSpec& spec = run.spec;
   if (run.opt.eval_only) return;
   const bool gpu = run.on_gpu();
-  RecordedPeaks recorded = run.rank() == 0 ? recorded_peaks(run.state.run_dir, gpu) : RecordedPeaks{};
+  RecordedPeaks recorded = run.rank() == 0 ? recorded_peaks(run.state.run_dir, gpu, spec.model.dtype) : RecordedPeaks{};
   double unit[3] = {recorded.peak, recorded.sgemm, 0};  // {peak, sgemm, who measured}
   run.comms.comm->allreduce_world(unit, 2);
   run.telemetry.peak_basis =
@@ -231,9 +232,9 @@ void find_peaks(Run& run) {
       run.telemetry.peak_basis = gpu::peak_basis(info, spec.model.dtype);
     } else if (run.world.local_rank() == 0) {
       set_blas_threads(1);
-      const CorePeak core = core_peak();
+      const CorePeak core = core_peak(spec.model.dtype);
       unit[0] = core.gflops;
-      unit[1] = measure_sgemm_gflops();
+      unit[1] = spec.model.dtype == Dtype::bf16 ? measure_bf16_gemm_gflops() : measure_sgemm_gflops();
       unit[2] = 1;
       run.telemetry.peak_basis = core.basis;
       set_blas_threads(run.layout.blas_threads);
@@ -475,12 +476,15 @@ void print_start(const Run& run) {
   std::snprintf(per_unit, sizeof per_unit, ", %.1f per %s x %.0f", run.telemetry.peak_per_unit, unit,
                 run.telemetry.sgemm_gflops / run.telemetry.sgemm_per_unit);
   const std::string peak = spec.log.peak_gflops > 0 ? "log.peak_gflops x ranks" : run.telemetry.peak_basis + per_unit;
+  const bool bf16 = spec.model.dtype == Dtype::bf16;
   std::printf(
-      "peak %.1f GFLOP/s (%s) | sgemm %.1f GFLOP/s per %s | both fixed at the run's first launch | %.3g GFLOP per "
+      "peak %.1f GFLOP/s (%s) | %s %.1f GFLOP/s per %s | both fixed at the run's first launch | %.3g GFLOP per "
       "step\n",
-      run.telemetry.peak_gflops, peak.c_str(), run.telemetry.sgemm_per_unit, unit, run.telemetry.flops_per_step / 1e9);
+      run.telemetry.peak_gflops, peak.c_str(), bf16 ? "bf16 GEMM" : "sgemm", run.telemetry.sgemm_per_unit, unit,
+      run.telemetry.flops_per_step / 1e9);
   std::printf("%s%s%s\n", blas_description().c_str(), blas_kernel_decision().note.empty() ? "" : " | ",
               blas_kernel_decision().note.c_str());
+  if (bf16 && !run.on_gpu()) std::printf("%s\n", bf16_products_line().c_str());
   if (!run.state.resumed_from.empty()) {
     std::printf("resumed from %s\n", run.state.resumed_from.c_str());
     const Manifest saved = Manifest::read(run.state.resumed_from);

@@ -6,6 +6,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -102,6 +103,39 @@ TEST_CASE("matmul forward and backward match the CPU in fp32, and in bf16 on bf1
     matmul_forward(exact.data(), x.data(), w.data(), bias.data(), N, C, OC);
     CHECK(rel_err(down(d_out), exact) < (bf16 ? 1.0 / 128 : kFp32));
   }
+}
+
+TEST_CASE("under bf16 the GPU rounds the operands the precision policy rounds and keeps the rest fp32", "[gpu]") {
+  // As the CPU's test (test_bf16_products.cpp): operands on bf16's grid moved by 2^-12 of
+  // themselves, under half a bf16 step. A rounded operand rounds back (the outputs keep their
+  // bits); one kept fp32 changes them.
+  const Kernels& k = kernels(Device::gpu, Dtype::bf16);
+  const int N = 6, C = 16, OC = 12;
+  auto nudged = [](Vec v) {
+    for (float& f : v) f += std::ldexp(f, -12);
+    return v;
+  };
+  const Vec x = rounded(randn(N * C, 1, 1)), w = rounded(randn(OC * C, 1, 2)), bias = rounded(randn(OC, 1, 3)),
+            dout = rounded(randn(N * OC, 1, 4));
+  auto run = [&](const Vec& x_, const Vec& w_, const Vec& b_, const Vec& d_) {
+    auto d_x = up(x_), d_w = up(w_), d_b = up(b_), d_d = up(d_), d_out = up(Vec(N * OC)), d_dx = up(Vec(N * C)),
+         d_dw = up(Vec(OC * C)), d_db = up(Vec(OC));
+    k.matmul_forward(d_out.data(), d_x.data(), d_w.data(), d_b.data(), N, C, OC);
+    k.matmul_backward(d_dx.data(), d_dw.data(), d_db.data(), d_d.data(), d_x.data(), d_w.data(), N, C, OC);
+    return std::vector<Vec>{down(d_out), down(d_dx), down(d_dw), down(d_db)};
+  };
+  const auto base = run(x, w, bias, dout);
+  for (const auto& o : {run(nudged(x), w, bias, dout), run(x, nudged(w), bias, dout)})
+    for (int i = 0; i < 3; ++i) CHECK(o[i] == base[i]);
+  const auto d = run(x, w, bias, nudged(dout));
+  CHECK(d[1] == base[1]);
+  CHECK(d[2] == base[2]);
+  CHECK(d[3] != base[3]);  // the bias gradient sums the fp32 output gradient
+  CHECK(run(x, w, nudged(bias), dout)[0] != base[0]);
+  const Kernels& fp32 = kernels(Device::gpu, Dtype::fp32);
+  CHECK(k.attention_forward == fp32.attention_forward);
+  CHECK(k.layernorm_forward == fp32.layernorm_forward);
+  CHECK(k.softmax_crossentropy_forward == fp32.softmax_crossentropy_forward);
 }
 
 TEST_CASE("causal attention forward and backward match the CPU", "[gpu]") {

@@ -24,7 +24,8 @@ def spec_file(name, text):
 GOOD = "[run]\nsteps = 2\n[parallel]\npp = 2\ndp = 2\n"
 def cases():
         return [
-        # (name, config file text or None for tiny.toml, --set list, strings the message must contain)
+        # (name, config file text or None for tiny.toml, --set list, strings the message must contain[,
+        #  environment variables the run gets])
         ("unknown key", "[run]\nsteps = 2\n[parallel]\nmicro_batch = 4\npp = 2\ndp = 2\n", [],
          ["bad.toml:4", "parallel.micro_batch", "did you mean parallel.micro_batches"]),
         ("key in wrong section", "[train]\nmicro_batches = 4\n", [], ["bad.toml:2", "parallel.micro_batches"]),
@@ -74,7 +75,9 @@ def cases():
         ("straggler action without detection", None,
          ["parallel.pp=2", "parallel.dp=2", "log.straggler_ratio=0", "log.straggler_action=rebalance"],
          ["log.straggler_action", "rebalance", "log.straggler_ratio = 0"]),
-        ("bf16 on the CPU", None, ["parallel.pp=2", "parallel.dp=2", "model.dtype=bf16"], ["model.dtype", "run.device"]),
+        # oneDNN told to go no higher than AVX2 (as on an AVX2 CPU, where the variable changes nothing)
+        ("bf16 on a CPU without AVX-512", None, ["parallel.pp=2", "parallel.dp=2", "model.dtype=bf16"],
+         ["--set model.dtype=bf16", "oneDNN has no bf16 matrix product", "AVX2", "AVX-512"], {"ONEDNN_MAX_CPU_ISA": "AVX2"}),
         ("zb-h1 with recompute", None, ["parallel.pp=2", "parallel.dp=2", "parallel.schedule=zb-h1",
                                         "parallel.recompute=block"], ["parallel.recompute", "zb-h1"]),
         ("zb-v with other than two chunks", None, ["parallel.pp=2", "parallel.dp=2", "parallel.schedule=zb-v",
@@ -95,7 +98,7 @@ GROUPS = {
     'inconsistent_combinations': ['pp x dp != ranks', 'global_batch not divisible', 'more stages than blocks', 'n_head does not divide d_model', 'explicit partition wrong sum', 'tensor too large', 'virtual_stages without interleaved', 'interleaved with M not a multiple of pp', 'interleaved chunks outnumber blocks', 'zb-h1 with recompute', 'zb-v with other than two chunks',
                                   'dualpipev with too few micro-batches'],
     'data_files': ['text data file missing', 'data.path is a directory', 'text data shorter than seq_len+2', 'text data file empty'],
-    'devices_and_memory': ['GPU asked of a build or machine without one', 'bf16 on the CPU', 'model too big for the node'],
+    'devices_and_memory': ['GPU asked of a build or machine without one', 'bf16 on a CPU without AVX-512', 'model too big for the node'],
 }
 
 
@@ -103,14 +106,14 @@ def refused(group):
     """Each case of `group`: exit 2 within 10 s with exactly one message naming the key or file,
     no rank left running, no half-started run."""
     a = settings()
-    for i, (name, text, sets, needles) in enumerate(c for c in cases() if c[0] in GROUPS[group]):
+    for i, (name, text, sets, needles, *env) in enumerate(c for c in cases() if c[0] in GROUPS[group]):
         config = spec_file("bad.toml", text) if text is not None else tiny()
         if text is not None and "pp" not in "".join(sets) and "pp = 2" not in text:
             sets = sets + ["parallel.pp=2", "parallel.dp=2"]
         marker = os.path.join(a.work, f"case{i}_rundir_marker")
         t0 = time.time()
         try:
-            r = launch(a, 4, marker, config, sets, timeout=30)
+            r = launch(a, 4, marker, config, sets, timeout=30, env=env[0] if env else None)
         except subprocess.TimeoutExpired:
             expect(False, f"{name}: finished (hung past 30 s)")
             continue
@@ -152,7 +155,7 @@ def data_files():
 
 @scenario
 def devices_and_memory():
-    """A GPU on a build or machine without one, bf16 on the CPU, a model too big for the node."""
+    """A GPU on a build or machine without one, bf16 on a CPU without AVX-512, a model too big for the node."""
     refused("devices_and_memory")
 
 

@@ -8,7 +8,7 @@ the weights by over 100x their tolerance."""
 import json
 import os
 
-from tests.lib.harness import launch, expect, rel_diff, run_scenarios, scenario, settings
+from tests.lib.harness import launch, expect, needs_bf16, rel_diff, run_scenarios, scenario, settings
 
 L, C, H, T, V, B = 2, 32, 2, 16, 256, 8
 WORDS = ["pipeline", "stage", "bubble", "micro", "batch", "gradient", "adam", "tensor", "rank", "node"]
@@ -18,12 +18,45 @@ WORDS = ["pipeline", "stage", "bubble", "micro", "batch", "gradient", "adam", "t
 LLAMA_HEADS, LLAMA_FFN, LLAMA_THETA = 4, 48, 500.0
 
 
-def crosscheck(tie, pp, llama_kv=0, moe=None, tp=1, bias=False, qk_norm=False):
+def bf16_products(model):
+    """model with every nn.Linear computing as model.dtype = bf16 says (docs/design.md): the input,
+    the weight and, in the backward, the output gradient rounded to bfloat16 by torch's own
+    rounding, the products accumulated in fp32; the bias and its gradient fp32."""
+    import torch
+
+    def rnd(t):
+        return t.to(torch.bfloat16).to(torch.float32)
+
+    class Bf16Linear(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, b):
+            xr, wr = rnd(x), rnd(w)
+            ctx.save_for_backward(xr, wr)
+            ctx.has_bias = b is not None
+            y = xr @ wr.t()
+            return y + b if b is not None else y
+
+        @staticmethod
+        def backward(ctx, dy):
+            xr, wr = ctx.saved_tensors
+            g = rnd(dy)
+            dw = g.reshape(-1, g.shape[-1]).t() @ xr.reshape(-1, xr.shape[-1])
+            db = dy.reshape(-1, dy.shape[-1]).sum(0) if ctx.has_bias else None
+            return g @ wr, dw, db
+
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.forward = lambda x, m=m: Bf16Linear.apply(x, m.weight, m.bias)
+    return model
+
+
+def crosscheck(tie, pp, llama_kv=0, moe=None, tp=1, bias=False, qk_norm=False, bf16=False):
     """Runs pipetrain for 2 steps (tied or untied head, pp stages, tp tensor ranks; llama_kv > 0:
     the llama family with that many key/value heads; moe: its mixture of experts, model.moe's keys;
     bias: its q, k and v biases; qk_norm: q and k each normalised over all heads)
     and holds its step 2 to PyTorch's: loss, gradient norm (of the loss and the router losses), the
-    weights and both AdamW moments after the update."""
+    weights and both AdamW moments after the update. bf16: model.dtype = bf16 against the PyTorch
+    model with bf16_products (the loss and gradient norm: AdamW is the same code in either)."""
     import torch  # only the scenarios need it (--list does not)
     from tests.lib import torch_gpt, torch_llama, torch_moe
 
@@ -34,13 +67,14 @@ def crosscheck(tie, pp, llama_kv=0, moe=None, tp=1, bias=False, qk_norm=False):
         f.write(" ".join(WORDS[(i * 7 + i // 3) % len(WORDS)] for i in range(4000)))
     data = open(text, "rb").read()
     name = f"tie{int(tie)}_pp{pp}_tp{tp}" + (f"_llama_kv{llama_kv}" if llama_kv else "") + ("_moe" if moe else "") + \
-        ("_bias" if bias else "") + ("_qknorm" if qk_norm else "")
+        ("_bias" if bias else "") + ("_qknorm" if qk_norm else "") + ("_bf16" if bf16 else "")
     heads = LLAMA_HEADS if llama_kv else H
     family = [f"model.arch=llama", f"model.n_kv_head={llama_kv}", f"model.ffn_hidden={LLAMA_FFN}",
               f"model.rope_theta={LLAMA_THETA}"] if llama_kv else []
     family += [f"model.moe.{k}={str(v).lower()}" for k, v in (moe or {}).items()]
     family += ["model.attention_bias=true"] if bias else []
     family += ["model.qk_norm=true"] if qk_norm else []
+    family += ["model.dtype=bf16"] if bf16 else []
     sets = family + [f"model.n_layer={L}", f"model.d_model={C}", f"model.n_head={heads}", f"model.seq_len={T}",
             f"model.tie_embeddings={'true' if tie else 'false'}", "data.source=text", f"data.path={text}",
             "data.shuffle=false", f"train.global_batch={B}", "parallel.micro_batches=2", f"parallel.pp={pp}",
@@ -65,6 +99,12 @@ def crosscheck(tie, pp, llama_kv=0, moe=None, tp=1, bias=False, qk_norm=False):
             return torch_moe.load_hf_named(ckpt, llama, group)
         return torch_llama.load_hf_named(ckpt, group) if llama_kv else torch_gpt.load(model, ckpt, group)
     x, y = torch_gpt.text_batch(data, 1, B, T)  # the batch of step 2 (0-based step 1)
+    if bf16:  # the fp32 model's loss and gradient norm first, to show the rounding matters
+        fp32_loss = model(x, y)
+        fp32_loss.backward()
+        fp32_norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters())).item()
+        model.zero_grad(set_to_none=True)
+        bf16_products(model)
     if moe:  # the router losses are per micro-batch
         loss, objective = model.objective(x, y, micro_batches=2)
     else:
@@ -76,6 +116,17 @@ def crosscheck(tie, pp, llama_kv=0, moe=None, tp=1, bias=False, qk_norm=False):
            f"{name}: loss {metrics[1]['loss']:.8f} vs PyTorch {loss.item():.8f} ({rel_diff(loss.item(), metrics[1]['loss']):.1e})")
     expect(rel_diff(norm, metrics[1]["grad_norm"]) < 1e-4,
            f"{name}: grad norm {metrics[1]['grad_norm']:.8f} vs PyTorch {norm:.8f} ({rel_diff(norm, metrics[1]['grad_norm']):.1e})")
+    if bf16:  # the rounding shows: the fp32 model misses by far more than the bf16 one
+        def off(l, n):
+            return max(rel_diff(l, metrics[1]["loss"]), rel_diff(n, metrics[1]["grad_norm"]))
+        miss, fp32_miss = off(loss.item(), norm), off(fp32_loss.item(), fp32_norm)
+        expect(fp32_miss > 5 * miss, f"{name}: PyTorch in fp32 misses by {fp32_miss:.1e}, over 5x the bf16 model's "
+               f"{miss:.1e}")
+        # AdamW is the same code under either dtype (the fp32 scenarios check it). Its moments and
+        # weights are not compared here: a product output within fp32 noise of a bf16 rounding
+        # boundary rounds the other way in one of the two models, and AdamW's normalised update
+        # turns such an element's 2^-8 into 1e-4 of the tensor's largest.
+        return
 
     # One AdamW step from the step-1 optimizer state must reach pipetrain's step-2 state.
     spec = json.load(open(os.path.join(ck1, "manifest.json")))["spec"]
@@ -148,6 +199,22 @@ def untied_head():
 def tied_head_two_stages():
     """Tied embeddings on a 2-stage pipeline: the same."""
     crosscheck(True, 2)
+
+
+@scenario
+def bf16_products_two_stages():
+    """model.dtype = bf16 on a 2-stage pipeline with a separate head: step 2's loss and gradient
+    norm equal PyTorch's with every linear map's operands rounded to bf16 (torch's rounding) and
+    fp32 everywhere else."""
+    needs_bf16()
+    crosscheck(False, 2, bf16=True)
+
+
+@scenario
+def llama_bf16_products():
+    """The same for the llama family (grouped queries, SwiGLU), one stage."""
+    needs_bf16()
+    crosscheck(False, 1, llama_kv=2, bf16=True)
 
 
 @scenario

@@ -101,6 +101,15 @@ def needs_cores(n):
         raise SystemExit(77)
 
 
+def needs_bf16():
+    """Skips the scenario (exit 77) on a CPU without AVX-512, where model.dtype = bf16 is refused
+    (oneDNN has no bf16 product below it; test_bad_spec checks the refusal)."""
+    flags = next((line.split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
+    if "avx512bw" not in flags:
+        print("skipped: model.dtype = bf16 needs an AVX-512 CPU")
+        raise SystemExit(77)
+
+
 def settings():
     """--bin, --mpiexec, --configs and --work of this run (--work: the scenario's own directory)."""
     return _settings

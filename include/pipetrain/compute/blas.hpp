@@ -4,7 +4,7 @@
 
 namespace pipetrain {
 
-void set_blas_threads(int threads);
+void set_blas_threads(int threads);  // and oneDNN's, which computes the bf16 products
 
 // The kernel family OpenBLAS runs: "SkylakeX", "Haswell", ...
 std::string blas_kernel_family();

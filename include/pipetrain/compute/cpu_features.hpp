@@ -4,6 +4,8 @@
 // clock, nominal where the system says it and measured where it does not.
 #include <string>
 
+#include "pipetrain/config/choices.hpp"  // Dtype
+
 namespace pipetrain {
 
 // The widest vector instruction set the CPU and the operating system both support, in the order
@@ -22,6 +24,12 @@ struct CpuFeatures {
   // x FMA pipes. The pipes come from the vendor and family where they differ (AMD's Zen 4 runs
   // AVX-512 on 256-bit halves, Zen 1 AVX2 on 128-bit ones); otherwise the server parts' two.
   int fp32_flops_per_cycle() const;
+
+  bool avx512_bf16 = false;  // AVX-512's bf16 dot products (AMD Zen 4 and 5, Intel Cooper Lake, Sapphire Rapids)
+  bool amx_bf16 = false;     // AMX's bf16 tile products (Intel Sapphire Rapids and later), usable by this OS
+  // bf16 FLOPs per cycle with fp32 accumulation: AMX's 1024; AVX512_BF16's dot products twice the
+  // fp32 rate; without either, bf16 products run on the fp32 units (emulated): the fp32 rate.
+  int bf16_flops_per_cycle() const;
 };
 
 // This machine's CPU (the first core's cpuid: the cores of one node are alike).
@@ -31,7 +39,7 @@ const CpuFeatures& cpu_features();
 // (one cycle each), so a trial the scheduler interrupted does not count. 0 off x86.
 double measure_clock_ghz();
 
-// One core's fp32 peak, MFU's hardware denominator: FLOPs per cycle x clock. The clock is the
+// One core's peak for products of `dtype`, MFU's hardware denominator: FLOPs per cycle x clock. The clock is the
 // higher of the stated maximum and the one measured now: virtual machines state none, and a base
 // clock understates what turbo runs at.
 struct CorePeak {
@@ -40,6 +48,6 @@ struct CorePeak {
   bool clock_measured = false;
   std::string basis;  // "AVX-512: 64 FLOP/cycle x 3.44 GHz (measured)"
 };
-CorePeak core_peak();
+CorePeak core_peak(Dtype dtype = Dtype::fp32);  // dtype: the matrix products' operands (model.dtype)
 
 }  // namespace pipetrain

@@ -22,6 +22,9 @@ void attention_forward_cached(float* out, const float* qkv, float* k_cache, floa
 // head size hs and `group` query heads per key/value head: O(T), never T x T.
 size_t attention_scratch_bytes(int T, int hs, int group);
 
+// dbias[OC] += the sum of dout[N,OC]'s rows (matmul_backward's bias part, on either product type).
+void bias_backward(float* dbias, const float* dout, int N, int OC);
+
 // GELU, tanh approximation (the layer list's bias_gelu_forward without the bias).
 void gelu_forward(float* out, const float* inp, size_t n);
 

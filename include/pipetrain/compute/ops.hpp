@@ -12,7 +12,7 @@ struct Kernels {
   PIPETRAIN_LAYER_KERNELS(PIPETRAIN_KERNEL_POINTER)
 #undef PIPETRAIN_KERNEL_POINTER
 };
-// The kernels of device `d`, with matrix products in `matmul` (bf16 exists on the GPU only).
-const Kernels& kernels(Device d, Dtype matmul = Dtype::fp32);
+// The kernels of device `d` under model.dtype = `model` (precision.hpp: what it changes).
+const Kernels& kernels(Device d, Dtype model = Dtype::fp32);
 
 }  // namespace pipetrain

@@ -29,13 +29,14 @@ namespace pipetrain {
 // The previous launch's trace.json is kept as traces/launch_K.json first.
 int record_launch(const Run& run);
 
-// MFU's denominators of one core (gpu: one GPU) as the run's first launch recorded them; zeros if
+// MFU's denominators of one core (gpu: one GPU) for products of `dtype`, as the first launch of the
+// run with that model.dtype recorded them (a launch before peak_dtype was recorded: fp32); zeros if
 // none did.
 struct RecordedPeaks {
   double peak = 0, sgemm = 0;
   std::string basis;
 };
-RecordedPeaks recorded_peaks(const std::string& run_dir, bool gpu);
+RecordedPeaks recorded_peaks(const std::string& run_dir, bool gpu, Dtype dtype);
 
 // Rank 0: appends the stop record of this launch.
 void record_stop(const RunState& state, const std::string& reason, ExitCode code, int64_t step,

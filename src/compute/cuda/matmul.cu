@@ -7,6 +7,7 @@
 
 #include "pipetrain/compute/gpu.hpp"
 #include "pipetrain/compute/gpu_kernels.hpp"
+#include "pipetrain/compute/precision.hpp"  // product_operands: what model.dtype rounds
 #include "pipetrain/util/clock.hpp"
 #include "reduce.cuh"
 
@@ -126,18 +127,18 @@ void matmul_backward_in(Dtype dtype, float* dinp, float* dweight, float* dbias, 
 }  // namespace
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
-  matmul_forward_in(Dtype::fp32, out, inp, weight, bias, N, C, OC);
+  matmul_forward_in(product_operands(Dtype::fp32), out, inp, weight, bias, N, C, OC);
 }
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC) {
-  matmul_backward_in(Dtype::fp32, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+  matmul_backward_in(product_operands(Dtype::fp32), dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 void matmul_forward_bf16(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
-  matmul_forward_in(Dtype::bf16, out, inp, weight, bias, N, C, OC);
+  matmul_forward_in(product_operands(Dtype::bf16), out, inp, weight, bias, N, C, OC);
 }
 void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const float* weight, int N, int C, int OC) {
-  matmul_backward_in(Dtype::bf16, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+  matmul_backward_in(product_operands(Dtype::bf16), dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
 
 }  // namespace pipetrain::gpu
