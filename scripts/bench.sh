@@ -23,6 +23,7 @@ run() {  # name, script, args...: the script's report goes to the screen and to 
   /usr/bin/python3 "$@" | tee "$out/$name.txt"
 }
 run kernels scripts/bench/kernels.py --repeats "$repeats"
+run precision scripts/bench/precision.py --repeats "$repeats"
 run llama_step scripts/bench/llama_step.py --repeats "$repeats"
 run moe_step scripts/bench/moe_step.py --repeats "$repeats"
 run pipeline scripts/bench/pipeline.py --repeats "$repeats"
@@ -42,7 +43,7 @@ if [ "$(id -u)" = 0 ]; then run zero_overlap scripts/bench/zero_overlap.py; else
 /usr/bin/python3 - "$out" <<'PY'
 import json, os, sys
 r = {}
-for name in ("kernels", "llama_step", "moe_step", "pipeline", "tensor_parallel", "expert_parallel", "oversubscribed", "memory", "zero_memory", "async_checkpoint", "stragglers",
+for name in ("kernels", "precision", "llama_step", "moe_step", "pipeline", "tensor_parallel", "expert_parallel", "oversubscribed", "memory", "zero_memory", "async_checkpoint", "stragglers",
              "blas_kernels", "attention", "prepare", "data_streaming"):
     with open(os.path.join(sys.argv[1], name + ".txt")) as f:
         r[name] = json.loads(f.read().strip().splitlines()[-1])
@@ -53,8 +54,17 @@ best_square = max(row["square_1"] for row in bk["sgemm"])
 own = bk["pipetrain"]["OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE unset"]
 f = lambda t: " / ".join(f"{x:.2f}" for x in t)
 rows = [
-    ("step time, pipetrain / PyTorch (small GPT)", f(k["pipetrain (OpenBLAS default threads)"]), "<= 0.80"),
+    ("step time, pipetrain / PyTorch (small GPT, 1 thread)", f(k["pipetrain (1 thread)"]), "<= 0.80"),
     ("GEMM efficiency, in step / sgemm alone", f(k["gemm_efficiency"]), ">= 0.80"),
+    *([("bf16 vs fp32", r["precision"]["skipped"], "")] if "skipped" in r["precision"] else
+      [row for width, v in r["precision"].items() if width.isdigit()
+       for row in [(f"6 x {width} GPT, 1 thread: pipetrain bf16 / fp32 step", f(v["ratios"]["pipetrain bf16 / fp32"]),
+                    "<= 0.60" if width == "512" else ""),
+                   ("  pipetrain / PyTorch, bf16 (autocast)", f(v["ratios"]["pipetrain / PyTorch, bf16"]), "<= 0.80"),
+                   ("  pipetrain / PyTorch, fp32", f(v["ratios"]["pipetrain / PyTorch, fp32"]), "<= 0.75"),
+                   ("  MFU pipetrain fp32, bf16; PyTorch fp32, bf16",
+                    ", ".join(f"{v['times'][n]['mfu']:.2f}" for n in ("pipetrain fp32", "pipetrain bf16", "PyTorch fp32",
+                                                                      "PyTorch bf16")), "")]]),
     *[(f"llama step, pipetrain / PyTorch, 1 thread ({name})", f(v), "<= 0.80") for name, v in ll.items() if name != "bench"],
     *[row for name, v in r["moe_step"].items() if name != "bench"
       for row in [(f"MoE step, pipetrain / PyTorch, 1 thread ({name})", f(v["ratio"]), "<= 0.80"),
