@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "gradcheck.hpp"
@@ -16,6 +17,7 @@
 #include "pipetrain/compute/kernels.hpp"
 #include "pipetrain/compute/ops.hpp"
 #include "pipetrain/compute/precision.hpp"
+#include "pipetrain/util/bfloat16.hpp"
 
 using namespace pipetrain;
 using gradcheck::randn;
@@ -218,4 +220,38 @@ TEST_CASE("bf16 products: empty shapes, and the same bits on one thread or two",
   const auto two = step();
   set_blas_threads(1);
   for (int i = 0; i < 3; ++i) CHECK(same_bits(one[i], two[i]));
+}
+
+TEST_CASE("rounding to bf16: to nearest even, in whole chunks and tails", "[precision]") {
+  // Ties (exactly halfway: to the even neighbour), values around them, infinities, overflow, zeros,
+  // NaN, then random values; lengths that leave a tail after whole vectors of 32.
+  std::vector<float> x = {1.f + 0x1p-8f,
+                          1.f + 3 * 0x1p-8f,
+                          1.f + 0x1p-8f + 0x1p-20f,
+                          -(1.f + 0x1p-8f),
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::max(),
+                          0.f,
+                          -0.f,
+                          std::nanf("")};
+  const Vec r = randn(1000, 3, 9);
+  x.insert(x.end(), r.begin(), r.end());
+  for (size_t n : {x.size(), size_t(31), size_t(64), size_t(65)}) {
+    std::vector<uint16_t> out(n);
+    round_to_bf16(out.data(), x.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      INFO(i << ": " << x[i]);
+      const float got = float_from_bf16(out[i]);
+      if (std::isnan(x[i])) CHECK(std::isnan(got));
+      else if (x[i] == std::numeric_limits<float>::max()) CHECK(got == std::numeric_limits<float>::infinity());
+      else CHECK(got == bf16_round(x[i]));
+    }
+  }
+  CHECK(float_from_bf16([&] {
+          uint16_t h;
+          const float tie = 1.f + 0x1p-8f;  // halfway between 1 and 1 + 2^-7: to the even one, 1
+          round_to_bf16(&h, &tie, 1);
+          return h;
+        }()) == 1.f);
 }

@@ -4,6 +4,8 @@
 // BLAS has no bf16 product (Debian's OpenBLAS 0.3.21 none at all), oneDNN runs the CPU's bf16
 // dot-product instructions (AVX512_BF16, AMX) where it has them, emulates them on AVX-512 cores
 // without, and has none below AVX-512.
+#include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace pipetrain {
@@ -24,6 +26,9 @@ std::string bf16_products_line();
 void matmul_forward_bf16(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC);
 void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const float* weight, int N, int C, int OC);
+
+// out[i] = x[i] rounded to bf16, to nearest even (bf16_from_float): the products' rounding.
+void round_to_bf16(uint16_t* out, const float* x, size_t n);
 
 // Threads oneDNN's products use (its OpenMP runtime's), set beside the BLAS's.
 void set_bf16_product_threads(int threads);
