@@ -7,10 +7,12 @@
 // mask a row also skips the keys before its document's start: the key blocks wholly before it are
 // never computed, and lanes before it in a block are masked like those after the row.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "pipetrain/compute/cpu_features.hpp"
 #include "pipetrain/compute/kernels.hpp"
 #include "pipetrain/compute/parallel_for.hpp"
 #include "pipetrain/compute/profile.hpp"
@@ -33,6 +35,14 @@ typedef float Floats8 __attribute__((vector_size(32), aligned(4), may_alias));
 
 int round_up(int n, int m) { return (n + m - 1) / m * m; }
 
+// Where the CPU has AVX-512, products also run in wide tiles of kTileRows x kWideCols: two
+// 16-float registers per row, eight accumulators. Every output is still one sum in sequence over
+// the inner dimension, fused multiply-adds as in the narrow tiles, so the bits are the same
+// whichever tiles ran (a test holds them to it).
+constexpr int kWideCols = 32;
+typedef float Floats16 __attribute__((vector_size(64), aligned(4), may_alias));
+std::atomic<bool> wide_tiles{cpu_features().level == SimdLevel::avx512};
+
 // c[i][j] (+)= alpha * sum_{p<k} a[i*as + p*ak] * b[p*ldb + j] for i < M, j < kTileCols: A is read
 // by rows (as = lda, ak = 1) or transposed (as = 1, ak = lda); add keeps what c held.
 template <int M>
@@ -53,18 +63,42 @@ void product_tile(int k, float alpha, const float* a, size_t as, size_t ak, cons
     }
 }
 
+// product_tile over kWideCols columns in AVX-512 registers.
+template <int M>
+__attribute__((target("avx512f"))) void wide_product_tile(int k, float alpha, const float* a, size_t as, size_t ak,
+                                                          const float* b, size_t ldb, float* c, size_t ldc, bool add) {
+  constexpr int V = kWideCols / 16;
+  Floats16 acc[M][V] = {};
+  for (int p = 0; p < k; ++p, a += ak, b += ldb) {
+    Floats16 bv[V];
+    for (int j = 0; j < V; ++j) bv[j] = reinterpret_cast<const Floats16*>(b)[j];
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < V; ++j) acc[i][j] += a[i * as] * bv[j];
+  }
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < V; ++j) {
+      Floats16& out = reinterpret_cast<Floats16*>(c + i * ldc)[j];
+      out = add ? out + alpha * acc[i][j] : alpha * acc[i][j];
+    }
+}
+
 // C[m,n] (+)= alpha * A[m,k] B[k,n], A as product_tile reads it: row tiles of up to kTileRows,
-// columns past the last whole kTileCols tile (n not a multiple of it, e.g. an odd head size) by
-// plain loops.
+// columns in wide tiles where the CPU has them, then narrow ones, the columns past the last whole
+// tile (n not a multiple of kTileCols, e.g. an odd head size) by plain loops.
 void product(int m, int n, int k, float alpha, const float* a, size_t as, size_t ak, const float* b, size_t ldb,
              float* c, size_t ldc, bool add) {
   static constexpr decltype(&product_tile<1>) tiles[kTileRows + 1] = {nullptr, product_tile<1>, product_tile<2>,
                                                                       product_tile<3>, product_tile<4>};
+  static constexpr decltype(&wide_product_tile<1>) wide[kTileRows + 1] = {
+      nullptr, wide_product_tile<1>, wide_product_tile<2>, wide_product_tile<3>, wide_product_tile<4>};
+  const bool use_wide = wide_tiles.load(std::memory_order_relaxed);
   for (int i0 = 0; i0 < m; i0 += kTileRows) {
     const int rows = std::min(kTileRows, m - i0);
     const float* ai = a + i0 * as;
     float* ci = c + i0 * ldc;
     int j = 0;
+    if (use_wide)
+      for (; j + kWideCols <= n; j += kWideCols) wide[rows](k, alpha, ai, as, ak, b + j, ldb, ci + j, ldc, add);
     for (; j + kTileCols <= n; j += kTileCols) tiles[rows](k, alpha, ai, as, ak, b + j, ldb, ci + j, ldc, add);
     for (int i = 0; i < rows; ++i)
       for (int jj = j; jj < n; ++jj) {
@@ -162,6 +196,8 @@ struct HeadGroup {
 };
 
 }  // namespace
+
+void set_wide_attention_tiles(bool on) { wide_tiles = on && cpu_features().level == SimdLevel::avx512; }
 
 // The forward's and the backward's thread_local buffers below, both kept between calls.
 size_t attention_scratch_bytes(int T, int hs, int group) {

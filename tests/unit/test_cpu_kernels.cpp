@@ -63,6 +63,21 @@ TEST_CASE("cpuid's instruction sets agree with the flags the kernel read") {
                                                 : SimdLevel::unknown;
   CHECK(std::string(name_of(cpu_features().level)) == name_of(want));
   CHECK(!cpu_features().vendor.empty());
+  CHECK(cpu_features().avx512_bf16 == (want == SimdLevel::avx512 && has({"avx512_bf16"})));
+  CHECK(cpu_features().amx_bf16 == (want == SimdLevel::avx512 && has({"amx_bf16", "amx_tile"})));
+}
+
+TEST_CASE("bf16 FLOPs per cycle: AMX's tiles, AVX512_BF16's twice fp32, else fp32's (emulated)") {
+  CpuFeatures zen4 = cpu("AuthenticAMD", 0x19, 0x11, SimdLevel::avx512);
+  CHECK(zen4.bf16_flops_per_cycle() == 32);  // no bf16 units: the fp32 rate
+  zen4.avx512_bf16 = true;
+  CHECK(zen4.bf16_flops_per_cycle() == 64);
+  CpuFeatures sapphire = cpu("GenuineIntel", 6, 0x8f, SimdLevel::avx512);
+  sapphire.avx512_bf16 = sapphire.amx_bf16 = true;
+  CHECK(sapphire.bf16_flops_per_cycle() == 1024);
+  const CorePeak peak = core_peak(Dtype::bf16);
+  CHECK(peak.flops_per_cycle == cpu_features().bf16_flops_per_cycle());
+  CHECK(contains(peak.basis, std::to_string(peak.flops_per_cycle) + " FLOP/cycle"));
 }
 
 TEST_CASE("fp32 FLOPs per cycle: lanes x 2 x FMA pipes, by instruction set and, where pipes differ, family") {

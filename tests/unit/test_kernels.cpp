@@ -209,6 +209,31 @@ const std::vector<std::vector<int>> kDocuments = {{0, 5, 6, 64, 70, 130, 149}, {
 
 }  // namespace
 
+TEST_CASE("attention's AVX-512 tiles give the AVX2 tiles' bits", "[kernels]") {
+  // Head sizes with a whole 32-column wide tile and a 16-column rest (48), wide tiles alone (64,
+  // 128), none (16); T around the 64-row blocks; with and without documents. On a CPU without
+  // AVX-512 both runs take the narrow tiles and the check is trivially true.
+  const std::vector<int> start = document_starts(150, {{0, 5, 6, 64, 70, 130, 149}});
+  for (int T : {17, 64, 150})
+    for (auto [C, NH, NKV] : {std::array<int, 3>{96, 2, 2}, {128, 2, 1}, {256, 2, 2}, {32, 2, 2}})
+      for (bool documents : {false, true}) {
+        INFO("T " << T << " C " << C << " NH " << NH << " NKV " << NKV << " documents " << documents);
+        const int C3 = C + 2 * NKV * (C / NH);
+        const auto qkv = randn(T * C3, 1.f, 21), dout = randn(T * C, 1.f, 22);
+        const int* doc = documents ? start.data() : nullptr;
+        std::vector<float> runs[2][3];
+        for (bool wide : {true, false}) {
+          set_wide_attention_tiles(wide);
+          std::vector<float> out(dout.size()), lse(NH * T), dqkv(qkv.size());
+          attention_forward(out.data(), lse.data(), qkv.data(), 1, T, C, NH, NKV, doc);
+          attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), 1, T, C, NH, NKV, doc);
+          runs[wide][0] = out, runs[wide][1] = lse, runs[wide][2] = dqkv;
+        }
+        set_wide_attention_tiles(true);
+        for (int i = 0; i < 3; ++i) CHECK(runs[0][i] == runs[1][i]);
+      }
+}
+
 TEST_CASE("document-masked attention matches the full T x T computation with the mask", "[kernels]") {
   for (int T : {17, 150})
     for (auto [C, NH, NKV] : {std::array<int, 3>{6, 2, 2}, {64, 4, 2}, {40, 1, 1}}) {

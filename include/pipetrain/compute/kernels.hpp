@@ -18,6 +18,11 @@ PIPETRAIN_LAYER_KERNELS(PIPETRAIN_DECLARE_KERNEL)
 void attention_forward_cached(float* out, const float* qkv, float* k_cache, float* v_cache, int pos, int n, int C,
                               int NH, int NKV, const int* doc_start);
 
+// Whether attention's products may run AVX-512 tiles (on, the default, where the CPU has AVX-512)
+// or only the AVX2 ones: the same bits either way; for the test that holds them to it and for
+// benchmarks.
+void set_wide_attention_tiles(bool on);
+
 // Bytes of scratch one compute thread keeps for attention_forward/backward at sequence length T,
 // head size hs and `group` query heads per key/value head: O(T), never T x T.
 size_t attention_scratch_bytes(int T, int hs, int group);
