@@ -3,7 +3,7 @@
 # Builds Release, runs each comparison with --repeats repetitions (default 5), keeps every
 # script's own report in bench-results/, and ends with one table of min / median / max.
 #
-# usage: scripts/bench.sh [--repeats N] [--memory-steps N]     (about 25 minutes on 2 cores)
+# usage: scripts/bench.sh [--repeats N] [--memory-steps N]     (about 40 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repeats=5 memory_steps=1000
@@ -24,6 +24,7 @@ run() {  # name, script, args...: the script's report goes to the screen and to 
 }
 run kernels scripts/bench/kernels.py --repeats "$repeats"
 run precision scripts/bench/precision.py --repeats "$repeats"
+run bf16_trajectory scripts/bench/bf16_trajectory.py
 run llama_step scripts/bench/llama_step.py --repeats "$repeats"
 run moe_step scripts/bench/moe_step.py --repeats "$repeats"
 run pipeline scripts/bench/pipeline.py --repeats "$repeats"
@@ -43,7 +44,7 @@ if [ "$(id -u)" = 0 ]; then run zero_overlap scripts/bench/zero_overlap.py; else
 /usr/bin/python3 - "$out" <<'PY'
 import json, os, sys
 r = {}
-for name in ("kernels", "precision", "llama_step", "moe_step", "pipeline", "tensor_parallel", "expert_parallel", "oversubscribed", "memory", "zero_memory", "async_checkpoint", "stragglers",
+for name in ("kernels", "precision", "bf16_trajectory", "llama_step", "moe_step", "pipeline", "tensor_parallel", "expert_parallel", "oversubscribed", "memory", "zero_memory", "async_checkpoint", "stragglers",
              "blas_kernels", "attention", "prepare", "data_streaming"):
     with open(os.path.join(sys.argv[1], name + ".txt")) as f:
         r[name] = json.loads(f.read().strip().splitlines()[-1])
@@ -69,6 +70,10 @@ rows = [
     *[row for name, v in r["moe_step"].items() if name != "bench"
       for row in [(f"MoE step, pipetrain / PyTorch, 1 thread ({name})", f(v["ratio"]), "<= 0.80"),
                   ("  routing's share of pipetrain's step", f"{v['routing_share']:.3f}", "")]],
+    *[(f"300 steps, worst / mean loss difference: {name}", f"{v['worst']:.4f} / {v['mean']:.4f}",
+       "<= 0.01 (worst)" if name.startswith("pipetrain bf16") else "")
+      for name, v in r["bf16_trajectory"].items() if isinstance(v, dict)],
+    *([("bf16 trajectory", r["bf16_trajectory"]["skipped"], "")] if "skipped" in r["bf16_trajectory"] else []),
     ("non-GEMM share of the step", f(k["non_gemm_share"]), "<= 0.25"),
     ("pipeline 2x1 / 1x1 throughput, share of 2M/(M+1)", " / ".join(f"{x:.3f}" for x in p["efficiency"]), ">= 0.97"),
     ("  against a 1x1 sharing the machine with a twin", " / ".join(f"{x:.3f}" for x in p["loaded_efficiency"]), ""),

@@ -16,3 +16,12 @@ def setup(name, options):
         ap.add_argument(flag, type=kind, default=default)
     return (ap.parse_args(), shutil.which("mpiexec.mpich") or "mpiexec",
             tempfile.mkdtemp(prefix=f"bench-{name}-"))
+
+
+def text_corpus(work):
+    """A 1 MiB text file of a fixed byte pattern in `work` (data.source = text) and its bytes: the
+    corpus the step benchmarks train on, pipetrain and PyTorch alike."""
+    path = os.path.join(work, "corpus.txt")
+    with open(path, "wb") as f:
+        f.write(bytes((i * 7919 + (i >> 5) * 31) % 97 + 32 for i in range(1 << 20)))
+    return path, open(path, "rb").read()

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from bench_setup import setup
+from bench_setup import setup, text_corpus
 import torch_fastest
 
 a, _, work = setup("precision", [("--steps", int, 8), ("--repeats", int, 3), ("--widths", str, "256,512")])
@@ -33,10 +33,7 @@ if not torch_fastest.cpu_has_avx512():
     print(json.dumps({"bench": "precision", "skipped": "no AVX-512 here: model.dtype = bf16 is refused"}))
     sys.exit(0)
 L, T, V, B = 6, 64, 256, 32
-corpus = os.path.join(work, "corpus.txt")
-with open(corpus, "wb") as f:
-    f.write(bytes((i * 7919 + (i >> 5) * 31) % 97 + 32 for i in range(1 << 20)))
-data = open(corpus, "rb").read()
+corpus, data = text_corpus(work)
 
 
 def spec(width, dtype):
