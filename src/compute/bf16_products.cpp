@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <map>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <set>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "pipetrain/compute/kernels.hpp"
@@ -87,6 +89,25 @@ const uint16_t* rounded(Slot slot, const float* x, size_t n) {
   return s.data();
 }
 
+// The open Bf16WeightScope's slab and its bf16 copy: which weight ranges (offset, length) this
+// step has rounded.
+struct WeightCopy {
+  const float* slab = nullptr;
+  size_t n = 0;
+  std::vector<uint16_t> rounded;
+  std::set<std::pair<size_t, size_t>> done;
+};
+thread_local WeightCopy step_weights;
+
+const uint16_t* rounded_weight(const float* w, size_t n) {
+  WeightCopy& c = step_weights;
+  if (!c.slab || w < c.slab || w + n > c.slab + c.n) return rounded(weight_slot, w, n);
+  const size_t offset = static_cast<size_t>(w - c.slab);
+  if (c.rounded.size() < c.n) c.rounded.resize(c.n);
+  if (c.done.emplace(offset, n).second) round_to_bf16(c.rounded.data() + offset, w, n);
+  return c.rounded.data() + offset;
+}
+
 const char* isa_text(dnnl::cpu_isa isa) {
   switch (isa) {
     case dnnl::cpu_isa::avx512_core_amx:
@@ -143,6 +164,17 @@ void round_to_bf16(uint16_t* out, const float* x, size_t n) {
   });
 }
 
+Bf16WeightScope::Bf16WeightScope(const float* slab, size_t n) {
+  step_weights.slab = slab;
+  step_weights.n = n;
+  step_weights.done.clear();
+}
+
+Bf16WeightScope::~Bf16WeightScope() {
+  step_weights.slab = nullptr;
+  step_weights.n = 0;
+}
+
 void set_bf16_product_threads(int threads) { omp_set_num_threads(std::max(1, threads)); }
 
 void matmul_forward_bf16(float* out, const float* inp, const float* weight, const float* bias, int N, int C, int OC) {
@@ -154,7 +186,7 @@ void matmul_forward_bf16(float* out, const float* inp, const float* weight, cons
     return;
   }
   // out[N,OC] = inp[N,C] weight[OC,C]^T + bias
-  const uint16_t* w = rounded(weight_slot, weight, static_cast<size_t>(OC) * C);
+  const uint16_t* w = rounded_weight(weight, static_cast<size_t>(OC) * C);
   const uint16_t* x = rounded(input_slot, inp, static_cast<size_t>(N) * C);
   multiply(Product{N, OC, C, false, true, false, bias != nullptr}, x, w, bias, out);
   count_gemm_flops(2.0 * N * OC * C);
@@ -169,8 +201,8 @@ void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float
     if (dinp && N && C) {  // dinp[N,C] = dout[N,OC] weight[OC,C]
       if (OC == 0) std::fill(dinp, dinp + static_cast<size_t>(N) * C, 0.f);
       else
-        multiply(Product{N, C, OC, false, false, false, false}, d, rounded(weight_slot, weight, size_t(OC) * C),
-                 nullptr, dinp);
+        multiply(Product{N, C, OC, false, false, false, false}, d, rounded_weight(weight, size_t(OC) * C), nullptr,
+                 dinp);
       count_gemm_flops(2.0 * N * OC * C);
     }
     if (dweight && d) {  // dweight[OC,C] += dout^T inp

@@ -137,6 +137,10 @@ Plan make_plan(const RunSpec& spec) {
       sp.act_held_bytes[m] = held_activation_bytes(lists[s], stash[m], wgrads, pools);
     }
     sp.working_bytes = working_bytes(spec, chunks, P * V);
+    // Under bf16 on the CPU, the products' copy of the rank's whole weights, 2 bytes each, kept from
+    // step to step (Bf16WeightScope); ZeRO-3's gathered layers are rounded product by product.
+    if (spec.model.dtype == Dtype::bf16 && spec.run.device == Device::cpu && acting_zero(spec) < 3)
+      sp.working_bytes += 2 * sp.params;
     const size_t D = spec.parallel.dp;
     // MPI's scratch for the replicas' gradient sums: unsharded, the all-reduce buckets', (D - 1) / D of the
     // gradients; sharded, a part (1 / D) of each travelling reduce-scatter, of at most the window.

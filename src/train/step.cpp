@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "pipetrain/compute/bf16_products.hpp"
 #include "pipetrain/compute/device.hpp"
 #include "pipetrain/compute/gpu.hpp"
 #include "pipetrain/util/clock.hpp"
@@ -110,6 +111,7 @@ StepResult train_step(Run& run, int step) {
   const bool replicas = spec.parallel.dp > 1;
   run.comms.reducer->begin_step();
   const std::function<void(size_t)> grads_done = [&](size_t offset) { run.comms.reducer->done_from(offset); };
+  const Bf16WeightScope weight_copies(stage.weights().data(), stage.weights().size());  // (fp32: unused)
   r.stats = run.model.executor->run(
       run.model.actions, run.telemetry.trace, inputs_from(run.layout, run.model, run.input.data.get(), step),
       replicas ? grads_done : std::function<void(size_t)>(), params_ready(run.model, run.comms));

@@ -222,6 +222,48 @@ TEST_CASE("bf16 products: empty shapes, and the same bits on one thread or two",
   for (int i = 0; i < 3; ++i) CHECK(same_bits(one[i], two[i]));
 }
 
+TEST_CASE("a step's weight scope rounds each weight once and serves that copy until it closes", "[precision][bf16]") {
+  if (!runs_bf16()) return;
+  const Kernels& k = kernels(Device::cpu, Dtype::bf16);
+  const int N = 8, C = 64, OC = 32;
+  const size_t n_w = static_cast<size_t>(OC) * C;
+  // A slab of two weight matrices, and one outside it (as ZeRO-3's gathered layers are).
+  Vec slab = randn(2 * n_w, 0.1f, 5), outside = randn(n_w, 0.1f, 6);
+  const Vec x = randn(N * C, 1, 7);
+  auto forward = [&](const float* w) {
+    Vec out(N * OC);
+    k.matmul_forward(out.data(), x.data(), w, nullptr, N, C, OC);
+    return out;
+  };
+  auto dinp = [&](const float* w) {
+    const Vec dout = randn(N * OC, 1, 8);
+    Vec d(N * C);
+    k.matmul_backward(d.data(), nullptr, nullptr, dout.data(), x.data(), w, N, C, OC);
+    return d;
+  };
+  float* second = slab.data() + n_w;
+  const Vec unscoped = forward(second), unscoped_dinp = dinp(second);
+  const Vec changed_w = randn(n_w, 0.1f, 9);
+  {
+    const Bf16WeightScope scope(slab.data(), slab.size());
+    CHECK(same_bits(forward(second), unscoped));  // the same rounding as a product's own
+    // A weight changed after its first product of the step: the step's copy still serves
+    // (the trainer's promise is that none changes), in the forward and in the backward.
+    std::copy(changed_w.begin(), changed_w.end(), second);
+    CHECK(same_bits(forward(second), unscoped));
+    CHECK(same_bits(dinp(second), unscoped_dinp));
+    // A weight outside the slab is rounded by each product.
+    const Vec before = forward(outside.data());
+    outside[0] += 1.f;
+    CHECK_FALSE(same_bits(forward(outside.data()), before));
+  }
+  // The next step's scope rounds the weights anew, and so does a product outside any scope.
+  const Vec fresh = forward(second);
+  CHECK_FALSE(same_bits(fresh, unscoped));
+  const Bf16WeightScope next(slab.data(), slab.size());
+  CHECK(same_bits(forward(second), fresh));
+}
+
 TEST_CASE("rounding to bf16: to nearest even, in whole chunks and tails", "[precision]") {
   // Ties (exactly halfway: to the even neighbour), values around them, infinities, overflow, zeros,
   // NaN, then random values; lengths that leave a tail after whole vectors of 32.

@@ -187,3 +187,24 @@ TEST_CASE("the planner's bytes, messages and FLOPs equal what real Stages alloca
   // Every schedule with recompute none; the three that split the backward refuse stage and block.
   CHECK(combinations == 3 * 3 * (6 + 2 * 3));
 }
+
+TEST_CASE("under bf16 on the CPU the plan counts the products' copy of the rank's weights, unless ZeRO-3 drops them",
+          "[planner_model]") {
+  const std::vector<std::string> base = {"model.n_layer=4", "model.d_model=16",     "model.n_head=4",
+                                         "model.seq_len=8", "train.global_batch=8", "parallel.pp=2"};
+  auto plan_of = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), base.begin(), base.end());
+    const RunSpec spec = parse_spec("", "", extra, 4);
+    return make_plan(spec);
+  };
+  const Plan fp32 = plan_of({"parallel.dp=2"}), bf16 = plan_of({"parallel.dp=2", "model.dtype=bf16"});
+  const Plan zero3 = plan_of({"parallel.dp=2", "parallel.zero=3"}),
+             zero3_bf16 = plan_of({"parallel.dp=2", "parallel.zero=3", "model.dtype=bf16"});
+  for (int s = 0; s < 2; ++s) {
+    // bf16 adds the operands' scratch slots under either ZeRO level, and the weights' copy below ZeRO-3
+    const size_t slots = zero3_bf16.stages[s].working_bytes - zero3.stages[s].working_bytes;
+    CHECK(slots > 0);
+    CHECK(bf16.stages[s].params == fp32.stages[s].params);
+    CHECK(bf16.stages[s].working_bytes - fp32.stages[s].working_bytes == slots + 2 * fp32.stages[s].params);
+  }
+}

@@ -27,6 +27,22 @@ void matmul_forward_bf16(float* out, const float* inp, const float* weight, cons
 void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                           const float* weight, int N, int C, int OC);
 
+// Within a training step a weight does not change once a product has used it: the optimizer runs
+// after the schedule, and ZeRO-1's updated weights arrive before a chunk's first forward. While a
+// scope is open over the stage's weight slab (the trainer opens one around each step's schedule),
+// each weight matrix in it is rounded on its first product of the step and that copy serves every
+// later forward and backward of the step: once per step, not twice per micro-batch. Outside a scope
+// (evaluation, generation) and for weights outside the slab (ZeRO-3's gathered layers), every
+// product rounds its weight itself. The copy, 2 bytes per weight of the slab, is made on the first
+// bf16 product and kept; one scope per thread (ranks run as threads in the thread-group tests).
+class Bf16WeightScope {
+ public:
+  Bf16WeightScope(const float* slab, size_t n);
+  ~Bf16WeightScope();
+  Bf16WeightScope(const Bf16WeightScope&) = delete;
+  Bf16WeightScope& operator=(const Bf16WeightScope&) = delete;
+};
+
 // out[i] = x[i] rounded to bf16, to nearest even (bf16_from_float): the products' rounding.
 void round_to_bf16(uint16_t* out, const float* x, size_t n);
 

@@ -43,7 +43,7 @@ struct StagePlan {
   int in_flight = 0;          // micro-batches whose activations the schedule holds at its peak
   size_t act_peak_bytes[3];   // by recompute mode: none, stage, block
   size_t act_held_bytes[3];   // what the stage's reused activation buffers keep allocated (held_activation_bytes)
-  size_t working_bytes = 0;   // scratch and buffers for the spec's recompute mode
+  size_t working_bytes = 0;   // scratch and buffers for the spec's recompute mode (and bf16 copies)
   // With replicas, MPI's scratch for the gradient reduction: unsharded, (D-1)/D of the gradients
   // (measured with MPICH at D = 2); sharded, each travelling reduce-scatter's own part (1/D) of at
   // most OptimizerShard::reduce_window floats.
