@@ -63,6 +63,8 @@ rows = [
                     "<= 0.60" if width == "512" else ""),
                    ("  pipetrain / PyTorch, bf16 (autocast)", f(v["ratios"]["pipetrain / PyTorch, bf16"]), "<= 0.80"),
                    ("  pipetrain / PyTorch, fp32", f(v["ratios"]["pipetrain / PyTorch, fp32"]), "<= 0.75"),
+                   ("  pipetrain bf16, 8 / 1 micro-batches", f(v["ratios"]["pipetrain bf16, 8 / 1 micro-batches"]),
+                    "<= 1.05"),
                    ("  MFU pipetrain fp32, bf16; PyTorch fp32, bf16",
                     ", ".join(f"{v['times'][n]['mfu']:.2f}" for n in ("pipetrain fp32", "pipetrain bf16", "PyTorch fp32",
                                                                       "PyTorch bf16")), "")]]),

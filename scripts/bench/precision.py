@@ -13,7 +13,9 @@ must agree before any time is compared (fp32: 1e-4 relative; bf16: 1e-2, autocas
 than pipetrain's policy: it also keeps the products' outputs in bf16). MFU is each step's FLOPs
 (pipetrain's count, the same model) over one core's peak for its dtype, as pipetrain's metrics
 give it. Goals: bf16 at most 0.6x fp32 at width 512; pipetrain bf16 at most 0.8x PyTorch bf16;
-pipetrain fp32 at most 0.75x PyTorch fp32. The last line is a JSON summary for scripts/bench.sh.
+pipetrain fp32 at most 0.75x PyTorch fp32. pipetrain bf16 also runs the batch as 8 micro-batches
+of 4: its weights are rounded once a step, so that step should take about as long (at most 1.05x).
+The last line is a JSON summary for scripts/bench.sh.
 
 usage: scripts/bench/precision.py [--bin build/pipetrain] [--steps 8] [--repeats 3] [--widths 256,512]"""
 import json
@@ -117,6 +119,7 @@ for width, (run_dir, lines, _) in first.items():
         if same[dtype] > tolerance:
             sys.exit(f"losses differ beyond {tolerance:g}: not comparing speed")
     times = {k: [] for k in ("pipetrain fp32", "pipetrain bf16", "PyTorch fp32", "PyTorch bf16")}
+    accumulating = []  # pipetrain bf16 over 8 micro-batches of 4: the weights still rounded once a step
     mfu, flops = {}, {}
     for _ in range(a.repeats):  # interleaved, so the machine's noise hits all four alike
         for dtype in ("fp32", "bf16"):
@@ -126,6 +129,8 @@ for width, (run_dir, lines, _) in first.items():
             flops[dtype] = kept[-1]["gflops"] * kept[-1]["step_time_s"]  # GFLOP per step, pipetrain's count
             mfu[dtype] = kept[-1]["peak_gflops"]
             times[f"PyTorch {dtype}"].append(torch_model.step_seconds(a.steps, dtype == "bf16"))
+        kept = pipetrain(a.steps, width, "bf16", ["parallel.micro_batches=8"])[1][2:]
+        accumulating.append(statistics.median(m["step_time_s"] for m in kept))
     print(f"{L} blocks x {width} wide, batch {B} x {T}, one core, {a.repeats} repeats: step ms (min / median / max), "
           f"MFU at the median")
     row = {}
@@ -139,9 +144,10 @@ for width, (run_dir, lines, _) in first.items():
         "pipetrain bf16 / fp32": mmm([b / f for b, f in zip(times["pipetrain bf16"], times["pipetrain fp32"])]),
         "pipetrain / PyTorch, bf16": mmm([p / q for p, q in zip(times["pipetrain bf16"], times["PyTorch bf16"])]),
         "pipetrain / PyTorch, fp32": mmm([p / q for p, q in zip(times["pipetrain fp32"], times["PyTorch fp32"])]),
-        "PyTorch bf16 / fp32": mmm([b / f for b, f in zip(times["PyTorch bf16"], times["PyTorch fp32"])])}
+        "PyTorch bf16 / fp32": mmm([b / f for b, f in zip(times["PyTorch bf16"], times["PyTorch fp32"])]),
+        "pipetrain bf16, 8 / 1 micro-batches": mmm([m / o for m, o in zip(accumulating, times["pipetrain bf16"])])}
     for name, r in ratios.items():
-        print(f"  {name:28s} {r[0]:.2f} / {r[1]:.2f} / {r[2]:.2f}")
+        print(f"  {name:36s} {r[0]:.2f} / {r[1]:.2f} / {r[2]:.2f}")
     summary[str(width)] = {"times": row, "ratios": ratios, "loss_agreement": same}
 shutil.rmtree(work)
 print(json.dumps(summary))

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pipetrain/ckpt/shard_io.hpp"
+#include "pipetrain/compute/bf16_products.hpp"
 #include "pipetrain/compute/blas.hpp"
 #include "pipetrain/compute/blas_kernels.hpp"
 #include "pipetrain/compute/cpu_features.hpp"
@@ -375,26 +376,41 @@ void check_compute(Comm& comm, double ratio, std::vector<Row>& rows) {
   judge_compute(comm, machines, turn, seconds, cpu, others, reps, ratio, rows);
 }
 
-// Which BLAS kernels each rank computes with: a rank whose kernels run below its CPU fails, unless
-// the environment chose them (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE: then a warning naming it).
-void check_blas_kernels(Comm& comm, std::vector<Row>& rows) {
-  const KernelDecision& d = blas_kernel_decision();
-  const SimdLevel cpu = cpu_features().level;
-  std::string mine = blas_kernel_family() + " kernels on an " + name_of(cpu) + " CPU";
-  if (d.below_cpu)
-    mine += std::string(", which runs ") + kernels_for(cpu) + (d.user_chose ? ": the environment's choice" : "");
+// One row of `check` per finding the ranks report, naming the ranks (and hosts) that share it.
+// `mine` is this rank's finding after its verdict: '-' ok, 'W' a warning, 'F' a failure.
+void rows_by_finding(Comm& comm, const char* check, const std::string& mine, std::vector<Row>& rows) {
   std::vector<std::string> all;
-  comm.gather_to_root(std::string(d.below_cpu ? (d.user_chose ? "W" : "F") : "-") + mine, all);
+  comm.gather_to_root(mine, all);
   if (comm.topo().world_rank != 0) return;
   const auto& host = comm.world().hosts();
   std::map<std::string, std::string> ranks_with;  // the same finding on several ranks: one row
   for (size_t r = 0; r < all.size(); ++r)
     ranks_with[all[r]] += (ranks_with[all[r]].empty() ? "" : ", ") + std::to_string(r) + " (" + host[r] + ")";
-  for (const auto& [finding, ranks] : ranks_with) {
-    const char flag = finding[0];
-    rows.push_back({"BLAS kernels", "rank" + std::string(ranks.find(',') != std::string::npos ? "s " : " ") + ranks,
-                    "OpenBLAS " + finding.substr(1), flag != 'F', flag == 'W'});
-  }
+  for (const auto& [finding, ranks] : ranks_with)
+    rows.push_back({check, "rank" + std::string(ranks.find(',') != std::string::npos ? "s " : " ") + ranks,
+                    finding.substr(1), finding[0] != 'F', finding[0] == 'W'});
+}
+
+// Which BLAS kernels each rank computes with: a rank whose kernels run below its CPU fails, unless
+// the environment chose them (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE: then a warning naming it).
+void check_blas_kernels(Comm& comm, std::vector<Row>& rows) {
+  const KernelDecision& d = blas_kernel_decision();
+  const SimdLevel cpu = cpu_features().level;
+  std::string mine = "OpenBLAS " + blas_kernel_family() + " kernels on an " + name_of(cpu) + " CPU";
+  if (d.below_cpu)
+    mine += std::string(", which runs ") + kernels_for(cpu) + (d.user_chose ? ": the environment's choice" : "");
+  rows_by_finding(comm, "BLAS kernels", (d.below_cpu ? (d.user_chose ? "W" : "F") : "-") + mine, rows);
+}
+
+// Under model.dtype = bf16 on the CPU, what each rank's bf16 products run on: a warning where oneDNN
+// emulates them (a CPU without bf16 instructions: a bf16 run there is slower than fp32), and
+// ranks that differ (nodes of several CPU kinds) in rows of their own.
+void check_bf16_products(Comm& comm, std::vector<Row>& rows) {
+  const Bf16Products& p = bf16_products();
+  rows_by_finding(comm, "bf16 products",
+                  std::string(p.native ? "-" : "W") + "oneDNN " + p.kernel + " (" + p.isa + ")" +
+                      (p.native ? "" : ", bf16 emulated on the fp32 units"),
+                  rows);
 }
 
 // Parallel HDF5 in the checkpoint directory.
@@ -476,6 +492,7 @@ ExitCode run_smoke(const SmokeOptions& opt, World& w) {
 
   check_placement(comm, launch, rows);
   check_blas_kernels(comm, rows);
+  if (spec.model.dtype == Dtype::bf16 && spec.run.device == Device::cpu) check_bf16_products(comm, rows);
   if (spec.log.straggler_ratio > 0) check_compute(comm, spec.log.straggler_ratio, rows);
   check_links(comm, rows);
   check_all_reduce(comm, rows);

@@ -3,10 +3,12 @@
 most 0.5% above fp32's; over 60 steps within 1% on tensor, pipeline and data parallel layouts and with
 ZeRO-3; a bf16 run and an fp32 run resume
 each other's checkpoints (fp32 tensors whatever the run's dtype) on other layouts and continue the
-trajectory; each launch measures MFU's peak for its own dtype. Skipped (exit 77) on a CPU without
+trajectory; each launch measures MFU's peak for its own dtype; pipetrain smoke names the bf16
+kernel and warns where bf16 is emulated. Skipped (exit 77) on a CPU without
 AVX-512, where test_bad_spec checks the refusal."""
 import json
 import os
+import subprocess
 
 import h5py
 import numpy as np
@@ -150,6 +152,32 @@ def resumes_across_dtypes_and_layouts():
         expect(rates[2] == rates[0] and rates[1] != rates[0],
                f"the GEMM rate per core: bf16 {rates[0]:.1f}, fp32 {rates[1]:.1f} (its own), bf16 again {rates[2]:.1f} "
                "(the first bf16 launch's)")
+
+
+def smoke_rows(name, env=None):
+    """pipetrain smoke on 2 ranks of the tiny model under bf16: its exit code and the table's
+    bf16 products rows."""
+    a = settings()
+    cmd = [a.mpiexec, "-n", "2", a.bin, "smoke", "--config", os.path.join(a.configs, "tiny.toml"), "--set",
+           "model.dtype=bf16", "--run-dir", os.path.join(a.work, name)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                       env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
+    table = p.stdout[p.stdout.find("\npipetrain smoke:"):]
+    return p, [line for line in table.splitlines() if line.startswith("bf16 products")]
+
+
+@scenario
+def smoke_names_the_bf16_kernel():
+    """pipetrain smoke under bf16: one row for both ranks naming oneDNN's kernel, ok; where oneDNN
+    is held below the CPU's bf16 instructions (ONEDNN_MAX_CPU_ISA=AVX512_CORE, as on an AVX-512
+    CPU without them) a warning that bf16 is emulated, and the smoke still passes."""
+    needs_bf16()
+    p, rows = smoke_rows("smoke_bf16")
+    expect(p.returncode == 0 and len(rows) == 1 and "ranks 0" in rows[0] and "oneDNN brg:" in rows[0]
+           and rows[0].rstrip().endswith("ok"), f"one bf16 products row, ok, naming the kernel: {rows} ({p.returncode})")
+    p, rows = smoke_rows("smoke_bf16_emulated", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"})
+    expect(p.returncode == 0 and len(rows) == 1 and "emulated" in rows[0] and rows[0].rstrip().endswith("warn"),
+           f"emulated bf16: a warning, and the smoke passes: {rows} ({p.returncode}, {p.stdout[-300:]})")
 
 
 if __name__ == "__main__":

@@ -297,7 +297,10 @@ def moe_expert_parallel():
     ep2 = ["parallel.ep=2"]
     # 4 replicas against 1x1's 16 micro-batches of one sample: after step 16's gradient spike (16x
     # the norm around it) a token's near-tied experts may swap, ep 1 and ep 2 alike, and the runs
-    # part by ~4e-6 by step 19; the 15 steps before it are compared.
+    # part by ~4e-6 by step 19; the 15 steps before it are compared. The variants below have spikes
+    # of their own (the gated shared expert's at steps 11 and 13), after which the same swap can
+    # come: with SkylakeX kernels on an Intel Xeon its 2x2 run parts by 1.6e-5 at step 19, after
+    # 5e-7 at most through step 18. Their first 15 steps are compared too.
     for name, pp, dp, sets, ref in [
             ("1x2", 1, 2, ep2, ref_m8), ("2x2", 2, 2, ep2, ref_m8),
             ("1f1b", 2, 2, ep2 + ["parallel.schedule=1f1b"], ref_m8),
@@ -318,7 +321,7 @@ def moe_expert_parallel():
                     ("model.moe.shared_experts=1", "model.moe.shared_gate=true", "model.moe.shared_ffn_hidden=192")]:
         tag = "_".join(v.split(".")[2].replace("=", "_") for v in variant)
         same(f"moe ep 2 {variant} 2x2 vs 1x1", run(f"moe_ep_{tag}_2x2", 2, 2, *MOE, *variant, *ep2),
-             reference(*MOE, *variant, "parallel.micro_batches=8"))
+             reference(*MOE, *variant, "parallel.micro_batches=8"), upto=15)
 
 
 @scenario
