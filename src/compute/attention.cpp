@@ -43,43 +43,50 @@ constexpr int kWideCols = 32;
 typedef float Floats16 __attribute__((vector_size(64), aligned(4), may_alias));
 std::atomic<bool> wide_tiles{cpu_features().level == SimdLevel::avx512};
 
-// c[i][j] (+)= alpha * sum_{p<k} a[i*as + p*ak] * b[p*ldb + j] for i < M, j < kTileCols: A is read
-// by rows (as = lda, ak = 1) or transposed (as = 1, ak = lda); add keeps what c held.
-template <int M>
-void product_tile(int k, float alpha, const float* a, size_t as, size_t ak, const float* b, size_t ldb, float* c,
-                  size_t ldc, bool add) {
-  constexpr int V = kTileCols / 8;
-  Floats8 acc[M][V] = {};
+// c[i][j] (+)= alpha * sum_{p<k} a[i*as + p*ak] * b[p*ldb + j] for i < M and the V vectors of
+// columns of a tile: A is read by rows (as = lda, ak = 1) or transposed (as = 1, ak = lda); add
+// keeps what c held. Always inlined, so each tile below compiles it for its own instruction set.
+// (The vector type comes through Lanes, not as a template argument: one would drop its aligned(4).)
+template <int Lanes>
+struct VectorOf;
+template <>
+struct VectorOf<8> {
+  using type = Floats8;
+};
+template <>
+struct VectorOf<16> {
+  using type = Floats16;
+};
+template <int Lanes, int V, int M>
+__attribute__((always_inline)) inline void tile_products(int k, float alpha, const float* a, size_t as, size_t ak,
+                                                         const float* b, size_t ldb, float* c, size_t ldc, bool add) {
+  using Vec = typename VectorOf<Lanes>::type;
+  Vec acc[M][V] = {};
   for (int p = 0; p < k; ++p, a += ak, b += ldb) {
-    Floats8 bv[V];
-    for (int j = 0; j < V; ++j) bv[j] = reinterpret_cast<const Floats8*>(b)[j];
+    Vec bv[V];
+    for (int j = 0; j < V; ++j) bv[j] = reinterpret_cast<const Vec*>(b)[j];
     for (int i = 0; i < M; ++i)
       for (int j = 0; j < V; ++j) acc[i][j] += a[i * as] * bv[j];
   }
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < V; ++j) {
-      Floats8& out = reinterpret_cast<Floats8*>(c + i * ldc)[j];
+      Vec& out = reinterpret_cast<Vec*>(c + i * ldc)[j];
       out = add ? out + alpha * acc[i][j] : alpha * acc[i][j];
     }
 }
 
-// product_tile over kWideCols columns in AVX-512 registers.
+// M rows x kTileCols columns, in AVX2 registers.
+template <int M>
+void product_tile(int k, float alpha, const float* a, size_t as, size_t ak, const float* b, size_t ldb, float* c,
+                  size_t ldc, bool add) {
+  tile_products<8, kTileCols / 8, M>(k, alpha, a, as, ak, b, ldb, c, ldc, add);
+}
+
+// M rows x kWideCols columns, in AVX-512 registers.
 template <int M>
 __attribute__((target("avx512f"))) void wide_product_tile(int k, float alpha, const float* a, size_t as, size_t ak,
                                                           const float* b, size_t ldb, float* c, size_t ldc, bool add) {
-  constexpr int V = kWideCols / 16;
-  Floats16 acc[M][V] = {};
-  for (int p = 0; p < k; ++p, a += ak, b += ldb) {
-    Floats16 bv[V];
-    for (int j = 0; j < V; ++j) bv[j] = reinterpret_cast<const Floats16*>(b)[j];
-    for (int i = 0; i < M; ++i)
-      for (int j = 0; j < V; ++j) acc[i][j] += a[i * as] * bv[j];
-  }
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < V; ++j) {
-      Floats16& out = reinterpret_cast<Floats16*>(c + i * ldc)[j];
-      out = add ? out + alpha * acc[i][j] : alpha * acc[i][j];
-    }
+  tile_products<16, kWideCols / 16, M>(k, alpha, a, as, ak, b, ldb, c, ldc, add);
 }
 
 // C[m,n] (+)= alpha * A[m,k] B[k,n], A as product_tile reads it: row tiles of up to kTileRows,
