@@ -218,15 +218,7 @@ double measure_bf16_gemm_gflops(int n, double seconds) {
   const std::vector<uint16_t> a(static_cast<size_t>(n) * n, bf16_from_float(0.5f)), b(a);
   std::vector<float> c(a.size());
   const Product square{n, n, n, false, false, false, false};
-  double best = 0, spent = 0;
-  while (spent < seconds) {
-    const double t0 = now_s();
-    multiply(square, a.data(), b.data(), nullptr, c.data());
-    const double dt = now_s() - t0;
-    spent += dt;
-    best = std::max(best, 2.0 * n * n * n / dt / 1e9);
-  }
-  return best;
+  return best_rate(2.0 * n * n * n, seconds, [&] { multiply(square, a.data(), b.data(), nullptr, c.data()); }) / 1e9;
 }
 
 }  // namespace pipetrain

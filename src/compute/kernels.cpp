@@ -270,15 +270,10 @@ double time_sgemms(int n, int reps) {
 
 double measure_sgemm_gflops(int n, double seconds) {
   std::vector<float> a(static_cast<size_t>(n) * n, 0.5f), b(a), c(a.size());
-  double best = 0, spent = 0;
-  while (spent < seconds) {
-    const double t0 = now_s();
+  const auto product = [&] {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
-    const double dt = now_s() - t0;
-    spent += dt;
-    best = std::max(best, 2.0 * n * n * n / dt / 1e9);
-  }
-  return best;
+  };
+  return best_rate(2.0 * n * n * n, seconds, product) / 1e9;
 }
 
 }  // namespace pipetrain

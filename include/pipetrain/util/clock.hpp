@@ -1,6 +1,7 @@
 // Clocks: monotonic seconds for step, wait and save timings; wall-clock (Unix) seconds and ISO
 // 8601 UTC for what a run records about when things happened.
 #pragma once
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <string>
@@ -32,6 +33,21 @@ struct TimedInto {
   double t0 = now_s();
   ~TimedInto() { sum += now_s() - t0; }
 };
+
+// The best rate of `run`, which does `work` units a call, over calls for about `seconds` (at least
+// one), in units per second: the fastest call, so one the scheduler interrupted does not count.
+template <class Run>
+double best_rate(double work, double seconds, Run run) {
+  double best = 0, spent = 0;
+  while (spent < seconds) {
+    const double t0 = now_s();
+    run();
+    const double dt = now_s() - t0;
+    spent += dt;
+    best = std::max(best, work / dt);
+  }
+  return best;
+}
 
 // "2026-12-01T13:45:07Z"
 inline std::string iso_utc(double unix_s) {
