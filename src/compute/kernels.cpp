@@ -190,18 +190,38 @@ void bias_gelu_forward(float* pre, float* out, const float* bias, int N, int C) 
   });
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
-  KernelTimer timer(Kernel::activation);
-  parallel_for(n, kElementsPerChunk, [&](size_t begin, size_t end) {
-    for (size_t i = begin; i < end; ++i) {
-      float x = inp[i];
-      float u = kGeluScale * (x + 0.044715f * x * x * x);
-      float th = fast_tanh(u);
-      float sech2 = 1.f - th * th;
-      float grad = 0.5f * (1.f + th) + 0.5f * x * sech2 * kGeluScale * (1.f + 3.f * 0.044715f * x * x);
-      dinp[i] = grad * dout[i];
+namespace {
+inline float gelu_slope(float x) {
+  const float th = fast_tanh(kGeluScale * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.f + th) + 0.5f * x * (1.f - th * th) * kGeluScale * (1.f + 3.f * 0.044715f * x * x);
+}
+// Rows [begin, end) of dinp; with a partial, their sums added to it row by row, as bias_backward
+// sums them (reduce_row_chunks' chunks of rows_per_chunk(C) rows, rows in order).
+template <bool kSum>
+void gelu_backward_rows(float* dinp, float* partial, const float* inp, const float* dout, size_t begin, size_t end,
+                        int C) {
+  for (size_t i = begin; i < end; ++i) {
+    const float *x = inp + i * C, *d = dout + i * C;
+    float* o = dinp + i * C;
+    for (int c = 0; c < C; ++c) {
+      o[c] = gelu_slope(x[c]) * d[c];
+      if constexpr (kSum) partial[c] += o[c];
     }
-  });
+  }
+}
+}  // namespace
+
+void bias_gelu_backward(float* dinp, float* dbias, const float* inp, const float* dout, int N, int C) {
+  KernelTimer timer(Kernel::activation);
+  if (dbias) {
+    reduce_row_chunks(N, rows_per_chunk(C), C, dbias, [&](size_t begin, size_t end, float* partial) {
+      gelu_backward_rows<true>(dinp, partial, inp, dout, begin, end, C);
+    });
+  } else {
+    parallel_for(N, rows_per_chunk(C), [&](size_t begin, size_t end) {
+      gelu_backward_rows<false>(dinp, nullptr, inp, dout, begin, end, C);
+    });
+  }
 }
 
 void residual_forward(float* out, const float* a, const float* b, const float* bias, int N, int C) {

@@ -221,9 +221,9 @@ std::string progress_line(const StepLine& l) {
   char buf[256];
   std::snprintf(buf, sizeof buf,
                 "step %*d/%d | loss %.4f | lr %.2e | gnorm %.3f | %8.0f tok/s | %7.1f ms | %5.1f GFLOP/s MFU %4.1f%% "
-                "(%3.0f%% of sgemm) | bubble",
+                "(%3.0f%% of %s) | bubble",
                 static_cast<int>(std::to_string(l.steps).size()), l.step, l.steps, l.loss, l.lr, l.grad_norm,
-                l.tokens_per_s, 1e3 * l.step_time_s, l.gflops, 100 * l.mfu, 100 * l.sgemm_share);
+                l.tokens_per_s, 1e3 * l.step_time_s, l.gflops, 100 * l.mfu, 100 * l.sgemm_share, gemm_name(l.dtype));
   std::string s = buf;
   for (double b : l.bubble_measured) s += " " + num(b, "%.2f");
   s += " (theory " + num(l.bubble_theory, "%.2f") + ")";

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/compute/precision.hpp"
 #include "pipetrain/tools/run_summary.hpp"
 #include "pipetrain/util/atomic_output.hpp"
 
@@ -81,7 +82,7 @@ void text_measured(const RunSummary& r, std::string& out) {
   text_routing(r, out);
   out += "  step time: median " + fmt("%.1f ms", 1e3 * r.step_time_s) + ", " + fmt("%.0f", r.tokens_per_s) +
          " tokens/s, " + fmt("%.1f", r.gflops) + " GFLOP/s, MFU " + fmt("%.1f%%", 100 * r.mfu) + " (" +
-         fmt("%.0f%%", 100 * r.sgemm_share) + " of sgemm)\n";
+         fmt("%.0f%%", 100 * r.sgemm_share) + " of " + gemm_name(r.spec ? r.spec->model.dtype : Dtype::fp32) + ")\n";
 }
 
 void text_stages(const RunSummary& r, std::string& out) {

@@ -184,6 +184,7 @@ void log_step(Run& run, int done, const StepResult& r, const Validation& val) {
   line.time = wall_clock_s();
   line.launch = run.state.launch_index;
   line.arch = run.spec.model.arch;
+  line.dtype = run.spec.model.dtype;
   line.routers = std::move(routers);
   line.tp = run.spec.parallel.tp;
   line.pp = run.spec.parallel.pp;

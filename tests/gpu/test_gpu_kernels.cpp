@@ -244,9 +244,12 @@ TEST_CASE("GELU, bias + GELU, residual, softmax cross-entropy match the CPU", "[
   gelu_forward(out.data(), x.data(), x.size());
   gpu::gelu_forward(d_out.data(), d_x.data(), x.size());
   CHECK(rel_err(down(d_out), out) < kFp32);
-  gelu_backward(dinp.data(), x.data(), dout.data(), x.size());
-  gpu::gelu_backward(d_dinp.data(), d_x.data(), d_dout.data(), x.size());
+  Vec dbias(C, 0.5f);  // added to
+  auto d_dbias = up(dbias);
+  bias_gelu_backward(dinp.data(), dbias.data(), x.data(), dout.data(), N, C);
+  gpu::bias_gelu_backward(d_dinp.data(), d_dbias.data(), d_x.data(), d_dout.data(), N, C);
   CHECK(rel_err(down(d_dinp), dinp) < kFp32);
+  CHECK(rel_err(down(d_dbias), dbias) < kFp32);
   bias_gelu_forward(pre.data(), out.data(), bias.data(), N, C);
   gpu::bias_gelu_forward(d_pre.data(), d_out.data(), d_bias.data(), N, C);
   CHECK(rel_err(down(d_pre), pre) < kFp32);

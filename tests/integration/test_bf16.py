@@ -8,6 +8,7 @@ kernel and warns where bf16 is emulated. Skipped (exit 77) on a CPU without
 AVX-512, where test_bad_spec checks the refusal."""
 import json
 import os
+import re
 import subprocess
 
 import h5py
@@ -43,7 +44,7 @@ def follows_fp32_300_steps():
     """configs/small.toml for 300 steps on one rank in fp32 and in bf16: after step 20 bf16's loss
     within 2% of fp32's on average over the logged steps and within 8% at each; the final
     validation loss no more than 0.5% above fp32's (bf16 learns as well) and no more than 2% below;
-    the start line names oneDNN's bf16 kernel; bf16 is not fp32 (the losses differ).
+    the start line names oneDNN's bf16 kernel and the progress line the bf16 GEMM; bf16 is not fp32 (the losses differ).
 
     Each step's loss is one batch's, and the two trajectories part most where the loss falls
     fastest (steps 80-210 here: a step's delay is 1-3% of the loss there), as any perturbation of
@@ -60,6 +61,8 @@ def follows_fp32_300_steps():
     if fp32.rc or bf16.rc:
         return
     expect("bf16 products: oneDNN" in bf16.out, "the start line names the bf16 products' kernel")
+    expect(re.search(r"% of bf16 GEMM\) \| bubble", bf16.out) and re.search(r"% of sgemm\) \| bubble", fp32.out),
+           "each progress line names the GEMM its share is of: bf16's, fp32's sgemm")
     worst = follows("bf16 vs fp32", bf16.metrics(), fp32.metrics(), tolerance=0.08, mean_tolerance=0.02)
     expect(worst > 0, f"bf16's losses are its own, not fp32's (worst difference {worst:.2e})")
     a, b = final_val(fp32), final_val(bf16)

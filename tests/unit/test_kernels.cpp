@@ -449,21 +449,39 @@ TEST_CASE("attention is causal and matches a naive per-head reference", "[kernel
 }
 
 TEST_CASE("gelu backward matches finite differences and the tanh formula", "[kernels]") {
-  auto x = randn(50, 2.f, 1), r = randn(50, 1.f, 2);
-  std::vector<float> out(50);
+  const int N = 5, C = 10;
+  auto x = randn(N * C, 2.f, 1), r = randn(N * C, 1.f, 2);
+  std::vector<float> out(N * C);
   auto loss = [&] {
     gelu_forward(out.data(), x.data(), x.size());
     return dot(out, r);
   };
   loss();
-  std::vector<float> dx(50, 0.5f);  // overwritten, not added to
-  gelu_backward(dx.data(), x.data(), r.data(), x.size());
+  std::vector<float> dx(N * C, 0.5f);  // overwritten, not added to
+  bias_gelu_backward(dx.data(), nullptr, x.data(), r.data(), N, C);
   check("dinp", loss, x.data(), dx.data(), x.size(), 50);
   const double x0 = 1.3;
   const double ref = 0.5 * x0 * (1 + std::tanh(std::sqrt(2 / M_PI) * (x0 + 0.044715 * x0 * x0 * x0)));
   float in = static_cast<float>(x0), o;
   gelu_forward(&o, &in, 1);
   CHECK(o == Approx(ref).epsilon(1e-6));
+}
+
+TEST_CASE("the fused GELU backward sums the bias gradient as the product's bias_backward does", "[kernels]") {
+  // Rows enough for several of reduce_row_chunks' chunks: the sums' order is the chunks'.
+  const int N = 300, C = 96;
+  const auto x = randn(N * C, 2.f, 3), dout = randn(N * C, 1.f, 4);
+  std::vector<float> alone(N * C), fused(N * C), db_alone(C, 0.25f), db_fused(C, 0.25f);  // added to
+  bias_gelu_backward(alone.data(), nullptr, x.data(), dout.data(), N, C);
+  bias_backward(db_alone.data(), alone.data(), N, C);
+  bias_gelu_backward(fused.data(), db_fused.data(), x.data(), dout.data(), N, C);
+  CHECK(fused == alone);
+  CHECK(db_fused == db_alone);
+  for (int c = 0; c < C; ++c) {  // and it is the column sum, in double
+    double sum = 0.25;
+    for (int i = 0; i < N; ++i) sum += alone[static_cast<size_t>(i) * C + c];
+    CHECK(db_fused[c] == Approx(sum).margin(1e-4));
+  }
 }
 
 TEST_CASE("fast_tanh stays within 1e-6 of std::tanh everywhere", "[kernels]") {

@@ -52,6 +52,10 @@ constexpr Dtype dtype_of(StepTensor t, Dtype model) {
 // The type a dense product's operands go in as. One type for all three: both devices' product
 // libraries (oneDNN, cuBLAS) multiply operands of one type.
 constexpr Dtype product_operands(Dtype model) { return dtype_of(StepTensor::product_input, model); }
+// The GEMM whose measured rate a step's share is of (metrics' sgemm_gflops keeps its name): OpenBLAS's
+// (cuBLAS's) sgemm, or under bf16 the bf16 products'.
+constexpr const char* gemm_name(Dtype model) { return model == Dtype::bf16 ? "bf16 GEMM" : "sgemm"; }
+
 static_assert(dtype_of(StepTensor::product_weight, Dtype::bf16) == product_operands(Dtype::bf16) &&
                   dtype_of(StepTensor::product_output_grad, Dtype::bf16) == product_operands(Dtype::bf16),
               "the devices' products take one operand type");

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "pipetrain/compute/precision.hpp"
 #include "pipetrain/compute/profile.hpp"
 #include "pipetrain/observe/router_figures.hpp"
 #include "pipetrain/observe/stragglers.hpp"
@@ -77,6 +78,7 @@ struct StepLine {
   double time = 0;                         // wall clock when logged (Unix seconds)
   int launch = 0, tp = 1, pp = 0, dp = 0;  // which launch of the run, on which layout
   Arch arch = Arch::gpt2;                  // the model family: names kernel_s's norm and activation
+  Dtype dtype = Dtype::fp32;               // model.dtype: names the GEMM sgemm_share is of
   double loss = 0, lr = 0, grad_norm = 0, step_time_s = 0, tokens_per_s = 0, bubble_theory = 0;
   double gflops = 0, peak_gflops = 0, mfu = 0;  // achieved model FLOP rate of the job, the hardware's peak, ratio
   double sgemm_gflops = 0, sgemm_share = 0;     // the job's BLAS GEMM rate (measured), gflops / that

@@ -163,8 +163,10 @@ void bias_gelu_forward(float* pre, float* out, const float* bias, int N, int C) 
   const size_t n = static_cast<size_t>(N) * C;
   PT_LAUNCH(bias_gelu_forward_k, blocks_for(n), 256, 0, pre, out, bias, C, n);
 }
-void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+void bias_gelu_backward(float* dinp, float* dbias, const float* inp, const float* dout, int N, int C) {
+  const size_t n = static_cast<size_t>(N) * C;
   PT_LAUNCH(gelu_backward_k, blocks_for(n), 256, 0, dinp, inp, dout, n);
+  if (dbias) column_sum_add(dbias, N, C, Element{dinp, C}, 0);
 }
 void residual_forward(float* out, const float* a, const float* b, const float* bias, int N, int C) {
   const size_t n = static_cast<size_t>(N) * C;
