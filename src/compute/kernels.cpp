@@ -179,13 +179,13 @@ void gelu_forward(float* out, const float* inp, size_t n) {
   });
 }
 
-void bias_gelu_forward(float* pre, float* out, const float* bias, int N, int C) {
+void bias_gelu_forward(float* out, const float* pre, const float* bias, int N, int C) {
   KernelTimer timer(Kernel::activation);
   parallel_for(N, rows_per_chunk(C), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
-      float* p = pre + i * C;
+      const float* p = pre + i * C;
       float* o = out + i * C;
-      for (int c = 0; c < C; ++c) o[c] = gelu(p[c] += bias[c]);
+      for (int c = 0; c < C; ++c) o[c] = gelu(p[c] + bias[c]);
     }
   });
 }
@@ -198,28 +198,29 @@ inline float gelu_slope(float x) {
 // Rows [begin, end) of dinp; with a partial, their sums added to it row by row, as bias_backward
 // sums them (reduce_row_chunks' chunks of rows_per_chunk(C) rows, rows in order).
 template <bool kSum>
-void gelu_backward_rows(float* dinp, float* partial, const float* inp, const float* dout, size_t begin, size_t end,
-                        int C) {
+void gelu_backward_rows(float* dinp, float* partial, const float* pre, const float* bias, const float* dout,
+                        size_t begin, size_t end, int C) {
   for (size_t i = begin; i < end; ++i) {
-    const float *x = inp + i * C, *d = dout + i * C;
+    const float *x = pre + i * C, *d = dout + i * C;
     float* o = dinp + i * C;
     for (int c = 0; c < C; ++c) {
-      o[c] = gelu_slope(x[c]) * d[c];
+      o[c] = gelu_slope(x[c] + bias[c]) * d[c];
       if constexpr (kSum) partial[c] += o[c];
     }
   }
 }
 }  // namespace
 
-void bias_gelu_backward(float* dinp, float* dbias, const float* inp, const float* dout, int N, int C) {
+void bias_gelu_backward(float* dinp, float* dbias, const float* pre, const float* bias, const float* dout, int N,
+                        int C) {
   KernelTimer timer(Kernel::activation);
   if (dbias) {
     reduce_row_chunks(N, rows_per_chunk(C), C, dbias, [&](size_t begin, size_t end, float* partial) {
-      gelu_backward_rows<true>(dinp, partial, inp, dout, begin, end, C);
+      gelu_backward_rows<true>(dinp, partial, pre, bias, dout, begin, end, C);
     });
   } else {
     parallel_for(N, rows_per_chunk(C), [&](size_t begin, size_t end) {
-      gelu_backward_rows<false>(dinp, nullptr, inp, dout, begin, end, C);
+      gelu_backward_rows<false>(dinp, nullptr, pre, bias, dout, begin, end, C);
     });
   }
 }

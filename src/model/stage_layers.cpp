@@ -28,12 +28,13 @@ void Stage::norm_backward(float* dinp, float* dw, float* db, const float* dout, 
 
 void Stage::mlp_activation_forward(BlockActs& a, const float* fcb, int N) {
   if (shape_.llama()) k_.swiglu_forward(a.fch_gelu.data(), a.fch.data(), N, shape_.ffn);
-  else k_.bias_gelu_forward(a.fch.data(), a.fch_gelu.data(), fcb, N, shape_.fc);
+  else k_.bias_gelu_forward(a.fch_gelu.data(), a.fch.data(), fcb, N, shape_.fc);
 }
 
-void Stage::mlp_activation_backward(float* dfch, float* dfcb, const BlockActs& a, const float* dact, int N) {
+void Stage::mlp_activation_backward(float* dfch, float* dfcb, const BlockActs& a, const float* fcb, const float* dact,
+                                    int N) {
   if (shape_.llama()) k_.swiglu_backward(dfch, a.fch.data(), dact, N, shape_.ffn);
-  else k_.bias_gelu_backward(dfch, dfcb, a.fch.data(), dact, N, shape_.fc);
+  else k_.bias_gelu_backward(dfch, dfcb, a.fch.data(), fcb, dact, N, shape_.fc);
 }
 
 void Stage::sum_qk_partials(float* sums, int N) {
@@ -125,7 +126,7 @@ void Stage::block_backward_input(const Chunk& c, int l, const float* x, const Bl
                        a.fch_gelu.data(), p.fcprojw, N, shape_.ffn, C);
     poll();
     // a fused backward's fc bias gradient: summed in the activation's pass, not the product's
-    mlp_activation_backward(w.dfch.data(), grad(&BlockPtrs::fcb), a, scratch_.dfch_gelu.data(), N);
+    mlp_activation_backward(w.dfch.data(), grad(&BlockPtrs::fcb), a, p.fcb, scratch_.dfch_gelu.data(), N);
     k_.matmul_backward(partial_target(w.dln2.data()), grad(&BlockPtrs::fcw), nullptr, w.dfch.data(),
                        whole_rows_if(g, a.ln2.data(), N), p.fcw, N, C, shape_.fc);
     poll();

@@ -131,8 +131,8 @@ TEST_CASE("every backward gives the same bits twice", "[gpu]") {
       auto d_x = up(x), d_g = up(g), d_gu = up(gu), d_dact = up(dact), d_q = up(q), d_logits = up(logits);
       auto d_tgt = up(tgt);
       auto dgelu = up(Vec(N * C)), dgu = up(Vec(N * 2 * H)), probs = up(Vec(N * V)), dlogits = up(Vec(N * V));
-      auto dbias = up(Vec(C));
-      gpu::bias_gelu_backward(dgelu.data(), dbias.data(), d_x.data(), d_g.data(), N, C);
+      auto bias = up(randn(C, 1, 18)), dbias = up(Vec(C));
+      gpu::bias_gelu_backward(dgelu.data(), dbias.data(), d_x.data(), bias.data(), d_g.data(), N, C);
       gpu::swiglu_backward(dgu.data(), d_gu.data(), d_dact.data(), N, H);
       gpu::rope_backward(d_q.data(), 1, N, C, NH, NKV, 10000.f, 3, nullptr);
       Outputs o;
@@ -170,7 +170,7 @@ TEST_CASE("zero-size work is a no-op in every kernel", "[gpu]") {
     gpu::attention_backward(f, f, f, f, f, 2, 0, C, 2, 1, nullptr);
     gpu::bias_gelu_forward(f, f, f, 0, C);
     gpu::gelu_forward(f, f, 0);
-    gpu::bias_gelu_backward(f, f, f, f, 0, C);
+    gpu::bias_gelu_backward(f, f, f, f, f, 0, C);
     gpu::swiglu_forward(f, f, 0, C);
     gpu::swiglu_backward(f, f, f, 0, C);
     gpu::residual_forward(f, f, f, f, 0, C);

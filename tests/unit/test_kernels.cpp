@@ -448,18 +448,19 @@ TEST_CASE("attention is causal and matches a naive per-head reference", "[kernel
   }
 }
 
-TEST_CASE("gelu backward matches finite differences and the tanh formula", "[kernels]") {
+TEST_CASE("bias + gelu backward matches finite differences and the tanh formula", "[kernels]") {
   const int N = 5, C = 10;
-  auto x = randn(N * C, 2.f, 1), r = randn(N * C, 1.f, 2);
+  auto x = randn(N * C, 2.f, 1), r = randn(N * C, 1.f, 2), bias = randn(C, 0.5f, 5);
   std::vector<float> out(N * C);
   auto loss = [&] {
-    gelu_forward(out.data(), x.data(), x.size());
+    bias_gelu_forward(out.data(), x.data(), bias.data(), N, C);
     return dot(out, r);
   };
   loss();
-  std::vector<float> dx(N * C, 0.5f);  // overwritten, not added to
-  bias_gelu_backward(dx.data(), nullptr, x.data(), r.data(), N, C);
+  std::vector<float> dx(N * C, 0.5f), dbias(C, 0.f);  // dx overwritten, dbias added to
+  bias_gelu_backward(dx.data(), dbias.data(), x.data(), bias.data(), r.data(), N, C);
   check("dinp", loss, x.data(), dx.data(), x.size(), 50);
+  check("dbias", loss, bias.data(), dbias.data(), bias.size(), 50);
   const double x0 = 1.3;
   const double ref = 0.5 * x0 * (1 + std::tanh(std::sqrt(2 / M_PI) * (x0 + 0.044715 * x0 * x0 * x0)));
   float in = static_cast<float>(x0), o;
@@ -470,11 +471,11 @@ TEST_CASE("gelu backward matches finite differences and the tanh formula", "[ker
 TEST_CASE("the fused GELU backward sums the bias gradient as the product's bias_backward does", "[kernels]") {
   // Rows enough for several of reduce_row_chunks' chunks: the sums' order is the chunks'.
   const int N = 300, C = 96;
-  const auto x = randn(N * C, 2.f, 3), dout = randn(N * C, 1.f, 4);
+  const auto x = randn(N * C, 2.f, 3), dout = randn(N * C, 1.f, 4), bias = randn(C, 1.f, 5);
   std::vector<float> alone(N * C), fused(N * C), db_alone(C, 0.25f), db_fused(C, 0.25f);  // added to
-  bias_gelu_backward(alone.data(), nullptr, x.data(), dout.data(), N, C);
+  bias_gelu_backward(alone.data(), nullptr, x.data(), bias.data(), dout.data(), N, C);
   bias_backward(db_alone.data(), alone.data(), N, C);
-  bias_gelu_backward(fused.data(), db_fused.data(), x.data(), dout.data(), N, C);
+  bias_gelu_backward(fused.data(), db_fused.data(), x.data(), bias.data(), dout.data(), N, C);
   CHECK(fused == alone);
   CHECK(db_fused == db_alone);
   for (int c = 0; c < C; ++c) {  // and it is the column sum, in double
@@ -495,14 +496,20 @@ TEST_CASE("fast_tanh stays within 1e-6 of std::tanh everywhere", "[kernels]") {
 
 TEST_CASE("fused bias + GELU and bias + residual equal the unfused kernels", "[kernels]") {
   const int N = 9, C = 5;
-  auto pre = randn(N * C, 1.f, 1), bias = randn(C, 1.f, 2), a = randn(N * C, 1.f, 3), b = randn(N * C, 1.f, 4);
+  const auto pre = randn(N * C, 1.f, 1), bias = randn(C, 1.f, 2), a = randn(N * C, 1.f, 3), b = randn(N * C, 1.f, 4);
   std::vector<float> with_bias(pre), expected(N * C), out(N * C);
   for (int i = 0; i < N; ++i)
     for (int c = 0; c < C; ++c) with_bias[i * C + c] += bias[c];
   gelu_forward(expected.data(), with_bias.data(), expected.size());
-  bias_gelu_forward(pre.data(), out.data(), bias.data(), N, C);
-  CHECK(pre == with_bias);  // the biased pre-activation is kept for backward
+  bias_gelu_forward(out.data(), pre.data(), bias.data(), N, C);
   CHECK(out == expected);
+  // and the backward's slope is the unbiased sum's: the bias added again, as the forward added it
+  const auto dout = randn(N * C, 1.f, 5);
+  const std::vector<float> no_bias(C, 0.f);
+  std::vector<float> d_biased(N * C), d_summed(N * C);
+  bias_gelu_backward(d_biased.data(), nullptr, pre.data(), bias.data(), dout.data(), N, C);
+  bias_gelu_backward(d_summed.data(), nullptr, with_bias.data(), no_bias.data(), dout.data(), N, C);
+  CHECK(d_biased == d_summed);
   residual_forward(out.data(), a.data(), b.data(), bias.data(), N, C);
   for (int i = 0; i < N; ++i)
     for (int c = 0; c < C; ++c) CHECK(out[i * C + c] == a[i * C + c] + b[i * C + c] + bias[c]);

@@ -71,7 +71,7 @@ TEST_CASE("kernels give identical bits on 1, 2 and 3 threads", "[parallel][kerne
     attention_backward(dqkv.data(), dout.data(), qkv.data(), atty.data(), lse.data(), B, T, C, NH, NH, nullptr);
     std::vector<float> g(wide.size()), dg(wide.size()), dbias(4 * C, 0.f), dwm(4 * C * C, 0.f), dinp(x.size());
     gelu_forward(g.data(), wide.data(), wide.size());
-    bias_gelu_backward(dg.data(), dbias.data(), wide.data(), g.data(), N, 4 * C);
+    bias_gelu_backward(dg.data(), dbias.data(), wide.data(), g.data(), g.data(), N, 4 * C);
     matmul_backward(dinp.data(), dwm.data(), dbias.data(), wide.data(), x.data(), g.data(), N, C, 4 * C);
     std::vector<float> probs(logits.size());
     const double loss = softmax_crossentropy_forward(probs.data(), logits.data(), targets.data(), N, V);

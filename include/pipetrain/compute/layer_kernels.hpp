@@ -34,8 +34,9 @@
 //     lse) tile by tile from it, with out (the forward's output) giving each row's sum_u p_u dp_u = dout_t . out_t. The
 //     backward writes dq, dk and dv (a key/value head's sum over the query heads that read it, in head order); every
 //     output is a sum in a fixed order: the same bits on every run and layout.
-//   bias_gelu: the MLP's bias and GELU (tanh approximation) in one pass: pre[N,C] += bias (kept:
-//     backward needs it), out = gelu(pre). Backward writes dinp = gelu'(pre) dout and, where dbias
+//   bias_gelu: the MLP's bias and GELU (tanh approximation) in one pass: out[N,C] = gelu(pre + bias),
+//     pre (the product's output) left as it is: the backward adds the bias again rather than the
+//     forward writing the sum back. Backward writes dinp = gelu'(pre + bias) dout and, where dbias
 //     is given (a fused backward), adds dinp's column sums to it in the same pass: the bias
 //     gradient, the same bits as the product's bias_backward over dinp, without reading it again.
 //   swiglu: out[N,H] = silu(gate) * up, where each row of gate_up [N,2H] is gate then up.
@@ -97,8 +98,9 @@
   X(void, attention_backward,                                                                                          \
     (float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B, int T, int C,        \
      int NH, int NKV, const int* doc_start))                                                                           \
-  X(void, bias_gelu_forward, (float* pre, float* out, const float* bias, int N, int C))                                \
-  X(void, bias_gelu_backward, (float* dinp, float* dbias, const float* inp, const float* dout, int N, int C))        \
+  X(void, bias_gelu_forward, (float* out, const float* pre, const float* bias, int N, int C))                          \
+  X(void, bias_gelu_backward,                                                                                          \
+    (float* dinp, float* dbias, const float* pre, const float* bias, const float* dout, int N, int C))                 \
   X(void, swiglu_forward, (float* out, const float* gate_up, int N, int H))                                            \
   X(void, swiglu_backward, (float* dgate_up, const float* gate_up, const float* dout, int N, int H))                   \
   X(void, residual_forward, (float* out, const float* a, const float* b, const float* bias, int N, int C))             \

@@ -229,7 +229,8 @@ class Stage {
   void qk_norm_backward(const BlockActs& a, float* dqkv, float* dw, const float* w, float* keep, int N);
   // Its two partial row sums (q's, then k's: 2N floats) summed over the tensor group.
   void sum_qk_partials(float* sums, int N);
-  void mlp_activation_backward(float* dfch, float* dfcb, const BlockActs& a, const float* dact, int N);
+  void mlp_activation_backward(float* dfch, float* dfcb, const BlockActs& a, const float* fcb, const float* dact,
+                               int N);
   // An MoE block's MLP (stage_moe.cpp): x its input's whole rows, out its output (partial under tp).
   bool is_moe(const Chunk& c, int l) const { return moe_.block_is_moe(c.block_begin + l); }
   const BlockShape& shape_of(const Chunk& c, int l) const { return is_moe(c, l) ? moe_shape_ : shape_; }

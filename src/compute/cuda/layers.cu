@@ -64,17 +64,15 @@ __global__ void gelu_forward_k(float* out, const float* inp, size_t n) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i < n) out[i] = gelu(inp[i]);
 }
-__global__ void bias_gelu_forward_k(float* pre, float* out, const float* bias, int C, size_t n) {
+__global__ void bias_gelu_forward_k(float* out, const float* pre, const float* bias, int C, size_t n) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  const float x = pre[i] + bias[i % C];
-  pre[i] = x;
-  out[i] = gelu(x);
+  if (i < n) out[i] = gelu(pre[i] + bias[i % C]);
 }
-__global__ void gelu_backward_k(float* dinp, const float* inp, const float* dout, size_t n) {
+__global__ void bias_gelu_backward_k(float* dinp, const float* pre, const float* bias, int C, const float* dout,
+                                     size_t n) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
-  const float x = inp[i], th = tanhf(kGeluScale * (x + 0.044715f * x * x * x));
+  const float x = pre[i] + bias[i % C], th = tanhf(kGeluScale * (x + 0.044715f * x * x * x));
   const float grad = 0.5f * (1.f + th) + 0.5f * x * (1.f - th * th) * kGeluScale * (1.f + 3.f * 0.044715f * x * x);
   dinp[i] = grad * dout[i];
 }
@@ -159,13 +157,14 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 void gelu_forward(float* out, const float* inp, size_t n) {
   PT_LAUNCH(gelu_forward_k, blocks_for(n), 256, 0, out, inp, n);
 }
-void bias_gelu_forward(float* pre, float* out, const float* bias, int N, int C) {
+void bias_gelu_forward(float* out, const float* pre, const float* bias, int N, int C) {
   const size_t n = static_cast<size_t>(N) * C;
-  PT_LAUNCH(bias_gelu_forward_k, blocks_for(n), 256, 0, pre, out, bias, C, n);
+  PT_LAUNCH(bias_gelu_forward_k, blocks_for(n), 256, 0, out, pre, bias, C, n);
 }
-void bias_gelu_backward(float* dinp, float* dbias, const float* inp, const float* dout, int N, int C) {
+void bias_gelu_backward(float* dinp, float* dbias, const float* pre, const float* bias, const float* dout, int N,
+                        int C) {
   const size_t n = static_cast<size_t>(N) * C;
-  PT_LAUNCH(gelu_backward_k, blocks_for(n), 256, 0, dinp, inp, dout, n);
+  PT_LAUNCH(bias_gelu_backward_k, blocks_for(n), 256, 0, dinp, pre, bias, C, dout, n);
   if (dbias) column_sum_add(dbias, N, C, Element{dinp, C}, 0);
 }
 void residual_forward(float* out, const float* a, const float* b, const float* bias, int N, int C) {
