@@ -4,7 +4,7 @@ launches, their grids and why each was chosen are in events.jsonl and report."""
 import json
 import os
 import subprocess
-from tests.lib.harness import expect, launch, rel_diff, run_scenarios, scenario, settings
+from tests.lib.harness import events, expect, launch, rel_diff, run_scenarios, scenario, settings
 
 # A constant learning rate: the launches' run.steps grow (4, 8, 10) where the reference runs 10 at once.
 FLAT_LR = ["train.warmup_steps=0", "train.lr=1e-3", "train.min_lr=1e-3"]
@@ -13,11 +13,6 @@ AUTO = ["parallel.auto=true", "log.every_steps=1", *FLAT_LR]
 
 def tiny():
     return os.path.join(settings().configs, "tiny.toml")
-
-
-def events(run_dir):
-    with open(os.path.join(run_dir, "events.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 @scenario

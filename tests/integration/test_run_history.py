@@ -10,18 +10,13 @@ import select
 import signal
 import subprocess
 import time
-from tests.lib.harness import launch, expect, run_scenarios, scenario, settings, shared_run
+from tests.lib.harness import events, expect, launch, run_scenarios, scenario, settings, shared_run
 
 BASE = ["log.every_steps=1", "log.trace_steps=3"]
 
 
 def tiny():
     return os.path.join(settings().configs, "tiny.toml")
-
-
-def events(run_dir):
-    with open(os.path.join(run_dir, "events.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 @scenario

@@ -49,6 +49,15 @@ class Run:
             return [json.loads(line) for line in f if line.strip()]
 
 
+def events(run_dir):
+    """events.jsonl's records (none while the file is missing or a line is cut short)."""
+    try:
+        with open(os.path.join(run_dir, "events.jsonl")) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
 def launch(args, ranks, run_dir, config=None, sets=(), timeout=120, extra=(), env=None, launcher_args=()):
     cmd = [args.mpiexec, *launcher_args, "-n", str(ranks), args.bin, "train", "--run-dir", run_dir]
     if config:
