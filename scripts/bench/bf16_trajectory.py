@@ -62,11 +62,9 @@ def torch_run(bf16):
     """PyTorch's steps 2..steps from ck1 (its weights and AdamW moments), pipetrain's rates."""
     model = torch_gpt.from_checkpoint(ck1, dict(n_layer=L, d_model=C, n_head=H, seq_len=T, vocab=V, tie=True))
     params = dict(model.named_parameters())
-    decayed = [n for n, p in params.items() if p.dim() == 2]
-    opt = torch.optim.AdamW([{"params": [params[n] for n in decayed], "weight_decay": float(manifest["train.weight_decay"])},
-                             {"params": [p for n, p in params.items() if n not in decayed], "weight_decay": 0.0}],
-                            lr=1e-3, betas=(float(manifest["train.beta1"]), float(manifest["train.beta2"])),
-                            eps=float(manifest["train.eps"]))
+    opt = torch_gpt.adamw(model, float(manifest["train.weight_decay"]),
+                          betas=(float(manifest["train.beta1"]), float(manifest["train.beta2"])),
+                          eps=float(manifest["train.eps"]))
     m1, v1 = torch_gpt.load(model, ck1, "optim/exp_avg"), torch_gpt.load(model, ck1, "optim/exp_avg_sq")
     for n, p in params.items():
         opt.state[p] = {"step": torch.tensor(1.0), "exp_avg": m1[n].clone(), "exp_avg_sq": v1[n].clone()}

@@ -104,10 +104,7 @@ print(f"same weights, same batch: pipetrain loss {m[1]['loss']:.6f}, PyTorch {lo
 if rel > 1e-4:
     sys.exit("losses differ: not comparing speed")
 
-params = dict(model.named_parameters())
-opt = torch.optim.AdamW([{"params": [p for p in params.values() if p.dim() == 2], "weight_decay": 0.1},
-                         {"params": [p for p in params.values() if p.dim() != 2], "weight_decay": 0.0}],
-                        lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+opt = torch_gpt.adamw(model)
 
 
 def torch_steps(n):
@@ -117,7 +114,7 @@ def torch_steps(n):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         model(x, y).backward()
-        torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         times.append(time.perf_counter() - t0)
     return statistics.median(times[2:])

@@ -72,10 +72,7 @@ class TorchModel:
         self.model = torch_gpt.from_checkpoint(os.path.join(run_dir, "checkpoints", "step_00000001"),
                                                dict(n_layer=L, d_model=width, n_head=width // 64, seq_len=T, vocab=V,
                                                     tie=True))
-        p = dict(self.model.named_parameters())
-        self.opt = torch.optim.AdamW([{"params": [t for t in p.values() if t.dim() == 2], "weight_decay": 0.1},
-                                      {"params": [t for t in p.values() if t.dim() != 2], "weight_decay": 0.0}],
-                                     lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+        self.opt = torch_gpt.adamw(self.model)
 
     def loss(self, step, bf16):
         x, y = torch_gpt.text_batch(data, step, B, T)

@@ -79,6 +79,15 @@ def from_checkpoint(ckpt_dir, spec):
     return filled(m, load(m, ckpt_dir))
 
 
+def adamw(model, weight_decay=0.1, lr=1e-3, betas=(0.9, 0.95), eps=1e-8):
+    """torch.optim.AdamW over the model's parameters as pipetrain's AdamW decays them: the 2-D
+    weights, not the biases and norms."""
+    params = list(model.parameters())
+    return torch.optim.AdamW([{"params": [p for p in params if p.dim() == 2], "weight_decay": weight_decay},
+                              {"params": [p for p in params if p.dim() != 2], "weight_decay": 0.0}],
+                             lr=lr, betas=betas, eps=eps)
+
+
 def text_batch(data, step, batch, seq_len):
     """Global samples of `step` for data.source = text, shuffle = false (docs/design.md, "Data order")."""
     n = len(data)
