@@ -217,8 +217,8 @@ std::string why_first(const AutoPlan& plan) {
 }
 
 // What binds the search of `world` ranks, and what to change, in a line each.
-std::vector<std::string> binding_constraints(const RunSpec& spec, int world, const MachineCosts& costs,
-                                             double memory_per_rank, bool search_batch, const AutoPlan& plan) {
+std::vector<std::string> binding_constraints(const RunSpec& spec, int world, double memory_per_rank, bool search_batch,
+                                             const AutoPlan& plan) {
   std::vector<std::string> lines;
   const GridRefusals& r = plan.refused;
   const int G = plan.global_batches.back(), L = spec.model.n_layer;
@@ -258,13 +258,6 @@ std::vector<std::string> binding_constraints(const RunSpec& spec, int world, con
     lines.push_back("memory binds: without tensor parallelism no layout fits in " + human_bytes(memory_per_rank) +
                     " per rank (the least needs " + human_bytes(plan.least_memory_tp1) + ": " +
                     plan.least_memory_tp1_layout + "); tp " + std::to_string(p.tp) + " splits each stage to fit");
-  if (world % 2 == 0) {
-    const AutoPlan half = search(spec, world / 2, costs, memory_per_rank, search_batch, plan.max_tp);
-    if (!half.best.empty())
-      lines.push_back("scaling: " + std::to_string(world) + " ranks reach " +
-                      fixed(best.predicted.tokens_per_s / half.best.front().predicted.tokens_per_s, "%.2f") +
-                      "x the tokens/s of the best layout of " + std::to_string(world / 2) + " (2x would be linear)");
-  }
   return lines;
 }
 
@@ -273,9 +266,20 @@ std::vector<std::string> binding_constraints(const RunSpec& spec, int world, con
 AutoPlan auto_plan(const RunSpec& spec, int world, const MachineCosts& costs, double memory_per_rank, int keep,
                    bool search_batch, int max_tp) {
   AutoPlan out = search(spec, world, costs, memory_per_rank, search_batch, std::min(max_tp, kMaxTensorRanks));
-  out.binding = binding_constraints(spec, world, costs, memory_per_rank, search_batch, out);
+  out.binding = binding_constraints(spec, world, memory_per_rank, search_batch, out);
   if (static_cast<int>(out.best.size()) > keep) out.best.resize(keep);
   return out;
+}
+
+void add_scaling_line(AutoPlan& plan, const RunSpec& spec, int world, const MachineCosts& costs, double memory_per_rank,
+                      bool search_batch) {
+  if (plan.best.empty() || world % 2 != 0) return;
+  const AutoPlan half = search(spec, world / 2, costs, memory_per_rank, search_batch, plan.max_tp);
+  if (half.best.empty()) return;
+  plan.binding.push_back(
+      "scaling: " + std::to_string(world) + " ranks reach " +
+      fixed(plan.best.front().predicted.tokens_per_s / half.best.front().predicted.tokens_per_s, "%.2f") +
+      "x the tokens/s of the best layout of " + std::to_string(world / 2) + " (2x would be linear)");
 }
 
 std::string auto_plan_text(const AutoPlan& plan, int world, const MachineCosts& costs, double memory_per_rank) {

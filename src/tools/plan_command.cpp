@@ -106,8 +106,9 @@ ExitCode print_auto_plan(const PlanOptions& opt, const RunSpec& spec, const std:
     const bool any = std::any_of(sizes.begin(), sizes.end(), [](const SizePlan& s) { return !s.plan.best.empty(); });
     return any ? ExitCode::ok : ExitCode::bad_input;
   }
-  const AutoPlan best =
+  AutoPlan best =
       auto_plan(spec, opt.world, *costs, capacity, 5, search_batch, opt.ranks_per_node.value_or(kMaxTensorRanks));
+  add_scaling_line(best, spec, opt.world, *costs, capacity, search_batch);
   const std::string submit =
       sbatch && !best.best.empty() ? sbatch_line(job, opt.world / job.ranks_per_node, best.best.front()) : "";
   if (opt.json) {

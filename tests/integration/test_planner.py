@@ -197,7 +197,8 @@ def auto_over_node_counts():
     sbatch line of each pick: the nodes, 2 tasks a node, a time limit of the predicted run plus a
     quarter and 10 minutes, the user's overrides, then the layout's. The 2-node line's pipetrain
     arguments train as they are on 4 ranks. A tensor group stays within a node: with 2 ranks a
-    node no pick has tp above 2."""
+    node no pick has tp above 2. The sizes are compared with each other, not each with half its ranks:
+    no size runs plan --auto's second search for a scaling line."""
     a = settings()
     r = plan("--auto", "--nodes", "1-3", "--ranks-per-node", "2", "--costs", costs_file(), "--sbatch", "--json",
              "--set", "run.steps=2", "--set", "run.name=sized run")
@@ -210,6 +211,8 @@ def auto_over_node_counts():
     expect(len(fitted) == 3 and all(x["best"]["tp"] <= 2 for x in fitted) and
            all(x["best"]["tp"] * x["best"]["pp"] * x["best"]["dp"] == x["ranks"] for x in fitted),
            "each size has a pick using its ranks, tp within a node of 2")
+    expect(not any(b.startswith("scaling: ") for x in sizes for b in x["binding"]),
+           f"no size searched half its ranks: {[x['binding'] for x in sizes]}")
     expect(all(abs(x["best"]["tokens_per_s_per_node"] * x["nodes"] - x["best"]["tokens_per_s"]) < 1e-6 *
                x["best"]["tokens_per_s"] for x in fitted), "tokens/s per node is the size's tokens/s over its nodes")
     for x in fitted:

@@ -53,6 +53,11 @@ struct AutoPlan {
 // fewer than kMaxTensorRanks.
 AutoPlan auto_plan(const RunSpec& spec, int world, const MachineCosts& costs, double memory_per_rank, int keep = 5,
                    bool search_batch = false, int max_tp = kMaxTensorRanks);
+// Adds the `scaling:` line to plan.binding: its best layout's tokens/s against the best of half the
+// ranks (an even world). A second search as large as the first: plan --auto's report asks for it,
+// parallel.auto's start-up and the node-count table do not.
+void add_scaling_line(AutoPlan& plan, const RunSpec& spec, int world, const MachineCosts& costs, double memory_per_rank,
+                      bool search_batch);
 std::string auto_plan_text(const AutoPlan& plan, int world, const MachineCosts& costs, double memory_per_rank);
 std::string auto_plan_json(const AutoPlan& plan, int world, const MachineCosts& costs, double memory_per_rank);
 
