@@ -32,8 +32,9 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.lib.emulated_cluster import (Cluster, drill_verdict, events, latest_checkpoint_step, losses, max_rel_diff,
-                                         metrics, wait_for)
+from tests.lib.emulated_cluster import (Cluster, drill_verdict, latest_checkpoint_step, losses, max_rel_diff, metrics,
+                                         wait_for)
+from tests.lib.harness import events
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(REPO, "build", "pipetrain"))

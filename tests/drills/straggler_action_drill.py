@@ -29,7 +29,8 @@ import sys
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.lib.emulated_cluster import Cluster, drill_verdict, events, metrics, wait_for
+from tests.lib.emulated_cluster import Cluster, drill_verdict, metrics, wait_for
+from tests.lib.harness import events
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--bin", default=os.path.join(REPO, "build", "pipetrain"))

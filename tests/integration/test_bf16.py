@@ -14,7 +14,7 @@ import subprocess
 import h5py
 import numpy as np
 
-from tests.lib.harness import expect, launch, needs_bf16, rel_diff, run_scenarios, scenario, settings, shared_run
+from tests.lib.harness import events, expect, launch, needs_bf16, rel_diff, run_scenarios, scenario, settings, shared_run
 
 
 def small():
@@ -99,8 +99,7 @@ def follows_fp32_on_every_layout():
 
 
 def launches(run_dir):
-    with open(os.path.join(run_dir, "events.jsonl")) as f:
-        return [e for e in map(json.loads, f) if e.get("event") == "launch"]
+    return [e for e in events(run_dir) if e.get("event") == "launch"]
 
 
 def float32_only(ckpt):

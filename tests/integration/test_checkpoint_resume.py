@@ -69,9 +69,9 @@ def signal_stop(name, extra):
     out, err = p.communicate(timeout=60)
     # The ranks exit 3, as the stop record says. Hydra, signalled itself, passes that on, or in a
     # race reports 0 (seen under ctest -j2 with the ranks' 3 on record); srun reports the tasks' codes.
-    stop = events(run_dir)[-1:] or [{}]
-    expect(stop[0].get("exit_code") == 3 and stop[0].get("signal") == "SIGUSR1" and p.returncode in (3, 0),
-           f"stopped by SIGUSR1: exit 3 (mpiexec {p.returncode}, the ranks {stop[0].get('exit_code')}) {err[-300:]}")
+    stop = (events(run_dir) or [{}])[-1]
+    expect(stop.get("exit_code") == 3 and stop.get("signal") == "SIGUSR1" and p.returncode in (3, 0),
+           f"stopped by SIGUSR1: exit 3 (mpiexec {p.returncode}, the ranks {stop.get('exit_code')}) {err[-300:]}")
     stopped_at = re.findall(r"^stopped by signal \d+ after step (\d+); checkpoint saved, exit 3$", out, re.M)
     expect(len(stopped_at) == 1, f"says where it stopped: {stopped_at}")
     stop_step = int(stopped_at[0]) if stopped_at else -1

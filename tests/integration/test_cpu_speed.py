@@ -16,12 +16,11 @@
 - smoke's compute check measures capability, not noise: 10 runs on an idle machine never FAIL; a
   rank capped from outside (a CPU quota on its process, as a cgroup limit) FAILs, named; a rank
   slowed by processes outside the job on its core is a warning naming them, not a failure."""
-import json
 import os
 import re
 import subprocess
 import tempfile
-from tests.lib.harness import launch, expect, needs_cores, run_scenarios, scenario, settings
+from tests.lib.harness import events, expect, launch, needs_cores, run_scenarios, scenario, settings
 
 FAMILY_LEVEL = {"SkylakeX": 4, "Cooperlake": 4, "SapphireRapids": 4, "Haswell": 3, "Zen": 3, "Sandybridge": 2,
                 "Bulldozer": 2, "Piledriver": 2, "Steamroller": 2, "Excavator": 2, "Prescott": 1, "Core2": 1,
@@ -65,8 +64,7 @@ def tiny():
 
 
 def launch_record(run_dir):
-    with open(os.path.join(run_dir, "events.jsonl")) as f:
-        return [json.loads(l) for l in f if '"launch"' in l][0]
+    return [e for e in events(run_dir) if e.get("event") == "launch"][0]
 
 
 @scenario

@@ -35,7 +35,7 @@ import json
 import os
 import re
 import subprocess
-from tests.lib.harness import launch, expect, needs_cores, rel_diff, run_scenarios, scenario, settings
+from tests.lib.harness import events, expect, launch, needs_cores, rel_diff, run_scenarios, scenario, settings
 
 COMMON = ["log.trace_steps=0", "checkpoint.every_steps=0", "log.every_steps=10"]
 REPLICAS_SHARE_CORES = {4: ["-bind-to", "user:0,1,0,1"],  # ranks 0..3 are (stage, replica) (0,0) (1,0) (0,1) (1,1)
@@ -132,8 +132,7 @@ def bound_run(name, busy_core=None):
 
 
 def bound_cores_counted(r, what):
-    with open(os.path.join(r.run_dir, "events.jsonl")) as f:
-        launch_record = json.loads(f.readline())
+    launch_record = (events(r.run_dir) or [{}])[0]
     expect(r.rc == 0 and launch_record.get("node_cores") == 2 and "| wait spin |" in r.out,
            f"{what}: exit 0, the node's 2 cores counted though each rank's mask holds one, so ranks wait by "
            f"spinning ({r.rc}, node_cores {launch_record.get('node_cores')})")
@@ -177,15 +176,14 @@ def slowed_rank_rebalanced():
     acted = [line for line in r.out.splitlines() if line.startswith("straggler action: ")]
     expect(len(acted) >= 1 and "partition [2, 2] -> [3, 1]" in acted[0],
            f"the progress output says it rebalances [2, 2] -> [3, 1]: {acted[:1]}")
-    with open(os.path.join(r.run_dir, "events.jsonl")) as f:
-        events = [json.loads(line) for line in f]
-    kinds = [(e["event"], e.get("reason")) for e in events]
+    records = events(r.run_dir)
+    kinds = [(e["event"], e.get("reason")) for e in records]
     expect(kinds == [("launch", None), ("stop", "straggler_rebalance"), ("launch", None), ("stop", "complete")],
            f"events: a launch stopped to rebalance, then one restarted in-process that completes: {kinds}")
-    stop = events[1] if len(events) > 1 else {}
+    stop = records[1] if len(records) > 1 else {}
     expect(stop.get("partition", {}).get("to") == [3, 1] and stop.get("last_checkpoint") == stop.get("step"),
            f"its stop record names the new partition and a checkpoint of its last step: {stop}")
-    expect(len(events) > 2 and "restart" in events[2] and events[2].get("resumed_from") == stop.get("step"),
+    expect(len(records) > 2 and "restart" in records[2] and records[2].get("resumed_from") == stop.get("step"),
            "the second launch says it restarted in-process and resumed from that checkpoint")
     metrics = r.metrics()
     logged = [m["step"] for m in metrics]

@@ -8,8 +8,6 @@ import re
 import subprocess
 import time
 
-from tests.lib.harness import events  # noqa: F401 (the drills read a run's records through this module)
-
 CLUSTER_SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "cluster")
 NODES_SH = os.path.join(CLUSTER_SCRIPTS, "slurm-nodes.sh")
 LOCAL_SH = os.path.join(CLUSTER_SCRIPTS, "slurm-local.sh")
